@@ -1,0 +1,50 @@
+# Every target that needs the host prepared calls scripts/bootstrap-host.sh first; it is quick
+# when everything is already there, so `make run` and `make test` work on a fresh machine.
+VENV   ?= .venv
+PYTHON ?= python3
+HOST   ?= 127.0.0.1
+PORT   ?= 3000
+BIN    := $(VENV)/bin
+
+.PHONY: all host install images run test lint format mypy bench clean
+
+all: lint test
+
+host:
+	@scripts/bootstrap-host.sh
+
+$(BIN)/.installed: pyproject.toml
+	@scripts/bootstrap-host.sh --python-only
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $@
+
+install: $(BIN)/.installed
+
+images: install host
+	@scripts/build-images.sh
+
+run: install host images
+	$(BIN)/controlplane serve --host $(HOST) --port $(PORT)
+
+test: install host images
+	$(BIN)/pytest
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy controlplane drivers agent
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+mypy: install
+	$(BIN)/mypy controlplane drivers agent
+
+bench: install host images
+	$(BIN)/python bench/sandboxes.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

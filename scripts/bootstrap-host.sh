@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Prepares a Debian host for `make run` and `make test`: Python venv support, redis-server,
+# debootstrap and a running Docker engine. Installs what is missing when run as root on Debian;
+# otherwise says exactly what to install. Safe to run again: it only acts on what is absent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python_only=false
+[ "${1:-}" = "--python-only" ] && python_only=true
+
+need_apt=()
+have() { command -v "$1" >/dev/null 2>&1; }
+
+python3 - <<'PY' || { echo "bootstrap: Python >= 3.11 is required (found $(python3 --version 2>&1))" >&2; exit 1; }
+import sys
+sys.exit(0 if sys.version_info >= (3, 11) else 1)
+PY
+python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
+if ! $python_only; then
+    have redis-server || need_apt+=(redis-server)
+    have debootstrap || need_apt+=(debootstrap)
+fi
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && have apt-get; then
+        echo "bootstrap: installing ${need_apt[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    else
+        echo "bootstrap: missing ${need_apt[*]}; install them with: sudo apt-get install ${need_apt[*]}" >&2
+        exit 1
+    fi
+fi
+
+$python_only && exit 0
+exec scripts/install-docker.sh
