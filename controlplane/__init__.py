@@ -1,0 +1,1 @@
+"""Agent Conversation Service control plane."""

@@ -1,0 +1,128 @@
+"""Request context and canonical log line, error mapping, body size limit and authentication.
+
+Order (outermost first): context → errors → size limit → auth → handler.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from controlplane import keys
+from controlplane.api.parsing import RequestValidationError
+from controlplane.api.routing import Handler, is_public
+from controlplane.auth.models import Principal
+from controlplane.errors import ControlPlaneError, InvalidInput, QuotaExceeded
+from controlplane.store.redis import REDIS_DOWN
+
+log = structlog.get_logger("controlplane.http")
+
+PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal")
+REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id")
+
+
+def _route_name(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "<unmatched>"
+
+
+@web.middleware
+async def context_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Bind a request id to the log context and write one canonical line per request."""
+    request_id = request.headers.get("X-Request-ID") or secrets.token_hex(8)
+    if len(request_id) > 64 or not request_id.isprintable():
+        request_id = secrets.token_hex(8)
+    request[REQUEST_ID] = request_id
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(request_id=request_id)
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        response.headers["X-Request-ID"] = request_id
+        return response
+    finally:
+        principal = request.get(PRINCIPAL)
+        log.info(
+            "request",
+            method=request.method,
+            route=_route_name(request),
+            path=request.path,
+            status=status,
+            duration_ms=round((time.perf_counter() - started) * 1000, 2),
+            user_id=principal.user_id if principal else None,
+        )
+
+
+def _detail(status: int, detail: Any, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"detail": detail}, status=status, headers=headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Render every failure in the documented JSON shapes; log unexpected ones once."""
+    try:
+        return await handler(request)
+    except RequestValidationError as exc:
+        return _detail(422, exc.items)
+    except InvalidInput as exc:
+        return _detail(422, [{"loc": exc.loc, "msg": exc.message, "type": exc.error_type}])
+    except QuotaExceeded as exc:
+        return _detail(exc.status, exc.message, {"Retry-After": str(exc.retry_after)})
+    except ControlPlaneError as exc:
+        if exc.status >= 500:
+            log.warning("request_failed", code=exc.code, error=exc.message)
+        return _detail(exc.status, exc.message)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
+        return _detail(exc.status, exc.reason, headers)
+    except REDIS_DOWN as exc:
+        log.warning("redis_unavailable", error=str(exc))
+        return _detail(503, "Redis is unreachable; the service retries on every request")
+    except Exception:
+        log.exception("unhandled_error")
+        return web.json_response(
+            {"detail": "Internal server error", "request_id": request.get(REQUEST_ID)},
+            status=500,
+        )
+
+
+def size_limit_middleware(limit: int) -> Any:
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.content_length is not None and request.content_length > limit:
+            raise web.HTTPRequestEntityTooLarge(
+                max_size=limit,
+                actual_size=request.content_length,
+                text=f"request body is larger than {limit} bytes",
+            )
+        return await handler(request)
+
+    return middleware
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every route but the public ones needs X-Session-API-Key or Authorization: Bearer."""
+    if is_public(request) or request.method == "OPTIONS":
+        return await handler(request)
+    presented = request.headers.get("X-Session-API-Key")
+    if presented is None:
+        auth = request.headers.get("Authorization", "")
+        if auth[:7].lower() == "bearer ":
+            presented = auth[7:].strip()
+    principal = await request.app[keys.API_KEYS].authenticate(presented)
+    request[PRINCIPAL] = principal
+    structlog.contextvars.bind_contextvars(user_id=principal.user_id)
+    return await handler(request)
+
+
+def principal_of(request: web.Request) -> Principal:
+    return request[PRINCIPAL]

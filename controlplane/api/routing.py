@@ -1,0 +1,86 @@
+"""Declarative routes: each endpoint carries the pydantic models the OpenAPI document is built from.
+
+Handlers are registered through a RouteTable, so the document cannot drift from what is served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    tag: str
+    body: type[BaseModel] | None = None
+    query: type[BaseModel] | None = None
+    response: Any = None
+    status: int = 200
+    public: bool = False
+    errors: tuple[int, ...] = ()
+    extra_responses: dict[int, str] = field(default_factory=dict)
+
+
+class RouteTable:
+    """Collects endpoints of one resource group; `register` adds them to an application."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self.endpoints: list[Endpoint] = []
+
+    def route(
+        self,
+        method: str,
+        path: str,
+        *,
+        summary: str,
+        body: type[BaseModel] | None = None,
+        query: type[BaseModel] | None = None,
+        response: Any = None,
+        status: int = 200,
+        public: bool = False,
+        errors: tuple[int, ...] = (),
+    ) -> Callable[[Handler], Handler]:
+        def decorate(handler: Handler) -> Handler:
+            self.endpoints.append(
+                Endpoint(
+                    method=method,
+                    path=path,
+                    handler=handler,
+                    summary=summary,
+                    tag=self.tag,
+                    body=body,
+                    query=query,
+                    response=response,
+                    status=status,
+                    public=public,
+                    errors=errors,
+                )
+            )
+            if public:
+                handler.acs_public = True  # type: ignore[attr-defined]
+            return handler
+
+        return decorate
+
+    def register(self, app: web.Application) -> None:
+        for ep in self.endpoints:
+            app.router.add_route(ep.method, ep.path, ep.handler)
+
+
+def is_public(request: web.Request) -> bool:
+    """True for routes declared public (and for unknown routes, which 404 anyway)."""
+    match = request.match_info
+    if match.http_exception is not None:
+        return True
+    return bool(getattr(match.handler, "acs_public", False))

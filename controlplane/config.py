@@ -1,0 +1,81 @@
+"""Typed service configuration, read from the environment once by the CLI.
+
+`create_app` never reads the environment itself: it takes a `ServiceConfig`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+ENV_PREFIX = "ACS_"
+
+
+class ConfigError(Exception):
+    """Configuration that cannot be used; the message names the variable."""
+
+
+class ServiceConfig(BaseModel):
+    """Everything the control plane needs to run. Field `x` is read from `ACS_X`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    redis_url: str | None = Field(
+        default=None, description="Redis URL; unset starts an embedded redis-server in data_dir"
+    )
+    data_dir: Path = Field(default=Path("var"), description="Embedded Redis data, key file")
+    bootstrap_api_key: str | None = Field(
+        default=None, min_length=16, description="An admin API key accepted as-is"
+    )
+    bootstrap_user: str = Field(default="admin", pattern=r"^[A-Za-z0-9_.@-]{1,64}$")
+    secret_key: str | None = Field(
+        default=None, description="Fernet key for secrets at rest; unset uses data_dir/secret.key"
+    )
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    redis_timeout: float = Field(default=5.0, gt=0, le=60)
+
+    # Sandboxes (Docker).
+    docker_url: str | None = Field(default=None, description="Docker daemon URL; unset: from env")
+    docker_threads: int = Field(default=8, ge=1, le=64)
+    spec_dir: Path = Path("specs")
+    base_image: str = "acs-base:bookworm"
+    container_prefix: str = Field(default="acs-sandbox-", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+    publish_host: str = Field(default="127.0.0.1", description="Host address ports publish on")
+    url_host: str = Field(default="127.0.0.1", description="Host name used in exposed_urls")
+    max_running_per_user: int = Field(default=5, ge=0, le=1000)
+    start_timeout: float = Field(default=60.0, gt=0, le=3600)
+    reconcile_interval: float = Field(default=10.0, gt=0, le=3600)
+    public_url: str | None = Field(
+        default=None,
+        description="URL sandboxes use to reach the control plane; unset: from the port",
+    )
+
+
+def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name in ServiceConfig.model_fields:
+        raw = environ.get(ENV_PREFIX + name.upper())
+        if raw is not None and raw != "":
+            values[name] = raw
+    return values
+
+
+def load_config(environ: Mapping[str, str] | None = None, **overrides: Any) -> ServiceConfig:
+    """Build the configuration from `ACS_*` variables plus explicit overrides.
+
+    Raises ConfigError with one line naming the offending variable.
+    """
+    values = _from_env(os.environ if environ is None else environ)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return ServiceConfig.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "?"
+        raise ConfigError(f"{ENV_PREFIX}{field.upper()}: {first['msg']}") from None

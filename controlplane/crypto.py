@@ -1,0 +1,59 @@
+"""Encryption of secrets at rest (Fernet) and hashing of API keys."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from cryptography.fernet import Fernet, InvalidToken
+
+from controlplane.config import ConfigError
+
+
+class SecretBox:
+    """Encrypts and decrypts small secret payloads with one Fernet key."""
+
+    def __init__(self, key: bytes) -> None:
+        self._fernet = Fernet(key)
+
+    def encrypt(self, plaintext: bytes) -> bytes:
+        return self._fernet.encrypt(plaintext)
+
+    def decrypt(self, token: bytes) -> bytes:
+        """Raises ValueError when the token was not made with this key."""
+        try:
+            return self._fernet.decrypt(token)
+        except InvalidToken:
+            raise ValueError("stored secret cannot be decrypted with the configured key") from None
+
+
+def load_secret_box(secret_key: str | None, data_dir: Path) -> SecretBox:
+    """Use ACS_SECRET_KEY, or a key file in the data dir created on first run with mode 0600."""
+    if secret_key:
+        try:
+            return SecretBox(secret_key.encode())
+        except ValueError:
+            raise ConfigError(
+                "ACS_SECRET_KEY: not a Fernet key (32 url-safe base64-encoded bytes)"
+            ) from None
+    path = data_dir / "secret.key"
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        # O_EXCL: two processes starting at once must not write two different keys.
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(Fernet.generate_key())
+    try:
+        return SecretBox(path.read_bytes().strip())
+    except ValueError:
+        raise ConfigError(f"ACS_SECRET_KEY: key file {path} does not hold a Fernet key") from None
+
+
+def hash_api_key(key: str) -> str:
+    """API keys are random 256-bit strings, so one SHA-256 round is enough to store them."""
+    return hashlib.sha256(key.encode()).hexdigest()

@@ -1,0 +1,91 @@
+"""Domain errors. Each has a stable `code` and an HTTP status that one middleware renders.
+
+Domain code raises these and never imports aiohttp.web.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ControlPlaneError(Exception):
+    """Root of every error the API reports on purpose."""
+
+    code = "error"
+    status = 500
+
+    def __init__(self, message: str, **context: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.context = context
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class NotFound(ControlPlaneError):
+    code = "not_found"
+    status = 404
+
+
+class SandboxNotFound(NotFound):
+    code = "sandbox_not_found"
+
+
+class SpecNotFound(NotFound):
+    code = "sandbox_spec_not_found"
+
+
+class Conflict(ControlPlaneError):
+    code = "conflict"
+    status = 409
+
+
+class Unauthorized(ControlPlaneError):
+    code = "unauthorized"
+    status = 401
+
+
+class QuotaExceeded(ControlPlaneError):
+    """A per-user or host cap; carries a Retry-After hint in seconds."""
+
+    code = "quota_exceeded"
+    status = 429
+
+    def __init__(self, message: str, retry_after: int = 30, **context: Any) -> None:
+        super().__init__(message, **context)
+        self.retry_after = retry_after
+
+
+class RuntimeUnavailable(ControlPlaneError):
+    """A dependency (Redis, the Docker engine) does not answer."""
+
+    code = "runtime_unavailable"
+    status = 503
+
+
+class SpecInvalid(ControlPlaneError):
+    """A sandbox spec file cannot be used; raised at start-up."""
+
+    code = "sandbox_spec_invalid"
+    status = 500
+
+
+class InvalidInput(ControlPlaneError):
+    """Input that passed schema validation but breaks a rule checked by a service.
+
+    Rendered in the 422 list format with `loc` pointing at the input.
+    """
+
+    code = "invalid_input"
+    status = 422
+
+    def __init__(self, message: str, loc: list[str], error_type: str = "value_error") -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.error_type = error_type
+
+
+class Forbidden(ControlPlaneError):
+    code = "forbidden"
+    status = 403

@@ -1,0 +1,65 @@
+"""Liveness, readiness and the OpenAPI document."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from controlplane import keys
+from controlplane.api.parsing import json_response
+from controlplane.api.routing import RouteTable
+from controlplane.store.redis import REDIS_DOWN
+
+routes = RouteTable(tag="health")
+OPENAPI_DOC: web.AppKey[dict[str, Any]] = web.AppKey("openapi_doc")
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(BaseModel):
+    status: Literal["ok", "degraded"]
+    redis: bool
+    docker: bool | None = None
+
+
+@routes.route(
+    "GET", "/health", summary="Liveness: the process serves HTTP", response=Health, public=True
+)
+async def health(_request: web.Request) -> web.Response:
+    return json_response(Health())
+
+
+@routes.route(
+    "GET",
+    "/ready",
+    summary="Readiness: Redis (and Docker) answer",
+    response=Readiness,
+    public=True,
+    errors=(503,),
+)
+async def ready(request: web.Request) -> web.Response:
+    try:
+        redis_ok = bool(await request.app[keys.REDIS].ping())
+    except REDIS_DOWN:
+        redis_ok = False
+    docker_ok: bool | None = None
+    if keys.SANDBOXES in request.app:
+        docker_ok = await request.app[keys.SANDBOXES].runtime_available()
+    ok = redis_ok and docker_ok is not False
+    body = Readiness(status="ok" if ok else "degraded", redis=redis_ok, docker=docker_ok)
+    return json_response(body, status=200 if ok else 503)
+
+
+@routes.route(
+    "GET",
+    "/api/openapi.json",
+    summary="This API's OpenAPI 3.1 document",
+    public=True,
+    response=dict[str, Any],
+)
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(request.app[OPENAPI_DOC])

@@ -1,0 +1,25 @@
+"""Typed application keys: every long-lived service the app factory builds."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+    from controlplane.auth.service import ApiKeyService
+    from controlplane.config import ServiceConfig
+    from controlplane.crypto import SecretBox
+    from controlplane.sandboxes.service import SandboxService
+    from controlplane.settings.service import SettingsService
+    from controlplane.specs.catalog import SpecCatalog
+
+CONFIG: web.AppKey[ServiceConfig] = web.AppKey("config")
+REDIS: web.AppKey[aioredis.Redis] = web.AppKey("redis")
+SECRET_BOX: web.AppKey[SecretBox] = web.AppKey("secret_box")
+API_KEYS: web.AppKey[ApiKeyService] = web.AppKey("api_keys")
+SETTINGS: web.AppKey[SettingsService] = web.AppKey("settings")
+SPECS: web.AppKey[SpecCatalog] = web.AppKey("specs")
+SANDBOXES: web.AppKey[SandboxService] = web.AppKey("sandboxes")

@@ -1,0 +1,79 @@
+"""structlog set-up: JSON off a TTY, console on one, secrets redacted before rendering."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable, MutableMapping
+from typing import Any, TextIO
+
+import structlog
+
+REDACTED = "[redacted]"
+
+# Any key whose lower-cased name contains one of these is replaced before a line is written.
+SECRET_MARKERS: tuple[str, ...] = (
+    "api_key",
+    "apikey",
+    "token",
+    "secret",
+    "password",
+    "authorization",
+    "session_key",
+    "cookie",
+    "fernet",
+)
+
+
+def _is_secret_key(key: str) -> bool:
+    lowered = key.lower()
+    return any(marker in lowered for marker in SECRET_MARKERS)
+
+
+def _redact(value: Any, depth: int = 0) -> Any:
+    if depth > 8:
+        return value
+    if isinstance(value, MutableMapping):
+        return {
+            k: (
+                REDACTED
+                if isinstance(k, str) and _is_secret_key(k) and v
+                else _redact(v, depth + 1)
+            )
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_redact(v, depth + 1) for v in value]
+    return value
+
+
+def redact_secrets(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """structlog processor: blank every value stored under a secret-looking key."""
+    return _redact(event_dict)  # type: ignore[no-any-return]
+
+
+def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
+    """Configure structlog once for the process. `fmt` is auto, json or console."""
+    out = stream or sys.stdout
+    use_console = fmt == "console" or (fmt == "auto" and out.isatty())
+    renderer: Iterable[Any] = (
+        [structlog.dev.ConsoleRenderer()]
+        if use_console
+        else [structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer()]
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            redact_secrets,
+            *renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        logger_factory=structlog.PrintLoggerFactory(out),
+        cache_logger_on_first_use=False,
+    )

@@ -1,0 +1,52 @@
+"""Every Redis key the control plane uses, in one place.
+
+No key has a TTL unless stated: records live until deleted, because Redis is the system of
+record for ownership and intent.
+"""
+
+from __future__ import annotations
+
+PREFIX = "acs"
+
+
+def api_key(key_id: str) -> str:
+    """Hash: user, admin flag, sha256 of the key, created_at."""
+    return f"{PREFIX}:apikey:{key_id}"
+
+
+API_KEYS = f"{PREFIX}:apikeys"
+"""Sorted set of key ids scored by creation time, so listing never scans."""
+
+
+def user_settings(user_id: str) -> str:
+    """Fernet-encrypted JSON: settings, MCP config, provider tokens, custom secrets."""
+    return f"{PREFIX}:user:{user_id}:settings"
+
+
+def sandbox(sandbox_id: str) -> str:
+    """Hash: the sandbox record (see sandboxes.store)."""
+    return f"{PREFIX}:sandbox:{sandbox_id}"
+
+
+def user_sandboxes(user_id: str) -> str:
+    """Sorted set of the user's sandbox ids, score = created_at (ms)."""
+    return f"{PREFIX}:user:{user_id}:sandboxes"
+
+
+ALL_SANDBOXES = f"{PREFIX}:sandboxes"
+"""Sorted set of every sandbox id, score = created_at (ms): admin listing and the sweep."""
+
+
+def sandbox_by_key(key_hash: str) -> str:
+    """String: sandbox id for the sha256 of its session API key (webhook authentication)."""
+    return f"{PREFIX}:sandbox_key:{key_hash}"
+
+
+def user_active_sandboxes(user_id: str) -> str:
+    """Set of the user's STARTING/RUNNING sandbox ids: what the running cap counts."""
+    return f"{PREFIX}:user:{user_id}:active_sandboxes"
+
+
+def sandbox_tombstone(sandbox_id: str) -> str:
+    """Marks a deleted id for store.TOMBSTONE_TTL seconds (see there why)."""
+    return f"{PREFIX}:sandbox_deleted:{sandbox_id}"
