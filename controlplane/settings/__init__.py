@@ -1,0 +1,1 @@
+"""Per-user settings, MCP configuration, git provider tokens and custom secrets."""

@@ -1,0 +1,222 @@
+"""Settings as stored, as read (GET /api/settings) and as written (POST /api/settings)."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    EmailStr,
+    Field,
+    SecretStr,
+    field_validator,
+)
+
+from controlplane.settings.mcp import MCPConfig
+
+MAX_ITERATIONS_LIMIT = 10_000
+RESOURCE_FACTORS = (1, 2, 4, 8)
+SECRET_FIELDS = ("llm_api_key", "search_api_key", "sandbox_api_key")
+_HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?$")
+_SECRET_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+class ProviderType(StrEnum):
+    GITHUB = "github"
+    GITLAB = "gitlab"
+    BITBUCKET = "bitbucket"
+    AZURE_DEVOPS = "azure_devops"
+    ENTERPRISE_SSO = "enterprise_sso"
+
+
+def _http_url(value: str | None) -> str | None:
+    if value is None:
+        return None
+    value = value.strip()
+    if not re.match(r"^https?://[^\s/]+", value):
+        raise ValueError("must be an http:// or https:// URL")
+    return value
+
+
+def _resource_factor(value: int | None) -> int | None:
+    if value is not None and value not in RESOURCE_FACTORS:
+        raise ValueError(f"must be one of {', '.join(map(str, RESOURCE_FACTORS))}")
+    return value
+
+
+ShortStr = Annotated[str, Field(max_length=256)]
+HttpUrl = Annotated[str | None, Field(max_length=2048), AfterValidator(_http_url)]
+
+
+class SettingsFields(BaseModel):
+    """The non-secret, user-editable settings (spec table 2.1) with their defaults."""
+
+    language: ShortStr | None = None
+    agent: ShortStr | None = None
+    max_iterations: int | None = Field(default=None, ge=1, le=MAX_ITERATIONS_LIMIT)
+    security_analyzer: ShortStr | None = None
+    confirmation_mode: bool | None = None
+    llm_model: ShortStr | None = None
+    llm_base_url: HttpUrl = None
+    remote_runtime_resource_factor: Annotated[int | None, AfterValidator(_resource_factor)] = None
+    enable_default_condenser: bool = True
+    enable_sound_notifications: bool = False
+    enable_proactive_conversation_starters: bool = True
+    enable_solvability_analysis: bool = True
+    user_consents_to_analytics: bool | None = None
+    sandbox_base_container_image: ShortStr | None = None
+    sandbox_runtime_container_image: ShortStr | None = None
+    mcp_config: MCPConfig | None = None
+    max_budget_per_task: float | None = Field(default=None, ge=0, le=1_000_000, allow_inf_nan=False)
+    condenser_max_size: int | None = Field(default=None, ge=20, le=100_000)
+    email: EmailStr | None = None
+    email_verified: bool | None = None
+    git_user_name: ShortStr | None = None
+    git_user_email: EmailStr | None = None
+    v1_enabled: bool | None = None
+
+
+class StoredProviderToken(BaseModel):
+    token: str
+    host: str | None = None
+    user_id: str | None = None
+
+
+class StoredSecret(BaseModel):
+    value: str
+    description: str | None = None
+
+
+class UserRecord(BaseModel):
+    """Everything stored for one user; encrypted as a whole at rest."""
+
+    settings: SettingsFields = Field(default_factory=SettingsFields)
+    llm_api_key: str | None = None
+    search_api_key: str | None = None
+    sandbox_api_key: str | None = None
+    provider_tokens: dict[ProviderType, StoredProviderToken] = Field(default_factory=dict)
+    custom_secrets: dict[str, StoredSecret] = Field(default_factory=dict)
+    stored: bool = False
+
+
+class SettingsUpdate(SettingsFields):
+    """Body of POST /api/settings. Only the fields present in the body change.
+
+    Secrets: absent or null keeps the stored value, "" clears it. Read-only indicator fields that
+    a client may echo back from GET are accepted and ignored; any other unknown key is a 422.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    llm_api_key: SecretStr | None = None
+    search_api_key: SecretStr | None = None
+    sandbox_api_key: SecretStr | None = None
+    llm_api_key_set: Any = Field(default=None, exclude=True)
+    search_api_key_set: Any = Field(default=None, exclude=True)
+    provider_tokens_set: Any = Field(default=None, exclude=True)
+    secrets_store: Any = Field(default=None, exclude=True)
+
+
+class ProviderTokenInfo(BaseModel):
+    token: None = None
+    host: str | None = None
+    user_id: str | None = None
+
+
+class SecretInfo(BaseModel):
+    secret: None = None
+    description: str | None = None
+
+
+class UserSecretsInfo(BaseModel):
+    """spec 2.3 UserSecrets as read: which tokens and secrets exist, values always null."""
+
+    provider_tokens: dict[str, ProviderTokenInfo] = Field(default_factory=dict)
+    custom_secrets: dict[str, SecretInfo] = Field(default_factory=dict)
+
+
+class SettingsResponse(SettingsFields):
+    """GET /api/settings: every field of spec table 2.1; secret values are always null."""
+
+    llm_api_key_set: bool
+    llm_api_key: None = None
+    search_api_key: None = None
+    sandbox_api_key: None = None
+    search_api_key_set: bool = False
+    sandbox_api_key_set: bool = False
+    provider_tokens_set: dict[str, str | None] = Field(default_factory=dict)
+    secrets_store: UserSecretsInfo = Field(default_factory=UserSecretsInfo)
+
+
+class ProviderTokenIn(BaseModel):
+    """Token omitted or null: keep the stored token (host and user_id may change). "": remove."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    token: SecretStr | None = None
+    host: str | None = Field(default=None, max_length=255)
+    user_id: str | None = Field(default=None, max_length=255)
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        value = value.strip().removeprefix("https://").removeprefix("http://").rstrip("/")
+        if not _HOST_RE.match(value):
+            raise ValueError("must be a host name, optionally with :port, e.g. gitlab.example.com")
+        return value
+
+
+class GitProvidersUpdate(BaseModel):
+    """Body of POST /api/add-git-providers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    provider_tokens: dict[ProviderType, ProviderTokenIn] = Field(default_factory=dict)
+    mcp_config: MCPConfig | None = None
+
+
+def _secret_name(value: str) -> str:
+    if not _SECRET_NAME_RE.match(value):
+        raise ValueError(
+            "must start with a letter or '_' and hold only letters, digits and '_' (max 64)"
+        )
+    return value
+
+
+SecretName = Annotated[str, AfterValidator(_secret_name)]
+
+
+class SecretCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: SecretName
+    value: SecretStr = Field(min_length=1, max_length=65536)
+    description: str | None = Field(default=None, max_length=1024)
+
+
+class SecretUpdate(BaseModel):
+    """PUT /api/secrets/{name}: rename and/or change the description; the value is kept."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: SecretName | None = None
+    description: str | None = Field(default=None, max_length=1024)
+
+
+class SecretListItem(BaseModel):
+    name: str
+    description: str | None = None
+
+
+class SecretList(BaseModel):
+    custom_secrets: list[SecretListItem]
+
+
+class Message(BaseModel):
+    message: str

@@ -1,0 +1,112 @@
+"""Legacy (V0) settings, git provider and custom secret routes under /api."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from controlplane import keys
+from controlplane.api.middlewares import principal_of
+from controlplane.api.parsing import json_response, parse_body
+from controlplane.api.routing import RouteTable
+from controlplane.settings.models import (
+    GitProvidersUpdate,
+    Message,
+    SecretCreate,
+    SecretList,
+    SecretUpdate,
+    SettingsResponse,
+    SettingsUpdate,
+)
+
+routes = RouteTable(tag="settings")
+
+
+def _message(text: str, status: int = 200) -> web.Response:
+    return json_response(Message(message=text), status=status)
+
+
+@routes.route("GET", "/api/settings", summary="Load settings", response=SettingsResponse)
+async def get_settings(request: web.Request) -> web.Response:
+    settings = await request.app[keys.SETTINGS].get(principal_of(request).user_id)
+    return json_response(settings)
+
+
+@routes.route(
+    "POST", "/api/settings", summary="Store settings (merge)", body=SettingsUpdate, response=Message
+)
+async def store_settings(request: web.Request) -> web.Response:
+    body = await parse_body(request, SettingsUpdate)
+    await request.app[keys.SETTINGS].update(principal_of(request).user_id, body)
+    return _message("Settings stored")
+
+
+@routes.route(
+    "POST",
+    "/api/add-git-providers",
+    summary="Store git provider tokens and MCP config",
+    body=GitProvidersUpdate,
+    response=Message,
+)
+async def add_git_providers(request: web.Request) -> web.Response:
+    body = await parse_body(request, GitProvidersUpdate)
+    await request.app[keys.SETTINGS].add_git_providers(principal_of(request).user_id, body)
+    return _message("Git providers stored")
+
+
+@routes.route(
+    "POST", "/api/unset-provider-tokens", summary="Forget all provider tokens", response=Message
+)
+async def unset_provider_tokens(request: web.Request) -> web.Response:
+    await request.app[keys.SETTINGS].unset_provider_tokens(principal_of(request).user_id)
+    return _message("Unset Git provider tokens")
+
+
+@routes.route(
+    "GET", "/api/secrets", summary="List custom secrets (names only)", response=SecretList
+)
+async def list_secrets(request: web.Request) -> web.Response:
+    items = await request.app[keys.SETTINGS].list_secrets(principal_of(request).user_id)
+    return json_response(SecretList(custom_secrets=items))
+
+
+@routes.route(
+    "POST",
+    "/api/secrets",
+    summary="Create a custom secret",
+    body=SecretCreate,
+    response=Message,
+    status=201,
+    errors=(409,),
+)
+async def create_secret(request: web.Request) -> web.Response:
+    body = await parse_body(request, SecretCreate)
+    await request.app[keys.SETTINGS].create_secret(principal_of(request).user_id, body)
+    return _message("Secret created successfully", status=201)
+
+
+@routes.route(
+    "PUT",
+    "/api/secrets/{name}",
+    summary="Rename or re-describe a custom secret",
+    body=SecretUpdate,
+    response=Message,
+    errors=(404, 409),
+)
+async def update_secret(request: web.Request) -> web.Response:
+    body = await parse_body(request, SecretUpdate)
+    name = request.match_info["name"]
+    await request.app[keys.SETTINGS].update_secret(principal_of(request).user_id, name, body)
+    return _message("Secret updated successfully")
+
+
+@routes.route(
+    "DELETE",
+    "/api/secrets/{name}",
+    summary="Delete a custom secret",
+    response=Message,
+    errors=(404,),
+)
+async def delete_secret(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    await request.app[keys.SETTINGS].delete_secret(principal_of(request).user_id, name)
+    return _message("Secret deleted successfully")
