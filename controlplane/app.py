@@ -1,0 +1,83 @@
+"""The application factory: wires middlewares, routes and every service's lifetime."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+
+from controlplane import keys
+from controlplane.api.middlewares import (
+    auth_middleware,
+    context_middleware,
+    error_middleware,
+    size_limit_middleware,
+)
+from controlplane.api.openapi import build_openapi
+from controlplane.api.routing import RouteTable
+from controlplane.auth.service import ApiKeyService
+from controlplane.config import ServiceConfig
+from controlplane.crypto import load_secret_box
+from controlplane.health import OPENAPI_DOC
+from controlplane.health import routes as health_routes
+from controlplane.sandboxes.routes import routes as sandbox_routes
+from controlplane.sandboxes.wiring import sandbox_ctx
+from controlplane.settings.routes import routes as settings_routes
+from controlplane.settings.service import SettingsService
+from controlplane.settings.store import UserRecordStore
+from controlplane.specs.catalog import SpecCatalog
+from controlplane.specs.routes import routes as spec_routes
+from controlplane.store.redis import ensure_embedded_redis, make_client, wait_for_redis
+
+VERSION = "0.1.0"
+
+
+def route_tables() -> list[RouteTable]:
+    """Every route group the API serves, in the order the OpenAPI document lists them."""
+    return [health_routes, settings_routes, spec_routes, sandbox_routes]
+
+
+def _redis_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        url = config.redis_url or await asyncio.to_thread(ensure_embedded_redis, config.data_dir)
+        assert url is not None
+        client = make_client(url, config.redis_timeout)
+        await wait_for_redis(client)
+        app[keys.REDIS] = client
+        box = load_secret_box(config.secret_key, config.data_dir)
+        app[keys.SECRET_BOX] = box
+        app[keys.API_KEYS] = ApiKeyService(client, config.bootstrap_api_key, config.bootstrap_user)
+        app[keys.SETTINGS] = SettingsService(UserRecordStore(client, box))
+        yield
+        await client.aclose()
+
+    return ctx
+
+
+def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.Application:
+    """Build the application. Reads nothing from argv or the environment.
+
+    with_sandboxes=False leaves out the Docker-backed services (for settings-only tests and
+    hosts without an engine); their routes then answer 503.
+    """
+    app = web.Application(
+        client_max_size=config.max_body_bytes,
+        middlewares=[
+            context_middleware,
+            error_middleware,
+            size_limit_middleware(config.max_body_bytes),
+            auth_middleware,
+        ],
+    )
+    app[keys.CONFIG] = config
+    # Specs are validated before anything else starts: a bad file stops start-up.
+    app[keys.SPECS] = SpecCatalog.load(config.spec_dir)
+    app.cleanup_ctx.append(_redis_ctx(config))
+    if with_sandboxes:
+        app.cleanup_ctx.append(sandbox_ctx(config))
+    tables = route_tables()
+    for table in tables:
+        table.register(app)
+    app[OPENAPI_DOC] = build_openapi((ep for t in tables for ep in t.endpoints), VERSION)
+    return app

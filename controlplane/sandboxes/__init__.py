@@ -1,0 +1,1 @@
+"""Sandboxes: Docker containers started from spec templates, with their state in Redis."""

@@ -1,0 +1,92 @@
+"""Sandbox records (stored) and SandboxInfo (the API shape OpenHands clients know)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from controlplane.api.pagination import MAX_BATCH, PageQuery
+
+SANDBOX_ID_PATTERN = r"^[0-9a-f]{22}$"
+
+
+class SandboxStatus(StrEnum):
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    PAUSED = "PAUSED"
+    ERROR = "ERROR"
+    MISSING = "MISSING"
+
+
+ACTIVE = frozenset({SandboxStatus.STARTING, SandboxStatus.RUNNING})
+"""Statuses that count toward the per-user running cap."""
+
+
+class ExposedUrl(BaseModel):
+    name: str
+    url: str
+    port: int
+
+
+class SandboxRecord(BaseModel):
+    """What Redis holds for a sandbox (the session key is encrypted there)."""
+
+    id: str
+    owner: str
+    spec_id: str
+    status: SandboxStatus
+    reason: str | None = None
+    session_api_key: str
+    ports: dict[str, int] = Field(default_factory=dict)  # port name -> host port
+    created_at: datetime
+    updated_at: datetime
+    last_activity_at: datetime
+
+
+class SandboxInfo(BaseModel):
+    id: str
+    created_by_user_id: str | None
+    sandbox_spec_id: str
+    status: SandboxStatus
+    session_api_key: str | None = Field(
+        default=None, description="Only for the owner, and only while RUNNING"
+    )
+    exposed_urls: list[ExposedUrl] | None = None
+    created_at: datetime
+    last_activity_at: datetime
+    reason: str | None = Field(default=None, description="Why the sandbox is in ERROR or MISSING")
+
+
+class SandboxPage(BaseModel):
+    items: list[SandboxInfo]
+    next_page_id: str | None = None
+
+
+class StartSandboxRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sandbox_spec_id: str | None = Field(default=None, max_length=64)
+
+
+class SandboxSearchQuery(PageQuery):
+    status: SandboxStatus | None = None
+    sandbox_spec_id: str | None = Field(default=None, max_length=64)
+    all_users: bool = Field(default=False, description="Admin keys only: every user's sandboxes")
+
+
+class SandboxBatchQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: list[str] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class StartSandboxQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sandbox_spec_id: str | None = Field(default=None, max_length=64)
+
+
+class Success(BaseModel):
+    success: bool = True

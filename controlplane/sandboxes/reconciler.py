@@ -1,0 +1,213 @@
+"""Keeps Redis true to Docker: follows engine events and sweeps every few seconds.
+
+Rules (also in docs/sandboxes.md):
+- RUNNING + container paused → PAUSED; exited/created → PAUSED ("stopped outside the control
+  plane", resume starts it again); dead → ERROR; gone → MISSING (resume re-creates it).
+- PAUSED + container running → RUNNING; gone → MISSING.
+- STARTING with no launch in this process (a restart interrupted it): a running container whose
+  agent server answers → RUNNING; otherwise, once older than the start timeout → ERROR and the
+  container is removed.
+- A labelled container with no record (and no recent delete) is adopted: its record is rebuilt
+  from its labels and environment. One without a session key in its environment is removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import structlog
+
+from controlplane.errors import ControlPlaneError, RuntimeUnavailable
+from controlplane.sandboxes import naming
+from controlplane.sandboxes.launcher import host_ports
+from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.sandboxes.service import SandboxService
+from controlplane.specs.models import AGENT_SERVER
+from drivers.base import ContainerState
+
+log = structlog.get_logger(__name__)
+S = SandboxStatus
+
+
+def observed_status(record: SandboxRecord, state: ContainerState | None) -> tuple[S, str] | None:
+    """The status Docker implies for a settled record, with a reason; None when it agrees."""
+    if record.status not in (S.RUNNING, S.PAUSED):
+        return None
+    if state is None:
+        return S.MISSING, "container removed outside the control plane; resume re-creates it"
+    if state.status == "running":
+        return (S.RUNNING, "") if record.status == S.PAUSED else None
+    if state.status == "paused":
+        return (
+            (S.PAUSED, "paused outside the control plane") if record.status == S.RUNNING else None
+        )
+    if state.status in ("exited", "created"):
+        if record.status == S.PAUSED:
+            return None
+        why = "out of memory" if state.oom_killed else f"exit code {state.exit_code}"
+        return S.PAUSED, f"container stopped outside the control plane ({why}); resume starts it"
+    if state.status == "dead":
+        return S.ERROR, f"container is dead: {state.error or 'unknown engine error'}"
+    return None
+
+
+class Reconciler:
+    def __init__(self, service: SandboxService, interval: float) -> None:
+        self._svc = service
+        self._interval = interval
+        self._labels = {naming.LABEL_PREFIX: service.config.container_prefix}
+        self.fixes = 0
+
+    async def run(self) -> None:
+        """Until cancelled: an initial sweep, then events and periodic sweeps side by side."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._sweep_loop())
+            group.create_task(self._event_loop())
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except RuntimeUnavailable as exc:
+                log.warning("reconcile_sweep_skipped", error=str(exc))
+            except Exception:
+                log.exception("reconcile_sweep_failed")
+            await asyncio.sleep(self._interval)
+
+    async def _event_loop(self) -> None:
+        delay = 0.5
+        while True:
+            try:
+                async for event in self._svc.driver.events(self._labels):
+                    delay = 0.5
+                    sandbox_id = event.labels.get(naming.LABEL_ID)
+                    if sandbox_id:
+                        await self._check_one(sandbox_id)
+            except RuntimeUnavailable as exc:
+                log.warning("docker_events_broken", error=str(exc))
+            except Exception:
+                log.exception("docker_events_failed")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+    async def _check_one(self, sandbox_id: str) -> None:
+        try:
+            name = naming.container_name(self._svc.config.container_prefix, sandbox_id)
+            await self._apply(sandbox_id, await self._svc.driver.inspect(name))
+        except ControlPlaneError as exc:
+            log.warning("reconcile_event_failed", sandbox_id=sandbox_id, error=str(exc))
+
+    async def sweep(self) -> int:
+        """One full pass over containers and records; returns how many records it changed."""
+        before = self.fixes
+        containers = {
+            c.labels.get(naming.LABEL_ID, ""): c
+            for c in await self._svc.driver.list_managed(self._labels)
+        }
+        after: str | None = None
+        seen: set[str] = set()
+        while True:
+            ids = await self._svc.store.page_ids(None, after, 500)
+            for sandbox_id, record in zip(ids, await self._svc.store.get_many(ids), strict=True):
+                seen.add(sandbox_id)
+                state = containers.get(sandbox_id)
+                if record is not None and (
+                    record.status == S.STARTING or observed_status(record, state) is not None
+                ):
+                    await self._apply(sandbox_id, state)
+            if len(ids) < 500:
+                break
+            after = ids[-1]
+        for sandbox_id, state in containers.items():
+            if sandbox_id and sandbox_id not in seen:
+                await self._apply(sandbox_id, state)
+        return self.fixes - before
+
+    async def _apply(self, sandbox_id: str, state: ContainerState | None) -> None:
+        """Bring one record in line with `state`, re-reading the record under its lock."""
+        if self._svc.is_launching(sandbox_id):
+            return
+        lock = self._svc.lock(sandbox_id)
+        if lock.locked():
+            return  # an API operation is acting on it; its own CAS keeps the record right
+        async with lock:
+            record = await self._svc.store.get(sandbox_id)
+            if record is None:
+                if state is not None:
+                    await self._orphan(sandbox_id, state)
+                return
+            if record.status == S.STARTING:
+                await self._interrupted_start(record, state)
+                return
+            change = observed_status(record, state)
+            if change is None:
+                return
+            status, reason = change
+            ports = None
+            spec = self._svc.catalog.find(record.spec_id)
+            if status == S.RUNNING and state is not None and spec is not None:
+                ports = host_ports(spec, state)
+            result = await self._svc.store.transition(
+                record, [record.status], status, reason=reason or None, ports=ports
+            )
+            if result.outcome == "ok":
+                self.fixes += 1
+                log.info(
+                    "reconciled",
+                    sandbox_id=sandbox_id,
+                    was=record.status,
+                    now=status,
+                    reason=reason,
+                )
+
+    async def _interrupted_start(self, record: SandboxRecord, state: ContainerState | None) -> None:
+        spec = self._svc.catalog.find(record.spec_id)
+        if state is not None and state.status == "running" and spec is not None:
+            ports = host_ports(spec, state)
+            if AGENT_SERVER in ports and await self._svc.probe.once(ports[AGENT_SERVER]):
+                result = await self._svc.store.transition(
+                    record, [S.STARTING], S.RUNNING, ports=ports, touch=True
+                )
+                self.fixes += result.outcome == "ok"
+                return
+        grace = timedelta(seconds=self._svc.config.start_timeout + 10)
+        if datetime.now(UTC) - record.updated_at < grace:
+            return
+        prefix = self._svc.config.container_prefix
+        await self._svc.driver.remove(naming.container_name(prefix, record.id), None)
+        result = await self._svc.store.transition(
+            record, [S.STARTING], S.ERROR, reason="start interrupted (control plane restarted?)"
+        )
+        self.fixes += result.outcome == "ok"
+
+    async def _orphan(self, sandbox_id: str, state: ContainerState) -> None:
+        if await self._svc.store.is_tombstoned(sandbox_id):
+            return
+        key = state.env.get("OH_SESSION_API_KEYS_0")
+        owner = state.labels.get(naming.LABEL_OWNER)
+        spec_id = state.labels.get(naming.LABEL_SPEC)
+        if not key or not owner or not spec_id:
+            log.warning("orphan_removed", sandbox_id=sandbox_id, container=state.name)
+            await self._svc.driver.remove(state.name, None)
+            return
+        status = {"running": S.RUNNING, "paused": S.PAUSED, "exited": S.PAUSED}.get(
+            state.status, S.ERROR
+        )
+        spec = self._svc.catalog.find(spec_id)
+        now = datetime.now(UTC)
+        record = SandboxRecord(
+            id=sandbox_id,
+            owner=owner,
+            spec_id=spec_id,
+            status=status,
+            reason="adopted: container found without a record",
+            session_api_key=key,
+            ports=host_ports(spec, state) if spec else {},
+            created_at=state.created_at or now,
+            updated_at=now,
+            last_activity_at=now,
+        )
+        if await self._svc.store.create(record, cap=None):
+            self.fixes += 1
+            log.info("orphan_adopted", sandbox_id=sandbox_id, status=status)

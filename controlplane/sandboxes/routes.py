@@ -1,0 +1,119 @@
+"""/api/v1/sandboxes: search, batch get, start, pause, resume, delete."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from controlplane import keys
+from controlplane.api.middlewares import principal_of
+from controlplane.api.parsing import json_response, parse_body, parse_query
+from controlplane.api.routing import RouteTable
+from controlplane.errors import RuntimeUnavailable
+from controlplane.sandboxes.models import (
+    SandboxBatchQuery,
+    SandboxInfo,
+    SandboxPage,
+    SandboxSearchQuery,
+    StartSandboxQuery,
+    StartSandboxRequest,
+    Success,
+)
+from controlplane.sandboxes.service import SandboxService
+
+routes = RouteTable(tag="sandboxes")
+
+
+def _service(request: web.Request) -> SandboxService:
+    service = request.app.get(keys.SANDBOXES)
+    if service is None:
+        raise RuntimeUnavailable("sandboxes are not enabled on this server")
+    return service
+
+
+@routes.route(
+    "GET",
+    "/api/v1/sandboxes/search",
+    summary="Search sandboxes, newest first",
+    query=SandboxSearchQuery,
+    response=SandboxPage,
+    errors=(403,),
+)
+async def search_sandboxes(request: web.Request) -> web.Response:
+    query = parse_query(request, SandboxSearchQuery)
+    return json_response(await _service(request).search(principal_of(request), query))
+
+
+@routes.route(
+    "GET",
+    "/api/v1/sandboxes",
+    summary="Get sandboxes by id (null for unknown or not yours)",
+    query=SandboxBatchQuery,
+    response=list[SandboxInfo | None],
+)
+async def batch_get_sandboxes(request: web.Request) -> web.Response:
+    query = parse_query(request, SandboxBatchQuery)
+    return json_response(await _service(request).batch_get(principal_of(request), query.id))
+
+
+@routes.route(
+    "GET",
+    "/api/v1/sandboxes/{sandbox_id}",
+    summary="Get one sandbox",
+    response=SandboxInfo,
+    errors=(404,),
+)
+async def get_sandbox(request: web.Request) -> web.Response:
+    sandbox_id = request.match_info["sandbox_id"]
+    return json_response(await _service(request).get(principal_of(request), sandbox_id))
+
+
+@routes.route(
+    "POST",
+    "/api/v1/sandboxes",
+    summary="Start a sandbox from a spec (JSON body or query sandbox_spec_id; default spec)",
+    body=StartSandboxRequest,
+    query=StartSandboxQuery,
+    response=SandboxInfo,
+    errors=(404, 429),
+)
+async def start_sandbox(request: web.Request) -> web.Response:
+    query = parse_query(request, StartSandboxQuery)
+    body = await parse_body(request, StartSandboxRequest, optional=True)
+    spec_id = body.sandbox_spec_id or query.sandbox_spec_id
+    return json_response(await _service(request).start(principal_of(request), spec_id))
+
+
+@routes.route(
+    "POST",
+    "/api/v1/sandboxes/{sandbox_id}/pause",
+    summary="Pause a sandbox (docker pause); a paused one is a no-op",
+    response=Success,
+    errors=(404, 409),
+)
+async def pause_sandbox(request: web.Request) -> web.Response:
+    await _service(request).pause(principal_of(request), request.match_info["sandbox_id"])
+    return json_response(Success())
+
+
+@routes.route(
+    "POST",
+    "/api/v1/sandboxes/{sandbox_id}/resume",
+    summary="Resume a sandbox; a running one is a no-op",
+    response=Success,
+    errors=(404, 409, 429),
+)
+async def resume_sandbox(request: web.Request) -> web.Response:
+    await _service(request).resume(principal_of(request), request.match_info["sandbox_id"])
+    return json_response(Success())
+
+
+@routes.route(
+    "DELETE",
+    "/api/v1/sandboxes/{sandbox_id}",
+    summary="Delete a sandbox, its container and its workspace volume",
+    response=Success,
+    errors=(404,),
+)
+async def delete_sandbox(request: web.Request) -> web.Response:
+    await _service(request).delete(principal_of(request), request.match_info["sandbox_id"])
+    return json_response(Success())

@@ -1,0 +1,200 @@
+"""Sandbox records in Redis: atomic create with the running cap, compare-and-set transitions.
+
+Layout (names in controlplane.store.keys): one hash per sandbox; lexically ordered sorted sets
+(all members score 0, ids are time-ordered hex) per user and global for cursor paging; a set of
+each user's STARTING/RUNNING ids that the Lua scripts count for the cap; an index from the hash
+of a session key to its sandbox; a short-lived tombstone per deleted id.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from controlplane.crypto import SecretBox, hash_api_key
+from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.store import keys, text
+
+TOMBSTONE_TTL = 3600
+"""A deleted id is remembered for an hour so that a sweep that listed its container just before
+the delete does not adopt it back."""
+
+_CREATE = """
+local cap = tonumber(ARGV[1])
+if cap >= 0 and redis.call('SCARD', KEYS[4]) >= cap then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('ZADD', KEYS[2], 0, ARGV[2])
+redis.call('ZADD', KEYS[3], 0, ARGV[2])
+if ARGV[4] == 'STARTING' or ARGV[4] == 'RUNNING' then redis.call('SADD', KEYS[4], ARGV[2]) end
+redis.call('SET', KEYS[5], ARGV[2])
+return 1
+"""
+
+_TRANSITION = """
+local cur = redis.call('HGET', KEYS[1], 'status')
+if not cur then return {'missing', ''} end
+local allowed = false
+for s in string.gmatch(ARGV[1], '%S+') do if s == cur then allowed = true end end
+if not allowed then return {'conflict', cur} end
+local to = ARGV[2]
+local active_to = (to == 'STARTING' or to == 'RUNNING')
+local active_from = (cur == 'STARTING' or cur == 'RUNNING')
+local cap = tonumber(ARGV[3])
+if active_to and not active_from and cap >= 0 and redis.call('SCARD', KEYS[2]) >= cap then
+  return {'quota', cur}
+end
+redis.call('HSET', KEYS[1], 'status', to, unpack(ARGV, 5))
+if active_to then redis.call('SADD', KEYS[2], ARGV[4]) else redis.call('SREM', KEYS[2], ARGV[4]) end
+return {'ok', cur}
+"""
+
+_TOUCH = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'last_activity_at', ARGV[1])
+end
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class TransitionResult:
+    outcome: str  # ok, conflict, quota, missing
+    previous: SandboxStatus | None
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class SandboxStore:
+    def __init__(self, redis: aioredis.Redis, box: SecretBox) -> None:
+        self._redis = redis
+        self._box = box
+        self._create = redis.register_script(_CREATE)
+        self._transition = redis.register_script(_TRANSITION)
+        self._touch = redis.register_script(_TOUCH)
+
+    def _encode(self, record: SandboxRecord) -> dict[str, str]:
+        return {
+            "id": record.id,
+            "owner": record.owner,
+            "spec_id": record.spec_id,
+            "status": record.status.value,
+            "reason": record.reason or "",
+            "key_enc": self._box.encrypt(record.session_api_key.encode()).decode(),
+            "ports": json.dumps(record.ports),
+            "created_at": record.created_at.isoformat(),
+            "updated_at": record.updated_at.isoformat(),
+            "last_activity_at": record.last_activity_at.isoformat(),
+        }
+
+    def _decode(self, raw: dict[Any, Any]) -> SandboxRecord:
+        row = {text(k): text(v) for k, v in raw.items()}
+        return SandboxRecord(
+            id=row["id"],
+            owner=row["owner"],
+            spec_id=row["spec_id"],
+            status=SandboxStatus(row["status"]),
+            reason=row.get("reason") or None,
+            session_api_key=self._box.decrypt(row["key_enc"].encode()).decode(),
+            ports=json.loads(row.get("ports") or "{}"),
+            created_at=datetime.fromisoformat(row["created_at"]),
+            updated_at=datetime.fromisoformat(row["updated_at"]),
+            last_activity_at=datetime.fromisoformat(row["last_activity_at"]),
+        )
+
+    async def create(self, record: SandboxRecord, cap: int | None) -> bool:
+        """Write a new record and its indexes at once. False when the owner is at `cap`."""
+        fields = self._encode(record)
+        flat = [item for pair in fields.items() for item in pair]
+        created = await self._create(
+            keys=[
+                keys.sandbox(record.id),
+                keys.ALL_SANDBOXES,
+                keys.user_sandboxes(record.owner),
+                keys.user_active_sandboxes(record.owner),
+                keys.sandbox_by_key(hash_api_key(record.session_api_key)),
+            ],
+            args=[-1 if cap is None else cap, record.id, *flat],
+        )
+        return bool(created)
+
+    async def get(self, sandbox_id: str) -> SandboxRecord | None:
+        raw = await self._redis.hgetall(keys.sandbox(sandbox_id))
+        return self._decode(raw) if raw else None
+
+    async def get_many(self, ids: Iterable[str]) -> list[SandboxRecord | None]:
+        ids = list(ids)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for sandbox_id in ids:
+                pipe.hgetall(keys.sandbox(sandbox_id))
+            rows = await pipe.execute()
+        return [self._decode(r) if r else None for r in rows]
+
+    async def transition(
+        self,
+        record: SandboxRecord,
+        allowed_from: Iterable[SandboxStatus],
+        to: SandboxStatus,
+        *,
+        cap: int | None = None,
+        reason: str | None = None,
+        ports: dict[str, int] | None = None,
+        touch: bool = False,
+    ) -> TransitionResult:
+        """Move to `to` only if the current status is in `allowed_from` (compare-and-set)."""
+        now = _now()
+        fields: dict[str, str] = {"reason": reason or "", "updated_at": now.isoformat()}
+        if ports is not None:
+            fields["ports"] = json.dumps(ports)
+        if touch:
+            fields["last_activity_at"] = now.isoformat()
+        flat = [item for pair in fields.items() for item in pair]
+        outcome, previous = await self._transition(
+            keys=[keys.sandbox(record.id), keys.user_active_sandboxes(record.owner)],
+            args=[
+                " ".join(s.value for s in allowed_from),
+                to.value,
+                -1 if cap is None else cap,
+                record.id,
+                *flat,
+            ],
+        )
+        prev = text(previous) if previous else ""
+        return TransitionResult(text(outcome), SandboxStatus(prev) if prev else None)
+
+    async def touch(self, sandbox_id: str) -> None:
+        """Bump last_activity_at if the record still exists (never re-creates a deleted one)."""
+        await self._touch(keys=[keys.sandbox(sandbox_id)], args=[_now().isoformat()])
+
+    async def delete(self, record: SandboxRecord) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(keys.sandbox(record.id))
+            pipe.zrem(keys.ALL_SANDBOXES, record.id)
+            pipe.zrem(keys.user_sandboxes(record.owner), record.id)
+            pipe.srem(keys.user_active_sandboxes(record.owner), record.id)
+            pipe.delete(keys.sandbox_by_key(hash_api_key(record.session_api_key)))
+            pipe.set(keys.sandbox_tombstone(record.id), "1", ex=TOMBSTONE_TTL)
+            await pipe.execute()
+
+    async def is_tombstoned(self, sandbox_id: str) -> bool:
+        return bool(await self._redis.exists(keys.sandbox_tombstone(sandbox_id)))
+
+    async def id_for_key(self, session_api_key: str) -> str | None:
+        raw = await self._redis.get(keys.sandbox_by_key(hash_api_key(session_api_key)))
+        return text(raw) if raw else None
+
+    async def count_active(self, owner: str) -> int:
+        return int(await self._redis.scard(keys.user_active_sandboxes(owner)))
+
+    async def page_ids(self, owner: str | None, after: str | None, count: int) -> list[str]:
+        """Up to `count` ids older than `after`, newest first; owner None lists every user."""
+        key = keys.ALL_SANDBOXES if owner is None else keys.user_sandboxes(owner)
+        start = f"({after}" if after else "+"
+        raw = await self._redis.zrange(key, start, "-", desc=True, bylex=True, offset=0, num=count)
+        return [text(i) for i in raw]

@@ -1,0 +1,1 @@
+"""Sandbox spec templates (specs/*.yaml), validated at start-up."""

@@ -1,0 +1,112 @@
+"""A sandbox spec as written in YAML, and as the API shows it (SandboxSpecInfo)."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SPEC_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+_MEMORY_RE = re.compile(r"^([0-9]+)([kmg]?)b?$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+AGENT_SERVER = "AGENT_SERVER"
+
+
+class BuildSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    context: str = Field(description="Build context, relative to the specs directory")
+
+
+class Resources(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpus: float = Field(default=1.0, gt=0, le=256)
+    memory: str = Field(default="1g", description="Bytes, or a number with k, m or g")
+    pids: int = Field(default=512, ge=16, le=1_000_000)
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: str | int) -> str:
+        text = str(value).strip()
+        match = _MEMORY_RE.match(text)
+        if not match:
+            raise ValueError("memory must be bytes or a number with k, m or g, e.g. 512m")
+        if int(match.group(1)) * _UNITS[match.group(2).lower()] < 6 * 1024**2:
+            raise ValueError("memory must be at least 6m (Docker's minimum)")
+        return text.lower()
+
+    @property
+    def memory_bytes(self) -> int:
+        match = _MEMORY_RE.match(self.memory)
+        assert match is not None  # validated above
+        return int(match.group(1)) * _UNITS[match.group(2).lower()]
+
+
+PortNumber = Annotated[int, Field(ge=1, le=65535)]
+
+
+class SandboxSpec(BaseModel):
+    """One template. Unknown keys are an error, reported with file and line."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=SPEC_ID_PATTERN)
+    description: str = Field(default="", max_length=1000)
+    default: bool = False
+    image: str = Field(min_length=1, max_length=512)
+    build: BuildSpec | None = None
+    command: list[str] | None = None
+    working_dir: str = "/workspace"
+    initial_env: dict[str, str] = Field(default_factory=dict)
+    exposed_ports: dict[str, PortNumber]
+    resources: Resources = Field(default_factory=Resources)
+    idle_timeout: int = Field(default=1800, ge=0, description="Seconds; 0 disables auto-pause")
+
+    @field_validator("working_dir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("working_dir must be an absolute path")
+        return value
+
+    @field_validator("exposed_ports")
+    @classmethod
+    def _agent_server(cls, value: dict[str, int]) -> dict[str, int]:
+        if AGENT_SERVER not in value:
+            raise ValueError("exposed_ports must name AGENT_SERVER (the agent server's port)")
+        for name in value:
+            if not re.fullmatch(r"[A-Z][A-Z0-9_]{0,31}", name):
+                raise ValueError(f"port name {name!r} must be UPPER_SNAKE_CASE")
+        return value
+
+    @field_validator("initial_env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"environment variable name {key!r} is not valid")
+        return value
+
+
+class SandboxSpecInfo(BaseModel):
+    """GET /api/v1/sandbox-specs: the OpenHands fields plus ours."""
+
+    id: str
+    command: list[str] | None
+    created_at: datetime
+    initial_env: dict[str, str]
+    working_dir: str
+    description: str
+    image: str
+    default: bool
+    resources: Resources
+    exposed_ports: dict[str, int]
+    idle_timeout: int
+
+
+class SandboxSpecInfoPage(BaseModel):
+    items: list[SandboxSpecInfo]
+    next_page_id: str | None = None

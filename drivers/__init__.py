@@ -1,0 +1,1 @@
+"""Runtimes behind the sandbox manager. Only drivers/docker.py imports docker."""

@@ -1,0 +1,101 @@
+"""The interface every sandbox runtime implements (Docker now, Kubernetes later)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from controlplane.errors import ControlPlaneError
+
+
+class DriverError(ControlPlaneError):
+    """The runtime refused an operation (bad image, bad config, engine-side failure)."""
+
+    code = "runtime_error"
+    status = 502
+
+
+class ImageMissing(DriverError):
+    code = "image_missing"
+
+
+@dataclass(frozen=True)
+class ContainerRequest:
+    """Everything needed to create one sandbox container."""
+
+    name: str
+    image: str
+    command: list[str] | None
+    env: dict[str, str]
+    labels: dict[str, str]
+    working_dir: str
+    volume: str
+    ports: list[int]
+    cpus: float
+    memory_bytes: int
+    pids: int
+    publish_host: str
+    extra_hosts: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """What the runtime says about one container right now."""
+
+    id: str
+    name: str
+    status: str  # created, running, paused, restarting, removing, exited, dead
+    labels: dict[str, str]
+    ports: dict[int, int]  # container port -> host port
+    env: dict[str, str]
+    exit_code: int | None = None
+    oom_killed: bool = False
+    error: str | None = None
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ContainerEvent:
+    action: str  # die, kill, stop, pause, unpause, start, destroy, oom, ...
+    name: str
+    labels: dict[str, str]
+
+
+class SandboxDriver(Protocol):
+    async def ping(self) -> bool:
+        """True when the runtime answers; never raises."""
+
+    async def image_exists(self, image: str) -> bool:
+        """Raises RuntimeUnavailable when the runtime does not answer."""
+
+    async def create_and_start(self, request: ContainerRequest) -> ContainerState:
+        """Create the workspace volume and the container, start it, return its state.
+
+        On any failure after create, removes what it made and re-raises, so nothing is left.
+        Raises ImageMissing, DriverError or RuntimeUnavailable.
+        """
+
+    async def inspect(self, name: str) -> ContainerState | None:
+        """None when no such container exists."""
+
+    async def pause(self, name: str) -> None:
+        """Freeze processes; memory is kept. Pausing a paused container succeeds."""
+
+    async def unpause(self, name: str) -> None:
+        """Unpausing a running container succeeds."""
+
+    async def start(self, name: str) -> ContainerState:
+        """Start a stopped container again; starting a running one succeeds."""
+
+    async def remove(self, name: str, volume: str | None) -> None:
+        """Remove the container (forced) and the volume; "already gone" counts as success."""
+
+    async def list_managed(self, labels: dict[str, str]) -> list[ContainerState]:
+        """Every container, running or not, carrying all of `labels`."""
+
+    def events(self, labels: dict[str, str]) -> AsyncIterator[ContainerEvent]:
+        """Container events for containers carrying `labels`, until the stream breaks."""
+
+    async def close(self) -> None: ...

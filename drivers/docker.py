@@ -1,0 +1,273 @@
+"""Docker runtime: the docker SDK, each blocking call sent to a thread pool this driver owns."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any, TypeVar
+
+import docker
+import structlog
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from requests.exceptions import ConnectionError as RequestsConnectionError
+from requests.exceptions import ReadTimeout
+
+from controlplane.errors import RuntimeUnavailable
+from drivers.base import ContainerEvent, ContainerRequest, ContainerState, DriverError, ImageMissing
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+_WATCHED_ACTIONS = {"start", "die", "kill", "stop", "pause", "unpause", "destroy", "oom", "create"}
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value or value.startswith("0001-"):
+        return None
+    # Docker gives nanoseconds; Python parses up to microseconds.
+    head, _, frac = value.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00")
+
+
+def _state_of(attrs: dict[str, Any]) -> ContainerState:
+    state = attrs.get("State") or {}
+    config = attrs.get("Config") or {}
+    ports: dict[int, int] = {}
+    for key, bindings in ((attrs.get("NetworkSettings") or {}).get("Ports") or {}).items():
+        if bindings and key.endswith("/tcp"):
+            ports[int(key.split("/")[0])] = int(bindings[0]["HostPort"])
+    env = dict(item.partition("=")[::2] for item in config.get("Env") or [])
+    return ContainerState(
+        id=attrs["Id"],
+        name=attrs.get("Name", "").lstrip("/"),
+        status=state.get("Status", "unknown"),
+        labels=config.get("Labels") or {},
+        ports=ports,
+        env=env,
+        exit_code=state.get("ExitCode"),
+        oom_killed=bool(state.get("OOMKilled")),
+        error=state.get("Error") or None,
+        created_at=_parse_time(attrs.get("Created")),
+    )
+
+
+class DockerDriver:
+    """Talks to one Docker engine. `threads` bounds concurrent engine calls."""
+
+    def __init__(self, base_url: str | None = None, threads: int = 8, timeout: int = 60) -> None:
+        self._base_url = base_url
+        self._timeout = timeout
+        self._threads = threads
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="docker")
+        self._client: docker.DockerClient | None = None
+        self._client_lock = threading.Lock()
+
+    def _docker(self) -> docker.DockerClient:
+        # Created lazily, in a worker thread, so start-up works while the engine is down.
+        with self._client_lock:
+            if self._client is None:
+                kwargs: dict[str, Any] = {"timeout": self._timeout, "max_pool_size": self._threads}
+                if self._base_url:
+                    self._client = docker.DockerClient(base_url=self._base_url, **kwargs)
+                else:
+                    self._client = docker.from_env(**kwargs)
+            return self._client
+
+    async def _call(self, fn: Callable[[docker.DockerClient], T]) -> T:
+        loop = asyncio.get_running_loop()
+
+        def run() -> T:
+            try:
+                return fn(self._docker())
+            except (RequestsConnectionError, ReadTimeout) as exc:
+                raise RuntimeUnavailable(f"Docker engine unreachable: {exc}") from None
+            except DockerException as exc:
+                if isinstance(exc, APIError | NotFound):
+                    raise
+                raise RuntimeUnavailable(f"Docker engine unreachable: {exc}") from None
+
+        return await loop.run_in_executor(self._pool, run)
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._call(lambda c: c.ping()))
+        except (RuntimeUnavailable, APIError):
+            return False
+
+    async def image_exists(self, image: str) -> bool:
+        def check(client: docker.DockerClient) -> bool:
+            try:
+                client.images.get(image)
+            except ImageNotFound:
+                return False
+            return True
+
+        return await self._call(check)
+
+    async def create_and_start(self, request: ContainerRequest) -> ContainerState:
+        return await self._call(lambda c: self._create_and_start(c, request))
+
+    def _create_and_start(
+        self, client: docker.DockerClient, req: ContainerRequest
+    ) -> ContainerState:
+        try:
+            client.images.get(req.image)
+        except ImageNotFound:
+            raise ImageMissing(
+                f"image {req.image} is not on this host; run `make images` to build it"
+            ) from None
+        try:
+            client.api.inspect_volume(req.volume)
+            made_volume = False  # a re-create: the workspace survives a failure below
+        except NotFound:
+            client.volumes.create(name=req.volume, labels=req.labels)
+            made_volume = True
+        try:
+            container = client.containers.create(
+                req.image,
+                command=req.command,
+                name=req.name,
+                environment=req.env,
+                labels=req.labels,
+                working_dir=req.working_dir,
+                volumes={req.volume: {"bind": req.working_dir, "mode": "rw"}},
+                # No host port: Docker picks a free one and we read it back (no race).
+                ports={f"{p}/tcp": (req.publish_host, None) for p in req.ports},  # type: ignore[misc]
+                nano_cpus=int(req.cpus * 1e9),
+                mem_limit=req.memory_bytes,
+                memswap_limit=req.memory_bytes,
+                pids_limit=req.pids,
+                security_opt=["no-new-privileges:true"],
+                extra_hosts=req.extra_hosts,
+                detach=True,
+            )
+            container.start()
+            container.reload()
+            return _state_of(container.attrs)
+        except BaseException as exc:
+            self._remove(client, req.name, req.volume if made_volume else None)
+            if isinstance(exc, APIError):
+                raise DriverError(
+                    f"Docker refused to start the sandbox: {exc.explanation}"
+                ) from None
+            raise
+
+    async def inspect(self, name: str) -> ContainerState | None:
+        def run(client: docker.DockerClient) -> ContainerState | None:
+            try:
+                return _state_of(client.api.inspect_container(name))
+            except NotFound:
+                return None
+
+        return await self._call(run)
+
+    async def _act(self, name: str, action: Callable[[Any], None], benign: str = "") -> None:
+        """Run one container action; a 409 whose message contains `benign` meets the intent."""
+
+        def run(client: docker.DockerClient) -> None:
+            try:
+                action(client.api)
+            except NotFound:
+                raise DriverError(f"container {name} does not exist") from None
+            except APIError as exc:
+                message = str(exc.explanation or exc)
+                if exc.status_code == 409 and benign and benign in message:
+                    return
+                raise DriverError(f"Docker error on {name}: {message}") from None
+
+        await self._call(run)
+
+    async def pause(self, name: str) -> None:
+        await self._act(name, lambda api: api.pause(name), benign="already paused")
+
+    async def unpause(self, name: str) -> None:
+        await self._act(name, lambda api: api.unpause(name), benign="is not paused")
+
+    async def start(self, name: str) -> ContainerState:
+        await self._act(name, lambda api: api.start(name))
+        state = await self.inspect(name)
+        if state is None:
+            raise DriverError(f"container {name} vanished while starting")
+        return state
+
+    async def remove(self, name: str, volume: str | None) -> None:
+        await self._call(lambda c: self._remove(c, name, volume))
+
+    @staticmethod
+    def _remove(client: docker.DockerClient, name: str, volume: str | None) -> None:
+        try:
+            client.api.remove_container(name, force=True, v=True)
+        except NotFound:
+            pass
+        except APIError as exc:
+            if exc.status_code != 409:  # 409: removal already in progress
+                raise DriverError(f"Docker could not remove {name}: {exc.explanation}") from None
+        if volume:
+            try:
+                client.api.remove_volume(volume, force=True)
+            except NotFound:
+                pass
+            except APIError as exc:
+                raise DriverError(
+                    f"Docker could not remove volume {volume}: {exc.explanation}"
+                ) from None
+
+    async def list_managed(self, labels: dict[str, str]) -> list[ContainerState]:
+        def run(client: docker.DockerClient) -> list[ContainerState]:
+            filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+            summaries = client.api.containers(all=True, filters=filters)
+            states = []
+            for summary in summaries:
+                try:
+                    states.append(_state_of(client.api.inspect_container(summary["Id"])))
+                except NotFound:
+                    continue
+            return states
+
+        return await self._call(run)
+
+    async def events(self, labels: dict[str, str]) -> AsyncIterator[ContainerEvent]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[ContainerEvent | Exception | None] = asyncio.Queue()
+        filters = {"type": "container", "label": [f"{k}={v}" for k, v in labels.items()]}
+        client = await self._call(lambda c: c)
+        stream = await loop.run_in_executor(
+            None, lambda: client.api.events(decode=True, filters=filters)
+        )
+
+        def pump() -> None:
+            try:
+                for raw in stream:
+                    action = str(raw.get("Action", "")).split(":")[0]
+                    if action not in _WATCHED_ACTIONS:
+                        continue
+                    attrs = (raw.get("Actor") or {}).get("Attributes") or {}
+                    event = ContainerEvent(action=action, name=attrs.get("name", ""), labels=attrs)
+                    loop.call_soon_threadsafe(queue.put_nowait, event)
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+            except Exception as exc:
+                loop.call_soon_threadsafe(queue.put_nowait, exc)
+
+        # A dedicated thread: the stream blocks for as long as it lives, and must not hold a
+        # worker of the bounded pool.
+        thread = threading.Thread(target=pump, name="docker-events", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    return
+                if isinstance(item, Exception):
+                    raise RuntimeUnavailable(f"Docker event stream broke: {item}")
+                yield item
+        finally:
+            stream.close()
+
+    async def close(self) -> None:
+        client = self._client
+        if client is not None:
+            await asyncio.get_running_loop().run_in_executor(self._pool, client.close)
+        self._pool.shutdown(wait=False, cancel_futures=True)
