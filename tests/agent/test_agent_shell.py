@@ -1,0 +1,212 @@
+"""POST /api/bash/execute_bash_command."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from agent.shell import run_command
+
+EXEC = "/api/bash/execute_bash_command"
+ClientFactory = Callable[..., Awaitable[TestClient]]
+
+
+async def execute(client: TestClient, auth: dict[str, str], **body: Any) -> dict[str, Any]:
+    resp = await client.post(EXEC, json=body, headers=auth)
+    assert resp.status == 200, await resp.text()
+    result: dict[str, Any] = await resp.json()
+    return result
+
+
+def process_gone(pid: int) -> bool:
+    """True once ``pid`` no longer runs (a zombie awaiting its reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+async def test_exit_code_stdout_stderr(client: TestClient, auth: dict[str, str]) -> None:
+    result = await execute(client, auth, command="echo out; echo err >&2; exit 7")
+    assert result == {
+        "exit_code": 7,
+        "stdout": "out\n",
+        "stderr": "err\n",
+        "timed_out": False,
+        "truncated": False,
+    }
+
+
+async def test_success_and_bash_features(client: TestClient, auth: dict[str, str]) -> None:
+    result = await execute(client, auth, command="set -o pipefail; x=$((6*7)); echo $x | cat")
+    assert result["exit_code"] == 0
+    assert result["stdout"] == "42\n"
+
+
+async def test_runs_in_workspace_by_default(
+    client: TestClient, auth: dict[str, str], workspace: Path
+) -> None:
+    result = await execute(client, auth, command="pwd")
+    assert result["stdout"].strip() == str(workspace)
+
+
+async def test_cwd_relative_and_absolute(
+    client: TestClient, auth: dict[str, str], workspace: Path, tmp_path: Path
+) -> None:
+    (workspace / "sub").mkdir()
+    result = await execute(client, auth, command="pwd", cwd="sub")
+    assert result["stdout"].strip() == str(workspace / "sub")
+    result = await execute(client, auth, command="pwd", cwd=str(tmp_path))
+    assert result["stdout"].strip() == str(tmp_path)
+
+
+async def test_missing_cwd_is_400(client: TestClient, auth: dict[str, str]) -> None:
+    resp = await client.post(EXEC, json={"command": "pwd", "cwd": "nope"}, headers=auth)
+    assert resp.status == 400
+    assert "nope" in (await resp.json())["detail"]
+
+
+async def test_stdin_is_closed(client: TestClient, auth: dict[str, str]) -> None:
+    result = await execute(client, auth, command="cat; echo done", timeout=5)
+    assert result["stdout"] == "done\n"
+    assert not result["timed_out"]
+
+
+async def test_session_keys_are_hidden_from_commands(
+    client: TestClient, auth: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OH_SESSION_API_KEYS_0", "very-secret")
+    monkeypatch.setenv("SESSION_API_KEY", "very-secret")
+    monkeypatch.setenv("ACS_TEST_VISIBLE", "visible")
+    result = await execute(client, auth, command="env")
+    assert "very-secret" not in result["stdout"]
+    assert "ACS_TEST_VISIBLE=visible" in result["stdout"]
+
+
+async def test_timeout_kills_process_group(
+    client: TestClient, auth: dict[str, str], workspace: Path
+) -> None:
+    # A grandchild in the background plus a foreground sleep: both must die.
+    command = "sleep 120 & echo $! > bg.pid; echo started; sleep 120"
+    started = time.monotonic()
+    result = await execute(client, auth, command=command, timeout=1)
+    assert time.monotonic() - started < 10
+    assert result["timed_out"] is True
+    assert result["exit_code"] is None
+    assert result["stdout"] == "started\n"
+    pid = int((workspace / "bg.pid").read_text())
+    for _ in range(50):
+        if process_gone(pid):
+            break
+        await asyncio.sleep(0.1)
+    assert process_gone(pid), f"background process {pid} survived the timeout"
+
+
+async def test_background_job_holding_pipes_does_not_block(
+    client: TestClient, auth: dict[str, str], workspace: Path
+) -> None:
+    started = time.monotonic()
+    result = await execute(
+        client, auth, command="sleep 5 & echo $! > bg.pid; echo ready", timeout=30
+    )
+    assert time.monotonic() - started < 4
+    assert result["exit_code"] == 0
+    assert result["stdout"] == "ready\n"
+    assert not result["timed_out"]
+    os.kill(int((workspace / "bg.pid").read_text()), 9)
+
+
+async def test_output_is_capped(make_client: ClientFactory, auth: dict[str, str]) -> None:
+    client = await make_client(max_output_bytes=1000)
+    result = await execute(
+        client, auth, command="head -c 5000 /dev/zero | tr '\\0' a; echo -n small >&2"
+    )
+    assert result["stdout"] == "a" * 1000
+    assert result["stderr"] == "small"
+    assert result["truncated"] is True
+    assert result["exit_code"] == 0
+
+
+async def test_stderr_is_capped_too(make_client: ClientFactory, auth: dict[str, str]) -> None:
+    client = await make_client(max_output_bytes=10)
+    result = await execute(client, auth, command="echo -n 0123456789abc >&2; echo -n ok")
+    assert result["stderr"] == "0123456789"
+    assert result["stdout"] == "ok"
+    assert result["truncated"] is True
+
+
+async def test_default_cap_is_one_mebibyte(client: TestClient, auth: dict[str, str]) -> None:
+    result = await execute(client, auth, command="yes | head -c 3000000")
+    assert len(result["stdout"]) == 1024 * 1024
+    assert result["truncated"] is True
+    assert result["exit_code"] == 0
+
+
+async def test_output_exactly_at_cap_is_not_truncated(
+    make_client: ClientFactory, auth: dict[str, str]
+) -> None:
+    client = await make_client(max_output_bytes=4)
+    result = await execute(client, auth, command="echo -n abcd")
+    assert result["stdout"] == "abcd"
+    assert result["truncated"] is False
+
+
+async def test_invalid_utf8_is_replaced(client: TestClient, auth: dict[str, str]) -> None:
+    result = await execute(client, auth, command="printf 'a\\xffb'")
+    assert result["stdout"] == "a\ufffdb"
+
+
+async def test_run_command_directly(tmp_path: Path) -> None:
+    result = await run_command("echo $((1+1))", tmp_path, 5, max_output_bytes=100)
+    assert result.exit_code == 0
+    assert result.stdout == "2\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "loc", "type_"),
+    [
+        ({}, ["body", "command"], "missing"),
+        ({"command": 5}, ["body", "command"], "string_type"),
+        ({"command": "ls", "timeout": 0}, ["body", "timeout"], "greater_than_equal"),
+        ({"command": "ls", "timeout": 3601}, ["body", "timeout"], "less_than_equal"),
+        ({"command": "ls", "timeout": "soon"}, ["body", "timeout"], "int_parsing"),
+        ({"command": "ls", "cwd": 3}, ["body", "cwd"], "string_type"),
+        ({"command": "ls", "bogus": 1}, ["body", "bogus"], "extra_forbidden"),
+    ],
+)
+async def test_invalid_body_is_422(
+    client: TestClient,
+    auth: dict[str, str],
+    body: dict[str, Any],
+    loc: list[str],
+    type_: str,
+) -> None:
+    resp = await client.post(EXEC, json=body, headers=auth)
+    assert resp.status == 422
+    detail = (await resp.json())["detail"]
+    assert isinstance(detail, list)
+    assert len(detail) == 1
+    assert detail[0]["loc"] == loc
+    assert detail[0]["type"] == type_
+    assert isinstance(detail[0]["msg"], str)
+    assert detail[0]["msg"]
+    assert set(detail[0]) == {"loc", "msg", "type"}
+
+
+@pytest.mark.parametrize("raw", [b"", b"{not json", b"[1, 2]", b'"text"'])
+async def test_malformed_body_is_422(client: TestClient, auth: dict[str, str], raw: bytes) -> None:
+    resp = await client.post(EXEC, data=raw, headers={**auth, "Content-Type": "application/json"})
+    assert resp.status == 422
+    detail = (await resp.json())["detail"]
+    assert isinstance(detail, list)
+    assert detail
+    assert detail[0]["loc"][0] == "body"
+    assert {"loc", "msg", "type"} <= set(detail[0])

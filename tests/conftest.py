@@ -1,0 +1,109 @@
+"""Shared fixtures: a real redis-server per session, a flushed Redis and a fresh app per test.
+
+Docker fixtures (for sandbox tests) live in tests/docker_fixtures.py and are loaded as a plugin.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from controlplane.app import create_app
+from controlplane.auth.service import ApiKeyService
+from controlplane.config import ServiceConfig, load_config
+from tests.redis_server import RedisServer
+
+pytest_plugins = ["tests.docker_fixtures"]
+
+REPO = Path(__file__).resolve().parent.parent
+RUN_ID = secrets.token_hex(3)
+BOOTSTRAP_KEY = "test-bootstrap-key-" + secrets.token_hex(8)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    redis.Redis.from_url(redis_server.url).flushall()
+    return redis_server.url
+
+
+@pytest.fixture
+async def raw_redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def make_config(redis_url: str, tmp_path: Path) -> Callable[..., ServiceConfig]:
+    def make(**overrides: Any) -> ServiceConfig:
+        values: dict[str, Any] = {
+            "redis_url": redis_url,
+            "data_dir": tmp_path / "data",
+            "bootstrap_api_key": BOOTSTRAP_KEY,
+            "spec_dir": REPO / "specs",
+            "container_prefix": f"acs-test-{RUN_ID}-",
+            "log_format": "json",
+        }
+        values.update(overrides)
+        return load_config({}, **values)
+
+    return make
+
+
+@pytest.fixture
+def config(make_config: Callable[..., ServiceConfig]) -> ServiceConfig:
+    return make_config()
+
+
+ClientFactory = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
+
+
+@pytest.fixture
+def make_client(aiohttp_client: Any, make_config: Callable[..., ServiceConfig]) -> ClientFactory:
+    """An app without Docker services unless with_sandboxes=True."""
+
+    async def make(
+        *, with_sandboxes: bool = False, **overrides: Any
+    ) -> TestClient[web.Request, web.Application]:
+        app = create_app(make_config(**overrides), with_sandboxes=with_sandboxes)
+        client: TestClient[web.Request, web.Application] = await aiohttp_client(app)
+        return client
+
+    return make
+
+
+@pytest.fixture
+async def client(make_client: ClientFactory) -> TestClient[web.Request, web.Application]:
+    return await make_client()
+
+
+@pytest.fixture
+def admin_headers() -> dict[str, str]:
+    return {"X-Session-API-Key": BOOTSTRAP_KEY}
+
+
+@pytest.fixture
+async def user_headers(raw_redis: aioredis.Redis) -> Callable[..., Awaitable[dict[str, str]]]:
+    """Create a real API key for a user; returns the headers that carry it."""
+
+    async def make(user: str = "alice", *, admin: bool = False) -> dict[str, str]:
+        created = await ApiKeyService(raw_redis, None).create(user, admin=admin)
+        return {"X-Session-API-Key": created.key}
+
+    return make

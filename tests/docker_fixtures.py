@@ -1,0 +1,83 @@
+"""Real-Docker fixtures: per-test container prefixes, cleanup, and logs dumped on failure."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import pytest
+from docker.errors import DockerException, ImageNotFound, NotFound
+
+from controlplane.sandboxes.naming import LABEL_PREFIX
+
+_counter = itertools.count()
+
+
+def run_prefix() -> str:
+    from tests.conftest import RUN_ID
+
+    return f"acs-test-{RUN_ID}-"
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[docker.DockerClient]:
+    try:
+        client = docker.from_env()
+        client.ping()
+    except DockerException as exc:
+        pytest.fail(f"no Docker engine answers ({exc}); `make test` starts one", pytrace=False)
+    yield client
+    _remove_matching(client, run_prefix())
+    client.close()
+
+
+def _remove_matching(client: docker.DockerClient, name_part: str) -> None:
+    for container in client.containers.list(all=True, filters={"name": name_part}):
+        try:
+            container.remove(force=True, v=True)
+        except NotFound:
+            pass
+    for volume in client.volumes.list(filters={"name": name_part}):
+        try:
+            volume.remove(force=True)
+        except NotFound:
+            pass
+
+
+@pytest.fixture(scope="session")
+def sandbox_images(docker_client: docker.DockerClient) -> None:
+    for image in ("acs-sandbox-default:latest",):
+        try:
+            docker_client.images.get(image)
+        except ImageNotFound:
+            pytest.fail(f"image {image} is missing; run `make images`", pytrace=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture
+def test_prefix(
+    request: pytest.FixtureRequest, docker_client: docker.DockerClient, sandbox_images: None
+) -> Iterator[str]:
+    """A container prefix of this test only; its containers are dumped on failure, then removed."""
+    prefix = f"{run_prefix()}{next(_counter)}-"
+    yield prefix
+    containers = docker_client.containers.list(
+        all=True, filters={"label": f"{LABEL_PREFIX}={prefix}"}
+    )
+    failed = getattr(request.node, "rep_call", None)
+    if failed is not None and failed.failed:
+        for container in containers:
+            print(f"\n===== {container.name} ({container.status}) logs =====")
+            print(container.logs(tail=100).decode(errors="replace"))
+            print(f"===== {container.name} inspect State =====")
+            print(json.dumps(container.attrs.get("State"), indent=1))
+    _remove_matching(docker_client, prefix)

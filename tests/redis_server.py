@@ -1,0 +1,53 @@
+"""A real redis-server for tests, on a unix socket in a temp dir (no port races)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+
+class RedisServer:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.socket = directory / "redis.sock"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket}"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (make test installs it)")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [
+                binary,
+                "--port", "0",
+                "--unixsocket", str(self.socket),
+                "--dir", str(self.directory),
+                "--appendonly", "yes",
+                "--save", "",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if redis.Redis(unix_socket_path=str(self.socket)).ping():
+                    return
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.02)
+        raise RuntimeError(f"redis-server did not start in {self.directory}")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
