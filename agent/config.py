@@ -1,0 +1,90 @@
+"""Runtime configuration of the agent server."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+#: Session API keys are read from OH_SESSION_API_KEYS_0, OH_SESSION_API_KEYS_1, ...
+API_KEYS_ENV_PATTERN = re.compile(r"^OH_SESSION_API_KEYS_(\d+)$")
+#: Fallback single key, used only when no OH_SESSION_API_KEYS_<n> is set.
+FALLBACK_API_KEY_ENV = "SESSION_API_KEY"
+#: Default working directory for commands and relative file paths.
+WORKSPACE_ENV = "ACS_WORKSPACE"
+
+DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024
+DEFAULT_POST_EXIT_GRACE = 1.0
+
+
+def load_api_keys(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """Return the configured session API keys (empty values are ignored).
+
+    All ``OH_SESSION_API_KEYS_<n>`` variables are used, ordered by ``n``; gaps
+    in the numbering are allowed. ``SESSION_API_KEY`` is the fallback when none
+    of them is set.
+    """
+    numbered: list[tuple[int, str]] = []
+    for name, value in environ.items():
+        match = API_KEYS_ENV_PATTERN.match(name)
+        if match and value:
+            numbered.append((int(match.group(1)), value))
+    keys = [value for _, value in sorted(numbered)]
+    if not keys:
+        fallback = environ.get(FALLBACK_API_KEY_ENV, "")
+        if fallback:
+            keys.append(fallback)
+    return tuple(keys)
+
+
+def is_secret_env_name(name: str) -> bool:
+    """True for environment variables that carry session API keys."""
+    return name == FALLBACK_API_KEY_ENV or API_KEYS_ENV_PATTERN.match(name) is not None
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything the HTTP application needs to know.
+
+    ``api_keys`` empty means "no authentication"; :mod:`agent.__main__` only
+    allows that with ``--insecure-no-auth``.
+    """
+
+    workspace: Path
+    api_keys: tuple[str, ...] = ()
+    host: str = "0.0.0.0"  # noqa: S104 - in a container; see agent.__main__
+    port: int = 8000
+    #: Cap on captured stdout and on captured stderr of one command, in bytes.
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    #: Seconds to keep reading a command's output after bash itself exited
+    #: (background jobs that keep the pipes open are then left alone).
+    post_exit_grace: float = DEFAULT_POST_EXIT_GRACE
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys)
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        workspace: str | Path | None = None,
+        **overrides: object,
+    ) -> AgentConfig:
+        """Build a config from environment variables plus explicit overrides."""
+        env = os.environ if environ is None else environ
+        ws = workspace if workspace is not None else env.get(WORKSPACE_ENV) or os.getcwd()
+        return cls(
+            workspace=Path(ws).expanduser().resolve(),
+            api_keys=load_api_keys(env),
+            **overrides,  # type: ignore[arg-type]
+        )
+
+
+#: Where create_app() stores the AgentConfig on the aiohttp application.
+CONFIG_KEY = web.AppKey("config", AgentConfig)

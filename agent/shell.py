@@ -1,0 +1,173 @@
+"""Running shell commands: ``POST /api/bash/execute_bash_command``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from .config import CONFIG_KEY, is_secret_env_name
+from .errors import ApiError, parse_json_body
+from .files import resolve_path
+
+READ_CHUNK = 64 * 1024
+
+
+class ExecuteBashRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    command: str
+    cwd: str | None = None
+    timeout: int = Field(default=60, ge=1, le=3600)
+
+
+class ExecuteBashResponse(BaseModel):
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    truncated: bool
+
+
+@dataclass
+class _Capture:
+    """Bytes read from one pipe, keeping at most ``limit`` of them."""
+
+    limit: int
+    data: bytearray
+    truncated: bool = False
+
+    def feed(self, chunk: bytes) -> None:
+        room = self.limit - len(self.data)
+        if len(chunk) > room:
+            self.truncated = True
+            chunk = chunk[: max(room, 0)]
+        self.data += chunk
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+
+async def _drain(stream: asyncio.StreamReader, capture: _Capture) -> None:
+    # Keep reading past the cap (and discard) so the child never blocks on a full pipe.
+    while chunk := await stream.read(READ_CHUNK):
+        capture.feed(chunk)
+
+
+def command_env() -> dict[str, str]:
+    """Environment for commands: ours, minus the session API keys."""
+    return {k: v for k, v in os.environ.items() if not is_secret_env_name(k)}
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """Stream protocol that also reports when the process itself exits.
+
+    ``Process.wait()`` only returns once the pipes are closed too, which a
+    background job (``sleep 100 &``) can delay for as long as it lives.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=READ_CHUNK, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
+async def run_command(
+    command: str,
+    cwd: Path,
+    time_limit: float,
+    *,
+    max_output_bytes: int,
+    post_exit_grace: float = 1.0,
+) -> ExecuteBashResponse:
+    """Run ``bash -c command`` in ``cwd`` in its own process group.
+
+    After ``time_limit`` seconds the whole process group is killed and ``exit_code`` is None.
+    Each of stdout/stderr keeps at most ``max_output_bytes`` bytes. Once bash
+    has exited, output is read for at most ``post_exit_grace`` more seconds,
+    so a background job holding the pipes open does not block the answer
+    (the job keeps running; its later output is discarded).
+    """
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.subprocess_exec(
+        lambda: _ExitAwareProtocol(loop),
+        "bash",
+        "-c",
+        command,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=command_env(),
+        start_new_session=True,  # own session and process group: killpg reaches everything
+    )
+    pid = transport.get_pid()
+    out = _Capture(max_output_bytes, bytearray())
+    err = _Capture(max_output_bytes, bytearray())
+    assert protocol.stdout is not None
+    assert protocol.stderr is not None
+    readers = asyncio.gather(_drain(protocol.stdout, out), _drain(protocol.stderr, err))
+    timed_out = False
+    try:
+        try:
+            await asyncio.wait_for(asyncio.shield(protocol.exited), time_limit)
+        except TimeoutError:
+            timed_out = True
+            _kill_group(pid)
+            await protocol.exited
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(readers), post_exit_grace)
+    finally:
+        if transport.get_returncode() is None:  # cancelled while running
+            _kill_group(pid)
+        if not readers.done():
+            readers.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await readers
+        transport.close()  # also closes our ends of the pipes
+    return ExecuteBashResponse(
+        exit_code=None if timed_out else transport.get_returncode(),
+        stdout=out.text(),
+        stderr=err.text(),
+        timed_out=timed_out,
+        truncated=out.truncated or err.truncated,
+    )
+
+
+async def execute_bash_command(request: web.Request) -> web.Response:
+    config = request.app[CONFIG_KEY]
+    body = await parse_json_body(request, ExecuteBashRequest)
+    cwd = resolve_path(config, body.cwd) if body.cwd else config.workspace
+    if not cwd.is_dir():
+        raise ApiError(400, f"Working directory does not exist: {cwd}")
+    try:
+        result = await run_command(
+            body.command,
+            cwd,
+            body.timeout,
+            max_output_bytes=config.max_output_bytes,
+            post_exit_grace=config.post_exit_grace,
+        )
+    except OSError as exc:
+        raise ApiError(500, f"Could not start command: {exc.strerror or exc}") from exc
+    return web.json_response(result.model_dump())
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/api/bash/execute_bash_command", execute_bash_command)
