@@ -40,12 +40,17 @@ def route_tables() -> list[RouteTable]:
 
 def _redis_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncIterator[None]]:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
+        # The key first: a bad key must stop start-up before a Redis connection exists to leak.
+        box = load_secret_box(config.secret_key, config.data_dir)
         url = config.redis_url or await asyncio.to_thread(ensure_embedded_redis, config.data_dir)
         assert url is not None
         client = make_client(url, config.redis_timeout)
-        await wait_for_redis(client)
+        try:
+            await wait_for_redis(client)
+        except BaseException:
+            await client.aclose()
+            raise
         app[keys.REDIS] = client
-        box = load_secret_box(config.secret_key, config.data_dir)
         app[keys.SECRET_BOX] = box
         app[keys.API_KEYS] = ApiKeyService(client, config.bootstrap_api_key, config.bootstrap_user)
         app[keys.SETTINGS] = SettingsService(UserRecordStore(client, box))

@@ -58,10 +58,17 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
     """Configure structlog once for the process. `fmt` is auto, json or console."""
     out = stream or sys.stdout
     use_console = fmt == "console" or (fmt == "auto" and out.isatty())
+    # Tracebacks without frame locals: locals hold plain secrets (the presented API key in the
+    # auth middleware, decrypted values in services) under names the redaction cannot know.
     renderer: Iterable[Any] = (
-        [structlog.dev.ConsoleRenderer()]
+        [structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback)]
         if use_console
-        else [structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer()]
+        else [
+            structlog.processors.ExceptionRenderer(
+                structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+            ),
+            structlog.processors.JSONRenderer(),
+        ]
     )
     structlog.configure(
         processors=[

@@ -19,12 +19,12 @@ from aiohttp.test_utils import TestClient
 from controlplane.app import create_app
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig, load_config
+from tests.docker_fixtures import RUN_ID
 from tests.redis_server import RedisServer
 
 pytest_plugins = ["tests.docker_fixtures"]
 
 REPO = Path(__file__).resolve().parent.parent
-RUN_ID = secrets.token_hex(3)
 BOOTSTRAP_KEY = "test-bootstrap-key-" + secrets.token_hex(8)
 
 

@@ -58,6 +58,11 @@ async def parse_body(request: web.Request, model: type[M], *, optional: bool = F
         raise invalid(
             "body", pos, msg=f"JSON decode error: {exc}", error_type="json_invalid"
         ) from None
+    except RecursionError:
+        # A body of a few KB of "[[[[..." is the client's error, not a 500.
+        raise invalid(
+            "body", msg="JSON decode error: nested too deeply", error_type="json_invalid"
+        ) from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -117,6 +117,7 @@ class SettingsUpdate(SettingsFields):
     sandbox_api_key: SecretStr | None = None
     llm_api_key_set: Any = Field(default=None, exclude=True)
     search_api_key_set: Any = Field(default=None, exclude=True)
+    sandbox_api_key_set: Any = Field(default=None, exclude=True)
     provider_tokens_set: Any = Field(default=None, exclude=True)
     secrets_store: Any = Field(default=None, exclude=True)
 

@@ -22,7 +22,13 @@ from controlplane.settings.models import (
 )
 from controlplane.settings.store import UserRecordStore
 
-_INDICATORS = {"llm_api_key_set", "search_api_key_set", "provider_tokens_set", "secrets_store"}
+_INDICATORS = {
+    "llm_api_key_set",
+    "search_api_key_set",
+    "sandbox_api_key_set",
+    "provider_tokens_set",
+    "secrets_store",
+}
 
 
 def _merge_mcp(record: UserRecord, incoming: MCPConfig) -> None:
