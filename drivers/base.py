@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -63,6 +63,13 @@ class ContainerEvent:
     labels: dict[str, str]
 
 
+EventSink = Callable[[ContainerEvent | Exception | None], None]
+
+
+class Watch(Protocol):
+    def close(self) -> None: ...
+
+
 class SandboxDriver(Protocol):
     async def ping(self) -> bool:
         """True when the runtime answers; never raises."""
@@ -95,7 +102,10 @@ class SandboxDriver(Protocol):
     async def list_managed(self, labels: dict[str, str]) -> list[ContainerState]:
         """Every container, running or not, carrying all of `labels`."""
 
-    def events(self, labels: dict[str, str]) -> AsyncIterator[ContainerEvent]:
-        """Container events for containers carrying `labels`, until the stream breaks."""
+    def watch(self, labels: dict[str, str], sink: EventSink) -> Watch:
+        """Feed `sink` (on the event loop) each event of containers carrying `labels`.
+
+        `sink(None)` or `sink(exception)` marks the end of the stream; close() the watch to stop.
+        """
 
     async def close(self) -> None: ...

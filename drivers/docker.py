@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, TypeVar
@@ -16,7 +17,15 @@ from requests.exceptions import ConnectionError as RequestsConnectionError
 from requests.exceptions import ReadTimeout
 
 from controlplane.errors import RuntimeUnavailable
-from drivers.base import ContainerEvent, ContainerRequest, ContainerState, DriverError, ImageMissing
+from drivers.base import (
+    ContainerEvent,
+    ContainerRequest,
+    ContainerState,
+    DriverError,
+    EventSink,
+    ImageMissing,
+    Watch,
+)
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -52,6 +61,27 @@ def _state_of(attrs: dict[str, Any]) -> ContainerState:
         error=state.get("Error") or None,
         created_at=_parse_time(attrs.get("Created")),
     )
+
+
+class _DockerWatch:
+    """Handle on one event stream; close() ends it from any thread."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self._stream: Any = None
+        self._lock = threading.Lock()
+
+    def attach(self, stream: Any) -> None:
+        with self._lock:
+            self._stream = stream
+            if self.closed:
+                stream.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            if self._stream is not None:
+                self._stream.close()
 
 
 class DockerDriver:
@@ -229,42 +259,37 @@ class DockerDriver:
 
         return await self._call(run)
 
-    async def events(self, labels: dict[str, str]) -> AsyncIterator[ContainerEvent]:
+    def watch(self, labels: dict[str, str], sink: EventSink) -> Watch:
+        """Follow container events in a dedicated thread, feeding `sink` on the event loop.
+
+        The thread opens the stream itself: Docker may hold the response until the first event,
+        and a wait on the loop for that would not be cancellable. `sink(None)` marks the end,
+        `sink(exc)` a broken stream.
+        """
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[ContainerEvent | Exception | None] = asyncio.Queue()
         filters = {"type": "container", "label": [f"{k}={v}" for k, v in labels.items()]}
-        client = await self._call(lambda c: c)
-        stream = await loop.run_in_executor(
-            None, lambda: client.api.events(decode=True, filters=filters)
-        )
+        watch = _DockerWatch()
 
         def pump() -> None:
+            end: Exception | None = None
             try:
+                stream = self._docker().api.events(decode=True, filters=filters)
+                watch.attach(stream)
                 for raw in stream:
                     action = str(raw.get("Action", "")).split(":")[0]
                     if action not in _WATCHED_ACTIONS:
                         continue
                     attrs = (raw.get("Actor") or {}).get("Attributes") or {}
                     event = ContainerEvent(action=action, name=attrs.get("name", ""), labels=attrs)
-                    loop.call_soon_threadsafe(queue.put_nowait, event)
-                loop.call_soon_threadsafe(queue.put_nowait, None)
+                    loop.call_soon_threadsafe(sink, event)
             except Exception as exc:
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
+                end = RuntimeUnavailable(f"Docker event stream broke: {exc}")
+            if not watch.closed:
+                with contextlib.suppress(RuntimeError):  # the loop may be gone at shutdown
+                    loop.call_soon_threadsafe(sink, end)
 
-        # A dedicated thread: the stream blocks for as long as it lives, and must not hold a
-        # worker of the bounded pool.
-        thread = threading.Thread(target=pump, name="docker-events", daemon=True)
-        thread.start()
-        try:
-            while True:
-                item = await queue.get()
-                if item is None:
-                    return
-                if isinstance(item, Exception):
-                    raise RuntimeUnavailable(f"Docker event stream broke: {item}")
-                yield item
-        finally:
-            stream.close()
+        threading.Thread(target=pump, name="docker-events", daemon=True).start()
+        return watch
 
     async def close(self) -> None:
         client = self._client

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,11 +16,10 @@ from docker.errors import DockerException, ImageNotFound, NotFound
 from controlplane.sandboxes.naming import LABEL_PREFIX
 
 _counter = itertools.count()
+RUN_ID = secrets.token_hex(3)
 
 
 def run_prefix() -> str:
-    from tests.conftest import RUN_ID
-
     return f"acs-test-{RUN_ID}-"
 
 
@@ -36,15 +37,11 @@ def docker_client() -> Iterator[docker.DockerClient]:
 
 def _remove_matching(client: docker.DockerClient, name_part: str) -> None:
     for container in client.containers.list(all=True, filters={"name": name_part}):
-        try:
+        with contextlib.suppress(NotFound):
             container.remove(force=True, v=True)
-        except NotFound:
-            pass
     for volume in client.volumes.list(filters={"name": name_part}):
-        try:
+        with contextlib.suppress(NotFound):
             volume.remove(force=True)
-        except NotFound:
-            pass
 
 
 @pytest.fixture(scope="session")

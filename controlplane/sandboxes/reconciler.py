@@ -24,7 +24,7 @@ from controlplane.sandboxes.launcher import host_ports
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.service import SandboxService
 from controlplane.specs.models import AGENT_SERVER
-from drivers.base import ContainerState
+from drivers.base import ContainerEvent, ContainerState
 
 log = structlog.get_logger(__name__)
 S = SandboxStatus
@@ -58,12 +58,31 @@ class Reconciler:
         self._interval = interval
         self._labels = {naming.LABEL_PREFIX: service.config.container_prefix}
         self.fixes = 0
+        self._tasks: list[asyncio.Task[None]] = []
 
-    async def run(self) -> None:
-        """Until cancelled: an initial sweep, then events and periodic sweeps side by side."""
-        async with asyncio.TaskGroup() as group:
-            group.create_task(self._sweep_loop())
-            group.create_task(self._event_loop())
+    def start(self) -> None:
+        """Begin sweeping (at once, then periodically) and following engine events."""
+        self._tasks = [
+            asyncio.create_task(self._sweep_loop(), name="reconcile-sweep"),
+            asyncio.create_task(self._event_loop(), name="reconcile-events"),
+        ]
+
+    async def stop(self) -> None:
+        """Cancel both loops and wait until they have really ended.
+
+        A cancellation that lands in a library call racing its own completion can be swallowed
+        (seen on 3.11: the task went back to waiting for events), so cancel until done.
+        """
+        for _ in range(100):
+            pending = [task for task in self._tasks if not task.done()]
+            if not pending:
+                break
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=0.1)
+        else:
+            log.error("reconciler_did_not_stop")
+        self._tasks = []
 
     async def _sweep_loop(self) -> None:
         while True:
@@ -78,16 +97,22 @@ class Reconciler:
     async def _event_loop(self) -> None:
         delay = 0.5
         while True:
+            queue: asyncio.Queue[ContainerEvent | Exception | None] = asyncio.Queue()
+            watch = self._svc.driver.watch(self._labels, queue.put_nowait)
             try:
-                async for event in self._svc.driver.events(self._labels):
+                while (item := await queue.get()) is not None:
+                    if isinstance(item, Exception):
+                        raise item
                     delay = 0.5
-                    sandbox_id = event.labels.get(naming.LABEL_ID)
+                    sandbox_id = item.labels.get(naming.LABEL_ID)
                     if sandbox_id:
                         await self._check_one(sandbox_id)
             except RuntimeUnavailable as exc:
                 log.warning("docker_events_broken", error=str(exc))
             except Exception:
                 log.exception("docker_events_failed")
+            finally:
+                watch.close()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
 

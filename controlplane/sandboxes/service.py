@@ -156,9 +156,11 @@ class SandboxService:
     async def start(self, principal: Principal, spec_id: str | None) -> SandboxInfo:
         """Record a STARTING sandbox and launch its container in the background.
 
-        Raises SpecNotFound (nothing created) or QuotaExceeded.
+        Raises SpecNotFound or QuotaExceeded, or RuntimeUnavailable when the engine does not
+        answer; in each case nothing is created. A missing image is reported by the launch (ERROR).
         """
         spec = self.catalog.get(spec_id)
+        await self.driver.image_exists(spec.image)
         now = datetime.now(UTC)
         record = SandboxRecord(
             id=naming.new_sandbox_id(),

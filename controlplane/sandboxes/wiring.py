@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
@@ -31,11 +29,9 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
         reconciler = Reconciler(service, config.reconcile_interval)
         app[keys.SANDBOXES] = service
         app[RECONCILER] = reconciler
-        loop_task = asyncio.create_task(reconciler.run(), name="reconciler")
+        reconciler.start()
         yield
-        loop_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await loop_task
+        await reconciler.stop()
         await service.close()
         await http.close()
         await driver.close()

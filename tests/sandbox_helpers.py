@@ -1,0 +1,77 @@
+"""Helpers for sandbox tests: polling with a deadline, spec directories, Docker look-ups."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import docker
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from controlplane.sandboxes.naming import LABEL_PREFIX
+
+REPO = Path(__file__).resolve().parent.parent
+Client = TestClient[web.Request, web.Application]
+
+
+async def wait_status(
+    client: Client, headers: dict[str, str], sandbox_id: str, status: str, within: float = 45
+) -> dict[str, Any]:
+    """Poll GET /api/v1/sandboxes/{id} until `status`; fail loudly with the last body."""
+    deadline = time.monotonic() + within
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        resp = await client.get(f"/api/v1/sandboxes/{sandbox_id}", headers=headers)
+        body = await resp.json()
+        if resp.status == 200 and body["status"] == status:
+            return body
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"sandbox {sandbox_id} not {status} after {within}s: {body}")
+
+
+async def start(client: Client, headers: dict[str, str], spec: str | None = None) -> dict[str, Any]:
+    payload = {"sandbox_spec_id": spec} if spec else {}
+    resp = await client.post("/api/v1/sandboxes", json=payload, headers=headers)
+    body = await resp.json()
+    assert resp.status == 200, body
+    assert body["status"] == "STARTING"
+    return body
+
+
+def spec_dir(tmp: Path, extra: dict[str, str]) -> Path:
+    """A spec dir holding the real default spec plus extra YAML files (name -> text)."""
+    target = tmp / "specs"
+    target.mkdir()
+    shutil.copy(REPO / "specs" / "default.yaml", target / "default.yaml")
+    for name, text in extra.items():
+        (target / f"{name}.yaml").write_text(text)
+    return target
+
+
+HANGING_SPEC = """
+id: hanging
+description: never answers /health
+image: acs-sandbox-default:latest
+command: ["sleep", "1000"]
+exposed_ports: {AGENT_SERVER: 8000}
+resources: {cpus: 0.5, memory: 64m, pids: 64}
+"""
+
+NO_IMAGE_SPEC = """
+id: no-image
+description: its image does not exist
+image: acs-no-such-image:latest
+exposed_ports: {AGENT_SERVER: 8000}
+"""
+
+
+def containers(docker_client: docker.DockerClient, prefix: str) -> list[Any]:
+    return docker_client.containers.list(all=True, filters={"label": f"{LABEL_PREFIX}={prefix}"})
+
+
+def volumes(docker_client: docker.DockerClient, prefix: str) -> list[Any]:
+    return docker_client.volumes.list(filters={"name": prefix})

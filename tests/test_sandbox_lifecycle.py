@@ -1,0 +1,162 @@
+"""The whole sandbox lifecycle against the real Docker engine and Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import docker
+import pytest
+
+from tests.sandbox_helpers import Client, containers, start, volumes, wait_status
+
+Headers = Callable[..., Awaitable[dict[str, str]]]
+
+
+@pytest.fixture
+async def sbx(test_prefix: str, make_client: Any) -> Client:
+    client: Client = await make_client(
+        with_sandboxes=True, container_prefix=test_prefix, reconcile_interval=1.0
+    )
+    return client
+
+
+async def agent_call(url: str, key: str, command: str) -> dict[str, Any]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{url}/api/bash/execute_bash_command",
+            json={"command": command, "timeout": 10},
+            headers={"X-Session-API-Key": key},
+        ) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
+        result: dict[str, Any] = await resp.json()
+        return result
+
+
+async def test_start_pause_resume_delete(
+    sbx: Client, user_headers: Headers, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    alice = await user_headers("alice")
+    started = await start(sbx, alice)
+    assert started["session_api_key"] is None
+    assert started["created_by_user_id"] == "alice"
+    assert started["sandbox_spec_id"] == "default"
+    sandbox_id = started["id"]
+
+    running = await wait_status(sbx, alice, sandbox_id, "RUNNING")
+    key = running["session_api_key"]
+    assert key
+    (agent,) = [u for u in running["exposed_urls"] if u["name"] == "AGENT_SERVER"]
+    assert agent["url"] == f"http://127.0.0.1:{agent['port']}"
+    result = await agent_call(agent["url"], key, "echo hello > note.txt && pwd && cat note.txt")
+    assert result["exit_code"] == 0
+    assert result["stdout"].split() == ["/workspace", "hello"]
+
+    (container,) = containers(docker_client, test_prefix)
+    assert container.name == f"{test_prefix}{sandbox_id}"
+    assert container.labels["acs.sandbox_id"] == sandbox_id
+    assert container.labels["acs.owner"] == "alice"
+    assert container.labels["acs.spec_id"] == "default"
+    host = container.attrs["HostConfig"]
+    assert host["NanoCpus"] == 1_000_000_000
+    assert host["Memory"] == 1024**3
+    assert host["PidsLimit"] == 512
+    assert "no-new-privileges:true" in host["SecurityOpt"]
+    assert "host.docker.internal:host-gateway" in host["ExtraHosts"]
+    assert host["PortBindings"]["8000/tcp"][0]["HostIp"] == "127.0.0.1"
+    assert not any("docker.sock" in m["Source"] for m in container.attrs["Mounts"])
+    (mount,) = container.attrs["Mounts"]
+    assert mount["Type"] == "volume"
+    assert mount["Destination"] == "/workspace"
+
+    resp = await sbx.post(f"/api/v1/sandboxes/{sandbox_id}/pause", headers=alice)
+    assert (resp.status, await resp.json()) == (200, {"success": True})
+    container.reload()
+    assert container.status == "paused"
+    paused = await wait_status(sbx, alice, sandbox_id, "PAUSED", within=1)
+    assert paused["session_api_key"] is None
+    assert paused["exposed_urls"] is None
+    resp = await sbx.post(f"/api/v1/sandboxes/{sandbox_id}/pause", headers=alice)
+    assert resp.status == 200, "pausing a paused sandbox is a no-op that succeeds"
+
+    resp = await sbx.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)
+    assert resp.status == 200
+    resumed = await wait_status(sbx, alice, sandbox_id, "RUNNING")
+    assert resumed["session_api_key"] == key
+    result = await agent_call(agent["url"], key, "cat note.txt")
+    assert result["stdout"].strip() == "hello"
+    resp = await sbx.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)
+    assert resp.status == 200, "resuming a running sandbox is a no-op that succeeds"
+
+    resp = await sbx.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
+    assert (resp.status, await resp.json()) == (200, {"success": True})
+    assert containers(docker_client, test_prefix) == []
+    assert volumes(docker_client, test_prefix) == []
+    resp = await sbx.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
+    assert resp.status == 404
+    resp = await sbx.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
+    assert resp.status == 404
+
+
+async def test_stopped_container_restarts_on_resume_with_files(
+    sbx: Client, user_headers: Headers, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    alice = await user_headers("alice")
+    sandbox_id = (await start(sbx, alice))["id"]
+    running = await wait_status(sbx, alice, sandbox_id, "RUNNING")
+    url = running["exposed_urls"][0]["url"]
+    await agent_call(url, running["session_api_key"], "echo kept > kept.txt")
+
+    (container,) = containers(docker_client, test_prefix)
+    container.stop(timeout=2)  # as after a host reboot
+    stopped = await wait_status(sbx, alice, sandbox_id, "PAUSED", within=15)
+    assert "stopped outside the control plane" in stopped["reason"]
+
+    resp = await sbx.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)
+    assert resp.status == 200
+    again = await wait_status(sbx, alice, sandbox_id, "RUNNING")
+    new_url = again["exposed_urls"][0]["url"]
+    result = await agent_call(new_url, again["session_api_key"], "cat kept.txt")
+    assert result["stdout"].strip() == "kept"
+
+
+async def test_removed_container_is_missing_and_resume_recreates_it(
+    sbx: Client, user_headers: Headers, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    alice = await user_headers("alice")
+    sandbox_id = (await start(sbx, alice))["id"]
+    running = await wait_status(sbx, alice, sandbox_id, "RUNNING")
+    await agent_call(
+        running["exposed_urls"][0]["url"], running["session_api_key"], "echo survives > s.txt"
+    )
+    (container,) = containers(docker_client, test_prefix)
+    container.remove(force=True)  # volume stays: only the container is gone
+    missing = await wait_status(sbx, alice, sandbox_id, "MISSING", within=15)
+    assert "removed outside the control plane" in missing["reason"]
+
+    resp = await sbx.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)
+    assert resp.status == 200
+    again = await wait_status(sbx, alice, sandbox_id, "RUNNING")
+    result = await agent_call(
+        again["exposed_urls"][0]["url"], again["session_api_key"], "cat s.txt"
+    )
+    assert result["stdout"].strip() == "survives"
+
+
+async def test_paused_and_unpaused_behind_our_back(
+    sbx: Client, user_headers: Headers, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    alice = await user_headers("alice")
+    sandbox_id = (await start(sbx, alice))["id"]
+    await wait_status(sbx, alice, sandbox_id, "RUNNING")
+    (container,) = containers(docker_client, test_prefix)
+    container.pause()
+    await wait_status(sbx, alice, sandbox_id, "PAUSED", within=10)
+    container.unpause()
+    await wait_status(sbx, alice, sandbox_id, "RUNNING", within=10)
+    container.kill()
+    killed = await wait_status(sbx, alice, sandbox_id, "PAUSED", within=10)
+    assert "exit code 137" in killed["reason"]
