@@ -19,8 +19,8 @@ from aiohttp.test_utils import TestClient
 from controlplane.app import create_app
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig, load_config
-from tests.docker_fixtures import RUN_ID
 from tests.redis_server import RedisServer
+from tests.run_id import RUN_ID
 
 pytest_plugins = ["tests.docker_fixtures"]
 

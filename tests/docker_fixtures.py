@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,9 +13,9 @@ import pytest
 from docker.errors import DockerException, ImageNotFound, NotFound
 
 from controlplane.sandboxes.naming import LABEL_PREFIX
+from tests.run_id import RUN_ID
 
 _counter = itertools.count()
-RUN_ID = secrets.token_hex(3)
 
 
 def run_prefix() -> str:
