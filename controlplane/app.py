@@ -18,7 +18,9 @@ from controlplane.api.openapi import build_openapi
 from controlplane.api.routing import RouteTable
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
+from controlplane.conversations.routes import routes as conversation_routes
 from controlplane.crypto import load_secret_box
+from controlplane.events.routes import routes as event_routes
 from controlplane.health import OPENAPI_DOC
 from controlplane.health import routes as health_routes
 from controlplane.sandboxes.routes import routes as sandbox_routes
@@ -35,7 +37,14 @@ VERSION = "0.1.0"
 
 def route_tables() -> list[RouteTable]:
     """Every route group the API serves, in the order the OpenAPI document lists them."""
-    return [health_routes, settings_routes, spec_routes, sandbox_routes]
+    return [
+        health_routes,
+        settings_routes,
+        spec_routes,
+        sandbox_routes,
+        conversation_routes,
+        event_routes,
+    ]
 
 
 def _redis_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncIterator[None]]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 from collections.abc import Sequence
 
+import structlog
 from aiohttp import web
 
 from controlplane.app import create_app
@@ -15,6 +17,9 @@ from controlplane.config import ConfigError, ServiceConfig, load_config
 from controlplane.errors import ControlPlaneError
 from controlplane.logging import configure_logging
 from controlplane.store.redis import make_client, resolve_redis_url, wait_for_redis
+from drivers.docker import bridge_gateway
+
+log = structlog.get_logger("controlplane.cli")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,12 +40,34 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _serve(config: ServiceConfig, host: str, port: int) -> None:
+async def _serve(config: ServiceConfig, host: str, port: int) -> None:
+    """Serve until SIGTERM or SIGINT; in-flight requests get up to 30 s to finish.
+
+    Sandboxes reach the control plane (webhooks) at host.docker.internal, the Docker bridge
+    gateway. When serving on loopback only, the API is also bound there, so that works without
+    exposing it on other interfaces.
+    """
     if config.public_url is None:
         config = config.model_copy(update={"public_url": f"http://host.docker.internal:{port}"})
-    web.run_app(
-        create_app(config), host=host, port=port, print=None, access_log=None, shutdown_timeout=30
-    )
+    hosts = [host]
+    if host in ("127.0.0.1", "localhost", "::1"):
+        gateway = await asyncio.to_thread(bridge_gateway, config.docker_url)
+        if gateway:
+            hosts.append(gateway)
+    runner = web.AppRunner(create_app(config), access_log=None, shutdown_timeout=30)
+    await runner.setup()
+    try:
+        for address in hosts:
+            await web.TCPSite(runner, address, port).start()
+        log.info("serving", addresses=[f"http://{h}:{port}" for h in hosts])
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("shutting_down")
+    finally:
+        await runner.cleanup()
 
 
 async def _keys(config: ServiceConfig, args: argparse.Namespace) -> None:
@@ -77,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stream=sys.stderr if args.command == "keys" else None,
         )
         if args.command == "serve":
-            _serve(config, args.host, args.port)
+            asyncio.run(_serve(config, args.host, args.port))
         else:
             asyncio.run(_keys(config, args))
     except ConfigError as exc:

@@ -5,12 +5,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 ENV_PREFIX = "ACS_"
 
@@ -51,10 +52,24 @@ class ServiceConfig(BaseModel):
     max_running_per_user: int = Field(default=5, ge=0, le=1000)
     start_timeout: float = Field(default=60.0, gt=0, le=3600)
     reconcile_interval: float = Field(default=10.0, gt=0, le=3600)
+    llm_prices: dict[str, tuple[float, float]] = Field(
+        default_factory=dict,
+        description='JSON {"model": [input USD per token, output USD per token]}; unknown = 0',
+    )
     public_url: str | None = Field(
         default=None,
         description="URL sandboxes use to reach the control plane; unset: from the port",
     )
+
+    @field_validator("llm_prices", mode="before")
+    @classmethod
+    def _json(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not JSON: {exc}") from None
+        return value
 
 
 def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -11,7 +11,9 @@ if TYPE_CHECKING:
 
     from controlplane.auth.service import ApiKeyService
     from controlplane.config import ServiceConfig
+    from controlplane.conversations.service import ConversationService
     from controlplane.crypto import SecretBox
+    from controlplane.events.service import EventService
     from controlplane.sandboxes.service import SandboxService
     from controlplane.settings.service import SettingsService
     from controlplane.specs.catalog import SpecCatalog
@@ -23,3 +25,5 @@ API_KEYS: web.AppKey[ApiKeyService] = web.AppKey("api_keys")
 SETTINGS: web.AppKey[SettingsService] = web.AppKey("settings")
 SPECS: web.AppKey[SpecCatalog] = web.AppKey("specs")
 SANDBOXES: web.AppKey[SandboxService] = web.AppKey("sandboxes")
+CONVERSATIONS: web.AppKey[ConversationService] = web.AppKey("conversations")
+EVENTS: web.AppKey[EventService] = web.AppKey("events")

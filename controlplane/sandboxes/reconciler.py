@@ -7,8 +7,9 @@ Rules (also in docs/sandboxes.md):
 - STARTING with no launch in this process (a restart interrupted it): a running container whose
   agent server answers → RUNNING; otherwise, once older than the start timeout → ERROR and the
   container is removed.
-- A labelled container with no record (and no recent delete) is adopted: its record is rebuilt
-  from its labels and environment. One without a session key in its environment is removed.
+- A labelled container with no record is adopted: its record is rebuilt from its labels and
+  environment. One without a session key in its environment, or of a sandbox deleted within
+  the tombstone TTL, is removed (with its volume, for the deleted one).
 """
 
 from __future__ import annotations
@@ -208,6 +209,10 @@ class Reconciler:
 
     async def _orphan(self, sandbox_id: str, state: ContainerState) -> None:
         if await self._svc.store.is_tombstoned(sandbox_id):
+            # Deleted through the API: whatever is left of it goes too. Leaving it would keep it
+            # running, and adopt it back as a live sandbox once the tombstone expires.
+            prefix = self._svc.config.container_prefix
+            await self._svc.driver.remove(state.name, naming.volume_name(prefix, sandbox_id))
             return
         key = state.env.get("OH_SESSION_API_KEYS_0")
         owner = state.labels.get(naming.LABEL_OWNER)

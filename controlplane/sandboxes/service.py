@@ -18,7 +18,13 @@ import structlog
 from controlplane.api.pagination import decode_cursor, encode_cursor
 from controlplane.auth.models import Principal
 from controlplane.config import ServiceConfig
-from controlplane.errors import Conflict, Forbidden, QuotaExceeded, SandboxNotFound
+from controlplane.errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    QuotaExceeded,
+    SandboxNotFound,
+)
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.launcher import HealthProbe, container_request, host_ports
 from controlplane.sandboxes.models import (
@@ -32,6 +38,7 @@ from controlplane.sandboxes.models import (
 )
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.specs.catalog import SpecCatalog
+from controlplane.specs.models import AGENT_SERVER
 from drivers.base import SandboxDriver
 
 log = structlog.get_logger(__name__)
@@ -119,6 +126,9 @@ class SandboxService:
             raise Forbidden("all_users=true needs an admin key")
         owner = None if query.all_users else principal.user_id
         after = decode_cursor(query.page_id)
+        if after is not None and not _ID_RE.match(after):
+            # Base64 decoding skips stray characters, so "%%%" decodes to "": check what we got.
+            raise InvalidInput("page_id is not a cursor this API issued", ["query", "page_id"])
         filtered = query.status is not None or query.sandbox_spec_id is not None
         batch = max(query.limit + 1, 200) if filtered else query.limit + 1
         matches: list[SandboxRecord] = []
@@ -140,6 +150,36 @@ class SandboxService:
         page = matches[: query.limit]
         next_page = encode_cursor(page[-1].id) if len(matches) > query.limit else None
         return SandboxPage(items=[self.view(r, principal) for r in page], next_page_id=next_page)
+
+    def agent_url(self, record: SandboxRecord) -> str:
+        """Base URL of the sandbox's agent server, as this control plane reaches it."""
+        return f"http://{self.config.url_host}:{record.ports[AGENT_SERVER]}"
+
+    async def wait_running(self, sandbox_id: str, timeout: float) -> SandboxRecord:
+        """Poll the record until RUNNING. Raises Conflict for ERROR/MISSING/PAUSED or on timeout."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            record = await self.store.get(sandbox_id)
+            if record is None:
+                raise SandboxNotFound(f"sandbox {sandbox_id} was deleted")
+            if record.status == S.RUNNING and AGENT_SERVER in record.ports:
+                return record
+            if record.status not in (S.STARTING, S.RUNNING):
+                raise Conflict(
+                    f"sandbox {sandbox_id} is {record.status.value}: {record.reason or 'no reason'}"
+                )
+            if asyncio.get_running_loop().time() > deadline:
+                raise Conflict(f"sandbox {sandbox_id} did not become RUNNING in {timeout:g} s")
+            await asyncio.sleep(0.02)
+
+    async def ensure_running(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
+        """Resume the sandbox if needed and wait until its agent server is up."""
+        record = await self.owned(principal, sandbox_id)
+        if record.status != S.RUNNING:
+            await self.resume(principal, sandbox_id)
+        else:
+            await self.store.touch(sandbox_id)
+        return await self.wait_running(sandbox_id, self.config.start_timeout + 10)
 
     async def runtime_available(self) -> bool:
         return await self.driver.ping()

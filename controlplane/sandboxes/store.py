@@ -27,10 +27,10 @@ the delete does not adopt it back."""
 _CREATE = """
 local cap = tonumber(ARGV[1])
 if cap >= 0 and redis.call('SCARD', KEYS[4]) >= cap then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
 redis.call('ZADD', KEYS[2], 0, ARGV[2])
 redis.call('ZADD', KEYS[3], 0, ARGV[2])
-if ARGV[4] == 'STARTING' or ARGV[4] == 'RUNNING' then redis.call('SADD', KEYS[4], ARGV[2]) end
+if ARGV[3] == 'STARTING' or ARGV[3] == 'RUNNING' then redis.call('SADD', KEYS[4], ARGV[2]) end
 redis.call('SET', KEYS[5], ARGV[2])
 return 1
 """
@@ -120,7 +120,7 @@ class SandboxStore:
                 keys.user_active_sandboxes(record.owner),
                 keys.sandbox_by_key(hash_api_key(record.session_api_key)),
             ],
-            args=[-1 if cap is None else cap, record.id, *flat],
+            args=[-1 if cap is None else cap, record.id, record.status.value, *flat],
         )
         return bool(created)
 

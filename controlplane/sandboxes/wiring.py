@@ -1,4 +1,5 @@
-"""Opens and closes the Docker driver, the sandbox service and the reconciler."""
+"""Opens and closes the Docker driver and the services that need it: sandboxes, the reconciler,
+conversations and events."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ from aiohttp import web
 
 from controlplane import keys
 from controlplane.config import ServiceConfig
+from controlplane.conversations.agent_client import AgentClient
+from controlplane.conversations.service import ConversationService
+from controlplane.conversations.starter import StartTaskRunner
+from controlplane.conversations.store import ConversationStore
+from controlplane.events.service import EventService
+from controlplane.events.store import EventStore
 from controlplane.sandboxes.launcher import HealthProbe
 from controlplane.sandboxes.reconciler import Reconciler
 from controlplane.sandboxes.service import SandboxService
@@ -29,9 +36,19 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
         reconciler = Reconciler(service, config.reconcile_interval)
         app[keys.SANDBOXES] = service
         app[RECONCILER] = reconciler
+        conversation_store = ConversationStore(app[keys.REDIS])
+        agent = AgentClient(http)
+        runner = StartTaskRunner(config, conversation_store, service, app[keys.SETTINGS], agent)
+        conversations = ConversationService(
+            conversation_store, EventStore(app[keys.REDIS]), service, agent, runner
+        )
+        app[keys.CONVERSATIONS] = conversations
+        app[keys.EVENTS] = EventService(conversations.events, conversations)
+        await runner.recover()
         reconciler.start()
         yield
         await reconciler.stop()
+        await conversations.close()
         await service.close()
         await http.close()
         await driver.close()

@@ -50,3 +50,41 @@ def user_active_sandboxes(user_id: str) -> str:
 def sandbox_tombstone(sandbox_id: str) -> str:
     """Marks a deleted id for store.TOMBSTONE_TTL seconds (see there why)."""
     return f"{PREFIX}:sandbox_deleted:{sandbox_id}"
+
+
+def conversation(conversation_id: str) -> str:
+    """String: AppConversationInfo JSON."""
+    return f"{PREFIX}:conv:{conversation_id}"
+
+
+def user_conversations(user_id: str) -> str:
+    """Lexically ordered sorted set of the user's conversation ids (uuid7: creation order)."""
+    return f"{PREFIX}:user:{user_id}:convs"
+
+
+def sandbox_conversations(sandbox_id: str) -> str:
+    """Set of conversation ids running in a sandbox: a delete keeps a shared sandbox."""
+    return f"{PREFIX}:sandbox:{sandbox_id}:convs"
+
+
+def start_task(task_id: str) -> str:
+    """String: AppConversationStartTask JSON."""
+    return f"{PREFIX}:task:{task_id}"
+
+
+def user_start_tasks(user_id: str) -> str:
+    """Lexically ordered sorted set of the user's start task ids."""
+    return f"{PREFIX}:user:{user_id}:tasks"
+
+
+ACTIVE_START_TASKS = f"{PREFIX}:tasks:active"
+"""Set of start task ids not yet READY or ERROR: what a restart must finish or fail."""
+
+
+def events(conversation_id: str) -> str:
+    """Stream of the conversation's events, field `e` = event JSON."""
+    return f"{PREFIX}:events:{conversation_id}"
+
+
+EVENT_INDEX = f"{PREFIX}:event_index"
+"""Hash: event id -> "<conversation id> <stream id>" (batch get, and dedupe of webhook retries)."""

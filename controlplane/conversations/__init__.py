@@ -1,0 +1,1 @@
+"""App conversations: start tasks, conversation records, and the agent server they run on."""

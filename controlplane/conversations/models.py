@@ -1,0 +1,255 @@
+"""App conversations and their start tasks, in the OpenHands V1 shapes."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from controlplane.api.pagination import PageQuery
+from controlplane.sandboxes.models import SandboxStatus
+from controlplane.settings.models import ProviderType
+
+HEX_ID = r"^[0-9a-f]{32}$"
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def normalise_uuid(value: str) -> str:
+    """Accept dashed or plain UUIDs; store and return 32 lowercase hex characters."""
+    plain = value.replace("-", "").lower()
+    if not re.fullmatch(HEX_ID, plain):
+        raise ValueError("must be a UUID (32 hex characters, dashes allowed)")
+    return plain
+
+
+HexId = Annotated[str, Field(pattern=HEX_ID)]
+
+
+class TextContent(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"] = "text"
+    text: str = Field(max_length=200_000)
+    cache_prompt: bool = False
+
+
+class ImageContent(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["image"] = "image"
+    image_urls: list[str] = Field(max_length=20)
+
+
+class SendMessageRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["user", "system", "assistant", "tool"] = "user"
+    content: list[Annotated[TextContent | ImageContent, Field(discriminator="type")]] = Field(
+        default_factory=list, max_length=50
+    )
+    run: bool = True
+
+
+class ConversationTrigger(StrEnum):
+    RESOLVER = "resolver"
+    GUI = "gui"
+    SUGGESTED_TASK = "suggested_task"
+    OPENHANDS_API = "openhands_api"
+    SLACK = "slack"
+    MICROAGENT_MANAGEMENT = "microagent_management"
+    JIRA = "jira"
+    JIRA_DC = "jira_dc"
+    LINEAR = "linear"
+    BITBUCKET = "bitbucket"
+
+
+class ExecutionStatus(StrEnum):
+    IDLE = "idle"
+    RUNNING = "running"
+    PAUSED = "paused"
+    WAITING_FOR_CONFIRMATION = "waiting_for_confirmation"
+    FINISHED = "finished"
+    ERROR = "error"
+    STUCK = "stuck"
+
+
+class StartTaskStatus(StrEnum):
+    WORKING = "WORKING"
+    WAITING_FOR_SANDBOX = "WAITING_FOR_SANDBOX"
+    PREPARING_REPOSITORY = "PREPARING_REPOSITORY"
+    RUNNING_SETUP_SCRIPT = "RUNNING_SETUP_SCRIPT"
+    SETTING_UP_GIT_HOOKS = "SETTING_UP_GIT_HOOKS"
+    SETTING_UP_SKILLS = "SETTING_UP_SKILLS"
+    STARTING_CONVERSATION = "STARTING_CONVERSATION"
+    READY = "READY"
+    ERROR = "ERROR"
+
+
+TERMINAL_TASK = frozenset({StartTaskStatus.READY, StartTaskStatus.ERROR})
+
+
+class AppConversationStartRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sandbox_id: str | None = Field(default=None, max_length=64)
+    conversation_id: str | None = None
+    initial_message: SendMessageRequest | None = None
+    system_message_suffix: str | None = Field(default=None, max_length=20_000)
+    processors: list[dict[str, Any]] | None = Field(default=None, max_length=20)
+    llm_model: str | None = Field(default=None, max_length=256)
+    selected_repository: str | None = Field(
+        default=None, max_length=256, pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+$"
+    )
+    selected_branch: str | None = Field(default=None, max_length=256, pattern=r"^[^\s~^:?*\[\\]+$")
+    git_provider: ProviderType | None = None
+    title: str | None = Field(default=None, max_length=200)
+    trigger: ConversationTrigger | None = None
+    pr_number: list[int] = Field(default_factory=list, max_length=100)
+    parent_conversation_id: str | None = None
+    agent_type: Literal["default", "plan"] = "default"
+
+    @field_validator("conversation_id", "parent_conversation_id")
+    @classmethod
+    def _uuid(cls, value: str | None) -> str | None:
+        return normalise_uuid(value) if value is not None else None
+
+
+class AppConversationStartTask(BaseModel):
+    id: str
+    created_by_user_id: str | None
+    status: StartTaskStatus = StartTaskStatus.WORKING
+    detail: str | None = None
+    app_conversation_id: str | None = None
+    sandbox_id: str | None = None
+    agent_server_url: str | None = None
+    request: AppConversationStartRequest
+    created_at: datetime = Field(default_factory=now)
+    updated_at: datetime = Field(default_factory=now)
+
+
+class AppConversationStartTaskPage(BaseModel):
+    items: list[AppConversationStartTask]
+    next_page_id: str | None = None
+
+
+class TokenUsage(BaseModel):
+    model: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+    context_window: int = 0
+    per_turn_token: int = 0
+    response_id: str = ""
+
+
+class MetricsSnapshot(BaseModel):
+    model_name: str = "default"
+    accumulated_cost: float = 0.0
+    max_budget_per_task: float | None = None
+    accumulated_token_usage: TokenUsage | None = None
+
+
+class AppConversationInfo(BaseModel):
+    """The stored record; `execution_status` is the last one the agent reported."""
+
+    id: str
+    created_by_user_id: str | None
+    sandbox_id: str
+    selected_repository: str | None = None
+    selected_branch: str | None = None
+    git_provider: ProviderType | None = None
+    title: str | None = None
+    trigger: ConversationTrigger | None = None
+    pr_number: list[int] = Field(default_factory=list)
+    llm_model: str | None = None
+    metrics: MetricsSnapshot | None = None
+    parent_conversation_id: str | None = None
+    sub_conversation_ids: list[str] = Field(default_factory=list)
+    created_at: datetime = Field(default_factory=now)
+    updated_at: datetime = Field(default_factory=now)
+    execution_status: ExecutionStatus | None = None
+
+
+class AppConversation(AppConversationInfo):
+    sandbox_status: SandboxStatus = SandboxStatus.MISSING
+    conversation_url: str | None = None
+    session_api_key: str | None = None
+
+
+class AppConversationPage(BaseModel):
+    items: list[AppConversation]
+    next_page_id: str | None = None
+
+
+class ConversationSortOrder(StrEnum):
+    CREATED_AT = "CREATED_AT"
+    CREATED_AT_DESC = "CREATED_AT_DESC"
+    UPDATED_AT = "UPDATED_AT"
+    UPDATED_AT_DESC = "UPDATED_AT_DESC"
+    TITLE = "TITLE"
+    TITLE_DESC = "TITLE_DESC"
+
+
+class ConversationFilters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    title__contains: str | None = Field(default=None, max_length=200)
+    created_at__gte: datetime | None = None
+    created_at__lt: datetime | None = None
+    updated_at__gte: datetime | None = None
+    updated_at__lt: datetime | None = None
+
+
+class ConversationSearchQuery(ConversationFilters, PageQuery):
+    sort_order: ConversationSortOrder = ConversationSortOrder.CREATED_AT_DESC
+    include_sub_conversations: bool = False
+
+
+class ConversationBatchQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[str] = Field(min_length=1, max_length=100)
+
+
+class TaskSortOrder(StrEnum):
+    CREATED_AT = "CREATED_AT"
+    CREATED_AT_DESC = "CREATED_AT_DESC"
+    UPDATED_AT = "UPDATED_AT"
+    UPDATED_AT_DESC = "UPDATED_AT_DESC"
+
+
+class TaskFilters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    conversation_id__eq: str | None = None
+    created_at__gte: datetime | None = None
+
+    @field_validator("conversation_id__eq")
+    @classmethod
+    def _uuid(cls, value: str | None) -> str | None:
+        return normalise_uuid(value) if value is not None else None
+
+
+class TaskSearchQuery(TaskFilters, PageQuery):
+    sort_order: TaskSortOrder = TaskSortOrder.CREATED_AT_DESC
+
+
+class RenameRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    title: str = Field(min_length=1, max_length=200)
+
+
+class ConfirmationRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    accept: bool
+    reason: str = Field(default="User rejected the action.", max_length=2000)

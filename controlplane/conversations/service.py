@@ -1,0 +1,304 @@
+"""App conversations of one user: start, list, read with live status, rename, delete, talk to."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from controlplane.api.pagination import decode_cursor, encode_cursor
+from controlplane.auth.models import Principal
+from controlplane.conversations.agent_client import AgentClient, AgentUnavailable
+from controlplane.conversations.models import (
+    AppConversation,
+    AppConversationInfo,
+    AppConversationPage,
+    AppConversationStartRequest,
+    AppConversationStartTask,
+    AppConversationStartTaskPage,
+    ConversationFilters,
+    ConversationSearchQuery,
+    ConversationSortOrder,
+    ExecutionStatus,
+    SendMessageRequest,
+    TaskFilters,
+    TaskSearchQuery,
+    TaskSortOrder,
+)
+from controlplane.conversations.starter import StartTaskRunner
+from controlplane.conversations.store import ConversationStore
+from controlplane.errors import NotFound
+from controlplane.events.store import EventStore
+from controlplane.ids import uuid7_hex
+from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.sandboxes.service import SandboxService
+
+log = structlog.get_logger(__name__)
+
+
+def _matches(info: AppConversationInfo, f: ConversationFilters) -> bool:
+    return (
+        (f.title__contains is None or f.title__contains.lower() in (info.title or "").lower())
+        and (f.created_at__gte is None or info.created_at >= f.created_at__gte)
+        and (f.created_at__lt is None or info.created_at < f.created_at__lt)
+        and (f.updated_at__gte is None or info.updated_at >= f.updated_at__gte)
+        and (f.updated_at__lt is None or info.updated_at < f.updated_at__lt)
+    )
+
+
+def _task_matches(task: AppConversationStartTask, f: TaskFilters) -> bool:
+    return (
+        f.conversation_id__eq is None or task.app_conversation_id == f.conversation_id__eq
+    ) and (f.created_at__gte is None or task.created_at >= f.created_at__gte)
+
+
+_SORT_KEYS: dict[ConversationSortOrder, tuple[Callable[[AppConversationInfo], Any], bool]] = {
+    ConversationSortOrder.UPDATED_AT: (lambda c: (c.updated_at, c.id), False),
+    ConversationSortOrder.UPDATED_AT_DESC: (lambda c: (c.updated_at, c.id), True),
+    ConversationSortOrder.TITLE: (lambda c: ((c.title or "").lower(), c.id), False),
+    ConversationSortOrder.TITLE_DESC: (lambda c: ((c.title or "").lower(), c.id), True),
+}
+
+
+class ConversationService:
+    def __init__(
+        self,
+        store: ConversationStore,
+        events: EventStore,
+        sandboxes: SandboxService,
+        agent: AgentClient,
+        runner: StartTaskRunner,
+    ) -> None:
+        self.store = store
+        self.events = events
+        self.sandboxes = sandboxes
+        self.agent = agent
+        self.runner = runner
+
+    # -- starting ----------------------------------------------------------------------------
+
+    async def start(
+        self, principal: Principal, request: AppConversationStartRequest
+    ) -> AppConversationStartTask:
+        """Save a WORKING task and run it in the background. Raises NotFound for a bad parent."""
+        if request.parent_conversation_id is not None:
+            parent = await self.owned(principal, request.parent_conversation_id)
+            request = request.model_copy(
+                update={
+                    k: getattr(parent, k) if getattr(request, k) is None else getattr(request, k)
+                    for k in (
+                        "sandbox_id",
+                        "selected_repository",
+                        "selected_branch",
+                        "git_provider",
+                        "llm_model",
+                    )
+                }
+            )
+        if request.sandbox_id is not None:
+            await self.sandboxes.owned(principal, request.sandbox_id)
+        task = AppConversationStartTask(
+            id=uuid7_hex(), created_by_user_id=principal.user_id, request=request
+        )
+        await self.store.save_task(task)
+        self.runner.spawn(task, principal)
+        return task
+
+    async def task(self, principal: Principal, task_id: str) -> AppConversationStartTask | None:
+        task = await self.store.get_task(task_id) if len(task_id) == 32 else None
+        if task is None or (
+            task.created_by_user_id != principal.user_id and not principal.is_admin
+        ):
+            return None
+        return task
+
+    async def batch_tasks(
+        self, principal: Principal, ids: list[str]
+    ) -> list[AppConversationStartTask | None]:
+        tasks = await self.store.get_tasks(i.replace("-", "").lower() for i in ids)
+        return [
+            t if t and (t.created_by_user_id == principal.user_id or principal.is_admin) else None
+            for t in tasks
+        ]
+
+    async def search_tasks(
+        self, principal: Principal, query: TaskSearchQuery
+    ) -> AppConversationStartTaskPage:
+        ids = await self.store.all_task_ids(principal.user_id)
+        tasks = [t for t in await self.store.get_tasks(ids) if t and _task_matches(t, query)]
+        order = query.sort_order
+        if order in (TaskSortOrder.UPDATED_AT, TaskSortOrder.UPDATED_AT_DESC):
+            tasks.sort(key=lambda t: (t.updated_at, t.id))
+        else:
+            tasks.sort(key=lambda t: t.id)
+        if order in (TaskSortOrder.CREATED_AT_DESC, TaskSortOrder.UPDATED_AT_DESC):
+            tasks.reverse()
+        page, next_id = _offset_page(tasks, query.page_id, query.limit)
+        return AppConversationStartTaskPage(items=page, next_page_id=next_id)
+
+    async def count_tasks(self, principal: Principal, filters: TaskFilters) -> int:
+        ids = await self.store.all_task_ids(principal.user_id)
+        return sum(1 for t in await self.store.get_tasks(ids) if t and _task_matches(t, filters))
+
+    # -- reading -----------------------------------------------------------------------------
+
+    async def owned(self, principal: Principal, conversation_id: str) -> AppConversationInfo:
+        """Raises NotFound for unknown ids and for other users' conversations."""
+        plain = conversation_id.replace("-", "").lower()
+        info = await self.store.get(plain) if len(plain) == 32 else None
+        if info is None or (
+            info.created_by_user_id != principal.user_id and not principal.is_admin
+        ):
+            raise NotFound(f"conversation {conversation_id} not found")
+        return info
+
+    async def _live(
+        self, principal: Principal, infos: list[AppConversationInfo]
+    ) -> list[AppConversation]:
+        records = await self.sandboxes.store.get_many(i.sandbox_id for i in infos)
+        return [self._view(principal, i, r) for i, r in zip(infos, records, strict=True)]
+
+    def _view(
+        self, principal: Principal, info: AppConversationInfo, sandbox: SandboxRecord | None
+    ) -> AppConversation:
+        status = sandbox.status if sandbox else SandboxStatus.MISSING
+        running = sandbox is not None and status == SandboxStatus.RUNNING and bool(sandbox.ports)
+        execution = info.execution_status
+        if status == SandboxStatus.PAUSED and execution == ExecutionStatus.RUNNING:
+            execution = ExecutionStatus.PAUSED  # frozen with its sandbox
+        return AppConversation(
+            **info.model_dump(exclude={"execution_status"}),
+            execution_status=execution,
+            sandbox_status=status,
+            conversation_url=f"{self.sandboxes.agent_url(sandbox)}/api/conversations/{info.id}"
+            if running and sandbox
+            else None,
+            session_api_key=sandbox.session_api_key
+            if running and sandbox and info.created_by_user_id == principal.user_id
+            else None,
+        )
+
+    async def get(self, principal: Principal, conversation_id: str) -> AppConversation:
+        return (await self._live(principal, [await self.owned(principal, conversation_id)]))[0]
+
+    async def batch_get(self, principal: Principal, ids: list[str]) -> list[AppConversation | None]:
+        infos = await self.store.get_many(i.replace("-", "").lower() for i in ids)
+        visible = [
+            i if i and (i.created_by_user_id == principal.user_id or principal.is_admin) else None
+            for i in infos
+        ]
+        live = iter(await self._live(principal, [i for i in visible if i]))
+        return [next(live) if i else None for i in visible]
+
+    async def search(
+        self, principal: Principal, query: ConversationSearchQuery
+    ) -> AppConversationPage:
+        """Newest first by default; created-at orders use a cursor, the others an opaque offset."""
+        order = query.sort_order
+        if order in (ConversationSortOrder.CREATED_AT, ConversationSortOrder.CREATED_AT_DESC):
+            desc = order == ConversationSortOrder.CREATED_AT_DESC
+            after = decode_cursor(query.page_id)
+            found: list[AppConversationInfo] = []
+            while len(found) <= query.limit:
+                ids = await self.store.page_ids(principal.user_id, after, query.limit + 1, desc)
+                for info in await self.store.get_many(ids):
+                    if info and self._listed(info, query):
+                        found.append(info)
+                if len(ids) < query.limit + 1:
+                    break
+                after = ids[-1]
+            page = found[: query.limit]
+            next_id = encode_cursor(page[-1].id) if len(found) > query.limit else None
+        else:
+            infos = [
+                i
+                for i in await self.store.get_many(await self.store.all_ids(principal.user_id))
+                if i and self._listed(i, query)
+            ]
+            key, reverse = _SORT_KEYS[order]
+            infos.sort(key=key, reverse=reverse)
+            page, next_id = _offset_page(infos, query.page_id, query.limit)
+        return AppConversationPage(items=await self._live(principal, page), next_page_id=next_id)
+
+    @staticmethod
+    def _listed(info: AppConversationInfo, query: ConversationSearchQuery) -> bool:
+        if info.parent_conversation_id and not query.include_sub_conversations:
+            return False
+        return _matches(info, query)
+
+    async def count(self, principal: Principal, filters: ConversationFilters) -> int:
+        infos = await self.store.get_many(await self.store.all_ids(principal.user_id))
+        return sum(1 for i in infos if i and _matches(i, filters))
+
+    # -- changing ----------------------------------------------------------------------------
+
+    async def rename(self, principal: Principal, conversation_id: str, title: str) -> None:
+        info = await self.owned(principal, conversation_id)
+
+        def change(record: AppConversationInfo) -> None:
+            record.title = title
+
+        await self.store.update(info.id, change)
+
+    async def delete(self, principal: Principal, conversation_id: str) -> None:
+        """Delete the conversation, its events and start tasks; the sandbox too if no other
+        conversation uses it."""
+        info = await self.owned(principal, conversation_id)
+        sandbox = await self.sandboxes.store.get(info.sandbox_id)
+        if sandbox is not None and sandbox.status == SandboxStatus.RUNNING:
+            try:
+                await self.agent.delete(
+                    self.sandboxes.agent_url(sandbox), sandbox.session_api_key, info.id
+                )
+            except (AgentUnavailable, NotFound) as exc:
+                log.info("agent_delete_skipped", conversation_id=info.id, error=str(exc))
+        await self.store.delete(info)
+        await self.events.delete(info.id)
+        if info.created_by_user_id:
+            await self.store.delete_tasks_of(info.created_by_user_id, info.id)
+        others = await self.store.ids_in_sandbox(info.sandbox_id)
+        if sandbox is not None and not others:
+            await self.sandboxes.delete(principal, sandbox.id)
+
+    async def _on_agent(
+        self, principal: Principal, conversation_id: str
+    ) -> tuple[AppConversationInfo, str, str]:
+        info = await self.owned(principal, conversation_id)
+        sandbox = await self.sandboxes.ensure_running(principal, info.sandbox_id)
+        return info, self.sandboxes.agent_url(sandbox), sandbox.session_api_key
+
+    async def send_message(
+        self, principal: Principal, conversation_id: str, message: SendMessageRequest
+    ) -> None:
+        """Resume the sandbox if paused, then hand the message to the agent."""
+        info, base, key = await self._on_agent(principal, conversation_id)
+        await self.agent.send_message(base, key, info.id, message.model_dump())
+
+    async def respond(
+        self, principal: Principal, conversation_id: str, accept: bool, reason: str
+    ) -> None:
+        info, base, key = await self._on_agent(principal, conversation_id)
+        await self.agent.respond(base, key, info.id, accept, reason)
+
+    async def pause(self, principal: Principal, conversation_id: str) -> None:
+        info, base, key = await self._on_agent(principal, conversation_id)
+        await self.agent.pause(base, key, info.id)
+
+    async def run(self, principal: Principal, conversation_id: str) -> None:
+        info, base, key = await self._on_agent(principal, conversation_id)
+        await self.agent.run(base, key, info.id)
+
+    async def close(self) -> None:
+        await self.runner.close()
+        await asyncio.sleep(0)
+
+
+def _offset_page(items: list[Any], page_id: str | None, limit: int) -> tuple[list[Any], str | None]:
+    """Pages of an in-memory ordering; the cursor is an opaque offset."""
+    raw = decode_cursor(page_id)
+    start = int(raw) if raw and raw.isdigit() else 0
+    page = items[start : start + limit]
+    more = start + limit < len(items)
+    return page, encode_cursor(str(start + limit)) if more else None

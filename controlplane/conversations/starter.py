@@ -1,0 +1,257 @@
+"""Moves a start task WORKING → WAITING_FOR_SANDBOX → PREPARING_REPOSITORY →
+STARTING_CONVERSATION → READY, or ERROR with a detail. Every step is saved before it runs."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from typing import Any
+
+import structlog
+
+from controlplane.auth.models import Principal
+from controlplane.config import ServiceConfig
+from controlplane.conversations.agent_client import AgentClient
+from controlplane.conversations.models import (
+    AppConversationInfo,
+    AppConversationStartTask,
+    StartTaskStatus,
+)
+from controlplane.conversations.store import ConversationStore
+from controlplane.errors import ControlPlaneError, InvalidInput
+from controlplane.ids import uuid7_hex
+from controlplane.sandboxes.models import SandboxRecord
+from controlplane.sandboxes.service import SandboxService
+from controlplane.settings.models import ProviderType, UserRecord
+from controlplane.settings.service import SettingsService
+
+log = structlog.get_logger(__name__)
+T = StartTaskStatus
+
+DEFAULT_HOSTS = {
+    ProviderType.GITHUB: "github.com",
+    ProviderType.GITLAB: "gitlab.com",
+    ProviderType.BITBUCKET: "bitbucket.org",
+    ProviderType.AZURE_DEVOPS: "dev.azure.com",
+}
+_TOKEN_USER = {
+    ProviderType.GITHUB: "x-access-token",
+    ProviderType.GITLAB: "oauth2",
+    ProviderType.BITBUCKET: "x-token-auth",
+}
+DEFAULT_MAX_ITERATIONS = 100
+
+
+class StartFailed(ControlPlaneError):
+    code = "start_failed"
+    status = 502
+
+
+class StartTaskRunner:
+    def __init__(
+        self,
+        config: ServiceConfig,
+        store: ConversationStore,
+        sandboxes: SandboxService,
+        settings: SettingsService,
+        agent: AgentClient,
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._sandboxes = sandboxes
+        self._settings = settings
+        self._agent = agent
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def spawn(self, task: AppConversationStartTask, principal: Principal) -> None:
+        job = asyncio.create_task(self.run(task, principal), name=f"start-task-{task.id}")
+        self._tasks[task.id] = job
+        job.add_done_callback(lambda _j: self._tasks.pop(task.id, None))
+
+    async def _set(self, task: AppConversationStartTask, status: StartTaskStatus) -> None:
+        task.status = status
+        await self._store.save_task(task)
+
+    async def run(self, task: AppConversationStartTask, principal: Principal) -> None:
+        """Never raises: a failure ends the task in ERROR with the reason as its detail."""
+        conversation_id = task.request.conversation_id or uuid7_hex()
+        try:
+            record = await self._settings.record(principal.user_id)
+            model = task.request.llm_model or record.settings.llm_model
+            if not model:
+                raise InvalidInput(
+                    "no LLM model: set llm_model in /api/settings or in the request",
+                    loc=["body", "llm_model"],
+                )
+            await self._set(task, T.WAITING_FOR_SANDBOX)
+            sandbox = await self._sandbox(task, principal)
+            base = self._sandboxes.agent_url(sandbox)
+            await self._set(task, T.PREPARING_REPOSITORY)
+            working_dir = await self._prepare_repository(task, sandbox, base, record)
+            task.agent_server_url = base
+            await self._set(task, T.STARTING_CONVERSATION)
+            await self._start_conversation(
+                task,
+                principal=principal,
+                sandbox=sandbox,
+                conversation_id=conversation_id,
+                model=model,
+                working_dir=working_dir,
+                record=record,
+            )
+            task.app_conversation_id = conversation_id
+            task.detail = None
+            await self._set(task, T.READY)
+            log.info("conversation_ready", task_id=task.id, conversation_id=conversation_id)
+        except asyncio.CancelledError:
+            task.detail = "interrupted: the control plane shut down"
+            task.status = T.ERROR
+            await asyncio.shield(self._store.save_task(task))
+            raise
+        except Exception as exc:
+            detail = str(exc) if isinstance(exc, ControlPlaneError) else f"internal error: {exc!r}"
+            if not isinstance(exc, ControlPlaneError):
+                log.exception("start_task_crashed", task_id=task.id)
+            task.detail = detail
+            await self._set(task, T.ERROR)
+            log.warning("start_task_failed", task_id=task.id, detail=detail)
+
+    async def _sandbox(self, task: AppConversationStartTask, principal: Principal) -> SandboxRecord:
+        if task.request.sandbox_id is None:
+            info = await self._sandboxes.start(principal, None)
+            task.sandbox_id = info.id
+        else:
+            task.sandbox_id = task.request.sandbox_id
+        await self._store.save_task(task)
+        return await self._sandboxes.ensure_running(principal, task.sandbox_id)
+
+    async def _prepare_repository(
+        self, task: AppConversationStartTask, sandbox: SandboxRecord, base: str, record: UserRecord
+    ) -> str:
+        spec = self._sandboxes.catalog.find(sandbox.spec_id)
+        root = spec.working_dir if spec else "/workspace"
+        repo = task.request.selected_repository
+        if not repo:
+            return root
+        provider = task.request.git_provider or ProviderType.GITHUB
+        stored = record.provider_tokens.get(provider)
+        host = (stored.host if stored else None) or DEFAULT_HOSTS.get(provider)
+        if host is None:
+            raise StartFailed(f"no host known for {provider.value}: store one with the token")
+        auth = ""
+        if stored is not None:
+            user = _TOKEN_USER.get(provider, "git")
+            auth = f"{user}:{stored.token}@"
+        target = f"{root}/{repo.rsplit('/', 1)[-1]}"
+        url = f"https://{auth}{host}/{repo}.git"
+        branch = task.request.selected_branch
+        checkout = (
+            f" && git -C {shlex.quote(target)} checkout {shlex.quote(branch)}" if branch else ""
+        )
+        command = (
+            f"GIT_TERMINAL_PROMPT=0 git clone --quiet {shlex.quote(url)} {shlex.quote(target)}"
+            f"{checkout}"
+        )
+        result = await self._agent.bash(base, sandbox.session_api_key, command, root, 600)
+        if result.get("exit_code") != 0:
+            output = (result.get("stderr") or result.get("stdout") or "").strip()
+            if stored is not None:
+                output = output.replace(stored.token, "***")
+            raise StartFailed(f"could not clone {repo} from {host}: {output[-500:] or 'timed out'}")
+        return target
+
+    async def _start_conversation(
+        self,
+        task: AppConversationStartTask,
+        *,
+        principal: Principal,
+        sandbox: SandboxRecord,
+        conversation_id: str,
+        model: str,
+        working_dir: str,
+        record: UserRecord,
+    ) -> None:
+        request = task.request
+        info = AppConversationInfo(
+            id=conversation_id,
+            created_by_user_id=principal.user_id,
+            sandbox_id=sandbox.id,
+            selected_repository=request.selected_repository,
+            selected_branch=request.selected_branch,
+            git_provider=request.git_provider,
+            title=request.title or f"Conversation {conversation_id[:5]}",
+            trigger=request.trigger,
+            pr_number=request.pr_number,
+            llm_model=model,
+            parent_conversation_id=request.parent_conversation_id,
+        )
+        # Saved before the agent starts, so its first events find their conversation.
+        await self._store.save(info)
+        try:
+            await self._agent.start_conversation(
+                self._sandboxes.agent_url(sandbox),
+                sandbox.session_api_key,
+                self._agent_body(
+                    task,
+                    conversation_id=conversation_id,
+                    model=model,
+                    working_dir=working_dir,
+                    record=record,
+                ),
+            )
+        except BaseException:
+            await self._store.delete(info)
+            raise
+
+    def _agent_body(
+        self,
+        task: AppConversationStartTask,
+        *,
+        conversation_id: str,
+        model: str,
+        working_dir: str,
+        record: UserRecord,
+    ) -> dict[str, Any]:
+        settings = record.settings
+        secrets = {name: s.value for name, s in record.custom_secrets.items()}
+        for provider, token in record.provider_tokens.items():
+            secrets[f"{provider.value.upper()}_TOKEN"] = token.token
+        prices = self._config.llm_prices.get(model, (None, None))
+        return {
+            "conversation_id": conversation_id,
+            "llm": {
+                "model": model,
+                "base_url": settings.llm_base_url,
+                "api_key": record.llm_api_key,
+                "input_cost_per_token": prices[0],
+                "output_cost_per_token": prices[1],
+            },
+            "initial_message": task.request.initial_message.model_dump()
+            if task.request.initial_message
+            else None,
+            "max_iterations": settings.max_iterations or DEFAULT_MAX_ITERATIONS,
+            "max_budget_per_task": settings.max_budget_per_task,
+            "confirmation_mode": bool(settings.confirmation_mode),
+            "secrets": secrets,
+            "mcp_config": settings.mcp_config.model_dump() if settings.mcp_config else None,
+            "system_message_suffix": task.request.system_message_suffix,
+            "working_dir": working_dir,
+        }
+
+    async def recover(self) -> int:
+        """At start-up: tasks left unfinished by a previous process end in ERROR."""
+        failed = 0
+        for task in await self._store.get_tasks(await self._store.active_task_ids()):
+            if task is None or task.id in self._tasks:
+                continue
+            task.status = T.ERROR
+            task.detail = "interrupted by a control plane restart; start the conversation again"
+            await self._store.save_task(task)
+            failed += 1
+        return failed
+
+    async def close(self) -> None:
+        jobs = list(self._tasks.values())
+        for job in jobs:
+            job.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)

@@ -1,0 +1,134 @@
+"""Conversation records and start tasks in Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import redis.asyncio as aioredis
+from redis.exceptions import WatchError
+
+from controlplane.conversations.models import (
+    TERMINAL_TASK,
+    AppConversationInfo,
+    AppConversationStartTask,
+    now,
+)
+from controlplane.errors import Conflict
+from controlplane.store import keys, text
+from controlplane.store.paging import page_ids
+
+
+class ConversationStore:
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._redis = redis
+
+    async def save(self, info: AppConversationInfo) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(keys.conversation(info.id), info.model_dump_json())
+            if info.created_by_user_id is not None:
+                pipe.zadd(keys.user_conversations(info.created_by_user_id), {info.id: 0})
+            pipe.sadd(keys.sandbox_conversations(info.sandbox_id), info.id)
+            await pipe.execute()
+
+    async def get(self, conversation_id: str) -> AppConversationInfo | None:
+        raw = await self._redis.get(keys.conversation(conversation_id))
+        return AppConversationInfo.model_validate_json(text(raw)) if raw else None
+
+    async def get_many(self, ids: Iterable[str]) -> list[AppConversationInfo | None]:
+        ids = list(ids)
+        if not ids:
+            return []
+        rows = await self._redis.mget([keys.conversation(i) for i in ids])
+        return [AppConversationInfo.model_validate_json(text(r)) if r else None for r in rows]
+
+    async def update(
+        self, conversation_id: str, change: Callable[[AppConversationInfo], None]
+    ) -> AppConversationInfo | None:
+        """Apply `change` atomically (optimistic lock); None when the record does not exist."""
+        key = keys.conversation(conversation_id)
+        for _ in range(20):
+            async with self._redis.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(key)
+                    raw = await pipe.get(key)
+                    if raw is None:
+                        return None
+                    info = AppConversationInfo.model_validate_json(text(raw))
+                    change(info)
+                    info.updated_at = now()
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    pipe.set(key, info.model_dump_json())
+                    await pipe.execute()
+                    return info
+                except WatchError:
+                    continue
+        raise Conflict(f"conversation {conversation_id} changed concurrently too often; retry")
+
+    async def delete(self, info: AppConversationInfo) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(keys.conversation(info.id))
+            if info.created_by_user_id is not None:
+                pipe.zrem(keys.user_conversations(info.created_by_user_id), info.id)
+            pipe.srem(keys.sandbox_conversations(info.sandbox_id), info.id)
+            await pipe.execute()
+
+    async def page_ids(self, owner: str, after: str | None, count: int, desc: bool) -> list[str]:
+        return await page_ids(self._redis, keys.user_conversations(owner), after, count, desc=desc)
+
+    async def all_ids(self, owner: str) -> list[str]:
+        raw = await self._redis.zrange(keys.user_conversations(owner), 0, -1)
+        return [text(i) for i in raw]
+
+    async def ids_in_sandbox(self, sandbox_id: str) -> set[str]:
+        return {text(i) for i in await self._redis.smembers(keys.sandbox_conversations(sandbox_id))}
+
+    # -- start tasks -------------------------------------------------------------------------
+
+    async def save_task(self, task: AppConversationStartTask) -> None:
+        task.updated_at = now()
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(keys.start_task(task.id), task.model_dump_json())
+            if task.created_by_user_id is not None:
+                pipe.zadd(keys.user_start_tasks(task.created_by_user_id), {task.id: 0})
+            if task.status in TERMINAL_TASK:
+                pipe.srem(keys.ACTIVE_START_TASKS, task.id)
+            else:
+                pipe.sadd(keys.ACTIVE_START_TASKS, task.id)
+            await pipe.execute()
+
+    async def get_task(self, task_id: str) -> AppConversationStartTask | None:
+        raw = await self._redis.get(keys.start_task(task_id))
+        return AppConversationStartTask.model_validate_json(text(raw)) if raw else None
+
+    async def get_tasks(self, ids: Iterable[str]) -> list[AppConversationStartTask | None]:
+        ids = list(ids)
+        if not ids:
+            return []
+        rows = await self._redis.mget([keys.start_task(i) for i in ids])
+        return [AppConversationStartTask.model_validate_json(text(r)) if r else None for r in rows]
+
+    async def page_task_ids(
+        self, owner: str, after: str | None, count: int, desc: bool
+    ) -> list[str]:
+        return await page_ids(self._redis, keys.user_start_tasks(owner), after, count, desc=desc)
+
+    async def all_task_ids(self, owner: str) -> list[str]:
+        return [text(i) for i in await self._redis.zrange(keys.user_start_tasks(owner), 0, -1)]
+
+    async def active_task_ids(self) -> list[str]:
+        return sorted(text(i) for i in await self._redis.smembers(keys.ACTIVE_START_TASKS))
+
+    async def delete_tasks_of(self, owner: str, conversation_id: str) -> None:
+        """Remove the start tasks that produced a conversation (with the conversation)."""
+        ids = await self.all_task_ids(owner)
+        doomed = [
+            t.id
+            for t in await self.get_tasks(ids)
+            if t is not None and t.app_conversation_id == conversation_id
+        ]
+        if doomed:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.delete(*[keys.start_task(i) for i in doomed])
+                pipe.zrem(keys.user_start_tasks(owner), *doomed)
+                pipe.srem(keys.ACTIVE_START_TASKS, *doomed)
+                await pipe.execute()

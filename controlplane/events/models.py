@@ -1,0 +1,89 @@
+"""Event queries (the OpenHands /api/v1/events shapes) and webhook bodies."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from controlplane.api.pagination import PageQuery
+from controlplane.conversations.models import normalise_uuid
+
+
+class EventKind(StrEnum):
+    MESSAGE = "MessageEvent"
+    ACTION = "ActionEvent"
+    OBSERVATION = "ObservationEvent"
+    USER_REJECT = "UserRejectObservation"
+    AGENT_ERROR = "AgentErrorEvent"
+    SYSTEM_PROMPT = "SystemPromptEvent"
+    STATE_UPDATE = "ConversationStateUpdateEvent"
+    CONVERSATION_ERROR = "ConversationErrorEvent"
+    CONDENSATION = "Condensation"
+    CONDENSATION_REQUEST = "CondensationRequest"
+    CONDENSATION_SUMMARY = "CondensationSummaryEvent"
+    PAUSE = "PauseEvent"
+    TOKEN = "TokenEvent"  # noqa: S105 - an event kind, not a credential
+    LLM_COMPLETION_LOG = "LLMCompletionLogEvent"
+
+
+class EventSortOrder(StrEnum):
+    TIMESTAMP = "TIMESTAMP"
+    TIMESTAMP_DESC = "TIMESTAMP_DESC"
+
+
+class EventFilters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    conversation_id__eq: str = Field(description="Required: events are kept per conversation")
+    kind__eq: EventKind | None = None
+    timestamp__gte: datetime | None = None
+    timestamp__lt: datetime | None = None
+    sort_order: EventSortOrder = EventSortOrder.TIMESTAMP
+
+    @field_validator("conversation_id__eq")
+    @classmethod
+    def _uuid(cls, value: str) -> str:
+        return normalise_uuid(value)
+
+
+class EventSearchQuery(EventFilters, PageQuery):
+    pass
+
+
+class EventBatchQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: list[str] = Field(min_length=1, max_length=100)
+
+
+class Event(BaseModel):
+    """An agent event: these four fields always, the rest depends on `kind`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(min_length=1, max_length=64)
+    kind: str = Field(min_length=1, max_length=64)
+    timestamp: datetime
+    source: str = Field(max_length=32)
+
+
+class EventPage(BaseModel):
+    items: list[dict[str, Any]]
+    next_page_id: str | None = None
+
+
+class EventSocketQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    conversation_id: str
+    after: str | None = Field(default=None, description="Replay after this event id")
+    resend_all: bool = True
+    session_api_key: str | None = Field(default=None, description="API key (browsers)")
+
+    @field_validator("conversation_id")
+    @classmethod
+    def _uuid(cls, value: str) -> str:
+        return normalise_uuid(value)

@@ -1,0 +1,161 @@
+"""/api/v1/events (search, count, batch, live socket) and the sandbox webhooks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+from aiohttp import WSMsgType, web
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from controlplane import keys
+from controlplane.api.middlewares import principal_of
+from controlplane.api.parsing import (
+    RequestValidationError,
+    error_items,
+    json_response,
+    parse_body,
+    parse_query,
+)
+from controlplane.api.routing import RouteTable
+from controlplane.events.models import (
+    Event,
+    EventBatchQuery,
+    EventFilters,
+    EventPage,
+    EventSearchQuery,
+    EventSocketQuery,
+)
+from controlplane.sandboxes.models import Success
+
+routes = RouteTable(tag="events")
+_EVENTS = TypeAdapter(list[Event])
+
+
+class ConversationInfoBody(BaseModel):
+    """What an agent posts to the conversations webhook (extra fields kept as they are)."""
+
+    model_config = {"extra": "allow"}
+    id: str
+
+
+@routes.route(
+    "GET",
+    "/api/v1/events/search",
+    summary="Search a conversation's events",
+    query=EventSearchQuery,
+    response=EventPage,
+    errors=(404,),
+)
+async def search_events(request: web.Request) -> web.Response:
+    query = parse_query(request, EventSearchQuery)
+    return json_response(await request.app[keys.EVENTS].search(principal_of(request), query))
+
+
+@routes.route(
+    "GET",
+    "/api/v1/events/count",
+    summary="Count a conversation's events",
+    query=EventFilters,
+    response=int,
+    errors=(404,),
+)
+async def count_events(request: web.Request) -> web.Response:
+    query = parse_query(request, EventFilters)
+    return json_response(await request.app[keys.EVENTS].count(principal_of(request), query))
+
+
+@routes.route(
+    "GET",
+    "/api/v1/events",
+    summary="Get events by id (null for missing)",
+    query=EventBatchQuery,
+    response=list[dict[str, object] | None],
+)
+async def batch_events(request: web.Request) -> web.Response:
+    query = parse_query(request, EventBatchQuery)
+    return json_response(await request.app[keys.EVENTS].batch(principal_of(request), query.id))
+
+
+@routes.route(
+    "GET",
+    "/api/v1/events/socket",
+    summary="WebSocket: replay a conversation's events, then follow new ones (one JSON per frame)",
+    query=EventSocketQuery,
+    public=True,  # authenticates itself: browsers cannot set headers on a WebSocket
+    errors=(401, 404),
+)
+async def event_socket(request: web.Request) -> web.StreamResponse:
+    query = parse_query(request, EventSocketQuery)
+    presented = request.headers.get("X-Session-API-Key") or query.session_api_key
+    principal = await request.app[keys.API_KEYS].authenticate(presented)
+    events = request.app[keys.EVENTS]
+    info = await request.app[keys.CONVERSATIONS].owned(principal, query.conversation_id)
+    last = await events.start_point(info.id, query.after)
+    if not query.resend_all and query.after is None:
+        newest = await events.store.page(info.id, None, 1, True)
+        last = newest[0][0] if newest else "0"
+    ws = web.WebSocketResponse(heartbeat=30)
+    await ws.prepare(request)
+    redis = request.app[keys.REDIS]
+
+    async def follow() -> None:
+        nonlocal last
+        while not ws.closed:
+            for stream_id, event in await events.store.follow(redis, info.id, last, 10_000):
+                await ws.send_str(json.dumps(event))
+                last = stream_id
+
+    pump = asyncio.create_task(follow())
+    try:
+        async for message in ws:
+            if message.type in (WSMsgType.ERROR, WSMsgType.CLOSE):
+                break
+    finally:
+        pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionResetError):
+            await pump
+    return ws
+
+
+@routes.route(
+    "POST",
+    "/api/v1/webhooks/{sandbox_id}/events/{conversation_id}",
+    summary="Sandbox → control plane: a batch of events (X-Session-API-Key = the sandbox key)",
+    public=True,
+    response=Success,
+    errors=(401, 404),
+)
+async def events_webhook(request: web.Request) -> web.Response:
+    raw = await request.read()
+    try:
+        batch = _EVENTS.validate_json(raw)
+    except ValidationError as exc:
+        raise RequestValidationError(error_items(exc, "body")) from None
+    await request.app[keys.EVENTS].ingest(
+        request.match_info["sandbox_id"],
+        request.headers.get("X-Session-API-Key"),
+        request.match_info["conversation_id"],
+        batch,
+    )
+    return json_response(Success())
+
+
+@routes.route(
+    "POST",
+    "/api/v1/webhooks/{sandbox_id}/conversations",
+    summary="Sandbox → control plane: a conversation's state (ConversationInfo)",
+    public=True,
+    body=ConversationInfoBody,
+    response=Success,
+    errors=(401, 404),
+)
+async def conversation_webhook(request: web.Request) -> web.Response:
+    body = await parse_body(request, ConversationInfoBody)
+    await request.app[keys.EVENTS].ingest_info(
+        request.match_info["sandbox_id"],
+        request.headers.get("X-Session-API-Key"),
+        body.model_dump(mode="json"),
+    )
+    return json_response(Success())

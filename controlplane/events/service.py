@@ -1,0 +1,173 @@
+"""Events in, from sandbox webhooks; events out, to searches and live sockets."""
+
+from __future__ import annotations
+
+import hmac
+from datetime import datetime
+from typing import Any
+
+import structlog
+
+from controlplane.api.pagination import decode_cursor, encode_cursor
+from controlplane.auth.models import Principal
+from controlplane.conversations.models import AppConversationInfo, ExecutionStatus, MetricsSnapshot
+from controlplane.conversations.service import ConversationService
+from controlplane.errors import NotFound, Unauthorized
+from controlplane.events.models import (
+    Event,
+    EventFilters,
+    EventPage,
+    EventSearchQuery,
+    EventSortOrder,
+)
+from controlplane.events.store import EventStore, StoredEvent
+from controlplane.sandboxes.models import SandboxRecord
+
+log = structlog.get_logger(__name__)
+_STATUSES = frozenset(s.value for s in ExecutionStatus)
+
+
+def _event_time(event: dict[str, Any]) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(event.get("timestamp", "")).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _matches(event: dict[str, Any], f: EventFilters) -> bool:
+    if f.kind__eq is not None and event.get("kind") != f.kind__eq.value:
+        return False
+    if f.timestamp__gte is None and f.timestamp__lt is None:
+        return True
+    when = _event_time(event)
+    if when is None:
+        return False
+    if when.tzinfo is None and f.timestamp__gte is not None and f.timestamp__gte.tzinfo:
+        return False
+    return (f.timestamp__gte is None or when >= f.timestamp__gte) and (
+        f.timestamp__lt is None or when < f.timestamp__lt
+    )
+
+
+class EventService:
+    def __init__(self, store: EventStore, conversations: ConversationService) -> None:
+        self.store = store
+        self._conversations = conversations
+
+    # -- webhooks ----------------------------------------------------------------------------
+
+    async def _sandbox(self, sandbox_id: str, key: str | None) -> SandboxRecord:
+        """The sandbox whose session key was presented. Raises Unauthorized."""
+        store = self._conversations.sandboxes.store
+        found = await store.id_for_key(key) if key else None
+        if found is None or not hmac.compare_digest(found, sandbox_id):
+            raise Unauthorized("invalid sandbox session key")
+        record = await store.get(sandbox_id)
+        if record is None:
+            raise Unauthorized("invalid sandbox session key")
+        return record
+
+    async def _conversation(self, sandbox_id: str, conversation_id: str) -> AppConversationInfo:
+        info = await self._conversations.store.get(conversation_id.replace("-", "").lower())
+        if info is None or info.sandbox_id != sandbox_id:
+            raise NotFound(f"conversation {conversation_id} not found in sandbox {sandbox_id}")
+        return info
+
+    async def ingest(
+        self, sandbox_id: str, key: str | None, conversation_id: str, events: list[Event]
+    ) -> int:
+        """Append a batch (duplicates skipped) and note status changes. Returns new events."""
+        await self._sandbox(sandbox_id, key)
+        info = await self._conversation(sandbox_id, conversation_id)
+        dumped = [e.model_dump(mode="json") for e in events]
+        added = await self.store.append(info.id, dumped)
+        status = None
+        for event in dumped:
+            if event["kind"] == "ConversationStateUpdateEvent" and event.get("key") == (
+                "execution_status"
+            ):
+                status = event.get("value")
+        if isinstance(status, str) and status in _STATUSES:
+
+            def change(record: AppConversationInfo) -> None:
+                record.execution_status = ExecutionStatus(status)
+
+            await self._conversations.store.update(info.id, change)
+        await self._conversations.sandboxes.store.touch(sandbox_id)
+        return added
+
+    async def ingest_info(self, sandbox_id: str, key: str | None, body: dict[str, Any]) -> None:
+        """A ConversationInfo from the agent: keep its status and metrics (never the title the
+        user chose, never the creation time)."""
+        await self._sandbox(sandbox_id, key)
+        info = await self._conversation(sandbox_id, str(body.get("id", "")))
+        status = body.get("execution_status")
+        metrics = body.get("metrics")
+
+        def change(record: AppConversationInfo) -> None:
+            if isinstance(status, str) and status in _STATUSES:
+                record.execution_status = ExecutionStatus(status)
+            if isinstance(metrics, dict):
+                record.metrics = MetricsSnapshot.model_validate(
+                    {k: v for k, v in metrics.items() if k in MetricsSnapshot.model_fields}
+                )
+
+        await self._conversations.store.update(info.id, change)
+        await self._conversations.sandboxes.store.touch(sandbox_id)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    async def search(self, principal: Principal, query: EventSearchQuery) -> EventPage:
+        info = await self._conversations.owned(principal, query.conversation_id__eq)
+        desc = query.sort_order == EventSortOrder.TIMESTAMP_DESC
+        after = decode_cursor(query.page_id)
+        found: list[StoredEvent] = []
+        while len(found) <= query.limit:
+            batch = await self.store.page(info.id, after, max(query.limit + 1, 200), desc)
+            found += [item for item in batch if _matches(item[1], query)]
+            if len(batch) < max(query.limit + 1, 200):
+                break
+            after = batch[-1][0]
+        page = found[: query.limit]
+        next_id = encode_cursor(page[-1][0]) if len(found) > query.limit else None
+        return EventPage(items=[e for _sid, e in page], next_page_id=next_id)
+
+    async def count(self, principal: Principal, filters: EventFilters) -> int:
+        info = await self._conversations.owned(principal, filters.conversation_id__eq)
+        if (
+            filters.kind__eq is None
+            and filters.timestamp__gte is None
+            and (filters.timestamp__lt is None)
+        ):
+            return await self.store.count(info.id)
+        total, after = 0, None
+        while True:
+            batch = await self.store.page(info.id, after, 1000, False)
+            total += sum(1 for _sid, e in batch if _matches(e, filters))
+            if len(batch) < 1000:
+                return total
+            after = batch[-1][0]
+
+    async def batch(self, principal: Principal, ids: list[str]) -> list[dict[str, Any] | None]:
+        out: list[dict[str, Any] | None] = []
+        for place in await self.store.locate(ids):
+            if place is None:
+                out.append(None)
+                continue
+            conversation_id, stream_id = place
+            try:
+                await self._conversations.owned(principal, conversation_id)
+            except NotFound:
+                out.append(None)
+                continue
+            out.append(await self.store.get_at(conversation_id, stream_id))
+        return out
+
+    async def start_point(self, conversation_id: str, after_event: str | None) -> str:
+        """The stream id a live socket starts after: "0" for everything."""
+        if after_event is None:
+            return "0"
+        (place,) = await self.store.locate([after_event])
+        if place is None or place[0] != conversation_id:
+            raise NotFound(f"event {after_event} not found in conversation {conversation_id}")
+        return place[1]

@@ -1,0 +1,117 @@
+"""One Redis stream per conversation; a global index from event id to its place.
+
+Appends go through a Lua script that skips event ids already stored, so a webhook batch the
+agent retries after a timeout is never stored twice.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from controlplane.store import keys, text
+
+_APPEND = """
+local out = {}
+for i = 2, #ARGV, 2 do
+  if redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 then
+    local sid = redis.call('XADD', KEYS[1], '*', 'e', ARGV[i + 1])
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[1] .. ' ' .. sid)
+    table.insert(out, sid)
+  end
+end
+return out
+"""
+
+StoredEvent = tuple[str, dict[str, Any]]
+"""(stream id, event)"""
+
+
+def _decode(entries: list[Any]) -> list[StoredEvent]:
+    out: list[StoredEvent] = []
+    for sid, fields in entries:
+        raw = fields.get(b"e") if b"e" in fields else fields.get("e")
+        out.append((text(sid), json.loads(text(raw))))
+    return out
+
+
+class EventStore:
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._redis = redis
+        self._append = redis.register_script(_APPEND)
+
+    async def append(self, conversation_id: str, events: list[dict[str, Any]]) -> int:
+        """Store events in order, skipping ids already stored; returns how many were new."""
+        args: list[str] = [conversation_id]
+        for event in events:
+            args += [str(event["id"]), json.dumps(event, separators=(",", ":"))]
+        added = await self._append(keys=[keys.events(conversation_id), keys.EVENT_INDEX], args=args)
+        return len(added)
+
+    async def page(
+        self, conversation_id: str, after: str | None, count: int, desc: bool
+    ) -> list[StoredEvent]:
+        key = keys.events(conversation_id)
+        entries: Any
+        if desc:
+            entries = await self._redis.xrevrange(key, f"({after}" if after else "+", "-", count)
+        else:
+            entries = await self._redis.xrange(key, f"({after}" if after else "-", "+", count)
+        return _decode(entries)
+
+    async def count(self, conversation_id: str) -> int:
+        return int(await self._redis.xlen(keys.events(conversation_id)))
+
+    async def locate(self, event_ids: list[str]) -> list[tuple[str, str] | None]:
+        """(conversation id, stream id) for each event id, None when unknown."""
+        if not event_ids:
+            return []
+        rows = await self._redis.hmget(keys.EVENT_INDEX, event_ids)
+        out: list[tuple[str, str] | None] = []
+        for row in rows:
+            if row is None:
+                out.append(None)
+            else:
+                conv, _, sid = text(row).partition(" ")
+                out.append((conv, sid))
+        return out
+
+    async def get_at(self, conversation_id: str, stream_id: str) -> dict[str, Any] | None:
+        entries: Any = await self._redis.xrange(
+            keys.events(conversation_id), stream_id, stream_id, 1
+        )
+        decoded = _decode(entries)
+        return decoded[0][1] if decoded else None
+
+    async def follow(
+        self, reader: aioredis.Redis, conversation_id: str, last: str, block_ms: int
+    ) -> list[StoredEvent]:
+        """Events after `last` ("0" for all), waiting up to block_ms for the first one.
+
+        `reader` must be a connection of its own: a blocking read holds it.
+        """
+        reply: Any = await reader.xread(
+            {keys.events(conversation_id): last}, count=500, block=block_ms
+        )
+        if not reply:
+            return []
+        _key, entries = reply[0]
+        return _decode(entries)
+
+    async def delete(self, conversation_id: str) -> None:
+        key = keys.events(conversation_id)
+        ids: list[str] = []
+        cursor = "-"
+        while True:
+            batch = await self._redis.xrange(key, cursor, "+", 1000)
+            if not batch:
+                break
+            ids += [str(event["id"]) for _sid, event in _decode(batch)]
+            cursor = f"({text(batch[-1][0])}"
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(key)
+            if ids:
+                pipe.hdel(keys.EVENT_INDEX, *ids)
+            await pipe.execute()
