@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import contextlib
+import ipaddress
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
