@@ -217,7 +217,7 @@ class StartTaskRunner:
         for provider, token in record.provider_tokens.items():
             secrets[f"{provider.value.upper()}_TOKEN"] = token.token
         prices = self._config.llm_prices.get(model, (None, None))
-        return {
+        body: dict[str, Any] = {
             "conversation_id": conversation_id,
             "llm": {
                 "model": model,
@@ -237,6 +237,8 @@ class StartTaskRunner:
             "system_message_suffix": task.request.system_message_suffix,
             "working_dir": working_dir,
         }
+        # Unset optional fields are left out: the agent applies its own defaults.
+        return {k: v for k, v in body.items() if v is not None}
 
     async def recover(self) -> int:
         """At start-up: tasks left unfinished by a previous process end in ERROR."""

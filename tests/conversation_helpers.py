@@ -1,0 +1,147 @@
+"""Fixtures and helpers for end-to-end conversation tests: a live control plane, a fake LLM on
+the Docker bridge, users with settings, and bounded polling of tasks and events."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+
+from controlplane.auth.service import ApiKeyService
+from controlplane.config import ServiceConfig
+from tests.fake_llm import FakeLLM
+from tests.live_server import Api, LiveServer, gateway, start_live_server
+
+LLM_KEY = "sk-live-SECRET-7f3a9c"
+PRICES = {"fake-model": (0.001, 0.002)}
+
+
+@pytest.fixture
+async def fake_llm() -> AsyncIterator[FakeLLM]:
+    fake = FakeLLM(host=gateway(), model="fake-model", api_key=LLM_KEY)
+    await fake.start()
+    yield fake
+    await fake.close()
+
+
+@pytest.fixture
+async def live(
+    test_prefix: str, make_config: Callable[..., ServiceConfig]
+) -> AsyncIterator[LiveServer]:
+    server = await start_live_server(
+        make_config(container_prefix=test_prefix, reconcile_interval=1.0, llm_prices=PRICES)
+    )
+    yield server
+    await server.close()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+UserFactory = Callable[..., Awaitable[Api]]
+
+
+@pytest.fixture
+def user(
+    live: LiveServer, http: aiohttp.ClientSession, raw_redis: aioredis.Redis, fake_llm: FakeLLM
+) -> UserFactory:
+    """A user with an API key and LLM settings pointing at the fake LLM."""
+
+    async def make(name: str = "alice", **settings: Any) -> Api:
+        created = await ApiKeyService(raw_redis, None).create(name)
+        api = Api(http, live.url, created.key)
+        body = {
+            "llm_model": "fake-model",
+            "llm_base_url": fake_llm.container_base_url,
+            "llm_api_key": LLM_KEY,
+            **settings,
+        }
+        await api.ok("POST", "/api/settings", json=body)
+        return api
+
+    return make
+
+
+def message(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": text}]}
+
+
+async def start_and_wait(api: Api, within: float = 60, **request: Any) -> dict[str, Any]:
+    """POST a start request and poll its task until READY or ERROR; returns the last task."""
+    task = await api.ok("POST", "/api/v1/app-conversations", json=request)
+    assert task["status"] == "WORKING", task
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        (current,) = await api.ok("GET", f"/api/v1/app-conversations/start-tasks?ids={task['id']}")
+        if current["status"] in ("READY", "ERROR"):
+            return dict(current)
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"start task {task['id']} not finished after {within}s: {current}")
+
+
+async def events_of(api: Api, conversation_id: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    page_id = None
+    while True:
+        query = f"conversation_id__eq={conversation_id}&limit=100"
+        if page_id:
+            query += f"&page_id={page_id}"
+        page = await api.ok("GET", f"/api/v1/events/search?{query}")
+        out += page["items"]
+        page_id = page["next_page_id"]
+        if not page_id:
+            return out
+
+
+async def wait_events(
+    api: Api,
+    conversation_id: str,
+    until: Callable[[list[dict[str, Any]]], bool],
+    within: float = 60,
+) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + within
+    events: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        events = await events_of(api, conversation_id)
+        if until(events):
+            return events
+        await asyncio.sleep(0.1)
+    kinds = [(e["kind"], e.get("code") or e.get("value") or e.get("tool_name")) for e in events]
+    raise AssertionError(f"events of {conversation_id} never matched; got {kinds}")
+
+
+def of_kind(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["kind"] == kind]
+
+
+def status_is(value: str) -> Callable[[list[dict[str, Any]]], bool]:
+    def check(events: list[dict[str, Any]]) -> bool:
+        updates = [
+            e["value"]
+            for e in events
+            if e["kind"] == "ConversationStateUpdateEvent" and e.get("key") == "execution_status"
+        ]
+        return bool(updates) and updates[-1] == value
+
+    return check
+
+
+async def wait_conversation(
+    api: Api, conversation_id: str, field: str, value: Any, within: float = 60
+) -> dict[str, Any]:
+    deadline = time.monotonic() + within
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        body = await api.ok("GET", f"/api/v1/app-conversations/{conversation_id}")
+        if body.get(field) == value:
+            return body
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"conversation {field} never became {value}: {body}")

@@ -1,0 +1,199 @@
+"""Conversation API behaviour around the agent: isolation, live events, start failures,
+restarts, deletes and streaming."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+
+from controlplane import keys
+from controlplane.conversations.models import (
+    AppConversationStartRequest,
+    AppConversationStartTask,
+    StartTaskStatus,
+)
+from controlplane.conversations.store import ConversationStore
+from controlplane.ids import uuid7_hex
+from tests.conversation_helpers import (
+    UserFactory,
+    message,
+    of_kind,
+    start_and_wait,
+    status_is,
+    wait_events,
+)
+from tests.fake_llm import FakeLLM, reply_finish, reply_text
+from tests.live_server import LiveServer, start_live_server
+
+pytestmark = pytest.mark.usefixtures("sandbox_images")
+
+
+async def test_users_cannot_see_each_others_conversations(
+    user: UserFactory, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script([reply_finish()])
+    alice, bob = await user("alice"), await user("bob")
+    task = await start_and_wait(alice, initial_message=message("hi"))
+    cid = task["app_conversation_id"]
+    await wait_events(alice, cid, status_is("finished"))
+    event_id = (await alice.ok("GET", f"/api/v1/events/search?conversation_id__eq={cid}"))["items"][
+        0
+    ]["id"]
+
+    assert (await bob.call("GET", f"/api/v1/app-conversations/{cid}"))[0] == 404
+    assert (await bob.call("GET", f"/api/v1/events/search?conversation_id__eq={cid}"))[0] == 404
+    assert (await bob.call("GET", f"/api/v1/events/count?conversation_id__eq={cid}"))[0] == 404
+    assert await bob.ok("GET", f"/api/v1/events?id={event_id}") == [None]
+    assert await bob.ok("GET", f"/api/v1/app-conversations?ids={cid}") == [None]
+    assert (await bob.ok("GET", "/api/v1/app-conversations/search"))["items"] == []
+    assert await bob.ok("GET", f"/api/v1/app-conversations/start-tasks?ids={task['id']}") == [None]
+    for path in ("events", "pause", "run"):
+        status, _ = await bob.call(
+            "POST", f"/api/v1/app-conversations/{cid}/{path}", json=message("x")
+        )
+        assert status == 404
+    assert (await bob.call("DELETE", f"/api/v1/app-conversations/{cid}"))[0] == 404
+
+    (mine,) = await alice.ok("GET", f"/api/v1/events?id={event_id}")
+    assert mine["id"] == event_id
+    listing = await alice.ok("GET", "/api/v1/app-conversations/search")
+    assert [c["id"] for c in listing["items"]] == [cid]
+    assert await alice.ok("GET", "/api/v1/app-conversations/count") == 1
+
+
+async def test_live_socket_replays_then_follows(
+    user: UserFactory, fake_llm: FakeLLM, live: LiveServer, http: aiohttp.ClientSession
+) -> None:
+    fake_llm.script([reply_text("first"), reply_text("second")])
+    alice = await user("alice")
+    task = await start_and_wait(alice, initial_message=message("one"))
+    cid = task["app_conversation_id"]
+    before = await wait_events(alice, cid, status_is("idle"))
+
+    url = f"{live.url}/api/v1/events/socket?conversation_id={cid}&session_api_key={alice.key}"
+    async with http.ws_connect(url) as ws:
+        replayed = [json.loads((await ws.receive(timeout=10)).data) for _ in before]
+        assert [e["id"] for e in replayed] == [e["id"] for e in before]
+        await alice.ok("POST", f"/api/v1/app-conversations/{cid}/events", json=message("two"))
+        seen: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 30
+        while not any("second" in json.dumps(e) for e in seen):
+            assert time.monotonic() < deadline, seen
+            seen.append(json.loads((await ws.receive(timeout=30)).data))
+    assert of_kind(seen, "MessageEvent")[0]["source"] == "user"
+
+    status, _ = await alice.call("GET", "/api/v1/events/socket?conversation_id=" + "0" * 32)
+    assert status in (401, 404)
+    async with http.get(
+        f"{live.url}/api/v1/events/socket?conversation_id={cid}&session_api_key=wrong"
+    ) as resp:
+        assert resp.status == 401
+
+
+async def test_start_failures_end_in_error_with_a_detail(
+    user: UserFactory, fake_llm: FakeLLM
+) -> None:
+    alice = await user("alice", llm_model=None)
+    task = await start_and_wait(alice, initial_message=message("hi"))
+    assert task["status"] == "ERROR"
+    assert "llm_model" in task["detail"]
+
+    token = "ghp_SECRETTOKEN123"
+    await alice.ok(
+        "POST", "/api/add-git-providers", json={"provider_tokens": {"github": {"token": token}}}
+    )
+    task = await start_and_wait(
+        alice, llm_model="fake-model", selected_repository="acme/widgets", git_provider="github"
+    )
+    assert task["status"] == "ERROR"
+    assert "could not clone acme/widgets" in task["detail"]
+    assert token not in json.dumps(task)
+    assert task["sandbox_id"]  # it got as far as a sandbox
+
+    status, body = await alice.call(
+        "POST", "/api/v1/app-conversations", json={"sandbox_id": "0" * 22}
+    )
+    assert status == 404, body
+    status, body = await alice.call("POST", "/api/v1/app-conversations", json={"bogus": 1})
+    assert status == 422
+    assert body["detail"][0]["type"] == "extra_forbidden"
+    assert fake_llm.requests == []
+
+
+async def test_interrupted_start_task_is_failed_at_boot(
+    live: LiveServer, raw_redis: aioredis.Redis, make_config: Any, test_prefix: str
+) -> None:
+    store = ConversationStore(raw_redis)
+    task = AppConversationStartTask(
+        id=uuid7_hex(),
+        created_by_user_id="alice",
+        status=StartTaskStatus.WAITING_FOR_SANDBOX,
+        request=AppConversationStartRequest(),
+    )
+    await store.save_task(task)
+    second = await start_live_server(make_config(container_prefix=test_prefix))
+    try:
+        stored = await store.get_task(task.id)
+        assert stored is not None
+        assert stored.status == StartTaskStatus.ERROR
+        assert "interrupted" in (stored.detail or "")
+        assert await store.active_task_ids() == []
+    finally:
+        await second.close()
+
+
+async def test_delete_keeps_a_shared_sandbox(
+    user: UserFactory, fake_llm: FakeLLM, live: LiveServer
+) -> None:
+    fake_llm.when_exhausted = reply_finish()
+    alice = await user("alice")
+    first = await start_and_wait(alice, initial_message=message("a"))
+    second = await start_and_wait(
+        alice, sandbox_id=first["sandbox_id"], initial_message=message("b")
+    )
+    assert second["status"] == "READY"
+    assert second["sandbox_id"] == first["sandbox_id"]
+    sandbox = first["sandbox_id"]
+
+    await alice.ok("DELETE", f"/api/v1/app-conversations/{first['app_conversation_id']}")
+    assert (await alice.call("GET", f"/api/v1/app-conversations/{first['app_conversation_id']}"))[
+        0
+    ] == 404
+    assert (await alice.ok("GET", f"/api/v1/sandboxes/{sandbox}"))["status"] == "RUNNING"
+    assert (
+        await alice.ok(
+            "GET", f"/api/v1/events/count?conversation_id__eq={second['app_conversation_id']}"
+        )
+        > 0
+    )
+
+    await alice.ok("DELETE", f"/api/v1/app-conversations/{second['app_conversation_id']}")
+    assert (await alice.call("GET", f"/api/v1/sandboxes/{sandbox}"))[0] == 404
+    events = live.app[keys.EVENTS]
+    assert await events.store.count(second["app_conversation_id"]) == 0
+
+
+async def test_stream_start_streams_every_status(
+    user: UserFactory, fake_llm: FakeLLM, live: LiveServer, http: aiohttp.ClientSession
+) -> None:
+    fake_llm.script([reply_finish()])
+    alice = await user("alice")
+    async with http.post(
+        f"{live.url}/api/v1/app-conversations/stream-start",
+        json={"initial_message": message("hi")},
+        headers=alice.headers,
+    ) as resp:
+        assert resp.status == 200
+        snapshots = json.loads(await asyncio.wait_for(resp.text(), 90))
+    statuses = [s["status"] for s in snapshots]
+    assert statuses[0] == "WORKING"
+    assert statuses[-1] == "READY"
+    assert "WAITING_FOR_SANDBOX" in statuses
+    assert "STARTING_CONVERSATION" in statuses
+    assert len({s["id"] for s in snapshots}) == 1
