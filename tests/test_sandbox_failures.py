@@ -1,0 +1,240 @@
+"""Starts that fail, and spec files that stop start-up: real Docker, real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from controlplane.app import create_app
+from controlplane.config import ServiceConfig
+from controlplane.errors import SpecInvalid
+from controlplane.specs.catalog import SpecCatalog
+from tests.sandbox_helpers import (
+    HANGING_SPEC,
+    NO_IMAGE_SPEC,
+    REPO,
+    Client,
+    containers,
+    spec_dir,
+    volumes,
+    wait_status,
+)
+
+Headers = Callable[..., Awaitable[dict[str, str]]]
+
+
+@pytest.fixture
+async def sbx(test_prefix: str, make_client: Any, tmp_path: Path) -> Client:
+    client: Client = await make_client(
+        with_sandboxes=True,
+        container_prefix=test_prefix,
+        reconcile_interval=1.0,
+        spec_dir=spec_dir(tmp_path, {"hanging": HANGING_SPEC, "no-image": NO_IMAGE_SPEC}),
+        start_timeout=3,
+    )
+    return client
+
+
+async def start_spec(client: Client, headers: dict[str, str], spec: str) -> dict[str, Any]:
+    resp = await client.post("/api/v1/sandboxes", json={"sandbox_spec_id": spec}, headers=headers)
+    body: dict[str, Any] = await resp.json()
+    assert resp.status == 200, body
+    assert body["status"] == "STARTING"
+    assert body["sandbox_spec_id"] == spec
+    return body
+
+
+async def wait_gone(docker_client: docker.DockerClient, prefix: str, within: float = 10) -> None:
+    """Poll until no container and no volume of `prefix` exists."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        left = [c.name for c in containers(docker_client, prefix)]
+        left += [v.name for v in volumes(docker_client, prefix)]
+        if not left:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"still there after {within}s: {left}")
+
+
+async def test_hanging_agent_cannot_be_paused_and_ends_in_error_cleaned_up(
+    sbx: Client, user_headers: Headers, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    alice = await user_headers("alice")
+    sandbox_id = (await start_spec(sbx, alice, "hanging"))["id"]
+
+    # The container comes up but its agent never answers: the sandbox stays STARTING.
+    deadline = time.monotonic() + 10
+    while not containers(docker_client, test_prefix):
+        assert time.monotonic() < deadline, "the hanging sandbox's container never appeared"
+        await asyncio.sleep(0.05)
+    resp = await sbx.post(f"/api/v1/sandboxes/{sandbox_id}/pause", headers=alice)
+    body = await resp.json()
+    assert resp.status == 409, body
+    assert "STARTING" in body["detail"]
+    assert sandbox_id in body["detail"]
+
+    failed = await wait_status(sbx, alice, sandbox_id, "ERROR", within=20)
+    assert "/health" in failed["reason"], failed
+    assert failed["reason"].startswith("start failed:"), failed
+    assert failed["session_api_key"] is None
+    assert failed["exposed_urls"] is None
+    # A failed first start removes everything it made.
+    assert containers(docker_client, test_prefix) == []
+    assert volumes(docker_client, test_prefix) == []
+
+    resp = await sbx.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)
+    body = await resp.json()
+    assert resp.status == 409, body
+    assert "ERROR" in body["detail"]
+    assert "delete it" in body["detail"]
+    # ...and the refused resume changed nothing.
+    again = await wait_status(sbx, alice, sandbox_id, "ERROR", within=1)
+    assert again["reason"] == failed["reason"]
+    assert containers(docker_client, test_prefix) == []
+
+    resp = await sbx.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
+    assert (resp.status, await resp.json()) == (200, {"success": True})
+    resp = await sbx.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
+    assert resp.status == 404
+    search = await (await sbx.get("/api/v1/sandboxes/search", headers=alice)).json()
+    assert search == {"items": [], "next_page_id": None}
+
+
+async def test_missing_image_is_error_naming_the_image_with_nothing_left(
+    sbx: Client, user_headers: Headers, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    alice = await user_headers("alice")
+    sandbox_id = (await start_spec(sbx, alice, "no-image"))["id"]
+    failed = await wait_status(sbx, alice, sandbox_id, "ERROR", within=15)
+    assert "acs-no-such-image:latest" in failed["reason"], failed
+    assert "make images" in failed["reason"], failed
+    assert containers(docker_client, test_prefix) == []
+    assert volumes(docker_client, test_prefix) == []
+
+    resp = await sbx.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)
+    assert resp.status == 409
+    resp = await sbx.post(f"/api/v1/sandboxes/{sandbox_id}/pause", headers=alice)
+    assert resp.status == 409
+    resp = await sbx.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
+    assert resp.status == 200
+    resp = await sbx.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
+    assert resp.status == 404
+
+
+async def test_delete_while_starting_leaves_nothing_behind(
+    sbx: Client, user_headers: Headers, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    """A delete that lands while the engine is still creating the container must still win."""
+    alice = await user_headers("alice")
+    for _ in range(3):
+        sandbox_id = (await start_spec(sbx, alice, "hanging"))["id"]
+        resp = await sbx.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
+        assert (resp.status, await resp.json()) == (200, {"success": True})
+        resp = await sbx.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
+        assert resp.status == 404
+    # Give a container created late (after the delete's removal) time to show up.
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        assert containers(docker_client, test_prefix) == []
+        assert volumes(docker_client, test_prefix) == []
+        await asyncio.sleep(0.2)
+    search = await (await sbx.get("/api/v1/sandboxes/search", headers=alice)).json()
+    assert search["items"] == []
+
+
+# -- spec files that stop start-up --------------------------------------------------------------
+
+GOOD = """\
+id: broken
+image: acs-sandbox-default:latest
+exposed_ports:
+  AGENT_SERVER: 8000
+resources:
+  cpus: 0.5
+  memory: 64m
+"""
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (GOOD.replace("image:", "colour: red\nimage:"), 2, "colour", "Extra inputs"),
+        (GOOD.replace("AGENT_SERVER", "WEB"), 3, "exposed_ports", "AGENT_SERVER"),
+        (GOOD.replace("memory: 64m", "memory: lots"), 7, "resources.memory", "512m"),
+        (GOOD.replace("memory: 64m", "memory: 1m"), 7, "resources.memory", "at least 6m"),
+        (GOOD.replace("id: broken", "id: Broken Spec"), 1, "id", "pattern"),
+        (GOOD.replace("  cpus: 0.5", "  cpus: -1"), 6, "resources.cpus", "greater than 0"),
+        (GOOD.replace("image: acs", "image:\n  - acs"), 2, "image", "string"),
+        (GOOD + "working_dir: relative/path\n", 8, "working_dir", "absolute"),
+    ],
+    ids=[
+        "unknown-key",
+        "no-agent-server",
+        "bad-memory",
+        "tiny-memory",
+        "bad-id",
+        "bad-cpus",
+        "image-list",
+        "relative-dir",
+    ],
+)
+def test_bad_spec_file_stops_start_up_naming_file_line_field(
+    tmp_path: Path, make_config: Callable[..., ServiceConfig], case: tuple[str, int, str, str]
+) -> None:
+    text, line, field, words = case
+    directory = spec_dir(tmp_path, {"broken": text})
+    bad = directory / "broken.yaml"
+    with pytest.raises(SpecInvalid) as caught:
+        SpecCatalog.load(directory)
+    message = str(caught.value)
+    assert message.startswith(f"{bad}:{line}: {field}: "), message
+    assert words in message, message
+    with pytest.raises(SpecInvalid) as again:
+        create_app(make_config(spec_dir=directory), with_sandboxes=True)
+    assert str(again.value) == message
+
+
+def test_invalid_yaml_names_file_and_line(tmp_path: Path) -> None:
+    directory = spec_dir(tmp_path, {"broken": GOOD.replace("  cpus: 0.5", "  cpus: [0.5")})
+    with pytest.raises(SpecInvalid) as caught:
+        SpecCatalog.load(directory)
+    message = str(caught.value)
+    assert message.startswith(f"{directory / 'broken.yaml'}:"), message
+    assert "not valid YAML" in message
+
+
+def test_two_default_specs_stop_start_up(
+    tmp_path: Path, make_config: Callable[..., ServiceConfig]
+) -> None:
+    second = (REPO / "specs" / "default.yaml").read_text().replace("id: default", "id: other")
+    directory = spec_dir(tmp_path, {"other": second})
+    with pytest.raises(SpecInvalid) as caught:
+        create_app(make_config(spec_dir=directory), with_sandboxes=True)
+    message = str(caught.value)
+    assert "exactly one spec must have default: true" in message
+    assert "default, other" in message
+
+
+def test_no_default_spec_and_duplicate_ids_stop_start_up(tmp_path: Path) -> None:
+    directory = spec_dir(tmp_path, {})
+    default = directory / "default.yaml"
+    default.write_text(default.read_text().replace("default: true", "default: false"))
+    with pytest.raises(SpecInvalid, match=r"exactly one spec must have default: true \(found: "):
+        SpecCatalog.load(directory)
+    (directory / "copy.yaml").write_text(default.read_text())
+    with pytest.raises(SpecInvalid, match="two spec files use the same id"):
+        SpecCatalog.load(directory)
+
+
+def test_spec_dir_missing_or_empty(tmp_path: Path) -> None:
+    with pytest.raises(SpecInvalid, match="is not a directory"):
+        SpecCatalog.load(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SpecInvalid, match=r"no \*\.yaml spec files"):
+        SpecCatalog.load(tmp_path / "empty")
