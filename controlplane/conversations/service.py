@@ -8,7 +8,7 @@ from typing import Any
 
 import structlog
 
-from controlplane.api.pagination import decode_cursor, encode_cursor
+from controlplane.api.pagination import HEX32, OFFSET, decode_cursor, encode_cursor
 from controlplane.auth.models import Principal
 from controlplane.conversations.agent_client import AgentClient, AgentUnavailable
 from controlplane.conversations.models import (
@@ -83,6 +83,13 @@ class ConversationService:
         self, principal: Principal, request: AppConversationStartRequest
     ) -> AppConversationStartTask:
         """Save a WORKING task and run it in the background. Raises NotFound for a bad parent."""
+        task, _updates = await self.start_watched(principal, request)
+        return task
+
+    async def start_watched(
+        self, principal: Principal, request: AppConversationStartRequest
+    ) -> tuple[AppConversationStartTask, asyncio.Queue[AppConversationStartTask | None]]:
+        """As start(), with a queue of every later snapshot of the task (None at the end)."""
         if request.parent_conversation_id is not None:
             parent = await self.owned(principal, request.parent_conversation_id)
             request = request.model_copy(
@@ -103,8 +110,7 @@ class ConversationService:
             id=uuid7_hex(), created_by_user_id=principal.user_id, request=request
         )
         await self.store.save_task(task)
-        self.runner.spawn(task, principal)
-        return task
+        return task, self.runner.spawn(task, principal)
 
     async def task(self, principal: Principal, task_id: str) -> AppConversationStartTask | None:
         task = await self.store.get_task(task_id) if len(task_id) == 32 else None
@@ -199,7 +205,7 @@ class ConversationService:
         order = query.sort_order
         if order in (ConversationSortOrder.CREATED_AT, ConversationSortOrder.CREATED_AT_DESC):
             desc = order == ConversationSortOrder.CREATED_AT_DESC
-            after = decode_cursor(query.page_id)
+            after = decode_cursor(query.page_id, HEX32)
             found: list[AppConversationInfo] = []
             while len(found) <= query.limit:
                 ids = await self.store.page_ids(principal.user_id, after, query.limit + 1, desc)
@@ -297,8 +303,8 @@ class ConversationService:
 
 def _offset_page(items: list[Any], page_id: str | None, limit: int) -> tuple[list[Any], str | None]:
     """Pages of an in-memory ordering; the cursor is an opaque offset."""
-    raw = decode_cursor(page_id)
-    start = int(raw) if raw and raw.isdigit() else 0
+    raw = decode_cursor(page_id, OFFSET)
+    start = int(raw) if raw else 0
     page = items[start : start + limit]
     more = start + limit < len(items)
     return page, encode_cursor(str(start + limit)) if more else None

@@ -8,7 +8,7 @@ from typing import Any
 
 import structlog
 
-from controlplane.api.pagination import decode_cursor, encode_cursor
+from controlplane.api.pagination import STREAM_ID, decode_cursor, encode_cursor
 from controlplane.auth.models import Principal
 from controlplane.conversations.models import AppConversationInfo, ExecutionStatus, MetricsSnapshot
 from controlplane.conversations.service import ConversationService
@@ -120,7 +120,7 @@ class EventService:
     async def search(self, principal: Principal, query: EventSearchQuery) -> EventPage:
         info = await self._conversations.owned(principal, query.conversation_id__eq)
         desc = query.sort_order == EventSortOrder.TIMESTAMP_DESC
-        after = decode_cursor(query.page_id)
+        after = decode_cursor(query.page_id, STREAM_ID)
         found: list[StoredEvent] = []
         while len(found) <= query.limit:
             batch = await self.store.page(info.id, after, max(query.limit + 1, 200), desc)

@@ -21,7 +21,6 @@ from controlplane.config import ServiceConfig
 from controlplane.errors import (
     Conflict,
     Forbidden,
-    InvalidInput,
     QuotaExceeded,
     SandboxNotFound,
 )
@@ -125,10 +124,7 @@ class SandboxService:
         if query.all_users and not principal.is_admin:
             raise Forbidden("all_users=true needs an admin key")
         owner = None if query.all_users else principal.user_id
-        after = decode_cursor(query.page_id)
-        if after is not None and not _ID_RE.match(after):
-            # Base64 decoding skips stray characters, so "%%%" decodes to "": check what we got.
-            raise InvalidInput("page_id is not a cursor this API issued", ["query", "page_id"])
+        after = decode_cursor(query.page_id, SANDBOX_ID_PATTERN.strip("^$"))
         filtered = query.status is not None or query.sandbox_spec_id is not None
         batch = max(query.limit + 1, 200) if filtered else query.limit + 1
         matches: list[SandboxRecord] = []

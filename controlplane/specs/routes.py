@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -11,7 +9,6 @@ from controlplane import keys
 from controlplane.api.pagination import MAX_BATCH, PageQuery, decode_cursor, encode_cursor
 from controlplane.api.parsing import json_response, parse_query
 from controlplane.api.routing import RouteTable
-from controlplane.errors import InvalidInput
 from controlplane.specs.models import SPEC_ID_PATTERN, SandboxSpecInfo, SandboxSpecInfoPage
 
 routes = RouteTable(tag="sandbox-specs")
@@ -33,9 +30,7 @@ class SpecBatchQuery(BaseModel):
 async def search_specs(request: web.Request) -> web.Response:
     query = parse_query(request, PageQuery)
     catalog = request.app[keys.SPECS]
-    after = decode_cursor(query.page_id)
-    if after is not None and not re.match(SPEC_ID_PATTERN, after):
-        raise InvalidInput("page_id is not a cursor this API issued", ["query", "page_id"])
+    after = decode_cursor(query.page_id, SPEC_ID_PATTERN.strip("^$"))
     specs = [s for s in catalog.all() if after is None or s.id > after]
     page = specs[: query.limit]
     next_page = encode_cursor(page[-1].id) if len(specs) > query.limit else None
