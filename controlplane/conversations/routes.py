@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 
 from controlplane import keys
@@ -11,7 +9,6 @@ from controlplane.api.middlewares import principal_of
 from controlplane.api.parsing import json_response, parse_body, parse_query
 from controlplane.api.routing import RouteTable
 from controlplane.conversations.models import (
-    TERMINAL_TASK,
     AppConversation,
     AppConversationPage,
     AppConversationStartRequest,
@@ -66,20 +63,12 @@ async def stream_start(request: web.Request) -> web.StreamResponse:
     body = await parse_body(request, AppConversationStartRequest)
     service = _service(request)
     principal = principal_of(request)
-    task = await service.start(principal, body)
+    task, updates = await service.start_watched(principal, body)
     response = web.StreamResponse(headers={"Content-Type": "application/json"})
     await response.prepare(request)
     await response.write(b"[\n" + task.model_dump_json().encode())
-    seen = (task.status, task.updated_at)
-    while task.status not in TERMINAL_TASK:
-        await asyncio.sleep(0.05)
-        current = await service.task(principal, task.id)
-        if current is None:
-            break
-        task = current
-        if (task.status, task.updated_at) != seen:
-            seen = (task.status, task.updated_at)
-            await response.write(b",\n" + task.model_dump_json().encode())
+    while (snapshot := await updates.get()) is not None:
+        await response.write(b",\n" + snapshot.model_dump_json().encode())
     await response.write(b"\n]")
     await response.write_eof()
     return response

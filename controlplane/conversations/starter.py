@@ -62,15 +62,31 @@ class StartTaskRunner:
         self._settings = settings
         self._agent = agent
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._updates: dict[str, asyncio.Queue[AppConversationStartTask | None]] = {}
 
-    def spawn(self, task: AppConversationStartTask, principal: Principal) -> None:
+    def spawn(
+        self, task: AppConversationStartTask, principal: Principal
+    ) -> asyncio.Queue[AppConversationStartTask | None]:
+        """Run the task in the background; the queue gets every saved snapshot, then None."""
+        updates: asyncio.Queue[AppConversationStartTask | None] = asyncio.Queue()
+        self._updates[task.id] = updates
         job = asyncio.create_task(self.run(task, principal), name=f"start-task-{task.id}")
         self._tasks[task.id] = job
-        job.add_done_callback(lambda _j: self._tasks.pop(task.id, None))
+
+        def done(_job: asyncio.Task[None]) -> None:
+            self._tasks.pop(task.id, None)
+            self._updates.pop(task.id, None)
+            updates.put_nowait(None)
+
+        job.add_done_callback(done)
+        return updates
 
     async def _set(self, task: AppConversationStartTask, status: StartTaskStatus) -> None:
         task.status = status
         await self._store.save_task(task)
+        queue = self._updates.get(task.id)
+        if queue is not None:
+            queue.put_nowait(task.model_copy(deep=True))
 
     async def run(self, task: AppConversationStartTask, principal: Principal) -> None:
         """Never raises: a failure ends the task in ERROR with the reason as its detail."""
@@ -122,7 +138,7 @@ class StartTaskRunner:
             task.sandbox_id = info.id
         else:
             task.sandbox_id = task.request.sandbox_id
-        await self._store.save_task(task)
+        await self._set(task, task.status)
         return await self._sandboxes.ensure_running(principal, task.sandbox_id)
 
     async def _prepare_repository(
