@@ -10,6 +10,7 @@ from aiohttp.typedefs import Handler
 from . import __version__, files, shell
 from .auth import auth_middleware
 from .config import CONFIG_KEY, AgentConfig
+from .conversations import routes as conversations
 from .errors import ApiError, error_response
 
 log = logging.getLogger(__name__)
@@ -58,4 +59,5 @@ def create_app(config: AgentConfig) -> web.Application:
     app.router.add_get("/api/info", info)
     shell.add_routes(app)
     files.add_routes(app)
+    conversations.add_routes(app)
     return app

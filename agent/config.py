@@ -16,6 +16,11 @@ API_KEYS_ENV_PATTERN = re.compile(r"^OH_SESSION_API_KEYS_(\d+)$")
 FALLBACK_API_KEY_ENV = "SESSION_API_KEY"
 #: Default working directory for commands and relative file paths.
 WORKSPACE_ENV = "ACS_WORKSPACE"
+#: Where conversations are persisted (outside the workspace).
+STATE_DIR_ENV = "ACS_STATE_DIR"
+DEFAULT_STATE_DIR = "/var/lib/acs-agent"
+#: Base URL of the control plane's webhooks for this sandbox; absent: no webhooks.
+WEBHOOK_BASE_URL_ENV = "OH_WEBHOOKS_0_BASE_URL"
 
 DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024
 DEFAULT_POST_EXIT_GRACE = 1.0
@@ -63,6 +68,10 @@ class AgentConfig:
     #: Seconds to keep reading a command's output after bash itself exited
     #: (background jobs that keep the pipes open are then left alone).
     post_exit_grace: float = DEFAULT_POST_EXIT_GRACE
+    #: Directory for the conversations' state (None: nothing is persisted).
+    state_dir: Path | None = None
+    #: ``OH_WEBHOOKS_0_BASE_URL``: events and conversation updates are POSTed below it.
+    webhook_base_url: str | None = None
 
     @property
     def auth_enabled(self) -> bool:
@@ -79,10 +88,15 @@ class AgentConfig:
         """Build a config from environment variables plus explicit overrides."""
         env = os.environ if environ is None else environ
         ws = workspace if workspace is not None else env.get(WORKSPACE_ENV) or os.getcwd()
+        settings: dict[str, object] = {
+            "state_dir": Path(env.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR),
+            "webhook_base_url": env.get(WEBHOOK_BASE_URL_ENV) or None,
+        }
+        settings.update(overrides)
         return cls(
             workspace=Path(ws).expanduser().resolve(),
             api_keys=load_api_keys(env),
-            **overrides,  # type: ignore[arg-type]
+            **settings,  # type: ignore[arg-type]
         )
 
 

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +96,7 @@ async def run_command(
     *,
     max_output_bytes: int,
     post_exit_grace: float = 1.0,
+    extra_env: Mapping[str, str] | None = None,
 ) -> ExecuteBashResponse:
     """Run ``bash -c command`` in ``cwd`` in its own process group.
 
@@ -102,7 +104,8 @@ async def run_command(
     Each of stdout/stderr keeps at most ``max_output_bytes`` bytes. Once bash
     has exited, output is read for at most ``post_exit_grace`` more seconds,
     so a background job holding the pipes open does not block the answer
-    (the job keeps running; its later output is discarded).
+    (the job keeps running; its later output is discarded). ``extra_env`` is
+    added to :func:`command_env` (e.g. a conversation's secrets).
     """
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.subprocess_exec(
@@ -114,7 +117,7 @@ async def run_command(
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=command_env(),
+        env={**command_env(), **(extra_env or {})},
         start_new_session=True,  # own session and process group: killpg reaches everything
     )
     pid = transport.get_pid()

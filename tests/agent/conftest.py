@@ -6,7 +6,7 @@ Needs pytest-aiohttp (``aiohttp_client`` fixture) and asyncio_mode=auto.
 from __future__ import annotations
 
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestClient  # noqa: E402
 
 from agent.app import create_app  # noqa: E402
 from agent.config import AgentConfig  # noqa: E402
+from tests.fake_llm import FakeLLM  # noqa: E402
 
 # Test modules get these through the fixtures below (never import conftest).
 API_KEYS = ("test-key-0", "test-key-1")
@@ -47,7 +48,13 @@ def workspace(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def make_client(aiohttp_client: Any, workspace: Path) -> ClientFactory:
+def state_dir(tmp_path: Path) -> Path:
+    """Where the test app persists conversations (ACS_STATE_DIR)."""
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def make_client(aiohttp_client: Any, workspace: Path, state_dir: Path) -> ClientFactory:
     """``await make_client(**AgentConfig overrides)`` -> TestClient."""
 
     async def factory(**overrides: Any) -> TestClient:
@@ -55,6 +62,7 @@ def make_client(aiohttp_client: Any, workspace: Path) -> ClientFactory:
             "workspace": workspace,
             "api_keys": API_KEYS,
             "post_exit_grace": 0.3,
+            "state_dir": state_dir,
         }
         settings.update(overrides)
         client: TestClient = await aiohttp_client(create_app(AgentConfig(**settings)))
@@ -66,3 +74,12 @@ def make_client(aiohttp_client: Any, workspace: Path) -> ClientFactory:
 @pytest.fixture
 async def client(make_client: ClientFactory) -> TestClient:
     return await make_client()
+
+
+@pytest.fixture
+async def fake_llm() -> AsyncIterator[FakeLLM]:
+    """A scripted OpenAI-compatible server on 127.0.0.1 (see tests/fake_llm.py)."""
+    fake = FakeLLM()
+    await fake.start()
+    yield fake
+    await fake.close()

@@ -1,0 +1,1 @@
+"""Conversations: the agent loop, its tools, events and webhooks (docs/agent-protocol.md)."""

@@ -1,0 +1,242 @@
+"""The agent loop against the fake LLM: tools, errors, stop conditions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from aiohttp.test_utils import TestClient
+
+from tests.agent.conv_helpers import (
+    BASE,
+    LLM_KEY,
+    events,
+    of_kind,
+    start,
+    statuses,
+    stop_reasons,
+    user_message,
+    wait_status,
+)
+from tests.fake_llm import (
+    FakeLLM,
+    reply_finish,
+    reply_text,
+    reply_tool_call,
+    reply_tool_calls,
+    tool_call,
+)
+
+
+async def test_bash_run_writes_a_file_and_finishes(
+    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
+) -> None:
+    fake_llm.script(
+        [
+            reply_tool_call(
+                "execute_bash", {"command": "echo hi > f.txt && cat f.txt"}, thought="Writing."
+            ),
+            reply_finish("File written."),
+        ]
+    )
+    created = await start(client, auth, fake_llm, "Write hi to f.txt")
+    cid = created["id"]
+    assert len(cid) == 32
+    done = await wait_status(client, auth, cid)
+    assert done["execution_status"] == "finished"
+    assert (workspace / "f.txt").read_text() == "hi\n"
+
+    items = await events(client, auth, cid)
+    assert [e["source"] for e in of_kind(items, "MessageEvent")] == ["user"]
+    action = of_kind(items, "ActionEvent")[0]
+    assert action["tool_name"] == "execute_bash"
+    assert action["action"] == {"command": "echo hi > f.txt && cat f.txt"}
+    assert action["thought"] == "Writing."
+    assert action["llm_response_id"] == "chatcmpl-fake-1"
+    observation = of_kind(items, "ObservationEvent")[0]
+    assert observation["action_id"] == action["id"]
+    assert observation["tool_call_id"] == action["tool_call_id"]
+    assert observation["observation"]["exit_code"] == 0
+    assert observation["observation"]["content"].startswith("hi\n")
+    assert statuses(items) == ["running", "finished"]
+    assert stop_reasons(items) == ["finished"]
+    for event in items:
+        assert set(event) >= {"id", "timestamp", "source", "kind"}
+        assert event["timestamp"].endswith("Z")
+
+    # What the model was sent: tools, the key, then the tool result in the second call.
+    first, second = fake_llm.requests[0], fake_llm.requests[1]
+    assert first.authorization == f"Bearer {LLM_KEY}"
+    assert first.body["model"] == "fake-model"
+    assert first.body["tool_choice"] == "auto"
+    names = {t["function"]["name"] for t in first.body["tools"]}
+    assert names == {"execute_bash", "str_replace_editor", "finish"}
+    assert first.body["messages"][0]["role"] == "system"
+    assert str(workspace) in first.body["messages"][0]["content"]
+    assert first.body["messages"][1] == {"role": "user", "content": "Write hi to f.txt"}
+    tool_result = second.body["messages"][-1]
+    assert tool_result["role"] == "tool"
+    assert tool_result["tool_call_id"] == action["tool_call_id"]
+    assert "exit code 0" in tool_result["content"]
+
+    assert done["iterations"] == 2
+    assert done["metrics"]["accumulated_token_usage"] == {
+        "prompt_tokens": 200,
+        "completion_tokens": 40,
+    }
+
+
+async def test_text_reply_makes_the_agent_idle_and_a_new_message_resumes(
+    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+) -> None:
+    fake_llm.script([reply_text("Which file?"), reply_finish("ok")])
+    cid = (await start(client, auth, fake_llm, "Edit the file"))["id"]
+    assert (await wait_status(client, auth, cid))["execution_status"] == "idle"
+    resp = await client.post(f"{BASE}/{cid}/events", json=user_message("a.txt"), headers=auth)
+    assert resp.status == 200
+    assert await resp.json() == {"success": True}
+    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
+    items = await events(client, auth, cid)
+    messages = of_kind(items, "MessageEvent")
+    assert [(m["source"], m["llm_message"]["content"][0]["text"]) for m in messages] == [
+        ("user", "Edit the file"),
+        ("agent", "Which file?"),
+        ("user", "a.txt"),
+    ]
+    assert statuses(items) == ["running", "idle", "running", "finished"]
+    sent = fake_llm.requests[1].body["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+
+
+async def test_editor_create_replace_view_and_ambiguous_old_str(
+    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
+) -> None:
+    editor = "str_replace_editor"
+    fake_llm.script(
+        [
+            reply_tool_call(
+                editor, {"command": "create", "path": "src/a.py", "file_text": "x = 1\nx = 1\n"}
+            ),
+            reply_tool_call(
+                editor,
+                {"command": "str_replace", "path": "src/a.py", "old_str": "x = 1", "new_str": "y"},
+            ),
+            reply_tool_call(
+                editor,
+                {
+                    "command": "str_replace",
+                    "path": str(workspace / "src/a.py"),
+                    "old_str": "x = 1\nx = 1",
+                    "new_str": "x = 2",
+                },
+            ),
+            reply_tool_call(
+                editor, {"command": "insert", "path": "src/a.py", "insert_line": 0, "new_str": "#"}
+            ),
+            reply_tool_call(editor, {"command": "view", "path": "src/a.py"}),
+            reply_tool_call(editor, {"command": "view", "path": "missing.py"}),
+            reply_finish(),
+        ]
+    )
+    cid = (await start(client, auth, fake_llm))["id"]
+    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
+    assert (workspace / "src/a.py").read_text() == "#\nx = 2\n"
+    observations = [
+        e["observation"] for e in of_kind(await events(client, auth, cid), "ObservationEvent")
+    ]
+    assert "File created successfully" in observations[0]["content"]
+    assert "error" not in observations[0]
+    assert "occurs 2 times" in observations[1]["error"]
+    assert "lines 1, 2" in observations[1]["error"]
+    assert observations[1]["content"] == observations[1]["error"]
+    assert "has been edited" in observations[2]["content"]
+    assert "has been edited" in observations[3]["content"]
+    assert "     1\t#\n     2\tx = 2" in observations[4]["content"]
+    assert "does not exist" in observations[5]["error"]
+    # The model saw the error text as the tool result.
+    assert "occurs 2 times" in fake_llm.requests[2].body["messages"][-1]["content"]
+
+
+async def test_unknown_tool_and_bad_arguments_are_agent_errors_and_the_loop_goes_on(
+    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(
+        [
+            reply_tool_calls(
+                tool_call("no_such_tool", {"x": 1}),
+                tool_call("execute_bash", "{not json"),
+                tool_call("execute_bash", {"timeout": 5}),
+                tool_call("execute_bash", {"command": "echo ok"}),
+            ),
+            reply_finish(),
+        ]
+    )
+    cid = (await start(client, auth, fake_llm))["id"]
+    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
+    items = await events(client, auth, cid)
+    errors = of_kind(items, "AgentErrorEvent")
+    assert [e["tool_name"] for e in errors] == ["no_such_tool", "execute_bash", "execute_bash"]
+    assert "unknown tool 'no_such_tool'" in errors[0]["error"]
+    assert "not valid JSON" in errors[1]["error"]
+    assert "command" in errors[2]["error"]
+    assert len(of_kind(items, "ActionEvent")) == 2  # echo ok, finish
+    assert of_kind(items, "ObservationEvent")[0]["observation"]["exit_code"] == 0
+    tool_results = [m for m in fake_llm.requests[1].body["messages"] if m["role"] == "tool"]
+    assert len(tool_results) == 4
+    assert tool_results[0]["content"].startswith("Error: unknown tool")
+
+
+async def test_max_iterations_stops_a_model_that_never_finishes(
+    client: TestClient, auth: dict[str, str]
+) -> None:
+    async with FakeLLM(when_exhausted="repeat") as fake:
+        fake.script([reply_tool_call("execute_bash", {"command": "true"})])
+        cid = (await start(client, auth, fake, max_iterations=3))["id"]
+        done = await wait_status(client, auth, cid)
+        assert done["execution_status"] == "error"
+        assert done["iterations"] == 3
+        assert len(fake.requests) == 3
+        items = await events(client, auth, cid)
+        errors = of_kind(items, "ConversationErrorEvent")
+        assert [e["code"] for e in errors] == ["MaxIterationsReached"]
+        assert stop_reasons(items) == ["max_iterations"]
+        assert items[-1]["kind"] == "ConversationStateUpdateEvent"
+        assert items[-1]["value"] == "error"
+
+
+async def test_budget_stops_the_agent(client: TestClient, auth: dict[str, str]) -> None:
+    async with FakeLLM(when_exhausted="repeat", prompt_tokens=1000, completion_tokens=100) as fake:
+        fake.script([reply_tool_call("execute_bash", {"command": "true"})])
+        llm = {"input_cost_per_token": 0.001, "output_cost_per_token": 0.002}  # $1.20 a call
+        cid = (await start(client, auth, fake, llm=llm, max_budget_per_task=3.0))["id"]
+        done = await wait_status(client, auth, cid)
+        assert done["execution_status"] == "error"
+        assert len(fake.requests) == 3  # 1.2, 2.4, 3.6 > 3.0
+        assert abs(done["metrics"]["accumulated_cost"] - 3.6) < 1e-9
+        assert done["metrics"]["max_budget_per_task"] == 3.0
+        items = await events(client, auth, cid)
+        logs = of_kind(items, "LLMCompletionLogEvent")
+        assert [round(e["cost"], 6) for e in logs] == [1.2, 1.2, 1.2]
+        assert [round(e["accumulated_cost"], 6) for e in logs] == [1.2, 2.4, 3.6]
+        assert logs[0]["usage"] == {"prompt_tokens": 1000, "completion_tokens": 100}
+        assert logs[0]["model"] == "fake-model"
+        assert [e["code"] for e in of_kind(items, "ConversationErrorEvent")] == ["BudgetExceeded"]
+        assert stop_reasons(items) == ["budget"]
+        assert len(of_kind(items, "ActionEvent")) == 2  # the reply past the budget is not run
+
+
+async def test_message_sent_while_running_is_seen_at_the_next_call(
+    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+) -> None:
+    fake_llm.script([reply_tool_call("execute_bash", {"command": "true"}), reply_finish()])
+    fake_llm.hold()
+    cid = (await start(client, auth, fake_llm))["id"]
+    await fake_llm.wait_for_requests(1)
+    resp = await client.post(f"{BASE}/{cid}/events", json=user_message("also do X"), headers=auth)
+    assert resp.status == 200
+    fake_llm.release()
+    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
+    second = fake_llm.requests[1].body["messages"]
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "tool", "user"]
+    assert second[-1]["content"] == "also do X"
+    assert json.loads(second[2]["tool_calls"][0]["function"]["arguments"]) == {"command": "true"}

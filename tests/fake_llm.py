@@ -1,0 +1,281 @@
+"""A scripted OpenAI-compatible chat-completions server for tests (real HTTP, no mocks).
+
+    fake = FakeLLM()                    # host="172.17.0.1" to serve containers too
+    await fake.start()
+    fake.script([reply_tool_call("execute_bash", {"command": "echo hi > f.txt"}),
+                 reply_finish("done")])
+    ... LLMConfig(model="fake", base_url=fake.base_url, api_key="sk-test") ...
+    await fake.close()
+
+Routes: ``POST /v1/chat/completions`` (also without ``/v1``) and ``GET /v1/models``.
+Every answer carries ``usage`` (``prompt_tokens``/``completion_tokens`` settable globally or
+per reply). ``.requests`` records every request (body, Authorization header, status answered).
+When the script is exhausted the server answers ``when_exhausted``: ``"text"`` (a plain
+text reply, the default), ``"repeat"`` (the last scripted reply again) or a reply of yours.
+Containers reach a fake bound to the Docker bridge gateway (:func:`docker_bridge_gateway`)
+as ``fake.container_base_url`` (``http://host.docker.internal:<port>/v1``; the container
+needs ``--add-host host.docker.internal:host-gateway``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import json
+import subprocess
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aiohttp import web
+
+Reply = dict[str, Any]
+DEFAULT_GATEWAY = "172.17.0.1"
+EXHAUSTED_TEXT = "(fake LLM: the script is exhausted)"
+
+
+def tool_call(name: str, arguments: dict[str, Any] | str, call_id: str | None = None) -> Any:
+    """One tool call; ``arguments`` as a dict, or a raw string (e.g. invalid JSON)."""
+    raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    call: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": raw}}
+    if call_id is not None:
+        call["id"] = call_id
+    return call
+
+
+def reply_text(text: str, *, usage: tuple[int, int] | None = None) -> Reply:
+    return {"message": {"role": "assistant", "content": text}, "usage": usage}
+
+
+def reply_tool_calls(
+    *calls: dict[str, Any], thought: str = "", usage: tuple[int, int] | None = None
+) -> Reply:
+    message = {"role": "assistant", "content": thought or None, "tool_calls": list(calls)}
+    return {"message": message, "usage": usage}
+
+
+def reply_tool_call(
+    name: str,
+    arguments: dict[str, Any] | str,
+    *,
+    thought: str = "",
+    call_id: str | None = None,
+    usage: tuple[int, int] | None = None,
+) -> Reply:
+    return reply_tool_calls(tool_call(name, arguments, call_id), thought=thought, usage=usage)
+
+
+def reply_finish(message: str = "done", **kwargs: Any) -> Reply:
+    return reply_tool_call("finish", {"message": message}, **kwargs)
+
+
+def docker_bridge_gateway() -> str:
+    """The Docker bridge network's gateway address (172.17.0.1 when it cannot be read)."""
+    try:
+        out = subprocess.run(
+            ["docker", "network", "inspect", "bridge"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+        return str(json.loads(out)[0]["IPAM"]["Config"][0]["Gateway"])
+    except (OSError, subprocess.SubprocessError, ValueError, LookupError):
+        return DEFAULT_GATEWAY
+
+
+@dataclass
+class RecordedRequest:
+    path: str
+    body: dict[str, Any]
+    authorization: str | None
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Failure:
+    status: int | None  # None: drop the connection
+    body: str
+    retry_after: float | None
+
+
+class FakeLLM:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        prompt_tokens: int = 100,
+        completion_tokens: int = 20,
+        when_exhausted: Literal["text", "repeat"] | Reply = "text",
+        api_key: str | None = None,
+        model: str = "fake-model",
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+        self.when_exhausted = when_exhausted
+        self.api_key = api_key  # when set, other keys get a 401
+        self.model = model
+        self.requests: list[RecordedRequest] = []
+        self._replies: deque[Reply] = deque()
+        self._last: Reply | None = None
+        self._failures: deque[_Failure] = deque()
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._seen = asyncio.Event()
+        self._ids = itertools.count(1)
+        self._runner: web.AppRunner | None = None
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> FakeLLM:
+        app = web.Application()
+        for prefix in ("/v1", ""):
+            app.router.add_post(prefix + "/chat/completions", self._chat)
+            app.router.add_get(prefix + "/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        return self
+
+    async def close(self) -> None:
+        self._gate.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> FakeLLM:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def container_base_url(self) -> str:
+        return f"http://host.docker.internal:{self.port}/v1"
+
+    # --- what to answer -----------------------------------------------------------------
+
+    def script(self, replies: Iterable[Reply]) -> None:
+        """Replace the queued replies."""
+        self._replies = deque(replies)
+
+    def add(self, *replies: Reply) -> None:
+        self._replies.extend(replies)
+
+    @property
+    def remaining(self) -> int:
+        return len(self._replies)
+
+    def fail_next(
+        self, n: int = 1, status: int = 500, body: str = "", retry_after: float | None = None
+    ) -> None:
+        """Answer the next ``n`` requests with ``status`` (before any scripted reply)."""
+        text = body or json.dumps({"error": {"message": f"fake failure {status}"}})
+        self._failures.extend(_Failure(status, text, retry_after) for _ in range(n))
+
+    def disconnect_next(self, n: int = 1) -> None:
+        """Drop the connection of the next ``n`` requests without answering."""
+        self._failures.extend(_Failure(None, "", None) for _ in range(n))
+
+    def hold(self) -> None:
+        """Keep every completion request waiting until :meth:`release`."""
+        self._gate.clear()
+
+    def release(self) -> None:
+        self._gate.set()
+
+    async def wait_for_requests(self, n: int, timeout: float = 10.0) -> None:
+        """Wait until at least ``n`` requests have arrived (TimeoutError after ``timeout``)."""
+        async with asyncio.timeout(timeout):
+            while len(self.requests) < n:
+                self._seen.clear()
+                await self._seen.wait()
+
+    # --- handlers ---------------------------------------------------------------------
+
+    async def _models(self, _: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "fake"}]}
+        )
+
+    def _next_reply(self) -> Reply:
+        if self._replies:
+            self._last = self._replies.popleft()
+            return self._last
+        if self.when_exhausted == "repeat" and self._last is not None:
+            return self._last
+        if isinstance(self.when_exhausted, dict):
+            return self.when_exhausted
+        return reply_text(EXHAUSTED_TEXT)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            body = {}
+        record = RecordedRequest(
+            path=request.path,
+            body=body,
+            authorization=request.headers.get("Authorization"),
+            headers=dict(request.headers),
+        )
+        self.requests.append(record)
+        self._seen.set()
+        if self.api_key is not None and record.authorization != f"Bearer {self.api_key}":
+            record.status = 401
+            return web.json_response({"error": {"message": "invalid api key"}}, status=401)
+        if self._failures:
+            failure = self._failures.popleft()
+            if failure.status is None:
+                assert request.transport is not None
+                request.transport.close()
+                record.status = 0
+                return web.Response()
+            record.status = failure.status
+            headers = {"Retry-After": str(failure.retry_after)} if failure.retry_after else {}
+            return web.Response(
+                status=failure.status,
+                text=failure.body,
+                content_type="application/json",
+                headers=headers,
+            )
+        await self._gate.wait()
+        return web.json_response(self._completion(body, self._next_reply()))
+
+    def _completion(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        n = next(self._ids)
+        message = copy.deepcopy(reply["message"])
+        for i, call in enumerate(message.get("tool_calls") or []):
+            call.setdefault("id", f"call_{n}_{i}")
+        prompt, completion = reply.get("usage") or (self.prompt_tokens, self.completion_tokens)
+        return {
+            "id": f"chatcmpl-fake-{n}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", self.model),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            },
+        }
