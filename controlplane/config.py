@@ -52,6 +52,24 @@ class ServiceConfig(BaseModel):
     max_running_per_user: int = Field(default=5, ge=0, le=1000)
     start_timeout: float = Field(default=60.0, gt=0, le=3600)
     reconcile_interval: float = Field(default=10.0, gt=0, le=3600)
+    # Operations (docs/operations.md).
+    max_sandboxes_per_user: int = Field(default=20, ge=0, le=100_000, description="0: no limit")
+    host_memory_bytes: int | None = Field(
+        default=None, ge=0, description="Memory sandboxes may reserve; unset: the engine's total"
+    )
+    host_memory_fraction: float = Field(default=0.9, gt=0, le=1.0)
+    idle_timeout: int | None = Field(
+        default=None, ge=0, description="Seconds; overrides every spec and user; 0 disables"
+    )
+    reaper_interval: float = Field(default=30.0, gt=0, le=3600)
+    paused_retention: int = Field(
+        default=0, ge=0, description="Delete sandboxes paused longer than this (s); 0: never"
+    )
+    rate_limit_per_minute: int = Field(default=600, ge=0, description="Per API key; 0: off")
+    request_timeout: float = Field(default=60.0, gt=0, le=3600)
+    lifecycle_webhook_urls: list[str] = Field(default_factory=list)
+    lifecycle_webhook_secret: str | None = Field(default=None, min_length=16)
+    metrics_public: bool = Field(default=False, description="Serve /metrics without a key")
     llm_prices: dict[str, tuple[float, float]] = Field(
         default_factory=dict,
         description='JSON {"model": [input USD per token, output USD per token]}; unknown = 0',
@@ -60,6 +78,21 @@ class ServiceConfig(BaseModel):
         default=None,
         description="URL sandboxes use to reach the control plane; unset: from the port",
     )
+
+    @field_validator("lifecycle_webhook_urls", mode="before")
+    @classmethod
+    def _urls(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [u.strip() for u in value.split(",") if u.strip()]
+        return value
+
+    @field_validator("lifecycle_webhook_urls")
+    @classmethod
+    def _http_urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is not an http(s) URL")
+        return value
 
     @field_validator("llm_prices", mode="before")
     @classmethod

@@ -74,6 +74,25 @@ class SandboxSearchQuery(PageQuery):
     status: SandboxStatus | None = None
     sandbox_spec_id: str | None = Field(default=None, max_length=64)
     all_users: bool = Field(default=False, description="Admin keys only: every user's sandboxes")
+    created_by_user_id: str | None = Field(
+        default=None, max_length=64, description="Admin keys only: one user's sandboxes"
+    )
+    last_activity_at__lt: datetime | None = Field(default=None, description="Idle since before")
+    last_activity_at__gte: datetime | None = None
+
+    def matches(self, record: SandboxRecord) -> bool:
+        return (
+            (self.status is None or record.status == self.status)
+            and (self.sandbox_spec_id is None or record.spec_id == self.sandbox_spec_id)
+            and (
+                self.last_activity_at__lt is None
+                or record.last_activity_at < self.last_activity_at__lt
+            )
+            and (
+                self.last_activity_at__gte is None
+                or record.last_activity_at >= self.last_activity_at__gte
+            )
+        )
 
 
 class SandboxBatchQuery(BaseModel):

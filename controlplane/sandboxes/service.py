@@ -121,25 +121,20 @@ class SandboxService:
 
     async def search(self, principal: Principal, query: SandboxSearchQuery) -> SandboxPage:
         """Newest first, cursor-paged; filters by status and spec."""
-        if query.all_users and not principal.is_admin:
-            raise Forbidden("all_users=true needs an admin key")
-        owner = None if query.all_users else principal.user_id
+        if (query.all_users or query.created_by_user_id) and not principal.is_admin:
+            raise Forbidden("all_users and created_by_user_id need an admin key")
+        owner = query.created_by_user_id or (None if query.all_users else principal.user_id)
         after = decode_cursor(query.page_id, SANDBOX_ID_PATTERN.strip("^$"))
-        filtered = query.status is not None or query.sandbox_spec_id is not None
+        filtered = set(query.model_fields_set) - {"page_id", "limit", "all_users"} != set()
         batch = max(query.limit + 1, 200) if filtered else query.limit + 1
         matches: list[SandboxRecord] = []
         while len(matches) <= query.limit:
             ids = await self.store.page_ids(owner, after, batch)
             for record in await self.store.get_many(ids):
-                if record is None:
-                    continue
-                if query.status is not None and record.status != query.status:
-                    continue
-                if query.sandbox_spec_id is not None and record.spec_id != query.sandbox_spec_id:
-                    continue
-                matches.append(record)
-                if len(matches) > query.limit:
-                    break
+                if record is not None and query.matches(record):
+                    matches.append(record)
+                    if len(matches) > query.limit:
+                        break
             if len(ids) < batch:
                 break
             after = ids[-1]

@@ -78,6 +78,9 @@ class SettingsFields(BaseModel):
     git_user_name: ShortStr | None = None
     git_user_email: EmailStr | None = None
     v1_enabled: bool | None = None
+    sandbox_idle_timeout: int | None = Field(
+        default=None, ge=0, le=30 * 86400, description="Seconds before auto-pause; 0 disables"
+    )
 
 
 class StoredProviderToken(BaseModel):
