@@ -1,4 +1,4 @@
-"""Liveness, readiness and the OpenAPI document."""
+"""Liveness, readiness, Prometheus metrics and the OpenAPI document."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from controlplane import keys
+from controlplane.api.middlewares import presented_key
 from controlplane.api.parsing import json_response
 from controlplane.api.routing import RouteTable
+from controlplane.errors import Forbidden
+from controlplane.metrics import CONTENT_TYPE, METRICS
 from controlplane.store.redis import REDIS_DOWN
 
 routes = RouteTable(tag="health")
@@ -52,6 +55,24 @@ async def ready(request: web.Request) -> web.Response:
     ok = redis_ok and docker_ok is not False
     body = Readiness(status="ok" if ok else "degraded", redis=redis_ok, docker=docker_ok)
     return json_response(body, status=200 if ok else 503)
+
+
+@routes.route(
+    "GET",
+    "/metrics",
+    summary="Prometheus metrics (text format); an admin key unless ACS_METRICS_PUBLIC",
+    public=True,  # authenticates itself, so that ACS_METRICS_PUBLIC can open it
+    errors=(401, 403, 503),
+)
+async def metrics(request: web.Request) -> web.Response:
+    config = request.app[keys.CONFIG]
+    if not config.metrics_public:
+        principal = await request.app[keys.API_KEYS].authenticate(presented_key(request))
+        if not principal.is_admin:
+            raise Forbidden("metrics need an admin API key")
+    collected = request.app[METRICS]
+    await collected.refresh(request.app[keys.REDIS])
+    return web.Response(body=collected.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
 @routes.route(

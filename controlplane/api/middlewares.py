@@ -1,10 +1,12 @@
-"""Request context and canonical log line, error mapping, body size limit and authentication.
+"""Request context, canonical log line and HTTP metrics, error mapping, body size limit,
+authentication, per-key rate limit and the request time limit.
 
-Order (outermost first): context → errors → size limit → auth → handler.
+Order (outermost first): context → errors → size limit → auth → rate limit → time limit → handler.
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from typing import Any
@@ -14,15 +16,19 @@ from aiohttp import web
 
 from controlplane import keys
 from controlplane.api.parsing import RequestValidationError
+from controlplane.api.ratelimit import RateLimiter
 from controlplane.api.routing import Handler, is_public
 from controlplane.auth.models import Principal
 from controlplane.errors import ControlPlaneError, InvalidInput, QuotaExceeded
+from controlplane.metrics import METRICS
 from controlplane.store.redis import REDIS_DOWN
 
 log = structlog.get_logger("controlplane.http")
 
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal")
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id")
+DEADLINE: web.RequestKey[asyncio.Timeout | None] = web.RequestKey("deadline")
+RATE_LIMITER: web.AppKey[RateLimiter] = web.AppKey("rate_limiter")
 
 
 def _route_name(request: web.Request) -> str:
@@ -48,15 +54,20 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
         return response
     finally:
         principal = request.get(PRINCIPAL)
+        route = _route_name(request)
+        elapsed = time.perf_counter() - started
         log.info(
             "request",
             method=request.method,
-            route=_route_name(request),
+            route=route,
             path=request.path,
             status=status,
-            duration_ms=round((time.perf_counter() - started) * 1000, 2),
+            duration_ms=round(elapsed * 1000, 2),
             user_id=principal.user_id if principal else None,
         )
+        metrics = request.app.get(METRICS)
+        if metrics is not None:
+            metrics.observe_request(request.method, route, status, elapsed)
 
 
 def _detail(status: int, detail: Any, headers: dict[str, str] | None = None) -> web.Response:
@@ -108,20 +119,84 @@ def size_limit_middleware(limit: int) -> Any:
     return middleware
 
 
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every route but the public ones needs X-Session-API-Key or Authorization: Bearer."""
-    if is_public(request) or request.method == "OPTIONS":
-        return await handler(request)
+def presented_key(request: web.Request) -> str | None:
+    """The API key in X-Session-API-Key or Authorization: Bearer, if any."""
     presented = request.headers.get("X-Session-API-Key")
     if presented is None:
         auth = request.headers.get("Authorization", "")
         if auth[:7].lower() == "bearer ":
             presented = auth[7:].strip()
-    principal = await request.app[keys.API_KEYS].authenticate(presented)
+    return presented
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every route but the public ones needs X-Session-API-Key or Authorization: Bearer."""
+    if is_public(request) or request.method == "OPTIONS":
+        return await handler(request)
+    principal = await request.app[keys.API_KEYS].authenticate(presented_key(request))
     request[PRINCIPAL] = principal
     structlog.contextvars.bind_contextvars(user_id=principal.user_id)
     return await handler(request)
+
+
+@web.middleware
+async def rate_limit_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """At most config.rate_limit_per_minute requests per API key (Principal.key_id).
+
+    Requests without a principal (public routes: health, webhooks from sandboxes, the WebSocket
+    and /metrics, which authenticate themselves) are not limited. Over the limit: 429 with
+    Retry-After, the seconds until the key's window resets.
+    """
+    limiter = request.app.get(RATE_LIMITER)
+    principal = request.get(PRINCIPAL)
+    if limiter is None or principal is None:
+        return await handler(request)
+    decision = await limiter.hit(principal.key_id)
+    if not decision.allowed:
+        raise QuotaExceeded(
+            f"rate limit of {decision.limit} requests per minute for this API key reached;"
+            f" retry in {decision.reset_after} s",
+            retry_after=decision.reset_after,
+        )
+    response = await handler(request)
+    if not response.prepared:
+        response.headers["X-RateLimit-Limit"] = str(decision.limit)
+        response.headers["X-RateLimit-Remaining"] = str(decision.remaining)
+    return response
+
+
+def timeout_middleware(seconds: float) -> Any:
+    """Cancel a handler that takes longer than `seconds` and answer 504 JSON.
+
+    A streaming response (the events WebSocket, stream-start) is bounded only until it starts:
+    `lift_deadline`, on the app's on_response_prepare signal, removes the deadline then.
+    """
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        deadline = asyncio.timeout(seconds)
+        try:
+            async with deadline:
+                request[DEADLINE] = deadline
+                return await handler(request)
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # a timeout of the handler's own, not ours
+            log.warning("request_timeout", limit_s=seconds)
+            return _detail(504, f"request took longer than {seconds:g} s")
+        finally:
+            request[DEADLINE] = None
+
+    return middleware
+
+
+async def lift_deadline(request: web.Request, _response: web.StreamResponse) -> None:
+    """on_response_prepare: a response that starts streaming inside its handler has passed its
+    set-up within the time limit; from here on it lasts as long as the stream does."""
+    deadline = request.get(DEADLINE)
+    if deadline is not None:
+        deadline.reschedule(None)
 
 
 def principal_of(request: web.Request) -> Principal:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hmac
-from datetime import datetime
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -50,9 +51,17 @@ def _matches(event: dict[str, Any], f: EventFilters) -> bool:
 
 
 class EventService:
-    def __init__(self, store: EventStore, conversations: ConversationService) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        conversations: ConversationService,
+        on_lag: Callable[[float], None] | None = None,
+    ) -> None:
+        """`on_lag(seconds)` is told, for each event of a stored webhook batch, how long after
+        its timestamp it arrived (the event lag metric)."""
         self.store = store
         self._conversations = conversations
+        self._on_lag = on_lag
 
     # -- webhooks ----------------------------------------------------------------------------
 
@@ -81,6 +90,13 @@ class EventService:
         info = await self._conversation(sandbox_id, conversation_id)
         dumped = [e.model_dump(mode="json") for e in events]
         added = await self.store.append(info.id, dumped)
+        if self._on_lag is not None:
+            now = datetime.now(UTC)
+            for item in events:
+                sent = item.timestamp
+                if sent.tzinfo is None:
+                    sent = sent.replace(tzinfo=UTC)  # agents send UTC, some without an offset
+                self._on_lag((now - sent).total_seconds())
         status = None
         for event in dumped:
             if event["kind"] == "ConversationStateUpdateEvent" and event.get("key") == (

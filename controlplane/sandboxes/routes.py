@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Awaitable
+from typing import TypeVar
+
 from aiohttp import web
 
 from controlplane import keys
@@ -9,6 +13,7 @@ from controlplane.api.middlewares import principal_of
 from controlplane.api.parsing import json_response, parse_body, parse_query
 from controlplane.api.routing import RouteTable
 from controlplane.errors import RuntimeUnavailable
+from controlplane.metrics import METRICS
 from controlplane.sandboxes.models import (
     SandboxBatchQuery,
     SandboxInfo,
@@ -21,6 +26,7 @@ from controlplane.sandboxes.models import (
 from controlplane.sandboxes.service import SandboxService
 
 routes = RouteTable(tag="sandboxes")
+T = TypeVar("T")
 
 
 def _service(request: web.Request) -> SandboxService:
@@ -28,6 +34,16 @@ def _service(request: web.Request) -> SandboxService:
     if service is None:
         raise RuntimeUnavailable("sandboxes are not enabled on this server")
     return service
+
+
+async def _timed(request: web.Request, operation: str, call: Awaitable[T]) -> T:
+    """Await one service call; a successful one is observed in acs_sandbox_api_seconds."""
+    started = time.perf_counter()
+    result = await call
+    metrics = request.app.get(METRICS)
+    if metrics is not None:
+        metrics.sandbox_api.labels(operation).observe(time.perf_counter() - started)
+    return result
 
 
 @routes.route(
@@ -80,7 +96,8 @@ async def start_sandbox(request: web.Request) -> web.Response:
     query = parse_query(request, StartSandboxQuery)
     body = await parse_body(request, StartSandboxRequest, optional=True)
     spec_id = body.sandbox_spec_id or query.sandbox_spec_id
-    return json_response(await _service(request).start(principal_of(request), spec_id))
+    started = _service(request).start(principal_of(request), spec_id)
+    return json_response(await _timed(request, "start", started))
 
 
 @routes.route(
@@ -91,7 +108,8 @@ async def start_sandbox(request: web.Request) -> web.Response:
     errors=(404, 409),
 )
 async def pause_sandbox(request: web.Request) -> web.Response:
-    await _service(request).pause(principal_of(request), request.match_info["sandbox_id"])
+    sandbox_id = request.match_info["sandbox_id"]
+    await _timed(request, "pause", _service(request).pause(principal_of(request), sandbox_id))
     return json_response(Success())
 
 
@@ -103,7 +121,8 @@ async def pause_sandbox(request: web.Request) -> web.Response:
     errors=(404, 409, 429),
 )
 async def resume_sandbox(request: web.Request) -> web.Response:
-    await _service(request).resume(principal_of(request), request.match_info["sandbox_id"])
+    sandbox_id = request.match_info["sandbox_id"]
+    await _timed(request, "resume", _service(request).resume(principal_of(request), sandbox_id))
     return json_response(Success())
 
 
@@ -115,5 +134,6 @@ async def resume_sandbox(request: web.Request) -> web.Response:
     errors=(404,),
 )
 async def delete_sandbox(request: web.Request) -> web.Response:
-    await _service(request).delete(principal_of(request), request.match_info["sandbox_id"])
+    sandbox_id = request.match_info["sandbox_id"]
+    await _timed(request, "delete", _service(request).delete(principal_of(request), sandbox_id))
     return json_response(Success())

@@ -1,0 +1,183 @@
+"""Prometheus metrics, served at GET /metrics (docs/operations.md, "Metrics").
+
+Each application owns a `Metrics` with its own CollectorRegistry (never the module-level default
+registry), so several apps in one process (the tests) never clash. Request and operation metrics
+are updated as things happen; the sandbox and conversation gauges are computed from Redis at
+scrape time (`refresh`), so every replica reports the same totals.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+
+import redis.asyncio as aioredis
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from controlplane.conversations.models import ExecutionStatus
+from controlplane.sandboxes.models import SandboxStatus
+from controlplane.store import keys, text
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""The Prometheus text exposition format that `generate_latest` writes."""
+
+PAGE = 500
+"""Records read per Redis round trip when the gauges are computed."""
+
+NO_STATUS = "unknown"
+"""`execution_status` label of conversations whose agent has not reported a status yet."""
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_OPERATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+
+class _CounterFromSource:
+    """A counter whose value another object keeps (the reconciler's `fixes`), read at scrape."""
+
+    def __init__(self, name: str, documentation: str) -> None:
+        self._name = name
+        self._doc = documentation
+        self.source: Callable[[], int] | None = None
+
+    def describe(self) -> Iterable[Metric]:
+        return [CounterMetricFamily(self._name, self._doc)]
+
+    def collect(self) -> Iterable[Metric]:
+        value = self.source() if self.source is not None else 0
+        return [CounterMetricFamily(self._name, self._doc, value=value)]
+
+
+class Metrics:
+    """Every metric the control plane exports, registered in a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        reg = self.registry
+        self.http_requests = Counter(
+            "acs_http_requests",
+            "HTTP requests by method, route template and status",
+            ("method", "route", "status"),
+            registry=reg,
+        )
+        self.http_duration = Histogram(
+            "acs_http_request_duration_seconds",
+            "HTTP request handling time by method and route template",
+            ("method", "route"),
+            registry=reg,
+        )
+        self.sandbox_api = Histogram(
+            "acs_sandbox_api_seconds",
+            "Duration of successful sandbox API calls (start returns once the sandbox is"
+            " STARTING, not RUNNING)",
+            ("operation",),
+            buckets=_OPERATION_BUCKETS,
+            registry=reg,
+        )
+        self.docker_errors = Counter(
+            "acs_docker_errors",
+            "Docker engine calls that failed (engine unreachable or an error answer)",
+            ("operation",),
+            registry=reg,
+        )
+        self.event_lag = Histogram(
+            "acs_event_lag_seconds",
+            "Time from an agent event's timestamp to its webhook delivery being stored",
+            buckets=_LAG_BUCKETS,
+            registry=reg,
+        )
+        self.sandboxes = Gauge(
+            "acs_sandboxes", "Sandbox records by status (all users)", ("status",), registry=reg
+        )
+        self.conversations = Gauge(
+            "acs_conversations",
+            "Conversations by the execution status their agent last reported",
+            ("execution_status",),
+            registry=reg,
+        )
+        self.reconcile_fixes = _CounterFromSource(
+            "acs_reconcile_fixes",
+            "Sandbox records the reconciler changed to match Docker (this process)",
+        )
+        reg.register(self.reconcile_fixes)
+
+    # -- hooks handed to code that must not import this module -----------------------------
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        method = method if method in _METHODS else "other"
+        self.http_requests.labels(method, route, str(status)).inc()
+        self.http_duration.labels(method, route).observe(seconds)
+
+    def docker_error(self, operation: str) -> None:
+        self.docker_errors.labels(operation).inc()
+
+    def event_delivered(self, seconds: float) -> None:
+        self.event_lag.observe(max(seconds, 0.0))  # a sandbox clock ahead of ours reads 0
+
+    # -- scrape ------------------------------------------------------------------------------
+
+    async def refresh(self, redis: aioredis.Redis) -> None:
+        """Recompute the gauges from Redis: every sandbox and conversation, in pages of PAGE."""
+        sandboxes = await _sandbox_counts(redis)
+        for status in SandboxStatus:
+            self.sandboxes.labels(status.value).set(sandboxes.get(status.value, 0))
+        conversations = await _conversation_counts(redis)
+        for label in [*(s.value for s in ExecutionStatus), NO_STATUS]:
+            self.conversations.labels(label).set(conversations.get(label, 0))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
+
+
+async def _sandbox_counts(redis: aioredis.Redis) -> dict[str, int]:
+    """Walk the global sandbox index in lexical pages; read only each record's status field
+    (no decryption of session keys)."""
+    counts: dict[str, int] = {}
+    start = "+"
+    while True:
+        raw = await redis.zrange(
+            keys.ALL_SANDBOXES, start, "-", desc=True, bylex=True, offset=0, num=PAGE
+        )
+        ids = [text(i) for i in raw]
+        if not ids:
+            break
+        async with redis.pipeline(transaction=False) as pipe:
+            for sandbox_id in ids:
+                pipe.hget(keys.sandbox(sandbox_id), "status")
+            statuses = await pipe.execute()
+        for status in statuses:
+            if status is not None:
+                label = text(status)
+                counts[label] = counts.get(label, 0) + 1
+        if len(ids) < PAGE:
+            break
+        start = f"({ids[-1]}"
+    return counts
+
+
+async def _conversation_counts(redis: aioredis.Redis) -> dict[str, int]:
+    """There is no global conversation index: SCAN the record keys, MGET them in pages."""
+    counts: dict[str, int] = {}
+    batch: list[str] = []
+
+    async def flush() -> None:
+        for raw in await redis.mget(batch):
+            if raw is None:
+                continue  # deleted between SCAN and MGET
+            status = json.loads(text(raw)).get("execution_status") or NO_STATUS
+            counts[status] = counts.get(status, 0) + 1
+        batch.clear()
+
+    async for key in redis.scan_iter(match=keys.conversation("*"), count=PAGE):
+        batch.append(text(key))
+        if len(batch) >= PAGE:
+            await flush()
+    if batch:
+        await flush()
+    return counts
