@@ -9,12 +9,17 @@ from aiohttp import web
 
 from controlplane import keys
 from controlplane.api.middlewares import (
+    RATE_LIMITER,
     auth_middleware,
     context_middleware,
     error_middleware,
+    lift_deadline,
+    rate_limit_middleware,
     size_limit_middleware,
+    timeout_middleware,
 )
 from controlplane.api.openapi import build_openapi
+from controlplane.api.ratelimit import RateLimiter
 from controlplane.api.routing import RouteTable
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
@@ -23,8 +28,10 @@ from controlplane.crypto import load_secret_box
 from controlplane.events.routes import routes as event_routes
 from controlplane.health import OPENAPI_DOC
 from controlplane.health import routes as health_routes
+from controlplane.lifecycle.routes import routes as lifecycle_routes
+from controlplane.metrics import METRICS, Metrics
 from controlplane.sandboxes.routes import routes as sandbox_routes
-from controlplane.sandboxes.wiring import sandbox_ctx
+from controlplane.sandboxes.wiring import RECONCILER, sandbox_ctx
 from controlplane.settings.routes import routes as settings_routes
 from controlplane.settings.service import SettingsService
 from controlplane.settings.store import UserRecordStore
@@ -44,6 +51,7 @@ def route_tables() -> list[RouteTable]:
         sandbox_routes,
         conversation_routes,
         event_routes,
+        lifecycle_routes,
     ]
 
 
@@ -63,6 +71,8 @@ def _redis_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncIterat
         app[keys.SECRET_BOX] = box
         app[keys.API_KEYS] = ApiKeyService(client, config.bootstrap_api_key, config.bootstrap_user)
         app[keys.SETTINGS] = SettingsService(UserRecordStore(client, box))
+        if config.rate_limit_per_minute:
+            app[RATE_LIMITER] = RateLimiter(client, config.rate_limit_per_minute)
         yield
         await client.aclose()
 
@@ -82,9 +92,15 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
             error_middleware,
             size_limit_middleware(config.max_body_bytes),
             auth_middleware,
+            rate_limit_middleware,
+            timeout_middleware(config.request_timeout),
         ],
     )
+    app.on_response_prepare.append(lift_deadline)
     app[keys.CONFIG] = config
+    metrics = Metrics()
+    app[METRICS] = metrics
+    metrics.reconcile_fixes.source = lambda: app[RECONCILER].fixes if RECONCILER in app else 0
     # Specs are validated before anything else starts: a bad file stops start-up.
     app[keys.SPECS] = SpecCatalog.load(config.spec_dir)
     app.cleanup_ctx.append(_redis_ctx(config))

@@ -65,7 +65,9 @@ class ServiceConfig(BaseModel):
     paused_retention: int = Field(
         default=0, ge=0, description="Delete sandboxes paused longer than this (s); 0: never"
     )
-    rate_limit_per_minute: int = Field(default=600, ge=0, description="Per API key; 0: off")
+    rate_limit_per_minute: int = Field(
+        default=6000, ge=0, description="Requests per API key per minute (100/s); 0: off"
+    )
     request_timeout: float = Field(default=60.0, gt=0, le=3600)
     lifecycle_webhook_urls: list[str] = Field(default_factory=list)
     lifecycle_webhook_secret: str | None = Field(default=None, min_length=16)

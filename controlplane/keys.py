@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from controlplane.conversations.service import ConversationService
     from controlplane.crypto import SecretBox
     from controlplane.events.service import EventService
+    from controlplane.lifecycle.publisher import LifecyclePublisher
     from controlplane.sandboxes.service import SandboxService
     from controlplane.settings.service import SettingsService
     from controlplane.specs.catalog import SpecCatalog
@@ -27,3 +28,4 @@ SPECS: web.AppKey[SpecCatalog] = web.AppKey("specs")
 SANDBOXES: web.AppKey[SandboxService] = web.AppKey("sandboxes")
 CONVERSATIONS: web.AppKey[ConversationService] = web.AppKey("conversations")
 EVENTS: web.AppKey[EventService] = web.AppKey("events")
+LIFECYCLE: web.AppKey[LifecyclePublisher] = web.AppKey("lifecycle")

@@ -74,6 +74,9 @@ class SandboxDriver(Protocol):
     async def ping(self) -> bool:
         """True when the runtime answers; never raises."""
 
+    async def memory_total(self) -> int | None:
+        """The engine host's memory in bytes; None when the engine does not answer."""
+
     async def image_exists(self, image: str) -> bool:
         """Raises RuntimeUnavailable when the runtime does not answer."""
 
@@ -91,7 +94,7 @@ class SandboxDriver(Protocol):
         """Freeze processes; memory is kept. Pausing a paused container succeeds."""
 
     async def unpause(self, name: str) -> None:
-        """Unpausing a running container succeeds."""
+        """Raises DriverError when the container is not paused (running or stopped)."""
 
     async def start(self, name: str) -> ContainerState:
         """Start a stopped container again; starting a running one succeeds."""

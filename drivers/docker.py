@@ -86,10 +86,21 @@ class _DockerWatch:
 
 
 class DockerDriver:
-    """Talks to one Docker engine. `threads` bounds concurrent engine calls."""
+    """Talks to one Docker engine. `threads` bounds concurrent engine calls.
 
-    def __init__(self, base_url: str | None = None, threads: int = 8, timeout: int = 60) -> None:
+    `on_error(operation)`, if given, is called on the event loop for every engine call that
+    fails (engine unreachable, an error answer, or a DriverError): the error metric's hook.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        threads: int = 8,
+        timeout: int = 60,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
         self._base_url = base_url
+        self._on_error = on_error
         self._timeout = timeout
         self._threads = threads
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="docker")
@@ -107,7 +118,15 @@ class DockerDriver:
                     self._client = docker.from_env(**kwargs)
             return self._client
 
-    async def _call(self, fn: Callable[[docker.DockerClient], T]) -> T:
+    def _report(self, operation: str) -> None:
+        if self._on_error is not None:
+            try:
+                self._on_error(operation)
+            except Exception:
+                log.exception("docker_error_hook_failed")
+
+    async def _call(self, fn: Callable[[docker.DockerClient], T], operation: str = "other") -> T:
+        """Run `fn` in the pool; `operation` labels the error metric if it fails."""
         loop = asyncio.get_running_loop()
 
         def run() -> T:
@@ -123,6 +142,9 @@ class DockerDriver:
         future = loop.run_in_executor(self._pool, run)
         try:
             return await asyncio.shield(future)
+        except Exception:
+            self._report(operation)
+            raise
         except asyncio.CancelledError:
             # The engine call cannot be interrupted. Let it finish before the cancellation goes
             # on, so that whoever cancelled (a delete cancelling a launch) acts after its effect:
@@ -132,9 +154,17 @@ class DockerDriver:
 
     async def ping(self) -> bool:
         try:
-            return bool(await self._call(lambda c: c.ping()))
+            return bool(await self._call(lambda c: c.ping(), "ping"))
         except (RuntimeUnavailable, APIError):
             return False
+
+    async def memory_total(self) -> int | None:
+        try:
+            info = await self._call(lambda c: c.info(), "info")
+        except (RuntimeUnavailable, APIError):
+            return None
+        total = info.get("MemTotal")
+        return int(total) if total else None
 
     async def image_exists(self, image: str) -> bool:
         def check(client: docker.DockerClient) -> bool:
@@ -144,10 +174,10 @@ class DockerDriver:
                 return False
             return True
 
-        return await self._call(check)
+        return await self._call(check, "image_exists")
 
     async def create_and_start(self, request: ContainerRequest) -> ContainerState:
-        return await self._call(lambda c: self._create_and_start(c, request))
+        return await self._call(lambda c: self._create_and_start(c, request), "create")
 
     def _create_and_start(
         self, client: docker.DockerClient, req: ContainerRequest
@@ -201,9 +231,11 @@ class DockerDriver:
             except NotFound:
                 return None
 
-        return await self._call(run)
+        return await self._call(run, "inspect")
 
-    async def _act(self, name: str, action: Callable[[Any], None], benign: str = "") -> None:
+    async def _act(
+        self, operation: str, name: str, action: Callable[[Any], None], benign: str = ""
+    ) -> None:
         """Run one container action; a 409 whose message contains `benign` meets the intent."""
 
         def run(client: docker.DockerClient) -> None:
@@ -217,23 +249,24 @@ class DockerDriver:
                     return
                 raise DriverError(f"Docker error on {name}: {message}") from None
 
-        await self._call(run)
+        await self._call(run, operation)
 
     async def pause(self, name: str) -> None:
-        await self._act(name, lambda api: api.pause(name), benign="already paused")
+        await self._act("pause", name, lambda api: api.pause(name), benign="already paused")
 
     async def unpause(self, name: str) -> None:
-        await self._act(name, lambda api: api.unpause(name), benign="is not paused")
+        # Strict: "is not paused" may mean stopped, which the caller must handle (restart).
+        await self._act("unpause", name, lambda api: api.unpause(name))
 
     async def start(self, name: str) -> ContainerState:
-        await self._act(name, lambda api: api.start(name))
+        await self._act("start", name, lambda api: api.start(name))
         state = await self.inspect(name)
         if state is None:
             raise DriverError(f"container {name} vanished while starting")
         return state
 
     async def remove(self, name: str, volume: str | None) -> None:
-        await self._call(lambda c: self._remove(c, name, volume))
+        await self._call(lambda c: self._remove(c, name, volume), "remove")
 
     @staticmethod
     def _remove(client: docker.DockerClient, name: str, volume: str | None) -> None:
@@ -266,7 +299,7 @@ class DockerDriver:
                     continue
             return states
 
-        return await self._call(run)
+        return await self._call(run, "list")
 
     def watch(self, labels: dict[str, str], sink: EventSink) -> Watch:
         """Follow container events in a dedicated thread, feeding `sink` on the event loop.
@@ -295,6 +328,8 @@ class DockerDriver:
                 end = RuntimeUnavailable(f"Docker event stream broke: {exc}")
             if not watch.closed:
                 with contextlib.suppress(RuntimeError):  # the loop may be gone at shutdown
+                    if end is not None:
+                        loop.call_soon_threadsafe(self._report, "events")
                     loop.call_soon_threadsafe(sink, end)
 
         threading.Thread(target=pump, name="docker-events", daemon=True).start()

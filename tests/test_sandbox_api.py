@@ -15,6 +15,7 @@ from controlplane import keys
 from controlplane.api.pagination import encode_cursor
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.naming import new_sandbox_id
+from controlplane.sandboxes.store import Limits
 from tests.sandbox_helpers import HANGING_SPEC, REPO, Client, containers, spec_dir, wait_status
 
 Headers = Callable[..., Awaitable[dict[str, str]]]
@@ -75,7 +76,7 @@ async def put(store: Any, owner: str, status: SandboxStatus, spec_id: str = "def
         updated_at=now,
         last_activity_at=now,
     )
-    assert await store.create(record, cap=None)
+    assert await store.create(record, 0, Limits()) == "ok"
     return record.id
 
 

@@ -23,6 +23,7 @@ from controlplane.crypto import hash_api_key
 from controlplane.errors import RuntimeUnavailable
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.sandboxes.store import Limits
 from controlplane.sandboxes.wiring import RECONCILER
 from controlplane.store import keys as rkeys
 from tests.sandbox_helpers import Client, containers, start, volumes, wait_status
@@ -156,7 +157,7 @@ async def test_stale_interrupted_start_without_container_becomes_error(
         updated_at=long_ago,
         last_activity_at=long_ago,
     )
-    assert await store.create(record, cap=None)
+    assert await store.create(record, 0, Limits()) == "ok"
     assert await store.count_active("alice") == 1
     failed = await wait_status(client, alice, record.id, "ERROR", within=10)
     assert failed["reason"] == "start interrupted (control plane restarted?)"

@@ -32,6 +32,7 @@ from controlplane.conversations.store import ConversationStore
 from controlplane.errors import NotFound
 from controlplane.events.store import EventStore
 from controlplane.ids import uuid7_hex
+from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.service import SandboxService
 
@@ -262,6 +263,15 @@ class ConversationService:
                 log.info("agent_delete_skipped", conversation_id=info.id, error=str(exc))
         await self.store.delete(info)
         await self.events.delete(info.id)
+        if self.sandboxes.publisher is not None and info.created_by_user_id:
+            await self.sandboxes.publisher.publish(
+                LifecycleEvent(
+                    type=LifecycleType.CONVERSATION_DELETED,
+                    user_id=info.created_by_user_id,
+                    sandbox_id=info.sandbox_id,
+                    conversation_id=info.id,
+                )
+            )
         if info.created_by_user_id:
             await self.store.delete_tasks_of(info.created_by_user_id, info.id)
         others = await self.store.ids_in_sandbox(info.sandbox_id)

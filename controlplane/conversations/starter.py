@@ -20,6 +20,8 @@ from controlplane.conversations.models import (
 from controlplane.conversations.store import ConversationStore
 from controlplane.errors import ControlPlaneError, InvalidInput
 from controlplane.ids import uuid7_hex
+from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
+from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.sandboxes.models import SandboxRecord
 from controlplane.sandboxes.service import SandboxService
 from controlplane.settings.models import ProviderType, UserRecord
@@ -55,7 +57,10 @@ class StartTaskRunner:
         sandboxes: SandboxService,
         settings: SettingsService,
         agent: AgentClient,
+        *,
+        publisher: LifecyclePublisher | None = None,
     ) -> None:
+        self._publisher = publisher
         self._config = config
         self._store = store
         self._sandboxes = sandboxes
@@ -118,7 +123,7 @@ class StartTaskRunner:
             task.app_conversation_id = conversation_id
             task.detail = None
             await self._set(task, T.READY)
-            log.info("conversation_ready", task_id=task.id, conversation_id=conversation_id)
+            await self._publish(LifecycleType.CONVERSATION_CREATED, task, conversation_id)
         except asyncio.CancelledError:
             task.detail = "interrupted: the control plane shut down"
             task.status = T.ERROR
@@ -130,7 +135,25 @@ class StartTaskRunner:
                 log.exception("start_task_crashed", task_id=task.id)
             task.detail = detail
             await self._set(task, T.ERROR)
-            log.warning("start_task_failed", task_id=task.id, detail=detail)
+            await self._publish(LifecycleType.CONVERSATION_ERROR, task, None, detail)
+
+    async def _publish(
+        self,
+        kind: LifecycleType,
+        task: AppConversationStartTask,
+        conversation_id: str | None,
+        reason: str | None = None,
+    ) -> None:
+        if self._publisher is not None and task.created_by_user_id is not None:
+            await self._publisher.publish(
+                LifecycleEvent(
+                    type=kind,
+                    user_id=task.created_by_user_id,
+                    sandbox_id=task.sandbox_id,
+                    conversation_id=conversation_id,
+                    reason=reason,
+                )
+            )
 
     async def _sandbox(self, task: AppConversationStartTask, principal: Principal) -> SandboxRecord:
         if task.request.sandbox_id is None:

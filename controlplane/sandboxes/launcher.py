@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 import aiohttp
 import structlog
 
 from controlplane.config import ServiceConfig
-from controlplane.errors import ControlPlaneError
+from controlplane.errors import Conflict, ControlPlaneError
+from controlplane.lifecycle.models import LifecycleType
 from controlplane.sandboxes import naming
-from controlplane.sandboxes.models import SandboxRecord
+from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.sandboxes.store import SandboxStore
+from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import AGENT_SERVER, SandboxSpec
 from drivers.base import ContainerRequest, ContainerState, SandboxDriver
 
 log = structlog.get_logger(__name__)
+S = SandboxStatus
 
 
 class StartFailed(ControlPlaneError):
@@ -101,5 +107,127 @@ class HealthProbe:
                         f"{state.exit_code}) before answering /health"
                     )
             await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.25)
+            # Capped low: a loopback /health call costs ~1 ms, a late one costs the whole start.
+            delay = min(delay * 1.5, 0.05)
         raise StartFailed(f"the agent server did not answer /health within {self._timeout:g} s")
+
+
+Publish = Callable[[LifecycleType, SandboxRecord, str | None], Awaitable[None]]
+
+
+class Launcher:
+    """The background steps that bring a sandbox to RUNNING: a first start, a re-create on the
+    kept workspace, or a restart of a stopped container. Each ends RUNNING or ERROR."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        store: SandboxStore,
+        *,
+        driver: SandboxDriver,
+        catalog: SpecCatalog,
+        probe: HealthProbe,
+        publish: Publish,
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._driver = driver
+        self._catalog = catalog
+        self._probe = probe
+        self._publish = publish
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def is_launching(self, sandbox_id: str) -> bool:
+        return sandbox_id in self._tasks
+
+    def launch(self, record: SandboxRecord, *, fresh: bool = True) -> None:
+        """Create (fresh) or re-create the container in the background."""
+        self._spawn(record.id, self._launch(record, fresh=fresh))
+
+    def restart(self, record: SandboxRecord, name: str) -> None:
+        """Start a stopped container again in the background."""
+        self._spawn(record.id, self._restart(record, name))
+
+    async def cancel(self, sandbox_id: str) -> None:
+        task = self._tasks.get(sandbox_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _spawn(self, sandbox_id: str, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work, name=f"launch-{sandbox_id}")
+        self._tasks[sandbox_id] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(sandbox_id, None))
+
+    async def _launch(self, record: SandboxRecord, *, fresh: bool) -> None:
+        """A failed fresh start removes everything it made; a failed re-create keeps the
+        workspace."""
+        spec = self._catalog.find(record.spec_id)
+        request = container_request(self._config, record, spec) if spec else None
+        try:
+            if spec is None or request is None:
+                raise Conflict(f"sandbox spec {record.spec_id!r} no longer exists")
+            state = await self._driver.create_and_start(request)
+            ports = host_ports(spec, state)
+            await self._store.transition(record, [S.STARTING], S.STARTING, ports=ports)
+            await self._probe.wait(request.name, ports)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._fail(record, f"start failed: {exc}", remove_volume=fresh)
+            return
+        result = await self._store.transition(
+            record, [S.STARTING], S.RUNNING, ports=ports, touch=True
+        )
+        if result.outcome == "missing":
+            # Deleted while starting: the delete may have run before our container existed.
+            await self._driver.remove(request.name, request.volume)
+        elif result.outcome == "ok":
+            await self._publish(LifecycleType.SANDBOX_RUNNING, record, None)
+
+    async def _restart(self, record: SandboxRecord, name: str) -> None:
+        spec = self._catalog.find(record.spec_id)
+        try:
+            if spec is None:
+                raise Conflict(f"sandbox spec {record.spec_id!r} no longer exists")
+            state = await self._driver.start(name)
+            ports = host_ports(spec, state)
+            await self._store.transition(record, [S.STARTING], S.STARTING, ports=ports)
+            await self._probe.wait(name, ports)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # Keep the container and workspace: a failed restart is not a failed first start.
+            await self._fail(record, f"restart failed: {exc}", remove_container=False)
+            return
+        result = await self._store.transition(
+            record, [S.STARTING], S.RUNNING, ports=ports, touch=True
+        )
+        if result.outcome == "ok":
+            await self._publish(LifecycleType.SANDBOX_RUNNING, record, None)
+
+    async def _fail(
+        self,
+        record: SandboxRecord,
+        reason: str,
+        *,
+        remove_volume: bool = False,
+        remove_container: bool = True,
+    ) -> None:
+        log.warning("sandbox_start_failed", sandbox_id=record.id, reason=reason)
+        prefix = self._config.container_prefix
+        if remove_container:
+            volume = naming.volume_name(prefix, record.id) if remove_volume else None
+            try:
+                await self._driver.remove(naming.container_name(prefix, record.id), volume)
+            except Exception as exc:
+                log.warning("sandbox_cleanup_failed", sandbox_id=record.id, error=str(exc))
+        result = await self._store.transition(record, [S.STARTING], S.ERROR, reason=reason)
+        if result.outcome == "ok":
+            await self._publish(LifecycleType.SANDBOX_ERROR, record, reason)

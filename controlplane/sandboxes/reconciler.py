@@ -24,6 +24,7 @@ from controlplane.sandboxes import naming
 from controlplane.sandboxes.launcher import host_ports
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.service import SandboxService
+from controlplane.sandboxes.store import Limits
 from controlplane.specs.models import AGENT_SERVER
 from drivers.base import ContainerEvent, ContainerState
 
@@ -118,6 +119,10 @@ class Reconciler:
             delay = min(delay * 2, 10.0)
 
     async def _check_one(self, sandbox_id: str) -> None:
+        # Most events are the echo of our own operation: don't queue an inspect behind it.
+        # A change missed here is caught by the next sweep.
+        if self._svc.is_launching(sandbox_id) or self._svc.lock(sandbox_id).locked():
+            return
         try:
             name = naming.container_name(self._svc.config.container_prefix, sandbox_id)
             await self._apply(sandbox_id, await self._svc.driver.inspect(name))
@@ -179,6 +184,7 @@ class Reconciler:
             )
             if result.outcome == "ok":
                 self.fixes += 1
+                await self._svc.publish_observed(record, status, reason)
                 log.info(
                     "reconciled",
                     sandbox_id=sandbox_id,
@@ -238,6 +244,7 @@ class Reconciler:
             updated_at=now,
             last_activity_at=now,
         )
-        if await self._svc.store.create(record, cap=None):
+        memory = spec.resources.memory_bytes if spec else 0
+        if await self._svc.store.create(record, memory, Limits()) == "ok":
             self.fixes += 1
             log.info("orphan_adopted", sandbox_id=sandbox_id, status=status)

@@ -9,9 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-from collections.abc import Coroutine
 from datetime import UTC, datetime
-from typing import Any
 
 import structlog
 
@@ -24,8 +22,10 @@ from controlplane.errors import (
     QuotaExceeded,
     SandboxNotFound,
 )
+from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
+from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.sandboxes import naming
-from controlplane.sandboxes.launcher import HealthProbe, container_request, host_ports
+from controlplane.sandboxes.launcher import HealthProbe, Launcher
 from controlplane.sandboxes.models import (
     SANDBOX_ID_PATTERN,
     ExposedUrl,
@@ -35,10 +35,10 @@ from controlplane.sandboxes.models import (
     SandboxSearchQuery,
     SandboxStatus,
 )
-from controlplane.sandboxes.store import SandboxStore
+from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import AGENT_SERVER
-from drivers.base import SandboxDriver
+from drivers.base import DriverError, SandboxDriver
 
 log = structlog.get_logger(__name__)
 S = SandboxStatus
@@ -53,14 +53,20 @@ class SandboxService:
         driver: SandboxDriver,
         catalog: SpecCatalog,
         probe: HealthProbe,
+        *,
+        publisher: LifecyclePublisher | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.driver = driver
         self.catalog = catalog
         self.probe = probe
+        self.publisher = publisher
+        self._memory_capacity = config.host_memory_bytes
         self._locks: dict[str, asyncio.Lock] = {}
-        self._launches: dict[str, asyncio.Task[None]] = {}
+        self.launcher = Launcher(
+            config, store, driver=driver, catalog=catalog, probe=probe, publish=self._publish
+        )
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -69,11 +75,42 @@ class SandboxService:
         return self._locks.setdefault(sandbox_id, asyncio.Lock())
 
     def is_launching(self, sandbox_id: str) -> bool:
-        return sandbox_id in self._launches
+        return self.launcher.is_launching(sandbox_id)
 
     @property
     def cap(self) -> int | None:
         return self.config.max_running_per_user or None
+
+    async def limits(self) -> Limits:
+        """The per-user caps and the host memory capacity (learned from the engine once)."""
+        if self._memory_capacity is None:
+            total = await self.driver.memory_total()
+            if total:
+                self._memory_capacity = int(total * self.config.host_memory_fraction)
+        return Limits(
+            running=self.cap,
+            total=self.config.max_sandboxes_per_user or None,
+            memory_capacity=self._memory_capacity,
+        )
+
+    async def _publish(
+        self,
+        kind: LifecycleType,
+        record: SandboxRecord,
+        reason: str | None = None,
+        *,
+        automatic: bool = False,
+    ) -> None:
+        if self.publisher is not None:
+            await self.publisher.publish(
+                LifecycleEvent(
+                    type=kind,
+                    user_id=record.owner,
+                    sandbox_id=record.id,
+                    reason=reason,
+                    automatic=automatic,
+                )
+            )
 
     async def owned(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
         """The record if the caller may see it. Raises SandboxNotFound otherwise (never 403)."""
@@ -177,7 +214,30 @@ class SandboxService:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def _quota(self, principal: Principal) -> QuotaExceeded:
+    async def publish_observed(self, record: SandboxRecord, status: S, reason: str) -> None:
+        """A change the reconciler saw in Docker, published as an automatic lifecycle event."""
+        kind = {
+            S.RUNNING: LifecycleType.SANDBOX_RUNNING,
+            S.PAUSED: LifecycleType.SANDBOX_PAUSED,
+            S.ERROR: LifecycleType.SANDBOX_ERROR,
+            S.MISSING: LifecycleType.SANDBOX_MISSING,
+        }.get(status)
+        if kind is not None:
+            await self._publish(kind, record, reason or None, automatic=True)
+
+    def _quota(self, principal: Principal, outcome: str = "running") -> QuotaExceeded:
+        if outcome == "total":
+            return QuotaExceeded(
+                f"user {principal.user_id} already has {self.config.max_sandboxes_per_user} "
+                "sandboxes (the per-user total); delete one, then retry",
+                retry_after=60,
+            )
+        if outcome == "memory":
+            return QuotaExceeded(
+                "the host has no memory left for another sandbox (paused sandboxes keep theirs); "
+                "delete or let the reaper retire some, then retry",
+                retry_after=60,
+            )
         return QuotaExceeded(
             f"user {principal.user_id} already has {self.cap} sandboxes starting or running "
             f"(the per-user limit); pause or delete one, then retry",
@@ -203,67 +263,46 @@ class SandboxService:
             updated_at=now,
             last_activity_at=now,
         )
-        if not await self.store.create(record, self.cap):
-            raise self._quota(principal)
-        self._spawn(record.id, self._launch(record))
-        log.info("sandbox_starting", sandbox_id=record.id, spec_id=spec.id)
+        outcome = await self.store.create(record, spec.resources.memory_bytes, await self.limits())
+        if outcome != "ok":
+            raise self._quota(principal, outcome)
+        self.launcher.launch(record)
+        await self._publish(LifecycleType.SANDBOX_CREATED, record)
         return self.view(record, principal)
-
-    def _spawn(self, sandbox_id: str, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work, name=f"launch-{sandbox_id}")
-        self._launches[sandbox_id] = task
-        task.add_done_callback(lambda _t: self._launches.pop(sandbox_id, None))
-
-    async def _launch(self, record: SandboxRecord, *, fresh: bool = True) -> None:
-        """Create (or re-create) the container and wait for health; ERROR with a reason on failure.
-
-        A failed fresh start removes everything it made; a failed re-create keeps the workspace.
-        """
-        spec = self.catalog.find(record.spec_id)
-        request = container_request(self.config, record, spec) if spec else None
-        try:
-            if spec is None or request is None:
-                raise Conflict(f"sandbox spec {record.spec_id!r} no longer exists")
-            state = await self.driver.create_and_start(request)
-            ports = host_ports(spec, state)
-            await self.store.transition(record, [S.STARTING], S.STARTING, ports=ports)
-            await self.probe.wait(request.name, ports)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            await self._fail_start(record, str(exc), keep_volume=not fresh)
-            return
-        result = await self.store.transition(
-            record, [S.STARTING], S.RUNNING, ports=ports, touch=True
-        )
-        if result.outcome == "missing":
-            # Deleted while starting: the delete may have run before our container existed.
-            await self.driver.remove(request.name, request.volume)
-        log.info("sandbox_running", sandbox_id=record.id, outcome=result.outcome)
-
-    async def _fail_start(self, record: SandboxRecord, reason: str, keep_volume: bool) -> None:
-        log.warning("sandbox_start_failed", sandbox_id=record.id, reason=reason)
-        prefix = self.config.container_prefix
-        volume = None if keep_volume else naming.volume_name(prefix, record.id)
-        try:
-            await self.driver.remove(naming.container_name(prefix, record.id), volume)
-        except Exception as exc:
-            log.warning("sandbox_cleanup_failed", sandbox_id=record.id, error=str(exc))
-        await self.store.transition(record, [S.STARTING], S.ERROR, reason=f"start failed: {reason}")
 
     async def pause(self, principal: Principal, sandbox_id: str) -> None:
         """Freeze a RUNNING sandbox; pausing a PAUSED one succeeds. Raises Conflict otherwise."""
         async with self.lock(sandbox_id):
-            record = await self.owned(principal, sandbox_id)
-            if record.status == S.PAUSED:
-                return
-            if record.status != S.RUNNING:
-                raise Conflict(f"cannot pause sandbox {sandbox_id}: it is {record.status.value}")
-            await self.driver.pause(naming.container_name(self.config.container_prefix, record.id))
-            result = await self.store.transition(record, [S.RUNNING], S.PAUSED, touch=True)
-            if result.outcome != "ok" and result.previous != S.PAUSED:
-                raise Conflict(f"sandbox {sandbox_id} changed while pausing ({result.previous})")
-            log.info("sandbox_paused", sandbox_id=sandbox_id)
+            await self._pause(await self.owned(principal, sandbox_id))
+
+    async def pause_idle(self, sandbox_id: str, reason: str) -> bool:
+        """The reaper's pause: only a sandbox still RUNNING, and not one being operated on."""
+        lock = self.lock(sandbox_id)
+        if lock.locked():
+            return False
+        async with lock:
+            record = await self.store.get(sandbox_id)
+            if record is None or record.status != S.RUNNING:
+                return False
+            await self._pause(record, reason=reason, automatic=True)
+            return True
+
+    async def _pause(
+        self, record: SandboxRecord, *, reason: str | None = None, automatic: bool = False
+    ) -> None:
+        if record.status == S.PAUSED:
+            return
+        if record.status != S.RUNNING:
+            raise Conflict(f"cannot pause sandbox {record.id}: it is {record.status.value}")
+        await self.driver.pause(naming.container_name(self.config.container_prefix, record.id))
+        # An automatic pause keeps last_activity_at, so the idle time stays visible.
+        result = await self.store.transition(
+            record, [S.RUNNING], S.PAUSED, reason=reason, touch=not automatic
+        )
+        if result.outcome != "ok" and result.previous != S.PAUSED:
+            raise Conflict(f"sandbox {record.id} changed while pausing ({result.previous})")
+        if result.outcome == "ok":
+            await self._publish(LifecycleType.SANDBOX_PAUSED, record, reason, automatic=automatic)
 
     async def resume(self, principal: Principal, sandbox_id: str) -> None:
         """Unpause, start a stopped container, or re-create a vanished one (workspace kept).
@@ -281,61 +320,83 @@ class SandboxService:
                     "delete it and start a new one"
                 )
             name = naming.container_name(self.config.container_prefix, record.id)
+            limits = await self.limits()
+            if record.status == S.PAUSED and await self._unpause(record, name, limits, principal):
+                await self._publish(LifecycleType.SANDBOX_RESUMED, record)
+                return
             state = await self.driver.inspect(name) if record.status == S.PAUSED else None
             result = await self.store.transition(
-                record, [record.status], S.STARTING, cap=self.cap, reason=None, touch=True
+                record, [record.status], S.STARTING, limits=limits, touch=True
             )
-            if result.outcome == "quota":
-                raise self._quota(principal)
-            if result.outcome != "ok":
-                raise Conflict(f"sandbox {sandbox_id} changed while resuming ({result.previous})")
+            self._check_resume(result.outcome, result.previous, principal, sandbox_id)
             if state is None:
-                self._spawn(record.id, self._launch(record, fresh=False))
+                self.launcher.launch(record, fresh=False)
             elif state.status == "paused":
                 await self.driver.unpause(name)
                 await self.store.transition(record, [S.STARTING], S.RUNNING, touch=True)
             else:
-                self._spawn(record.id, self._restart(record, name))
-            log.info("sandbox_resumed", sandbox_id=sandbox_id, container=state and state.status)
+                self.launcher.restart(record, name)
+            await self._publish(LifecycleType.SANDBOX_RESUMED, record)
 
-    async def _restart(self, record: SandboxRecord, name: str) -> None:
-        spec = self.catalog.find(record.spec_id)
+    def _check_resume(
+        self, outcome: str, previous: S | None, principal: Principal, sandbox_id: str
+    ) -> None:
+        if outcome == "quota":
+            raise self._quota(principal)
+        if outcome == "memory":
+            raise self._quota(principal, "memory")
+        if outcome != "ok":
+            raise Conflict(f"sandbox {sandbox_id} changed while resuming ({previous})")
+
+    async def _unpause(
+        self, record: SandboxRecord, name: str, limits: Limits, principal: Principal
+    ) -> bool:
+        """The common resume: one cap-checked PAUSED → RUNNING, then `docker unpause`.
+
+        False (with the record back to PAUSED) when the container is not simply paused, e.g.
+        stopped by a host reboot; the caller then inspects and restarts or re-creates it.
+        """
+        result = await self.store.transition(
+            record, [S.PAUSED], S.RUNNING, limits=limits, reason=None, touch=True
+        )
+        self._check_resume(result.outcome, result.previous, principal, record.id)
         try:
-            if spec is None:
-                raise Conflict(f"sandbox spec {record.spec_id!r} no longer exists")
-            state = await self.driver.start(name)
-            ports = host_ports(spec, state)
-            await self.store.transition(record, [S.STARTING], S.STARTING, ports=ports)
-            await self.probe.wait(name, ports)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            # Keep the container and workspace: a failed restart is not a failed first start.
-            await self.store.transition(
-                record, [S.STARTING], S.ERROR, reason=f"restart failed: {exc}"
-            )
-            return
-        await self.store.transition(record, [S.STARTING], S.RUNNING, ports=ports, touch=True)
+            await self.driver.unpause(name)
+        except DriverError:
+            await self.store.transition(record, [S.RUNNING], S.PAUSED, reason=record.reason)
+            return False
+        return True
 
     async def delete(self, principal: Principal, sandbox_id: str) -> None:
         """Remove the container, its workspace volume and the record. Raises SandboxNotFound."""
         async with self.lock(sandbox_id):
-            record = await self.owned(principal, sandbox_id)
-            task = self._launches.get(sandbox_id)
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-            prefix = self.config.container_prefix
-            await self.driver.remove(
-                naming.container_name(prefix, record.id), naming.volume_name(prefix, record.id)
-            )
-            await self.store.delete(record)
-            log.info("sandbox_deleted", sandbox_id=sandbox_id)
+            await self._delete(await self.owned(principal, sandbox_id))
         self._locks.pop(sandbox_id, None)
+
+    async def retire(self, sandbox_id: str, reason: str) -> bool:
+        """The reaper's delete (retention of paused sandboxes): only a sandbox still PAUSED."""
+        lock = self.lock(sandbox_id)
+        if lock.locked():
+            return False
+        async with lock:
+            record = await self.store.get(sandbox_id)
+            if record is None or record.status != S.PAUSED:
+                return False
+            await self._delete(record, reason=reason, automatic=True)
+        self._locks.pop(sandbox_id, None)
+        return True
+
+    async def _delete(
+        self, record: SandboxRecord, *, reason: str | None = None, automatic: bool = False
+    ) -> None:
+        await self.launcher.cancel(record.id)
+        prefix = self.config.container_prefix
+        await self.driver.remove(
+            naming.container_name(prefix, record.id), naming.volume_name(prefix, record.id)
+        )
+        await self.store.delete(record)
+        await self._publish(LifecycleType.SANDBOX_DELETED, record, reason, automatic=automatic)
 
     async def close(self) -> None:
         """Stop in-process launches; the next start-up's sweep picks their sandboxes up."""
-        tasks = list(self._launches.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.launcher.close()

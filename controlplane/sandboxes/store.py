@@ -2,8 +2,9 @@
 
 Layout (names in controlplane.store.keys): one hash per sandbox; lexically ordered sorted sets
 (all members score 0, ids are time-ordered hex) per user and global for cursor paging; a set of
-each user's STARTING/RUNNING ids that the Lua scripts count for the cap; an index from the hash
-of a session key to its sandbox; a short-lived tombstone per deleted id.
+each user's STARTING/RUNNING ids that the Lua scripts count for the cap; a hash of the memory each
+STARTING/RUNNING/PAUSED sandbox reserves (host capacity); an index from the hash of a session
+key to its sandbox; a short-lived tombstone per deleted id.
 """
 
 from __future__ import annotations
@@ -24,34 +25,61 @@ TOMBSTONE_TTL = 3600
 """A deleted id is remembered for an hour so that a sweep that listed its container just before
 the delete does not adopt it back."""
 
-_CREATE = """
-local cap = tonumber(ARGV[1])
-if cap >= 0 and redis.call('SCARD', KEYS[4]) >= cap then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 4))
-redis.call('ZADD', KEYS[2], 0, ARGV[2])
-redis.call('ZADD', KEYS[3], 0, ARGV[2])
-if ARGV[3] == 'STARTING' or ARGV[3] == 'RUNNING' then redis.call('SADD', KEYS[4], ARGV[2]) end
-redis.call('SET', KEYS[5], ARGV[2])
-return 1
+_SUM_RESERVED = """
+local function reserved(key)
+  local used = 0
+  for _, v in ipairs(redis.call('HVALS', key)) do used = used + tonumber(v) end
+  return used
+end
 """
 
-_TRANSITION = """
+_CREATE = (
+    _SUM_RESERVED
+    + """
+local running_cap, total_cap = tonumber(ARGV[1]), tonumber(ARGV[2])
+local memory, memory_cap = tonumber(ARGV[3]), tonumber(ARGV[4])
+local id, status = ARGV[5], ARGV[6]
+if running_cap >= 0 and redis.call('SCARD', KEYS[4]) >= running_cap then return 'running' end
+if total_cap >= 0 and redis.call('ZCARD', KEYS[3]) >= total_cap then return 'total' end
+if memory_cap >= 0 and reserved(KEYS[6]) + memory > memory_cap then return 'memory' end
+redis.call('HSET', KEYS[1], 'memory', ARGV[3], unpack(ARGV, 7))
+redis.call('ZADD', KEYS[2], 0, id)
+redis.call('ZADD', KEYS[3], 0, id)
+if status == 'STARTING' or status == 'RUNNING' then redis.call('SADD', KEYS[4], id) end
+if status ~= 'ERROR' and status ~= 'MISSING' then redis.call('HSET', KEYS[6], id, memory) end
+redis.call('SET', KEYS[5], id)
+return 'ok'
+"""
+)
+
+_TRANSITION = (
+    _SUM_RESERVED
+    + """
 local cur = redis.call('HGET', KEYS[1], 'status')
 if not cur then return {'missing', ''} end
 local allowed = false
 for s in string.gmatch(ARGV[1], '%S+') do if s == cur then allowed = true end end
 if not allowed then return {'conflict', cur} end
-local to = ARGV[2]
+local to, id = ARGV[2], ARGV[4]
+local cap, memory_cap = tonumber(ARGV[3]), tonumber(ARGV[5])
 local active_to = (to == 'STARTING' or to == 'RUNNING')
 local active_from = (cur == 'STARTING' or cur == 'RUNNING')
-local cap = tonumber(ARGV[3])
 if active_to and not active_from and cap >= 0 and redis.call('SCARD', KEYS[2]) >= cap then
   return {'quota', cur}
 end
-redis.call('HSET', KEYS[1], 'status', to, unpack(ARGV, 5))
-if active_to then redis.call('SADD', KEYS[2], ARGV[4]) else redis.call('SREM', KEYS[2], ARGV[4]) end
+-- Paused sandboxes keep their memory: only ERROR and MISSING give it back.
+local holds = (to ~= 'ERROR' and to ~= 'MISSING')
+local memory = tonumber(redis.call('HGET', KEYS[1], 'memory') or '0')
+if holds and redis.call('HEXISTS', KEYS[3], id) == 0 and memory_cap >= 0
+   and reserved(KEYS[3]) + memory > memory_cap then
+  return {'memory', cur}
+end
+redis.call('HSET', KEYS[1], 'status', to, unpack(ARGV, 6))
+if active_to then redis.call('SADD', KEYS[2], id) else redis.call('SREM', KEYS[2], id) end
+if holds then redis.call('HSET', KEYS[3], id, memory) else redis.call('HDEL', KEYS[3], id) end
 return {'ok', cur}
 """
+)
 
 _TOUCH = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -63,8 +91,21 @@ return 1
 
 @dataclass(frozen=True)
 class TransitionResult:
-    outcome: str  # ok, conflict, quota, missing
+    outcome: str  # ok, conflict, quota (running cap), memory (host capacity), missing
     previous: SandboxStatus | None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps checked atomically with a write; None means no limit."""
+
+    running: int | None = None
+    total: int | None = None
+    memory_capacity: int | None = None
+
+
+def _n(value: int | None) -> int:
+    return -1 if value is None else value
 
 
 def _now() -> datetime:
@@ -108,21 +149,33 @@ class SandboxStore:
             last_activity_at=datetime.fromisoformat(row["last_activity_at"]),
         )
 
-    async def create(self, record: SandboxRecord, cap: int | None) -> bool:
-        """Write a new record and its indexes at once. False when the owner is at `cap`."""
+    async def create(self, record: SandboxRecord, memory: int, limits: Limits) -> str:
+        """Write a new record and its indexes at once, reserving `memory` bytes.
+
+        Returns "ok", or which limit refused it: "running", "total" or "memory".
+        """
         fields = self._encode(record)
         flat = [item for pair in fields.items() for item in pair]
-        created = await self._create(
+        outcome = await self._create(
             keys=[
                 keys.sandbox(record.id),
                 keys.ALL_SANDBOXES,
                 keys.user_sandboxes(record.owner),
                 keys.user_active_sandboxes(record.owner),
                 keys.sandbox_by_key(hash_api_key(record.session_api_key)),
+                keys.MEMORY_RESERVED,
             ],
-            args=[-1 if cap is None else cap, record.id, record.status.value, *flat],
+            args=[
+                _n(limits.running),
+                _n(limits.total),
+                memory,
+                _n(limits.memory_capacity),
+                record.id,
+                record.status.value,
+                *flat,
+            ],
         )
-        return bool(created)
+        return text(outcome)
 
     async def get(self, sandbox_id: str) -> SandboxRecord | None:
         raw = await self._redis.hgetall(keys.sandbox(sandbox_id))
@@ -142,12 +195,17 @@ class SandboxStore:
         allowed_from: Iterable[SandboxStatus],
         to: SandboxStatus,
         *,
-        cap: int | None = None,
+        limits: Limits | None = None,
         reason: str | None = None,
         ports: dict[str, int] | None = None,
         touch: bool = False,
     ) -> TransitionResult:
-        """Move to `to` only if the current status is in `allowed_from` (compare-and-set)."""
+        """Move to `to` only if the current status is in `allowed_from` (compare-and-set).
+
+        `limits` (running cap, host memory) are checked when the move takes the sandbox from
+        not counting to counting against them.
+        """
+        limits = limits or Limits()
         now = _now()
         fields: dict[str, str] = {"reason": reason or "", "updated_at": now.isoformat()}
         if ports is not None:
@@ -156,12 +214,17 @@ class SandboxStore:
             fields["last_activity_at"] = now.isoformat()
         flat = [item for pair in fields.items() for item in pair]
         outcome, previous = await self._transition(
-            keys=[keys.sandbox(record.id), keys.user_active_sandboxes(record.owner)],
+            keys=[
+                keys.sandbox(record.id),
+                keys.user_active_sandboxes(record.owner),
+                keys.MEMORY_RESERVED,
+            ],
             args=[
                 " ".join(s.value for s in allowed_from),
                 to.value,
-                -1 if cap is None else cap,
+                _n(limits.running),
                 record.id,
+                _n(limits.memory_capacity),
                 *flat,
             ],
         )
@@ -178,6 +241,7 @@ class SandboxStore:
             pipe.zrem(keys.ALL_SANDBOXES, record.id)
             pipe.zrem(keys.user_sandboxes(record.owner), record.id)
             pipe.srem(keys.user_active_sandboxes(record.owner), record.id)
+            pipe.hdel(keys.MEMORY_RESERVED, record.id)
             pipe.delete(keys.sandbox_by_key(hash_api_key(record.session_api_key)))
             pipe.set(keys.sandbox_tombstone(record.id), "1", ex=TOMBSTONE_TTL)
             await pipe.execute()
@@ -188,6 +252,10 @@ class SandboxStore:
     async def id_for_key(self, session_api_key: str) -> str | None:
         raw = await self._redis.get(keys.sandbox_by_key(hash_api_key(session_api_key)))
         return text(raw) if raw else None
+
+    async def memory_reserved(self) -> int:
+        """Bytes reserved by every STARTING, RUNNING and PAUSED sandbox."""
+        return sum(int(v) for v in await self._redis.hvals(keys.MEMORY_RESERVED))
 
     async def count_active(self, owner: str) -> int:
         return int(await self._redis.scard(keys.user_active_sandboxes(owner)))

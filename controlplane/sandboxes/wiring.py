@@ -16,39 +16,72 @@ from controlplane.conversations.starter import StartTaskRunner
 from controlplane.conversations.store import ConversationStore
 from controlplane.events.service import EventService
 from controlplane.events.store import EventStore
+from controlplane.lifecycle.publisher import LifecyclePublisher
+from controlplane.lifecycle.webhooks import WebhookSender
+from controlplane.metrics import METRICS
 from controlplane.sandboxes.launcher import HealthProbe
+from controlplane.sandboxes.reaper import IdleReaper
 from controlplane.sandboxes.reconciler import Reconciler
 from controlplane.sandboxes.service import SandboxService
 from controlplane.sandboxes.store import SandboxStore
+from controlplane.store import keys as store_keys
+from controlplane.store.leader import LeaderLock
 from drivers.docker import DockerDriver
 
 RECONCILER: web.AppKey[Reconciler] = web.AppKey("reconciler")
+REAPER: web.AppKey[IdleReaper] = web.AppKey("reaper")
 
 
 def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncIterator[None]]:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         catalog = app[keys.SPECS]
-        driver = DockerDriver(config.docker_url, threads=config.docker_threads)
+        metrics = app[METRICS]
+        driver = DockerDriver(
+            config.docker_url, threads=config.docker_threads, on_error=metrics.docker_error
+        )
         http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100))
         probe = HealthProbe(http, driver, config.url_host, config.start_timeout)
         store = SandboxStore(app[keys.REDIS], app[keys.SECRET_BOX])
-        service = SandboxService(config, store, driver, catalog, probe)
+        sender = None
+        if config.lifecycle_webhook_urls:
+            sender = WebhookSender(
+                http, config.lifecycle_webhook_urls, config.lifecycle_webhook_secret
+            )
+            sender.start()
+        publisher = LifecyclePublisher(app[keys.REDIS], sender)
+        app[keys.LIFECYCLE] = publisher
+        service = SandboxService(config, store, driver, catalog, probe, publisher=publisher)
         reconciler = Reconciler(service, config.reconcile_interval)
         app[keys.SANDBOXES] = service
         app[RECONCILER] = reconciler
         conversation_store = ConversationStore(app[keys.REDIS])
         agent = AgentClient(http)
-        runner = StartTaskRunner(config, conversation_store, service, app[keys.SETTINGS], agent)
+        runner = StartTaskRunner(
+            config, conversation_store, service, app[keys.SETTINGS], agent, publisher=publisher
+        )
         conversations = ConversationService(
             conversation_store, EventStore(app[keys.REDIS]), service, agent, runner
         )
+        reaper = IdleReaper(
+            service,
+            conversation_store,
+            app[keys.SETTINGS],
+            LeaderLock(app[keys.REDIS], store_keys.leader("reaper"), 3 * config.reaper_interval),
+        )
+        app[REAPER] = reaper
         app[keys.CONVERSATIONS] = conversations
-        app[keys.EVENTS] = EventService(conversations.events, conversations)
+        app[keys.EVENTS] = EventService(
+            conversations.events, conversations, on_lag=metrics.event_delivered
+        )
         await runner.recover()
         reconciler.start()
+        reaper.start()
         yield
+        await reaper.stop()
         await reconciler.stop()
         await conversations.close()
+        if sender is not None:
+            await sender.close()
         await service.close()
         await http.close()
         await driver.close()

@@ -88,3 +88,29 @@ def events(conversation_id: str) -> str:
 
 EVENT_INDEX = f"{PREFIX}:event_index"
 """Hash: event id -> "<conversation id> <stream id>" (batch get, and dedupe of webhook retries)."""
+
+
+MEMORY_RESERVED = f"{PREFIX}:memory_reserved"
+"""Hash: sandbox id -> bytes of memory it reserves while STARTING, RUNNING or PAUSED (a paused
+container keeps its memory), summed for the host capacity guard."""
+
+
+LIFECYCLE = f"{PREFIX}:lifecycle"
+"""Stream of every lifecycle event (admin view), trimmed to lifecycle.publisher.STREAM_MAXLEN."""
+
+
+def user_lifecycle(user_id: str) -> str:
+    """Stream of one user's lifecycle events, trimmed like LIFECYCLE."""
+    return f"{PREFIX}:user:{user_id}:lifecycle"
+
+
+def leader(role: str) -> str:
+    """String with a TTL: the token of the replica that leads `role` (e.g. the idle reaper).
+    The TTL is a few reaper intervals, so a dead leader is replaced within that time."""
+    return f"{PREFIX}:leader:{role}"
+
+
+def rate_limit(key_id: str) -> str:
+    """Counter of one API key's requests in its current window. TTL = the window (60 s), set by
+    the window's first request, so the count resets by itself and idle keys leave nothing."""
+    return f"{PREFIX}:ratelimit:{key_id}"

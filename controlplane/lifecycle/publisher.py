@@ -1,0 +1,67 @@
+"""Publishing a lifecycle event: one log line, the user's and the global Redis streams, and the
+outgoing webhooks. Publishing never fails the operation that caused it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aioredis
+import structlog
+
+from controlplane.api.pagination import STREAM_ID, decode_cursor, encode_cursor
+from controlplane.lifecycle.models import LifecycleEvent, LifecycleEventPage
+from controlplane.lifecycle.webhooks import WebhookSender
+from controlplane.store import keys, text
+from controlplane.store.redis import REDIS_DOWN
+
+log = structlog.get_logger("controlplane.lifecycle")
+
+STREAM_MAXLEN = 10_000
+"""Streams are trimmed (approximately) to this many events: a history, not an archive."""
+
+
+class LifecyclePublisher:
+    def __init__(self, redis: aioredis.Redis, sender: WebhookSender | None) -> None:
+        self._redis = redis
+        self._sender = sender
+
+    async def publish(self, event: LifecycleEvent) -> None:
+        log.info(
+            "lifecycle",
+            type=event.type.value,
+            sandbox_id=event.sandbox_id,
+            conversation_id=event.conversation_id,
+            owner=event.user_id,
+            automatic=event.automatic,
+            reason=event.reason,
+        )
+        body = event.model_dump_json()
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in (keys.LIFECYCLE, keys.user_lifecycle(event.user_id)):
+                    pipe.xadd(key, {"e": body}, maxlen=STREAM_MAXLEN, approximate=True)
+                await pipe.execute()
+        except REDIS_DOWN as exc:
+            log.warning("lifecycle_not_stored", event_id=event.id, error=str(exc))
+        if self._sender is not None:
+            self._sender.send(event)
+
+    async def page(
+        self, user_id: str | None, sandbox_id: str | None, page_id: str | None, limit: int
+    ) -> LifecycleEventPage:
+        """Newest first; user_id None reads every user's events."""
+        key = keys.LIFECYCLE if user_id is None else keys.user_lifecycle(user_id)
+        after = decode_cursor(page_id, STREAM_ID)
+        found: list[tuple[str, LifecycleEvent]] = []
+        while len(found) <= limit:
+            entries: Any = await self._redis.xrevrange(key, f"({after}" if after else "+", "-", 500)
+            for sid, fields in entries:
+                event = LifecycleEvent.model_validate_json(text(fields.get(b"e", fields.get("e"))))
+                if sandbox_id is None or event.sandbox_id == sandbox_id:
+                    found.append((text(sid), event))
+            if len(entries) < 500:
+                break
+            after = text(entries[-1][0])
+        page = found[:limit]
+        next_id = encode_cursor(page[-1][0]) if len(found) > limit else None
+        return LifecycleEventPage(items=[e for _sid, e in page], next_page_id=next_id)

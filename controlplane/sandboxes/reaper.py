@@ -1,0 +1,125 @@
+"""The idle reaper: pauses RUNNING sandboxes idle past their timeout and, when retention is on,
+deletes sandboxes paused for too long. One replica acts at a time (a Redis leader lock).
+
+Idle means: no API touch of the sandbox or its conversations, no agent event, and no
+conversation in it whose agent is running, for longer than the timeout. The timeout is
+ACS_IDLE_TIMEOUT when set, else the user's `sandbox_idle_timeout` setting, else the spec's
+`idle_timeout`; 0 disables. Deadlines are computed from `last_activity_at` in Redis, so a
+restart neither resets nor forgets them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import structlog
+
+from controlplane.conversations.models import ExecutionStatus
+from controlplane.conversations.store import ConversationStore
+from controlplane.errors import ControlPlaneError
+from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.sandboxes.service import SandboxService
+from controlplane.settings.service import SettingsService
+from controlplane.store.leader import LeaderLock
+
+log = structlog.get_logger(__name__)
+BUSY = frozenset({ExecutionStatus.RUNNING})
+
+
+class IdleReaper:
+    def __init__(
+        self,
+        sandboxes: SandboxService,
+        conversations: ConversationStore,
+        settings: SettingsService,
+        leader: LeaderLock,
+    ) -> None:
+        self._sandboxes = sandboxes
+        self._conversations = conversations
+        self._settings = settings
+        self._leader = leader
+        self._config = sandboxes.config
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="idle-reaper")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        try:
+            await self._leader.release()
+        except Exception as exc:
+            log.info("reaper_release_failed", error=str(exc))
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                if await self._leader.hold():
+                    await self.sweep()
+            except Exception:
+                log.exception("reaper_sweep_failed")
+            await asyncio.sleep(self._config.reaper_interval)
+
+    async def timeout_of(self, record: SandboxRecord) -> int:
+        """Seconds of idleness before this sandbox is paused; 0 means never."""
+        if self._config.idle_timeout is not None:
+            return self._config.idle_timeout
+        user = await self._settings.record(record.owner)
+        if user.settings.sandbox_idle_timeout is not None:
+            return user.settings.sandbox_idle_timeout
+        spec = self._sandboxes.catalog.find(record.spec_id)
+        return spec.idle_timeout if spec else 0
+
+    async def _busy(self, record: SandboxRecord) -> bool:
+        ids = await self._conversations.ids_in_sandbox(record.id)
+        infos = await self._conversations.get_many(sorted(ids))
+        return any(i is not None and i.execution_status in BUSY for i in infos)
+
+    async def sweep(self, now: datetime | None = None) -> tuple[list[str], list[str]]:
+        """One pass. Returns (paused ids, deleted ids)."""
+        now = now or datetime.now(UTC)
+        paused: list[str] = []
+        retired: list[str] = []
+        retention = self._config.paused_retention
+        store = self._sandboxes.store
+        after: str | None = None
+        while True:
+            ids = await store.page_ids(None, after, 500)
+            for record in await store.get_many(ids):
+                if record is None:
+                    continue
+                try:
+                    if record.status == SandboxStatus.RUNNING:
+                        if await self._reap_idle(record, now):
+                            paused.append(record.id)
+                    elif (
+                        record.status == SandboxStatus.PAUSED
+                        and retention > 0
+                        and now - record.updated_at > timedelta(seconds=retention)
+                    ):
+                        reason = f"deleted after {retention} s paused (retention)"
+                        if await self._sandboxes.retire(record.id, reason):
+                            retired.append(record.id)
+                except ControlPlaneError as exc:
+                    log.warning("reaper_action_failed", sandbox_id=record.id, error=str(exc))
+            if len(ids) < 500:
+                break
+            after = ids[-1]
+        return paused, retired
+
+    async def _reap_idle(self, record: SandboxRecord, now: datetime) -> bool:
+        timeout = await self.timeout_of(record)
+        idle = (now - record.last_activity_at).total_seconds()
+        if timeout <= 0 or idle < timeout:
+            return False
+        if await self._busy(record):
+            # A running agent is activity, even when its command prints nothing for a while.
+            await self._sandboxes.store.touch(record.id)
+            return False
+        return await self._sandboxes.pause_idle(
+            record.id, f"paused after {int(idle)} s idle (timeout {timeout} s)"
+        )

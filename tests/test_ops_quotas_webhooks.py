@@ -1,0 +1,138 @@
+"""Total and host-capacity quotas (429 with Retry-After, nothing created) and signed lifecycle
+webhooks with retries, against a local receiver. Real Docker and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from tests.sandbox_helpers import Client, start, wait_status
+
+pytestmark = pytest.mark.usefixtures("sandbox_images")
+SECRET = "webhook-secret-0123456789"
+
+
+async def test_total_sandboxes_per_user(
+    test_prefix: str, make_client: Any, user_headers: Any
+) -> None:
+    client: Client = await make_client(
+        with_sandboxes=True, container_prefix=test_prefix, max_sandboxes_per_user=2
+    )
+    alice, bob = await user_headers("alice"), await user_headers("bob")
+    first = (await start(client, alice))["id"]
+    second = (await start(client, alice))["id"]
+    await wait_status(client, alice, first, "RUNNING")
+    assert (await client.post(f"/api/v1/sandboxes/{first}/pause", headers=alice)).status == 200
+
+    resp = await client.post("/api/v1/sandboxes", json={}, headers=alice)
+    assert resp.status == 429
+    assert int(resp.headers["Retry-After"]) > 0
+    assert "per-user total" in (await resp.json())["detail"]
+    listing = await (await client.get("/api/v1/sandboxes/search", headers=alice)).json()
+    assert sorted(s["id"] for s in listing["items"]) == sorted([first, second])
+    assert (await client.post("/api/v1/sandboxes", json={}, headers=bob)).status == 200
+
+
+async def test_host_capacity_counts_paused_memory(
+    test_prefix: str, make_client: Any, user_headers: Any
+) -> None:
+    gib = 1024**3
+    client: Client = await make_client(
+        with_sandboxes=True, container_prefix=test_prefix, host_memory_bytes=gib + gib // 2
+    )
+    alice, bob = await user_headers("alice"), await user_headers("bob")
+    first = (await start(client, alice))["id"]  # the default spec reserves 1 GiB
+    await wait_status(client, alice, first, "RUNNING")
+
+    resp = await client.post("/api/v1/sandboxes", json={}, headers=bob)
+    assert resp.status == 429
+    assert "memory" in (await resp.json())["detail"]
+    assert resp.headers["Retry-After"]
+
+    assert (await client.post(f"/api/v1/sandboxes/{first}/pause", headers=alice)).status == 200
+    resp = await client.post("/api/v1/sandboxes", json={}, headers=bob)
+    assert resp.status == 429, "a paused container keeps its memory"
+
+    assert (await client.delete(f"/api/v1/sandboxes/{first}", headers=alice)).status == 200
+    second = await start(client, bob)
+    await wait_status(client, bob, second["id"], "RUNNING")
+
+
+class Receiver:
+    """A local webhook receiver that fails the first `failures` deliveries with 503."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.attempts = 0
+        self.accepted: list[tuple[dict[str, str], bytes]] = []
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.attempts += 1
+        body = await request.read()
+        if self.failures > 0:
+            self.failures -= 1
+            return web.Response(status=503)
+        self.accepted.append((dict(request.headers), body))
+        return web.Response(status=204)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/hook", self.handle)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/hook"
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    hook = Receiver(failures=2)
+    await hook.start()
+    yield hook
+    assert hook.runner is not None
+    await hook.runner.cleanup()
+
+
+async def test_lifecycle_webhooks_signed_retried_in_order(
+    test_prefix: str, make_client: Any, user_headers: Any, receiver: Receiver
+) -> None:
+    client: Client = await make_client(
+        with_sandboxes=True,
+        container_prefix=test_prefix,
+        lifecycle_webhook_urls=[receiver.url],
+        lifecycle_webhook_secret=SECRET,
+    )
+    alice = await user_headers("alice")
+    sandbox = await start(client, alice)
+    running = await wait_status(client, alice, sandbox["id"], "RUNNING")
+    assert (
+        await client.post(f"/api/v1/sandboxes/{sandbox['id']}/pause", headers=alice)
+    ).status == 200
+    assert (await client.delete(f"/api/v1/sandboxes/{sandbox['id']}", headers=alice)).status == 200
+
+    deadline = time.monotonic() + 30
+    while len(receiver.accepted) < 4:
+        assert time.monotonic() < deadline, receiver.accepted
+        await asyncio.sleep(0.05)
+    assert receiver.attempts == len(receiver.accepted) + 2, "two 503s were retried"
+    types = []
+    for headers, body in receiver.accepted:
+        expected = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+        assert hmac.compare_digest(headers["X-ACS-Signature"], expected)
+        event = json.loads(body)
+        assert headers["X-ACS-Event"] == event["type"]
+        assert event["sandbox_id"] == sandbox["id"]
+        assert running["session_api_key"] not in body.decode()
+        types.append(event["type"])
+    assert types == ["sandbox.created", "sandbox.running", "sandbox.paused", "sandbox.deleted"]
