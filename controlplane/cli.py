@@ -1,4 +1,4 @@
-"""`controlplane` command line: serve the API and manage API keys."""
+"""`controlplane` command line: serve the API, manage API keys, operate sandboxes over the API."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from controlplane.auth.service import ApiKeyService
 from controlplane.config import ConfigError, ServiceConfig, load_config
 from controlplane.errors import ControlPlaneError
 from controlplane.logging import configure_logging
+from controlplane.ops import sandboxes as ops_sandboxes
 from controlplane.store.redis import make_client, resolve_redis_url, wait_for_redis
 from drivers.docker import bridge_gateway
 
@@ -37,6 +38,11 @@ def _parser() -> argparse.ArgumentParser:
     keys_sub.add_parser("list", help="list keys (ids, users, never the keys)")
     revoke = keys_sub.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
+
+    sandboxes = sub.add_parser(
+        "sandboxes", help="list, pause, resume, delete sandboxes over the REST API"
+    )
+    ops_sandboxes.add_arguments(sandboxes)
     return parser
 
 
@@ -96,6 +102,9 @@ async def _keys(config: ServiceConfig, args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "sandboxes":
+        # A REST client: it needs neither the server's ACS_* configuration nor Redis.
+        return ops_sandboxes.run(args)
     try:
         config = load_config()
         configure_logging(
