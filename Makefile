@@ -6,7 +6,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 3000
 BIN    := $(VENV)/bin
 
-.PHONY: all host install images run test lint format mypy bench clean
+.PHONY: all host install images image run test lint format mypy bench clean
 
 all: lint test
 
@@ -24,6 +24,11 @@ install: $(BIN)/.installed
 
 images: install host
 	@scripts/build-images.sh
+
+# The control plane's own image (Dockerfile), acs-control-plane:latest; after `images`, which
+# makes the base image and the sandbox images it starts (docs/deployment.md).
+image: images
+	@scripts/build-control-plane-image.sh
 
 run: install host images
 	$(BIN)/controlplane serve --host $(HOST) --port $(PORT)
@@ -45,6 +50,7 @@ mypy: install
 
 bench: install host images
 	$(BIN)/python bench/sandboxes.py
+	$(BIN)/python bench/conversations.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

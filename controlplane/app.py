@@ -26,6 +26,7 @@ from controlplane.config import ServiceConfig
 from controlplane.conversations.routes import routes as conversation_routes
 from controlplane.crypto import load_secret_box
 from controlplane.events.routes import routes as event_routes
+from controlplane.events.routes import track_sockets
 from controlplane.health import OPENAPI_DOC
 from controlplane.health import routes as health_routes
 from controlplane.lifecycle.routes import routes as lifecycle_routes
@@ -104,6 +105,7 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
     # Specs are validated before anything else starts: a bad file stops start-up.
     app[keys.SPECS] = SpecCatalog.load(config.spec_dir)
     app.cleanup_ctx.append(_redis_ctx(config))
+    track_sockets(app)
     if with_sandboxes:
         app.cleanup_ctx.append(sandbox_ctx(config))
     tables = route_tables()

@@ -60,16 +60,27 @@ async def _serve(config: ServiceConfig, host: str, port: int) -> None:
         gateway = await asyncio.to_thread(bridge_gateway, config.docker_url)
         if gateway:
             hosts.append(gateway)
+    # Signals first: as PID 1 in a container, SIGTERM is ignored until a handler exists, and
+    # start-up may spend a while retrying Redis.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     runner = web.AppRunner(create_app(config), access_log=None, shutdown_timeout=30)
-    await runner.setup()
+    setup = asyncio.create_task(runner.setup())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({setup, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if not setup.done():
+        setup.cancel()
+        await asyncio.gather(setup, return_exceptions=True)
+        log.info("stopped_during_startup")
+        return
+    stopping.cancel()
+    setup.result()  # start-up errors (bad spec, Redis down) surface here
     try:
         for address in hosts:
             await web.TCPSite(runner, address, port).start()
         log.info("serving", addresses=[f"http://{h}:{port}" for h in hosts])
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("shutting_down")
     finally:

@@ -38,18 +38,25 @@ def load_secret_box(secret_key: str | None, data_dir: Path) -> SecretBox:
                 "ACS_SECRET_KEY: not a Fernet key (32 url-safe base64-encoded bytes)"
             ) from None
     path = data_dir / "secret.key"
-    if not path.exists():
-        data_dir.mkdir(parents=True, exist_ok=True)
-        # O_EXCL: two processes starting at once must not write two different keys.
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass
-        else:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(Fernet.generate_key())
     try:
-        return SecretBox(path.read_bytes().strip())
+        if not path.exists():
+            data_dir.mkdir(parents=True, exist_ok=True)
+            # O_EXCL: two processes starting at once must not write two different keys.
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                pass
+            else:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(Fernet.generate_key())
+        raw = path.read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError(
+            f"ACS_DATA_DIR: cannot keep the secret key file {path} ({exc.strerror}); make the "
+            "directory writable by this user, or set ACS_SECRET_KEY"
+        ) from None
+    try:
+        return SecretBox(raw)
     except ValueError:
         raise ConfigError(f"ACS_SECRET_KEY: key file {path} does not hold a Fernet key") from None
 

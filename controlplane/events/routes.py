@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import weakref
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from controlplane import keys
@@ -30,6 +31,20 @@ from controlplane.events.models import (
 from controlplane.sandboxes.models import Success
 
 routes = RouteTable(tag="events")
+OPEN_SOCKETS: web.AppKey[weakref.WeakSet[web.WebSocketResponse]] = web.AppKey("open_sockets")
+
+
+def track_sockets(app: web.Application) -> None:
+    """Live sockets are closed when the server shuts down, so they do not hold it up."""
+    app[OPEN_SOCKETS] = weakref.WeakSet()
+
+    async def close_all(app: web.Application) -> None:
+        for ws in list(app[OPEN_SOCKETS]):
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+
+    app.on_shutdown.append(close_all)
+
+
 _EVENTS = TypeAdapter(list[Event])
 
 
@@ -98,6 +113,7 @@ async def event_socket(request: web.Request) -> web.StreamResponse:
         last = newest[0][0] if newest else "0"
     ws = web.WebSocketResponse(heartbeat=30)
     await ws.prepare(request)
+    request.app[OPEN_SOCKETS].add(ws)
     redis = request.app[keys.REDIS]
 
     async def follow() -> None:

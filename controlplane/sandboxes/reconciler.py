@@ -201,7 +201,11 @@ class Reconciler:
                 result = await self._svc.store.transition(
                     record, [S.STARTING], S.RUNNING, ports=ports, touch=True
                 )
-                self.fixes += result.outcome == "ok"
+                if result.outcome == "ok":
+                    self.fixes += 1
+                    reason = "start finished after a control plane restart"
+                    log.info("reconciled", sandbox_id=record.id, was=S.STARTING, now=S.RUNNING)
+                    await self._svc.publish_observed(record, S.RUNNING, reason)
                 return
         grace = timedelta(seconds=self._svc.config.start_timeout + 10)
         if datetime.now(UTC) - record.updated_at < grace:

@@ -1,0 +1,267 @@
+"""Graceful shutdown of `controlplane serve`, as a real process: on SIGTERM it stops accepting,
+lets the request in flight finish, stops its background loops and exits 0; sandboxes keep
+running, and the next start on the same Redis carries on with them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import docker
+import pytest
+import redis.asyncio as aioredis
+
+from controlplane.sandboxes import naming
+from tests.conftest import BOOTSTRAP_KEY
+from tests.live_server import Api, free_port, gateway
+from tests.sandbox_helpers import REPO
+
+EXIT_WITHIN = 35  # aiohttp's shutdown_timeout in `serve` is 30 s
+START_TIMEOUT = 20  # ACS_START_TIMEOUT: an interrupted start is ERROR after this + 10 s
+PAUSE_MS = 2500  # Redis pauses this long; below the control plane's 5 s Redis timeout
+
+
+class Serve:
+    """`controlplane serve` in a subprocess; its stdout and stderr (JSON logs) are collected."""
+
+    def __init__(self, process: asyncio.subprocess.Process, port: int) -> None:
+        self.process = process
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.lines: list[str] = []
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.process.stdout is not None
+        async for raw in self.process.stdout:
+            self.lines.append(raw.decode(errors="replace").rstrip())
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.lines:
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+        return out
+
+    def logs(self) -> str:
+        return "\n".join(self.lines[-80:])
+
+    async def wait_event(self, event: str, within: float) -> None:
+        deadline = time.monotonic() + within
+        while not any(e.get("event") == event for e in self.events()):
+            assert time.monotonic() < deadline, f"no {event!r} log in {within} s:\n{self.logs()}"
+            await asyncio.sleep(0.02)
+
+    async def wait_healthy(self, http: aiohttp.ClientSession, within: float = 30) -> None:
+        deadline = time.monotonic() + within
+        while True:
+            assert self.process.returncode is None, f"serve exited:\n{self.logs()}"
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(f"{self.url}/health") as resp:
+                    if resp.status == 200:
+                        return
+            assert time.monotonic() < deadline, f"/health not 200 in {within} s:\n{self.logs()}"
+            await asyncio.sleep(0.05)
+
+    async def terminate(self) -> tuple[int, float]:
+        """SIGTERM; returns the exit code and how long the process took to exit."""
+        started = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        return await self.exited(started)
+
+    async def exited(self, since: float) -> tuple[int, float]:
+        try:
+            code = await asyncio.wait_for(self.process.wait(), EXIT_WITHIN)
+        except TimeoutError:
+            raise AssertionError(f"serve did not exit in {EXIT_WITHIN} s:\n{self.logs()}") from None
+        await self._reader
+        return code, time.monotonic() - since
+
+    async def kill(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
+        self._reader.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+
+
+def serve_env(redis_url: str, prefix: str, data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACS_")}
+    env.update(
+        {
+            "ACS_REDIS_URL": redis_url,
+            "ACS_BOOTSTRAP_API_KEY": BOOTSTRAP_KEY,
+            "ACS_CONTAINER_PREFIX": prefix,
+            "ACS_SPEC_DIR": str(REPO / "specs"),
+            "ACS_DATA_DIR": str(data_dir),
+            "ACS_LOG_FORMAT": "json",
+            "ACS_RECONCILE_INTERVAL": "1",
+            "ACS_START_TIMEOUT": str(START_TIMEOUT),
+            "ACS_RATE_LIMIT_PER_MINUTE": "0",
+        }
+    )
+    return env
+
+
+@pytest.fixture
+async def serve(redis_url: str, test_prefix: str, tmp_path: Path) -> AsyncIterator[Any]:
+    """Starts `controlplane serve` processes on one port, Redis, prefix and data dir; kills
+    whatever is still running at the end."""
+    port = free_port(gateway())
+    env = serve_env(redis_url, test_prefix, tmp_path / "data")
+    binary = Path(sys.executable).parent / "controlplane"
+    started: list[Serve] = []
+
+    async def start() -> Serve:
+        process = await asyncio.create_subprocess_exec(
+            str(binary),
+            *("serve", "--host", "127.0.0.1", "--port", str(port)),
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        server = Serve(process, port)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        await server.kill()
+
+
+async def wait_settled(api: Api, sandbox_id: str, settled: set[str], within: float) -> Any:
+    """Poll until the sandbox's status is in `settled`; fail with the last body."""
+    deadline = time.monotonic() + within
+    body: Any = None
+    while time.monotonic() < deadline:
+        status, body = await api.call("GET", f"/api/v1/sandboxes/{sandbox_id}")
+        assert status == 200, body
+        if body["status"] in settled:
+            return body
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"sandbox {sandbox_id} not {settled} in {within} s: {body}")
+
+
+async def in_flight_start(port: int, request_id: str) -> tuple[Any, Any]:
+    """POST /api/v1/sandboxes, whole, with `Expect: 100-continue`: the server answers
+    `100 Continue` once its handler runs, so on return the request is in progress."""
+    body = json.dumps({"sandbox_spec_id": "default"}).encode()
+    head = (
+        "POST /api/v1/sandboxes HTTP/1.1\r\n"
+        f"Host: 127.0.0.1:{port}\r\n"
+        f"X-Session-API-Key: {BOOTSTRAP_KEY}\r\n"
+        f"X-Request-ID: {request_id}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Expect: 100-continue\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head + body)
+    await writer.drain()
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert interim.startswith(b"HTTP/1.1 100"), interim
+    return reader, writer
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, Any]:
+    raw = await asyncio.wait_for(reader.read(), 30)  # Connection: close, so until EOF
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return status, json.loads(payload)
+
+
+async def refused(port: int, within: float = 5) -> None:
+    """New connections are refused (the listening sockets are closed)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except ConnectionRefusedError:
+            return
+        writer.close()
+        assert time.monotonic() < deadline, f"port {port} still accepts after {within} s"
+        await asyncio.sleep(0.02)
+
+
+def container_status(client: docker.DockerClient, name: str) -> str:
+    return str(client.containers.get(name).status)
+
+
+async def test_sigterm_drains_and_the_next_start_adopts_the_sandboxes(
+    serve: Any, test_prefix: str, docker_client: docker.DockerClient, raw_redis: aioredis.Redis
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        first: Serve = await serve()
+        await first.wait_healthy(http)
+        api = Api(http, first.url, BOOTSTRAP_KEY)
+        running = await api.ok("POST", "/api/v1/sandboxes")
+        kept = await wait_settled(api, running["id"], {"RUNNING"}, 60)
+        agent_url = kept["exposed_urls"][0]["url"]
+
+        # A request in flight when SIGTERM arrives: it starts a second sandbox, and Redis,
+        # paused for PAUSE_MS, holds it in its handler while the server shuts down.
+        request_id = f"in-flight-{secrets.token_hex(4)}"
+        await raw_redis.execute_command("CLIENT", "PAUSE", str(PAUSE_MS), "ALL")
+        reader, writer = await in_flight_start(first.port, request_id)
+        try:
+            signalled = time.monotonic()
+            first.process.send_signal(signal.SIGTERM)
+            await first.wait_event("shutting_down", 10)
+            await refused(first.port)
+            status, interrupted = await read_response(reader)
+        finally:
+            writer.close()
+        assert status == 200, interrupted
+        assert interrupted["status"] == "STARTING"
+        # It was still running when shutdown began, and was logged as done after that.
+        order = [
+            e["event"]
+            for e in first.events()
+            if e.get("event") == "shutting_down"
+            or (e.get("event") == "request" and e.get("request_id") == request_id)
+        ]
+        assert order == ["shutting_down", "request"], first.logs()
+
+        code, took = await first.exited(signalled)
+        assert code == 0, first.logs()
+        assert took < PAUSE_MS / 1000 + 5, f"exit took {took:.1f} s:\n{first.logs()}"
+        levels = {e.get("level") for e in first.events()}
+        assert "error" not in levels, first.logs()
+        assert "critical" not in levels, first.logs()
+        assert not any("Traceback" in line for line in first.lines), first.logs()
+        name = naming.container_name(test_prefix, running["id"])
+        assert await asyncio.to_thread(container_status, docker_client, name) == "running"
+
+        # The next start, on the same Redis: the sandbox is still RUNNING and its agent server
+        # answers where it did; the start the shutdown interrupted settles, never stays STARTING.
+        second: Serve = await serve()
+        await second.wait_healthy(http)
+        api = Api(http, second.url, BOOTSTRAP_KEY)
+        again = await api.ok("GET", f"/api/v1/sandboxes/{running['id']}")
+        assert again["status"] == "RUNNING", again
+        assert again["exposed_urls"][0]["url"] == agent_url
+        async with http.get(f"{agent_url}/health") as resp:
+            assert resp.status == 200
+        settled = await wait_settled(
+            api, interrupted["id"], {"RUNNING", "ERROR"}, START_TIMEOUT + 30
+        )
+        if settled["status"] == "RUNNING":
+            async with http.get(f"{settled['exposed_urls'][0]['url']}/health") as resp:
+                assert resp.status == 200
+
+        code, took = await second.terminate()
+        assert code == 0, second.logs()
+        assert took < 5, f"exit took {took:.1f} s:\n{second.logs()}"
+        assert await asyncio.to_thread(container_status, docker_client, name) == "running"
