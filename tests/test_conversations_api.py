@@ -137,13 +137,26 @@ async def test_interrupted_start_task_is_failed_at_boot(
         request=AppConversationStartRequest(),
     )
     await store.save_task(task)
+    # Another replica is still running this one: its lease is alive.
+    running_elsewhere = AppConversationStartTask(
+        id=uuid7_hex(),
+        created_by_user_id="alice",
+        status=StartTaskStatus.STARTING_CONVERSATION,
+        request=AppConversationStartRequest(),
+    )
+    await store.save_task(running_elsewhere)
+    await store.hold_lease(running_elsewhere.id, "other-replica", ttl=60)
+
     second = await start_live_server(make_config(container_prefix=test_prefix))
     try:
         stored = await store.get_task(task.id)
         assert stored is not None
         assert stored.status == StartTaskStatus.ERROR
         assert "interrupted" in (stored.detail or "")
-        assert await store.active_task_ids() == []
+        alive = await store.get_task(running_elsewhere.id)
+        assert alive is not None
+        assert alive.status == StartTaskStatus.STARTING_CONVERSATION
+        assert await store.active_task_ids() == [running_elsewhere.id]
     finally:
         await second.close()
 

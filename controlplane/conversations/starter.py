@@ -4,6 +4,7 @@ STARTING_CONVERSATION → READY, or ERROR with a detail. Every step is saved bef
 from __future__ import annotations
 
 import asyncio
+import secrets
 import shlex
 from typing import Any
 
@@ -42,6 +43,8 @@ _TOKEN_USER = {
     ProviderType.BITBUCKET: "x-token-auth",
 }
 DEFAULT_MAX_ITERATIONS = 100
+LEASE_TTL = 30.0
+"""A running task's lease is renewed every LEASE_TTL / 3 s; a replica that dies loses it."""
 
 
 class StartFailed(ControlPlaneError):
@@ -75,7 +78,7 @@ class StartTaskRunner:
         """Run the task in the background; the queue gets every saved snapshot, then None."""
         updates: asyncio.Queue[AppConversationStartTask | None] = asyncio.Queue()
         self._updates[task.id] = updates
-        job = asyncio.create_task(self.run(task, principal), name=f"start-task-{task.id}")
+        job = asyncio.create_task(self._leased(task, principal), name=f"start-task-{task.id}")
         self._tasks[task.id] = job
 
         def done(_job: asyncio.Task[None]) -> None:
@@ -85,6 +88,23 @@ class StartTaskRunner:
 
         job.add_done_callback(done)
         return updates
+
+    async def _leased(self, task: AppConversationStartTask, principal: Principal) -> None:
+        """Run the task while holding its lease, so other replicas know it is alive."""
+        owner = secrets.token_hex(8)
+
+        async def renew() -> None:
+            while True:
+                await self._store.hold_lease(task.id, owner, LEASE_TTL)
+                await asyncio.sleep(LEASE_TTL / 3)
+
+        renewer = asyncio.create_task(renew(), name=f"lease-{task.id}")
+        try:
+            await self.run(task, principal)
+        finally:
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
+            await asyncio.shield(self._store.drop_lease(task.id))
 
     async def _set(self, task: AppConversationStartTask, status: StartTaskStatus) -> None:
         task.status = status
@@ -280,10 +300,12 @@ class StartTaskRunner:
         return {k: v for k, v in body.items() if v is not None}
 
     async def recover(self) -> int:
-        """At start-up: tasks left unfinished by a previous process end in ERROR."""
+        """At start-up: unfinished tasks that no replica holds a lease on end in ERROR."""
         failed = 0
-        for task in await self._store.get_tasks(await self._store.active_task_ids()):
-            if task is None or task.id in self._tasks:
+        ids = await self._store.active_task_ids()
+        alive = dict(zip(ids, await self._store.leased(ids), strict=True))
+        for task in await self._store.get_tasks(ids):
+            if task is None or task.id in self._tasks or alive[task.id]:
                 continue
             task.status = T.ERROR
             task.detail = "interrupted by a control plane restart; start the conversation again"

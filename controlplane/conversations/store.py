@@ -115,6 +115,18 @@ class ConversationStore:
     async def all_task_ids(self, owner: str) -> list[str]:
         return [text(i) for i in await self._redis.zrange(keys.user_start_tasks(owner), 0, -1)]
 
+    async def hold_lease(self, task_id: str, owner: str, ttl: float) -> None:
+        await self._redis.set(keys.start_task_lease(task_id), owner, px=int(ttl * 1000))
+
+    async def drop_lease(self, task_id: str) -> None:
+        await self._redis.delete(keys.start_task_lease(task_id))
+
+    async def leased(self, task_ids: list[str]) -> list[bool]:
+        if not task_ids:
+            return []
+        rows = await self._redis.mget([keys.start_task_lease(i) for i in task_ids])
+        return [row is not None for row in rows]
+
     async def active_task_ids(self) -> list[str]:
         return sorted(text(i) for i in await self._redis.smembers(keys.ACTIVE_START_TASKS))
 

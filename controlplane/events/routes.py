@@ -31,15 +31,17 @@ from controlplane.events.models import (
 from controlplane.sandboxes.models import Success
 
 routes = RouteTable(tag="events")
-OPEN_SOCKETS: web.AppKey[weakref.WeakSet[web.WebSocketResponse]] = web.AppKey("open_sockets")
+OpenSockets = weakref.WeakSet[web.WebSocketResponse]
+OPEN_SOCKETS: web.AppKey[OpenSockets] = web.AppKey("open_sockets", OpenSockets)
 
 
 def track_sockets(app: web.Application) -> None:
     """Live sockets are closed when the server shuts down, so they do not hold it up."""
-    app[OPEN_SOCKETS] = weakref.WeakSet()
+    sockets: OpenSockets = weakref.WeakSet()
+    app[OPEN_SOCKETS] = sockets
 
-    async def close_all(app: web.Application) -> None:
-        for ws in list(app[OPEN_SOCKETS]):
+    async def close_all(_app: web.Application) -> None:
+        for ws in list(sockets):
             await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
 
     app.on_shutdown.append(close_all)

@@ -114,3 +114,9 @@ def rate_limit(key_id: str) -> str:
     """Counter of one API key's requests in its current window. TTL = the window (60 s), set by
     the window's first request, so the count resets by itself and idle keys leave nothing."""
     return f"{PREFIX}:ratelimit:{key_id}"
+
+
+def start_task_lease(task_id: str) -> str:
+    """String with a TTL (conversations.starter.LEASE_TTL): set while a replica runs the task and
+    renewed by it, so a replica starting up fails only tasks nobody is running any more."""
+    return f"{PREFIX}:task_lease:{task_id}"
