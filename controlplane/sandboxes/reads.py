@@ -1,0 +1,122 @@
+"""Reading sandboxes as a user may see them: ownership, views, batches, cursor search, and
+waiting for a sandbox to be RUNNING."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from controlplane.api.pagination import decode_cursor, encode_cursor
+from controlplane.auth.models import Principal
+from controlplane.config import ServiceConfig
+from controlplane.errors import Conflict, Forbidden, SandboxNotFound
+from controlplane.sandboxes.models import (
+    SANDBOX_ID_PATTERN,
+    ExposedUrl,
+    SandboxInfo,
+    SandboxPage,
+    SandboxRecord,
+    SandboxSearchQuery,
+    SandboxStatus,
+)
+from controlplane.sandboxes.store import SandboxStore
+from controlplane.specs.catalog import SpecCatalog
+from controlplane.specs.models import AGENT_SERVER
+
+S = SandboxStatus
+_ID_RE = re.compile(SANDBOX_ID_PATTERN)
+
+
+class SandboxReads:
+    def __init__(self, config: ServiceConfig, store: SandboxStore, catalog: SpecCatalog) -> None:
+        self.config = config
+        self.store = store
+        self.catalog = catalog
+
+    async def owned(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
+        """The record if the caller may see it. Raises SandboxNotFound otherwise (never 403)."""
+        record = await self.store.get(sandbox_id) if _ID_RE.match(sandbox_id) else None
+        if record is None or (record.owner != principal.user_id and not principal.is_admin):
+            raise SandboxNotFound(f"sandbox {sandbox_id} not found")
+        return record
+
+    def view(self, record: SandboxRecord, principal: Principal) -> SandboxInfo:
+        running = record.status == S.RUNNING
+        urls = [
+            ExposedUrl(name=name, url=f"http://{self.config.url_host}:{port}", port=port)
+            for name, port in sorted(record.ports.items())
+        ]
+        return SandboxInfo(
+            id=record.id,
+            created_by_user_id=record.owner,
+            sandbox_spec_id=record.spec_id,
+            status=record.status,
+            session_api_key=record.session_api_key
+            if running and record.owner == principal.user_id
+            else None,
+            exposed_urls=urls if running else None,
+            created_at=record.created_at,
+            last_activity_at=record.last_activity_at,
+            reason=record.reason,
+        )
+
+    async def get(self, principal: Principal, sandbox_id: str) -> SandboxInfo:
+        return self.view(await self.owned(principal, sandbox_id), principal)
+
+    async def batch_get(self, principal: Principal, ids: list[str]) -> list[SandboxInfo | None]:
+        """In request order; None for ids that are unknown or not the caller's."""
+        valid = [i if _ID_RE.match(i) else "" for i in ids]
+        records = await self.store.get_many(i for i in valid if i)
+        found = {r.id: r for r in records if r is not None}
+        out: list[SandboxInfo | None] = []
+        for sandbox_id in valid:
+            record = found.get(sandbox_id)
+            visible = record is not None and (
+                record.owner == principal.user_id or principal.is_admin
+            )
+            out.append(self.view(record, principal) if visible and record else None)
+        return out
+
+    async def search(self, principal: Principal, query: SandboxSearchQuery) -> SandboxPage:
+        """Newest first, cursor-paged; filters by status and spec."""
+        if (query.all_users or query.created_by_user_id) and not principal.is_admin:
+            raise Forbidden("all_users and created_by_user_id need an admin key")
+        owner = query.created_by_user_id or (None if query.all_users else principal.user_id)
+        after = decode_cursor(query.page_id, SANDBOX_ID_PATTERN.strip("^$"))
+        filtered = set(query.model_fields_set) - {"page_id", "limit", "all_users"} != set()
+        batch = max(query.limit + 1, 200) if filtered else query.limit + 1
+        matches: list[SandboxRecord] = []
+        while len(matches) <= query.limit:
+            ids = await self.store.page_ids(owner, after, batch)
+            for record in await self.store.get_many(ids):
+                if record is not None and query.matches(record):
+                    matches.append(record)
+                    if len(matches) > query.limit:
+                        break
+            if len(ids) < batch:
+                break
+            after = ids[-1]
+        page = matches[: query.limit]
+        next_page = encode_cursor(page[-1].id) if len(matches) > query.limit else None
+        return SandboxPage(items=[self.view(r, principal) for r in page], next_page_id=next_page)
+
+    def agent_url(self, record: SandboxRecord) -> str:
+        """Base URL of the sandbox's agent server, as this control plane reaches it."""
+        return f"http://{self.config.url_host}:{record.ports[AGENT_SERVER]}"
+
+    async def wait_running(self, sandbox_id: str, timeout: float) -> SandboxRecord:
+        """Poll the record until RUNNING. Raises Conflict for ERROR/MISSING/PAUSED or on timeout."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            record = await self.store.get(sandbox_id)
+            if record is None:
+                raise SandboxNotFound(f"sandbox {sandbox_id} was deleted")
+            if record.status == S.RUNNING and AGENT_SERVER in record.ports:
+                return record
+            if record.status not in (S.STARTING, S.RUNNING):
+                raise Conflict(
+                    f"sandbox {sandbox_id} is {record.status.value}: {record.reason or 'no reason'}"
+                )
+            if asyncio.get_running_loop().time() > deadline:
+                raise Conflict(f"sandbox {sandbox_id} did not become RUNNING in {timeout:g} s")
+            await asyncio.sleep(0.02)
