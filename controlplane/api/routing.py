@@ -6,7 +6,7 @@ Handlers are registered through a RouteTable, so the document cannot drift from 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -28,7 +28,6 @@ class Endpoint:
     status: int = 200
     public: bool = False
     errors: tuple[int, ...] = ()
-    extra_responses: dict[int, str] = field(default_factory=dict)
 
 
 class RouteTable:
