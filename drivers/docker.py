@@ -182,12 +182,8 @@ class DockerDriver:
     def _create_and_start(
         self, client: docker.DockerClient, req: ContainerRequest
     ) -> ContainerState:
-        try:
-            client.images.get(req.image)
-        except ImageNotFound:
-            raise ImageMissing(
-                f"image {req.image} is not on this host; run `make images` to build it"
-            ) from None
+        # No separate image look-up: the service has just checked the engine with one, and
+        # create answers ImageNotFound itself (mapped to ImageMissing below).
         try:
             client.api.inspect_volume(req.volume)
             made_volume = False  # a re-create: the workspace survives a failure below
@@ -218,6 +214,10 @@ class DockerDriver:
             return _state_of(container.attrs)
         except BaseException as exc:
             self._remove(client, req.name, req.volume if made_volume else None)
+            if isinstance(exc, ImageNotFound):
+                raise ImageMissing(
+                    f"image {req.image} is not on this host; run `make images` to build it"
+                ) from None
             if isinstance(exc, APIError):
                 raise DriverError(
                     f"Docker refused to start the sandbox: {exc.explanation}"
