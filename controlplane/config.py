@@ -46,6 +46,11 @@ class ServiceConfig(BaseModel):
     docker_threads: int = Field(default=8, ge=1, le=64)
     spec_dir: Path = Path("specs")
     base_image: str = "acs-base:bookworm"
+    image_tag: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$",
+        description="Tag of the images built from specs/ instead of the spec's own tag",
+    )
     container_prefix: str = Field(default="acs-sandbox-", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
     publish_host: str = Field(default="127.0.0.1", description="Host address ports publish on")
     url_host: str = Field(default="127.0.0.1", description="Host name used in exposed_urls")

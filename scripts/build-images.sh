@@ -12,6 +12,9 @@
 #                      other name is pulled with `docker pull`.
 #   ACS_DATA_DIR       where build files go (default ./var); this script uses
 #                      $ACS_DATA_DIR/build: wheels/ (cache), logs/, temp dirs.
+#   ACS_IMAGE_TAG      tag for every spec image instead of the spec's own (the control
+#                      plane reads the same variable), so that several checkouts can
+#                      share one engine.
 #   ACS_DEBIAN_MIRROR  Debian mirror for debootstrap and the base image's apt
 #                      sources (default http://deb.debian.org/debian).
 #
@@ -39,6 +42,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 BASE_IMAGE=${ACS_BASE_IMAGE:-acs-base:bookworm}
+IMAGE_TAG=${ACS_IMAGE_TAG:-}
 LOCAL_BASE=acs-base:bookworm
 DATA_DIR=${ACS_DATA_DIR:-./var}
 case "$DATA_DIR" in /*) ;; *) DATA_DIR="$ROOT/${DATA_DIR#./}" ;; esac
@@ -296,6 +300,12 @@ build_spec() {
     local stem=$1 id=$2 image=$3 context=$4 wheels=$5 base_id=$6
     local start src ctx hash current
     start=$(now)
+    # Same rule as controlplane.specs.catalog.retag: the tag of the last path segment.
+    if [ -n "$IMAGE_TAG" ]; then
+        local last=${image##*/} prefix=
+        [ "$last" = "$image" ] || prefix="${image%/*}/"
+        image="$prefix${last%%:*}:$IMAGE_TAG"
+    fi
     src="specs/$context"
     [ -f "$src/Dockerfile" ] || die "spec $stem: $src/Dockerfile does not exist"
     [ -n "$image" ] || die "spec $stem: no image"

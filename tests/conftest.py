@@ -5,6 +5,7 @@ Docker fixtures (for sandbox tests) live in tests/docker_fixtures.py and are loa
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -61,6 +62,7 @@ def make_config(redis_url: str, tmp_path: Path) -> Callable[..., ServiceConfig]:
             "log_format": "json",
             # Polling helpers would trip the per-key limit; tests/test_rate_limit.py turns it on.
             "rate_limit_per_minute": 0,
+            "image_tag": os.environ.get("ACS_IMAGE_TAG") or None,
         }
         values.update(overrides)
         return load_config({}, **values)

@@ -14,6 +14,7 @@ from docker.errors import DockerException, ImageNotFound, NotFound
 
 from controlplane.sandboxes.naming import LABEL_PREFIX
 from tests.run_id import RUN_ID
+from tests.sandbox_helpers import DEFAULT_IMAGE
 
 _counter = itertools.count()
 
@@ -45,7 +46,7 @@ def _remove_matching(client: docker.DockerClient, name_part: str) -> None:
 
 @pytest.fixture(scope="session")
 def sandbox_images(docker_client: docker.DockerClient) -> None:
-    for image in ("acs-sandbox-default:latest",):
+    for image in (DEFAULT_IMAGE,):
         try:
             docker_client.images.get(image)
         except ImageNotFound:

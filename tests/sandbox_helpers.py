@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import time
 from pathlib import Path
@@ -15,6 +16,8 @@ from aiohttp.test_utils import TestClient
 from controlplane.sandboxes.naming import LABEL_PREFIX
 
 REPO = Path(__file__).resolve().parent.parent
+IMAGE_TAG = os.environ.get("ACS_IMAGE_TAG") or "latest"
+DEFAULT_IMAGE = f"acs-sandbox-default:{IMAGE_TAG}"
 Client = TestClient[web.Request, web.Application]
 
 
@@ -52,13 +55,13 @@ def spec_dir(tmp: Path, extra: dict[str, str]) -> Path:
     return target
 
 
-HANGING_SPEC = """
+HANGING_SPEC = f"""
 id: hanging
 description: never answers /health
-image: acs-sandbox-default:latest
+image: {DEFAULT_IMAGE}
 command: ["sleep", "1000"]
-exposed_ports: {AGENT_SERVER: 8000}
-resources: {cpus: 0.5, memory: 64m, pids: 64}
+exposed_ports: {{AGENT_SERVER: 8000}}
+resources: {{cpus: 0.5, memory: 64m, pids: 64}}
 """
 
 NO_IMAGE_SPEC = """

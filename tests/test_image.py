@@ -20,9 +20,9 @@ import pytest
 import redis
 
 from tests.live_server import free_port, gateway
-from tests.sandbox_helpers import REPO
+from tests.sandbox_helpers import IMAGE_TAG, REPO
 
-IMAGE = "acs-control-plane:latest"
+IMAGE = f"acs-control-plane:{IMAGE_TAG}"
 KEY = "image-test-bootstrap-key-0123456789"
 SOCKET = "/var/run/docker.sock"
 
@@ -36,7 +36,7 @@ def docker_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[s
 @pytest.fixture(scope="module")
 def image() -> str:
     """The image, (re)built from the working tree."""
-    env = {k: v for k, v in os.environ.items() if k != "ACS_IMAGE"}
+    env = {k: v for k, v in os.environ.items() if k != "ACS_IMAGE"} | {"ACS_IMAGE": IMAGE}
     result = subprocess.run(
         [str(REPO / "scripts" / "build-control-plane-image.sh")],
         capture_output=True,
@@ -152,6 +152,7 @@ def test_image_serves_the_api_and_starts_sandboxes(
         *("-v", f"{SOCKET}:{SOCKET}", "--group-add", group),
         *("-e", f"ACS_REDIS_URL={tcp_redis}", "-e", f"ACS_BOOTSTRAP_API_KEY={KEY}"),
         *("-e", f"ACS_CONTAINER_PREFIX={test_prefix}", "-e", "ACS_RATE_LIMIT_PER_MINUTE=0"),
+        *("-e", f"ACS_IMAGE_TAG={IMAGE_TAG}"),
         image,
         *("serve", "--host", "127.0.0.1", "--port", str(port)),
     )

@@ -16,7 +16,15 @@ from controlplane.api.pagination import encode_cursor
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.naming import new_sandbox_id
 from controlplane.sandboxes.store import Limits
-from tests.sandbox_helpers import HANGING_SPEC, REPO, Client, containers, spec_dir, wait_status
+from tests.sandbox_helpers import (
+    DEFAULT_IMAGE,
+    HANGING_SPEC,
+    REPO,
+    Client,
+    containers,
+    spec_dir,
+    wait_status,
+)
 
 Headers = Callable[..., Awaitable[dict[str, str]]]
 
@@ -364,7 +372,7 @@ async def test_spec_search_batch_and_paging(sbx: Client, user_headers: Headers) 
     assert page["next_page_id"] is None
     default = page["items"][1]
     assert default["default"] is True
-    assert default["image"] == "acs-sandbox-default:latest"
+    assert default["image"] == DEFAULT_IMAGE
     assert default["exposed_ports"] == {"AGENT_SERVER": 8000}
     assert default["working_dir"] == "/workspace"
     assert default["resources"] == {"cpus": 1.0, "memory": "1g", "pids": 512}

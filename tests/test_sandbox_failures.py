@@ -14,7 +14,7 @@ import pytest
 from controlplane.app import create_app
 from controlplane.config import ServiceConfig
 from controlplane.errors import SpecInvalid
-from controlplane.specs.catalog import SpecCatalog
+from controlplane.specs.catalog import SpecCatalog, retag
 from tests.sandbox_helpers import (
     HANGING_SPEC,
     NO_IMAGE_SPEC,
@@ -238,3 +238,12 @@ def test_spec_dir_missing_or_empty(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(SpecInvalid, match=r"no \*\.yaml spec files"):
         SpecCatalog.load(tmp_path / "empty")
+
+
+def test_image_tag_replaces_the_tag_of_built_images_only(tmp_path: Path) -> None:
+    directory = spec_dir(tmp_path, {"prebuilt": GOOD.replace("id: broken", "id: prebuilt")})
+    catalog = SpecCatalog.load(directory, image_tag="wt-1")
+    assert catalog.get("default").image == "acs-sandbox-default:wt-1"
+    assert catalog.get("prebuilt").image == "acs-sandbox-default:latest"  # no build: section
+    assert retag("registry:5000/team/img:1.0", "x") == "registry:5000/team/img:x"
+    assert retag("img", "x") == "img:x"

@@ -26,11 +26,11 @@ from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.store import Limits
 from controlplane.sandboxes.wiring import RECONCILER
 from controlplane.store import keys as rkeys
+from tests.sandbox_helpers import DEFAULT_IMAGE as IMAGE
 from tests.sandbox_helpers import Client, containers, start, volumes, wait_status
 
 Headers = Callable[..., Awaitable[dict[str, str]]]
 ClientFactory = Callable[..., Awaitable[Client]]
-IMAGE = "acs-sandbox-default:latest"
 DOCKER_SOCK = "/var/run/docker.sock"
 
 

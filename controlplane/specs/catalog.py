@@ -58,6 +58,13 @@ def load_spec_file(path: Path) -> SandboxSpec:
         raise SpecInvalid(f"{path}:{line}: {field}: {err['msg']}") from None
 
 
+def retag(image: str, tag: str) -> str:
+    """`image` with its tag (the part after the last colon of the last path segment) replaced."""
+    name, _, last = image.rpartition("/")
+    repo = last.split(":", 1)[0].split("@", 1)[0]
+    return f"{name}/{repo}:{tag}" if name else f"{repo}:{tag}"
+
+
 class SpecCatalog:
     """The read-only set of templates, in id order, with exactly one default."""
 
@@ -73,14 +80,23 @@ class SpecCatalog:
         self.default = defaults[0]
 
     @classmethod
-    def load(cls, spec_dir: Path) -> SpecCatalog:
-        """Raises SpecInvalid for a missing dir, a bad file or a bad set of files."""
+    def load(cls, spec_dir: Path, image_tag: str | None = None) -> SpecCatalog:
+        """Raises SpecInvalid for a missing dir, a bad file or a bad set of files.
+
+        `image_tag` replaces the tag of every image built from specs/ (a spec with `build:`),
+        as scripts/build-images.sh does with the same ACS_IMAGE_TAG."""
         if not spec_dir.is_dir():
             raise SpecInvalid(f"ACS_SPEC_DIR: {spec_dir} is not a directory")
         files = sorted(spec_dir.glob("*.yaml")) + sorted(spec_dir.glob("*.yml"))
         if not files:
             raise SpecInvalid(f"ACS_SPEC_DIR: no *.yaml spec files in {spec_dir}")
-        return cls([load_spec_file(f) for f in files])
+        specs = [load_spec_file(f) for f in files]
+        if image_tag:
+            specs = [
+                s.model_copy(update={"image": retag(s.image, image_tag)}) if s.build else s
+                for s in specs
+            ]
+        return cls(specs)
 
     def get(self, spec_id: str | None) -> SandboxSpec:
         """The named spec, or the default for None. Raises SpecNotFound."""
