@@ -6,7 +6,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 3000
 BIN    := $(VENV)/bin
 
-.PHONY: all host install images image run test lint format mypy bench clean
+.PHONY: all host install images image run test test-quick lint format mypy bench clean
 
 all: lint test
 
@@ -33,8 +33,13 @@ image: images
 run: install host images
 	$(BIN)/controlplane serve --host $(HOST) --port $(PORT)
 
+# Everything, slow tiers included (what CI runs).
 test: install host images
 	$(BIN)/pytest
+
+# Without the slow tiers (tests marked `slow`: real clients, chaos, the official agent server).
+test-quick: install host images
+	$(BIN)/pytest -m "not slow"
 
 lint: install
 	$(BIN)/ruff check .

@@ -1,0 +1,129 @@
+"""The real OpenHands client packages (CLI, SDK, workspace) in a Python 3.12 venv of their own.
+
+Compatibility is proven with the clients people use, not with our reading of their code. The venv
+is built from tests/clients/requirements.lock (pinned versions) once per data dir: wheels are
+downloaded (or built, for the few sdists) into $ACS_DATA_DIR/build/client-wheels/<hash> and
+installed with --no-index, so later runs need no network and take a few seconds.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LOCK = REPO / "tests" / "clients" / "requirements.lock"
+PYTHON_VERSION = "3.12"
+
+
+@dataclass(frozen=True)
+class OpenHandsVenv:
+    root: Path
+
+    @property
+    def python(self) -> Path:
+        return self.root / "bin" / "python"
+
+    def bin(self, name: str) -> Path:
+        return self.root / "bin" / name
+
+
+def data_dir() -> Path:
+    raw = Path(os.environ.get("ACS_DATA_DIR") or "var")
+    return raw if raw.is_absolute() else REPO / raw
+
+
+def find_python(version: str = PYTHON_VERSION) -> Path | None:
+    """An interpreter of `version`: pyenv's (looked up, not assumed), then one on PATH."""
+    pyenv = shutil.which("pyenv")
+    if pyenv is not None:
+        found = subprocess.run(
+            [pyenv, "prefix", version], capture_output=True, text=True, check=False
+        )
+        for prefix in found.stdout.split(":"):
+            candidate = Path(prefix.strip()) / "bin" / "python"
+            if prefix.strip() and candidate.exists():
+                return candidate
+    roots = [os.environ.get("PYENV_ROOT", ""), str(Path.home() / ".pyenv")]
+    for root in filter(None, roots):
+        for candidate in sorted(glob.glob(f"{root}/versions/{version}.*/bin/python"), reverse=True):
+            return Path(candidate)
+    on_path = shutil.which(f"python{version}")
+    return Path(on_path) if on_path else None
+
+
+def _run(args: list[str | Path], log: Path, timeout: float) -> None:
+    with log.open("a") as out:
+        result = subprocess.run(
+            [str(a) for a in args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            check=False,
+        )
+    if result.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-30:])
+        raise RuntimeError(f"{' '.join(map(str, args[:4]))} … failed (log {log}):\n{tail}")
+
+
+def build_venv(python: Path, build: Path) -> Path:
+    """The venv for LOCK under `build`, made if missing; safe against concurrent callers."""
+    key = hashlib.sha256(LOCK.read_bytes() + str(python).encode()).hexdigest()[:16]
+    venv = build / f"client-venv-{key}"
+    wheels = build / "client-wheels" / key
+    build.mkdir(parents=True, exist_ok=True)
+    with (build / "client-venv.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (venv / ".complete").exists():
+            return venv
+        log = build / "logs" / f"client-venv-{key}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("")
+        if not (wheels / ".complete").exists():
+            shutil.rmtree(wheels, ignore_errors=True)
+            wheels.mkdir(parents=True)
+            # The builder venv only runs pip wheel; the lock needs Python 3.12 wheels.
+            builder = build / "client-wheel-builder"
+            if not (builder / "bin" / "pip").exists():
+                _run([python, "-m", "venv", builder], log, 120)
+            _run([builder / "bin/pip", "wheel", "-q", "-r", LOCK, "-w", wheels], log, 1800)
+            (wheels / ".complete").touch()
+        shutil.rmtree(venv, ignore_errors=True)
+        _run([python, "-m", "venv", venv], log, 120)
+        pip = venv / "bin" / "pip"
+        _run([pip, "install", "-q", "--no-index", "--find-links", wheels, "-r", LOCK], log, 1200)
+        (venv / ".complete").touch()
+        return venv
+
+
+@pytest.fixture(scope="session")
+def openhands_venv() -> OpenHandsVenv:
+    """The pinned OpenHands clients; fails (never skips) when Python 3.12 cannot be found."""
+    python = find_python()
+    if python is None:
+        pytest.fail(
+            f"no Python {PYTHON_VERSION} found (pyenv or python{PYTHON_VERSION} on PATH);"
+            " the real OpenHands clients need it",
+            pytrace=False,
+        )
+    try:
+        root = build_venv(python, data_dir() / "build")
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        pytest.fail(f"building the OpenHands client venv failed: {exc}", pytrace=False)
+    return OpenHandsVenv(root)
+
+
+if __name__ == "__main__":  # `python -m tests.openhands_clients` prepares the cache ahead of time
+    found = find_python()
+    if found is None:
+        sys.exit(f"no Python {PYTHON_VERSION} found")
+    print(build_venv(found, data_dir() / "build"))
