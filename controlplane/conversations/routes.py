@@ -44,7 +44,7 @@ def _service(request: web.Request) -> ConversationService:
     summary="Start a conversation: returns its start task at once",
     body=AppConversationStartRequest,
     response=AppConversationStartTask,
-    errors=(404,),
+    errors=(404, 409),
 )
 async def start_conversation(request: web.Request) -> web.Response:
     body = await parse_body(request, AppConversationStartRequest)
@@ -57,7 +57,7 @@ async def start_conversation(request: web.Request) -> web.Response:
     summary="Start a conversation and stream every task update as a JSON array",
     body=AppConversationStartRequest,
     response=list[AppConversationStartTask],
-    errors=(404,),
+    errors=(404, 409),
 )
 async def stream_start(request: web.Request) -> web.StreamResponse:
     body = await parse_body(request, AppConversationStartRequest)

@@ -83,7 +83,8 @@ class ConversationService:
     async def start(
         self, principal: Principal, request: AppConversationStartRequest
     ) -> AppConversationStartTask:
-        """Save a WORKING task and run it in the background. Raises NotFound for a bad parent."""
+        """Save a WORKING task and run it in the background. Raises NotFound for a parent or
+        sandbox that is not the caller's, ConversationIdTaken for a conversation id in use."""
         task, _updates = await self.start_watched(principal, request)
         return task
 
@@ -107,6 +108,9 @@ class ConversationService:
             )
         if request.sandbox_id is not None:
             await self.sandboxes.owned(principal, request.sandbox_id)
+        if request.conversation_id is not None:
+            # Ids are never a capability: an existing id is refused, whoever owns it.
+            await self.store.reserve(request.conversation_id, principal.user_id)
         task = AppConversationStartTask(
             id=uuid7_hex(), created_by_user_id=principal.user_id, request=request
         )

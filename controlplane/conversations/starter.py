@@ -244,8 +244,9 @@ class StartTaskRunner:
             llm_model=model,
             parent_conversation_id=request.parent_conversation_id,
         )
-        # Saved before the agent starts, so its first events find their conversation.
-        await self._store.save(info)
+        # Created before the agent starts, so its first events find their conversation; the
+        # create is atomic, so a concurrent start with the same id cannot take it over.
+        await self._store.create(info)
         try:
             await self._agent.start_conversation(
                 self._sandboxes.agent_url(sandbox),

@@ -17,12 +17,69 @@ from controlplane.errors import Conflict
 from controlplane.store import keys, text
 from controlplane.store.paging import page_ids
 
+# KEYS: owner key, record key. ARGV: user id. An id is free, or the caller's and not yet a
+# conversation (a start that failed may be tried again with the same id); a record without an
+# owner key (written before owner keys existed) is taken.
+_RESERVE = """
+local owner = redis.call('GET', KEYS[1])
+if owner and owner ~= ARGV[1] then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if not owner then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1
+"""
+
+# KEYS: owner key, record key, user's index, sandbox's index. ARGV: user id, id, record JSON.
+_CREATE = """
+local owner = redis.call('GET', KEYS[1])
+if (owner and owner ~= ARGV[1]) or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[3])
+redis.call('ZADD', KEYS[3], 0, ARGV[2])
+redis.call('SADD', KEYS[4], ARGV[2])
+return 1
+"""
+
+
+class ConversationIdTaken(Conflict):
+    code = "conversation_id_taken"
+
 
 class ConversationStore:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
+        self._reserve = redis.register_script(_RESERVE)
+        self._create = redis.register_script(_CREATE)
+
+    async def reserve(self, conversation_id: str, user_id: str) -> None:
+        """Claim a client-chosen id for `user_id`. Raises ConversationIdTaken when it is another
+        user's, or already one of this user's conversations; the message never says whose."""
+        found = await self._reserve(
+            keys=[keys.conversation_owner(conversation_id), keys.conversation(conversation_id)],
+            args=[user_id],
+        )
+        if not found:
+            raise ConversationIdTaken(f"conversation id {conversation_id} is already in use")
+
+    async def create(self, info: AppConversationInfo) -> None:
+        """Write a new conversation and its indexes at once. Raises ConversationIdTaken when
+        the id is another user's or a conversation with it exists (a concurrent start won)."""
+        if info.created_by_user_id is None:
+            raise ValueError("a new conversation needs its owner")
+        created = await self._create(
+            keys=[
+                keys.conversation_owner(info.id),
+                keys.conversation(info.id),
+                keys.user_conversations(info.created_by_user_id),
+                keys.sandbox_conversations(info.sandbox_id),
+            ],
+            args=[info.created_by_user_id, info.id, info.model_dump_json()],
+        )
+        if not created:
+            raise ConversationIdTaken(f"conversation id {info.id} is already in use")
 
     async def save(self, info: AppConversationInfo) -> None:
+        """Overwrite a record and its indexes, whoever holds the id (seeding and repairs;
+        new conversations go through create())."""
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.set(keys.conversation(info.id), info.model_dump_json())
             if info.created_by_user_id is not None:

@@ -57,6 +57,12 @@ def conversation(conversation_id: str) -> str:
     return f"{PREFIX}:conv:{conversation_id}"
 
 
+def conversation_owner(conversation_id: str) -> str:
+    """String: the user a conversation id belongs to, from the first request that named or made
+    it. Kept after the conversation is deleted, so an id is never handed to another user."""
+    return f"{PREFIX}:conv_owner:{conversation_id}"
+
+
 def user_conversations(user_id: str) -> str:
     """Lexically ordered sorted set of the user's conversation ids (uuid7: creation order)."""
     return f"{PREFIX}:user:{user_id}:convs"
