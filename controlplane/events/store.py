@@ -1,7 +1,11 @@
-"""One Redis stream per conversation; a global index from event id to its place.
+"""One Redis stream per conversation, a per-conversation set of event ids, and a global index
+from event id to its place.
 
-Appends go through a Lua script that skips event ids already stored, so a webhook batch the
-agent retries after a timeout is never stored twice.
+Appends go through a Lua script that skips event ids the conversation already stored, so a
+webhook batch the agent retries after a timeout is never stored twice. Event ids come from
+agents, which run code a model wrote: they are deduplicated per conversation only, and the
+global index keeps the first conversation that stored an id, so one sandbox can neither hide
+nor move another conversation's events.
 """
 
 from __future__ import annotations
@@ -13,16 +17,36 @@ import redis.asyncio as aioredis
 
 from controlplane.store import keys, text
 
+# KEYS: stream, the conversation's id hash, the global index. ARGV: conversation id, then pairs
+# of event id and JSON. An id in the global index under this conversation (stored before the
+# per-conversation hash existed) counts as stored too.
 _APPEND = """
 local out = {}
+local mine = ARGV[1] .. ' '
 for i = 2, #ARGV, 2 do
-  if redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 then
+  local id = ARGV[i]
+  local placed = redis.call('HGET', KEYS[3], id)
+  local legacy = placed and string.sub(placed, 1, #mine) == mine
+  if redis.call('HEXISTS', KEYS[2], id) == 0 and not legacy then
     local sid = redis.call('XADD', KEYS[1], '*', 'e', ARGV[i + 1])
-    redis.call('HSET', KEYS[2], ARGV[i], ARGV[1] .. ' ' .. sid)
+    redis.call('HSET', KEYS[2], id, sid)
+    redis.call('HSETNX', KEYS[3], id, mine .. sid)
     table.insert(out, sid)
   end
 end
 return out
+"""
+
+# KEYS: stream, the conversation's id hash, the global index. ARGV: conversation id, then the
+# event ids of the stream. Only index entries that point into this conversation are removed.
+_DELETE = """
+local mine = ARGV[1] .. ' '
+for i = 2, #ARGV do
+  local placed = redis.call('HGET', KEYS[3], ARGV[i])
+  if placed and string.sub(placed, 1, #mine) == mine then redis.call('HDEL', KEYS[3], ARGV[i]) end
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
 """
 
 StoredEvent = tuple[str, dict[str, Any]]
@@ -41,13 +65,17 @@ class EventStore:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
         self._append = redis.register_script(_APPEND)
+        self._delete = redis.register_script(_DELETE)
 
     async def append(self, conversation_id: str, events: list[dict[str, Any]]) -> int:
         """Store events in order, skipping ids already stored; returns how many were new."""
         args: list[str] = [conversation_id]
         for event in events:
             args += [str(event["id"]), json.dumps(event, separators=(",", ":"))]
-        added = await self._append(keys=[keys.events(conversation_id), keys.EVENT_INDEX], args=args)
+        added = await self._append(
+            keys=[keys.events(conversation_id), keys.event_ids(conversation_id), keys.EVENT_INDEX],
+            args=args,
+        )
         return len(added)
 
     async def page(
@@ -110,8 +138,7 @@ class EventStore:
                 break
             ids += [str(event["id"]) for _sid, event in _decode(batch)]
             cursor = f"({text(batch[-1][0])}"
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(key)
-            if ids:
-                pipe.hdel(keys.EVENT_INDEX, *ids)
-            await pipe.execute()
+        await self._delete(
+            keys=[key, keys.event_ids(conversation_id), keys.EVENT_INDEX],
+            args=[conversation_id, *ids],
+        )

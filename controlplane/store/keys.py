@@ -93,7 +93,13 @@ def events(conversation_id: str) -> str:
 
 
 EVENT_INDEX = f"{PREFIX}:event_index"
-"""Hash: event id -> "<conversation id> <stream id>" (batch get, and dedupe of webhook retries)."""
+"""Hash: event id -> "<conversation id> <stream id>", for batch gets by event id. The first
+conversation to store an id keeps it: an agent cannot move another conversation's event."""
+
+
+def event_ids(conversation_id: str) -> str:
+    """Hash: event id -> stream id within one conversation (dedupe of webhook retries)."""
+    return f"{PREFIX}:event_ids:{conversation_id}"
 
 
 MEMORY_RESERVED = f"{PREFIX}:memory_reserved"
