@@ -107,5 +107,14 @@ class StartSandboxQuery(BaseModel):
     sandbox_spec_id: str | None = Field(default=None, max_length=64)
 
 
+class DeleteSandboxQuery(BaseModel):
+    """DELETE /api/v1/sandboxes?sandbox_id=…: the form OpenHands' route takes (its path
+    parameter never binds) and the SDK's OpenHandsCloudWorkspace sends."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sandbox_id: str = Field(max_length=64)
+
+
 class Success(BaseModel):
     success: bool = True

@@ -1,4 +1,4 @@
-"""/api/v1/sandboxes: search, batch get, start, pause, resume, delete."""
+"""/api/v1/sandboxes: search, batch get, start, pause, resume, delete (by path or query)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from controlplane.api.routing import RouteTable
 from controlplane.errors import RuntimeUnavailable
 from controlplane.metrics import METRICS
 from controlplane.sandboxes.models import (
+    DeleteSandboxQuery,
     SandboxBatchQuery,
     SandboxInfo,
     SandboxPage,
@@ -135,5 +136,19 @@ async def resume_sandbox(request: web.Request) -> web.Response:
 )
 async def delete_sandbox(request: web.Request) -> web.Response:
     sandbox_id = request.match_info["sandbox_id"]
+    await _timed(request, "delete", _service(request).delete(principal_of(request), sandbox_id))
+    return json_response(Success())
+
+
+@routes.route(
+    "DELETE",
+    "/api/v1/sandboxes",
+    summary="Delete a sandbox named by the query (?sandbox_id=), as OpenHands clients send it",
+    query=DeleteSandboxQuery,
+    response=Success,
+    errors=(404,),
+)
+async def delete_sandbox_by_query(request: web.Request) -> web.Response:
+    sandbox_id = parse_query(request, DeleteSandboxQuery).sandbox_id
     await _timed(request, "delete", _service(request).delete(principal_of(request), sandbox_id))
     return json_response(Success())
