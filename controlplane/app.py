@@ -21,6 +21,7 @@ from controlplane.api.middlewares import (
 from controlplane.api.openapi import build_openapi
 from controlplane.api.ratelimit import RateLimiter
 from controlplane.api.routing import RouteTable
+from controlplane.auth.routes import routes as user_routes
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
 from controlplane.conversations.routes import routes as conversation_routes
@@ -47,6 +48,7 @@ def route_tables() -> list[RouteTable]:
     """Every route group the API serves, in the order the OpenAPI document lists them."""
     return [
         health_routes,
+        user_routes,
         settings_routes,
         spec_routes,
         sandbox_routes,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,6 +18,9 @@ class Principal(BaseModel):
     user_id: str
     is_admin: bool = False
     key_id: str
+    via: Literal["api_key", "session", "single_user"] = Field(
+        default="api_key", description="How the caller proved who they are"
+    )
 
 
 class ApiKeyInfo(BaseModel):

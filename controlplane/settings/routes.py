@@ -1,4 +1,4 @@
-"""Legacy (V0) settings, git provider and custom secret routes under /api."""
+"""Settings (V0 under /api, V1 with the nested agent_settings view), git providers, secrets."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from controlplane.settings.models import (
     SettingsResponse,
     SettingsUpdate,
 )
+from controlplane.settings.v1 import SettingsV1Response, SettingsV1Update, flatten, v1_view
 
 routes = RouteTable(tag="settings")
 
@@ -38,6 +39,32 @@ async def store_settings(request: web.Request) -> web.Response:
     body = await parse_body(request, SettingsUpdate)
     await request.app[keys.SETTINGS].update(principal_of(request).user_id, body)
     return _message("Settings stored")
+
+
+@routes.route(
+    "GET",
+    "/api/v1/settings",
+    summary="Load settings, with the nested agent_settings view",
+    response=SettingsV1Response,
+)
+async def get_settings_v1(request: web.Request) -> web.Response:
+    settings = await request.app[keys.SETTINGS].get(principal_of(request).user_id)
+    return json_response(v1_view(settings))
+
+
+@routes.route(
+    "POST",
+    "/api/v1/settings",
+    summary="Store settings (merge; flat or nested fields) and return them",
+    body=SettingsV1Update,
+    response=SettingsV1Response,
+)
+async def store_settings_v1(request: web.Request) -> web.Response:
+    body = await parse_body(request, SettingsV1Update)
+    service = request.app[keys.SETTINGS]
+    user_id = principal_of(request).user_id
+    await service.update(user_id, flatten(body, await service.get(user_id)))
+    return json_response(v1_view(await service.get(user_id)))
 
 
 @routes.route(
