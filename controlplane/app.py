@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from controlplane import keys
+from controlplane.api.cors import cors_middleware
 from controlplane.api.middlewares import (
     RATE_LIMITER,
     auth_middleware,
@@ -21,8 +22,12 @@ from controlplane.api.middlewares import (
 from controlplane.api.openapi import build_openapi
 from controlplane.api.ratelimit import RateLimiter
 from controlplane.api.routing import RouteTable
+from controlplane.auth.device import DeviceFlowConfig, DeviceFlowService
+from controlplane.auth.oauth import routes as oauth_routes
 from controlplane.auth.routes import routes as user_routes
 from controlplane.auth.service import ApiKeyService
+from controlplane.auth.sessions import SIGNING_PURPOSE, SessionService
+from controlplane.auth.web import routes as sign_in_routes
 from controlplane.config import ServiceConfig
 from controlplane.conversations.routes import routes as conversation_routes
 from controlplane.crypto import load_secret_box
@@ -49,6 +54,8 @@ def route_tables() -> list[RouteTable]:
     return [
         health_routes,
         user_routes,
+        sign_in_routes,
+        oauth_routes,
         settings_routes,
         spec_routes,
         sandbox_routes,
@@ -72,7 +79,17 @@ def _redis_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncIterat
             raise
         app[keys.REDIS] = client
         app[keys.SECRET_BOX] = box
-        app[keys.API_KEYS] = ApiKeyService(client, config.bootstrap_api_key, config.bootstrap_user)
+        api_keys = ApiKeyService(client, config.bootstrap_api_key, config.bootstrap_user)
+        app[keys.API_KEYS] = api_keys
+        app[keys.SESSIONS] = SessionService(
+            client, api_keys, box.derive_key(SIGNING_PURPOSE), config.session_ttl
+        )
+        app[keys.DEVICE_FLOW] = DeviceFlowService(
+            client,
+            api_keys,
+            DeviceFlowConfig(ttl=config.device_code_ttl, interval=config.device_poll_interval),
+        )
+        app[keys.AUTH_LIMITER] = RateLimiter(client, config.auth_rate_limit_per_minute)
         app[keys.SETTINGS] = SettingsService(UserRecordStore(client, box))
         if config.rate_limit_per_minute:
             app[RATE_LIMITER] = RateLimiter(client, config.rate_limit_per_minute)
@@ -92,6 +109,7 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
         client_max_size=config.max_body_bytes,
         middlewares=[
             context_middleware,
+            cors_middleware(config.cors_origins),
             error_middleware,
             size_limit_middleware(config.max_body_bytes),
             auth_middleware,

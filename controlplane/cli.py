@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import structlog
 from aiohttp import web
 
+from controlplane.api.identity import is_loopback_host
 from controlplane.app import create_app
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ConfigError, ServiceConfig, load_config
@@ -44,6 +45,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     ops_sandboxes.add_arguments(sandboxes)
     return parser
+
+
+def check_bind(config: ServiceConfig, host: str) -> None:
+    """Raises ConfigError when the configuration must not serve on `host`: single-user mode
+    (no keys) is for this machine only."""
+    if config.auth_mode == "none" and not is_loopback_host(host):
+        raise ConfigError(
+            f"ACS_AUTH_MODE: none serves only on loopback (127.0.0.1, ::1, localhost), not on"
+            f" {host}; use API keys (the default) to serve other machines"
+        )
 
 
 async def _serve(config: ServiceConfig, host: str, port: int) -> None:
@@ -124,6 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             stream=sys.stderr if args.command == "keys" else None,
         )
         if args.command == "serve":
+            check_bind(config, args.host)
+            if config.auth_mode == "none":
+                log.warning("single_user_mode", user_id=config.bootstrap_user, host=args.host)
             asyncio.run(_serve(config, args.host, args.port))
         else:
             asyncio.run(_keys(config, args))

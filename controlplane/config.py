@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -85,6 +86,18 @@ class ServiceConfig(BaseModel):
         default=None,
         description="URL sandboxes use to reach the control plane; unset: from the port",
     )
+    # Browsers and the CLI's sign-in (docs/api.md#authentication).
+    auth_mode: Literal["api_key", "none"] = Field(
+        default="api_key",
+        description="none: loopback requests without a key act as the bootstrap user",
+    )
+    session_ttl: int = Field(default=12 * 3600, ge=60, le=30 * 86400, description="Seconds")
+    cors_origins: list[str] = Field(default_factory=list, description="Comma-separated origins")
+    device_code_ttl: int = Field(default=600, ge=60, le=3600, description="Seconds")
+    device_poll_interval: int = Field(default=5, ge=1, le=60, description="Seconds")
+    auth_rate_limit_per_minute: int = Field(
+        default=30, ge=1, le=100_000, description="Sign-ins, device codes, approvals per minute"
+    )
 
     @field_validator("lifecycle_webhook_urls", mode="before")
     @classmethod
@@ -100,6 +113,25 @@ class ServiceConfig(BaseModel):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"{url!r} is not an http(s) URL")
         return value
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _origin_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [o.strip() for o in value.split(",") if o.strip()]
+        return value
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        out = []
+        for origin in value:
+            normal = origin.rstrip("/").lower()
+            # Exact origins only: a wildcard would hand every site the user's browser session.
+            if not re.fullmatch(r"https?://[a-z0-9.\-\[\]:]+", normal):
+                raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], no path)")
+            out.append(normal)
+        return out
 
     @field_validator("llm_prices", mode="before")
     @classmethod

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from controlplane.config import ConfigError
 
@@ -16,6 +18,13 @@ class SecretBox:
 
     def __init__(self, key: bytes) -> None:
         self._fernet = Fernet(key)
+        self._key = key
+
+    def derive_key(self, purpose: str) -> bytes:
+        """A 256-bit key for `purpose` (e.g. signing session cookies), derived with HKDF from this
+        box's key: one secret to keep, and a leaked derived key reveals neither it nor another."""
+        hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=purpose.encode())
+        return hkdf.derive(self._key)
 
     def encrypt(self, plaintext: bytes) -> bytes:
         return self._fernet.encrypt(plaintext)

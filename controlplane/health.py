@@ -8,7 +8,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from controlplane import keys
-from controlplane.api.middlewares import presented_key
+from controlplane.api.identity import authenticate_request
 from controlplane.api.parsing import json_response
 from controlplane.api.routing import RouteTable
 from controlplane.errors import Forbidden
@@ -67,7 +67,7 @@ async def ready(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     config = request.app[keys.CONFIG]
     if not config.metrics_public:
-        principal = await request.app[keys.API_KEYS].authenticate(presented_key(request))
+        principal = await authenticate_request(request)
         if not principal.is_admin:
             raise Forbidden("metrics need an admin API key")
     collected = request.app[METRICS]

@@ -9,7 +9,10 @@ from aiohttp import web
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
+    from controlplane.api.ratelimit import RateLimiter
+    from controlplane.auth.device import DeviceFlowService
     from controlplane.auth.service import ApiKeyService
+    from controlplane.auth.sessions import SessionService
     from controlplane.config import ServiceConfig
     from controlplane.conversations.service import ConversationService
     from controlplane.crypto import SecretBox
@@ -29,3 +32,7 @@ SANDBOXES: web.AppKey[SandboxService] = web.AppKey("sandboxes")
 CONVERSATIONS: web.AppKey[ConversationService] = web.AppKey("conversations")
 EVENTS: web.AppKey[EventService] = web.AppKey("events")
 LIFECYCLE: web.AppKey[LifecyclePublisher] = web.AppKey("lifecycle")
+SESSIONS: web.AppKey[SessionService] = web.AppKey("sessions")
+DEVICE_FLOW: web.AppKey[DeviceFlowService] = web.AppKey("device_flow")
+AUTH_LIMITER: web.AppKey[RateLimiter] = web.AppKey("auth_limiter")
+"""Counts sign-in-like attempts per client address (or user): sign-ins, device codes, approvals."""

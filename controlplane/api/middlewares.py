@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from controlplane import keys
+from controlplane.api.identity import authenticate_request
 from controlplane.api.parsing import RequestValidationError
 from controlplane.api.ratelimit import RateLimiter
 from controlplane.api.routing import Handler, is_public
@@ -119,22 +119,13 @@ def size_limit_middleware(limit: int) -> Any:
     return middleware
 
 
-def presented_key(request: web.Request) -> str | None:
-    """The API key in X-Session-API-Key or Authorization: Bearer, if any."""
-    presented = request.headers.get("X-Session-API-Key")
-    if presented is None:
-        auth = request.headers.get("Authorization", "")
-        if auth[:7].lower() == "bearer ":
-            presented = auth[7:].strip()
-    return presented
-
-
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every route but the public ones needs X-Session-API-Key or Authorization: Bearer."""
+    """Every route but the public ones needs an API key, a browser session or single-user mode
+    (controlplane/api/identity.py)."""
     if is_public(request) or request.method == "OPTIONS":
         return await handler(request)
-    principal = await request.app[keys.API_KEYS].authenticate(presented_key(request))
+    principal = await authenticate_request(request)
     request[PRINCIPAL] = principal
     structlog.contextvars.bind_contextvars(user_id=principal.user_id)
     return await handler(request)

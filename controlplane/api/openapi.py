@@ -136,7 +136,9 @@ def build_openapi(endpoints: Iterable[Endpoint], version: str) -> dict[str, Any]
             "securitySchemes": {
                 "SessionApiKey": {"type": "apiKey", "in": "header", "name": "X-Session-API-Key"},
                 "Bearer": {"type": "http", "scheme": "bearer"},
+                # The browser session from POST /auth/sign-in (docs/api.md#browsers).
+                "SessionCookie": {"type": "apiKey", "in": "cookie", "name": "acs_session"},
             },
         },
-        "security": [{"SessionApiKey": []}, {"Bearer": []}],
+        "security": [{"SessionApiKey": []}, {"Bearer": []}, {"SessionCookie": []}],
     }

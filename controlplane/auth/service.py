@@ -82,6 +82,12 @@ class ApiKeyService:
         if not deleted:
             raise NotFound(f"no API key with id {key_id}")
 
+    async def is_live(self, key_id: str) -> bool:
+        """True while the key exists (the bootstrap key: while it is configured)."""
+        if key_id == BOOTSTRAP_KEY_ID:
+            return self._bootstrap_hash is not None
+        return bool(await self._redis.exists(keys.api_key(key_id)))
+
     async def authenticate(self, presented: str | None) -> Principal:
         """The principal for a presented key. Raises Unauthorized for a missing or unknown key."""
         if not presented:

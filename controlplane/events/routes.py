@@ -11,6 +11,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from controlplane import keys
+from controlplane.api.identity import authenticate_request
 from controlplane.api.middlewares import principal_of
 from controlplane.api.parsing import (
     RequestValidationError,
@@ -105,8 +106,10 @@ async def batch_events(request: web.Request) -> web.Response:
 )
 async def event_socket(request: web.Request) -> web.StreamResponse:
     query = parse_query(request, EventSocketQuery)
+    # Browsers cannot set headers on a WebSocket: the key may come in the query, or the browser
+    # session cookie counts (its Origin is checked then).
     presented = request.headers.get("X-Session-API-Key") or query.session_api_key
-    principal = await request.app[keys.API_KEYS].authenticate(presented)
+    principal = await authenticate_request(request, presented)
     events = request.app[keys.EVENTS]
     info = await request.app[keys.CONVERSATIONS].owned(principal, query.conversation_id)
     last = await events.start_point(info.id, query.after)

@@ -132,3 +132,22 @@ def start_task_lease(task_id: str) -> str:
     """String with a TTL (conversations.starter.LEASE_TTL): set while a replica runs the task and
     renewed by it, so a replica starting up fails only tasks nobody is running any more."""
     return f"{PREFIX}:task_lease:{task_id}"
+
+
+def browser_session(session_hash: str) -> str:
+    """Hash: user, key id, admin flag of a browser session, under the sha256 of its id. Expires
+    with the session (EXPIREAT), so an abandoned one leaves nothing; sign-out deletes it."""
+    return f"{PREFIX}:session:{session_hash}"
+
+
+def device_code(code_hash: str) -> str:
+    """Hash: one device authorization (RFC 8628) under the sha256 of its device code: user code,
+    status, approving user, expiry, poll interval. TTL = its lifetime plus
+    auth.device.EXPIRED_GRACE, so a late poll still learns `expired_token`."""
+    return f"{PREFIX}:device:{code_hash}"
+
+
+def device_user_code(user_code: str) -> str:
+    """String: the device code hash for a user code. TTL = the code's lifetime: an expired code
+    can no longer be approved."""
+    return f"{PREFIX}:device_user:{user_code}"

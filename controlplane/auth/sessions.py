@@ -1,0 +1,111 @@
+"""Browser sessions: a signed, expiring cookie backed by a record in Redis.
+
+The cookie reads `<session id>.<expiry>.<signature>`: a random 256-bit id, the expiry in Unix
+seconds and an HMAC-SHA256 of both under a key derived from the secret key (crypto.SecretBox).
+The signature rejects forged or edited cookies without touching Redis; the record (found by the
+SHA-256 of the id, never the id itself) makes sign-out and key revocation take effect at once.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from controlplane.auth.models import Principal
+from controlplane.auth.service import ApiKeyService
+from controlplane.store import keys, text
+
+COOKIE_NAME = "acs_session"
+SIGNING_PURPOSE = "acs browser session cookie v1"
+
+
+@dataclass(frozen=True)
+class NewSession:
+    cookie: str
+    expires_at: int
+    """Unix seconds."""
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+class SessionService:
+    def __init__(
+        self, redis: aioredis.Redis, api_keys: ApiKeyService, signing_key: bytes, ttl: int
+    ) -> None:
+        self._redis = redis
+        self._api_keys = api_keys
+        self._key = signing_key
+        self.ttl = ttl
+
+    def _sign(self, session_id: str, expires_at: int) -> str:
+        mac = hmac.new(self._key, f"{session_id}.{expires_at}".encode(), hashlib.sha256)
+        return _b64(mac.digest())
+
+    @staticmethod
+    def _record_key(session_id: str) -> str:
+        return keys.browser_session(hashlib.sha256(session_id.encode()).hexdigest())
+
+    async def create(self, principal: Principal) -> NewSession:
+        """A new session acting as `principal` (who signed in with an API key)."""
+        session_id = secrets.token_urlsafe(32)
+        expires_at = int(time.time()) + self.ttl
+        record = self._record_key(session_id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(
+                record,
+                mapping={
+                    "user_id": principal.user_id,
+                    "key_id": principal.key_id,
+                    "is_admin": "1" if principal.is_admin else "0",
+                },
+            )
+            pipe.expireat(record, expires_at)
+            await pipe.execute()
+        cookie = f"{session_id}.{expires_at}.{self._sign(session_id, expires_at)}"
+        return NewSession(cookie=cookie, expires_at=expires_at)
+
+    def _verified_id(self, cookie: str) -> str | None:
+        """The session id of a well-formed, correctly signed, unexpired cookie; else None."""
+        parts = cookie.split(".")
+        if len(parts) != 3 or not parts[1].isdigit() or len(cookie) > 200:
+            return None
+        session_id, expiry, signature = parts
+        if not hmac.compare_digest(signature, self._sign(session_id, int(expiry))):
+            return None
+        if int(expiry) <= time.time():
+            return None
+        return session_id
+
+    async def resolve(self, cookie: str) -> Principal | None:
+        """The principal of a live session; None for a bad, expired or signed-out cookie, or
+        when the API key it was opened with has been revoked since."""
+        session_id = self._verified_id(cookie)
+        if session_id is None:
+            return None
+        row = await self._redis.hgetall(self._record_key(session_id))
+        if not row:
+            return None
+        key_id = text(row[b"key_id"])
+        if not await self._api_keys.is_live(key_id):
+            return None
+        return Principal(
+            user_id=text(row[b"user_id"]),
+            is_admin=text(row[b"is_admin"]) == "1",
+            key_id=key_id,
+            via="session",
+        )
+
+    async def revoke(self, cookie: str) -> bool:
+        """End the session of `cookie`. False when it was not a live, correctly signed one."""
+        session_id = self._verified_id(cookie)
+        if session_id is None:
+            return False
+        return bool(await self._redis.delete(self._record_key(session_id)))
