@@ -6,12 +6,16 @@ HOST   ?= 127.0.0.1
 PORT   ?= 3000
 BIN    := $(VENV)/bin
 
-.PHONY: all host install images image run test test-quick lint format mypy bench clean
+.PHONY: all host browser install images image run test test-quick lint format mypy bench clean
 
 all: lint test
 
 host:
 	@scripts/bootstrap-host.sh
+
+# Debian's chromium, which the browser tests drive (tests/test_browser_pages.py).
+browser:
+	@scripts/bootstrap-host.sh --browser
 
 $(BIN)/.installed: pyproject.toml
 	@scripts/bootstrap-host.sh --python-only
@@ -34,11 +38,11 @@ run: install host images
 	$(BIN)/controlplane serve --host $(HOST) --port $(PORT)
 
 # Everything, slow tiers included (what CI runs).
-test: install host images
+test: install host images browser
 	$(BIN)/pytest
 
 # Without the slow tiers (tests marked `slow`: real clients, chaos, the official agent server).
-test-quick: install host images
+test-quick: install host images browser
 	$(BIN)/pytest -m "not slow"
 
 lint: install

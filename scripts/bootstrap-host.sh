@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Prepares a Debian host for `make run` and `make test`: Python venv support, redis-server,
-# debootstrap and a running Docker engine. Installs what is missing when run as root on Debian;
+# debootstrap and a running Docker engine; with --browser, Python venv support and Debian's
+# chromium (for the browser tests) only. Installs what is missing when run as root on Debian;
 # otherwise says exactly what to install. Safe to run again: it only acts on what is absent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python_only=false
-[ "${1:-}" = "--python-only" ] && python_only=true
+browser=false
+case "${1:-}" in
+    --python-only) python_only=true ;;
+    --browser) python_only=true; browser=true ;;
+esac
 
 need_apt=()
 have() { command -v "$1" >/dev/null 2>&1; }
@@ -19,6 +24,9 @@ python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if ! $python_only; then
     have redis-server || need_apt+=(redis-server)
     have debootstrap || need_apt+=(debootstrap)
+fi
+if $browser; then
+    have chromium || need_apt+=(chromium)
 fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
