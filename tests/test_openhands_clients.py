@@ -1,0 +1,343 @@
+"""The real OpenHands clients, unchanged, against a live control plane (issue 9):
+
+- `openhands cloud -t …` exits 0 and its conversation really runs in a sandbox;
+- `openhands login` completes through the device flow, approved over HTTP as in the page;
+- the SDK's OpenHandsCloudWorkspace creates, resumes and cleans up a sandbox.
+
+The model is tests/fake_llm.py on the Docker bridge; the clients run from the pinned venv
+(tests/openhands_clients.py) as subprocesses, while this test's event loop serves the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import docker
+import pytest
+
+from controlplane.config import ServiceConfig
+from tests.conversation_helpers import (
+    LLM_KEY,
+    PRICES,
+    UserFactory,
+    of_kind,
+    status_is,
+    wait_events,
+)
+from tests.fake_llm import FakeLLM, reply_finish, reply_tool_call
+from tests.live_server import Api, LiveServer, start_live_server
+from tests.openhands_clients import OpenHandsVenv
+from tests.sandbox_helpers import containers
+
+pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.usefixtures("sandbox_images")]
+
+HEX32 = re.compile(r"\b[0-9a-f]{32}\b")
+
+
+@pytest.fixture
+async def live(
+    test_prefix: str, make_config: Callable[..., ServiceConfig]
+) -> AsyncIterator[LiveServer]:
+    """The live server of tests/conversation_helpers.py, polling device codes every second."""
+    server = await start_live_server(
+        make_config(
+            container_prefix=test_prefix,
+            reconcile_interval=1.0,
+            llm_prices=PRICES,
+            device_poll_interval=1,
+        )
+    )
+    yield server
+    await server.close()
+
+
+@pytest.fixture
+def sandbox_containers(
+    docker_client: docker.DockerClient, test_prefix: str
+) -> Callable[[], list[Any]]:
+    """This test's sandbox containers, as Docker sees them now."""
+    return lambda: containers(docker_client, test_prefix)
+
+
+def client_env(venv: OpenHandsVenv, home: Path) -> dict[str, str]:
+    """A clean user: own HOME and persistence dir, no browser to open, wide plain output."""
+    return {
+        "PATH": f"{venv.root / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(home),
+        "OPENHANDS_PERSISTENCE_DIR": str(home / ".openhands"),
+        "BROWSER": "true",  # webbrowser.open runs `true <url>`
+        "COLUMNS": "250",
+        "NO_COLOR": "1",
+        "TERM": "dumb",
+        "PYTHONUNBUFFERED": "1",
+        "LANG": "C.UTF-8",
+        # No network here: LiteLLM would retry fetching its price list for ~7 s per start.
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "OPENHANDS_SUPPRESS_BANNER": "1",
+    }
+
+
+async def run(
+    args: list[str | Path], env: dict[str, str], cwd: Path, timeout: float
+) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *map(str, args),
+        env=env,
+        cwd=cwd,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        out, _ = await proc.communicate()
+        raise AssertionError(f"{args[0]} timed out:\n{out.decode(errors='replace')}") from None
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(errors="replace")
+
+
+async def test_openhands_cloud_runs_a_conversation_in_a_sandbox(
+    openhands_venv: OpenHandsVenv,
+    user: UserFactory,
+    fake_llm: FakeLLM,
+    sandbox_containers: Callable[[], list[Any]],
+    tmp_path: Path,
+) -> None:
+    fake_llm.script(
+        [
+            reply_tool_call(
+                "str_replace_editor",
+                {
+                    "command": "create",
+                    "path": "/workspace/hello.py",
+                    "file_text": "print('hello from the sandbox')\n",
+                },
+            ),
+            reply_tool_call("execute_bash", {"command": "cd /workspace && python3 hello.py"}),
+            reply_finish("hello.py written and run"),
+        ]
+    )
+    alice = await user("alice")
+    home = tmp_path / "home"
+    token = home / ".openhands" / "cloud" / "api_key.txt"
+    token.parent.mkdir(parents=True)
+    token.write_text(alice.key)  # as `openhands login` leaves it
+    work = tmp_path / "project"  # not a git checkout: no repository is sent
+    work.mkdir()
+
+    code, out = await run(
+        [
+            openhands_venv.bin("openhands"),
+            "cloud",
+            "--server-url",
+            alice.base,
+            "-t",
+            "Write hello.py and run it",
+        ],
+        client_env(openhands_venv, home),
+        work,
+        timeout=180,
+    )
+    assert code == 0, out
+    assert "Cloud conversation created successfully" in out, out
+    match = re.search(r"Conversation ID:\s*([0-9a-f]{32})", out)
+    assert match, out
+    conversation_id = match.group(1)
+    assert f"{alice.base}/conversations/{conversation_id}" in out
+
+    # The conversation is alice's and it really ran in a sandbox.
+    events = await wait_events(alice, conversation_id, status_is("finished"), within=120)
+    message = of_kind(events, "MessageEvent")[0]
+    assert message["source"] == "user"
+    assert "Write hello.py and run it" in json.dumps(message)
+    (run_action,) = [a for a in of_kind(events, "ActionEvent") if a["tool_name"] == "execute_bash"]
+    (result,) = [
+        o for o in of_kind(events, "ObservationEvent") if o["action_id"] == run_action["id"]
+    ]
+    assert result["observation"]["exit_code"] == 0
+    assert "hello from the sandbox" in json.dumps(result["observation"])
+    (container,) = sandbox_containers()
+    listing = container.exec_run(["cat", "/workspace/hello.py"]).output.decode()
+    assert "hello from the sandbox" in listing
+    conversation = await alice.ok("GET", f"/api/v1/app-conversations/{conversation_id}")
+    assert conversation["sandbox_status"] == "RUNNING"
+    assert fake_llm.requests
+    assert fake_llm.requests[0].authorization == f"Bearer {LLM_KEY}"
+    assert LLM_KEY not in out
+
+
+async def _approve_in_the_page(base: str, key: str, link: str) -> None:
+    """What a person does with the printed link: sign in, look at the code, press Approve."""
+    own = {"Origin": base}
+    jar = aiohttp.CookieJar(unsafe=True)  # cookies for an IP address host
+    async with aiohttp.ClientSession(cookie_jar=jar) as browser:
+        async with browser.get(link, allow_redirects=False) as page:
+            assert page.status == 303  # not signed in yet
+            sign_in = base + page.headers["Location"]
+        async with browser.get(sign_in) as page:
+            assert 'name="api_key"' in await page.text()
+        next_path = link.removeprefix(base)
+        async with browser.post(
+            base + "/auth/sign-in",
+            data={"api_key": key, "next": next_path},
+            headers=own,
+            allow_redirects=False,
+        ) as signed:
+            assert signed.status == 303
+            assert signed.headers["Location"] == next_path
+        async with browser.get(link) as page:
+            text = await page.text()
+            assert page.status == 200, text
+        user_code = link.rsplit("=", 1)[1]
+        assert f'value="{user_code}"' in text
+        async with browser.post(
+            base + "/oauth/device/verify",
+            data={"user_code": user_code, "action": "approve"},
+            headers=own,
+        ) as done:
+            assert done.status == 200
+            assert "is connected" in await done.text()
+
+
+async def test_openhands_login_through_the_device_flow(
+    openhands_venv: OpenHandsVenv, live: LiveServer, user: UserFactory, tmp_path: Path
+) -> None:
+    alice: Api = await user("alice")
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = await asyncio.create_subprocess_exec(
+        str(openhands_venv.bin("openhands")),
+        "login",
+        "--server-url",
+        live.url,
+        env=client_env(openhands_venv, home),
+        cwd=home,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert proc.stdout is not None
+    seen: list[str] = []
+    link = None
+    try:
+        async with asyncio.timeout(90):
+            while link is None:
+                line = (await proc.stdout.readline()).decode(errors="replace")
+                assert line, "".join(seen)
+                seen.append(line)
+                found = re.search(r"(http://\S+/oauth/device/verify\?user_code=[A-Z-]+)", line)
+                link = found.group(1) if found else None
+            await _approve_in_the_page(live.url, alice.key, link)
+            rest = (await proc.stdout.read()).decode(errors="replace")
+            code = await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    out = "".join(seen) + rest
+    assert code == 0, out
+    assert "Logged into OpenHands Cloud" in out, out
+    assert "Settings synchronized successfully" in out, out
+    assert "LLM Model: fake-model" in out, out
+    assert LLM_KEY not in out
+
+    stored = (home / ".openhands" / "cloud" / "api_key.txt").read_text().strip()
+    assert stored.startswith("acs_")
+    assert stored != alice.key
+    new = Api(alice.http, live.url, stored)
+    me = await new.ok("GET", "/api/v1/users/me")
+    assert (me["id"], me["is_admin"]) == ("alice", False)
+
+
+WORKSPACE_SCRIPT = """
+import json, sys
+from openhands.workspace import OpenHandsCloudWorkspace
+
+url, key = sys.argv[1], sys.argv[2]
+created = OpenHandsCloudWorkspace(cloud_api_url=url, cloud_api_key=key, keep_alive=True)
+sandbox_id = created._sandbox_id
+print("CREATED " + json.dumps({"sandbox_id": sandbox_id, "host": created.host}), flush=True)
+created.cleanup()  # keep_alive: the sandbox stays
+sys.stdin.readline()  # the test pauses the sandbox meanwhile
+resumed = OpenHandsCloudWorkspace(cloud_api_url=url, cloud_api_key=key, sandbox_id=sandbox_id)
+resumed_info = {"sandbox_id": resumed._sandbox_id, "host": resumed.host}
+print("RESUMED " + json.dumps(resumed_info), flush=True)
+resumed.cleanup()
+print("CLEANED", flush=True)
+"""
+
+
+async def _line(stream: asyncio.StreamReader, prefix: str, seen: list[str]) -> str:
+    while True:
+        line = (await stream.readline()).decode(errors="replace")
+        assert line, "".join(seen)
+        seen.append(line)
+        if line.startswith(prefix):
+            return line.removeprefix(prefix).strip()
+
+
+async def test_cloud_workspace_creates_resumes_and_cleans_up(
+    openhands_venv: OpenHandsVenv,
+    live: LiveServer,
+    user: UserFactory,
+    sandbox_containers: Callable[[], list[Any]],
+    tmp_path: Path,
+) -> None:
+    alice = await user("alice")
+    script = tmp_path / "workspace_client.py"
+    script.write_text(WORKSPACE_SCRIPT)
+    proc = await asyncio.create_subprocess_exec(
+        str(openhands_venv.python),
+        str(script),
+        live.url,
+        alice.key,
+        env=client_env(openhands_venv, tmp_path),
+        cwd=tmp_path,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    seen: list[str] = []
+    try:
+        async with asyncio.timeout(240):
+            created = json.loads(await _line(proc.stdout, "CREATED ", seen))
+            sandbox_id = created["sandbox_id"]
+            sandbox = await alice.ok("GET", f"/api/v1/sandboxes/{sandbox_id}")
+            assert sandbox["status"] == "RUNNING"
+            assert sandbox["created_by_user_id"] == "alice"
+            (agent,) = [u for u in sandbox["exposed_urls"] if u["name"] == "AGENT_SERVER"]
+            assert created["host"] == agent["url"].rstrip("/")
+            assert len(sandbox_containers()) == 1  # keep_alive kept it
+
+            await alice.ok("POST", f"/api/v1/sandboxes/{sandbox_id}/pause")
+            paused = await alice.ok("GET", f"/api/v1/sandboxes/{sandbox_id}")
+            assert paused["status"] == "PAUSED"
+            proc.stdin.write(b"go\n")
+            await proc.stdin.drain()
+
+            resumed = json.loads(await _line(proc.stdout, "RESUMED ", seen))
+            assert resumed == created
+            seen.append((await proc.stdout.read()).decode(errors="replace"))
+            code = await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    out = "".join(seen)
+    assert code == 0, out
+    assert "CLEANED" in out, out
+    assert "Cleanup error" not in out, out
+    # cleanup() called DELETE /api/v1/sandboxes?sandbox_id=: gone, container and all.
+    status, _ = await alice.call("GET", f"/api/v1/sandboxes/{sandbox_id}")
+    assert status == 404
+    assert sandbox_containers() == []
