@@ -220,6 +220,14 @@ async def test_json_sign_in_and_next_stays_on_this_site(client: Client) -> None:
     response = await client.post("/auth/sign-in", json={"key": BOOTSTRAP_KEY})
     assert response.status == 422
     assert (await response.json())["detail"][0]["loc"] == ["body", "api_key"]
+    # JSON disguised as text/plain (what a cross-site form can send) is not read.
+    response = await client.post(
+        "/auth/sign-in",
+        data=f'{{"api_key": "{BOOTSTRAP_KEY}"}}',
+        headers={"Content-Type": "text/plain"},
+    )
+    assert response.status == 422
+    assert (await response.json())["detail"][0]["loc"] == ["header", "content-type"]
 
     for bad in ("//evil.example/x", "https://evil.example", "/\\evil.example", "javascript:x"):
         response = await sign_in(client, BOOTSTRAP_KEY, next=bad)
@@ -280,3 +288,24 @@ async def test_pages_cannot_be_framed_and_run_no_script(client: Client) -> None:
     # next is echoed into the form escaped.
     response = await client.get('/auth/sign-in?next=/x"><script>alert(1)</script>')
     assert "<script>" not in await response.text()
+
+
+async def test_the_cookie_opens_metrics_and_the_event_socket(
+    make_client: ClientFactory, user_headers: UserHeaders, test_prefix: str
+) -> None:
+    client = await make_client(with_sandboxes=True, container_prefix=test_prefix)
+    await sign_in(client, BOOTSTRAP_KEY)
+    assert (await client.get("/metrics")).status == 200
+    socket = "/api/v1/events/socket?conversation_id=" + "a" * 32
+    upgrade = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13"}
+    upgrade["Sec-WebSocket-Key"] = "dGhlIHNhbXBsZSBub25jZQ=="
+    # Authenticated (an unknown conversation, not a 401) from our own page...
+    response = await client.get(socket, headers={**upgrade, **origin(client)})
+    assert response.status == 404
+    # ...and refused from another origin: CORS does not guard WebSocket handshakes.
+    response = await client.get(socket, headers={**upgrade, "Origin": "http://evil.example"})
+    assert response.status == 403
+
+    client.session.cookie_jar.clear()
+    await sign_in(client, (await user_headers("alice"))["X-Session-API-Key"])
+    assert (await client.get("/metrics")).status == 403

@@ -183,7 +183,8 @@ class DeviceFlowService:
         return code, text(code_hash)
 
     async def pending(self, user_code: str) -> PendingDevice:
-        """A code waiting for a decision. Raises NotFound for an unknown, expired or decided one."""
+        """A code waiting for a decision. Raises NotFound (unknown, expired, or already exchanged)
+        or Conflict (approved or denied, not exchanged yet)."""
         code, code_hash = await self._code_hash(user_code)
         status, expires_at = await self._redis.hmget(
             keys.device_code(code_hash), ["status", "expires_at"]

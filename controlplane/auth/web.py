@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError
 
 from controlplane import keys
 from controlplane.api.identity import authenticate_request, check_origin, limit_attempts
-from controlplane.api.parsing import RequestValidationError, error_items, json_response
+from controlplane.api.parsing import RequestValidationError, error_items, invalid, json_response
 from controlplane.api.routing import RouteTable
 from controlplane.auth.models import Principal
 from controlplane.auth.pages import sign_in_page, signed_in_page, signed_out_page
@@ -60,6 +60,13 @@ async def read_fields(request: web.Request) -> tuple[dict[str, Any], bool]:
     raw = await request.read()
     if not raw.strip():
         return {}, request.content_type == "application/json"
+    if request.content_type not in ("application/json", "application/octet-stream", ""):
+        raise invalid(
+            "header",
+            "content-type",
+            msg=f"Content-Type must be application/json or a form, not {request.content_type}",
+            error_type="content_type",
+        )
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):
