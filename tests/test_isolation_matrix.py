@@ -96,6 +96,13 @@ def _start_bodies(ids: Ids, bob_sandbox: str) -> list[tuple[str, Any]]:
 
 BODIES: dict[tuple[str, str], BodyVariants] = {
     ("POST", "/api/settings"): lambda ids, _b: [("-", {"language": "en"})],
+    ("POST", "/api/v1/settings"): lambda ids, _b: [("-", {"language": "en"})],
+    # Sign-in and the device flow carry no user's ids: bob gets the same answers either way.
+    ("POST", "/auth/sign-in"): lambda ids, _b: [("-", {"api_key": "acs_not_a_key"})],
+    ("POST", "/oauth/device/token"): lambda ids, _b: [("-", {"device_code": "not-a-code"})],
+    ("POST", "/oauth/device/verify"): lambda ids, _b: [
+        ("-", {"user_code": "BCDF-GHJK", "action": "deny"})
+    ],
     ("POST", "/api/add-git-providers"): lambda ids, _b: [("-", {})],
     # Secret names are per user: bob's own secret must not share the name PUT/DELETE probe.
     ("POST", "/api/secrets"): lambda ids, _b: [
