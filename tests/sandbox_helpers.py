@@ -73,7 +73,16 @@ exposed_ports: {AGENT_SERVER: 8000}
 
 
 def containers(docker_client: docker.DockerClient, prefix: str) -> list[Any]:
-    return docker_client.containers.list(all=True, filters={"label": f"{LABEL_PREFIX}={prefix}"})
+    """The prefix's containers. docker-py inspects each listed container, and one removed in
+    between (the code under test deleting it) raises NotFound: list again then."""
+    for _ in range(10):
+        try:
+            return docker_client.containers.list(
+                all=True, filters={"label": f"{LABEL_PREFIX}={prefix}"}
+            )
+        except docker.errors.NotFound:
+            time.sleep(0.05)
+    raise AssertionError(f"containers of {prefix} kept vanishing while being listed")
 
 
 def volumes(docker_client: docker.DockerClient, prefix: str) -> list[Any]:
