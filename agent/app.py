@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import logging
+import sys
+import time
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from . import __version__, files, shell
+from . import __version__, bash_routes, files, git
 from .auth import auth_middleware
 from .config import CONFIG_KEY, AgentConfig
 from .conversations import routes as conversations
+from .conversations.tools import KINDS
+from .cors import cors_middleware
 from .errors import ApiError, error_response
 
 log = logging.getLogger(__name__)
 
 __all__ = ["CONFIG_KEY", "create_app"]
+
+#: The wire contract this server speaks (docs/agent-protocol.md).
+PROTOCOL = "openhands-agent-server 1.58"
+STARTED = web.AppKey("started", float)
+LAST_ACTIVITY = web.AppKey("last_activity", list[float])
 
 
 @web.middleware
@@ -34,12 +43,20 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(500, "Internal server error")
 
 
+@web.middleware
+async def activity_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Notes the time of the last API call (``idle_time`` in /server_info)."""
+    if request.path.startswith(("/api/", "/sockets/")):
+        request.app[LAST_ACTIVITY][0] = time.time()
+    return await handler(request)
+
+
 async def health(_: web.Request) -> web.Response:
-    return web.Response(text="OK")
-
-
-async def alive(_: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
+
+
+async def ready(_: web.Request) -> web.Response:
+    return web.json_response({"status": "ready"})
 
 
 async def info(request: web.Request) -> web.Response:
@@ -47,17 +64,58 @@ async def info(request: web.Request) -> web.Response:
     return web.json_response({"version": __version__, "workspace": str(config.workspace)})
 
 
+async def server_info(request: web.Request) -> web.Response:
+    now = time.time()
+    return web.json_response(
+        {
+            "uptime": int(now - request.app[STARTED]),
+            "idle_time": int(now - request.app[LAST_ACTIVITY][0]),
+            "title": "ACS agent server",
+            "version": __version__,
+            "protocol": PROTOCOL,
+            "python_version": sys.version,
+            "usable_tools": list(KINDS),
+            "conversation_runtime": "local",
+            "available_conversation_runtimes": [],
+            "capabilities": ["idempotent_conversation_create_v1"],
+            "docs": "/docs",
+        }
+    )
+
+
+async def vscode_url(_: web.Request) -> web.Response:
+    raise ApiError(503, "VSCode is not available in this sandbox")
+
+
+async def vscode_status(_: web.Request) -> web.Response:
+    return web.json_response({"running": False, "enabled": False})
+
+
 def create_app(config: AgentConfig) -> web.Application:
-    # Auth runs inside the error middleware so a 401 is plain JSON too.
+    # Auth runs inside the error middleware so a 401 is plain JSON too; CORS outside both so
+    # that even a 401 reaches the browser's script.
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware(config.api_keys)],
+        middlewares=[
+            cors_middleware(config.cors_origins),
+            error_middleware,
+            activity_middleware,
+            auth_middleware(config.api_keys),
+        ],
         client_max_size=16 * 1024 * 1024,
     )
     app[CONFIG_KEY] = config
-    app.router.add_get("/health", health)
-    app.router.add_get("/alive", alive)
-    app.router.add_get("/api/info", info)
-    shell.add_routes(app)
+    app[STARTED] = time.time()
+    app[LAST_ACTIVITY] = [time.time()]
+    router = app.router
+    router.add_get("/health", health)
+    router.add_get("/alive", health)
+    router.add_get("/ready", ready)
+    router.add_get("/server_info", server_info)
+    router.add_get("/api/info", info)
+    router.add_get("/api/vscode/url", vscode_url)
+    router.add_get("/api/vscode/status", vscode_status)
+    bash_routes.add_routes(app)
     files.add_routes(app)
+    git.add_routes(app)
     conversations.add_routes(app)
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -21,6 +22,8 @@ STATE_DIR_ENV = "ACS_STATE_DIR"
 DEFAULT_STATE_DIR = "/var/lib/acs-agent"
 #: Base URL of the control plane's webhooks for this sandbox; absent: no webhooks.
 WEBHOOK_BASE_URL_ENV = "OH_WEBHOOKS_0_BASE_URL"
+#: Browser origins allowed by CORS: OH_ALLOW_CORS_ORIGINS_0, _1, ... or a JSON list.
+CORS_ORIGINS_ENV = "OH_ALLOW_CORS_ORIGINS"
 
 DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024
 DEFAULT_POST_EXIT_GRACE = 1.0
@@ -44,6 +47,26 @@ def load_api_keys(environ: Mapping[str, str]) -> tuple[str, ...]:
         if fallback:
             keys.append(fallback)
     return tuple(keys)
+
+
+def load_cors_origins(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """``OH_ALLOW_CORS_ORIGINS`` (a JSON list) and ``OH_ALLOW_CORS_ORIGINS_<n>``, as the
+    official agent server reads them; unreadable values are ignored."""
+    origins: list[str] = []
+    raw = environ.get(CORS_ORIGINS_ENV, "")
+    if raw:
+        try:
+            listed = json.loads(raw)
+        except ValueError:
+            listed = []
+        if isinstance(listed, list):
+            origins.extend(str(o) for o in listed if isinstance(o, str))
+    pattern = re.compile(rf"^{CORS_ORIGINS_ENV}_(\d+)$")
+    numbered = sorted(
+        (int(m.group(1)), v) for k, v in environ.items() if (m := pattern.match(k)) and v
+    )
+    origins.extend(v for _, v in numbered)
+    return tuple(origins)
 
 
 def is_secret_env_name(name: str) -> bool:
@@ -72,6 +95,8 @@ class AgentConfig:
     state_dir: Path | None = None
     #: ``OH_WEBHOOKS_0_BASE_URL``: events and conversation updates are POSTed below it.
     webhook_base_url: str | None = None
+    #: Browser origins allowed by CORS besides localhost (``OH_ALLOW_CORS_ORIGINS_<n>``).
+    cors_origins: tuple[str, ...] = ()
 
     @property
     def auth_enabled(self) -> bool:
@@ -91,6 +116,7 @@ class AgentConfig:
         settings: dict[str, object] = {
             "state_dir": Path(env.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR),
             "webhook_base_url": env.get(WEBHOOK_BASE_URL_ENV) or None,
+            "cors_origins": load_cors_origins(env),
         }
         settings.update(overrides)
         return cls(

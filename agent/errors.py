@@ -60,3 +60,8 @@ async def parse_json_body(request: web.Request, model: type[ModelT]) -> ModelT:
         return model.model_validate(data)
     except ValidationError as exc:
         raise ApiError(422, validation_detail(exc)) from exc
+
+
+def missing_query(name: str) -> ApiError:
+    """The 422 of a required query parameter that was not given."""
+    return ApiError(422, [{"loc": ["query", name], "msg": "Field required", "type": "missing"}])

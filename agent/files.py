@@ -1,7 +1,8 @@
 """File transfer routes: download, upload and list.
 
-Paths in the URL are relative to the workspace, or absolute when they start
-with ``/`` (e.g. ``/api/file/download//etc/hostname``). The sandbox is the
+The path is the ``path`` query parameter (``/api/file/download?path=/workspace/a.txt``, as
+the official agent server takes it) or the rest of the URL (``/api/file/download/a.txt``, as
+older clients send it). Paths are relative to the workspace, or absolute. The sandbox is the
 security boundary, so absolute paths are allowed on purpose.
 """
 
@@ -19,7 +20,7 @@ from typing import Any, BinaryIO
 from aiohttp import BodyPartReader, web
 
 from .config import CONFIG_KEY, AgentConfig
-from .errors import ApiError
+from .errors import ApiError, missing_query
 
 UPLOAD_FIELD = "file"
 CHUNK = 256 * 1024
@@ -58,8 +59,16 @@ def _entry(path: Path) -> dict[str, Any]:
     }
 
 
+def _raw_path(request: web.Request) -> str:
+    """The path in the URL, else the ``path`` query parameter (a 422 when neither is given)."""
+    raw = request.match_info.get("path") or request.query.get("path")
+    if raw is None:
+        raise missing_query("path")
+    return raw
+
+
 async def download(request: web.Request) -> web.StreamResponse:
-    path = resolve_path(_config(request), request.match_info.get("path", ""))
+    path = resolve_path(_config(request), _raw_path(request))
     if not path.exists():
         raise ApiError(404, f"File not found: {path}")
     if path.is_dir():
@@ -76,7 +85,8 @@ async def download(request: web.Request) -> web.StreamResponse:
 
 
 async def list_dir(request: web.Request) -> web.Response:
-    path = resolve_path(_config(request), request.match_info.get("path", ""))
+    raw = request.match_info.get("path") or request.query.get("path", "")
+    path = resolve_path(_config(request), raw)
     if not path.exists():
         raise ApiError(404, f"Directory not found: {path}")
     if not path.is_dir():
@@ -120,7 +130,7 @@ async def upload(request: web.Request) -> web.Response:
     The data is streamed to a temporary file next to the target and renamed
     into place, so readers never see a half-written file.
     """
-    raw = request.match_info.get("path", "")
+    raw = _raw_path(request)
     if not raw or raw.endswith("/"):
         raise ApiError(400, "Upload path must name a file")
     path = resolve_path(_config(request), raw)
@@ -148,7 +158,7 @@ async def upload(request: web.Request) -> web.Response:
     except BaseException:
         _unlink_quietly(tmp_name)
         raise
-    return web.json_response({"success": True, "path": str(path), "size": size})
+    return web.json_response({"success": True, "file_size": size, "path": str(path), "size": size})
 
 
 async def _copy_multipart(request: web.Request, out: BinaryIO) -> int:
@@ -178,6 +188,8 @@ def _unlink_quietly(name: str) -> None:
 
 
 def add_routes(app: web.Application) -> None:
+    app.router.add_get("/api/file/download", download)
+    app.router.add_post("/api/file/upload", upload)
     app.router.add_get("/api/file/download/{path:.*}", download)
     app.router.add_post("/api/file/upload/{path:.*}", upload)
     app.router.add_get("/api/file/list/{path:.*}", list_dir)

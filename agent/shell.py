@@ -1,4 +1,5 @@
-"""Running shell commands: ``POST /api/bash/execute_bash_command``."""
+"""Running one shell command to completion, with a time limit and capped output (the
+``terminal`` tool); :mod:`agent.bash` runs the API's commands."""
 
 from __future__ import annotations
 
@@ -11,25 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
-
-from .config import CONFIG_KEY, is_secret_env_name
-from .errors import ApiError, parse_json_body
-from .files import resolve_path
+from .config import is_secret_env_name
 
 READ_CHUNK = 64 * 1024
 
 
-class ExecuteBashRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    command: str
-    cwd: str | None = None
-    timeout: int = Field(default=60, ge=1, le=3600)
-
-
-class ExecuteBashResponse(BaseModel):
+@dataclass
+class CommandResult:
     exit_code: int | None
     stdout: str
     stderr: str
@@ -67,12 +56,19 @@ def command_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not is_secret_env_name(k)}
 
 
-def _kill_group(pid: int) -> None:
+def kill_group(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
 
 
-class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+def exit_status(returncode: int | None) -> int:
+    """As a shell reports it: 128 + N for a process killed by signal N."""
+    if returncode is None:
+        return -1
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
     """Stream protocol that also reports when the process itself exits.
 
     ``Process.wait()`` only returns once the pipes are closed too, which a
@@ -97,7 +93,7 @@ async def run_command(
     max_output_bytes: int,
     post_exit_grace: float = 1.0,
     extra_env: Mapping[str, str] | None = None,
-) -> ExecuteBashResponse:
+) -> CommandResult:
     """Run ``bash -c command`` in ``cwd`` in its own process group.
 
     After ``time_limit`` seconds the whole process group is killed and ``exit_code`` is None.
@@ -109,7 +105,7 @@ async def run_command(
     """
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.subprocess_exec(
-        lambda: _ExitAwareProtocol(loop),
+        lambda: ExitAwareProtocol(loop),
         "bash",
         "-c",
         command,
@@ -132,45 +128,22 @@ async def run_command(
             await asyncio.wait_for(asyncio.shield(protocol.exited), time_limit)
         except TimeoutError:
             timed_out = True
-            _kill_group(pid)
+            kill_group(pid)
             await protocol.exited
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(readers), post_exit_grace)
     finally:
         if transport.get_returncode() is None:  # cancelled while running
-            _kill_group(pid)
+            kill_group(pid)
         if not readers.done():
             readers.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await readers
         transport.close()  # also closes our ends of the pipes
-    return ExecuteBashResponse(
-        exit_code=None if timed_out else transport.get_returncode(),
+    return CommandResult(
+        exit_code=None if timed_out else exit_status(transport.get_returncode()),
         stdout=out.text(),
         stderr=err.text(),
         timed_out=timed_out,
         truncated=out.truncated or err.truncated,
     )
-
-
-async def execute_bash_command(request: web.Request) -> web.Response:
-    config = request.app[CONFIG_KEY]
-    body = await parse_json_body(request, ExecuteBashRequest)
-    cwd = resolve_path(config, body.cwd) if body.cwd else config.workspace
-    if not cwd.is_dir():
-        raise ApiError(400, f"Working directory does not exist: {cwd}")
-    try:
-        result = await run_command(
-            body.command,
-            cwd,
-            body.timeout,
-            max_output_bytes=config.max_output_bytes,
-            post_exit_grace=config.post_exit_grace,
-        )
-    except OSError as exc:
-        raise ApiError(500, f"Could not start command: {exc.strerror or exc}") from exc
-    return web.json_response(result.model_dump())
-
-
-def add_routes(app: web.Application) -> None:
-    app.router.add_post("/api/bash/execute_bash_command", execute_bash_command)

@@ -1,29 +1,21 @@
-"""State of one conversation: events, LLM history, status, metrics; emitting and saving them."""
+"""State of one conversation: events, LLM history, status, stats; emitting and saving them."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from .events import (
-    ConversationErrorEvent,
-    ConversationStateUpdateEvent,
-    Event,
-    LLMCompletionLogEvent,
-    utc_now,
-)
+import aiohttp
+
+from . import events as ev
 from .llm import LLMClient, LLMResponse
 from .masking import Masker
-from .models import (
-    ConversationInfo,
-    ExecutionStatus,
-    Metrics,
-    StartConversationRequest,
-    TokenUsage,
-)
+from .models import ExecutionStatus, StartConversationRequest, dashed
 from .persistence import ConversationFiles
 from .tools import Toolbox
 from .webhooks import WebhookSender
@@ -32,6 +24,11 @@ if TYPE_CHECKING:
     from .mcp_tools import MCPManager
 
 log = logging.getLogger(__name__)
+
+
+def iso_now() -> str:
+    """ISO 8601 UTC with a ``Z``, for ``created_at``/``updated_at``."""
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 class Decision(Enum):
@@ -47,7 +44,7 @@ class PendingCall:
     action_id: str
     tool_call_id: str
     tool_name: str
-    args: dict[str, Any]
+    args: dict[str, Any]  # the SDK Action dump
 
 
 @dataclass
@@ -55,13 +52,17 @@ class State:
     """What is saved in meta.json besides the request."""
 
     status: ExecutionStatus = ExecutionStatus.IDLE
-    created_at: str = field(default_factory=utc_now)
-    updated_at: str = field(default_factory=utc_now)
+    created_at: str = field(default_factory=iso_now)
+    updated_at: str = field(default_factory=iso_now)
     title: str | None = None
     iterations: int = 0
     accumulated_cost: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    last_prompt_tokens: int = 0
+    last_response_id: str = ""
+    system_prompt_sent: bool = False
+    security_analyzer: dict[str, Any] | None = None
     inbox: list[dict[str, Any]] = field(default_factory=list)  # user messages not yet sent
     pending: list[PendingCall] = field(default_factory=list)
 
@@ -79,6 +80,7 @@ class Conversation:
         llm: LLMClient,
         toolbox: Toolbox,
         mcp: MCPManager | None,
+        http: aiohttp.ClientSession,
     ) -> None:
         self.id = conversation_id
         self.request = request
@@ -89,9 +91,12 @@ class Conversation:
         self.llm = llm
         self.toolbox = toolbox
         self.mcp = mcp
+        self.http = http  # for LookupSecrets
+        self.closed = False  # deleted: live sockets end
         self.events: list[dict[str, Any]] = []
         self.event_index: dict[str, int] = {}
         self.history: list[dict[str, Any]] = []
+        self.listeners: set[asyncio.Event] = set()
         self.task: asyncio.Task[None] | None = None
         self.mcp_started: asyncio.Task[None] | None = None
         self.pause_requested = False
@@ -107,15 +112,21 @@ class Conversation:
     def running(self) -> bool:
         return self.task is not None and not self.task.done()
 
-    def emit(self, event: Event) -> dict[str, Any]:
-        """Mask, keep, save and send one event; returns it as sent."""
-        data: dict[str, Any] = self.masker.mask(event.model_dump(mode="json"))
+    @property
+    def confirms(self) -> bool:
+        return self.request.confirmation_policy.confirms
+
+    def emit(self, event: ev.Event) -> ev.Event:
+        """Mask, keep, save and send one event (webhook and live sockets); returns it as sent."""
+        data: ev.Event = self.masker.mask(event)
         self.event_index[data["id"]] = len(self.events)
         self.events.append(data)
-        self.state.updated_at = data["timestamp"]
+        self.state.updated_at = iso_now()
         self.files.append_event(data)
         if self.webhooks is not None:
             self.webhooks.send_event(data)
+        for listener in self.listeners:
+            listener.set()
         return data
 
     def load_events(self, events: list[dict[str, Any]], history: list[dict[str, Any]]) -> None:
@@ -133,15 +144,15 @@ class Conversation:
         if status == self.state.status:
             return
         self.state.status = status
-        self.emit(ConversationStateUpdateEvent(key="execution_status", value=status.value))
+        self.emit(ev.state_update_event("execution_status", status.value))
         self.changed()
 
     def changed(self) -> None:
-        """Save the state and tell the control plane (status, title or metrics changed)."""
-        self.state.updated_at = utc_now()
+        """Save the state and tell the control plane (status, title or stats changed)."""
+        self.state.updated_at = iso_now()
         self.save()
         if self.webhooks is not None:
-            self.webhooks.send_info(self.info().model_dump(mode="json"))
+            self.webhooks.send_info(self.info())
 
     def save(self) -> None:
         self.files.write_meta(self.meta())
@@ -153,32 +164,73 @@ class Conversation:
             "state": asdict(self.state),
         }
 
-    def info(self) -> ConversationInfo:
+    # --- ConversationInfo -----------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """The SDK's ``ConversationStats`` (one usage id: the agent's LLM), as snapshots."""
+        llm = self.request.agent.llm
         s = self.state
-        pending = [p.action_id for p in s.pending] if self.request.confirmation_mode else []
-        return ConversationInfo(
-            id=self.id,
-            execution_status=s.status,
-            title=s.title,
-            created_at=s.created_at,
-            updated_at=s.updated_at,
-            max_iterations=self.request.max_iterations,
-            iterations=s.iterations,
-            confirmation_mode=self.request.confirmation_mode,
-            metrics=Metrics(
-                model_name=self.request.llm.model,
-                accumulated_cost=s.accumulated_cost,
-                max_budget_per_task=self.request.max_budget_per_task,
-                accumulated_token_usage=TokenUsage(
-                    prompt_tokens=s.prompt_tokens, completion_tokens=s.completion_tokens
-                ),
-            ),
-            pending_action_ids=pending,
-        )
+        snapshot = {
+            "model_name": llm.model,
+            "accumulated_cost": s.accumulated_cost,
+            "max_budget_per_task": self.request.max_budget_per_task,
+            "accumulated_token_usage": {
+                "model": llm.model,
+                "prompt_tokens": s.prompt_tokens,
+                "completion_tokens": s.completion_tokens,
+                "cache_read_tokens": 0,
+                "cache_write_tokens": 0,
+                "reasoning_tokens": 0,
+                "context_window": 0,
+                "per_turn_token": s.last_prompt_tokens,
+                "response_id": s.last_response_id,
+            },
+        }
+        return {"usage_to_metrics": {llm.usage_id: snapshot}}
+
+    def metrics(self) -> dict[str, Any]:
+        """All usage combined (one LLM), as the SDK's ``MetricsSnapshot``."""
+        usage: dict[str, Any] = self.stats()["usage_to_metrics"][self.request.agent.llm.usage_id]
+        return usage
+
+    def info(self) -> dict[str, Any]:
+        """The official ``ConversationInfo`` shape, plus ``status``, ``iterations``,
+        ``confirmation_mode`` and ``pending_action_ids`` (ours). Secrets are masked."""
+        s = self.state
+        request = self.request
+        pending = [p.action_id for p in s.pending] if self.confirms else []
+        agent = self.masker.mask(request.agent.model_dump(mode="json", exclude_none=True))
+        return {
+            "id": dashed(self.id),
+            "agent": agent,
+            "workspace": {
+                "kind": "LocalWorkspace",
+                "working_dir": str(self.toolbox.context.working_dir),
+            },
+            "persistence_dir": str(self.files.directory) if self.files.directory else None,
+            "max_iterations": request.max_iterations,
+            "stuck_detection": request.stuck_detection,
+            "execution_status": s.status.value,
+            "status": s.status.value,
+            "confirmation_policy": request.confirmation_policy.dump(),
+            "security_analyzer": s.security_analyzer,
+            "activated_knowledge_skills": [],
+            "invoked_skills": [],
+            "stats": self.stats(),
+            "title": s.title,
+            "metrics": self.metrics(),
+            "created_at": s.created_at,
+            "updated_at": s.updated_at,
+            "tags": dict(request.tags),
+            "iterations": s.iterations,
+            "confirmation_mode": self.confirms,
+            "pending_action_ids": pending,
+        }
 
     def record_completion(self, response: LLMResponse) -> None:
-        """Count one LLM call: metrics, an LLMCompletionLogEvent and a conversation webhook."""
-        llm = self.request.llm
+        """Count one LLM call: stats, a ``stats`` state update (and a completion log when the
+        LLM has ``log_completions``), then a conversation webhook."""
+        llm = self.request.agent.llm
         cost = response.prompt_tokens * (llm.input_cost_per_token or 0.0) + (
             response.completion_tokens * (llm.output_cost_per_token or 0.0)
         )
@@ -187,20 +239,35 @@ class Conversation:
         s.accumulated_cost += cost
         s.prompt_tokens += response.prompt_tokens
         s.completion_tokens += response.completion_tokens
-        self.emit(
-            LLMCompletionLogEvent(
-                model=llm.model,
-                latency_ms=response.latency_ms,
-                usage={
+        s.last_prompt_tokens = response.prompt_tokens
+        s.last_response_id = response.id or ""
+        if llm.log_completions:
+            log_data = {
+                "model": llm.model,
+                "response_id": response.id,
+                "latency_ms": response.latency_ms,
+                "attempts": response.attempts,
+                "usage": {
                     "prompt_tokens": response.prompt_tokens,
                     "completion_tokens": response.completion_tokens,
                 },
-                cost=cost,
-                accumulated_cost=s.accumulated_cost,
-                response_id=response.id,
-                attempts=response.attempts,
+                "cost": cost,
+                "content": response.content,
+                "tool_calls": [
+                    {"id": c.id, "name": c.name, "arguments": c.arguments}
+                    for c in response.tool_calls
+                ],
+            }
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
+            self.emit(
+                ev.llm_completion_log_event(
+                    filename=f"{llm.model.replace('/', '__')}-{stamp}.json",
+                    log_data=json.dumps(log_data),
+                    model_name=llm.model,
+                    usage_id=llm.usage_id,
+                )
             )
-        )
+        self.emit(ev.state_update_event("stats", self.stats()))
         self.changed()
 
     def stop(
@@ -208,9 +275,14 @@ class Conversation:
     ) -> None:
         """End a run: optional ConversationErrorEvent, the stop_reason, then the status."""
         if error is not None:
-            self.emit(ConversationErrorEvent(code=error[0], detail=error[1]))
-        self.emit(ConversationStateUpdateEvent(key="stop_reason", value=reason))
+            self.emit(ev.conversation_error_event(error[0], error[1]))
+        self.emit(ev.state_update_event("stop_reason", reason))
         self.set_status(status)
+
+    def full_state(self) -> ev.Event:
+        """A ``full_state`` update for a new socket subscriber (never stored)."""
+        event: ev.Event = self.masker.mask(ev.state_update_event(ev.FULL_STATE, self.info()))
+        return event
 
     # --- confirmation -------------------------------------------------------
 

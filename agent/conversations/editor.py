@@ -7,6 +7,8 @@ Problems the model can fix (missing file, ``old_str`` not unique, ...) raise
 from __future__ import annotations
 
 import os
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -15,6 +17,10 @@ from pydantic import BaseModel, ConfigDict
 MAX_VIEW_CHARS = 30_000
 SNIPPET_CONTEXT = 4
 MAX_DIR_ENTRIES = 1000
+#: Files larger than this are edited but their contents stay out of the observation.
+MAX_CONTENT_IN_OBSERVATION = 100_000
+UNDO_DEPTH = 5
+UNDO_MAX_BYTES = 1024 * 1024
 
 
 class EditorError(Exception):
@@ -24,7 +30,7 @@ class EditorError(Exception):
 class EditorArgs(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    command: Literal["view", "create", "str_replace", "insert"]
+    command: Literal["view", "create", "str_replace", "insert", "undo_edit"]
     path: str
     file_text: str | None = None
     old_str: str | None = None
@@ -110,7 +116,51 @@ def _snippet(path: Path, text: str, first_line: int, n_lines: int) -> str:
     )
 
 
-def _str_replace(path: Path, old: str | None, new: str | None) -> str:
+@dataclass
+class EditResult:
+    """What an editor command did: the text for the model and the file before and after."""
+
+    text: str
+    path: Path
+    prev_exist: bool = True
+    old_content: str | None = None
+    new_content: str | None = None
+
+
+@dataclass
+class UndoHistory:
+    """Earlier contents of edited files (a few per file, small files only), for ``undo_edit``."""
+
+    saved: dict[Path, deque[str | None]] = field(default_factory=dict)
+
+    def remember(self, path: Path, content: str | None) -> None:
+        if content is not None and len(content) > UNDO_MAX_BYTES:
+            self.saved.pop(path, None)  # too big to keep: an undo must not restore an older one
+            return
+        self.saved.setdefault(path, deque(maxlen=UNDO_DEPTH)).append(content)
+
+    def undo(self, path: Path) -> tuple[str, str | None, str | None]:
+        stack = self.saved.get(path)
+        if not stack:
+            raise EditorError(f"No edit history found for {path}.")
+        previous = stack.pop()
+        current = path.read_bytes().decode("utf-8") if path.exists() else None
+        if previous is None:
+            path.unlink(missing_ok=True)
+            return f"Last edit to {path} undone: the file was removed.", current, None
+        _write(path, previous)
+        return (
+            f"Last edit to {path} undone successfully. {_snippet_text(path, previous)}",
+            current,
+            previous,
+        )
+
+
+def _snippet_text(path: Path, text: str) -> str:
+    return f"Here's the result of running `cat -n` on {path}:\n" + _cap(_numbered(text))
+
+
+def _str_replace(path: Path, old: str | None, new: str | None) -> tuple[str, str, str]:
     if not old:
         raise EditorError("Parameter `old_str` is required (and non-empty) for str_replace.")
     new = new or ""
@@ -136,10 +186,10 @@ def _str_replace(path: Path, old: str | None, new: str | None) -> str:
     first_line = text[: text.find(old)].count("\n") + 1
     updated = text.replace(old, new, 1)
     _write(path, updated)
-    return _snippet(path, updated, first_line, new.count("\n") + 1)
+    return _snippet(path, updated, first_line, new.count("\n") + 1), text, updated
 
 
-def _insert(path: Path, insert_line: int | None, new: str | None) -> str:
+def _insert(path: Path, insert_line: int | None, new: str | None) -> tuple[str, str, str]:
     if insert_line is None or new is None:
         raise EditorError("Parameters `insert_line` and `new_str` are required for insert.")
     text = _read(path)
@@ -154,7 +204,7 @@ def _insert(path: Path, insert_line: int | None, new: str | None) -> str:
     lines.insert(insert_line, new if new.endswith("\n") else new + "\n")
     updated = "".join(lines)
     _write(path, updated)
-    return _snippet(path, updated, insert_line + 1, new.count("\n") + 1)
+    return _snippet(path, updated, insert_line + 1, new.count("\n") + 1), text, updated
 
 
 def _create(path: Path, file_text: str | None) -> str:
@@ -169,19 +219,38 @@ def _create(path: Path, file_text: str | None) -> str:
     return f"File created successfully at: {path}"
 
 
-def run_editor(args: EditorArgs, working_dir: Path) -> str:
-    """Carry out one editor command (blocking: run it in a thread). Returns the observation."""
+def _bounded(content: str | None) -> str | None:
+    return content if content is None or len(content) <= MAX_CONTENT_IN_OBSERVATION else None
+
+
+def run_editor(args: EditorArgs, working_dir: Path, undo: UndoHistory | None = None) -> EditResult:
+    """Carry out one editor command (blocking: run it in a thread).
+
+    Raises EditorError with a message for the model when the command cannot be carried out.
+    """
     path = Path(args.path).expanduser()
     if not path.is_absolute():
         path = working_dir / path
     try:
         if args.command == "view":
-            return _view(path, args.view_range)
+            return EditResult(_view(path, args.view_range), path)
+        if args.command == "undo_edit":
+            if undo is None:
+                raise EditorError("undo_edit is not available here.")
+            message, before, after = undo.undo(path)
+            return EditResult(message, path, True, _bounded(before), _bounded(after))
         if args.command == "create":
-            return _create(path, args.file_text)
+            message = _create(path, args.file_text)
+            if undo is not None:
+                undo.remember(path, None)
+            return EditResult(message, path, False, None, _bounded(args.file_text))
         if args.command == "str_replace":
-            return _str_replace(path, args.old_str, args.new_str)
-        return _insert(path, args.insert_line, args.new_str)
+            message, before, after = _str_replace(path, args.old_str, args.new_str)
+        else:
+            message, before, after = _insert(path, args.insert_line, args.new_str)
+        if undo is not None:
+            undo.remember(path, before)
+        return EditResult(message, path, True, _bounded(before), _bounded(after))
     except PermissionError:
         raise EditorError(f"Permission denied: {path}") from None
     except (IsADirectoryError, NotADirectoryError, FileNotFoundError) as exc:

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 
 from .masking import Masker
-from .models import LLMConfig
+from .models import LLMSettings
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def _retry_after(headers: Any) -> float | None:
 
 
 class LLMClient:
-    def __init__(self, config: LLMConfig, session: aiohttp.ClientSession, masker: Masker) -> None:
+    def __init__(self, config: LLMSettings, session: aiohttp.ClientSession, masker: Masker) -> None:
         self.config = config
         self._session = session
         self._masker = masker
@@ -122,8 +122,8 @@ class LLMClient:
 
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
-        if self.config.api_key:
-            headers["Authorization"] = f"Bearer {self.config.api_key}"
+        if self.config.key:
+            headers["Authorization"] = f"Bearer {self.config.key}"
         return headers
 
     def _body(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
@@ -133,12 +133,14 @@ class LLMClient:
             body["tool_choice"] = "auto"
         if self.config.temperature is not None:
             body["temperature"] = self.config.temperature
+        if self.config.top_p is not None:
+            body["top_p"] = self.config.top_p
         if self.config.max_output_tokens is not None:
             body["max_tokens"] = self.config.max_output_tokens
         return body
 
     async def _attempt(self, body: dict[str, Any]) -> LLMResponse:
-        timeout = aiohttp.ClientTimeout(total=self.config.timeout)
+        timeout = aiohttp.ClientTimeout(total=self.config.call_timeout)
         try:
             async with self._session.post(
                 self.url, json=body, headers=self._headers(), timeout=timeout
@@ -155,7 +157,7 @@ class LLMClient:
                 except ValueError as exc:
                     raise LLMError(f"{exc} (from {self.url})") from exc
         except TimeoutError as exc:
-            raise _Retryable(f"timed out after {self.config.timeout:g} s") from exc
+            raise _Retryable(f"timed out after {self.config.call_timeout:g} s") from exc
         except aiohttp.ClientError as exc:
             raise _Retryable(f"connection error: {exc}") from exc
 

@@ -11,21 +11,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
+import uuid
 from enum import Enum
 from typing import Any
 
+from . import events as ev
 from .conversation import Conversation, Decision, PendingCall
-from .events import (
-    ActionEvent,
-    AgentErrorEvent,
-    MessageEvent,
-    ObservationEvent,
-    UserRejectObservation,
-    text_message,
-)
 from .failures import describe_error
 from .llm import LLMError, LLMResponse
 from .models import ExecutionStatus
+from .secrets import resolve
 from .tools import ToolArgumentsError
 
 log = logging.getLogger(__name__)
@@ -43,11 +38,26 @@ class _Step(Enum):
     FINISHED = "finished"
 
 
+def system_prompt(conv: Conversation) -> str:
+    agent = conv.request.agent
+    text = agent.system_prompt or SYSTEM_PROMPT.format(working_dir=conv.toolbox.context.working_dir)
+    suffix = agent.agent_context.system_message_suffix if agent.agent_context else None
+    if suffix:
+        text += "\n\n" + suffix
+    return text
+
+
 def system_message(conv: Conversation) -> dict[str, Any]:
-    text = SYSTEM_PROMPT.format(working_dir=conv.toolbox.context.working_dir)
-    if conv.request.system_message_suffix:
-        text += "\n\n" + conv.request.system_message_suffix
-    return {"role": "system", "content": text}
+    return {"role": "system", "content": system_prompt(conv)}
+
+
+def emit_system_prompt(conv: Conversation) -> None:
+    """The SystemPromptEvent, once per conversation, when its tools are known."""
+    if conv.state.system_prompt_sent:
+        return
+    conv.state.system_prompt_sent = True
+    conv.emit(ev.system_prompt_event(system_prompt(conv), conv.toolbox.definitions()))
+    conv.save()
 
 
 def tool_message(tool_call_id: str, content: str) -> dict[str, Any]:
@@ -60,6 +70,8 @@ async def run_agent(conv: Conversation) -> None:
     try:
         if conv.mcp_started is not None:
             await asyncio.shield(conv.mcp_started)
+        emit_system_prompt(conv)
+        await _refresh_secrets(conv)
         await _loop(conv)
     except asyncio.CancelledError:
         raise
@@ -70,6 +82,19 @@ async def run_agent(conv: Conversation) -> None:
             conv.masker.text(traceback.format_exc()),
         )
         conv.stop(ExecutionStatus.ERROR, "internal_error", ("InternalError", describe_error(exc)))
+
+
+async def _refresh_secrets(conv: Conversation) -> None:
+    """Look up the LookupSecrets again (tokens may have been renewed) for this run."""
+    secrets = conv.request.secrets
+    if not any(s.kind == "LookupSecret" for s in secrets.values()):
+        return
+    values, errors = await resolve(conv.http, secrets)
+    conv.masker.add(values.values())
+    conv.toolbox.context.env = values
+    for error in errors:
+        log.warning("conversation %s: %s", conv.id, conv.masker.text(error))
+        conv.emit(ev.conversation_error_event("SecretError", error))
 
 
 async def _loop(conv: Conversation) -> None:
@@ -110,8 +135,11 @@ async def _loop(conv: Conversation) -> None:
             return
         conv.add_history(response.assistant_message())
         if not response.tool_calls:
-            reply = text_message("assistant", response.content)
-            conv.emit(MessageEvent(source="agent", llm_message=reply))
+            conv.emit(
+                ev.message_event(
+                    "agent", "assistant", response.content, llm_response_id=response.id
+                )
+            )
             if conv.state.inbox:  # the user wrote while the model was answering
                 continue
             conv.set_status(ExecutionStatus.IDLE)
@@ -130,29 +158,33 @@ def _flush_inbox(conv: Conversation) -> None:
 
 def _queue_actions(conv: Conversation, response: LLMResponse) -> None:
     thought = response.content
+    response_id = response.id or f"resp-{uuid.uuid4().hex}"
     for call in response.tool_calls:
         try:
-            args = conv.toolbox.check(call.name, call.arguments)
+            action = conv.toolbox.check(call.name, call.arguments)
         except ToolArgumentsError as exc:
-            conv.emit(AgentErrorEvent(tool_name=call.name, tool_call_id=call.id, error=str(exc)))
+            conv.emit(
+                ev.agent_error_event(tool_name=call.name, tool_call_id=call.id, error=str(exc))
+            )
             conv.add_history(tool_message(call.id, f"Error: {exc}"))
             continue
-        action = conv.emit(
-            ActionEvent(
+        emitted = conv.emit(
+            ev.action_event(
                 tool_name=call.name,
                 tool_call_id=call.id,
-                action=args,
+                arguments=call.arguments,
+                action=action,
                 thought=thought,
-                llm_response_id=response.id,
+                llm_response_id=response_id,
             )
         )
         thought = ""  # the text goes with the first action only
-        conv.state.pending.append(PendingCall(action["id"], call.id, call.name, args))
+        conv.state.pending.append(PendingCall(emitted["id"], call.id, call.name, action))
     conv.save()
 
 
 async def _run_pending(conv: Conversation) -> _Step:
-    if conv.request.confirmation_mode:
+    if conv.confirms:
         decision, reason = await conv.await_confirmation()
         if decision is Decision.PAUSE:
             return _Step.PAUSED
@@ -172,11 +204,11 @@ async def _run_pending(conv: Conversation) -> _Step:
 def _reject_pending(conv: Conversation, reason: str) -> None:
     for call in conv.state.pending:
         conv.emit(
-            UserRejectObservation(
+            ev.user_reject_event(
                 tool_name=call.tool_name,
                 tool_call_id=call.tool_call_id,
                 action_id=call.action_id,
-                rejection_reason=reason,
+                reason=reason,
             )
         )
         conv.add_history(
@@ -197,17 +229,19 @@ async def _run_call(conv: Conversation, call: PendingCall) -> bool:
         if not isinstance(exc, ToolArgumentsError):
             log.warning("conversation %s: %s", conv.id, conv.masker.text(error))
         conv.emit(
-            AgentErrorEvent(tool_name=call.tool_name, tool_call_id=call.tool_call_id, error=error)
+            ev.agent_error_event(
+                tool_name=call.tool_name, tool_call_id=call.tool_call_id, error=error
+            )
         )
         conv.add_history(tool_message(call.tool_call_id, f"Error: {error}"))
         return False
     conv.emit(
-        ObservationEvent(
+        ev.observation_event(
             tool_name=call.tool_name,
             tool_call_id=call.tool_call_id,
             action_id=call.action_id,
             observation=result.observation,
         )
     )
-    conv.add_history(tool_message(call.tool_call_id, result.content))
+    conv.add_history(tool_message(call.tool_call_id, result.model_text))
     return result.finished

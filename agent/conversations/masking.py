@@ -12,15 +12,20 @@ class Masker:
     """Masks a fixed set of secret values; longest first, so overlapping secrets stay hidden."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        values: set[str] = set()
+        self._values: set[str] = set()
+        self._secrets: list[str] = []
+        self.add(secrets)
+
+    def add(self, secrets: Iterable[str]) -> None:
+        """Mask these values too from now on (secrets updated or looked up later)."""
         for secret in secrets:
             if not secret:
                 continue
-            values.add(secret)
+            self._values.add(secret)
             stripped = secret.strip()  # a value pasted with a trailing newline
             if stripped:
-                values.add(stripped)
-        self._secrets = sorted(values, key=len, reverse=True)
+                self._values.add(stripped)
+        self._secrets = sorted(self._values, key=len, reverse=True)
 
     def __bool__(self) -> bool:
         return bool(self._secrets)

@@ -28,8 +28,9 @@ from mcp import types as mcp_types
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 
+from .events import tool_definition
 from .failures import describe_error
-from .models import MCPConfig, MCPSHTTPServer, MCPSSEServer, MCPStdioServer
+from .mcp_config import MCPConfig, MCPRemoteServer, MCPStdioServer
 
 log = logging.getLogger(__name__)
 
@@ -128,10 +129,6 @@ async def _list_tools(session: ClientSession) -> list[mcp_types.Tool]:
     return tools
 
 
-def _bearer(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
 def _stdio_opener(server: MCPStdioServer, cwd: Path, errlog: TextIO) -> Opener:
     params = StdioServerParameters(
         command=server.command, args=list(server.args), env=dict(server.env), cwd=cwd
@@ -143,20 +140,20 @@ def _stdio_opener(server: MCPStdioServer, cwd: Path, errlog: TextIO) -> Opener:
     return open_
 
 
-def _sse_opener(server: MCPSSEServer) -> Opener:
+def _sse_opener(server: MCPRemoteServer) -> Opener:
     async def open_(stack: AsyncExitStack) -> Streams:
         timeout = server.timeout or START_TIMEOUT
-        streams = sse_client(server.url, headers=_bearer(server.api_key), timeout=timeout)
+        streams = sse_client(server.url, headers=server.request_headers(), timeout=timeout)
         return await stack.enter_async_context(streams)
 
     return open_
 
 
-def _shttp_opener(server: MCPSHTTPServer) -> Opener:
+def _shttp_opener(server: MCPRemoteServer) -> Opener:
     async def open_(stack: AsyncExitStack) -> Streams:
         timeout = httpx2.Timeout(server.timeout or START_TIMEOUT, read=CALL_TIMEOUT)
         client = await stack.enter_async_context(
-            httpx2.AsyncClient(headers=_bearer(server.api_key), timeout=timeout)
+            httpx2.AsyncClient(headers=server.request_headers(), timeout=timeout)
         )
         streams = await stack.enter_async_context(
             streamable_http_client(server.url, http_client=client)
@@ -196,10 +193,9 @@ class MCPManager:
         for stdio in self._config.stdio_servers:
             opener = _stdio_opener(stdio, self._working_dir, self._errlog(stdio.name))
             plan.append((stdio.name, stdio.name, opener, START_TIMEOUT))
-        for sse in self._config.sse_servers:
-            plan.append((sse.url, None, _sse_opener(sse), sse.timeout or START_TIMEOUT))
-        for shttp in self._config.shttp_servers:
-            plan.append((shttp.url, None, _shttp_opener(shttp), shttp.timeout or START_TIMEOUT))
+        for remote in self._config.remote_servers:
+            opener = _sse_opener(remote) if remote.is_sse else _shttp_opener(remote)
+            plan.append((remote.name, None, opener, remote.timeout or START_TIMEOUT))
         return plan
 
     async def start(self) -> list[str]:
@@ -232,6 +228,30 @@ class MCPManager:
 
     def specs(self, reserved: set[str]) -> list[dict[str, Any]]:
         return [tool.spec for name, tool in self._tools.items() if name not in reserved]
+
+    def definitions(self, reserved: set[str]) -> list[dict[str, Any]]:
+        """SDK ``MCPToolDefinition`` dumps of the tools (for the SystemPromptEvent)."""
+        out = []
+        for name, tool in self._tools.items():
+            if name in reserved:
+                continue
+            function = tool.spec["function"]
+            mcp_tool = {
+                "name": name,
+                "description": function["description"],
+                "inputSchema": function["parameters"],
+            }
+            out.append(
+                tool_definition(
+                    "MCPToolDefinition",
+                    name,
+                    function["description"],
+                    "MCPToolAction",
+                    "MCPToolObservation",
+                    mcp_tool=mcp_tool,
+                )
+            )
+        return out
 
     def has(self, name: str) -> bool:
         return name in self._tools

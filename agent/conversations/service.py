@@ -15,25 +15,44 @@ import aiohttp
 
 from ..config import AgentConfig
 from ..errors import ApiError
+from . import events as ev
 from .conversation import Conversation, Decision, PendingCall, State
-from .events import AgentErrorEvent, ConversationErrorEvent, MessageEvent, text_message
 from .failures import describe_error
 from .llm import LLMClient
-from .loop import run_agent, tool_message
+from .loop import emit_system_prompt, run_agent, tool_message
 from .masking import Masker
 from .models import ExecutionStatus, SendMessageRequest, StartConversationRequest
 from .persistence import ConversationFiles, conversations_root
-from .tools import Toolbox, ToolContext
+from .secrets import static_values
+from .tools import TOOL_ALIASES, Toolbox, ToolContext
 from .webhooks import WebhookSender
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_FLUSH = 2.0
 DELETE_FLUSH = 0.5
+TITLE_LENGTH = 50
 
 
 def not_found(conversation_id: str) -> ApiError:
     return ApiError(404, f"Conversation not found: {conversation_id}")
+
+
+def title_from(text: str, limit: int = TITLE_LENGTH) -> str | None:
+    """The first line of a message, cut to ``limit`` characters (an ellipsis when cut)."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    if not line:
+        return None
+    return line if len(line) <= limit else line[: max(limit - 1, 1)].rstrip() + "…"
+
+
+def enabled_tools(request: StartConversationRequest) -> set[str]:
+    """Our built-in tools for ``agent.tools`` + ``include_default_tools`` (others ignored)."""
+    known = {TOOL_ALIASES[n] for n in request.agent.tool_names() if n in TOOL_ALIASES}
+    ignored = sorted(n for n in request.agent.tool_names() if n not in TOOL_ALIASES)
+    if ignored:
+        log.info("tools this agent does not have are ignored: %s", ", ".join(ignored))
+    return known
 
 
 class ConversationService:
@@ -63,7 +82,10 @@ class ConversationService:
                 await session.close()
 
     async def _stop(self, conv: Conversation, flush: float) -> None:
-        """Cancel the loop, close the MCP servers, then the webhook sender."""
+        """Cancel the loop, close the MCP servers and the live sockets, then the webhooks."""
+        conv.closed = True
+        for listener in conv.listeners:
+            listener.set()
         for task in (conv.task, conv.mcp_started):
             if task is not None and not task.done():
                 task.cancel()
@@ -77,9 +99,9 @@ class ConversationService:
     # --- building ---------------------------------------------------------------
 
     def _working_dir(self, request: StartConversationRequest) -> Path:
-        if not request.working_dir:
+        if request.workspace is None:
             return self.config.workspace
-        path = Path(request.working_dir).expanduser()
+        path = Path(request.workspace.working_dir).expanduser()
         return path if path.is_absolute() else self.config.workspace / path
 
     def _build(
@@ -98,16 +120,15 @@ class ConversationService:
             webhooks = WebhookSender(
                 self._webhook_session, self.config.webhook_base_url, conversation_id, key
             )
-        servers = request.mcp_config
-        has_mcp = servers.stdio_servers or servers.sse_servers or servers.shttp_servers
+        servers = request.agent.mcp()
         mcp = None
-        if has_mcp:
+        if servers:
             from .mcp_tools import MCPManager  # noqa: PLC0415 - the SDK is slow to import
 
             mcp = MCPManager(servers, working_dir, files.directory)
         context = ToolContext(
             working_dir=working_dir,
-            env=dict(request.secrets),
+            env=static_values(request.secrets),
             max_output_bytes=self.config.max_output_bytes,
             post_exit_grace=self.config.post_exit_grace,
         )
@@ -118,9 +139,10 @@ class ConversationService:
             masker=masker,
             files=files,
             webhooks=webhooks,
-            llm=LLMClient(request.llm, self._llm_session, masker),
-            toolbox=Toolbox(context, mcp),
+            llm=LLMClient(request.agent.llm, self._llm_session, masker),
+            toolbox=Toolbox(context, enabled_tools(request), mcp),
             mcp=mcp,
+            http=self._webhook_session,
         )
 
     def _start_mcp(self, conv: Conversation) -> None:
@@ -135,7 +157,8 @@ class ConversationService:
                 errors = [f"MCP servers failed to start: {describe_error(exc)}"]
             for error in errors:
                 log.warning("conversation %s: %s", conv.id, conv.masker.text(error))
-                conv.emit(ConversationErrorEvent(code="MCPError", detail=error))
+                conv.emit(ev.conversation_error_event("MCPError", error))
+            emit_system_prompt(conv)
 
         conv.mcp_started = asyncio.create_task(start(), name=f"mcp-start:{conv.id}")
 
@@ -150,8 +173,7 @@ class ConversationService:
     async def create(self, request: StartConversationRequest) -> tuple[Conversation, bool]:
         """The conversation and whether it was created (False: it existed already)."""
         conversation_id = request.conversation_id or uuid.uuid4().hex
-        servers = request.mcp_config
-        if servers.stdio_servers or servers.sse_servers or servers.shttp_servers:
+        if request.agent.mcp():
             # Import the MCP SDK (~0.4 s) off the event loop, once.
             await asyncio.to_thread(importlib.import_module, f"{__package__}.mcp_tools")
         async with self._lock:
@@ -161,36 +183,75 @@ class ConversationService:
             try:
                 conv = self._build(conversation_id, request, State())
             except OSError as exc:
-                raise ApiError(400, f"Cannot use working_dir: {exc}") from exc
+                raise ApiError(400, f"Cannot use the workspace's working_dir: {exc}") from exc
             self.conversations[conversation_id] = conv
         if conv.webhooks is not None:
             conv.webhooks.start()
         conv.changed()
+        if conv.mcp is None:
+            emit_system_prompt(conv)
         self._start_mcp(conv)
         if request.initial_message is not None:
-            self.send_message(conv, request.initial_message)
+            # The initial message always starts a run, as on the official server.
+            self.send_message(conv, request.initial_message.model_copy(update={"run": True}))
         return conv, True
 
     def send_message(self, conv: Conversation, message: SendMessageRequest) -> None:
         text = message.text()
-        conv.emit(MessageEvent(source="user", llm_message=text_message(message.role, text)))
+        conv.emit(ev.message_event("user", message.role, text, sender=message.sender))
         conv.state.inbox.append({"role": message.role, "content": text})
+        if conv.state.title is None and conv.request.autotitle and message.role == "user":
+            conv.state.title = title_from(text)
+            conv.changed()
         conv.save()
         if message.run and not conv.running:
             self.run(conv)
 
     def run(self, conv: Conversation) -> None:
         if conv.running:
-            raise ApiError(409, "Conversation is already running")
+            raise ApiError(409, "Conversation already running. Wait for completion or pause first.")
         conv.pause_requested = False
         self._start_mcp(conv)
         conv.set_status(ExecutionStatus.RUNNING)  # now, so a client never reads a stale status
         conv.task = asyncio.create_task(run_agent(conv), name=f"agent:{conv.id}")
 
     def pause(self, conv: Conversation) -> None:
+        """Running: stops after the current step. Idle: paused at once. Otherwise nothing."""
         if conv.running:
-            conv.pause_requested = True
+            if not conv.pause_requested:
+                conv.pause_requested = True
+                conv.emit(ev.pause_event())
             conv.decide(Decision.PAUSE)
+        elif conv.status is ExecutionStatus.IDLE:
+            conv.emit(ev.pause_event())
+            conv.set_status(ExecutionStatus.PAUSED)
+
+    async def interrupt(self, conv: Conversation) -> None:
+        """Stop now: the LLM call or the action in flight is cancelled; status ``paused``."""
+        task = conv.task
+        if task is None or task.done():
+            self.pause(conv)
+            return
+        conv.emit(ev.pause_event())
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        self._interrupted(conv, "was interrupted")
+        conv.stop(ExecutionStatus.PAUSED, "interrupted")
+
+    @staticmethod
+    def _interrupted(conv: Conversation, why: str) -> None:
+        """Actions that may have run partly are answered with an error, never run twice."""
+        for call in conv.state.pending:
+            error = f"{call.tool_name} {why}"
+            conv.emit(
+                ev.agent_error_event(
+                    tool_name=call.tool_name, tool_call_id=call.tool_call_id, error=error
+                )
+            )
+            conv.add_history(tool_message(call.tool_call_id, f"Error: {error}"))
+        conv.state.pending.clear()
+        conv.save()
 
     def respond(self, conv: Conversation, accept: bool, reason: str) -> None:
         if not conv.decide(Decision.ACCEPT if accept else Decision.REJECT, reason):
@@ -233,15 +294,6 @@ class ConversationService:
             conv.webhooks.start()
         if state.status in (ExecutionStatus.RUNNING, ExecutionStatus.WAITING_FOR_CONFIRMATION):
             if state.status is ExecutionStatus.RUNNING:
-                # The action may have run partly: do not run it twice.
-                for call in state.pending:
-                    error = f"{call.tool_name} was interrupted: the agent server restarted"
-                    conv.emit(
-                        AgentErrorEvent(
-                            tool_name=call.tool_name, tool_call_id=call.tool_call_id, error=error
-                        )
-                    )
-                    conv.add_history(tool_message(call.tool_call_id, f"Error: {error}"))
-                state.pending.clear()
+                self._interrupted(conv, "was interrupted: the agent server restarted")
             conv.set_status(ExecutionStatus.PAUSED)
         log.info("restored conversation %s (%s)", conv.id, conv.status.value)

@@ -1,25 +1,56 @@
-"""Tools offered to the model: execute_bash, str_replace_editor, finish, plus MCP tools."""
+"""Tools offered to the model, as the SDK names them: ``terminal``, ``file_editor``, ``finish``,
+``think``, plus MCP tools. Each call becomes an SDK ``Action`` dump (``TerminalAction``, ...)
+and its result an SDK ``Observation`` dump (``TerminalObservation``, ...).
+
+Which built-in tools a conversation has follows ``agent.tools`` (``TerminalTool``,
+``FileEditorTool``) and ``agent.include_default_tools`` (``FinishTool``, ``ThinkTool``).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..shell import run_command
-from .editor import EditorArgs, EditorError, run_editor
+from . import tool_specs
+from .editor import EditorArgs, EditorError, UndoHistory, run_editor
+from .events import text, tool_definition
 
 if TYPE_CHECKING:
     from .mcp_tools import MCPManager
 
 MAX_STREAM_CHARS = 30_000
 MAX_BASH_TIMEOUT = 600
-FINISH = "finish"
+DEFAULT_BASH_TIMEOUT = 60
+TERMINAL, FILE_EDITOR, FINISH, THINK = "terminal", "file_editor", "finish", "think"
+
+#: ``agent.tools`` names (SDK class names, and the tool names themselves) -> our tool.
+TOOL_ALIASES = {
+    "TerminalTool": TERMINAL,
+    "BashTool": TERMINAL,
+    TERMINAL: TERMINAL,
+    "FileEditorTool": FILE_EDITOR,
+    FILE_EDITOR: FILE_EDITOR,
+    "FinishTool": FINISH,
+    FINISH: FINISH,
+    "ThinkTool": THINK,
+    THINK: THINK,
+}
+#: Our tools as SDK tool, action and observation kinds.
+KINDS = {
+    TERMINAL: ("TerminalTool", "TerminalAction", "TerminalObservation"),
+    FILE_EDITOR: ("FileEditorTool", "FileEditorAction", "FileEditorObservation"),
+    FINISH: ("FinishTool", "FinishAction", "FinishObservation"),
+    THINK: ("ThinkTool", "ThinkAction", "ThinkObservation"),
+}
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -30,12 +61,11 @@ class ToolArgumentsError(Exception):
 
 @dataclass
 class ToolResult:
-    observation: dict[str, Any]
-    finished: bool = False
+    """An SDK Observation dump, the text the model gets back, and whether the task ended."""
 
-    @property
-    def content(self) -> str:
-        return str(self.observation.get("content", ""))
+    observation: dict[str, Any]
+    model_text: str
+    finished: bool = False
 
 
 @dataclass
@@ -46,11 +76,13 @@ class ToolContext:
     post_exit_grace: float = 1.0
 
 
-class BashArgs(BaseModel):
+class TerminalArgs(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     command: str
-    timeout: int = 60
+    is_input: bool = False
+    timeout: float | None = Field(default=None, ge=0)
+    reset: bool = False
 
 
 class FinishArgs(BaseModel):
@@ -59,70 +91,18 @@ class FinishArgs(BaseModel):
     message: str = ""
 
 
-def _function(name: str, description: str, properties: dict[str, Any], required: list[str]) -> Any:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {"type": "object", "properties": properties, "required": required},
-        },
-    }
+class ThinkArgs(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    thought: str = ""
 
 
-BUILTIN_SPECS: list[dict[str, Any]] = [
-    _function(
-        "execute_bash",
-        "Run a bash command in the working directory (non-interactive, stdin closed) and "
-        f"return its output (at most {MAX_STREAM_CHARS} characters per stream) and exit code. "
-        "Background long-running servers with `&` and redirect their output to a file.",
-        {
-            "command": {"type": "string", "description": "The bash command to run."},
-            "timeout": {
-                "type": "integer",
-                "description": f"Seconds before the command is killed (default 60, max "
-                f"{MAX_BASH_TIMEOUT}).",
-            },
-        },
-        ["command"],
-    ),
-    _function(
-        "str_replace_editor",
-        "View, create and edit files. `view` shows a file with line numbers (or a directory "
-        "two levels deep); `create` writes a new file; `str_replace` replaces `old_str`, which "
-        "must occur exactly once, by `new_str`; `insert` adds `new_str` after line "
-        "`insert_line` (0: at the top). Paths are absolute or relative to the working dir.",
-        {
-            "command": {"type": "string", "enum": ["view", "create", "str_replace", "insert"]},
-            "path": {"type": "string"},
-            "file_text": {"type": "string", "description": "Content of the file (create)."},
-            "old_str": {"type": "string", "description": "Exact text to replace (str_replace)."},
-            "new_str": {"type": "string", "description": "Replacement or inserted text."},
-            "insert_line": {"type": "integer", "description": "Line to insert after (insert)."},
-            "view_range": {
-                "type": "array",
-                "items": {"type": "integer"},
-                "description": "[start, end] lines to view, 1-based; end -1 means to the end.",
-            },
-        },
-        ["command", "path"],
-    ),
-    _function(
-        FINISH,
-        "Call this when the task is complete, with a short summary for the user.",
-        {"message": {"type": "string", "description": "Summary of what was done."}},
-        ["message"],
-    ),
-]
-BUILTIN_NAMES = {spec["function"]["name"] for spec in BUILTIN_SPECS}
-
-
-def cap_stream(text: str, limit: int = MAX_STREAM_CHARS) -> tuple[str, bool]:
-    """Keep the head and the tail of ``text`` (``limit`` characters in all)."""
-    if len(text) <= limit:
-        return text, False
-    head, tail = text[: limit // 2], text[len(text) - limit // 2 :]
-    return f"{head}\n[... {len(text) - len(head) - len(tail)} characters cut ...]\n{tail}", True
+def cap_stream(value: str, limit: int = MAX_STREAM_CHARS) -> tuple[str, bool]:
+    """Keep the head and the tail of ``value`` (``limit`` characters in all)."""
+    if len(value) <= limit:
+        return value, False
+    head, tail = value[: limit // 2], value[len(value) - limit // 2 :]
+    return f"{head}\n[... {len(value) - len(head) - len(tail)} characters cut ...]\n{tail}", True
 
 
 def parse_arguments(arguments: str) -> dict[str, Any]:
@@ -145,84 +125,179 @@ def _validate(model: type[ModelT], name: str, args: dict[str, Any]) -> ModelT:
         raise ToolArgumentsError(f"invalid arguments for {name}: {problems}") from None
 
 
+def _dump(kind: str, model: BaseModel) -> dict[str, Any]:
+    return {"kind": kind, **model.model_dump(exclude_none=True)}
+
+
+def _observation(kind: str, content: str, is_error: bool = False, **extra: Any) -> dict[str, Any]:
+    return {"kind": kind, "content": [text(content)], "is_error": is_error, **extra}
+
+
+def _error_text(message: str) -> str:
+    return f"[An error occurred during execution.]\n{message}"
+
+
 class Toolbox:
     """The tools of one conversation."""
 
-    def __init__(self, context: ToolContext, mcp: MCPManager | None = None) -> None:
+    def __init__(
+        self, context: ToolContext, enabled: set[str], mcp: MCPManager | None = None
+    ) -> None:
         self.context = context
+        self.builtin = [name for name in KINDS if name in enabled]
         self.mcp = mcp
+        self.undo = UndoHistory()
 
     def specs(self) -> list[dict[str, Any]]:
-        extra = self.mcp.specs(BUILTIN_NAMES) if self.mcp else []
-        return [*BUILTIN_SPECS, *extra]
+        """The OpenAI ``tools`` of every call."""
+        builtin = [tool_specs.FUNCTIONS[name] for name in self.builtin]
+        extra = self.mcp.specs(set(self.builtin)) if self.mcp else []
+        return [*builtin, *extra]
+
+    def definitions(self) -> list[dict[str, Any]]:
+        """The SDK ``ToolDefinition`` dumps of a SystemPromptEvent."""
+        out = []
+        for name in self.builtin:
+            kind, action, observation = KINDS[name]
+            description = tool_specs.FUNCTIONS[name]["function"]["description"]
+            out.append(tool_definition(kind, name, description, action, observation))
+        if self.mcp is not None:
+            out.extend(self.mcp.definitions(set(self.builtin)))
+        return out
 
     def knows(self, name: str) -> bool:
-        return name in BUILTIN_NAMES or (self.mcp is not None and self.mcp.has(name))
-
-    def check(self, name: str, arguments: str) -> dict[str, Any]:
-        """Parse and check a call before it becomes an action; ToolArgumentsError if it can't."""
-        if not self.knows(name):
-            raise ToolArgumentsError(f"unknown tool {name!r}; the tools are: {self.names()}")
-        args = parse_arguments(arguments)
-        if name == "execute_bash":
-            _validate(BashArgs, name, args)
-        elif name == "str_replace_editor":
-            _validate(EditorArgs, name, args)
-        elif name == FINISH:
-            _validate(FinishArgs, name, args)
-        return args
+        return name in self.builtin or (self.mcp is not None and self.mcp.has(name))
 
     def names(self) -> str:
         return ", ".join(spec["function"]["name"] for spec in self.specs())
 
-    async def run(self, name: str, args: dict[str, Any]) -> ToolResult:
-        """Run a checked call. Tool failures raise; problems the model can fix are results."""
-        if name == "execute_bash":
-            return await self._bash(_validate(BashArgs, name, args))
-        if name == "str_replace_editor":
+    def check(self, name: str, arguments: str) -> dict[str, Any]:
+        """The SDK Action dump of a call; ToolArgumentsError when it cannot become an action."""
+        if not self.knows(name):
+            raise ToolArgumentsError(f"unknown tool {name!r}; the tools are: {self.names()}")
+        args = parse_arguments(arguments)
+        if name == TERMINAL:
+            return _dump("TerminalAction", _validate(TerminalArgs, name, args))
+        if name == FILE_EDITOR:
+            return _dump("FileEditorAction", _validate(EditorArgs, name, args))
+        if name == FINISH:
+            return _dump("FinishAction", _validate(FinishArgs, name, args))
+        if name == THINK:
+            return _dump("ThinkAction", _validate(ThinkArgs, name, args))
+        return {"kind": "MCPToolAction", "data": args}
+
+    async def run(self, name: str, action: dict[str, Any]) -> ToolResult:
+        """Run a checked action. Tool failures raise; problems the model can fix are results."""
+        args = {k: v for k, v in action.items() if k != "kind"}
+        if name == TERMINAL:
+            return await self._terminal(_validate(TerminalArgs, name, args))
+        if name == FILE_EDITOR:
             return await self._editor(_validate(EditorArgs, name, args))
         if name == FINISH:
             message = _validate(FinishArgs, name, args).message
-            return ToolResult({"content": message}, finished=True)
+            return ToolResult(_observation("FinishObservation", message), message, finished=True)
+        if name == THINK:
+            logged = "Your thought has been logged."
+            return ToolResult(_observation("ThinkObservation", logged), logged)
         if self.mcp is not None and self.mcp.has(name):
-            text, is_error = await self.mcp.call(name, args)
-            return ToolResult({"content": text, "error": text} if is_error else {"content": text})
+            output, is_error = await self.mcp.call(name, action.get("data") or {})
+            observation = _observation(
+                "MCPToolObservation", output, is_error=is_error, tool_name=name
+            )
+            return ToolResult(observation, _error_text(output) if is_error else output)
         raise ToolArgumentsError(f"unknown tool {name!r}")
 
-    async def _bash(self, args: BashArgs) -> ToolResult:
-        timeout = min(max(args.timeout, 1), MAX_BASH_TIMEOUT)
+    def _terminal_failure(self, command: str, message: str) -> ToolResult:
+        observation = _observation(
+            "TerminalObservation", message, is_error=True, command=command, exit_code=None
+        )
+        return ToolResult(observation, _error_text(message))
+
+    async def _terminal(self, args: TerminalArgs) -> ToolResult:
+        if args.is_input:
+            return self._terminal_failure(
+                args.command,
+                "is_input is not supported: every command runs in a fresh non-interactive "
+                "shell with stdin closed.",
+            )
+        if not args.command.strip():
+            note = "Nothing to run: give a command (each runs in a fresh shell)."
+            if args.reset:
+                note = "The terminal was reset: each command runs in a fresh shell anyway."
+            return self._terminal_failure(args.command, note)
+        limit = DEFAULT_BASH_TIMEOUT if not args.timeout else args.timeout
+        limit = min(max(limit, 1), MAX_BASH_TIMEOUT)
         result = await run_command(
             args.command,
             self.context.working_dir,
-            timeout,
+            limit,
             max_output_bytes=self.context.max_output_bytes,
             post_exit_grace=self.context.post_exit_grace,
             extra_env=self.context.env,
         )
-        stdout, cut_out = cap_stream(result.stdout)
-        stderr, cut_err = cap_stream(result.stderr)
+        stdout, _ = cap_stream(result.stdout)
+        stderr, _ = cap_stream(result.stderr)
         parts = [stdout] if stdout else []
         if stderr:
             parts.append(f"[stderr]\n{stderr}")
         if result.truncated:
             parts.append("[output beyond 1 MiB per stream was discarded]")
         if result.timed_out:
-            parts.append(f"[Command timed out after {timeout} s; its processes were killed]")
-        else:
-            parts.append(f"[Command finished with exit code {result.exit_code}]")
-        content = "\n".join(p.rstrip("\n") for p in parts)
-        return ToolResult(
-            {
-                "content": content,
-                "exit_code": result.exit_code,
-                "timed_out": result.timed_out,
-                "truncated": result.truncated or cut_out or cut_err,
-            }
+            parts.append(f"[Command timed out after {limit:g} s; its processes were killed]")
+        output = "\n".join(p.rstrip("\n") for p in parts)
+        exit_code = -1 if result.timed_out else result.exit_code
+        metadata = {
+            "exit_code": exit_code,
+            "pid": -1,
+            "username": _USER,
+            "hostname": _HOST,
+            "working_dir": str(self.context.working_dir),
+            "prefix": "",
+            "suffix": "",
+        }
+        observation = _observation(
+            "TerminalObservation",
+            output,
+            command=args.command,
+            exit_code=None if result.timed_out else exit_code,
+            timeout=result.timed_out,
+            metadata=metadata,
         )
+        model_text = output
+        if not result.timed_out:
+            model_text = f"{output}\n[Command finished with exit code {exit_code}]".lstrip("\n")
+        return ToolResult(observation, model_text)
 
     async def _editor(self, args: EditorArgs) -> ToolResult:
         try:
-            text = await asyncio.to_thread(run_editor, args, self.context.working_dir)
+            done = await asyncio.to_thread(run_editor, args, self.context.working_dir, self.undo)
         except EditorError as exc:
-            return ToolResult({"content": str(exc), "error": str(exc)})
-        return ToolResult({"content": text})
+            observation = _observation(
+                "FileEditorObservation",
+                str(exc),
+                is_error=True,
+                command=args.command,
+                path=args.path,
+            )
+            return ToolResult(observation, _error_text(str(exc)))
+        observation = _observation(
+            "FileEditorObservation",
+            done.text,
+            command=args.command,
+            path=str(done.path),
+            prev_exist=done.prev_exist,
+            old_content=done.old_content,
+            new_content=done.new_content,
+        )
+        return ToolResult(observation, done.text)
+
+
+def _user() -> str | None:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return None
+
+
+_USER = _user()
+_HOST = socket.gethostname()

@@ -14,12 +14,16 @@ LLM_KEY = "sk-fake-llm-key-0123456789"
 STOPPED = ("idle", "paused", "finished", "error", "stuck", "waiting_for_confirmation")
 
 
+TOOLS = [{"name": "TerminalTool"}, {"name": "FileEditorTool"}]
+
+
 def llm_config(fake: FakeLLM, **overrides: Any) -> dict[str, Any]:
-    """LLM settings pointing at ``fake``, with quick retries."""
+    """The SDK's ``LLM`` fields pointing at ``fake``, with quick retries."""
     config: dict[str, Any] = {
         "model": "fake-model",
         "base_url": fake.base_url,
         "api_key": LLM_KEY,
+        "usage_id": "agent",
         "timeout": 10,
         "num_retries": 2,
         "retry_min_wait": 0.01,
@@ -27,6 +31,32 @@ def llm_config(fake: FakeLLM, **overrides: Any) -> dict[str, Any]:
     }
     config.update(overrides)
     return config
+
+
+def start_body(
+    fake: FakeLLM,
+    *,
+    llm: dict[str, Any] | None = None,
+    confirmation_mode: bool = False,
+    working_dir: str | None = None,
+    system_message_suffix: str | None = None,
+    mcp_servers: dict[str, Any] | None = None,
+    **body: Any,
+) -> dict[str, Any]:
+    """An SDK ``StartConversationRequest``; the keyword shortcuts fill its nested fields."""
+    agent: dict[str, Any] = {"kind": "Agent", "llm": llm_config(fake, **(llm or {}))}
+    agent["tools"] = TOOLS
+    if system_message_suffix is not None:
+        agent["agent_context"] = {"system_message_suffix": system_message_suffix}
+    if mcp_servers is not None:
+        agent["mcp_config"] = {"mcpServers": mcp_servers}
+    payload: dict[str, Any] = {"agent": agent}
+    if working_dir is not None:
+        payload["workspace"] = {"kind": "LocalWorkspace", "working_dir": working_dir}
+    if confirmation_mode:
+        payload["confirmation_policy"] = {"kind": "AlwaysConfirm"}
+    payload.update(body)
+    return payload
 
 
 def user_message(text: str, run: bool = True) -> dict[str, Any]:
@@ -39,12 +69,11 @@ async def start(
     fake: FakeLLM,
     message: str | None = "Do the task.",
     *,
-    llm: dict[str, Any] | None = None,
     expect: int = 201,
     **body: Any,
 ) -> dict[str, Any]:
-    """POST /api/conversations; returns the ConversationInfo."""
-    payload: dict[str, Any] = {"llm": llm_config(fake, **(llm or {})), **body}
+    """POST /api/conversations (see :func:`start_body`); returns the ConversationInfo."""
+    payload = start_body(fake, **body)
     if message is not None:
         payload["initial_message"] = user_message(message)
     resp = await client.post(BASE, json=payload, headers=auth)

@@ -20,17 +20,23 @@ EXEC = "/api/bash/execute_bash_command"
 ClientFactory = Callable[..., Awaitable[TestClient]]
 
 
-async def test_health_is_plain_ok_without_auth(client: TestClient) -> None:
-    resp = await client.get("/health")
-    assert resp.status == 200
-    assert await resp.text() == "OK"
-    assert resp.content_type == "text/plain"
-
-
-async def test_alive_without_auth(client: TestClient) -> None:
-    resp = await client.get("/alive")
+@pytest.mark.parametrize("path", ["/health", "/alive"])
+async def test_health_and_alive_without_auth(client: TestClient, path: str) -> None:
+    resp = await client.get(path)
     assert resp.status == 200
     assert await resp.json() == {"status": "ok"}
+
+
+async def test_ready_and_server_info_without_auth(client: TestClient, auth: dict[str, str]) -> None:
+    assert await (await client.get("/ready")).json() == {"status": "ready"}
+    await client.get("/api/info", headers=auth)
+    resp = await client.get("/server_info")
+    assert resp.status == 200
+    info = await resp.json()
+    assert info["usable_tools"] == ["terminal", "file_editor", "finish", "think"]
+    assert info["protocol"] == "openhands-agent-server 1.58"
+    assert info["uptime"] >= 0
+    assert 0 <= info["idle_time"] <= 1
 
 
 @pytest.mark.parametrize(

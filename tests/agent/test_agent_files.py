@@ -22,7 +22,12 @@ async def test_upload_raw_body_then_download(
     )
     assert resp.status == 200
     target = workspace / "dir" / "sub" / "data.bin"
-    assert await resp.json() == {"success": True, "path": str(target), "size": len(BLOB)}
+    assert await resp.json() == {
+        "success": True,
+        "file_size": len(BLOB),
+        "path": str(target),
+        "size": len(BLOB),
+    }
     assert target.read_bytes() == BLOB
     assert not [p for p in target.parent.iterdir() if p.name != "data.bin"]  # no temp left
 
@@ -41,6 +46,35 @@ async def test_upload_multipart(client: TestClient, auth: dict[str, str], worksp
     assert body["success"] is True
     assert body["size"] == 12
     assert (workspace / "src" / "x.py").read_bytes() == b"print('hi')\n"
+
+
+async def test_query_path_routes_as_the_official_server(
+    client: TestClient, auth: dict[str, str], workspace: Path
+) -> None:
+    """``/api/file/upload?path=`` (multipart ``file``) and ``/api/file/download?path=``."""
+    target = workspace / "q dir" / "ünï.bin"
+    form = FormData()
+    form.add_field("file", BLOB, filename="ignored-name.bin")
+    resp = await client.post(
+        "/api/file/upload", params={"path": str(target)}, data=form, headers=auth
+    )
+    assert resp.status == 200
+    assert (await resp.json())["file_size"] == len(BLOB)
+    assert target.read_bytes() == BLOB
+
+    resp = await client.get("/api/file/download", params={"path": str(target)}, headers=auth)
+    assert resp.status == 200
+    assert await resp.read() == BLOB
+    resp = await client.get("/api/file/download", params={"path": "q dir/ünï.bin"}, headers=auth)
+    assert await resp.read() == BLOB  # relative to the workspace
+
+    for method in ("GET", "POST"):
+        url = "/api/file/download" if method == "GET" else "/api/file/upload"
+        resp = await client.request(method, url, headers=auth)
+        assert resp.status == 422
+        assert (await resp.json())["detail"] == [
+            {"loc": ["query", "path"], "msg": "Field required", "type": "missing"}
+        ]
 
 
 async def test_upload_multipart_without_file_field_is_422(

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp.test_utils import TestClient
 
+from agent.conversations.masking import MASK
 from tests.agent.conv_helpers import (
     BASE,
+    LLM_KEY,
     events,
     info,
     llm_config,
@@ -28,7 +31,7 @@ CONFIRM = "/events/respond_to_confirmation"
 async def test_confirmation_accept_runs_the_action(
     client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
 ) -> None:
-    fake_llm.script([reply_tool_call("execute_bash", {"command": "touch made"}), reply_finish()])
+    fake_llm.script([reply_tool_call("terminal", {"command": "touch made"}), reply_finish()])
     cid = (await start(client, auth, fake_llm, confirmation_mode=True))["id"]
     waiting = await wait_status(client, auth, cid)
     assert waiting["execution_status"] == "waiting_for_confirmation"
@@ -64,7 +67,7 @@ async def test_confirmation_accept_runs_the_action(
 async def test_confirmation_reject_gives_user_reject_observation(
     client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
 ) -> None:
-    fake_llm.script([reply_tool_call("execute_bash", {"command": "touch made"}), reply_text("ok")])
+    fake_llm.script([reply_tool_call("terminal", {"command": "touch made"}), reply_text("ok")])
     cid = (await start(client, auth, fake_llm, confirmation_mode=True))["id"]
     await wait_status(client, auth, cid)
     resp = await client.post(
@@ -88,7 +91,7 @@ async def test_confirmation_reject_gives_user_reject_observation(
 async def test_pause_mid_run_then_run_again(
     client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
-    fake_llm.script([reply_tool_call("execute_bash", {"command": "echo step"}), reply_finish()])
+    fake_llm.script([reply_tool_call("terminal", {"command": "echo step"}), reply_finish()])
     fake_llm.hold()
     cid = (await start(client, auth, fake_llm))["id"]
     await fake_llm.wait_for_requests(1)
@@ -114,11 +117,17 @@ async def test_llm_500s_are_retried(
 ) -> None:
     fake_llm.fail_next(2, status=500)
     fake_llm.script([reply_finish()])
-    cid = (await start(client, auth, fake_llm, llm={"num_retries": 2}))["id"]
+    llm = {"num_retries": 2, "log_completions": True}
+    cid = (await start(client, auth, fake_llm, llm=llm))["id"]
     assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
     assert [r.status for r in fake_llm.requests] == [500, 500, 200]
-    log = of_kind(await events(client, auth, cid), "LLMCompletionLogEvent")
-    assert [e["attempts"] for e in log] == [3]
+    (log,) = of_kind(await events(client, auth, cid), "LLMCompletionLogEvent")
+    assert (log["model_name"], log["usage_id"]) == ("fake-model", "agent")
+    assert log["filename"].startswith("fake-model-")
+    data = json.loads(log["log_data"])
+    assert data["attempts"] == 3
+    assert data["usage"] == {"prompt_tokens": 100, "completion_tokens": 20}
+    assert LLM_KEY not in log["log_data"]
 
 
 async def test_llm_429_and_dropped_connection_are_retried(
@@ -175,15 +184,16 @@ async def test_start_is_idempotent_and_routes_answer_404_409_422(
 ) -> None:
     cid = "0193d6e4c2b87a3f9e1d2c3b4a596877"
     first = await start(client, auth, fake_llm, None, conversation_id=cid)
-    assert first["id"] == cid
+    assert first["id"] == "0193d6e4-c2b8-7a3f-9e1d-2c3b4a596877"
     assert first["execution_status"] == "idle"
-    assert first["max_iterations"] == 100
+    assert first["max_iterations"] == 500  # the SDK's default
     assert first["metrics"]["model_name"] == "fake-model"
     assert first["title"] is None
+    assert first["agent"]["llm"]["api_key"] == MASK
     again = await start(
-        client, auth, fake_llm, None, conversation_id=cid, expect=200, max_iterations=5
+        client, auth, fake_llm, None, conversation_id=first["id"], expect=200, max_iterations=5
     )
-    assert again["max_iterations"] == 100  # nothing changed
+    assert again["max_iterations"] == 500  # nothing changed
 
     unknown = "f" * 32
     for method, path in [
@@ -197,16 +207,25 @@ async def test_start_is_idempotent_and_routes_answer_404_409_422(
         assert resp.status == 404, path
         assert (await resp.json())["detail"].startswith("Conversation not found: ")
 
-    resp = await client.post(BASE, json={"llm": llm_config(fake_llm), "bogus": 1}, headers=auth)
-    assert resp.status == 422
-    assert (await resp.json())["detail"][0]["type"] == "extra_forbidden"
-    resp = await client.post(BASE, json={"llm": {"model": ""}}, headers=auth)
-    assert resp.status == 422
-    resp = await client.post(
-        BASE, json={"llm": llm_config(fake_llm), "max_iterations": 0}, headers=auth
-    )
-    assert resp.status == 422
-    resp = await client.post(BASE, json={"llm": llm_config(fake_llm)})
+    agent = {"kind": "Agent", "llm": llm_config(fake_llm)}
+    bad_bodies = [
+        ({}, ["body", "agent"]),
+        ({"agent": {"llm": {"model": ""}}}, ["body", "agent", "llm", "model"]),
+        ({"agent": {**agent, "kind": "ACPAgent"}}, ["body", "agent", "kind"]),
+        ({"agent": agent, "max_iterations": 0}, ["body", "max_iterations"]),
+        ({"agent": agent, "secrets_encrypted": True}, ["body", "secrets_encrypted"]),
+        ({"agent": agent, "secrets": {"A": {"kind": "LookupSecret"}}}, ["body", "secrets", "A"]),
+        ({"agent": {**agent, "mcp_config": {"mcpServers": {"x": {}}}}}, ["body", "agent"]),
+        (
+            {"agent": agent, "confirmation_policy": {"kind": "Sometimes"}},
+            ["body", "confirmation_policy", "kind"],
+        ),
+    ]
+    for bad, loc in bad_bodies:
+        resp = await client.post(BASE, json=bad, headers=auth)
+        assert resp.status == 422, bad
+        assert (await resp.json())["detail"][0]["loc"] == loc, bad
+    resp = await client.post(BASE, json={"agent": agent})
     assert resp.status == 401
 
     resp = await client.post(f"{BASE}/{cid}{CONFIRM}", json={"accept": True}, headers=auth)
@@ -215,7 +234,7 @@ async def test_start_is_idempotent_and_routes_answer_404_409_422(
     resp = await client.get(BASE, params=[("ids", cid), ("ids", unknown)], headers=auth)
     assert resp.status == 200
     batch = await resp.json()
-    assert batch[0]["id"] == cid
+    assert batch[0]["id"] == first["id"]  # found by its hex id too
     assert batch[1] is None
     resp = await client.get(BASE, headers=auth)
     assert resp.status == 422
@@ -230,7 +249,7 @@ async def test_start_is_idempotent_and_routes_answer_404_409_422(
 async def test_event_search_pages_and_single_event(
     client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
-    fake_llm.script([reply_tool_call("execute_bash", {"command": "true"}), reply_finish()])
+    fake_llm.script([reply_tool_call("terminal", {"command": "true"}), reply_finish()])
     cid = (await start(client, auth, fake_llm))["id"]
     await wait_status(client, auth, cid)
     everything = await events(client, auth, cid)
@@ -251,7 +270,7 @@ async def test_event_search_pages_and_single_event(
         headers=auth,
     )
     actions = (await resp.json())["items"]
-    assert [a["tool_name"] for a in actions] == ["finish", "execute_bash"]
+    assert [a["tool_name"] for a in actions] == ["finish", "terminal"]
     resp = await client.get(f"{BASE}/{cid}/events/count", headers=auth)
     assert await resp.json() == len(everything)
     resp = await client.get(f"{BASE}/{cid}/events/{everything[2]['id']}", headers=auth)
@@ -287,7 +306,7 @@ async def test_conversations_survive_a_restart(
 async def test_pause_while_waiting_for_confirmation_keeps_the_action(
     client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
 ) -> None:
-    fake_llm.script([reply_tool_call("execute_bash", {"command": "touch made"}), reply_finish()])
+    fake_llm.script([reply_tool_call("terminal", {"command": "touch made"}), reply_finish()])
     cid = (await start(client, auth, fake_llm, confirmation_mode=True))["id"]
     waiting = await wait_status(client, auth, cid)
     pending = waiting["pending_action_ids"]
@@ -344,7 +363,7 @@ async def test_working_dir_and_secrets_reach_the_commands(
 ) -> None:
     fake_llm.script(
         [
-            reply_tool_call("execute_bash", {"command": 'pwd; test "$TOKEN" = s3cr3t-value'}),
+            reply_tool_call("terminal", {"command": 'pwd; test "$TOKEN" = s3cr3t-value'}),
             reply_finish(),
         ]
     )
@@ -360,7 +379,7 @@ async def test_working_dir_and_secrets_reach_the_commands(
     )["id"]
     await wait_status(client, auth, cid)
     observation = of_kind(await events(client, auth, cid), "ObservationEvent")[0]["observation"]
-    assert observation["content"].startswith(str(workspace / "sub/dir"))
+    assert observation["content"][0]["text"].startswith(str(workspace / "sub/dir"))
     assert observation["exit_code"] == 0
     system = fake_llm.requests[0].body["messages"][0]["content"]
     assert system.endswith("Always be brief.")
@@ -373,13 +392,23 @@ async def test_search_and_count_conversations(
     ids = [(await start(client, auth, fake_llm, None))["id"] for _ in range(3)]
     resp = await client.get(f"{BASE}/count", headers=auth)
     assert await resp.json() == 3
-    resp = await client.get(f"{BASE}/search", params={"limit": "2"}, headers=auth)
+    oldest_first = {"sort_order": "CREATED_AT"}
+    resp = await client.get(f"{BASE}/search", params={"limit": "2", **oldest_first}, headers=auth)
     page = await resp.json()
     assert [c["id"] for c in page["items"]] == ids[:2]
     assert page["next_page_id"] == ids[2]
     resp = await client.get(
-        f"{BASE}/search", params={"page_id": page["next_page_id"]}, headers=auth
+        f"{BASE}/search", params={"page_id": page["next_page_id"], **oldest_first}, headers=auth
     )
     page = await resp.json()
     assert [c["id"] for c in page["items"]] == ids[2:]
     assert page["next_page_id"] is None
+    resp = await client.get(f"{BASE}/search", headers=auth)  # newest first, as the SDK's default
+    assert [c["id"] for c in (await resp.json())["items"]] == ids[::-1]
+    resp = await client.get(f"{BASE}/search", params={"status": "idle"}, headers=auth)
+    assert len((await resp.json())["items"]) == 3
+    resp = await client.get(f"{BASE}/count", params={"status": "running"}, headers=auth)
+    assert await resp.json() == 0
+    for bad in ({"status": "sleepy"}, {"sort_order": "TITLE"}):
+        resp = await client.get(f"{BASE}/search", params=bad, headers=auth)
+        assert resp.status == 422

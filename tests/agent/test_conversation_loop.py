@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import uuid
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from aiohttp.test_utils import TestClient
 
@@ -34,35 +37,60 @@ async def test_bash_run_writes_a_file_and_finishes(
     fake_llm.script(
         [
             reply_tool_call(
-                "execute_bash", {"command": "echo hi > f.txt && cat f.txt"}, thought="Writing."
+                "terminal", {"command": "echo hi > f.txt && cat f.txt"}, thought="Writing."
             ),
             reply_finish("File written."),
         ]
     )
     created = await start(client, auth, fake_llm, "Write hi to f.txt")
     cid = created["id"]
-    assert len(cid) == 32
+    assert str(uuid.UUID(cid)) == cid  # as the official server writes it
     done = await wait_status(client, auth, cid)
-    assert done["execution_status"] == "finished"
+    assert done["execution_status"] == done["status"] == "finished"
     assert (workspace / "f.txt").read_text() == "hi\n"
 
     items = await events(client, auth, cid)
+    assert items[0]["kind"] == "SystemPromptEvent"
+    assert [t["kind"] for t in items[0]["tools"]] == [
+        "TerminalTool",
+        "FileEditorTool",
+        "FinishTool",
+        "ThinkTool",
+    ]
     assert [e["source"] for e in of_kind(items, "MessageEvent")] == ["user"]
     action = of_kind(items, "ActionEvent")[0]
-    assert action["tool_name"] == "execute_bash"
-    assert action["action"] == {"command": "echo hi > f.txt && cat f.txt"}
-    assert action["thought"] == "Writing."
+    assert action["tool_name"] == "terminal"
+    assert action["action"] == {
+        "kind": "TerminalAction",
+        "command": "echo hi > f.txt && cat f.txt",
+        "is_input": False,
+        "reset": False,
+    }
+    assert action["thought"] == [{"type": "text", "text": "Writing."}]
     assert action["llm_response_id"] == "chatcmpl-fake-1"
+    assert action["tool_call"]["name"] == "terminal"
+    assert json.loads(action["tool_call"]["arguments"]) == {
+        "command": "echo hi > f.txt && cat f.txt"
+    }
     observation = of_kind(items, "ObservationEvent")[0]
     assert observation["action_id"] == action["id"]
     assert observation["tool_call_id"] == action["tool_call_id"]
+    assert observation["observation"]["kind"] == "TerminalObservation"
     assert observation["observation"]["exit_code"] == 0
-    assert observation["observation"]["content"].startswith("hi\n")
+    assert observation["observation"]["metadata"]["working_dir"] == str(workspace)
+    assert observation["observation"]["content"] == [{"type": "text", "text": "hi"}]
+    finish = of_kind(items, "ObservationEvent")[1]["observation"]
+    assert finish == {
+        "kind": "FinishObservation",
+        "content": [{"type": "text", "text": "File written."}],
+        "is_error": False,
+    }
     assert statuses(items) == ["running", "finished"]
     assert stop_reasons(items) == ["finished"]
     for event in items:
         assert set(event) >= {"id", "timestamp", "source", "kind"}
-        assert event["timestamp"].endswith("Z")
+        # As the SDK writes them: naive ISO 8601 (UTC here).
+        assert datetime.fromisoformat(event["timestamp"]).tzinfo is None
 
     # What the model was sent: tools, the key, then the tool result in the second call.
     first, second = fake_llm.requests[0], fake_llm.requests[1]
@@ -70,7 +98,7 @@ async def test_bash_run_writes_a_file_and_finishes(
     assert first.body["model"] == "fake-model"
     assert first.body["tool_choice"] == "auto"
     names = {t["function"]["name"] for t in first.body["tools"]}
-    assert names == {"execute_bash", "str_replace_editor", "finish"}
+    assert names == {"terminal", "file_editor", "finish", "think"}
     assert first.body["messages"][0]["role"] == "system"
     assert str(workspace) in first.body["messages"][0]["content"]
     assert first.body["messages"][1] == {"role": "user", "content": "Write hi to f.txt"}
@@ -80,10 +108,14 @@ async def test_bash_run_writes_a_file_and_finishes(
     assert "exit code 0" in tool_result["content"]
 
     assert done["iterations"] == 2
-    assert done["metrics"]["accumulated_token_usage"] == {
-        "prompt_tokens": 200,
-        "completion_tokens": 40,
-    }
+    usage = done["stats"]["usage_to_metrics"]["agent"]["accumulated_token_usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (200, 40)
+    assert done["metrics"]["accumulated_token_usage"] == usage
+    stats_updates = [
+        e for e in items if e["kind"] == "ConversationStateUpdateEvent" and e["key"] == "stats"
+    ]
+    assert len(stats_updates) == 2
+    assert stats_updates[-1]["value"] == done["stats"]
 
 
 async def test_text_reply_makes_the_agent_idle_and_a_new_message_resumes(
@@ -111,7 +143,7 @@ async def test_text_reply_makes_the_agent_idle_and_a_new_message_resumes(
 async def test_editor_create_replace_view_and_ambiguous_old_str(
     client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
 ) -> None:
-    editor = "str_replace_editor"
+    editor = "file_editor"
     fake_llm.script(
         [
             reply_tool_call(
@@ -135,24 +167,38 @@ async def test_editor_create_replace_view_and_ambiguous_old_str(
             ),
             reply_tool_call(editor, {"command": "view", "path": "src/a.py"}),
             reply_tool_call(editor, {"command": "view", "path": "missing.py"}),
+            reply_tool_call(editor, {"command": "undo_edit", "path": "src/a.py"}),
             reply_finish(),
         ]
     )
     cid = (await start(client, auth, fake_llm))["id"]
     assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
-    assert (workspace / "src/a.py").read_text() == "#\nx = 2\n"
+    assert (workspace / "src/a.py").read_text() == "x = 2\n"  # the insert was undone
     observations = [
         e["observation"] for e in of_kind(await events(client, auth, cid), "ObservationEvent")
     ]
-    assert "File created successfully" in observations[0]["content"]
-    assert "error" not in observations[0]
-    assert "occurs 2 times" in observations[1]["error"]
-    assert "lines 1, 2" in observations[1]["error"]
-    assert observations[1]["content"] == observations[1]["error"]
-    assert "has been edited" in observations[2]["content"]
-    assert "has been edited" in observations[3]["content"]
-    assert "     1\t#\n     2\tx = 2" in observations[4]["content"]
-    assert "does not exist" in observations[5]["error"]
+
+    def text(observation: dict[str, Any]) -> str:
+        return "".join(part["text"] for part in observation["content"])
+
+    assert {o["kind"] for o in observations[:-1]} == {"FileEditorObservation"}
+    created = observations[0]
+    assert "File created successfully" in text(created)
+    assert (created["is_error"], created["prev_exist"]) == (False, False)
+    assert created["new_content"] == "x = 1\nx = 1\n"
+    assert created["path"] == str(workspace / "src/a.py")
+    assert observations[1]["is_error"] is True
+    assert "occurs 2 times" in text(observations[1])
+    assert "lines 1, 2" in text(observations[1])
+    assert "has been edited" in text(observations[2])
+    assert observations[2]["old_content"] == "x = 1\nx = 1\n"
+    assert observations[2]["new_content"] == "x = 2\n"
+    assert "has been edited" in text(observations[3])
+    assert "     1\t#\n     2\tx = 2" in text(observations[4])
+    assert observations[5]["is_error"] is True
+    assert "does not exist" in text(observations[5])
+    assert "undone" in text(observations[6])
+    assert observations[6]["new_content"] == "x = 2\n"
     # The model saw the error text as the tool result.
     assert "occurs 2 times" in fake_llm.requests[2].body["messages"][-1]["content"]
 
@@ -164,9 +210,9 @@ async def test_unknown_tool_and_bad_arguments_are_agent_errors_and_the_loop_goes
         [
             reply_tool_calls(
                 tool_call("no_such_tool", {"x": 1}),
-                tool_call("execute_bash", "{not json"),
-                tool_call("execute_bash", {"timeout": 5}),
-                tool_call("execute_bash", {"command": "echo ok"}),
+                tool_call("terminal", "{not json"),
+                tool_call("terminal", {"timeout": 5}),
+                tool_call("terminal", {"command": "echo ok"}),
             ),
             reply_finish(),
         ]
@@ -175,7 +221,7 @@ async def test_unknown_tool_and_bad_arguments_are_agent_errors_and_the_loop_goes
     assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
     items = await events(client, auth, cid)
     errors = of_kind(items, "AgentErrorEvent")
-    assert [e["tool_name"] for e in errors] == ["no_such_tool", "execute_bash", "execute_bash"]
+    assert [e["tool_name"] for e in errors] == ["no_such_tool", "terminal", "terminal"]
     assert "unknown tool 'no_such_tool'" in errors[0]["error"]
     assert "not valid JSON" in errors[1]["error"]
     assert "command" in errors[2]["error"]
@@ -190,7 +236,7 @@ async def test_max_iterations_stops_a_model_that_never_finishes(
     client: TestClient, auth: dict[str, str]
 ) -> None:
     async with FakeLLM(when_exhausted="repeat") as fake:
-        fake.script([reply_tool_call("execute_bash", {"command": "true"})])
+        fake.script([reply_tool_call("terminal", {"command": "true"})])
         cid = (await start(client, auth, fake, max_iterations=3))["id"]
         done = await wait_status(client, auth, cid)
         assert done["execution_status"] == "error"
@@ -206,7 +252,7 @@ async def test_max_iterations_stops_a_model_that_never_finishes(
 
 async def test_budget_stops_the_agent(client: TestClient, auth: dict[str, str]) -> None:
     async with FakeLLM(when_exhausted="repeat", prompt_tokens=1000, completion_tokens=100) as fake:
-        fake.script([reply_tool_call("execute_bash", {"command": "true"})])
+        fake.script([reply_tool_call("terminal", {"command": "true"})])
         llm = {"input_cost_per_token": 0.001, "output_cost_per_token": 0.002}  # $1.20 a call
         cid = (await start(client, auth, fake, llm=llm, max_budget_per_task=3.0))["id"]
         done = await wait_status(client, auth, cid)
@@ -215,11 +261,16 @@ async def test_budget_stops_the_agent(client: TestClient, auth: dict[str, str]) 
         assert abs(done["metrics"]["accumulated_cost"] - 3.6) < 1e-9
         assert done["metrics"]["max_budget_per_task"] == 3.0
         items = await events(client, auth, cid)
-        logs = of_kind(items, "LLMCompletionLogEvent")
-        assert [round(e["cost"], 6) for e in logs] == [1.2, 1.2, 1.2]
-        assert [round(e["accumulated_cost"], 6) for e in logs] == [1.2, 2.4, 3.6]
-        assert logs[0]["usage"] == {"prompt_tokens": 1000, "completion_tokens": 100}
-        assert logs[0]["model"] == "fake-model"
+        assert of_kind(items, "LLMCompletionLogEvent") == []  # log_completions is off
+        stats = [
+            e["value"]["usage_to_metrics"]["agent"]
+            for e in items
+            if e["kind"] == "ConversationStateUpdateEvent" and e["key"] == "stats"
+        ]
+        assert [round(s["accumulated_cost"], 6) for s in stats] == [1.2, 2.4, 3.6]
+        assert stats[0]["accumulated_token_usage"]["prompt_tokens"] == 1000
+        assert stats[0]["model_name"] == "fake-model"
+        assert stats[0]["max_budget_per_task"] == 3.0
         assert [e["code"] for e in of_kind(items, "ConversationErrorEvent")] == ["BudgetExceeded"]
         assert stop_reasons(items) == ["budget"]
         assert len(of_kind(items, "ActionEvent")) == 2  # the reply past the budget is not run
@@ -228,7 +279,7 @@ async def test_budget_stops_the_agent(client: TestClient, auth: dict[str, str]) 
 async def test_message_sent_while_running_is_seen_at_the_next_call(
     client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
-    fake_llm.script([reply_tool_call("execute_bash", {"command": "true"}), reply_finish()])
+    fake_llm.script([reply_tool_call("terminal", {"command": "true"}), reply_finish()])
     fake_llm.hold()
     cid = (await start(client, auth, fake_llm))["id"]
     await fake_llm.wait_for_requests(1)

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
@@ -22,8 +23,14 @@ SERVER = str(Path(__file__).with_name("mcp_test_server.py"))
 MCP_TIMEOUT = 60.0
 
 
-def stdio_server(name: str = "calc", **env: str) -> dict[str, object]:
-    return {"name": name, "command": sys.executable, "args": [SERVER], "env": env}
+def stdio_server(**env: str) -> dict[str, object]:
+    """An ``mcpServers`` entry (fastmcp's shape, as the SDK sends ``agent.mcp_config``)."""
+    return {"command": sys.executable, "args": [SERVER], "env": env}
+
+
+def mcp_result(observation: dict[str, Any]) -> tuple[str, bool]:
+    assert observation["kind"] == "MCPToolObservation"
+    return "".join(p["text"] for p in observation["content"]), observation["is_error"]
 
 
 def processes_with_env(marker: str) -> list[int]:
@@ -53,21 +60,30 @@ async def test_stdio_server_tools_are_offered_and_called(
             reply_finish(),
         ]
     )
-    mcp_config = {"stdio_servers": [stdio_server(CALC_TOKEN="tok-secret-1", MARKER=marker)]}
-    cid = (await start(client, auth, fake_llm, mcp_config=mcp_config))["id"]
+    servers = {"calc": stdio_server(CALC_TOKEN="tok-secret-1", MARKER=marker)}
+    cid = (await start(client, auth, fake_llm, mcp_servers=servers))["id"]
     done = await wait_status(client, auth, cid, timeout=MCP_TIMEOUT)
     assert done["execution_status"] == "finished"
 
     tools = {t["function"]["name"]: t["function"] for t in fake_llm.requests[0].body["tools"]}
-    assert {"calc__add", "calc__env_value", "calc__fail", "execute_bash"} <= set(tools)
+    assert {"calc__add", "calc__env_value", "calc__fail", "terminal"} <= set(tools)
     assert tools["calc__add"]["description"] == "Add two integers."
     assert tools["calc__add"]["parameters"]["required"] == ["a", "b"]
 
     items = await events(client, auth, cid)
     observations = [e["observation"] for e in of_kind(items, "ObservationEvent")]
-    assert observations[0] == {"content": "5"}
-    assert observations[1] == {"content": MASK}  # stdio env values are secrets
-    assert "Error executing tool fail" in observations[2]["error"]  # is_error: an error
+    assert mcp_result(observations[0]) == ("5", False)
+    assert mcp_result(observations[1]) == (MASK, False)  # stdio env values are secrets
+    text, is_error = mcp_result(observations[2])
+    assert is_error
+    assert "Error executing tool fail" in text
+    assert observations[0]["tool_name"] == "calc__add"
+    actions = [e["action"] for e in of_kind(items, "ActionEvent")]
+    assert actions[0] == {"kind": "MCPToolAction", "data": {"a": 2, "b": 3}}
+    (prompt,) = of_kind(items, "SystemPromptEvent")
+    definitions = {t["title"]: t for t in prompt["tools"]}
+    assert definitions["calc__add"]["kind"] == "MCPToolDefinition"
+    assert definitions["calc__add"]["mcp_tool"]["inputSchema"]["required"] == ["a", "b"]
     assert of_kind(items, "ConversationErrorEvent") == []
     assert processes_with_env(marker)  # the server runs until the conversation is deleted
 
@@ -82,16 +98,15 @@ async def test_a_server_that_fails_to_start_is_an_mcp_error(
     client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.script([reply_tool_calls(tool_call("calc__add", {"a": 1, "b": 1})), reply_finish()])
-    broken = {"name": "broken", "command": "/nonexistent/mcp-server", "args": []}
-    mcp_config = {"stdio_servers": [broken, stdio_server()]}
-    cid = (await start(client, auth, fake_llm, mcp_config=mcp_config))["id"]
+    servers = {"broken": {"command": "/nonexistent/mcp-server", "args": []}, "calc": stdio_server()}
+    cid = (await start(client, auth, fake_llm, mcp_servers=servers))["id"]
     done = await wait_status(client, auth, cid, timeout=MCP_TIMEOUT)
     assert done["execution_status"] == "finished"
     items = await events(client, auth, cid)
     errors = of_kind(items, "ConversationErrorEvent")
     assert [e["code"] for e in errors] == ["MCPError"]
     assert "MCP server broken failed to start" in errors[0]["detail"]
-    assert of_kind(items, "ObservationEvent")[0]["observation"] == {"content": "2"}
+    assert mcp_result(of_kind(items, "ObservationEvent")[0]["observation"]) == ("2", False)
     names = {t["function"]["name"] for t in fake_llm.requests[0].body["tools"]}
     assert not any(n.startswith("broken__") for n in names)
 
@@ -139,12 +154,13 @@ async def test_http_servers_get_the_bearer_key(
             reply_finish(),
         ]
     )
-    mcp_config = {f"{kind}_servers": [{"url": url, "api_key": "mcp-key-xyz"}]}
-    cid = (await start(client, auth, fake_llm, mcp_config=mcp_config))["id"]
+    # No transport: inferred from the URL (/sse is SSE, the rest streamable HTTP).
+    servers = {kind: {"url": url, "auth": "mcp-key-xyz"}}
+    cid = (await start(client, auth, fake_llm, mcp_servers=servers))["id"]
     done = await wait_status(client, auth, cid, timeout=MCP_TIMEOUT)
     assert done["execution_status"] == "finished"
     items = await events(client, auth, cid)
     assert of_kind(items, "ConversationErrorEvent") == []
     observations = [e["observation"] for e in of_kind(items, "ObservationEvent")]
-    assert observations[0] == {"content": "42"}
-    assert observations[1] == {"content": f"Bearer {MASK}"}
+    assert mcp_result(observations[0]) == ("42", False)
+    assert mcp_result(observations[1]) == (f"Bearer {MASK}", False)

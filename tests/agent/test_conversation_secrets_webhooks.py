@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ async def test_secrets_never_appear_in_events(
     fake_llm.script(
         [
             reply_tool_call(
-                "execute_bash",
+                "terminal",
                 {"command": f'env; echo "key={LLM_KEY}"; echo "$GITHUB_TOKEN" >&2'},
                 thought=f"I will not leak {SECRET}",
             ),
@@ -55,13 +56,13 @@ async def test_secrets_never_appear_in_events(
     dumped = json.dumps(items)
     for secret in (SECRET, LLM_KEY, auth["X-Session-API-Key"]):
         assert secret not in dumped
-    observation = of_kind(items, "ObservationEvent")[0]["observation"]["content"]
+    observation = of_kind(items, "ObservationEvent")[0]["observation"]["content"][0]["text"]
     assert f"GITHUB_TOKEN={MASK}" in observation  # exported to the command, then masked
     assert f"key={MASK}" in observation
     assert of_kind(items, "MessageEvent")[0]["llm_message"]["content"][0]["text"] == f"use {MASK}"
     # The model is sent the masked output too, and the files on disk are masked.
     assert SECRET not in json.dumps(fake_llm.requests[1].body["messages"])
-    stored = state_dir / "conversations" / cid
+    stored = state_dir / "conversations" / uuid.UUID(cid).hex
     for name in ("events.jsonl", "history.jsonl"):
         text = (stored / name).read_text()
         assert SECRET not in text
@@ -138,7 +139,7 @@ async def test_webhooks_deliver_every_event_in_order_with_retry(
     rec, base_url = receiver
     rec.answers = [503]  # the first POST fails once, then is retried
     client = await make_client(webhook_base_url=base_url)
-    fake_llm.script([reply_tool_call("execute_bash", {"command": "echo hi"}), reply_finish()])
+    fake_llm.script([reply_tool_call("terminal", {"command": "echo hi"}), reply_finish()])
     cid = (await start(client, auth, fake_llm))["id"]
     await wait_status(client, auth, cid)
     local = await events(client, auth, cid)
@@ -182,13 +183,14 @@ async def test_webhook_latency_is_immediate(
     rec, base_url = receiver
     client = await make_client(webhook_base_url=base_url)
     cid = (await start(client, auth, fake_llm, None))["id"]
-    await rec.wait_for(lambda: len(rec.infos) == 1)
+    await rec.wait_for(lambda: len(rec.infos) == 1 and len(rec.events) == 1)
+    assert rec.events[0]["kind"] == "SystemPromptEvent"
     loop = asyncio.get_running_loop()
     began = loop.time()
     resp = await client.post(
         f"{BASE}/{cid}/events", json=user_message("hi", run=False), headers=auth
     )
     assert resp.status == 200
-    await rec.wait_for(lambda: len(rec.events) == 1, timeout=2)
+    await rec.wait_for(lambda: len(rec.events) == 2, timeout=2)
     assert loop.time() - began < 0.5
-    assert rec.events[0]["kind"] == "MessageEvent"
+    assert rec.events[1]["kind"] == "MessageEvent"

@@ -18,7 +18,7 @@ from agent.conversations.webhooks import WebhookSender
 
 
 def edit(tmp_path: Path, **args: Any) -> str:
-    return run_editor(EditorArgs.model_validate(args), tmp_path)
+    return run_editor(EditorArgs.model_validate(args), tmp_path).text
 
 
 def test_editor_insert_view_range_and_directories(tmp_path: Path) -> None:
@@ -68,19 +68,29 @@ def test_cap_stream_keeps_head_and_tail() -> None:
     assert cap_stream("short") == ("short", False)
 
 
-async def test_bash_output_is_capped_per_stream(tmp_path: Path) -> None:
-    toolbox = Toolbox(ToolContext(working_dir=tmp_path, post_exit_grace=0.2))
-    result = await toolbox.run("execute_bash", {"command": "head -c 50000 /dev/zero | tr '\\0' x"})
-    assert result.observation["truncated"] is True
-    assert "characters cut" in result.content
-    assert len(result.content) < 31_000
-    result = await toolbox.run("execute_bash", {"command": "sleep 5", "timeout": 1})
-    assert result.observation["timed_out"] is True
+async def test_terminal_output_is_capped_per_stream(tmp_path: Path) -> None:
+    toolbox = Toolbox(ToolContext(working_dir=tmp_path, post_exit_grace=0.2), {"terminal"})
+    action = toolbox.check("terminal", '{"command": "head -c 50000 /dev/zero | tr \'\\\\0\' x"}')
+    result = await toolbox.run("terminal", action)
+    assert "characters cut" in result.model_text
+    assert len(result.model_text) < 31_000
+    assert result.model_text.endswith("[Command finished with exit code 0]")
+    result = await toolbox.run(
+        "terminal", toolbox.check("terminal", '{"command": "sleep 5", "timeout": 1}')
+    )
+    assert result.observation["timeout"] is True
     assert result.observation["exit_code"] is None
+    assert result.observation["metadata"]["exit_code"] == -1
+    result = await toolbox.run(
+        "terminal", toolbox.check("terminal", '{"command": "cat", "is_input": true}')
+    )
+    assert result.observation["is_error"] is True
     with pytest.raises(ToolArgumentsError, match="unknown tool"):
         toolbox.check("nope", "{}")
+    with pytest.raises(ToolArgumentsError, match="unknown tool"):
+        toolbox.check("file_editor", "{}")  # not enabled for this toolbox
     with pytest.raises(ToolArgumentsError, match="JSON object"):
-        toolbox.check("execute_bash", "[1]")
+        toolbox.check("terminal", "[1]")
 
 
 def test_parse_response_variants() -> None:
