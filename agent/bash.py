@@ -79,6 +79,7 @@ class Command:
     outputs: list[dict[str, Any]] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     process_group: int | None = None
+    stop_requested: bool = False
     size: int = 0
     timed_out: bool = False
     truncated: bool = False
@@ -140,9 +141,11 @@ class BashService:
         record = self.commands.get(command_id.replace("-", "").lower())
         if record is None:
             return None
-        if record.done.is_set() or record.process_group is None:
+        if record.done.is_set():
             return False
-        kill_group(record.process_group)
+        record.stop_requested = True  # a stop racing the spawn is applied once it exists
+        if record.process_group is not None:
+            kill_group(record.process_group)
         return True
 
     def _output(
@@ -193,6 +196,8 @@ class BashService:
             start_new_session=True,
         )
         record.process_group = transport.get_pid()
+        if record.stop_requested:
+            kill_group(record.process_group)
         out, err = _Stream(self.max_output_bytes), _Stream(self.max_output_bytes)
 
         def flush(force: bool = False) -> None:

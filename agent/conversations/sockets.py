@@ -11,7 +11,7 @@ continues the run.
 
 Each socket reads the conversation's event list through its own cursor, so nothing is buffered
 per socket beyond the connection's write buffer; a reader that does not take a frame within
-``SEND_TIMEOUT`` seconds is dropped (close 1013), never the server.
+``SEND_TIMEOUT`` seconds is dropped (its connection is aborted), never the server.
 """
 
 from __future__ import annotations
@@ -99,8 +99,10 @@ async def _send(ws: web.WebSocketResponse, event: dict[str, Any]) -> None:
 
 async def _pump(
     ws: web.WebSocketResponse,
+    request: web.Request,
     conv: Conversation,
     wake: asyncio.Event,
+    *,
     history: list[dict[str, Any]],
     cursor: int,
 ) -> None:
@@ -119,8 +121,11 @@ async def _pump(
                 return
             await wake.wait()
     except SlowReader:
+        # A close frame could not get through either: drop the connection itself.
         log.warning("conversation %s: a socket reader too slow was dropped", conv.id)
-        await _close(ws, CLOSE_SLOW, "Client too slow")
+        conv.listeners.discard(wake)
+        if request.transport is not None:
+            request.transport.abort()
     except ConnectionResetError:
         return
 
@@ -164,7 +169,7 @@ def make_handler(
             history = [
                 e for e in conv.events[:cursor] if (t := event_time(e)) is not None and t >= after
             ]
-        pump = asyncio.create_task(_pump(ws, conv, wake, history, cursor))
+        pump = asyncio.create_task(_pump(ws, request, conv, wake, history=history, cursor=cursor))
         try:
             async for frame in ws:
                 if frame.type != WSMsgType.TEXT:
