@@ -2,7 +2,7 @@
 
     fake = FakeLLM()                    # host="172.17.0.1" to serve containers too
     await fake.start()
-    fake.script([reply_tool_call("execute_bash", {"command": "echo hi > f.txt"}),
+    fake.script([reply_tool_call("terminal", {"command": "echo hi > f.txt"}),
                  reply_finish("done")])
     ... LLMConfig(model="fake", base_url=fake.base_url, api_key="sk-test") ...
     await fake.close()

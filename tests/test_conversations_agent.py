@@ -26,6 +26,14 @@ from tests.sandbox_helpers import containers
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 
 
+def stats_updates(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        e["value"]
+        for e in events
+        if e["kind"] == "ConversationStateUpdateEvent" and e.get("key") == "stats"
+    ]
+
+
 def exec_in(docker_client: docker.DockerClient, prefix: str, command: str) -> str:
     (container,) = containers(docker_client, prefix)
     result = container.exec_run(["bash", "-c", command])
@@ -37,7 +45,7 @@ async def test_command_writes_a_file_and_events_show_it(
 ) -> None:
     fake_llm.script(
         [
-            reply_tool_call("execute_bash", {"command": "echo hello > /workspace/out.txt"}),
+            reply_tool_call("terminal", {"command": "echo hello > /workspace/out.txt"}),
             reply_finish("wrote it"),
         ]
     )
@@ -50,7 +58,8 @@ async def test_command_writes_a_file_and_events_show_it(
         conversation = await alice.ok("GET", f"/api/v1/app-conversations/{cid}")
 
     assert exec_in(docker_client, test_prefix, "cat /workspace/out.txt") == "hello"
-    (action,) = [a for a in of_kind(events, "ActionEvent") if a["tool_name"] == "execute_bash"]
+    (action,) = [a for a in of_kind(events, "ActionEvent") if a["tool_name"] == "terminal"]
+    assert action["action"]["kind"] == "TerminalAction"
     assert action["action"]["command"] == "echo hello > /workspace/out.txt"
     (observation,) = [
         o for o in of_kind(events, "ObservationEvent") if o["action_id"] == action["id"]
@@ -81,11 +90,11 @@ async def test_file_edit_and_tool_error(
     fake_llm.script(
         [
             reply_tool_call(
-                "str_replace_editor",
+                "file_editor",
                 {"command": "create", "path": "/workspace/a.txt", "file_text": "one two\n"},
             ),
             reply_tool_call(
-                "str_replace_editor",
+                "file_editor",
                 {
                     "command": "str_replace",
                     "path": "/workspace/a.txt",
@@ -94,7 +103,7 @@ async def test_file_edit_and_tool_error(
                 },
             ),
             reply_tool_call(
-                "str_replace_editor",
+                "file_editor",
                 {
                     "command": "str_replace",
                     "path": "/workspace/a.txt",
@@ -112,7 +121,7 @@ async def test_file_edit_and_tool_error(
     events = await wait_events(alice, cid, status_is("finished"))
     assert exec_in(docker_client, test_prefix, "cat /workspace/a.txt") == "one three"
     failures = [
-        o for o in of_kind(events, "ObservationEvent") if o["observation"].get("error")
+        o for o in of_kind(events, "ObservationEvent") if o["observation"]["is_error"]
     ] + of_kind(events, "AgentErrorEvent")
     texts = json.dumps(failures)
     assert "missing" in texts, texts
@@ -120,7 +129,7 @@ async def test_file_edit_and_tool_error(
 
 
 async def test_max_iterations_stops_a_looping_model(user: UserFactory, fake_llm: FakeLLM) -> None:
-    fake_llm.when_exhausted = reply_tool_call("execute_bash", {"command": "true"})
+    fake_llm.when_exhausted = reply_tool_call("terminal", {"command": "true"})
     alice = await user("alice", max_iterations=3)
     task = await start_and_wait(alice, initial_message=message("loop"))
     events = await wait_events(
@@ -128,23 +137,26 @@ async def test_max_iterations_stops_a_looping_model(user: UserFactory, fake_llm:
     )
     (error,) = of_kind(events, "ConversationErrorEvent")
     assert error["code"] == "MaxIterationsReached"
-    assert len(of_kind(events, "LLMCompletionLogEvent")) == 3
+    assert len(stats_updates(events)) == 3
     assert len(fake_llm.requests) == 3
 
 
 async def test_budget_stops_the_agent(user: UserFactory, fake_llm: FakeLLM) -> None:
     # 100 prompt + 20 completion tokens at (0.001, 0.002) USD = 0.14 per call.
-    fake_llm.when_exhausted = reply_tool_call("execute_bash", {"command": "true"})
+    fake_llm.when_exhausted = reply_tool_call("terminal", {"command": "true"})
     alice = await user("alice", max_budget_per_task=0.3)
     task = await start_and_wait(alice, initial_message=message("spend"))
     cid = task["app_conversation_id"]
     events = await wait_events(alice, cid, lambda ev: bool(of_kind(ev, "ConversationErrorEvent")))
     (error,) = of_kind(events, "ConversationErrorEvent")
     assert error["code"] == "BudgetExceeded"
-    costs = [e["accumulated_cost"] for e in of_kind(events, "LLMCompletionLogEvent")]
+    costs = [u["usage_to_metrics"]["agent"]["accumulated_cost"] for u in stats_updates(events)]
     assert costs == pytest.approx([0.14, 0.28, 0.42])
     conversation = await wait_conversation(alice, cid, "execution_status", "error")
-    assert conversation["metrics"]["accumulated_cost"] == pytest.approx(0.42)
+    assert conversation["metrics"]["accumulated_cost"] == pytest.approx(0.42)  # from the stats
+    assert conversation["metrics"]["max_budget_per_task"] == pytest.approx(0.3)
+    tokens = conversation["metrics"]["accumulated_token_usage"]
+    assert (tokens["prompt_tokens"], tokens["completion_tokens"]) == (300, 60)
 
 
 async def test_confirmation_mode_approve_and_reject(
@@ -152,8 +164,8 @@ async def test_confirmation_mode_approve_and_reject(
 ) -> None:
     fake_llm.script(
         [
-            reply_tool_call("execute_bash", {"command": "echo a > /workspace/c1.txt"}),
-            reply_tool_call("execute_bash", {"command": "echo b > /workspace/c2.txt"}),
+            reply_tool_call("terminal", {"command": "echo a > /workspace/c1.txt"}),
+            reply_tool_call("terminal", {"command": "echo b > /workspace/c2.txt"}),
             reply_finish(),
         ]
     )
@@ -209,7 +221,7 @@ async def test_mcp_stdio_server_tool_is_called(user: UserFactory, fake_llm: Fake
     ]
     assert "5" in json.dumps(observation["observation"])
     offered = {t["function"]["name"] for t in fake_llm.requests[0].body["tools"]}
-    assert {"execute_bash", "str_replace_editor", "finish", "calc__add"} <= offered
+    assert {"terminal", "file_editor", "finish", "think", "calc__add"} <= offered
 
 
 async def test_pause_sandbox_mid_conversation_then_go_on(

@@ -74,7 +74,7 @@ async def test_live_socket_replays_then_follows(
     alice = await user("alice")
     task = await start_and_wait(alice, initial_message=message("one"))
     cid = task["app_conversation_id"]
-    before = await wait_events(alice, cid, status_is("idle"))
+    before = await wait_events(alice, cid, status_is("finished"))  # a text reply ends a run
 
     url = f"{live.url}/api/v1/events/socket?conversation_id={cid}&session_api_key={alice.key}"
     async with http.ws_connect(url) as ws:

@@ -1,7 +1,7 @@
 """The agent loop: one LLM call per iteration, then the tool calls it asked for.
 
-A reply without tool calls is a MessageEvent and the run ends with status ``idle``
-(the agent waits for the user); the ``finish`` tool ends it with ``finished``. A run also
+A reply without tool calls is a MessageEvent and ends the run with status ``finished`` (the
+agent awaits the user, as the SDK's agent does); so does the ``finish`` tool. A run also
 stops on pause (``paused``), on max_iterations, the budget, an LLM failure or an internal
 error (``error``, after a ConversationErrorEvent and a ``stop_reason`` update).
 """
@@ -142,7 +142,8 @@ async def _loop(conv: Conversation) -> None:
             )
             if conv.state.inbox:  # the user wrote while the model was answering
                 continue
-            conv.set_status(ExecutionStatus.IDLE)
+            # As the SDK's agent: a reply without tool calls ends the run; it awaits the user.
+            conv.set_status(ExecutionStatus.FINISHED)
             return
         _queue_actions(conv, response)
 

@@ -197,7 +197,11 @@ class ConversationService:
         return conv, True
 
     def send_message(self, conv: Conversation, message: SendMessageRequest) -> None:
+        """A new message makes a finished or stuck conversation ``idle`` again (as the SDK's);
+        with ``run`` it starts a run unless one is going on (which sees it at its next step)."""
         text = message.text()
+        if conv.status in (ExecutionStatus.FINISHED, ExecutionStatus.STUCK):
+            conv.set_status(ExecutionStatus.IDLE)
         conv.emit(ev.message_event("user", message.role, text, sender=message.sender))
         conv.state.inbox.append({"role": message.role, "content": text})
         if conv.state.title is None and conv.request.autotitle and message.role == "user":

@@ -13,6 +13,7 @@ import structlog
 from controlplane.auth.models import Principal
 from controlplane.config import ServiceConfig
 from controlplane.conversations.agent_client import AgentClient
+from controlplane.conversations.agent_request import start_conversation_request
 from controlplane.conversations.models import (
     AppConversationInfo,
     AppConversationStartTask,
@@ -277,28 +278,25 @@ class StartTaskRunner:
         for provider, token in record.provider_tokens.items():
             secrets[f"{provider.value.upper()}_TOKEN"] = token.token
         prices = self._config.llm_prices.get(model, (None, None))
-        body: dict[str, Any] = {
-            "conversation_id": conversation_id,
-            "llm": {
+        message = task.request.initial_message
+        return start_conversation_request(
+            conversation_id=conversation_id,
+            llm={
                 "model": model,
                 "base_url": settings.llm_base_url,
                 "api_key": record.llm_api_key,
                 "input_cost_per_token": prices[0],
                 "output_cost_per_token": prices[1],
             },
-            "initial_message": task.request.initial_message.model_dump()
-            if task.request.initial_message
-            else None,
-            "max_iterations": settings.max_iterations or DEFAULT_MAX_ITERATIONS,
-            "max_budget_per_task": settings.max_budget_per_task,
-            "confirmation_mode": bool(settings.confirmation_mode),
-            "secrets": secrets,
-            "mcp_config": settings.mcp_config.model_dump() if settings.mcp_config else None,
-            "system_message_suffix": task.request.system_message_suffix,
-            "working_dir": working_dir,
-        }
-        # Unset optional fields are left out: the agent applies its own defaults.
-        return {k: v for k, v in body.items() if v is not None}
+            working_dir=working_dir,
+            initial_message=message.model_dump() if message else None,
+            max_iterations=settings.max_iterations or DEFAULT_MAX_ITERATIONS,
+            max_budget_per_task=settings.max_budget_per_task,
+            confirmation_mode=bool(settings.confirmation_mode),
+            secrets=secrets,
+            mcp_config=settings.mcp_config,
+            system_message_suffix=task.request.system_message_suffix,
+        )
 
     async def recover(self) -> int:
         """At start-up: unfinished tasks that no replica holds a lease on end in ERROR."""

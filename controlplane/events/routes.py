@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import weakref
+from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -16,6 +17,7 @@ from controlplane.api.middlewares import principal_of
 from controlplane.api.parsing import (
     RequestValidationError,
     error_items,
+    invalid,
     json_response,
     parse_body,
     parse_query,
@@ -48,7 +50,7 @@ def track_sockets(app: web.Application) -> None:
     app.on_shutdown.append(close_all)
 
 
-_EVENTS = TypeAdapter(list[Event])
+_EVENT = TypeAdapter(Event)
 
 
 class ConversationInfoBody(BaseModel):
@@ -140,20 +142,40 @@ async def event_socket(request: web.Request) -> web.StreamResponse:
     return ws
 
 
+def _event_batch(raw: bytes) -> list[tuple[Event, dict[str, Any]]]:
+    """A JSON array of events (as agent servers post them) or one event; each is checked for
+    its common fields and kept as sent."""
+    if not raw.strip():
+        raise invalid("body", msg="Field required", error_type="missing")
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise invalid("body", msg=f"JSON decode error: {exc}", error_type="json_invalid") from None
+    items = body if isinstance(body, list) else [body]
+    batch: list[tuple[Event, dict[str, Any]]] = []
+    for index, item in enumerate(items):
+        try:
+            checked = _EVENT.validate_python(item)
+        except ValidationError as exc:
+            prefix = ["body", str(index)] if isinstance(body, list) else ["body"]
+            raise RequestValidationError(
+                [{**e, "loc": [*prefix, *e["loc"][1:]]} for e in error_items(exc, "body")]
+            ) from None
+        batch.append((checked, item))
+    return batch
+
+
 @routes.route(
     "POST",
     "/api/v1/webhooks/{sandbox_id}/events/{conversation_id}",
-    summary="Sandbox → control plane: a batch of events (X-Session-API-Key = the sandbox key)",
+    summary="Sandbox → control plane: events, a JSON array or one event (X-Session-API-Key = "
+    "the sandbox key)",
     public=True,
     response=Success,
     errors=(401, 404),
 )
 async def events_webhook(request: web.Request) -> web.Response:
-    raw = await request.read()
-    try:
-        batch = _EVENTS.validate_json(raw)
-    except ValidationError as exc:
-        raise RequestValidationError(error_items(exc, "body")) from None
+    batch = _event_batch(await request.read())
     await request.app[keys.EVENTS].ingest(
         request.match_info["sandbox_id"],
         request.headers.get("X-Session-API-Key"),

@@ -11,9 +11,10 @@ import structlog
 
 from controlplane.api.pagination import STREAM_ID, decode_cursor, encode_cursor
 from controlplane.auth.models import Principal
-from controlplane.conversations.models import AppConversationInfo, ExecutionStatus, MetricsSnapshot
+from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.service import ConversationService
 from controlplane.errors import NotFound, Unauthorized
+from controlplane.events.agent_state import latest_state, metrics_of_info, status_in
 from controlplane.events.models import (
     Event,
     EventFilters,
@@ -25,12 +26,16 @@ from controlplane.events.store import EventStore, StoredEvent
 from controlplane.sandboxes.models import SandboxRecord
 
 log = structlog.get_logger(__name__)
-_STATUSES = frozenset(s.value for s in ExecutionStatus)
+
+
+def _utc(value: datetime) -> datetime:
+    """Agents write naive UTC timestamps (as the SDK does in a container); some add an offset."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def _event_time(event: dict[str, Any]) -> datetime | None:
     try:
-        return datetime.fromisoformat(str(event.get("timestamp", "")).replace("Z", "+00:00"))
+        return _utc(datetime.fromisoformat(str(event.get("timestamp", ""))))
     except ValueError:
         return None
 
@@ -43,10 +48,8 @@ def _matches(event: dict[str, Any], f: EventFilters) -> bool:
     when = _event_time(event)
     if when is None:
         return False
-    if when.tzinfo is None and f.timestamp__gte is not None and f.timestamp__gte.tzinfo:
-        return False
-    return (f.timestamp__gte is None or when >= f.timestamp__gte) and (
-        f.timestamp__lt is None or when < f.timestamp__lt
+    return (f.timestamp__gte is None or when >= _utc(f.timestamp__gte)) and (
+        f.timestamp__lt is None or when < _utc(f.timestamp__lt)
     )
 
 
@@ -83,50 +86,48 @@ class EventService:
         return info
 
     async def ingest(
-        self, sandbox_id: str, key: str | None, conversation_id: str, events: list[Event]
+        self,
+        sandbox_id: str,
+        key: str | None,
+        conversation_id: str,
+        events: list[tuple[Event, dict[str, Any]]],
     ) -> int:
-        """Append a batch (duplicates skipped) and note status changes. Returns new events."""
+        """Append a batch, each event stored as the agent sent it (duplicates skipped), and note
+        the status and cost it reports. Returns how many events were new."""
         await self._sandbox(sandbox_id, key)
         info = await self._conversation(sandbox_id, conversation_id)
-        dumped = [e.model_dump(mode="json") for e in events]
-        added = await self.store.append(info.id, dumped)
+        raw = [event for _checked, event in events]
+        added = await self.store.append(info.id, raw)
         if self._on_lag is not None:
             now = datetime.now(UTC)
-            for item in events:
-                sent = item.timestamp
-                if sent.tzinfo is None:
-                    sent = sent.replace(tzinfo=UTC)  # agents send UTC, some without an offset
-                self._on_lag((now - sent).total_seconds())
-        status = None
-        for event in dumped:
-            if event["kind"] == "ConversationStateUpdateEvent" and event.get("key") == (
-                "execution_status"
-            ):
-                status = event.get("value")
-        if isinstance(status, str) and status in _STATUSES:
+            for checked, _event in events:
+                self._on_lag((now - _utc(checked.timestamp)).total_seconds())
+        status, metrics = latest_state(raw)
+        if status is not None or metrics is not None:
 
             def change(record: AppConversationInfo) -> None:
-                record.execution_status = ExecutionStatus(status)
+                if status is not None:
+                    record.execution_status = status
+                if metrics is not None:
+                    record.metrics = metrics
 
             await self._conversations.store.update(info.id, change)
         await self._conversations.sandboxes.store.touch(sandbox_id)
         return added
 
     async def ingest_info(self, sandbox_id: str, key: str | None, body: dict[str, Any]) -> None:
-        """A ConversationInfo from the agent: keep its status and metrics (never the title the
-        user chose, never the creation time)."""
+        """A ConversationInfo from the agent: keep its status and cost (from ``stats``; never
+        the title the user chose, never the creation time)."""
         await self._sandbox(sandbox_id, key)
         info = await self._conversation(sandbox_id, str(body.get("id", "")))
-        status = body.get("execution_status")
-        metrics = body.get("metrics")
+        status = status_in(body.get("execution_status"))
+        metrics = metrics_of_info(body)
 
         def change(record: AppConversationInfo) -> None:
-            if isinstance(status, str) and status in _STATUSES:
-                record.execution_status = ExecutionStatus(status)
-            if isinstance(metrics, dict):
-                record.metrics = MetricsSnapshot.model_validate(
-                    {k: v for k, v in metrics.items() if k in MetricsSnapshot.model_fields}
-                )
+            if status is not None:
+                record.execution_status = status
+            if metrics is not None:
+                record.metrics = metrics
 
         await self._conversations.store.update(info.id, change)
         await self._conversations.sandboxes.store.touch(sandbox_id)

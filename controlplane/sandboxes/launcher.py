@@ -42,6 +42,10 @@ def container_request(
     )
     if config.public_url:
         env["OH_WEBHOOKS_0_BASE_URL"] = f"{config.public_url}/api/v1/webhooks/{record.id}"
+    # The pages allowed to call the API may call the sandbox's agent server too (the web
+    # frontend reads events and sends messages there directly).
+    for n, origin in enumerate(config.cors_origins):
+        env[f"OH_ALLOW_CORS_ORIGINS_{n}"] = origin
     prefix = config.container_prefix
     return ContainerRequest(
         name=naming.container_name(prefix, record.id),

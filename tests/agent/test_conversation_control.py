@@ -74,7 +74,7 @@ async def test_confirmation_reject_gives_user_reject_observation(
         f"{BASE}/{cid}{CONFIRM}", json={"accept": False, "reason": "not that"}, headers=auth
     )
     assert resp.status == 200
-    assert (await wait_status(client, auth, cid))["execution_status"] == "idle"
+    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
     assert not (workspace / "made").exists()
     items = await events(client, auth, cid)
     action = of_kind(items, "ActionEvent")[0]
@@ -292,7 +292,7 @@ async def test_conversations_survive_a_restart(
 
     client = await make_client()  # same state dir
     restored = await info(client, auth, cid)
-    assert restored["execution_status"] == "idle"
+    assert restored["execution_status"] == "finished"
     assert restored["iterations"] == 1
     assert await events(client, auth, cid) == before
     fake_llm.script([reply_finish()])

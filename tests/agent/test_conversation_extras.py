@@ -75,7 +75,7 @@ async def test_secret_sources_and_updates(
         "BROKEN": {"kind": "LookupSecret", "url": url, "headers": {"X-Access-Token": "bad"}},
     }
     cid = (await start(client, auth, fake_llm, secrets=secrets))["id"]
-    assert (await wait_status(client, auth, cid))["execution_status"] == "idle"
+    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
     assert len(seen) == 2  # both lookups, when the run started
     resp = await client.post(
         f"{BASE}/{cid}/secrets", json={"secrets": {"LATER": "later-value-2"}}, headers=auth
@@ -101,7 +101,7 @@ async def test_confirmation_policy_and_security_analyzer(
 ) -> None:
     fake_llm.script([reply_text("hello"), reply_tool_call("terminal", {"command": "true"})])
     cid = (await start(client, auth, fake_llm))["id"]
-    assert (await wait_status(client, auth, cid))["execution_status"] == "idle"
+    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
     resp = await client.post(
         f"{BASE}/{cid}/confirmation_policy",
         json={"policy": {"kind": "AlwaysConfirm"}},
@@ -195,9 +195,9 @@ async def test_ask_agent_records_nothing(
 async def test_pause_when_idle_and_interrupt_when_running(
     client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
-    fake_llm.script([reply_text("hi"), reply_tool_call("terminal", {"command": "sleep 30"})])
-    cid = (await start(client, auth, fake_llm))["id"]
-    assert (await wait_status(client, auth, cid))["execution_status"] == "idle"
+    fake_llm.script([reply_tool_call("terminal", {"command": "sleep 30"})])
+    cid = (await start(client, auth, fake_llm, None))["id"]
+    assert (await info(client, auth, cid))["execution_status"] == "idle"
     await client.post(f"{BASE}/{cid}/pause", headers=auth)
     assert (await info(client, auth, cid))["execution_status"] == "paused"  # at once
 
@@ -214,4 +214,4 @@ async def test_pause_when_idle_and_interrupt_when_running(
     (error,) = of_kind(items, "AgentErrorEvent")
     assert "interrupted" in error["error"]
     assert stop_reasons(items) == ["interrupted"]
-    assert statuses(items) == ["running", "idle", "paused", "running", "paused"]
+    assert statuses(items) == ["paused", "running", "paused"]

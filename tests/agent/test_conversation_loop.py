@@ -118,12 +118,13 @@ async def test_bash_run_writes_a_file_and_finishes(
     assert stats_updates[-1]["value"] == done["stats"]
 
 
-async def test_text_reply_makes_the_agent_idle_and_a_new_message_resumes(
+async def test_text_reply_finishes_the_run_and_a_new_message_resumes(
     client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.script([reply_text("Which file?"), reply_finish("ok")])
     cid = (await start(client, auth, fake_llm, "Edit the file"))["id"]
-    assert (await wait_status(client, auth, cid))["execution_status"] == "idle"
+    # As the SDK's agent: a text reply ends the run (RemoteConversation.run() returns).
+    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
     resp = await client.post(f"{BASE}/{cid}/events", json=user_message("a.txt"), headers=auth)
     assert resp.status == 200
     assert await resp.json() == {"success": True}
@@ -135,7 +136,7 @@ async def test_text_reply_makes_the_agent_idle_and_a_new_message_resumes(
         ("agent", "Which file?"),
         ("user", "a.txt"),
     ]
-    assert statuses(items) == ["running", "idle", "running", "finished"]
+    assert statuses(items) == ["running", "finished", "idle", "running", "finished"]
     sent = fake_llm.requests[1].body["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
 

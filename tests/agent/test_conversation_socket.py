@@ -97,7 +97,7 @@ async def test_replay_then_live_events_and_a_message_on_the_socket(
 ) -> None:
     fake_llm.script([reply_text("Which file?"), reply_finish("ok")])
     cid = (await start(client, auth, fake_llm, "Edit the file"))["id"]
-    assert (await wait_status(client, auth, cid))["execution_status"] == "idle"
+    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
     stored = await events(client, auth, cid)
 
     params = {"resend_all": "true"}
@@ -112,8 +112,9 @@ async def test_replay_then_live_events_and_a_message_on_the_socket(
         live = await frames_until(ws, status_is("finished"))
     everything = await events(client, auth, cid)
     assert live == everything[len(stored) :]  # no gap, no duplicate
-    assert live[0]["kind"] == "MessageEvent"
-    assert live[0]["llm_message"]["content"][0]["text"] == "a.txt"
+    assert (live[0]["key"], live[0]["value"]) == ("execution_status", "idle")  # a new message
+    assert live[1]["kind"] == "MessageEvent"
+    assert live[1]["llm_message"]["content"][0]["text"] == "a.txt"
 
     # Without resend: nothing old; resend_mode=since: from that time on.
     async with client.ws_connect(SOCKET.format(cid), headers=auth) as ws:

@@ -80,7 +80,9 @@ async def scripted_run(client: TestClient, auth: dict[str, str], fake: FakeLLM) 
     }
     llm = {"log_completions": True, "retry_min_wait": 1, "retry_max_wait": 1}
     cid = (await start(client, auth, fake, "Start.", llm=llm, mcp_servers=servers))["id"]
-    assert (await wait_status(client, auth, cid, timeout=MCP_TIMEOUT))["execution_status"] == "idle"
+    done = await wait_status(client, auth, cid, timeout=MCP_TIMEOUT)
+    assert done["execution_status"] == "finished"  # the text reply ended the run
+    await client.post(f"{BASE}/{cid}/events", json=user_message("Wait.", run=False), headers=auth)
     await client.post(f"{BASE}/{cid}/pause", headers=auth)  # idle: paused at once, a PauseEvent
     policy = {"policy": {"kind": "AlwaysConfirm"}}
     await client.post(f"{BASE}/{cid}/confirmation_policy", json=policy, headers=auth)

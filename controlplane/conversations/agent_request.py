@@ -1,0 +1,75 @@
+"""The body of ``POST /api/conversations`` on a sandbox's agent server: the OpenHands SDK's
+``StartConversationRequest`` (openhands-sdk 1.21 / agent server 1.58), which our agent and the
+official agent server both take (docs/agent-protocol.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.settings.mcp import MCPConfig
+
+#: The tools our agent has; the official server also gives the agent its task tracker.
+AGENT_TOOLS = ("TerminalTool", "FileEditorTool", "TaskTrackerTool")
+#: The control plane's LLM retry policy (the SDK's defaults wait minutes before giving up).
+LLM_RETRIES = {"num_retries": 3, "retry_min_wait": 2, "retry_max_wait": 30}
+
+
+def mcp_servers(config: MCPConfig) -> dict[str, Any]:
+    """The user's MCP settings as fastmcp's ``{"mcpServers": {name: server}}``: stdio servers
+    by their name, remote ones as ``sse-<n>``/``shttp-<n>`` with the key as bearer ``auth``."""
+    servers: dict[str, dict[str, Any]] = {}
+    for stdio in config.stdio_servers:
+        servers[stdio.name] = {"command": stdio.command, "args": stdio.args, "env": stdio.env}
+    remote = [("sse", s, None) for s in config.sse_servers] + [
+        ("http", s, s.timeout) for s in config.shttp_servers
+    ]
+    for n, (transport, server, timeout) in enumerate(remote):
+        name = f"{'sse' if transport == 'sse' else 'shttp'}-{n}"
+        while name in servers:
+            name += "_"
+        entry: dict[str, Any] = {"url": server.url, "transport": transport}
+        if server.api_key:
+            entry["auth"] = server.api_key
+        if timeout is not None:
+            entry["timeout"] = timeout
+        servers[name] = entry
+    return {"mcpServers": servers} if servers else {}
+
+
+def start_conversation_request(
+    *,
+    conversation_id: str,
+    llm: dict[str, Any],
+    working_dir: str,
+    initial_message: dict[str, Any] | None,
+    max_iterations: int,
+    max_budget_per_task: float | None,
+    confirmation_mode: bool,
+    secrets: dict[str, str],
+    mcp_config: MCPConfig | None,
+    system_message_suffix: str | None,
+) -> dict[str, Any]:
+    """``llm`` holds the SDK ``LLM`` fields (model, base_url, api_key, prices); unset (None)
+    values are left out so the server applies its own defaults."""
+    given = {k: v for k, v in llm.items() if v is not None}
+    agent: dict[str, Any] = {
+        "kind": "Agent",
+        "llm": {"usage_id": "agent", **LLM_RETRIES, **given},
+        "tools": [{"name": name} for name in AGENT_TOOLS],
+    }
+    if mcp_config is not None and (servers := mcp_servers(mcp_config)):
+        agent["mcp_config"] = servers
+    if system_message_suffix:
+        agent["agent_context"] = {"system_message_suffix": system_message_suffix}
+    body: dict[str, Any] = {
+        "conversation_id": conversation_id,
+        "agent": agent,
+        "workspace": {"kind": "LocalWorkspace", "working_dir": working_dir},
+        "confirmation_policy": {"kind": "AlwaysConfirm" if confirmation_mode else "NeverConfirm"},
+        "initial_message": initial_message,
+        "max_iterations": max_iterations,
+        "secrets": {name: {"kind": "StaticSecret", "value": v} for name, v in secrets.items()},
+        # Ours: the official server has no budget and ignores the field.
+        "max_budget_per_task": max_budget_per_task,
+    }
+    return {k: v for k, v in body.items() if v is not None}
