@@ -5,7 +5,8 @@
 ``dump.json`` holds ``events`` (validated as the SDK's ``Event`` union, after importing the
 tools whose action/observation kinds they use, as an SDK client does), ``infos``
 (ConversationInfo: ``ConversationState`` plus ``MetricsSnapshot``, ``ConversationStats``,
-``AgentBase``, ``ConfirmationPolicyBase`` as ``RemoteState`` reads them) and ``stats``.
+``AgentBase``, ``ConfirmationPolicyBase`` as ``RemoteState`` reads them), ``stats`` and
+``start_requests`` (the control plane's bodies, as the SDK's ``StartConversationRequest``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from openhands.sdk.agent.base import AgentBase
 from openhands.sdk.conversation.conversation_stats import ConversationStats
+from openhands.sdk.conversation.request import StartConversationRequest
 from openhands.sdk.conversation.state import (
     ConversationExecutionStatus,
     ConversationState,
@@ -46,12 +48,8 @@ def check_info(info: dict[str, Any]) -> None:
     ConversationExecutionStatus(info["execution_status"])
 
 
-def main() -> None:
-    with open(sys.argv[1]) as handle:
-        dump = json.load(handle)
-    checked: Counter[str] = Counter()
-    failures: list[str] = []
-    for event in dump["events"]:
+def check_events(events: list[dict[str, Any]], checked: Counter[str], failures: list[str]) -> None:
+    for event in events:
         label = event.get("kind", "?")
         if label == "ActionEvent":
             label += ":" + (event.get("action") or {}).get("kind", "none")
@@ -66,18 +64,40 @@ def main() -> None:
             checked[label] += 1
         except Exception as exc:
             failures.append(f"{label}: {exc}")
-    for info in dump["infos"]:
-        try:
-            check_info(info)
-            checked["ConversationInfo"] += 1
-        except Exception as exc:
-            failures.append(f"ConversationInfo: {exc}")
-    for stats in dump.get("stats", []):
-        try:
-            ConversationStats.model_validate(copy.deepcopy(stats))
-            checked["ConversationStats"] += 1
-        except Exception as exc:
-            failures.append(f"ConversationStats: {exc}")
+
+
+def check_start_request(body: dict[str, Any]) -> None:
+    request = StartConversationRequest.model_validate(copy.deepcopy(body))
+    # Nothing the control plane sends may be dropped as unknown, but our budget.
+    unknown = set(body) - {"max_budget_per_task"} - set(StartConversationRequest.model_fields)
+    if unknown:
+        raise ValueError(f"fields the SDK does not know: {sorted(unknown)}")
+    if request.agent.llm.api_key is None:
+        raise ValueError("the LLM key was lost")
+
+
+def main() -> None:
+    with open(sys.argv[1]) as handle:
+        dump = json.load(handle)
+    checked: Counter[str] = Counter()
+    failures: list[str] = []
+    check_events(dump["events"], checked, failures)
+    checks = [
+        ("ConversationInfo", check_info, dump["infos"]),
+        ("StartConversationRequest", check_start_request, dump.get("start_requests", [])),
+        (
+            "ConversationStats",
+            lambda s: ConversationStats.model_validate(copy.deepcopy(s)),
+            dump.get("stats", []),
+        ),
+    ]
+    for name, check, items in checks:
+        for item in items:
+            try:
+                check(item)
+                checked[name] += 1
+            except Exception as exc:
+                failures.append(f"{name}: {exc}")
     print(json.dumps({"checked": checked, "failures": failures}))
 
 

@@ -1,0 +1,156 @@
+"""The real openhands-sdk 1.21 against a sandbox started through our API: RemoteConversation
+(create with an SDK Agent, message, run, events over the WebSocket, finish) and RemoteWorkspace
+(execute_command, file_upload, file_download); and the control plane's start request read by
+the SDK's own StartConversationRequest."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from controlplane.conversations.agent_request import start_conversation_request
+from controlplane.settings.mcp import MCPConfig
+from tests.conversation_helpers import LLM_KEY, UserFactory
+from tests.fake_llm import FakeLLM, reply_finish, reply_tool_call
+from tests.openhands_clients import OpenHandsVenv
+from tests.sandbox_helpers import containers
+
+pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.usefixtures("sandbox_images")]
+
+CLIENTS = Path(__file__).resolve().parent / "clients"
+
+
+async def run_in_venv(
+    venv: OpenHandsVenv, script: str, *args: str, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [str(venv.python), str(CLIENTS / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
+    lines = result.stdout.strip().splitlines()
+    assert lines, f"{script} printed nothing; stderr:\n{result.stderr[-4000:]}"
+    report: dict[str, Any] = json.loads(lines[-1])
+    assert result.returncode == 0, f"{report}\nstderr:\n{result.stderr[-4000:]}"
+    return report
+
+
+async def running_sandbox(api: Any) -> tuple[str, str, str]:
+    """(sandbox id, AGENT_SERVER url, session key) of a new RUNNING sandbox."""
+    started = await api.ok("POST", "/api/v1/sandboxes")
+    for _ in range(600):
+        body = await api.ok("GET", f"/api/v1/sandboxes/{started['id']}")
+        if body["status"] == "RUNNING":
+            (url,) = [u["url"] for u in body["exposed_urls"] if u["name"] == "AGENT_SERVER"]
+            return body["id"], url, body["session_api_key"]
+        assert body["status"] == "STARTING", body
+        await asyncio.sleep(0.1)
+    raise AssertionError("the sandbox did not start")
+
+
+async def test_remote_conversation_and_workspace_drive_a_sandbox(
+    user: UserFactory,
+    fake_llm: FakeLLM,
+    *,
+    openhands_venv: OpenHandsVenv,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
+    tmp_path: Path,
+) -> None:
+    greeting = "echo hello-from-the-sdk > /workspace/sdk.txt && cat /workspace/sdk.txt"
+    fake_llm.script([reply_tool_call("terminal", {"command": greeting}), reply_finish("Greeted.")])
+    alice = await user("alice")
+    _sandbox_id, url, key = await running_sandbox(alice)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "AGENT_URL": url,
+        "SESSION_KEY": key,
+        "LLM_BASE_URL": fake_llm.container_base_url,
+        "LLM_KEY": LLM_KEY,
+        "WORK_DIR": str(tmp_path),
+    }
+    report = await run_in_venv(openhands_venv, "sdk_remote.py", env=env)
+
+    assert report["status"] == "finished"
+    kinds = report["kinds"]
+    assert kinds[0] == "SystemPromptEvent"
+    for kind in ("MessageEvent", "ActionEvent", "ObservationEvent", "ConversationStateUpdateEvent"):
+        assert kind in kinds, kinds
+    # The run's events reached the SDK over the WebSocket, not only by the REST sync.
+    for kind in ("ActionEvent", "ObservationEvent", "ConversationStateUpdateEvent"):
+        assert kind in report["socket_kinds"], report["socket_kinds"]
+    assert report["commands"] == [greeting]
+    assert report["outputs"] == ["hello-from-the-sdk"]
+    assert report["agent_model"] == "fake-model"
+    assert report["workspace"]["working_dir"] == "/workspace"
+    assert report["prompt_tokens"] == 200  # two LLM calls, read from the ConversationStats
+    (container,) = containers(docker_client, test_prefix)
+    assert container.exec_run(["cat", "/workspace/sdk.txt"]).output == b"hello-from-the-sdk\n"
+    assert fake_llm.requests[0].authorization == f"Bearer {LLM_KEY}"
+
+    assert report["execute"] == {"exit_code": 3, "stdout": "from-sdk\n/tmp\n", "stderr": "oops\n"}
+    assert report["upload"] == {"success": True, "size": 256 * 64}
+    assert report["download"] == {"success": True, "same": True}
+    assert report["missing_download_fails"] is True
+
+
+async def test_the_control_plane_start_request_is_the_sdks(
+    openhands_venv: OpenHandsVenv, tmp_path: Path
+) -> None:
+    mcp = MCPConfig.model_validate(
+        {
+            "stdio_servers": [
+                {"name": "fs", "command": "npx", "args": ["-y", "fs"], "env": {"A": "b"}}
+            ],
+            "sse_servers": [{"url": "https://mcp.example.com/sse", "api_key": "k1"}],
+            "shttp_servers": [
+                {"url": "https://mcp.example.com/mcp", "api_key": "k2", "timeout": 30}
+            ],
+        }
+    )
+    full = start_conversation_request(
+        conversation_id="0193d6e4c2b87a3f9e1d2c3b4a596877",
+        llm={
+            "model": "gpt-4o-mini",
+            "base_url": "http://host.docker.internal:11434/v1",
+            "api_key": "sk-secret",
+            "input_cost_per_token": 1e-6,
+            "output_cost_per_token": None,
+        },
+        working_dir="/workspace/repo",
+        initial_message={"role": "user", "content": [{"type": "text", "text": "hi"}], "run": True},
+        max_iterations=50,
+        max_budget_per_task=2.5,
+        confirmation_mode=True,
+        secrets={"GITHUB_TOKEN": "ghp_x"},
+        mcp_config=mcp,
+        system_message_suffix="Be brief.",
+    )
+    minimal = start_conversation_request(
+        conversation_id="0193d6e4c2b87a3f9e1d2c3b4a596878",
+        llm={"model": "m", "base_url": None, "api_key": "k"},
+        working_dir="/workspace",
+        initial_message=None,
+        max_iterations=100,
+        max_budget_per_task=None,
+        confirmation_mode=False,
+        secrets={},
+        mcp_config=None,
+        system_message_suffix=None,
+    )
+    dump = tmp_path / "requests.json"
+    dump.write_text(json.dumps({"events": [], "infos": [], "start_requests": [full, minimal]}))
+    report = await run_in_venv(openhands_venv, "sdk_validate.py", str(dump))
+    assert report["failures"] == []
+    assert report["checked"] == {"StartConversationRequest": 2}
