@@ -24,6 +24,7 @@ import math
 import os
 import platform
 import secrets
+import shlex
 import signal
 import socket
 import subprocess
@@ -100,7 +101,8 @@ def percentile(values: Iterable[float], q: float) -> float:
 
 @dataclass
 class Samples:
-    """Durations in seconds, by name (api.start, raw.pause, search.first, ...)."""
+    """Durations in seconds, by name (api.start, raw.pause, search.first, ...); the one size,
+    raw.agent_rss_mib, is in MiB."""
 
     values: dict[str, list[float]] = field(default_factory=dict)
 
@@ -419,6 +421,21 @@ class Bench:
             await asyncio.sleep(RAW_HEALTH_POLL)
         raise BenchError(f"raw container on port {port}: no 200 on /health")
 
+    def agent_rss(self, container: Any) -> float | None:
+        """VmRSS (MiB) of the agent server: the largest process whose command line holds the
+        spec's command, found in /proc inside the container (tini's holds it too, far smaller)."""
+        command = shlex.quote(" ".join(self.spec.command))
+        script = (
+            "for p in /proc/[0-9]*; do "
+            f"tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -qF -- {command} "
+            "&& grep VmRSS $p/status; done"
+        )
+        result = container.exec_run(["sh", "-c", script])
+        values = [
+            int(line.split()[1]) for line in result.output.decode().splitlines() if "VmRSS" in line
+        ]
+        return max(values) / 1024 if values else None
+
     async def raw_run(self, record: bool) -> None:
         add = self.samples.add if record else (lambda _n, _s: None)
         req = self.raw_request()
@@ -433,6 +450,10 @@ class Bench:
         add("raw.start.pre", started_at - wall0)
         add("raw.start.ready", wall_healthy - started_at)
         await asyncio.sleep(self.opt.settle)
+        # Idle memory of the agent right after its boot (untimed; not a duration).
+        rss = await asyncio.to_thread(self.agent_rss, container)
+        if rss is not None:
+            add("raw.agent_rss_mib", rss)
 
         t = time.perf_counter()
         await asyncio.to_thread(container.pause)
@@ -731,7 +752,9 @@ def details(samples: Samples) -> list[str]:
     def two(label: str, client: str, route: str) -> str:
         return f"  {label:<36} {p50(client):>7} / {p50('server:' + route):>7}"
 
+    rss = f"p50 {s.p('raw.agent_rss_mib', 50):.1f} MiB, p95 {s.p('raw.agent_rss_mib', 95):.1f} MiB"
     return [
+        f"agent server idle RSS (raw path, VmRSS after its first /health 200 + settle): {rss}",
         "start, decomposed (p50, ms; wall clock against Docker's StartedAt):",
         line("request -> container StartedAt", "api.start.pre", "raw.start.pre"),
         line(
