@@ -569,6 +569,8 @@ class Bench:
         fake = FakeLLM(host=gateway(), model=MODEL, api_key=LLM_KEY, when_exhausted=reply_finish())
         await fake.start()
         extra: dict[str, Any] = {}
+        if "image_tag" in ServiceConfig.model_fields:
+            extra["image_tag"] = self.raw.image_tag  # the images this checkout built
         if "rate_limit_per_minute" in ServiceConfig.model_fields:
             # On, so its cost is measured, but out of reach: the 10 ms poll alone makes ~6,000
             # requests a minute on one key.

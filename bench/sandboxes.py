@@ -215,7 +215,9 @@ class Bench:
         self.secret_key = Fernet.generate_key().decode()
         self.bootstrap_key = "bench-bootstrap-" + secrets.token_hex(12)
         self.samples = Samples()
-        self.catalog = SpecCatalog.load(REPO / "specs")
+        # The images this checkout built (scripts/build-images.sh tags them with ACS_IMAGE_TAG).
+        self.image_tag = os.environ.get("ACS_IMAGE_TAG") or None
+        self.catalog = SpecCatalog.load(REPO / "specs", self.image_tag)
         self.spec: SandboxSpec = self.catalog.default
         self.docker = docker.from_env(timeout=60)
         self.redis = aioredis.Redis.from_url(redis_url)
@@ -240,6 +242,7 @@ class Bench:
             "public_url": f"http://host.docker.internal:{port}",
             # The limiter keeps its per-request cost but never refuses the client's polling.
             "rate_limit_per_minute": 1_000_000,
+            "image_tag": self.image_tag,
         }
         values.update(overrides)
         # Settings this version of the control plane does not have are left out.
