@@ -321,7 +321,7 @@ async def settle(api: Api, within: float = 90) -> None:
 async def make_alice(user: UserFactory, fake_llm: FakeLLM) -> Alice:
     api = await user("alice")
     await api.ok("POST", "/api/secrets", json={"name": "ALICE_TOKEN", "value": SECRET_VALUE})
-    fake_llm.script([reply_tool_call("execute_bash", {"command": "echo hi"}), reply_finish()])
+    fake_llm.script([reply_tool_call("terminal", {"command": "echo hi"}), reply_finish()])
     task = await start_and_wait(api, initial_message=message(PRIVATE_TEXT), title=TITLE)
     assert task["status"] == "READY", task
     cid = task["app_conversation_id"]

@@ -114,14 +114,14 @@ async def test_openhands_cloud_runs_a_conversation_in_a_sandbox(
     fake_llm.script(
         [
             reply_tool_call(
-                "str_replace_editor",
+                "file_editor",
                 {
                     "command": "create",
                     "path": "/workspace/hello.py",
                     "file_text": "print('hello from the sandbox')\n",
                 },
             ),
-            reply_tool_call("execute_bash", {"command": "cd /workspace && python3 hello.py"}),
+            reply_tool_call("terminal", {"command": "cd /workspace && python3 hello.py"}),
             reply_finish("hello.py written and run"),
         ]
     )
@@ -158,7 +158,7 @@ async def test_openhands_cloud_runs_a_conversation_in_a_sandbox(
     message = of_kind(events, "MessageEvent")[0]
     assert message["source"] == "user"
     assert "Write hello.py and run it" in json.dumps(message)
-    (run_action,) = [a for a in of_kind(events, "ActionEvent") if a["tool_name"] == "execute_bash"]
+    (run_action,) = [a for a in of_kind(events, "ActionEvent") if a["tool_name"] == "terminal"]
     (result,) = [
         o for o in of_kind(events, "ObservationEvent") if o["action_id"] == run_action["id"]
     ]
