@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Prepares a Debian host for `make run` and `make test`: Python venv support, redis-server,
-# debootstrap and a running Docker engine; with --browser, Python venv support and Debian's
-# chromium (for the browser tests) only. Installs what is missing when run as root on Debian;
-# otherwise says exactly what to install. Safe to run again: it only acts on what is absent.
+# debootstrap, a running Docker engine, and gVisor's runsc registered with it (optional); with
+# --browser, Python venv support and Debian's chromium (for the browser tests) only. Installs what
+# is missing when run as root on Debian; otherwise says exactly what to install. Safe to run
+# again: it only acts on what is absent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,4 +43,6 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 $python_only && exit 0
-exec scripts/install-docker.sh
+scripts/install-docker.sh
+# gVisor for specs with `runtime: runsc`: optional, never fails the set-up.
+scripts/install-gvisor.sh
