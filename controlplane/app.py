@@ -18,6 +18,7 @@ from controlplane.api.middlewares import (
     rate_limit_middleware,
     size_limit_middleware,
     timeout_middleware,
+    webhook_auth_middleware,
 )
 from controlplane.api.openapi import build_openapi
 from controlplane.api.ratelimit import RateLimiter
@@ -33,6 +34,7 @@ from controlplane.conversations.routes import routes as conversation_routes
 from controlplane.crypto import load_secret_box
 from controlplane.events.routes import routes as event_routes
 from controlplane.events.routes import track_sockets
+from controlplane.events.routes import webhook_routes as event_webhook_routes
 from controlplane.health import OPENAPI_DOC
 from controlplane.health import routes as health_routes
 from controlplane.lifecycle.routes import routes as lifecycle_routes
@@ -61,8 +63,15 @@ def route_tables() -> list[RouteTable]:
         sandbox_routes,
         conversation_routes,
         event_routes,
+        *webhook_route_tables(),
         lifecycle_routes,
     ]
+
+
+def webhook_route_tables() -> list[RouteTable]:
+    """The routes sandboxes call: served by the API and, alone, by the webhook listener on the
+    sandbox networks' gateways (create_webhook_app)."""
+    return [event_webhook_routes]
 
 
 def _redis_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -113,6 +122,7 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
             error_middleware,
             size_limit_middleware(config.max_body_bytes),
             auth_middleware,
+            webhook_auth_middleware,
             rate_limit_middleware,
             timeout_middleware(config.request_timeout),
         ],
@@ -128,8 +138,36 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
     track_sockets(app)
     if with_sandboxes:
         app.cleanup_ctx.append(sandbox_ctx(config))
+        app.on_startup.append(_start_networks)
     tables = route_tables()
     for table in tables:
         table.register(app)
     app[OPENAPI_DOC] = build_openapi((ep for t in tables for ep in t.endpoints), VERSION)
     return app
+
+
+def create_webhook_app(main: web.Application) -> web.Application:
+    """The webhook listener's application: only the webhook routes, sharing the services of
+    `main` (call it once `main` has started, when they all exist)."""
+    config = main[keys.CONFIG]
+    app = web.Application(
+        client_max_size=config.max_body_bytes,
+        middlewares=[
+            context_middleware,
+            error_middleware,
+            size_limit_middleware(config.max_body_bytes),
+            webhook_auth_middleware,
+            timeout_middleware(config.request_timeout),
+        ],
+    )
+    for key in main:
+        app[key] = main[key]
+    for table in webhook_route_tables():
+        table.register(app)
+    return app
+
+
+async def _start_networks(app: web.Application) -> None:
+    networks = app[keys.NETWORKS]
+    networks.listener.attach(create_webhook_app(app))
+    networks.start()

@@ -19,9 +19,9 @@ from controlplane.errors import ControlPlaneError
 from controlplane.logging import configure_logging
 from controlplane.ops import sandboxes as ops_sandboxes
 from controlplane.store.redis import make_client, resolve_redis_url, wait_for_redis
-from drivers.docker import bridge_gateway
 
 log = structlog.get_logger("controlplane.cli")
+WILDCARDS = ("0.0.0.0", "::", "")  # noqa: S104 (names them, binds nothing)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,17 +60,17 @@ def check_bind(config: ServiceConfig, host: str) -> None:
 async def _serve(config: ServiceConfig, host: str, port: int) -> None:
     """Serve until SIGTERM or SIGINT; in-flight requests get up to 30 s to finish.
 
-    Sandboxes reach the control plane (webhooks) at host.docker.internal, the Docker bridge
-    gateway. When serving on loopback only, the API is also bound there, so that works without
-    exposing it on other interfaces.
+    The API listens on `host` only. Sandboxes post their webhooks to a separate listener on their
+    network's gateway (controlplane/sandboxes/networking.py), by default on the same port number.
     """
-    if config.public_url is None:
-        config = config.model_copy(update={"public_url": f"http://host.docker.internal:{port}"})
+    if config.webhook_port is None:
+        config = config.model_copy(update={"webhook_port": port})
+    if host in WILDCARDS and config.webhook_port == port:
+        raise ConfigError(
+            f"ACS_WEBHOOK_PORT: serve --host {host} listens on every address, the sandbox "
+            f"networks' gateways included; set ACS_WEBHOOK_PORT to a port other than {port}"
+        )
     hosts = [host]
-    if host in ("127.0.0.1", "localhost", "::1"):
-        gateway = await asyncio.to_thread(bridge_gateway, config.docker_url)
-        if gateway:
-            hosts.append(gateway)
     # Signals first: as PID 1 in a container, SIGTERM is ignored until a handler exists, and
     # start-up may spend a while retrying Redis.
     stop = asyncio.Event()

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -12,7 +13,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 ENV_PREFIX = "ACS_"
 
@@ -84,7 +92,27 @@ class ServiceConfig(BaseModel):
     )
     public_url: str | None = Field(
         default=None,
-        description="URL sandboxes use to reach the control plane; unset: from the port",
+        description="URL sandboxes use to reach the webhooks; unset: the webhook listener's",
+    )
+    # Sandbox isolation (docs/security.md).
+    webhook_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Port of the webhook listener on the sandbox network's gateway; "
+        "unset: serve's --port; 0: any free port",
+    )
+    sandbox_subnet_pool: str = Field(
+        default="10.213.0.0/16", description="Where the sandbox networks' subnets are carved from"
+    )
+    sandbox_subnet_size: int = Field(default=24, ge=16, le=28, description="Prefix length")
+    host_firewall: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Manage iptables rules for the sandbox networks; auto: when root with iptables",
+    )
+    sandbox_host_ports: list[int] = Field(
+        default_factory=list,
+        description="Host ports every sandbox may reach at host.docker.internal (a model server)",
     )
     # Browsers and the CLI's sign-in (docs/api.md#authentication).
     auth_mode: Literal["api_key", "none"] = Field(
@@ -132,6 +160,40 @@ class ServiceConfig(BaseModel):
                 raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], no path)")
             out.append(normal)
         return out
+
+    @field_validator("sandbox_host_ports", mode="before")
+    @classmethod
+    def _ports(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [p.strip() for p in value.split(",") if p.strip()]
+        return value
+
+    @field_validator("sandbox_host_ports")
+    @classmethod
+    def _port_range(cls, value: list[int]) -> list[int]:
+        for port in value:
+            if not 1 <= port <= 65535:
+                raise ValueError(f"{port} is not a TCP port")
+        return sorted(set(value))
+
+    @field_validator("sandbox_subnet_pool")
+    @classmethod
+    def _pool(cls, value: str) -> str:
+        try:
+            network = ipaddress.IPv4Network(value, strict=True)
+        except ValueError as exc:
+            raise ValueError(f"not an IPv4 network: {exc}") from None
+        if network.prefixlen > 24:
+            raise ValueError("the pool must be a /24 or larger")
+        return str(network)
+
+    @field_validator("sandbox_subnet_size")
+    @classmethod
+    def _fits_pool(cls, value: int, info: ValidationInfo) -> int:
+        pool = info.data.get("sandbox_subnet_pool")
+        if pool and value < ipaddress.IPv4Network(pool).prefixlen:
+            raise ValueError(f"/{value} networks do not fit in ACS_SANDBOX_SUBNET_POOL {pool}")
+        return value
 
     @field_validator("llm_prices", mode="before")
     @classmethod

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from controlplane.crypto import SecretBox
     from controlplane.events.service import EventService
     from controlplane.lifecycle.publisher import LifecyclePublisher
+    from controlplane.sandboxes.networking import SandboxNetworks
     from controlplane.sandboxes.service import SandboxService
     from controlplane.settings.service import SettingsService
     from controlplane.specs.catalog import SpecCatalog
@@ -36,3 +37,4 @@ SESSIONS: web.AppKey[SessionService] = web.AppKey("sessions")
 DEVICE_FLOW: web.AppKey[DeviceFlowService] = web.AppKey("device_flow")
 AUTH_LIMITER: web.AppKey[RateLimiter] = web.AppKey("auth_limiter")
 """Counts sign-in-like attempts per client address (or user): sign-ins, device codes, approvals."""
+NETWORKS: web.AppKey[SandboxNetworks] = web.AppKey("networks")

@@ -38,6 +38,12 @@ class ContainerRequest:
     pids: int
     publish_host: str
     extra_hosts: dict[str, str] = field(default_factory=dict)
+    # Isolation: every capability is dropped and no-new-privileges is always set.
+    network: str | None = None  # None: the engine's default bridge
+    user: str | None = None  # None: the image's USER
+    read_only: bool = False
+    tmpfs: dict[str, str] = field(default_factory=dict)
+    runtime: str | None = None  # None: the engine's default (runc)
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,18 @@ class ContainerState:
     oom_killed: bool = False
     error: str | None = None
     created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class NetworkInfo:
+    """One sandbox network: a bridge with inter-container traffic disabled."""
+
+    name: str
+    bridge: str  # the host's interface for it
+    subnet: str
+    gateway: str  # the host's address on it
+    containers: int  # attached containers, when listed
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -104,6 +122,21 @@ class SandboxDriver(Protocol):
 
     async def list_managed(self, labels: dict[str, str]) -> list[ContainerState]:
         """Every container, running or not, carrying all of `labels`."""
+
+    async def ensure_network(
+        self, name: str, labels: dict[str, str], pool: str, size: int
+    ) -> NetworkInfo:
+        """The network `name`, created when absent on the first free /`size` of `pool`.
+
+        Raises DriverError when a network of that name exists without `labels`, or the pool is
+        full; RuntimeUnavailable when the engine does not answer.
+        """
+
+    async def list_networks(self, labels: dict[str, str]) -> list[NetworkInfo]:
+        """Every network carrying all of `labels`."""
+
+    async def remove_network(self, name: str) -> bool:
+        """Remove the network if it has no containers; False when it still has some."""
 
     def watch(self, labels: dict[str, str], sink: EventSink) -> Watch:
         """Feed `sink` (on the event loop) each event of containers carrying `labels`.

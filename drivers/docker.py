@@ -18,6 +18,7 @@ from requests.exceptions import ConnectionError as RequestsConnectionError
 from requests.exceptions import ReadTimeout
 
 from controlplane.errors import RuntimeUnavailable
+from drivers import docker_networks
 from drivers.base import (
     ContainerEvent,
     ContainerRequest,
@@ -25,6 +26,7 @@ from drivers.base import (
     DriverError,
     EventSink,
     ImageMissing,
+    NetworkInfo,
     Watch,
 )
 
@@ -206,6 +208,12 @@ class DockerDriver:
                 memswap_limit=req.memory_bytes,
                 pids_limit=req.pids,
                 security_opt=["no-new-privileges:true"],
+                cap_drop=["ALL"],
+                user=req.user,
+                read_only=req.read_only,
+                tmpfs=req.tmpfs or None,
+                runtime=req.runtime,
+                network=req.network,
                 extra_hosts=req.extra_hosts,
                 detach=True,
             )
@@ -300,6 +308,19 @@ class DockerDriver:
             return states
 
         return await self._call(run, "list")
+
+    async def ensure_network(
+        self, name: str, labels: dict[str, str], pool: str, size: int
+    ) -> NetworkInfo:
+        return await self._call(
+            lambda c: docker_networks.ensure_network(c, name, labels, pool, size), "network"
+        )
+
+    async def list_networks(self, labels: dict[str, str]) -> list[NetworkInfo]:
+        return await self._call(lambda c: docker_networks.list_networks(c, labels), "network")
+
+    async def remove_network(self, name: str) -> bool:
+        return await self._call(lambda c: docker_networks.remove_network(c, name), "network")
 
     def watch(self, labels: dict[str, str], sink: EventSink) -> Watch:
         """Follow container events in a dedicated thread, feeding `sink` on the event loop.

@@ -1,5 +1,6 @@
 """Fixtures and helpers for end-to-end conversation tests: a live control plane, a fake LLM on
-the Docker bridge, users with settings, and bounded polling of tasks and events."""
+its sandbox network's gateway (a host service sandboxes may reach: ACS_SANDBOX_HOST_PORTS),
+users with settings, and bounded polling of tasks and events."""
 
 from __future__ import annotations
 
@@ -15,15 +16,22 @@ import redis.asyncio as aioredis
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
 from tests.fake_llm import FakeLLM
-from tests.live_server import Api, LiveServer, gateway, start_live_server
+from tests.live_server import Api, LiveServer, free_port, start_live_server
 
 LLM_KEY = "sk-live-SECRET-7f3a9c"
 PRICES = {"fake-model": (0.001, 0.002)}
 
 
 @pytest.fixture
-async def fake_llm() -> AsyncIterator[FakeLLM]:
-    fake = FakeLLM(host=gateway(), model="fake-model", api_key=LLM_KEY)
+def fake_llm_port() -> int:
+    """The fake LLM's port, chosen before the control plane starts: its firewall opens it."""
+    return free_port()
+
+
+@pytest.fixture
+async def fake_llm(live: LiveServer, fake_llm_port: int) -> AsyncIterator[FakeLLM]:
+    gateway = await live.sandbox_gateway()
+    fake = FakeLLM(host=gateway, port=fake_llm_port, model="fake-model", api_key=LLM_KEY)
     await fake.start()
     yield fake
     await fake.close()
@@ -31,10 +39,15 @@ async def fake_llm() -> AsyncIterator[FakeLLM]:
 
 @pytest.fixture
 async def live(
-    test_prefix: str, make_config: Callable[..., ServiceConfig]
+    test_prefix: str, make_config: Callable[..., ServiceConfig], fake_llm_port: int
 ) -> AsyncIterator[LiveServer]:
     server = await start_live_server(
-        make_config(container_prefix=test_prefix, reconcile_interval=1.0, llm_prices=PRICES)
+        make_config(
+            container_prefix=test_prefix,
+            reconcile_interval=1.0,
+            llm_prices=PRICES,
+            sandbox_host_ports=[fake_llm_port],
+        )
     )
     yield server
     await server.close()

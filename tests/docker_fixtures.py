@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import docker
@@ -13,10 +14,14 @@ import pytest
 from docker.errors import DockerException, ImageNotFound, NotFound
 
 from controlplane.sandboxes.naming import LABEL_PREFIX
+from drivers import docker_networks
+from drivers.base import DriverError
+from drivers.firewall import Iptables
 from tests.run_id import RUN_ID
 from tests.sandbox_helpers import DEFAULT_IMAGE
 
 _counter = itertools.count()
+FIREWALL = Iptables()
 
 
 def run_prefix() -> str:
@@ -30,6 +35,7 @@ def docker_client() -> Iterator[docker.DockerClient]:
         client.ping()
     except DockerException as exc:
         pytest.fail(f"no Docker engine answers ({exc}); `make test` starts one", pytrace=False)
+    _sweep_stale_networks(client)
     yield client
     _remove_matching(client, run_prefix())
     client.close()
@@ -42,6 +48,31 @@ def _remove_matching(client: docker.DockerClient, name_part: str) -> None:
     for volume in client.volumes.list(filters={"name": name_part}):
         with contextlib.suppress(NotFound):
             volume.remove(force=True)
+    for network in client.api.networks(filters={"name": name_part}):
+        if network["Name"].startswith(name_part):
+            _remove_network(client, network["Name"])
+
+
+def _remove_network(client: docker.DockerClient, name: str) -> None:
+    """A sandbox network and its host firewall chains (which the control plane leaves in place:
+    sandboxes outlive it)."""
+    try:
+        removed = docker_networks.remove_network(client, name)
+    except DriverError as exc:
+        print(f"could not remove network {name}: {exc}")
+        return
+    if removed and FIREWALL.unavailable() is None:
+        FIREWALL.remove(docker_networks.bridge_name(name))
+
+
+def _sweep_stale_networks(client: docker.DockerClient) -> None:
+    """Networks of test runs that were killed before their clean-up, unused for a day: without
+    this they would slowly fill the subnet pool. Younger ones may belong to a run in progress."""
+    cutoff = datetime.now(UTC) - timedelta(days=1)
+    for network in client.api.networks(filters={"name": "acs-test-"}):
+        created = datetime.fromisoformat(network["Created"][:19] + "+00:00")
+        if network["Name"].startswith("acs-test-") and created < cutoff:
+            _remove_network(client, network["Name"])
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """A scripted OpenAI-compatible chat-completions server for tests (real HTTP, no mocks).
 
-    fake = FakeLLM()                    # host="172.17.0.1" to serve containers too
+    fake = FakeLLM()                    # host=<sandbox gateway> to serve sandboxes too
     await fake.start()
     fake.script([reply_tool_call("terminal", {"command": "echo hi > f.txt"}),
                  reply_finish("done")])
@@ -12,9 +12,9 @@ Every answer carries ``usage`` (``prompt_tokens``/``completion_tokens`` settable
 per reply). ``.requests`` records every request (body, Authorization header, status answered).
 When the script is exhausted the server answers ``when_exhausted``: ``"text"`` (a plain
 text reply, the default), ``"repeat"`` (the last scripted reply again) or a reply of yours.
-Containers reach a fake bound to the Docker bridge gateway (:func:`docker_bridge_gateway`)
-as ``fake.container_base_url`` (``http://host.docker.internal:<port>/v1``; the container
-needs ``--add-host host.docker.internal:host-gateway``).
+Sandboxes reach a fake bound to their network's gateway (``LiveServer.sandbox_gateway``) as
+``fake.container_base_url`` (``http://host.docker.internal:<port>/v1``), when the control plane
+opens that port to them (``ACS_SANDBOX_HOST_PORTS``, see tests/conversation_helpers.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import asyncio
 import copy
 import itertools
 import json
-import subprocess
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -33,7 +32,6 @@ from typing import Any, Literal
 from aiohttp import web
 
 Reply = dict[str, Any]
-DEFAULT_GATEWAY = "172.17.0.1"
 EXHAUSTED_TEXT = "(fake LLM: the script is exhausted)"
 
 
@@ -70,21 +68,6 @@ def reply_tool_call(
 
 def reply_finish(message: str = "done", **kwargs: Any) -> Reply:
     return reply_tool_call("finish", {"message": message}, **kwargs)
-
-
-def docker_bridge_gateway() -> str:
-    """The Docker bridge network's gateway address (172.17.0.1 when it cannot be read)."""
-    try:
-        out = subprocess.run(
-            ["docker", "network", "inspect", "bridge"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-        return str(json.loads(out)[0]["IPAM"]["Config"][0]["Gateway"])
-    except (OSError, subprocess.SubprocessError, ValueError, LookupError):
-        return DEFAULT_GATEWAY
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""The app served over real HTTP, on loopback and on the Docker bridge gateway (same port), so
-that sandboxes reach its webhooks at host.docker.internal as they do under `controlplane serve`."""
+"""The app served over real HTTP on loopback, as `controlplane serve` serves it: sandboxes reach
+its webhooks through the webhook listener on their network's gateway (any free port here)."""
 
 from __future__ import annotations
 
@@ -10,24 +10,15 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from controlplane import keys
 from controlplane.app import create_app
 from controlplane.config import ServiceConfig
-from drivers.docker import bridge_gateway
 
 
-def free_port(address: str) -> int:
-    # Chosen on the bridge address, where nothing else of ours listens; loopback is then
-    # bound to the same number (a clash there fails loudly at bind).
+def free_port(address: str = "127.0.0.1") -> int:
     with socket.socket() as probe:
         probe.bind((address, 0))
         return int(probe.getsockname()[1])
-
-
-def gateway() -> str:
-    address = bridge_gateway()
-    if address is None:
-        raise RuntimeError("no Docker bridge gateway: is the engine running?")
-    return address
 
 
 @dataclass
@@ -36,19 +27,28 @@ class LiveServer:
     url: str
     app: web.Application
 
+    async def sandbox_gateway(self) -> str:
+        """The host's address on the default spec's sandbox network (created if need be): where
+        a test server must listen for sandboxes to reach it (with its port in
+        ACS_SANDBOX_HOST_PORTS), as host.docker.internal."""
+        spec = self.app[keys.SPECS].default
+        return (await self.app[keys.NETWORKS].prepare(spec)).gateway
+
+    @property
+    def webhook_port(self) -> int:
+        return self.app[keys.NETWORKS].listener.port
+
     async def close(self) -> None:
         await self.runner.cleanup()
 
 
 async def start_live_server(config: ServiceConfig) -> LiveServer:
-    bridge = gateway()
-    port = free_port(bridge)
-    config = config.model_copy(update={"public_url": f"http://host.docker.internal:{port}"})
     app = create_app(config)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
     await runner.setup()
-    for address in ("127.0.0.1", bridge):
-        await web.TCPSite(runner, address, port).start()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = next(int(a[1]) for a in runner.addresses if isinstance(a, tuple))
     return LiveServer(runner=runner, url=f"http://127.0.0.1:{port}", app=app)
 
 

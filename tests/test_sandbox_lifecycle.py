@@ -65,7 +65,12 @@ async def test_start_pause_resume_delete(
     assert host["Memory"] == 1024**3
     assert host["PidsLimit"] == 512
     assert "no-new-privileges:true" in host["SecurityOpt"]
-    assert "host.docker.internal:host-gateway" in host["ExtraHosts"]
+    assert host["CapDrop"] == ["ALL"]
+    assert not host["CapAdd"]
+    assert container.attrs["Config"]["User"] == "1000:1000"
+    assert host["NetworkMode"] == f"{test_prefix}net"
+    (network,) = container.attrs["NetworkSettings"]["Networks"].values()
+    assert host["ExtraHosts"] == [f"host.docker.internal:{network['Gateway']}"]
     assert host["PortBindings"]["8000/tcp"][0]["HostIp"] == "127.0.0.1"
     assert not any("docker.sock" in m["Source"] for m in container.attrs["Mounts"])
     (mount,) = container.attrs["Mounts"]

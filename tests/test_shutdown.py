@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 
 from controlplane.sandboxes import naming
 from tests.conftest import BOOTSTRAP_KEY
-from tests.live_server import Api, free_port, gateway
+from tests.live_server import Api, free_port
 from tests.sandbox_helpers import REPO
 
 EXIT_WITHIN = 35  # aiohttp's shutdown_timeout in `serve` is 30 s
@@ -117,7 +117,7 @@ def serve_env(redis_url: str, prefix: str, data_dir: Path) -> dict[str, str]:
 async def serve(redis_url: str, test_prefix: str, tmp_path: Path) -> AsyncIterator[Any]:
     """Starts `controlplane serve` processes on one port, Redis, prefix and data dir; kills
     whatever is still running at the end."""
-    port = free_port(gateway())
+    port = free_port()
     env = serve_env(redis_url, test_prefix, tmp_path / "data")
     binary = Path(sys.executable).parent / "controlplane"
     started: list[Serve] = []

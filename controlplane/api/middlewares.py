@@ -1,7 +1,12 @@
 """Request context, canonical log line and HTTP metrics, error mapping, body size limit,
 authentication, per-key rate limit and the request time limit.
 
-Order (outermost first): context → errors → size limit → auth → rate limit → time limit → handler.
+Order (outermost first): context → errors → size limit → auth → webhook auth → rate limit →
+time limit → handler.
+
+Nothing before the handler reads the request body (aiohttp reads it lazily), so a request refused
+by a middleware costs no body read; and a refusal whose body is still arriving closes the
+connection instead of reading the rest (`_drop_unread_body`).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from controlplane.api.parsing import RequestValidationError
 from controlplane.api.ratelimit import RateLimiter
 from controlplane.api.routing import Handler, is_public
 from controlplane.auth.models import Principal
-from controlplane.errors import ControlPlaneError, InvalidInput, QuotaExceeded
+from controlplane.errors import ControlPlaneError, InvalidInput, QuotaExceeded, Unauthorized
 from controlplane.metrics import METRICS
 from controlplane.store.redis import REDIS_DOWN
 
@@ -74,9 +79,31 @@ def _detail(status: int, detail: Any, headers: dict[str, str] | None = None) -> 
     return web.json_response({"detail": detail}, status=status, headers=headers)
 
 
+def _drop_unread_body(request: web.Request, response: web.StreamResponse) -> None:
+    """An error answered before its body arrived: close the connection after the answer instead
+    of reading the rest. aiohttp would otherwise read and discard it (up to 10 s) to keep the
+    connection alive: a megabyte of unauthenticated upload would cost what an upload does.
+
+    A client that sends its whole body before reading may see the connection reset rather than
+    this answer; that is the price of not reading what nobody may send.
+    """
+    if not request.body_exists or request.content.is_eof():
+        return
+    response.force_close()
+    request.protocol.close()  # ignore whatever else arrives on this connection, unparsed
+    request.content.feed_eof()  # nothing left to linger for
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Render every failure in the documented JSON shapes; log unexpected ones once."""
+    response = await _render_errors(request, handler)
+    if response.status >= 400 and not response.prepared:
+        _drop_unread_body(request, response)
+    return response
+
+
+async def _render_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except RequestValidationError as exc:
@@ -128,6 +155,32 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     principal = await authenticate_request(request)
     request[PRINCIPAL] = principal
     structlog.contextvars.bind_contextvars(user_id=principal.user_id)
+    return await handler(request)
+
+
+WEBHOOK_PATH = "/api/v1/webhooks/"
+
+
+@web.middleware
+async def webhook_auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Sandbox webhooks (public to the API-key check) need the sandbox's own session key, checked
+    here before the handler reads the body; the handler's service checks it again."""
+    resource = request.match_info.route.resource
+    sandbox_id = request.match_info.get("sandbox_id")
+    if (
+        resource is None
+        or sandbox_id is None
+        or not resource.canonical.startswith(WEBHOOK_PATH)
+        or request.match_info.http_exception is not None
+    ):
+        return await handler(request)
+    key = request.headers.get("X-Session-API-Key")
+    sandboxes = request.app.get(keys.SANDBOXES)
+    if not key or len(key) > 256 or sandboxes is None:
+        raise Unauthorized("invalid sandbox session key")
+    found = await sandboxes.store.id_for_key(key)
+    if found is None or not secrets.compare_digest(found, sandbox_id):
+        raise Unauthorized("invalid sandbox session key")
     return await handler(request)
 
 

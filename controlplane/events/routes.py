@@ -34,6 +34,8 @@ from controlplane.events.models import (
 from controlplane.sandboxes.models import Success
 
 routes = RouteTable(tag="events")
+# Served by the API and by the webhook listener on the sandbox networks' gateways (app.py).
+webhook_routes = RouteTable(tag="events")
 OpenSockets = weakref.WeakSet[web.WebSocketResponse]
 OPEN_SOCKETS: web.AppKey[OpenSockets] = web.AppKey("open_sockets", OpenSockets)
 
@@ -165,7 +167,7 @@ def _event_batch(raw: bytes) -> list[tuple[Event, dict[str, Any]]]:
     return batch
 
 
-@routes.route(
+@webhook_routes.route(
     "POST",
     "/api/v1/webhooks/{sandbox_id}/events/{conversation_id}",
     summary="Sandbox → control plane: events, a JSON array or one event (X-Session-API-Key = "
@@ -185,7 +187,7 @@ async def events_webhook(request: web.Request) -> web.Response:
     return json_response(Success())
 
 
-@routes.route(
+@webhook_routes.route(
     "POST",
     "/api/v1/webhooks/{sandbox_id}/conversations",
     summary="Sandbox → control plane: a conversation's state (ConversationInfo)",

@@ -15,8 +15,10 @@ from controlplane.errors import Conflict, ControlPlaneError
 from controlplane.lifecycle.models import LifecycleType
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.sandboxes.networking import Attachment, SandboxNetworks
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.specs.catalog import SpecCatalog
+from controlplane.specs.egress import HOST_GATEWAY
 from controlplane.specs.models import AGENT_SERVER, SandboxSpec
 from drivers.base import ContainerRequest, ContainerState, SandboxDriver
 
@@ -30,8 +32,14 @@ class StartFailed(ControlPlaneError):
 
 
 def container_request(
-    config: ServiceConfig, record: SandboxRecord, spec: SandboxSpec
+    config: ServiceConfig,
+    record: SandboxRecord,
+    spec: SandboxSpec,
+    attachment: Attachment | None = None,
+    webhook_port: int | None = None,
 ) -> ContainerRequest:
+    """The container of one sandbox: on its spec's network (`attachment`; None: the engine's
+    default bridge), posting its webhooks to ACS_PUBLIC_URL or to the listener on `webhook_port`."""
     env = dict(spec.initial_env)
     env.update(
         {
@@ -40,8 +48,11 @@ def container_request(
             "ACS_WORKSPACE": spec.working_dir,
         }
     )
-    if config.public_url:
-        env["OH_WEBHOOKS_0_BASE_URL"] = f"{config.public_url}/api/v1/webhooks/{record.id}"
+    base = config.public_url
+    if base is None and webhook_port:
+        base = f"http://{HOST_GATEWAY}:{webhook_port}"
+    if base:
+        env["OH_WEBHOOKS_0_BASE_URL"] = f"{base}/api/v1/webhooks/{record.id}"
     # The pages allowed to call the API may call the sandbox's agent server too (the web
     # frontend reads events and sends messages there directly).
     for n, origin in enumerate(config.cors_origins):
@@ -60,7 +71,12 @@ def container_request(
         memory_bytes=spec.resources.memory_bytes,
         pids=spec.resources.pids,
         publish_host=config.publish_host,
-        extra_hosts={"host.docker.internal": "host-gateway"},
+        extra_hosts=attachment.extra_hosts if attachment else {HOST_GATEWAY: "host-gateway"},
+        network=attachment.network if attachment else None,
+        user=spec.user,
+        read_only=spec.read_only_root,
+        tmpfs=spec.tmpfs_mounts,
+        runtime=spec.runtime,
     )
 
 
@@ -132,8 +148,10 @@ class Launcher:
         catalog: SpecCatalog,
         probe: HealthProbe,
         publish: Publish,
+        networks: SandboxNetworks | None = None,
     ) -> None:
         self._config = config
+        self._networks = networks
         self._store = store
         self._driver = driver
         self._catalog = catalog
@@ -173,10 +191,10 @@ class Launcher:
         """A failed fresh start removes everything it made; a failed re-create keeps the
         workspace."""
         spec = self._catalog.find(record.spec_id)
-        request = container_request(self._config, record, spec) if spec else None
         try:
-            if spec is None or request is None:
+            if spec is None:
                 raise Conflict(f"sandbox spec {record.spec_id!r} no longer exists")
+            request = await self._request(record, spec)
             state = await self._driver.create_and_start(request)
             ports = host_ports(spec, state)
             await self._store.transition(record, [S.STARTING], S.STARTING, ports=ports)
@@ -184,6 +202,8 @@ class Launcher:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if spec is not None and self._networks is not None:
+                self._networks.forget(spec)  # re-checked at the next start (it may be gone)
             await self._fail(record, f"start failed: {exc}", remove_volume=fresh)
             return
         result = await self._store.transition(
@@ -194,6 +214,13 @@ class Launcher:
             await self._driver.remove(request.name, request.volume)
         elif result.outcome == "ok":
             await self._publish(LifecycleType.SANDBOX_RUNNING, record, None)
+
+    async def _request(self, record: SandboxRecord, spec: SandboxSpec) -> ContainerRequest:
+        if self._networks is None:
+            return container_request(self._config, record, spec)
+        attachment = await self._networks.prepare(spec)
+        port = self._networks.listener.port
+        return container_request(self._config, record, spec, attachment, port)
 
     async def _restart(self, record: SandboxRecord, name: str) -> None:
         spec = self._catalog.find(record.spec_id)

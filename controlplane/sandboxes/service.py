@@ -29,6 +29,7 @@ from controlplane.sandboxes.models import (
     SandboxRecord,
     SandboxStatus,
 )
+from controlplane.sandboxes.networking import SandboxNetworks
 from controlplane.sandboxes.reads import SandboxReads
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.specs.catalog import SpecCatalog
@@ -49,6 +50,7 @@ class SandboxService(SandboxReads):
         probe: HealthProbe,
         *,
         publisher: LifecyclePublisher | None = None,
+        networks: SandboxNetworks | None = None,
     ) -> None:
         super().__init__(config, store, catalog)
         self.driver = driver
@@ -57,7 +59,13 @@ class SandboxService(SandboxReads):
         self._memory_capacity = config.host_memory_bytes
         self._locks: dict[str, asyncio.Lock] = {}
         self.launcher = Launcher(
-            config, store, driver=driver, catalog=catalog, probe=probe, publish=self._publish
+            config,
+            store,
+            driver=driver,
+            catalog=catalog,
+            probe=probe,
+            publish=self._publish,
+            networks=networks,
         )
 
     def lock(self, sandbox_id: str) -> asyncio.Lock:

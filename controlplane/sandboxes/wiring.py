@@ -20,6 +20,7 @@ from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.lifecycle.webhooks import WebhookSender
 from controlplane.metrics import METRICS
 from controlplane.sandboxes.launcher import HealthProbe
+from controlplane.sandboxes.networking import SandboxNetworks
 from controlplane.sandboxes.reaper import IdleReaper
 from controlplane.sandboxes.reconciler import Reconciler
 from controlplane.sandboxes.service import SandboxService
@@ -39,6 +40,12 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
         driver = DockerDriver(
             config.docker_url, threads=config.docker_threads, on_error=metrics.docker_error
         )
+        try:
+            networks = SandboxNetworks(config, driver, catalog)
+        except BaseException:
+            await driver.close()
+            raise
+        app[keys.NETWORKS] = networks
         http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100))
         probe = HealthProbe(http, driver, config.url_host, config.start_timeout)
         store = SandboxStore(app[keys.REDIS], app[keys.SECRET_BOX])
@@ -50,7 +57,9 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
             sender.start()
         publisher = LifecyclePublisher(app[keys.REDIS], sender)
         app[keys.LIFECYCLE] = publisher
-        service = SandboxService(config, store, driver, catalog, probe, publisher=publisher)
+        service = SandboxService(
+            config, store, driver, catalog, probe, publisher=publisher, networks=networks
+        )
         reconciler = Reconciler(service, config.reconcile_interval)
         app[keys.SANDBOXES] = service
         app[RECONCILER] = reconciler
@@ -77,6 +86,7 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
         reconciler.start()
         reaper.start()
         yield
+        await networks.close()  # no webhooks arrive while the services below close
         await reaper.stop()
         await reconciler.stop()
         await conversations.close()

@@ -126,4 +126,6 @@ class SpecCatalog:
             resources=spec.resources,
             exposed_ports=spec.exposed_ports,
             idle_timeout=spec.idle_timeout,
+            runtime=spec.runtime,
+            egress=spec.egress,
         )

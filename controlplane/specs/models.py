@@ -8,10 +8,19 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from controlplane.specs.egress import Egress, parse_egress
+
 SPEC_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 _MEMORY_RE = re.compile(r"^([0-9]+)([kmg]?)b?$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 AGENT_SERVER = "AGENT_SERVER"
+#: Writable scratch space of a read-only root: the agent user's home, /tmp and the agent server's
+#: state (mount options as `docker run --tmpfs`).
+DEFAULT_TMPFS = {
+    "/tmp": "rw,nosuid,nodev,size=256m",  # noqa: S108 (a tmpfs inside the sandbox)
+    "/home/agent": "rw,nosuid,nodev,size=256m,uid=1000,gid=1000,mode=0755",
+    "/var/lib/acs-agent": "rw,nosuid,nodev,size=64m,uid=1000,gid=1000,mode=0700",
+}
 
 
 class BuildSpec(BaseModel):
@@ -64,6 +73,41 @@ class SandboxSpec(BaseModel):
     exposed_ports: dict[str, PortNumber]
     resources: Resources = Field(default_factory=Resources)
     idle_timeout: int = Field(default=1800, ge=0, description="Seconds; 0 disables auto-pause")
+    # Isolation (docs/sandboxes.md, docs/security.md).
+    user: str = Field(
+        default="1000:1000",
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})?$",
+    )
+    read_only_root: bool = False
+    tmpfs: dict[str, str] | None = Field(
+        default=None, description="path -> mount options; unset: DEFAULT_TMPFS with read_only_root"
+    )
+    runtime: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    egress: Egress = "internet"
+
+    @field_validator("egress")
+    @classmethod
+    def _egress(cls, value: Egress) -> Egress:
+        parse_egress(value)
+        if isinstance(value, list) and not value:
+            raise ValueError("an empty allow-list: write `egress: none`")
+        return value
+
+    @field_validator("tmpfs")
+    @classmethod
+    def _tmpfs(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for path, options in (value or {}).items():
+            if not path.startswith("/") or path == "/":
+                raise ValueError(f"tmpfs path {path!r} must be an absolute path below /")
+            if not re.fullmatch(r"[A-Za-z0-9_=,.-]*", options):
+                raise ValueError(f"tmpfs options {options!r} for {path} are not mount options")
+        return value
+
+    @property
+    def tmpfs_mounts(self) -> dict[str, str]:
+        if self.tmpfs is not None:
+            return dict(self.tmpfs)
+        return dict(DEFAULT_TMPFS) if self.read_only_root else {}
 
     @field_validator("working_dir")
     @classmethod
@@ -105,6 +149,8 @@ class SandboxSpecInfo(BaseModel):
     resources: Resources
     exposed_ports: dict[str, int]
     idle_timeout: int
+    runtime: str | None = None
+    egress: Egress = "internet"
 
 
 class SandboxSpecInfoPage(BaseModel):

@@ -1,0 +1,67 @@
+"""A spec's `egress`: where its sandboxes may open connections (docs/security.md).
+
+`internet` (the default), `none`, or an allow-list of `host:port` entries, where host is an IPv4
+address, an IPv4 network (CIDR), a DNS name, or `host.docker.internal` (this host's gateway
+address on the sandbox network: a service on the host). Every policy forbids the rest of the host
+(only the webhook listener and ACS_SANDBOX_HOST_PORTS are open there) and link-local addresses
+(cloud metadata services).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+HOST_GATEWAY = "host.docker.internal"
+_NAME_RE = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*$"
+)
+
+Egress = Literal["internet", "none"] | list[str]
+
+
+@dataclass(frozen=True)
+class Destination:
+    """One allow-list entry: `network` set for an address or CIDR, `name` for a DNS name."""
+
+    port: int
+    network: ipaddress.IPv4Network | None = None
+    name: str | None = None
+
+    @property
+    def is_host(self) -> bool:
+        return self.name == HOST_GATEWAY
+
+
+def parse_destination(entry: str) -> Destination:
+    """Parse `host:port`. Raises ValueError with the reason."""
+    host, sep, port_text = entry.strip().rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{entry!r} is not host:port")
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"{entry!r}: the port must be a number from 1 to 65535")
+    port = int(port_text)
+    if host.startswith("[") or ":" in host:
+        raise ValueError(f"{entry!r}: IPv6 is not supported (sandboxes have no IPv6)")
+    try:
+        network = ipaddress.IPv4Network(host, strict=False)
+    except ValueError:
+        network = None
+    if network is not None:
+        if network.is_link_local or network.is_loopback or network.is_multicast:
+            raise ValueError(f"{entry!r}: link-local, loopback and multicast are never allowed")
+        return Destination(port=port, network=network)
+    if not _NAME_RE.match(host) or host.replace(".", "").isdigit():
+        raise ValueError(f"{entry!r}: {host!r} is neither an IPv4 address, a CIDR nor a DNS name")
+    return Destination(port=port, name=host.lower())
+
+
+def parse_egress(value: Egress) -> list[Destination] | None:
+    """The allow-list's destinations; None for `internet`, [] for `none`."""
+    if value == "internet":
+        return None
+    if value == "none":
+        return []
+    return [parse_destination(entry) for entry in value]
