@@ -4,11 +4,12 @@ Run with `.venv/bin/python bench/conversations.py [--runs N | --quick]`.
 bench/README.md says what is measured and how the control plane's share is computed.
 
 One process holds the control plane: a private redis-server, the real app served over real HTTP
-on 127.0.0.1 and on the Docker bridge gateway (sandboxes post their webhooks to it), a scripted
-fake LLM on the bridge that answers every call with a `finish` tool call, and the benchmark's
-own clients. The fan-out load (webhook poster and WebSocket reader) runs in a child process, so
-that its CPU work does not share the server's event loop. Every container and volume carries
-the run's prefix and is removed at the end, also after an error, Ctrl-C or SIGTERM.
+on 127.0.0.1 (sandboxes post their webhooks to its listener on their network's gateway), a
+scripted fake LLM on that gateway (a host port the sandboxes may reach) that answers every call
+with a `finish` tool call, and the benchmark's own clients. The fan-out load (webhook poster and
+WebSocket reader) runs in a child process, so that its CPU work does not share the server's event
+loop. Every container, volume and network carries the run's prefix and is removed at the end,
+also after an error, Ctrl-C or SIGTERM.
 
 Exit status: 0 when the table was printed (missed targets are marked in it), 1 on an error,
 130 when interrupted.
@@ -55,7 +56,7 @@ from bench.sandboxes import Bench as SandboxBench  # noqa: E402
 from bench.sandboxes import BenchError, Samples, ms, server_timing  # noqa: E402
 from bench.sandboxes import Options as SandboxOptions  # noqa: E402
 from tests.fake_llm import FakeLLM, reply_finish  # noqa: E402
-from tests.live_server import free_port, gateway  # noqa: E402
+from tests.live_server import free_port  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 CLIENT_POLL = 0.010
@@ -231,18 +232,15 @@ class Served:
 
 @contextlib.asynccontextmanager
 async def serve(config: ServiceConfig, samples: Samples) -> AsyncIterator[Served]:
-    """As tests/live_server.start_live_server: loopback and the bridge gateway, one port, with
-    public_url as sandboxes see it; plus the timing middleware, outermost."""
-    bridge = gateway()
-    port = free_port(bridge)
-    config = config.model_copy(update={"public_url": f"http://host.docker.internal:{port}"})
+    """As tests/live_server.start_live_server (loopback; webhooks on the sandbox network's
+    gateway), plus the timing middleware, outermost."""
+    port = free_port()
     app = create_app(config)
     app.middlewares.insert(0, server_timing(samples))
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=10)
     await runner.setup()
     try:
-        for address in ("127.0.0.1", bridge):
-            await web.TCPSite(runner, address, port).start()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
         yield Served(app, f"http://127.0.0.1:{port}", config)
     finally:
         await runner.cleanup()
@@ -566,8 +564,7 @@ class Bench:
 
     async def run(self) -> None:
         self.raw.preflight()
-        fake = FakeLLM(host=gateway(), model=MODEL, api_key=LLM_KEY, when_exhausted=reply_finish())
-        await fake.start()
+        fake_port = free_port()  # opened to the sandboxes by the config below
         extra: dict[str, Any] = {}
         if "image_tag" in ServiceConfig.model_fields:
             extra["image_tag"] = self.raw.image_tag  # the images this checkout built
@@ -586,15 +583,26 @@ class Bench:
             container_prefix=self.prefix,
             log_format="json",
             log_level="warning",
+            sandbox_host_ports=[fake_port],
         )
-        try:
-            async with serve(config, self.samples) as served:
-                self.raw.api_config = served.config
+        async with serve(config, self.samples) as served:
+            self.raw.api_config = served.config
+            await self.raw.attach(served.app)
+            assert self.raw.attachment is not None
+            fake = FakeLLM(
+                host=self.raw.attachment.gateway,
+                port=fake_port,
+                model=MODEL,
+                api_key=LLM_KEY,
+                when_exhausted=reply_finish(),
+            )
+            await fake.start()
+            try:
                 instrument_starts(served.app, self.timeline, self.agent_bodies)
                 instrument_events(served.app, self.fan)
                 await self.phases(served, fake)
-        finally:
-            await fake.close()
+            finally:
+                await fake.close()
 
     async def phases(self, served: Served, fake: FakeLLM) -> None:
         self.api = aiohttp.ClientSession(base_url=served.url)

@@ -45,6 +45,7 @@ from aiohttp.typedefs import Handler, Middleware
 from cryptography.fernet import Fernet
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
+from controlplane import keys
 from controlplane.app import create_app
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig, load_config
@@ -54,12 +55,15 @@ from controlplane.sandboxes import naming
 from controlplane.sandboxes import store as store_module
 from controlplane.sandboxes.launcher import container_request
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.sandboxes.networking import Attachment
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import AGENT_SERVER, SandboxSpec
 from controlplane.store import keys as redis_keys
 from controlplane.store import text
-from drivers.base import ContainerRequest
+from drivers import docker_networks
+from drivers.base import ContainerRequest, DriverError
+from drivers.firewall import Iptables
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -224,6 +228,9 @@ class Bench:
         self.api: aiohttp.ClientSession | None = None
         self.health_http: aiohttp.ClientSession | None = None
         self.notes: list[str] = []
+        # The API's sandbox network and webhook port: raw containers join the same network.
+        self.attachment: Attachment | None = None
+        self.webhook_port: int | None = None
         self.api_config: ServiceConfig | None = None
 
     # -- set-up --------------------------------------------------------------------------
@@ -238,8 +245,6 @@ class Bench:
             "container_prefix": self.prefix,
             "log_format": "json",
             "log_level": "warning",
-            # As `controlplane serve` sets it: part of every sandbox's environment.
-            "public_url": f"http://host.docker.internal:{port}",
             # The limiter keeps its per-request cost but never refuses the client's polling.
             "rate_limit_per_minute": 1_000_000,
             "image_tag": self.image_tag,
@@ -379,7 +384,13 @@ class Bench:
         )
         assert self.api_config is not None
         raw_config = self.api_config.model_copy(update={"container_prefix": self.raw_prefix})
-        return container_request(raw_config, record, self.spec)
+        return container_request(raw_config, record, self.spec, self.attachment, self.webhook_port)
+
+    async def attach(self, app: web.Application) -> None:
+        """Join the app's sandbox network (created if need be), as its own containers do."""
+        networks = app[keys.NETWORKS]
+        self.attachment = await networks.prepare(self.spec)
+        self.webhook_port = networks.listener.port
 
     def raw_create_start(self, req: ContainerRequest) -> tuple[Any, Any, float, int]:
         """Volume, container, start, reload (for the port), as drivers/docker.py does them."""
@@ -399,6 +410,12 @@ class Bench:
             memswap_limit=req.memory_bytes,
             pids_limit=req.pids,
             security_opt=["no-new-privileges:true"],
+            cap_drop=["ALL"],
+            user=req.user,
+            read_only=req.read_only,
+            tmpfs=req.tmpfs or None,
+            runtime=req.runtime,
+            network=req.network,
             extra_hosts=req.extra_hosts,
             detach=True,
         )
@@ -488,6 +505,7 @@ class Bench:
 
     async def lifecycle(self) -> None:
         async with serve(self.lifecycle_config, self.samples) as served:
+            await self.attach(served.runner.app)
             self.api = aiohttp.ClientSession(base_url=served.base_url)
             self.health_http = aiohttp.ClientSession()
             try:
@@ -641,6 +659,13 @@ class Bench:
             if not found:
                 break
             time.sleep(1.0)
+        firewall = Iptables()
+        for network in self.docker.api.networks(filters={"name": self.prefix}):
+            with contextlib.suppress(DriverError):
+                if docker_networks.remove_network(self.docker, network["Name"]):
+                    removed += 1
+                    if firewall.unavailable() is None:
+                        firewall.remove(docker_networks.bridge_name(network["Name"]))
         return removed
 
 

@@ -10,17 +10,20 @@ from aiohttp import web
 from controlplane import keys
 from controlplane.api.cors import cors_middleware
 from controlplane.api.middlewares import (
+    PACER,
     RATE_LIMITER,
     auth_middleware,
     context_middleware,
     error_middleware,
     lift_deadline,
+    pacing_middleware,
     rate_limit_middleware,
     size_limit_middleware,
     timeout_middleware,
     webhook_auth_middleware,
 )
 from controlplane.api.openapi import build_openapi
+from controlplane.api.pacing import Pacer
 from controlplane.api.ratelimit import RateLimiter
 from controlplane.api.routing import RouteTable
 from controlplane.auth.device import DeviceFlowConfig, DeviceFlowService
@@ -119,6 +122,7 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
         middlewares=[
             context_middleware,
             cors_middleware(config.cors_origins),
+            pacing_middleware,
             error_middleware,
             size_limit_middleware(config.max_body_bytes),
             auth_middleware,
@@ -129,6 +133,7 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
     )
     app.on_response_prepare.append(lift_deadline)
     app[keys.CONFIG] = config
+    _pace(app, config)
     metrics = Metrics()
     app[METRICS] = metrics
     metrics.reconcile_fixes.source = lambda: app[RECONCILER].fixes if RECONCILER in app else 0
@@ -154,6 +159,7 @@ def create_webhook_app(main: web.Application) -> web.Application:
         client_max_size=config.max_body_bytes,
         middlewares=[
             context_middleware,
+            pacing_middleware,
             error_middleware,
             size_limit_middleware(config.max_body_bytes),
             webhook_auth_middleware,
@@ -162,6 +168,7 @@ def create_webhook_app(main: web.Application) -> web.Application:
     )
     for key in main:
         app[key] = main[key]
+    _pace(app, config)  # a budget of its own: sandboxes do not spend the API's
     for table in webhook_route_tables():
         table.register(app)
     return app
@@ -171,3 +178,9 @@ async def _start_networks(app: web.Application) -> None:
     networks = app[keys.NETWORKS]
     networks.listener.attach(create_webhook_app(app))
     networks.start()
+
+
+def _pace(app: web.Application, config: ServiceConfig) -> None:
+    if config.unauthenticated_rate:
+        rate = config.unauthenticated_rate
+        app[PACER] = Pacer(rate, burst=max(1, int(2 * rate)))

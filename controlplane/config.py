@@ -83,6 +83,11 @@ class ServiceConfig(BaseModel):
         default=6000, ge=0, description="Requests per API key per minute (100/s); 0: off"
     )
     request_timeout: float = Field(default=60.0, gt=0, le=3600)
+    unauthenticated_rate: float = Field(
+        default=100.0,
+        ge=0,
+        description="Requests per second without a key before their answers wait; 0: off",
+    )
     lifecycle_webhook_urls: list[str] = Field(default_factory=list)
     lifecycle_webhook_secret: str | None = Field(default=None, min_length=16)
     metrics_public: bool = Field(default=False, description="Serve /metrics without a key")

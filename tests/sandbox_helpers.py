@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import time
@@ -87,3 +88,42 @@ def containers(docker_client: docker.DockerClient, prefix: str) -> list[Any]:
 
 def volumes(docker_client: docker.DockerClient, prefix: str) -> list[Any]:
     return docker_client.volumes.list(filters={"name": prefix})
+
+
+# Runs inside a sandbox: one TCP connect per (host, port), "open" or why not.
+_PROBE = r"""
+import errno, json, socket, sys
+out = []
+for host, port in json.loads(sys.argv[1]):
+    s = socket.socket()
+    s.settimeout(float(sys.argv[2]))
+    try:
+        s.connect((host, port))
+        out.append("open")
+    except TimeoutError:
+        out.append("timeout")
+    except OSError as exc:
+        out.append(errno.errorcode.get(exc.errno, str(exc)))
+    finally:
+        s.close()
+print(json.dumps(out))
+"""
+
+
+def exec_as_agent(container: Any, *argv: str) -> tuple[int, str]:
+    """`docker exec --user agent`: where an attacker running as the agent stands. Blocking."""
+    result = container.exec_run(list(argv), user="agent")
+    return int(result.exit_code), result.output.decode(errors="replace").strip()
+
+
+async def probe_from(
+    container: Any, targets: list[tuple[str, int]], timeout: float = 3
+) -> dict[tuple[str, int], str]:
+    """TCP connects from inside the sandbox, as the agent: target -> "open", "timeout" or the
+    errno's name (ECONNREFUSED for a reset, ENETUNREACH for an ICMP "net prohibited"). Off the
+    event loop, which may be serving the control plane under test."""
+    code, out = await asyncio.to_thread(
+        exec_as_agent, container, "python3", "-c", _PROBE, json.dumps(targets), str(timeout)
+    )
+    assert code == 0, out
+    return dict(zip(targets, json.loads(out.splitlines()[-1]), strict=True))

@@ -1,8 +1,8 @@
 """Request context, canonical log line and HTTP metrics, error mapping, body size limit,
 authentication, per-key rate limit and the request time limit.
 
-Order (outermost first): context → errors → size limit → auth → webhook auth → rate limit →
-time limit → handler.
+Order (outermost first): context → pacing → errors → size limit → auth → webhook auth →
+rate limit → time limit → handler.
 
 Nothing before the handler reads the request body (aiohttp reads it lazily), so a request refused
 by a middleware costs no body read; and a refusal whose body is still arriving closes the
@@ -19,7 +19,9 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from controlplane import keys
 from controlplane.api.identity import authenticate_request
+from controlplane.api.pacing import Pacer
 from controlplane.api.parsing import RequestValidationError
 from controlplane.api.ratelimit import RateLimiter
 from controlplane.api.routing import Handler, is_public
@@ -34,6 +36,8 @@ PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal")
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id")
 DEADLINE: web.RequestKey[asyncio.Timeout | None] = web.RequestKey("deadline")
 RATE_LIMITER: web.AppKey[RateLimiter] = web.AppKey("rate_limiter")
+PACER: web.AppKey[Pacer] = web.AppKey("pacer")
+WEBHOOK_PATH = "/api/v1/webhooks/"
 
 
 def _route_name(request: web.Request) -> str:
@@ -75,6 +79,28 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
             metrics.observe_request(request.method, route, status, elapsed)
 
 
+def _is_webhook(request: web.Request) -> bool:
+    resource = request.match_info.route.resource
+    return resource is not None and resource.canonical.startswith(WEBHOOK_PATH)
+
+
+@web.middleware
+async def pacing_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Requests that end without a principal (refusals, public routes; not a sandbox's accepted
+    webhook) share the app's Pacer budget; past it their answers wait (controlplane/api/pacing.py).
+    """
+    response = await handler(request)
+    pacer = request.app.get(PACER)
+    if pacer is None or request.get(PRINCIPAL) is not None or response.prepared:
+        return response
+    if response.status < 400 and _is_webhook(request):
+        return response
+    wait = pacer.delay()
+    if wait > 0:
+        await asyncio.sleep(wait)
+    return response
+
+
 def _detail(status: int, detail: Any, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"detail": detail}, status=status, headers=headers)
 
@@ -92,6 +118,8 @@ def _drop_unread_body(request: web.Request, response: web.StreamResponse) -> Non
     response.force_close()
     request.protocol.close()  # ignore whatever else arrives on this connection, unparsed
     request.content.feed_eof()  # nothing left to linger for
+    if request.transport is not None:
+        request.transport.pause_reading()  # and leave the rest in the kernel, uncopied
 
 
 @web.middleware
@@ -158,19 +186,14 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
-WEBHOOK_PATH = "/api/v1/webhooks/"
-
-
 @web.middleware
 async def webhook_auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Sandbox webhooks (public to the API-key check) need the sandbox's own session key, checked
     here before the handler reads the body; the handler's service checks it again."""
-    resource = request.match_info.route.resource
     sandbox_id = request.match_info.get("sandbox_id")
     if (
-        resource is None
-        or sandbox_id is None
-        or not resource.canonical.startswith(WEBHOOK_PATH)
+        sandbox_id is None
+        or not _is_webhook(request)
         or request.match_info.http_exception is not None
     ):
         return await handler(request)

@@ -1,0 +1,314 @@
+"""Unauthenticated flood: authenticated latency while others send 1 MB requests without a key.
+
+Run with `make bench`, or `.venv/bin/python bench/unauthenticated_flood.py [--quick]`.
+bench/README.md says what is measured. Target: the authenticated p50 and p95 during the flood
+within 1.5x of the same requests on the idle server.
+
+The control plane runs as `controlplane serve` in its own process (as deployed: JSON logs at
+info, rate limit on, a private redis-server). The flood runs in another process: `--connections`
+clients, each opening a connection, sending the head of a POST declaring a 1 MB body with no
+key, then the body, and reading the answer, over and over. This process measures the
+authenticated requests (GET /api/settings with a user's key, one at a time, on a kept-alive
+connection) first on the idle server, then during the flood.
+
+Exit status: 0 when the table was printed (a missed target is marked in it), 1 on an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import docker
+import redis.asyncio as aioredis
+
+from controlplane.auth.service import ApiKeyService
+from drivers import docker_networks
+from drivers.base import DriverError
+from drivers.firewall import Iptables
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # tests/ is not an installed package
+
+from tests.redis_server import RedisServer  # noqa: E402
+
+TARGET_RATIO = 1.5
+# The attacker's CPU is not the server's: on a host with two cores or more, the flood runs on the
+# last core and the server (with this process, whose one request at a time costs little) on the
+# others, so that what is measured is the server's work, not the two fighting over one core.
+_CPUS = sorted(os.sched_getaffinity(0))
+SERVER_CPUS = set(_CPUS[:-1]) if len(_CPUS) > 1 else set()
+FLOOD_CPUS = {_CPUS[-1]} if len(_CPUS) > 1 else set()
+BODY_BYTES = 1024 * 1024
+CHUNK = 64 * 1024
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+# -- the flood (child process) --------------------------------------------------------------
+
+
+async def _flood_one(port: int, body: int, stop: Any, counts: dict[str, int]) -> None:
+    head = (
+        "POST /api/v1/app-conversations HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {body}\r\n\r\n"
+    ).encode()
+    chunk = b"x" * min(CHUNK, body)
+    while not stop.is_set():
+        writer = None
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            answer = asyncio.ensure_future(reader.readuntil(b"\r\n\r\n"))
+            writer.write(head)
+            sent = 0
+            with contextlib.suppress(ConnectionError, OSError, TimeoutError):
+                while sent < body and not answer.done():
+                    writer.write(chunk)
+                    await asyncio.wait_for(writer.drain(), 30)
+                    sent += CHUNK
+            counts["bytes"] += sent
+            try:
+                status = (await asyncio.wait_for(answer, 10)).split(b" ", 2)[1].decode()
+                counts[status] = counts.get(status, 0) + 1
+            except (ConnectionError, OSError, asyncio.IncompleteReadError, TimeoutError):
+                counts["reset"] += 1
+        except (ConnectionError, OSError):
+            counts["reset"] += 1
+        finally:
+            if writer is not None:
+                writer.close()
+
+
+def flood_main(port: int, connections: int, body: int, stop: Any, results: Any) -> None:
+    if FLOOD_CPUS:
+        os.sched_setaffinity(0, FLOOD_CPUS)
+    counts: dict[str, int] = {"bytes": 0, "reset": 0}
+
+    async def run() -> None:
+        await asyncio.gather(*(_flood_one(port, body, stop, counts) for _ in range(connections)))
+
+    started = time.monotonic()
+    asyncio.run(run())
+    counts["seconds_x1000"] = int((time.monotonic() - started) * 1000)
+    results.put(counts)
+
+
+# -- the measurement -----------------------------------------------------------------------
+
+
+async def measure(url: str, key: str, n: int, interval: float) -> list[float]:
+    samples: list[float] = []
+    async with aiohttp.ClientSession(headers={"X-Session-API-Key": key}) as http:
+        for _ in range(n):
+            started = time.perf_counter()
+            async with http.get(f"{url}/api/settings") as resp:
+                await resp.read()
+                assert resp.status == 200, resp.status
+            samples.append(time.perf_counter() - started)
+            await asyncio.sleep(interval)
+    return samples
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    url: str
+    prefix: str
+
+
+def start_server(tmp: Path, redis_url: str) -> Server:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    prefix = f"acs-bench-flood-{secrets.token_hex(4)}-"
+    env = os.environ | {
+        "ACS_REDIS_URL": redis_url,
+        "ACS_DATA_DIR": str(tmp / "data"),
+        "ACS_CONTAINER_PREFIX": prefix,
+        "ACS_SPEC_DIR": str(REPO / "specs"),
+        "ACS_LOG_FORMAT": "json",
+    }
+    binary = Path(sys.executable).parent / "controlplane"
+    log = (tmp / "server.log").open("wb")
+    process = subprocess.Popen(
+        [str(binary), "serve", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    if SERVER_CPUS:
+        os.sched_setaffinity(process.pid, SERVER_CPUS)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return Server(process, url, prefix)
+        if process.poll() is not None:
+            raise RuntimeError(f"controlplane serve exited; see {tmp / 'server.log'}")
+        time.sleep(0.1)
+    raise RuntimeError("controlplane serve did not listen within 30 s")
+
+
+def stop_server(server: Server) -> None:
+    server.process.send_signal(signal.SIGTERM)
+    try:
+        server.process.wait(timeout=40)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+    # Its sandbox network (made at start-up; no sandbox joined it) and firewall chains.
+    client = docker.from_env()
+    firewall = Iptables()
+    try:
+        for network in client.api.networks(filters={"name": server.prefix}):
+            with contextlib.suppress(DriverError):
+                removed = docker_networks.remove_network(client, network["Name"])
+                if removed and firewall.unavailable() is None:
+                    firewall.remove(docker_networks.bridge_name(network["Name"]))
+    finally:
+        client.close()
+
+
+def report(idle: list[float], during: list[float], counts: dict[str, int], args: Any) -> bool:
+    ms = 1000.0
+    seconds = counts.pop("seconds_x1000") / 1000
+    sent = counts.pop("bytes")
+    server_cpu = counts.pop("server_cpu_ms") / 1000
+    requests = sum(counts.values())
+    ok = True
+    print(
+        f"\nauthenticated GET /api/settings, {len(idle)} idle and {len(during)} during the "
+        f"flood, in {args.rounds} alternating rounds"
+    )
+    print(f"{'':10}{'idle':>10}{'flood':>10}{'ratio':>8}  ok?")
+    for name, q in (("p50", 0.5), ("p95", 0.95)):
+        a, b = percentile(idle, q) * ms, percentile(during, q) * ms
+        good = b <= a * TARGET_RATIO
+        ok &= good
+        print(f"{name + ' ms':10}{a:10.2f}{b:10.2f}{b / a:8.2f}  {'yes' if good else 'NO'}")
+    print(
+        f"\nflood: {args.connections} connections, {requests} requests of {args.body_bytes} "
+        f"bytes declared in {seconds:.1f} s ({requests / seconds:.0f}/s); body bytes the clients "
+        f"managed to send: {sent / requests / 1024:.0f} KiB per request on average"
+    )
+    print("answers: " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
+    print(
+        f"server CPU during the flood: {server_cpu:.1f} s in {seconds:.1f} s, "
+        f"{server_cpu / requests * 1000:.2f} ms per flood request"
+    )
+    load = os.getloadavg()[0]
+    pinning = (
+        f"server on CPUs {sorted(SERVER_CPUS)}, flood on {sorted(FLOOD_CPUS)}"
+        if FLOOD_CPUS
+        else "one CPU: server and flood share it"
+    )
+    print(f"cores {os.cpu_count()}, {pinning}, load average (1 min) {load:.2f} at the end")
+    print(
+        f"target: p50 and p95 during the flood <= {TARGET_RATIO}x idle: {'met' if ok else 'MISSED'}"
+    )
+    return ok
+
+
+async def flood_round(server: Server, key: str, args: Any, totals: dict[str, int]) -> list[float]:
+    """Authenticated requests while a flood process runs; adds the flood's counts to totals."""
+    port = int(server.url.rsplit(":", 1)[1])
+    stop = multiprocessing.Event()
+    results: Any = multiprocessing.Queue()
+    flood = multiprocessing.Process(
+        target=flood_main, args=(port, args.connections, args.body_bytes, stop, results)
+    )
+    cpu_before = cpu_seconds(server.process.pid)
+    flood.start()
+    try:
+        await asyncio.sleep(1.0)  # the flood at full speed before measuring
+        return await measure(server.url, key, args.requests // args.rounds, args.interval)
+    finally:
+        stop.set()
+        counts = await asyncio.to_thread(results.get, timeout=60)
+        await asyncio.to_thread(flood.join, 30)
+        counts["server_cpu_ms"] = int((cpu_seconds(server.process.pid) - cpu_before) * 1000)
+        for name, value in counts.items():
+            totals[name] = totals.get(name, 0) + value
+
+
+async def run(args: Any) -> None:
+    if SERVER_CPUS:
+        os.sched_setaffinity(0, SERVER_CPUS)
+    with tempfile.TemporaryDirectory(prefix="acs-bench-flood-") as name:
+        tmp = Path(name)
+        redis_server = RedisServer(tmp / "redis")
+        redis_server.start()
+        try:
+            redis = aioredis.Redis.from_url(redis_server.url)
+            key = (await ApiKeyService(redis, None).create("bench")).key
+            await redis.aclose()
+            server = start_server(tmp, redis_server.url)
+            try:
+                await measure(server.url, key, 20, args.interval)  # warm-up
+                # Idle and flood phases alternate, so that the host's own drift hits both.
+                idle: list[float] = []
+                during: list[float] = []
+                totals: dict[str, int] = {}
+                for i in range(args.rounds):
+                    print(f"round {i + 1}/{args.rounds}: idle ...", file=sys.stderr)
+                    per_round = args.requests // args.rounds
+                    idle += await measure(server.url, key, per_round, args.interval)
+                    print(f"round {i + 1}/{args.rounds}: flood ...", file=sys.stderr)
+                    during += await flood_round(server, key, args, totals)
+                    await asyncio.sleep(1.0)  # paced answers still due: let them go out
+                report(idle, during, totals, args)
+            finally:
+                stop_server(server)
+        finally:
+            redis_server.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=300, help="authenticated, per phase")
+    parser.add_argument("--connections", type=int, default=32, help="flood connections")
+    parser.add_argument("--interval", type=float, default=0.02, help="between requests (s)")
+    parser.add_argument(
+        "--body-bytes", type=int, default=BODY_BYTES, help="declared per flood request"
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="idle/flood alternations")
+    parser.add_argument("--quick", action="store_true", help="100 requests per phase")
+    args = parser.parse_args()
+    if args.quick:
+        args.requests = 100
+    try:
+        asyncio.run(run(args))
+    except (RuntimeError, OSError, AssertionError) as exc:
+        print(f"unauthenticated_flood: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

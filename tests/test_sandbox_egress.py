@@ -1,0 +1,211 @@
+"""Per-spec egress, enforced by the engine and the host firewall: `internet`, `none`, and an
+allow-list. "Beyond the host" is a network namespace of this test, routed through the host like
+any other network (this machine has no internet to test against): two servers on a private
+address, and one on a link-local address standing for a cloud metadata service."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+from aiohttp import web
+
+from controlplane import keys
+from controlplane.sandboxes.networking import remove_networks
+from drivers.docker import DockerDriver
+from drivers.docker_networks import bridge_name
+from drivers.firewall import Iptables, chain_names
+from tests.live_server import free_port
+from tests.run_id import RUN_ID
+from tests.sandbox_helpers import (
+    DEFAULT_IMAGE,
+    Client,
+    probe_from,
+    spec_dir,
+    start,
+    wait_status,
+)
+
+pytestmark = pytest.mark.usefixtures("sandbox_images")
+
+ALLOWED, OTHER = 8081, 8082  # the servers' ports in the namespace
+
+
+@dataclass(frozen=True)
+class Outside:
+    address: str  # the namespace's address, beyond the host
+    link_local: str  # also the namespace's, routed through the host
+
+
+def ip(*args: str, check: bool = True) -> None:
+    subprocess.run(["ip", *args], check=check, capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def outside() -> Iterator[Outside]:
+    """A namespace on a veth pair: 198.51.100.4k+2 (TEST-NET-2), and a link-local /32 routed to
+    it; HTTP servers on ALLOWED and OTHER. Removed afterwards, with the route."""
+    k = int(RUN_ID, 16) % 60 + 1
+    ns, host_if, ns_if = f"acs-eg-{RUN_ID}", f"acseg{RUN_ID}h", f"acseg{RUN_ID}n"
+    host_ip, ns_ip, link_local = (
+        f"198.51.100.{4 * k + 1}",
+        f"198.51.100.{4 * k + 2}",
+        f"169.254.{k}.9",
+    )
+    servers: list[subprocess.Popen[bytes]] = []
+    try:
+        ip("netns", "add", ns)
+        ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        ip("link", "set", ns_if, "netns", ns)
+        ip("addr", "add", f"{host_ip}/30", "dev", host_if)
+        ip("link", "set", host_if, "up")
+        ip("-n", ns, "addr", "add", f"{ns_ip}/30", "dev", ns_if)
+        ip("-n", ns, "addr", "add", f"{link_local}/32", "dev", ns_if)
+        ip("-n", ns, "link", "set", ns_if, "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        ip("-n", ns, "route", "add", "default", "via", host_ip)
+        ip("route", "add", f"{link_local}/32", "via", ns_ip)
+        for port in (ALLOWED, OTHER):
+            argv = ["ip", "netns", "exec", ns, sys.executable, "-m", "http.server", str(port)]
+            servers.append(
+                # Every address of the namespace: its own two, nothing of the host's.
+                subprocess.Popen([*argv, "--bind", "0.0.0.0"], stderr=subprocess.DEVNULL)  # noqa: S104
+            )
+        yield Outside(address=ns_ip, link_local=link_local)
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(timeout=10)
+        ip("route", "del", f"{link_local}/32", check=False)
+        ip("netns", "del", ns, check=False)  # takes the veth pair with it
+        ip("link", "del", host_if, check=False)
+
+
+CLOSED = """
+id: closed
+description: no egress at all
+image: {image}
+command: ["/opt/agent/bin/python", "-P", "-m", "agent", "--port", "8000"]
+exposed_ports: {{AGENT_SERVER: 8000}}
+egress: none
+"""
+
+LISTED = """
+id: listed
+description: one server beyond the host and one service on the host
+image: {image}
+command: ["/opt/agent/bin/python", "-P", "-m", "agent", "--port", "8000"]
+exposed_ports: {{AGENT_SERVER: 8000}}
+egress:
+  - {address}:{allowed}
+  - host.docker.internal:{host_port}
+"""
+
+
+@pytest.fixture
+def host_port() -> int:
+    return free_port()
+
+
+@pytest.fixture
+async def sbx(
+    test_prefix: str, make_client: Any, tmp_path: Path, outside: Outside, host_port: int
+) -> Client:
+    specs = {
+        "closed": CLOSED.format(image=DEFAULT_IMAGE),
+        "listed": LISTED.format(
+            image=DEFAULT_IMAGE, address=outside.address, allowed=ALLOWED, host_port=host_port
+        ),
+    }
+    client: Client = await make_client(
+        with_sandboxes=True, container_prefix=test_prefix, spec_dir=spec_dir(tmp_path, specs)
+    )
+    return client
+
+
+@pytest.fixture
+async def host_service(sbx: Client, host_port: int) -> AsyncIterator[dict[str, str]]:
+    """An HTTP server on the host, on every sandbox network's gateway at host_port: open only to
+    the spec that lists it. Returns the gateways by spec."""
+    networks, catalog = sbx.app[keys.NETWORKS], sbx.app[keys.SPECS]
+    gateways = {s.id: (await networks.prepare(s)).gateway for s in catalog.all()}
+    runner = web.AppRunner(web.Application())
+    await runner.setup()
+    for gateway in gateways.values():
+        await web.TCPSite(runner, gateway, host_port).start()
+    yield gateways
+    await runner.cleanup()
+
+
+async def test_egress_internet_none_and_allow_list(
+    *,
+    sbx: Client,
+    user_headers: Any,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
+    outside: Outside,
+    host_service: dict[str, str],
+    host_port: int,
+) -> None:
+    alice = await user_headers("alice")
+    specs = ("default", "closed", "listed")
+    started = [await start(sbx, alice, spec) for spec in specs]
+    await asyncio.gather(*(wait_status(sbx, alice, s["id"], "RUNNING") for s in started))
+    webhook = sbx.app[keys.NETWORKS].listener.port
+    far, metadata = outside.address, outside.link_local
+
+    seen: dict[str, dict[tuple[str, int], str]] = {}
+    for spec, sandbox in zip(specs, started, strict=True):
+        container = docker_client.containers.get(f"{test_prefix}{sandbox['id']}")
+        gateway = host_service[spec]
+        seen[spec] = await probe_from(
+            container,
+            [
+                (far, ALLOWED),
+                (far, OTHER),
+                (metadata, ALLOWED),
+                (gateway, host_port),
+                (gateway, webhook),
+            ],
+        )
+    # Rejected at once: a TCP reset, or an ICMP "prohibited" for link-local addresses.
+    no, prohibited = "ECONNREFUSED", "ENETUNREACH"
+    assert list(seen["default"].values()) == ["open", "open", prohibited, no, "open"], seen
+    assert list(seen["closed"].values()) == [no, no, prohibited, no, "open"], seen
+    assert list(seen["listed"].values()) == ["open", no, prohibited, "open", "open"], seen
+
+    # Each restricted spec has its own network; internet specs share the deployment's.
+    nets = {}
+    for spec, sandbox in zip(specs, started, strict=True):
+        attrs = docker_client.containers.get(f"{test_prefix}{sandbox['id']}").attrs
+        (nets[spec],) = attrs["NetworkSettings"]["Networks"]
+    assert nets == {
+        "default": f"{test_prefix}net",
+        "closed": f"{test_prefix}net-closed",
+        "listed": f"{test_prefix}net-listed",
+    }
+
+    # Removing the deployment's networks takes their firewall chains with them; a network with
+    # sandboxes on it stays.
+    for sandbox in started[1:]:
+        resp = await sbx.delete(f"/api/v1/sandboxes/{sandbox['id']}", headers=alice)
+        assert resp.status == 200
+    firewall = Iptables()
+    driver = DockerDriver()
+    try:
+        assert await remove_networks(driver, test_prefix, firewall) == 1
+    finally:
+        await driver.close()
+    left = [n["Name"] for n in docker_client.api.networks(filters={"name": test_prefix})]
+    assert left == [f"{test_prefix}net"]
+    chains = set(firewall.chains())
+    assert set(chain_names(bridge_name(f"{test_prefix}net"))) <= chains
+    for name in ("closed", "listed"):
+        assert not set(chain_names(bridge_name(f"{test_prefix}net-{name}"))) & chains
