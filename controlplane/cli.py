@@ -18,7 +18,10 @@ from controlplane.config import ConfigError, ServiceConfig, load_config
 from controlplane.errors import ControlPlaneError
 from controlplane.logging import configure_logging
 from controlplane.ops import sandboxes as ops_sandboxes
+from controlplane.sandboxes.networking import remove_networks
 from controlplane.store.redis import make_client, resolve_redis_url, wait_for_redis
+from drivers.docker import DockerDriver
+from drivers.firewall import Iptables
 
 log = structlog.get_logger("controlplane.cli")
 WILDCARDS = ("0.0.0.0", "::", "")  # noqa: S104 (names them, binds nothing)
@@ -39,6 +42,14 @@ def _parser() -> argparse.ArgumentParser:
     keys_sub.add_parser("list", help="list keys (ids, users, never the keys)")
     revoke = keys_sub.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
+
+    networks = sub.add_parser("networks", help="the deployment's sandbox networks")
+    networks_sub = networks.add_subparsers(dest="networks_command", required=True)
+    networks_sub.add_parser(
+        "remove",
+        help="remove this deployment's sandbox networks and their firewall rules "
+        "(refused for a network that still has sandboxes)",
+    )
 
     sandboxes = sub.add_parser(
         "sandboxes", help="list, pause, resume, delete sandboxes over the REST API"
@@ -122,6 +133,30 @@ async def _keys(config: ServiceConfig, args: argparse.Namespace) -> None:
         await client.aclose()
 
 
+async def _remove_networks(config: ServiceConfig) -> int:
+    """`controlplane networks remove`: for uninstalling (the server never removes them: its
+    sandboxes outlive it)."""
+    driver = DockerDriver(config.docker_url)
+    firewall = Iptables()
+    reason = firewall.unavailable()
+    try:
+        kept = await remove_networks(
+            driver, config.container_prefix, firewall if not reason else None
+        )
+    finally:
+        await driver.close()
+    if reason:
+        print(f"controlplane: firewall rules left in place: {reason}", file=sys.stderr)
+    if kept:
+        print(
+            f"controlplane: {kept} network(s) still have containers; delete their sandboxes first",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"removed the sandbox networks of {config.container_prefix!r}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "sandboxes":
@@ -139,6 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if config.auth_mode == "none":
                 log.warning("single_user_mode", user_id=config.bootstrap_user, host=args.host)
             asyncio.run(_serve(config, args.host, args.port))
+        elif args.command == "networks":
+            return asyncio.run(_remove_networks(config))
         else:
             asyncio.run(_keys(config, args))
     except ConfigError as exc:

@@ -6,6 +6,7 @@ address, and one on a link-local address standing for a cloud metadata service."
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -18,8 +19,6 @@ import pytest
 from aiohttp import web
 
 from controlplane import keys
-from controlplane.sandboxes.networking import remove_networks
-from drivers.docker import DockerDriver
 from drivers.docker_networks import bridge_name
 from drivers.firewall import Iptables, chain_names
 from tests.live_server import free_port
@@ -192,20 +191,38 @@ async def test_egress_internet_none_and_allow_list(
         "listed": f"{test_prefix}net-listed",
     }
 
-    # Removing the deployment's networks takes their firewall chains with them; a network with
-    # sandboxes on it stays.
+    # `controlplane networks remove` takes the networks and their firewall chains away, but not
+    # a network that still has sandboxes.
     for sandbox in started[1:]:
         resp = await sbx.delete(f"/api/v1/sandboxes/{sandbox['id']}", headers=alice)
         assert resp.status == 200
-    firewall = Iptables()
-    driver = DockerDriver()
-    try:
-        assert await remove_networks(driver, test_prefix, firewall) == 1
-    finally:
-        await driver.close()
+    code, _out, err = await remove_networks_cli(test_prefix)
+    assert code == 1, err
+    assert "1 network(s) still have containers" in err
     left = [n["Name"] for n in docker_client.api.networks(filters={"name": test_prefix})]
     assert left == [f"{test_prefix}net"]
+    firewall = Iptables()
     chains = set(firewall.chains())
     assert set(chain_names(bridge_name(f"{test_prefix}net"))) <= chains
     for name in ("closed", "listed"):
         assert not set(chain_names(bridge_name(f"{test_prefix}net-{name}"))) & chains
+
+    resp = await sbx.delete(f"/api/v1/sandboxes/{started[0]['id']}", headers=alice)
+    assert resp.status == 200
+    code, out, err = await remove_networks_cli(test_prefix)
+    assert (code, out.strip()) == (0, f"removed the sandbox networks of {test_prefix!r}"), err
+    assert not docker_client.api.networks(filters={"name": test_prefix})
+    assert not set(chain_names(bridge_name(f"{test_prefix}net"))) & set(firewall.chains())
+
+
+async def remove_networks_cli(prefix: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "controlplane"),
+        *("networks", "remove"),
+        env={**os.environ, "ACS_CONTAINER_PREFIX": prefix},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()

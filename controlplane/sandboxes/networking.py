@@ -150,8 +150,8 @@ class SandboxNetworks:
         gateway. Raises NetworkUnavailable (or RuntimeUnavailable) with the reason."""
         name = network_name(self._prefix, spec)
         async with self._locks.setdefault(name, asyncio.Lock()):
-            destinations = parse_egress(spec.egress)
-            if destinations and self._firewall is None:
+            destinations = parse_egress(spec.egress)  # None: the internet; []: nothing
+            if destinations is not None and self._firewall is None:
                 raise NetworkUnavailable(
                     f"spec {spec.id} restricts egress, which needs the host firewall: "
                     f"{self.firewall_off_reason}"

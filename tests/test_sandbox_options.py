@@ -1,0 +1,169 @@
+"""Per-spec isolation options on real containers: gVisor (`runtime: runsc`), a read-only root
+filesystem with tmpfs scratch space; and what happens without a host firewall."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+from aiohttp import web
+
+from controlplane import keys
+from controlplane.config import ServiceConfig
+from controlplane.sandboxes.networking import (
+    FirewallRequired,
+    NetworkUnavailable,
+    SandboxNetworks,
+)
+from controlplane.specs.catalog import SpecCatalog
+from drivers.docker import DockerDriver
+from drivers.firewall import Iptables
+from tests.sandbox_helpers import (
+    DEFAULT_IMAGE,
+    Client,
+    exec_as_agent,
+    probe_from,
+    spec_dir,
+    start,
+    wait_status,
+)
+from tests.test_sandbox_lifecycle import agent_call
+
+pytestmark = pytest.mark.usefixtures("sandbox_images")
+
+COMMAND = '["/opt/agent/bin/python", "-P", "-m", "agent", "--port", "8000"]'
+GVISOR = f"""
+id: gvisor
+description: the default image under gVisor
+image: {DEFAULT_IMAGE}
+command: {COMMAND}
+exposed_ports: {{AGENT_SERVER: 8000}}
+runtime: runsc
+"""
+READ_ONLY = f"""
+id: read-only
+description: the default image on a read-only root
+image: {DEFAULT_IMAGE}
+command: {COMMAND}
+exposed_ports: {{AGENT_SERVER: 8000}}
+read_only_root: true
+"""
+CLOSED = f"""
+id: closed
+image: {DEFAULT_IMAGE}
+exposed_ports: {{AGENT_SERVER: 8000}}
+egress: none
+"""
+
+# Inside the sandbox: the webhook, with the sandbox's own key, for a conversation it does not
+# have (404 means: reached, authenticated, and looked up).
+WEBHOOK = r"""
+import json, os, urllib.request, urllib.error
+req = urllib.request.Request(
+    os.environ["OH_WEBHOOKS_0_BASE_URL"] + "/conversations", method="POST",
+    data=json.dumps({"id": "0" * 32}).encode(),
+    headers={"Content-Type": "application/json",
+             "X-Session-API-Key": os.environ["OH_SESSION_API_KEYS_0"]})
+try:
+    print(urllib.request.urlopen(req, timeout=10).status)
+except urllib.error.HTTPError as exc:
+    print(exc.code)
+"""
+
+
+@pytest.fixture
+async def sbx(test_prefix: str, make_client: Any, tmp_path: Path) -> Client:
+    client: Client = await make_client(
+        with_sandboxes=True,
+        container_prefix=test_prefix,
+        reconcile_interval=1.0,
+        spec_dir=spec_dir(tmp_path, {"gvisor": GVISOR, "read-only": READ_ONLY}),
+    )
+    return client
+
+
+async def running(sbx: Client, headers: dict[str, str], spec: str) -> dict[str, Any]:
+    started = await start(sbx, headers, spec)
+    return await wait_status(sbx, headers, started["id"], "RUNNING", within=90)
+
+
+async def test_the_default_image_runs_under_gvisor(
+    sbx: Client, user_headers: Any, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    if "runsc" not in (docker_client.info().get("Runtimes") or {}):
+        pytest.skip(
+            "the Docker engine has no runsc runtime: scripts/install-gvisor.sh (run by `make "
+            "test` as root) installs Debian's runsc and registers it; it could not here"
+        )
+    alice = await user_headers("alice")
+    sandbox = await running(sbx, alice, "gvisor")
+    container = docker_client.containers.get(f"{test_prefix}{sandbox['id']}")
+    assert container.attrs["HostConfig"]["Runtime"] == "runsc"
+    agent = sandbox["exposed_urls"][0]
+    result = await agent_call(agent["url"], sandbox["session_api_key"], "uname -r; id -u")
+    assert result["stdout"].split() == ["4.4.0", "1000"], result  # gVisor's kernel, not ours
+
+    # Its network and firewall are the same as under runc: the webhook works, the rest of the
+    # host does not answer.
+    code, out = await asyncio.to_thread(exec_as_agent, container, "python3", "-c", WEBHOOK)
+    assert (code, out.splitlines()[-1]) == (0, "404"), out
+    gateway = await sbx.app[keys.NETWORKS].prepare(sbx.app[keys.SPECS].get("gvisor"))
+    assert (await probe_from(container, [(gateway.gateway, 22)]))[(gateway.gateway, 22)] != "open"
+
+    resp = await sbx.post(f"/api/v1/sandboxes/{sandbox['id']}/pause", headers=alice)
+    assert resp.status == 200
+    resp = await sbx.post(f"/api/v1/sandboxes/{sandbox['id']}/resume", headers=alice)
+    assert resp.status == 200
+    resumed = await wait_status(sbx, alice, sandbox["id"], "RUNNING")
+    result = await agent_call(resumed["exposed_urls"][0]["url"], resumed["session_api_key"], "pwd")
+    assert result["stdout"].strip() == "/workspace"
+
+
+async def test_read_only_root_keeps_the_workspace_home_and_tmp_writable(
+    sbx: Client, user_headers: Any, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    alice = await user_headers("alice")
+    sandbox = await running(sbx, alice, "read-only")
+    container = docker_client.containers.get(f"{test_prefix}{sandbox['id']}")
+    host = container.attrs["HostConfig"]
+    assert host["ReadonlyRootfs"] is True
+    assert set(host["Tmpfs"]) == {"/tmp", "/home/agent", "/var/lib/acs-agent"}
+    agent, key = sandbox["exposed_urls"][0]["url"], sandbox["session_api_key"]
+    writes = "echo a > /workspace/a && echo b > ~/b && echo c > /tmp/c"
+    result = await agent_call(agent, key, f"{writes} && cat /workspace/a ~/b /tmp/c")
+    assert result["stdout"].split() == ["a", "b", "c"], result
+    for target in ("/etc/x", "/usr/local/bin/x", "/opt/agent/x", "/var/tmp/x"):
+        result = await agent_call(agent, key, f"echo x > {target}")
+        assert result["exit_code"] != 0, (target, result)
+        assert "Read-only file system" in result["stderr"], result
+
+
+async def test_without_a_host_firewall(
+    config: ServiceConfig, tmp_path: Path, test_prefix: str
+) -> None:
+    """`on` refuses to start; `auto` starts, says so, and refuses restricted-egress specs."""
+    config = config.model_copy(update={"container_prefix": test_prefix})
+    catalog = SpecCatalog.load(spec_dir(tmp_path, {"closed": CLOSED}))
+    missing = Iptables("acs-no-such-iptables")
+    driver = DockerDriver()
+    try:
+        required = config.model_copy(update={"host_firewall": "on"})
+        with pytest.raises(FirewallRequired, match="acs-no-such-iptables is not installed"):
+            SandboxNetworks(required, driver, catalog, missing)
+
+        networks = SandboxNetworks(config, driver, catalog, missing)
+        assert not networks.managed
+        assert networks.firewall_off_reason == "acs-no-such-iptables is not installed"
+        with pytest.raises(NetworkUnavailable, match="restricts egress"):
+            await networks.prepare(catalog.get("closed"))
+        # The listener needs an app before the first network is prepared (create_app's does).
+        networks.listener.attach(web.Application())
+        attachment = await networks.prepare(catalog.default)
+        assert attachment.network == f"{test_prefix}net"
+        assert attachment.extra_hosts == {"host.docker.internal": attachment.gateway}
+        await networks.close()
+    finally:
+        await driver.close()
