@@ -60,6 +60,7 @@ mypy: install
 bench: install host images
 	$(BIN)/python bench/sandboxes.py
 	$(BIN)/python bench/conversations.py
+	$(BIN)/python bench/unauthenticated_flood.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

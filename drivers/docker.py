@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -361,24 +360,3 @@ class DockerDriver:
         if client is not None:
             await asyncio.get_running_loop().run_in_executor(self._pool, client.close)
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def bridge_gateway(base_url: str | None = None) -> str | None:
-    """The default bridge network's gateway address (what host.docker.internal resolves to in
-    a container), or None when the engine does not answer. Blocking: call it from a thread."""
-    try:
-        client = docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
-        try:
-            configs = client.api.inspect_network("bridge")["IPAM"]["Config"] or []
-        finally:
-            client.close()
-    except (DockerException, RequestsConnectionError, KeyError):
-        return None
-    for config in configs:
-        if config.get("Gateway") and ":" not in config["Gateway"]:
-            return str(config["Gateway"])
-        # Some engines leave Gateway out; Docker then uses the subnet's first address.
-        subnet = config.get("Subnet", "")
-        if subnet and ":" not in subnet:
-            return str(next(ipaddress.ip_network(subnet, strict=False).hosts()))
-    return None

@@ -4,8 +4,8 @@
 - `openhands login` completes through the device flow, approved over HTTP as in the page;
 - the SDK's OpenHandsCloudWorkspace creates, resumes and cleans up a sandbox.
 
-The model is tests/fake_llm.py on the Docker bridge; the clients run from the pinned venv
-(tests/openhands_clients.py) as subprocesses, while this test's event loop serves the API.
+The model is tests/fake_llm.py on the sandbox network's gateway; the clients run from the pinned
+venv (tests/openhands_clients.py) as subprocesses, while this test's event loop serves the API.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ HEX32 = re.compile(r"\b[0-9a-f]{32}\b")
 
 @pytest.fixture
 async def live(
-    test_prefix: str, make_config: Callable[..., ServiceConfig]
+    test_prefix: str, make_config: Callable[..., ServiceConfig], fake_llm_port: int
 ) -> AsyncIterator[LiveServer]:
     """The live server of tests/conversation_helpers.py, polling device codes every second."""
     server = await start_live_server(
@@ -51,6 +51,7 @@ async def live(
             reconcile_interval=1.0,
             llm_prices=PRICES,
             device_poll_interval=1,
+            sandbox_host_ports=[fake_llm_port],
         )
     )
     yield server

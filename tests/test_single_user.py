@@ -69,7 +69,7 @@ async def test_other_sites_cannot_use_the_local_user(local: Client) -> None:
 async def test_requests_from_other_addresses_need_a_key(
     make_config: Callable[..., ServiceConfig], user_headers: UserHeaders
 ) -> None:
-    """Bound to the Docker bridge (as `serve` also is, for webhooks): a container's request."""
+    """Bound to the Docker bridge's address: a request from a container or another machine."""
     app = create_app(make_config(auth_mode="none"), with_sandboxes=False)
     server = TestServer(app, host=gateway())
     async with TestClient(server) as remote:
