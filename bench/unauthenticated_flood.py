@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import multiprocessing
 import os
 import secrets
@@ -117,17 +118,34 @@ def flood_main(port: int, connections: int, body: int, stop: Any, results: Any) 
 # -- the measurement -----------------------------------------------------------------------
 
 
-async def measure(url: str, key: str, n: int, interval: float) -> list[float]:
+async def measure(url: str, key: str, n: int, interval: float, tag: str = "warm") -> list[float]:
+    """n requests, one at a time; each carries X-Request-ID `<tag>-<i>`, so that the server's
+    own duration can be found in its log."""
     samples: list[float] = []
     async with aiohttp.ClientSession(headers={"X-Session-API-Key": key}) as http:
-        for _ in range(n):
+        for i in range(n):
             started = time.perf_counter()
-            async with http.get(f"{url}/api/settings") as resp:
+            headers = {"X-Request-ID": f"{tag}-{i}"}
+            async with http.get(f"{url}/api/settings", headers=headers) as resp:
                 await resp.read()
                 assert resp.status == 200, resp.status
             samples.append(time.perf_counter() - started)
             await asyncio.sleep(interval)
     return samples
+
+
+def server_durations(log: Path) -> dict[str, list[float]]:
+    """The server's own duration (its request log line: first middleware to the handler's
+    answer, no HTTP) of the measured requests, by phase ("idle", "flood")."""
+    found: dict[str, list[float]] = {"idle": [], "flood": []}
+    for line in log.read_text(errors="replace").splitlines():
+        if '"event": "request"' not in line or "/api/settings" not in line:
+            continue
+        entry = json.loads(line)
+        phase = str(entry.get("request_id", "")).split("-", 1)[0]
+        if phase in found:
+            found[phase].append(float(entry["duration_ms"]) / 1000)
+    return found
 
 
 def cpu_seconds(pid: int) -> float:
@@ -195,7 +213,13 @@ def stop_server(server: Server) -> None:
         client.close()
 
 
-def report(idle: list[float], during: list[float], counts: dict[str, int], args: Any) -> bool:
+def report(
+    idle: list[float],
+    during: list[float],
+    counts: dict[str, int],
+    args: Any,
+    inside: dict[str, list[float]],
+) -> bool:
     ms = 1000.0
     seconds = counts.pop("seconds_x1000") / 1000
     sent = counts.pop("bytes")
@@ -212,6 +236,11 @@ def report(idle: list[float], during: list[float], counts: dict[str, int], args:
         good = b <= a * TARGET_RATIO
         ok &= good
         print(f"{name + ' ms':10}{a:10.2f}{b:10.2f}{b / a:8.2f}  {'yes' if good else 'NO'}")
+    if inside["idle"] and inside["flood"]:
+        print("inside the server (its request log: middlewares and handler, no HTTP):")
+        for name, q in (("p50", 0.5), ("p95", 0.95)):
+            a, b = percentile(inside["idle"], q) * ms, percentile(inside["flood"], q) * ms
+            print(f"{name + ' ms':10}{a:10.2f}{b:10.2f}{b / a:8.2f}")
     print(
         f"\nflood: {args.connections} connections, {requests} requests of {args.body_bytes} "
         f"bytes declared in {seconds:.1f} s ({requests / seconds:.0f}/s); body bytes the clients "
@@ -247,7 +276,8 @@ async def flood_round(server: Server, key: str, args: Any, totals: dict[str, int
     flood.start()
     try:
         await asyncio.sleep(1.0)  # the flood at full speed before measuring
-        return await measure(server.url, key, args.requests // args.rounds, args.interval)
+        per_round = args.requests // args.rounds
+        return await measure(server.url, key, per_round, args.interval, "flood")
     finally:
         stop.set()
         counts = await asyncio.to_thread(results.get, timeout=60)
@@ -278,11 +308,11 @@ async def run(args: Any) -> None:
                 for i in range(args.rounds):
                     print(f"round {i + 1}/{args.rounds}: idle ...", file=sys.stderr)
                     per_round = args.requests // args.rounds
-                    idle += await measure(server.url, key, per_round, args.interval)
+                    idle += await measure(server.url, key, per_round, args.interval, "idle")
                     print(f"round {i + 1}/{args.rounds}: flood ...", file=sys.stderr)
                     during += await flood_round(server, key, args, totals)
                     await asyncio.sleep(1.0)  # paced answers still due: let them go out
-                report(idle, during, totals, args)
+                report(idle, during, totals, args, server_durations(tmp / "server.log"))
             finally:
                 stop_server(server)
         finally:

@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(
             config.log_format,
             config.log_level,
-            stream=sys.stderr if args.command == "keys" else None,
+            stream=sys.stderr if args.command in ("keys", "networks") else None,
         )
         if args.command == "serve":
             check_bind(config, args.host)
