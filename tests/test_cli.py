@@ -147,6 +147,12 @@ async def test_revoke_of_an_unknown_id_fails_clearly(cli_env: dict[str, str]) ->
         ("ACS_LOG_FORMAT", "xml"),
         ("ACS_LOG_LEVEL", "loud"),
         ("ACS_BOOTSTRAP_API_KEY", "short"),
+        ("ACS_HOST_FIREWALL", "maybe"),
+        ("ACS_SANDBOX_HOST_PORTS", "11434,70000"),
+        ("ACS_SANDBOX_SUBNET_POOL", "10.0.0.0/30"),
+        ("ACS_SANDBOX_SUBNET_SIZE", "12"),
+        ("ACS_WEBHOOK_PORT", "-1"),
+        ("ACS_UNAUTHENTICATED_RATE", "-5"),
     ],
 )
 async def test_bad_configuration_exits_2_naming_the_variable(
@@ -158,6 +164,16 @@ async def test_bad_configuration_exits_2_naming_the_variable(
     lines = result.err.strip().splitlines()
     assert len(lines) == 1, result.err
     assert variable in lines[0]
+    assert "Traceback" not in result.err
+
+
+async def test_serve_on_every_address_needs_its_own_webhook_port(cli_env: dict[str, str]) -> None:
+    """`--host 0.0.0.0` also covers the sandbox gateways: the webhook listener cannot share the
+    API's port there, and the API must not be where sandboxes post."""
+    result = await _run("serve", "--host", "0.0.0.0", "--port", "1", env=cli_env)  # noqa: S104
+    assert result.code == 2, result.err
+    (line,) = result.err.strip().splitlines()[-1:]
+    assert line.startswith("controlplane: configuration error: ACS_WEBHOOK_PORT:"), line
     assert "Traceback" not in result.err
 
 

@@ -10,12 +10,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
 from controlplane.app import create_app
 from controlplane.config import ServiceConfig
 from tests.conftest import BOOTSTRAP_KEY
+from tests.log_capture import capture_logs
 
 DECLARED = 900_000  # under the 1 MiB body limit: refused for the key, not the size
 
@@ -110,3 +112,46 @@ async def test_an_authenticated_request_waits_for_its_body(port: int) -> None:
     assert answer.startswith(b"HTTP/1.1 200"), answer
     assert b"Connection: close" not in answer  # kept alive as usual
     writer.close()
+
+
+async def test_unauthenticated_requests_are_paced_and_keyed_ones_are_not(
+    make_config: Callable[..., ServiceConfig],
+) -> None:
+    """Past the budget (20/s, bursts of 40 here) answers without a principal wait for their
+    slot; a request with a key goes through at once meanwhile; the flood gets one summary log
+    line instead of one line each."""
+    config = make_config(unauthenticated_rate=20)
+    runner = web.AppRunner(create_app(config, with_sandboxes=False), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = next(int(a[1]) for a in runner.addresses if isinstance(a, tuple))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def refused() -> float:
+                started = time.monotonic()
+                async with http.get(f"{base}/api/settings") as resp:
+                    assert resp.status == 401
+                return time.monotonic() - started
+
+            with capture_logs("info") as logs:
+                flood = [asyncio.create_task(refused()) for _ in range(80)]
+                await asyncio.sleep(0.3)
+                started = time.monotonic()
+                headers = {"X-Session-API-Key": BOOTSTRAP_KEY}
+                async with http.get(f"{base}/api/settings", headers=headers) as resp:
+                    assert resp.status == 200
+                keyed = time.monotonic() - started
+                waits = sorted(await asyncio.gather(*flood))
+        # 40 within the burst; the other 40 one every 50 ms: the last about 2 s later.
+        assert waits[30] < 1.0, waits
+        assert waits[-1] > 1.5, waits
+        assert keyed < 1.0, keyed
+        assert len(logs.events("request")) < 60, "paced requests must not log a line each"
+        (summary,) = logs.events("unauthenticated_requests_paced")
+        assert summary["count"] == 1  # the first; the next after 10 s
+        assert summary["level"] == "warning"
+    finally:
+        await runner.cleanup()

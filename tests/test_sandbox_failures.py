@@ -14,7 +14,8 @@ import pytest
 from controlplane.app import create_app
 from controlplane.config import ServiceConfig
 from controlplane.errors import SpecInvalid
-from controlplane.specs.catalog import SpecCatalog, retag
+from controlplane.specs.catalog import SpecCatalog, load_spec_file, retag
+from controlplane.specs.egress import parse_egress
 from tests.sandbox_helpers import (
     HANGING_SPEC,
     NO_IMAGE_SPEC,
@@ -247,3 +248,53 @@ def test_image_tag_replaces_the_tag_of_built_images_only(tmp_path: Path) -> None
     assert catalog.get("prebuilt").image == "acs-sandbox-default:latest"  # no build: section
     assert retag("registry:5000/team/img:1.0", "x") == "registry:5000/team/img:x"
     assert retag("img", "x") == "img:x"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("egress", "'somewhere'", "egress"),
+        ("egress", "[]", "write `egress: none`"),
+        ("egress", "['example.com']", "is not host:port"),
+        ("egress", "['example.com:0']", "the port must be a number from 1 to 65535"),
+        ("egress", "['169.254.169.254:80']", "link-local, loopback and multicast"),
+        ("egress", "['[::1]:80']", "IPv6 is not supported"),
+        ("egress", "['exa mple.com:80']", "neither an IPv4 address, a CIDR nor a DNS name"),
+        ("tmpfs", "{tmp: size=1m}", "must be an absolute path"),
+        ("tmpfs", "{/tmp: 'size=1m;rm -rf'}", "are not mount options"),
+        ("user", "'root; id'", "user"),
+        ("runtime", "'run sc'", "runtime"),
+    ],
+)
+def test_isolation_fields_are_validated(
+    tmp_path: Path, field: str, value: str, reason: str
+) -> None:
+    (tmp_path / "bad.yaml").write_text(
+        f"id: bad\nimage: x:1\nexposed_ports: {{AGENT_SERVER: 8000}}\n{field}: {value}\n"
+    )
+    with pytest.raises(SpecInvalid) as caught:
+        load_spec_file(tmp_path / "bad.yaml")
+    message = str(caught.value)
+    assert message.startswith(f"{tmp_path / 'bad.yaml'}:4: {field}"), message
+    assert reason in message, message
+
+
+def test_isolation_fields_parse(tmp_path: Path) -> None:
+    (tmp_path / "ok.yaml").write_text(
+        "id: ok\nimage: x:1\nexposed_ports: {AGENT_SERVER: 8000}\nread_only_root: true\n"
+        "runtime: runsc\negress: [203.0.113.7:443, 10.1.0.0/16:5432, pypi.org:443,"
+        " host.docker.internal:11434]\n"
+    )
+    spec = load_spec_file(tmp_path / "ok.yaml")
+    assert spec.user == "1000:1000"
+    assert set(spec.tmpfs_mounts) == {"/tmp", "/home/agent", "/var/lib/acs-agent"}
+    assert spec.runtime == "runsc"
+    destinations = parse_egress(spec.egress)
+    assert destinations is not None
+    assert [(str(d.network) if d.network else d.name, d.port) for d in destinations] == [
+        ("203.0.113.7/32", 443),
+        ("10.1.0.0/16", 5432),
+        ("pypi.org", 443),
+        ("host.docker.internal", 11434),
+    ]
+    assert destinations[-1].is_host

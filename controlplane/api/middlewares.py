@@ -35,6 +35,7 @@ log = structlog.get_logger("controlplane.http")
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal")
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id")
 DEADLINE: web.RequestKey[asyncio.Timeout | None] = web.RequestKey("deadline")
+PACED: web.RequestKey[bool] = web.RequestKey("paced")
 RATE_LIMITER: web.AppKey[RateLimiter] = web.AppKey("rate_limiter")
 PACER: web.AppKey[Pacer] = web.AppKey("pacer")
 WEBHOOK_PATH = "/api/v1/webhooks/"
@@ -65,15 +66,16 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
         principal = request.get(PRINCIPAL)
         route = _route_name(request)
         elapsed = time.perf_counter() - started
-        log.info(
-            "request",
-            method=request.method,
-            route=route,
-            path=request.path,
-            status=status,
-            duration_ms=round(elapsed * 1000, 2),
-            user_id=principal.user_id if principal else None,
-        )
+        if not request.get(PACED):  # paced ones are counted in one line every few seconds
+            log.info(
+                "request",
+                method=request.method,
+                route=route,
+                path=request.path,
+                status=status,
+                duration_ms=round(elapsed * 1000, 2),
+                user_id=principal.user_id if principal else None,
+            )
         metrics = request.app.get(METRICS)
         if metrics is not None:
             metrics.observe_request(request.method, route, status, elapsed)
@@ -97,6 +99,10 @@ async def pacing_middleware(request: web.Request, handler: Handler) -> web.Strea
         return response
     wait = pacer.delay()
     if wait > 0:
+        request[PACED] = True
+        count = pacer.count_paced()
+        if count:
+            log.warning("unauthenticated_requests_paced", count=count, budget_per_s=pacer.rate)
         await asyncio.sleep(wait)
     return response
 

@@ -14,13 +14,29 @@ from __future__ import annotations
 
 import time
 
+REPORT_SECONDS = 10.0
+
 
 class Pacer:
     def __init__(self, rate: float, burst: int, max_delay: float = 10.0) -> None:
+        self.rate = rate
         self._interval = 1.0 / rate
         self._tolerance = burst * self._interval
         self._max_delay = max_delay
         self._tat = 0.0  # the theoretical arrival time of the next request
+        self._paced = 0
+        self._reported = -REPORT_SECONDS  # the first paced request is reported at once
+
+    def count_paced(self) -> int | None:
+        """Count one paced request. A flood's requests get no log line each (that would be a
+        flood of its own): at the first, then every REPORT_SECONDS, this returns how many there
+        were since the last time, for one summary line; otherwise None."""
+        self._paced += 1
+        now = time.monotonic()
+        if now - self._reported < REPORT_SECONDS:
+            return None
+        count, self._paced, self._reported = self._paced, 0, now
+        return count
 
     def delay(self) -> float:
         """Seconds this request must wait for its slot (0 within the budget); takes the slot."""
