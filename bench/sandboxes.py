@@ -659,13 +659,13 @@ class Bench:
             if not found:
                 break
             time.sleep(1.0)
+        # The app's sandbox networks, made by design (not leftovers), with their firewall chains.
         firewall = Iptables()
         for network in self.docker.api.networks(filters={"name": self.prefix}):
             with contextlib.suppress(DriverError):
-                if docker_networks.remove_network(self.docker, network["Name"]):
-                    removed += 1
-                    if firewall.unavailable() is None:
-                        firewall.remove(docker_networks.bridge_name(network["Name"]))
+                gone = docker_networks.remove_network(self.docker, network["Name"])
+                if gone and firewall.unavailable() is None:
+                    firewall.remove(docker_networks.bridge_name(network["Name"]))
         return removed
 
 
