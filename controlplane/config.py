@@ -76,6 +76,14 @@ class ServiceConfig(BaseModel):
         default=None, ge=0, description="Seconds; overrides every spec and user; 0 disables"
     )
     reaper_interval: float = Field(default=30.0, gt=0, le=3600)
+    warm_pool: dict[str, int] | None = Field(
+        default=None,
+        description="Warm pool sizes overriding the specs': `N` for every spec, or "
+        "`spec=N,...` (`*=N` for the rest); 0 turns a pool off; unset: each spec's `warm_pool`",
+    )
+    pool_interval: float = Field(
+        default=2.0, gt=0, le=3600, description="Seconds between the pool refiller's passes"
+    )
     paused_retention: int = Field(
         default=0, ge=0, description="Delete sandboxes paused longer than this (s); 0: never"
     )
@@ -165,6 +173,36 @@ class ServiceConfig(BaseModel):
                 raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], no path)")
             out.append(normal)
         return out
+
+    @field_validator("warm_pool", mode="before")
+    @classmethod
+    def _pool_sizes(cls, value: Any) -> Any:
+        if not isinstance(value, str | int):
+            return value
+        text = str(value).strip()
+        if "=" not in text:
+            return {"*": text}
+        sizes: dict[str, str] = {}
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            spec, sep, size = part.partition("=")
+            if not sep or not spec.strip():
+                raise ValueError(f"{part!r} is not spec=N")
+            sizes[spec.strip()] = size.strip()
+        return sizes
+
+    @field_validator("warm_pool")
+    @classmethod
+    def _pool_range(cls, value: dict[str, int] | None) -> dict[str, int] | None:
+        for spec, size in (value or {}).items():
+            if not 0 <= size <= 1000:
+                raise ValueError(f"pool size {size} for {spec} is not between 0 and 1000")
+        return value
+
+    def pool_size(self, spec_id: str, spec_size: int) -> int:
+        """The warm pool size of one spec: this override when set, else the spec's own."""
+        if self.warm_pool is None:
+            return spec_size
+        return self.warm_pool.get(spec_id, self.warm_pool.get("*", spec_size))
 
     @field_validator("sandbox_host_ports", mode="before")
     @classmethod

@@ -98,6 +98,10 @@ class SandboxDriver(Protocol):
     async def image_exists(self, image: str) -> bool:
         """Raises RuntimeUnavailable when the runtime does not answer."""
 
+    async def image_id(self, image: str) -> str | None:
+        """The image's content id (changes with every rebuild); None when it is not on the host.
+        Raises RuntimeUnavailable when the runtime does not answer."""
+
     async def create_and_start(self, request: ContainerRequest) -> ContainerState:
         """Create the workspace volume and the container, start it, return its state.
 

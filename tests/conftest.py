@@ -62,6 +62,8 @@ def make_config(redis_url: str, tmp_path: Path) -> Callable[..., ServiceConfig]:
             "log_format": "json",
             # Polling helpers would trip the per-key limit; tests/test_rate_limit.py turns it on.
             "rate_limit_per_minute": 0,
+            # Tests count containers and sandboxes: the warm pool is on only where a test asks.
+            "warm_pool": "0",
             "image_tag": os.environ.get("ACS_IMAGE_TAG") or None,
         }
         values.update(overrides)

@@ -44,12 +44,12 @@ async def test_total_sandboxes_per_user(
 async def test_host_capacity_counts_paused_memory(
     test_prefix: str, make_client: Any, user_headers: Any
 ) -> None:
-    gib = 1024**3
+    mib = 1024**2
     client: Client = await make_client(
-        with_sandboxes=True, container_prefix=test_prefix, host_memory_bytes=gib + gib // 2
+        with_sandboxes=True, container_prefix=test_prefix, host_memory_bytes=96 * mib
     )
     alice, bob = await user_headers("alice"), await user_headers("bob")
-    first = (await start(client, alice))["id"]  # the default spec reserves 1 GiB
+    first = (await start(client, alice))["id"]  # the default spec reserves 64 MiB
     await wait_status(client, alice, first, "RUNNING")
 
     resp = await client.post("/api/v1/sandboxes", json={}, headers=bob)

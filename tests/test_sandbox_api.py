@@ -375,7 +375,12 @@ async def test_spec_search_batch_and_paging(sbx: Client, user_headers: Headers) 
     assert default["image"] == DEFAULT_IMAGE
     assert default["exposed_ports"] == {"AGENT_SERVER": 8000}
     assert default["working_dir"] == "/workspace"
-    assert default["resources"] == {"cpus": 1.0, "memory": "1g", "pids": 512}
+    assert default["resources"] == {
+        "cpus": 1.0,
+        "memory": "1g",
+        "pids": 512,
+        "memory_reservation": "64m",
+    }
     assert [s["default"] for s in page["items"]] == [False, True, False]
 
     ids, page_id, pages = [], None, 0

@@ -10,6 +10,9 @@ LABEL_OWNER = "acs.owner"
 LABEL_SPEC = "acs.spec_id"
 LABEL_PREFIX = "acs.prefix"
 """Scopes a deployment (and a test run): every list and event filter includes it."""
+POOL_OWNER = "~pool"
+"""The owner of an unclaimed warm pool member, in its record and (for good) in its container's
+owner label; never a valid user id. Once claimed, the record in Redis names the real owner."""
 
 
 def new_sandbox_id() -> str:

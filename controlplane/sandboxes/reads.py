@@ -10,6 +10,7 @@ from controlplane.api.pagination import decode_cursor, encode_cursor
 from controlplane.auth.models import Principal
 from controlplane.config import ServiceConfig
 from controlplane.errors import Conflict, Forbidden, SandboxNotFound
+from controlplane.sandboxes import naming
 from controlplane.sandboxes.models import (
     SANDBOX_ID_PATTERN,
     ExposedUrl,
@@ -27,6 +28,14 @@ S = SandboxStatus
 _ID_RE = re.compile(SANDBOX_ID_PATTERN)
 
 
+def _visible(record: SandboxRecord, principal: Principal) -> bool:
+    """The owner's, or any for an admin; an unclaimed pool member is nobody's (admins see the
+    pool at /api/v1/sandbox-pool)."""
+    if record.owner == naming.POOL_OWNER:
+        return False
+    return record.owner == principal.user_id or principal.is_admin
+
+
 class SandboxReads:
     def __init__(self, config: ServiceConfig, store: SandboxStore, catalog: SpecCatalog) -> None:
         self.config = config
@@ -36,7 +45,7 @@ class SandboxReads:
     async def owned(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
         """The record if the caller may see it. Raises SandboxNotFound otherwise (never 403)."""
         record = await self.store.get(sandbox_id) if _ID_RE.match(sandbox_id) else None
-        if record is None or (record.owner != principal.user_id and not principal.is_admin):
+        if record is None or not _visible(record, principal):
             raise SandboxNotFound(f"sandbox {sandbox_id} not found")
         return record
 
@@ -71,10 +80,9 @@ class SandboxReads:
         out: list[SandboxInfo | None] = []
         for sandbox_id in valid:
             record = found.get(sandbox_id)
-            visible = record is not None and (
-                record.owner == principal.user_id or principal.is_admin
+            out.append(
+                self.view(record, principal) if record and _visible(record, principal) else None
             )
-            out.append(self.view(record, principal) if visible and record else None)
         return out
 
     async def search(self, principal: Principal, query: SandboxSearchQuery) -> SandboxPage:

@@ -9,7 +9,9 @@ Rules (also in docs/sandboxes.md):
   container is removed.
 - A labelled container with no record is adopted: its record is rebuilt from its labels and
   environment. One without a session key in its environment, or of a sandbox deleted within
-  the tombstone TTL, is removed (with its volume, for the deleted one).
+  the tombstone TTL, is removed (with its volume, for the deleted one). A warm pool member's
+  container (owner label `~pool`) is never adopted: it is removed and its volume kept, since a
+  user may have claimed it.
 """
 
 from __future__ import annotations
@@ -226,6 +228,12 @@ class Reconciler:
             return
         key = state.env.get("OH_SESSION_API_KEYS_0")
         owner = state.labels.get(naming.LABEL_OWNER)
+        if owner == naming.POOL_OWNER:
+            # Its label cannot say whether a user claimed it: adopting it into the pool could
+            # hand one user's workspace to another. The volume stays for an operator to look at.
+            log.warning("pool_orphan_removed", sandbox_id=sandbox_id, container=state.name)
+            await self._svc.driver.remove(state.name, None)
+            return
         spec_id = state.labels.get(naming.LABEL_SPEC)
         if not key or not owner or not spec_id:
             log.warning("orphan_removed", sandbox_id=sandbox_id, container=state.name)
@@ -248,7 +256,7 @@ class Reconciler:
             updated_at=now,
             last_activity_at=now,
         )
-        memory = spec.resources.memory_bytes if spec else 0
+        memory = spec.resources.reservation_bytes if spec else 0
         if await self._svc.store.create(record, memory, Limits()) == "ok":
             self.fixes += 1
             log.info("orphan_adopted", sandbox_id=sandbox_id, status=status)

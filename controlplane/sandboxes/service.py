@@ -10,6 +10,7 @@ import asyncio
 import re
 import secrets
 from datetime import UTC, datetime
+from typing import Protocol
 
 import structlog
 
@@ -33,11 +34,20 @@ from controlplane.sandboxes.networking import SandboxNetworks
 from controlplane.sandboxes.reads import SandboxReads
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.specs.catalog import SpecCatalog
+from controlplane.specs.models import SandboxSpec
 from drivers.base import DriverError, SandboxDriver
 
 log = structlog.get_logger(__name__)
 S = SandboxStatus
 _ID_RE = re.compile(SANDBOX_ID_PATTERN)
+
+
+class PoolClaims(Protocol):
+    async def claim(
+        self, principal: Principal, spec: SandboxSpec, image_id: str, limits: Limits
+    ) -> SandboxRecord | None:
+        """A warm pool member of `spec`, now the principal's and RUNNING; None when the pool
+        has none (then the caller starts one cold). Raises QuotaExceeded at the user's caps."""
 
 
 class SandboxService(SandboxReads):
@@ -58,6 +68,7 @@ class SandboxService(SandboxReads):
         self.publisher = publisher
         self._memory_capacity = config.host_memory_bytes
         self._locks: dict[str, asyncio.Lock] = {}
+        self.pool: PoolClaims | None = None  # set by wiring when the warm pool is on
         self.launcher = Launcher(
             config,
             store,
@@ -99,7 +110,7 @@ class SandboxService(SandboxReads):
         *,
         automatic: bool = False,
     ) -> None:
-        if self.publisher is not None:
+        if self.publisher is not None and record.owner != naming.POOL_OWNER:
             await self.publisher.publish(
                 LifecycleEvent(
                     type=kind,
@@ -161,7 +172,12 @@ class SandboxService(SandboxReads):
         answer; in each case nothing is created. A missing image is reported by the launch (ERROR).
         """
         spec = self.catalog.get(spec_id)
-        await self.driver.image_exists(spec.image)
+        image_id = await self.driver.image_id(spec.image)
+        if self.pool is not None and image_id is not None:
+            claimed = await self.pool.claim(principal, spec, image_id, await self.limits())
+            if claimed is not None:
+                await self._publish(LifecycleType.SANDBOX_CREATED, claimed)
+                return self.view(claimed, principal)
         now = datetime.now(UTC)
         record = SandboxRecord(
             id=naming.new_sandbox_id(),
@@ -173,7 +189,9 @@ class SandboxService(SandboxReads):
             updated_at=now,
             last_activity_at=now,
         )
-        outcome = await self.store.create(record, spec.resources.memory_bytes, await self.limits())
+        outcome = await self.store.create(
+            record, spec.resources.reservation_bytes, await self.limits()
+        )
         if outcome != "ok":
             raise self._quota(principal, outcome)
         self.launcher.launch(record)

@@ -128,4 +128,6 @@ class SpecCatalog:
             idle_timeout=spec.idle_timeout,
             runtime=spec.runtime,
             egress=spec.egress,
+            warm_pool=spec.warm_pool,
+            warm_pool_state=spec.warm_pool_state,
         )

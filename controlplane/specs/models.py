@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -14,6 +14,9 @@ SPEC_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 _MEMORY_RE = re.compile(r"^([0-9]+)([kmg]?)b?$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 AGENT_SERVER = "AGENT_SERVER"
+DEFAULT_RESERVATION = "64m"
+"""Admission's default per sandbox: twice an idle sandbox's ~31 MiB, so a 24 GiB host admits
+~345 with the default 0.9 fraction (docs/operations.md, "Capacity")."""
 #: Writable scratch space of a read-only root: the agent user's home, /tmp and the agent server's
 #: state (mount options as `docker run --tmpfs`).
 DEFAULT_TMPFS = {
@@ -35,23 +38,43 @@ class Resources(BaseModel):
     cpus: float = Field(default=1.0, gt=0, le=256)
     memory: str = Field(default="1g", description="Bytes, or a number with k, m or g")
     pids: int = Field(default=512, ge=16, le=1_000_000)
+    memory_reservation: str = Field(
+        default=DEFAULT_RESERVATION,
+        description="What admission reserves per sandbox (an idle one uses ~31 MiB); `memory` "
+        "stays the hard limit. Capped at `memory`.",
+    )
 
     @field_validator("memory")
     @classmethod
     def _memory(cls, value: str | int) -> str:
         text = str(value).strip()
-        match = _MEMORY_RE.match(text)
-        if not match:
-            raise ValueError("memory must be bytes or a number with k, m or g, e.g. 512m")
-        if int(match.group(1)) * _UNITS[match.group(2).lower()] < 6 * 1024**2:
+        if _bytes(text) < 6 * 1024**2:
             raise ValueError("memory must be at least 6m (Docker's minimum)")
+        return text.lower()
+
+    @field_validator("memory_reservation")
+    @classmethod
+    def _reservation(cls, value: str | int) -> str:
+        text = str(value).strip()
+        if _bytes(text) < 1024**2:
+            raise ValueError("memory_reservation must be at least 1m")
         return text.lower()
 
     @property
     def memory_bytes(self) -> int:
-        match = _MEMORY_RE.match(self.memory)
-        assert match is not None  # validated above
-        return int(match.group(1)) * _UNITS[match.group(2).lower()]
+        return _bytes(self.memory)
+
+    @property
+    def reservation_bytes(self) -> int:
+        """The bytes admission counts for one sandbox of this spec (acs:memory_reserved)."""
+        return min(_bytes(self.memory_reservation), self.memory_bytes)
+
+
+def _bytes(text: str) -> int:
+    match = _MEMORY_RE.match(text)
+    if not match:
+        raise ValueError("memory must be bytes or a number with k, m or g, e.g. 512m")
+    return int(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
 PortNumber = Annotated[int, Field(ge=1, le=65535)]
@@ -84,6 +107,13 @@ class SandboxSpec(BaseModel):
     )
     runtime: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     egress: Egress = "internet"
+    # The warm pool (docs/sandboxes.md, "Warm pool").
+    warm_pool: int = Field(
+        default=0, ge=0, le=1000, description="Sandboxes kept booted ahead of demand; 0: none"
+    )
+    warm_pool_state: Literal["running", "paused"] = Field(
+        default="running", description="How pool members wait: running (fastest) or paused"
+    )
 
     @field_validator("egress")
     @classmethod
@@ -151,6 +181,8 @@ class SandboxSpecInfo(BaseModel):
     idle_timeout: int
     runtime: str | None = None
     egress: Egress = "internet"
+    warm_pool: int = 0
+    warm_pool_state: Literal["running", "paused"] = "running"
 
 
 class SandboxSpecInfoPage(BaseModel):
