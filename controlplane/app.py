@@ -33,6 +33,8 @@ from controlplane.auth.service import ApiKeyService
 from controlplane.auth.sessions import SIGNING_PURPOSE, SessionService
 from controlplane.auth.web import routes as sign_in_routes
 from controlplane.config import ServiceConfig
+from controlplane.conversations.legacy import routes as legacy_conversation_routes
+from controlplane.conversations.pending_routes import routes as pending_routes
 from controlplane.conversations.routes import routes as conversation_routes
 from controlplane.crypto import load_secret_box
 from controlplane.events.routes import routes as event_routes
@@ -50,6 +52,7 @@ from controlplane.settings.store import UserRecordStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.routes import routes as spec_routes
 from controlplane.store.redis import ensure_embedded_redis, make_client, wait_for_redis
+from controlplane.webclient.routes import routes as web_client_routes
 
 VERSION = "0.1.0"
 
@@ -65,9 +68,12 @@ def route_tables() -> list[RouteTable]:
         spec_routes,
         sandbox_routes,
         conversation_routes,
+        legacy_conversation_routes,
+        pending_routes,
         event_routes,
         *webhook_route_tables(),
         lifecycle_routes,
+        web_client_routes,
     ]
 
 

@@ -103,6 +103,11 @@ class ServiceConfig(BaseModel):
         default_factory=dict,
         description='JSON {"model": [input USD per token, output USD per token]}; unknown = 0',
     )
+    llm_models: list[str] = Field(
+        default_factory=list,
+        description="Comma-separated LLM models the web frontend offers as verified "
+        "(its lists also hold ACS_LLM_PRICES' models and each user's own)",
+    )
     public_url: str | None = Field(
         default=None,
         description="URL sandboxes use to reach the webhooks; unset: the webhook listener's",
@@ -236,6 +241,13 @@ class ServiceConfig(BaseModel):
         pool = info.data.get("sandbox_subnet_pool")
         if pool and value < ipaddress.IPv4Network(pool).prefixlen:
             raise ValueError(f"/{value} networks do not fit in ACS_SANDBOX_SUBNET_POOL {pool}")
+        return value
+
+    @field_validator("llm_models", mode="before")
+    @classmethod
+    def _model_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [m.strip() for m in value.split(",") if m.strip()]
         return value
 
     @field_validator("llm_prices", mode="before")

@@ -113,7 +113,10 @@ BODIES: dict[tuple[str, str], BodyVariants] = {
     ("POST", "/api/v1/app-conversations"): _start_bodies,
     ("POST", "/api/v1/app-conversations/stream-start"): _start_bodies,
     ("PATCH", "/api/v1/app-conversations/{conversation_id}"): lambda ids, _b: [
-        ("-", {"title": "renamed by bob"})
+        ("-", {"title": "renamed by bob", "public": True, "selected_repository": None})
+    ],
+    ("POST", "/api/v1/conversations/{conversation_id}/pending-messages"): lambda ids, _b: [
+        ("-", message("queued by bob"))
     ],
     ("PATCH", "/api/conversations/{conversation_id}"): lambda ids, _b: [
         ("-", {"title": "renamed by bob"})
@@ -177,7 +180,8 @@ NEUTRAL_QUERY = {
     "page_id", "limit", "sort_order", "status", "sandbox_spec_id", "title__contains",
     "created_at__gte", "created_at__lt", "updated_at__gte", "updated_at__lt", "kind__eq",
     "timestamp__gte", "timestamp__lt", "include_sub_conversations", "last_activity_at__lt",
-    "last_activity_at__gte", "resend_all", "session_api_key",
+    "last_activity_at__gte", "resend_all", "session_api_key", "query", "verified__eq",
+    "provider__eq", "selected_repository", "conversation_trigger",
 }  # fmt: skip
 
 
@@ -287,6 +291,10 @@ async def snapshot(alice: Alice) -> dict[str, Any]:
             "GET", f"/api/v1/events/count?conversation_id__eq={ids.conversation}"
         ),
         "by_id": await api.ok("GET", f"/api/v1/events?id={ids.event}"),
+        "pending": await api.ok(
+            "GET", f"/api/v1/conversations/{ids.conversation}/pending-messages"
+        ),
+        "public": conversation["public"],
         "settings": await api.ok("GET", "/api/settings"),
         "secrets": await api.ok("GET", "/api/secrets"),
         "tasks": (await api.ok("GET", "/api/v1/app-conversations/start-tasks/search"))["items"],

@@ -94,8 +94,30 @@ class StartTaskStatus(StrEnum):
 TERMINAL_TASK = frozenset({StartTaskStatus.READY, StartTaskStatus.ERROR})
 
 
+class PluginSpec(BaseModel):
+    """OpenHands' plugin reference: accepted, not loaded (docs/conversations.md)."""
+
+    source: str = Field(max_length=2000)
+    ref: str | None = Field(default=None, max_length=256)
+    repo_path: str | None = Field(default=None, max_length=1000)
+    parameters: dict[str, Any] | None = None
+
+
+class SuggestedTask(BaseModel):
+    """OpenHands' suggested task (an issue or PR to work on); it becomes the first message."""
+
+    git_provider: ProviderType | None = None
+    task_type: str = Field(max_length=64)
+    repo: str = Field(max_length=256)
+    issue_number: int
+    title: str = Field(max_length=1000)
+
+
 class AppConversationStartRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """OpenHands' start request. Fields it defines that we do not use are typed and accepted;
+    any other field is ignored, as OpenHands does (docs/conversations.md lists which)."""
+
+    model_config = ConfigDict(extra="ignore")
 
     sandbox_id: str | None = Field(default=None, max_length=64)
     conversation_id: str | None = None
@@ -113,6 +135,11 @@ class AppConversationStartRequest(BaseModel):
     pr_number: list[int] = Field(default_factory=list, max_length=100)
     parent_conversation_id: str | None = None
     agent_type: Literal["default", "plan"] = "default"
+    public: bool | None = None
+    suggested_task: SuggestedTask | None = None
+    # Accepted and ignored: see docs/conversations.md.
+    dependency_repos: list[str] = Field(default_factory=list, max_length=50)
+    plugins: list[PluginSpec] | None = Field(default=None, max_length=20)
 
     @field_validator("conversation_id", "parent_conversation_id")
     @classmethod
@@ -173,6 +200,7 @@ class AppConversationInfo(BaseModel):
     metrics: MetricsSnapshot | None = None
     parent_conversation_id: str | None = None
     sub_conversation_ids: list[str] = Field(default_factory=list)
+    public: bool | None = None
     created_at: datetime = Field(default_factory=now)
     updated_at: datetime = Field(default_factory=now)
     execution_status: ExecutionStatus | None = None
@@ -202,6 +230,7 @@ class ConversationFilters(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     title__contains: str | None = Field(default=None, max_length=200)
+    sandbox_id__eq: str | None = Field(default=None, max_length=64)
     created_at__gte: datetime | None = None
     created_at__lt: datetime | None = None
     updated_at__gte: datetime | None = None
@@ -246,6 +275,20 @@ class RenameRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     title: str = Field(min_length=1, max_length=200)
+
+
+class AppConversationUpdateRequest(BaseModel):
+    """PATCH body: only the fields sent change; null clears a repository field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    title: str | None = Field(default=None, min_length=1, max_length=200)
+    public: bool | None = None
+    selected_repository: str | None = Field(
+        default=None, max_length=256, pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+$"
+    )
+    selected_branch: str | None = Field(default=None, max_length=256, pattern=r"^[^\s~^:?*\[\\]+$")
+    git_provider: ProviderType | None = None
 
 
 class ConfirmationRequest(BaseModel):

@@ -14,6 +14,7 @@ from controlplane.conversations.models import (
     AppConversationStartRequest,
     AppConversationStartTask,
     AppConversationStartTaskPage,
+    AppConversationUpdateRequest,
     ConfirmationRequest,
     ConversationBatchQuery,
     ConversationFilters,
@@ -153,16 +154,15 @@ async def get_conversation(request: web.Request) -> web.Response:
 @routes.route(
     "PATCH",
     f"{BASE}/{{conversation_id}}",
-    summary="Rename a conversation",
-    body=RenameRequest,
-    response=Success,
+    summary="Change a conversation's title, public flag or repository; answers the conversation",
+    body=AppConversationUpdateRequest,
+    response=AppConversation,
     errors=(404,),
 )
-async def rename_conversation(request: web.Request) -> web.Response:
-    body = await parse_body(request, RenameRequest)
+async def update_conversation(request: web.Request) -> web.Response:
+    body = await parse_body(request, AppConversationUpdateRequest)
     cid = request.match_info["conversation_id"]
-    await _service(request).rename(principal_of(request), cid, body.title)
-    return json_response(Success())
+    return json_response(await _service(request).update(principal_of(request), cid, body))
 
 
 @routes.route(
@@ -174,7 +174,10 @@ async def rename_conversation(request: web.Request) -> web.Response:
     errors=(404,),
 )
 async def rename_conversation_legacy(request: web.Request) -> web.StreamResponse:
-    return await rename_conversation(request)
+    body = await parse_body(request, RenameRequest)
+    cid = request.match_info["conversation_id"]
+    await _service(request).rename(principal_of(request), cid, body.title)
+    return json_response(Success())
 
 
 @routes.route(

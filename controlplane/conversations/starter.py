@@ -16,9 +16,13 @@ from controlplane.conversations.agent_client import AgentClient
 from controlplane.conversations.agent_request import start_conversation_request
 from controlplane.conversations.models import (
     AppConversationInfo,
+    AppConversationStartRequest,
     AppConversationStartTask,
+    SendMessageRequest,
     StartTaskStatus,
+    TextContent,
 )
+from controlplane.conversations.pending import PendingMessages, task_owner
 from controlplane.conversations.store import ConversationStore
 from controlplane.errors import ControlPlaneError, InvalidInput
 from controlplane.ids import uuid7_hex
@@ -48,6 +52,21 @@ LEASE_TTL = 30.0
 """A running task's lease is renewed every LEASE_TTL / 3 s; a replica that dies loses it."""
 
 
+def suggested_message(request: AppConversationStartRequest) -> SendMessageRequest | None:
+    """OpenHands' frontend sends a suggested task instead of a first message and lets the
+    server write the prompt."""
+    task = request.suggested_task
+    if task is None:
+        return None
+    kind = task.task_type.replace("_", " ").lower()
+    text = (
+        f"Please work on this {kind} in the repository {task.repo}: "
+        f"#{task.issue_number} {task.title}. Read it, make the changes it needs, and say "
+        "what you did."
+    )
+    return SendMessageRequest(content=[TextContent(text=text)])
+
+
 class StartFailed(ControlPlaneError):
     code = "start_failed"
     status = 502
@@ -63,8 +82,10 @@ class StartTaskRunner:
         agent: AgentClient,
         *,
         publisher: LifecyclePublisher | None = None,
+        pending: PendingMessages | None = None,
     ) -> None:
         self._publisher = publisher
+        self._pending = pending
         self._config = config
         self._store = store
         self._sandboxes = sandboxes
@@ -145,6 +166,7 @@ class StartTaskRunner:
             task.detail = None
             await self._set(task, T.READY)
             await self._publish(LifecycleType.CONVERSATION_CREATED, task, conversation_id)
+            await self._hand_over_pending(task, conversation_id, sandbox.id)
         except asyncio.CancelledError:
             task.detail = "interrupted: the control plane shut down"
             task.status = T.ERROR
@@ -157,6 +179,21 @@ class StartTaskRunner:
             task.detail = detail
             await self._set(task, T.ERROR)
             await self._publish(LifecycleType.CONVERSATION_ERROR, task, None, detail)
+            if self._pending is not None:
+                await self._pending.drop(task_owner(task.id))
+
+    async def _hand_over_pending(
+        self, task: AppConversationStartTask, conversation_id: str, sandbox_id: str
+    ) -> None:
+        """Messages queued while the task ran go to the agent now. The conversation has
+        started whatever happens here: a failure leaves them queued for the next delivery."""
+        if self._pending is None:
+            return
+        try:
+            await self._pending.adopt(task.id, conversation_id)
+            await self._pending.deliver(conversation_id, sandbox_id)
+        except Exception:
+            log.exception("pending_hand_over_failed", task_id=task.id)
 
     async def _publish(
         self,
@@ -244,6 +281,7 @@ class StartTaskRunner:
             pr_number=request.pr_number,
             llm_model=model,
             parent_conversation_id=request.parent_conversation_id,
+            public=request.public,
         )
         # Created before the agent starts, so its first events find their conversation; the
         # create is atomic, so a concurrent start with the same id cannot take it over.
@@ -278,7 +316,7 @@ class StartTaskRunner:
         for provider, token in record.provider_tokens.items():
             secrets[f"{provider.value.upper()}_TOKEN"] = token.token
         prices = self._config.llm_prices.get(model, (None, None))
-        message = task.request.initial_message
+        message = task.request.initial_message or suggested_message(task.request)
         return start_conversation_request(
             conversation_id=conversation_id,
             llm={

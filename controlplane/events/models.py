@@ -53,6 +53,22 @@ class EventSearchQuery(EventFilters, PageQuery):
     pass
 
 
+class ConversationEventQuery(PageQuery):
+    """The search of GET /api/v1/conversation/{id}/events/search: the id is in the path."""
+
+    kind__eq: EventKind | None = None
+    timestamp__gte: datetime | None = None
+    timestamp__lt: datetime | None = None
+    sort_order: EventSortOrder = EventSortOrder.TIMESTAMP
+
+    def scoped(self, conversation_id: str) -> EventSearchQuery:
+        # Not validated again: the service's ownership check answers 404 for a malformed id,
+        # as every other path does.
+        return EventSearchQuery.model_construct(
+            **self.model_dump(), conversation_id__eq=conversation_id
+        )
+
+
 class EventBatchQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

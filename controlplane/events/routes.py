@@ -24,6 +24,7 @@ from controlplane.api.parsing import (
 )
 from controlplane.api.routing import RouteTable
 from controlplane.events.models import (
+    ConversationEventQuery,
     Event,
     EventBatchQuery,
     EventFilters,
@@ -73,6 +74,20 @@ class ConversationInfoBody(BaseModel):
 async def search_events(request: web.Request) -> web.Response:
     query = parse_query(request, EventSearchQuery)
     return json_response(await request.app[keys.EVENTS].search(principal_of(request), query))
+
+
+@routes.route(
+    "GET",
+    "/api/v1/conversation/{conversation_id}/events/search",
+    summary="Search a conversation's events (OpenHands' singular path; the frontend's history)",
+    query=ConversationEventQuery,
+    response=EventPage,
+    errors=(404,),
+)
+async def search_conversation_events(request: web.Request) -> web.Response:
+    query = parse_query(request, ConversationEventQuery)
+    scoped = query.scoped(request.match_info["conversation_id"])
+    return json_response(await request.app[keys.EVENTS].search(principal_of(request), scoped))
 
 
 @routes.route(

@@ -11,6 +11,7 @@ from aiohttp import web
 from controlplane import keys
 from controlplane.config import ServiceConfig
 from controlplane.conversations.agent_client import AgentClient
+from controlplane.conversations.pending import PendingMessages
 from controlplane.conversations.service import ConversationService
 from controlplane.conversations.starter import StartTaskRunner
 from controlplane.conversations.store import ConversationStore
@@ -65,11 +66,18 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
         app[RECONCILER] = reconciler
         conversation_store = ConversationStore(app[keys.REDIS])
         agent = AgentClient(http)
+        pending = PendingMessages(app[keys.REDIS], service, agent)
         runner = StartTaskRunner(
-            config, conversation_store, service, app[keys.SETTINGS], agent, publisher=publisher
+            config,
+            conversation_store,
+            service,
+            app[keys.SETTINGS],
+            agent,
+            publisher=publisher,
+            pending=pending,
         )
         conversations = ConversationService(
-            conversation_store, EventStore(app[keys.REDIS]), service, agent, runner
+            conversation_store, EventStore(app[keys.REDIS]), service, agent, runner, pending=pending
         )
         reaper = IdleReaper(
             service,

@@ -151,3 +151,16 @@ def device_user_code(user_code: str) -> str:
     """String: the device code hash for a user code. TTL = the code's lifetime: an expired code
     can no longer be approved."""
     return f"{PREFIX}:device_user:{user_code}"
+
+
+def pending_messages(owner: str) -> str:
+    """List of JSON messages queued for a conversation (`owner` = its id) or, before the
+    conversation exists, for its start task (`task-<task id>`), oldest first; at most
+    conversations.pending.MAX_PENDING. Emptied as they reach the agent."""
+    return f"{PREFIX}:pending:{owner}"
+
+
+def pending_delivery(conversation_id: str) -> str:
+    """String with a TTL: held by the one request delivering a conversation's pending messages,
+    so two deliveries never send the same message."""
+    return f"{PREFIX}:pending_lock:{conversation_id}"
