@@ -138,3 +138,22 @@ async def test_a_paused_conversation_keeps_its_queue_until_it_runs(
     # Deleting the conversation drops anything still queued with it.
     await alice.ok("DELETE", f"/api/v1/app-conversations/{cid}")
     assert (await alice.call("GET", path))[0] == 404
+
+
+async def test_a_message_sent_through_the_api_follows_the_pending_ones(
+    user: UserFactory, fake_llm: FakeLLM
+) -> None:
+    alice = await user("alice")
+    task = await start_and_wait(alice, initial_message=message("start"))
+    cid, sandbox_id = task["app_conversation_id"], task["sandbox_id"]
+    await wait_events(alice, cid, status_is("finished"))
+    path = f"/api/v1/conversations/{cid}/pending-messages"
+    await alice.ok("POST", f"/api/v1/sandboxes/{sandbox_id}/pause")
+    await alice.ok("POST", path, json=queued("q1"))
+    await alice.ok("POST", path, json=queued("q2"))
+
+    # Sending resumes the sandbox; what was queued reaches the agent first.
+    await alice.ok("POST", f"/api/v1/app-conversations/{cid}/events", json=message("direct"))
+    texts = await wait_texts(alice, cid, ["q1", "q2", "direct"])
+    assert texts == ["start", "q1", "q2", "direct"]
+    assert await alice.ok("GET", path) == []

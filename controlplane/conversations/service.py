@@ -344,8 +344,11 @@ class ConversationService:
     async def send_message(
         self, principal: Principal, conversation_id: str, message: SendMessageRequest
     ) -> None:
-        """Resume the sandbox if paused, then hand the message to the agent."""
+        """Resume the sandbox if paused, then hand the message to the agent, after any
+        pending messages (they were typed first)."""
         info, base, key = await self._on_agent(principal, conversation_id)
+        if self.pending is not None:
+            await self.pending.deliver(info.id, info.sandbox_id)
         await self.agent.send_message(base, key, info.id, message.model_dump())
 
     async def respond(
