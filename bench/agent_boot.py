@@ -1,0 +1,135 @@
+"""Agent server boot time and idle memory of sandbox images, raw Docker only, images interleaved.
+
+Run: `.venv/bin/python bench/agent_boot.py --image acs-sandbox-default:old --image
+acs-sandbox-default:latest [--runs 10]`. bench/README.md says what it measures and how.
+
+For each run and each image (the order alternates per run, so background load hits both alike):
+create a container the way the driver does (no capabilities, no-new-privileges, memory limit, a
+loopback-published port Docker picks), start it, poll `GET /health` every 5 ms until 200 (boot =
+first 200 minus the return of `start`), wait `--settle` seconds, then read the agent server's
+VmRSS from /proc inside the container (the largest process whose command line holds the image's
+command; tini is far smaller). Every container carries the run's label and is removed at the end,
+also after an error or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import secrets
+import shlex
+import statistics
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+import docker
+
+HEALTH_POLL = 0.005
+BOOT_TIMEOUT = 120.0
+PORT = 8000
+
+
+@dataclass
+class Samples:
+    boot: list[float] = field(default_factory=list)
+    rss: list[float] = field(default_factory=list)
+
+
+def wait_healthy(port: int) -> float:
+    """perf_counter of the first 200 on /health."""
+    deadline = time.monotonic() + BOOT_TIMEOUT
+    url = f"http://127.0.0.1:{port}/health"
+    while time.monotonic() < deadline:
+        with contextlib.suppress(urllib.error.URLError, OSError, TimeoutError):
+            with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 (loopback URL)
+                if resp.status == 200:
+                    return time.perf_counter()
+        time.sleep(HEALTH_POLL)
+    raise RuntimeError(f"no 200 on {url} within {BOOT_TIMEOUT:.0f} s")
+
+
+def agent_rss_mib(container: Any, command: list[str]) -> float | None:
+    needle = shlex.quote(" ".join(command))
+    script = (
+        "for p in /proc/[0-9]*; do "
+        f"tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -qF -- {needle} "
+        "&& grep VmRSS $p/status; done"
+    )
+    out = container.exec_run(["sh", "-c", script]).output.decode()
+    values = [int(line.split()[1]) for line in out.splitlines() if "VmRSS" in line]
+    return max(values) / 1024 if values else None
+
+
+def one_run(client: Any, image: str, label: str, settle: float) -> tuple[float, float | None]:
+    config = client.images.get(image).attrs["Config"]
+    command = list(config.get("Cmd") or [])
+    container = client.containers.create(
+        image,
+        name=f"acs-bench-boot-{secrets.token_hex(4)}",
+        environment={"OH_SESSION_API_KEYS_0": secrets.token_urlsafe(24), "TZ": "UTC"},
+        labels={"acs.bench": label},
+        ports={f"{PORT}/tcp": ("127.0.0.1", None)},  # type: ignore[dict-item]
+        mem_limit="2g",
+        security_opt=["no-new-privileges:true"],
+        cap_drop=["ALL"],
+        detach=True,
+    )
+    try:
+        container.start()
+        started = time.perf_counter()
+        container.reload()
+        port = int(container.attrs["NetworkSettings"]["Ports"][f"{PORT}/tcp"][0]["HostPort"])
+        boot = wait_healthy(port) - started
+        time.sleep(settle)
+        return boot, agent_rss_mib(container, command)
+    finally:
+        container.remove(force=True, v=True)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--image", action="append", required=True, help="an image (repeat)")
+    parser.add_argument("--runs", type=int, default=10, help="runs per image (10)")
+    parser.add_argument("--settle", type=float, default=1.0, help="seconds before RSS (1.0)")
+    opt = parser.parse_args()
+    client = docker.from_env()
+    label = secrets.token_hex(4)
+    samples = {image: Samples() for image in opt.image}
+    try:
+        for run in range(opt.runs + 1):  # run 0 warms the page cache and is not recorded
+            order = opt.image if run % 2 == 0 else list(reversed(opt.image))
+            for image in order:
+                boot, rss = one_run(client, image, label, opt.settle)
+                if run:
+                    samples[image].boot.append(boot * 1000)
+                    if rss is not None:
+                        samples[image].rss.append(rss)
+    finally:
+        for leftover in client.containers.list(all=True, filters={"label": f"acs.bench={label}"}):
+            leftover.remove(force=True, v=True)
+    print(f"{'image':40} | boot p50 ms | boot p95 ms | idle RSS p50 MiB | runs")
+    for image, s in samples.items():
+        rss = f"{statistics.median(s.rss):16.1f}" if s.rss else f"{'-':>16}"
+        print(f"{image:40} | {pct(s.boot, 50):11.0f} | {pct(s.boot, 95):11.0f} | {rss} | {opt.runs}")
+    first = samples[opt.image[0]]
+    for image in opt.image[1:]:
+        s = samples[image]
+        ratio_boot = pct(s.boot, 50) / pct(first.boot, 50)
+        line = f"{image} / {opt.image[0]}: boot p50 x{ratio_boot:.2f}"
+        if s.rss and first.rss:
+            line += f", idle RSS x{statistics.median(s.rss) / statistics.median(first.rss):.2f}"
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
