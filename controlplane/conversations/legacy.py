@@ -14,8 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane import keys
 from controlplane.api.middlewares import principal_of
+from controlplane.api.pagination import OFFSET, decode_cursor, encode_cursor
 from controlplane.api.parsing import json_response, parse_query
 from controlplane.api.routing import RouteTable
+from controlplane.auth.models import Principal
 from controlplane.conversations.models import (
     AppConversation,
     ConversationTrigger,
@@ -107,6 +109,28 @@ def legacy_view(conversation: AppConversation) -> LegacyConversation:
     )
 
 
+async def legacy_list(
+    service: ConversationService, principal: Principal, query: LegacyConversationQuery
+) -> tuple[list[AppConversation], str | None]:
+    """Newest first, filtered by repository and trigger, offset-paged."""
+    store = service.store
+    infos = [
+        i
+        for i in await store.get_many(await store.all_ids(principal.user_id))
+        if i
+        and (query.include_sub_conversations or not i.parent_conversation_id)
+        and (query.selected_repository in (None, i.selected_repository))
+        and (query.conversation_trigger in (None, i.trigger))
+    ]
+    infos.sort(key=lambda i: (i.created_at, i.id), reverse=True)
+    raw = decode_cursor(query.page_id, OFFSET)
+    start = int(raw) if raw else 0
+    page = infos[start : start + query.limit]
+    more = start + query.limit < len(infos)
+    next_id = encode_cursor(str(start + query.limit)) if more else None
+    return await service.views(principal, page), next_id
+
+
 def _service(request: web.Request) -> ConversationService:
     service = request.app.get(keys.CONVERSATIONS)
     if service is None:
@@ -123,7 +147,7 @@ def _service(request: web.Request) -> ConversationService:
 )
 async def list_conversations(request: web.Request) -> web.Response:
     query = parse_query(request, LegacyConversationQuery)
-    items, next_id = await _service(request).legacy_list(principal_of(request), query)
+    items, next_id = await legacy_list(_service(request), principal_of(request), query)
     return json_response(
         LegacyConversationPage(results=[legacy_view(c) for c in items], next_page_id=next_id)
     )

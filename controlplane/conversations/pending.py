@@ -16,7 +16,7 @@ from controlplane.conversations.agent_client import AgentClient
 from controlplane.conversations.models import ImageContent, TextContent, now
 from controlplane.errors import ControlPlaneError, QuotaExceeded
 from controlplane.ids import uuid7_hex
-from controlplane.sandboxes.models import SandboxStatus
+from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.service import SandboxService
 from controlplane.store import keys, text
 
@@ -131,39 +131,47 @@ class PendingMessages:
         """Send the queue to the agent, oldest first, when the sandbox is RUNNING. One delivery
         at a time per conversation (a lock in Redis); a message leaves the queue only after
         the agent took it, so a failure leaves it, and the rest, for the next delivery."""
-        queue = keys.pending_messages(conversation_id)
         sandbox = await self._sandboxes.store.get(sandbox_id)
         if sandbox is None or sandbox.status != SandboxStatus.RUNNING or not sandbox.ports:
             return DeliveryResult(delivered=0, pending=await self.count(conversation_id))
         lock, token = keys.pending_delivery(conversation_id), secrets.token_hex(8)
-        if not await self._redis.set(lock, token, nx=True, px=DELIVERY_LOCK_MS):
-            return DeliveryResult(delivered=0, pending=await self.count(conversation_id))
         delivered = 0
-        try:
-            base = self._sandboxes.agent_url(sandbox)
-            while (head := await self._redis.lindex(queue, 0)) is not None:
-                message = PendingMessage.model_validate_json(text(head))
-                body = {
-                    "role": message.role,
-                    "content": [c.model_dump() for c in message.content],
-                    "run": True,
-                }
-                try:
-                    await self._agent.send_message(
-                        base, sandbox.session_api_key, conversation_id, body
-                    )
-                except ControlPlaneError as exc:
-                    log.warning(
-                        "pending_delivery_failed",
-                        conversation_id=conversation_id,
-                        message_id=message.id,
-                        error=str(exc),
-                    )
-                    break
-                await self._drop_head(keys=[queue], args=[head])
-                delivered += 1
-        finally:
-            await self._release(keys=[lock], args=[token])
+        # A message queued while another request held the lock, and left by it, is ours: so
+        # look again after releasing, until the queue is empty or someone else delivers.
+        while await self._redis.set(lock, token, nx=True, px=DELIVERY_LOCK_MS):
+            try:
+                sent, failed = await self._drain(conversation_id, sandbox)
+                delivered += sent
+            finally:
+                await self._release(keys=[lock], args=[token])
+            if failed or not await self.count(conversation_id):
+                break
         if delivered:
             log.info("pending_delivered", conversation_id=conversation_id, count=delivered)
         return DeliveryResult(delivered=delivered, pending=await self.count(conversation_id))
+
+    async def _drain(self, conversation_id: str, sandbox: SandboxRecord) -> tuple[int, bool]:
+        """(messages sent, whether one failed), under the delivery lock."""
+        queue = keys.pending_messages(conversation_id)
+        base = self._sandboxes.agent_url(sandbox)
+        sent = 0
+        while (head := await self._redis.lindex(queue, 0)) is not None:
+            message = PendingMessage.model_validate_json(text(head))
+            body = {
+                "role": message.role,
+                "content": [c.model_dump() for c in message.content],
+                "run": True,
+            }
+            try:
+                await self._agent.send_message(base, sandbox.session_api_key, conversation_id, body)
+            except ControlPlaneError as exc:
+                log.warning(
+                    "pending_delivery_failed",
+                    conversation_id=conversation_id,
+                    message_id=message.id,
+                    error=str(exc),
+                )
+                return sent, True
+            await self._drop_head(keys=[queue], args=[head])
+            sent += 1
+        return sent, False

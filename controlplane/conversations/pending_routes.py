@@ -16,18 +16,18 @@ from controlplane.conversations.pending import (
     PendingMessageResponse,
     QueuePendingMessageRequest,
 )
-from controlplane.conversations.service import ConversationService
+from controlplane.conversations.pending_access import PendingAccess
 from controlplane.errors import RuntimeUnavailable
 
 routes = RouteTable(tag="pending-messages")
 BASE = "/api/v1/conversations/{conversation_id}/pending-messages"
 
 
-def _service(request: web.Request) -> ConversationService:
+def _access(request: web.Request) -> PendingAccess:
     service = request.app.get(keys.CONVERSATIONS)
     if service is None:
         raise RuntimeUnavailable("conversations are not enabled on this server")
-    return service
+    return PendingAccess(service)
 
 
 @routes.route(
@@ -42,7 +42,7 @@ def _service(request: web.Request) -> ConversationService:
 async def queue_message(request: web.Request) -> web.Response:
     body = await parse_body(request, QueuePendingMessageRequest)
     cid = request.match_info["conversation_id"]
-    queued = await _service(request).queue_pending(principal_of(request), cid, body)
+    queued = await _access(request).queue(principal_of(request), cid, body)
     return json_response(queued, status=201)
 
 
@@ -55,7 +55,7 @@ async def queue_message(request: web.Request) -> web.Response:
 )
 async def list_messages(request: web.Request) -> web.Response:
     cid = request.match_info["conversation_id"]
-    return json_response(await _service(request).list_pending(principal_of(request), cid))
+    return json_response(await _access(request).list(principal_of(request), cid))
 
 
 @routes.route(
@@ -67,4 +67,4 @@ async def list_messages(request: web.Request) -> web.Response:
 )
 async def deliver_messages(request: web.Request) -> web.Response:
     cid = request.match_info["conversation_id"]
-    return json_response(await _service(request).deliver_pending(principal_of(request), cid))
+    return json_response(await _access(request).deliver(principal_of(request), cid))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
@@ -24,30 +24,19 @@ from controlplane.conversations.models import (
     ConversationSortOrder,
     ExecutionStatus,
     SendMessageRequest,
-    StartTaskStatus,
     TaskFilters,
     TaskSearchQuery,
     TaskSortOrder,
 )
-from controlplane.conversations.pending import (
-    DeliveryResult,
-    PendingMessage,
-    PendingMessageResponse,
-    PendingMessages,
-    QueuePendingMessageRequest,
-    task_owner,
-)
+from controlplane.conversations.pending import PendingMessages
 from controlplane.conversations.starter import StartTaskRunner
 from controlplane.conversations.store import ConversationStore
-from controlplane.errors import Conflict, NotFound, RuntimeUnavailable
+from controlplane.errors import NotFound
 from controlplane.events.store import EventStore
 from controlplane.ids import uuid7_hex
 from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.service import SandboxService
-
-if TYPE_CHECKING:
-    from controlplane.conversations.legacy import LegacyConversationQuery
 
 log = structlog.get_logger(__name__)
 
@@ -256,21 +245,11 @@ class ConversationService:
             return False
         return _matches(info, query)
 
-    async def legacy_list(
-        self, principal: Principal, query: LegacyConversationQuery
-    ) -> tuple[list[AppConversation], str | None]:
-        """The V0 listing: newest first, filtered by repository and trigger."""
-        infos = [
-            i
-            for i in await self.store.get_many(await self.store.all_ids(principal.user_id))
-            if i
-            and (query.include_sub_conversations or not i.parent_conversation_id)
-            and (query.selected_repository in (None, i.selected_repository))
-            and (query.conversation_trigger in (None, i.trigger))
-        ]
-        infos.sort(key=lambda i: (i.created_at, i.id), reverse=True)
-        page, next_id = _offset_page(infos, query.page_id, query.limit)
-        return await self._live(principal, page), next_id
+    async def views(
+        self, principal: Principal, infos: list[AppConversationInfo]
+    ) -> list[AppConversation]:
+        """Stored records as the caller sees them, with live sandbox status."""
+        return await self._live(principal, infos)
 
     async def count(self, principal: Principal, filters: ConversationFilters) -> int:
         infos = await self.store.get_many(await self.store.all_ids(principal.user_id))
@@ -364,66 +343,6 @@ class ConversationService:
     async def run(self, principal: Principal, conversation_id: str) -> None:
         info, base, key = await self._on_agent(principal, conversation_id)
         await self.agent.run(base, key, info.id)
-
-    # -- pending messages (the web frontend's queue) -----------------------------------------
-
-    def _queue(self) -> PendingMessages:
-        if self.pending is None:
-            raise RuntimeUnavailable("pending messages are not enabled on this server")
-        return self.pending
-
-    async def _pending_target(
-        self, principal: Principal, raw_id: str
-    ) -> tuple[str, AppConversationInfo | None]:
-        """The queue an id from the frontend names: the caller's conversation, or before it
-        exists the caller's start task (`task-<id>`, or the bare task id)."""
-        if not raw_id.startswith("task-"):
-            try:
-                info = await self.owned(principal, raw_id)
-                return info.id, info
-            except NotFound:
-                pass
-        task = await self.task(principal, raw_id.removeprefix("task-").replace("-", "").lower())
-        if task is None:
-            raise NotFound(f"conversation {raw_id} not found")
-        if task.status == StartTaskStatus.ERROR:
-            raise Conflict(f"the conversation of start task {task.id} did not start: {task.detail}")
-        if task.status == StartTaskStatus.READY and task.app_conversation_id:
-            info = await self.owned(principal, task.app_conversation_id)
-            return info.id, info
-        return task_owner(task.id), None
-
-    async def queue_pending(
-        self, principal: Principal, raw_id: str, body: QueuePendingMessageRequest
-    ) -> PendingMessageResponse:
-        queue = self._queue()
-        owner, info = await self._pending_target(principal, raw_id)
-        queued = await queue.queue(owner, body)
-        if info is None:
-            # The start task may have finished meanwhile: then its queue is handed over here,
-            # or was by the task itself after our push (the task adopts after READY).
-            task = await self.store.get_task(owner.removeprefix("task-"))
-            if task is not None and task.status == StartTaskStatus.ERROR:
-                await queue.drop(owner)
-                raise Conflict(f"the conversation of start task {task.id} did not start")
-            if task is None or task.status != StartTaskStatus.READY or not task.app_conversation_id:
-                return queued
-            await queue.adopt(task.id, task.app_conversation_id)
-            info = await self.store.get(task.app_conversation_id)
-        if info is not None:
-            await queue.deliver(info.id, info.sandbox_id)
-        return queued
-
-    async def list_pending(self, principal: Principal, raw_id: str) -> list[PendingMessage]:
-        owner, _info = await self._pending_target(principal, raw_id)
-        return await self._queue().list(owner)
-
-    async def deliver_pending(self, principal: Principal, raw_id: str) -> DeliveryResult:
-        queue = self._queue()
-        owner, info = await self._pending_target(principal, raw_id)
-        if info is None:
-            return DeliveryResult(delivered=0, pending=await queue.count(owner))
-        return await queue.deliver(info.id, info.sandbox_id)
 
     async def close(self) -> None:
         await self.runner.close()
