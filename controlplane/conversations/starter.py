@@ -347,6 +347,8 @@ class StartTaskRunner:
             task.status = T.ERROR
             task.detail = "interrupted by a control plane restart; start the conversation again"
             await self._store.save_task(task)
+            if self._pending is not None:
+                await self._pending.drop(task_owner(task.id))
             failed += 1
         return failed
 
