@@ -44,6 +44,7 @@ from controlplane.health import OPENAPI_DOC
 from controlplane.health import routes as health_routes
 from controlplane.lifecycle.routes import routes as lifecycle_routes
 from controlplane.metrics import METRICS, Metrics
+from controlplane.sandboxes.pool_routes import routes as pool_routes
 from controlplane.sandboxes.routes import routes as sandbox_routes
 from controlplane.sandboxes.wiring import RECONCILER, sandbox_ctx
 from controlplane.settings.routes import routes as settings_routes
@@ -67,6 +68,7 @@ def route_tables() -> list[RouteTable]:
         settings_routes,
         spec_routes,
         sandbox_routes,
+        pool_routes,
         conversation_routes,
         legacy_conversation_routes,
         pending_routes,

@@ -19,6 +19,7 @@ from prometheus_client.metrics_core import Metric
 
 from controlplane.conversations.models import ExecutionStatus
 from controlplane.sandboxes.models import SandboxStatus
+from controlplane.sandboxes.pool_store import pool_counts
 from controlplane.store import keys, text
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -49,6 +50,34 @@ class _CounterFromSource:
     def collect(self) -> Iterable[Metric]:
         value = self.source() if self.source is not None else 0
         return [CounterMetricFamily(self._name, self._doc, value=value)]
+
+
+class _PoolCounters:
+    """acs_pool_claims and acs_pool_misses per spec, as counted in Redis by every replica."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, int] = {}
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families({})
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families(self.values)
+
+    @staticmethod
+    def _families(values: dict[str, int]) -> list[Metric]:
+        claims = CounterMetricFamily(
+            "acs_pool_claims", "Creates served by a warm pool member", labels=["spec"]
+        )
+        misses = CounterMetricFamily(
+            "acs_pool_misses",
+            "Creates of a spec with a warm pool that found it empty (started cold)",
+            labels=["spec"],
+        )
+        for name, value in sorted(values.items()):
+            kind, _, spec = name.partition(":")
+            (claims if kind == "claims" else misses).add_metric([spec], value)
+        return [claims, misses]
 
 
 class Metrics:
@@ -103,6 +132,14 @@ class Metrics:
             "Sandbox records the reconciler changed to match Docker (this process)",
         )
         reg.register(self.reconcile_fixes)
+        self.pool_members = Gauge(
+            "acs_pool_members",
+            "Unclaimed warm pool members by spec and status; status=ready counts the claimable",
+            ("spec", "status"),
+            registry=reg,
+        )
+        self.pool_events = _PoolCounters()
+        reg.register(self.pool_events)
 
     # -- hooks handed to code that must not import this module -----------------------------
 
@@ -124,6 +161,10 @@ class Metrics:
         sandboxes = await _sandbox_counts(redis)
         for status in SandboxStatus:
             self.sandboxes.labels(status.value).set(sandboxes.get(status.value, 0))
+        members, self.pool_events.values = await pool_counts(redis)
+        self.pool_members.clear()
+        for (spec, state), count in members.items():
+            self.pool_members.labels(spec, state).set(count)
         conversations = await _conversation_counts(redis)
         for label in [*(s.value for s in ExecutionStatus), NO_STATUS]:
             self.conversations.labels(label).set(conversations.get(label, 0))

@@ -134,6 +134,10 @@ class SandboxStore:
             "last_activity_at": record.last_activity_at.isoformat(),
         }
 
+    def encode(self, record: SandboxRecord) -> dict[str, str]:
+        """The record's hash fields (session key encrypted), for stores that write records."""
+        return self._encode(record)
+
     def _decode(self, raw: dict[Any, Any]) -> SandboxRecord:
         row = {text(k): text(v) for k, v in raw.items()}
         return SandboxRecord(

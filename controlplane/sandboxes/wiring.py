@@ -22,6 +22,8 @@ from controlplane.lifecycle.webhooks import WebhookSender
 from controlplane.metrics import METRICS
 from controlplane.sandboxes.launcher import HealthProbe
 from controlplane.sandboxes.networking import SandboxNetworks
+from controlplane.sandboxes.pool import WarmPool
+from controlplane.sandboxes.pool_store import PoolStore
 from controlplane.sandboxes.reaper import IdleReaper
 from controlplane.sandboxes.reconciler import Reconciler
 from controlplane.sandboxes.service import SandboxService
@@ -31,6 +33,7 @@ from controlplane.store.leader import LeaderLock
 from drivers.docker import DockerDriver
 
 RECONCILER: web.AppKey[Reconciler] = web.AppKey("reconciler")
+POOL: web.AppKey[WarmPool] = web.AppKey("warm_pool")
 REAPER: web.AppKey[IdleReaper] = web.AppKey("reaper")
 
 
@@ -86,6 +89,15 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
             LeaderLock(app[keys.REDIS], store_keys.leader("reaper"), 3 * config.reaper_interval),
         )
         app[REAPER] = reaper
+        pool = WarmPool(
+            service,
+            PoolStore(app[keys.REDIS], store),
+            LeaderLock(
+                app[keys.REDIS], store_keys.leader("pool"), max(3 * config.pool_interval, 5.0)
+            ),
+        )
+        service.pool = pool
+        app[POOL] = pool
         app[keys.CONVERSATIONS] = conversations
         app[keys.EVENTS] = EventService(
             conversations.events, conversations, on_lag=metrics.event_delivered
@@ -93,8 +105,10 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
         await runner.recover()
         reconciler.start()
         reaper.start()
+        pool.start()
         yield
         await networks.close()  # no webhooks arrive while the services below close
+        await pool.stop()
         await reaper.stop()
         await reconciler.stop()
         await conversations.close()

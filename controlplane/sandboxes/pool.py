@@ -1,0 +1,255 @@
+"""The warm pool: sandboxes booted ahead of demand, owned by nobody until a create claims one.
+
+Claims run on every replica (pool_store's Lua makes each member go to exactly one user). The
+refiller runs on one replica at a time (a Redis leader lock, as the idle reaper): every
+ACS_POOL_INTERVAL seconds, and soon after a claim on its own replica, it drops members that are
+stale (their spec's content or image changed), broken or surplus, pauses members of specs that
+keep them paused, marks booted ones ready, and launches new ones within the host's capacity.
+Nothing user-specific is in a member: its session key is random and is first shown to the user
+who claims it; its idle deadline starts at the claim; a claimed member never returns to the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import secrets
+from datetime import UTC, datetime, timedelta
+
+import structlog
+
+from controlplane.auth.models import Principal
+from controlplane.errors import RuntimeUnavailable
+from controlplane.sandboxes import naming
+from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.sandboxes.pool_store import PoolStore
+from controlplane.sandboxes.service import SandboxService
+from controlplane.sandboxes.store import Limits
+from controlplane.specs.models import SandboxSpec
+from controlplane.store.leader import LeaderLock
+from drivers.base import ContainerState, DriverError
+
+log = structlog.get_logger(__name__)
+S = SandboxStatus
+
+
+def fingerprint(spec: SandboxSpec, image_id: str) -> str:
+    """Changes when the spec's content or its image (a rebuild) changes: members booted from
+    another fingerprint are stale."""
+    digest = hashlib.sha256(spec.model_dump_json().encode() + b"\0" + image_id.encode())
+    return digest.hexdigest()[:24]
+
+
+class WarmPool:
+    def __init__(self, service: SandboxService, store: PoolStore, leader: LeaderLock) -> None:
+        self._svc = service
+        self.service = service
+        self.store = store
+        self._leader = leader
+        self._config = service.config
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    def size(self, spec: SandboxSpec) -> int:
+        return self._config.pool_size(spec.id, spec.warm_pool)
+
+    @property
+    def enabled(self) -> bool:
+        return any(self.size(spec) > 0 for spec in self._svc.catalog.all())
+
+    # -- claims (any replica) -------------------------------------------------------------
+
+    async def claim(
+        self, principal: Principal, spec: SandboxSpec, image_id: str, limits: Limits
+    ) -> SandboxRecord | None:
+        if self.size(spec) <= 0:
+            return None
+        claim = await self.store.claim(
+            spec.id,
+            fingerprint(spec, image_id),
+            principal.user_id,
+            running_cap=limits.running,
+            total_cap=limits.total,
+        )
+        self._wake.set()
+        if claim.outcome in ("running", "total"):
+            raise self._svc._quota(principal, claim.outcome)
+        if claim.sandbox_id is None:
+            return None
+        record = await self._svc.store.get(claim.sandbox_id)
+        if record is None:
+            return None  # deleted by its new owner already
+        if claim.was_paused:
+            return await self._unpause(record)
+        log.info("pool_claimed", sandbox_id=record.id, user_id=record.owner, spec_id=spec.id)
+        return record
+
+    async def _unpause(self, record: SandboxRecord) -> SandboxRecord | None:
+        """A claimed paused member is unpaused before the user sees it; one that cannot be is
+        removed, and the create goes on cold."""
+        name = naming.container_name(self._config.container_prefix, record.id)
+        try:
+            await self._svc.driver.unpause(name)
+        except DriverError as exc:
+            log.warning("pool_unpause_failed", sandbox_id=record.id, error=str(exc))
+            volume = naming.volume_name(self._config.container_prefix, record.id)
+            await self._svc.driver.remove(name, volume)
+            await self._svc.store.delete(record)
+            return None
+        await self._svc.store.transition(record, [S.STARTING], S.RUNNING, touch=True)
+        return await self._svc.store.get(record.id)
+
+    # -- the refiller (one replica) -------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="pool-refiller")
+
+    async def stop(self) -> None:
+        # 3.11's wait_for can swallow a cancellation that races the event it waits for: the
+        # flag ends the loop then, and the cancellation repeats until the task has ended.
+        self._stopping = True
+        self._wake.set()
+        while self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.wait([self._task], timeout=0.1)
+        self._task = None
+        try:
+            await self._leader.release()
+        except Exception as exc:
+            log.info("pool_release_failed", error=str(exc))
+
+    async def _loop(self) -> None:
+        while not self._stopping:
+            self._wake.clear()
+            try:
+                if await self._leader.hold():
+                    await self.refill()
+            except RuntimeUnavailable as exc:
+                log.warning("pool_refill_skipped", error=str(exc))
+            except Exception:
+                log.exception("pool_refill_failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._config.pool_interval)
+
+    async def refill(self) -> int:
+        """One pass over every spec; returns how many members it launched."""
+        await self.store.forget_missing()
+        members = await self.store.members()
+        if not members and not self.enabled:
+            return 0
+        containers = {
+            c.labels.get(naming.LABEL_ID, ""): c
+            for c in await self._svc.driver.list_managed(
+                {
+                    naming.LABEL_PREFIX: self._config.container_prefix,
+                    naming.LABEL_OWNER: naming.POOL_OWNER,
+                }
+            )
+        }
+        launched = 0
+        for spec in self._svc.catalog.all():
+            mine = [(r, fp) for r, fp in members if r.spec_id == spec.id]
+            size = self.size(spec)
+            if not mine and size <= 0:
+                continue
+            image_id = await self._svc.driver.image_id(spec.image)
+            current = fingerprint(spec, image_id) if image_id else None
+            live = await self._tend(spec, mine, current, containers)
+            for record in live[size:]:
+                await self._drop(record, "surplus")
+            if current is not None and len(live) < size:
+                launched += await self._launch(spec, current, size - len(live))
+        known = {spec.id for spec in self._svc.catalog.all()}
+        for record, _fp in members:
+            if record.spec_id not in known:
+                await self._drop(record, "spec removed")
+        return launched
+
+    async def _tend(
+        self,
+        spec: SandboxSpec,
+        members: list[tuple[SandboxRecord, str]],
+        current: str | None,
+        containers: dict[str, ContainerState],
+    ) -> list[SandboxRecord]:
+        """Drop stale and broken members, settle the others; returns the live ones, ready
+        first."""
+        ready = await self.store.ready_ids(spec.id)
+        ready_live: list[SandboxRecord] = []
+        booting: list[SandboxRecord] = []
+        grace = timedelta(seconds=self._config.start_timeout + 10)
+        for record, fp in members:
+            launching = self._svc.is_launching(record.id)
+            state = containers.get(record.id)
+            if fp != current:
+                await self._drop(record, "stale: its spec or image changed")
+            elif record.status == S.STARTING:
+                if launching or datetime.now(UTC) - record.updated_at < grace:
+                    booting.append(record)
+                else:
+                    await self._drop(record, "start interrupted")
+            elif record.status not in (S.RUNNING, S.PAUSED) or state is None:
+                await self._drop(record, f"broken ({record.status.value})")
+            elif await self._settle(spec, record, state):
+                if record.id not in ready:
+                    await self.store.mark_ready(spec.id, record.id)
+                ready_live.append(record)
+            else:
+                booting.append(record)
+        return ready_live + booting
+
+    async def _settle(
+        self, spec: SandboxSpec, record: SandboxRecord, state: ContainerState
+    ) -> bool:
+        """True when the member waits as its spec wants (running, or paused)."""
+        if spec.warm_pool_state == "running" or record.status == S.PAUSED:
+            return True
+        if state.status != "running":
+            return False
+        async with self._svc.lock(record.id):
+            name = naming.container_name(self._config.container_prefix, record.id)
+            await self._svc.driver.pause(name)
+            result = await self._svc.store.transition(record, [S.RUNNING], S.PAUSED)
+        return result.outcome == "ok"  # else the reconciler saw the pause first: next pass
+
+    async def _launch(self, spec: SandboxSpec, current: str, count: int) -> int:
+        capacity = (await self._svc.limits()).memory_capacity
+        launched = 0
+        for _ in range(count):
+            now = datetime.now(UTC)
+            record = SandboxRecord(
+                id=naming.new_sandbox_id(),
+                owner=naming.POOL_OWNER,
+                spec_id=spec.id,
+                status=S.STARTING,
+                session_api_key=secrets.token_urlsafe(32),
+                created_at=now,
+                updated_at=now,
+                last_activity_at=now,
+            )
+            if not await self.store.create(
+                record, current, spec.resources.reservation_bytes, capacity
+            ):
+                log.info("pool_refill_no_capacity", spec_id=spec.id)
+                break
+            self._svc.launcher.launch(record)
+            launched += 1
+        if launched:
+            log.info("pool_refill", spec_id=spec.id, launched=launched)
+        return launched
+
+    async def _drop(self, record: SandboxRecord, why: str) -> None:
+        if not await self.store.drop(record):
+            return  # claimed first: it is a user's now
+        await self._svc.launcher.cancel(record.id)
+        prefix = self._config.container_prefix
+        try:
+            await self._svc.driver.remove(
+                naming.container_name(prefix, record.id), naming.volume_name(prefix, record.id)
+            )
+        except DriverError as exc:
+            # Tombstoned: the reconciler removes what is left.
+            log.warning("pool_drop_remove_failed", sandbox_id=record.id, error=str(exc))
+        log.info("pool_member_dropped", sandbox_id=record.id, spec_id=record.spec_id, why=why)

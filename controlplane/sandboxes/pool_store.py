@@ -1,0 +1,234 @@
+"""Warm pool members in Redis: create within host capacity, claim exactly once, drop.
+
+A member is an ordinary sandbox record (acs:sandbox:<id>) owned by naming.POOL_OWNER, plus a
+`pool_fp` field (the fingerprint of the spec and image it was booted from). It is listed in
+acs:pool:members (never in acs:sandboxes or any user's index, so no user search, count or
+sweep sees it) and, once booted as its spec wants it, in acs:pool:ready:<spec>, the set a claim
+pops from. A claim is one Lua script: it pops ready members until one is still unclaimed, of the
+caller's fingerprint and RUNNING or PAUSED, and moves it into the user's indexes with the user's
+caps checked, all at once; two replicas can never hand out the same member.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import redis.asyncio as aioredis
+
+from controlplane.crypto import hash_api_key
+from controlplane.sandboxes.models import SandboxRecord
+from controlplane.sandboxes.naming import POOL_OWNER
+from controlplane.sandboxes.store import TOMBSTONE_TTL, SandboxStore
+from controlplane.store import keys, text
+
+MEMBERS = f"{keys.PREFIX}:pool:members"
+STATS = f"{keys.PREFIX}:pool:stats"
+"""Hash: `claims:<spec>` and `misses:<spec>` counters (every replica's claims)."""
+
+
+def ready(spec_id: str) -> str:
+    return f"{keys.PREFIX}:pool:ready:{spec_id}"
+
+
+_CREATE = """
+local memory, memory_cap, id = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+if memory_cap >= 0 then
+  local used = 0
+  for _, v in ipairs(redis.call('HVALS', KEYS[3])) do used = used + tonumber(v) end
+  if used + memory > memory_cap then return 'memory' end
+end
+redis.call('HSET', KEYS[1], 'memory', ARGV[1], unpack(ARGV, 4))
+redis.call('ZADD', KEYS[2], 0, id)
+redis.call('HSET', KEYS[3], id, memory)
+redis.call('SET', KEYS[4], id)
+redis.call('SADD', KEYS[5], id)
+return 'ok'
+"""
+
+_CLAIM = """
+local running_cap, total_cap = tonumber(ARGV[1]), tonumber(ARGV[2])
+local fp, owner, now, spec, prefix = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+if running_cap >= 0 and redis.call('SCARD', KEYS[5]) >= running_cap then return {'running'} end
+if total_cap >= 0 and redis.call('ZCARD', KEYS[4]) >= total_cap then return {'total'} end
+while true do
+  local popped = redis.call('ZPOPMIN', KEYS[1])
+  if #popped == 0 then
+    redis.call('HINCRBY', KEYS[7], 'misses:' .. spec, 1)
+    return {'empty'}
+  end
+  local id = popped[1]
+  local key = prefix .. id
+  local f = redis.call('HMGET', key, 'owner', 'status', 'pool_fp')
+  if f[1] == ARGV[8] and f[3] == fp and (f[2] == 'RUNNING' or f[2] == 'PAUSED') then
+    -- A paused member is STARTING until the caller has unpaused it.
+    local status = (f[2] == 'RUNNING') and 'RUNNING' or 'STARTING'
+    redis.call('HSET', key, 'owner', owner, 'status', status, 'reason', '',
+      'created_at', now, 'updated_at', now, 'last_activity_at', now)
+    redis.call('HDEL', key, 'pool_fp')
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('SREM', KEYS[6], id)
+    redis.call('ZADD', KEYS[3], 0, id)
+    redis.call('ZADD', KEYS[4], 0, id)
+    redis.call('SADD', KEYS[5], id)
+    redis.call('HINCRBY', KEYS[7], 'claims:' .. spec, 1)
+    return {'ok', id, f[2]}
+  end
+end
+"""
+
+_DROP = """
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('DEL', KEYS[5])
+redis.call('SREM', KEYS[6], ARGV[1])
+redis.call('SET', KEYS[7], '1', 'EX', ARGV[3])
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class Claim:
+    outcome: str  # ok, empty, running (the user's running cap), total (the user's total cap)
+    sandbox_id: str | None = None
+    was_paused: bool = False
+
+
+class PoolStore:
+    def __init__(self, redis: aioredis.Redis, sandboxes: SandboxStore) -> None:
+        self._redis = redis
+        self.sandboxes = sandboxes
+        self._create = redis.register_script(_CREATE)
+        self._claim = redis.register_script(_CLAIM)
+        self._drop = redis.register_script(_DROP)
+
+    async def create(
+        self, record: SandboxRecord, fingerprint: str, memory: int, memory_capacity: int | None
+    ) -> bool:
+        """Write a STARTING member reserving `memory`; False when the host has no room."""
+        fields = self.sandboxes.encode(record) | {"pool_fp": fingerprint}
+        flat = [item for pair in fields.items() for item in pair]
+        outcome = await self._create(
+            keys=[
+                keys.sandbox(record.id),
+                MEMBERS,
+                keys.MEMORY_RESERVED,
+                keys.sandbox_by_key(hash_api_key(record.session_api_key)),
+                keys.user_active_sandboxes(POOL_OWNER),
+            ],
+            args=[memory, -1 if memory_capacity is None else memory_capacity, record.id, *flat],
+        )
+        return text(outcome) == "ok"
+
+    async def claim(
+        self,
+        spec_id: str,
+        fingerprint: str,
+        owner: str,
+        *,
+        running_cap: int | None,
+        total_cap: int | None,
+    ) -> Claim:
+        result = await self._claim(
+            keys=[
+                ready(spec_id),
+                MEMBERS,
+                keys.ALL_SANDBOXES,
+                keys.user_sandboxes(owner),
+                keys.user_active_sandboxes(owner),
+                keys.user_active_sandboxes(POOL_OWNER),
+                STATS,
+            ],
+            args=[
+                -1 if running_cap is None else running_cap,
+                -1 if total_cap is None else total_cap,
+                fingerprint,
+                owner,
+                datetime.now(UTC).isoformat(),
+                spec_id,
+                keys.sandbox(""),
+                POOL_OWNER,
+            ],
+        )
+        outcome = text(result[0])
+        if outcome != "ok":
+            return Claim(outcome)
+        return Claim(outcome, text(result[1]), text(result[2]) == "PAUSED")
+
+    async def mark_ready(self, spec_id: str, sandbox_id: str) -> None:
+        await self._redis.zadd(ready(spec_id), {sandbox_id: 0}, nx=True)
+
+    async def ready_ids(self, spec_id: str) -> set[str]:
+        return {text(i) for i in await self._redis.zrange(ready(spec_id), 0, -1)}
+
+    async def drop(self, record: SandboxRecord) -> bool:
+        """Forget an unclaimed member (tombstoned, so a leftover container goes with its volume).
+        False when a claim took it first."""
+        dropped = await self._drop(
+            keys=[
+                keys.sandbox(record.id),
+                MEMBERS,
+                ready(record.spec_id),
+                keys.MEMORY_RESERVED,
+                keys.sandbox_by_key(hash_api_key(record.session_api_key)),
+                keys.user_active_sandboxes(POOL_OWNER),
+                keys.sandbox_tombstone(record.id),
+            ],
+            args=[record.id, POOL_OWNER, TOMBSTONE_TTL],
+        )
+        return bool(dropped)
+
+    async def members(self) -> list[tuple[SandboxRecord, str]]:
+        """Every unclaimed member with its fingerprint, oldest first."""
+        ids = [text(i) for i in await self._redis.zrange(MEMBERS, 0, -1)]
+        if not ids:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for sandbox_id in ids:
+                pipe.hget(keys.sandbox(sandbox_id), "pool_fp")
+            fps = await pipe.execute()
+        records = await self.sandboxes.get_many(ids)
+        return [
+            (r, text(fp or b""))
+            for r, fp in zip(records, fps, strict=True)
+            if r is not None and r.owner == POOL_OWNER
+        ]
+
+    async def forget_missing(self) -> None:
+        """Index entries whose record is gone (e.g. deleted by hand) are removed."""
+        ids = [text(i) for i in await self._redis.zrange(MEMBERS, 0, -1)]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for sandbox_id in ids:
+                pipe.exists(keys.sandbox(sandbox_id))
+            exists = await pipe.execute()
+        gone = [i for i, e in zip(ids, exists, strict=True) if not e]
+        if gone:
+            await self._redis.zrem(MEMBERS, *gone)
+
+    async def stats(self) -> dict[str, int]:
+        raw = await self._redis.hgetall(STATS)
+        return {text(k): int(v) for k, v in raw.items()}
+
+
+async def pool_counts(redis: aioredis.Redis) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
+    """For /metrics: unclaimed members by (spec, status), with status "ready" for the claimable
+    ones, and the claim/miss counters of STATS."""
+    ids = [text(i) for i in await redis.zrange(MEMBERS, 0, -1)]
+    async with redis.pipeline(transaction=False) as pipe:
+        for sandbox_id in ids:
+            pipe.hmget(keys.sandbox(sandbox_id), "spec_id", "status")
+        rows = await pipe.execute()
+    counts: dict[tuple[str, str], int] = {}
+    specs: set[str] = set()
+    for spec_id, status in rows:
+        if spec_id is not None and status is not None:
+            key = (text(spec_id), text(status))
+            counts[key] = counts.get(key, 0) + 1
+            specs.add(key[0])
+    for spec_id in specs:
+        counts[(spec_id, "ready")] = int(await redis.zcard(ready(spec_id)))
+    raw = await redis.hgetall(STATS)
+    return counts, {text(k): int(v) for k, v in raw.items()}
