@@ -44,10 +44,12 @@ def wait_healthy(port: int) -> float:
     deadline = time.monotonic() + BOOT_TIMEOUT
     url = f"http://127.0.0.1:{port}/health"
     while time.monotonic() < deadline:
-        with contextlib.suppress(urllib.error.URLError, OSError, TimeoutError):
-            with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 (loopback URL)
-                if resp.status == 200:
-                    return time.perf_counter()
+        with (
+            contextlib.suppress(urllib.error.URLError, OSError, TimeoutError),
+            urllib.request.urlopen(url, timeout=2) as resp,
+        ):
+            if resp.status == 200:
+                return time.perf_counter()
         time.sleep(HEALTH_POLL)
     raise RuntimeError(f"no 200 on {url} within {BOOT_TIMEOUT:.0f} s")
 
@@ -119,7 +121,9 @@ def main() -> int:
     print(f"{'image':40} | boot p50 ms | boot p95 ms | idle RSS p50 MiB | runs")
     for image, s in samples.items():
         rss = f"{statistics.median(s.rss):16.1f}" if s.rss else f"{'-':>16}"
-        print(f"{image:40} | {pct(s.boot, 50):11.0f} | {pct(s.boot, 95):11.0f} | {rss} | {opt.runs}")
+        print(
+            f"{image:40} | {pct(s.boot, 50):11.0f} | {pct(s.boot, 95):11.0f} | {rss} | {opt.runs}"
+        )
     first = samples[opt.image[0]]
     for image in opt.image[1:]:
         s = samples[image]
