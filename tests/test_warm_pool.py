@@ -113,8 +113,11 @@ async def test_claims_hand_out_each_member_once_across_two_replicas(
     assert not members & {m["id"] for m in view["members"]}
     # Claimed sandboxes are the users' own, with labels that still say ~pool: the reconciler
     # keeps them (Redis says who owns them).
-    labelled = {c.labels[naming.LABEL_ID] for c in containers(docker_client, test_prefix)}
-    assert set(got) <= labelled
+    labelled = {
+        c.labels[naming.LABEL_ID]: c.labels[naming.LABEL_OWNER]
+        for c in containers(docker_client, test_prefix)
+    }
+    assert {labelled.get(m) for m in members} == {naming.POOL_OWNER}
 
     # ...and the pool refills behind the claims.
     refilled = await wait_ready(two, 2)
