@@ -61,6 +61,7 @@ bench: install host images
 	$(BIN)/python bench/sandboxes.py
 	$(BIN)/python bench/conversations.py
 	$(BIN)/python bench/unauthenticated_flood.py
+	$(BIN)/python bench/warm_pool.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
