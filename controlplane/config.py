@@ -72,6 +72,12 @@ class ServiceConfig(BaseModel):
         default=None, ge=0, description="Memory sandboxes may reserve; unset: the engine's total"
     )
     host_memory_fraction: float = Field(default=0.9, gt=0, le=1.0)
+    host_memory_floor: int = Field(
+        default=512 * 1024**2,
+        ge=0,
+        description="Refuse new sandboxes while the host has less memory available than this "
+        "(a local engine only); 0: off",
+    )
     idle_timeout: int | None = Field(
         default=None, ge=0, description="Seconds; overrides every spec and user; 0 disables"
     )

@@ -17,6 +17,7 @@ from cryptography.fernet import Fernet
 
 from controlplane.crypto import SecretBox
 from controlplane.sandboxes import naming
+from controlplane.sandboxes.host_memory import HostMemory
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.pool import fingerprint
 from controlplane.sandboxes.store import Limits, SandboxStore
@@ -286,3 +287,35 @@ async def test_default_reservation_admits_300_idle_sandboxes_on_24_gib(
         outcomes.append(await store.create(record, spec.resources.reservation_bytes, limits))
     assert outcomes[:345] == ["ok"] * 345
     assert outcomes[345] == "memory"
+
+
+async def test_host_short_of_memory_refuses_before_the_engine(
+    test_prefix: str, make_client: Any, user_headers: Any, docker_client: docker.DockerClient
+) -> None:
+    """Reservations overcommit the limits: the live guard refuses (429, nothing created) while
+    the host has less available than ACS_HOST_MEMORY_FLOOR, and the pool does not refill."""
+    client: Client = await make_client(
+        with_sandboxes=True,
+        container_prefix=test_prefix,
+        warm_pool="1",
+        host_memory_floor=1024**5,  # more than any host has
+        **FAST,
+    )
+    alice = await user_headers("alice")
+    resp = await client.post("/api/v1/sandboxes", json={}, headers=alice)
+    assert resp.status == 429
+    assert "memory" in (await resp.json())["detail"]
+    await asyncio.sleep(1.0)  # several refill passes
+    assert (await pool_of(client))["members"] == []
+    assert containers(docker_client, test_prefix) == []
+
+
+def test_host_memory_reads_meminfo_and_ignores_a_remote_engine(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       25165824 kB\nMemAvailable:    1048576 kB\n")  # 1 GiB
+    local = HostMemory(512 * 1024**2, None, meminfo)
+    assert local.available() == 1024**3
+    assert local.room_for(256 * 1024**2)
+    assert not local.room_for(768 * 1024**2)
+    assert HostMemory(512 * 1024**2, "tcp://10.0.0.5:2375", meminfo).room_for(1024**3)
+    assert HostMemory(0, None, meminfo).room_for(1024**3)

@@ -218,6 +218,9 @@ class WarmPool:
         capacity = (await self._svc.limits()).memory_capacity
         launched = 0
         for _ in range(count):
+            if not self._svc.host_memory.room_for(spec.resources.reservation_bytes):
+                log.info("pool_refill_host_short", spec_id=spec.id)
+                break
             now = datetime.now(UTC)
             record = SandboxRecord(
                 id=naming.new_sandbox_id(),

@@ -23,6 +23,7 @@ from controlplane.errors import (
 from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.sandboxes import naming
+from controlplane.sandboxes.host_memory import HostMemory
 from controlplane.sandboxes.launcher import HealthProbe, Launcher
 from controlplane.sandboxes.models import (
     SANDBOX_ID_PATTERN,
@@ -69,6 +70,7 @@ class SandboxService(SandboxReads):
         self._memory_capacity = config.host_memory_bytes
         self._locks: dict[str, asyncio.Lock] = {}
         self.pool: PoolClaims | None = None  # set by wiring when the warm pool is on
+        self.host_memory = HostMemory(config.host_memory_floor, config.docker_url)
         self.launcher = Launcher(
             config,
             store,
@@ -189,6 +191,8 @@ class SandboxService(SandboxReads):
             updated_at=now,
             last_activity_at=now,
         )
+        if not self.host_memory.room_for(spec.resources.reservation_bytes):
+            raise self._quota(principal, "memory")
         outcome = await self.store.create(
             record, spec.resources.reservation_bytes, await self.limits()
         )
