@@ -8,10 +8,12 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from controlplane import keys
+from controlplane.api import parser_errors
 from controlplane.api.cors import cors_middleware
 from controlplane.api.middlewares import (
     PACER,
     RATE_LIMITER,
+    WEBHOOK_LIMITER,
     auth_middleware,
     context_middleware,
     error_middleware,
@@ -113,6 +115,8 @@ def _redis_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncIterat
         app[keys.SETTINGS] = SettingsService(UserRecordStore(client, box))
         if config.rate_limit_per_minute:
             app[RATE_LIMITER] = RateLimiter(client, config.rate_limit_per_minute)
+        if config.webhook_rate_limit_per_minute:
+            app[WEBHOOK_LIMITER] = RateLimiter(client, config.webhook_rate_limit_per_minute)
         yield
         await client.aclose()
 
@@ -125,6 +129,7 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
     with_sandboxes=False leaves out the Docker-backed services (for settings-only tests and
     hosts without an engine); their routes then answer 503.
     """
+    parser_errors.install()
     app = web.Application(
         client_max_size=config.max_body_bytes,
         middlewares=[

@@ -96,6 +96,9 @@ class ServiceConfig(BaseModel):
     rate_limit_per_minute: int = Field(
         default=6000, ge=0, description="Requests per API key per minute (100/s); 0: off"
     )
+    webhook_rate_limit_per_minute: int = Field(
+        default=6000, ge=0, description="Webhook requests per sandbox per minute (100/s); 0: off"
+    )
     request_timeout: float = Field(default=60.0, gt=0, le=3600)
     unauthenticated_rate: float = Field(
         default=100.0,

@@ -89,10 +89,17 @@ async def test_live_socket_replays_then_follows(
             seen.append(json.loads((await ws.receive(timeout=30)).data))
     assert of_kind(seen, "MessageEvent")[0]["source"] == "user"
 
-    status, _ = await alice.call("GET", "/api/v1/events/socket?conversation_id=" + "0" * 32)
-    assert status in (401, 404)
+    status, body = await alice.call("GET", "/api/v1/events/socket?conversation_id=" + "0" * 32)
+    assert status == 400, body  # not a WebSocket handshake
+    handshake = {
+        "Connection": "Upgrade",
+        "Upgrade": "websocket",
+        "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+    }
     async with http.get(
-        f"{live.url}/api/v1/events/socket?conversation_id={cid}&session_api_key=wrong"
+        f"{live.url}/api/v1/events/socket?conversation_id={cid}&session_api_key=wrong",
+        headers=handshake,
     ) as resp:
         assert resp.status == 401
 

@@ -123,14 +123,16 @@ async def test_empty_token_removes_that_provider_and_omitted_providers_are_kept(
     }
 
 
-async def test_first_time_provider_without_token_is_422(
+async def test_first_time_provider_without_token_is_409(
     client: Client, user_headers: UserHeaders
 ) -> None:
+    # A conflict with what is stored (nothing), not a bad value: once a token is stored, the
+    # same body keeps it and changes the host.
     headers = await user_headers("alice")
     for sent in ({"host": "gitlab.example.com"}, {"token": None}):
         status, body = await _providers(client, headers, {"provider_tokens": {"gitlab": sent}})
-        assert status == 422
-        assert body["detail"][0]["loc"] == ["body", "provider_tokens", "gitlab", "token"]
+        assert status == 409
+        assert body["detail"] == "no token is stored for gitlab; send one"
     assert (await _settings(client, headers))["provider_tokens_set"] == {}
 
 

@@ -163,18 +163,21 @@ async def test_v1_post_validates_with_the_detail_list(
             ["body", "agent_settings", "llm", "base_url"],
         ),
         ({"nope": 1}, ["body", "nope"]),
-        (
-            {"llm_model": "a", "agent_settings": {"llm": {"model": "b"}}},
-            ["body", "agent_settings", "llm", "model"],
-        ),
-        (
-            {"llm_api_key": "k1", "agent_settings": {"llm": {"api_key": "k2"}}},
-            ["body", "agent_settings", "llm", "api_key"],
-        ),
     ]
     for body, loc in cases:
         status, answer = await post_v1(client, alice, body)
         assert status == 422, (body, answer)
         assert [item["loc"] for item in answer["detail"]] == [loc], answer
+    # Each valid alone, the two spellings of one field disagree: a conflict, not a bad value.
+    for body, names in (
+        ({"llm_model": "a", "agent_settings": {"llm": {"model": "b"}}}, "agent_settings.llm.model"),
+        (
+            {"llm_api_key": "k1", "agent_settings": {"llm": {"api_key": "k2"}}},
+            "agent_settings.llm.api_key",
+        ),
+    ):
+        status, answer = await post_v1(client, alice, body)
+        assert status == 409, (body, answer)
+        assert names in answer["detail"], answer
     # Nothing of the refused bodies was stored.
     assert (await get(client, "/api/v1/settings", alice))["llm_model"] is None

@@ -10,6 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from openapi_spec_validator import validate
 
+from controlplane.api.openapi import doc_path
 from controlplane.app import route_tables
 from tests.test_settings import SPEC_FIELDS
 
@@ -100,10 +101,10 @@ def test_settings_schema_has_every_spec_field(doc: dict[str, Any]) -> None:
 
 def test_request_bodies_reference_the_pydantic_models(doc: dict[str, Any]) -> None:
     expected = {
-        (ep.method.lower(), ep.path): ep.body.__name__
+        (ep.method.lower(), doc_path(ep.path)): ep.body.__name__
         for table in route_tables()
         for ep in table.endpoints
-        if ep.body is not None
+        if isinstance(ep.body, type)
     }
     assert ("post", "/api/settings") in expected
     for (method, path), model in expected.items():
@@ -114,6 +115,11 @@ def test_request_bodies_reference_the_pydantic_models(doc: dict[str, Any]) -> No
         assert "422" in op["responses"]
         component = _resolve(doc, schema["$ref"])
         assert component["type"] == "object"
+    # The events webhook takes one event or a list of them.
+    webhook = doc["paths"]["/api/v1/webhooks/{sandbox_id}/events/{conversation_id}"]["post"]
+    variants = webhook["requestBody"]["content"]["application/json"]["schema"]["anyOf"]
+    assert {"$ref": "#/components/schemas/Event"} in variants
+    assert {"type": "array", "items": {"$ref": "#/components/schemas/Event"}} in variants
     # Operations without a body declare none.
     assert "requestBody" not in doc["paths"]["/api/settings"]["get"]
     # Secret inputs are write-only passwords in the schema.

@@ -37,8 +37,11 @@ REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id")
 DEADLINE: web.RequestKey[asyncio.Timeout | None] = web.RequestKey("deadline")
 PACED: web.RequestKey[bool] = web.RequestKey("paced")
 RATE_LIMITER: web.AppKey[RateLimiter] = web.AppKey("rate_limiter")
+WEBHOOK_LIMITER: web.AppKey[RateLimiter] = web.AppKey("webhook_limiter")
 PACER: web.AppKey[Pacer] = web.AppKey("pacer")
 WEBHOOK_PATH = "/api/v1/webhooks/"
+SMALL_BODY = 64 * 1024
+"""Refusals read a declared body up to this size (keeping the connection); above, they close."""
 
 
 def _route_name(request: web.Request) -> str:
@@ -121,6 +124,10 @@ def _drop_unread_body(request: web.Request, response: web.StreamResponse) -> Non
     """
     if not request.body_exists or request.content.is_eof():
         return
+    if request.content_length is not None and request.content_length <= SMALL_BODY:
+        # Closing on a small body that is still in flight (clients often send it in a second
+        # segment) resets the connection before the client reads the answer: read it instead.
+        return
     response.force_close()
     request.protocol.close()  # ignore whatever else arrives on this connection, unparsed
     request.content.feed_eof()  # nothing left to linger for
@@ -134,6 +141,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     response = await _render_errors(request, handler)
     if response.status >= 400 and not response.prepared:
         _drop_unread_body(request, response)
+        if "Upgrade" in request.headers:
+            # aiohttp parses nothing more on a connection that asked for an upgrade: say so, or
+            # the client reuses it and its next request dies unanswered.
+            response.force_close()
     return response
 
 
@@ -195,7 +206,9 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 @web.middleware
 async def webhook_auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Sandbox webhooks (public to the API-key check) need the sandbox's own session key, checked
-    here before the handler reads the body; the handler's service checks it again."""
+    here before the handler reads the body; the handler's service checks it again. Then the
+    per-sandbox rate limit (ACS_WEBHOOK_RATE_LIMIT_PER_MINUTE): a runaway agent cannot flood
+    Redis, and its 429 never costs the body read either."""
     sandbox_id = request.match_info.get("sandbox_id")
     if (
         sandbox_id is None
@@ -210,6 +223,15 @@ async def webhook_auth_middleware(request: web.Request, handler: Handler) -> web
     found = await sandboxes.store.id_for_key(key)
     if found is None or not secrets.compare_digest(found, sandbox_id):
         raise Unauthorized("invalid sandbox session key")
+    limiter = request.app.get(WEBHOOK_LIMITER)
+    if limiter is not None:
+        decision = await limiter.hit(f"sandbox:{sandbox_id}")
+        if not decision.allowed:
+            raise QuotaExceeded(
+                f"rate limit of {decision.limit} webhook requests per minute for this sandbox"
+                f" reached; retry in {decision.reset_after} s",
+                retry_after=decision.reset_after,
+            )
     return await handler(request)
 
 

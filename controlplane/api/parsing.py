@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import types
 import typing
-from typing import Any, TypeVar, get_args, get_origin
+from datetime import datetime
+from typing import Annotated, Any, TypeVar, get_args, get_origin
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -19,6 +21,20 @@ class RequestValidationError(Exception):
     def __init__(self, items: list[dict[str, Any]]) -> None:
         super().__init__(items[0]["msg"] if items else "invalid request")
         self.items = items
+
+
+_NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")
+
+
+def _not_a_number(value: Any) -> Any:
+    # pydantic reads "0.5" as 1970-01-01T00:00:00.5: a typo would filter on 1970 silently.
+    if isinstance(value, str) and _NUMBER.fullmatch(value):
+        raise ValueError("must be an ISO 8601 date-time, not a number")
+    return value
+
+
+QueryTime = Annotated[datetime, BeforeValidator(_not_a_number)]
+"""A date-time in a query string: ISO 8601 only (the OpenAPI `format: date-time`)."""
 
 
 def error_items(exc: ValidationError, source: str) -> list[dict[str, Any]]:
@@ -51,8 +67,26 @@ async def parse_body(request: web.Request, model: type[M], *, optional: bool = F
             msg=f"Content-Type must be application/json, not {request.content_type}",
             error_type="content_type",
         )
+    data = load_json(raw)
     try:
-        data = json.loads(raw)
+        # Strict: JSON types are taken as sent. `false` is not 0, `"5"` is not 5 and `1` is not
+        # true; a coercion there would change what the client meant (0 turns auto-pause off).
+        return model.model_validate_json(json.dumps(data), strict=True)
+    except ValidationError as exc:
+        raise RequestValidationError(error_items(exc, "body")) from None
+
+
+def _number(text: str) -> float | int:
+    # 487.0 is an integer to JSON Schema; to strict pydantic only 487 is. Whole floats become
+    # ints (float fields take ints), so an integer field accepts both spellings.
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
+def load_json(raw: bytes) -> Any:
+    """The parsed body, or a 422 saying where the JSON is broken."""
+    try:
+        return json.loads(raw, parse_float=_number)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         pos = str(getattr(exc, "pos", 0))
         raise invalid(
@@ -63,10 +97,9 @@ async def parse_body(request: web.Request, model: type[M], *, optional: bool = F
         raise invalid(
             "body", msg="JSON decode error: nested too deeply", error_type="json_invalid"
         ) from None
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise RequestValidationError(error_items(exc, "body")) from None
+    except ValueError as exc:
+        # Python refuses integers over 4,300 digits (sys.int_info.default_max_str_digits).
+        raise invalid("body", msg=f"JSON decode error: {exc}", error_type="json_invalid") from None
 
 
 def _is_list(annotation: Any) -> bool:

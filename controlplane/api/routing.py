@@ -22,12 +22,17 @@ class Endpoint:
     handler: Handler
     summary: str
     tag: str
-    body: type[BaseModel] | None = None
+    body: Any = None
+    """A pydantic model, or any type pydantic can describe (the events webhook's)."""
     query: type[BaseModel] | None = None
+    headers: type[BaseModel] | None = None
+    """Request headers the route needs (by alias), for the document only."""
     response: Any = None
     status: int = 200
     public: bool = False
     errors: tuple[int, ...] = ()
+    browser: bool = False
+    """Also takes form posts and answers them with HTML pages or 303 redirects."""
 
 
 class RouteTable:
@@ -43,12 +48,14 @@ class RouteTable:
         path: str,
         *,
         summary: str,
-        body: type[BaseModel] | None = None,
+        body: Any = None,
         query: type[BaseModel] | None = None,
+        headers: type[BaseModel] | None = None,
         response: Any = None,
         status: int = 200,
         public: bool = False,
         errors: tuple[int, ...] = (),
+        browser: bool = False,
     ) -> Callable[[Handler], Handler]:
         def decorate(handler: Handler) -> Handler:
             self.endpoints.append(
@@ -60,10 +67,12 @@ class RouteTable:
                     tag=self.tag,
                     body=body,
                     query=query,
+                    headers=headers,
                     response=response,
                     status=status,
                     public=public,
                     errors=errors,
+                    browser=browser,
                 )
             )
             if public:

@@ -38,8 +38,8 @@ class DeviceTokenRequest(BaseModel):
     """Form-encoded (RFC 8628 §3.4) or JSON. grant_type may be left out (the OpenHands CLI
     does); client_id is accepted and ignored."""
 
-    grant_type: str | None = Field(default=None, examples=[GRANT_TYPE])
-    device_code: str
+    grant_type: Literal["urn:ietf:params:oauth:grant-type:device_code"] | None = None
+    device_code: str = Field(min_length=1, max_length=256)
     client_id: str | None = None
 
 
@@ -133,6 +133,7 @@ async def device_token(request: web.Request) -> web.Response:
     summary="The device approval page (HTML); sends a browser without a session to sign in",
     public=True,
     errors=(404, 409, 429),
+    browser=True,
 )
 async def verify_form(request: web.Request) -> web.Response:
     principal = await browser_principal(request)
@@ -157,6 +158,7 @@ async def verify_form(request: web.Request) -> web.Response:
     response=DeviceDecided,
     public=True,  # authenticates itself: a form post without a session goes to sign in
     errors=(401, 403, 404, 409, 429),
+    browser=True,
 )
 async def verify_decide(request: web.Request) -> web.Response:
     data, is_json = await read_fields(request)

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, Field, SecretStr, ValidationError
 
 from controlplane import keys
@@ -55,7 +56,13 @@ async def read_fields(request: web.Request) -> tuple[dict[str, Any], bool]:
     """The body's fields and whether it was JSON (else a form). Empty: no fields, form.
     Raises RequestValidationError for JSON that is not an object."""
     if request.content_type in FORM_TYPES:
-        form = await request.post()
+        try:
+            form = await request.post()
+        except (ValueError, AssertionError, UnicodeDecodeError, HttpProcessingError):
+            # aiohttp's multipart reader asserts and raises on a missing or wrong boundary.
+            raise RequestValidationError(
+                [{"loc": ["body"], "msg": "malformed form body", "type": "value_error"}]
+            ) from None
         return {k: v for k, v in form.items() if isinstance(v, str)}, False
     raw = await request.read()
     if not raw.strip():
@@ -133,7 +140,7 @@ def _set_cookie(response: web.StreamResponse, request: web.Request, session: New
     )
 
 
-@routes.route("GET", SIGN_IN, summary="The sign-in page (HTML)", public=True)
+@routes.route("GET", SIGN_IN, summary="The sign-in page (HTML)", public=True, browser=True)
 async def sign_in_form(request: web.Request) -> web.Response:
     next_url = request.query.get("next")
     principal = await browser_principal(request)
@@ -150,6 +157,7 @@ async def sign_in_form(request: web.Request) -> web.Response:
     response=SignedIn,
     public=True,
     errors=(401, 403, 429),
+    browser=True,
 )
 async def sign_in(request: web.Request) -> web.StreamResponse:
     data, is_json = await read_fields(request)
@@ -190,6 +198,7 @@ async def sign_in(request: web.Request) -> web.StreamResponse:
     response=SignedOut,
     public=True,
     errors=(403,),
+    browser=True,
 )
 async def sign_out(request: web.Request) -> web.StreamResponse:
     _, is_json = await read_fields(request)

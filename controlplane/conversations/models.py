@@ -7,9 +7,10 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from controlplane.api.pagination import PageQuery
+from controlplane.api.pagination import HEX32, OFFSET, PageQuery, cursor_field
+from controlplane.api.parsing import QueryTime
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.settings.models import ProviderType
 
@@ -29,10 +30,22 @@ def normalise_uuid(value: str) -> str:
 
 
 HexId = Annotated[str, Field(pattern=HEX_ID)]
+UUID_PATTERN = (
+    r"^(?:[0-9a-fA-F]{32}"
+    r"|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})$"
+)
+Uuid = Annotated[str, Field(pattern=UUID_PATTERN), AfterValidator(normalise_uuid)]
+"""A conversation id as clients send it: plain or in the 8-4-4-4-12 form, any case; kept as 32
+lowercase hex."""
+
+
+def _type_required(schema: dict[str, Any]) -> None:
+    # `type` has a default, yet picks the variant of the union: the document says it is required.
+    schema["required"] = ["type", *(f for f in schema.get("required", []) if f != "type")]
 
 
 class TextContent(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_type_required)
 
     type: Literal["text"] = "text"
     text: str = Field(max_length=200_000)
@@ -40,7 +53,7 @@ class TextContent(BaseModel):
 
 
 class ImageContent(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_type_required)
 
     type: Literal["image"] = "image"
     image_urls: list[str] = Field(max_length=20)
@@ -120,7 +133,7 @@ class AppConversationStartRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     sandbox_id: str | None = Field(default=None, max_length=64)
-    conversation_id: str | None = None
+    conversation_id: Uuid | None = None
     initial_message: SendMessageRequest | None = None
     system_message_suffix: str | None = Field(default=None, max_length=20_000)
     processors: list[dict[str, Any]] | None = Field(default=None, max_length=20)
@@ -133,18 +146,13 @@ class AppConversationStartRequest(BaseModel):
     title: str | None = Field(default=None, max_length=200)
     trigger: ConversationTrigger | None = None
     pr_number: list[int] = Field(default_factory=list, max_length=100)
-    parent_conversation_id: str | None = None
+    parent_conversation_id: Uuid | None = None
     agent_type: Literal["default", "plan"] = "default"
     public: bool | None = None
     suggested_task: SuggestedTask | None = None
     # Accepted and ignored: see docs/conversations.md.
     dependency_repos: list[str] = Field(default_factory=list, max_length=50)
     plugins: list[PluginSpec] | None = Field(default=None, max_length=20)
-
-    @field_validator("conversation_id", "parent_conversation_id")
-    @classmethod
-    def _uuid(cls, value: str | None) -> str | None:
-        return normalise_uuid(value) if value is not None else None
 
 
 class AppConversationStartTask(BaseModel):
@@ -231,13 +239,15 @@ class ConversationFilters(BaseModel):
 
     title__contains: str | None = Field(default=None, max_length=200)
     sandbox_id__eq: str | None = Field(default=None, max_length=64)
-    created_at__gte: datetime | None = None
-    created_at__lt: datetime | None = None
-    updated_at__gte: datetime | None = None
-    updated_at__lt: datetime | None = None
+    created_at__gte: QueryTime | None = None
+    created_at__lt: QueryTime | None = None
+    updated_at__gte: QueryTime | None = None
+    updated_at__lt: QueryTime | None = None
 
 
 class ConversationSearchQuery(ConversationFilters, PageQuery):
+    # Created-at orders page by conversation id, the others by offset.
+    page_id: str | None = cursor_field(f"{HEX32}|{OFFSET}")
     sort_order: ConversationSortOrder = ConversationSortOrder.CREATED_AT_DESC
     include_sub_conversations: bool = False
 
@@ -258,16 +268,12 @@ class TaskSortOrder(StrEnum):
 class TaskFilters(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    conversation_id__eq: str | None = None
-    created_at__gte: datetime | None = None
-
-    @field_validator("conversation_id__eq")
-    @classmethod
-    def _uuid(cls, value: str | None) -> str | None:
-        return normalise_uuid(value) if value is not None else None
+    conversation_id__eq: Uuid | None = None
+    created_at__gte: QueryTime | None = None
 
 
 class TaskSearchQuery(TaskFilters, PageQuery):
+    page_id: str | None = cursor_field(OFFSET)
     sort_order: TaskSortOrder = TaskSortOrder.CREATED_AT_DESC
 
 

@@ -30,6 +30,9 @@ from controlplane.sandboxes.models import Success
 
 routes = RouteTable(tag="app-conversations")
 BASE = "/api/v1/app-conversations"
+# Hex and dashes only, so that /count, /search and /start-tasks never match it (a 405 there would
+# advertise this route's methods in its Allow header).
+CONVERSATION = "{conversation_id:[0-9a-fA-F-]+}"
 
 
 def _service(request: web.Request) -> ConversationService:
@@ -141,7 +144,7 @@ async def count_tasks(request: web.Request) -> web.Response:
 
 @routes.route(
     "GET",
-    f"{BASE}/{{conversation_id}}",
+    f"{BASE}/{CONVERSATION}",
     summary="Get one conversation",
     response=AppConversation,
     errors=(404,),
@@ -153,7 +156,7 @@ async def get_conversation(request: web.Request) -> web.Response:
 
 @routes.route(
     "PATCH",
-    f"{BASE}/{{conversation_id}}",
+    f"{BASE}/{CONVERSATION}",
     summary="Change a conversation's title, public flag or repository; answers the conversation",
     body=AppConversationUpdateRequest,
     response=AppConversation,
@@ -167,7 +170,7 @@ async def update_conversation(request: web.Request) -> web.Response:
 
 @routes.route(
     "PATCH",
-    "/api/conversations/{conversation_id}",
+    f"/api/conversations/{CONVERSATION}",
     summary="Rename a conversation (legacy path)",
     body=RenameRequest,
     response=Success,
@@ -182,7 +185,7 @@ async def rename_conversation_legacy(request: web.Request) -> web.StreamResponse
 
 @routes.route(
     "DELETE",
-    f"{BASE}/{{conversation_id}}",
+    f"{BASE}/{CONVERSATION}",
     summary="Delete a conversation (and its sandbox when no other conversation uses it)",
     response=Success,
     errors=(404,),
@@ -195,7 +198,7 @@ async def delete_conversation(request: web.Request) -> web.Response:
 
 @routes.route(
     "DELETE",
-    "/api/conversations/{conversation_id}",
+    f"/api/conversations/{CONVERSATION}",
     summary="Delete a conversation (legacy path)",
     response=Success,
     errors=(404,),
@@ -206,7 +209,7 @@ async def delete_conversation_legacy(request: web.Request) -> web.StreamResponse
 
 @routes.route(
     "POST",
-    f"{BASE}/{{conversation_id}}/events",
+    f"{BASE}/{CONVERSATION}/events",
     summary="Send a message (resumes a paused sandbox first)",
     body=SendMessageRequest,
     response=Success,
@@ -221,7 +224,7 @@ async def send_message(request: web.Request) -> web.Response:
 
 @routes.route(
     "POST",
-    f"{BASE}/{{conversation_id}}/respond_to_confirmation",
+    f"{BASE}/{CONVERSATION}/respond_to_confirmation",
     summary="Approve or reject the pending action (confirmation mode)",
     body=ConfirmationRequest,
     response=Success,
@@ -236,7 +239,7 @@ async def respond(request: web.Request) -> web.Response:
 
 @routes.route(
     "POST",
-    f"{BASE}/{{conversation_id}}/pause",
+    f"{BASE}/{CONVERSATION}/pause",
     summary="Pause the agent after its current step",
     response=Success,
     errors=(404, 409),
@@ -248,7 +251,7 @@ async def pause(request: web.Request) -> web.Response:
 
 @routes.route(
     "POST",
-    f"{BASE}/{{conversation_id}}/run",
+    f"{BASE}/{CONVERSATION}/run",
     summary="Run the agent again",
     response=Success,
     errors=(404, 409),

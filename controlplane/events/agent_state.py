@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from controlplane.conversations.models import ExecutionStatus, MetricsSnapshot, TokenUsage
+from controlplane.errors import InvalidInput
 
 STATUSES = frozenset(s.value for s in ExecutionStatus)
 _SUMMED = ("prompt_tokens", "completion_tokens", "cache_read_tokens", "cache_write_tokens")
@@ -45,6 +46,30 @@ def metrics_of_stats(stats: Any) -> MetricsSnapshot | None:
         max_budget_per_task=budgets[0] if budgets else None,
         accumulated_token_usage=usage,
     )
+
+
+def readable_metrics(info: dict[str, Any]) -> MetricsSnapshot | None:
+    """metrics_of_info, with numbers that are not numbers a 422 (not a 500)."""
+    try:
+        return metrics_of_info(info)
+    except (ValueError, TypeError, OverflowError):  # pydantic's ValidationError is a ValueError
+        raise InvalidInput(
+            "stats or metrics hold a value that is not a number where one is expected",
+            ["body", "stats" if "stats" in info else "metrics"],
+        ) from None
+
+
+def readable_state(
+    events: Iterable[dict[str, Any]],
+) -> tuple[ExecutionStatus | None, MetricsSnapshot | None]:
+    """latest_state, with stats that are not numbers a 422 (not a 500)."""
+    try:
+        return latest_state(events)
+    except (ValueError, TypeError, OverflowError):
+        raise InvalidInput(
+            "a stats update holds a value that is not a number where one is expected",
+            ["body", "value"],
+        ) from None
 
 
 def metrics_of_info(info: dict[str, Any]) -> MetricsSnapshot | None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from controlplane.api.pagination import PageQuery
-from controlplane.conversations.models import normalise_uuid
+from controlplane.api.pagination import STREAM_ID, PageQuery, cursor_field
+from controlplane.api.parsing import QueryTime
+from controlplane.conversations.models import Uuid
 
 
 class EventKind(StrEnum):
@@ -37,20 +38,15 @@ class EventSortOrder(StrEnum):
 class EventFilters(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    conversation_id__eq: str = Field(description="Required: events are kept per conversation")
+    conversation_id__eq: Uuid = Field(description="Required: events are kept per conversation")
     kind__eq: EventKind | None = None
-    timestamp__gte: datetime | None = None
-    timestamp__lt: datetime | None = None
+    timestamp__gte: QueryTime | None = None
+    timestamp__lt: QueryTime | None = None
     sort_order: EventSortOrder = EventSortOrder.TIMESTAMP
-
-    @field_validator("conversation_id__eq")
-    @classmethod
-    def _uuid(cls, value: str) -> str:
-        return normalise_uuid(value)
 
 
 class EventSearchQuery(EventFilters, PageQuery):
-    pass
+    page_id: str | None = cursor_field(STREAM_ID)
 
 
 class ConversationEventQuery(PageQuery):
@@ -91,15 +87,19 @@ class EventPage(BaseModel):
     next_page_id: str | None = None
 
 
+class WebSocketHandshake(BaseModel):
+    """The headers of a WebSocket handshake (RFC 6455 §4.1); without them the socket is a 400."""
+
+    upgrade: Literal["websocket"] = Field(alias="Upgrade")
+    connection: Literal["Upgrade"] = Field(alias="Connection")
+    version: Literal["13"] = Field(alias="Sec-WebSocket-Version")
+    key: str = Field(alias="Sec-WebSocket-Key", pattern=r"^[A-Za-z0-9+/]{22}==$")
+
+
 class EventSocketQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    conversation_id: str
+    conversation_id: Uuid
     after: str | None = Field(default=None, description="Replay after this event id")
     resend_all: bool = True
     session_api_key: str | None = Field(default=None, description="API key (browsers)")
-
-    @field_validator("conversation_id")
-    @classmethod
-    def _uuid(cls, value: str) -> str:
-        return normalise_uuid(value)

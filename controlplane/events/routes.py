@@ -31,6 +31,7 @@ from controlplane.events.models import (
     EventPage,
     EventSearchQuery,
     EventSocketQuery,
+    WebSocketHandshake,
 )
 from controlplane.sandboxes.models import Success
 
@@ -120,11 +121,16 @@ async def batch_events(request: web.Request) -> web.Response:
     "/api/v1/events/socket",
     summary="WebSocket: replay a conversation's events, then follow new ones (one JSON per frame)",
     query=EventSocketQuery,
+    headers=WebSocketHandshake,
     public=True,  # authenticates itself: browsers cannot set headers on a WebSocket
-    errors=(401, 404),
+    status=101,
+    errors=(400, 401, 404),  # 400: not a WebSocket handshake
 )
 async def event_socket(request: web.Request) -> web.StreamResponse:
     query = parse_query(request, EventSocketQuery)
+    ws = web.WebSocketResponse(heartbeat=30)
+    if not ws.can_prepare(request).ok:  # before the key: a plain GET is a 400 whoever sends it
+        raise web.HTTPBadRequest(reason="a WebSocket handshake is required (Upgrade: websocket)")
     # Browsers cannot set headers on a WebSocket: the key may come in the query, or the browser
     # session cookie counts (its Origin is checked then).
     presented = request.headers.get("X-Session-API-Key") or query.session_api_key
@@ -135,7 +141,6 @@ async def event_socket(request: web.Request) -> web.StreamResponse:
     if not query.resend_all and query.after is None:
         newest = await events.store.page(info.id, None, 1, True)
         last = newest[0][0] if newest else "0"
-    ws = web.WebSocketResponse(heartbeat=30)
     await ws.prepare(request)
     request.app[OPEN_SOCKETS].add(ws)
     redis = request.app[keys.REDIS]
@@ -188,6 +193,7 @@ def _event_batch(raw: bytes) -> list[tuple[Event, dict[str, Any]]]:
     summary="Sandbox → control plane: events, a JSON array or one event (X-Session-API-Key = "
     "the sandbox key)",
     public=True,
+    body=list[Event] | Event,
     response=Success,
     errors=(401, 404),
 )

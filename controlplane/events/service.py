@@ -14,7 +14,7 @@ from controlplane.auth.models import Principal
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.service import ConversationService
 from controlplane.errors import NotFound, Unauthorized
-from controlplane.events.agent_state import latest_state, metrics_of_info, status_in
+from controlplane.events.agent_state import readable_metrics, readable_state, status_in
 from controlplane.events.models import (
     Event,
     EventFilters,
@@ -97,12 +97,12 @@ class EventService:
         await self._sandbox(sandbox_id, key)
         info = await self._conversation(sandbox_id, conversation_id)
         raw = [event for _checked, event in events]
+        status, metrics = readable_state(raw)  # before storing: a 422 stores nothing
         added = await self.store.append(info.id, raw)
         if self._on_lag is not None:
             now = datetime.now(UTC)
             for checked, _event in events:
                 self._on_lag((now - _utc(checked.timestamp)).total_seconds())
-        status, metrics = latest_state(raw)
         if status is not None or metrics is not None:
 
             def change(record: AppConversationInfo) -> None:
@@ -121,7 +121,7 @@ class EventService:
         await self._sandbox(sandbox_id, key)
         info = await self._conversation(sandbox_id, str(body.get("id", "")))
         status = status_in(body.get("execution_status"))
-        metrics = metrics_of_info(body)
+        metrics = readable_metrics(body)
 
         def change(record: AppConversationInfo) -> None:
             if status is not None:

@@ -8,7 +8,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controlplane.api.pagination import PageQuery
+from controlplane.api.pagination import STREAM_ID, PageQuery, cursor_field
 
 
 class LifecycleType(StrEnum):
@@ -45,5 +45,6 @@ class LifecycleEventPage(BaseModel):
 
 
 class LifecycleQuery(PageQuery):
+    page_id: str | None = cursor_field(STREAM_ID)
     sandbox_id: str | None = Field(default=None, max_length=64)
     all_users: bool = Field(default=False, description="Admin keys only")

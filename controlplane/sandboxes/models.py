@@ -7,7 +7,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controlplane.api.pagination import MAX_BATCH, PageQuery
+from controlplane.api.pagination import MAX_BATCH, PageQuery, cursor_field
+from controlplane.api.parsing import QueryTime
 
 SANDBOX_ID_PATTERN = r"^[0-9a-f]{22}$"
 
@@ -71,14 +72,15 @@ class StartSandboxRequest(BaseModel):
 
 
 class SandboxSearchQuery(PageQuery):
+    page_id: str | None = cursor_field(SANDBOX_ID_PATTERN.strip("^$"))
     status: SandboxStatus | None = None
     sandbox_spec_id: str | None = Field(default=None, max_length=64)
     all_users: bool = Field(default=False, description="Admin keys only: every user's sandboxes")
     created_by_user_id: str | None = Field(
         default=None, max_length=64, description="Admin keys only: one user's sandboxes"
     )
-    last_activity_at__lt: datetime | None = Field(default=None, description="Idle since before")
-    last_activity_at__gte: datetime | None = None
+    last_activity_at__lt: QueryTime | None = Field(default=None, description="Idle since before")
+    last_activity_at__gte: QueryTime | None = None
 
     def matches(self, record: SandboxRecord) -> bool:
         return (

@@ -27,6 +27,9 @@ from controlplane.sandboxes.models import (
 from controlplane.sandboxes.service import SandboxService
 
 routes = RouteTable(tag="sandboxes")
+# Lowercase hex, the shape of every sandbox id, so that /search never matches it (a 405 there
+# would advertise this route's methods in its Allow header).
+SANDBOX = "{sandbox_id:[0-9a-f]+}"
 T = TypeVar("T")
 
 
@@ -74,7 +77,7 @@ async def batch_get_sandboxes(request: web.Request) -> web.Response:
 
 @routes.route(
     "GET",
-    "/api/v1/sandboxes/{sandbox_id}",
+    f"/api/v1/sandboxes/{SANDBOX}",
     summary="Get one sandbox",
     response=SandboxInfo,
     errors=(404,),
@@ -103,7 +106,7 @@ async def start_sandbox(request: web.Request) -> web.Response:
 
 @routes.route(
     "POST",
-    "/api/v1/sandboxes/{sandbox_id}/pause",
+    f"/api/v1/sandboxes/{SANDBOX}/pause",
     summary="Pause a sandbox (docker pause); a paused one is a no-op",
     response=Success,
     errors=(404, 409),
@@ -116,7 +119,7 @@ async def pause_sandbox(request: web.Request) -> web.Response:
 
 @routes.route(
     "POST",
-    "/api/v1/sandboxes/{sandbox_id}/resume",
+    f"/api/v1/sandboxes/{SANDBOX}/resume",
     summary="Resume a sandbox; a running one is a no-op",
     response=Success,
     errors=(404, 409, 429),
@@ -129,7 +132,7 @@ async def resume_sandbox(request: web.Request) -> web.Response:
 
 @routes.route(
     "DELETE",
-    "/api/v1/sandboxes/{sandbox_id}",
+    f"/api/v1/sandboxes/{SANDBOX}",
     summary="Delete a sandbox, its container and its workspace volume",
     response=Success,
     errors=(404,),

@@ -14,6 +14,10 @@ _NAME_RE = re.compile(r"^[a-zA-Z0-9_-]+$")
 _ENV_KEY_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
+URL_PATTERN = r"^\s*(?:[hH][tT][tT][pP][sS]?|[wW][sS][sS]?)://[^/?#\s\[\]]+(?:[/?#]\S*)?\s*$"
+"""What _check_url accepts, as the OpenAPI document states it (the validator explains why not)."""
+
+
 def _check_url(value: str) -> str:
     url = value.strip()
     if not url:
@@ -31,7 +35,7 @@ def _check_url(value: str) -> str:
 class MCPSSEServer(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(max_length=2048)
+    url: str = Field(max_length=2048, json_schema_extra={"pattern": URL_PATTERN})
     api_key: str | None = Field(default=None, max_length=4096)
 
     @field_validator("url")
@@ -53,13 +57,40 @@ class MCPSHTTPServer(MCPSSEServer):
         return value
 
 
+MAX_LINE = 65536
+
+
+def _or_string(schema: dict[str, Any], pattern: str) -> None:
+    # Also a string (args split like a shell line, env as KEY=VALUE,...), as OpenHands takes them;
+    # the pattern is the part of such strings that always parses (no quotes to balance).
+    typed = {k: schema.pop(k) for k in list(schema) if k not in ("title", "description")}
+    schema["anyOf"] = [typed, {"type": "string", "maxLength": MAX_LINE, "pattern": pattern}]
+
+
+def _args_schema(schema: dict[str, Any]) -> None:
+    _or_string(schema, r"^[^\"'\\]*$")
+
+
+_PAIR = r"[A-Za-z_][A-Za-z0-9_]*=[^,]*"
+
+
+def _env_schema(schema: dict[str, Any]) -> None:
+    schema["propertyNames"] = {"pattern": _ENV_KEY_RE.pattern}
+    _or_string(schema, rf"^(?:{_PAIR}(?:,{_PAIR})*)?$")
+
+
 class MCPStdioServer(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(max_length=64)
-    command: str = Field(max_length=1024)
-    args: list[str] = Field(default_factory=list, max_length=256)
-    env: dict[str, str] = Field(default_factory=dict)
+    # The patterns state in the OpenAPI document what the validators below accept (a little
+    # stricter: no surrounding blanks); the validators keep their explaining messages.
+    name: str = Field(max_length=64, json_schema_extra={"pattern": _NAME_RE.pattern})
+    command: str = Field(max_length=1024, json_schema_extra={"pattern": r"^\S+$"})
+    args: list[str] = Field(default_factory=list, max_length=256, json_schema_extra=_args_schema)
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        json_schema_extra=_env_schema,
+    )
 
     @field_validator("name")
     @classmethod
@@ -89,6 +120,8 @@ class MCPStdioServer(BaseModel):
     @field_validator("args", mode="before")
     @classmethod
     def _args(cls, value: Any) -> Any:
+        if isinstance(value, str) and len(value) > MAX_LINE:
+            raise ValueError(f"args as one string may hold at most {MAX_LINE} characters")
         if isinstance(value, str):
             try:
                 return shlex.split(value)
@@ -99,6 +132,8 @@ class MCPStdioServer(BaseModel):
     @field_validator("env", mode="before")
     @classmethod
     def _env(cls, value: Any) -> Any:
+        if isinstance(value, str) and len(value) > MAX_LINE:
+            raise ValueError(f"env as one string may hold at most {MAX_LINE} characters")
         if isinstance(value, str):
             pairs: dict[str, str] = {}
             for pair in filter(None, (p.strip() for p in value.split(","))):

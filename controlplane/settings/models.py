@@ -49,7 +49,11 @@ def _resource_factor(value: int | None) -> int | None:
 
 
 ShortStr = Annotated[str, Field(max_length=256)]
-HttpUrl = Annotated[str | None, Field(max_length=2048), AfterValidator(_http_url)]
+HttpUrl = Annotated[
+    str | None,
+    Field(max_length=2048, json_schema_extra={"pattern": r"^[\s\x1c-\x1f]*https?://[^\s/]+"}),
+    AfterValidator(_http_url),
+]
 
 
 class SettingsFields(BaseModel):
@@ -62,7 +66,11 @@ class SettingsFields(BaseModel):
     confirmation_mode: bool | None = None
     llm_model: ShortStr | None = None
     llm_base_url: HttpUrl = None
-    remote_runtime_resource_factor: Annotated[int | None, AfterValidator(_resource_factor)] = None
+    remote_runtime_resource_factor: Annotated[
+        int | None,
+        Field(json_schema_extra={"enum": [*RESOURCE_FACTORS, None]}),
+        AfterValidator(_resource_factor),
+    ] = None
     enable_default_condenser: bool = True
     enable_sound_notifications: bool = False
     enable_proactive_conversation_starters: bool = True
@@ -162,7 +170,14 @@ class ProviderTokenIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     token: SecretStr | None = None
-    host: str | None = Field(default=None, max_length=255)
+    host: str | None = Field(
+        default=None,
+        max_length=255,
+        json_schema_extra={
+            "pattern": r"^(?:(?:https?://)?[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?"
+            r"(?::[0-9]{1,5})?/?)?$"
+        },
+    )
     user_id: str | None = Field(default=None, max_length=255)
 
     @field_validator("host")
@@ -193,7 +208,10 @@ def _secret_name(value: str) -> str:
     return value
 
 
-SecretName = Annotated[str, AfterValidator(_secret_name)]
+# The pattern is in the OpenAPI document; the validator keeps the message that explains it.
+SecretName = Annotated[
+    str, Field(json_schema_extra={"pattern": _SECRET_NAME_RE.pattern}), AfterValidator(_secret_name)
+]
 
 
 class SecretCreate(BaseModel):

@@ -33,7 +33,12 @@ async def get_settings(request: web.Request) -> web.Response:
 
 
 @routes.route(
-    "POST", "/api/settings", summary="Store settings (merge)", body=SettingsUpdate, response=Message
+    "POST",
+    "/api/settings",
+    summary="Store settings (merge)",
+    body=SettingsUpdate,
+    response=Message,
+    errors=(409,),  # provider_tokens without a token, when none is stored
 )
 async def store_settings(request: web.Request) -> web.Response:
     body = await parse_body(request, SettingsUpdate)
@@ -58,6 +63,7 @@ async def get_settings_v1(request: web.Request) -> web.Response:
     summary="Store settings (merge; flat or nested fields) and return them",
     body=SettingsV1Update,
     response=SettingsV1Response,
+    errors=(409,),  # a flat field and its twin disagree; a provider without a stored token
 )
 async def store_settings_v1(request: web.Request) -> web.Response:
     body = await parse_body(request, SettingsV1Update)
@@ -73,6 +79,7 @@ async def store_settings_v1(request: web.Request) -> web.Response:
     summary="Store git provider tokens and MCP config",
     body=GitProvidersUpdate,
     response=Message,
+    errors=(409,),  # provider_tokens without a token, when none is stored
 )
 async def add_git_providers(request: web.Request) -> web.Response:
     body = await parse_body(request, GitProvidersUpdate)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controlplane.errors import Conflict, InvalidInput, NotFound
+from controlplane.errors import Conflict, NotFound
 from controlplane.settings.mcp import MCPConfig
 from controlplane.settings.models import (
     SECRET_FIELDS,
@@ -81,11 +81,8 @@ class SettingsService:
                     continue
                 if token is None and stored is None:
                     # Nothing to keep: an entry without a token would be a hollow promise.
-                    raise InvalidInput(
-                        f"no token is stored for {provider.value}; send one",
-                        loc=["body", "provider_tokens", provider.value, "token"],
-                        error_type="missing",
-                    )
+                    # 409: the same body is fine once a token is stored.
+                    raise Conflict(f"no token is stored for {provider.value}; send one")
                 record.provider_tokens[provider] = StoredProviderToken(
                     token=token if token is not None else stored.token,  # type: ignore[union-attr]
                     host=incoming.host,

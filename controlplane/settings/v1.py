@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from controlplane.errors import InvalidInput
+from controlplane.errors import Conflict
 from controlplane.settings.mcp import MCPConfig
 from controlplane.settings.models import (
     MAX_ITERATIONS_LIMIT,
@@ -152,10 +152,9 @@ def flatten(body: SettingsV1Update, stored: SettingsResponse) -> SettingsUpdate:
     return SettingsUpdate.model_validate(data)
 
 
-def _disagree(flat: str, path: tuple[str, ...]) -> InvalidInput:
-    return InvalidInput(
-        f"{flat} and {'.'.join(path)} disagree; send one of them", loc=["body", *path]
-    )
+def _disagree(flat: str, path: tuple[str, ...]) -> Conflict:
+    # 409, not 422: each value is valid alone; they conflict with each other and the stored one.
+    return Conflict(f"{flat} and {'.'.join(path)} disagree; send one of them")
 
 
 def v1_view(settings: SettingsResponse) -> SettingsV1Response:

@@ -6,7 +6,13 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane import keys
-from controlplane.api.pagination import MAX_BATCH, PageQuery, decode_cursor, encode_cursor
+from controlplane.api.pagination import (
+    MAX_BATCH,
+    PageQuery,
+    cursor_field,
+    decode_cursor,
+    encode_cursor,
+)
 from controlplane.api.parsing import json_response, parse_query
 from controlplane.api.routing import RouteTable
 from controlplane.specs.models import SPEC_ID_PATTERN, SandboxSpecInfo, SandboxSpecInfoPage
@@ -20,15 +26,19 @@ class SpecBatchQuery(BaseModel):
     id: list[str] = Field(min_length=1, max_length=MAX_BATCH)
 
 
+class SpecPageQuery(PageQuery):
+    page_id: str | None = cursor_field(SPEC_ID_PATTERN.strip("^$"))
+
+
 @routes.route(
     "GET",
     "/api/v1/sandbox-specs/search",
     summary="List sandbox specs (templates), in id order",
-    query=PageQuery,
+    query=SpecPageQuery,
     response=SandboxSpecInfoPage,
 )
 async def search_specs(request: web.Request) -> web.Response:
-    query = parse_query(request, PageQuery)
+    query = parse_query(request, SpecPageQuery)
     catalog = request.app[keys.SPECS]
     after = decode_cursor(query.page_id, SPEC_ID_PATTERN.strip("^$"))
     specs = [s for s in catalog.all() if after is None or s.id > after]
