@@ -107,6 +107,21 @@ class ServiceConfig(BaseModel):
     )
     lifecycle_webhook_urls: list[str] = Field(default_factory=list)
     lifecycle_webhook_secret: str | None = Field(default=None, min_length=16)
+    lifecycle_webhook_retry_base: float = Field(
+        default=1.0, gt=0, le=3600, description="Seconds before the first retry; doubles after"
+    )
+    lifecycle_webhook_retry_max: float = Field(
+        default=300.0, gt=0, le=86400, description="Longest wait between two retries (s)"
+    )
+    lifecycle_webhook_timeout: float = Field(
+        default=10.0, gt=0, le=300, description="Seconds one delivery attempt may take"
+    )
+    lifecycle_webhook_dead_after: float = Field(
+        default=86400.0,
+        gt=0,
+        le=30 * 86400,
+        description="Age (s) at which a failing event is dead-lettered",
+    )
     metrics_public: bool = Field(default=False, description="Serve /metrics without a key")
     llm_prices: dict[str, tuple[float, float]] = Field(
         default_factory=dict,

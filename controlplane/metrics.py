@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from controlplane.conversations.models import ExecutionStatus
+from controlplane.lifecycle.outbox import Outbox
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.sandboxes.pool_store import pool_counts
 from controlplane.store import keys, text
@@ -140,6 +141,28 @@ class Metrics:
         )
         self.pool_events = _PoolCounters()
         reg.register(self.pool_events)
+        self.webhook_pending = Gauge(
+            "acs_lifecycle_webhooks_pending",
+            "Lifecycle webhook deliveries not yet made (outbox entries, every URL, all replicas)",
+            registry=reg,
+        )
+        self.webhook_delivered = Counter(
+            "acs_lifecycle_webhooks_delivered",
+            "Lifecycle webhook deliveries a receiver accepted (this process)",
+            registry=reg,
+        )
+        self.webhook_retried = Counter(
+            "acs_lifecycle_webhooks_retried",
+            "Lifecycle webhook attempts that failed and will be retried (this process)",
+            registry=reg,
+        )
+        self.webhook_dead_lettered = Counter(
+            "acs_lifecycle_webhooks_dead_lettered",
+            "Lifecycle webhook deliveries given up after ACS_LIFECYCLE_WEBHOOK_DEAD_AFTER"
+            " (this process)",
+            registry=reg,
+        )
+        self.webhook_outbox: Outbox | None = None
 
     # -- hooks handed to code that must not import this module -----------------------------
 
@@ -168,6 +191,8 @@ class Metrics:
         conversations = await _conversation_counts(redis)
         for label in [*(s.value for s in ExecutionStatus), NO_STATUS]:
             self.conversations.labels(label).set(conversations.get(label, 0))
+        if self.webhook_outbox is not None:
+            self.webhook_pending.set(await self.webhook_outbox.pending())
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -420,7 +420,7 @@ async def test_spec_search_batch_and_paging(sbx: Client, user_headers: Headers) 
     assert resp.status == 422
     resp = await sbx.get("/api/v1/sandbox-specs", params=[("id", "a")] * 101, headers=alice)
     assert resp.status == 422
-    for bad in ({"limit": "0"}, {"limit": "101"}, {"page_id": "zzzz"}):
+    for bad in ({"limit": "0"}, {"limit": "101"}, {"page_id": "ZZZZ"}):
         resp = await sbx.get("/api/v1/sandbox-specs/search", params=bad, headers=alice)
         assert resp.status == 422, bad
     resp = await sbx.get("/api/v1/sandbox-specs/search")

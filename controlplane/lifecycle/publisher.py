@@ -1,5 +1,6 @@
-"""Publishing a lifecycle event: one log line, the user's and the global Redis streams, and the
-outgoing webhooks. Publishing never fails the operation that caused it."""
+"""Publishing a lifecycle event: one log line, and in one Redis pipeline the user's and the global
+streams and the webhook outbox (controlplane/lifecycle/outbox.py). Publishing never fails the
+operation that caused it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import structlog
 
 from controlplane.api.pagination import STREAM_ID, decode_cursor, encode_cursor
 from controlplane.lifecycle.models import LifecycleEvent, LifecycleEventPage
-from controlplane.lifecycle.webhooks import WebhookSender
+from controlplane.lifecycle.outbox import Outbox
 from controlplane.store import keys, text
 from controlplane.store.redis import REDIS_DOWN
 
@@ -21,9 +22,9 @@ STREAM_MAXLEN = 10_000
 
 
 class LifecyclePublisher:
-    def __init__(self, redis: aioredis.Redis, sender: WebhookSender | None) -> None:
+    def __init__(self, redis: aioredis.Redis, outbox: Outbox | None) -> None:
         self._redis = redis
-        self._sender = sender
+        self._outbox = outbox
 
     async def publish(self, event: LifecycleEvent) -> None:
         log.info(
@@ -40,11 +41,12 @@ class LifecyclePublisher:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for key in (keys.LIFECYCLE, keys.user_lifecycle(event.user_id)):
                     pipe.xadd(key, {"e": body}, maxlen=STREAM_MAXLEN, approximate=True)
+                if self._outbox is not None:
+                    self._outbox.add(pipe, body)
                 await pipe.execute()
         except REDIS_DOWN as exc:
+            # Neither stored nor queued for the webhooks: the log line above is what remains.
             log.warning("lifecycle_not_stored", event_id=event.id, error=str(exc))
-        if self._sender is not None:
-            self._sender.send(event)
 
     async def page(
         self, user_id: str | None, sandbox_id: str | None, page_id: str | None, limit: int

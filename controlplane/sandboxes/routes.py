@@ -27,9 +27,9 @@ from controlplane.sandboxes.models import (
 from controlplane.sandboxes.service import SandboxService
 
 routes = RouteTable(tag="sandboxes")
-# Lowercase hex, the shape of every sandbox id, so that /search never matches it (a 405 there
-# would advertise this route's methods in its Allow header).
-SANDBOX = "{sandbox_id:[0-9a-f]+}"
+# Anything but "search", so that /search never matches it (a 405 there would advertise this
+# route's methods in its Allow header); a malformed id still gets its "sandbox … not found".
+SANDBOX = "{sandbox_id:(?!search$)[^/]+}"
 T = TypeVar("T")
 
 

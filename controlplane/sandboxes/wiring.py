@@ -17,8 +17,9 @@ from controlplane.conversations.starter import StartTaskRunner
 from controlplane.conversations.store import ConversationStore
 from controlplane.events.service import EventService
 from controlplane.events.store import EventStore
+from controlplane.lifecycle.outbox import Outbox
 from controlplane.lifecycle.publisher import LifecyclePublisher
-from controlplane.lifecycle.webhooks import WebhookSender
+from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookDeliverer
 from controlplane.metrics import METRICS
 from controlplane.sandboxes.launcher import HealthProbe
 from controlplane.sandboxes.networking import SandboxNetworks
@@ -37,6 +38,35 @@ POOL: web.AppKey[WarmPool] = web.AppKey("warm_pool")
 REAPER: web.AppKey[IdleReaper] = web.AppKey("reaper")
 
 
+def _webhooks(
+    config: ServiceConfig, app: web.Application, http: aiohttp.ClientSession
+) -> tuple[Outbox | None, WebhookDeliverer | None]:
+    """The lifecycle webhook outbox and this replica's deliverer, started (none without URLs)."""
+    if not config.lifecycle_webhook_urls:
+        return None, None
+    metrics = app[METRICS]
+    outbox = Outbox(app[keys.REDIS], config.lifecycle_webhook_urls)
+    deliverer = WebhookDeliverer(
+        outbox,
+        http,
+        config.lifecycle_webhook_secret,
+        RetryPolicy(
+            base=config.lifecycle_webhook_retry_base,
+            cap=config.lifecycle_webhook_retry_max,
+            dead_after=config.lifecycle_webhook_dead_after,
+            timeout=config.lifecycle_webhook_timeout,
+        ),
+        hooks=DeliveryHooks(
+            delivered=metrics.webhook_delivered.inc,
+            retried=metrics.webhook_retried.inc,
+            dead_lettered=metrics.webhook_dead_lettered.inc,
+        ),
+    )
+    deliverer.start()
+    metrics.webhook_outbox = outbox
+    return outbox, deliverer
+
+
 def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncIterator[None]]:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         catalog = app[keys.SPECS]
@@ -53,13 +83,8 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
         http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100))
         probe = HealthProbe(http, driver, config.url_host, config.start_timeout)
         store = SandboxStore(app[keys.REDIS], app[keys.SECRET_BOX])
-        sender = None
-        if config.lifecycle_webhook_urls:
-            sender = WebhookSender(
-                http, config.lifecycle_webhook_urls, config.lifecycle_webhook_secret
-            )
-            sender.start()
-        publisher = LifecyclePublisher(app[keys.REDIS], sender)
+        outbox, deliverer = _webhooks(config, app, http)
+        publisher = LifecyclePublisher(app[keys.REDIS], outbox)
         app[keys.LIFECYCLE] = publisher
         service = SandboxService(
             config, store, driver, catalog, probe, publisher=publisher, networks=networks
@@ -112,8 +137,8 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
         await reaper.stop()
         await reconciler.stop()
         await conversations.close()
-        if sender is not None:
-            await sender.close()
+        if deliverer is not None:
+            await deliverer.close()
         await service.close()
         await http.close()
         await driver.close()

@@ -128,6 +128,19 @@ def rate_limit(key_id: str) -> str:
     return f"{PREFIX}:ratelimit:{key_id}"
 
 
+def webhook_outbox(url_id: str) -> str:
+    """Stream of the lifecycle events still to deliver to one webhook URL (url_id: a hash of the
+    URL, which may carry a token), with the consumer group `deliverers`. An entry is deleted
+    once delivered or dead-lettered: the stream's length is the backlog."""
+    return f"{PREFIX}:webhooks:outbox:{url_id}"
+
+
+def webhook_dead(url_id: str) -> str:
+    """Stream of the events one webhook URL never accepted within the dead-letter time, with the
+    attempts and the last error (trimmed, approximately, to the newest 10,000)."""
+    return f"{PREFIX}:webhooks:dead:{url_id}"
+
+
 def start_task_lease(task_id: str) -> str:
     """String with a TTL (conversations.starter.LEASE_TTL): set while a replica runs the task and
     renewed by it, so a replica starting up fails only tasks nobody is running any more."""

@@ -1,0 +1,68 @@
+"""The lifecycle webhook outbox: one Redis stream per receiving URL, written in the same
+pipeline that stores the event, so an event is either kept for delivery or not kept at all.
+
+Deliverers (controlplane/lifecycle/webhooks.py) read it through the consumer group `deliverers`:
+Redis hands each new entry to one consumer, and an entry left unacknowledged (a failed attempt,
+a replica that died) is claimed again with XCLAIM, which succeeds for one replica only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from controlplane.store import keys
+
+GROUP = "deliverers"
+DEAD_MAXLEN = 10_000
+
+
+def url_id(url: str) -> str:
+    """A URL's name in Redis keys and logs: URLs may carry a token."""
+    return hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+class Outbox:
+    def __init__(self, redis: aioredis.Redis, urls: list[str]) -> None:
+        self.redis = redis
+        self.urls = list(urls)
+
+    def add(self, pipe: Any, body: str) -> None:
+        """Queue one event for every URL on `pipe` (a pipeline the caller executes)."""
+        for url in self.urls:
+            pipe.xadd(keys.webhook_outbox(url_id(url)), {"e": body})
+
+    async def ensure_group(self, url: str) -> None:
+        """The stream and its consumer group, from the stream's start: entries written before
+        the group existed are delivered too."""
+        try:
+            await self.redis.xgroup_create(
+                keys.webhook_outbox(url_id(url)), GROUP, id="0", mkstream=True
+            )
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def pending(self) -> int:
+        """Events not yet delivered (nor dead-lettered), summed over the URLs."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for url in self.urls:
+                pipe.xlen(keys.webhook_outbox(url_id(url)))
+            return sum(int(n) for n in await pipe.execute())
+
+    async def dead(self, url: str, count: int = 100) -> list[dict[str, str]]:
+        """The newest dead-lettered deliveries of one URL, newest first."""
+        entries: Any = await self.redis.xrevrange(
+            keys.webhook_dead(url_id(url)), "+", "-", count=count
+        )
+        return [
+            {_text(k): _text(v) for k, v in fields.items()} | {"entry_id": _text(entry_id)}
+            for entry_id, fields in entries
+        ]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

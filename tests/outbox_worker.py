@@ -1,0 +1,34 @@
+"""A lifecycle webhook deliverer alone in a process: what each control plane replica runs, for
+tests that kill one with SIGKILL or run two side by side.
+
+    python -m tests.outbox_worker <redis url> <webhook url> <secret>
+
+Prints "ready" once delivering, then runs until killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import aiohttp
+import redis.asyncio as aioredis
+
+from controlplane.lifecycle.outbox import Outbox
+from controlplane.lifecycle.webhooks import RetryPolicy, WebhookDeliverer
+
+# Fast retries for tests: an attempt may take 0.5 s, a retry comes 0.7 s after it at the soonest.
+POLICY = RetryPolicy(base=0.1, cap=1.0, dead_after=3600, timeout=0.5, margin=0.2)
+
+
+async def main(redis_url: str, url: str, secret: str) -> None:
+    redis = aioredis.Redis.from_url(redis_url)
+    async with aiohttp.ClientSession() as http:
+        deliverer = WebhookDeliverer(Outbox(redis, [url]), http, secret, POLICY, poll=0.1)
+        deliverer.start()
+        print("ready", flush=True)
+        await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:4]))
