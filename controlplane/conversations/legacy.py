@@ -14,11 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane import keys
 from controlplane.api.middlewares import principal_of
-from controlplane.api.pagination import OFFSET, decode_cursor, encode_cursor
+from controlplane.api.pagination import OFFSET, cursor_field, decode_cursor, encode_cursor
 from controlplane.api.parsing import json_response, parse_query
 from controlplane.api.routing import RouteTable
 from controlplane.auth.models import Principal
 from controlplane.conversations.models import (
+    CONVERSATION_PARAM,
     AppConversation,
     ConversationTrigger,
     ExecutionStatus,
@@ -43,7 +44,7 @@ _STATUS: dict[SandboxStatus, LegacyStatus] = {
 class LegacyConversationQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    page_id: str | None = Field(default=None, max_length=512, description="Opaque cursor")
+    page_id: str | None = cursor_field(OFFSET)
     limit: int = Field(default=20, ge=1, le=100)
     selected_repository: str | None = Field(default=None, max_length=256)
     conversation_trigger: ConversationTrigger | None = None
@@ -155,7 +156,7 @@ async def list_conversations(request: web.Request) -> web.Response:
 
 @routes.route(
     "GET",
-    "/api/conversations/{conversation_id}",
+    f"/api/conversations/{CONVERSATION_PARAM}",
     summary="One conversation (OpenHands' V0 shape)",
     response=LegacyConversation,
     errors=(404,),
@@ -167,7 +168,7 @@ async def get_conversation(request: web.Request) -> web.Response:
 
 @routes.route(
     "GET",
-    "/api/conversations/{conversation_id}/config",
+    f"/api/conversations/{CONVERSATION_PARAM}/config",
     summary="The conversation's runtime (its sandbox) id",
     response=LegacyConversationConfig,
     errors=(404,),

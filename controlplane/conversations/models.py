@@ -30,6 +30,9 @@ def normalise_uuid(value: str) -> str:
 
 
 HexId = Annotated[str, Field(pattern=HEX_ID)]
+# A path's conversation id: hex and dashes only, so that /count, /search and /start-tasks never
+# match it (a 405 there would advertise this route's methods in its Allow header).
+CONVERSATION_PARAM = "{conversation_id:[0-9a-fA-F-]+}"
 UUID_PATTERN = (
     r"^(?:[0-9a-fA-F]{32}"
     r"|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})$"

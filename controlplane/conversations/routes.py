@@ -9,6 +9,7 @@ from controlplane.api.middlewares import principal_of
 from controlplane.api.parsing import json_response, parse_body, parse_query
 from controlplane.api.routing import RouteTable
 from controlplane.conversations.models import (
+    CONVERSATION_PARAM,
     AppConversation,
     AppConversationPage,
     AppConversationStartRequest,
@@ -30,9 +31,7 @@ from controlplane.sandboxes.models import Success
 
 routes = RouteTable(tag="app-conversations")
 BASE = "/api/v1/app-conversations"
-# Hex and dashes only, so that /count, /search and /start-tasks never match it (a 405 there would
-# advertise this route's methods in its Allow header).
-CONVERSATION = "{conversation_id:[0-9a-fA-F-]+}"
+CONVERSATION = CONVERSATION_PARAM
 
 
 def _service(request: web.Request) -> ConversationService:

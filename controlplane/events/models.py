@@ -52,9 +52,10 @@ class EventSearchQuery(EventFilters, PageQuery):
 class ConversationEventQuery(PageQuery):
     """The search of GET /api/v1/conversation/{id}/events/search: the id is in the path."""
 
+    page_id: str | None = cursor_field(STREAM_ID)
     kind__eq: EventKind | None = None
-    timestamp__gte: datetime | None = None
-    timestamp__lt: datetime | None = None
+    timestamp__gte: QueryTime | None = None
+    timestamp__lt: QueryTime | None = None
     sort_order: EventSortOrder = EventSortOrder.TIMESTAMP
 
     def scoped(self, conversation_id: str) -> EventSearchQuery:

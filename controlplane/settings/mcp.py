@@ -45,7 +45,7 @@ class MCPSSEServer(BaseModel):
 
 
 class MCPSHTTPServer(MCPSSEServer):
-    timeout: int | None = 60
+    timeout: int | None = Field(default=60, json_schema_extra={"minimum": 1, "maximum": 3600})
 
     @field_validator("timeout")
     @classmethod

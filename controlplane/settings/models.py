@@ -10,7 +10,6 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
-    EmailStr,
     Field,
     SecretStr,
     field_validator,
@@ -49,6 +48,22 @@ def _resource_factor(value: int | None) -> int | None:
 
 
 ShortStr = Annotated[str, Field(max_length=256)]
+_EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s.]+$")
+
+
+def _email(value: str) -> str:
+    if not _EMAIL_RE.match(value):
+        raise ValueError("not an email address (name@domain.tld)")
+    return value
+
+
+Email = Annotated[
+    str,
+    Field(max_length=254, json_schema_extra={"pattern": _EMAIL_RE.pattern}),
+    AfterValidator(_email),
+]
+"""An address as git and mail headers take it. Not pydantic's EmailStr: that refuses reserved
+domains (dev@example.invalid, me@host.test), which are fine as a git author's address."""
 HttpUrl = Annotated[
     str | None,
     Field(max_length=2048, json_schema_extra={"pattern": r"^[\s\x1c-\x1f]*https?://[^\s/]+"}),
@@ -81,10 +96,10 @@ class SettingsFields(BaseModel):
     mcp_config: MCPConfig | None = None
     max_budget_per_task: float | None = Field(default=None, ge=0, le=1_000_000, allow_inf_nan=False)
     condenser_max_size: int | None = Field(default=None, ge=20, le=100_000)
-    email: EmailStr | None = None
+    email: Email | None = None
     email_verified: bool | None = None
     git_user_name: ShortStr | None = None
-    git_user_email: EmailStr | None = None
+    git_user_email: Email | None = None
     v1_enabled: bool | None = None
     sandbox_idle_timeout: int | None = Field(
         default=None, ge=0, le=30 * 86400, description="Seconds before auto-pause; 0 disables"

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controlplane.api.pagination import PageQuery
+from controlplane.api.pagination import OFFSET, PageQuery, cursor_field
 from controlplane.settings.models import ProviderType
 
 
@@ -75,6 +75,7 @@ class LLMModelPage(BaseModel):
 class ModelSearchQuery(PageQuery):
     model_config = ConfigDict(extra="forbid")
 
+    page_id: str | None = cursor_field(OFFSET)
     limit: int = Field(default=50, ge=1, le=100)
     query: str | None = Field(default=None, max_length=256)
     verified__eq: bool | None = None
