@@ -53,6 +53,7 @@ class ServiceConfig(BaseModel):
     # Sandboxes (Docker).
     docker_url: str | None = Field(default=None, description="Docker daemon URL; unset: from env")
     docker_threads: int = Field(default=8, ge=1, le=64)
+    docker_quick_threads: int = Field(default=4, ge=1, le=64)
     spec_dir: Path = Path("specs")
     base_image: str = "acs-base:bookworm"
     image_tag: str | None = Field(

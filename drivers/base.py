@@ -21,6 +21,13 @@ class ImageMissing(DriverError):
     code = "image_missing"
 
 
+class ContainerExists(DriverError):
+    """A container of that name exists already (made by a concurrent or earlier attempt)."""
+
+    code = "container_exists"
+    status = 409
+
+
 @dataclass(frozen=True)
 class ContainerRequest:
     """Everything needed to create one sandbox container."""
@@ -106,7 +113,8 @@ class SandboxDriver(Protocol):
         """Create the workspace volume and the container, start it, return its state.
 
         On any failure after create, removes what it made and re-raises, so nothing is left.
-        Raises ImageMissing, DriverError or RuntimeUnavailable.
+        Raises ContainerExists (and touches nothing) when the name is taken, ImageMissing,
+        DriverError or RuntimeUnavailable.
         """
 
     async def inspect(self, name: str) -> ContainerState | None:

@@ -1,4 +1,6 @@
-"""Docker runtime: the docker SDK, each blocking call sent to a thread pool this driver owns."""
+"""Docker runtime: the docker SDK, each blocking call sent to one of two thread pools (lanes)
+this driver owns: quick calls (inspect, pause, unpause, image look-up, list) never queue behind
+slow ones (create and start, remove), which hold a thread for up to seconds each."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from controlplane.errors import RuntimeUnavailable
 from drivers import docker_networks
 from drivers.base import (
     ContainerEvent,
+    ContainerExists,
     ContainerRequest,
     ContainerState,
     DriverError,
@@ -86,8 +89,13 @@ class _DockerWatch:
                 self._stream.close()
 
 
+QUICK = "quick"
+SLOW = "slow"
+
+
 class DockerDriver:
-    """Talks to one Docker engine. `threads` bounds concurrent engine calls.
+    """Talks to one Docker engine. `threads` bounds concurrent slow engine calls (create and
+    start, restart, remove, networks), `quick_threads` the quick ones, each lane its own FIFO.
 
     `on_error(operation)`, if given, is called on the event loop for every engine call that
     fails (engine unreachable, an error answer, or a DriverError): the error metric's hook.
@@ -98,13 +106,17 @@ class DockerDriver:
         base_url: str | None = None,
         threads: int = 8,
         timeout: int = 60,
+        quick_threads: int = 4,
         on_error: Callable[[str], None] | None = None,
     ) -> None:
         self._base_url = base_url
         self._on_error = on_error
         self._timeout = timeout
-        self._threads = threads
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="docker")
+        self._threads = threads + quick_threads
+        self._lanes = {
+            SLOW: ThreadPoolExecutor(max_workers=threads, thread_name_prefix="docker-slow"),
+            QUICK: ThreadPoolExecutor(max_workers=quick_threads, thread_name_prefix="docker-quick"),
+        }
         self._client: docker.DockerClient | None = None
         self._client_lock = threading.Lock()
 
@@ -126,8 +138,10 @@ class DockerDriver:
             except Exception:
                 log.exception("docker_error_hook_failed")
 
-    async def _call(self, fn: Callable[[docker.DockerClient], T], operation: str = "other") -> T:
-        """Run `fn` in the pool; `operation` labels the error metric if it fails."""
+    async def _call(
+        self, fn: Callable[[docker.DockerClient], T], operation: str = "other", lane: str = QUICK
+    ) -> T:
+        """Run `fn` in `lane`'s pool; `operation` labels the error metric if it fails."""
         loop = asyncio.get_running_loop()
 
         def run() -> T:
@@ -140,7 +154,7 @@ class DockerDriver:
                     raise
                 raise RuntimeUnavailable(f"Docker engine unreachable: {exc}") from None
 
-        future = loop.run_in_executor(self._pool, run)
+        future = loop.run_in_executor(self._lanes[lane], run)
         try:
             return await asyncio.shield(future)
         except Exception:
@@ -188,7 +202,7 @@ class DockerDriver:
         return await self._call(look_up, "image_exists")
 
     async def create_and_start(self, request: ContainerRequest) -> ContainerState:
-        return await self._call(lambda c: self._create_and_start(c, request), "create")
+        return await self._call(lambda c: self._create_and_start(c, request), "create", SLOW)
 
     def _create_and_start(
         self, client: docker.DockerClient, req: ContainerRequest
@@ -202,7 +216,28 @@ class DockerDriver:
             client.volumes.create(name=req.volume, labels=req.labels)
             made_volume = True
         try:
-            container = client.containers.create(
+            container = self._create(client, req)
+            container.start()
+            container.reload()
+            return _state_of(container.attrs)
+        except ContainerExists:
+            raise  # not ours: leave it alone
+        except BaseException as exc:
+            self._remove(client, req.name, req.volume if made_volume else None)
+            if isinstance(exc, ImageNotFound):
+                raise ImageMissing(
+                    f"image {req.image} is not on this host; run `make images` to build it"
+                ) from None
+            if isinstance(exc, APIError):
+                raise DriverError(
+                    f"Docker refused to start the sandbox: {exc.explanation}"
+                ) from None
+            raise
+
+    @staticmethod
+    def _create(client: docker.DockerClient, req: ContainerRequest) -> Any:
+        try:
+            return client.containers.create(
                 req.image,
                 command=req.command,
                 name=req.name,
@@ -226,19 +261,9 @@ class DockerDriver:
                 extra_hosts=req.extra_hosts,
                 detach=True,
             )
-            container.start()
-            container.reload()
-            return _state_of(container.attrs)
-        except BaseException as exc:
-            self._remove(client, req.name, req.volume if made_volume else None)
-            if isinstance(exc, ImageNotFound):
-                raise ImageMissing(
-                    f"image {req.image} is not on this host; run `make images` to build it"
-                ) from None
-            if isinstance(exc, APIError):
-                raise DriverError(
-                    f"Docker refused to start the sandbox: {exc.explanation}"
-                ) from None
+        except APIError as exc:
+            if exc.status_code == 409 and not isinstance(exc, ImageNotFound):
+                raise ContainerExists(f"container {req.name} exists already") from None
             raise
 
     async def inspect(self, name: str) -> ContainerState | None:
@@ -251,7 +276,12 @@ class DockerDriver:
         return await self._call(run, "inspect")
 
     async def _act(
-        self, operation: str, name: str, action: Callable[[Any], None], benign: str = ""
+        self,
+        operation: str,
+        name: str,
+        action: Callable[[Any], None],
+        benign: str = "",
+        lane: str = QUICK,
     ) -> None:
         """Run one container action; a 409 whose message contains `benign` meets the intent."""
 
@@ -266,7 +296,7 @@ class DockerDriver:
                     return
                 raise DriverError(f"Docker error on {name}: {message}") from None
 
-        await self._call(run, operation)
+        await self._call(run, operation, lane)
 
     async def pause(self, name: str) -> None:
         await self._act("pause", name, lambda api: api.pause(name), benign="already paused")
@@ -276,14 +306,14 @@ class DockerDriver:
         await self._act("unpause", name, lambda api: api.unpause(name))
 
     async def start(self, name: str) -> ContainerState:
-        await self._act("start", name, lambda api: api.start(name))
+        await self._act("start", name, lambda api: api.start(name), lane=SLOW)
         state = await self.inspect(name)
         if state is None:
             raise DriverError(f"container {name} vanished while starting")
         return state
 
     async def remove(self, name: str, volume: str | None) -> None:
-        await self._call(lambda c: self._remove(c, name, volume), "remove")
+        await self._call(lambda c: self._remove(c, name, volume), "remove", SLOW)
 
     @staticmethod
     def _remove(client: docker.DockerClient, name: str, volume: str | None) -> None:
@@ -322,14 +352,14 @@ class DockerDriver:
         self, name: str, labels: dict[str, str], pool: str, size: int
     ) -> NetworkInfo:
         return await self._call(
-            lambda c: docker_networks.ensure_network(c, name, labels, pool, size), "network"
+            lambda c: docker_networks.ensure_network(c, name, labels, pool, size), "network", SLOW
         )
 
     async def list_networks(self, labels: dict[str, str]) -> list[NetworkInfo]:
         return await self._call(lambda c: docker_networks.list_networks(c, labels), "network")
 
     async def remove_network(self, name: str) -> bool:
-        return await self._call(lambda c: docker_networks.remove_network(c, name), "network")
+        return await self._call(lambda c: docker_networks.remove_network(c, name), "network", SLOW)
 
     def watch(self, labels: dict[str, str], sink: EventSink) -> Watch:
         """Follow container events in a dedicated thread, feeding `sink` on the event loop.
@@ -368,5 +398,6 @@ class DockerDriver:
     async def close(self) -> None:
         client = self._client
         if client is not None:
-            await asyncio.get_running_loop().run_in_executor(self._pool, client.close)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+            await asyncio.get_running_loop().run_in_executor(self._lanes[QUICK], client.close)
+        for pool in self._lanes.values():
+            pool.shutdown(wait=False, cancel_futures=True)

@@ -21,13 +21,15 @@ from controlplane.lifecycle.outbox import Outbox
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookDeliverer
 from controlplane.metrics import METRICS
-from controlplane.sandboxes.launcher import HealthProbe
+from controlplane.sandboxes.leases import IntentLeases
 from controlplane.sandboxes.networking import SandboxNetworks
 from controlplane.sandboxes.pool import WarmPool
 from controlplane.sandboxes.pool_store import PoolStore
+from controlplane.sandboxes.readiness import ReadinessProbe
 from controlplane.sandboxes.reaper import IdleReaper
 from controlplane.sandboxes.reconciler import Reconciler
 from controlplane.sandboxes.service import SandboxService
+from controlplane.sandboxes.status_feed import StatusFeed
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.store import keys as store_keys
 from controlplane.store.leader import LeaderLock
@@ -72,7 +74,10 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
         catalog = app[keys.SPECS]
         metrics = app[METRICS]
         driver = DockerDriver(
-            config.docker_url, threads=config.docker_threads, on_error=metrics.docker_error
+            config.docker_url,
+            threads=config.docker_threads,
+            quick_threads=config.docker_quick_threads,
+            on_error=metrics.docker_error,
         )
         try:
             networks = SandboxNetworks(config, driver, catalog)
@@ -81,13 +86,22 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
             raise
         app[keys.NETWORKS] = networks
         http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100))
-        probe = HealthProbe(http, driver, config.url_host, config.start_timeout)
+        probe = ReadinessProbe(http, driver, config.url_host, config.start_timeout)
         store = SandboxStore(app[keys.REDIS], app[keys.SECRET_BOX])
         outbox, deliverer = _webhooks(config, app, http)
         publisher = LifecyclePublisher(app[keys.REDIS], outbox)
         app[keys.LIFECYCLE] = publisher
+        feed = StatusFeed(app[keys.REDIS])
         service = SandboxService(
-            config, store, driver, catalog, probe, publisher=publisher, networks=networks
+            config,
+            store,
+            driver,
+            catalog,
+            probe,
+            publisher=publisher,
+            networks=networks,
+            leases=IntentLeases(app[keys.REDIS]),
+            feed=feed,
         )
         reconciler = Reconciler(service, config.reconcile_interval)
         app[keys.SANDBOXES] = service
@@ -127,6 +141,7 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
         app[keys.EVENTS] = EventService(
             conversations.events, conversations, on_lag=metrics.event_delivered
         )
+        feed.start()
         await runner.recover()
         reconciler.start()
         reaper.start()
@@ -140,6 +155,8 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
         if deliverer is not None:
             await deliverer.close()
         await service.close()
+        await probe.close()
+        await feed.stop()
         await http.close()
         await driver.close()
 
