@@ -140,11 +140,16 @@ async def test_interrupted_start_with_a_healthy_agent_becomes_running(
     assert await service.store.count_active("alice") == 1
 
 
-async def test_stale_interrupted_start_without_container_becomes_error(
-    sbx_factory: ClientFactory, user_headers: Headers
+async def test_interrupted_start_without_container_is_taken_over_and_finished(
+    sbx_factory: ClientFactory,
+    user_headers: Headers,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
 ) -> None:
+    """A start recorded (STARTING) by a process that died before making anything: the sweep
+    takes it over and creates the container; the change is an automatic lifecycle event."""
     alice = await user_headers("alice")
-    client = await sbx_factory(start_timeout=5)
+    client = await sbx_factory(start_timeout=20)
     store = client.app[keys.SANDBOXES].store
     long_ago = datetime.now(UTC) - timedelta(minutes=10)
     record = SandboxRecord(
@@ -159,9 +164,74 @@ async def test_stale_interrupted_start_without_container_becomes_error(
     )
     assert await store.create(record, 0, Limits()) == "ok"
     assert await store.count_active("alice") == 1
-    failed = await wait_status(client, alice, record.id, "ERROR", within=10)
-    assert failed["reason"] == "start interrupted (control plane restarted?)"
-    assert await store.count_active("alice") == 0
+    running = await wait_status(client, alice, record.id, "RUNNING", within=30)
+    assert running["session_api_key"] == record.session_api_key
+    assert await agent_echo(running, "finished") == "finished"
+    assert [c.name for c in containers(docker_client, test_prefix)] == [
+        naming.container_name(test_prefix, record.id)
+    ]
+    events = await (await client.get("/api/v1/lifecycle-events/search", headers=alice)).json()
+    taken = [e for e in events["items"] if e["sandbox_id"] == record.id]
+    assert [(e["type"], e["automatic"]) for e in taken] == [("sandbox.running", True)], taken
+
+
+async def test_a_delete_cut_off_is_finished_not_turned_into_missing(
+    sbx_factory: ClientFactory,
+    user_headers: Headers,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
+) -> None:
+    alice = await user_headers("alice")
+    first = await sbx_factory()
+    sandbox_id = (await start(first, alice))["id"]
+    await wait_status(first, alice, sandbox_id, "RUNNING")
+    await first.close()
+    second = await sbx_factory()
+    service = second.app[keys.SANDBOXES]
+    # As if a process recorded the delete, removed the container, then died.
+    assert await service.store.mark_deleting(sandbox_id)
+    docker_client.containers.get(naming.container_name(test_prefix, sandbox_id)).remove(force=True)
+
+    async def gone() -> bool:
+        return (await second.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)).status == 404
+
+    await poll(gone, 10, "the delete was not finished")
+    assert containers(docker_client, test_prefix) == []
+    assert volumes(docker_client, test_prefix) == []
+    events = await (await second.get("/api/v1/lifecycle-events/search", headers=alice)).json()
+    kinds = [(e["type"], e["automatic"]) for e in events["items"] if e["sandbox_id"] == sandbox_id]
+    assert kinds[0] == ("sandbox.deleted", True), kinds
+    assert ("sandbox.missing", True) not in kinds
+
+
+async def test_a_sandbox_in_error_resumes_on_its_kept_workspace(
+    sbx_factory: ClientFactory,
+    user_headers: Headers,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
+) -> None:
+    alice = await user_headers("alice")
+    client = await sbx_factory()
+    service = client.app[keys.SANDBOXES]
+    sandbox_id = (await start(client, alice))["id"]
+    running = await wait_status(client, alice, sandbox_id, "RUNNING")
+    container = docker_client.containers.get(naming.container_name(test_prefix, sandbox_id))
+    assert container.exec_run(["sh", "-c", "echo kept > /workspace/note"]).exit_code == 0
+    # An ERROR from an earlier failure, with the container gone.
+    record = await service.store.get(sandbox_id)
+    assert record is not None
+    result = await service.store.transition(
+        record, [SandboxStatus.RUNNING], SandboxStatus.ERROR, reason="an earlier failure"
+    )
+    assert result.outcome == "ok"
+    container.remove(force=True)
+
+    resp = await client.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)
+    assert resp.status == 200, await resp.text()
+    again = await wait_status(client, alice, sandbox_id, "RUNNING")
+    assert again["session_api_key"] == running["session_api_key"]
+    assert again["reason"] is None
+    assert await agent_echo(again, "$(cat /workspace/note)") == "kept"
 
 
 # -- orphans and tombstones ---------------------------------------------------------------------

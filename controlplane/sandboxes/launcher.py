@@ -1,34 +1,55 @@
-"""Bringing a container up to a healthy agent server, or cleaning up and saying why not."""
+"""Carrying a recorded start (STARTING) to a healthy agent server, or to ERROR with the reason.
+
+A start is an intent recorded before anything is done (the STARTING record). Whoever holds it
+carries it to completion: the launcher that was asked, riding out Redis and engine blips with
+retries and backoff, or, when that launcher's process died, the reconciler of any replica, which
+takes the start over once its lease lapses (leases.py). Taking over is safe at any point because
+each attempt looks at the container first and continues from what it finds.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Protocol
 
-import aiohttp
 import structlog
 
 from controlplane.config import ServiceConfig
-from controlplane.errors import Conflict, ControlPlaneError
+from controlplane.errors import RuntimeUnavailable
 from controlplane.lifecycle.models import LifecycleType
 from controlplane.sandboxes import naming
+from controlplane.sandboxes.leases import IntentLeases
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.networking import Attachment, SandboxNetworks
+from controlplane.sandboxes.readiness import ReadinessProbe, StartFailed
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.egress import HOST_GATEWAY
-from controlplane.specs.models import AGENT_SERVER, SandboxSpec
-from drivers.base import ContainerRequest, ContainerState, SandboxDriver
+from controlplane.specs.models import SandboxSpec
+from controlplane.store.redis import REDIS_DOWN
+from drivers.base import (
+    ContainerExists,
+    ContainerRequest,
+    ContainerState,
+    DriverError,
+    SandboxDriver,
+)
 
 log = structlog.get_logger(__name__)
 S = SandboxStatus
 
+ENGINE_BLIPS = (RuntimeUnavailable, ContainerExists)
+TRANSIENT = (*ENGINE_BLIPS, *REDIS_DOWN)
+"""Faults of ours, of the engine's connection or a concurrent attempt, not of the sandbox: the
+attempt is retried, looking at the container first."""
+RETRY_FIRST, RETRY_MAX = 0.2, 5.0
 
-class StartFailed(ControlPlaneError):
-    code = "sandbox_start_failed"
-    status = 502
+
+class Mode(enum.Enum):
+    FRESH = "fresh"  # a new sandbox: nothing exists yet
+    CONVERGE = "converge"  # anything may exist: continue from what the container is
 
 
 def container_request(
@@ -86,58 +107,19 @@ def host_ports(spec: SandboxSpec, state: ContainerState) -> dict[str, int]:
     }
 
 
-class HealthProbe:
-    """Polls /health until it answers 200, the container dies, or time runs out."""
-
-    def __init__(
-        self, http: aiohttp.ClientSession, driver: SandboxDriver, host: str, timeout: float
-    ) -> None:
-        self._http = http
-        self._driver = driver
-        self._host = host
-        self._timeout = timeout
-
-    async def once(self, port: int) -> bool:
-        try:
-            async with self._http.get(
-                f"http://{self._host}:{port}/health", timeout=aiohttp.ClientTimeout(total=2)
-            ) as resp:
-                return resp.status == 200
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return False
-
-    async def wait(self, container: str, ports: dict[str, int]) -> None:
-        """Raises StartFailed with the reason when the agent server does not become healthy."""
-        port = ports.get(AGENT_SERVER)
-        if port is None:
-            raise StartFailed("the AGENT_SERVER port was not published")
-        deadline = time.monotonic() + self._timeout
-        delay, next_inspect = 0.02, time.monotonic() + 1.0
-        while time.monotonic() < deadline:
-            if await self.once(port):
-                return
-            if time.monotonic() >= next_inspect:
-                next_inspect = time.monotonic() + 1.0
-                state = await self._driver.inspect(container)
-                if state is None:
-                    raise StartFailed("the container disappeared while starting")
-                if state.status not in ("running", "created", "restarting"):
-                    raise StartFailed(
-                        f"the agent server exited (status {state.status}, exit code "
-                        f"{state.exit_code}) before answering /health"
-                    )
-            await asyncio.sleep(delay)
-            # Capped low: a loopback /health call costs ~1 ms, a late one costs the whole start.
-            delay = min(delay * 1.5, 0.05)
-        raise StartFailed(f"the agent server did not answer /health within {self._timeout:g} s")
-
-
-Publish = Callable[[LifecycleType, SandboxRecord, str | None], Awaitable[None]]
+class Publish(Protocol):
+    async def __call__(
+        self,
+        kind: LifecycleType,
+        record: SandboxRecord,
+        reason: str | None = None,
+        *,
+        automatic: bool = False,
+    ) -> None: ...
 
 
 class Launcher:
-    """The background steps that bring a sandbox to RUNNING: a first start, a re-create on the
-    kept workspace, or a restart of a stopped container. Each ends RUNNING or ERROR."""
+    """The background work that brings a STARTING sandbox to RUNNING, or to ERROR."""
 
     def __init__(
         self,
@@ -146,8 +128,9 @@ class Launcher:
         *,
         driver: SandboxDriver,
         catalog: SpecCatalog,
-        probe: HealthProbe,
+        probe: ReadinessProbe,
         publish: Publish,
+        leases: IntentLeases | None = None,
         networks: SandboxNetworks | None = None,
     ) -> None:
         self._config = config
@@ -157,18 +140,24 @@ class Launcher:
         self._catalog = catalog
         self._probe = probe
         self._publish = publish
+        self._leases = leases
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     def is_launching(self, sandbox_id: str) -> bool:
         return sandbox_id in self._tasks
 
-    def launch(self, record: SandboxRecord, *, fresh: bool = True) -> None:
-        """Create (fresh) or re-create the container in the background."""
-        self._spawn(record.id, self._launch(record, fresh=fresh))
+    def launch(self, record: SandboxRecord) -> None:
+        """Create a new sandbox's workspace and container, in the background."""
+        self._spawn(record, Mode.FRESH, automatic=False)
 
-    def restart(self, record: SandboxRecord, name: str) -> None:
-        """Start a stopped container again in the background."""
-        self._spawn(record.id, self._restart(record, name))
+    def resume(self, record: SandboxRecord) -> None:
+        """Bring a sandbox whose record is now STARTING back up, on its kept workspace:
+        unpause, start a stopped container, or re-create a vanished or dead one."""
+        self._spawn(record, Mode.CONVERGE, automatic=False)
+
+    def take_over(self, record: SandboxRecord) -> None:
+        """Finish a start whose launcher is gone (the caller holds its lease)."""
+        self._spawn(record, Mode.CONVERGE, automatic=True)
 
     async def cancel(self, sandbox_id: str) -> None:
         task = self._tasks.get(sandbox_id)
@@ -182,38 +171,101 @@ class Launcher:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _spawn(self, sandbox_id: str, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work, name=f"launch-{sandbox_id}")
-        self._tasks[sandbox_id] = task
-        task.add_done_callback(lambda _t: self._tasks.pop(sandbox_id, None))
+    def _spawn(self, record: SandboxRecord, mode: Mode, *, automatic: bool) -> None:
+        if self._leases is not None:
+            self._leases.hold(record.id)
+        task = asyncio.create_task(self._carry(record, mode, automatic), name=f"launch-{record.id}")
+        self._tasks[record.id] = task
+        task.add_done_callback(lambda t: self._done(record.id, t))
 
-    async def _launch(self, record: SandboxRecord, *, fresh: bool) -> None:
-        """A failed fresh start removes everything it made; a failed re-create keeps the
-        workspace."""
-        spec = self._catalog.find(record.spec_id)
+    def _done(self, sandbox_id: str, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(sandbox_id) is task:
+            del self._tasks[sandbox_id]
+        if not task.cancelled() and task.exception() is not None:  # retrieved: never unlogged
+            log.error("launch_task_failed", sandbox_id=sandbox_id, error=str(task.exception()))
+
+    async def _carry(self, record: SandboxRecord, mode: Mode, automatic: bool) -> None:
+        """Attempt until RUNNING or a real failure; a blip only costs a retry."""
+        started = time.monotonic()
+        new = mode == Mode.FRESH
+        delay = RETRY_FIRST
         try:
-            if spec is None:
-                raise Conflict(f"sandbox spec {record.spec_id!r} no longer exists")
-            request = await self._request(record, spec)
-            state = await self._driver.create_and_start(request)
-            ports = host_ports(spec, state)
-            await self._store.transition(record, [S.STARTING], S.STARTING, ports=ports)
-            await self._probe.wait(request.name, ports)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if spec is not None and self._networks is not None:
+            while True:
+                try:
+                    await self._attempt(record, mode, automatic)
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except TRANSIENT as exc:
+                    redis_down = not isinstance(exc, ENGINE_BLIPS)
+                    # The engine may stay away: give up after the start timeout. Without
+                    # Redis nothing could record the failure anyway, so wait for it.
+                    if not redis_down and time.monotonic() - started > self._config.start_timeout:
+                        await self._fail(record, new, f"start failed: {exc}", automatic)
+                        return
+                    log.warning("sandbox_start_retry", sandbox_id=record.id, error=str(exc))
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX)
+                    # What the failed attempt left is unknown: look before acting.
+                    mode = Mode.CONVERGE
+                except Exception as exc:
+                    await self._fail(record, new, f"start failed: {exc}", automatic)
+                    return
+        finally:
+            if self._leases is not None:
+                await self._leases.release(record.id)
+
+    async def _attempt(self, record: SandboxRecord, mode: Mode, automatic: bool) -> None:
+        spec = self._catalog.find(record.spec_id)
+        if spec is None:
+            raise StartFailed(f"sandbox spec {record.spec_id!r} no longer exists")
+        prefix = self._config.container_prefix
+        name = naming.container_name(prefix, record.id)
+        try:
+            state = await self._bring_up(record, spec, name, mode)
+        except DriverError:
+            if self._networks is not None:
                 self._networks.forget(spec)  # re-checked at the next start (it may be gone)
-            await self._fail(record, f"start failed: {exc}", remove_volume=fresh)
+            raise
+        ports = host_ports(spec, state)
+        result = await self._store.transition(record, [S.STARTING], S.STARTING, ports=ports)
+        if result.outcome != "ok":
+            await self._abandon(record, name, result.outcome)
             return
+        await self._probe.wait(name, ports)
         result = await self._store.transition(
             record, [S.STARTING], S.RUNNING, ports=ports, touch=True
         )
-        if result.outcome == "missing":
+        if result.outcome == "ok":
+            reason = "start finished by the reconciler after an interruption" if automatic else None
+            await self._publish(LifecycleType.SANDBOX_RUNNING, record, reason, automatic=automatic)
+        else:
+            await self._abandon(record, name, result.outcome)
+
+    async def _abandon(self, record: SandboxRecord, name: str, outcome: str) -> None:
+        """The record moved on without us (deleted, or another replica finished the start)."""
+        if outcome == "missing":
             # Deleted while starting: the delete may have run before our container existed.
-            await self._driver.remove(request.name, request.volume)
-        elif result.outcome == "ok":
-            await self._publish(LifecycleType.SANDBOX_RUNNING, record, None)
+            volume = naming.volume_name(self._config.container_prefix, record.id)
+            await self._driver.remove(name, volume)
+
+    async def _bring_up(
+        self, record: SandboxRecord, spec: SandboxSpec, name: str, mode: Mode
+    ) -> ContainerState:
+        if mode == Mode.FRESH:
+            return await self._driver.create_and_start(await self._request(record, spec))
+        state = await self._driver.inspect(name)
+        if state is not None and state.status == "paused":
+            await self._driver.unpause(name)
+            state = await self._driver.inspect(name)
+        if state is not None and state.status in ("exited", "created"):
+            return await self._driver.start(name)
+        if state is not None and state.status in ("dead", "removing"):
+            await self._driver.remove(name, None)  # the workspace volume stays
+            state = None
+        if state is None:
+            return await self._driver.create_and_start(await self._request(record, spec))
+        return state  # running or restarting: the readiness probe decides
 
     async def _request(self, record: SandboxRecord, spec: SandboxSpec) -> ContainerRequest:
         if self._networks is None:
@@ -222,43 +274,26 @@ class Launcher:
         port = self._networks.listener.port
         return container_request(self._config, record, spec, attachment, port)
 
-    async def _restart(self, record: SandboxRecord, name: str) -> None:
-        spec = self._catalog.find(record.spec_id)
-        try:
-            if spec is None:
-                raise Conflict(f"sandbox spec {record.spec_id!r} no longer exists")
-            state = await self._driver.start(name)
-            ports = host_ports(spec, state)
-            await self._store.transition(record, [S.STARTING], S.STARTING, ports=ports)
-            await self._probe.wait(name, ports)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            # Keep the container and workspace: a failed restart is not a failed first start.
-            await self._fail(record, f"restart failed: {exc}", remove_container=False)
-            return
-        result = await self._store.transition(
-            record, [S.STARTING], S.RUNNING, ports=ports, touch=True
-        )
-        if result.outcome == "ok":
-            await self._publish(LifecycleType.SANDBOX_RUNNING, record, None)
-
-    async def _fail(
-        self,
-        record: SandboxRecord,
-        reason: str,
-        *,
-        remove_volume: bool = False,
-        remove_container: bool = True,
-    ) -> None:
+    async def _fail(self, record: SandboxRecord, new: bool, reason: str, automatic: bool) -> None:
+        """ERROR with the reason. A new sandbox leaves nothing behind; one that existed before
+        keeps its workspace (and a container that exists), so resume can bring it back."""
         log.warning("sandbox_start_failed", sandbox_id=record.id, reason=reason)
         prefix = self._config.container_prefix
-        if remove_container:
-            volume = naming.volume_name(prefix, record.id) if remove_volume else None
+        if new:
             try:
-                await self._driver.remove(naming.container_name(prefix, record.id), volume)
+                await self._driver.remove(
+                    naming.container_name(prefix, record.id), naming.volume_name(prefix, record.id)
+                )
             except Exception as exc:
                 log.warning("sandbox_cleanup_failed", sandbox_id=record.id, error=str(exc))
-        result = await self._store.transition(record, [S.STARTING], S.ERROR, reason=reason)
+        delay = RETRY_FIRST
+        while True:
+            try:
+                result = await self._store.transition(record, [S.STARTING], S.ERROR, reason=reason)
+                break
+            except REDIS_DOWN as exc:  # the failure must be recorded: wait for Redis
+                log.warning("sandbox_error_not_recorded", sandbox_id=record.id, error=str(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
         if result.outcome == "ok":
-            await self._publish(LifecycleType.SANDBOX_ERROR, record, reason)
+            await self._publish(LifecycleType.SANDBOX_ERROR, record, reason, automatic=automatic)

@@ -44,6 +44,7 @@ class SandboxRecord(BaseModel):
     created_at: datetime
     updated_at: datetime
     last_activity_at: datetime
+    deleting_at: datetime | None = None  # a delete was asked for: it is finished, never undone
 
 
 class SandboxInfo(BaseModel):

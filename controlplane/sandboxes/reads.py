@@ -4,6 +4,7 @@ waiting for a sandbox to be RUNNING."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 
 from controlplane.api.pagination import decode_cursor, encode_cursor
@@ -20,11 +21,13 @@ from controlplane.sandboxes.models import (
     SandboxSearchQuery,
     SandboxStatus,
 )
+from controlplane.sandboxes.status_feed import StatusFeed
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import AGENT_SERVER
 
 S = SandboxStatus
+RECHECK = 1.0
 _ID_RE = re.compile(SANDBOX_ID_PATTERN)
 
 
@@ -37,10 +40,19 @@ def _visible(record: SandboxRecord, principal: Principal) -> bool:
 
 
 class SandboxReads:
-    def __init__(self, config: ServiceConfig, store: SandboxStore, catalog: SpecCatalog) -> None:
+    def __init__(
+        self,
+        config: ServiceConfig,
+        store: SandboxStore,
+        catalog: SpecCatalog,
+        feed: StatusFeed | None = None,
+    ) -> None:
         self.config = config
         self.store = store
         self.catalog = catalog
+        self.feed = feed or StatusFeed()
+        if store.on_change is None:
+            store.on_change = self.feed.notify
 
     async def owned(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
         """The record if the caller may see it. Raises SandboxNotFound otherwise (never 403)."""
@@ -113,18 +125,26 @@ class SandboxReads:
         return f"http://{self.config.url_host}:{record.ports[AGENT_SERVER]}"
 
     async def wait_running(self, sandbox_id: str, timeout: float) -> SandboxRecord:
-        """Poll the record until RUNNING. Raises Conflict for ERROR/MISSING/PAUSED or on timeout."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            record = await self.store.get(sandbox_id)
-            if record is None:
-                raise SandboxNotFound(f"sandbox {sandbox_id} was deleted")
-            if record.status == S.RUNNING and AGENT_SERVER in record.ports:
-                return record
-            if record.status not in (S.STARTING, S.RUNNING):
-                raise Conflict(
-                    f"sandbox {sandbox_id} is {record.status.value}: {record.reason or 'no reason'}"
-                )
-            if asyncio.get_running_loop().time() > deadline:
-                raise Conflict(f"sandbox {sandbox_id} did not become RUNNING in {timeout:g} s")
-            await asyncio.sleep(0.02)
+        """The record once RUNNING, read again at each change of its status (StatusFeed).
+
+        Raises Conflict for ERROR/MISSING/PAUSED or on timeout, SandboxNotFound once deleted.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        with self.feed.watch(sandbox_id) as changed:
+            while True:
+                changed.clear()
+                record = await self.store.get(sandbox_id)
+                if record is None:
+                    raise SandboxNotFound(f"sandbox {sandbox_id} was deleted")
+                if record.status == S.RUNNING and AGENT_SERVER in record.ports:
+                    return record
+                if record.status not in (S.STARTING, S.RUNNING):
+                    reason = record.reason or "no reason"
+                    raise Conflict(f"sandbox {sandbox_id} is {record.status.value}: {reason}")
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise Conflict(f"sandbox {sandbox_id} did not become RUNNING in {timeout:g} s")
+                # Re-read at least every RECHECK seconds: a missed message costs that, no more.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(left, RECHECK))

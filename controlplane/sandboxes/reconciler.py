@@ -4,9 +4,9 @@ Rules (also in docs/sandboxes.md):
 - RUNNING + container paused → PAUSED; exited/created → PAUSED ("stopped outside the control
   plane", resume starts it again); dead → ERROR; gone → MISSING (resume re-creates it).
 - PAUSED + container running → RUNNING; gone → MISSING.
-- STARTING with no launch in this process (a restart interrupted it): a running container whose
-  agent server answers → RUNNING; otherwise, once older than the start timeout → ERROR and the
-  container is removed.
+- STARTING whose start nobody carries (no launch in this process, the lease of the replica that
+  had it lapsed): the start is taken over and finished from what the container is (launcher.py).
+- A record marked for deletion that nobody is deleting: the delete is finished.
 - A labelled container with no record is adopted: its record is rebuilt from its labels and
   environment. One without a session key in its environment, or of a sandbox deleted within
   the tombstone TTL, is removed (with its volume, for the deleted one). A warm pool member's
@@ -24,10 +24,10 @@ import structlog
 from controlplane.errors import ControlPlaneError, RuntimeUnavailable
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.launcher import host_ports
+from controlplane.sandboxes.leases import LEASE_TTL
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.service import SandboxService
 from controlplane.sandboxes.store import Limits
-from controlplane.specs.models import AGENT_SERVER
 from drivers.base import ContainerEvent, ContainerState
 
 log = structlog.get_logger(__name__)
@@ -62,6 +62,7 @@ class Reconciler:
         self._interval = interval
         self._labels = {naming.LABEL_PREFIX: service.config.container_prefix}
         self.fixes = 0
+        self.busy_elsewhere = False
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -90,13 +91,17 @@ class Reconciler:
 
     async def _sweep_loop(self) -> None:
         while True:
+            self.busy_elsewhere = False
             try:
                 await self.sweep()
             except RuntimeUnavailable as exc:
                 log.warning("reconcile_sweep_skipped", error=str(exc))
             except Exception:
                 log.exception("reconcile_sweep_failed")
-            await asyncio.sleep(self._interval)
+            # An intent held by another replica's lease: look again once it could have lapsed
+            # (its holder may be dead), not a whole interval later.
+            wait = min(self._interval, LEASE_TTL + 0.5) if self.busy_elsewhere else self._interval
+            await asyncio.sleep(wait)
 
     async def _event_loop(self) -> None:
         delay = 0.5
@@ -146,7 +151,9 @@ class Reconciler:
                 seen.add(sandbox_id)
                 state = containers.get(sandbox_id)
                 if record is not None and (
-                    record.status == S.STARTING or observed_status(record, state) is not None
+                    record.status == S.STARTING
+                    or record.deleting_at is not None
+                    or observed_status(record, state) is not None
                 ):
                     await self._apply(sandbox_id, state)
             if len(ids) < 500:
@@ -170,8 +177,11 @@ class Reconciler:
                 if state is not None:
                     await self._orphan(sandbox_id, state)
                 return
+            if record.deleting_at is not None:
+                await self._finish_delete(record)
+                return
             if record.status == S.STARTING:
-                await self._interrupted_start(record, state)
+                await self._interrupted_start(record)
                 return
             change = observed_status(record, state)
             if change is None:
@@ -195,29 +205,38 @@ class Reconciler:
                     reason=reason,
                 )
 
-    async def _interrupted_start(self, record: SandboxRecord, state: ContainerState | None) -> None:
-        spec = self._svc.catalog.find(record.spec_id)
-        if state is not None and state.status == "running" and spec is not None:
-            ports = host_ports(spec, state)
-            if AGENT_SERVER in ports and await self._svc.probe.once(ports[AGENT_SERVER]):
-                result = await self._svc.store.transition(
-                    record, [S.STARTING], S.RUNNING, ports=ports, touch=True
-                )
-                if result.outcome == "ok":
-                    self.fixes += 1
-                    reason = "start finished after a control plane restart"
-                    log.info("reconciled", sandbox_id=record.id, was=S.STARTING, now=S.RUNNING)
-                    await self._svc.publish_observed(record, S.RUNNING, reason)
-                return
-        grace = timedelta(seconds=self._svc.config.start_timeout + 10)
-        if datetime.now(UTC) - record.updated_at < grace:
+    async def _claim(self, record: SandboxRecord) -> bool:
+        """Take over the pending intent of `record` unless a live replica carries it."""
+        leases = self._svc.leases
+        if leases is None:
+            return True
+        if await leases.claim(record.id):
+            return True
+        self.busy_elsewhere = True
+        return False
+
+    async def _finish_delete(self, record: SandboxRecord) -> None:
+        if not await self._claim(record):
             return
-        prefix = self._svc.config.container_prefix
-        await self._svc.driver.remove(naming.container_name(prefix, record.id), None)
-        result = await self._svc.store.transition(
-            record, [S.STARTING], S.ERROR, reason="start interrupted (control plane restarted?)"
-        )
-        self.fixes += result.outcome == "ok"
+        try:
+            await self._svc.finish_delete(
+                record, reason="delete finished after an interruption", automatic=True
+            )
+        finally:
+            if self._svc.leases is not None:
+                await self._svc.leases.release(record.id)
+        self.fixes += 1
+        log.info("reconciled", sandbox_id=record.id, was=record.status, now="deleted")
+
+    async def _interrupted_start(self, record: SandboxRecord) -> None:
+        if datetime.now(UTC) - record.updated_at < timedelta(seconds=LEASE_TTL):
+            # Just recorded, perhaps by another replica that has yet to take its lease.
+            self.busy_elsewhere = True
+            return
+        if await self._claim(record):
+            log.info("start_taken_over", sandbox_id=record.id)
+            self.fixes += 1
+            self._svc.launcher.take_over(record)
 
     async def _orphan(self, sandbox_id: str, state: ContainerState) -> None:
         if await self._svc.store.is_tombstoned(sandbox_id):
@@ -260,3 +279,4 @@ class Reconciler:
         if await self._svc.store.create(record, memory, Limits()) == "ok":
             self.fixes += 1
             log.info("orphan_adopted", sandbox_id=sandbox_id, status=status)
+            await self._svc.publish_adopted(record)

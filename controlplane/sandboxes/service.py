@@ -24,7 +24,8 @@ from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.host_memory import HostMemory
-from controlplane.sandboxes.launcher import HealthProbe, Launcher
+from controlplane.sandboxes.launcher import Launcher
+from controlplane.sandboxes.leases import IntentLeases
 from controlplane.sandboxes.models import (
     SANDBOX_ID_PATTERN,
     SandboxInfo,
@@ -32,7 +33,9 @@ from controlplane.sandboxes.models import (
     SandboxStatus,
 )
 from controlplane.sandboxes.networking import SandboxNetworks
+from controlplane.sandboxes.readiness import ReadinessProbe
 from controlplane.sandboxes.reads import SandboxReads
+from controlplane.sandboxes.status_feed import StatusFeed
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import SandboxSpec
@@ -58,14 +61,17 @@ class SandboxService(SandboxReads):
         store: SandboxStore,
         driver: SandboxDriver,
         catalog: SpecCatalog,
-        probe: HealthProbe,
+        probe: ReadinessProbe,
         *,
         publisher: LifecyclePublisher | None = None,
         networks: SandboxNetworks | None = None,
+        leases: IntentLeases | None = None,
+        feed: StatusFeed | None = None,
     ) -> None:
-        super().__init__(config, store, catalog)
+        super().__init__(config, store, catalog, feed)
         self.driver = driver
         self.probe = probe
+        self.leases = leases
         self.publisher = publisher
         self._memory_capacity = config.host_memory_bytes
         self._locks: dict[str, asyncio.Lock] = {}
@@ -78,6 +84,7 @@ class SandboxService(SandboxReads):
             catalog=catalog,
             probe=probe,
             publish=self._publish,
+            leases=leases,
             networks=networks,
         )
 
@@ -147,6 +154,12 @@ class SandboxService(SandboxReads):
         }.get(status)
         if kind is not None:
             await self._publish(kind, record, reason or None, automatic=True)
+
+    async def publish_adopted(self, record: SandboxRecord) -> None:
+        """A container found without a record, adopted by the reconciler."""
+        await self._publish(
+            LifecycleType.SANDBOX_CREATED, record, record.reason or None, automatic=True
+        )
 
     def _quota(self, principal: Principal, outcome: str = "running") -> QuotaExceeded:
         if outcome == "total":
@@ -237,37 +250,29 @@ class SandboxService(SandboxReads):
             await self._publish(LifecycleType.SANDBOX_PAUSED, record, reason, automatic=automatic)
 
     async def resume(self, principal: Principal, sandbox_id: str) -> None:
-        """Unpause, start a stopped container, or re-create a vanished one (workspace kept).
+        """Unpause; otherwise (a stopped, vanished or dead container, or ERROR) record STARTING
+        and bring it back up on its kept workspace in the background.
 
-        RUNNING and STARTING succeed as no-ops. Raises Conflict for ERROR, QuotaExceeded.
+        RUNNING and STARTING succeed as no-ops. Raises QuotaExceeded, or Conflict while a
+        delete of it is under way.
         """
         async with self.lock(sandbox_id):
             record = await self.owned(principal, sandbox_id)
+            if record.deleting_at is not None:
+                raise Conflict(f"cannot resume sandbox {sandbox_id}: it is being deleted")
             if record.status in (S.RUNNING, S.STARTING):
                 await self.store.touch(record.id)
                 return
-            if record.status == S.ERROR:
-                raise Conflict(
-                    f"cannot resume sandbox {sandbox_id}: it is ERROR ({record.reason}); "
-                    "delete it and start a new one"
-                )
             name = naming.container_name(self.config.container_prefix, record.id)
             limits = await self.limits()
             if record.status == S.PAUSED and await self._unpause(record, name, limits, principal):
                 await self._publish(LifecycleType.SANDBOX_RESUMED, record)
                 return
-            state = await self.driver.inspect(name) if record.status == S.PAUSED else None
             result = await self.store.transition(
                 record, [record.status], S.STARTING, limits=limits, touch=True
             )
             self._check_resume(result.outcome, result.previous, principal, sandbox_id)
-            if state is None:
-                self.launcher.launch(record, fresh=False)
-            elif state.status == "paused":
-                await self.driver.unpause(name)
-                await self.store.transition(record, [S.STARTING], S.RUNNING, touch=True)
-            else:
-                self.launcher.restart(record, name)
+            self.launcher.resume(record)
             await self._publish(LifecycleType.SANDBOX_RESUMED, record)
 
     def _check_resume(
@@ -321,7 +326,23 @@ class SandboxService(SandboxReads):
     async def _delete(
         self, record: SandboxRecord, *, reason: str | None = None, automatic: bool = False
     ) -> None:
-        await self.launcher.cancel(record.id)
+        # The intent first: if this process dies below, the reconciler finishes the delete.
+        if not await self.store.mark_deleting(record.id):
+            return  # already gone
+        if self.leases is not None:
+            self.leases.hold(record.id)
+        try:
+            await self.launcher.cancel(record.id)
+            await self.finish_delete(record, reason=reason, automatic=automatic)
+        finally:
+            if self.leases is not None:
+                await self.leases.release(record.id)
+
+    async def finish_delete(
+        self, record: SandboxRecord, *, reason: str | None = None, automatic: bool = False
+    ) -> None:
+        """Remove the container, its workspace volume and the record; each step is idempotent,
+        so a delete cut off anywhere is finished by running this again."""
         prefix = self.config.container_prefix
         await self.driver.remove(
             naming.container_name(prefix, record.id), naming.volume_name(prefix, record.id)
@@ -330,5 +351,8 @@ class SandboxService(SandboxReads):
         await self._publish(LifecycleType.SANDBOX_DELETED, record, reason, automatic=automatic)
 
     async def close(self) -> None:
-        """Stop in-process launches; the next start-up's sweep picks their sandboxes up."""
+        """Stop in-process launches; their leases are released, so the next sweep (of this or
+        another replica) carries their starts on."""
         await self.launcher.close()
+        if self.leases is not None:
+            await self.leases.close()

@@ -10,7 +10,7 @@ key to its sandbox; a short-lived tombstone per deleted id.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -42,12 +42,13 @@ local id, status = ARGV[5], ARGV[6]
 if running_cap >= 0 and redis.call('SCARD', KEYS[4]) >= running_cap then return 'running' end
 if total_cap >= 0 and redis.call('ZCARD', KEYS[3]) >= total_cap then return 'total' end
 if memory_cap >= 0 and reserved(KEYS[6]) + memory > memory_cap then return 'memory' end
-redis.call('HSET', KEYS[1], 'memory', ARGV[3], unpack(ARGV, 7))
+redis.call('HSET', KEYS[1], 'memory', ARGV[3], unpack(ARGV, 7, #ARGV - 1))
 redis.call('ZADD', KEYS[2], 0, id)
 redis.call('ZADD', KEYS[3], 0, id)
 if status == 'STARTING' or status == 'RUNNING' then redis.call('SADD', KEYS[4], id) end
 if status ~= 'ERROR' and status ~= 'MISSING' then redis.call('HSET', KEYS[6], id, memory) end
 redis.call('SET', KEYS[5], id)
+redis.call('PUBLISH', ARGV[#ARGV], id .. ' ' .. status)
 return 'ok'
 """
 )
@@ -74,12 +75,21 @@ if holds and redis.call('HEXISTS', KEYS[3], id) == 0 and memory_cap >= 0
    and reserved(KEYS[3]) + memory > memory_cap then
   return {'memory', cur}
 end
-redis.call('HSET', KEYS[1], 'status', to, unpack(ARGV, 6))
+redis.call('HSET', KEYS[1], 'status', to, unpack(ARGV, 7))
+redis.call('PUBLISH', ARGV[6], id .. ' ' .. to)
 if active_to then redis.call('SADD', KEYS[2], id) else redis.call('SREM', KEYS[2], id) end
 if holds then redis.call('HSET', KEYS[3], id, memory) else redis.call('HDEL', KEYS[3], id) end
 return {'ok', cur}
 """
 )
+
+_MARK_DELETING = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if redis.call('HEXISTS', KEYS[1], 'deleting_at') == 0 then
+  redis.call('HSET', KEYS[1], 'deleting_at', ARGV[1])
+end
+return 1
+"""
 
 _TOUCH = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -119,6 +129,13 @@ class SandboxStore:
         self._create = redis.register_script(_CREATE)
         self._transition = redis.register_script(_TRANSITION)
         self._touch = redis.register_script(_TOUCH)
+        self._mark_deleting = redis.register_script(_MARK_DELETING)
+        self.on_change: Callable[[str], None] | None = None
+        """Called with the sandbox id after every change this process makes (local waiters)."""
+
+    def _changed(self, sandbox_id: str) -> None:
+        if self.on_change is not None:
+            self.on_change(sandbox_id)
 
     def _encode(self, record: SandboxRecord) -> dict[str, str]:
         return {
@@ -151,6 +168,9 @@ class SandboxStore:
             created_at=datetime.fromisoformat(row["created_at"]),
             updated_at=datetime.fromisoformat(row["updated_at"]),
             last_activity_at=datetime.fromisoformat(row["last_activity_at"]),
+            deleting_at=datetime.fromisoformat(row["deleting_at"])
+            if row.get("deleting_at")
+            else None,
         )
 
     async def create(self, record: SandboxRecord, memory: int, limits: Limits) -> str:
@@ -177,8 +197,11 @@ class SandboxStore:
                 record.id,
                 record.status.value,
                 *flat,
+                keys.SANDBOX_STATUS_CHANNEL,
             ],
         )
+        if text(outcome) == "ok":
+            self._changed(record.id)
         return text(outcome)
 
     async def get(self, sandbox_id: str) -> SandboxRecord | None:
@@ -229,9 +252,12 @@ class SandboxStore:
                 _n(limits.running),
                 record.id,
                 _n(limits.memory_capacity),
+                keys.SANDBOX_STATUS_CHANNEL,
                 *flat,
             ],
         )
+        if text(outcome) == "ok":
+            self._changed(record.id)
         prev = text(previous) if previous else ""
         return TransitionResult(text(outcome), SandboxStatus(prev) if prev else None)
 
@@ -248,7 +274,18 @@ class SandboxStore:
             pipe.hdel(keys.MEMORY_RESERVED, record.id)
             pipe.delete(keys.sandbox_by_key(hash_api_key(record.session_api_key)))
             pipe.set(keys.sandbox_tombstone(record.id), "1", ex=TOMBSTONE_TTL)
+            pipe.delete(keys.sandbox_lease(record.id))
+            pipe.publish(keys.SANDBOX_STATUS_CHANNEL, f"{record.id} DELETED")
             await pipe.execute()
+        self._changed(record.id)
+
+    async def mark_deleting(self, sandbox_id: str) -> bool:
+        """Record the intent to delete before acting on it, so that whoever finds the record
+        next (the reconciler, after a restart) finishes the delete. False: no such record."""
+        found = await self._mark_deleting(
+            keys=[keys.sandbox(sandbox_id)], args=[_now().isoformat()]
+        )
+        return bool(found)
 
     async def is_tombstoned(self, sandbox_id: str) -> bool:
         return bool(await self._redis.exists(keys.sandbox_tombstone(sandbox_id)))

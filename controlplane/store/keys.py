@@ -177,3 +177,14 @@ def pending_delivery(conversation_id: str) -> str:
     """String with a TTL: held by the one request delivering a conversation's pending messages,
     so two deliveries never send the same message."""
     return f"{PREFIX}:pending_lock:{conversation_id}"
+
+
+SANDBOX_STATUS_CHANNEL = f"{PREFIX}:sandbox_status"
+"""Pub/sub channel (not a key): "<sandbox id> <status>" published with every status change,
+create and delete, so that waiters on any replica wake at once."""
+
+
+def sandbox_lease(sandbox_id: str) -> str:
+    """String, TTL 3 s, renewed: the token of the replica carrying the sandbox's pending start,
+    resume or delete to completion. When it expires, the next sweep takes the work over."""
+    return f"{PREFIX}:sandbox_lease:{sandbox_id}"

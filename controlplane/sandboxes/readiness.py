@@ -1,0 +1,159 @@
+"""Knowing when a booting sandbox's agent server is up: one loop for every booting sandbox.
+
+A task per sandbox, each polling on its own schedule, cost the server CPU in proportion to the
+starts in flight (issue 12). Here one task probes the `/health` of every sandbox that is due, all
+at once, then sleeps until the next one is due; a sandbox's probes back off from 20 ms to 100 ms.
+Only a boot that takes longer than usual is inspected in Docker (to report a crashed agent server
+at once), and the loop ends when nothing boots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+import structlog
+
+from controlplane.errors import ControlPlaneError
+from controlplane.specs.models import AGENT_SERVER
+from drivers.base import SandboxDriver
+
+log = structlog.get_logger(__name__)
+
+FIRST_DELAY = 0.02
+MAX_DELAY = 0.1
+INSPECT_AFTER = 2.0  # seconds of booting before the container is inspected, then every second
+
+
+class StartFailed(ControlPlaneError):
+    code = "sandbox_start_failed"
+    status = 502
+
+
+@dataclass
+class _Boot:
+    container: str
+    port: int
+    future: asyncio.Future[None]
+    deadline: float
+    due: float = 0.0
+    delay: float = FIRST_DELAY
+    inspect_at: float = field(default=0.0)
+
+
+class ReadinessProbe:
+    """`wait()` returns when the agent server answers /health with 200; one loop serves all."""
+
+    def __init__(
+        self, http: aiohttp.ClientSession, driver: SandboxDriver, host: str, timeout: float
+    ) -> None:
+        self._http = http
+        self._driver = driver
+        self._host = host
+        self._timeout = timeout
+        self._boots: dict[int, _Boot] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def once(self, port: int) -> bool:
+        try:
+            async with self._http.get(
+                f"http://{self._host}:{port}/health", timeout=aiohttp.ClientTimeout(total=2)
+            ) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+
+    async def wait(self, container: str, ports: dict[str, int]) -> None:
+        """Raises StartFailed with the reason when the agent server does not become healthy."""
+        port = ports.get(AGENT_SERVER)
+        if port is None:
+            raise StartFailed("the AGENT_SERVER port was not published")
+        now = time.monotonic()
+        boot = _Boot(
+            container=container,
+            port=port,
+            future=asyncio.get_running_loop().create_future(),
+            deadline=now + self._timeout,
+            due=now,
+            inspect_at=now + INSPECT_AFTER,
+        )
+        key = id(boot)
+        self._boots[key] = boot
+        self._wake.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._loop(), name="readiness-probe")
+        try:
+            await boot.future
+        finally:
+            self._boots.pop(key, None)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for boot in self._boots.values():
+            boot.future.cancel()
+
+    async def _loop(self) -> None:
+        try:
+            await self._probe_all()
+        except Exception as exc:  # a bug here must not leave starts waiting forever
+            log.exception("readiness_probe_failed")
+            for boot in list(self._boots.values()):
+                if not boot.future.done():
+                    boot.future.set_exception(StartFailed(f"readiness probe failed: {exc}"))
+
+    async def _probe_all(self) -> None:
+        # Boots whose future is done stay listed until their waiter resumes: skip them.
+        while any(not b.future.done() for b in self._boots.values()):
+            self._wake.clear()
+            now = time.monotonic()
+            due = [b for b in self._boots.values() if b.due <= now and not b.future.done()]
+            results = await asyncio.gather(*(self.once(b.port) for b in due))
+            now = time.monotonic()
+            for boot, healthy in zip(due, results, strict=True):
+                if boot.future.done():
+                    continue
+                if healthy:
+                    boot.future.set_result(None)
+                elif now >= boot.deadline:
+                    boot.future.set_exception(
+                        StartFailed(
+                            f"the agent server did not answer /health within {self._timeout:g} s"
+                        )
+                    )
+                else:
+                    boot.due = now + boot.delay
+                    boot.delay = min(boot.delay * 1.5, MAX_DELAY)
+            await self._inspect_slow(now)
+            pending = [b.due for b in self._boots.values() if not b.future.done()]
+            if not pending:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.0, min(pending) - now))
+
+    async def _inspect_slow(self, now: float) -> None:
+        """A crashed agent server never answers: find out from Docker instead of timing out."""
+        slow = [b for b in self._boots.values() if b.inspect_at <= now and not b.future.done()]
+        if not slow:
+            return
+        states = await asyncio.gather(
+            *(self._driver.inspect(b.container) for b in slow), return_exceptions=True
+        )
+        for boot, state in zip(slow, states, strict=True):
+            boot.inspect_at = now + 1.0
+            if boot.future.done() or isinstance(state, BaseException):
+                continue  # an engine blip: the next inspection or the deadline decides
+            if state is None:
+                boot.future.set_exception(StartFailed("the container disappeared while starting"))
+            elif state.status not in ("running", "created", "restarting"):
+                boot.future.set_exception(
+                    StartFailed(
+                        f"the agent server exited (status {state.status}, exit code "
+                        f"{state.exit_code}) before answering /health"
+                    )
+                )

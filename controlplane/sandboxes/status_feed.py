@@ -1,0 +1,85 @@
+"""Waking whoever waits for a sandbox's status to change, without polling.
+
+The store's scripts publish "<sandbox id> <status>" on a Redis channel with every status change,
+create and delete (controlplane.store.keys.SANDBOX_STATUS_CHANNEL), so a waiter on any replica
+wakes; changes made in this process also wake local waiters directly. A waiter still re-reads the
+record now and then, because a pub/sub message sent while the subscription is reconnecting is
+lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+import redis.asyncio as aioredis
+import structlog
+
+from controlplane.store import keys, text
+from controlplane.store.redis import REDIS_DOWN
+
+log = structlog.get_logger(__name__)
+
+
+class StatusFeed:
+    def __init__(self, redis: aioredis.Redis | None = None) -> None:
+        self._redis = redis
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def notify(self, sandbox_id: str) -> None:
+        for event in self._waiters.get(sandbox_id, ()):
+            event.set()
+
+    @contextlib.contextmanager
+    def watch(self, sandbox_id: str) -> Iterator[asyncio.Event]:
+        """An event set at every change of `sandbox_id` while the block runs (clear it before
+        each read of the record)."""
+        event = asyncio.Event()
+        self._waiters.setdefault(sandbox_id, set()).add(event)
+        try:
+            yield event
+        finally:
+            waiters = self._waiters.get(sandbox_id)
+            if waiters is not None:
+                waiters.discard(event)
+                if not waiters:
+                    del self._waiters[sandbox_id]
+
+    def start(self) -> None:
+        if self._redis is not None and self._task is None:
+            self._task = asyncio.create_task(self._follow(), name="sandbox-status-feed")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _follow(self) -> None:
+        assert self._redis is not None
+        delay = 0.2
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(keys.SANDBOX_STATUS_CHANNEL)
+                delay = 0.2
+                # Wake everyone once: a change may have been missed while unsubscribed.
+                for sandbox_id in list(self._waiters):
+                    self.notify(sandbox_id)
+                while True:
+                    # A bounded wait: the client's socket timeout would break an unbounded one.
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if message is not None and message.get("type") == "message":
+                        sandbox_id, _, _status = text(message["data"]).partition(" ")
+                        self.notify(sandbox_id)
+            except REDIS_DOWN as exc:
+                log.warning("status_feed_disconnected", error=str(exc))
+            except Exception:
+                log.exception("status_feed_failed")
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
