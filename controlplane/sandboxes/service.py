@@ -356,3 +356,5 @@ class SandboxService(SandboxReads):
         await self.launcher.close()
         if self.leases is not None:
             await self.leases.close()
+        await self.probe.close()
+        await self.feed.stop()

@@ -154,9 +154,7 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
         await conversations.close()
         if deliverer is not None:
             await deliverer.close()
-        await service.close()
-        await probe.close()
-        await feed.stop()
+        await service.close()  # its launches, leases, readiness loop and status feed
         await http.close()
         await driver.close()
 
