@@ -135,6 +135,15 @@ async def test_claimed_member_keeps_nothing_of_another_user(
     first = next(iter(await wait_ready(client, 1)))
     mine = await create(client, alice)
     assert mine["id"] == first
+    # Its lifecycle starts at the claim, in alice's stream; the pool's boot is nobody's event.
+    url = "/api/v1/lifecycle-events/search"
+    events = (await (await client.get(url, headers=alice)).json())["items"]
+    assert sorted(e["type"] for e in events if e["sandbox_id"] == first) == [
+        "sandbox.created",
+        "sandbox.running",
+    ]
+    every = (await (await client.get(f"{url}?all_users=true", headers=ADMIN)).json())["items"]
+    assert {e["user_id"] for e in every} == {"alice"}
     container = docker_client.containers.get(naming.container_name(test_prefix, first))
     code, _ = await asyncio.to_thread(
         container.exec_run, ["sh", "-c", "echo alice-secret > /workspace/alice.txt"], user="agent"

@@ -191,7 +191,9 @@ class SandboxService(SandboxReads):
         if self.pool is not None and image_id is not None:
             claimed = await self.pool.claim(principal, spec, image_id, await self.limits())
             if claimed is not None:
+                # The user's sandbox begins here: its events, as for a cold start.
                 await self._publish(LifecycleType.SANDBOX_CREATED, claimed)
+                await self._publish(LifecycleType.SANDBOX_RUNNING, claimed)
                 return self.view(claimed, principal)
         now = datetime.now(UTC)
         record = SandboxRecord(
