@@ -362,8 +362,12 @@ class PoolBench(ConversationBench):
                 await self.raw_remove(warm)
             for count in self.popt.idle:
                 print(f"memory: {count} idle, then paused sandboxes", file=sys.stderr)
-                await self.api_idle(count)
-                await self.raw_idle(count)
+                try:
+                    await self.api_idle(count)
+                    await self.raw_idle(count)
+                except BenchError as exc:  # keep what the earlier phases measured
+                    self.raw.notes.append(f"{count} idle sandboxes: {exc}")
+                    print(f"  failed: {exc}", file=sys.stderr)
         finally:
             await self.api.close()
             await self.agent_http.close()

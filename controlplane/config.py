@@ -148,7 +148,13 @@ class ServiceConfig(BaseModel):
     sandbox_subnet_pool: str = Field(
         default="10.213.0.0/16", description="Where the sandbox networks' subnets are carved from"
     )
-    sandbox_subnet_size: int = Field(default=24, ge=16, le=28, description="Prefix length")
+    sandbox_subnet_size: int = Field(
+        default=22,
+        ge=16,
+        le=28,
+        description="Prefix length; a /22 holds 1,021 sandboxes (a /24 only 253, fewer than "
+        "the ~345 idle ones admission admits on a 24 GiB host)",
+    )
     host_firewall: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="Manage iptables rules for the sandbox networks; auto: when root with iptables",

@@ -64,6 +64,8 @@ def make_config(redis_url: str, tmp_path: Path) -> Callable[..., ServiceConfig]:
             "rate_limit_per_minute": 0,
             # Tests count containers and sandboxes: the warm pool is on only where a test asks.
             "warm_pool": "0",
+            # Every test makes a network: /24s leave room for the parallel runs on one engine.
+            "sandbox_subnet_size": 24,
             "image_tag": os.environ.get("ACS_IMAGE_TAG") or None,
         }
         values.update(overrides)
