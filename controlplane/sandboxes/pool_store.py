@@ -72,6 +72,7 @@ while true do
     redis.call('ZADD', KEYS[4], 0, id)
     redis.call('SADD', KEYS[5], id)
     redis.call('HINCRBY', KEYS[7], 'claims:' .. spec, 1)
+    redis.call('PUBLISH', ARGV[9], id .. ' ' .. status)
     return {'ok', id, f[2]}
   end
 end
@@ -151,6 +152,7 @@ class PoolStore:
                 spec_id,
                 keys.sandbox(""),
                 POOL_OWNER,
+                keys.SANDBOX_STATUS_CHANNEL,
             ],
         )
         outcome = text(result[0])
