@@ -6,7 +6,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 3000
 BIN    := $(VENV)/bin
 
-.PHONY: all host browser install images image run test test-quick lint format mypy bench clean
+.PHONY: all host browser install images image run test test-quick chaos lint format mypy bench clean
 
 all: lint test
 
@@ -44,6 +44,11 @@ test: install host images browser
 # Without the slow tiers (tests marked `slow`: real clients, chaos, the official agent server).
 test-quick: install host images browser
 	$(BIN)/pytest -m "not slow"
+
+# Fault injection alone: kill -9 of the control plane and of Redis under load (`make test` runs
+# these too).
+chaos: install host images
+	$(BIN)/pytest -m chaos
 
 lint: install
 	$(BIN)/ruff check .

@@ -11,8 +11,11 @@ import redis
 
 
 class RedisServer:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, fsync_always: bool = False) -> None:
+        """`fsync_always`: every write is on disk before Redis answers it, so a SIGKILL loses
+        nothing acknowledged (the default fsyncs every second)."""
         self.directory = directory
+        self.fsync_always = fsync_always
         self.socket = directory / "redis.sock"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -38,6 +41,8 @@ class RedisServer:
                 "yes",
                 "--save",
                 "",
+                "--appendfsync",
+                "always" if self.fsync_always else "everysec",
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -50,6 +55,13 @@ class RedisServer:
             except redis.exceptions.ConnectionError:
                 time.sleep(0.02)
         raise RuntimeError(f"redis-server did not start in {self.directory}")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no final fsync."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+            self.process = None
 
     def stop(self) -> None:
         if self.process is not None:
