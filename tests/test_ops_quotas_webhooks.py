@@ -105,7 +105,11 @@ async def receiver() -> AsyncIterator[Receiver]:
 
 
 async def test_lifecycle_webhooks_signed_and_retried(
-    test_prefix: str, make_client: Any, user_headers: Any, receiver: Receiver
+    test_prefix: str,
+    make_client: Any,
+    user_headers: Any,
+    admin_headers: dict[str, str],
+    receiver: Receiver,
 ) -> None:
     client: Client = await make_client(
         with_sandboxes=True,
@@ -144,3 +148,12 @@ async def test_lifecycle_webhooks_signed_and_retried(
         "sandbox.paused",
         "sandbox.deleted",
     ]
+    # The outbox is empty and /metrics says so, with what it took.
+    resp = await client.get("/metrics", headers=admin_headers)
+    samples = dict(
+        line.split(" ", 1) for line in (await resp.text()).splitlines() if line.startswith("acs_")
+    )
+    assert float(samples["acs_lifecycle_webhooks_pending"]) == 0
+    assert float(samples["acs_lifecycle_webhooks_delivered_total"]) == 4
+    assert float(samples["acs_lifecycle_webhooks_retried_total"]) == 2
+    assert float(samples["acs_lifecycle_webhooks_dead_lettered_total"]) == 0
