@@ -151,7 +151,7 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
     app[METRICS] = metrics
     metrics.reconcile_fixes.source = lambda: app[RECONCILER].fixes if RECONCILER in app else 0
     # Specs are validated before anything else starts: a bad file stops start-up.
-    app[keys.SPECS] = SpecCatalog.load(config.spec_dir, config.image_tag)
+    app[keys.SPECS] = SpecCatalog.load(config.spec_dir, config.image_tag, config.enable_specs)
     app.cleanup_ctx.append(_redis_ctx(config))
     track_sockets(app)
     if with_sandboxes:

@@ -55,6 +55,9 @@ class ServiceConfig(BaseModel):
     docker_threads: int = Field(default=8, ge=1, le=64)
     docker_quick_threads: int = Field(default=4, ge=1, le=64)
     spec_dir: Path = Path("specs")
+    enable_specs: list[str] = Field(
+        default_factory=list, description="Comma-separated ids of `enabled: false` specs to offer"
+    )
     base_image: str = "acs-base:bookworm"
     image_tag: str | None = Field(
         default=None,
@@ -189,6 +192,13 @@ class ServiceConfig(BaseModel):
         for url in value:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"{url!r} is not an http(s) URL")
+        return value
+
+    @field_validator("enable_specs", mode="before")
+    @classmethod
+    def _spec_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [s.strip() for s in value.split(",") if s.strip()]
         return value
 
     @field_validator("cors_origins", mode="before")

@@ -20,6 +20,7 @@ from controlplane.config import ServiceConfig
 from controlplane.errors import RuntimeUnavailable
 from controlplane.lifecycle.models import LifecycleType
 from controlplane.sandboxes import naming
+from controlplane.sandboxes.agent_kinds import agent_env
 from controlplane.sandboxes.leases import IntentLeases
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.networking import Attachment, SandboxNetworks
@@ -61,7 +62,11 @@ def container_request(
 ) -> ContainerRequest:
     """The container of one sandbox: on its spec's network (`attachment`; None: the engine's
     default bridge), posting its webhooks to ACS_PUBLIC_URL or to the listener on `webhook_port`."""
-    env = dict(spec.initial_env)
+    base = config.public_url
+    if base is None and webhook_port:
+        base = f"http://{HOST_GATEWAY}:{webhook_port}"
+    env = agent_env(spec, max_body_bytes=config.max_body_bytes, webhooks=base is not None)
+    env.update(spec.initial_env)
     env.update(
         {
             "OH_SESSION_API_KEYS_0": record.session_api_key,
@@ -69,9 +74,6 @@ def container_request(
             "ACS_WORKSPACE": spec.working_dir,
         }
     )
-    base = config.public_url
-    if base is None and webhook_port:
-        base = f"http://{HOST_GATEWAY}:{webhook_port}"
     if base:
         env["OH_WEBHOOKS_0_BASE_URL"] = f"{base}/api/v1/webhooks/{record.id}"
     # The pages allowed to call the API may call the sandbox's agent server too (the web

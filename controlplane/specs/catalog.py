@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -80,17 +81,25 @@ class SpecCatalog:
         self.default = defaults[0]
 
     @classmethod
-    def load(cls, spec_dir: Path, image_tag: str | None = None) -> SpecCatalog:
+    def load(
+        cls, spec_dir: Path, image_tag: str | None = None, enable: Iterable[str] = ()
+    ) -> SpecCatalog:
         """Raises SpecInvalid for a missing dir, a bad file or a bad set of files.
 
         `image_tag` replaces the tag of every image built from specs/ (a spec with `build:`),
-        as scripts/build-images.sh does with the same ACS_IMAGE_TAG."""
+        as scripts/build-images.sh does with the same ACS_IMAGE_TAG. Specs written
+        `enabled: false` are left out unless `enable` (ACS_ENABLE_SPECS) names them."""
         if not spec_dir.is_dir():
             raise SpecInvalid(f"ACS_SPEC_DIR: {spec_dir} is not a directory")
         files = sorted(spec_dir.glob("*.yaml")) + sorted(spec_dir.glob("*.yml"))
         if not files:
             raise SpecInvalid(f"ACS_SPEC_DIR: no *.yaml spec files in {spec_dir}")
+        wanted = set(enable)
         specs = [load_spec_file(f) for f in files]
+        unknown = wanted - {s.id for s in specs}
+        if unknown:
+            raise SpecInvalid(f"ACS_ENABLE_SPECS: no spec file has the id {sorted(unknown)[0]!r}")
+        specs = [s for s in specs if s.enabled or s.id in wanted]
         if image_tag:
             specs = [
                 s.model_copy(update={"image": retag(s.image, image_tag)}) if s.build else s
@@ -130,4 +139,5 @@ class SpecCatalog:
             egress=spec.egress,
             warm_pool=spec.warm_pool,
             warm_pool_state=spec.warm_pool_state,
+            agent_kind=spec.agent_kind,
         )

@@ -6,7 +6,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from controlplane.specs.egress import Egress, parse_egress
 
@@ -26,10 +26,36 @@ DEFAULT_TMPFS = {
 }
 
 
+#: Which agent server a spec's image runs: `acs` (ours, agent/) or `openhands` (the official
+#: OpenHands agent server). The launcher sets the environment each needs (sandboxes/agent_kinds.py).
+AgentKind = Literal["acs", "openhands"]
+
+
 class BuildSpec(BaseModel):
+    """How scripts/build-images.sh builds the image (the control plane only validates it)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     context: str = Field(description="Build context, relative to the specs directory")
+    debian: Literal["bookworm", "trixie"] = Field(
+        default="bookworm", description="Debian release of the base image (acs-base:<release>)"
+    )
+    python: str = Field(
+        default="3.11", pattern=r"^3\.[0-9]{1,2}$", description="The image's python3, for wheels"
+    )
+    requirements: str | None = Field(
+        default=None,
+        description="Pinned requirements, relative to specs/; unset: agent/requirements.txt",
+    )
+
+
+class OpenHandsOptions(BaseModel):
+    """What the official agent server may switch on (both off: heavy, and not in the image)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vscode: bool = Field(default=False, description="The VSCode server (OH_ENABLE_VSCODE)")
+    browser: bool = Field(default=False, description="The browser tool set (OH_ENABLE_BROWSER)")
 
 
 class Resources(BaseModel):
@@ -88,6 +114,13 @@ class SandboxSpec(BaseModel):
     id: str = Field(pattern=SPEC_ID_PATTERN)
     description: str = Field(default="", max_length=1000)
     default: bool = False
+    enabled: bool = Field(
+        default=True, description="false: not offered unless named in ACS_ENABLE_SPECS"
+    )
+    agent_kind: AgentKind = "acs"
+    openhands: OpenHandsOptions | None = Field(
+        default=None, description="Options of the official agent server (agent_kind openhands)"
+    )
     image: str = Field(min_length=1, max_length=512)
     build: BuildSpec | None = None
     command: list[str] | None = None
@@ -114,6 +147,12 @@ class SandboxSpec(BaseModel):
     warm_pool_state: Literal["running", "paused"] = Field(
         default="running", description="How pool members wait: running (fastest) or paused"
     )
+
+    @model_validator(mode="after")
+    def _kind_options(self) -> SandboxSpec:
+        if self.openhands is not None and self.agent_kind != "openhands":
+            raise ValueError("openhands options need agent_kind: openhands")
+        return self
 
     @field_validator("egress")
     @classmethod
@@ -183,6 +222,7 @@ class SandboxSpecInfo(BaseModel):
     egress: Egress = "internet"
     warm_pool: int = 0
     warm_pool_state: Literal["running", "paused"] = "running"
+    agent_kind: AgentKind = "acs"
 
 
 class SandboxSpecInfoPage(BaseModel):
