@@ -8,8 +8,9 @@ from typing import Any
 
 from controlplane.settings.mcp import MCPConfig
 
-#: The tools our agent has; the official server also gives the agent its task tracker.
-AGENT_TOOLS = ("TerminalTool", "FileEditorTool", "TaskTrackerTool")
+#: The tools, by the names agent server 1.58 registers them (`TerminalTool` etc. are unknown
+#: there); our agent takes both spellings and has no task tracker (it ignores that one).
+AGENT_TOOLS = ("terminal", "file_editor", "task_tracker")
 #: The control plane's LLM retry policy (the SDK's defaults wait minutes before giving up).
 LLM_RETRIES = {"num_retries": 3, "retry_min_wait": 2, "retry_max_wait": 30}
 
@@ -69,6 +70,9 @@ def start_conversation_request(
         "initial_message": initial_message,
         "max_iterations": max_iterations,
         "secrets": {name: {"kind": "StaticSecret", "value": v} for name, v in secrets.items()},
+        # The title is ours (the user's or "Conversation <id>"): the official server would
+        # otherwise spend an LLM call of the user's on one we never show.
+        "autotitle": False,
         # Ours: the official server has no budget and ignores the field.
         "max_budget_per_task": max_budget_per_task,
     }

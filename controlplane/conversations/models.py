@@ -136,6 +136,11 @@ class AppConversationStartRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     sandbox_id: str | None = Field(default=None, max_length=64)
+    sandbox_spec_id: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Ours: the spec of a new sandbox (no sandbox_id); default: the user's setting",
+    )
     conversation_id: Uuid | None = None
     initial_message: SendMessageRequest | None = None
     system_message_suffix: str | None = Field(default=None, max_length=20_000)

@@ -18,6 +18,7 @@ from controlplane.conversations.models import (
     AppConversationInfo,
     AppConversationStartRequest,
     AppConversationStartTask,
+    MetricsSnapshot,
     SendMessageRequest,
     StartTaskStatus,
     TextContent,
@@ -147,7 +148,7 @@ class StartTaskRunner:
                     loc=["body", "llm_model"],
                 )
             await self._set(task, T.WAITING_FOR_SANDBOX)
-            sandbox = await self._sandbox(task, principal)
+            sandbox = await self._sandbox(task, principal, record)
             base = self._sandboxes.agent_url(sandbox)
             await self._set(task, T.PREPARING_REPOSITORY)
             working_dir = await self._prepare_repository(task, sandbox, base, record)
@@ -213,9 +214,12 @@ class StartTaskRunner:
                 )
             )
 
-    async def _sandbox(self, task: AppConversationStartTask, principal: Principal) -> SandboxRecord:
+    async def _sandbox(
+        self, task: AppConversationStartTask, principal: Principal, record: UserRecord
+    ) -> SandboxRecord:
         if task.request.sandbox_id is None:
-            info = await self._sandboxes.start(principal, None)
+            spec_id = task.request.sandbox_spec_id or record.settings.sandbox_spec_id
+            info = await self._sandboxes.start(principal, spec_id)
             task.sandbox_id = info.id
         else:
             task.sandbox_id = task.request.sandbox_id
@@ -283,6 +287,10 @@ class StartTaskRunner:
             parent_conversation_id=request.parent_conversation_id,
             public=request.public,
         )
+        budget = record.settings.max_budget_per_task
+        if budget is not None:
+            # Kept with the cost the agent reports: agents without budgets report none.
+            info.metrics = MetricsSnapshot(max_budget_per_task=budget)
         # Created before the agent starts, so its first events find their conversation; the
         # create is atomic, so a concurrent start with the same id cannot take it over.
         await self._store.create(info)

@@ -11,10 +11,11 @@ import structlog
 
 from controlplane.api.pagination import STREAM_ID, decode_cursor, encode_cursor
 from controlplane.auth.models import Principal
-from controlplane.conversations.models import AppConversationInfo
+from controlplane.conversations.models import AppConversationInfo, ExecutionStatus, MetricsSnapshot
 from controlplane.conversations.service import ConversationService
 from controlplane.errors import NotFound, Unauthorized
 from controlplane.events.agent_state import readable_metrics, readable_state, status_in
+from controlplane.events.budget import ENFORCED_BY_AGENT, BudgetEnforcer, crossed
 from controlplane.events.models import (
     Event,
     EventFilters,
@@ -38,6 +39,13 @@ def _event_time(event: dict[str, Any]) -> datetime | None:
         return _utc(datetime.fromisoformat(str(event.get("timestamp", ""))))
     except ValueError:
         return None
+
+
+def _snapshot(event: dict[str, Any]) -> bool:
+    """A ``full_state`` update: the official server posts one when its webhook subscribes and
+    when it closes, but keeps none in its event log (our agent sends them only to sockets).
+    Its status and cost are read; it is not stored, so the stream is the agent's history."""
+    return event.get("kind") == "ConversationStateUpdateEvent" and event.get("key") == "full_state"
 
 
 def _matches(event: dict[str, Any], f: EventFilters) -> bool:
@@ -65,6 +73,10 @@ class EventService:
         self.store = store
         self._conversations = conversations
         self._on_lag = on_lag
+        self._budget = BudgetEnforcer(conversations.agent, store)
+
+    async def close(self) -> None:
+        await self._budget.close()
 
     # -- webhooks ----------------------------------------------------------------------------
 
@@ -94,42 +106,59 @@ class EventService:
     ) -> int:
         """Append a batch, each event stored as the agent sent it (duplicates skipped), and note
         the status and cost it reports. Returns how many events were new."""
-        await self._sandbox(sandbox_id, key)
+        sandbox = await self._sandbox(sandbox_id, key)
         info = await self._conversation(sandbox_id, conversation_id)
         raw = [event for _checked, event in events]
         status, metrics = readable_state(raw)  # before storing: a 422 stores nothing
-        added = await self.store.append(info.id, raw)
+        added = await self.store.append(info.id, [e for e in raw if not _snapshot(e)])
         if self._on_lag is not None:
             now = datetime.now(UTC)
             for checked, _event in events:
                 self._on_lag((now - _utc(checked.timestamp)).total_seconds())
         if status is not None or metrics is not None:
-
-            def change(record: AppConversationInfo) -> None:
-                if status is not None:
-                    record.execution_status = status
-                if metrics is not None:
-                    record.metrics = metrics
-
-            await self._conversations.store.update(info.id, change)
+            await self._note_state(sandbox, info.id, status, metrics)
         await self._conversations.sandboxes.store.touch(sandbox_id)
         return added
+
+    async def _note_state(
+        self,
+        sandbox: SandboxRecord,
+        conversation_id: str,
+        status: ExecutionStatus | None,
+        metrics: MetricsSnapshot | None,
+    ) -> None:
+        """Keep the status and the cost; the budget recorded at the start stays when the agent
+        reports none, and is enforced here for agents that do not enforce it themselves."""
+        over = False
+
+        def change(record: AppConversationInfo) -> None:
+            nonlocal over
+            if status is not None:
+                record.execution_status = status
+            if metrics is not None:
+                before = record.metrics
+                budget = metrics.max_budget_per_task
+                if budget is None and before is not None:
+                    budget = before.max_budget_per_task
+                record.metrics = metrics.model_copy(update={"max_budget_per_task": budget})
+                over = crossed(before, record.metrics, budget)
+
+        updated = await self._conversations.store.update(conversation_id, change)
+        if not over or updated is None:
+            return
+        spec = self._conversations.sandboxes.catalog.find(sandbox.spec_id)
+        if spec is not None and spec.agent_kind not in ENFORCED_BY_AGENT:
+            url = self._conversations.sandboxes.agent_url(sandbox)
+            self._budget.enforce(url, sandbox, updated)
 
     async def ingest_info(self, sandbox_id: str, key: str | None, body: dict[str, Any]) -> None:
         """A ConversationInfo from the agent: keep its status and cost (from ``stats``; never
         the title the user chose, never the creation time)."""
-        await self._sandbox(sandbox_id, key)
+        sandbox = await self._sandbox(sandbox_id, key)
         info = await self._conversation(sandbox_id, str(body.get("id", "")))
         status = status_in(body.get("execution_status"))
         metrics = readable_metrics(body)
-
-        def change(record: AppConversationInfo) -> None:
-            if status is not None:
-                record.execution_status = status
-            if metrics is not None:
-                record.metrics = metrics
-
-        await self._conversations.store.update(info.id, change)
+        await self._note_state(sandbox, info.id, status, metrics)
         await self._conversations.sandboxes.store.touch(sandbox_id)
 
     # -- reading -----------------------------------------------------------------------------

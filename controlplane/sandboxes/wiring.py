@@ -149,6 +149,7 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
         yield
         await networks.close()  # no webhooks arrive while the services below close
         await pool.stop()
+        await app[keys.EVENTS].close()
         await reaper.stop()
         await reconciler.stop()
         await conversations.close()

@@ -104,6 +104,9 @@ class SettingsFields(BaseModel):
     sandbox_idle_timeout: int | None = Field(
         default=None, ge=0, le=30 * 86400, description="Seconds before auto-pause; 0 disables"
     )
+    sandbox_spec_id: ShortStr | None = Field(
+        default=None, description="Spec of the sandboxes new conversations start; unset: default"
+    )
 
 
 class StoredProviderToken(BaseModel):
