@@ -26,8 +26,9 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
+# Every enabled spec (and those ACS_ENABLE_SPECS names); SPECS="openhands ..." builds only those.
 images: install host
-	@scripts/build-images.sh
+	@scripts/build-images.sh $(SPECS)
 
 # The control plane's own image (Dockerfile), acs-control-plane:latest; after `images`, which
 # makes the base image and the sandbox images it starts (docs/deployment.md).

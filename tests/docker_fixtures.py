@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import subprocess
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,7 +20,7 @@ from drivers import docker_networks
 from drivers.base import DriverError
 from drivers.firewall import Iptables
 from tests.run_id import RUN_ID
-from tests.sandbox_helpers import DEFAULT_IMAGE
+from tests.sandbox_helpers import DEFAULT_IMAGE, OPENHANDS_IMAGE, REPO
 
 _counter = itertools.count()
 FIREWALL = Iptables()
@@ -82,6 +84,26 @@ def sandbox_images(docker_client: docker.DockerClient) -> None:
             docker_client.images.get(image)
         except ImageNotFound:
             pytest.fail(f"image {image} is missing; run `make images`", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def openhands_image(docker_client: docker.DockerClient) -> str:
+    """The official agent server's image, built once by scripts/build-images.sh (a few minutes
+    from nothing; up to date in a second): `make images` skips it, as the spec is disabled."""
+    started = time.monotonic()
+    result = subprocess.run(
+        [str(REPO / "scripts" / "build-images.sh"), "openhands"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.fail(f"building the openhands image failed:\n{result.stderr[-4000:]}", pytrace=False)
+    print(f"openhands image ready in {time.monotonic() - started:.1f}s:\n{result.stdout}")
+    docker_client.images.get(OPENHANDS_IMAGE)
+    return OPENHANDS_IMAGE
 
 
 @pytest.hookimpl(hookwrapper=True)

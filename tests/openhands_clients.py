@@ -122,6 +122,50 @@ def openhands_venv() -> OpenHandsVenv:
     return OpenHandsVenv(root)
 
 
+OFFICIAL_LOCK = REPO / "specs" / "images" / "openhands" / "requirements.lock"
+OFFICIAL_PYTHON = "3.13"
+
+
+def build_official_sdk_venv(python: Path, build: Path) -> Path:
+    """openhands-sdk/-tools 1.58.0, the official agent server's own version (the 1.21 clients
+    cannot read its events), from the wheels scripts/build-images.sh fetched for its image."""
+    key = hashlib.sha256(OFFICIAL_LOCK.read_bytes() + str(python).encode()).hexdigest()[:16]
+    venv = build / f"official-sdk-venv-{key}"
+    with (build / "client-venv.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (venv / ".complete").exists():
+            return venv
+        wheels = [
+            Path(found).parent
+            for found in glob.glob(str(build / "wheels" / "*" / "openhands_sdk-1.58.0-*.whl"))
+            if (Path(found).parent / ".complete").exists()
+        ]
+        if not wheels:
+            raise RuntimeError("no wheelhouse of the openhands image: build it first")
+        log = build / "logs" / f"official-sdk-venv-{key}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("")
+        shutil.rmtree(venv, ignore_errors=True)
+        _run([python, "-m", "venv", venv], log, 120)
+        pip = venv / "bin" / "pip"
+        args = ["install", "-q", "--no-index", "--find-links", wheels[0], "-r", OFFICIAL_LOCK]
+        _run([pip, *args], log, 1200)
+        (venv / ".complete").touch()
+        return venv
+
+
+@pytest.fixture(scope="session")
+def official_sdk_venv(openhands_image: str) -> OpenHandsVenv:
+    """The SDK at the official agent server's version, in a Python 3.13 venv of its own."""
+    python = find_python(OFFICIAL_PYTHON)
+    if python is None:
+        pytest.fail(f"no Python {OFFICIAL_PYTHON} found (pyenv)", pytrace=False)
+    try:
+        return OpenHandsVenv(build_official_sdk_venv(python, data_dir() / "build"))
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        pytest.fail(f"building the official SDK venv failed: {exc}", pytrace=False)
+
+
 if __name__ == "__main__":  # `python -m tests.openhands_clients` prepares the cache ahead of time
     found = find_python()
     if found is None:

@@ -19,6 +19,7 @@ from controlplane.sandboxes.naming import LABEL_PREFIX
 REPO = Path(__file__).resolve().parent.parent
 IMAGE_TAG = os.environ.get("ACS_IMAGE_TAG") or "latest"
 DEFAULT_IMAGE = f"acs-sandbox-default:{IMAGE_TAG}"
+OPENHANDS_IMAGE = f"acs-sandbox-openhands:{IMAGE_TAG}"
 Client = TestClient[web.Request, web.Application]
 
 

@@ -48,15 +48,16 @@ def test_the_start_request_in_the_sdks_shape() -> None:
                 "api_key": "k",
             },
             "tools": [
-                {"name": "TerminalTool"},
-                {"name": "FileEditorTool"},
-                {"name": "TaskTrackerTool"},
+                {"name": "terminal"},
+                {"name": "file_editor"},
+                {"name": "task_tracker"},
             ],
         },
         "workspace": {"kind": "LocalWorkspace", "working_dir": "/workspace"},
         "confirmation_policy": {"kind": "NeverConfirm"},
         "max_iterations": 100,
         "secrets": {},
+        "autotitle": False,
     }
     body = request(
         confirmation_mode=True,

@@ -1,29 +1,67 @@
-"""The real openhands-sdk 1.21 against a sandbox started through our API: RemoteConversation
-(create with an SDK Agent, message, run, events over the WebSocket, finish) and RemoteWorkspace
-(execute_command, file_upload, file_download); and the control plane's start request read by
-the SDK's own StartConversationRequest."""
+"""The real openhands-sdk against a sandbox started through our API: RemoteConversation (create
+with an SDK Agent, message, run, events over the WebSocket, finish) and RemoteWorkspace
+(execute_command, file_upload, file_download), on our agent (spec `default`, SDK 1.21, the
+clients' pin) and on the official agent server (spec `openhands`, SDK 1.58, its own version:
+1.21 cannot read 1.58's events); and the control plane's start request read by the SDK's own
+StartConversationRequest."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import subprocess
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
 
+from controlplane.config import ServiceConfig
 from controlplane.conversations.agent_request import start_conversation_request
 from controlplane.settings.mcp import MCPConfig
-from tests.conversation_helpers import LLM_KEY, UserFactory
+from tests.conversation_helpers import LLM_KEY, PRICES, UserFactory
 from tests.fake_llm import FakeLLM, reply_finish, reply_tool_call
+from tests.live_server import LiveServer, start_live_server
 from tests.openhands_clients import OpenHandsVenv
 from tests.sandbox_helpers import containers
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.usefixtures("sandbox_images")]
 
 CLIENTS = Path(__file__).resolve().parent / "clients"
+#: (spec, the model name its agent server's LLM client needs for the fake OpenAI-style server,
+#: the tool names it registers)
+SPECS = [
+    pytest.param("default", "fake-model", "TerminalTool,FileEditorTool", id="acs"),
+    pytest.param(
+        "openhands",
+        "openai/fake-model",
+        "terminal,file_editor",
+        id="official",
+        marks=pytest.mark.official_agent,
+    ),
+]
+
+
+@pytest.fixture
+async def live(
+    test_prefix: str, make_config: Callable[..., ServiceConfig], fake_llm_port: int
+) -> AsyncIterator[LiveServer]:
+    """The live server of tests/conversation_helpers.py, offering the disabled openhands spec."""
+    server = await start_live_server(
+        make_config(
+            container_prefix=test_prefix,
+            reconcile_interval=1.0,
+            llm_prices=PRICES,
+            sandbox_host_ports=[fake_llm_port],
+            enable_specs=["openhands"],
+            # The official server boots in 7-12 s idle, a minute or more on a busy CI host.
+            start_timeout=240,
+        )
+    )
+    yield server
+    await server.close()
 
 
 async def run_in_venv(
@@ -45,10 +83,13 @@ async def run_in_venv(
     return report
 
 
-async def running_sandbox(api: Any) -> tuple[str, str, str]:
+async def running_sandbox(
+    api: Any, spec: str = "default", within: float = 240
+) -> tuple[str, str, str]:
     """(sandbox id, AGENT_SERVER url, session key) of a new RUNNING sandbox."""
-    started = await api.ok("POST", "/api/v1/sandboxes")
-    for _ in range(600):
+    started = await api.ok("POST", "/api/v1/sandboxes", json={"sandbox_spec_id": spec})
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
         body = await api.ok("GET", f"/api/v1/sandboxes/{started['id']}")
         if body["status"] == "RUNNING":
             (url,) = [u["url"] for u in body["exposed_urls"] if u["name"] == "AGENT_SERVER"]
@@ -58,10 +99,15 @@ async def running_sandbox(api: Any) -> tuple[str, str, str]:
     raise AssertionError("the sandbox did not start")
 
 
+@pytest.mark.parametrize(("spec", "model", "tools"), SPECS)
 async def test_remote_conversation_and_workspace_drive_a_sandbox(
+    spec: str,
+    model: str,
+    tools: str,
+    *,
+    request: pytest.FixtureRequest,
     user: UserFactory,
     fake_llm: FakeLLM,
-    *,
     openhands_venv: OpenHandsVenv,
     docker_client: docker.DockerClient,
     test_prefix: str,
@@ -69,8 +115,12 @@ async def test_remote_conversation_and_workspace_drive_a_sandbox(
 ) -> None:
     greeting = "echo hello-from-the-sdk > /workspace/sdk.txt && cat /workspace/sdk.txt"
     fake_llm.script([reply_tool_call("terminal", {"command": greeting}), reply_finish("Greeted.")])
+    venv = openhands_venv
+    if spec == "openhands":
+        # The image is built on first use (minutes); its SDK version reads its events.
+        venv = request.getfixturevalue("official_sdk_venv")
     alice = await user("alice")
-    _sandbox_id, url, key = await running_sandbox(alice)
+    _sandbox_id, url, key = await running_sandbox(alice, spec)
     env = {
         "PATH": "/usr/bin:/bin",
         "HOME": str(tmp_path),
@@ -79,8 +129,10 @@ async def test_remote_conversation_and_workspace_drive_a_sandbox(
         "LLM_BASE_URL": fake_llm.container_base_url,
         "LLM_KEY": LLM_KEY,
         "WORK_DIR": str(tmp_path),
+        "LLM_MODEL": model,
+        "TOOL_NAMES": tools,
     }
-    report = await run_in_venv(openhands_venv, "sdk_remote.py", env=env)
+    report = await run_in_venv(venv, "sdk_remote.py", env=env)
 
     assert report["status"] == "finished"
     kinds = report["kinds"]
@@ -92,7 +144,7 @@ async def test_remote_conversation_and_workspace_drive_a_sandbox(
         assert kind in report["socket_kinds"], report["socket_kinds"]
     assert report["commands"] == [greeting]
     assert report["outputs"] == ["hello-from-the-sdk"]
-    assert report["agent_model"] == "fake-model"
+    assert report["agent_model"] == model
     assert report["workspace"]["working_dir"] == "/workspace"
     assert report["prompt_tokens"] == 200  # two LLM calls, read from the ConversationStats
     (container,) = containers(docker_client, test_prefix)

@@ -6,7 +6,8 @@ A ``RemoteConversation`` (through ``Conversation(agent, workspace=RemoteWorkspac
 users write it) is created with an SDK ``Agent``, sent a message and run to the end, its events
 arriving over the WebSocket; then ``RemoteWorkspace.execute_command``, ``file_upload`` and
 ``file_download``. Environment: ``AGENT_URL``, ``SESSION_KEY``, ``LLM_BASE_URL``, ``LLM_KEY``,
-``WORK_DIR`` (a local scratch directory).
+``WORK_DIR`` (a local scratch directory), ``LLM_MODEL`` (default ``fake-model``), ``TOOL_NAMES``
+(default the SDK's class names; agent server 1.58 registers them as ``terminal,file_editor``).
 """
 
 from __future__ import annotations
@@ -36,12 +37,14 @@ TOOLS = (TerminalTool, FileEditorTool)  # imported: their events can be read bac
 def main() -> dict[str, Any]:
     env = os.environ
     work = Path(env["WORK_DIR"])
+    default_names = f"{TerminalTool.__name__},{FileEditorTool.__name__}"
+    tool_names = env.get("TOOL_NAMES", default_names).split(",")
     workspace = RemoteWorkspace(
         host=env["AGENT_URL"], api_key=env["SESSION_KEY"], working_dir="/workspace"
     )
     agent = Agent(
         llm=LLM(
-            model="fake-model",
+            model=env.get("LLM_MODEL", "fake-model"),
             base_url=env["LLM_BASE_URL"],
             api_key=SecretStr(env["LLM_KEY"]),
             usage_id="agent",
@@ -49,7 +52,7 @@ def main() -> dict[str, Any]:
             retry_min_wait=1,
             retry_max_wait=1,
         ),
-        tools=[Tool(name=TerminalTool.__name__), Tool(name=FileEditorTool.__name__)],
+        tools=[Tool(name=name) for name in tool_names],
     )
     received: list[Event] = []
     lock = threading.Lock()

@@ -1,0 +1,219 @@
+"""The official OpenHands agent server (spec `openhands`, agent kind `openhands`) through our API,
+end to end with the scripted model: a command runs, every event the server has reaches our
+stream in order, the cost is recorded and the budget enforced by the control plane, pause and
+resume keep the conversation, delete removes everything. One sandbox serves the whole story
+(two conversations in it), as a user would use it: its boot is the slow part."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import aiohttp
+import docker
+import pytest
+import redis.asyncio as aioredis
+
+from controlplane.config import ServiceConfig
+from controlplane.store import keys
+from tests.conversation_helpers import (
+    LLM_KEY,
+    PRICES,
+    UserFactory,
+    events_of,
+    message,
+    of_kind,
+    start_and_wait,
+    status_is,
+    wait_conversation,
+    wait_events,
+)
+from tests.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
+from tests.live_server import LiveServer, start_live_server
+from tests.sandbox_helpers import containers
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.official_agent,
+    pytest.mark.usefixtures("sandbox_images", "openhands_image"),
+]
+
+#: litellm needs a provider in the model name; the fake LLM speaks OpenAI's API.
+MODEL = "openai/fake-model"
+PRICE_IN, PRICE_OUT = PRICES["fake-model"]
+CALL_COST = 100 * PRICE_IN + 20 * PRICE_OUT  # the fake's default usage per call
+
+
+@pytest.fixture
+async def live(
+    test_prefix: str, make_config: Callable[..., ServiceConfig], fake_llm_port: int
+) -> AsyncIterator[LiveServer]:
+    """The live server of tests/conversation_helpers.py, offering the disabled openhands spec."""
+    server = await start_live_server(
+        make_config(
+            container_prefix=test_prefix,
+            reconcile_interval=1.0,
+            llm_prices={**PRICES, MODEL: (PRICE_IN, PRICE_OUT)},
+            sandbox_host_ports=[fake_llm_port],
+            enable_specs=["openhands"],
+            # The official server boots in 7-12 s idle, a minute or more on a busy CI host.
+            start_timeout=240,
+        )
+    )
+    yield server
+    await server.close()
+
+
+async def agent_server_events(
+    http: aiohttp.ClientSession, url: str, key: str, conversation_id: str
+) -> list[dict[str, Any]]:
+    """Every event of the conversation as the official server itself lists them."""
+    out: list[dict[str, Any]] = []
+    page_id: str | None = None
+    while True:
+        params = {"limit": "100", **({"page_id": page_id} if page_id else {})}
+        async with http.get(
+            f"{url}/api/conversations/{conversation_id}/events/search",
+            params=params,
+            headers={"X-Session-API-Key": key},
+        ) as resp:
+            assert resp.status == 200, await resp.text()
+            page = await resp.json()
+        out += page["items"]
+        page_id = page.get("next_page_id")
+        if not page_id:
+            return out
+
+
+async def same_events_as_the_server(
+    http: aiohttp.ClientSession, api: Any, url: str, key: str, conversation_id: str
+) -> list[dict[str, Any]]:
+    """Our stream holds exactly the server's events, in its order (batches may lag a little)."""
+    deadline = time.monotonic() + 30
+    while True:
+        theirs = [e["id"] for e in await agent_server_events(http, url, key, conversation_id)]
+        ours = await events_of(api, conversation_id)
+        if [e["id"] for e in ours] == theirs or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    assert [e["id"] for e in ours] == theirs
+    return ours
+
+
+async def test_a_conversation_on_the_official_agent_server(
+    *,
+    user: UserFactory,
+    fake_llm: FakeLLM,
+    live: LiveServer,
+    http: aiohttp.ClientSession,
+    docker_client: docker.DockerClient,
+    raw_redis: aioredis.Redis,
+    test_prefix: str,
+) -> None:
+    begun = datetime.now(UTC)
+    fake_llm.script(
+        [
+            reply_tool_call(
+                "terminal",
+                {"command": 'echo "$MY_TOKEN" | wc -c > /workspace/out.txt && whoami && date +%Z'},
+            ),
+            reply_finish("wrote it"),
+        ]
+    )
+    alice = await user("alice", llm_model=MODEL)
+    await alice.ok(
+        "POST",
+        "/api/secrets",
+        json={"name": "MY_TOKEN", "value": "tok-123456789", "description": ""},
+    )
+    task = await start_and_wait(
+        alice,
+        within=120,
+        sandbox_spec_id="openhands",
+        initial_message=message("Count the token's characters."),
+    )
+    assert task["status"] == "READY", task
+    cid, sandbox_id = task["app_conversation_id"], task["sandbox_id"]
+    sandbox = await alice.ok("GET", f"/api/v1/sandboxes/{sandbox_id}")
+    assert sandbox["sandbox_spec_id"] == "openhands"
+    (url,) = [u["url"] for u in sandbox["exposed_urls"] if u["name"] == "AGENT_SERVER"]
+    key = sandbox["session_api_key"]
+    ready_activity = sandbox["last_activity_at"]
+
+    events = await wait_events(alice, cid, status_is("finished"), within=120)
+    events = await same_events_as_the_server(http, alice, url, key, cid)
+
+    # The agent ran the command as `agent`, in UTC, with the user's secret in its environment.
+    (container,) = containers(docker_client, test_prefix)
+    assert container.exec_run(["cat", "/workspace/out.txt"]).output == b"14\n"
+    (action,) = [a for a in of_kind(events, "ActionEvent") if a["tool_name"] == "terminal"]
+    (observation,) = [
+        o for o in of_kind(events, "ObservationEvent") if o["action_id"] == action["id"]
+    ]
+    assert observation["observation"]["exit_code"] == 0
+    output = str(observation["observation"])
+    assert "agent" in output
+    assert "UTC" in output
+    assert events[0]["kind"] == "SystemPromptEvent"
+    # Naive timestamps are local time, which TZ=UTC makes UTC: all within this test's minutes.
+    for event in events:
+        when = datetime.fromisoformat(event["timestamp"])
+        assert when.tzinfo is None
+        assert begun - timedelta(seconds=5) <= when.replace(tzinfo=UTC) <= datetime.now(UTC)
+
+    # The cost, from the server's `stats`; the webhooks counted as activity (the idle reaper's).
+    conversation = await wait_conversation(alice, cid, "execution_status", "finished")
+    assert conversation["metrics"]["accumulated_cost"] == pytest.approx(2 * CALL_COST)
+    assert conversation["metrics"]["accumulated_token_usage"]["prompt_tokens"] == 200
+    sandbox = await alice.ok("GET", f"/api/v1/sandboxes/{sandbox_id}")
+    assert sandbox["last_activity_at"] > ready_activity
+    assert fake_llm.requests[0].authorization == f"Bearer {LLM_KEY}"
+    assert "tok-123456789" not in str(await events_of(alice, cid))
+
+    # Paused: the events are still readable; resumed: the same conversation goes on.
+    await alice.ok("POST", f"/api/v1/sandboxes/{sandbox_id}/pause")
+    assert (await alice.ok("GET", f"/api/v1/sandboxes/{sandbox_id}"))["status"] == "PAUSED"
+    assert [e["id"] for e in await events_of(alice, cid)] == [e["id"] for e in events]
+    fake_llm.script([reply_text("Still here.")])
+    await alice.ok("POST", f"/api/v1/app-conversations/{cid}/events", json=message("Still there?"))
+    later = await wait_events(
+        alice, cid, lambda es: len(of_kind(es, "MessageEvent")) >= 3 and status_is("finished")(es)
+    )
+    assert later[: len(events)] == events
+    replies = [e for e in of_kind(later, "MessageEvent") if e["source"] == "agent"]
+    assert "Still here." in str(replies[-1])
+    await same_events_as_the_server(http, alice, url, key, cid)
+
+    # A second conversation in the same sandbox, over a budget of one call: the control plane
+    # records the error and pauses it (the official server has no budget of its own).
+    await alice.ok("POST", "/api/settings", json={"max_budget_per_task": CALL_COST / 2})
+    fake_llm.script(
+        [reply_tool_call("terminal", {"command": f"sleep 1 && echo step{n}"}) for n in range(8)]
+    )
+    calls_before = len(fake_llm.requests)
+    second = await start_and_wait(
+        alice, within=60, sandbox_id=sandbox_id, initial_message=message("Loop.")
+    )
+    assert second["status"] == "READY", second
+    cid2 = second["app_conversation_id"]
+    stopped = await wait_events(alice, cid2, status_is("paused"), within=60)
+    (error,) = of_kind(stopped, "ConversationErrorEvent")
+    assert error["code"] == "BudgetExceeded"
+    over = await alice.ok("GET", f"/api/v1/app-conversations/{cid2}")
+    assert over["metrics"]["max_budget_per_task"] == pytest.approx(CALL_COST / 2)
+    assert over["metrics"]["accumulated_cost"] > CALL_COST / 2
+    await asyncio.sleep(2)  # nothing more runs once paused
+    assert len(fake_llm.requests) - calls_before < 8
+
+    # Delete: both conversations, then the sandbox with its container, volume and events.
+    await alice.ok("DELETE", f"/api/v1/app-conversations/{cid2}")
+    assert containers(docker_client, test_prefix)
+    await alice.ok("DELETE", f"/api/v1/app-conversations/{cid}")
+    status, _ = await alice.call("GET", f"/api/v1/sandboxes/{sandbox_id}")
+    assert status == 404
+    assert containers(docker_client, test_prefix) == []
+    assert docker_client.volumes.list(filters={"name": test_prefix}) == []
+    assert not await raw_redis.exists(keys.events(cid), keys.events(cid2))
