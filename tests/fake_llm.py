@@ -12,6 +12,8 @@ Every answer carries ``usage`` (``prompt_tokens``/``completion_tokens`` settable
 per reply). ``.requests`` records every request (body, Authorization header, status answered).
 When the script is exhausted the server answers ``when_exhausted``: ``"text"`` (a plain
 text reply, the default), ``"repeat"`` (the last scripted reply again) or a reply of yours.
+With ``.untooled`` set, requests that offer no tools (the official agent server's own title
+generation, which races the agent's first call) get that reply and leave the script alone.
 Sandboxes reach a fake bound to their network's gateway (``LiveServer.sandbox_gateway``) as
 ``fake.container_base_url`` (``http://host.docker.internal:<port>/v1``), when the control plane
 opens that port to them (``ACS_SANDBOX_HOST_PORTS``, see tests/conversation_helpers.py).
@@ -106,6 +108,7 @@ class FakeLLM:
         self.api_key = api_key  # when set, other keys get a 401
         self.model = model
         self.requests: list[RecordedRequest] = []
+        self.untooled: Reply | None = None
         self._replies: deque[Reply] = deque()
         self._last: Reply | None = None
         self._failures: deque[_Failure] = deque()
@@ -236,6 +239,8 @@ class FakeLLM:
                 headers=headers,
             )
         await self._gate.wait()
+        if self.untooled is not None and not body.get("tools"):
+            return web.json_response(self._completion(body, self.untooled))
         return web.json_response(self._completion(body, self._next_reply()))
 
     def _completion(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:

@@ -37,7 +37,31 @@ class AgentClient:
         params: list[tuple[str, str]] | None = None,
         timeout: float = 30,
     ) -> Any:
-        """One call; raises AgentUnavailable, NotFound (404) or AgentRejected (other errors)."""
+        """One call; raises AgentUnavailable, NotFound (404) or AgentRejected (other errors).
+
+        A call that finds its pooled connection closed by the server is sent once more on a new
+        one: a sandbox that was paused past the server's keep-alive (uvicorn's is 5 s, so a
+        claimed warm-pool member of the official server) closes it only once unpaused."""
+        for attempt in (1, 2):
+            try:
+                return await self._once(method, url, key, body=body, params=params, timeout=timeout)
+            except aiohttp.ServerDisconnectedError as exc:
+                if attempt == 2:
+                    raise AgentUnavailable(
+                        f"the sandbox's agent server does not answer ({exc!r})"
+                    ) from None
+        raise AssertionError("unreachable")
+
+    async def _once(
+        self,
+        method: str,
+        url: str,
+        key: str,
+        *,
+        body: Any,
+        params: list[tuple[str, str]] | None,
+        timeout: float,
+    ) -> Any:
         try:
             async with self._http.request(
                 method,
@@ -57,6 +81,8 @@ class AgentClient:
                         f"agent server answered {resp.status}: {_detail(payload) or 'no detail'}"
                     )
                 return payload
+        except aiohttp.ServerDisconnectedError:
+            raise
         except (aiohttp.ClientConnectionError, TimeoutError) as exc:
             raise AgentUnavailable(
                 f"the sandbox's agent server does not answer ({exc!r})"

@@ -58,11 +58,18 @@ class BudgetEnforcer:
         self._agent = agent
         self._events = events
         self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping: set[str] = set()
 
     def enforce(self, agent_url: str, sandbox: SandboxRecord, info: AppConversationInfo) -> None:
+        """One stop at a time per conversation: a call that lands while its pause is on the way
+        (the step in flight) is covered by that pause."""
+        if info.id in self._stopping:
+            return
+        self._stopping.add(info.id)
         task = asyncio.create_task(self._stop(agent_url, sandbox, info), name=f"budget-{info.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _t: self._stopping.discard(info.id))
 
     async def _stop(
         self, agent_url: str, sandbox: SandboxRecord, info: AppConversationInfo

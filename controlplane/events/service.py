@@ -91,10 +91,19 @@ class EventService:
             raise Unauthorized("invalid sandbox session key")
         return record
 
-    async def _conversation(self, sandbox_id: str, conversation_id: str) -> AppConversationInfo:
+    async def _conversation(
+        self, sandbox_id: str, conversation_id: str
+    ) -> AppConversationInfo | None:
+        """The conversation, if the control plane started it in this sandbox. Others (created
+        on the agent server directly by an SDK client, or already deleted) are acknowledged and
+        not kept: agent servers retry refused posts for minutes (the official one even holds a
+        conversation's delete until they succeed), and there is no one to keep them for."""
         info = await self._conversations.store.get(conversation_id.replace("-", "").lower())
         if info is None or info.sandbox_id != sandbox_id:
-            raise NotFound(f"conversation {conversation_id} not found in sandbox {sandbox_id}")
+            log.info(
+                "webhook_conversation_unknown", sandbox_id=sandbox_id, conversation=conversation_id
+            )
+            return None
         return info
 
     async def ingest(
@@ -107,9 +116,11 @@ class EventService:
         """Append a batch, each event stored as the agent sent it (duplicates skipped), and note
         the status and cost it reports. Returns how many events were new."""
         sandbox = await self._sandbox(sandbox_id, key)
-        info = await self._conversation(sandbox_id, conversation_id)
         raw = [event for _checked, event in events]
         status, metrics = readable_state(raw)  # before storing: a 422 stores nothing
+        info = await self._conversation(sandbox_id, conversation_id)
+        if info is None:
+            return 0
         added = await self.store.append(info.id, [e for e in raw if not _snapshot(e)])
         if self._on_lag is not None:
             now = datetime.now(UTC)
@@ -155,9 +166,11 @@ class EventService:
         """A ConversationInfo from the agent: keep its status and cost (from ``stats``; never
         the title the user chose, never the creation time)."""
         sandbox = await self._sandbox(sandbox_id, key)
-        info = await self._conversation(sandbox_id, str(body.get("id", "")))
         status = status_in(body.get("execution_status"))
         metrics = readable_metrics(body)
+        info = await self._conversation(sandbox_id, str(body.get("id", "")))
+        if info is None:
+            return
         await self._note_state(sandbox, info.id, status, metrics)
         await self._conversations.sandboxes.store.touch(sandbox_id)
 
