@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from controlplane.conversations.service import ConversationService
     from controlplane.crypto import SecretBox
     from controlplane.events.service import EventService
+    from controlplane.lifecycle.outbox import Outbox
     from controlplane.lifecycle.publisher import LifecyclePublisher
     from controlplane.sandboxes.networking import SandboxNetworks
     from controlplane.sandboxes.service import SandboxService
@@ -33,6 +34,8 @@ SANDBOXES: web.AppKey[SandboxService] = web.AppKey("sandboxes")
 CONVERSATIONS: web.AppKey[ConversationService] = web.AppKey("conversations")
 EVENTS: web.AppKey[EventService] = web.AppKey("events")
 LIFECYCLE: web.AppKey[LifecyclePublisher] = web.AppKey("lifecycle")
+WEBHOOK_OUTBOX: web.AppKey[Outbox] = web.AppKey("webhook_outbox")
+"""Only when ACS_LIFECYCLE_WEBHOOK_URLS is set."""
 SESSIONS: web.AppKey[SessionService] = web.AppKey("sessions")
 DEVICE_FLOW: web.AppKey[DeviceFlowService] = web.AppKey("device_flow")
 AUTH_LIMITER: web.AppKey[RateLimiter] = web.AppKey("auth_limiter")

@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from controlplane import keys as app_keys
 from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
 from controlplane.lifecycle.outbox import GROUP, Outbox, url_id
 from controlplane.lifecycle.publisher import LifecyclePublisher
@@ -29,6 +30,7 @@ from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookD
 from controlplane.metrics import Metrics
 from controlplane.store import keys
 from tests.live_server import free_port
+from tests.test_metrics import NO_ENGINE
 
 SECRET = "outbox-test-secret-0123456789"
 REPO = Path(__file__).resolve().parent.parent
@@ -280,3 +282,42 @@ def _sample(metrics: Metrics, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"{name} not in the metrics")
+
+
+async def test_dead_letters_are_readable_by_admins(
+    make_client: Callable[..., Awaitable[Any]],
+    user_headers: Callable[..., Awaitable[dict[str, str]]],
+    admin_headers: dict[str, str],
+    receiver: Receiver,
+) -> None:
+    receiver.refusals = 10**6  # always 503
+    client = await make_client(
+        with_sandboxes=True,
+        docker_url=NO_ENGINE,  # the webhooks need no engine
+        lifecycle_webhook_urls=[receiver.url],
+        lifecycle_webhook_secret=SECRET,
+        lifecycle_webhook_timeout=0.2,
+        lifecycle_webhook_dead_after=1.0,
+    )
+    url = "/api/v1/lifecycle-events/dead-letters"
+    assert await (await client.get(url, headers=admin_headers)).json() == {"items": []}
+    batch = events(2)
+    for event in batch:
+        await client.app[app_keys.LIFECYCLE].publish(event)
+    deadline = time.monotonic() + 20
+    while True:
+        body = await (await client.get(url, headers=admin_headers)).json()
+        if len(body["items"]) == 2:
+            break
+        assert time.monotonic() < deadline, (body, receiver.seen)
+        await asyncio.sleep(0.2)
+    assert {d["event"]["id"] for d in body["items"]} == {e.id for e in batch}
+    for dead in body["items"]:
+        assert dead["url_id"] == url_id(receiver.url)
+        assert dead["error"] == "HTTP 503"
+        assert dead["attempts"] >= 2
+    refused = await client.get(url, headers=await user_headers("alice"))
+    assert refused.status == 403
+    metrics = await (await client.get("/metrics", headers=admin_headers)).text()
+    assert "acs_lifecycle_webhooks_dead_lettered_total 2.0" in metrics
+    assert "acs_lifecycle_webhooks_pending 0.0" in metrics

@@ -30,6 +30,9 @@ def normalise_uuid(value: str) -> str:
 
 
 HexId = Annotated[str, Field(pattern=HEX_ID)]
+# What git refuses in a branch name (git check-ref-format), spelled out: `\s` means different
+# characters to pydantic's regex engine and to Python's, and the document must say what is served.
+BRANCH_PATTERN = r"^[^\x00-\x20\x7f~^:?*\[\\]+$"
 # A path's conversation id: hex and dashes only, so that /count, /search and /start-tasks never
 # match it (a 405 there would advertise this route's methods in its Allow header).
 CONVERSATION_PARAM = "{conversation_id:[0-9a-fA-F-]+}"
@@ -149,7 +152,7 @@ class AppConversationStartRequest(BaseModel):
     selected_repository: str | None = Field(
         default=None, max_length=256, pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+$"
     )
-    selected_branch: str | None = Field(default=None, max_length=256, pattern=r"^[^\s~^:?*\[\\]+$")
+    selected_branch: str | None = Field(default=None, max_length=256, pattern=BRANCH_PATTERN)
     git_provider: ProviderType | None = None
     title: str | None = Field(default=None, max_length=200)
     trigger: ConversationTrigger | None = None
@@ -301,7 +304,7 @@ class AppConversationUpdateRequest(BaseModel):
     selected_repository: str | None = Field(
         default=None, max_length=256, pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+$"
     )
-    selected_branch: str | None = Field(default=None, max_length=256, pattern=r"^[^\s~^:?*\[\\]+$")
+    selected_branch: str | None = Field(default=None, max_length=256, pattern=BRANCH_PATTERN)
     git_provider: ProviderType | None = None
 
 

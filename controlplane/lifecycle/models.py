@@ -44,6 +44,26 @@ class LifecycleEventPage(BaseModel):
     next_page_id: str | None = None
 
 
+class DeadLetter(BaseModel):
+    """A delivery given up after ACS_LIFECYCLE_WEBHOOK_DEAD_AFTER (docs/operations.md)."""
+
+    url_id: str = Field(description="First 16 hex digits of the URL's SHA-256")
+    event: LifecycleEvent
+    attempts: int
+    error: str = Field(description="The last attempt's error, e.g. HTTP 503")
+    dead_at: datetime
+
+
+class DeadLetterList(BaseModel):
+    items: list[DeadLetter]
+
+
+class DeadLetterQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=100, ge=1, le=1000, description="Per webhook URL, newest first")
+
+
 class LifecycleQuery(PageQuery):
     page_id: str | None = cursor_field(STREAM_ID)
     sandbox_id: str | None = Field(default=None, max_length=64)

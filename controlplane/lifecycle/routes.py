@@ -1,6 +1,9 @@
-"""GET /api/v1/lifecycle-events/search: what happened to the caller's sandboxes and why."""
+"""GET /api/v1/lifecycle-events/search: what happened to the caller's sandboxes and why; and the
+webhook deliveries given up (admin)."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
 
 from aiohttp import web
 
@@ -9,7 +12,15 @@ from controlplane.api.middlewares import principal_of
 from controlplane.api.parsing import json_response, parse_query
 from controlplane.api.routing import RouteTable
 from controlplane.errors import Forbidden, RuntimeUnavailable
-from controlplane.lifecycle.models import LifecycleEventPage, LifecycleQuery
+from controlplane.lifecycle.models import (
+    DeadLetter,
+    DeadLetterList,
+    DeadLetterQuery,
+    LifecycleEvent,
+    LifecycleEventPage,
+    LifecycleQuery,
+)
+from controlplane.lifecycle.outbox import url_id
 
 routes = RouteTable(tag="lifecycle")
 
@@ -33,3 +44,34 @@ async def search_lifecycle(request: web.Request) -> web.Response:
     user = None if query.all_users else principal.user_id
     page = await publisher.page(user, query.sandbox_id, query.page_id, query.limit)
     return json_response(page)
+
+
+@routes.route(
+    "GET",
+    "/api/v1/lifecycle-events/dead-letters",
+    summary="Admin: lifecycle webhook deliveries given up, newest first (empty without URLs)",
+    query=DeadLetterQuery,
+    response=DeadLetterList,
+    errors=(403,),
+)
+async def dead_letters(request: web.Request) -> web.Response:
+    query = parse_query(request, DeadLetterQuery)
+    if not principal_of(request).is_admin:
+        raise Forbidden("dead letters need an admin key")
+    outbox = request.app.get(keys.WEBHOOK_OUTBOX)
+    items: list[DeadLetter] = []
+    if outbox is None:
+        return json_response(DeadLetterList(items=items))
+    for url in outbox.urls:
+        for entry in await outbox.dead(url, query.limit):
+            items.append(
+                DeadLetter(
+                    url_id=url_id(url),
+                    event=LifecycleEvent.model_validate_json(entry["e"]),
+                    attempts=int(entry["attempts"]),
+                    error=entry["error"],
+                    dead_at=datetime.fromtimestamp(int(entry["dead_at"]), UTC),
+                )
+            )
+    items.sort(key=lambda d: d.dead_at, reverse=True)
+    return json_response(DeadLetterList(items=items))

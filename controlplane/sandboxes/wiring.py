@@ -66,6 +66,7 @@ def _webhooks(
     )
     deliverer.start()
     metrics.webhook_outbox = outbox
+    app[keys.WEBHOOK_OUTBOX] = outbox
     return outbox, deliverer
 
 
