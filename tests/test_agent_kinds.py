@@ -13,12 +13,14 @@ from pathlib import Path
 import pytest
 
 from controlplane.config import ServiceConfig, load_config
+from controlplane.conversations.agent_request import mcp_servers
 from controlplane.conversations.models import MetricsSnapshot
 from controlplane.errors import SpecInvalid
 from controlplane.events.budget import budget_error_event, crossed
 from controlplane.sandboxes.agent_kinds import max_batch_bytes
 from controlplane.sandboxes.launcher import container_request
 from controlplane.sandboxes.models import SandboxStatus
+from controlplane.settings.mcp import MCPConfig
 from controlplane.specs.catalog import SpecCatalog
 from tests.conftest import REPO
 from tests.sandbox_helpers import spec_dir
@@ -148,3 +150,19 @@ def test_make_images_builds_only_enabled_specs(tmp_path: Path) -> None:
         "openhands",
     ]
     assert rows["default"][4:] == ["bookworm", "3.11", "-", "1", "acs"]
+
+
+def test_mcp_servers_in_the_shape_each_agent_kind_reads() -> None:
+    config = MCPConfig.model_validate(
+        {
+            "stdio_servers": [{"name": "fs", "command": "npx", "args": ["fs"], "env": {"A": "b"}}],
+            "shttp_servers": [{"url": "https://mcp.example.com/mcp", "api_key": "k2"}],
+        }
+    )
+    ours = mcp_servers(config)
+    assert ours["mcpServers"]["shttp-0"]["auth"] == "k2"
+    official = mcp_servers(config, "openhands")
+    assert "mcpServers" not in official  # 1.58: agent.mcp_config is {name: MCPServer}
+    assert official["fs"] == {"command": "npx", "args": ["fs"], "env": {"A": "b"}}
+    assert official["shttp-0"]["auth"] == {"strategy": "bearer", "value": "k2"}
+    assert mcp_servers(MCPConfig(), "openhands") == {}

@@ -46,6 +46,7 @@ from tests.test_openhands_clients import client_env, run
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.official_agent,
+    pytest.mark.timeout(900),  # its boot and first conversation take minutes on a busy host
     pytest.mark.usefixtures("sandbox_images", "openhands_image"),
 ]
 
@@ -53,6 +54,15 @@ pytestmark = [
 MODEL = "openai/fake-model"
 PRICE_IN, PRICE_OUT = PRICES["fake-model"]
 CALL_COST = 100 * PRICE_IN + 20 * PRICE_OUT  # the fake's default usage per call
+#: A stdio MCP server, run with the image's own Python (fastmcp is one of the server's packages).
+MCP_CALC = """
+from fastmcp import FastMCP
+calc = FastMCP("calc")
+@calc.tool
+def add(a: int, b: int) -> int:
+    return a + b
+calc.run(show_banner=False)
+"""
 
 
 @pytest.fixture
@@ -150,7 +160,7 @@ async def test_a_conversation_on_the_official_agent_server(
     )
     task = await start_and_wait(
         alice,
-        within=120,
+        within=300,
         sandbox_spec_id="openhands",
         initial_message=message("Count the token's characters."),
     )
@@ -162,7 +172,7 @@ async def test_a_conversation_on_the_official_agent_server(
     key = sandbox["session_api_key"]
     ready_activity = sandbox["last_activity_at"]
 
-    events = await wait_events(alice, cid, status_is("finished"), within=120)
+    events = await wait_events(alice, cid, status_is("finished"), within=180)
     events = await same_events_as_the_server(http, alice, url, key, cid)
 
     # The agent ran the command as `agent`, in UTC, with the user's secret in its environment.
@@ -199,30 +209,42 @@ async def test_a_conversation_on_the_official_agent_server(
     fake_llm.script([reply_text("Still here.")])
     await alice.ok("POST", f"/api/v1/app-conversations/{cid}/events", json=message("Still there?"))
     later = await wait_events(
-        alice, cid, lambda es: len(of_kind(es, "MessageEvent")) >= 3 and status_is("finished")(es)
+        alice,
+        cid,
+        lambda es: len(of_kind(es, "MessageEvent")) >= 3 and status_is("finished")(es),
+        within=180,
     )
     assert later[: len(events)] == events
     replies = [e for e in of_kind(later, "MessageEvent") if e["source"] == "agent"]
     assert "Still here." in str(replies[-1])
     await same_events_as_the_server(http, alice, url, key, cid)
 
-    # A second conversation in the same sandbox, over a budget of one call: the control plane
-    # records the error and pauses it (the official server has no budget of its own).
-    await alice.ok("POST", "/api/settings", json={"max_budget_per_task": CALL_COST / 2})
+    # A second conversation in the same sandbox, with an MCP server from the user's settings and
+    # over a budget of one call: the control plane records the error and pauses it (the
+    # official server has no budget of its own); the call in flight still runs.
+    calc = {"name": "calc", "command": "/opt/openhands/bin/python", "args": ["-c", MCP_CALC]}
+    await alice.ok(
+        "POST",
+        "/api/settings",
+        json={"max_budget_per_task": CALL_COST / 2, "mcp_config": {"stdio_servers": [calc]}},
+    )
     fake_llm.script(
-        [reply_tool_call("terminal", {"command": f"sleep 1 && echo step{n}"}) for n in range(8)]
+        [reply_tool_call("add", {"a": 20, "b": 22})]
+        + [reply_tool_call("terminal", {"command": f"sleep 1 && echo step{n}"}) for n in range(7)]
     )
     calls_before = len(fake_llm.requests)
     second = await start_and_wait(
-        alice, within=60, sandbox_id=sandbox_id, initial_message=message("Loop.")
+        alice, within=180, sandbox_id=sandbox_id, initial_message=message("Loop.")
     )
     assert second["status"] == "READY", second
     cid2 = second["app_conversation_id"]
-    stopped = await wait_events(alice, cid2, status_is("paused"), within=60)
+    stopped = await wait_events(alice, cid2, status_is("paused"), within=180)
     # One error per stop; the step in flight when the pause arrived may cross it once more.
     errors = of_kind(stopped, "ConversationErrorEvent")
     assert 1 <= len(errors) <= 2
     assert {e["code"] for e in errors} == {"BudgetExceeded"}
+    (added,) = [o for o in of_kind(stopped, "ObservationEvent") if o["tool_name"] == "add"]
+    assert "42" in json.dumps(added["observation"])
     over = await alice.ok("GET", f"/api/v1/app-conversations/{cid2}")
     assert over["metrics"]["max_budget_per_task"] == pytest.approx(CALL_COST / 2)
     assert over["metrics"]["accumulated_cost"] > CALL_COST / 2

@@ -39,7 +39,7 @@ SPECS = [
         "openai/fake-model",
         "terminal,file_editor",
         id="official",
-        marks=pytest.mark.official_agent,
+        marks=[pytest.mark.official_agent, pytest.mark.timeout(900)],
     ),
 ]
 

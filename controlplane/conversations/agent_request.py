@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.settings.mcp import MCPConfig
+from controlplane.specs.models import AgentKind
 
 #: The tools, by the names agent server 1.58 registers them (`TerminalTool` etc. are unknown
 #: there); our agent takes both spellings and has no task tracker (it ignores that one).
@@ -15,9 +16,12 @@ AGENT_TOOLS = ("terminal", "file_editor", "task_tracker")
 LLM_RETRIES = {"num_retries": 3, "retry_min_wait": 2, "retry_max_wait": 30}
 
 
-def mcp_servers(config: MCPConfig) -> dict[str, Any]:
-    """The user's MCP settings as fastmcp's ``{"mcpServers": {name: server}}``: stdio servers
-    by their name, remote ones as ``sse-<n>``/``shttp-<n>`` with the key as bearer ``auth``."""
+def mcp_servers(config: MCPConfig, agent_kind: AgentKind = "acs") -> dict[str, Any]:
+    """The user's MCP settings in the shape the agent kind reads: fastmcp's
+    ``{"mcpServers": {name: server}}`` with the key as bearer ``auth`` for ours (and SDK 1.21);
+    ``{name: server}`` with ``auth: {"strategy": "bearer", "value": key}`` for agent server 1.58
+    (its ``agent.mcp_config`` is a ``dict[str, MCPServer]``). Stdio servers go by their name,
+    remote ones as ``sse-<n>``/``shttp-<n>``."""
     servers: dict[str, dict[str, Any]] = {}
     for stdio in config.stdio_servers:
         servers[stdio.name] = {"command": stdio.command, "args": stdio.args, "env": stdio.env}
@@ -30,11 +34,16 @@ def mcp_servers(config: MCPConfig) -> dict[str, Any]:
             name += "_"
         entry: dict[str, Any] = {"url": server.url, "transport": transport}
         if server.api_key:
-            entry["auth"] = server.api_key
+            official = agent_kind == "openhands"
+            entry["auth"] = (
+                {"strategy": "bearer", "value": server.api_key} if official else server.api_key
+            )
         if timeout is not None:
             entry["timeout"] = timeout
         servers[name] = entry
-    return {"mcpServers": servers} if servers else {}
+    if not servers:
+        return {}
+    return servers if agent_kind == "openhands" else {"mcpServers": servers}
 
 
 def start_conversation_request(
@@ -49,6 +58,7 @@ def start_conversation_request(
     secrets: dict[str, str],
     mcp_config: MCPConfig | None,
     system_message_suffix: str | None,
+    agent_kind: AgentKind = "acs",
 ) -> dict[str, Any]:
     """``llm`` holds the SDK ``LLM`` fields (model, base_url, api_key, prices); unset (None)
     values are left out so the server applies its own defaults."""
@@ -58,7 +68,7 @@ def start_conversation_request(
         "llm": {"usage_id": "agent", **LLM_RETRIES, **given},
         "tools": [{"name": name} for name in AGENT_TOOLS],
     }
-    if mcp_config is not None and (servers := mcp_servers(mcp_config)):
+    if mcp_config is not None and (servers := mcp_servers(mcp_config, agent_kind)):
         agent["mcp_config"] = servers
     if system_message_suffix:
         agent["agent_context"] = {"system_message_suffix": system_message_suffix}

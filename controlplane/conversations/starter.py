@@ -304,6 +304,7 @@ class StartTaskRunner:
                     model=model,
                     working_dir=working_dir,
                     record=record,
+                    sandbox=sandbox,
                 ),
             )
         except BaseException:
@@ -318,8 +319,10 @@ class StartTaskRunner:
         model: str,
         working_dir: str,
         record: UserRecord,
+        sandbox: SandboxRecord,
     ) -> dict[str, Any]:
         settings = record.settings
+        spec = self._sandboxes.catalog.find(sandbox.spec_id)
         secrets = {name: s.value for name, s in record.custom_secrets.items()}
         for provider, token in record.provider_tokens.items():
             secrets[f"{provider.value.upper()}_TOKEN"] = token.token
@@ -342,6 +345,7 @@ class StartTaskRunner:
             secrets=secrets,
             mcp_config=settings.mcp_config,
             system_message_suffix=task.request.system_message_suffix,
+            agent_kind=spec.agent_kind if spec else "acs",
         )
 
     async def recover(self) -> int:
