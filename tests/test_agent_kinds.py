@@ -6,25 +6,36 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
+from aiohttp import web
+from aiohttp.test_utils import TestClient
 
+from controlplane import keys
 from controlplane.config import ServiceConfig, load_config
 from controlplane.conversations.agent_request import mcp_servers
-from controlplane.conversations.models import MetricsSnapshot
+from controlplane.conversations.models import AppConversationInfo, MetricsSnapshot
+from controlplane.conversations.store import ConversationStore
 from controlplane.errors import SpecInvalid
 from controlplane.events.budget import budget_error_event, crossed
 from controlplane.sandboxes.agent_kinds import max_batch_bytes
 from controlplane.sandboxes.launcher import container_request
 from controlplane.sandboxes.models import SandboxStatus
+from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.settings.mcp import MCPConfig
 from controlplane.specs.catalog import SpecCatalog
 from tests.conftest import REPO
 from tests.sandbox_helpers import spec_dir
-from tests.test_metrics import sandbox_record
+from tests.test_event_ingestion import event, stats
+from tests.test_metrics import NO_ENGINE, sandbox_record
+
+Client = TestClient[web.Request, web.Application]
 
 SPECS = REPO / "specs"
 
@@ -166,3 +177,44 @@ def test_mcp_servers_in_the_shape_each_agent_kind_reads() -> None:
     assert official["fs"] == {"command": "npx", "args": ["fs"], "env": {"A": "b"}}
     assert official["shttp-0"]["auth"] == {"strategy": "bearer", "value": "k2"}
     assert mcp_servers(MCPConfig(), "openhands") == {}
+
+
+async def test_a_late_conversation_info_of_the_official_server_changes_nothing_newer(
+    make_client: Callable[..., Awaitable[Client]],
+    raw_redis: aioredis.Redis,
+    user_headers: Callable[..., Awaitable[dict[str, str]]],
+) -> None:
+    """It posts each ConversationInfo from a task of its own: an older one can land last."""
+    client = await make_client(
+        with_sandboxes=True, docker_url=NO_ENGINE, enable_specs=["openhands"]
+    )
+    key = secrets.token_urlsafe(32)
+    record = sandbox_record("alice", SandboxStatus.RUNNING, key).model_copy(
+        update={"spec_id": "openhands"}
+    )
+    assert await SandboxStore(raw_redis, client.app[keys.SECRET_BOX]).create(record, 0, Limits())
+    cid = secrets.token_hex(16)
+    await ConversationStore(raw_redis).save(
+        AppConversationInfo(id=cid, created_by_user_id="alice", sandbox_id=record.id)
+    )
+    sandbox, alice = {"X-Session-API-Key": key}, await user_headers("alice")
+    base = f"/api/v1/webhooks/{record.id}"
+
+    async def conversation() -> dict[str, Any]:
+        resp = await client.get(f"/api/v1/app-conversations/{cid}", headers=alice)
+        body: dict[str, Any] = await resp.json()
+        return body
+
+    first = {"id": cid, "execution_status": "idle", "stats": stats(0.0, 0, 0)}
+    assert (await client.post(f"{base}/conversations", json=first, headers=sandbox)).status == 200
+    assert (await conversation())["execution_status"] == "idle"  # nothing known before it
+    done = [
+        event("ConversationStateUpdateEvent", key="stats", value=stats(0.3, 300, 30)),
+        event("ConversationStateUpdateEvent", key="execution_status", value="finished"),
+    ]
+    assert (await client.post(f"{base}/events/{cid}", json=done, headers=sandbox)).status == 200
+    late = {"id": cid, "execution_status": "running", "stats": stats(0.1, 100, 10)}
+    assert (await client.post(f"{base}/conversations", json=late, headers=sandbox)).status == 200
+    after = await conversation()
+    assert after["execution_status"] == "finished"
+    assert after["metrics"]["accumulated_cost"] == 0.3

@@ -137,16 +137,31 @@ class EventService:
         conversation_id: str,
         status: ExecutionStatus | None,
         metrics: MetricsSnapshot | None,
+        *,
+        ordered: bool = True,
     ) -> None:
         """Keep the status and the cost; the budget recorded at the start stays when the agent
-        reports none, and is enforced here for agents that do not enforce it themselves."""
+        reports none, and is enforced here for agents that do not enforce it themselves.
+
+        `ordered` False: a ConversationInfo. The official server posts each one from a task of
+        its own, so an older one may land after a newer one (or after the ordered state events):
+        from it, a status only when none is known yet, and never a lower cost."""
         over = False
+        spec = self._conversations.sandboxes.catalog.find(sandbox.spec_id)
+        racy = not ordered and spec is not None and spec.agent_kind not in ENFORCED_BY_AGENT
 
         def change(record: AppConversationInfo) -> None:
             nonlocal over
-            if status is not None:
+            over = False
+            if status is not None and not (racy and record.execution_status is not None):
                 record.execution_status = status
-            if metrics is not None:
+            lower = (
+                racy
+                and metrics is not None
+                and record.metrics is not None
+                and metrics.accumulated_cost < record.metrics.accumulated_cost
+            )
+            if metrics is not None and not lower:
                 before = record.metrics
                 budget = metrics.max_budget_per_task
                 if budget is None and before is not None:
@@ -157,7 +172,6 @@ class EventService:
         updated = await self._conversations.store.update(conversation_id, change)
         if not over or updated is None:
             return
-        spec = self._conversations.sandboxes.catalog.find(sandbox.spec_id)
         if spec is not None and spec.agent_kind not in ENFORCED_BY_AGENT:
             url = self._conversations.sandboxes.agent_url(sandbox)
             self._budget.enforce(url, sandbox, updated)
@@ -171,7 +185,7 @@ class EventService:
         info = await self._conversation(sandbox_id, str(body.get("id", "")))
         if info is None:
             return
-        await self._note_state(sandbox, info.id, status, metrics)
+        await self._note_state(sandbox, info.id, status, metrics, ordered=False)
         await self._conversations.sandboxes.store.touch(sandbox_id)
 
     # -- reading -----------------------------------------------------------------------------
