@@ -4,7 +4,7 @@ The live server (tests/live_server.py) is the app as `controlplane serve` runs i
 included, so every route is reached for real: creating sandboxes and conversations (capped by a
 quota of 2 and 1 running), the WebSocket handshake, the webhooks (which answer 401 without a
 sandbox's key). A fixed seed makes the run repeatable; tests/fuzz/schemathesis.toml holds the one
-per-operation allowance and why.
+per-operation allowance, the 413 of oversized bodies, and why.
 
 The events WebSocket is left out: the fuzzer's HTTP client cannot speak WebSocket; after a 101 it
 puts the upgraded connection back in its pool and its next request dies on it. Its 400, 401,
@@ -73,8 +73,9 @@ async def test_schemathesis_finds_no_5xx_and_nothing_undocumented(
             "1",
             "--generation-database",
             "none",
+            # stream-start answers when its start task ends: a sandbox boot on a busy host.
             "--request-timeout",
-            "30",
+            "180",
             "--no-color",
             "--exclude-path",
             "/api/v1/events/socket",
