@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -89,6 +90,8 @@ class _DockerWatch:
                 self._stream.close()
 
 
+IMAGE_ID_TTL = 2.0
+"""Seconds a looked-up image id is trusted while creates are in flight (DockerDriver.image_id)."""
 QUICK = "quick"
 SLOW = "slow"
 
@@ -119,6 +122,8 @@ class DockerDriver:
         }
         self._client: docker.DockerClient | None = None
         self._client_lock = threading.Lock()
+        self._image_ids: dict[str, tuple[float, str]] = {}
+        self._creating = 0  # create_and_start calls in flight
 
     def _docker(self) -> docker.DockerClient:
         # Created lazily, in a worker thread, so start-up works while the engine is down.
@@ -192,6 +197,21 @@ class DockerDriver:
         return await self._call(check, "image_exists")
 
     async def image_id(self, image: str) -> str | None:
+        """The image's id, None when absent.
+
+        Every start looks its image up, and during a burst of starts the engine, busy creating
+        containers, answers slowly. So while creates of ours are in flight (the engine is
+        demonstrably there), an id found within IMAGE_ID_TTL is reused; otherwise the engine is
+        asked, and an unreachable one raises RuntimeUnavailable as before.
+        """
+        cached = self._image_ids.get(image)
+        if (
+            cached is not None
+            and self._creating > 0
+            and time.monotonic() - cached[0] < IMAGE_ID_TTL
+        ):
+            return cached[1]
+
         def look_up(client: docker.DockerClient) -> str | None:
             try:
                 return str(client.images.get(image).id)
@@ -199,10 +219,19 @@ class DockerDriver:
                 return None
 
         # Labelled as image_exists: the same engine call, made for the same reason.
-        return await self._call(look_up, "image_exists")
+        found = await self._call(look_up, "image_exists")
+        if found is None:
+            self._image_ids.pop(image, None)
+        else:
+            self._image_ids[image] = (time.monotonic(), found)
+        return found
 
     async def create_and_start(self, request: ContainerRequest) -> ContainerState:
-        return await self._call(lambda c: self._create_and_start(c, request), "create", SLOW)
+        self._creating += 1
+        try:
+            return await self._call(lambda c: self._create_and_start(c, request), "create", SLOW)
+        finally:
+            self._creating -= 1
 
     def _create_and_start(
         self, client: docker.DockerClient, req: ContainerRequest
