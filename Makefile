@@ -67,6 +67,7 @@ bench: install host images
 	$(BIN)/python bench/sandboxes.py
 	$(BIN)/python bench/conversations.py
 	$(BIN)/python bench/unauthenticated_flood.py
+	$(BIN)/python bench/launch_load.py
 	$(BIN)/python bench/warm_pool.py
 
 # The official agent server's start latency (bench/official_agent.py); builds its image first
