@@ -10,7 +10,15 @@ drop an event nor send a batch our body limit refuses.
 
 from __future__ import annotations
 
+import uuid
+
+import aiohttp
+import structlog
+
+from controlplane.conversations.agent_request import start_conversation_request
 from controlplane.specs.models import OpenHandsOptions, SandboxSpec
+
+log = structlog.get_logger(__name__)
 
 #: Where the official server keeps conversations and bash events: the directory the images give
 #: the agent user for its state (a tmpfs under a read-only root, like ours).
@@ -66,3 +74,35 @@ def agent_env(spec: SandboxSpec, *, max_body_bytes: int, webhooks: bool) -> dict
 
 def _flag(value: bool) -> str:
     return "true" if value else "false"
+
+
+async def warm_up(spec: SandboxSpec, url: str, key: str) -> None:
+    """The official server sets its tools up at its first conversation (a second or more); a
+    warm-pool member pays that before anyone claims it, with a conversation that has no message
+    (so no model call) and is deleted at once. Our agent has nothing to warm. Failures are only
+    logged: the member is usable all the same."""
+    if spec.agent_kind != "openhands":
+        return
+    body = start_conversation_request(
+        conversation_id=uuid.uuid4().hex,
+        llm={"model": "openai/warm-up", "api_key": "warm-up"},
+        working_dir=spec.working_dir,
+        initial_message=None,
+        max_iterations=1,
+        max_budget_per_task=None,
+        confirmation_mode=False,
+        secrets={},
+        mcp_config=None,
+        system_message_suffix=None,
+        agent_kind=spec.agent_kind,
+    )
+    headers = {"X-Session-API-Key": key}
+    timeout = aiohttp.ClientTimeout(total=120)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as http:
+            async with http.post(f"{url}/api/conversations", json=body) as resp:
+                resp.raise_for_status()
+            async with http.delete(f"{url}/api/conversations/{body['conversation_id']}") as resp:
+                resp.raise_for_status()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        log.warning("agent_warm_up_failed", url=url, error=repr(exc))

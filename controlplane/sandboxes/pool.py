@@ -22,6 +22,7 @@ import structlog
 from controlplane.auth.models import Principal
 from controlplane.errors import RuntimeUnavailable
 from controlplane.sandboxes import naming
+from controlplane.sandboxes.agent_kinds import warm_up
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.pool_store import PoolStore
 from controlplane.sandboxes.service import SandboxService
@@ -51,6 +52,7 @@ class WarmPool:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._warmed: set[str] = set()
 
     def size(self, spec: SandboxSpec) -> int:
         return self._config.pool_size(spec.id, spec.warm_pool)
@@ -192,13 +194,21 @@ class WarmPool:
                     await self._drop(record, "start interrupted")
             elif record.status not in (S.RUNNING, S.PAUSED) or state is None:
                 await self._drop(record, f"broken ({record.status.value})")
-            elif await self._settle(spec, record, state):
+            elif await self._warm(spec, record) and await self._settle(spec, record, state):
                 if record.id not in ready:
                     await self.store.mark_ready(spec.id, record.id)
                 ready_live.append(record)
             else:
                 booting.append(record)
         return ready_live + booting
+
+    async def _warm(self, spec: SandboxSpec, record: SandboxRecord) -> bool:
+        """Once per booted member, before it is ready: what its agent server would otherwise do
+        at the first conversation (agent_kinds.warm_up)."""
+        if record.status == S.RUNNING and record.id not in self._warmed:
+            self._warmed.add(record.id)
+            await warm_up(spec, self._svc.agent_url(record), record.session_api_key)
+        return True
 
     async def _settle(
         self, spec: SandboxSpec, record: SandboxRecord, state: ContainerState
