@@ -3,8 +3,9 @@ container comes back exited; the control plane shows it PAUSED, resumable, with 
 within one reconcile interval of the engine answering, and resume finds the workspace intact.
 
 Never the shared engine: the test starts a second dockerd of its own, on its own socket, data
-root, exec root and pid file (its own containerd under that exec root), with no default bridge
-and no iptables, so it cannot touch the host's networking or the other engine's containers, and
+root, exec root and pid file (its own containerd under that exec root), with a default bridge
+of its own and no iptables, so it cannot touch the host's networking or the other engine's
+containers, and
 loads the sandbox image into it with `docker save | docker load`. The control plane runs with
 ACS_HOST_FIREWALL=off and a subnet pool of its own (docs/deployment.md#a-second-engine).
 """
@@ -16,6 +17,7 @@ import contextlib
 import gc
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -40,6 +42,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.usefixtures("sand
 Client = TestClient[web.Request, web.Application]
 RECONCILE_INTERVAL = 3.0
 SUBNET_POOL = "10.231.0.0/16"  # not the default pool: nothing else on the host routes it
+# The second engine's default bridge: an interface of the test's own. `--bridge=none` is not an
+# option: a dockerd started with it deletes the host's `docker0` (moby's
+# removeDefaultBridgeInterface), which the shared engine's default network still needs.
+BRIDGE_ADDRESS = "10.232.255.1/24"
 
 
 class SecondEngine:
@@ -52,6 +58,13 @@ class SecondEngine:
         (self.root / "daemon.json").write_text("{}")  # never /etc/docker/daemon.json
         self.process: subprocess.Popen[bytes] | None = None
         self._log: Any = None
+        self.bridge = "acseng" + secrets.token_hex(4)  # at most 15 characters
+        for step in (
+            ["link", "add", self.bridge, "type", "bridge"],
+            ["addr", "add", BRIDGE_ADDRESS, "dev", self.bridge],
+            ["link", "set", self.bridge, "up"],
+        ):
+            subprocess.run(["ip", *step], check=True, capture_output=True)
 
     def start(self) -> float:
         """Start dockerd; the monotonic time it first answered."""
@@ -66,7 +79,7 @@ class SecondEngine:
                 "--data-root", str(self.root / "data"),
                 "--exec-root", str(self.root / "exec"),
                 "--pidfile", str(self.root / "docker.pid"),
-                "--bridge=none",
+                f"--bridge={self.bridge}",
                 "--iptables=false",
                 "--ip6tables=false",
                 "--ip-masq=false",
@@ -151,6 +164,7 @@ class SecondEngine:
         for mount in sorted(mounts, key=len, reverse=True):
             subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
+        subprocess.run(["ip", "link", "delete", self.bridge], check=False, capture_output=True)
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
