@@ -88,9 +88,10 @@ class Bench:
         spec = self.live.app[keys.SPECS].get(spec_id)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            members = [r for r, _ in await pool.store.members() if r.spec_id == spec_id]
-            ready = await pool.store.ready_ids(spec_id)
-            if len(ready) >= pool.size(spec) and len(members) == len(ready):
+            members = {r.id for r, _ in await pool.store.members() if r.spec_id == spec_id}
+            # Only members count: the ready set was seen holding a claimed, deleted id.
+            ready = await pool.store.ready_ids(spec_id) & members
+            if len(ready) >= pool.size(spec) and members == ready:
                 return
             await asyncio.sleep(0.1)
         raise RuntimeError(f"the {spec_id} pool did not refill in 10 minutes")
