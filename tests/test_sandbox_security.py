@@ -22,6 +22,7 @@ from aiohttp import web
 
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
+from controlplane.store import keys as store_keys
 from tests.live_server import Api, LiveServer, free_port, start_live_server
 from tests.sandbox_helpers import exec_as_agent, probe_from
 
@@ -167,12 +168,17 @@ print(json.dumps({
     assert code == 0, out
     answers = json.loads(out.splitlines()[-1])
     assert answers == {
-        "own": 404,  # authenticated, and no such conversation in this sandbox
+        # Authenticated, and no such conversation in this sandbox: acknowledged and dropped, so
+        # agent servers do not retry it for minutes (docs/conversations.md); nothing is stored.
+        "own": 200,
         "no_key": 401,
         "other_sandbox": 401,
         "api_route": 404,
         "health": 404,
     }, answers
+    assert (
+        await raw_redis.exists(store_keys.events("0" * 32), store_keys.conversation("0" * 32)) == 0
+    )
 
 
 async def test_inside_a_sandbox_the_agent_has_no_privilege(
