@@ -6,7 +6,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 3000
 BIN    := $(VENV)/bin
 
-.PHONY: all host browser install images image run test test-quick chaos lint format mypy bench bench-official clean
+.PHONY: all host browser install images image run test test-prep test-quick chaos lint format mypy bench bench-official clean
 
 all: lint test
 
@@ -39,8 +39,15 @@ run: install host images
 	$(BIN)/controlplane serve --host $(HOST) --port $(PORT)
 
 # Everything, slow tiers included (what CI runs).
-test: install host images browser
+test: install host images browser test-prep
 	$(BIN)/pytest
+
+# What the slow tiers need, made before pytest so that no test's time limit covers a build from
+# nothing: the official agent server's image (minutes the first time, cached) and the pinned
+# OpenHands client venvs (tests/openhands_clients.py; cached under the data dir).
+test-prep: install host images
+	@scripts/build-images.sh openhands
+	$(BIN)/python -m tests.openhands_clients
 
 # Without the slow tiers (tests marked `slow`: real clients, chaos, the official agent server).
 test-quick: install host images browser

@@ -44,7 +44,10 @@ def docker_client() -> Iterator[docker.DockerClient]:
 
 
 def _remove_matching(client: docker.DockerClient, name_part: str) -> None:
-    for container in client.containers.list(all=True, filters={"name": name_part}):
+    # ignore_removed: docker-py inspects each listed container, and one may be removed in
+    # between (a control plane under test still deleting it).
+    listed = client.containers.list(all=True, filters={"name": name_part}, ignore_removed=True)
+    for container in listed:
         with contextlib.suppress(NotFound):
             container.remove(force=True, v=True)
     for volume in client.volumes.list(filters={"name": name_part}):
@@ -121,7 +124,7 @@ def test_prefix(
     prefix = f"{run_prefix()}{next(_counter)}-"
     yield prefix
     containers = docker_client.containers.list(
-        all=True, filters={"label": f"{LABEL_PREFIX}={prefix}"}
+        all=True, filters={"label": f"{LABEL_PREFIX}={prefix}"}, ignore_removed=True
     )
     failed = getattr(request.node, "rep_call", None)
     if failed is not None and failed.failed:

@@ -166,8 +166,14 @@ def official_sdk_venv(openhands_image: str) -> OpenHandsVenv:
         pytest.fail(f"building the official SDK venv failed: {exc}", pytrace=False)
 
 
-if __name__ == "__main__":  # `python -m tests.openhands_clients` prepares the cache ahead of time
+if __name__ == "__main__":
+    # `python -m tests.openhands_clients` (make test-prep) prepares both venvs ahead of time;
+    # the official SDK's needs the openhands image's wheelhouse (scripts/build-images.sh openhands).
     found = find_python()
     if found is None:
         sys.exit(f"no Python {PYTHON_VERSION} found")
     print(build_venv(found, data_dir() / "build"))
+    official = find_python(OFFICIAL_PYTHON)
+    if official is None:
+        sys.exit(f"no Python {OFFICIAL_PYTHON} found")
+    print(build_official_sdk_venv(official, data_dir() / "build"))
