@@ -12,12 +12,12 @@ from typing import Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from controlplane import keys
 from controlplane.api.middlewares import principal_of
 from controlplane.api.pagination import OFFSET, cursor_field, decode_cursor, encode_cursor
 from controlplane.api.parsing import json_response, parse_query
 from controlplane.api.routing import RouteTable
 from controlplane.auth.models import Principal
+from controlplane.conversations.handler_deps import conversation_service as _service
 from controlplane.conversations.models import (
     CONVERSATION_PARAM,
     AppConversation,
@@ -25,7 +25,6 @@ from controlplane.conversations.models import (
     ExecutionStatus,
 )
 from controlplane.conversations.service import ConversationService
-from controlplane.errors import RuntimeUnavailable
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.settings.models import ProviderType
 
@@ -130,13 +129,6 @@ async def legacy_list(
     more = start + query.limit < len(infos)
     next_id = encode_cursor(str(start + query.limit)) if more else None
     return await service.views(principal, page), next_id
-
-
-def _service(request: web.Request) -> ConversationService:
-    service = request.app.get(keys.CONVERSATIONS)
-    if service is None:
-        raise RuntimeUnavailable("conversations are not enabled on this server")
-    return service
 
 
 @routes.route(

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from controlplane import keys
 from controlplane.api.middlewares import principal_of
 from controlplane.api.parsing import json_response, parse_body
 from controlplane.api.routing import RouteTable
+from controlplane.conversations.handler_deps import conversation_service
 from controlplane.conversations.pending import (
     DeliveryResult,
     PendingMessage,
@@ -17,17 +17,13 @@ from controlplane.conversations.pending import (
     QueuePendingMessageRequest,
 )
 from controlplane.conversations.pending_access import PendingAccess
-from controlplane.errors import RuntimeUnavailable
 
 routes = RouteTable(tag="pending-messages")
 BASE = "/api/v1/conversations/{conversation_id}/pending-messages"
 
 
 def _access(request: web.Request) -> PendingAccess:
-    service = request.app.get(keys.CONVERSATIONS)
-    if service is None:
-        raise RuntimeUnavailable("conversations are not enabled on this server")
-    return PendingAccess(service)
+    return PendingAccess(conversation_service(request))
 
 
 @routes.route(

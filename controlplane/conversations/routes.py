@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from controlplane import keys
 from controlplane.api.middlewares import principal_of
 from controlplane.api.parsing import json_response, parse_body, parse_query
 from controlplane.api.routing import RouteTable
+from controlplane.conversations.handler_deps import conversation_service as _service
 from controlplane.conversations.models import (
     CONVERSATION_PARAM,
     AppConversation,
@@ -25,20 +25,11 @@ from controlplane.conversations.models import (
     TaskFilters,
     TaskSearchQuery,
 )
-from controlplane.conversations.service import ConversationService
-from controlplane.errors import RuntimeUnavailable
 from controlplane.sandboxes.models import Success
 
 routes = RouteTable(tag="app-conversations")
 BASE = "/api/v1/app-conversations"
 CONVERSATION = CONVERSATION_PARAM
-
-
-def _service(request: web.Request) -> ConversationService:
-    service = request.app.get(keys.CONVERSATIONS)
-    if service is None:
-        raise RuntimeUnavailable("conversations are not enabled on this server")
-    return service
 
 
 @routes.route(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import secrets
+from datetime import UTC, datetime
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -45,6 +46,21 @@ class SandboxRecord(BaseModel):
     updated_at: datetime
     last_activity_at: datetime
     deleting_at: datetime | None = None  # a delete was asked for: it is finished, never undone
+
+    @classmethod
+    def starting(cls, sandbox_id: str, owner: str, spec_id: str) -> SandboxRecord:
+        """A new sandbox's first record: STARTING, with a fresh session key, all times now."""
+        now = datetime.now(UTC)
+        return cls(
+            id=sandbox_id,
+            owner=owner,
+            spec_id=spec_id,
+            status=SandboxStatus.STARTING,
+            session_api_key=secrets.token_urlsafe(32),
+            created_at=now,
+            updated_at=now,
+            last_activity_at=now,
+        )
 
 
 class SandboxInfo(BaseModel):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import secrets
 from datetime import UTC, datetime, timedelta
 
 import structlog
@@ -231,17 +230,7 @@ class WarmPool:
             if not self._svc.host_memory.room_for(spec.resources.reservation_bytes):
                 log.info("pool_refill_host_short", spec_id=spec.id)
                 break
-            now = datetime.now(UTC)
-            record = SandboxRecord(
-                id=naming.new_sandbox_id(),
-                owner=naming.POOL_OWNER,
-                spec_id=spec.id,
-                status=S.STARTING,
-                session_api_key=secrets.token_urlsafe(32),
-                created_at=now,
-                updated_at=now,
-                last_activity_at=now,
-            )
+            record = SandboxRecord.starting(naming.new_sandbox_id(), naming.POOL_OWNER, spec.id)
             if not await self.store.create(
                 record, current, spec.resources.reservation_bytes, capacity
             ):

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import secrets
-from datetime import UTC, datetime
 from typing import Protocol
 
 import structlog
@@ -195,17 +193,7 @@ class SandboxService(SandboxReads):
                 await self._publish(LifecycleType.SANDBOX_CREATED, claimed)
                 await self._publish(LifecycleType.SANDBOX_RUNNING, claimed)
                 return self.view(claimed, principal)
-        now = datetime.now(UTC)
-        record = SandboxRecord(
-            id=naming.new_sandbox_id(),
-            owner=principal.user_id,
-            spec_id=spec.id,
-            status=S.STARTING,
-            session_api_key=secrets.token_urlsafe(32),
-            created_at=now,
-            updated_at=now,
-            last_activity_at=now,
-        )
+        record = SandboxRecord.starting(naming.new_sandbox_id(), principal.user_id, spec.id)
         if not self.host_memory.room_for(spec.resources.reservation_bytes):
             raise self._quota(principal, "memory")
         outcome = await self.store.create(
