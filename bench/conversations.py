@@ -584,6 +584,7 @@ class Bench:
             log_format="json",
             log_level="warning",
             sandbox_host_ports=[fake_port],
+            warm_pool=0,  # READY on a new sandbox means a cold one here (bench/warm_pool.py)
         )
         async with serve(config, self.samples) as served:
             self.raw.api_config = served.config

@@ -248,6 +248,9 @@ class Bench:
             # The limiter keeps its per-request cost but never refuses the client's polling.
             "rate_limit_per_minute": 1_000_000,
             "image_tag": self.image_tag,
+            # Cold starts are what this bench compares with raw Docker; bench/warm_pool.py
+            # measures the pool.
+            "warm_pool": 0,
         }
         values.update(overrides)
         # Settings this version of the control plane does not have are left out.

@@ -185,6 +185,8 @@ def start_server(
         "ACS_CONTAINER_PREFIX": prefix,
         "ACS_SPEC_DIR": str(REPO / "specs"),
         "ACS_LOG_FORMAT": "json",
+        # No sandboxes at all: a warm pool would boot some and leave them behind at the end.
+        "ACS_WARM_POOL": "0",
         **extra_env,
     }
     binary = command or Path(sys.executable).parent / "controlplane"
