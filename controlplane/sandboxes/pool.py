@@ -138,6 +138,8 @@ class WarmPool:
         """One pass over every spec; returns how many members it launched."""
         await self.store.forget_missing()
         members = await self.store.members()
+        # Only members still in the pool need remembering (claimed and dropped ones leave it).
+        self._warmed &= {record.id for record, _fp in members}
         if not members and not self.enabled:
             return 0
         containers = {
@@ -193,7 +195,7 @@ class WarmPool:
                     await self._drop(record, "start interrupted")
             elif record.status not in (S.RUNNING, S.PAUSED) or state is None:
                 await self._drop(record, f"broken ({record.status.value})")
-            elif await self._warm(spec, record) and await self._settle(spec, record, state):
+            elif await self._warmed_and_settled(spec, record, state):
                 if record.id not in ready:
                     await self.store.mark_ready(spec.id, record.id)
                 ready_live.append(record)
@@ -201,13 +203,16 @@ class WarmPool:
                 booting.append(record)
         return ready_live + booting
 
-    async def _warm(self, spec: SandboxSpec, record: SandboxRecord) -> bool:
-        """Once per booted member, before it is ready: what its agent server would otherwise do
-        at the first conversation (agent_kinds.warm_up)."""
+    async def _warmed_and_settled(
+        self, spec: SandboxSpec, record: SandboxRecord, state: ContainerState
+    ) -> bool:
+        """Once per booted member, before it is ready, what its agent server would otherwise do
+        at the first conversation (agent_kinds.warm_up); then whether it waits as its spec
+        wants."""
         if record.status == S.RUNNING and record.id not in self._warmed:
             self._warmed.add(record.id)
             await warm_up(spec, self._svc.agent_url(record), record.session_api_key)
-        return True
+        return await self._settle(spec, record, state)
 
     async def _settle(
         self, spec: SandboxSpec, record: SandboxRecord, state: ContainerState
