@@ -1,6 +1,7 @@
 """The launch path under load: does a short request wait behind sandbox starts?
 
-Run with `make bench`, or `.venv/bin/python bench/launch_load.py [--repeats N] [--levels 5,20,50]`.
+Run with `make bench`, or `.venv/bin/python bench/launch_load.py [--repeats N] [--levels 5,20,50]
+[--flights N]` (`--levels ''` measures only the in-flight phase).
 
 The control plane runs as its own process (`controlplane serve`, on a private redis-server), so
 the request latencies measured are its own; this process is the client and the raw baseline.
@@ -10,9 +11,9 @@ For each level N, alternately:
 - raw: N concurrent starts made directly with the docker SDK (volume, create, start, /health
   polled every 20 ms: the same containers, on the same network), with the same GET timed against
   the (idle) control plane.
-Then, with 20 starts in flight: one more POST /api/v1/sandboxes (against the same POST with
-nothing in flight) and a pause of a RUNNING sandbox through the API (against `docker pause` of a
-running raw container with 20 raw starts in flight).
+Then, `--flights` times: one more POST /api/v1/sandboxes right after 20 concurrent ones were
+answered (against a POST with nothing in flight at all) and a pause of a RUNNING sandbox through
+the API (against `docker pause` of a running raw container with 20 raw starts in flight).
 
 Targets (issue 12): GET p95 during API starts <= 1.2x its p95 during raw starts at 20 and 50;
 POST with 20 in flight <= 1.5x idle; API pause with 20 in flight <= 1.5x the raw pause.
@@ -56,6 +57,7 @@ from tests.redis_server import RedisServer  # noqa: E402
 
 PROBE_EVERY = 0.02
 IN_FLIGHT = 20
+SETTLE = 0.3  # seconds after a phase, so that its tail (deletes, events) is not measured
 
 
 def pct(values: list[float], q: float) -> float:
@@ -282,16 +284,26 @@ class LaunchLoad:
         self.attachment = Attachment(net.name, gateway, {HOST_GATEWAY: gateway})
         await self.delete([sandbox_id])
 
-    async def api_level(self, n: int) -> list[float]:
+    def server_cpu(self) -> float:
+        """CPU seconds the control plane's process has used (user + system)."""
+        assert self.process is not None
+        stat = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+    async def api_level(self, n: int) -> tuple[list[float], float]:
+        """The GET samples, and the server's CPU seconds per start (the GETs' share included)."""
+
         async def starts() -> None:
             ids = [i for i, _ in await asyncio.gather(*(self.create() for _ in range(n)))]
             await self.wait_running(ids)
             created.extend(ids)
 
         created: list[str] = []
+        before = self.server_cpu()
         samples = await self.sample_while(starts())
+        cpu = (self.server_cpu() - before) / n
         await self.delete(created)
-        return samples
+        return samples, cpu
 
     async def raw_level(self, n: int) -> list[float]:
         names: list[str] = []
@@ -303,24 +315,30 @@ class LaunchLoad:
         await asyncio.to_thread(self.raw_remove, names)
         return samples
 
+    async def idle_post(self) -> float:
+        """One POST with nothing in flight: the previous sandbox is RUNNING and has settled."""
+        sandbox_id, took = await self.create()
+        await self.wait_running([sandbox_id])
+        await self.delete([sandbox_id])
+        await asyncio.sleep(SETTLE)
+        return took
+
     async def in_flight(self) -> dict[str, float]:
         """POST and pause with IN_FLIGHT starts in flight, API and raw."""
-        out: dict[str, float] = {}
-        made = [await self.create() for _ in range(5)]
-        out["post.idle"] = statistics.median(took for _, took in made)
-        idle = [i for i, _ in made[1:]]
-        target = made[0][0]
-        await self.wait_running([target, *idle])
+        out: dict[str, float] = {"post.idle": await self.idle_post()}
+        target, _ = await self.create()
+        await self.wait_running([target])
+        await asyncio.sleep(SETTLE)
         busy = [i for i, _ in await asyncio.gather(*(self.create() for _ in range(IN_FLIGHT)))]
-        _, out["post.loaded"] = await self.create()
+        extra, out["post.loaded"] = await self.create()
         status, _, out["pause.loaded"] = await self.call(
             "POST", f"/api/v1/sandboxes/{target}/pause"
         )
         if status != 200:
             raise RuntimeError(f"pause: {status}")
-        await self.wait_running(busy + idle)
-        await self.call("POST", f"/api/v1/sandboxes/{target}/resume")
-        await self.delete(busy + idle + [target])
+        await self.wait_running([*busy, extra])
+        await self.delete([*busy, extra, target])
+        await asyncio.sleep(SETTLE)
 
         victim = await self.raw_up()
         flight = asyncio.gather(*(self.raw_up() for _ in range(IN_FLIGHT)))
@@ -333,7 +351,9 @@ class LaunchLoad:
         return out
 
 
-async def run(levels: list[int], repeats: int, server_env: dict[str, str]) -> int:
+async def run(
+    levels: list[int], repeats: int, flight_count: int, server_env: dict[str, str]
+) -> int:
     # Raw starts all run at once, as the control plane's do (no queue of the bench's own).
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=128))
     with tempfile.TemporaryDirectory(prefix="acs-launch-load-") as tmp:
@@ -345,13 +365,19 @@ async def run(levels: list[int], repeats: int, server_env: dict[str, str]) -> in
             api: dict[int, list[float]] = {n: [] for n in levels}
             raw: dict[int, list[float]] = {n: [] for n in levels}
             flights: list[dict[str, float]] = []
+            cpu: dict[int, list[float]] = {n: [] for n in levels}
             for r in range(repeats):
                 for n in levels:
-                    order = [("api", bench.api_level), ("raw", bench.raw_level)]
-                    for name, phase in order if r % 2 == 0 else order[::-1]:
+                    for name in ("api", "raw") if r % 2 == 0 else ("raw", "api"):
                         print(f"repeat {r + 1}/{repeats}: {n} {name} starts", file=sys.stderr)
-                        (api if name == "api" else raw)[n].extend(await phase(n))
-                print(f"repeat {r + 1}/{repeats}: {IN_FLIGHT} in flight", file=sys.stderr)
+                        if name == "api":
+                            samples, per_start = await bench.api_level(n)
+                            api[n].extend(samples)
+                            cpu[n].append(per_start)
+                        else:
+                            raw[n].extend(await bench.raw_level(n))
+            for f in range(flight_count):
+                print(f"{IN_FLIGHT} in flight: {f + 1}/{flight_count}", file=sys.stderr)
                 flights.append(await bench.in_flight())
         finally:
             await bench.stop()
@@ -368,22 +394,33 @@ async def run(levels: list[int], repeats: int, server_env: dict[str, str]) -> in
             f"{n:>17} | {ms(pct(a, 50))} / {ms(pct(a, 95))} (n={len(a)}) | "
             f"{ms(pct(b, 50))} / {ms(pct(b, 95))} (n={len(b)}) | {ratio:.2f}x{mark}"
         )
+    for n in levels:
+        print(
+            f"control plane CPU per start at {n} concurrent (its GETs' share included): "
+            f"{ms(statistics.median(cpu[n]))} (median of {len(cpu[n])})"
+        )
 
     def med(key: str) -> float:
         return statistics.median(f[key] for f in flights)
 
-    post = med("post.loaded") / med("post.idle")
-    pause = med("pause.loaded") / med("raw_pause.loaded")
-    print(
-        f"POST /api/v1/sandboxes with {IN_FLIGHT} starts in flight: {ms(med('post.loaded'))} "
-        f"vs idle {ms(med('post.idle'))}: {post:.2f}x {'ok' if post <= 1.5 else 'MISSED'} "
-        f"(target <= 1.5x; medians of {len(flights)})"
-    )
-    print(
-        f"pause with {IN_FLIGHT} starts in flight: API {ms(med('pause.loaded'))} vs raw "
-        f"{ms(med('raw_pause.loaded'))} (raw idle {ms(med('raw_pause.idle'))}): {pause:.2f}x "
-        f"{'ok' if pause <= 1.5 else 'MISSED'} (target <= 1.5x)"
-    )
+    def each(key: str) -> str:
+        return ", ".join(f"{f[key] * 1000:.1f}" for f in flights)
+
+    if flights:
+        post = med("post.loaded") / med("post.idle")
+        pause = med("pause.loaded") / med("raw_pause.loaded")
+        print(
+            f"POST /api/v1/sandboxes with {IN_FLIGHT} starts in flight: {ms(med('post.loaded'))} "
+            f"vs idle {ms(med('post.idle'))}: {post:.2f}x {'ok' if post <= 1.5 else 'MISSED'} "
+            f"(target <= 1.5x; medians of {len(flights)})"
+        )
+        print(f"  POST samples, ms: in flight {each('post.loaded')}; idle {each('post.idle')}")
+        print(
+            f"pause with {IN_FLIGHT} starts in flight: API {ms(med('pause.loaded'))} vs raw "
+            f"{ms(med('raw_pause.loaded'))} (raw idle {ms(med('raw_pause.idle'))}): {pause:.2f}x "
+            f"{'ok' if pause <= 1.5 else 'MISSED'} (target <= 1.5x)"
+        )
+        print(f"  pause samples, ms: API {each('pause.loaded')}; raw {each('raw_pause.loaded')}")
     print(
         f"load average at the end: {os.getloadavg()[0]:.2f} (a shared machine inflates both sides)"
     )
@@ -395,14 +432,17 @@ def main() -> int:
     parser.add_argument("--levels", default="5,20,50")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
+        "--flights", type=int, default=6, help="times the 20-in-flight phase is measured"
+    )
+    parser.add_argument(
         "--server-env", action="append", default=[], help="ACS_X=value for the server, repeatable"
     )
     args = parser.parse_args()
-    levels = [int(x) for x in args.levels.split(",")]
+    levels = [int(x) for x in args.levels.split(",") if x]
     server_env = dict(item.split("=", 1) for item in args.server_env)
     if server_env:
         print(f"server settings: {server_env}")
-    return asyncio.run(run(levels, args.repeats, server_env))
+    return asyncio.run(run(levels, args.repeats, args.flights, server_env))
 
 
 if __name__ == "__main__":

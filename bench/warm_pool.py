@@ -395,7 +395,9 @@ def table(bench: PoolBench) -> tuple[list[str], list[str]]:
     def row(label: str, api: str, raw: str, target: float | None = None) -> str:
         a, b = s.p(api, 50), s.p(raw, 50)
         ok = "-"
-        if target is not None:
+        if target is not None and a != a:  # NaN: the phase did not run (--runs 0)
+            ok = "not run"
+        elif target is not None:
             ok = "yes" if a <= target else "NO"
             if ok == "NO":
                 missed.append(f"{label}: p50 {ms(a)} ms > {target * 1000:g} ms")
