@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from . import __version__
+from .announce import announce_when_started, listening_socket
 from .app import create_app
 from .config import FALLBACK_API_KEY_ENV, WORKSPACE_ENV, AgentConfig
 
@@ -72,7 +73,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.workspace,
         len(config.api_keys),
     )
-    web.run_app(create_app(config), host=config.host, port=config.port, print=None)
+    try:
+        sock = listening_socket(config.host, config.port)
+    except OSError as exc:
+        print(f"agent: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return 2
+    app = create_app(config)
+    announce_when_started(app)
+    web.run_app(app, sock=sock, print=None)
     return 0
 
 

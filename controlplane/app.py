@@ -46,6 +46,7 @@ from controlplane.health import OPENAPI_DOC
 from controlplane.health import routes as health_routes
 from controlplane.lifecycle.routes import routes as lifecycle_routes
 from controlplane.metrics import METRICS, Metrics
+from controlplane.sandboxes.agent_webhooks import webhook_routes as agent_webhook_routes
 from controlplane.sandboxes.pool_routes import routes as pool_routes
 from controlplane.sandboxes.routes import routes as sandbox_routes
 from controlplane.sandboxes.wiring import RECONCILER, sandbox_ctx
@@ -84,7 +85,7 @@ def route_tables() -> list[RouteTable]:
 def webhook_route_tables() -> list[RouteTable]:
     """The routes sandboxes call: served by the API and, alone, by the webhook listener on the
     sandbox networks' gateways (create_webhook_app)."""
-    return [event_webhook_routes]
+    return [event_webhook_routes, agent_webhook_routes]
 
 
 def _redis_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncIterator[None]]:

@@ -234,7 +234,7 @@ class Launcher:
         if result.outcome != "ok":
             await self._abandon(record, name, result.outcome)
             return
-        await self._probe.wait(name, ports)
+        await self._probe.wait(name, ports, announced=self._announces(spec))
         result = await self._store.transition(
             record, [S.STARTING], S.RUNNING, ports=ports, touch=True
         )
@@ -255,7 +255,7 @@ class Launcher:
         self, record: SandboxRecord, spec: SandboxSpec, name: str, mode: Mode
     ) -> ContainerState:
         if mode == Mode.FRESH:
-            return await self._driver.create_and_start(await self._request(record, spec))
+            return await self._driver.create_and_start(await self._request(record, spec), new=True)
         state = await self._driver.inspect(name)
         if state is not None and state.status == "paused":
             await self._driver.unpause(name)
@@ -268,6 +268,12 @@ class Launcher:
         if state is None:
             return await self._driver.create_and_start(await self._request(record, spec))
         return state  # running or restarting: the readiness probe decides
+
+    def _announces(self, spec: SandboxSpec) -> bool:
+        """Our agent server posts `<webhook base>/ready` once it listens (agent/announce.py),
+        when it has a webhook base: ACS_PUBLIC_URL or the listener on the network's gateway."""
+        webhooks = self._config.public_url is not None or self._networks is not None
+        return spec.agent_kind == "acs" and webhooks
 
     async def _request(self, record: SandboxRecord, spec: SandboxSpec) -> ContainerRequest:
         if self._networks is None:

@@ -5,6 +5,12 @@ starts in flight (issue 12). Here one task probes the `/health` of every sandbox
 at once, then sleeps until the next one is due; a sandbox's probes back off from 20 ms to 100 ms.
 Only a boot that takes longer than usual is inspected in Docker (to report a crashed agent server
 at once), and the loop ends when nothing boots.
+
+An agent server that announces itself (ours: `POST <webhook base>/ready` once it listens,
+agent/announce.py) is probed once at once (a resumed sandbox may be up already), then only when
+its announcement arrives (`hint`), which makes it due at once; without one it is polled slowly
+(after ANNOUNCED_FALLBACK, then every ANNOUNCED_EVERY), so a lost announcement costs time, never
+the start. An announcement that arrives before its boot is registered is remembered briefly.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ log = structlog.get_logger(__name__)
 FIRST_DELAY = 0.02
 MAX_DELAY = 0.1
 INSPECT_AFTER = 2.0  # seconds of booting before the container is inspected, then every second
+ANNOUNCED_FALLBACK = 1.0  # an announcing agent's second probe, when no announcement came
+ANNOUNCED_EVERY = 0.5
+HINT_TTL = 30.0  # how long an announcement waits for its boot to be registered
 
 
 class StartFailed(ControlPlaneError):
@@ -42,6 +51,16 @@ class _Boot:
     due: float = 0.0
     delay: float = FIRST_DELAY
     inspect_at: float = field(default=0.0)
+    announced: bool = False  # the agent announces itself: poll slowly until it does
+
+    def reschedule(self, now: float) -> None:
+        """After a failed probe."""
+        if self.announced:
+            self.due = now + self.delay
+            self.delay = ANNOUNCED_EVERY
+        else:
+            self.due = now + self.delay
+            self.delay = min(self.delay * 1.5, MAX_DELAY)
 
 
 class ReadinessProbe:
@@ -55,6 +74,7 @@ class ReadinessProbe:
         self._host = host
         self._timeout = timeout
         self._boots: dict[int, _Boot] = {}
+        self._hints: dict[str, float] = {}  # container -> when its announcement came
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -67,12 +87,30 @@ class ReadinessProbe:
         except (aiohttp.ClientError, TimeoutError, OSError):
             return False
 
-    async def wait(self, container: str, ports: dict[str, int]) -> None:
-        """Raises StartFailed with the reason when the agent server does not become healthy."""
+    def hint(self, container: str) -> None:
+        """The container's agent server says it listens: probe it now."""
+        now = time.monotonic()
+        found = False
+        for boot in self._boots.values():
+            if boot.container == container and not boot.future.done():
+                boot.announced, boot.due, boot.delay = False, now, FIRST_DELAY
+                found = True
+        if found:
+            self._wake.set()
+            return
+        self._hints = {c: t for c, t in self._hints.items() if now - t < HINT_TTL}
+        self._hints[container] = now
+
+    async def wait(self, container: str, ports: dict[str, int], *, announced: bool = False) -> None:
+        """Raises StartFailed with the reason when the agent server does not become healthy.
+        `announced`: the agent server announces itself when it listens (see `hint`)."""
         port = ports.get(AGENT_SERVER)
         if port is None:
             raise StartFailed("the AGENT_SERVER port was not published")
         now = time.monotonic()
+        hinted = self._hints.pop(container, None)
+        if hinted is not None and now - hinted >= HINT_TTL:
+            hinted = None
         boot = _Boot(
             container=container,
             port=port,
@@ -80,6 +118,8 @@ class ReadinessProbe:
             deadline=now + self._timeout,
             due=now,
             inspect_at=now + INSPECT_AFTER,
+            announced=announced and hinted is None,
+            delay=ANNOUNCED_FALLBACK if announced and hinted is None else FIRST_DELAY,
         )
         key = id(boot)
         self._boots[key] = boot
@@ -127,8 +167,7 @@ class ReadinessProbe:
                         )
                     )
                 else:
-                    boot.due = now + boot.delay
-                    boot.delay = min(boot.delay * 1.5, MAX_DELAY)
+                    boot.reschedule(now)
             await self._inspect_slow(now)
             pending = [b.due for b in self._boots.values() if not b.future.done()]
             if not pending:

@@ -85,6 +85,16 @@ class SandboxService(SandboxReads):
             leases=leases,
             networks=networks,
         )
+        self.feed.on_listening = self._agent_listening
+
+    def _agent_listening(self, sandbox_id: str) -> None:
+        self.probe.hint(naming.container_name(self.config.container_prefix, sandbox_id))
+
+    async def agent_listening(self, sandbox_id: str) -> None:
+        """The sandbox's agent server announced that it listens (its webhook, whose key the
+        middleware checked): its start, waited for here or on another replica, probes it now."""
+        self._agent_listening(sandbox_id)
+        await self.feed.relay_listening(sandbox_id)
 
     def lock(self, sandbox_id: str) -> asyncio.Lock:
         """Serialises operations on one sandbox within this process."""

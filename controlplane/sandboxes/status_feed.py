@@ -5,13 +5,16 @@ create and delete (controlplane.store.keys.SANDBOX_STATUS_CHANNEL), so a waiter 
 wakes; changes made in this process also wake local waiters directly. A waiter still re-reads the
 record now and then, because a pub/sub message sent while the subscription is reconnecting is
 lost.
+
+The same channel relays agent servers' announcements ("<sandbox id> LISTENING", not a status):
+the replica whose launcher waits for that sandbox may not be the one the webhook reached.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import redis.asyncio as aioredis
 import structlog
@@ -21,12 +24,25 @@ from controlplane.store.redis import REDIS_DOWN
 
 log = structlog.get_logger(__name__)
 
+LISTENING = "LISTENING"
+
 
 class StatusFeed:
     def __init__(self, redis: aioredis.Redis | None = None) -> None:
         self._redis = redis
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
+        self.on_listening: Callable[[str], None] | None = None
+
+    async def relay_listening(self, sandbox_id: str) -> None:
+        """Tell every replica that the sandbox's agent server listens (best effort: without
+        Redis only this replica knows, and the others' slow polling finds out)."""
+        if self._redis is None:
+            return
+        try:
+            await self._redis.publish(keys.SANDBOX_STATUS_CHANNEL, f"{sandbox_id} {LISTENING}")
+        except REDIS_DOWN as exc:
+            log.warning("agent_listening_not_relayed", sandbox_id=sandbox_id, error=str(exc))
 
     def notify(self, sandbox_id: str) -> None:
         for event in self._waiters.get(sandbox_id, ()):
@@ -72,8 +88,11 @@ class StatusFeed:
                     # A bounded wait: the client's socket timeout would break an unbounded one.
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message is not None and message.get("type") == "message":
-                        sandbox_id, _, _status = text(message["data"]).partition(" ")
-                        self.notify(sandbox_id)
+                        sandbox_id, _, status = text(message["data"]).partition(" ")
+                        if status != LISTENING:
+                            self.notify(sandbox_id)
+                        elif self.on_listening is not None:
+                            self.on_listening(sandbox_id)
             except REDIS_DOWN as exc:
                 log.warning("status_feed_disconnected", error=str(exc))
             except Exception:
