@@ -109,8 +109,12 @@ class SandboxDriver(Protocol):
         """The image's content id (changes with every rebuild); None when it is not on the host.
         Raises RuntimeUnavailable when the runtime does not answer."""
 
-    async def create_and_start(self, request: ContainerRequest) -> ContainerState:
-        """Create the workspace volume and the container, start it, return its state.
+    async def create_and_start(
+        self, request: ContainerRequest, *, new: bool = False
+    ) -> ContainerState:
+        """Create the workspace volume and the container, start it, return its state. `new`: a
+        new sandbox, whose workspace cannot exist yet (not looked for); otherwise an existing
+        workspace is kept, also on failure.
 
         On any failure after create, removes what it made and re-raises, so nothing is left.
         Raises ContainerExists (and touches nothing) when the name is taken, ImageMissing,

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import docker
 import structlog
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.models.containers import _create_container_args  # type: ignore[attr-defined]
 from requests.exceptions import ConnectionError as RequestsConnectionError
 from requests.exceptions import ReadTimeout
 
@@ -226,29 +227,37 @@ class DockerDriver:
             self._image_ids[image] = (time.monotonic(), found)
         return found
 
-    async def create_and_start(self, request: ContainerRequest) -> ContainerState:
+    async def create_and_start(
+        self, request: ContainerRequest, *, new: bool = False
+    ) -> ContainerState:
         self._creating += 1
         try:
-            return await self._call(lambda c: self._create_and_start(c, request), "create", SLOW)
+            return await self._call(
+                lambda c: self._create_and_start(c, request, new), "create", SLOW
+            )
         finally:
             self._creating -= 1
 
     def _create_and_start(
-        self, client: docker.DockerClient, req: ContainerRequest
+        self, client: docker.DockerClient, req: ContainerRequest, new: bool
     ) -> ContainerState:
-        # No separate image look-up: the service has just checked the engine with one, and
-        # create answers ImageNotFound itself (mapped to ImageMissing below).
+        # Four engine calls for a new sandbox (volume, create, start, inspect): every call is
+        # engine work and Python work under the GIL that short requests wait behind during a
+        # burst of starts. No separate image look-up: the service has just checked the engine
+        # with one, and create answers ImageNotFound itself (mapped to ImageMissing below).
+        made_volume = True
+        if not new:
+            try:
+                client.api.inspect_volume(req.volume)
+                made_volume = False  # a re-create: the workspace survives a failure below
+            except NotFound:
+                pass
+        if made_volume:
+            client.api.create_volume(name=req.volume, labels=req.labels)
         try:
-            client.api.inspect_volume(req.volume)
-            made_volume = False  # a re-create: the workspace survives a failure below
-        except NotFound:
-            client.volumes.create(name=req.volume, labels=req.labels)
-            made_volume = True
-        try:
-            container = self._create(client, req)
-            container.start()
-            container.reload()
-            return _state_of(container.attrs)
+            container_id = self._create(client, req)
+            client.api.start(container_id)
+            return _state_of(client.api.inspect_container(container_id))
         except ContainerExists:
             raise  # not ours: leave it alone
         except BaseException as exc:
@@ -264,32 +273,38 @@ class DockerDriver:
             raise
 
     @staticmethod
-    def _create(client: docker.DockerClient, req: ContainerRequest) -> Any:
+    def _create(client: docker.DockerClient, req: ContainerRequest) -> str:
+        """The new container's id. The SDK's own `containers.create` inspects the container it
+        made; its argument translation is used without that extra engine call."""
         try:
-            return client.containers.create(
-                req.image,
-                command=req.command,
-                name=req.name,
-                environment=req.env,
-                labels=req.labels,
-                working_dir=req.working_dir,
-                volumes={req.volume: {"bind": req.working_dir, "mode": "rw"}},
-                # No host port: Docker picks a free one and we read it back (no race).
-                ports={f"{p}/tcp": (req.publish_host, None) for p in req.ports},  # type: ignore[misc]
-                nano_cpus=int(req.cpus * 1e9),
-                mem_limit=req.memory_bytes,
-                memswap_limit=req.memory_bytes,
-                pids_limit=req.pids,
-                security_opt=["no-new-privileges:true"],
-                cap_drop=["ALL"],
-                user=req.user,
-                read_only=req.read_only,
-                tmpfs=req.tmpfs or None,
-                runtime=req.runtime,
-                network=req.network,
-                extra_hosts=req.extra_hosts,
-                detach=True,
+            args = _create_container_args(
+                dict(
+                    image=req.image,
+                    version=client.api.api_version,
+                    command=req.command,
+                    name=req.name,
+                    environment=req.env,
+                    labels=req.labels,
+                    working_dir=req.working_dir,
+                    volumes={req.volume: {"bind": req.working_dir, "mode": "rw"}},
+                    # No host port: Docker picks a free one and we read it back (no race).
+                    ports={f"{p}/tcp": (req.publish_host, None) for p in req.ports},
+                    nano_cpus=int(req.cpus * 1e9),
+                    mem_limit=req.memory_bytes,
+                    memswap_limit=req.memory_bytes,
+                    pids_limit=req.pids,
+                    security_opt=["no-new-privileges:true"],
+                    cap_drop=["ALL"],
+                    user=req.user,
+                    read_only=req.read_only,
+                    tmpfs=req.tmpfs or None,
+                    runtime=req.runtime,
+                    network=req.network,
+                    extra_hosts=req.extra_hosts,
+                    detach=True,
+                )
             )
+            return str(client.api.create_container(**args)["Id"])
         except APIError as exc:
             if exc.status_code == 409 and not isinstance(exc, ImageNotFound):
                 raise ContainerExists(f"container {req.name} exists already") from None
