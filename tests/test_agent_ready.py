@@ -13,11 +13,13 @@ from typing import Any
 import aiohttp
 import docker
 import pytest
+import redis.asyncio as aioredis
 from aiohttp import web
 
 from agent.announce import announce
 from controlplane.sandboxes import readiness
 from controlplane.sandboxes.readiness import ReadinessProbe
+from controlplane.sandboxes.status_feed import StatusFeed
 from controlplane.specs.models import AGENT_SERVER
 from drivers.docker import DockerDriver
 from tests.log_capture import capture_logs
@@ -145,6 +147,35 @@ async def test_the_agent_retries_its_announcement_and_gives_up_quietly() -> None
     finally:
         await runner.cleanup()
     assert await announce(f"http://127.0.0.1:{port}/x", None) is False  # nobody listens
+
+
+async def test_an_announcement_reaches_the_replica_whose_start_waits(redis_url: str) -> None:
+    """The webhook may land on another replica (they share the listener's port): it relays the
+    announcement through Redis, and it is not taken for a status change."""
+    here, there = aioredis.Redis.from_url(redis_url), aioredis.Redis.from_url(redis_url)
+    sender, receiver = StatusFeed(here), StatusFeed(there)
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    receiver.on_listening = heard.put_nowait
+    receiver.start()
+    try:
+        with receiver.watch("sbx-relayed") as changed:
+            got = None
+            for _ in range(50):  # until the receiver's subscription is up
+                await sender.relay_listening("sbx-relayed")
+                try:
+                    got = await asyncio.wait_for(heard.get(), 0.2)
+                    break
+                except TimeoutError:
+                    continue
+            assert got == "sbx-relayed"
+            changed.clear()  # the feed wakes every waiter once when it (re)subscribes
+            await sender.relay_listening("sbx-relayed")
+            assert await asyncio.wait_for(heard.get(), 10) == "sbx-relayed"
+            assert not changed.is_set()
+    finally:
+        await receiver.stop()
+        await here.aclose()
+        await there.aclose()
 
 
 @pytest.fixture
