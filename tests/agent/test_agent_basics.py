@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -182,12 +183,14 @@ def test_cli_refuses_to_start_without_key(
     _clear_key_env(monkeypatch)
     started: list[dict[str, Any]] = []
     monkeypatch.setattr(cli.web, "run_app", lambda app, **kw: started.append(kw))
-    assert cli.main(["--workspace", str(tmp_path)]) == 2
+    local = ["--host", "127.0.0.1", "--port", "0"]
+    assert cli.main(["--workspace", str(tmp_path), *local]) == 2
     assert "OH_SESSION_API_KEYS_0" in capsys.readouterr().err
     assert started == []
     # --insecure-no-auth starts anyway
-    assert cli.main(["--workspace", str(tmp_path), "--insecure-no-auth"]) == 0
+    assert cli.main(["--workspace", str(tmp_path), "--insecure-no-auth", *local]) == 0
     assert len(started) == 1
+    started[0]["sock"].close()
 
 
 def test_cli_starts_with_key_and_creates_workspace(
@@ -198,10 +201,19 @@ def test_cli_starts_with_key_and_creates_workspace(
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(cli.web, "run_app", lambda app, **kw: calls.append(kw))
     ws = tmp_path / "new" / "ws"
-    assert cli.main(["--workspace", str(ws), "--port", "8123", "--host", "127.0.0.1"]) == 0
+    assert cli.main(["--workspace", str(ws), "--port", "0", "--host", "127.0.0.1"]) == 0
     assert ws.is_dir()
-    assert calls[0]["port"] == 8123
-    assert calls[0]["host"] == "127.0.0.1"
+    # The socket listens before the application starts (agent/announce.py: a probe made when
+    # the control plane hears the announcement waits in the backlog).
+    sock = calls[0]["sock"]
+    try:
+        host, port = sock.getsockname()
+        assert host == "127.0.0.1"
+        assert port > 0
+        with socket.create_connection((host, port), timeout=5):
+            pass
+    finally:
+        sock.close()
 
 
 def test_cli_defaults() -> None:
