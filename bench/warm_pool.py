@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import secrets
 import signal
 import sys
@@ -395,7 +396,7 @@ def table(bench: PoolBench) -> tuple[list[str], list[str]]:
     def row(label: str, api: str, raw: str, target: float | None = None) -> str:
         a, b = s.p(api, 50), s.p(raw, 50)
         ok = "-"
-        if target is not None and a != a:  # NaN: the phase did not run (--runs 0)
+        if target is not None and math.isnan(a):  # the phase did not run (--runs 0)
             ok = "not run"
         elif target is not None:
             ok = "yes" if a <= target else "NO"
