@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -33,6 +32,7 @@ from drivers.base import (
     NetworkInfo,
     Watch,
 )
+from drivers.docker_images import ImageIdCache
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -91,8 +91,6 @@ class _DockerWatch:
                 self._stream.close()
 
 
-IMAGE_ID_TTL = 2.0
-"""Seconds a looked-up image id is trusted while creates are in flight (DockerDriver.image_id)."""
 QUICK = "quick"
 SLOW = "slow"
 
@@ -123,14 +121,15 @@ class DockerDriver:
         }
         self._client: docker.DockerClient | None = None
         self._client_lock = threading.Lock()
-        self._image_ids: dict[str, tuple[float, str]] = {}
-        self._creating = 0  # create_and_start calls in flight
+        self._images = ImageIdCache(self._open_image_events)
 
     def _docker(self) -> docker.DockerClient:
         # Created lazily, in a worker thread, so start-up works while the engine is down.
         with self._client_lock:
             if self._client is None:
-                kwargs: dict[str, Any] = {"timeout": self._timeout, "max_pool_size": self._threads}
+                # Two more connections: the container and the image event streams hold one each.
+                pool = self._threads + 2
+                kwargs: dict[str, Any] = {"timeout": self._timeout, "max_pool_size": pool}
                 if self._base_url:
                     self._client = docker.DockerClient(base_url=self._base_url, **kwargs)
                 else:
@@ -198,20 +197,14 @@ class DockerDriver:
         return await self._call(check, "image_exists")
 
     async def image_id(self, image: str) -> str | None:
-        """The image's id, None when absent.
-
-        Every start looks its image up, and during a burst of starts the engine, busy creating
-        containers, answers slowly. So while creates of ours are in flight (the engine is
-        demonstrably there), an id found within IMAGE_ID_TTL is reused; otherwise the engine is
-        asked, and an unreachable one raises RuntimeUnavailable as before.
-        """
-        cached = self._image_ids.get(image)
-        if (
-            cached is not None
-            and self._creating > 0
-            and time.monotonic() - cached[0] < IMAGE_ID_TTL
-        ):
-            return cached[1]
+        """The image's id, None when absent: known without asking the engine while its image
+        events are followed (drivers/docker_images.py), else asked; an unreachable engine raises
+        RuntimeUnavailable."""
+        self._images.start()
+        known = self._images.get(image)
+        if known is not None:
+            return known
+        generation = self._images.generation()
 
         def look_up(client: docker.DockerClient) -> str | None:
             try:
@@ -221,22 +214,16 @@ class DockerDriver:
 
         # Labelled as image_exists: the same engine call, made for the same reason.
         found = await self._call(look_up, "image_exists")
-        if found is None:
-            self._image_ids.pop(image, None)
-        else:
-            self._image_ids[image] = (time.monotonic(), found)
+        self._images.put(image, found, generation)
         return found
+
+    def _open_image_events(self, since: int) -> Any:
+        return self._docker().api.events(decode=True, since=since, filters={"type": "image"})
 
     async def create_and_start(
         self, request: ContainerRequest, *, new: bool = False
     ) -> ContainerState:
-        self._creating += 1
-        try:
-            return await self._call(
-                lambda c: self._create_and_start(c, request, new), "create", SLOW
-            )
-        finally:
-            self._creating -= 1
+        return await self._call(lambda c: self._create_and_start(c, request, new), "create", SLOW)
 
     def _create_and_start(
         self, client: docker.DockerClient, req: ContainerRequest, new: bool
@@ -440,6 +427,7 @@ class DockerDriver:
         return watch
 
     async def close(self) -> None:
+        self._images.close()
         client = self._client
         if client is not None:
             await asyncio.get_running_loop().run_in_executor(self._lanes[QUICK], client.close)
