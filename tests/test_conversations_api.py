@@ -13,6 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from controlplane import keys
+from controlplane.conversations import routes as conversation_routes
 from controlplane.conversations.models import (
     AppConversationStartRequest,
     AppConversationStartTask,
@@ -228,3 +229,32 @@ async def test_stream_start_streams_every_status(
     assert "WAITING_FOR_SANDBOX" in statuses
     assert "STARTING_CONVERSATION" in statuses
     assert len({s["id"] for s in snapshots}) == 1
+
+
+async def test_a_stream_ends_with_its_stored_task_when_an_update_never_reaches_it(
+    user: UserFactory,
+    live: LiveServer,
+    http: aiohttp.ClientSession,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stream's queue is this process's view of the task; if the end never reaches it, the
+    stored task decides, so a stream never outlives its task."""
+    runner = live.app[keys.CONVERSATIONS].runner
+    spawn = runner.spawn
+
+    def spawn_unheard(task: Any, principal: Any) -> asyncio.Queue[Any]:
+        spawn(task, principal)  # the task runs and is stored as it goes...
+        return asyncio.Queue()  # ...but the stream hears nothing of it
+
+    monkeypatch.setattr(runner, "spawn", spawn_unheard)
+    monkeypatch.setattr(conversation_routes, "STREAM_RECHECK_S", 0.2)
+    alice = await user("alice", llm_model=None)  # the task fails at once: no model
+    async with http.post(
+        f"{live.url}/api/v1/app-conversations/stream-start",
+        json={"initial_message": message("hi")},
+        headers=alice.headers,
+    ) as resp:
+        assert resp.status == 200
+        snapshots = json.loads(await asyncio.wait_for(resp.text(), 30))
+    assert [s["status"] for s in snapshots] == ["WORKING", "ERROR"]
+    assert "llm_model" in snapshots[-1]["detail"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from controlplane.api.middlewares import principal_of
@@ -10,6 +12,7 @@ from controlplane.api.routing import RouteTable
 from controlplane.conversations.handler_deps import conversation_service as _service
 from controlplane.conversations.models import (
     CONVERSATION_PARAM,
+    TERMINAL_TASK,
     AppConversation,
     AppConversationPage,
     AppConversationStartRequest,
@@ -29,6 +32,7 @@ from controlplane.sandboxes.models import Success
 
 routes = RouteTable(tag="app-conversations")
 BASE = "/api/v1/app-conversations"
+STREAM_RECHECK_S = 5.0  # a stream-start with no update for this long re-reads its task
 CONVERSATION = CONVERSATION_PARAM
 
 
@@ -61,7 +65,22 @@ async def stream_start(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "application/json"})
     await response.prepare(request)
     await response.write(b"[\n" + task.model_dump_json().encode())
-    while (snapshot := await updates.get()) is not None:
+    last = task.status
+    while True:
+        try:
+            snapshot = await asyncio.wait_for(updates.get(), STREAM_RECHECK_S)
+        except TimeoutError:
+            # The queue is this process's view of the task; the stored task is the truth. A
+            # stream must not outlive the task's end because an update never reached it.
+            snapshot = await service.task(principal, task.id)
+            if snapshot is None or snapshot.status not in TERMINAL_TASK:
+                continue
+            if snapshot.status != last:
+                await response.write(b",\n" + snapshot.model_dump_json().encode())
+            break
+        if snapshot is None:
+            break
+        last = snapshot.status
         await response.write(b",\n" + snapshot.model_dump_json().encode())
     await response.write(b"\n]")
     await response.write_eof()
