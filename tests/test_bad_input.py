@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,16 +14,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from controlplane import keys
-from controlplane.conversations.models import AppConversationInfo
-from controlplane.conversations.store import ConversationStore
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
-from tests.test_event_ingestion import event, stats
+from tests.test_event_ingestion import Setup, event, recorded_sandbox, stats
 from tests.test_metrics import NO_ENGINE, sandbox_record
 
 Client = TestClient[web.Request, web.Application]
 Headers = Callable[..., Awaitable[dict[str, str]]]
-Setup = tuple[Client, str, str, dict[str, str], dict[str, str]]
 
 HUGE = b"1" + b"0" * 5000  # over Python's 4,300-digit limit for int()
 
@@ -41,23 +37,7 @@ async def setup(
     raw_redis: aioredis.Redis,
     user_headers: Headers,
 ) -> Setup:
-    """(client, sandbox id, conversation id, the sandbox's headers, the owner's headers): a
-    sandbox record without a container (no engine needed to reach the webhooks)."""
-    client = await make_client(with_sandboxes=True, docker_url=NO_ENGINE)
-    key = secrets.token_urlsafe(32)
-    record = sandbox_record("alice", SandboxStatus.RUNNING, key)
-    assert await SandboxStore(raw_redis, client.app[keys.SECRET_BOX]).create(record, 0, Limits())
-    conversation_id = secrets.token_hex(16)
-    await ConversationStore(raw_redis).save(
-        AppConversationInfo(id=conversation_id, created_by_user_id="alice", sandbox_id=record.id)
-    )
-    return (
-        client,
-        record.id,
-        conversation_id,
-        {"X-Session-API-Key": key},
-        await user_headers("alice"),
-    )
+    return await recorded_sandbox(make_client, raw_redis, user_headers)
 
 
 async def raw_request(client: Client, data: bytes) -> tuple[int, str, dict[str, Any]]:

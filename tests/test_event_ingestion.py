@@ -58,13 +58,16 @@ def event(
     }
 
 
-@pytest.fixture
-async def setup(
+Setup = tuple[Client, str, str, dict[str, str], dict[str, str]]
+
+
+async def recorded_sandbox(
     make_client: Callable[..., Awaitable[Client]],
     raw_redis: aioredis.Redis,
     user_headers: Headers,
-) -> tuple[Client, str, str, dict[str, str], dict[str, str]]:
-    """(client, sandbox id, conversation id, the sandbox's headers, the owner's headers)."""
+) -> Setup:
+    """(client, sandbox id, conversation id, the sandbox's headers, the owner's headers): a
+    sandbox record without a container (no engine needed to reach the webhooks)."""
     client = await make_client(with_sandboxes=True, docker_url=NO_ENGINE)
     key = secrets.token_urlsafe(32)
     record = sandbox_record("alice", SandboxStatus.RUNNING, key)
@@ -75,6 +78,15 @@ async def setup(
     )
     alice = await user_headers("alice")
     return client, record.id, conversation_id, {"X-Session-API-Key": key}, alice
+
+
+@pytest.fixture
+async def setup(
+    make_client: Callable[..., Awaitable[Client]],
+    raw_redis: aioredis.Redis,
+    user_headers: Headers,
+) -> Setup:
+    return await recorded_sandbox(make_client, raw_redis, user_headers)
 
 
 async def search(client: Client, headers: dict[str, str], cid: str, **query: str) -> list[Any]:
