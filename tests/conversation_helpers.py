@@ -37,18 +37,30 @@ async def fake_llm(live: LiveServer, fake_llm_port: int) -> AsyncIterator[FakeLL
     await fake.close()
 
 
-@pytest.fixture
-async def live(
-    test_prefix: str, make_config: Callable[..., ServiceConfig], fake_llm_port: int
-) -> AsyncIterator[LiveServer]:
-    server = await start_live_server(
+async def conversation_server(
+    make_config: Callable[..., ServiceConfig],
+    test_prefix: str,
+    fake_llm_port: int,
+    **overrides: Any,
+) -> LiveServer:
+    """The live server conversation tests run against: prices set, the fake LLM's port open to
+    sandboxes, a quick reconciler; `overrides` go to the configuration."""
+    return await start_live_server(
         make_config(
             container_prefix=test_prefix,
             reconcile_interval=1.0,
             llm_prices=PRICES,
             sandbox_host_ports=[fake_llm_port],
+            **overrides,
         )
     )
+
+
+@pytest.fixture
+async def live(
+    test_prefix: str, make_config: Callable[..., ServiceConfig], fake_llm_port: int
+) -> AsyncIterator[LiveServer]:
+    server = await conversation_server(make_config, test_prefix, fake_llm_port)
     yield server
     await server.close()
 

@@ -31,7 +31,7 @@ from tests.conversation_helpers import (
     wait_events,
 )
 from tests.fake_llm import FakeLLM, reply_finish, reply_text
-from tests.live_server import LiveServer, start_live_server
+from tests.live_server import Api, LiveServer, start_live_server
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 
@@ -211,18 +211,26 @@ async def test_delete_keeps_a_shared_sandbox(
     assert await events.store.count(second["app_conversation_id"]) == 0
 
 
+async def stream_start(
+    http: aiohttp.ClientSession, live: LiveServer, user: Api, within: float
+) -> list[dict[str, Any]]:
+    """A stream-start with a first message; the snapshots once the stream has ended."""
+    async with http.post(
+        f"{live.url}/api/v1/app-conversations/stream-start",
+        json={"initial_message": message("hi")},
+        headers=user.headers,
+    ) as resp:
+        assert resp.status == 200
+        snapshots: list[dict[str, Any]] = json.loads(await asyncio.wait_for(resp.text(), within))
+    return snapshots
+
+
 async def test_stream_start_streams_every_status(
     user: UserFactory, fake_llm: FakeLLM, live: LiveServer, http: aiohttp.ClientSession
 ) -> None:
     fake_llm.script([reply_finish()])
     alice = await user("alice")
-    async with http.post(
-        f"{live.url}/api/v1/app-conversations/stream-start",
-        json={"initial_message": message("hi")},
-        headers=alice.headers,
-    ) as resp:
-        assert resp.status == 200
-        snapshots = json.loads(await asyncio.wait_for(resp.text(), 90))
+    snapshots = await stream_start(http, live, alice, within=90)
     statuses = [s["status"] for s in snapshots]
     assert statuses[0] == "WORKING"
     assert statuses[-1] == "READY"
@@ -249,12 +257,6 @@ async def test_a_stream_ends_with_its_stored_task_when_an_update_never_reaches_i
     monkeypatch.setattr(runner, "spawn", spawn_unheard)
     monkeypatch.setattr(conversation_routes, "STREAM_RECHECK_S", 0.2)
     alice = await user("alice", llm_model=None)  # the task fails at once: no model
-    async with http.post(
-        f"{live.url}/api/v1/app-conversations/stream-start",
-        json={"initial_message": message("hi")},
-        headers=alice.headers,
-    ) as resp:
-        assert resp.status == 200
-        snapshots = json.loads(await asyncio.wait_for(resp.text(), 30))
+    snapshots = await stream_start(http, live, alice, within=30)
     assert [s["status"] for s in snapshots] == ["WORKING", "ERROR"]
     assert "llm_model" in snapshots[-1]["detail"]

@@ -24,14 +24,14 @@ import pytest
 from controlplane.config import ServiceConfig
 from tests.conversation_helpers import (
     LLM_KEY,
-    PRICES,
     UserFactory,
+    conversation_server,
     of_kind,
     status_is,
     wait_events,
 )
 from tests.fake_llm import FakeLLM, reply_finish, reply_tool_call
-from tests.live_server import Api, LiveServer, start_live_server
+from tests.live_server import Api, LiveServer
 from tests.openhands_clients import OpenHandsVenv
 from tests.sandbox_helpers import containers
 
@@ -45,14 +45,8 @@ async def live(
     test_prefix: str, make_config: Callable[..., ServiceConfig], fake_llm_port: int
 ) -> AsyncIterator[LiveServer]:
     """The live server of tests/conversation_helpers.py, polling device codes every second."""
-    server = await start_live_server(
-        make_config(
-            container_prefix=test_prefix,
-            reconcile_interval=1.0,
-            llm_prices=PRICES,
-            device_poll_interval=1,
-            sandbox_host_ports=[fake_llm_port],
-        )
+    server = await conversation_server(
+        make_config, test_prefix, fake_llm_port, device_poll_interval=1
     )
     yield server
     await server.close()

@@ -21,9 +21,9 @@ import pytest
 from controlplane.config import ServiceConfig
 from controlplane.conversations.agent_request import start_conversation_request
 from controlplane.settings.mcp import MCPConfig
-from tests.conversation_helpers import LLM_KEY, PRICES, UserFactory
+from tests.conversation_helpers import LLM_KEY, UserFactory, conversation_server
 from tests.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
-from tests.live_server import LiveServer, start_live_server
+from tests.live_server import LiveServer
 from tests.openhands_clients import OpenHandsVenv
 from tests.sandbox_helpers import containers
 
@@ -49,16 +49,13 @@ async def live(
     test_prefix: str, make_config: Callable[..., ServiceConfig], fake_llm_port: int
 ) -> AsyncIterator[LiveServer]:
     """The live server of tests/conversation_helpers.py, offering the disabled openhands spec."""
-    server = await start_live_server(
-        make_config(
-            container_prefix=test_prefix,
-            reconcile_interval=1.0,
-            llm_prices=PRICES,
-            sandbox_host_ports=[fake_llm_port],
-            enable_specs=["openhands"],
-            # The official server boots in 7-12 s idle, a minute or more on a busy CI host.
-            start_timeout=240,
-        )
+    server = await conversation_server(
+        make_config,
+        test_prefix,
+        fake_llm_port,
+        enable_specs=["openhands"],
+        # The official server boots in 7-12 s idle, a minute or more on a busy CI host.
+        start_timeout=240,
     )
     yield server
     await server.close()
