@@ -52,6 +52,7 @@ from controlplane.sandboxes.networking import Attachment, network_name  # noqa: 
 from controlplane.specs.catalog import SpecCatalog  # noqa: E402
 from controlplane.specs.egress import HOST_GATEWAY  # noqa: E402
 from controlplane.specs.models import AGENT_SERVER  # noqa: E402
+from drivers.docker import create_container  # noqa: E402
 from tests.live_server import free_port  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
@@ -223,32 +224,11 @@ class LaunchLoad:
         )
         req = container_request(config, record, self.spec, self.attachment, None)
         self.docker.volumes.create(name=req.volume, labels=req.labels)
-        container = self.docker.containers.create(
-            req.image,
-            command=req.command,
-            name=req.name,
-            environment=req.env,
-            labels=req.labels,
-            working_dir=req.working_dir,
-            volumes={req.volume: {"bind": req.working_dir, "mode": "rw"}},
-            ports={f"{p}/tcp": (req.publish_host, None) for p in req.ports},  # type: ignore[misc]
-            nano_cpus=int(req.cpus * 1e9),
-            mem_limit=req.memory_bytes,
-            memswap_limit=req.memory_bytes,
-            pids_limit=req.pids,
-            security_opt=["no-new-privileges:true"],
-            cap_drop=["ALL"],
-            user=req.user,
-            network=req.network,
-            extra_hosts=req.extra_hosts,
-            detach=True,
-        )
-        container.start()
-        container.reload()
+        container_id = create_container(self.docker, req)  # the driver's own create
+        self.docker.api.start(container_id)
+        attrs = self.docker.api.inspect_container(container_id)
         port = self.spec.exposed_ports[AGENT_SERVER]
-        return req.name, int(
-            container.attrs["NetworkSettings"]["Ports"][f"{port}/tcp"][0]["HostPort"]
-        )
+        return req.name, int(attrs["NetworkSettings"]["Ports"][f"{port}/tcp"][0]["HostPort"])
 
     async def raw_up(self) -> str:
         assert self.http is not None

@@ -63,6 +63,7 @@ from controlplane.store import keys as redis_keys
 from controlplane.store import text
 from drivers import docker_networks
 from drivers.base import ContainerRequest, DriverError
+from drivers.docker import create_container
 from drivers.firewall import Iptables
 
 REPO = Path(__file__).resolve().parent.parent
@@ -396,37 +397,16 @@ class Bench:
         self.webhook_port = networks.listener.port
 
     def raw_create_start(self, req: ContainerRequest) -> tuple[Any, Any, float, int]:
-        """Volume, container, start, reload (for the port), as drivers/docker.py does them."""
+        """Volume, container, start, inspect (for the port): the driver's engine calls, with its
+        own argument translation (drivers/docker.py create_container), no control plane."""
         volume = self.docker.volumes.create(name=req.volume, labels=req.labels)
-        container = self.docker.containers.create(
-            req.image,
-            command=req.command,
-            name=req.name,
-            environment=req.env,
-            labels=req.labels,
-            working_dir=req.working_dir,
-            volumes={req.volume: {"bind": req.working_dir, "mode": "rw"}},
-            # No host port: Docker picks a free one (types-docker does not know the None).
-            ports={f"{p}/tcp": (req.publish_host, None) for p in req.ports},  # type: ignore[misc]
-            nano_cpus=int(req.cpus * 1e9),
-            mem_limit=req.memory_bytes,
-            memswap_limit=req.memory_bytes,
-            pids_limit=req.pids,
-            security_opt=["no-new-privileges:true"],
-            cap_drop=["ALL"],
-            user=req.user,
-            read_only=req.read_only,
-            tmpfs=req.tmpfs or None,
-            runtime=req.runtime,
-            network=req.network,
-            extra_hosts=req.extra_hosts,
-            detach=True,
-        )
-        container.start()
+        container_id = create_container(self.docker, req)
+        self.docker.api.start(container_id)
         started = time.perf_counter()
-        container.reload()
+        attrs = self.docker.api.inspect_container(container_id)
+        container = self.docker.containers.prepare_model(attrs)
         port = self.spec.exposed_ports[AGENT_SERVER]
-        host_port = int(container.attrs["NetworkSettings"]["Ports"][f"{port}/tcp"][0]["HostPort"])
+        host_port = int(attrs["NetworkSettings"]["Ports"][f"{port}/tcp"][0]["HostPort"])
         return volume, container, started, host_port
 
     async def health(self, port: int) -> float:

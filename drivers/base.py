@@ -102,9 +102,6 @@ class SandboxDriver(Protocol):
     async def memory_total(self) -> int | None:
         """The engine host's memory in bytes; None when the engine does not answer."""
 
-    async def image_exists(self, image: str) -> bool:
-        """Raises RuntimeUnavailable when the runtime does not answer."""
-
     async def image_id(self, image: str) -> str | None:
         """The image's content id (changes with every rebuild); None when it is not on the host.
         Raises RuntimeUnavailable when the runtime does not answer."""

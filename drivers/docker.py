@@ -91,6 +91,45 @@ class _DockerWatch:
                 self._stream.close()
 
 
+def create_container(client: docker.DockerClient, req: ContainerRequest) -> str:
+    """Create the container of `req` (not started); its id. The SDK's own `containers.create`
+    inspects the container it made; its argument translation is used without that extra engine
+    call. The benches' raw baselines call this too, so that they make the driver's engine calls."""
+    try:
+        args = _create_container_args(
+            dict(
+                image=req.image,
+                version=client.api.api_version,
+                command=req.command,
+                name=req.name,
+                environment=req.env,
+                labels=req.labels,
+                working_dir=req.working_dir,
+                volumes={req.volume: {"bind": req.working_dir, "mode": "rw"}},
+                # No host port: Docker picks a free one and we read it back (no race).
+                ports={f"{p}/tcp": (req.publish_host, None) for p in req.ports},
+                nano_cpus=int(req.cpus * 1e9),
+                mem_limit=req.memory_bytes,
+                memswap_limit=req.memory_bytes,
+                pids_limit=req.pids,
+                security_opt=["no-new-privileges:true"],
+                cap_drop=["ALL"],
+                user=req.user,
+                read_only=req.read_only,
+                tmpfs=req.tmpfs or None,
+                runtime=req.runtime,
+                network=req.network,
+                extra_hosts=req.extra_hosts,
+                detach=True,
+            )
+        )
+        return str(client.api.create_container(**args)["Id"])
+    except APIError as exc:
+        if exc.status_code == 409 and not isinstance(exc, ImageNotFound):
+            raise ContainerExists(f"container {req.name} exists already") from None
+        raise
+
+
 QUICK = "quick"
 SLOW = "slow"
 
@@ -186,16 +225,6 @@ class DockerDriver:
         total = info.get("MemTotal")
         return int(total) if total else None
 
-    async def image_exists(self, image: str) -> bool:
-        def check(client: docker.DockerClient) -> bool:
-            try:
-                client.images.get(image)
-            except ImageNotFound:
-                return False
-            return True
-
-        return await self._call(check, "image_exists")
-
     async def image_id(self, image: str) -> str | None:
         """The image's id, None when absent: known without asking the engine while its image
         events are followed (drivers/docker_images.py), else asked; an unreachable engine raises
@@ -212,7 +241,7 @@ class DockerDriver:
             except ImageNotFound:
                 return None
 
-        # Labelled as image_exists: the same engine call, made for the same reason.
+        # The error metric's label for image look-ups (documented in docs/operations.md).
         found = await self._call(look_up, "image_exists")
         self._images.put(image, found, generation)
         return found
@@ -230,8 +259,8 @@ class DockerDriver:
     ) -> ContainerState:
         # Four engine calls for a new sandbox (volume, create, start, inspect): every call is
         # engine work and Python work under the GIL that short requests wait behind during a
-        # burst of starts. No separate image look-up: the service has just checked the engine
-        # with one, and create answers ImageNotFound itself (mapped to ImageMissing below).
+        # burst of starts. No separate image look-up: the service has just asked for the image's
+        # id, and create answers ImageNotFound itself (mapped to ImageMissing below).
         made_volume = True
         if not new:
             try:
@@ -242,7 +271,7 @@ class DockerDriver:
         if made_volume:
             client.api.create_volume(name=req.volume, labels=req.labels)
         try:
-            container_id = self._create(client, req)
+            container_id = create_container(client, req)
             client.api.start(container_id)
             return _state_of(client.api.inspect_container(container_id))
         except ContainerExists:
@@ -257,44 +286,6 @@ class DockerDriver:
                 raise DriverError(
                     f"Docker refused to start the sandbox: {exc.explanation}"
                 ) from None
-            raise
-
-    @staticmethod
-    def _create(client: docker.DockerClient, req: ContainerRequest) -> str:
-        """The new container's id. The SDK's own `containers.create` inspects the container it
-        made; its argument translation is used without that extra engine call."""
-        try:
-            args = _create_container_args(
-                dict(
-                    image=req.image,
-                    version=client.api.api_version,
-                    command=req.command,
-                    name=req.name,
-                    environment=req.env,
-                    labels=req.labels,
-                    working_dir=req.working_dir,
-                    volumes={req.volume: {"bind": req.working_dir, "mode": "rw"}},
-                    # No host port: Docker picks a free one and we read it back (no race).
-                    ports={f"{p}/tcp": (req.publish_host, None) for p in req.ports},
-                    nano_cpus=int(req.cpus * 1e9),
-                    mem_limit=req.memory_bytes,
-                    memswap_limit=req.memory_bytes,
-                    pids_limit=req.pids,
-                    security_opt=["no-new-privileges:true"],
-                    cap_drop=["ALL"],
-                    user=req.user,
-                    read_only=req.read_only,
-                    tmpfs=req.tmpfs or None,
-                    runtime=req.runtime,
-                    network=req.network,
-                    extra_hosts=req.extra_hosts,
-                    detach=True,
-                )
-            )
-            return str(client.api.create_container(**args)["Id"])
-        except APIError as exc:
-            if exc.status_code == 409 and not isinstance(exc, ImageNotFound):
-                raise ContainerExists(f"container {req.name} exists already") from None
             raise
 
     async def inspect(self, name: str) -> ContainerState | None:
