@@ -62,8 +62,9 @@ from controlplane.specs.models import AGENT_SERVER, SandboxSpec
 from controlplane.store import keys as redis_keys
 from controlplane.store import text
 from drivers import docker_networks
-from drivers.base import ContainerRequest, DriverError
+from drivers.base import ContainerRequest
 from drivers.docker import create_container
+from drivers.errors import DriverError
 from drivers.firewall import Iptables
 
 REPO = Path(__file__).resolve().parent.parent

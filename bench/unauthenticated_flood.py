@@ -39,7 +39,7 @@ import redis.asyncio as aioredis
 
 from controlplane.auth.service import ApiKeyService
 from drivers import docker_networks
-from drivers.base import DriverError
+from drivers.errors import DriverError
 from drivers.firewall import Iptables
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,26 +1,31 @@
 """Domain errors. Each has a stable `code` and an HTTP status that one middleware renders.
 
-Domain code raises these and never imports aiohttp.web.
+Domain code raises these and never imports aiohttp.web. The root and RuntimeUnavailable come
+from drivers/errors.py, so that a driver's errors are ControlPlaneErrors too.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from drivers.errors import RuntimeUnavailable, ServiceError
 
-class ControlPlaneError(Exception):
-    """Root of every error the API reports on purpose."""
+__all__ = [
+    "Conflict",
+    "ControlPlaneError",
+    "Forbidden",
+    "InvalidInput",
+    "NotFound",
+    "QuotaExceeded",
+    "RuntimeUnavailable",
+    "SandboxNotFound",
+    "SpecInvalid",
+    "SpecNotFound",
+    "Unauthorized",
+]
 
-    code = "error"
-    status = 500
-
-    def __init__(self, message: str, **context: Any) -> None:
-        super().__init__(message)
-        self.message = message
-        self.context = context
-
-    def __str__(self) -> str:
-        return self.message
+ControlPlaneError = ServiceError
+"""Root of every error the API reports on purpose."""
 
 
 class NotFound(ControlPlaneError):
@@ -55,13 +60,6 @@ class QuotaExceeded(ControlPlaneError):
     def __init__(self, message: str, retry_after: int = 30, **context: Any) -> None:
         super().__init__(message, **context)
         self.retry_after = retry_after
-
-
-class RuntimeUnavailable(ControlPlaneError):
-    """A dependency (Redis, the Docker engine) does not answer."""
-
-    code = "runtime_unavailable"
-    status = 503
 
 
 class SpecInvalid(ControlPlaneError):

@@ -7,26 +7,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from controlplane.errors import ControlPlaneError
-
-
-class DriverError(ControlPlaneError):
-    """The runtime refused an operation (bad image, bad config, engine-side failure)."""
-
-    code = "runtime_error"
-    status = 502
-
-
-class ImageMissing(DriverError):
-    code = "image_missing"
-
-
-class ContainerExists(DriverError):
-    """A container of that name exists already (made by a concurrent or earlier attempt)."""
-
-    code = "container_exists"
-    status = 409
-
 
 @dataclass(frozen=True)
 class ContainerRequest:

@@ -19,20 +19,17 @@ from docker.models.containers import _create_container_args  # type: ignore[attr
 from requests.exceptions import ConnectionError as RequestsConnectionError
 from requests.exceptions import ReadTimeout
 
-from controlplane.errors import RuntimeUnavailable
 from drivers import docker_networks
 from drivers.base import (
     ContainerEvent,
-    ContainerExists,
     ContainerRequest,
     ContainerState,
-    DriverError,
     EventSink,
-    ImageMissing,
     NetworkInfo,
     Watch,
 )
 from drivers.docker_images import ImageIdCache
+from drivers.errors import ContainerExists, DriverError, ImageMissing, RuntimeUnavailable
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")

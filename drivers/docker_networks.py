@@ -23,7 +23,8 @@ import structlog
 from docker.errors import APIError, NotFound
 from docker.types import IPAMConfig, IPAMPool
 
-from drivers.base import DriverError, NetworkInfo
+from drivers.base import NetworkInfo
+from drivers.errors import DriverError
 
 log = structlog.get_logger(__name__)
 

@@ -17,7 +17,7 @@ from docker.errors import DockerException, ImageNotFound, NotFound
 
 from controlplane.sandboxes.naming import LABEL_PREFIX
 from drivers import docker_networks
-from drivers.base import DriverError
+from drivers.errors import DriverError
 from drivers.firewall import Iptables
 from tests.run_id import RUN_ID
 from tests.sandbox_helpers import DEFAULT_IMAGE, OPENHANDS_IMAGE, REPO

@@ -30,13 +30,8 @@ from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.egress import HOST_GATEWAY
 from controlplane.specs.models import SandboxSpec
 from controlplane.store.redis import REDIS_DOWN
-from drivers.base import (
-    ContainerExists,
-    ContainerRequest,
-    ContainerState,
-    DriverError,
-    SandboxDriver,
-)
+from drivers.base import ContainerRequest, ContainerState, SandboxDriver
+from drivers.errors import ContainerExists, DriverError
 
 log = structlog.get_logger(__name__)
 S = SandboxStatus

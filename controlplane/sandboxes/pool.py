@@ -28,7 +28,8 @@ from controlplane.sandboxes.service import SandboxService
 from controlplane.sandboxes.store import Limits
 from controlplane.specs.models import SandboxSpec
 from controlplane.store.leader import LeaderLock
-from drivers.base import ContainerState, DriverError
+from drivers.base import ContainerState
+from drivers.errors import DriverError
 
 log = structlog.get_logger(__name__)
 S = SandboxStatus

@@ -37,7 +37,8 @@ from controlplane.sandboxes.status_feed import StatusFeed
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import SandboxSpec
-from drivers.base import DriverError, SandboxDriver
+from drivers.base import SandboxDriver
+from drivers.errors import DriverError
 
 log = structlog.get_logger(__name__)
 S = SandboxStatus

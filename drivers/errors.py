@@ -1,0 +1,49 @@
+"""Errors a sandbox runtime reports. drivers/ imports nothing of controlplane/, so the root of
+every error reported on purpose lives here: controlplane/errors.py builds its own on it
+(`ControlPlaneError` is `ServiceError`), one middleware renders both, and a caller's
+`except ControlPlaneError` also catches a driver's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ServiceError(Exception):
+    """Root of every error reported on purpose: a stable `code`, the HTTP `status` it is
+    rendered with, a readable message and context fields."""
+
+    code = "error"
+    status = 500
+
+    def __init__(self, message: str, **context: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.context = context
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class RuntimeUnavailable(ServiceError):
+    """A dependency (the sandbox runtime, or Redis for the control plane) does not answer."""
+
+    code = "runtime_unavailable"
+    status = 503
+
+
+class DriverError(ServiceError):
+    """The runtime refused an operation (bad image, bad config, engine-side failure)."""
+
+    code = "runtime_error"
+    status = 502
+
+
+class ImageMissing(DriverError):
+    code = "image_missing"
+
+
+class ContainerExists(DriverError):
+    """A container of that name exists already (made by a concurrent or earlier attempt)."""
+
+    code = "container_exists"
+    status = 409
