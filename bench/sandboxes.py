@@ -59,8 +59,7 @@ from controlplane.sandboxes.networking import Attachment
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import AGENT_SERVER, SandboxSpec
-from controlplane.store import keys as redis_keys
-from controlplane.store import text
+from controlplane.store import keyspace, text
 from drivers import docker_networks
 from drivers.base import ContainerRequest
 from drivers.docker import create_container
@@ -521,7 +520,7 @@ class Bench:
                         f"{others} other containers were running on the engine at the end of "
                         "the lifecycle phase: the host may not have been idle"
                     )
-                leftover = await self.redis.zcard(redis_keys.user_sandboxes(API_USER))
+                leftover = await self.redis.zcard(keyspace.user_sandboxes(API_USER))
                 if leftover:
                     self.notes.append(f"{leftover} API sandbox records left in Redis after deletes")
             finally:
@@ -573,10 +572,10 @@ class Bench:
                 raise BenchError("could not write a search record")
 
     async def search_statuses(self) -> dict[str, int]:
-        ids = await self.redis.zrange(redis_keys.user_sandboxes(SEARCH_USER), 0, -1)
+        ids = await self.redis.zrange(keyspace.user_sandboxes(SEARCH_USER), 0, -1)
         async with self.redis.pipeline(transaction=False) as pipe:
             for sandbox_id in ids:
-                pipe.hget(redis_keys.sandbox(text(sandbox_id)), "status")
+                pipe.hget(keyspace.sandbox(text(sandbox_id)), "status")
             statuses = await pipe.execute()
         counts: dict[str, int] = {}
         for status in statuses:

@@ -21,7 +21,7 @@ from controlplane.conversations.models import ExecutionStatus
 from controlplane.lifecycle.outbox import Outbox
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.sandboxes.pool_store import pool_counts
-from controlplane.store import keys, text
+from controlplane.store import keyspace, text
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The Prometheus text exposition format that `generate_latest` writes."""
@@ -208,14 +208,14 @@ async def _sandbox_counts(redis: aioredis.Redis) -> dict[str, int]:
     start = "+"
     while True:
         raw = await redis.zrange(
-            keys.ALL_SANDBOXES, start, "-", desc=True, bylex=True, offset=0, num=PAGE
+            keyspace.ALL_SANDBOXES, start, "-", desc=True, bylex=True, offset=0, num=PAGE
         )
         ids = [text(i) for i in raw]
         if not ids:
             break
         async with redis.pipeline(transaction=False) as pipe:
             for sandbox_id in ids:
-                pipe.hget(keys.sandbox(sandbox_id), "status")
+                pipe.hget(keyspace.sandbox(sandbox_id), "status")
             statuses = await pipe.execute()
         for status in statuses:
             if status is not None:
@@ -240,7 +240,7 @@ async def _conversation_counts(redis: aioredis.Redis) -> dict[str, int]:
             counts[status] = counts.get(status, 0) + 1
         batch.clear()
 
-    async for key in redis.scan_iter(match=keys.conversation("*"), count=PAGE):
+    async for key in redis.scan_iter(match=keyspace.conversation("*"), count=PAGE):
         batch.append(text(key))
         if len(batch) >= PAGE:
             await flush()

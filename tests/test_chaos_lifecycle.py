@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from controlplane.sandboxes import naming
-from controlplane.store import keys
+from controlplane.store import keyspace
 from tests.conftest import BOOTSTRAP_KEY
 from tests.live_server import Api, free_port
 from tests.serve_process import Serve, launch_serve, serve_env
@@ -92,10 +92,10 @@ async def _round(
 
 
 def _records(client: redis.Redis) -> dict[str, dict[str, str]]:
-    ids = [i.decode() for i in client.zrange(keys.ALL_SANDBOXES, 0, -1)]
+    ids = [i.decode() for i in client.zrange(keyspace.ALL_SANDBOXES, 0, -1)]
     out = {}
     for sandbox_id in ids:
-        raw = client.hgetall(keys.sandbox(sandbox_id))
+        raw = client.hgetall(keyspace.sandbox(sandbox_id))
         if raw:
             out[sandbox_id] = {k.decode(): v.decode() for k, v in raw.items()}
     return out

@@ -21,7 +21,7 @@ from controlplane.conversations.models import (
 )
 from controlplane.conversations.store import ConversationStore
 from controlplane.ids import uuid7_hex
-from controlplane.store import keys as store_keys
+from controlplane.store import keyspace
 from tests.conversation_helpers import (
     UserFactory,
     message,
@@ -160,7 +160,7 @@ async def test_interrupted_start_task_is_failed_at_boot(
     await store.hold_lease(running_elsewhere.id, "other-replica", ttl=60)
     # Messages the web frontend queued for each (tests/test_pending_messages.py).
     for queued_for in (task.id, running_elsewhere.id):
-        await raw_redis.rpush(store_keys.pending_messages(f"task-{queued_for}"), "{}")
+        await raw_redis.rpush(keyspace.pending_messages(f"task-{queued_for}"), "{}")
 
     second = await start_live_server(make_config(container_prefix=test_prefix))
     try:
@@ -173,8 +173,8 @@ async def test_interrupted_start_task_is_failed_at_boot(
         assert alive.status == StartTaskStatus.STARTING_CONVERSATION
         assert await store.active_task_ids() == [running_elsewhere.id]
         # The failed task's queue can never be delivered: it goes; the live one's stays.
-        assert not await raw_redis.exists(store_keys.pending_messages(f"task-{task.id}"))
-        alive_queue = store_keys.pending_messages(f"task-{running_elsewhere.id}")
+        assert not await raw_redis.exists(keyspace.pending_messages(f"task-{task.id}"))
+        alive_queue = keyspace.pending_messages(f"task-{running_elsewhere.id}")
         assert await raw_redis.llen(alive_queue) == 1
     finally:
         await second.close()

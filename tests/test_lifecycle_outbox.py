@@ -22,13 +22,13 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from controlplane import keys as app_keys
+from controlplane import keys
 from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
 from controlplane.lifecycle.outbox import GROUP, Outbox, url_id
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookDeliverer
 from controlplane.metrics import Metrics
-from controlplane.store import keys
+from controlplane.store import keyspace
 from tests.live_server import free_port
 from tests.test_metrics import NO_ENGINE
 
@@ -225,7 +225,7 @@ async def test_two_replicas_never_deliver_the_same_event_twice(
         await until(lambda: len(receiver.accepted) >= 120, 60, lambda: len(receiver.accepted))
         await asyncio.sleep(1.0)  # time for a duplicate to show up, if there were one
         consumers: Any = await raw_redis.xinfo_consumers(
-            keys.webhook_outbox(url_id(receiver.url)), GROUP
+            keyspace.webhook_outbox(url_id(receiver.url)), GROUP
         )
     finally:
         for proc in replicas:
@@ -309,7 +309,7 @@ async def test_dead_letters_are_readable_by_admins(
     assert await (await client.get(url, headers=admin_headers)).json() == {"items": []}
     batch = events(2)
     for event in batch:
-        await client.app[app_keys.LIFECYCLE].publish(event)
+        await client.app[keys.LIFECYCLE].publish(event)
     deadline = time.monotonic() + 20
     while True:
         body = await (await client.get(url, headers=admin_headers)).json()

@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
-from controlplane.store import keys
+from controlplane.store import keyspace
 from tests.conftest import BOOTSTRAP_KEY
 from tests.conversation_helpers import (
     LLM_KEY,
@@ -259,7 +259,7 @@ async def test_a_conversation_on_the_official_agent_server(
     assert status == 404
     assert containers(docker_client, test_prefix) == []
     assert docker_client.volumes.list(filters={"name": test_prefix}) == []
-    assert not await raw_redis.exists(keys.events(cid), keys.events(cid2))
+    assert not await raw_redis.exists(keyspace.events(cid), keyspace.events(cid2))
 
 
 async def pool_ready(api: Api, spec: str, within: float) -> str:

@@ -24,7 +24,7 @@ from aiohttp.test_utils import TestClient
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
 from controlplane.ops.durations import format_duration, parse_duration
-from controlplane.store import keys
+from controlplane.store import keyspace
 from tests.conftest import BOOTSTRAP_KEY
 from tests.live_server import Api, LiveServer, start_live_server
 
@@ -133,8 +133,8 @@ async def start_running(api: Api, count: int = 1) -> list[str]:
 async def make_idle(raw_redis: aioredis.Redis, sandbox_id: str, ago: timedelta) -> None:
     """Move last_activity_at back in the record (an ISO string in the sandbox hash)."""
     old = (datetime.now(UTC) - ago).isoformat()
-    assert await raw_redis.exists(keys.sandbox(sandbox_id))
-    await raw_redis.hset(keys.sandbox(sandbox_id), "last_activity_at", old)
+    assert await raw_redis.exists(keyspace.sandbox(sandbox_id))
+    await raw_redis.hset(keyspace.sandbox(sandbox_id), "last_activity_at", old)
 
 
 def json_lines(result: Result) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from controlplane.conversations.models import AppConversationInfo, ExecutionStatus
 from controlplane.conversations.store import ConversationStore
 from controlplane.sandboxes.wiring import REAPER
-from controlplane.store import keys as store_keys
+from controlplane.store import keyspace
 from controlplane.store.leader import LeaderLock
 from tests.sandbox_helpers import Client, start, wait_status
 
@@ -23,7 +23,7 @@ Headers = Any
 
 async def backdate(raw_redis: aioredis.Redis, sandbox_id: str, seconds: int, field: str) -> None:
     old = datetime.now(UTC) - timedelta(seconds=seconds)
-    await raw_redis.hset(store_keys.sandbox(sandbox_id), field, old.isoformat())
+    await raw_redis.hset(keyspace.sandbox(sandbox_id), field, old.isoformat())
 
 
 async def make_busy(raw_redis: aioredis.Redis, sandbox_id: str, owner: str) -> None:

@@ -19,7 +19,7 @@ from controlplane.app import create_app
 from controlplane.config import ConfigError, ServiceConfig
 from controlplane.settings.models import UserRecord
 from controlplane.settings.store import UserRecordStore
-from controlplane.store import keys as redis_keys
+from controlplane.store import keyspace
 from tests.log_capture import capture_logs
 
 Client = TestClient[web.Request, web.Application]
@@ -109,7 +109,7 @@ async def test_explicit_secret_key_is_used_and_no_key_file_is_written(
     assert not (tmp_path / "data" / "secret.key").exists()
 
     # The stored record opens with exactly that key.
-    raw = await raw_redis.get(redis_keys.user_settings("alice"))
+    raw = await raw_redis.get(keyspace.user_settings("alice"))
     assert raw is not None
     stored = json.loads(Fernet(secret_key.encode()).decrypt(raw))
     assert stored["llm_api_key"] == "persist-llm-key"

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient
 from controlplane.api import ratelimit
 from controlplane.app import create_app
 from controlplane.config import ServiceConfig
-from controlplane.store import keys as rkeys
+from controlplane.store import keyspace
 
 Client = TestClient[web.Request, web.Application]
 ClientFactory = Callable[..., Awaitable[Client]]
@@ -55,7 +55,7 @@ async def test_over_the_limit_is_429_with_retry_after_and_nothing_is_lost(
     assert "rate limit of 5 requests per minute" in body["detail"]
     retry_after = int(refused.headers["Retry-After"])
     assert 1 <= retry_after <= 60
-    ttl_ms = await raw_redis.pttl(rkeys.rate_limit(key_id(alice)))
+    ttl_ms = await raw_redis.pttl(keyspace.rate_limit(key_id(alice)))
     assert 0 < ttl_ms <= 60_000
     assert retry_after == -(-ttl_ms // 1000) or retry_after == -(-ttl_ms // 1000) + 1
     # Reads are limited too.
@@ -74,7 +74,7 @@ async def test_over_the_limit_is_429_with_retry_after_and_nothing_is_lost(
         assert (await client.get("/api/openapi.json", headers=alice)).status == 200
     # Still limited: refusals do not extend or reset the window.
     assert (await client.get("/api/settings", headers=alice)).status == 429
-    assert await raw_redis.pttl(rkeys.rate_limit(key_id(alice))) <= ttl_ms
+    assert await raw_redis.pttl(keyspace.rate_limit(key_id(alice))) <= ttl_ms
 
 
 async def test_the_window_resets(
@@ -127,7 +127,7 @@ async def test_zero_turns_the_limit_off(
         response = await client.get("/api/settings", headers=alice)
         assert response.status == 200
         assert "X-RateLimit-Limit" not in response.headers
-    assert await raw_redis.exists(rkeys.rate_limit(key_id(alice))) == 0
+    assert await raw_redis.exists(keyspace.rate_limit(key_id(alice))) == 0
 
 
 async def test_unauthenticated_requests_are_not_counted(

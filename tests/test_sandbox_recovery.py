@@ -25,7 +25,7 @@ from controlplane.sandboxes import naming
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.store import Limits
 from controlplane.sandboxes.wiring import RECONCILER
-from controlplane.store import keys as rkeys
+from controlplane.store import keyspace
 from tests.sandbox_helpers import DEFAULT_IMAGE as IMAGE
 from tests.sandbox_helpers import Client, containers, start, volumes, wait_status
 
@@ -252,13 +252,13 @@ async def test_container_without_record_is_adopted(
 
     # Lose the record as a Redis without persistence would, with no tombstone.
     async with raw_redis.pipeline(transaction=True) as pipe:
-        pipe.delete(rkeys.sandbox(sandbox_id))
-        pipe.zrem(rkeys.ALL_SANDBOXES, sandbox_id)
-        pipe.zrem(rkeys.user_sandboxes("alice"), sandbox_id)
-        pipe.srem(rkeys.user_active_sandboxes("alice"), sandbox_id)
-        pipe.delete(rkeys.sandbox_by_key(hash_api_key(key)))
+        pipe.delete(keyspace.sandbox(sandbox_id))
+        pipe.zrem(keyspace.ALL_SANDBOXES, sandbox_id)
+        pipe.zrem(keyspace.user_sandboxes("alice"), sandbox_id)
+        pipe.srem(keyspace.user_active_sandboxes("alice"), sandbox_id)
+        pipe.delete(keyspace.sandbox_by_key(hash_api_key(key)))
         await pipe.execute()
-    assert not await raw_redis.exists(rkeys.sandbox_tombstone(sandbox_id))
+    assert not await raw_redis.exists(keyspace.sandbox_tombstone(sandbox_id))
 
     adopted = await wait_status(client, alice, sandbox_id, "RUNNING", within=10)
     assert "adopted" in adopted["reason"]
@@ -301,7 +301,7 @@ async def test_deleted_sandbox_container_is_removed_never_adopted(
     running = await wait_status(client, alice, sandbox_id, "RUNNING")
     resp = await client.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
     assert resp.status == 200
-    assert await raw_redis.exists(rkeys.sandbox_tombstone(sandbox_id))
+    assert await raw_redis.exists(keyspace.sandbox_tombstone(sandbox_id))
     assert containers(docker_client, test_prefix) == []
 
     # Its container shows up again (a launch elsewhere that finished after the delete).

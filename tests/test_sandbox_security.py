@@ -22,7 +22,7 @@ from aiohttp import web
 
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
-from controlplane.store import keys as store_keys
+from controlplane.store import keyspace
 from tests.live_server import Api, LiveServer, free_port, start_live_server
 from tests.sandbox_helpers import exec_as_agent, probe_from
 
@@ -176,9 +176,7 @@ print(json.dumps({
         "api_route": 404,
         "health": 404,
     }, answers
-    assert (
-        await raw_redis.exists(store_keys.events("0" * 32), store_keys.conversation("0" * 32)) == 0
-    )
+    assert await raw_redis.exists(keyspace.events("0" * 32), keyspace.conversation("0" * 32)) == 0
 
 
 async def test_inside_a_sandbox_the_agent_has_no_privilege(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from controlplane.store import keys
+from controlplane.store import keyspace
 
 WINDOW_MS = 60_000
 
@@ -44,7 +44,7 @@ class RateLimiter:
 
     async def hit(self, key_id: str) -> Decision:
         """Count one request of `key_id` and say whether it is within the limit."""
-        count, ttl_ms = await self._hit(keys=[keys.rate_limit(key_id)], args=[WINDOW_MS])
+        count, ttl_ms = await self._hit(keys=[keyspace.rate_limit(key_id)], args=[WINDOW_MS])
         count, ttl_ms = int(count), int(ttl_ms)
         return Decision(
             allowed=count <= self.per_minute,

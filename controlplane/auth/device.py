@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from controlplane.auth.models import CreatedApiKey, Principal
 from controlplane.auth.service import ApiKeyService
 from controlplane.errors import Conflict, ControlPlaneError, NotFound
-from controlplane.store import keys, text
+from controlplane.store import keyspace, text
 
 GRANT_TYPE = "urn:ietf:params:oauth:grant-type:device_code"
 # RFC 8628 §6.1: consonants only (no words can form, no 0/O or 1/I look-alikes); 20^8 codes.
@@ -146,10 +146,12 @@ class DeviceFlowService:
         while True:
             user_code = "".join(secrets.choice(USER_CODE_ALPHABET) for _ in range(USER_CODE_LENGTH))
             # NX: a live user code is never handed out twice.
-            if await self._redis.set(keys.device_user_code(user_code), code_hash, ex=ttl, nx=True):
+            if await self._redis.set(
+                keyspace.device_user_code(user_code), code_hash, ex=ttl, nx=True
+            ):
                 break
         now = time.time()
-        record = keys.device_code(code_hash)
+        record = keyspace.device_code(code_hash)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(
                 record,
@@ -177,7 +179,7 @@ class DeviceFlowService:
         code = normalise_user_code(user_code)
         if code is None:
             raise NotFound("that is not a code this server issued (8 letters, e.g. BCDF-GHJK)")
-        code_hash = await self._redis.get(keys.device_user_code(code))
+        code_hash = await self._redis.get(keyspace.device_user_code(code))
         if code_hash is None:
             raise NotFound("unknown or expired code: start again with `openhands login`")
         return code, text(code_hash)
@@ -187,7 +189,7 @@ class DeviceFlowService:
         or Conflict (approved or denied, not exchanged yet)."""
         code, code_hash = await self._code_hash(user_code)
         status, expires_at = await self._redis.hmget(
-            keys.device_code(code_hash), ["status", "expires_at"]
+            keyspace.device_code(code_hash), ["status", "expires_at"]
         )
         remaining = int(float(text(expires_at)) - time.time()) if expires_at else 0
         if status is None or remaining <= 0:
@@ -204,7 +206,7 @@ class DeviceFlowService:
         code, code_hash = await self._code_hash(user_code)
         outcome = text(
             await self._decide(
-                keys=[keys.device_code(code_hash)],
+                keys=[keyspace.device_code(code_hash)],
                 args=["approved" if approve else "denied", principal.user_id, repr(time.time())],
             )
         )
@@ -220,7 +222,7 @@ class DeviceFlowService:
         outcome, interval, user_id = (
             text(part)
             for part in await self._poll(
-                keys=[keys.device_code(_hash(device_code))],
+                keys=[keyspace.device_code(_hash(device_code))],
                 args=[repr(time.time()), SLOW_DOWN_STEP],
             )
         )

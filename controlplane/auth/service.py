@@ -1,4 +1,4 @@
-"""Creating, listing, revoking and checking API keys.
+"""Creating, listing, revoking and checking API keyspace.
 
 A key reads `acs_<key id>_<secret>`. Redis holds only its SHA-256, under the key id, so a lookup
 needs no scan and the comparison of hashes is constant-time.
@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from controlplane.auth.models import USER_ID_PATTERN, ApiKeyInfo, CreatedApiKey, Principal
 from controlplane.crypto import hash_api_key
 from controlplane.errors import InvalidInput, NotFound, Unauthorized
-from controlplane.store import keys, text
+from controlplane.store import keyspace, text
 
 _KEY_RE = re.compile(r"^acs_([0-9a-f]{12})_[A-Za-z0-9_-]{43}$")
 BOOTSTRAP_KEY_ID = "bootstrap"
@@ -41,7 +41,7 @@ class ApiKeyService:
         now = datetime.now(UTC)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(
-                keys.api_key(key_id),
+                keyspace.api_key(key_id),
                 mapping={
                     "user_id": user_id,
                     "is_admin": "1" if admin else "0",
@@ -49,7 +49,7 @@ class ApiKeyService:
                     "created_at": now.isoformat(),
                 },
             )
-            pipe.zadd(keys.API_KEYS, {key_id: now.timestamp()})
+            pipe.zadd(keyspace.API_KEYS, {key_id: now.timestamp()})
             await pipe.execute()
         return CreatedApiKey(
             key_id=key_id, user_id=user_id, is_admin=admin, created_at=now, key=key
@@ -57,10 +57,10 @@ class ApiKeyService:
 
     async def list(self) -> list[ApiKeyInfo]:
         """Every stored key, oldest first (the bootstrap key is configuration, not listed)."""
-        ids = [text(i) for i in await self._redis.zrange(keys.API_KEYS, 0, -1)]
+        ids = [text(i) for i in await self._redis.zrange(keyspace.API_KEYS, 0, -1)]
         async with self._redis.pipeline(transaction=False) as pipe:
             for key_id in ids:
-                pipe.hgetall(keys.api_key(key_id))
+                pipe.hgetall(keyspace.api_key(key_id))
             rows = await pipe.execute()
         return [
             ApiKeyInfo(
@@ -76,8 +76,8 @@ class ApiKeyService:
     async def revoke(self, key_id: str) -> None:
         """Delete a key at once. Raises NotFound when no such key exists."""
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(keys.api_key(key_id))
-            pipe.zrem(keys.API_KEYS, key_id)
+            pipe.delete(keyspace.api_key(key_id))
+            pipe.zrem(keyspace.API_KEYS, key_id)
             deleted, _ = await pipe.execute()
         if not deleted:
             raise NotFound(f"no API key with id {key_id}")
@@ -86,7 +86,7 @@ class ApiKeyService:
         """True while the key exists (the bootstrap key: while it is configured)."""
         if key_id == BOOTSTRAP_KEY_ID:
             return self._bootstrap_hash is not None
-        return bool(await self._redis.exists(keys.api_key(key_id)))
+        return bool(await self._redis.exists(keyspace.api_key(key_id)))
 
     async def authenticate(self, presented: str | None) -> Principal:
         """The principal for a presented key. Raises Unauthorized for a missing or unknown key."""
@@ -98,7 +98,7 @@ class ApiKeyService:
         match = _KEY_RE.match(presented)
         if match is not None:
             key_id = match.group(1)
-            row = await self._redis.hgetall(keys.api_key(key_id))
+            row = await self._redis.hgetall(keyspace.api_key(key_id))
             if row and hmac.compare_digest(text(row[b"hash"]), digest):
                 return Principal(
                     user_id=text(row[b"user_id"]),

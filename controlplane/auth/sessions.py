@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 
 from controlplane.auth.models import Principal
 from controlplane.auth.service import ApiKeyService
-from controlplane.store import keys, text
+from controlplane.store import keyspace, text
 
 COOKIE_NAME = "acs_session"
 SIGNING_PURPOSE = "acs browser session cookie v1"
@@ -51,7 +51,7 @@ class SessionService:
 
     @staticmethod
     def _record_key(session_id: str) -> str:
-        return keys.browser_session(hashlib.sha256(session_id.encode()).hexdigest())
+        return keyspace.browser_session(hashlib.sha256(session_id.encode()).hexdigest())
 
     async def create(self, principal: Principal) -> NewSession:
         """A new session acting as `principal` (who signed in with an API key)."""

@@ -18,7 +18,7 @@ from controlplane.errors import ControlPlaneError, QuotaExceeded
 from controlplane.ids import uuid7_hex
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.service import SandboxService
-from controlplane.store import keys, text
+from controlplane.store import keyspace, text
 
 log = structlog.get_logger(__name__)
 MAX_PENDING = 10
@@ -99,7 +99,7 @@ class PendingMessages:
             id=uuid7_hex(), conversation_id=owner, role=body.role, content=body.content
         )
         length = await self._push(
-            keys=[keys.pending_messages(owner)], args=[message.model_dump_json(), MAX_PENDING]
+            keys=[keyspace.pending_messages(owner)], args=[message.model_dump_json(), MAX_PENDING]
         )
         if length < 0:
             raise QuotaExceeded(
@@ -109,23 +109,23 @@ class PendingMessages:
         return PendingMessageResponse(id=message.id, position=int(length))
 
     async def list(self, owner: str) -> list[PendingMessage]:
-        raw = await self._redis.lrange(keys.pending_messages(owner), 0, -1)
+        raw = await self._redis.lrange(keyspace.pending_messages(owner), 0, -1)
         return [PendingMessage.model_validate_json(text(r)) for r in raw]
 
     async def count(self, owner: str) -> int:
-        return int(await self._redis.llen(keys.pending_messages(owner)))
+        return int(await self._redis.llen(keyspace.pending_messages(owner)))
 
     async def adopt(self, task_id: str, conversation_id: str) -> None:
         """The task became a conversation: its queue joins the conversation's."""
         await self._move_all(
             keys=[
-                keys.pending_messages(task_owner(task_id)),
-                keys.pending_messages(conversation_id),
+                keyspace.pending_messages(task_owner(task_id)),
+                keyspace.pending_messages(conversation_id),
             ]
         )
 
     async def drop(self, owner: str) -> None:
-        await self._redis.delete(keys.pending_messages(owner))
+        await self._redis.delete(keyspace.pending_messages(owner))
 
     async def deliver(self, conversation_id: str, sandbox_id: str) -> DeliveryResult:
         """Send the queue to the agent, oldest first, when the sandbox is RUNNING. One delivery
@@ -134,7 +134,7 @@ class PendingMessages:
         sandbox = await self._sandboxes.store.get(sandbox_id)
         if sandbox is None or sandbox.status != SandboxStatus.RUNNING or not sandbox.ports:
             return DeliveryResult(delivered=0, pending=await self.count(conversation_id))
-        lock, token = keys.pending_delivery(conversation_id), secrets.token_hex(8)
+        lock, token = keyspace.pending_delivery(conversation_id), secrets.token_hex(8)
         delivered = 0
         # A message queued while another request held the lock, and left by it, is ours: so
         # look again after releasing, until the queue is empty or someone else delivers.
@@ -152,7 +152,7 @@ class PendingMessages:
 
     async def _drain(self, conversation_id: str, sandbox: SandboxRecord) -> tuple[int, bool]:
         """(messages sent, whether one failed), under the delivery lock."""
-        queue = keys.pending_messages(conversation_id)
+        queue = keyspace.pending_messages(conversation_id)
         base = self._sandboxes.agent_url(sandbox)
         sent = 0
         while (head := await self._redis.lindex(queue, 0)) is not None:

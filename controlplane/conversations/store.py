@@ -14,7 +14,7 @@ from controlplane.conversations.models import (
     now,
 )
 from controlplane.errors import Conflict
-from controlplane.store import keys, text
+from controlplane.store import keyspace, text
 from controlplane.store.paging import page_ids
 
 # KEYS: owner key, record key. ARGV: user id. An id is free, or the caller's and not yet a
@@ -54,7 +54,10 @@ class ConversationStore:
         """Claim a client-chosen id for `user_id`. Raises ConversationIdTaken when it is another
         user's, or already one of this user's conversations; the message never says whose."""
         found = await self._reserve(
-            keys=[keys.conversation_owner(conversation_id), keys.conversation(conversation_id)],
+            keys=[
+                keyspace.conversation_owner(conversation_id),
+                keyspace.conversation(conversation_id),
+            ],
             args=[user_id],
         )
         if not found:
@@ -67,10 +70,10 @@ class ConversationStore:
             raise ValueError("a new conversation needs its owner")
         created = await self._create(
             keys=[
-                keys.conversation_owner(info.id),
-                keys.conversation(info.id),
-                keys.user_conversations(info.created_by_user_id),
-                keys.sandbox_conversations(info.sandbox_id),
+                keyspace.conversation_owner(info.id),
+                keyspace.conversation(info.id),
+                keyspace.user_conversations(info.created_by_user_id),
+                keyspace.sandbox_conversations(info.sandbox_id),
             ],
             args=[info.created_by_user_id, info.id, info.model_dump_json()],
         )
@@ -81,28 +84,28 @@ class ConversationStore:
         """Overwrite a record and its indexes, whoever holds the id (seeding and repairs;
         new conversations go through create())."""
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.set(keys.conversation(info.id), info.model_dump_json())
+            pipe.set(keyspace.conversation(info.id), info.model_dump_json())
             if info.created_by_user_id is not None:
-                pipe.zadd(keys.user_conversations(info.created_by_user_id), {info.id: 0})
-            pipe.sadd(keys.sandbox_conversations(info.sandbox_id), info.id)
+                pipe.zadd(keyspace.user_conversations(info.created_by_user_id), {info.id: 0})
+            pipe.sadd(keyspace.sandbox_conversations(info.sandbox_id), info.id)
             await pipe.execute()
 
     async def get(self, conversation_id: str) -> AppConversationInfo | None:
-        raw = await self._redis.get(keys.conversation(conversation_id))
+        raw = await self._redis.get(keyspace.conversation(conversation_id))
         return AppConversationInfo.model_validate_json(text(raw)) if raw else None
 
     async def get_many(self, ids: Iterable[str]) -> list[AppConversationInfo | None]:
         ids = list(ids)
         if not ids:
             return []
-        rows = await self._redis.mget([keys.conversation(i) for i in ids])
+        rows = await self._redis.mget([keyspace.conversation(i) for i in ids])
         return [AppConversationInfo.model_validate_json(text(r)) if r else None for r in rows]
 
     async def update(
         self, conversation_id: str, change: Callable[[AppConversationInfo], None]
     ) -> AppConversationInfo | None:
         """Apply `change` atomically (optimistic lock); None when the record does not exist."""
-        key = keys.conversation(conversation_id)
+        key = keyspace.conversation(conversation_id)
         for _ in range(20):
             async with self._redis.pipeline(transaction=True) as pipe:
                 try:
@@ -123,69 +126,75 @@ class ConversationStore:
 
     async def delete(self, info: AppConversationInfo) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(keys.conversation(info.id))
+            pipe.delete(keyspace.conversation(info.id))
             if info.created_by_user_id is not None:
-                pipe.zrem(keys.user_conversations(info.created_by_user_id), info.id)
-            pipe.srem(keys.sandbox_conversations(info.sandbox_id), info.id)
+                pipe.zrem(keyspace.user_conversations(info.created_by_user_id), info.id)
+            pipe.srem(keyspace.sandbox_conversations(info.sandbox_id), info.id)
             await pipe.execute()
 
     async def page_ids(self, owner: str, after: str | None, count: int, desc: bool) -> list[str]:
-        return await page_ids(self._redis, keys.user_conversations(owner), after, count, desc=desc)
+        return await page_ids(
+            self._redis, keyspace.user_conversations(owner), after, count, desc=desc
+        )
 
     async def all_ids(self, owner: str) -> list[str]:
-        raw = await self._redis.zrange(keys.user_conversations(owner), 0, -1)
+        raw = await self._redis.zrange(keyspace.user_conversations(owner), 0, -1)
         return [text(i) for i in raw]
 
     async def ids_in_sandbox(self, sandbox_id: str) -> set[str]:
-        return {text(i) for i in await self._redis.smembers(keys.sandbox_conversations(sandbox_id))}
+        return {
+            text(i) for i in await self._redis.smembers(keyspace.sandbox_conversations(sandbox_id))
+        }
 
     # -- start tasks -------------------------------------------------------------------------
 
     async def save_task(self, task: AppConversationStartTask) -> None:
         task.updated_at = now()
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.set(keys.start_task(task.id), task.model_dump_json())
+            pipe.set(keyspace.start_task(task.id), task.model_dump_json())
             if task.created_by_user_id is not None:
-                pipe.zadd(keys.user_start_tasks(task.created_by_user_id), {task.id: 0})
+                pipe.zadd(keyspace.user_start_tasks(task.created_by_user_id), {task.id: 0})
             if task.status in TERMINAL_TASK:
-                pipe.srem(keys.ACTIVE_START_TASKS, task.id)
+                pipe.srem(keyspace.ACTIVE_START_TASKS, task.id)
             else:
-                pipe.sadd(keys.ACTIVE_START_TASKS, task.id)
+                pipe.sadd(keyspace.ACTIVE_START_TASKS, task.id)
             await pipe.execute()
 
     async def get_task(self, task_id: str) -> AppConversationStartTask | None:
-        raw = await self._redis.get(keys.start_task(task_id))
+        raw = await self._redis.get(keyspace.start_task(task_id))
         return AppConversationStartTask.model_validate_json(text(raw)) if raw else None
 
     async def get_tasks(self, ids: Iterable[str]) -> list[AppConversationStartTask | None]:
         ids = list(ids)
         if not ids:
             return []
-        rows = await self._redis.mget([keys.start_task(i) for i in ids])
+        rows = await self._redis.mget([keyspace.start_task(i) for i in ids])
         return [AppConversationStartTask.model_validate_json(text(r)) if r else None for r in rows]
 
     async def page_task_ids(
         self, owner: str, after: str | None, count: int, desc: bool
     ) -> list[str]:
-        return await page_ids(self._redis, keys.user_start_tasks(owner), after, count, desc=desc)
+        return await page_ids(
+            self._redis, keyspace.user_start_tasks(owner), after, count, desc=desc
+        )
 
     async def all_task_ids(self, owner: str) -> list[str]:
-        return [text(i) for i in await self._redis.zrange(keys.user_start_tasks(owner), 0, -1)]
+        return [text(i) for i in await self._redis.zrange(keyspace.user_start_tasks(owner), 0, -1)]
 
     async def hold_lease(self, task_id: str, owner: str, ttl: float) -> None:
-        await self._redis.set(keys.start_task_lease(task_id), owner, px=int(ttl * 1000))
+        await self._redis.set(keyspace.start_task_lease(task_id), owner, px=int(ttl * 1000))
 
     async def drop_lease(self, task_id: str) -> None:
-        await self._redis.delete(keys.start_task_lease(task_id))
+        await self._redis.delete(keyspace.start_task_lease(task_id))
 
     async def leased(self, task_ids: list[str]) -> list[bool]:
         if not task_ids:
             return []
-        rows = await self._redis.mget([keys.start_task_lease(i) for i in task_ids])
+        rows = await self._redis.mget([keyspace.start_task_lease(i) for i in task_ids])
         return [row is not None for row in rows]
 
     async def active_task_ids(self) -> list[str]:
-        return sorted(text(i) for i in await self._redis.smembers(keys.ACTIVE_START_TASKS))
+        return sorted(text(i) for i in await self._redis.smembers(keyspace.ACTIVE_START_TASKS))
 
     async def delete_tasks_of(self, owner: str, conversation_id: str) -> None:
         """Remove the start tasks that produced a conversation (with the conversation)."""
@@ -197,7 +206,7 @@ class ConversationStore:
         ]
         if doomed:
             async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.delete(*[keys.start_task(i) for i in doomed])
-                pipe.zrem(keys.user_start_tasks(owner), *doomed)
-                pipe.srem(keys.ACTIVE_START_TASKS, *doomed)
+                pipe.delete(*[keyspace.start_task(i) for i in doomed])
+                pipe.zrem(keyspace.user_start_tasks(owner), *doomed)
+                pipe.srem(keyspace.ACTIVE_START_TASKS, *doomed)
                 await pipe.execute()

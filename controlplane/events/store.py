@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from controlplane.store import keys, text
+from controlplane.store import keyspace, text
 
 # KEYS: stream, the conversation's id hash, the global index. ARGV: conversation id, then pairs
 # of event id and JSON. An id in the global index under this conversation (stored before the
@@ -73,7 +73,11 @@ class EventStore:
         for event in events:
             args += [str(event["id"]), json.dumps(event, separators=(",", ":"))]
         added = await self._append(
-            keys=[keys.events(conversation_id), keys.event_ids(conversation_id), keys.EVENT_INDEX],
+            keys=[
+                keyspace.events(conversation_id),
+                keyspace.event_ids(conversation_id),
+                keyspace.EVENT_INDEX,
+            ],
             args=args,
         )
         return len(added)
@@ -81,7 +85,7 @@ class EventStore:
     async def page(
         self, conversation_id: str, after: str | None, count: int, desc: bool
     ) -> list[StoredEvent]:
-        key = keys.events(conversation_id)
+        key = keyspace.events(conversation_id)
         entries: Any
         if desc:
             entries = await self._redis.xrevrange(key, f"({after}" if after else "+", "-", count)
@@ -90,13 +94,13 @@ class EventStore:
         return _decode(entries)
 
     async def count(self, conversation_id: str) -> int:
-        return int(await self._redis.xlen(keys.events(conversation_id)))
+        return int(await self._redis.xlen(keyspace.events(conversation_id)))
 
     async def locate(self, event_ids: list[str]) -> list[tuple[str, str] | None]:
         """(conversation id, stream id) for each event id, None when unknown."""
         if not event_ids:
             return []
-        rows = await self._redis.hmget(keys.EVENT_INDEX, event_ids)
+        rows = await self._redis.hmget(keyspace.EVENT_INDEX, event_ids)
         out: list[tuple[str, str] | None] = []
         for row in rows:
             if row is None:
@@ -108,7 +112,7 @@ class EventStore:
 
     async def get_at(self, conversation_id: str, stream_id: str) -> dict[str, Any] | None:
         entries: Any = await self._redis.xrange(
-            keys.events(conversation_id), stream_id, stream_id, 1
+            keyspace.events(conversation_id), stream_id, stream_id, 1
         )
         decoded = _decode(entries)
         return decoded[0][1] if decoded else None
@@ -121,7 +125,7 @@ class EventStore:
         `reader` must be a connection of its own: a blocking read holds it.
         """
         reply: Any = await reader.xread(
-            {keys.events(conversation_id): last}, count=500, block=block_ms
+            {keyspace.events(conversation_id): last}, count=500, block=block_ms
         )
         if not reply:
             return []
@@ -129,7 +133,7 @@ class EventStore:
         return _decode(entries)
 
     async def delete(self, conversation_id: str) -> None:
-        key = keys.events(conversation_id)
+        key = keyspace.events(conversation_id)
         ids: list[str] = []
         cursor = "-"
         while True:
@@ -139,6 +143,6 @@ class EventStore:
             ids += [str(event["id"]) for _sid, event in _decode(batch)]
             cursor = f"({text(batch[-1][0])}"
         await self._delete(
-            keys=[key, keys.event_ids(conversation_id), keys.EVENT_INDEX],
+            keys=[key, keyspace.event_ids(conversation_id), keyspace.EVENT_INDEX],
             args=[conversation_id, *ids],
         )

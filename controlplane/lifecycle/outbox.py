@@ -14,7 +14,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from controlplane.store import keys
+from controlplane.store import keyspace
 
 GROUP = "deliverers"
 DEAD_MAXLEN = 10_000
@@ -33,14 +33,14 @@ class Outbox:
     def add(self, pipe: Any, body: str) -> None:
         """Queue one event for every URL on `pipe` (a pipeline the caller executes)."""
         for url in self.urls:
-            pipe.xadd(keys.webhook_outbox(url_id(url)), {"e": body})
+            pipe.xadd(keyspace.webhook_outbox(url_id(url)), {"e": body})
 
     async def ensure_group(self, url: str) -> None:
         """The stream and its consumer group, from the stream's start: entries written before
         the group existed are delivered too."""
         try:
             await self.redis.xgroup_create(
-                keys.webhook_outbox(url_id(url)), GROUP, id="0", mkstream=True
+                keyspace.webhook_outbox(url_id(url)), GROUP, id="0", mkstream=True
             )
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
@@ -50,13 +50,13 @@ class Outbox:
         """Events not yet delivered (nor dead-lettered), summed over the URLs."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for url in self.urls:
-                pipe.xlen(keys.webhook_outbox(url_id(url)))
+                pipe.xlen(keyspace.webhook_outbox(url_id(url)))
             return sum(int(n) for n in await pipe.execute())
 
     async def dead(self, url: str, count: int = 100) -> list[dict[str, str]]:
         """The newest dead-lettered deliveries of one URL, newest first."""
         entries: Any = await self.redis.xrevrange(
-            keys.webhook_dead(url_id(url)), "+", "-", count=count
+            keyspace.webhook_dead(url_id(url)), "+", "-", count=count
         )
         return [
             {_text(k): _text(v) for k, v in fields.items()} | {"entry_id": _text(entry_id)}

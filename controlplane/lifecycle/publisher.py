@@ -12,7 +12,7 @@ import structlog
 from controlplane.api.pagination import STREAM_ID, decode_cursor, encode_cursor
 from controlplane.lifecycle.models import LifecycleEvent, LifecycleEventPage
 from controlplane.lifecycle.outbox import Outbox
-from controlplane.store import keys, text
+from controlplane.store import keyspace, text
 from controlplane.store.redis import REDIS_DOWN
 
 log = structlog.get_logger("controlplane.lifecycle")
@@ -39,7 +39,7 @@ class LifecyclePublisher:
         body = event.model_dump_json()
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                for key in (keys.LIFECYCLE, keys.user_lifecycle(event.user_id)):
+                for key in (keyspace.LIFECYCLE, keyspace.user_lifecycle(event.user_id)):
                     pipe.xadd(key, {"e": body}, maxlen=STREAM_MAXLEN, approximate=True)
                 if self._outbox is not None:
                     self._outbox.add(pipe, body)
@@ -52,7 +52,7 @@ class LifecyclePublisher:
         self, user_id: str | None, sandbox_id: str | None, page_id: str | None, limit: int
     ) -> LifecycleEventPage:
         """Newest first; user_id None reads every user's events."""
-        key = keys.LIFECYCLE if user_id is None else keys.user_lifecycle(user_id)
+        key = keyspace.LIFECYCLE if user_id is None else keyspace.user_lifecycle(user_id)
         after = decode_cursor(page_id, STREAM_ID)
         found: list[tuple[str, LifecycleEvent]] = []
         while len(found) <= limit:

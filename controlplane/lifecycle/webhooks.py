@@ -30,7 +30,7 @@ import structlog
 from redis.exceptions import ResponseError
 
 from controlplane.lifecycle.outbox import DEAD_MAXLEN, GROUP, Outbox, url_id
-from controlplane.store import keys, text
+from controlplane.store import keyspace, text
 from controlplane.store.redis import REDIS_DOWN
 
 log = structlog.get_logger(__name__)
@@ -124,7 +124,7 @@ class WebhookDeliverer:
                 await asyncio.sleep(self._poll)
 
     async def _read_new(self, url: str) -> None:
-        key = keys.webhook_outbox(url_id(url))
+        key = keyspace.webhook_outbox(url_id(url))
         found: Any = await self._redis.xreadgroup(
             GROUP, self.consumer, {key: ">"}, count=BATCH, block=int(self._poll * 1000)
         )
@@ -133,7 +133,7 @@ class WebhookDeliverer:
                 await self._attempt(url, text(entry_id), fields, attempt=1)
 
     async def _retry_due(self, url: str) -> None:
-        key = keys.webhook_outbox(url_id(url))
+        key = keyspace.webhook_outbox(url_id(url))
         waiting: Any = await self._redis.xpending_range(
             key, GROUP, "-", "+", 100, idle=self._policy.backoff_ms(1)
         )
@@ -153,7 +153,7 @@ class WebhookDeliverer:
         body = text(fields.get(b"e", fields.get("e"))).encode()
         event = json.loads(body)
         error = await self._post(url, body, event, attempt)
-        key = keys.webhook_outbox(url_id(url))
+        key = keyspace.webhook_outbox(url_id(url))
         if error is None:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.xack(key, GROUP, entry_id)
@@ -175,7 +175,7 @@ class WebhookDeliverer:
             return
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.xadd(
-                keys.webhook_dead(url_id(url)),
+                keyspace.webhook_dead(url_id(url)),
                 {"e": body, "attempts": attempt, "error": error, "dead_at": int(time.time())},
                 maxlen=DEAD_MAXLEN,
                 approximate=True,

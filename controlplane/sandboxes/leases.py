@@ -1,6 +1,6 @@
 """Who carries a sandbox's pending intent (a start, resume or delete) to completion.
 
-The replica acting on an intent holds a short lease in Redis (controlplane.store.keys.
+The replica acting on an intent holds a short lease in Redis (controlplane.store.keyspace.
 sandbox_lease) and renews it while it works, all its leases in one pipeline per second. When the
 holder dies, the lease expires within LEASE_TTL seconds and the next reconcile sweep, on any
 replica, claims it and finishes the work. Holding is best effort: during a Redis outage a lease
@@ -17,7 +17,7 @@ import secrets
 import redis.asyncio as aioredis
 import structlog
 
-from controlplane.store import keys
+from controlplane.store import keyspace
 from controlplane.store.redis import REDIS_DOWN
 
 log = structlog.get_logger(__name__)
@@ -51,7 +51,7 @@ class IntentLeases:
         """Take the lease unless another live replica holds it. Raises on Redis errors."""
         ok = bool(
             await self._claim(
-                keys=[keys.sandbox_lease(sandbox_id)], args=[self.token, int(LEASE_TTL * 1000)]
+                keys=[keyspace.sandbox_lease(sandbox_id)], args=[self.token, int(LEASE_TTL * 1000)]
             )
         )
         if ok:
@@ -68,7 +68,7 @@ class IntentLeases:
     async def release(self, sandbox_id: str) -> None:
         self._held.discard(sandbox_id)
         with contextlib.suppress(*REDIS_DOWN):  # it expires by itself
-            await self._release(keys=[keys.sandbox_lease(sandbox_id)], args=[self.token])
+            await self._release(keys=[keyspace.sandbox_lease(sandbox_id)], args=[self.token])
 
     async def close(self) -> None:
         if self._task is not None:
@@ -85,7 +85,7 @@ class IntentLeases:
                     for sandbox_id in list(self._held):
                         # Unconditional: this replica won the intent's compare-and-set.
                         pipe.set(
-                            keys.sandbox_lease(sandbox_id), self.token, px=int(LEASE_TTL * 1000)
+                            keyspace.sandbox_lease(sandbox_id), self.token, px=int(LEASE_TTL * 1000)
                         )
                     await pipe.execute()
             except REDIS_DOWN as exc:

@@ -20,16 +20,7 @@ from controlplane.crypto import hash_api_key
 from controlplane.sandboxes.models import SandboxRecord
 from controlplane.sandboxes.naming import POOL_OWNER
 from controlplane.sandboxes.store import TOMBSTONE_TTL, SandboxStore
-from controlplane.store import keys, text
-
-MEMBERS = f"{keys.PREFIX}:pool:members"
-STATS = f"{keys.PREFIX}:pool:stats"
-"""Hash: `claims:<spec>` and `misses:<spec>` counters (every replica's claims)."""
-
-
-def ready(spec_id: str) -> str:
-    return f"{keys.PREFIX}:pool:ready:{spec_id}"
-
+from controlplane.store import keyspace, text
 
 _CREATE = """
 local memory, memory_cap, id = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
@@ -114,11 +105,11 @@ class PoolStore:
         flat = [item for pair in fields.items() for item in pair]
         outcome = await self._create(
             keys=[
-                keys.sandbox(record.id),
-                MEMBERS,
-                keys.MEMORY_RESERVED,
-                keys.sandbox_by_key(hash_api_key(record.session_api_key)),
-                keys.user_active_sandboxes(POOL_OWNER),
+                keyspace.sandbox(record.id),
+                keyspace.POOL_MEMBERS,
+                keyspace.MEMORY_RESERVED,
+                keyspace.sandbox_by_key(hash_api_key(record.session_api_key)),
+                keyspace.user_active_sandboxes(POOL_OWNER),
             ],
             args=[memory, -1 if memory_capacity is None else memory_capacity, record.id, *flat],
         )
@@ -135,13 +126,13 @@ class PoolStore:
     ) -> Claim:
         result = await self._claim(
             keys=[
-                ready(spec_id),
-                MEMBERS,
-                keys.ALL_SANDBOXES,
-                keys.user_sandboxes(owner),
-                keys.user_active_sandboxes(owner),
-                keys.user_active_sandboxes(POOL_OWNER),
-                STATS,
+                keyspace.pool_ready(spec_id),
+                keyspace.POOL_MEMBERS,
+                keyspace.ALL_SANDBOXES,
+                keyspace.user_sandboxes(owner),
+                keyspace.user_active_sandboxes(owner),
+                keyspace.user_active_sandboxes(POOL_OWNER),
+                keyspace.POOL_STATS,
             ],
             args=[
                 -1 if running_cap is None else running_cap,
@@ -150,9 +141,9 @@ class PoolStore:
                 owner,
                 datetime.now(UTC).isoformat(),
                 spec_id,
-                keys.sandbox(""),
+                keyspace.sandbox(""),
                 POOL_OWNER,
-                keys.SANDBOX_STATUS_CHANNEL,
+                keyspace.SANDBOX_STATUS_CHANNEL,
             ],
         )
         outcome = text(result[0])
@@ -161,23 +152,23 @@ class PoolStore:
         return Claim(outcome, text(result[1]), text(result[2]) == "PAUSED")
 
     async def mark_ready(self, spec_id: str, sandbox_id: str) -> None:
-        await self._redis.zadd(ready(spec_id), {sandbox_id: 0}, nx=True)
+        await self._redis.zadd(keyspace.pool_ready(spec_id), {sandbox_id: 0}, nx=True)
 
     async def ready_ids(self, spec_id: str) -> set[str]:
-        return {text(i) for i in await self._redis.zrange(ready(spec_id), 0, -1)}
+        return {text(i) for i in await self._redis.zrange(keyspace.pool_ready(spec_id), 0, -1)}
 
     async def drop(self, record: SandboxRecord) -> bool:
         """Forget an unclaimed member (tombstoned, so a leftover container goes with its volume).
         False when a claim took it first."""
         dropped = await self._drop(
             keys=[
-                keys.sandbox(record.id),
-                MEMBERS,
-                ready(record.spec_id),
-                keys.MEMORY_RESERVED,
-                keys.sandbox_by_key(hash_api_key(record.session_api_key)),
-                keys.user_active_sandboxes(POOL_OWNER),
-                keys.sandbox_tombstone(record.id),
+                keyspace.sandbox(record.id),
+                keyspace.POOL_MEMBERS,
+                keyspace.pool_ready(record.spec_id),
+                keyspace.MEMORY_RESERVED,
+                keyspace.sandbox_by_key(hash_api_key(record.session_api_key)),
+                keyspace.user_active_sandboxes(POOL_OWNER),
+                keyspace.sandbox_tombstone(record.id),
             ],
             args=[record.id, POOL_OWNER, TOMBSTONE_TTL],
         )
@@ -185,12 +176,12 @@ class PoolStore:
 
     async def members(self) -> list[tuple[SandboxRecord, str]]:
         """Every unclaimed member with its fingerprint, oldest first."""
-        ids = [text(i) for i in await self._redis.zrange(MEMBERS, 0, -1)]
+        ids = [text(i) for i in await self._redis.zrange(keyspace.POOL_MEMBERS, 0, -1)]
         if not ids:
             return []
         async with self._redis.pipeline(transaction=False) as pipe:
             for sandbox_id in ids:
-                pipe.hget(keys.sandbox(sandbox_id), "pool_fp")
+                pipe.hget(keyspace.sandbox(sandbox_id), "pool_fp")
             fps = await pipe.execute()
         records = await self.sandboxes.get_many(ids)
         return [
@@ -201,27 +192,27 @@ class PoolStore:
 
     async def forget_missing(self) -> None:
         """Index entries whose record is gone (e.g. deleted by hand) are removed."""
-        ids = [text(i) for i in await self._redis.zrange(MEMBERS, 0, -1)]
+        ids = [text(i) for i in await self._redis.zrange(keyspace.POOL_MEMBERS, 0, -1)]
         async with self._redis.pipeline(transaction=False) as pipe:
             for sandbox_id in ids:
-                pipe.exists(keys.sandbox(sandbox_id))
+                pipe.exists(keyspace.sandbox(sandbox_id))
             exists = await pipe.execute()
         gone = [i for i, e in zip(ids, exists, strict=True) if not e]
         if gone:
-            await self._redis.zrem(MEMBERS, *gone)
+            await self._redis.zrem(keyspace.POOL_MEMBERS, *gone)
 
     async def stats(self) -> dict[str, int]:
-        raw = await self._redis.hgetall(STATS)
+        raw = await self._redis.hgetall(keyspace.POOL_STATS)
         return {text(k): int(v) for k, v in raw.items()}
 
 
 async def pool_counts(redis: aioredis.Redis) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
     """For /metrics: unclaimed members by (spec, status), with status "ready" for the claimable
-    ones, and the claim/miss counters of STATS."""
-    ids = [text(i) for i in await redis.zrange(MEMBERS, 0, -1)]
+    ones, and the claim/miss counters of keyspace.POOL_STATS."""
+    ids = [text(i) for i in await redis.zrange(keyspace.POOL_MEMBERS, 0, -1)]
     async with redis.pipeline(transaction=False) as pipe:
         for sandbox_id in ids:
-            pipe.hmget(keys.sandbox(sandbox_id), "spec_id", "status")
+            pipe.hmget(keyspace.sandbox(sandbox_id), "spec_id", "status")
         rows = await pipe.execute()
     counts: dict[tuple[str, str], int] = {}
     specs: set[str] = set()
@@ -231,6 +222,6 @@ async def pool_counts(redis: aioredis.Redis) -> tuple[dict[tuple[str, str], int]
             counts[key] = counts.get(key, 0) + 1
             specs.add(key[0])
     for spec_id in specs:
-        counts[(spec_id, "ready")] = int(await redis.zcard(ready(spec_id)))
-    raw = await redis.hgetall(STATS)
+        counts[(spec_id, "ready")] = int(await redis.zcard(keyspace.pool_ready(spec_id)))
+    raw = await redis.hgetall(keyspace.POOL_STATS)
     return counts, {text(k): int(v) for k, v in raw.items()}

@@ -1,7 +1,7 @@
 """Waking whoever waits for a sandbox's status to change, without polling.
 
 The store's scripts publish "<sandbox id> <status>" on a Redis channel with every status change,
-create and delete (controlplane.store.keys.SANDBOX_STATUS_CHANNEL), so a waiter on any replica
+create and delete (controlplane.store.keyspace.SANDBOX_STATUS_CHANNEL), so a waiter on any replica
 wakes; changes made in this process also wake local waiters directly. A waiter still re-reads the
 record now and then, because a pub/sub message sent while the subscription is reconnecting is
 lost.
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 import redis.asyncio as aioredis
 import structlog
 
-from controlplane.store import keys, text
+from controlplane.store import keyspace, text
 from controlplane.store.redis import REDIS_DOWN
 
 log = structlog.get_logger(__name__)
@@ -40,7 +40,7 @@ class StatusFeed:
         if self._redis is None:
             return
         try:
-            await self._redis.publish(keys.SANDBOX_STATUS_CHANNEL, f"{sandbox_id} {LISTENING}")
+            await self._redis.publish(keyspace.SANDBOX_STATUS_CHANNEL, f"{sandbox_id} {LISTENING}")
         except REDIS_DOWN as exc:
             log.warning("agent_listening_not_relayed", sandbox_id=sandbox_id, error=str(exc))
 
@@ -79,7 +79,7 @@ class StatusFeed:
         while True:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(keys.SANDBOX_STATUS_CHANNEL)
+                await pubsub.subscribe(keyspace.SANDBOX_STATUS_CHANNEL)
                 delay = 0.2
                 # Wake everyone once: a change may have been missed while unsubscribed.
                 for sandbox_id in list(self._waiters):

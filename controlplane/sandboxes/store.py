@@ -1,6 +1,6 @@
 """Sandbox records in Redis: atomic create with the running cap, compare-and-set transitions.
 
-Layout (names in controlplane.store.keys): one hash per sandbox; lexically ordered sorted sets
+Layout (names in controlplane.store.keyspace): one hash per sandbox; lexically ordered sorted sets
 (all members score 0, ids are time-ordered hex) per user and global for cursor paging; a set of
 each user's STARTING/RUNNING ids that the Lua scripts count for the cap; a hash of the memory each
 STARTING/RUNNING/PAUSED sandbox reserves (host capacity); an index from the hash of a session
@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 
 from controlplane.crypto import SecretBox, hash_api_key
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
-from controlplane.store import keys, text
+from controlplane.store import keyspace, text
 
 TOMBSTONE_TTL = 3600
 """A deleted id is remembered for an hour so that a sweep that listed its container just before
@@ -182,12 +182,12 @@ class SandboxStore:
         flat = [item for pair in fields.items() for item in pair]
         outcome = await self._create(
             keys=[
-                keys.sandbox(record.id),
-                keys.ALL_SANDBOXES,
-                keys.user_sandboxes(record.owner),
-                keys.user_active_sandboxes(record.owner),
-                keys.sandbox_by_key(hash_api_key(record.session_api_key)),
-                keys.MEMORY_RESERVED,
+                keyspace.sandbox(record.id),
+                keyspace.ALL_SANDBOXES,
+                keyspace.user_sandboxes(record.owner),
+                keyspace.user_active_sandboxes(record.owner),
+                keyspace.sandbox_by_key(hash_api_key(record.session_api_key)),
+                keyspace.MEMORY_RESERVED,
             ],
             args=[
                 _n(limits.running),
@@ -197,7 +197,7 @@ class SandboxStore:
                 record.id,
                 record.status.value,
                 *flat,
-                keys.SANDBOX_STATUS_CHANNEL,
+                keyspace.SANDBOX_STATUS_CHANNEL,
             ],
         )
         if text(outcome) == "ok":
@@ -205,14 +205,14 @@ class SandboxStore:
         return text(outcome)
 
     async def get(self, sandbox_id: str) -> SandboxRecord | None:
-        raw = await self._redis.hgetall(keys.sandbox(sandbox_id))
+        raw = await self._redis.hgetall(keyspace.sandbox(sandbox_id))
         return self._decode(raw) if raw else None
 
     async def get_many(self, ids: Iterable[str]) -> list[SandboxRecord | None]:
         ids = list(ids)
         async with self._redis.pipeline(transaction=False) as pipe:
             for sandbox_id in ids:
-                pipe.hgetall(keys.sandbox(sandbox_id))
+                pipe.hgetall(keyspace.sandbox(sandbox_id))
             rows = await pipe.execute()
         return [self._decode(r) if r else None for r in rows]
 
@@ -242,9 +242,9 @@ class SandboxStore:
         flat = [item for pair in fields.items() for item in pair]
         outcome, previous = await self._transition(
             keys=[
-                keys.sandbox(record.id),
-                keys.user_active_sandboxes(record.owner),
-                keys.MEMORY_RESERVED,
+                keyspace.sandbox(record.id),
+                keyspace.user_active_sandboxes(record.owner),
+                keyspace.MEMORY_RESERVED,
             ],
             args=[
                 " ".join(s.value for s in allowed_from),
@@ -252,7 +252,7 @@ class SandboxStore:
                 _n(limits.running),
                 record.id,
                 _n(limits.memory_capacity),
-                keys.SANDBOX_STATUS_CHANNEL,
+                keyspace.SANDBOX_STATUS_CHANNEL,
                 *flat,
             ],
         )
@@ -263,19 +263,19 @@ class SandboxStore:
 
     async def touch(self, sandbox_id: str) -> None:
         """Bump last_activity_at if the record still exists (never re-creates a deleted one)."""
-        await self._touch(keys=[keys.sandbox(sandbox_id)], args=[_now().isoformat()])
+        await self._touch(keys=[keyspace.sandbox(sandbox_id)], args=[_now().isoformat()])
 
     async def delete(self, record: SandboxRecord) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(keys.sandbox(record.id))
-            pipe.zrem(keys.ALL_SANDBOXES, record.id)
-            pipe.zrem(keys.user_sandboxes(record.owner), record.id)
-            pipe.srem(keys.user_active_sandboxes(record.owner), record.id)
-            pipe.hdel(keys.MEMORY_RESERVED, record.id)
-            pipe.delete(keys.sandbox_by_key(hash_api_key(record.session_api_key)))
-            pipe.set(keys.sandbox_tombstone(record.id), "1", ex=TOMBSTONE_TTL)
-            pipe.delete(keys.sandbox_lease(record.id))
-            pipe.publish(keys.SANDBOX_STATUS_CHANNEL, f"{record.id} DELETED")
+            pipe.delete(keyspace.sandbox(record.id))
+            pipe.zrem(keyspace.ALL_SANDBOXES, record.id)
+            pipe.zrem(keyspace.user_sandboxes(record.owner), record.id)
+            pipe.srem(keyspace.user_active_sandboxes(record.owner), record.id)
+            pipe.hdel(keyspace.MEMORY_RESERVED, record.id)
+            pipe.delete(keyspace.sandbox_by_key(hash_api_key(record.session_api_key)))
+            pipe.set(keyspace.sandbox_tombstone(record.id), "1", ex=TOMBSTONE_TTL)
+            pipe.delete(keyspace.sandbox_lease(record.id))
+            pipe.publish(keyspace.SANDBOX_STATUS_CHANNEL, f"{record.id} DELETED")
             await pipe.execute()
         self._changed(record.id)
 
@@ -283,27 +283,27 @@ class SandboxStore:
         """Record the intent to delete before acting on it, so that whoever finds the record
         next (the reconciler, after a restart) finishes the delete. False: no such record."""
         found = await self._mark_deleting(
-            keys=[keys.sandbox(sandbox_id)], args=[_now().isoformat()]
+            keys=[keyspace.sandbox(sandbox_id)], args=[_now().isoformat()]
         )
         return bool(found)
 
     async def is_tombstoned(self, sandbox_id: str) -> bool:
-        return bool(await self._redis.exists(keys.sandbox_tombstone(sandbox_id)))
+        return bool(await self._redis.exists(keyspace.sandbox_tombstone(sandbox_id)))
 
     async def id_for_key(self, session_api_key: str) -> str | None:
-        raw = await self._redis.get(keys.sandbox_by_key(hash_api_key(session_api_key)))
+        raw = await self._redis.get(keyspace.sandbox_by_key(hash_api_key(session_api_key)))
         return text(raw) if raw else None
 
     async def memory_reserved(self) -> int:
         """Bytes reserved by every STARTING, RUNNING and PAUSED sandbox."""
-        return sum(int(v) for v in await self._redis.hvals(keys.MEMORY_RESERVED))
+        return sum(int(v) for v in await self._redis.hvals(keyspace.MEMORY_RESERVED))
 
     async def count_active(self, owner: str) -> int:
-        return int(await self._redis.scard(keys.user_active_sandboxes(owner)))
+        return int(await self._redis.scard(keyspace.user_active_sandboxes(owner)))
 
     async def page_ids(self, owner: str | None, after: str | None, count: int) -> list[str]:
         """Up to `count` ids older than `after`, newest first; owner None lists every user."""
-        key = keys.ALL_SANDBOXES if owner is None else keys.user_sandboxes(owner)
+        key = keyspace.ALL_SANDBOXES if owner is None else keyspace.user_sandboxes(owner)
         start = f"({after}" if after else "+"
         raw = await self._redis.zrange(key, start, "-", desc=True, bylex=True, offset=0, num=count)
         return [text(i) for i in raw]

@@ -31,7 +31,7 @@ from controlplane.sandboxes.reconciler import Reconciler
 from controlplane.sandboxes.service import SandboxService
 from controlplane.sandboxes.status_feed import StatusFeed
 from controlplane.sandboxes.store import SandboxStore
-from controlplane.store import keys as store_keys
+from controlplane.store import keyspace
 from controlplane.store.leader import LeaderLock
 from drivers.docker import DockerDriver
 
@@ -126,14 +126,14 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
             service,
             conversation_store,
             app[keys.SETTINGS],
-            LeaderLock(app[keys.REDIS], store_keys.leader("reaper"), 3 * config.reaper_interval),
+            LeaderLock(app[keys.REDIS], keyspace.leader("reaper"), 3 * config.reaper_interval),
         )
         app[REAPER] = reaper
         pool = WarmPool(
             service,
             PoolStore(app[keys.REDIS], store),
             LeaderLock(
-                app[keys.REDIS], store_keys.leader("pool"), max(3 * config.pool_interval, 5.0)
+                app[keys.REDIS], keyspace.leader("pool"), max(3 * config.pool_interval, 5.0)
             ),
         )
         service.pool = pool

@@ -10,7 +10,7 @@ from redis.exceptions import WatchError
 from controlplane.crypto import SecretBox
 from controlplane.errors import Conflict
 from controlplane.settings.models import UserRecord
-from controlplane.store import keys, text
+from controlplane.store import keyspace, text
 
 _MAX_ATTEMPTS = 20
 
@@ -27,7 +27,7 @@ class UserRecordStore:
 
     async def get(self, user_id: str) -> UserRecord:
         """The user's record; a user with nothing stored gets the defaults (stored=False)."""
-        return self._decode(await self._redis.get(keys.user_settings(user_id)))
+        return self._decode(await self._redis.get(keyspace.user_settings(user_id)))
 
     async def update(self, user_id: str, change: Callable[[UserRecord], None]) -> UserRecord:
         """Apply `change` to the current record and write it back atomically.
@@ -35,7 +35,7 @@ class UserRecordStore:
         `change` mutates the record in place and may raise a ControlPlaneError to abort. Concurrent
         writers are retried (WATCH/MULTI), so no update is lost.
         """
-        key = keys.user_settings(user_id)
+        key = keyspace.user_settings(user_id)
         for _ in range(_MAX_ATTEMPTS):
             async with self._redis.pipeline(transaction=True) as pipe:
                 try:

@@ -1,4 +1,5 @@
-"""Redis access. Only this package and the per-domain store modules know key names."""
+"""Redis plumbing shared by the domains' store modules: the connection (redis.py), every key
+name (keyspace.py), cursor paging (paging.py) and the leader lock (leader.py)."""
 
 from __future__ import annotations
 

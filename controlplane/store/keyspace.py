@@ -1,7 +1,10 @@
-"""Every Redis key the control plane uses, in one place.
+"""Every Redis key name the control plane uses, in one place: the domains' store modules (and a
+few readers such as the metrics gauges) build their keys with these functions and never spell a
+key out themselves.
 
 No key has a TTL unless stated: records live until deleted, because Redis is the system of
-record for ownership and intent.
+record for ownership and intent. Sorted sets of ids are lexically ordered (every member scores 0;
+ids are time-ordered) unless stated, so that a cursor is the last id seen.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ def api_key(key_id: str) -> str:
 
 
 API_KEYS = f"{PREFIX}:apikeys"
-"""Sorted set of key ids scored by creation time, so listing never scans."""
+"""Sorted set of key ids scored by creation time (Unix seconds), so listing never scans."""
 
 
 def user_settings(user_id: str) -> str:
@@ -29,12 +32,12 @@ def sandbox(sandbox_id: str) -> str:
 
 
 def user_sandboxes(user_id: str) -> str:
-    """Sorted set of the user's sandbox ids, score = created_at (ms)."""
+    """Lexically ordered sorted set of the user's sandbox ids (time-ordered: creation order)."""
     return f"{PREFIX}:user:{user_id}:sandboxes"
 
 
 ALL_SANDBOXES = f"{PREFIX}:sandboxes"
-"""Sorted set of every sandbox id, score = created_at (ms): admin listing and the sweep."""
+"""Lexically ordered sorted set of every sandbox id: admin listing and the sweep."""
 
 
 def sandbox_by_key(key_hash: str) -> str:
@@ -188,3 +191,15 @@ def sandbox_lease(sandbox_id: str) -> str:
     """String, TTL 3 s, renewed: the token of the replica carrying the sandbox's pending start,
     resume or delete to completion. When it expires, the next sweep takes the work over."""
     return f"{PREFIX}:sandbox_lease:{sandbox_id}"
+
+
+POOL_MEMBERS = f"{PREFIX}:pool:members"
+"""Lexically ordered sorted set of unclaimed warm pool member ids (never in ALL_SANDBOXES)."""
+
+POOL_STATS = f"{PREFIX}:pool:stats"
+"""Hash: `claims:<spec>` and `misses:<spec>` counters (every replica's claims)."""
+
+
+def pool_ready(spec_id: str) -> str:
+    """Lexically ordered sorted set of the spec's members a claim may pop, oldest first."""
+    return f"{PREFIX}:pool:ready:{spec_id}"
