@@ -47,7 +47,6 @@ from controlplane.conversations.agent_request import start_conversation_request 
 from controlplane.ids import uuid7_hex  # noqa: E402
 from controlplane.logging import configure_logging  # noqa: E402
 from controlplane.sandboxes.agent_kinds import agent_env  # noqa: E402
-from controlplane.sandboxes.wiring import POOL  # noqa: E402
 from tests.docker_fixtures import _remove_matching  # noqa: E402
 from tests.live_server import LiveServer, start_live_server  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
@@ -84,7 +83,7 @@ class Bench:
             return payload
 
     async def pool_full(self, spec_id: str) -> None:
-        pool = self.live.app[POOL]
+        pool = self.live.app[keys.POOL]
         spec = self.live.app[keys.SPECS].get(spec_id)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:

@@ -39,7 +39,6 @@ from controlplane.auth.service import ApiKeyService
 from controlplane.config import load_config
 from controlplane.logging import configure_logging
 from controlplane.sandboxes.pool import WarmPool
-from controlplane.sandboxes.wiring import POOL
 
 SCRIPT = Path(__file__).resolve()
 REPO = SCRIPT.parent.parent
@@ -315,7 +314,7 @@ class PoolBench(ConversationBench):
         async with serve(config, self.samples) as served:
             self.app = served.app
             self.url = served.url
-            self.pool = served.app[POOL]
+            self.pool = served.app[keys.POOL]
             self.raw.api_config = served.config
             await self.raw.attach(served.app)
             assert self.raw.attachment is not None

@@ -12,11 +12,10 @@ from controlplane.api.identity import authenticate_request
 from controlplane.api.parsing import json_response
 from controlplane.api.routing import RouteTable
 from controlplane.errors import Forbidden
-from controlplane.metrics import CONTENT_TYPE, METRICS
+from controlplane.metrics import CONTENT_TYPE
 from controlplane.store.redis import REDIS_DOWN
 
 routes = RouteTable(tag="health")
-OPENAPI_DOC: web.AppKey[dict[str, Any]] = web.AppKey("openapi_doc")
 
 
 class Health(BaseModel):
@@ -70,8 +69,8 @@ async def metrics(request: web.Request) -> web.Response:
         principal = await authenticate_request(request)
         if not principal.is_admin:
             raise Forbidden("metrics need an admin API key")
-    collected = request.app[METRICS]
-    await collected.refresh(request.app[keys.REDIS])
+    collected = request.app[keys.METRICS]
+    await collected.refresh(request.app[keys.REDIS], request.app.get(keys.WEBHOOK_OUTBOX))
     return web.Response(body=collected.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
@@ -83,4 +82,4 @@ async def metrics(request: web.Request) -> web.Response:
     response=dict[str, Any],
 )
 async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(request.app[OPENAPI_DOC])
+    return web.json_response(request.app[keys.OPENAPI_DOC])

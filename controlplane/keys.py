@@ -1,14 +1,22 @@
-"""Typed application keys: every long-lived service the app factory builds."""
+"""Typed application keys: every object the app keeps for its lifetime, in one place.
+
+The wiring (controlplane/wiring.py) and create_app set them; handlers and middlewares read them.
+The types are imported for the type checker only: this module depends on nothing at run time, so
+any layer may read a key (the layer contract, pyproject.toml, ignores these type-only imports).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import weakref
+from typing import TYPE_CHECKING, Any
 
+import aiohttp
 from aiohttp import web
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
+    from controlplane.api.pacing import Pacer
     from controlplane.api.ratelimit import RateLimiter
     from controlplane.auth.device import DeviceFlowService
     from controlplane.auth.service import ApiKeyService
@@ -19,25 +27,51 @@ if TYPE_CHECKING:
     from controlplane.events.service import EventService
     from controlplane.lifecycle.outbox import Outbox
     from controlplane.lifecycle.publisher import LifecyclePublisher
+    from controlplane.metrics import Metrics
     from controlplane.sandboxes.networking import SandboxNetworks
+    from controlplane.sandboxes.pool import WarmPool
+    from controlplane.sandboxes.reaper import IdleReaper
+    from controlplane.sandboxes.reconciler import Reconciler
     from controlplane.sandboxes.service import SandboxService
     from controlplane.settings.service import SettingsService
     from controlplane.specs.catalog import SpecCatalog
+    from drivers.base import SandboxDriver
 
+# -- always (create_app and the Redis context) -------------------------------------------------
 CONFIG: web.AppKey[ServiceConfig] = web.AppKey("config")
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
+"""This app's Prometheus registry and metrics (controlplane/metrics.py)."""
+SPECS: web.AppKey[SpecCatalog] = web.AppKey("specs")
+OPENAPI_DOC: web.AppKey[dict[str, Any]] = web.AppKey("openapi_doc")
+OpenSockets = weakref.WeakSet[web.WebSocketResponse]
+OPEN_SOCKETS: web.AppKey[OpenSockets] = web.AppKey("open_sockets")
+"""Live event sockets, closed at shutdown so that they do not hold it up."""
+PACER: web.AppKey[Pacer] = web.AppKey("pacer")
+"""Only when ACS_UNAUTHENTICATED_RATE is set: paces requests without a principal."""
 REDIS: web.AppKey[aioredis.Redis] = web.AppKey("redis")
 SECRET_BOX: web.AppKey[SecretBox] = web.AppKey("secret_box")
 API_KEYS: web.AppKey[ApiKeyService] = web.AppKey("api_keys")
-SETTINGS: web.AppKey[SettingsService] = web.AppKey("settings")
-SPECS: web.AppKey[SpecCatalog] = web.AppKey("specs")
-SANDBOXES: web.AppKey[SandboxService] = web.AppKey("sandboxes")
-CONVERSATIONS: web.AppKey[ConversationService] = web.AppKey("conversations")
-EVENTS: web.AppKey[EventService] = web.AppKey("events")
-LIFECYCLE: web.AppKey[LifecyclePublisher] = web.AppKey("lifecycle")
-WEBHOOK_OUTBOX: web.AppKey[Outbox] = web.AppKey("webhook_outbox")
-"""Only when ACS_LIFECYCLE_WEBHOOK_URLS is set."""
 SESSIONS: web.AppKey[SessionService] = web.AppKey("sessions")
 DEVICE_FLOW: web.AppKey[DeviceFlowService] = web.AppKey("device_flow")
 AUTH_LIMITER: web.AppKey[RateLimiter] = web.AppKey("auth_limiter")
 """Counts sign-in-like attempts per client address (or user): sign-ins, device codes, approvals."""
+RATE_LIMITER: web.AppKey[RateLimiter] = web.AppKey("rate_limiter")
+"""Only when ACS_RATE_LIMIT_PER_MINUTE is not 0: requests per API key."""
+WEBHOOK_LIMITER: web.AppKey[RateLimiter] = web.AppKey("webhook_limiter")
+"""Only when ACS_WEBHOOK_RATE_LIMIT_PER_MINUTE is not 0: webhook requests per sandbox."""
+SETTINGS: web.AppKey[SettingsService] = web.AppKey("settings")
+
+# -- with sandboxes (create_app(with_sandboxes=True)) ------------------------------------------
+DRIVER: web.AppKey[SandboxDriver] = web.AppKey("driver")
 NETWORKS: web.AppKey[SandboxNetworks] = web.AppKey("networks")
+HTTP_CLIENT: web.AppKey[aiohttp.ClientSession] = web.AppKey("http_client", aiohttp.ClientSession)
+"""The control plane's client to agent servers and webhook receivers (one connection pool)."""
+LIFECYCLE: web.AppKey[LifecyclePublisher] = web.AppKey("lifecycle")
+WEBHOOK_OUTBOX: web.AppKey[Outbox] = web.AppKey("webhook_outbox")
+"""Only when ACS_LIFECYCLE_WEBHOOK_URLS is set."""
+SANDBOXES: web.AppKey[SandboxService] = web.AppKey("sandboxes")
+RECONCILER: web.AppKey[Reconciler] = web.AppKey("reconciler")
+REAPER: web.AppKey[IdleReaper] = web.AppKey("reaper")
+POOL: web.AppKey[WarmPool] = web.AppKey("warm_pool")
+CONVERSATIONS: web.AppKey[ConversationService] = web.AppKey("conversations")
+EVENTS: web.AppKey[EventService] = web.AppKey("events")

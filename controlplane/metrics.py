@@ -12,7 +12,6 @@ import json
 from collections.abc import Callable, Iterable
 
 import redis.asyncio as aioredis
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -38,19 +37,18 @@ _LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 
 class _CounterFromSource:
-    """A counter whose value another object keeps (the reconciler's `fixes`), read at scrape."""
+    """A counter whose value `source()` gives, read at scrape."""
 
-    def __init__(self, name: str, documentation: str) -> None:
+    def __init__(self, name: str, documentation: str, source: Callable[[], int]) -> None:
         self._name = name
         self._doc = documentation
-        self.source: Callable[[], int] | None = None
+        self._source = source
 
     def describe(self) -> Iterable[Metric]:
         return [CounterMetricFamily(self._name, self._doc)]
 
     def collect(self) -> Iterable[Metric]:
-        value = self.source() if self.source is not None else 0
-        return [CounterMetricFamily(self._name, self._doc, value=value)]
+        return [CounterMetricFamily(self._name, self._doc, value=self._source())]
 
 
 class _PoolCounters:
@@ -128,9 +126,11 @@ class Metrics:
             ("execution_status",),
             registry=reg,
         )
+        self._fixes = 0
         self.reconcile_fixes = _CounterFromSource(
             "acs_reconcile_fixes",
             "Sandbox records the reconciler changed to match Docker (this process)",
+            lambda: self._fixes,
         )
         reg.register(self.reconcile_fixes)
         self.pool_members = Gauge(
@@ -162,7 +162,6 @@ class Metrics:
             " (this process)",
             registry=reg,
         )
-        self.webhook_outbox: Outbox | None = None
 
     # -- hooks handed to code that must not import this module -----------------------------
 
@@ -174,13 +173,17 @@ class Metrics:
     def docker_error(self, operation: str) -> None:
         self.docker_errors.labels(operation).inc()
 
+    def reconcile_fixed(self) -> None:
+        self._fixes += 1
+
     def event_delivered(self, seconds: float) -> None:
         self.event_lag.observe(max(seconds, 0.0))  # a sandbox clock ahead of ours reads 0
 
     # -- scrape ------------------------------------------------------------------------------
 
-    async def refresh(self, redis: aioredis.Redis) -> None:
-        """Recompute the gauges from Redis: every sandbox and conversation, in pages of PAGE."""
+    async def refresh(self, redis: aioredis.Redis, outbox: Outbox | None = None) -> None:
+        """Recompute the gauges from Redis: every sandbox and conversation, in pages of PAGE,
+        and the lifecycle webhook `outbox` (when there is one)."""
         sandboxes = await _sandbox_counts(redis)
         for status in SandboxStatus:
             self.sandboxes.labels(status.value).set(sandboxes.get(status.value, 0))
@@ -191,14 +194,11 @@ class Metrics:
         conversations = await _conversation_counts(redis)
         for label in [*(s.value for s in ExecutionStatus), NO_STATUS]:
             self.conversations.labels(label).set(conversations.get(label, 0))
-        if self.webhook_outbox is not None:
-            self.webhook_pending.set(await self.webhook_outbox.pending())
+        if outbox is not None:
+            self.webhook_pending.set(await outbox.pending())
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 
 
 async def _sandbox_counts(redis: aioredis.Redis) -> dict[str, int]:

@@ -153,9 +153,8 @@ async def test_an_announcement_reaches_the_replica_whose_start_waits(redis_url: 
     """The webhook may land on another replica (they share the listener's port): it relays the
     announcement through Redis, and it is not taken for a status change."""
     here, there = aioredis.Redis.from_url(redis_url), aioredis.Redis.from_url(redis_url)
-    sender, receiver = StatusFeed(here), StatusFeed(there)
     heard: asyncio.Queue[str] = asyncio.Queue()
-    receiver.on_listening = heard.put_nowait
+    sender, receiver = StatusFeed(here), StatusFeed(there, on_listening=heard.put_nowait)
     receiver.start()
     try:
         with receiver.watch("sbx-relayed") as changed:

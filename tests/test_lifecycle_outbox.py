@@ -243,7 +243,6 @@ async def test_failing_deliveries_are_dead_lettered_and_counted(
     receiver.refusals = 10**6  # a receiver that always answers 503
     metrics = Metrics()
     outbox = Outbox(raw_redis, [receiver.url])
-    metrics.webhook_outbox = outbox
     policy = RetryPolicy(base=0.1, cap=0.5, dead_after=1.5, timeout=0.5, margin=0.1)
     hooks = DeliveryHooks(
         delivered=metrics.webhook_delivered.inc,
@@ -252,7 +251,7 @@ async def test_failing_deliveries_are_dead_lettered_and_counted(
     )
     batch = events(3)
     await publish(raw_redis, outbox, batch)
-    await metrics.refresh(raw_redis)
+    await metrics.refresh(raw_redis, outbox)
     assert _sample(metrics, "acs_lifecycle_webhooks_pending") == 3
     deliverer = WebhookDeliverer(outbox, http, SECRET, policy, hooks=hooks, poll=0.1)
     deliverer.start()
@@ -266,7 +265,7 @@ async def test_failing_deliveries_are_dead_lettered_and_counted(
         assert entry["error"] == "HTTP 503"
         assert int(entry["attempts"]) >= 2
     assert await outbox.pending() == 0
-    await metrics.refresh(raw_redis)
+    await metrics.refresh(raw_redis, outbox)
     assert _sample(metrics, "acs_lifecycle_webhooks_pending") == 0
     assert _sample(metrics, "acs_lifecycle_webhooks_dead_lettered_total") == 3
     assert _sample(metrics, "acs_lifecycle_webhooks_retried_total") >= 3

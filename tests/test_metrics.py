@@ -17,11 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from controlplane import keys
 from controlplane.conversations.models import AppConversationInfo, ExecutionStatus
 from controlplane.conversations.store import ConversationStore
-from controlplane.metrics import METRICS
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
-from controlplane.sandboxes.wiring import RECONCILER
 from tests.docker_fixtures import run_prefix
 
 Client = TestClient[web.Request, web.Application]
@@ -127,7 +125,7 @@ async def test_two_apps_in_one_process_keep_their_own_registries(
 ) -> None:
     first = await make_client()
     second = await make_client()
-    assert first.app[METRICS].registry is not second.app[METRICS].registry
+    assert first.app[keys.METRICS].registry is not second.app[keys.METRICS].registry
     for _ in range(2):
         await first.get("/health")
     await second.get("/health")
@@ -265,7 +263,7 @@ async def test_reconcile_fixes_are_exported(
     """Real drift: a RUNNING record whose container does not exist becomes MISSING."""
     prefix = f"{run_prefix()}metrics-{secrets.token_hex(3)}-"
     client = await make_client(with_sandboxes=True, container_prefix=prefix)
-    reconciler = client.app[RECONCILER]
+    reconciler = client.app[keys.RECONCILER]
     await reconciler.sweep()  # whatever the first sweep found is not ours to count
     before = value(await scrape(client, admin_headers), "acs_reconcile_fixes_total")
     record = sandbox_record("alice", SandboxStatus.RUNNING)

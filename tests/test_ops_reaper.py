@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from controlplane import keys
 from controlplane.conversations.models import AppConversationInfo, ExecutionStatus
 from controlplane.conversations.store import ConversationStore
-from controlplane.sandboxes.wiring import REAPER
 from controlplane.store import keyspace
 from controlplane.store.leader import LeaderLock
 from tests.sandbox_helpers import Client, start, wait_status
@@ -63,7 +63,7 @@ async def test_idle_sandbox_paused_busy_one_spared(
     await backdate(raw_redis, busy, 120, "last_activity_at")
     await make_busy(raw_redis, busy, "alice")
 
-    paused, retired = await client.app[REAPER].sweep()
+    paused, retired = await client.app[keys.REAPER].sweep()
 
     assert (paused, retired) == ([idle], [])
     body = await wait_status(client, alice, idle, "PAUSED", within=1)
@@ -92,7 +92,7 @@ async def test_zero_timeout_disables_and_global_overrides(
     sandbox_id = (await start(client, alice))["id"]
     await wait_status(client, alice, sandbox_id, "RUNNING")
     await backdate(raw_redis, sandbox_id, 10 * 86400, "last_activity_at")
-    assert await client.app[REAPER].sweep() == ([], [])
+    assert await client.app[keys.REAPER].sweep() == ([], [])
     await client.close()
 
     # ACS_IDLE_TIMEOUT overrides the user's 0; the reaper's first pass runs at start-up.
@@ -185,7 +185,7 @@ async def test_retention_deletes_long_paused_sandboxes(
         assert resp.status == 200
     await backdate(raw_redis, old, 7200, "updated_at")
 
-    assert await client.app[REAPER].sweep() == ([], [old])
+    assert await client.app[keys.REAPER].sweep() == ([], [old])
     assert (await client.get(f"/api/v1/sandboxes/{old}", headers=alice)).status == 404
     await wait_status(client, alice, recent, "PAUSED", within=1)
     (deleted,) = [

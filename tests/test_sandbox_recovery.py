@@ -24,7 +24,6 @@ from controlplane.errors import RuntimeUnavailable
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.store import Limits
-from controlplane.sandboxes.wiring import RECONCILER
 from controlplane.store import keyspace
 from tests.sandbox_helpers import DEFAULT_IMAGE as IMAGE
 from tests.sandbox_helpers import Client, containers, start, volumes, wait_status
@@ -102,13 +101,13 @@ async def test_restart_keeps_running_sandboxes(
 
     second = await sbx_factory()
     # A full sweep of the new process finds nothing to change.
-    assert await second.app[RECONCILER].sweep() == 0
+    assert await second.app[keys.RECONCILER].sweep() == 0
     again = await wait_status(second, alice, sandbox_id, "RUNNING", within=1)
     assert again["session_api_key"] == running["session_api_key"]
     assert again["exposed_urls"] == running["exposed_urls"]
     assert again["reason"] is None
     assert await agent_echo(again, "after") == "after"
-    assert second.app[RECONCILER].fixes == 0
+    assert second.app[keys.RECONCILER].fixes == 0
     resp = await second.post(f"/api/v1/sandboxes/{sandbox_id}/pause", headers=alice)
     assert resp.status == 200
     await wait_status(second, alice, sandbox_id, "PAUSED", within=1)
@@ -127,13 +126,13 @@ async def test_interrupted_start_with_a_healthy_agent_becomes_running(
     service = second.app[keys.SANDBOXES]
     record = await service.store.get(sandbox_id)
     assert record is not None
-    before = second.app[RECONCILER].fixes
+    before = second.app[keys.RECONCILER].fixes
     # As if the old process died between "container up" and "agent healthy".
     result = await service.store.transition(record, [SandboxStatus.RUNNING], SandboxStatus.STARTING)
     assert result.outcome == "ok"
     assert not service.is_launching(sandbox_id)
     again = await wait_status(second, alice, sandbox_id, "RUNNING", within=10)
-    assert second.app[RECONCILER].fixes > before
+    assert second.app[keys.RECONCILER].fixes > before
     assert again["session_api_key"] == running["session_api_key"]
     assert again["exposed_urls"] == running["exposed_urls"]
     assert await agent_echo(again, "ok") == "ok"
@@ -307,7 +306,7 @@ async def test_deleted_sandbox_container_is_removed_never_adopted(
     # Its container shows up again (a launch elsewhere that finished after the delete).
     env = {"OH_SESSION_API_KEYS_0": running["session_api_key"]}
     fake_container(docker_client, test_prefix, sandbox_id, env)
-    reconciler = client.app[RECONCILER]
+    reconciler = client.app[keys.RECONCILER]
 
     async def gone() -> bool:
         resp = await client.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
@@ -449,7 +448,7 @@ async def test_engine_outage_is_503_then_recovers_without_restart(
     # Nothing recorded for the refused start; the sandbox keeps its status through sweeps.
     resp = await client.get("/api/v1/sandboxes/search", headers=alice)
     assert [i["id"] for i in (await resp.json())["items"]] == [sandbox_id]
-    reconciler = client.app[RECONCILER]
+    reconciler = client.app[keys.RECONCILER]
     with pytest.raises(RuntimeUnavailable):
         await reconciler.sweep()
     same = await wait_status(client, alice, sandbox_id, "RUNNING", within=1)
@@ -488,7 +487,7 @@ async def test_engine_down_at_start_up_then_up(
     alice = await user_headers("alice")
     await docker_proxy.stop()
     client = await sbx_factory(docker_url=f"unix://{docker_proxy.path}")
-    reconciler = client.app[RECONCILER]
+    reconciler = client.app[keys.RECONCILER]
     with pytest.raises(RuntimeUnavailable):
         await reconciler.sweep()
     await expect_503(await client.post("/api/v1/sandboxes", json={}, headers=alice))

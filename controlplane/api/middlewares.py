@@ -21,13 +21,10 @@ from aiohttp import web
 
 from controlplane import keys
 from controlplane.api.identity import authenticate_request
-from controlplane.api.pacing import Pacer
 from controlplane.api.parsing import RequestValidationError
-from controlplane.api.ratelimit import RateLimiter
 from controlplane.api.routing import Handler, is_public
 from controlplane.auth.models import Principal
 from controlplane.errors import ControlPlaneError, InvalidInput, QuotaExceeded, Unauthorized
-from controlplane.metrics import METRICS
 from controlplane.store.redis import REDIS_DOWN
 
 log = structlog.get_logger("controlplane.http")
@@ -36,9 +33,6 @@ PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal")
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id")
 DEADLINE: web.RequestKey[asyncio.Timeout | None] = web.RequestKey("deadline")
 PACED: web.RequestKey[bool] = web.RequestKey("paced")
-RATE_LIMITER: web.AppKey[RateLimiter] = web.AppKey("rate_limiter")
-WEBHOOK_LIMITER: web.AppKey[RateLimiter] = web.AppKey("webhook_limiter")
-PACER: web.AppKey[Pacer] = web.AppKey("pacer")
 WEBHOOK_PATH = "/api/v1/webhooks/"
 SMALL_BODY = 64 * 1024
 """Refusals read a declared body up to this size (keeping the connection); above, they close."""
@@ -79,7 +73,7 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
                 duration_ms=round(elapsed * 1000, 2),
                 user_id=principal.user_id if principal else None,
             )
-        metrics = request.app.get(METRICS)
+        metrics = request.app.get(keys.METRICS)
         if metrics is not None:
             metrics.observe_request(request.method, route, status, elapsed)
 
@@ -95,7 +89,7 @@ async def pacing_middleware(request: web.Request, handler: Handler) -> web.Strea
     webhook) share the app's Pacer budget; past it their answers wait (controlplane/api/pacing.py).
     """
     response = await handler(request)
-    pacer = request.app.get(PACER)
+    pacer = request.app.get(keys.PACER)
     if pacer is None or request.get(PRINCIPAL) is not None or response.prepared:
         return response
     if response.status < 400 and _is_webhook(request):
@@ -220,10 +214,10 @@ async def webhook_auth_middleware(request: web.Request, handler: Handler) -> web
     sandboxes = request.app.get(keys.SANDBOXES)
     if not key or len(key) > 256 or sandboxes is None:
         raise Unauthorized("invalid sandbox session key")
-    found = await sandboxes.store.id_for_key(key)
+    found = await sandboxes.id_for_key(key)
     if found is None or not secrets.compare_digest(found, sandbox_id):
         raise Unauthorized("invalid sandbox session key")
-    limiter = request.app.get(WEBHOOK_LIMITER)
+    limiter = request.app.get(keys.WEBHOOK_LIMITER)
     if limiter is not None:
         decision = await limiter.hit(f"sandbox:{sandbox_id}")
         if not decision.allowed:
@@ -243,7 +237,7 @@ async def rate_limit_middleware(request: web.Request, handler: Handler) -> web.S
     and /metrics, which authenticate themselves) are not limited. Over the limit: 429 with
     Retry-After, the seconds until the key's window resets.
     """
-    limiter = request.app.get(RATE_LIMITER)
+    limiter = request.app.get(keys.RATE_LIMITER)
     principal = request.get(PRINCIPAL)
     if limiter is None or principal is None:
         return await handler(request)

@@ -131,7 +131,7 @@ class PendingMessages:
         """Send the queue to the agent, oldest first, when the sandbox is RUNNING. One delivery
         at a time per conversation (a lock in Redis); a message leaves the queue only after
         the agent took it, so a failure leaves it, and the rest, for the next delivery."""
-        sandbox = await self._sandboxes.store.get(sandbox_id)
+        sandbox = await self._sandboxes.record(sandbox_id)
         if sandbox is None or sandbox.status != SandboxStatus.RUNNING or not sandbox.ports:
             return DeliveryResult(delivered=0, pending=await self.count(conversation_id))
         lock, token = keyspace.pending_delivery(conversation_id), secrets.token_hex(8)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -32,9 +32,9 @@ from controlplane.conversations.pending import PendingMessages
 from controlplane.conversations.starter import StartTaskRunner
 from controlplane.conversations.store import ConversationStore
 from controlplane.errors import NotFound
-from controlplane.events.store import EventStore
 from controlplane.ids import uuid7_hex
 from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
+from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.service import SandboxService
 
@@ -66,15 +66,23 @@ _SORT_KEYS: dict[ConversationSortOrder, tuple[Callable[[AppConversationInfo], An
 }
 
 
+class EventLog(Protocol):
+    """The events of conversations, kept by the layer above (controlplane/events)."""
+
+    async def delete(self, conversation_id: str) -> None:
+        """Drop every event of the conversation."""
+
+
 class ConversationService:
     def __init__(
         self,
         store: ConversationStore,
-        events: EventStore,
+        events: EventLog,
         sandboxes: SandboxService,
         agent: AgentClient,
         runner: StartTaskRunner,
         *,
+        publisher: LifecyclePublisher | None = None,
         pending: PendingMessages | None = None,
     ) -> None:
         self.store = store
@@ -82,6 +90,7 @@ class ConversationService:
         self.sandboxes = sandboxes
         self.agent = agent
         self.runner = runner
+        self.publisher = publisher
         self.pending = pending
 
     # -- starting ----------------------------------------------------------------------------
@@ -174,7 +183,7 @@ class ConversationService:
     async def _live(
         self, principal: Principal, infos: list[AppConversationInfo]
     ) -> list[AppConversation]:
-        records = await self.sandboxes.store.get_many(i.sandbox_id for i in infos)
+        records = await self.sandboxes.records(i.sandbox_id for i in infos)
         return [self._view(principal, i, r) for i, r in zip(infos, records, strict=True)]
 
     def _view(
@@ -286,7 +295,7 @@ class ConversationService:
         """Delete the conversation, its events and start tasks; the sandbox too if no other
         conversation uses it."""
         info = await self.owned(principal, conversation_id)
-        sandbox = await self.sandboxes.store.get(info.sandbox_id)
+        sandbox = await self.sandboxes.record(info.sandbox_id)
         if sandbox is not None and sandbox.status == SandboxStatus.RUNNING:
             try:
                 await self.agent.delete(
@@ -298,8 +307,8 @@ class ConversationService:
         await self.events.delete(info.id)
         if self.pending is not None:
             await self.pending.drop(info.id)
-        if self.sandboxes.publisher is not None and info.created_by_user_id:
-            await self.sandboxes.publisher.publish(
+        if self.publisher is not None and info.created_by_user_id:
+            await self.publisher.publish(
                 LifecycleEvent(
                     type=LifecycleType.CONVERSATION_DELETED,
                     user_id=info.created_by_user_id,

@@ -33,6 +33,7 @@ from controlplane.sandboxes.models import SandboxRecord
 from controlplane.sandboxes.service import SandboxService
 from controlplane.settings.models import ProviderType, UserRecord
 from controlplane.settings.service import SettingsService
+from controlplane.specs.catalog import SpecCatalog
 
 log = structlog.get_logger(__name__)
 T = StartTaskStatus
@@ -82,6 +83,7 @@ class StartTaskRunner:
         settings: SettingsService,
         agent: AgentClient,
         *,
+        catalog: SpecCatalog,
         publisher: LifecyclePublisher | None = None,
         pending: PendingMessages | None = None,
     ) -> None:
@@ -90,6 +92,7 @@ class StartTaskRunner:
         self._config = config
         self._store = store
         self._sandboxes = sandboxes
+        self._catalog = catalog
         self._settings = settings
         self._agent = agent
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -229,7 +232,7 @@ class StartTaskRunner:
     async def _prepare_repository(
         self, task: AppConversationStartTask, sandbox: SandboxRecord, base: str, record: UserRecord
     ) -> str:
-        spec = self._sandboxes.catalog.find(sandbox.spec_id)
+        spec = self._catalog.find(sandbox.spec_id)
         root = spec.working_dir if spec else "/workspace"
         repo = task.request.selected_repository
         if not repo:
@@ -322,7 +325,7 @@ class StartTaskRunner:
         sandbox: SandboxRecord,
     ) -> dict[str, Any]:
         settings = record.settings
-        spec = self._sandboxes.catalog.find(sandbox.spec_id)
+        spec = self._catalog.find(sandbox.spec_id)
         secrets = {name: s.value for name, s in record.custom_secrets.items()}
         for provider, token in record.provider_tokens.items():
             secrets[f"{provider.value.upper()}_TOKEN"] = token.token

@@ -11,11 +11,15 @@ from controlplane.conversations.models import (
     TERMINAL_TASK,
     AppConversationInfo,
     AppConversationStartTask,
+    ExecutionStatus,
     now,
 )
 from controlplane.errors import Conflict
 from controlplane.store import keyspace, text
 from controlplane.store.paging import page_ids
+
+BUSY = frozenset({ExecutionStatus.RUNNING})
+"""Execution statuses that keep a sandbox from being paused as idle."""
 
 # KEYS: owner key, record key. ARGV: user id. An id is free, or the caller's and not yet a
 # conversation (a start that failed may be tried again with the same id); a record without an
@@ -140,6 +144,12 @@ class ConversationStore:
     async def all_ids(self, owner: str) -> list[str]:
         raw = await self._redis.zrange(keyspace.user_conversations(owner), 0, -1)
         return [text(i) for i in raw]
+
+    async def busy(self, sandbox_id: str) -> bool:
+        """True while a conversation in the sandbox has its agent running (the idle reaper's
+        question, controlplane/sandboxes/reaper.py: Activity)."""
+        infos = await self.get_many(sorted(await self.ids_in_sandbox(sandbox_id)))
+        return any(i is not None and i.execution_status in BUSY for i in infos)
 
     async def ids_in_sandbox(self, sandbox_id: str) -> set[str]:
         return {

@@ -38,14 +38,12 @@ from controlplane.sandboxes.models import Success
 routes = RouteTable(tag="events")
 # Served by the API and by the webhook listener on the sandbox networks' gateways (app.py).
 webhook_routes = RouteTable(tag="events")
-OpenSockets = weakref.WeakSet[web.WebSocketResponse]
-OPEN_SOCKETS: web.AppKey[OpenSockets] = web.AppKey("open_sockets", OpenSockets)
 
 
 def track_sockets(app: web.Application) -> None:
     """Live sockets are closed when the server shuts down, so they do not hold it up."""
-    sockets: OpenSockets = weakref.WeakSet()
-    app[OPEN_SOCKETS] = sockets
+    sockets: keys.OpenSockets = weakref.WeakSet()
+    app[keys.OPEN_SOCKETS] = sockets
 
     async def close_all(_app: web.Application) -> None:
         for ws in list(sockets):
@@ -142,7 +140,7 @@ async def event_socket(request: web.Request) -> web.StreamResponse:
         newest = await events.store.page(info.id, None, 1, True)
         last = newest[0][0] if newest else "0"
     await ws.prepare(request)
-    request.app[OPEN_SOCKETS].add(ws)
+    request.app[keys.OPEN_SOCKETS].add(ws)
     redis = request.app[keys.REDIS]
 
     async def follow() -> None:

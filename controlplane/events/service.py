@@ -11,8 +11,10 @@ import structlog
 
 from controlplane.api.pagination import STREAM_ID, decode_cursor, encode_cursor
 from controlplane.auth.models import Principal
+from controlplane.conversations.agent_client import AgentClient
 from controlplane.conversations.models import AppConversationInfo, ExecutionStatus, MetricsSnapshot
 from controlplane.conversations.service import ConversationService
+from controlplane.conversations.store import ConversationStore
 from controlplane.errors import NotFound, Unauthorized
 from controlplane.events.agent_state import readable_metrics, readable_state, status_in
 from controlplane.events.budget import ENFORCED_BY_AGENT, BudgetEnforcer, crossed
@@ -25,6 +27,8 @@ from controlplane.events.models import (
 )
 from controlplane.events.store import EventStore, StoredEvent
 from controlplane.sandboxes.models import SandboxRecord
+from controlplane.sandboxes.reads import SandboxReads
+from controlplane.specs.catalog import SpecCatalog
 
 log = structlog.get_logger(__name__)
 
@@ -66,14 +70,25 @@ class EventService:
         self,
         store: EventStore,
         conversations: ConversationService,
+        *,
+        records: ConversationStore,
+        sandboxes: SandboxReads,
+        catalog: SpecCatalog,
+        agent: AgentClient,
+        url_host: str,
         on_lag: Callable[[float], None] | None = None,
     ) -> None:
-        """`on_lag(seconds)` is told, for each event of a stored webhook batch, how long after
-        its timestamp it arrived (the event lag metric)."""
+        """`records`: the conversation records webhooks update; `url_host`: where agent servers'
+        published ports are reached (ACS_URL_HOST). `on_lag(seconds)` is told, for each event of
+        a stored webhook batch, how long after its timestamp it arrived (the event lag metric)."""
         self.store = store
         self._conversations = conversations
+        self._records = records
+        self._sandboxes = sandboxes
+        self._catalog = catalog
+        self._url_host = url_host
         self._on_lag = on_lag
-        self._budget = BudgetEnforcer(conversations.agent, store)
+        self._budget = BudgetEnforcer(agent, store)
 
     async def close(self) -> None:
         await self._budget.close()
@@ -82,11 +97,10 @@ class EventService:
 
     async def _sandbox(self, sandbox_id: str, key: str | None) -> SandboxRecord:
         """The sandbox whose session key was presented. Raises Unauthorized."""
-        store = self._conversations.sandboxes.store
-        found = await store.id_for_key(key) if key else None
+        found = await self._sandboxes.id_for_key(key) if key else None
         if found is None or not hmac.compare_digest(found, sandbox_id):
             raise Unauthorized("invalid sandbox session key")
-        record = await store.get(sandbox_id)
+        record = await self._sandboxes.record(sandbox_id)
         if record is None:
             raise Unauthorized("invalid sandbox session key")
         return record
@@ -98,7 +112,7 @@ class EventService:
         on the agent server directly by an SDK client, or already deleted) are acknowledged and
         not kept: agent servers retry refused posts for minutes (the official one even holds a
         conversation's delete until they succeed), and there is no one to keep them for."""
-        info = await self._conversations.store.get(conversation_id.replace("-", "").lower())
+        info = await self._records.get(conversation_id.replace("-", "").lower())
         if info is None or info.sandbox_id != sandbox_id:
             log.info(
                 "webhook_conversation_unknown", sandbox_id=sandbox_id, conversation=conversation_id
@@ -128,7 +142,7 @@ class EventService:
                 self._on_lag((now - _utc(checked.timestamp)).total_seconds())
         if status is not None or metrics is not None:
             await self._note_state(sandbox, info.id, status, metrics)
-        await self._conversations.sandboxes.store.touch(sandbox_id)
+        await self._sandboxes.touch(sandbox_id)
         return added
 
     async def _note_state(
@@ -147,7 +161,7 @@ class EventService:
         its own, so an older one may land after a newer one (or after the ordered state events):
         from it, a status only when none is known yet, and never a lower cost."""
         over = False
-        spec = self._conversations.sandboxes.catalog.find(sandbox.spec_id)
+        spec = self._catalog.find(sandbox.spec_id)
         racy = not ordered and spec is not None and spec.agent_kind not in ENFORCED_BY_AGENT
 
         def change(record: AppConversationInfo) -> None:
@@ -169,11 +183,11 @@ class EventService:
                 record.metrics = metrics.model_copy(update={"max_budget_per_task": budget})
                 over = crossed(before, record.metrics, budget)
 
-        updated = await self._conversations.store.update(conversation_id, change)
+        updated = await self._records.update(conversation_id, change)
         if not over or updated is None:
             return
         if spec is not None and spec.agent_kind not in ENFORCED_BY_AGENT:
-            url = self._conversations.sandboxes.agent_url(sandbox)
+            url = sandbox.agent_url(self._url_host)
             self._budget.enforce(url, sandbox, updated)
 
     async def ingest_info(self, sandbox_id: str, key: str | None, body: dict[str, Any]) -> None:
@@ -186,7 +200,7 @@ class EventService:
         if info is None:
             return
         await self._note_state(sandbox, info.id, status, metrics, ordered=False)
-        await self._conversations.sandboxes.store.touch(sandbox_id)
+        await self._sandboxes.touch(sandbox_id)
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane.api.pagination import MAX_BATCH, PageQuery, cursor_field
 from controlplane.api.parsing import QueryTime
+from controlplane.specs.models import AGENT_SERVER
 
 SANDBOX_ID_PATTERN = r"^[0-9a-f]{22}$"
 
@@ -46,6 +47,10 @@ class SandboxRecord(BaseModel):
     updated_at: datetime
     last_activity_at: datetime
     deleting_at: datetime | None = None  # a delete was asked for: it is finished, never undone
+
+    def agent_url(self, host: str) -> str:
+        """Base URL of the sandbox's agent server, at `host` (ACS_URL_HOST)."""
+        return f"http://{host}:{self.ports[AGENT_SERVER]}"
 
     @classmethod
     def starting(cls, sandbox_id: str, owner: str, spec_id: str) -> SandboxRecord:

@@ -19,16 +19,20 @@ from datetime import UTC, datetime, timedelta
 import structlog
 
 from controlplane.auth.models import Principal
+from controlplane.config import ServiceConfig
 from controlplane.errors import RuntimeUnavailable
 from controlplane.sandboxes import naming
+from controlplane.sandboxes.admission import Admission
 from controlplane.sandboxes.agent_kinds import warm_up
+from controlplane.sandboxes.launcher import Launcher
+from controlplane.sandboxes.locks import SandboxLocks
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.pool_store import PoolStore
-from controlplane.sandboxes.service import SandboxService
-from controlplane.sandboxes.store import Limits
+from controlplane.sandboxes.store import Limits, SandboxStore
+from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import SandboxSpec
 from controlplane.store.leader import LeaderLock
-from drivers.base import ContainerState
+from drivers.base import ContainerState, SandboxDriver
 from drivers.errors import DriverError
 
 log = structlog.get_logger(__name__)
@@ -43,12 +47,28 @@ def fingerprint(spec: SandboxSpec, image_id: str) -> str:
 
 
 class WarmPool:
-    def __init__(self, service: SandboxService, store: PoolStore, leader: LeaderLock) -> None:
-        self._svc = service
-        self.service = service
+    def __init__(
+        self,
+        config: ServiceConfig,
+        store: PoolStore,
+        sandboxes: SandboxStore,
+        driver: SandboxDriver,
+        catalog: SpecCatalog,
+        *,
+        launcher: Launcher,
+        locks: SandboxLocks,
+        admission: Admission,
+        leader: LeaderLock,
+    ) -> None:
+        self._config = config
         self.store = store
+        self._sandboxes = sandboxes
+        self._driver = driver
+        self.catalog = catalog
+        self._launcher = launcher
+        self._locks = locks
+        self._admission = admission
         self._leader = leader
-        self._config = service.config
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -59,7 +79,13 @@ class WarmPool:
 
     @property
     def enabled(self) -> bool:
-        return any(self.size(spec) > 0 for spec in self._svc.catalog.all())
+        return any(self.size(spec) > 0 for spec in self.catalog.all())
+
+    async def current(self, spec: SandboxSpec) -> str | None:
+        """The fingerprint members of `spec` are booted with now; None while its image is
+        not on the host."""
+        image_id = await self._driver.image_id(spec.image)
+        return fingerprint(spec, image_id) if image_id else None
 
     # -- claims (any replica) -------------------------------------------------------------
 
@@ -77,10 +103,10 @@ class WarmPool:
         )
         self._wake.set()
         if claim.outcome in ("running", "total"):
-            raise self._svc._quota(principal, claim.outcome)
+            raise self._admission.refused(principal, claim.outcome)
         if claim.sandbox_id is None:
             return None
-        record = await self._svc.store.get(claim.sandbox_id)
+        record = await self._sandboxes.get(claim.sandbox_id)
         if record is None:
             return None  # deleted by its new owner already
         if claim.was_paused:
@@ -93,15 +119,15 @@ class WarmPool:
         removed, and the create goes on cold."""
         name = naming.container_name(self._config.container_prefix, record.id)
         try:
-            await self._svc.driver.unpause(name)
+            await self._driver.unpause(name)
         except DriverError as exc:
             log.warning("pool_unpause_failed", sandbox_id=record.id, error=str(exc))
             volume = naming.volume_name(self._config.container_prefix, record.id)
-            await self._svc.driver.remove(name, volume)
-            await self._svc.store.delete(record)
+            await self._driver.remove(name, volume)
+            await self._sandboxes.delete(record)
             return None
-        await self._svc.store.transition(record, [S.STARTING], S.RUNNING, touch=True)
-        return await self._svc.store.get(record.id)
+        await self._sandboxes.transition(record, [S.STARTING], S.RUNNING, touch=True)
+        return await self._sandboxes.get(record.id)
 
     # -- the refiller (one replica) -------------------------------------------------------
 
@@ -145,7 +171,7 @@ class WarmPool:
             return 0
         containers = {
             c.labels.get(naming.LABEL_ID, ""): c
-            for c in await self._svc.driver.list_managed(
+            for c in await self._driver.list_managed(
                 {
                     naming.LABEL_PREFIX: self._config.container_prefix,
                     naming.LABEL_OWNER: naming.POOL_OWNER,
@@ -153,19 +179,18 @@ class WarmPool:
             )
         }
         launched = 0
-        for spec in self._svc.catalog.all():
+        for spec in self.catalog.all():
             mine = [(r, fp) for r, fp in members if r.spec_id == spec.id]
             size = self.size(spec)
             if not mine and size <= 0:
                 continue
-            image_id = await self._svc.driver.image_id(spec.image)
-            current = fingerprint(spec, image_id) if image_id else None
+            current = await self.current(spec)
             live = await self._tend(spec, mine, current, containers)
             for record in live[size:]:
                 await self._drop(record, "surplus")
             if current is not None and len(live) < size:
                 launched += await self._launch(spec, current, size - len(live))
-        known = {spec.id for spec in self._svc.catalog.all()}
+        known = {spec.id for spec in self.catalog.all()}
         for record, _fp in members:
             if record.spec_id not in known:
                 await self._drop(record, "spec removed")
@@ -185,7 +210,7 @@ class WarmPool:
         booting: list[SandboxRecord] = []
         grace = timedelta(seconds=self._config.start_timeout + 10)
         for record, fp in members:
-            launching = self._svc.is_launching(record.id)
+            launching = self._launcher.is_launching(record.id)
             state = containers.get(record.id)
             if fp != current:
                 await self._drop(record, "stale: its spec or image changed")
@@ -212,7 +237,7 @@ class WarmPool:
         wants."""
         if record.status == S.RUNNING and record.id not in self._warmed:
             self._warmed.add(record.id)
-            await warm_up(spec, self._svc.agent_url(record), record.session_api_key)
+            await warm_up(spec, record.agent_url(self._config.url_host), record.session_api_key)
         return await self._settle(spec, record, state)
 
     async def _settle(
@@ -223,17 +248,17 @@ class WarmPool:
             return True
         if state.status != "running":
             return False
-        async with self._svc.lock(record.id):
+        async with self._locks.of(record.id):
             name = naming.container_name(self._config.container_prefix, record.id)
-            await self._svc.driver.pause(name)
-            result = await self._svc.store.transition(record, [S.RUNNING], S.PAUSED)
+            await self._driver.pause(name)
+            result = await self._sandboxes.transition(record, [S.RUNNING], S.PAUSED)
         return result.outcome == "ok"  # else the reconciler saw the pause first: next pass
 
     async def _launch(self, spec: SandboxSpec, current: str, count: int) -> int:
-        capacity = (await self._svc.limits()).memory_capacity
+        capacity = (await self._admission.limits()).memory_capacity
         launched = 0
         for _ in range(count):
-            if not self._svc.host_memory.room_for(spec.resources.reservation_bytes):
+            if not self._admission.room_for(spec.resources.reservation_bytes):
                 log.info("pool_refill_host_short", spec_id=spec.id)
                 break
             record = SandboxRecord.starting(naming.new_sandbox_id(), naming.POOL_OWNER, spec.id)
@@ -242,7 +267,7 @@ class WarmPool:
             ):
                 log.info("pool_refill_no_capacity", spec_id=spec.id)
                 break
-            self._svc.launcher.launch(record)
+            self._launcher.launch(record)
             launched += 1
         if launched:
             log.info("pool_refill", spec_id=spec.id, launched=launched)
@@ -251,10 +276,10 @@ class WarmPool:
     async def _drop(self, record: SandboxRecord, why: str) -> None:
         if not await self.store.drop(record):
             return  # claimed first: it is a user's now
-        await self._svc.launcher.cancel(record.id)
+        await self._launcher.cancel(record.id)
         prefix = self._config.container_prefix
         try:
-            await self._svc.driver.remove(
+            await self._driver.remove(
                 naming.container_name(prefix, record.id), naming.volume_name(prefix, record.id)
             )
         except DriverError as exc:

@@ -8,13 +8,13 @@ from datetime import datetime
 from aiohttp import web
 from pydantic import BaseModel
 
+from controlplane import keys
 from controlplane.api.middlewares import principal_of
 from controlplane.api.parsing import json_response
 from controlplane.api.routing import RouteTable
 from controlplane.errors import Forbidden, RuntimeUnavailable
 from controlplane.sandboxes.models import SandboxStatus
-from controlplane.sandboxes.pool import WarmPool, fingerprint
-from controlplane.sandboxes.wiring import POOL
+from controlplane.sandboxes.pool import WarmPool
 
 routes = RouteTable(tag="sandboxes")
 
@@ -44,12 +44,10 @@ class PoolView(BaseModel):
 async def describe(pool: WarmPool) -> PoolView:
     members = await pool.store.members()
     stats = await pool.store.stats()
-    driver = pool.service.driver
     out: list[PoolOfSpec] = []
-    for spec in pool.service.catalog.all():
+    for spec in pool.catalog.all():
         mine = [(r, fp) for r, fp in members if r.spec_id == spec.id]
-        image_id = await driver.image_id(spec.image)
-        current = fingerprint(spec, image_id) if image_id else None
+        current = await pool.current(spec)
         ready = await pool.store.ready_ids(spec.id)
         out.append(
             PoolOfSpec(
@@ -84,7 +82,7 @@ async def describe(pool: WarmPool) -> PoolView:
 async def get_pool(request: web.Request) -> web.Response:
     if not principal_of(request).is_admin:
         raise Forbidden("the sandbox pool needs an admin key")
-    pool = request.app.get(POOL)
+    pool = request.app.get(keys.POOL)
     if pool is None:
         raise RuntimeUnavailable("sandboxes are not enabled on this server")
     return json_response(await describe(pool))

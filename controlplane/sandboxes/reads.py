@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Iterable
 
 from controlplane.api.pagination import decode_cursor, encode_cursor
 from controlplane.auth.models import Principal
@@ -51,8 +52,6 @@ class SandboxReads:
         self.store = store
         self.catalog = catalog
         self.feed = feed or StatusFeed()
-        if store.on_change is None:
-            store.on_change = self.feed.notify
 
     async def owned(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
         """The record if the caller may see it. Raises SandboxNotFound otherwise (never 403)."""
@@ -60,6 +59,22 @@ class SandboxReads:
         if record is None or not _visible(record, principal):
             raise SandboxNotFound(f"sandbox {sandbox_id} not found")
         return record
+
+    async def record(self, sandbox_id: str) -> SandboxRecord | None:
+        """The record, whoever owns it (for the layers above, which check ownership first)."""
+        return await self.store.get(sandbox_id)
+
+    async def records(self, ids: Iterable[str]) -> list[SandboxRecord | None]:
+        """Records in the order of `ids`, None for unknown ones; no ownership check."""
+        return await self.store.get_many(ids)
+
+    async def id_for_key(self, session_api_key: str) -> str | None:
+        """The sandbox a session key belongs to (webhook authentication), None if none."""
+        return await self.store.id_for_key(session_api_key)
+
+    async def touch(self, sandbox_id: str) -> None:
+        """Activity in the sandbox (an agent event): its idle deadline starts again."""
+        await self.store.touch(sandbox_id)
 
     def view(self, record: SandboxRecord, principal: Principal) -> SandboxInfo:
         running = record.status == S.RUNNING
@@ -122,7 +137,7 @@ class SandboxReads:
 
     def agent_url(self, record: SandboxRecord) -> str:
         """Base URL of the sandbox's agent server, as this control plane reaches it."""
-        return f"http://{self.config.url_host}:{record.ports[AGENT_SERVER]}"
+        return record.agent_url(self.config.url_host)
 
     async def wait_running(self, sandbox_id: str, timeout: float) -> SandboxRecord:
         """The record once RUNNING, read again at each change of its status (StatusFeed).

@@ -12,34 +12,53 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 import structlog
 
-from controlplane.conversations.models import ExecutionStatus
-from controlplane.conversations.store import ConversationStore
+from controlplane.config import ServiceConfig
 from controlplane.errors import ControlPlaneError
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
-from controlplane.sandboxes.service import SandboxService
+from controlplane.sandboxes.store import SandboxStore
 from controlplane.settings.service import SettingsService
+from controlplane.specs.catalog import SpecCatalog
 from controlplane.store.leader import LeaderLock
 
 log = structlog.get_logger(__name__)
-BUSY = frozenset({ExecutionStatus.RUNNING})
+
+
+class Activity(Protocol):
+    """What the reaper asks the layer above it (conversations) before pausing a sandbox."""
+
+    async def busy(self, sandbox_id: str) -> bool:
+        """True while an agent runs in the sandbox: activity even when it prints nothing."""
+
+
+class IdleActions(Protocol):
+    async def pause_idle(self, sandbox_id: str, reason: str) -> bool: ...
+
+    async def retire(self, sandbox_id: str, reason: str) -> bool: ...
 
 
 class IdleReaper:
     def __init__(
         self,
-        sandboxes: SandboxService,
-        conversations: ConversationStore,
+        config: ServiceConfig,
+        store: SandboxStore,
+        catalog: SpecCatalog,
+        *,
+        actions: IdleActions,
+        activity: Activity,
         settings: SettingsService,
         leader: LeaderLock,
     ) -> None:
-        self._sandboxes = sandboxes
-        self._conversations = conversations
+        self._config = config
+        self._store = store
+        self._catalog = catalog
+        self._actions = actions
+        self._activity = activity
         self._settings = settings
         self._leader = leader
-        self._config = sandboxes.config
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -71,13 +90,8 @@ class IdleReaper:
         user = await self._settings.record(record.owner)
         if user.settings.sandbox_idle_timeout is not None:
             return user.settings.sandbox_idle_timeout
-        spec = self._sandboxes.catalog.find(record.spec_id)
+        spec = self._catalog.find(record.spec_id)
         return spec.idle_timeout if spec else 0
-
-    async def _busy(self, record: SandboxRecord) -> bool:
-        ids = await self._conversations.ids_in_sandbox(record.id)
-        infos = await self._conversations.get_many(sorted(ids))
-        return any(i is not None and i.execution_status in BUSY for i in infos)
 
     async def sweep(self, now: datetime | None = None) -> tuple[list[str], list[str]]:
         """One pass. Returns (paused ids, deleted ids)."""
@@ -85,7 +99,7 @@ class IdleReaper:
         paused: list[str] = []
         retired: list[str] = []
         retention = self._config.paused_retention
-        store = self._sandboxes.store
+        store = self._store
         after: str | None = None
         while True:
             ids = await store.page_ids(None, after, 500)
@@ -102,7 +116,7 @@ class IdleReaper:
                         and now - record.updated_at > timedelta(seconds=retention)
                     ):
                         reason = f"deleted after {retention} s paused (retention)"
-                        if await self._sandboxes.retire(record.id, reason):
+                        if await self._actions.retire(record.id, reason):
                             retired.append(record.id)
                 except ControlPlaneError as exc:
                     log.warning("reaper_action_failed", sandbox_id=record.id, error=str(exc))
@@ -116,10 +130,10 @@ class IdleReaper:
         idle = (now - record.last_activity_at).total_seconds()
         if timeout <= 0 or idle < timeout:
             return False
-        if await self._busy(record):
+        if await self._activity.busy(record.id):
             # A running agent is activity, even when its command prints nothing for a while.
-            await self._sandboxes.store.touch(record.id)
+            await self._store.touch(record.id)
             return False
-        return await self._sandboxes.pause_idle(
+        return await self._actions.pause_idle(
             record.id, f"paused after {int(idle)} s idle (timeout {timeout} s)"
         )

@@ -17,18 +17,23 @@ Rules (also in docs/sandboxes.md):
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 import structlog
 
+from controlplane.config import ServiceConfig
 from controlplane.errors import ControlPlaneError, RuntimeUnavailable
 from controlplane.sandboxes import naming
-from controlplane.sandboxes.launcher import host_ports
-from controlplane.sandboxes.leases import LEASE_TTL
+from controlplane.sandboxes.launcher import Launcher, host_ports
+from controlplane.sandboxes.leases import LEASE_TTL, IntentLeases
+from controlplane.sandboxes.lifecycle import SandboxLifecycle
+from controlplane.sandboxes.locks import SandboxLocks
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
-from controlplane.sandboxes.service import SandboxService
-from controlplane.sandboxes.store import Limits
-from drivers.base import ContainerEvent, ContainerState
+from controlplane.sandboxes.store import Limits, SandboxStore
+from controlplane.specs.catalog import SpecCatalog
+from drivers.base import ContainerEvent, ContainerState, SandboxDriver
 
 log = structlog.get_logger(__name__)
 S = SandboxStatus
@@ -56,14 +61,49 @@ def observed_status(record: SandboxRecord, state: ContainerState | None) -> tupl
     return None
 
 
+class Deletes(Protocol):
+    async def finish_delete(
+        self, record: SandboxRecord, *, reason: str | None = None, automatic: bool = False
+    ) -> None:
+        """Remove what the runtime has of the sandbox, then its record (idempotent)."""
+
+
 class Reconciler:
-    def __init__(self, service: SandboxService, interval: float) -> None:
-        self._svc = service
-        self._interval = interval
-        self._labels = {naming.LABEL_PREFIX: service.config.container_prefix}
+    def __init__(
+        self,
+        config: ServiceConfig,
+        store: SandboxStore,
+        driver: SandboxDriver,
+        catalog: SpecCatalog,
+        *,
+        deletes: Deletes,
+        launcher: Launcher,
+        locks: SandboxLocks,
+        notes: SandboxLifecycle,
+        leases: IntentLeases | None = None,
+        on_fix: Callable[[], None] | None = None,
+    ) -> None:
+        """`on_fix()` is called for every record changed (the metric's hook)."""
+        self._config = config
+        self._store = store
+        self._driver = driver
+        self._catalog = catalog
+        self._deletes = deletes
+        self._launcher = launcher
+        self._locks = locks
+        self._notes = notes
+        self._leases = leases
+        self._on_fix = on_fix
+        self._interval = config.reconcile_interval
+        self._labels = {naming.LABEL_PREFIX: config.container_prefix}
         self.fixes = 0
         self.busy_elsewhere = False
         self._tasks: list[asyncio.Task[None]] = []
+
+    def _fixed(self) -> None:
+        self.fixes += 1
+        if self._on_fix is not None:
+            self._on_fix()
 
     def start(self) -> None:
         """Begin sweeping (at once, then periodically) and following engine events."""
@@ -107,7 +147,7 @@ class Reconciler:
         delay = 0.5
         while True:
             queue: asyncio.Queue[ContainerEvent | Exception | None] = asyncio.Queue()
-            watch = self._svc.driver.watch(self._labels, queue.put_nowait)
+            watch = self._driver.watch(self._labels, queue.put_nowait)
             try:
                 while (item := await queue.get()) is not None:
                     if isinstance(item, Exception):
@@ -128,11 +168,11 @@ class Reconciler:
     async def _check_one(self, sandbox_id: str) -> None:
         # Most events are the echo of our own operation: don't queue an inspect behind it.
         # A change missed here is caught by the next sweep.
-        if self._svc.is_launching(sandbox_id) or self._svc.lock(sandbox_id).locked():
+        if self._launcher.is_launching(sandbox_id) or self._locks.of(sandbox_id).locked():
             return
         try:
-            name = naming.container_name(self._svc.config.container_prefix, sandbox_id)
-            await self._apply(sandbox_id, await self._svc.driver.inspect(name))
+            name = naming.container_name(self._config.container_prefix, sandbox_id)
+            await self._apply(sandbox_id, await self._driver.inspect(name))
         except ControlPlaneError as exc:
             log.warning("reconcile_event_failed", sandbox_id=sandbox_id, error=str(exc))
 
@@ -141,13 +181,13 @@ class Reconciler:
         before = self.fixes
         containers = {
             c.labels.get(naming.LABEL_ID, ""): c
-            for c in await self._svc.driver.list_managed(self._labels)
+            for c in await self._driver.list_managed(self._labels)
         }
         after: str | None = None
         seen: set[str] = set()
         while True:
-            ids = await self._svc.store.page_ids(None, after, 500)
-            for sandbox_id, record in zip(ids, await self._svc.store.get_many(ids), strict=True):
+            ids = await self._store.page_ids(None, after, 500)
+            for sandbox_id, record in zip(ids, await self._store.get_many(ids), strict=True):
                 seen.add(sandbox_id)
                 state = containers.get(sandbox_id)
                 if record is not None and (
@@ -166,13 +206,13 @@ class Reconciler:
 
     async def _apply(self, sandbox_id: str, state: ContainerState | None) -> None:
         """Bring one record in line with `state`, re-reading the record under its lock."""
-        if self._svc.is_launching(sandbox_id):
+        if self._launcher.is_launching(sandbox_id):
             return
-        lock = self._svc.lock(sandbox_id)
+        lock = self._locks.of(sandbox_id)
         if lock.locked():
             return  # an API operation is acting on it; its own CAS keeps the record right
         async with lock:
-            record = await self._svc.store.get(sandbox_id)
+            record = await self._store.get(sandbox_id)
             if record is None:
                 if state is not None:
                     await self._orphan(sandbox_id, state)
@@ -188,15 +228,15 @@ class Reconciler:
                 return
             status, reason = change
             ports = None
-            spec = self._svc.catalog.find(record.spec_id)
+            spec = self._catalog.find(record.spec_id)
             if status == S.RUNNING and state is not None and spec is not None:
                 ports = host_ports(spec, state)
-            result = await self._svc.store.transition(
+            result = await self._store.transition(
                 record, [record.status], status, reason=reason or None, ports=ports
             )
             if result.outcome == "ok":
-                self.fixes += 1
-                await self._svc.publish_observed(record, status, reason)
+                self._fixed()
+                await self._notes.observed(record, status, reason)
                 log.info(
                     "reconciled",
                     sandbox_id=sandbox_id,
@@ -207,7 +247,7 @@ class Reconciler:
 
     async def _claim(self, record: SandboxRecord) -> bool:
         """Take over the pending intent of `record` unless a live replica carries it."""
-        leases = self._svc.leases
+        leases = self._leases
         if leases is None:
             return True
         if await leases.claim(record.id):
@@ -219,13 +259,13 @@ class Reconciler:
         if not await self._claim(record):
             return
         try:
-            await self._svc.finish_delete(
+            await self._deletes.finish_delete(
                 record, reason="delete finished after an interruption", automatic=True
             )
         finally:
-            if self._svc.leases is not None:
-                await self._svc.leases.release(record.id)
-        self.fixes += 1
+            if self._leases is not None:
+                await self._leases.release(record.id)
+        self._fixed()
         log.info("reconciled", sandbox_id=record.id, was=record.status, now="deleted")
 
     async def _interrupted_start(self, record: SandboxRecord) -> None:
@@ -235,15 +275,15 @@ class Reconciler:
             return
         if await self._claim(record):
             log.info("start_taken_over", sandbox_id=record.id)
-            self.fixes += 1
-            self._svc.launcher.take_over(record)
+            self._fixed()
+            self._launcher.take_over(record)
 
     async def _orphan(self, sandbox_id: str, state: ContainerState) -> None:
-        if await self._svc.store.is_tombstoned(sandbox_id):
+        if await self._store.is_tombstoned(sandbox_id):
             # Deleted through the API: whatever is left of it goes too. Leaving it would keep it
             # running, and adopt it back as a live sandbox once the tombstone expires.
-            prefix = self._svc.config.container_prefix
-            await self._svc.driver.remove(state.name, naming.volume_name(prefix, sandbox_id))
+            prefix = self._config.container_prefix
+            await self._driver.remove(state.name, naming.volume_name(prefix, sandbox_id))
             return
         key = state.env.get("OH_SESSION_API_KEYS_0")
         owner = state.labels.get(naming.LABEL_OWNER)
@@ -251,17 +291,17 @@ class Reconciler:
             # Its label cannot say whether a user claimed it: adopting it into the pool could
             # hand one user's workspace to another. The volume stays for an operator to look at.
             log.warning("pool_orphan_removed", sandbox_id=sandbox_id, container=state.name)
-            await self._svc.driver.remove(state.name, None)
+            await self._driver.remove(state.name, None)
             return
         spec_id = state.labels.get(naming.LABEL_SPEC)
         if not key or not owner or not spec_id:
             log.warning("orphan_removed", sandbox_id=sandbox_id, container=state.name)
-            await self._svc.driver.remove(state.name, None)
+            await self._driver.remove(state.name, None)
             return
         status = {"running": S.RUNNING, "paused": S.PAUSED, "exited": S.PAUSED}.get(
             state.status, S.ERROR
         )
-        spec = self._svc.catalog.find(spec_id)
+        spec = self._catalog.find(spec_id)
         now = datetime.now(UTC)
         record = SandboxRecord(
             id=sandbox_id,
@@ -276,7 +316,7 @@ class Reconciler:
             last_activity_at=now,
         )
         memory = spec.resources.reservation_bytes if spec else 0
-        if await self._svc.store.create(record, memory, Limits()) == "ok":
-            self.fixes += 1
+        if await self._store.create(record, memory, Limits()) == "ok":
+            self._fixed()
             log.info("orphan_adopted", sandbox_id=sandbox_id, status=status)
-            await self._svc.publish_adopted(record)
+            await self._notes.adopted(record)

@@ -13,7 +13,6 @@ from controlplane.api.middlewares import principal_of
 from controlplane.api.parsing import json_response, parse_body, parse_query
 from controlplane.api.routing import RouteTable
 from controlplane.errors import RuntimeUnavailable
-from controlplane.metrics import METRICS
 from controlplane.sandboxes.models import (
     DeleteSandboxQuery,
     SandboxBatchQuery,
@@ -44,7 +43,7 @@ async def _timed(request: web.Request, operation: str, call: Awaitable[T]) -> T:
     """Await one service call; a successful one is observed in acs_sandbox_api_seconds."""
     started = time.perf_counter()
     result = await call
-    metrics = request.app.get(METRICS)
+    metrics = request.app.get(keys.METRICS)
     if metrics is not None:
         metrics.sandbox_api.labels(operation).observe(time.perf_counter() - started)
     return result

@@ -7,30 +7,25 @@ compare-and-set in the store, so two replicas (or a replica and the reconciler) 
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Protocol
 
 import structlog
 
 from controlplane.auth.models import Principal
 from controlplane.config import ServiceConfig
-from controlplane.errors import (
-    Conflict,
-    QuotaExceeded,
-)
-from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
-from controlplane.lifecycle.publisher import LifecyclePublisher
+from controlplane.errors import Conflict
+from controlplane.lifecycle.models import LifecycleType
 from controlplane.sandboxes import naming
-from controlplane.sandboxes.host_memory import HostMemory
+from controlplane.sandboxes.admission import Admission
 from controlplane.sandboxes.launcher import Launcher
 from controlplane.sandboxes.leases import IntentLeases
+from controlplane.sandboxes.lifecycle import SandboxLifecycle
+from controlplane.sandboxes.locks import SandboxLocks
 from controlplane.sandboxes.models import (
-    SANDBOX_ID_PATTERN,
     SandboxInfo,
     SandboxRecord,
     SandboxStatus,
 )
-from controlplane.sandboxes.networking import SandboxNetworks
 from controlplane.sandboxes.readiness import ReadinessProbe
 from controlplane.sandboxes.reads import SandboxReads
 from controlplane.sandboxes.status_feed import StatusFeed
@@ -42,7 +37,6 @@ from drivers.errors import DriverError
 
 log = structlog.get_logger(__name__)
 S = SandboxStatus
-_ID_RE = re.compile(SANDBOX_ID_PATTERN)
 
 
 class PoolClaims(Protocol):
@@ -54,90 +48,50 @@ class PoolClaims(Protocol):
 
 
 class SandboxService(SandboxReads):
+    """Every part it works with is made by the wiring (controlplane/wiring.py) and handed in."""
+
     def __init__(
         self,
         config: ServiceConfig,
         store: SandboxStore,
         driver: SandboxDriver,
         catalog: SpecCatalog,
-        probe: ReadinessProbe,
         *,
-        publisher: LifecyclePublisher | None = None,
-        networks: SandboxNetworks | None = None,
+        launcher: Launcher,
+        locks: SandboxLocks,
+        admission: Admission,
+        probe: ReadinessProbe,
+        feed: StatusFeed,
+        notes: SandboxLifecycle,
         leases: IntentLeases | None = None,
-        feed: StatusFeed | None = None,
+        pool: PoolClaims | None = None,
     ) -> None:
         super().__init__(config, store, catalog, feed)
         self.driver = driver
         self.probe = probe
         self.leases = leases
-        self.publisher = publisher
-        self._memory_capacity = config.host_memory_bytes
-        self._locks: dict[str, asyncio.Lock] = {}
-        self.pool: PoolClaims | None = None  # set by wiring when the warm pool is on
-        self.host_memory = HostMemory(config.host_memory_floor, config.docker_url)
-        self.launcher = Launcher(
-            config,
-            store,
-            driver=driver,
-            catalog=catalog,
-            probe=probe,
-            publish=self._publish,
-            leases=leases,
-            networks=networks,
-        )
-        self.feed.on_listening = self._agent_listening
-
-    def _agent_listening(self, sandbox_id: str) -> None:
-        self.probe.hint(naming.container_name(self.config.container_prefix, sandbox_id))
+        self.notes = notes
+        self.launcher = launcher
+        self.locks = locks
+        self.admission = admission
+        self.pool = pool
 
     async def agent_listening(self, sandbox_id: str) -> None:
         """The sandbox's agent server announced that it listens (its webhook, whose key the
         middleware checked): its start, waited for here or on another replica, probes it now."""
-        self._agent_listening(sandbox_id)
+        self.probe.hint(naming.container_name(self.config.container_prefix, sandbox_id))
         await self.feed.relay_listening(sandbox_id)
 
     def lock(self, sandbox_id: str) -> asyncio.Lock:
         """Serialises operations on one sandbox within this process."""
-        return self._locks.setdefault(sandbox_id, asyncio.Lock())
+        return self.locks.of(sandbox_id)
 
     def is_launching(self, sandbox_id: str) -> bool:
         return self.launcher.is_launching(sandbox_id)
 
-    @property
-    def cap(self) -> int | None:
-        return self.config.max_running_per_user or None
-
     async def limits(self) -> Limits:
         """The per-user caps and the host memory capacity (learned from the engine once)."""
-        if self._memory_capacity is None:
-            total = await self.driver.memory_total()
-            if total:
-                self._memory_capacity = int(total * self.config.host_memory_fraction)
-        return Limits(
-            running=self.cap,
-            total=self.config.max_sandboxes_per_user or None,
-            memory_capacity=self._memory_capacity,
-        )
-
-    async def _publish(
-        self,
-        kind: LifecycleType,
-        record: SandboxRecord,
-        reason: str | None = None,
-        *,
-        automatic: bool = False,
-    ) -> None:
-        if self.publisher is not None and record.owner != naming.POOL_OWNER:
-            await self.publisher.publish(
-                LifecycleEvent(
-                    type=kind,
-                    user_id=record.owner,
-                    sandbox_id=record.id,
-                    reason=reason,
-                    automatic=automatic,
-                )
-            )
+        return await self.admission.limits()
 
     async def ensure_running(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
         """Resume the sandbox if needed and wait until its agent server is up."""
@@ -153,42 +107,6 @@ class SandboxService(SandboxReads):
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def publish_observed(self, record: SandboxRecord, status: S, reason: str) -> None:
-        """A change the reconciler saw in Docker, published as an automatic lifecycle event."""
-        kind = {
-            S.RUNNING: LifecycleType.SANDBOX_RUNNING,
-            S.PAUSED: LifecycleType.SANDBOX_PAUSED,
-            S.ERROR: LifecycleType.SANDBOX_ERROR,
-            S.MISSING: LifecycleType.SANDBOX_MISSING,
-        }.get(status)
-        if kind is not None:
-            await self._publish(kind, record, reason or None, automatic=True)
-
-    async def publish_adopted(self, record: SandboxRecord) -> None:
-        """A container found without a record, adopted by the reconciler."""
-        await self._publish(
-            LifecycleType.SANDBOX_CREATED, record, record.reason or None, automatic=True
-        )
-
-    def _quota(self, principal: Principal, outcome: str = "running") -> QuotaExceeded:
-        if outcome == "total":
-            return QuotaExceeded(
-                f"user {principal.user_id} already has {self.config.max_sandboxes_per_user} "
-                "sandboxes (the per-user total); delete one, then retry",
-                retry_after=60,
-            )
-        if outcome == "memory":
-            return QuotaExceeded(
-                "the host has no memory left for another sandbox (paused sandboxes keep theirs); "
-                "delete or let the reaper retire some, then retry",
-                retry_after=60,
-            )
-        return QuotaExceeded(
-            f"user {principal.user_id} already has {self.cap} sandboxes starting or running "
-            f"(the per-user limit); pause or delete one, then retry",
-            retry_after=30,
-        )
-
     async def start(self, principal: Principal, spec_id: str | None) -> SandboxInfo:
         """Record a STARTING sandbox and launch its container in the background.
 
@@ -201,19 +119,19 @@ class SandboxService(SandboxReads):
             claimed = await self.pool.claim(principal, spec, image_id, await self.limits())
             if claimed is not None:
                 # The user's sandbox begins here: its events, as for a cold start.
-                await self._publish(LifecycleType.SANDBOX_CREATED, claimed)
-                await self._publish(LifecycleType.SANDBOX_RUNNING, claimed)
+                await self.notes(LifecycleType.SANDBOX_CREATED, claimed)
+                await self.notes(LifecycleType.SANDBOX_RUNNING, claimed)
                 return self.view(claimed, principal)
         record = SandboxRecord.starting(naming.new_sandbox_id(), principal.user_id, spec.id)
-        if not self.host_memory.room_for(spec.resources.reservation_bytes):
-            raise self._quota(principal, "memory")
+        if not self.admission.room_for(spec.resources.reservation_bytes):
+            raise self.admission.refused(principal, "memory")
         outcome = await self.store.create(
             record, spec.resources.reservation_bytes, await self.limits()
         )
         if outcome != "ok":
-            raise self._quota(principal, outcome)
+            raise self.admission.refused(principal, outcome)
         self.launcher.launch(record)
-        await self._publish(LifecycleType.SANDBOX_CREATED, record)
+        await self.notes(LifecycleType.SANDBOX_CREATED, record)
         return self.view(record, principal)
 
     async def pause(self, principal: Principal, sandbox_id: str) -> None:
@@ -248,7 +166,7 @@ class SandboxService(SandboxReads):
         if result.outcome != "ok" and result.previous != S.PAUSED:
             raise Conflict(f"sandbox {record.id} changed while pausing ({result.previous})")
         if result.outcome == "ok":
-            await self._publish(LifecycleType.SANDBOX_PAUSED, record, reason, automatic=automatic)
+            await self.notes(LifecycleType.SANDBOX_PAUSED, record, reason, automatic=automatic)
 
     async def resume(self, principal: Principal, sandbox_id: str) -> None:
         """Unpause; otherwise (a stopped, vanished or dead container, or ERROR) record STARTING
@@ -267,22 +185,22 @@ class SandboxService(SandboxReads):
             name = naming.container_name(self.config.container_prefix, record.id)
             limits = await self.limits()
             if record.status == S.PAUSED and await self._unpause(record, name, limits, principal):
-                await self._publish(LifecycleType.SANDBOX_RESUMED, record)
+                await self.notes(LifecycleType.SANDBOX_RESUMED, record)
                 return
             result = await self.store.transition(
                 record, [record.status], S.STARTING, limits=limits, touch=True
             )
             self._check_resume(result.outcome, result.previous, principal, sandbox_id)
             self.launcher.resume(record)
-            await self._publish(LifecycleType.SANDBOX_RESUMED, record)
+            await self.notes(LifecycleType.SANDBOX_RESUMED, record)
 
     def _check_resume(
         self, outcome: str, previous: S | None, principal: Principal, sandbox_id: str
     ) -> None:
         if outcome == "quota":
-            raise self._quota(principal)
+            raise self.admission.refused(principal)
         if outcome == "memory":
-            raise self._quota(principal, "memory")
+            raise self.admission.refused(principal, "memory")
         if outcome != "ok":
             raise Conflict(f"sandbox {sandbox_id} changed while resuming ({previous})")
 
@@ -309,7 +227,7 @@ class SandboxService(SandboxReads):
         """Remove the container, its workspace volume and the record. Raises SandboxNotFound."""
         async with self.lock(sandbox_id):
             await self._delete(await self.owned(principal, sandbox_id))
-        self._locks.pop(sandbox_id, None)
+        self.locks.forget(sandbox_id)
 
     async def retire(self, sandbox_id: str, reason: str) -> bool:
         """The reaper's delete (retention of paused sandboxes): only a sandbox still PAUSED."""
@@ -321,7 +239,7 @@ class SandboxService(SandboxReads):
             if record is None or record.status != S.PAUSED:
                 return False
             await self._delete(record, reason=reason, automatic=True)
-        self._locks.pop(sandbox_id, None)
+        self.locks.forget(sandbox_id)
         return True
 
     async def _delete(
@@ -349,13 +267,4 @@ class SandboxService(SandboxReads):
             naming.container_name(prefix, record.id), naming.volume_name(prefix, record.id)
         )
         await self.store.delete(record)
-        await self._publish(LifecycleType.SANDBOX_DELETED, record, reason, automatic=automatic)
-
-    async def close(self) -> None:
-        """Stop in-process launches; their leases are released, so the next sweep (of this or
-        another replica) carries their starts on."""
-        await self.launcher.close()
-        if self.leases is not None:
-            await self.leases.close()
-        await self.probe.close()
-        await self.feed.stop()
+        await self.notes(LifecycleType.SANDBOX_DELETED, record, reason, automatic=automatic)

@@ -28,11 +28,16 @@ LISTENING = "LISTENING"
 
 
 class StatusFeed:
-    def __init__(self, redis: aioredis.Redis | None = None) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis | None = None,
+        on_listening: Callable[[str], None] | None = None,
+    ) -> None:
+        """`on_listening(sandbox_id)`: an agent server's announcement relayed by a replica."""
         self._redis = redis
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
-        self.on_listening: Callable[[str], None] | None = None
+        self._on_listening = on_listening
 
     async def relay_listening(self, sandbox_id: str) -> None:
         """Tell every replica that the sandbox's agent server listens (best effort: without
@@ -91,8 +96,8 @@ class StatusFeed:
                         sandbox_id, _, status = text(message["data"]).partition(" ")
                         if status != LISTENING:
                             self.notify(sandbox_id)
-                        elif self.on_listening is not None:
-                            self.on_listening(sandbox_id)
+                        elif self._on_listening is not None:
+                            self._on_listening(sandbox_id)
             except REDIS_DOWN as exc:
                 log.warning("status_feed_disconnected", error=str(exc))
             except Exception:

@@ -123,19 +123,25 @@ def _now() -> datetime:
 
 
 class SandboxStore:
-    def __init__(self, redis: aioredis.Redis, box: SecretBox) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        box: SecretBox,
+        on_change: Callable[[str], None] | None = None,
+    ) -> None:
+        """`on_change(sandbox_id)` is called after every change this process makes (it wakes
+        local waiters: StatusFeed.notify)."""
         self._redis = redis
         self._box = box
         self._create = redis.register_script(_CREATE)
         self._transition = redis.register_script(_TRANSITION)
         self._touch = redis.register_script(_TOUCH)
         self._mark_deleting = redis.register_script(_MARK_DELETING)
-        self.on_change: Callable[[str], None] | None = None
-        """Called with the sandbox id after every change this process makes (local waiters)."""
+        self._on_change = on_change
 
     def _changed(self, sandbox_id: str) -> None:
-        if self.on_change is not None:
-            self.on_change(sandbox_id)
+        if self._on_change is not None:
+            self._on_change(sandbox_id)
 
     def _encode(self, record: SandboxRecord) -> dict[str, str]:
         return {

@@ -1,0 +1,61 @@
+"""Whether one more sandbox may start: the per-user caps and the host's memory capacity (checked
+atomically by the store's scripts, with the Limits from here), the live host memory guard, and
+the 429 each refusal is answered with."""
+
+from __future__ import annotations
+
+from controlplane.auth.models import Principal
+from controlplane.config import ServiceConfig
+from controlplane.errors import QuotaExceeded
+from controlplane.sandboxes.host_memory import HostMemory
+from controlplane.sandboxes.store import Limits
+from drivers.base import SandboxDriver
+
+
+class Admission:
+    def __init__(self, config: ServiceConfig, driver: SandboxDriver, host: HostMemory) -> None:
+        self._config = config
+        self._driver = driver
+        self.host = host
+        self._memory_capacity = config.host_memory_bytes
+
+    @property
+    def cap(self) -> int | None:
+        """The per-user cap on STARTING and RUNNING sandboxes; None: no cap."""
+        return self._config.max_running_per_user or None
+
+    async def limits(self) -> Limits:
+        """The per-user caps and the host memory capacity (learned from the engine once)."""
+        if self._memory_capacity is None:
+            total = await self._driver.memory_total()
+            if total:
+                self._memory_capacity = int(total * self._config.host_memory_fraction)
+        return Limits(
+            running=self.cap,
+            total=self._config.max_sandboxes_per_user or None,
+            memory_capacity=self._memory_capacity,
+        )
+
+    def room_for(self, reservation: int) -> bool:
+        """False while the host itself is short of memory for one more sandbox (host_memory)."""
+        return self.host.room_for(reservation)
+
+    def refused(self, principal: Principal, outcome: str = "running") -> QuotaExceeded:
+        """The error for a refusal by one of the limits: "running", "total" or "memory"."""
+        if outcome == "total":
+            return QuotaExceeded(
+                f"user {principal.user_id} already has {self._config.max_sandboxes_per_user} "
+                "sandboxes (the per-user total); delete one, then retry",
+                retry_after=60,
+            )
+        if outcome == "memory":
+            return QuotaExceeded(
+                "the host has no memory left for another sandbox (paused sandboxes keep theirs); "
+                "delete or let the reaper retire some, then retry",
+                retry_after=60,
+            )
+        return QuotaExceeded(
+            f"user {principal.user_id} already has {self.cap} sandboxes starting or running "
+            f"(the per-user limit); pause or delete one, then retry",
+            retry_after=30,
+        )

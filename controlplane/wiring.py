@@ -1,0 +1,350 @@
+"""The service graph: every long-lived object of the app, made and closed here and nowhere else.
+
+Each resource opens and closes in one cleanup context, and create_app appends them in
+dependency order (`contexts`); aiohttp opens them in that order and closes them in reverse:
+
+1. redis          the Redis client, the secret box, and what needs only them (API keys, browser
+                  sessions, the device flow, settings, rate limiters)
+2. runtime        the sandbox driver and the deployment's sandbox networks
+3. http client    the one client session to agent servers and webhook receivers
+4. lifecycle      the lifecycle webhook outbox and this replica's deliverer, the publisher
+5. sandboxes      the sandbox service with its launcher, readiness probe, status feed and leases,
+                  the warm pool, the reconciler and the idle reaper
+6. conversations  the conversation service with its start tasks and pending messages, events
+7. webhooks       the webhook listener on the sandbox networks' gateways: opened last (every
+                  service it calls exists), closed first (no webhook arrives while the rest close)
+
+Each object gets what it works with through its constructor; nothing is patched in afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+from aiohttp import web
+
+from controlplane import keys
+from controlplane.api.ratelimit import RateLimiter
+from controlplane.auth.device import DeviceFlowConfig, DeviceFlowService
+from controlplane.auth.service import ApiKeyService
+from controlplane.auth.sessions import SIGNING_PURPOSE, SessionService
+from controlplane.config import ServiceConfig
+from controlplane.conversations.agent_client import AgentClient
+from controlplane.conversations.pending import PendingMessages
+from controlplane.conversations.service import ConversationService
+from controlplane.conversations.starter import StartTaskRunner
+from controlplane.conversations.store import ConversationStore
+from controlplane.crypto import load_secret_box
+from controlplane.events.service import EventService
+from controlplane.events.store import EventStore
+from controlplane.lifecycle.outbox import Outbox
+from controlplane.lifecycle.publisher import LifecyclePublisher
+from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookDeliverer
+from controlplane.sandboxes import naming
+from controlplane.sandboxes.admission import Admission
+from controlplane.sandboxes.host_memory import HostMemory
+from controlplane.sandboxes.launcher import Launcher
+from controlplane.sandboxes.leases import IntentLeases
+from controlplane.sandboxes.lifecycle import SandboxLifecycle
+from controlplane.sandboxes.locks import SandboxLocks
+from controlplane.sandboxes.networking import SandboxNetworks
+from controlplane.sandboxes.pool import WarmPool
+from controlplane.sandboxes.pool_store import PoolStore
+from controlplane.sandboxes.readiness import ReadinessProbe
+from controlplane.sandboxes.reaper import IdleReaper
+from controlplane.sandboxes.reconciler import Reconciler
+from controlplane.sandboxes.service import SandboxService
+from controlplane.sandboxes.status_feed import StatusFeed
+from controlplane.sandboxes.store import SandboxStore
+from controlplane.settings.service import SettingsService
+from controlplane.settings.store import UserRecordStore
+from controlplane.store import keyspace
+from controlplane.store.leader import LeaderLock
+from controlplane.store.redis import ensure_embedded_redis, make_client, wait_for_redis
+from drivers.docker import DockerDriver
+
+Context = Callable[[web.Application], AsyncIterator[None]]
+
+
+def contexts(
+    config: ServiceConfig,
+    *,
+    with_sandboxes: bool,
+    webhook_app: Callable[[web.Application], web.Application],
+) -> list[Context]:
+    """The cleanup contexts of an app, in the order they open. `webhook_app(app)` makes the
+    webhook listener's application (create_webhook_app); without sandboxes only Redis."""
+    if not with_sandboxes:
+        return [redis_ctx(config)]
+    return [
+        redis_ctx(config),
+        runtime_ctx(config),
+        http_ctx(),
+        lifecycle_ctx(config),
+        sandboxes_ctx(config),
+        conversations_ctx(config),
+        webhooks_ctx(webhook_app),
+    ]
+
+
+def redis_ctx(config: ServiceConfig) -> Context:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        # The key first: a bad key must stop start-up before a Redis connection exists to leak.
+        box = load_secret_box(config.secret_key, config.data_dir)
+        url = config.redis_url or await asyncio.to_thread(ensure_embedded_redis, config.data_dir)
+        assert url is not None
+        client = make_client(url, config.redis_timeout)
+        try:
+            await wait_for_redis(client)
+        except BaseException:
+            await client.aclose()
+            raise
+        app[keys.REDIS] = client
+        app[keys.SECRET_BOX] = box
+        api_keys = ApiKeyService(client, config.bootstrap_api_key, config.bootstrap_user)
+        app[keys.API_KEYS] = api_keys
+        app[keys.SESSIONS] = SessionService(
+            client, api_keys, box.derive_key(SIGNING_PURPOSE), config.session_ttl
+        )
+        app[keys.DEVICE_FLOW] = DeviceFlowService(
+            client,
+            api_keys,
+            DeviceFlowConfig(ttl=config.device_code_ttl, interval=config.device_poll_interval),
+        )
+        app[keys.AUTH_LIMITER] = RateLimiter(client, config.auth_rate_limit_per_minute)
+        app[keys.SETTINGS] = SettingsService(UserRecordStore(client, box))
+        if config.rate_limit_per_minute:
+            app[keys.RATE_LIMITER] = RateLimiter(client, config.rate_limit_per_minute)
+        if config.webhook_rate_limit_per_minute:
+            app[keys.WEBHOOK_LIMITER] = RateLimiter(client, config.webhook_rate_limit_per_minute)
+        yield
+        await client.aclose()
+
+    return ctx
+
+
+def runtime_ctx(config: ServiceConfig) -> Context:
+    """The driver and the deployment's sandbox networks (made at start by `webhooks_ctx`)."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        driver = DockerDriver(
+            config.docker_url,
+            threads=config.docker_threads,
+            quick_threads=config.docker_quick_threads,
+            on_error=app[keys.METRICS].docker_error,
+        )
+        try:
+            networks = SandboxNetworks(config, driver, app[keys.SPECS])
+        except BaseException:
+            await driver.close()
+            raise
+        app[keys.DRIVER] = driver
+        app[keys.NETWORKS] = networks
+        yield
+        await driver.close()
+
+    return ctx
+
+
+def http_ctx() -> Context:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100))
+        app[keys.HTTP_CLIENT] = http
+        yield
+        await http.close()
+
+    return ctx
+
+
+def lifecycle_ctx(config: ServiceConfig) -> Context:
+    """The lifecycle publisher and, with ACS_LIFECYCLE_WEBHOOK_URLS, the webhook outbox and this
+    replica's deliverer."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        redis = app[keys.REDIS]
+        outbox: Outbox | None = None
+        deliverer: WebhookDeliverer | None = None
+        if config.lifecycle_webhook_urls:
+            metrics = app[keys.METRICS]
+            outbox = Outbox(redis, config.lifecycle_webhook_urls)
+            deliverer = WebhookDeliverer(
+                outbox,
+                app[keys.HTTP_CLIENT],
+                config.lifecycle_webhook_secret,
+                RetryPolicy(
+                    base=config.lifecycle_webhook_retry_base,
+                    cap=config.lifecycle_webhook_retry_max,
+                    dead_after=config.lifecycle_webhook_dead_after,
+                    timeout=config.lifecycle_webhook_timeout,
+                ),
+                hooks=DeliveryHooks(
+                    delivered=metrics.webhook_delivered.inc,
+                    retried=metrics.webhook_retried.inc,
+                    dead_lettered=metrics.webhook_dead_lettered.inc,
+                ),
+            )
+            app[keys.WEBHOOK_OUTBOX] = outbox
+            deliverer.start()
+        app[keys.LIFECYCLE] = LifecyclePublisher(redis, outbox)
+        yield
+        if deliverer is not None:
+            await deliverer.close()
+
+    return ctx
+
+
+def sandboxes_ctx(config: ServiceConfig) -> Context:
+    """The sandbox service and the background loops that keep sandboxes right: the reconciler,
+    the warm pool's refiller and the idle reaper."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        redis, driver, catalog = app[keys.REDIS], app[keys.DRIVER], app[keys.SPECS]
+        networks = app[keys.NETWORKS]
+        probe = ReadinessProbe(app[keys.HTTP_CLIENT], driver, config.url_host, config.start_timeout)
+        prefix = config.container_prefix
+        feed = StatusFeed(
+            redis,
+            on_listening=lambda sandbox_id: probe.hint(naming.container_name(prefix, sandbox_id)),
+        )
+        store = SandboxStore(redis, app[keys.SECRET_BOX], on_change=feed.notify)
+        notes = SandboxLifecycle(app[keys.LIFECYCLE])
+        leases = IntentLeases(redis)
+        locks = SandboxLocks()
+        admission = Admission(
+            config, driver, HostMemory(config.host_memory_floor, config.docker_url)
+        )
+        launcher = Launcher(
+            config,
+            store,
+            driver=driver,
+            catalog=catalog,
+            probe=probe,
+            publish=notes,
+            leases=leases,
+            networks=networks,
+        )
+        pool = WarmPool(
+            config,
+            PoolStore(redis, store),
+            store,
+            driver,
+            catalog,
+            launcher=launcher,
+            locks=locks,
+            admission=admission,
+            leader=LeaderLock(redis, keyspace.leader("pool"), max(3 * config.pool_interval, 5.0)),
+        )
+        service = SandboxService(
+            config,
+            store,
+            driver,
+            catalog,
+            launcher=launcher,
+            locks=locks,
+            admission=admission,
+            probe=probe,
+            feed=feed,
+            notes=notes,
+            leases=leases,
+            pool=pool,
+        )
+        reconciler = Reconciler(
+            config,
+            store,
+            driver,
+            catalog,
+            deletes=service,
+            launcher=launcher,
+            locks=locks,
+            notes=notes,
+            leases=leases,
+            on_fix=app[keys.METRICS].reconcile_fixed,
+        )
+        reaper = IdleReaper(
+            config,
+            store,
+            catalog,
+            actions=service,
+            activity=ConversationStore(redis),
+            settings=app[keys.SETTINGS],
+            leader=LeaderLock(redis, keyspace.leader("reaper"), 3 * config.reaper_interval),
+        )
+        app[keys.SANDBOXES] = service
+        app[keys.POOL] = pool
+        app[keys.RECONCILER] = reconciler
+        app[keys.REAPER] = reaper
+        feed.start()
+        reconciler.start()
+        reaper.start()
+        pool.start()
+        yield
+        await pool.stop()
+        await reaper.stop()
+        await reconciler.stop()
+        # In-process launches stop; their leases are released, so the next sweep (of this or
+        # another replica) carries their starts on.
+        await launcher.close()
+        await leases.close()
+        await probe.close()
+        await feed.stop()
+
+    return ctx
+
+
+def conversations_ctx(config: ServiceConfig) -> Context:
+    """Conversations (their start tasks, recovered here after a restart) and events."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        redis, sandboxes, publisher = app[keys.REDIS], app[keys.SANDBOXES], app[keys.LIFECYCLE]
+        store = ConversationStore(redis)
+        events = EventStore(redis)
+        agent = AgentClient(app[keys.HTTP_CLIENT])
+        pending = PendingMessages(redis, sandboxes, agent)
+        runner = StartTaskRunner(
+            config,
+            store,
+            sandboxes,
+            app[keys.SETTINGS],
+            agent,
+            catalog=app[keys.SPECS],
+            publisher=publisher,
+            pending=pending,
+        )
+        conversations = ConversationService(
+            store, events, sandboxes, agent, runner, publisher=publisher, pending=pending
+        )
+        event_service = EventService(
+            events,
+            conversations,
+            records=store,
+            sandboxes=sandboxes,
+            catalog=app[keys.SPECS],
+            agent=agent,
+            url_host=config.url_host,
+            on_lag=app[keys.METRICS].event_delivered,
+        )
+        app[keys.CONVERSATIONS] = conversations
+        app[keys.EVENTS] = event_service
+        await runner.recover()
+        yield
+        await event_service.close()
+        await conversations.close()
+
+    return ctx
+
+
+def webhooks_ctx(webhook_app: Callable[[web.Application], web.Application]) -> Context:
+    """The webhook listener, bound on each sandbox network's gateway as the networks come up
+    (in the background: sandboxes that outlived a restart post their webhooks before any new
+    start)."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        networks = app[keys.NETWORKS]
+        networks.listener.attach(webhook_app(app))
+        networks.start()
+        yield
+        await networks.close()
+
+    return ctx
