@@ -58,10 +58,12 @@ test-quick: install host images browser
 chaos: install host images
 	$(BIN)/pytest -m chaos
 
+# ruff, ruff format, mypy strict, and the layer contract (import-linter, pyproject.toml).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy controlplane drivers agent
+	$(BIN)/lint-imports
 
 format: install
 	$(BIN)/ruff format .

@@ -41,12 +41,12 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # bench/ and tests/ are not installed packages
 
 from controlplane import keys  # noqa: E402
+from controlplane.agent_protocol.kinds import agent_env  # noqa: E402
+from controlplane.agent_protocol.start_request import start_conversation_request  # noqa: E402
 from controlplane.auth.service import ApiKeyService  # noqa: E402
 from controlplane.config import load_config  # noqa: E402
-from controlplane.conversations.agent_request import start_conversation_request  # noqa: E402
 from controlplane.ids import uuid7_hex  # noqa: E402
 from controlplane.logging import configure_logging  # noqa: E402
-from controlplane.sandboxes.agent_kinds import agent_env  # noqa: E402
 from tests.docker_fixtures import _remove_matching  # noqa: E402
 from tests.live_server import LiveServer, start_live_server  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402

@@ -7,22 +7,10 @@ from aiohttp import web
 from controlplane import keys, wiring
 from controlplane.api import parser_errors
 from controlplane.api.cors import cors_middleware
-from controlplane.api.middlewares import (
-    auth_middleware,
-    context_middleware,
-    error_middleware,
-    lift_deadline,
-    pacing_middleware,
-    rate_limit_middleware,
-    size_limit_middleware,
-    timeout_middleware,
-    webhook_auth_middleware,
-)
 from controlplane.api.openapi import build_openapi
 from controlplane.api.pacing import Pacer
 from controlplane.api.routing import RouteTable
 from controlplane.auth.oauth import routes as oauth_routes
-from controlplane.auth.routes import routes as user_routes
 from controlplane.auth.web import routes as sign_in_routes
 from controlplane.config import ServiceConfig
 from controlplane.conversations.legacy import routes as legacy_conversation_routes
@@ -34,10 +22,22 @@ from controlplane.events.routes import webhook_routes as event_webhook_routes
 from controlplane.health import routes as health_routes
 from controlplane.lifecycle.routes import routes as lifecycle_routes
 from controlplane.metrics import Metrics
+from controlplane.middlewares import (
+    auth_middleware,
+    context_middleware,
+    error_middleware,
+    lift_deadline,
+    pacing_middleware,
+    rate_limit_middleware,
+    size_limit_middleware,
+    timeout_middleware,
+    webhook_auth_middleware,
+)
 from controlplane.sandboxes.agent_webhooks import webhook_routes as agent_webhook_routes
 from controlplane.sandboxes.pool_routes import routes as pool_routes
 from controlplane.sandboxes.routes import routes as sandbox_routes
 from controlplane.settings.routes import routes as settings_routes
+from controlplane.settings.user_routes import routes as user_routes
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.routes import routes as spec_routes
 from controlplane.webclient.routes import routes as web_client_routes

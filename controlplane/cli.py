@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import structlog
 from aiohttp import web
 
-from controlplane.api.identity import is_loopback_host
 from controlplane.app import create_app
+from controlplane.auth.identity import is_loopback_host
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ConfigError, ServiceConfig, load_config
 from controlplane.errors import ControlPlaneError

@@ -7,10 +7,10 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel
 
-from controlplane import keys
-from controlplane.api.identity import authenticate_request
+from controlplane import gauges, keys
 from controlplane.api.parsing import json_response
 from controlplane.api.routing import RouteTable
+from controlplane.auth.identity import authenticate_request
 from controlplane.errors import Forbidden
 from controlplane.metrics import CONTENT_TYPE
 from controlplane.store.redis import REDIS_DOWN
@@ -70,7 +70,7 @@ async def metrics(request: web.Request) -> web.Response:
         if not principal.is_admin:
             raise Forbidden("metrics need an admin API key")
     collected = request.app[keys.METRICS]
-    await collected.refresh(request.app[keys.REDIS], request.app.get(keys.WEBHOOK_OUTBOX))
+    await gauges.refresh(collected, request.app[keys.REDIS], request.app.get(keys.WEBHOOK_OUTBOX))
     return web.Response(body=collected.render(), headers={"Content-Type": CONTENT_TYPE})
 
 

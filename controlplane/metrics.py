@@ -2,31 +2,21 @@
 
 Each application owns a `Metrics` with its own CollectorRegistry (never the module-level default
 registry), so several apps in one process (the tests) never clash. Request and operation metrics
-are updated as things happen; the sandbox and conversation gauges are computed from Redis at
-scrape time (`refresh`), so every replica reports the same totals.
+are updated as things happen, through hooks handed to the code that measures them; the sandbox,
+conversation and pool gauges are computed from Redis at scrape time (controlplane/gauges.py), so
+every replica reports the same totals.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 
-import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from controlplane.conversations.models import ExecutionStatus
-from controlplane.lifecycle.outbox import Outbox
-from controlplane.sandboxes.models import SandboxStatus
-from controlplane.sandboxes.pool_store import pool_counts
-from controlplane.store import keyspace, text
-
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The Prometheus text exposition format that `generate_latest` writes."""
-
-PAGE = 500
-"""Records read per Redis round trip when the gauges are computed."""
 
 NO_STATUS = "unknown"
 """`execution_status` label of conversations whose agent has not reported a status yet."""
@@ -179,71 +169,5 @@ class Metrics:
     def event_delivered(self, seconds: float) -> None:
         self.event_lag.observe(max(seconds, 0.0))  # a sandbox clock ahead of ours reads 0
 
-    # -- scrape ------------------------------------------------------------------------------
-
-    async def refresh(self, redis: aioredis.Redis, outbox: Outbox | None = None) -> None:
-        """Recompute the gauges from Redis: every sandbox and conversation, in pages of PAGE,
-        and the lifecycle webhook `outbox` (when there is one)."""
-        sandboxes = await _sandbox_counts(redis)
-        for status in SandboxStatus:
-            self.sandboxes.labels(status.value).set(sandboxes.get(status.value, 0))
-        members, self.pool_events.values = await pool_counts(redis)
-        self.pool_members.clear()
-        for (spec, state), count in members.items():
-            self.pool_members.labels(spec, state).set(count)
-        conversations = await _conversation_counts(redis)
-        for label in [*(s.value for s in ExecutionStatus), NO_STATUS]:
-            self.conversations.labels(label).set(conversations.get(label, 0))
-        if outbox is not None:
-            self.webhook_pending.set(await outbox.pending())
-
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-async def _sandbox_counts(redis: aioredis.Redis) -> dict[str, int]:
-    """Walk the global sandbox index in lexical pages; read only each record's status field
-    (no decryption of session keys)."""
-    counts: dict[str, int] = {}
-    start = "+"
-    while True:
-        raw = await redis.zrange(
-            keyspace.ALL_SANDBOXES, start, "-", desc=True, bylex=True, offset=0, num=PAGE
-        )
-        ids = [text(i) for i in raw]
-        if not ids:
-            break
-        async with redis.pipeline(transaction=False) as pipe:
-            for sandbox_id in ids:
-                pipe.hget(keyspace.sandbox(sandbox_id), "status")
-            statuses = await pipe.execute()
-        for status in statuses:
-            if status is not None:
-                label = text(status)
-                counts[label] = counts.get(label, 0) + 1
-        if len(ids) < PAGE:
-            break
-        start = f"({ids[-1]}"
-    return counts
-
-
-async def _conversation_counts(redis: aioredis.Redis) -> dict[str, int]:
-    """There is no global conversation index: SCAN the record keys, MGET them in pages."""
-    counts: dict[str, int] = {}
-    batch: list[str] = []
-
-    async def flush() -> None:
-        for raw in await redis.mget(batch):
-            if raw is None:
-                continue  # deleted between SCAN and MGET
-            status = json.loads(text(raw)).get("execution_status") or NO_STATUS
-            counts[status] = counts.get(status, 0) + 1
-        batch.clear()
-
-    async for key in redis.scan_iter(match=keyspace.conversation("*"), count=PAGE):
-        batch.append(text(key))
-        if len(batch) >= PAGE:
-            await flush()
-    if batch:
-        await flush()
-    return counts

@@ -26,12 +26,12 @@ import aiohttp
 from aiohttp import web
 
 from controlplane import keys
+from controlplane.agent_protocol.client import AgentClient
 from controlplane.api.ratelimit import RateLimiter
 from controlplane.auth.device import DeviceFlowConfig, DeviceFlowService
 from controlplane.auth.service import ApiKeyService
 from controlplane.auth.sessions import SIGNING_PURPOSE, SessionService
 from controlplane.config import ServiceConfig
-from controlplane.conversations.agent_client import AgentClient
 from controlplane.conversations.pending import PendingMessages
 from controlplane.conversations.service import ConversationService
 from controlplane.conversations.starter import StartTaskRunner

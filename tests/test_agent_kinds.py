@@ -18,13 +18,14 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from controlplane import keys
+from controlplane.agent_protocol.kinds import max_batch_bytes
+from controlplane.agent_protocol.models import MetricsSnapshot
+from controlplane.agent_protocol.start_request import mcp_servers
 from controlplane.config import ServiceConfig, load_config
-from controlplane.conversations.agent_request import mcp_servers
-from controlplane.conversations.models import AppConversationInfo, MetricsSnapshot
+from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
 from controlplane.errors import SpecInvalid
 from controlplane.events.budget import budget_error_event, crossed
-from controlplane.sandboxes.agent_kinds import max_batch_bytes
 from controlplane.sandboxes.launcher import container_request
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from controlplane.agent_protocol.start_request import mcp_servers, start_conversation_request
 from controlplane.config import ServiceConfig
-from controlplane.conversations.agent_request import mcp_servers, start_conversation_request
 from controlplane.sandboxes.launcher import container_request
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.settings.mcp import MCPConfig

@@ -22,7 +22,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from controlplane import keys
+from controlplane import gauges, keys
 from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
 from controlplane.lifecycle.outbox import GROUP, Outbox, url_id
 from controlplane.lifecycle.publisher import LifecyclePublisher
@@ -251,7 +251,7 @@ async def test_failing_deliveries_are_dead_lettered_and_counted(
     )
     batch = events(3)
     await publish(raw_redis, outbox, batch)
-    await metrics.refresh(raw_redis, outbox)
+    await gauges.refresh(metrics, raw_redis, outbox)
     assert _sample(metrics, "acs_lifecycle_webhooks_pending") == 3
     deliverer = WebhookDeliverer(outbox, http, SECRET, policy, hooks=hooks, poll=0.1)
     deliverer.start()
@@ -265,7 +265,7 @@ async def test_failing_deliveries_are_dead_lettered_and_counted(
         assert entry["error"] == "HTTP 503"
         assert int(entry["attempts"]) >= 2
     assert await outbox.pending() == 0
-    await metrics.refresh(raw_redis, outbox)
+    await gauges.refresh(metrics, raw_redis, outbox)
     assert _sample(metrics, "acs_lifecycle_webhooks_pending") == 0
     assert _sample(metrics, "acs_lifecycle_webhooks_dead_lettered_total") == 3
     assert _sample(metrics, "acs_lifecycle_webhooks_retried_total") >= 3

@@ -15,7 +15,8 @@ from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane import keys
-from controlplane.conversations.models import AppConversationInfo, ExecutionStatus
+from controlplane.agent_protocol.models import ExecutionStatus
+from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus

@@ -18,8 +18,8 @@ from typing import Any
 import docker
 import pytest
 
+from controlplane.agent_protocol.start_request import start_conversation_request
 from controlplane.config import ServiceConfig
-from controlplane.conversations.agent_request import start_conversation_request
 from controlplane.settings.mcp import MCPConfig
 from tests.conversation_helpers import LLM_KEY, UserFactory, conversation_server
 from tests.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call

@@ -12,7 +12,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from controlplane import keys
-from controlplane.conversations.models import AppConversationInfo, ExecutionStatus
+from controlplane.agent_protocol.models import ExecutionStatus
+from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
 from controlplane.store import keyspace
 from controlplane.store.leader import LeaderLock

@@ -14,12 +14,10 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from controlplane import keys
-from controlplane.api.identity import authenticate_request, limit_attempts
 from controlplane.api.parsing import RequestValidationError, json_response
 from controlplane.api.routing import RouteTable
 from controlplane.auth.device import GRANT_TYPE, DeviceAuthorization, DeviceToken, OAuthError
-from controlplane.auth.pages import decided_page, verify_page
-from controlplane.auth.web import (
+from controlplane.auth.forms import (
     BadForm,
     base_url,
     browser_principal,
@@ -27,6 +25,8 @@ from controlplane.auth.web import (
     sign_in_redirect,
     validate,
 )
+from controlplane.auth.identity import authenticate_request, limit_attempts
+from controlplane.auth.pages import decided_page, verify_page
 from controlplane.errors import Conflict, NotFound, QuotaExceeded, Unauthorized
 
 routes = RouteTable(tag="auth")

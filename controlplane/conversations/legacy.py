@@ -12,17 +12,17 @@ from typing import Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from controlplane.api.middlewares import principal_of
+from controlplane.agent_protocol.models import ExecutionStatus
 from controlplane.api.pagination import OFFSET, cursor_field, decode_cursor, encode_cursor
 from controlplane.api.parsing import json_response, parse_query
 from controlplane.api.routing import RouteTable
+from controlplane.auth.identity import principal_of
 from controlplane.auth.models import Principal
 from controlplane.conversations.handler_deps import conversation_service as _service
 from controlplane.conversations.models import (
     CONVERSATION_PARAM,
     AppConversation,
     ConversationTrigger,
-    ExecutionStatus,
 )
 from controlplane.conversations.service import ConversationService
 from controlplane.sandboxes.models import SandboxStatus

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from controlplane.agent_protocol.models import ExecutionStatus, MetricsSnapshot
 from controlplane.api.pagination import HEX32, OFFSET, PageQuery, cursor_field
 from controlplane.api.parsing import QueryTime
 from controlplane.sandboxes.models import SandboxStatus
@@ -86,16 +87,6 @@ class ConversationTrigger(StrEnum):
     JIRA_DC = "jira_dc"
     LINEAR = "linear"
     BITBUCKET = "bitbucket"
-
-
-class ExecutionStatus(StrEnum):
-    IDLE = "idle"
-    RUNNING = "running"
-    PAUSED = "paused"
-    WAITING_FOR_CONFIRMATION = "waiting_for_confirmation"
-    FINISHED = "finished"
-    ERROR = "error"
-    STUCK = "stuck"
 
 
 class StartTaskStatus(StrEnum):
@@ -182,25 +173,6 @@ class AppConversationStartTask(BaseModel):
 class AppConversationStartTaskPage(BaseModel):
     items: list[AppConversationStartTask]
     next_page_id: str | None = None
-
-
-class TokenUsage(BaseModel):
-    model: str = ""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
-    reasoning_tokens: int = 0
-    context_window: int = 0
-    per_turn_token: int = 0
-    response_id: str = ""
-
-
-class MetricsSnapshot(BaseModel):
-    model_name: str = "default"
-    accumulated_cost: float = 0.0
-    max_budget_per_task: float | None = None
-    accumulated_token_usage: TokenUsage | None = None
 
 
 class AppConversationInfo(BaseModel):

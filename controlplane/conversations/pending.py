@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from controlplane.conversations.agent_client import AgentClient
+from controlplane.agent_protocol.client import AgentClient
 from controlplane.conversations.models import ImageContent, TextContent, now
 from controlplane.errors import ControlPlaneError, QuotaExceeded
 from controlplane.ids import uuid7_hex

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from controlplane.api.middlewares import principal_of
 from controlplane.api.parsing import json_response, parse_body
 from controlplane.api.routing import RouteTable
+from controlplane.auth.identity import principal_of
 from controlplane.conversations.handler_deps import conversation_service
 from controlplane.conversations.pending import (
     DeliveryResult,

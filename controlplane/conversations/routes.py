@@ -6,9 +6,9 @@ import asyncio
 
 from aiohttp import web
 
-from controlplane.api.middlewares import principal_of
 from controlplane.api.parsing import json_response, parse_body, parse_query
 from controlplane.api.routing import RouteTable
+from controlplane.auth.identity import principal_of
 from controlplane.conversations.handler_deps import conversation_service as _service
 from controlplane.conversations.models import (
     CONVERSATION_PARAM,

@@ -8,9 +8,10 @@ from typing import Any, Protocol
 
 import structlog
 
+from controlplane.agent_protocol.client import AgentClient, AgentUnavailable
+from controlplane.agent_protocol.models import ExecutionStatus
 from controlplane.api.pagination import HEX32, OFFSET, decode_cursor, encode_cursor
 from controlplane.auth.models import Principal
-from controlplane.conversations.agent_client import AgentClient, AgentUnavailable
 from controlplane.conversations.models import (
     AppConversation,
     AppConversationInfo,
@@ -22,7 +23,6 @@ from controlplane.conversations.models import (
     ConversationFilters,
     ConversationSearchQuery,
     ConversationSortOrder,
-    ExecutionStatus,
     SendMessageRequest,
     TaskFilters,
     TaskSearchQuery,

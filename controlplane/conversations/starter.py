@@ -10,15 +10,15 @@ from typing import Any
 
 import structlog
 
+from controlplane.agent_protocol.client import AgentClient
+from controlplane.agent_protocol.models import MetricsSnapshot
+from controlplane.agent_protocol.start_request import start_conversation_request
 from controlplane.auth.models import Principal
 from controlplane.config import ServiceConfig
-from controlplane.conversations.agent_client import AgentClient
-from controlplane.conversations.agent_request import start_conversation_request
 from controlplane.conversations.models import (
     AppConversationInfo,
     AppConversationStartRequest,
     AppConversationStartTask,
-    MetricsSnapshot,
     SendMessageRequest,
     StartTaskStatus,
     TextContent,

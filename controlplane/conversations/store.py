@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
+from controlplane.agent_protocol.models import ExecutionStatus
 from controlplane.conversations.models import (
     TERMINAL_TASK,
     AppConversationInfo,
     AppConversationStartTask,
-    ExecutionStatus,
     now,
 )
 from controlplane.errors import Conflict
@@ -220,3 +221,31 @@ class ConversationStore:
                 pipe.zrem(keyspace.user_start_tasks(owner), *doomed)
                 pipe.srem(keyspace.ACTIVE_START_TASKS, *doomed)
                 await pipe.execute()
+
+
+COUNT_PAGE = 500
+"""Records read per Redis round trip by count_by_execution_status."""
+
+
+async def count_by_execution_status(redis: aioredis.Redis) -> dict[str | None, int]:
+    """Every conversation record by the execution status its agent last reported (None: none
+    yet), for the /metrics gauge. There is no global conversation index: SCAN the record keys,
+    MGET them in pages."""
+    counts: dict[str | None, int] = {}
+    batch: list[str] = []
+
+    async def flush() -> None:
+        for raw in await redis.mget(batch):
+            if raw is None:
+                continue  # deleted between SCAN and MGET
+            status = json.loads(text(raw)).get("execution_status") or None
+            counts[status] = counts.get(status, 0) + 1
+        batch.clear()
+
+    async for key in redis.scan_iter(match=keyspace.conversation("*"), count=COUNT_PAGE):
+        batch.append(text(key))
+        if len(batch) >= COUNT_PAGE:
+            await flush()
+    if batch:
+        await flush()
+    return counts

@@ -17,8 +17,9 @@ from typing import Any
 
 import structlog
 
-from controlplane.conversations.agent_client import AgentClient
-from controlplane.conversations.models import AppConversationInfo, MetricsSnapshot
+from controlplane.agent_protocol.client import AgentClient
+from controlplane.agent_protocol.models import MetricsSnapshot
+from controlplane.conversations.models import AppConversationInfo
 from controlplane.errors import ControlPlaneError
 from controlplane.events.store import EventStore
 from controlplane.sandboxes.models import SandboxRecord

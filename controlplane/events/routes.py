@@ -12,8 +12,6 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from controlplane import keys
-from controlplane.api.identity import authenticate_request
-from controlplane.api.middlewares import principal_of
 from controlplane.api.parsing import (
     RequestValidationError,
     error_items,
@@ -23,6 +21,7 @@ from controlplane.api.parsing import (
     parse_query,
 )
 from controlplane.api.routing import RouteTable
+from controlplane.auth.identity import authenticate_request, principal_of
 from controlplane.events.models import (
     ConversationEventQuery,
     Event,

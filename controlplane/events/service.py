@@ -9,14 +9,15 @@ from typing import Any
 
 import structlog
 
+from controlplane.agent_protocol.client import AgentClient
+from controlplane.agent_protocol.models import ExecutionStatus, MetricsSnapshot
+from controlplane.agent_protocol.state import readable_metrics, readable_state, status_in
 from controlplane.api.pagination import STREAM_ID, decode_cursor, encode_cursor
 from controlplane.auth.models import Principal
-from controlplane.conversations.agent_client import AgentClient
-from controlplane.conversations.models import AppConversationInfo, ExecutionStatus, MetricsSnapshot
+from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.service import ConversationService
 from controlplane.conversations.store import ConversationStore
 from controlplane.errors import NotFound, Unauthorized
-from controlplane.events.agent_state import readable_metrics, readable_state, status_in
 from controlplane.events.budget import ENFORCED_BY_AGENT, BudgetEnforcer, crossed
 from controlplane.events.models import (
     Event,

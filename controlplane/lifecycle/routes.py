@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 from aiohttp import web
 
 from controlplane import keys
-from controlplane.api.middlewares import principal_of
 from controlplane.api.parsing import json_response, parse_query
 from controlplane.api.routing import RouteTable
+from controlplane.auth.identity import principal_of
 from controlplane.errors import Forbidden, RuntimeUnavailable
 from controlplane.lifecycle.models import (
     DeadLetter,

@@ -16,11 +16,11 @@ from typing import Protocol
 
 import structlog
 
+from controlplane.agent_protocol.kinds import agent_env
 from controlplane.config import ServiceConfig
 from controlplane.errors import RuntimeUnavailable
 from controlplane.lifecycle.models import LifecycleType
 from controlplane.sandboxes import naming
-from controlplane.sandboxes.agent_kinds import agent_env
 from controlplane.sandboxes.leases import IntentLeases
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.networking import Attachment, SandboxNetworks

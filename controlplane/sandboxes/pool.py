@@ -18,12 +18,12 @@ from datetime import UTC, datetime, timedelta
 
 import structlog
 
+from controlplane.agent_protocol.kinds import warm_up
 from controlplane.auth.models import Principal
 from controlplane.config import ServiceConfig
 from controlplane.errors import RuntimeUnavailable
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.admission import Admission
-from controlplane.sandboxes.agent_kinds import warm_up
 from controlplane.sandboxes.launcher import Launcher
 from controlplane.sandboxes.locks import SandboxLocks
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
@@ -233,7 +233,7 @@ class WarmPool:
         self, spec: SandboxSpec, record: SandboxRecord, state: ContainerState
     ) -> bool:
         """Once per booted member, before it is ready, what its agent server would otherwise do
-        at the first conversation (agent_kinds.warm_up); then whether it waits as its spec
+        at the first conversation (agent_protocol.kinds.warm_up); then whether it waits as its spec
         wants."""
         if record.status == S.RUNNING and record.id not in self._warmed:
             self._warmed.add(record.id)

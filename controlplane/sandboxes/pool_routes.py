@@ -9,9 +9,9 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from controlplane import keys
-from controlplane.api.middlewares import principal_of
 from controlplane.api.parsing import json_response
 from controlplane.api.routing import RouteTable
+from controlplane.auth.identity import principal_of
 from controlplane.errors import Forbidden, RuntimeUnavailable
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.sandboxes.pool import WarmPool

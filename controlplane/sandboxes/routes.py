@@ -9,9 +9,9 @@ from typing import TypeVar
 from aiohttp import web
 
 from controlplane import keys
-from controlplane.api.middlewares import principal_of
 from controlplane.api.parsing import json_response, parse_body, parse_query
 from controlplane.api.routing import RouteTable
+from controlplane.auth.identity import principal_of
 from controlplane.errors import RuntimeUnavailable
 from controlplane.sandboxes.models import (
     DeleteSandboxQuery,

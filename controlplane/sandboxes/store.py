@@ -313,3 +313,33 @@ class SandboxStore:
         start = f"({after}" if after else "+"
         raw = await self._redis.zrange(key, start, "-", desc=True, bylex=True, offset=0, num=count)
         return [text(i) for i in raw]
+
+
+COUNT_PAGE = 500
+"""Records read per Redis round trip by count_by_status."""
+
+
+async def count_by_status(redis: aioredis.Redis) -> dict[str, int]:
+    """Every sandbox record by status (the /metrics gauge): the global index walked in lexical
+    pages, reading only each record's status field (no decryption of session keys)."""
+    counts: dict[str, int] = {}
+    start = "+"
+    while True:
+        raw = await redis.zrange(
+            keyspace.ALL_SANDBOXES, start, "-", desc=True, bylex=True, offset=0, num=COUNT_PAGE
+        )
+        ids = [text(i) for i in raw]
+        if not ids:
+            break
+        async with redis.pipeline(transaction=False) as pipe:
+            for sandbox_id in ids:
+                pipe.hget(keyspace.sandbox(sandbox_id), "status")
+            statuses = await pipe.execute()
+        for status in statuses:
+            if status is not None:
+                label = text(status)
+                counts[label] = counts.get(label, 0) + 1
+        if len(ids) < COUNT_PAGE:
+            break
+        start = f"({ids[-1]}"
+    return counts

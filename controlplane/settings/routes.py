@@ -5,9 +5,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from controlplane import keys
-from controlplane.api.middlewares import principal_of
 from controlplane.api.parsing import json_response, parse_body
 from controlplane.api.routing import RouteTable
+from controlplane.auth.identity import principal_of
 from controlplane.settings.models import (
     GitProvidersUpdate,
     Message,

@@ -27,7 +27,7 @@ DEFAULT_TMPFS = {
 
 
 #: Which agent server a spec's image runs: `acs` (ours, agent/) or `openhands` (the official
-#: OpenHands agent server). The launcher sets the environment each needs (sandboxes/agent_kinds.py).
+#: OpenHands agent server). The launcher sets the environment each needs (agent_protocol/kinds.py).
 AgentKind = Literal["acs", "openhands"]
 
 

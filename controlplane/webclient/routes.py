@@ -11,10 +11,10 @@ from datetime import UTC, datetime
 from aiohttp import web
 
 from controlplane import keys
-from controlplane.api.middlewares import principal_of
 from controlplane.api.pagination import OFFSET, decode_cursor, encode_cursor
 from controlplane.api.parsing import json_response, parse_query
 from controlplane.api.routing import RouteTable
+from controlplane.auth.identity import principal_of
 from controlplane.webclient.models import (
     LegacyWebClientConfig,
     LLMModel,

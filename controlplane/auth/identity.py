@@ -19,6 +19,8 @@ from controlplane.auth.models import Principal
 from controlplane.auth.sessions import COOKIE_NAME
 from controlplane.errors import Forbidden, QuotaExceeded, Unauthorized
 
+PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal")
+"""The caller, set by the auth middleware on every route that is not public."""
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 SINGLE_USER_KEY_ID = "single-user"
 # Signs of a reverse proxy: a request it forwards comes from loopback but not from this machine's
@@ -142,3 +144,8 @@ async def limit_attempts(request: web.Request, bucket: str, who: str | None = No
             f"too many attempts; retry in {decision.reset_after} s",
             retry_after=decision.reset_after,
         )
+
+
+def principal_of(request: web.Request) -> Principal:
+    """The caller the auth middleware found (a route that is not public always has one)."""
+    return request[PRINCIPAL]

@@ -15,7 +15,7 @@ import uuid
 import aiohttp
 import structlog
 
-from controlplane.conversations.agent_request import start_conversation_request
+from controlplane.agent_protocol.start_request import start_conversation_request
 from controlplane.specs.models import OpenHandsOptions, SandboxSpec
 
 log = structlog.get_logger(__name__)

@@ -8,9 +8,9 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from controlplane import keys
-from controlplane.api.middlewares import principal_of
 from controlplane.api.parsing import json_response
 from controlplane.api.routing import RouteTable
+from controlplane.auth.identity import principal_of
 from controlplane.settings.models import SettingsResponse
 
 routes = RouteTable(tag="users")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from controlplane.conversations.models import ExecutionStatus, MetricsSnapshot, TokenUsage
+from controlplane.agent_protocol.models import ExecutionStatus, MetricsSnapshot, TokenUsage
 from controlplane.errors import InvalidInput
 
 STATUSES = frozenset(s.value for s in ExecutionStatus)

@@ -20,16 +20,14 @@ import structlog
 from aiohttp import web
 
 from controlplane import keys
-from controlplane.api.identity import authenticate_request
 from controlplane.api.parsing import RequestValidationError
 from controlplane.api.routing import Handler, is_public
-from controlplane.auth.models import Principal
+from controlplane.auth.identity import PRINCIPAL, authenticate_request
 from controlplane.errors import ControlPlaneError, InvalidInput, QuotaExceeded, Unauthorized
 from controlplane.store.redis import REDIS_DOWN
 
 log = structlog.get_logger("controlplane.http")
 
-PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal")
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id")
 DEADLINE: web.RequestKey[asyncio.Timeout | None] = web.RequestKey("deadline")
 PACED: web.RequestKey[bool] = web.RequestKey("paced")
@@ -188,7 +186,7 @@ def size_limit_middleware(limit: int) -> Any:
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every route but the public ones needs an API key, a browser session or single-user mode
-    (controlplane/api/identity.py)."""
+    (controlplane/auth/identity.py)."""
     if is_public(request) or request.method == "OPTIONS":
         return await handler(request)
     principal = await authenticate_request(request)
@@ -286,7 +284,3 @@ async def lift_deadline(request: web.Request, _response: web.StreamResponse) -> 
     deadline = request.get(DEADLINE)
     if deadline is not None:
         deadline.reschedule(None)
-
-
-def principal_of(request: web.Request) -> Principal:
-    return request[PRINCIPAL]
