@@ -191,7 +191,7 @@ def instrument_starts(
         bodies.append(dict(_arg(args, kw, 2, "body")))
 
     wrap(conversations.store, "save_task", task_saved)
-    wrap(sandboxes.driver, "create_and_start", docker)
+    wrap(sandboxes.driver, "create", docker)
     wrap(sandboxes.probe, "wait", _ends(timeline, "probe.end"))
     wrap(sandboxes.store, "transition", transition)
     wrap(sandboxes, "wait_running", _ends(timeline, "starter.running"))

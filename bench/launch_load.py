@@ -46,13 +46,13 @@ if str(REPO) not in sys.path:
 
 from controlplane.config import load_config  # noqa: E402
 from controlplane.sandboxes import naming  # noqa: E402
-from controlplane.sandboxes.launcher import container_request  # noqa: E402
+from controlplane.sandboxes.launcher import network_policy, sandbox_request  # noqa: E402
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus  # noqa: E402
-from controlplane.sandboxes.networking import Attachment, network_name  # noqa: E402
 from controlplane.specs.catalog import SpecCatalog  # noqa: E402
-from controlplane.specs.egress import HOST_GATEWAY  # noqa: E402
 from controlplane.specs.models import AGENT_SERVER  # noqa: E402
-from drivers.docker import create_container  # noqa: E402
+from drivers.docker_containers import container_request, create_container  # noqa: E402
+from drivers.docker_egress import Attachment, network_name  # noqa: E402
+from drivers.egress import HOST_GATEWAY  # noqa: E402
 from tests.live_server import free_port  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
@@ -148,7 +148,9 @@ class LaunchLoad:
         for v in self.docker.volumes.list(filters={"name": self.prefix}):
             with contextlib.suppress(docker.errors.NotFound):
                 v.remove(force=True)
-        for n in self.docker.networks.list(names=[network_name(self.prefix, self.spec)]):
+        for n in self.docker.networks.list(
+            names=[network_name(self.prefix, network_policy(self.spec))]
+        ):
             with contextlib.suppress(docker.errors.APIError):
                 n.remove()
 
@@ -222,7 +224,8 @@ class LaunchLoad:
         config = load_config(
             {}, container_prefix=self.raw_prefix, data_dir=self.tmp / "data", image_tag=self.tag
         )
-        req = container_request(config, record, self.spec, self.attachment, None)
+        request = sandbox_request(config, record, self.spec)
+        req = container_request(request, self.raw_prefix, config.publish_host, self.attachment)
         self.docker.volumes.create(name=req.volume, labels=req.labels)
         container_id = create_container(self.docker, req)  # the driver's own create
         self.docker.api.start(container_id)
@@ -259,7 +262,7 @@ class LaunchLoad:
         """One API sandbox first: it makes the spec's network, which raw starts join too."""
         sandbox_id, _ = await self.create()
         await self.wait_running([sandbox_id])
-        net = self.docker.networks.get(network_name(self.prefix, self.spec))
+        net = self.docker.networks.get(network_name(self.prefix, network_policy(self.spec)))
         gateway = net.attrs["IPAM"]["Config"][0]["Gateway"]
         self.attachment = Attachment(net.name, gateway, {HOST_GATEWAY: gateway})
         await self.delete([sandbox_id])

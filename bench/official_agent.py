@@ -48,7 +48,7 @@ from controlplane.config import load_config  # noqa: E402
 from controlplane.ids import uuid7_hex  # noqa: E402
 from controlplane.logging import configure_logging  # noqa: E402
 from tests.docker_fixtures import _remove_matching  # noqa: E402
-from tests.live_server import LiveServer, start_live_server  # noqa: E402
+from tests.live_server import LiveServer, attachment, start_live_server  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 SPECS = {"openhands": "openai/fake-model", "default": "fake-model"}
@@ -177,7 +177,7 @@ class Bench:
     async def raw(self, spec_id: str) -> None:
         key = secrets.token_urlsafe(32)
         spec = self.live.app[keys.SPECS].get(spec_id)
-        network = (await self.live.app[keys.NETWORKS].prepare(spec)).network
+        network = (await attachment(self.live.app, spec)).network
         t0 = time.perf_counter()
         container, port = await asyncio.to_thread(self.raw_run, spec_id, key, network)
         try:

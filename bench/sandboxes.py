@@ -53,16 +53,17 @@ from controlplane.crypto import load_secret_box
 from controlplane.logging import configure_logging
 from controlplane.sandboxes import naming
 from controlplane.sandboxes import store as store_module
-from controlplane.sandboxes.launcher import container_request
+from controlplane.sandboxes.launcher import network_policy, sandbox_request
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
-from controlplane.sandboxes.networking import Attachment
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import AGENT_SERVER, SandboxSpec
 from controlplane.store import keyspace, text
 from drivers import docker_networks
-from drivers.base import ContainerRequest
-from drivers.docker import create_container
+from drivers.docker import DockerDriver
+from drivers.docker_containers import ContainerRequest, container_request, create_container
+from drivers.docker_egress import Attachment
+from drivers.egress import HOST_GATEWAY
 from drivers.errors import DriverError
 from drivers.firewall import Iptables
 
@@ -387,14 +388,19 @@ class Bench:
             last_activity_at=now,
         )
         assert self.api_config is not None
-        raw_config = self.api_config.model_copy(update={"container_prefix": self.raw_prefix})
-        return container_request(raw_config, record, self.spec, self.attachment, self.webhook_port)
+        webhooks = f"http://{HOST_GATEWAY}:{self.webhook_port}" if self.webhook_port else None
+        request = sandbox_request(self.api_config, record, self.spec, webhooks)
+        return container_request(
+            request, self.raw_prefix, self.api_config.publish_host, self.attachment
+        )
 
     async def attach(self, app: web.Application) -> None:
         """Join the app's sandbox network (created if need be), as its own containers do."""
-        networks = app[keys.NETWORKS]
-        self.attachment = await networks.prepare(self.spec)
-        self.webhook_port = networks.listener.port
+        driver = app[keys.DRIVER]
+        assert isinstance(driver, DockerDriver)
+        assert driver.networks is not None
+        self.attachment = await driver.networks.prepare(network_policy(self.spec))
+        self.webhook_port = app[keys.WEBHOOK_LISTENER].port
 
     def raw_create_start(self, req: ContainerRequest) -> tuple[Any, Any, float, int]:
         """Volume, container, start, inspect (for the port): the driver's engine calls, with its

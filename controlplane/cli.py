@@ -18,7 +18,6 @@ from controlplane.config import ConfigError, ServiceConfig, load_config
 from controlplane.errors import ControlPlaneError
 from controlplane.logging import configure_logging
 from controlplane.ops import sandboxes as ops_sandboxes
-from controlplane.sandboxes.networking import remove_networks
 from controlplane.store.redis import make_client, resolve_redis_url, wait_for_redis
 from drivers.docker import DockerDriver
 from drivers.firewall import Iptables
@@ -72,7 +71,7 @@ async def _serve(config: ServiceConfig, host: str, port: int) -> None:
     """Serve until SIGTERM or SIGINT; in-flight requests get up to 30 s to finish.
 
     The API listens on `host` only. Sandboxes post their webhooks to a separate listener on their
-    network's gateway (controlplane/sandboxes/networking.py), by default on the same port number.
+    network's gateway (drivers/docker_egress.py), by default on the same port number.
     """
     if config.webhook_port is None:
         config = config.model_copy(update={"webhook_port": port})
@@ -136,13 +135,11 @@ async def _keys(config: ServiceConfig, args: argparse.Namespace) -> None:
 async def _remove_networks(config: ServiceConfig) -> int:
     """`controlplane networks remove`: for uninstalling (the server never removes them: its
     sandboxes outlive it)."""
-    driver = DockerDriver(config.docker_url)
+    driver = DockerDriver(config.docker_url, prefix=config.container_prefix)
     firewall = Iptables()
     reason = firewall.unavailable()
     try:
-        kept = await remove_networks(
-            driver, config.container_prefix, firewall if not reason else None
-        )
+        kept = await driver.remove_networks(firewall if not reason else None)
     finally:
         await driver.close()
     if reason:

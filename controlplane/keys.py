@@ -28,11 +28,11 @@ if TYPE_CHECKING:
     from controlplane.lifecycle.outbox import Outbox
     from controlplane.lifecycle.publisher import LifecyclePublisher
     from controlplane.metrics import Metrics
-    from controlplane.sandboxes.networking import SandboxNetworks
     from controlplane.sandboxes.pool import WarmPool
     from controlplane.sandboxes.reaper import IdleReaper
     from controlplane.sandboxes.reconciler import Reconciler
     from controlplane.sandboxes.service import SandboxService
+    from controlplane.sandboxes.webhook_listener import WebhookListener
     from controlplane.settings.service import SettingsService
     from controlplane.specs.catalog import SpecCatalog
     from drivers.base import SandboxDriver
@@ -63,7 +63,8 @@ SETTINGS: web.AppKey[SettingsService] = web.AppKey("settings")
 
 # -- with sandboxes (create_app(with_sandboxes=True)) ------------------------------------------
 DRIVER: web.AppKey[SandboxDriver] = web.AppKey("driver")
-NETWORKS: web.AppKey[SandboxNetworks] = web.AppKey("networks")
+WEBHOOK_LISTENER: web.AppKey[WebhookListener] = web.AppKey("webhook_listener")
+"""The server sandboxes post their webhooks to (the driver binds it where they reach it)."""
 HTTP_CLIENT: web.AppKey[aiohttp.ClientSession] = web.AppKey("http_client", aiohttp.ClientSession)
 """The control plane's client to agent servers and webhook receivers (one connection pool)."""
 LIFECYCLE: web.AppKey[LifecyclePublisher] = web.AppKey("lifecycle")

@@ -5,14 +5,16 @@ dependency order (`contexts`); aiohttp opens them in that order and closes them 
 
 1. redis          the Redis client, the secret box, and what needs only them (API keys, browser
                   sessions, the device flow, settings, rate limiters)
-2. runtime        the sandbox driver and the deployment's sandbox networks
+2. runtime        the sandbox driver (for Docker with its networks and firewall) and the
+                  webhook listener it binds where sandboxes reach it
 3. http client    the one client session to agent servers and webhook receivers
 4. lifecycle      the lifecycle webhook outbox and this replica's deliverer, the publisher
 5. sandboxes      the sandbox service with its launcher, readiness probe, status feed and leases,
                   the warm pool, the reconciler and the idle reaper
 6. conversations  the conversation service with its start tasks and pending messages, events
-7. webhooks       the webhook listener on the sandbox networks' gateways: opened last (every
-                  service it calls exists), closed first (no webhook arrives while the rest close)
+7. webhooks       every spec's network made ready and the webhook listener serving: opened last
+                  (every service it calls exists), closed first (no webhook arrives while the
+                  rest close)
 
 Each object gets what it works with through its constructor; nothing is patched in afterwards.
 """
@@ -42,14 +44,12 @@ from controlplane.events.store import EventStore
 from controlplane.lifecycle.outbox import Outbox
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookDeliverer
-from controlplane.sandboxes import naming
 from controlplane.sandboxes.admission import Admission
-from controlplane.sandboxes.host_memory import HostMemory
 from controlplane.sandboxes.launcher import Launcher
 from controlplane.sandboxes.leases import IntentLeases
 from controlplane.sandboxes.lifecycle import SandboxLifecycle
 from controlplane.sandboxes.locks import SandboxLocks
-from controlplane.sandboxes.networking import SandboxNetworks
+from controlplane.sandboxes.network_setup import NetworkSetup
 from controlplane.sandboxes.pool import WarmPool
 from controlplane.sandboxes.pool_store import PoolStore
 from controlplane.sandboxes.readiness import ReadinessProbe
@@ -58,6 +58,7 @@ from controlplane.sandboxes.reconciler import Reconciler
 from controlplane.sandboxes.service import SandboxService
 from controlplane.sandboxes.status_feed import StatusFeed
 from controlplane.sandboxes.store import SandboxStore
+from controlplane.sandboxes.webhook_listener import WebhookListener
 from controlplane.settings.service import SettingsService
 from controlplane.settings.store import UserRecordStore
 from controlplane.store import keyspace
@@ -126,22 +127,28 @@ def redis_ctx(config: ServiceConfig) -> Context:
 
 
 def runtime_ctx(config: ServiceConfig) -> Context:
-    """The driver and the deployment's sandbox networks (made at start by `webhooks_ctx`)."""
+    """The driver (Docker, the only runtime so far) and the webhook listener it binds on its
+    sandbox networks' gateways (serving from `webhooks_ctx` on)."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
+        listener = WebhookListener(config.webhook_port or 0)
         driver = DockerDriver(
             config.docker_url,
+            prefix=config.container_prefix,
             threads=config.docker_threads,
             quick_threads=config.docker_quick_threads,
+            address=config.url_host,
+            publish_host=config.publish_host,
+            memory_floor=config.host_memory_floor,
+            listener=listener,
+            firewall_mode=config.host_firewall,
+            host_ports=config.sandbox_host_ports,
+            subnet_pool=config.sandbox_subnet_pool,
+            subnet_size=config.sandbox_subnet_size,
             on_error=app[keys.METRICS].docker_error,
         )
-        try:
-            networks = SandboxNetworks(config, driver, app[keys.SPECS])
-        except BaseException:
-            await driver.close()
-            raise
         app[keys.DRIVER] = driver
-        app[keys.NETWORKS] = networks
+        app[keys.WEBHOOK_LISTENER] = listener
         yield
         await driver.close()
 
@@ -201,20 +208,13 @@ def sandboxes_ctx(config: ServiceConfig) -> Context:
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         redis, driver, catalog = app[keys.REDIS], app[keys.DRIVER], app[keys.SPECS]
-        networks = app[keys.NETWORKS]
-        probe = ReadinessProbe(app[keys.HTTP_CLIENT], driver, config.url_host, config.start_timeout)
-        prefix = config.container_prefix
-        feed = StatusFeed(
-            redis,
-            on_listening=lambda sandbox_id: probe.hint(naming.container_name(prefix, sandbox_id)),
-        )
+        probe = ReadinessProbe(app[keys.HTTP_CLIENT], driver, config.start_timeout)
+        feed = StatusFeed(redis, on_listening=probe.hint)
         store = SandboxStore(redis, app[keys.SECRET_BOX], on_change=feed.notify)
         notes = SandboxLifecycle(app[keys.LIFECYCLE])
         leases = IntentLeases(redis)
         locks = SandboxLocks()
-        admission = Admission(
-            config, driver, HostMemory(config.host_memory_floor, config.docker_url)
-        )
+        admission = Admission(config, driver)
         launcher = Launcher(
             config,
             store,
@@ -223,7 +223,7 @@ def sandboxes_ctx(config: ServiceConfig) -> Context:
             probe=probe,
             publish=notes,
             leases=leases,
-            networks=networks,
+            webhooks=True,  # the driver binds the webhook listener where sandboxes reach it
         )
         pool = WarmPool(
             config,
@@ -336,15 +336,17 @@ def conversations_ctx(config: ServiceConfig) -> Context:
 
 
 def webhooks_ctx(webhook_app: Callable[[web.Application], web.Application]) -> Context:
-    """The webhook listener, bound on each sandbox network's gateway as the networks come up
-    (in the background: sandboxes that outlived a restart post their webhooks before any new
-    start)."""
+    """The webhook listener, bound by the driver on each sandbox network's gateway as the
+    networks come up (in the background: sandboxes that outlived a restart post their webhooks
+    before any new start)."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
-        networks = app[keys.NETWORKS]
-        networks.listener.attach(webhook_app(app))
-        networks.start()
+        listener = app[keys.WEBHOOK_LISTENER]
+        listener.attach(webhook_app(app))
+        setup = NetworkSetup(app[keys.DRIVER], app[keys.SPECS])
+        setup.start()
         yield
-        await networks.close()
+        await setup.close()
+        await listener.close()
 
     return ctx

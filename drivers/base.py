@@ -1,48 +1,97 @@
-"""The interface every sandbox runtime implements (Docker now, Kubernetes later)."""
+"""The interface every sandbox runtime implements: Docker (drivers/docker.py) now, Kubernetes next.
+
+The control plane speaks to a driver in sandbox terms only: a sandbox id with its owner and
+spec, a request to create it, its state and the endpoints its ports are reached at, the network
+policy of its spec. What a runtime needs besides stays behind the driver: for Docker the
+containers, volumes, networks, host firewall rules, image ids and the engine's thread lanes; for
+Kubernetes the pods, claims, network policies and watches. docs/architecture.md ("Drivers") says
+what a driver must provide; tests/test_driver_contract.py holds the tests every driver passes.
+
+Errors (drivers/errors.py): RuntimeUnavailable when the runtime does not answer (the caller
+retries), DriverError (and its kinds) when it refuses; "already so" is never an error.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Protocol
+
+from drivers.egress import Destination
+
+
+class RunState(StrEnum):
+    """What the runtime says a sandbox's instance is doing. A runtime maps its own states onto
+    these (Docker's container states are these words; a Kubernetes pod's phase and container
+    statuses, or no pod beside a kept claim, map onto them)."""
+
+    CREATED = "created"  # made, not started yet (still booting for the readiness probe)
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    PAUSED = "paused"  # frozen in place, memory kept: `unpause` thaws it
+    EXITED = "exited"  # not running, workspace kept (stopped, or released by a pause that
+    # frees the instance): `start` brings it up again
+    DEAD = "dead"  # broken beyond a start: remove it (keeping the workspace), create it again
+    REMOVING = "removing"
 
 
 @dataclass(frozen=True)
-class ContainerRequest:
-    """Everything needed to create one sandbox container."""
+class Endpoint:
+    """Where the control plane reaches one port of a sandbox (Docker: the published port on
+    the engine's host address; Kubernetes: the pod's IP and the container port)."""
 
-    name: str
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    """Where the sandboxes of one spec may connect (its `egress`): `egress` None is the
+    internet, () nothing, else an allow-list. Every policy also fences the control plane's
+    host: of it, a sandbox reaches only the control plane's webhooks (and the ports an operator
+    opens), never link-local addresses."""
+
+    spec_id: str
+    egress: tuple[Destination, ...] | None = None
+
+
+@dataclass(frozen=True)
+class SandboxRequest:
+    """Everything needed to create one sandbox; the driver names and labels what it makes."""
+
+    sandbox_id: str
+    owner: str
+    spec_id: str
     image: str
     command: list[str] | None
     env: dict[str, str]
-    labels: dict[str, str]
-    working_dir: str
-    volume: str
-    ports: list[int]
+    working_dir: str  # the workspace: kept across pause, resume and re-creates; delete drops it
+    ports: list[int]  # container ports the control plane must reach (endpoints)
     cpus: float
-    memory_bytes: int
+    memory_bytes: int  # the hard limit
+    memory_reservation: int  # what admission counts for it (Kubernetes: the memory request)
     pids: int
-    publish_host: str
-    extra_hosts: dict[str, str] = field(default_factory=dict)
-    # Isolation: every capability is dropped and no-new-privileges is always set.
-    network: str | None = None  # None: the engine's default bridge
+    network: NetworkPolicy
+    # Isolation: every capability is dropped and privileges can never be gained.
     user: str | None = None  # None: the image's USER
     read_only: bool = False
-    tmpfs: dict[str, str] = field(default_factory=dict)
-    runtime: str | None = None  # None: the engine's default (runc)
+    tmpfs: dict[str, str] = field(default_factory=dict)  # path -> mount options
+    runtime: str | None = None  # e.g. runsc (gVisor); None: the runtime's default
 
 
 @dataclass(frozen=True)
-class ContainerState:
-    """What the runtime says about one container right now."""
+class SandboxState:
+    """What the runtime says about one sandbox right now."""
 
-    id: str
-    name: str
-    status: str  # created, running, paused, restarting, removing, exited, dead
-    labels: dict[str, str]
-    ports: dict[int, int]  # container port -> host port
-    env: dict[str, str]
+    sandbox_id: str
+    owner: str
+    spec_id: str
+    name: str  # the runtime's own name for it (logs, operators)
+    status: RunState
+    endpoints: dict[int, Endpoint]  # container port -> where the control plane reaches it
+    env: dict[str, str]  # as created (the reconciler adopts a sandbox by its session key)
     exit_code: int | None = None
     oom_killed: bool = False
     error: str | None = None
@@ -50,91 +99,106 @@ class ContainerState:
 
 
 @dataclass(frozen=True)
-class NetworkInfo:
-    """One sandbox network: a bridge with inter-container traffic disabled."""
+class SandboxEvent:
+    """Something happened to a sandbox (Docker: a container event such as die, pause, destroy);
+    the reconciler inspects it and aligns its record."""
 
-    name: str
-    bridge: str  # the host's interface for it
-    subnet: str
-    gateway: str  # the host's address on it
-    containers: int  # attached containers, when listed
-    labels: dict[str, str] = field(default_factory=dict)
+    sandbox_id: str
+    action: str
 
 
-@dataclass(frozen=True)
-class ContainerEvent:
-    action: str  # die, kill, stop, pause, unpause, start, destroy, oom, ...
-    name: str
-    labels: dict[str, str]
-
-
-EventSink = Callable[[ContainerEvent | Exception | None], None]
+EventSink = Callable[[SandboxEvent | Exception | None], None]
 
 
 class Watch(Protocol):
     def close(self) -> None: ...
 
 
+class HostListener(Protocol):
+    """A server of the control plane that sandboxes reach on the host (the webhook listener):
+    a driver whose sandboxes reach the host at addresses of its own (Docker: each network's
+    gateway) binds it there."""
+
+    @property
+    def port(self) -> int: ...
+
+    async def bind(self, address: str) -> int:
+        """Listen on `address` too (idempotent); the port. Raises OSError."""
+        ...
+
+
 class SandboxDriver(Protocol):
+    # -- the runtime --------------------------------------------------------------------------
+
     async def ping(self) -> bool:
         """True when the runtime answers; never raises."""
 
-    async def memory_total(self) -> int | None:
-        """The engine host's memory in bytes; None when the engine does not answer."""
+    async def memory_capacity(self) -> int | None:
+        """Bytes of memory the runtime has for sandboxes (Docker: the engine host's total;
+        Kubernetes: the nodes' allocatable memory); None when it does not answer."""
+
+    def has_room(self, reservation: int) -> bool:
+        """False while the runtime is too short of memory right now for one more sandbox
+        reserving `reservation` bytes (Docker: the host's available memory under the floor);
+        cheap, never raises."""
 
     async def image_id(self, image: str) -> str | None:
-        """The image's content id (changes with every rebuild); None when it is not on the host.
-        Raises RuntimeUnavailable when the runtime does not answer."""
+        """The image's identity, which changes whenever the image does: a content id or a
+        registry digest; where the runtime cannot tell, the reference itself. None when the
+        image is known to be absent. Raises RuntimeUnavailable."""
 
-    async def create_and_start(
-        self, request: ContainerRequest, *, new: bool = False
-    ) -> ContainerState:
-        """Create the workspace volume and the container, start it, return its state. `new`: a
-        new sandbox, whose workspace cannot exist yet (not looked for); otherwise an existing
-        workspace is kept, also on failure.
+    # -- networks: where sandboxes may connect, and how they reach the control plane -----------
 
-        On any failure after create, removes what it made and re-raises, so nothing is left.
-        Raises ContainerExists (and touches nothing) when the name is taken, ImageMissing,
-        DriverError or RuntimeUnavailable.
-        """
+    async def prepare(self, policies: Sequence[NetworkPolicy]) -> None:
+        """At start: put in place what sandboxes of these policies need, and fence whatever the
+        runtime still holds for policies no longer given. Raises RuntimeUnavailable or
+        NetworkUnavailable (the caller retries)."""
 
-    async def inspect(self, name: str) -> ContainerState | None:
-        """None when no such container exists."""
+    async def prepare_network(self, policy: NetworkPolicy) -> str | None:
+        """Put in place what sandboxes of `policy` need before one is created (idempotent, cheap
+        once done). Returns the base URL at which they reach the control plane's webhook
+        listener (Docker: http://host.docker.internal:<port> on their network's gateway), None
+        when the runtime gives them none (ACS_PUBLIC_URL must then be set). Raises
+        NetworkUnavailable (the policy cannot be enforced here) or RuntimeUnavailable."""
 
-    async def pause(self, name: str) -> None:
-        """Freeze processes; memory is kept. Pausing a paused container succeeds."""
+    # -- sandboxes ----------------------------------------------------------------------------
 
-    async def unpause(self, name: str) -> None:
-        """Raises DriverError when the container is not paused (running or stopped)."""
+    async def create(self, request: SandboxRequest, *, new: bool = False) -> SandboxState:
+        """Create the sandbox with its workspace and start it. `new`: a new sandbox, whose
+        workspace cannot exist yet (not looked for); otherwise an existing workspace is kept,
+        also on failure. On any failure after it made something, removes what it made and
+        re-raises. Raises ContainerExists (touching nothing) when the sandbox exists already,
+        ImageMissing, NetworkUnavailable, DriverError or RuntimeUnavailable."""
 
-    async def start(self, name: str) -> ContainerState:
-        """Start a stopped container again; starting a running one succeeds."""
+    async def inspect(self, sandbox_id: str) -> SandboxState | None:
+        """None when the runtime has no instance of it (its workspace may still exist)."""
 
-    async def remove(self, name: str, volume: str | None) -> None:
-        """Remove the container (forced) and the volume; "already gone" counts as success."""
+    async def pause(self, sandbox_id: str) -> None:
+        """Stop its processes, keeping the workspace: inspect says PAUSED after (Docker freezes
+        it, memory kept) or EXITED (a runtime whose pause releases the instance). Pausing a
+        paused sandbox succeeds. Raises DriverError when there is nothing to pause."""
 
-    async def list_managed(self, labels: dict[str, str]) -> list[ContainerState]:
-        """Every container, running or not, carrying all of `labels`."""
+    async def unpause(self, sandbox_id: str) -> None:
+        """Thaw a PAUSED sandbox in place, endpoints unchanged. Raises DriverError when it is
+        not PAUSED (the caller then inspects it and starts or re-creates it)."""
 
-    async def ensure_network(
-        self, name: str, labels: dict[str, str], pool: str, size: int
-    ) -> NetworkInfo:
-        """The network `name`, created when absent on the first free /`size` of `pool`.
+    async def start(self, request: SandboxRequest) -> SandboxState:
+        """Bring an EXITED or CREATED sandbox up again on its workspace (Docker: starts the
+        container; a runtime that keeps only the workspace makes a new instance of `request`);
+        starting a running one succeeds."""
 
-        Raises DriverError when a network of that name exists without `labels`, or the pool is
-        full; RuntimeUnavailable when the engine does not answer.
-        """
+    async def remove(self, sandbox_id: str, *, keep_workspace: bool = False) -> None:
+        """Remove the sandbox (forced) and, unless `keep_workspace`, its workspace; "already
+        gone" counts as success."""
 
-    async def list_networks(self, labels: dict[str, str]) -> list[NetworkInfo]:
-        """Every network carrying all of `labels`."""
+    async def list_sandboxes(self, owner: str | None = None) -> list[SandboxState]:
+        """Every sandbox of this deployment, running or not (of `owner` only, when given)."""
 
-    async def remove_network(self, name: str) -> bool:
-        """Remove the network if it has no containers; False when it still has some."""
-
-    def watch(self, labels: dict[str, str], sink: EventSink) -> Watch:
-        """Feed `sink` (on the event loop) each event of containers carrying `labels`.
-
-        `sink(None)` or `sink(exception)` marks the end of the stream; close() the watch to stop.
-        """
+    def watch(self, sink: EventSink) -> Watch:
+        """Feed `sink` (on the event loop) an event for each change of this deployment's
+        sandboxes. `sink(None)` or `sink(exception)` marks the end of the stream: the caller
+        watches again and relies on its periodic sweep (list_sandboxes) for what it missed; a
+        driver may resume a stream itself where the runtime allows (Kubernetes: from the last
+        resourceVersion). close() the watch to stop it."""
 
     async def close(self) -> None: ...

@@ -1,70 +1,58 @@
-"""Docker runtime: the docker SDK, each blocking call sent to one of two thread pools (lanes)
-this driver owns: quick calls (inspect, pause, unpause, image look-up, list) never queue behind
-slow ones (create and start, remove), which hold a thread for up to seconds each."""
+"""The Docker runtime (drivers/base.py: SandboxDriver). A sandbox is a container and a workspace
+volume (named and labelled by docker_names.py, made by docker_containers.py) on its spec's
+network (docker_egress.py: networks, host firewall rules, the webhook listener on their
+gateways), its ports published on the engine's host; pause freezes it in place.
+
+Every engine call goes to one of the engine's two thread lanes (docker_engine.py); image ids are
+known without an engine call while the engine's image events are followed (docker_images.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import docker
 import structlog
-from docker.errors import APIError, DockerException, ImageNotFound, NotFound
-from docker.models.containers import _create_container_args  # type: ignore[attr-defined]
-from requests.exceptions import ConnectionError as RequestsConnectionError
-from requests.exceptions import ReadTimeout
+from docker.errors import APIError, ImageNotFound, NotFound
 
-from drivers import docker_networks
+from drivers import docker_names, docker_networks
 from drivers.base import (
-    ContainerEvent,
-    ContainerRequest,
-    ContainerState,
     EventSink,
-    NetworkInfo,
+    HostListener,
+    NetworkPolicy,
+    SandboxEvent,
+    SandboxRequest,
+    SandboxState,
     Watch,
 )
+from drivers.docker_containers import (
+    ContainerRequest,
+    container_request,
+    create_container,
+    state_of,
+)
+from drivers.docker_egress import (
+    Attachment,
+    Engine,
+    FirewallMode,
+    SandboxNetworks,
+    network_labels,
+    network_name,
+)
+from drivers.docker_engine import QUICK, SLOW, DockerEngine
 from drivers.docker_images import ImageIdCache
+from drivers.egress import HOST_GATEWAY
 from drivers.errors import ContainerExists, DriverError, ImageMissing, RuntimeUnavailable
+from drivers.firewall import Iptables
+from drivers.host_memory import HostMemory
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
 
 _WATCHED_ACTIONS = {"start", "die", "kill", "stop", "pause", "unpause", "destroy", "oom", "create"}
-
-
-def _parse_time(value: str | None) -> datetime | None:
-    if not value or value.startswith("0001-"):
-        return None
-    # Docker gives nanoseconds; Python parses up to microseconds.
-    head, _, frac = value.rstrip("Z").partition(".")
-    return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00")
-
-
-def _state_of(attrs: dict[str, Any]) -> ContainerState:
-    state = attrs.get("State") or {}
-    config = attrs.get("Config") or {}
-    ports: dict[int, int] = {}
-    for key, bindings in ((attrs.get("NetworkSettings") or {}).get("Ports") or {}).items():
-        if bindings and key.endswith("/tcp"):
-            ports[int(key.split("/")[0])] = int(bindings[0]["HostPort"])
-    env = dict(item.partition("=")[::2] for item in config.get("Env") or [])
-    return ContainerState(
-        id=attrs["Id"],
-        name=attrs.get("Name", "").lstrip("/"),
-        status=state.get("Status", "unknown"),
-        labels=config.get("Labels") or {},
-        ports=ports,
-        env=env,
-        exit_code=state.get("ExitCode"),
-        oom_killed=bool(state.get("OOMKilled")),
-        error=state.get("Error") or None,
-        created_at=_parse_time(attrs.get("Created")),
-    )
 
 
 class _DockerWatch:
@@ -88,139 +76,79 @@ class _DockerWatch:
                 self._stream.close()
 
 
-def create_container(client: docker.DockerClient, req: ContainerRequest) -> str:
-    """Create the container of `req` (not started); its id. The SDK's own `containers.create`
-    inspects the container it made; its argument translation is used without that extra engine
-    call. The benches' raw baselines call this too, so that they make the driver's engine calls."""
-    try:
-        args = _create_container_args(
-            dict(
-                image=req.image,
-                version=client.api.api_version,
-                command=req.command,
-                name=req.name,
-                environment=req.env,
-                labels=req.labels,
-                working_dir=req.working_dir,
-                volumes={req.volume: {"bind": req.working_dir, "mode": "rw"}},
-                # No host port: Docker picks a free one and we read it back (no race).
-                ports={f"{p}/tcp": (req.publish_host, None) for p in req.ports},
-                nano_cpus=int(req.cpus * 1e9),
-                mem_limit=req.memory_bytes,
-                memswap_limit=req.memory_bytes,
-                pids_limit=req.pids,
-                security_opt=["no-new-privileges:true"],
-                cap_drop=["ALL"],
-                user=req.user,
-                read_only=req.read_only,
-                tmpfs=req.tmpfs or None,
-                runtime=req.runtime,
-                network=req.network,
-                extra_hosts=req.extra_hosts,
-                detach=True,
-            )
-        )
-        return str(client.api.create_container(**args)["Id"])
-    except APIError as exc:
-        if exc.status_code == 409 and not isinstance(exc, ImageNotFound):
-            raise ContainerExists(f"container {req.name} exists already") from None
-        raise
-
-
-QUICK = "quick"
-SLOW = "slow"
-
-
 class DockerDriver:
-    """Talks to one Docker engine. `threads` bounds concurrent slow engine calls (create and
-    start, restart, remove, networks), `quick_threads` the quick ones, each lane its own FIFO.
+    """Sandboxes on one Docker engine, for the deployment whose objects carry `prefix`.
 
-    `on_error(operation)`, if given, is called on the event loop for every engine call that
-    fails (engine unreachable, an error answer, or a DriverError): the error metric's hook.
+    `address`: where the control plane reaches published ports (ACS_URL_HOST); `publish_host`:
+    the host address they are published on. `listener`: the webhook listener, bound on each
+    sandbox network's gateway; without one, sandboxes run on the engine's default bridge with no
+    network or firewall of ours (tests, benches and the CLI's look-ups). `memory_floor`: the
+    host memory guard's floor (has_room), on a local engine only.
     """
 
     def __init__(
         self,
         base_url: str | None = None,
+        *,
+        prefix: str = "acs-sandbox-",
         threads: int = 8,
-        timeout: int = 60,
         quick_threads: int = 4,
+        timeout: int = 60,
+        address: str = "127.0.0.1",
+        publish_host: str = "127.0.0.1",
+        memory_floor: int = 0,
+        listener: HostListener | None = None,
+        firewall_mode: FirewallMode = "auto",
+        host_ports: Sequence[int] = (),
+        subnet_pool: str = "10.213.0.0/16",
+        subnet_size: int = 22,
+        firewall: Iptables | None = None,
         on_error: Callable[[str], None] | None = None,
     ) -> None:
-        self._base_url = base_url
-        self._on_error = on_error
-        self._timeout = timeout
-        self._threads = threads + quick_threads
-        self._lanes = {
-            SLOW: ThreadPoolExecutor(max_workers=threads, thread_name_prefix="docker-slow"),
-            QUICK: ThreadPoolExecutor(max_workers=quick_threads, thread_name_prefix="docker-quick"),
-        }
-        self._client: docker.DockerClient | None = None
-        self._client_lock = threading.Lock()
+        self.prefix = prefix
+        self._address = address
+        self._publish_host = publish_host
+        self.engine = DockerEngine(
+            base_url,
+            threads=threads,
+            quick_threads=quick_threads,
+            timeout=timeout,
+            on_error=on_error,
+        )
+        self._memory = HostMemory(memory_floor, base_url)
         self._images = ImageIdCache(self._open_image_events)
+        self.networks: SandboxNetworks | None = None
+        if listener is not None:
+            self.networks = SandboxNetworks(
+                Engine(ensure=self.ensure_network, list=self.list_networks),
+                prefix=prefix,
+                listener=listener,
+                firewall_mode=firewall_mode,
+                host_ports=host_ports,
+                subnet_pool=subnet_pool,
+                subnet_size=subnet_size,
+                firewall=firewall,
+            )
+        self._attachments: dict[str, Attachment] = {}
 
-    def _docker(self) -> docker.DockerClient:
-        # Created lazily, in a worker thread, so start-up works while the engine is down.
-        with self._client_lock:
-            if self._client is None:
-                # Two more connections: the container and the image event streams hold one each.
-                pool = self._threads + 2
-                kwargs: dict[str, Any] = {"timeout": self._timeout, "max_pool_size": pool}
-                if self._base_url:
-                    self._client = docker.DockerClient(base_url=self._base_url, **kwargs)
-                else:
-                    self._client = docker.from_env(**kwargs)
-            return self._client
-
-    def _report(self, operation: str) -> None:
-        if self._on_error is not None:
-            try:
-                self._on_error(operation)
-            except Exception:
-                log.exception("docker_error_hook_failed")
-
-    async def _call(
-        self, fn: Callable[[docker.DockerClient], T], operation: str = "other", lane: str = QUICK
-    ) -> T:
-        """Run `fn` in `lane`'s pool; `operation` labels the error metric if it fails."""
-        loop = asyncio.get_running_loop()
-
-        def run() -> T:
-            try:
-                return fn(self._docker())
-            except (RequestsConnectionError, ReadTimeout) as exc:
-                raise RuntimeUnavailable(f"Docker engine unreachable: {exc}") from None
-            except DockerException as exc:
-                if isinstance(exc, APIError | NotFound):
-                    raise
-                raise RuntimeUnavailable(f"Docker engine unreachable: {exc}") from None
-
-        future = loop.run_in_executor(self._lanes[lane], run)
-        try:
-            return await asyncio.shield(future)
-        except Exception:
-            self._report(operation)
-            raise
-        except asyncio.CancelledError:
-            # The engine call cannot be interrupted. Let it finish before the cancellation goes
-            # on, so that whoever cancelled (a delete cancelling a launch) acts after its effect:
-            # otherwise the delete's removal can run before the container exists, leaking it.
-            await asyncio.wait([future])
-            raise
+    # -- the runtime --------------------------------------------------------------------------
 
     async def ping(self) -> bool:
         try:
-            return bool(await self._call(lambda c: c.ping(), "ping"))
+            return bool(await self.engine.call(lambda c: c.ping(), "ping"))
         except (RuntimeUnavailable, APIError):
             return False
 
-    async def memory_total(self) -> int | None:
+    async def memory_capacity(self) -> int | None:
         try:
-            info = await self._call(lambda c: c.info(), "info")
+            info = await self.engine.call(lambda c: c.info(), "info")
         except (RuntimeUnavailable, APIError):
             return None
         total = info.get("MemTotal")
         return int(total) if total else None
+
+    def has_room(self, reservation: int) -> bool:
+        return self._memory.room_for(reservation)
 
     async def image_id(self, image: str) -> str | None:
         """The image's id, None when absent: known without asking the engine while its image
@@ -239,21 +167,96 @@ class DockerDriver:
                 return None
 
         # The error metric's label for image look-ups (documented in docs/operations.md).
-        found = await self._call(look_up, "image_exists")
+        found = await self.engine.call(look_up, "image_exists")
         self._images.put(image, found, generation)
         return found
 
     def _open_image_events(self, since: int) -> Any:
-        return self._docker().api.events(decode=True, since=since, filters={"type": "image"})
+        return self.engine.client().api.events(decode=True, since=since, filters={"type": "image"})
 
-    async def create_and_start(
-        self, request: ContainerRequest, *, new: bool = False
-    ) -> ContainerState:
-        return await self._call(lambda c: self._create_and_start(c, request, new), "create", SLOW)
+    # -- networks -----------------------------------------------------------------------------
+
+    async def prepare(self, policies: Sequence[NetworkPolicy]) -> None:
+        if self.networks is not None:
+            await self.networks.prepare_all(policies)
+
+    async def prepare_network(self, policy: NetworkPolicy) -> str | None:
+        if self.networks is None:
+            return None
+        attachment = await self.networks.prepare(policy)
+        self._attachments[attachment.network] = attachment
+        return f"http://{HOST_GATEWAY}:{self.networks.listener.port}"
+
+    async def _attachment(self, policy: NetworkPolicy) -> Attachment | None:
+        """The network a new container of `policy` joins: as prepare_network last made it ready
+        (for this start, just before), else prepared now."""
+        if self.networks is None:
+            return None
+        found = self._attachments.get(network_name(self.prefix, policy))
+        if found is None:
+            found = await self.networks.prepare(policy)
+            self._attachments[found.network] = found
+        return found
+
+    def _forget(self, policy: NetworkPolicy) -> None:
+        """After a failed create or start: the network may be gone; check it at the next."""
+        self._attachments.pop(network_name(self.prefix, policy), None)
+        if self.networks is not None:
+            self.networks.forget(policy)
+
+    async def ensure_network(
+        self, name: str, labels: dict[str, str], pool: str, size: int
+    ) -> docker_networks.NetworkInfo:
+        """The network `name`, created when absent on the first free /`size` of `pool`.
+
+        Raises DriverError when a network of that name exists without `labels`, or the pool is
+        full; RuntimeUnavailable when the engine does not answer.
+        """
+        return await self.engine.call(
+            lambda c: docker_networks.ensure_network(c, name, labels, pool, size), "network", SLOW
+        )
+
+    async def list_networks(self, labels: dict[str, str]) -> list[docker_networks.NetworkInfo]:
+        """Every network carrying all of `labels`."""
+        return await self.engine.call(lambda c: docker_networks.list_networks(c, labels), "network")
+
+    async def remove_networks(self, firewall: Iptables | None) -> int:
+        """Remove the deployment's networks that have no containers, and their firewall chains
+        (`controlplane networks remove`). Returns how many still have containers (kept)."""
+        kept = 0
+        for info in await self.list_networks(network_labels(self.prefix)):
+            if await self._remove_network(info.name):
+                if firewall is not None:
+                    await asyncio.to_thread(firewall.remove, info.bridge)
+            else:
+                kept += 1
+        return kept
+
+    async def _remove_network(self, name: str) -> bool:
+        """Remove the network if it has no containers; False when it still has some."""
+        return await self.engine.call(
+            lambda c: docker_networks.remove_network(c, name), "network", SLOW
+        )
+
+    # -- sandboxes ----------------------------------------------------------------------------
+
+    def _name(self, sandbox_id: str) -> str:
+        return docker_names.container_name(self.prefix, sandbox_id)
+
+    async def create(self, request: SandboxRequest, *, new: bool = False) -> SandboxState:
+        try:
+            attachment = await self._attachment(request.network)
+            req = container_request(request, self.prefix, self._publish_host, attachment)
+            return await self.engine.call(
+                lambda c: self._create_and_start(c, req, new), "create", SLOW
+            )
+        except DriverError:
+            self._forget(request.network)
+            raise
 
     def _create_and_start(
         self, client: docker.DockerClient, req: ContainerRequest, new: bool
-    ) -> ContainerState:
+    ) -> SandboxState:
         # Four engine calls for a new sandbox (volume, create, start, inspect): every call is
         # engine work and Python work under the GIL that short requests wait behind during a
         # burst of starts. No separate image look-up: the service has just asked for the image's
@@ -270,7 +273,7 @@ class DockerDriver:
         try:
             container_id = create_container(client, req)
             client.api.start(container_id)
-            return _state_of(client.api.inspect_container(container_id))
+            return state_of(client.api.inspect_container(container_id), self._address)
         except ContainerExists:
             raise  # not ours: leave it alone
         except BaseException as exc:
@@ -285,14 +288,16 @@ class DockerDriver:
                 ) from None
             raise
 
-    async def inspect(self, name: str) -> ContainerState | None:
-        def run(client: docker.DockerClient) -> ContainerState | None:
+    async def inspect(self, sandbox_id: str) -> SandboxState | None:
+        name = self._name(sandbox_id)
+
+        def run(client: docker.DockerClient) -> SandboxState | None:
             try:
-                return _state_of(client.api.inspect_container(name))
+                return state_of(client.api.inspect_container(name), self._address)
             except NotFound:
                 return None
 
-        return await self._call(run, "inspect")
+        return await self.engine.call(run, "inspect")
 
     async def _act(
         self,
@@ -315,24 +320,35 @@ class DockerDriver:
                     return
                 raise DriverError(f"Docker error on {name}: {message}") from None
 
-        await self._call(run, operation, lane)
+        await self.engine.call(run, operation, lane)
 
-    async def pause(self, name: str) -> None:
+    async def pause(self, sandbox_id: str) -> None:
+        name = self._name(sandbox_id)
         await self._act("pause", name, lambda api: api.pause(name), benign="already paused")
 
-    async def unpause(self, name: str) -> None:
+    async def unpause(self, sandbox_id: str) -> None:
         # Strict: "is not paused" may mean stopped, which the caller must handle (restart).
+        name = self._name(sandbox_id)
         await self._act("unpause", name, lambda api: api.unpause(name))
 
-    async def start(self, name: str) -> ContainerState:
-        await self._act("start", name, lambda api: api.start(name), lane=SLOW)
-        state = await self.inspect(name)
+    async def start(self, request: SandboxRequest) -> SandboxState:
+        """Start the existing container again (it keeps its own configuration: `request` only
+        names it)."""
+        name = self._name(request.sandbox_id)
+        try:
+            await self._act("start", name, lambda api: api.start(name), lane=SLOW)
+        except DriverError:
+            self._forget(request.network)
+            raise
+        state = await self.inspect(request.sandbox_id)
         if state is None:
             raise DriverError(f"container {name} vanished while starting")
         return state
 
-    async def remove(self, name: str, volume: str | None) -> None:
-        await self._call(lambda c: self._remove(c, name, volume), "remove", SLOW)
+    async def remove(self, sandbox_id: str, *, keep_workspace: bool = False) -> None:
+        name = self._name(sandbox_id)
+        volume = None if keep_workspace else docker_names.volume_name(self.prefix, sandbox_id)
+        await self.engine.call(lambda c: self._remove(c, name, volume), "remove", SLOW)
 
     @staticmethod
     def _remove(client: docker.DockerClient, name: str, volume: str | None) -> None:
@@ -353,34 +369,26 @@ class DockerDriver:
                     f"Docker could not remove volume {volume}: {exc.explanation}"
                 ) from None
 
-    async def list_managed(self, labels: dict[str, str]) -> list[ContainerState]:
-        def run(client: docker.DockerClient) -> list[ContainerState]:
+    async def list_sandboxes(self, owner: str | None = None) -> list[SandboxState]:
+        labels = {docker_names.LABEL_PREFIX: self.prefix}
+        if owner is not None:
+            labels[docker_names.LABEL_OWNER] = owner
+
+        def run(client: docker.DockerClient) -> list[SandboxState]:
             filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
             summaries = client.api.containers(all=True, filters=filters)
             states = []
             for summary in summaries:
                 try:
-                    states.append(_state_of(client.api.inspect_container(summary["Id"])))
+                    inspected = client.api.inspect_container(summary["Id"])
                 except NotFound:
                     continue
+                states.append(state_of(inspected, self._address))
             return states
 
-        return await self._call(run, "list")
+        return await self.engine.call(run, "list")
 
-    async def ensure_network(
-        self, name: str, labels: dict[str, str], pool: str, size: int
-    ) -> NetworkInfo:
-        return await self._call(
-            lambda c: docker_networks.ensure_network(c, name, labels, pool, size), "network", SLOW
-        )
-
-    async def list_networks(self, labels: dict[str, str]) -> list[NetworkInfo]:
-        return await self._call(lambda c: docker_networks.list_networks(c, labels), "network")
-
-    async def remove_network(self, name: str) -> bool:
-        return await self._call(lambda c: docker_networks.remove_network(c, name), "network", SLOW)
-
-    def watch(self, labels: dict[str, str], sink: EventSink) -> Watch:
+    def watch(self, sink: EventSink) -> Watch:
         """Follow container events in a dedicated thread, feeding `sink` on the event loop.
 
         The thread opens the stream itself: Docker may hold the response until the first event,
@@ -388,27 +396,29 @@ class DockerDriver:
         `sink(exc)` a broken stream.
         """
         loop = asyncio.get_running_loop()
-        filters = {"type": "container", "label": [f"{k}={v}" for k, v in labels.items()]}
+        filters = {"type": "container", "label": [f"{docker_names.LABEL_PREFIX}={self.prefix}"]}
         watch = _DockerWatch()
 
         def pump() -> None:
             end: Exception | None = None
             try:
-                stream = self._docker().api.events(decode=True, filters=filters)
+                stream = self.engine.client().api.events(decode=True, filters=filters)
                 watch.attach(stream)
                 for raw in stream:
                     action = str(raw.get("Action", "")).split(":")[0]
                     if action not in _WATCHED_ACTIONS:
                         continue
                     attrs = (raw.get("Actor") or {}).get("Attributes") or {}
-                    event = ContainerEvent(action=action, name=attrs.get("name", ""), labels=attrs)
+                    event = SandboxEvent(
+                        sandbox_id=attrs.get(docker_names.LABEL_ID, ""), action=action
+                    )
                     loop.call_soon_threadsafe(sink, event)
             except Exception as exc:
                 end = RuntimeUnavailable(f"Docker event stream broke: {exc}")
             if not watch.closed:
                 with contextlib.suppress(RuntimeError):  # the loop may be gone at shutdown
                     if end is not None:
-                        loop.call_soon_threadsafe(self._report, "events")
+                        loop.call_soon_threadsafe(self.engine.report, "events")
                     loop.call_soon_threadsafe(sink, end)
 
         threading.Thread(target=pump, name="docker-events", daemon=True).start()
@@ -416,8 +426,4 @@ class DockerDriver:
 
     async def close(self) -> None:
         self._images.close()
-        client = self._client
-        if client is not None:
-            await asyncio.get_running_loop().run_in_executor(self._lanes[QUICK], client.close)
-        for pool in self._lanes.values():
-            pool.shutdown(wait=False, cancel_futures=True)
+        await self.engine.close()

@@ -15,6 +15,7 @@ import hashlib
 import ipaddress
 import socket
 import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,22 @@ import structlog
 from docker.errors import APIError, NotFound
 from docker.types import IPAMConfig, IPAMPool
 
-from drivers.base import NetworkInfo
 from drivers.errors import DriverError
 
 log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class NetworkInfo:
+    """One sandbox network: a bridge with inter-container traffic disabled."""
+
+    name: str
+    bridge: str  # the host's interface for it
+    subnet: str
+    gateway: str  # the host's address on it
+    containers: int  # attached containers, when listed
+    labels: dict[str, str] = field(default_factory=dict)
+
 
 ICC_OPTION = "com.docker.network.bridge.enable_icc"
 BRIDGE_OPTION = "com.docker.network.bridge.name"

@@ -47,3 +47,17 @@ class ContainerExists(DriverError):
 
     code = "container_exists"
     status = 409
+
+
+class NetworkUnavailable(ServiceError):
+    """A sandbox's network, or the rules that fence it, could not be put in place."""
+
+    code = "sandbox_network_unavailable"
+    status = 502
+
+
+class FirewallRequired(ServiceError):
+    """ACS_HOST_FIREWALL=on, and iptables cannot be used here."""
+
+    code = "host_firewall_unavailable"
+    status = 500

@@ -15,8 +15,8 @@ import docker
 import pytest
 from docker.errors import DockerException, ImageNotFound, NotFound
 
-from controlplane.sandboxes.naming import LABEL_PREFIX
 from drivers import docker_networks
+from drivers.docker_names import LABEL_PREFIX
 from drivers.errors import DriverError
 from drivers.firewall import Iptables
 from tests.run_id import RUN_ID

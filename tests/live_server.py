@@ -15,6 +15,10 @@ from aiohttp import web
 from controlplane import keys
 from controlplane.app import create_app
 from controlplane.config import ServiceConfig
+from controlplane.sandboxes.launcher import network_policy
+from controlplane.specs.models import SandboxSpec
+from drivers.docker import DockerDriver
+from drivers.docker_egress import Attachment, SandboxNetworks
 
 
 def free_port(address: str = "127.0.0.1") -> int:
@@ -40,6 +44,19 @@ def gateway() -> str:
     raise RuntimeError("the Docker bridge network has no IPv4 gateway")
 
 
+def docker_networks(app: web.Application) -> SandboxNetworks:
+    """The Docker driver's sandbox networks, for tests that look at them."""
+    driver = app[keys.DRIVER]
+    assert isinstance(driver, DockerDriver)
+    assert driver.networks is not None
+    return driver.networks
+
+
+async def attachment(app: web.Application, spec: SandboxSpec) -> Attachment:
+    """The spec's sandbox network on Docker (made if need be): its name and gateway."""
+    return await docker_networks(app).prepare(network_policy(spec))
+
+
 @dataclass
 class LiveServer:
     runner: web.AppRunner
@@ -50,12 +67,11 @@ class LiveServer:
         """The host's address on the default spec's sandbox network (created if need be): where
         a test server must listen for sandboxes to reach it (with its port in
         ACS_SANDBOX_HOST_PORTS), as host.docker.internal."""
-        spec = self.app[keys.SPECS].default
-        return (await self.app[keys.NETWORKS].prepare(spec)).gateway
+        return (await attachment(self.app, self.app[keys.SPECS].default)).gateway
 
     @property
     def webhook_port(self) -> int:
-        return self.app[keys.NETWORKS].listener.port
+        return self.app[keys.WEBHOOK_LISTENER].port
 
     async def close(self) -> None:
         await self.runner.cleanup()

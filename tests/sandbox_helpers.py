@@ -14,7 +14,7 @@ import docker
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from controlplane.sandboxes.naming import LABEL_PREFIX
+from drivers.docker_names import LABEL_PREFIX
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE_TAG = os.environ.get("ACS_IMAGE_TAG") or "latest"

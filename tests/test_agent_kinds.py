@@ -26,7 +26,7 @@ from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
 from controlplane.errors import SpecInvalid
 from controlplane.events.budget import budget_error_event, crossed
-from controlplane.sandboxes.launcher import container_request
+from controlplane.sandboxes.launcher import sandbox_request
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.settings.mcp import MCPConfig
@@ -76,7 +76,9 @@ def test_the_official_server_gets_its_environment(
     catalog = SpecCatalog.load(SPECS, enable=["openhands"])
     record = sandbox_record("alice", SandboxStatus.STARTING)
     config = make_config()
-    env = container_request(config, record, catalog.get("openhands"), webhook_port=8123).env
+    env = sandbox_request(
+        config, record, catalog.get("openhands"), "http://host.docker.internal:8123"
+    ).env
     assert env["OH_WEBHOOKS_0_BASE_URL"].endswith(f":8123/api/v1/webhooks/{record.id}")
     assert env["TZ"] == "UTC"
     assert env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
@@ -91,9 +93,9 @@ def test_the_official_server_gets_its_environment(
     assert env["OH_SESSION_API_KEYS_0"] == record.session_api_key
 
     # Ours needs none of it; without a webhook there is nothing to tune.
-    ours = container_request(config, record, catalog.default, webhook_port=8123).env
+    ours = sandbox_request(config, record, catalog.default, "http://host.docker.internal:8123").env
     assert not any(k.startswith(("OH_WEBHOOKS_0_FLUSH", "OH_ENABLE", "TZ")) for k in ours)
-    quiet = container_request(config, record, catalog.get("openhands")).env
+    quiet = sandbox_request(config, record, catalog.get("openhands")).env
     assert not any(k.startswith("OH_WEBHOOKS_0_") for k in quiet)
 
 
@@ -105,7 +107,9 @@ def test_spec_options_and_initial_env_reach_the_official_server(
     text = text.replace("initial_env: {}", "initial_env: {OH_WEBHOOKS_0_FLUSH_DELAY: '1.5'}")
     catalog = SpecCatalog.load(spec_dir(tmp_path, {"openhands": text}), enable=["openhands"])
     record = sandbox_record("alice", SandboxStatus.STARTING)
-    env = container_request(make_config(), record, catalog.get("openhands"), webhook_port=1).env
+    env = sandbox_request(
+        make_config(), record, catalog.get("openhands"), "http://host.docker.internal:1"
+    ).env
     assert env["OH_ENABLE_VSCODE"] == env["OH_ENABLE_BROWSER"] == env["OH_PRELOAD_TOOLS"] == "true"
     assert env["OH_WEBHOOKS_0_FLUSH_DELAY"] == "1.5"  # the operator's file wins
 

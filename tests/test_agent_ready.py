@@ -20,7 +20,7 @@ from agent.announce import announce
 from controlplane.sandboxes import readiness
 from controlplane.sandboxes.readiness import ReadinessProbe
 from controlplane.sandboxes.status_feed import StatusFeed
-from controlplane.specs.models import AGENT_SERVER
+from drivers.base import Endpoint
 from drivers.docker import DockerDriver
 from tests.log_capture import capture_logs
 from tests.sandbox_helpers import Client, containers, exec_as_agent, start, wait_status
@@ -37,6 +37,10 @@ class FakeBootingAgent:
         self.hits = 0
         self.port = 0
         self._runner: web.AppRunner | None = None
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint("127.0.0.1", self.port)
 
     async def _health(self, _request: web.Request) -> web.Response:
         self.hits += 1
@@ -70,7 +74,7 @@ async def probe(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ReadinessProbe
     monkeypatch.setattr(readiness, "INSPECT_AFTER", 600.0)
     driver = DockerDriver()
     async with aiohttp.ClientSession() as http:
-        probe = ReadinessProbe(http, driver, "127.0.0.1", timeout=60)
+        probe = ReadinessProbe(http, driver, timeout=60)
         yield probe
         await probe.close()
     await driver.close()
@@ -80,7 +84,7 @@ async def test_an_announcing_boot_is_probed_once_then_at_its_announcement(
     probe: ReadinessProbe, booting: FakeBootingAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(readiness, "ANNOUNCED_FALLBACK", 600.0)
-    wait = asyncio.create_task(probe.wait("box-a", {AGENT_SERVER: booting.port}, announced=True))
+    wait = asyncio.create_task(probe.wait("box-a", booting.endpoint, announced=True))
     await asyncio.sleep(0.6)
     assert not wait.done()
     assert booting.hits == 1, "only the first probe, made at once, before the announcement"
@@ -93,7 +97,7 @@ async def test_an_announcing_boot_is_probed_once_then_at_its_announcement(
 async def test_a_boot_that_does_not_announce_is_polled(
     probe: ReadinessProbe, booting: FakeBootingAgent
 ) -> None:
-    wait = asyncio.create_task(probe.wait("box-b", {AGENT_SERVER: booting.port}))
+    wait = asyncio.create_task(probe.wait("box-b", booting.endpoint))
     await asyncio.sleep(1.0)
     assert booting.hits >= 4, "polled every 20 ms backing off to 100 ms"
     booting.up = True
@@ -104,7 +108,7 @@ async def test_a_lost_announcement_costs_time_not_the_start(
     probe: ReadinessProbe, booting: FakeBootingAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(readiness, "ANNOUNCED_FALLBACK", 0.3)
-    wait = asyncio.create_task(probe.wait("box-c", {AGENT_SERVER: booting.port}, announced=True))
+    wait = asyncio.create_task(probe.wait("box-c", booting.endpoint, announced=True))
     await asyncio.sleep(0.1)
     booting.up = True  # up, but the announcement never comes
     await asyncio.wait_for(wait, 10)
@@ -116,7 +120,7 @@ async def test_an_announcement_before_the_wait_is_remembered(
 ) -> None:
     monkeypatch.setattr(readiness, "ANNOUNCED_FALLBACK", 600.0)
     probe.hint("box-d")  # the agent was quicker than the launcher's bookkeeping
-    wait = asyncio.create_task(probe.wait("box-d", {AGENT_SERVER: booting.port}, announced=True))
+    wait = asyncio.create_task(probe.wait("box-d", booting.endpoint, announced=True))
     await asyncio.sleep(0.2)
     booting.up = True
     await asyncio.wait_for(wait, 10)  # polled quickly, as an announced agent is

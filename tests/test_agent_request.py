@@ -8,7 +8,7 @@ from typing import Any
 
 from controlplane.agent_protocol.start_request import mcp_servers, start_conversation_request
 from controlplane.config import ServiceConfig
-from controlplane.sandboxes.launcher import container_request
+from controlplane.sandboxes.launcher import sandbox_request
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.settings.mcp import MCPConfig
 from controlplane.specs.catalog import SpecCatalog
@@ -103,11 +103,9 @@ def test_mcp_settings_become_mcp_servers() -> None:
 def test_sandboxes_get_the_cors_origins(make_config: Callable[..., ServiceConfig]) -> None:
     config = make_config(cors_origins="https://ui.example.com, http://localhost:3001")
     spec = SpecCatalog.load(REPO / "specs").default
-    env = container_request(config, sandbox_record("alice", SandboxStatus.STARTING), spec).env
+    env = sandbox_request(config, sandbox_record("alice", SandboxStatus.STARTING), spec).env
     assert env["OH_ALLOW_CORS_ORIGINS_0"] == "https://ui.example.com"
     assert env["OH_ALLOW_CORS_ORIGINS_1"] == "http://localhost:3001"
     assert "OH_ALLOW_CORS_ORIGINS_2" not in env
-    plain = container_request(
-        make_config(), sandbox_record("bob", SandboxStatus.STARTING), spec
-    ).env
+    plain = sandbox_request(make_config(), sandbox_record("bob", SandboxStatus.STARTING), spec).env
     assert not any(k.startswith("OH_ALLOW_CORS_ORIGINS") for k in plain)

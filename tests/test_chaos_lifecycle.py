@@ -19,8 +19,8 @@ import docker
 import pytest
 import redis
 
-from controlplane.sandboxes import naming
 from controlplane.store import keyspace
+from drivers import docker_names
 from tests.conftest import BOOTSTRAP_KEY
 from tests.live_server import Api, free_port
 from tests.serve_process import Serve, launch_serve, serve_env
@@ -146,9 +146,9 @@ async def _problems(
     records = _records(store)
     # Summaries, not inspections: a container may go between the listing and an inspection.
     summaries = engine.api.containers(
-        all=True, filters={"label": f"{naming.LABEL_PREFIX}={prefix}"}
+        all=True, filters={"label": f"{docker_names.LABEL_PREFIX}={prefix}"}
     )
-    containers = {c["Labels"].get(naming.LABEL_ID, ""): str(c["State"]) for c in summaries}
+    containers = {c["Labels"].get(docker_names.LABEL_ID, ""): str(c["State"]) for c in summaries}
     volumes = {v.name for v in engine.volumes.list(filters={"name": prefix})}
     found: list[str] = []
     for sandbox_id, record in records.items():

@@ -34,7 +34,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from controlplane import keys
-from controlplane.sandboxes import naming
+from drivers import docker_names
 from tests.sandbox_helpers import start, wait_status
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.usefixtures("sandbox_images")]
@@ -237,7 +237,7 @@ async def test_engine_killed_and_restarted_leaves_sandboxes_resumable(
     sandbox = await start(client, alice)
     sandbox_id = sandbox["id"]
     await wait_status(client, alice, sandbox_id, "RUNNING", within=90)
-    name = naming.container_name(test_prefix, sandbox_id)
+    name = docker_names.container_name(test_prefix, sandbox_id)
     engine.cli("exec", name, "sh", "-c", "echo survived > /workspace/marker")
 
     engine.kill9()

@@ -21,7 +21,7 @@ from aiohttp import web
 from controlplane import keys
 from drivers.docker_networks import bridge_name
 from drivers.firewall import Iptables, chain_names
-from tests.live_server import free_port
+from tests.live_server import attachment, free_port
 from tests.run_id import RUN_ID
 from tests.sandbox_helpers import (
     DEFAULT_IMAGE,
@@ -133,8 +133,8 @@ async def sbx(
 async def host_service(sbx: Client, host_port: int) -> AsyncIterator[dict[str, str]]:
     """An HTTP server on the host, on every sandbox network's gateway at host_port: open only to
     the spec that lists it. Returns the gateways by spec."""
-    networks, catalog = sbx.app[keys.NETWORKS], sbx.app[keys.SPECS]
-    gateways = {s.id: (await networks.prepare(s)).gateway for s in catalog.all()}
+    catalog = sbx.app[keys.SPECS]
+    gateways = {s.id: (await attachment(sbx.app, s)).gateway for s in catalog.all()}
     runner = web.AppRunner(web.Application())
     await runner.setup()
     for gateway in gateways.values():
@@ -157,7 +157,7 @@ async def test_egress_internet_none_and_allow_list(
     specs = ("default", "closed", "listed")
     started = [await start(sbx, alice, spec) for spec in specs]
     await asyncio.gather(*(wait_status(sbx, alice, s["id"], "RUNNING") for s in started))
-    webhook = sbx.app[keys.NETWORKS].listener.port
+    webhook = sbx.app[keys.WEBHOOK_LISTENER].port
     far, metadata = outside.address, outside.link_local
 
     seen: dict[str, dict[tuple[str, int], str]] = {}

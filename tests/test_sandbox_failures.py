@@ -15,7 +15,7 @@ from controlplane.app import create_app
 from controlplane.config import ServiceConfig
 from controlplane.errors import SpecInvalid
 from controlplane.specs.catalog import SpecCatalog, load_spec_file, retag
-from controlplane.specs.egress import parse_egress
+from drivers.egress import parse_egress
 from tests.sandbox_helpers import (
     HANGING_SPEC,
     NO_IMAGE_SPEC,

@@ -13,14 +13,13 @@ from aiohttp import web
 
 from controlplane import keys
 from controlplane.config import ServiceConfig
-from controlplane.sandboxes.networking import (
-    FirewallRequired,
-    NetworkUnavailable,
-    SandboxNetworks,
-)
+from controlplane.sandboxes.launcher import network_policy
+from controlplane.sandboxes.webhook_listener import WebhookListener
 from controlplane.specs.catalog import SpecCatalog
 from drivers.docker import DockerDriver
+from drivers.errors import FirewallRequired, NetworkUnavailable
 from drivers.firewall import Iptables
+from tests.live_server import attachment
 from tests.sandbox_helpers import (
     DEFAULT_IMAGE,
     Client,
@@ -111,7 +110,7 @@ async def test_the_default_image_runs_under_gvisor(
     # host does not answer.
     code, out = await asyncio.to_thread(exec_as_agent, container, "python3", "-c", WEBHOOK)
     assert (code, out.splitlines()[-1]) == (0, "200"), out
-    gateway = await sbx.app[keys.NETWORKS].prepare(sbx.app[keys.SPECS].get("gvisor"))
+    gateway = await attachment(sbx.app, sbx.app[keys.SPECS].get("gvisor"))
     assert (await probe_from(container, [(gateway.gateway, 22)]))[(gateway.gateway, 22)] != "open"
 
     resp = await sbx.post(f"/api/v1/sandboxes/{sandbox['id']}/pause", headers=alice)
@@ -146,25 +145,24 @@ async def test_without_a_host_firewall(
     config: ServiceConfig, tmp_path: Path, test_prefix: str
 ) -> None:
     """`on` refuses to start; `auto` starts, says so, and refuses restricted-egress specs."""
-    config = config.model_copy(update={"container_prefix": test_prefix})
     catalog = SpecCatalog.load(spec_dir(tmp_path, {"closed": CLOSED}))
     missing = Iptables("acs-no-such-iptables")
-    driver = DockerDriver()
+    listener = WebhookListener(0)
+    with pytest.raises(FirewallRequired, match="acs-no-such-iptables is not installed"):
+        DockerDriver(prefix=test_prefix, listener=listener, firewall_mode="on", firewall=missing)
+    driver = DockerDriver(prefix=test_prefix, listener=listener, firewall=missing)
     try:
-        required = config.model_copy(update={"host_firewall": "on"})
-        with pytest.raises(FirewallRequired, match="acs-no-such-iptables is not installed"):
-            SandboxNetworks(required, driver, catalog, missing)
-
-        networks = SandboxNetworks(config, driver, catalog, missing)
+        networks = driver.networks
+        assert networks is not None
         assert not networks.managed
         assert networks.firewall_off_reason == "acs-no-such-iptables is not installed"
         with pytest.raises(NetworkUnavailable, match="restricts egress"):
-            await networks.prepare(catalog.get("closed"))
+            await networks.prepare(network_policy(catalog.get("closed")))
         # The listener needs an app before the first network is prepared (create_app's does).
-        networks.listener.attach(web.Application())
-        attachment = await networks.prepare(catalog.default)
-        assert attachment.network == f"{test_prefix}net"
-        assert attachment.extra_hosts == {"host.docker.internal": attachment.gateway}
-        await networks.close()
+        listener.attach(web.Application())
+        attached = await networks.prepare(network_policy(catalog.default))
+        assert attached.network == f"{test_prefix}net"
+        assert attached.extra_hosts == {"host.docker.internal": attached.gateway}
+        await listener.close()
     finally:
         await driver.close()

@@ -25,6 +25,7 @@ from controlplane.sandboxes import naming
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.store import Limits
 from controlplane.store import keyspace
+from drivers import docker_names
 from tests.sandbox_helpers import DEFAULT_IMAGE as IMAGE
 from tests.sandbox_helpers import Client, containers, start, volumes, wait_status
 
@@ -78,10 +79,12 @@ def fake_container(
     return docker_client.containers.run(
         IMAGE,
         ["sleep", "300"],
-        name=naming.container_name(prefix, sandbox_id),
-        labels=naming.labels(prefix, sandbox_id, "alice", "default"),
+        name=docker_names.container_name(prefix, sandbox_id),
+        labels=docker_names.labels(prefix, sandbox_id, "alice", "default"),
         environment=env,
-        volumes={naming.volume_name(prefix, sandbox_id): {"bind": "/workspace", "mode": "rw"}},
+        volumes={
+            docker_names.volume_name(prefix, sandbox_id): {"bind": "/workspace", "mode": "rw"}
+        },
         detach=True,
     )
 
@@ -167,7 +170,7 @@ async def test_interrupted_start_without_container_is_taken_over_and_finished(
     assert running["session_api_key"] == record.session_api_key
     assert await agent_echo(running, "finished") == "finished"
     assert [c.name for c in containers(docker_client, test_prefix)] == [
-        naming.container_name(test_prefix, record.id)
+        docker_names.container_name(test_prefix, record.id)
     ]
     events = await (await client.get("/api/v1/lifecycle-events/search", headers=alice)).json()
     taken = [e for e in events["items"] if e["sandbox_id"] == record.id]
@@ -189,7 +192,9 @@ async def test_a_delete_cut_off_is_finished_not_turned_into_missing(
     service = second.app[keys.SANDBOXES]
     # As if a process recorded the delete, removed the container, then died.
     assert await service.store.mark_deleting(sandbox_id)
-    docker_client.containers.get(naming.container_name(test_prefix, sandbox_id)).remove(force=True)
+    docker_client.containers.get(docker_names.container_name(test_prefix, sandbox_id)).remove(
+        force=True
+    )
 
     async def gone() -> bool:
         return (await second.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)).status == 404
@@ -214,7 +219,7 @@ async def test_a_sandbox_in_error_resumes_on_its_kept_workspace(
     service = client.app[keys.SANDBOXES]
     sandbox_id = (await start(client, alice))["id"]
     running = await wait_status(client, alice, sandbox_id, "RUNNING")
-    container = docker_client.containers.get(naming.container_name(test_prefix, sandbox_id))
+    container = docker_client.containers.get(docker_names.container_name(test_prefix, sandbox_id))
     assert container.exec_run(["sh", "-c", "echo kept > /workspace/note"]).exit_code == 0
     # An ERROR from an earlier failure, with the container gone.
     record = await service.store.get(sandbox_id)
@@ -474,7 +479,7 @@ async def test_engine_outage_is_503_then_recovers_without_restart(
     resp = await client.delete(f"/api/v1/sandboxes/{second}", headers=alice)
     assert resp.status == 200
     assert [c.name for c in containers(docker_client, test_prefix)] == [
-        naming.container_name(test_prefix, sandbox_id)
+        docker_names.container_name(test_prefix, sandbox_id)
     ]
 
 

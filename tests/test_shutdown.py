@@ -18,7 +18,7 @@ import docker
 import pytest
 import redis.asyncio as aioredis
 
-from controlplane.sandboxes import naming
+from drivers import docker_names
 from tests.conftest import BOOTSTRAP_KEY
 from tests.live_server import Api, free_port
 from tests.serve_process import Serve, launch_serve, serve_env
@@ -147,7 +147,7 @@ async def test_sigterm_drains_and_the_next_start_adopts_the_sandboxes(
         assert "error" not in levels, first.logs()
         assert "critical" not in levels, first.logs()
         assert not any("Traceback" in line for line in first.lines), first.logs()
-        name = naming.container_name(test_prefix, running["id"])
+        name = docker_names.container_name(test_prefix, running["id"])
         assert await asyncio.to_thread(container_status, docker_client, name) == "running"
 
         # The next start, on the same Redis: the sandbox is still RUNNING and its agent server

@@ -17,11 +17,12 @@ from cryptography.fernet import Fernet
 
 from controlplane.crypto import SecretBox
 from controlplane.sandboxes import naming
-from controlplane.sandboxes.host_memory import HostMemory
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.pool import fingerprint
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.specs.catalog import SpecCatalog
+from drivers import docker_names
+from drivers.host_memory import HostMemory
 from tests.conftest import BOOTSTRAP_KEY
 from tests.sandbox_helpers import REPO, Client, containers, spec_dir, wait_status
 
@@ -115,7 +116,7 @@ async def test_claims_hand_out_each_member_once_across_two_replicas(
     # Claimed sandboxes are the users' own, with labels that still say ~pool: the reconciler
     # keeps them (Redis says who owns them).
     labelled = {
-        c.labels[naming.LABEL_ID]: c.labels[naming.LABEL_OWNER]
+        c.labels[docker_names.LABEL_ID]: c.labels[docker_names.LABEL_OWNER]
         for c in containers(docker_client, test_prefix)
     }
     assert {labelled.get(m) for m in members} == {naming.POOL_OWNER}
@@ -144,7 +145,7 @@ async def test_claimed_member_keeps_nothing_of_another_user(
     ]
     every = (await (await client.get(f"{url}?all_users=true", headers=ADMIN)).json())["items"]
     assert {e["user_id"] for e in every} == {"alice"}
-    container = docker_client.containers.get(naming.container_name(test_prefix, first))
+    container = docker_client.containers.get(docker_names.container_name(test_prefix, first))
     code, _ = await asyncio.to_thread(
         container.exec_run, ["sh", "-c", "echo alice-secret > /workspace/alice.txt"], user="agent"
     )
@@ -155,13 +156,13 @@ async def test_claimed_member_keeps_nothing_of_another_user(
     assert second != first, "a claimed sandbox never goes back to the pool"
     theirs = await create(client, bob)
     assert theirs["id"] == second
-    other = docker_client.containers.get(naming.container_name(test_prefix, second))
+    other = docker_client.containers.get(docker_names.container_name(test_prefix, second))
     code, out = await asyncio.to_thread(other.exec_run, ["ls", "-A", "/workspace"], user="agent")
     assert code == 0
     assert "alice.txt" not in out.decode()
     # Alice's sandbox is gone with its workspace; nobody else sees hers or bob's.
     assert (await client.get(f"/api/v1/sandboxes/{second}", headers=alice)).status == 404
-    assert naming.volume_name(test_prefix, first) not in {
+    assert docker_names.volume_name(test_prefix, first) not in {
         v.name for v in docker_client.volumes.list(filters={"name": test_prefix})
     }
 
@@ -199,7 +200,7 @@ async def test_paused_member_is_unpaused_on_claim_and_stale_ones_are_replaced(
     settings = {"with_sandboxes": True, "container_prefix": test_prefix, "spec_dir": specs}
     old: Client = await make_client(**settings, warm_pool=None, **FAST)
     first = next(iter(await wait_ready(old, 1, "pooled")))
-    name = naming.container_name(test_prefix, first)
+    name = docker_names.container_name(test_prefix, first)
     assert docker_client.containers.get(name).status == "paused"
     await old.close()
 
@@ -218,9 +219,9 @@ async def test_paused_member_is_unpaused_on_claim_and_stale_ones_are_replaced(
     body = await resp.json()
     assert body["id"] == second
     assert body["status"] == "RUNNING"
-    assert docker_client.containers.get(naming.container_name(test_prefix, second)).status == (
-        "running"
-    )
+    assert docker_client.containers.get(
+        docker_names.container_name(test_prefix, second)
+    ).status == ("running")
     await wait_status(new, alice, second, "RUNNING")
 
 

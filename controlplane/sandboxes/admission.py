@@ -7,16 +7,14 @@ from __future__ import annotations
 from controlplane.auth.models import Principal
 from controlplane.config import ServiceConfig
 from controlplane.errors import QuotaExceeded
-from controlplane.sandboxes.host_memory import HostMemory
 from controlplane.sandboxes.store import Limits
 from drivers.base import SandboxDriver
 
 
 class Admission:
-    def __init__(self, config: ServiceConfig, driver: SandboxDriver, host: HostMemory) -> None:
+    def __init__(self, config: ServiceConfig, driver: SandboxDriver) -> None:
         self._config = config
         self._driver = driver
-        self.host = host
         self._memory_capacity = config.host_memory_bytes
 
     @property
@@ -25,9 +23,10 @@ class Admission:
         return self._config.max_running_per_user or None
 
     async def limits(self) -> Limits:
-        """The per-user caps and the host memory capacity (learned from the engine once)."""
+        """The per-user caps and the memory capacity (ACS_HOST_MEMORY_BYTES, else learned from
+        the runtime once, times ACS_HOST_MEMORY_FRACTION)."""
         if self._memory_capacity is None:
-            total = await self._driver.memory_total()
+            total = await self._driver.memory_capacity()
             if total:
                 self._memory_capacity = int(total * self._config.host_memory_fraction)
         return Limits(
@@ -37,8 +36,8 @@ class Admission:
         )
 
     def room_for(self, reservation: int) -> bool:
-        """False while the host itself is short of memory for one more sandbox (host_memory)."""
-        return self.host.room_for(reservation)
+        """False while the runtime itself is short of memory for one more sandbox."""
+        return self._driver.has_room(reservation)
 
     def refused(self, principal: Principal, outcome: str = "running") -> QuotaExceeded:
         """The error for a refusal by one of the limits: "running", "total" or "memory"."""

@@ -20,18 +20,16 @@ from controlplane.agent_protocol.kinds import agent_env
 from controlplane.config import ServiceConfig
 from controlplane.errors import RuntimeUnavailable
 from controlplane.lifecycle.models import LifecycleType
-from controlplane.sandboxes import naming
 from controlplane.sandboxes.leases import IntentLeases
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
-from controlplane.sandboxes.networking import Attachment, SandboxNetworks
 from controlplane.sandboxes.readiness import ReadinessProbe, StartFailed
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.specs.catalog import SpecCatalog
-from controlplane.specs.egress import HOST_GATEWAY
-from controlplane.specs.models import SandboxSpec
+from controlplane.specs.models import AGENT_SERVER, SandboxSpec
 from controlplane.store.redis import REDIS_DOWN
-from drivers.base import ContainerRequest, ContainerState, SandboxDriver
-from drivers.errors import ContainerExists, DriverError
+from drivers.base import NetworkPolicy, RunState, SandboxDriver, SandboxRequest, SandboxState
+from drivers.egress import parse_egress
+from drivers.errors import ContainerExists
 
 log = structlog.get_logger(__name__)
 S = SandboxStatus
@@ -48,18 +46,22 @@ class Mode(enum.Enum):
     CONVERGE = "converge"  # anything may exist: continue from what the container is
 
 
-def container_request(
+def network_policy(spec: SandboxSpec) -> NetworkPolicy:
+    """Where the spec's sandboxes may connect, in the driver's terms."""
+    destinations = parse_egress(spec.egress)
+    return NetworkPolicy(spec.id, None if destinations is None else tuple(destinations))
+
+
+def sandbox_request(
     config: ServiceConfig,
     record: SandboxRecord,
     spec: SandboxSpec,
-    attachment: Attachment | None = None,
-    webhook_port: int | None = None,
-) -> ContainerRequest:
-    """The container of one sandbox: on its spec's network (`attachment`; None: the engine's
-    default bridge), posting its webhooks to ACS_PUBLIC_URL or to the listener on `webhook_port`."""
-    base = config.public_url
-    if base is None and webhook_port:
-        base = f"http://{HOST_GATEWAY}:{webhook_port}"
+    webhook_base: str | None = None,
+) -> SandboxRequest:
+    """The sandbox the driver creates for a record: its spec's image, resources and isolation,
+    the agent kind's environment, posting its webhooks to ACS_PUBLIC_URL or else to
+    `webhook_base` (where the driver says its sandboxes reach the webhook listener)."""
+    base = config.public_url or webhook_base
     env = agent_env(spec, max_body_bytes=config.max_body_bytes, webhooks=base is not None)
     env.update(spec.initial_env)
     env.update(
@@ -75,22 +77,20 @@ def container_request(
     # frontend reads events and sends messages there directly).
     for n, origin in enumerate(config.cors_origins):
         env[f"OH_ALLOW_CORS_ORIGINS_{n}"] = origin
-    prefix = config.container_prefix
-    return ContainerRequest(
-        name=naming.container_name(prefix, record.id),
+    return SandboxRequest(
+        sandbox_id=record.id,
+        owner=record.owner,
+        spec_id=spec.id,
         image=spec.image,
         command=spec.command,
         env=env,
-        labels=naming.labels(prefix, record.id, record.owner, spec.id),
         working_dir=spec.working_dir,
-        volume=naming.volume_name(prefix, record.id),
         ports=sorted(set(spec.exposed_ports.values())),
         cpus=spec.resources.cpus,
         memory_bytes=spec.resources.memory_bytes,
+        memory_reservation=spec.resources.reservation_bytes,
         pids=spec.resources.pids,
-        publish_host=config.publish_host,
-        extra_hosts=attachment.extra_hosts if attachment else {HOST_GATEWAY: "host-gateway"},
-        network=attachment.network if attachment else None,
+        network=network_policy(spec),
         user=spec.user,
         read_only=spec.read_only_root,
         tmpfs=spec.tmpfs_mounts,
@@ -98,10 +98,17 @@ def container_request(
     )
 
 
-def host_ports(spec: SandboxSpec, state: ContainerState) -> dict[str, int]:
-    return {
-        name: state.ports[port] for name, port in spec.exposed_ports.items() if port in state.ports
-    }
+def reached(spec: SandboxSpec, state: SandboxState) -> tuple[dict[str, int], str | None]:
+    """The spec's named ports as the control plane reaches them (port by name) and the host
+    they are on (one per sandbox; None when no port is reached yet)."""
+    ports: dict[str, int] = {}
+    host: str | None = None
+    for name, port in spec.exposed_ports.items():
+        endpoint = state.endpoints.get(port)
+        if endpoint is not None:
+            ports[name] = endpoint.port
+            host = host or endpoint.host
+    return ports, host
 
 
 class Publish(Protocol):
@@ -128,10 +135,11 @@ class Launcher:
         probe: ReadinessProbe,
         publish: Publish,
         leases: IntentLeases | None = None,
-        networks: SandboxNetworks | None = None,
+        webhooks: bool = False,
     ) -> None:
+        """`webhooks`: the driver gives sandboxes a webhook listener to reach (so our agent
+        announces itself there), as ACS_PUBLIC_URL does."""
         self._config = config
-        self._networks = networks
         self._store = store
         self._driver = driver
         self._catalog = catalog
@@ -139,6 +147,7 @@ class Launcher:
         self._publish = publish
         self._leases = leases
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._webhooks = webhooks or config.public_url is not None
 
     def is_launching(self, sandbox_id: str) -> bool:
         return sandbox_id in self._tasks
@@ -216,77 +225,66 @@ class Launcher:
         spec = self._catalog.find(record.spec_id)
         if spec is None:
             raise StartFailed(f"sandbox spec {record.spec_id!r} no longer exists")
-        prefix = self._config.container_prefix
-        name = naming.container_name(prefix, record.id)
-        try:
-            state = await self._bring_up(record, spec, name, mode)
-        except DriverError:
-            if self._networks is not None:
-                self._networks.forget(spec)  # re-checked at the next start (it may be gone)
-            raise
-        ports = host_ports(spec, state)
-        result = await self._store.transition(record, [S.STARTING], S.STARTING, ports=ports)
-        if result.outcome != "ok":
-            await self._abandon(record, name, result.outcome)
-            return
-        await self._probe.wait(name, ports, announced=self._announces(spec))
+        state = await self._bring_up(record, spec, mode)
+        ports, host = reached(spec, state)
         result = await self._store.transition(
-            record, [S.STARTING], S.RUNNING, ports=ports, touch=True
+            record, [S.STARTING], S.STARTING, ports=ports, host=host
+        )
+        if result.outcome != "ok":
+            await self._abandon(record, result.outcome)
+            return
+        agent = state.endpoints.get(spec.exposed_ports[AGENT_SERVER])
+        await self._probe.wait(record.id, agent, announced=self._announces(spec))
+        result = await self._store.transition(
+            record, [S.STARTING], S.RUNNING, ports=ports, host=host, touch=True
         )
         if result.outcome == "ok":
             reason = "start finished by the reconciler after an interruption" if automatic else None
             await self._publish(LifecycleType.SANDBOX_RUNNING, record, reason, automatic=automatic)
         else:
-            await self._abandon(record, name, result.outcome)
+            await self._abandon(record, result.outcome)
 
-    async def _abandon(self, record: SandboxRecord, name: str, outcome: str) -> None:
+    async def _abandon(self, record: SandboxRecord, outcome: str) -> None:
         """The record moved on without us (deleted, or another replica finished the start)."""
         if outcome == "missing":
-            # Deleted while starting: the delete may have run before our container existed.
-            volume = naming.volume_name(self._config.container_prefix, record.id)
-            await self._driver.remove(name, volume)
+            # Deleted while starting: the delete may have run before our sandbox existed.
+            await self._driver.remove(record.id)
 
-    async def _bring_up(
-        self, record: SandboxRecord, spec: SandboxSpec, name: str, mode: Mode
-    ) -> ContainerState:
+    async def _bring_up(self, record: SandboxRecord, spec: SandboxSpec, mode: Mode) -> SandboxState:
         if mode == Mode.FRESH:
-            return await self._driver.create_and_start(await self._request(record, spec), new=True)
-        state = await self._driver.inspect(name)
-        if state is not None and state.status == "paused":
-            await self._driver.unpause(name)
-            state = await self._driver.inspect(name)
-        if state is not None and state.status in ("exited", "created"):
-            return await self._driver.start(name)
-        if state is not None and state.status in ("dead", "removing"):
-            await self._driver.remove(name, None)  # the workspace volume stays
+            return await self._driver.create(await self._request(record, spec), new=True)
+        state = await self._driver.inspect(record.id)
+        if state is not None and state.status == RunState.PAUSED:
+            await self._driver.unpause(record.id)
+            state = await self._driver.inspect(record.id)
+        if state is not None and state.status in (RunState.EXITED, RunState.CREATED):
+            return await self._driver.start(await self._request(record, spec))
+        if state is not None and state.status in (RunState.DEAD, RunState.REMOVING):
+            await self._driver.remove(record.id, keep_workspace=True)
             state = None
         if state is None:
-            return await self._driver.create_and_start(await self._request(record, spec))
+            return await self._driver.create(await self._request(record, spec))
         return state  # running or restarting: the readiness probe decides
 
     def _announces(self, spec: SandboxSpec) -> bool:
         """Our agent server posts `<webhook base>/ready` once it listens (agent/announce.py),
-        when it has a webhook base: ACS_PUBLIC_URL or the listener on the network's gateway."""
-        webhooks = self._config.public_url is not None or self._networks is not None
-        return spec.agent_kind == "acs" and webhooks
+        when it has a webhook base: ACS_PUBLIC_URL or the listener the driver gives it."""
+        return spec.agent_kind == "acs" and self._webhooks
 
-    async def _request(self, record: SandboxRecord, spec: SandboxSpec) -> ContainerRequest:
-        if self._networks is None:
-            return container_request(self._config, record, spec)
-        attachment = await self._networks.prepare(spec)
-        port = self._networks.listener.port
-        return container_request(self._config, record, spec, attachment, port)
+    async def _request(self, record: SandboxRecord, spec: SandboxSpec) -> SandboxRequest:
+        """The sandbox's request, its network made ready first (it tells where the sandbox
+        reaches the webhook listener)."""
+        base = await self._driver.prepare_network(network_policy(spec))
+        self._webhooks = self._webhooks or base is not None
+        return sandbox_request(self._config, record, spec, base)
 
     async def _fail(self, record: SandboxRecord, new: bool, reason: str, automatic: bool) -> None:
         """ERROR with the reason. A new sandbox leaves nothing behind; one that existed before
         keeps its workspace (and a container that exists), so resume can bring it back."""
         log.warning("sandbox_start_failed", sandbox_id=record.id, reason=reason)
-        prefix = self._config.container_prefix
         if new:
             try:
-                await self._driver.remove(
-                    naming.container_name(prefix, record.id), naming.volume_name(prefix, record.id)
-                )
+                await self._driver.remove(record.id)
             except Exception as exc:
                 log.warning("sandbox_cleanup_failed", sandbox_id=record.id, error=str(exc))
         delay = RETRY_FIRST

@@ -42,15 +42,19 @@ class SandboxRecord(BaseModel):
     status: SandboxStatus
     reason: str | None = None
     session_api_key: str
-    ports: dict[str, int] = Field(default_factory=dict)  # port name -> host port
+    ports: dict[str, int] = Field(default_factory=dict)  # port name -> port where reached
+    host: str | None = None
+    """The address its ports are reached at, as the driver reported it (Docker: the engine's
+    host, ACS_URL_HOST; Kubernetes: the pod's IP); None: ACS_URL_HOST."""
     created_at: datetime
     updated_at: datetime
     last_activity_at: datetime
     deleting_at: datetime | None = None  # a delete was asked for: it is finished, never undone
 
-    def agent_url(self, host: str) -> str:
-        """Base URL of the sandbox's agent server, at `host` (ACS_URL_HOST)."""
-        return f"http://{host}:{self.ports[AGENT_SERVER]}"
+    def agent_url(self, default_host: str) -> str:
+        """Base URL of the sandbox's agent server, as this control plane reaches it
+        (`default_host`, ACS_URL_HOST, for a record that names no host)."""
+        return f"http://{self.host or default_host}:{self.ports[AGENT_SERVER]}"
 
     @classmethod
     def starting(cls, sandbox_id: str, owner: str, spec_id: str) -> SandboxRecord:

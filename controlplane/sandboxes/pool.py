@@ -32,7 +32,7 @@ from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import SandboxSpec
 from controlplane.store.leader import LeaderLock
-from drivers.base import ContainerState, SandboxDriver
+from drivers.base import RunState, SandboxDriver, SandboxState
 from drivers.errors import DriverError
 
 log = structlog.get_logger(__name__)
@@ -117,13 +117,11 @@ class WarmPool:
     async def _unpause(self, record: SandboxRecord) -> SandboxRecord | None:
         """A claimed paused member is unpaused before the user sees it; one that cannot be is
         removed, and the create goes on cold."""
-        name = naming.container_name(self._config.container_prefix, record.id)
         try:
-            await self._driver.unpause(name)
+            await self._driver.unpause(record.id)
         except DriverError as exc:
             log.warning("pool_unpause_failed", sandbox_id=record.id, error=str(exc))
-            volume = naming.volume_name(self._config.container_prefix, record.id)
-            await self._driver.remove(name, volume)
+            await self._driver.remove(record.id)
             await self._sandboxes.delete(record)
             return None
         await self._sandboxes.transition(record, [S.STARTING], S.RUNNING, touch=True)
@@ -170,13 +168,7 @@ class WarmPool:
         if not members and not self.enabled:
             return 0
         containers = {
-            c.labels.get(naming.LABEL_ID, ""): c
-            for c in await self._driver.list_managed(
-                {
-                    naming.LABEL_PREFIX: self._config.container_prefix,
-                    naming.LABEL_OWNER: naming.POOL_OWNER,
-                }
-            )
+            c.sandbox_id: c for c in await self._driver.list_sandboxes(owner=naming.POOL_OWNER)
         }
         launched = 0
         for spec in self.catalog.all():
@@ -201,7 +193,7 @@ class WarmPool:
         spec: SandboxSpec,
         members: list[tuple[SandboxRecord, str]],
         current: str | None,
-        containers: dict[str, ContainerState],
+        containers: dict[str, SandboxState],
     ) -> list[SandboxRecord]:
         """Drop stale and broken members, settle the others; returns the live ones, ready
         first."""
@@ -230,7 +222,7 @@ class WarmPool:
         return ready_live + booting
 
     async def _warmed_and_settled(
-        self, spec: SandboxSpec, record: SandboxRecord, state: ContainerState
+        self, spec: SandboxSpec, record: SandboxRecord, state: SandboxState
     ) -> bool:
         """Once per booted member, before it is ready, what its agent server would otherwise do
         at the first conversation (agent_protocol.kinds.warm_up); then whether it waits as its spec
@@ -240,17 +232,14 @@ class WarmPool:
             await warm_up(spec, record.agent_url(self._config.url_host), record.session_api_key)
         return await self._settle(spec, record, state)
 
-    async def _settle(
-        self, spec: SandboxSpec, record: SandboxRecord, state: ContainerState
-    ) -> bool:
+    async def _settle(self, spec: SandboxSpec, record: SandboxRecord, state: SandboxState) -> bool:
         """True when the member waits as its spec wants (running, or paused)."""
         if spec.warm_pool_state == "running" or record.status == S.PAUSED:
             return True
-        if state.status != "running":
+        if state.status != RunState.RUNNING:
             return False
         async with self._locks.of(record.id):
-            name = naming.container_name(self._config.container_prefix, record.id)
-            await self._driver.pause(name)
+            await self._driver.pause(record.id)
             result = await self._sandboxes.transition(record, [S.RUNNING], S.PAUSED)
         return result.outcome == "ok"  # else the reconciler saw the pause first: next pass
 
@@ -277,11 +266,8 @@ class WarmPool:
         if not await self.store.drop(record):
             return  # claimed first: it is a user's now
         await self._launcher.cancel(record.id)
-        prefix = self._config.container_prefix
         try:
-            await self._driver.remove(
-                naming.container_name(prefix, record.id), naming.volume_name(prefix, record.id)
-            )
+            await self._driver.remove(record.id)
         except DriverError as exc:
             # Tombstoned: the reconciler removes what is left.
             log.warning("pool_drop_remove_failed", sandbox_id=record.id, error=str(exc))

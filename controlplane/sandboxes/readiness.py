@@ -24,14 +24,13 @@ import aiohttp
 import structlog
 
 from controlplane.errors import ControlPlaneError
-from controlplane.specs.models import AGENT_SERVER
-from drivers.base import SandboxDriver
+from drivers.base import Endpoint, RunState, SandboxDriver
 
 log = structlog.get_logger(__name__)
 
 FIRST_DELAY = 0.02
 MAX_DELAY = 0.1
-INSPECT_AFTER = 2.0  # seconds of booting before the container is inspected, then every second
+INSPECT_AFTER = 2.0  # seconds of booting before the sandbox is inspected, then every second
 ANNOUNCED_FALLBACK = 1.0  # an announcing agent's second probe, when no announcement came
 ANNOUNCED_EVERY = 0.5
 HINT_TTL = 30.0  # how long an announcement waits for its boot to be registered
@@ -44,8 +43,8 @@ class StartFailed(ControlPlaneError):
 
 @dataclass
 class _Boot:
-    container: str
-    port: int
+    sandbox_id: str
+    endpoint: Endpoint
     future: asyncio.Future[None]
     deadline: float
     due: float = 0.0
@@ -66,54 +65,54 @@ class _Boot:
 class ReadinessProbe:
     """`wait()` returns when the agent server answers /health with 200; one loop serves all."""
 
-    def __init__(
-        self, http: aiohttp.ClientSession, driver: SandboxDriver, host: str, timeout: float
-    ) -> None:
+    def __init__(self, http: aiohttp.ClientSession, driver: SandboxDriver, timeout: float) -> None:
         self._http = http
         self._driver = driver
-        self._host = host
         self._timeout = timeout
         self._boots: dict[int, _Boot] = {}
-        self._hints: dict[str, float] = {}  # container -> when its announcement came
+        self._hints: dict[str, float] = {}  # sandbox id -> when its announcement came
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    async def once(self, port: int) -> bool:
+    async def once(self, endpoint: Endpoint) -> bool:
         try:
             async with self._http.get(
-                f"http://{self._host}:{port}/health", timeout=aiohttp.ClientTimeout(total=2)
+                f"http://{endpoint.host}:{endpoint.port}/health",
+                timeout=aiohttp.ClientTimeout(total=2),
             ) as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, TimeoutError, OSError):
             return False
 
-    def hint(self, container: str) -> None:
-        """The container's agent server says it listens: probe it now."""
+    def hint(self, sandbox_id: str) -> None:
+        """The sandbox's agent server says it listens: probe it now."""
         now = time.monotonic()
         found = False
         for boot in self._boots.values():
-            if boot.container == container and not boot.future.done():
+            if boot.sandbox_id == sandbox_id and not boot.future.done():
                 boot.announced, boot.due, boot.delay = False, now, FIRST_DELAY
                 found = True
         if found:
             self._wake.set()
             return
         self._hints = {c: t for c, t in self._hints.items() if now - t < HINT_TTL}
-        self._hints[container] = now
+        self._hints[sandbox_id] = now
 
-    async def wait(self, container: str, ports: dict[str, int], *, announced: bool = False) -> None:
-        """Raises StartFailed with the reason when the agent server does not become healthy.
-        `announced`: the agent server announces itself when it listens (see `hint`)."""
-        port = ports.get(AGENT_SERVER)
-        if port is None:
+    async def wait(
+        self, sandbox_id: str, endpoint: Endpoint | None, *, announced: bool = False
+    ) -> None:
+        """Wait until the agent server at `endpoint` (its AGENT_SERVER port) is healthy.
+        Raises StartFailed with the reason when it does not become so. `announced`: the agent
+        server announces itself when it listens (see `hint`)."""
+        if endpoint is None:
             raise StartFailed("the AGENT_SERVER port was not published")
         now = time.monotonic()
-        hinted = self._hints.pop(container, None)
+        hinted = self._hints.pop(sandbox_id, None)
         if hinted is not None and now - hinted >= HINT_TTL:
             hinted = None
         boot = _Boot(
-            container=container,
-            port=port,
+            sandbox_id=sandbox_id,
+            endpoint=endpoint,
             future=asyncio.get_running_loop().create_future(),
             deadline=now + self._timeout,
             due=now,
@@ -153,7 +152,7 @@ class ReadinessProbe:
             self._wake.clear()
             now = time.monotonic()
             due = [b for b in self._boots.values() if b.due <= now and not b.future.done()]
-            results = await asyncio.gather(*(self.once(b.port) for b in due))
+            results = await asyncio.gather(*(self.once(b.endpoint) for b in due))
             now = time.monotonic()
             for boot, healthy in zip(due, results, strict=True):
                 if boot.future.done():
@@ -176,12 +175,12 @@ class ReadinessProbe:
                 await asyncio.wait_for(self._wake.wait(), max(0.0, min(pending) - now))
 
     async def _inspect_slow(self, now: float) -> None:
-        """A crashed agent server never answers: find out from Docker instead of timing out."""
+        """A crashed agent server never answers: ask the runtime instead of timing out."""
         slow = [b for b in self._boots.values() if b.inspect_at <= now and not b.future.done()]
         if not slow:
             return
         states = await asyncio.gather(
-            *(self._driver.inspect(b.container) for b in slow), return_exceptions=True
+            *(self._driver.inspect(b.sandbox_id) for b in slow), return_exceptions=True
         )
         for boot, state in zip(slow, states, strict=True):
             boot.inspect_at = now + 1.0
@@ -189,10 +188,10 @@ class ReadinessProbe:
                 continue  # an engine blip: the next inspection or the deadline decides
             if state is None:
                 boot.future.set_exception(StartFailed("the container disappeared while starting"))
-            elif state.status not in ("running", "created", "restarting"):
+            elif state.status not in (RunState.RUNNING, RunState.CREATED, RunState.RESTARTING):
                 boot.future.set_exception(
                     StartFailed(
-                        f"the agent server exited (status {state.status}, exit code "
+                        f"the agent server exited (status {state.status.value}, exit code "
                         f"{state.exit_code}) before answering /health"
                     )
                 )

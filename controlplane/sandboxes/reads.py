@@ -79,7 +79,9 @@ class SandboxReads:
     def view(self, record: SandboxRecord, principal: Principal) -> SandboxInfo:
         running = record.status == S.RUNNING
         urls = [
-            ExposedUrl(name=name, url=f"http://{self.config.url_host}:{port}", port=port)
+            ExposedUrl(
+                name=name, url=f"http://{record.host or self.config.url_host}:{port}", port=port
+            )
             for name, port in sorted(record.ports.items())
         ]
         return SandboxInfo(

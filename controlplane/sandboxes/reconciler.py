@@ -1,4 +1,5 @@
-"""Keeps Redis true to Docker: follows engine events and sweeps every few seconds.
+"""Keeps Redis true to the runtime: follows the driver's events and sweeps every few seconds.
+(Below, "container" is the sandbox's instance in the runtime, by its RunState.)
 
 Rules (also in docs/sandboxes.md):
 - RUNNING + container paused → PAUSED; exited/created → PAUSED ("stopped outside the control
@@ -7,11 +8,11 @@ Rules (also in docs/sandboxes.md):
 - STARTING whose start nobody carries (no launch in this process, the lease of the replica that
   had it lapsed): the start is taken over and finished from what the container is (launcher.py).
 - A record marked for deletion that nobody is deleting: the delete is finished.
-- A labelled container with no record is adopted: its record is rebuilt from its labels and
-  environment. One without a session key in its environment, or of a sandbox deleted within
-  the tombstone TTL, is removed (with its volume, for the deleted one). A warm pool member's
-  container (owner label `~pool`) is never adopted: it is removed and its volume kept, since a
-  user may have claimed it.
+- A sandbox of this deployment with no record is adopted: its record is rebuilt from its
+  owner, spec and environment (Docker: the container's labels and env). One without a session
+  key in its environment, or of a sandbox deleted within the tombstone TTL, is removed (with its
+  volume, for the deleted one). A warm pool member (owner `~pool`) is never adopted: it is
+  removed and its volume kept, since a user may have claimed it.
 """
 
 from __future__ import annotations
@@ -26,37 +27,40 @@ import structlog
 from controlplane.config import ServiceConfig
 from controlplane.errors import ControlPlaneError, RuntimeUnavailable
 from controlplane.sandboxes import naming
-from controlplane.sandboxes.launcher import Launcher, host_ports
+from controlplane.sandboxes.launcher import Launcher, reached
 from controlplane.sandboxes.leases import LEASE_TTL, IntentLeases
 from controlplane.sandboxes.lifecycle import SandboxLifecycle
 from controlplane.sandboxes.locks import SandboxLocks
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.specs.catalog import SpecCatalog
-from drivers.base import ContainerEvent, ContainerState, SandboxDriver
+from drivers.base import RunState, SandboxDriver, SandboxEvent, SandboxState
 
 log = structlog.get_logger(__name__)
 S = SandboxStatus
+ADOPTED = {RunState.RUNNING: S.RUNNING, RunState.PAUSED: S.PAUSED, RunState.EXITED: S.PAUSED}
+"""The status an adopted sandbox's record starts in; ERROR for any other state."""
 
 
-def observed_status(record: SandboxRecord, state: ContainerState | None) -> tuple[S, str] | None:
-    """The status Docker implies for a settled record, with a reason; None when it agrees."""
+def observed_status(record: SandboxRecord, state: SandboxState | None) -> tuple[S, str] | None:
+    """The status the runtime implies for a settled record, with a reason; None when it
+    agrees."""
     if record.status not in (S.RUNNING, S.PAUSED):
         return None
     if state is None:
         return S.MISSING, "container removed outside the control plane; resume re-creates it"
-    if state.status == "running":
+    if state.status == RunState.RUNNING:
         return (S.RUNNING, "") if record.status == S.PAUSED else None
-    if state.status == "paused":
+    if state.status == RunState.PAUSED:
         return (
             (S.PAUSED, "paused outside the control plane") if record.status == S.RUNNING else None
         )
-    if state.status in ("exited", "created"):
+    if state.status in (RunState.EXITED, RunState.CREATED):
         if record.status == S.PAUSED:
             return None
         why = "out of memory" if state.oom_killed else f"exit code {state.exit_code}"
         return S.PAUSED, f"container stopped outside the control plane ({why}); resume starts it"
-    if state.status == "dead":
+    if state.status == RunState.DEAD:
         return S.ERROR, f"container is dead: {state.error or 'unknown engine error'}"
     return None
 
@@ -95,7 +99,6 @@ class Reconciler:
         self._leases = leases
         self._on_fix = on_fix
         self._interval = config.reconcile_interval
-        self._labels = {naming.LABEL_PREFIX: config.container_prefix}
         self.fixes = 0
         self.busy_elsewhere = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -146,16 +149,15 @@ class Reconciler:
     async def _event_loop(self) -> None:
         delay = 0.5
         while True:
-            queue: asyncio.Queue[ContainerEvent | Exception | None] = asyncio.Queue()
-            watch = self._driver.watch(self._labels, queue.put_nowait)
+            queue: asyncio.Queue[SandboxEvent | Exception | None] = asyncio.Queue()
+            watch = self._driver.watch(queue.put_nowait)
             try:
                 while (item := await queue.get()) is not None:
                     if isinstance(item, Exception):
                         raise item
                     delay = 0.5
-                    sandbox_id = item.labels.get(naming.LABEL_ID)
-                    if sandbox_id:
-                        await self._check_one(sandbox_id)
+                    if item.sandbox_id:
+                        await self._check_one(item.sandbox_id)
             except RuntimeUnavailable as exc:
                 log.warning("docker_events_broken", error=str(exc))
             except Exception:
@@ -171,18 +173,14 @@ class Reconciler:
         if self._launcher.is_launching(sandbox_id) or self._locks.of(sandbox_id).locked():
             return
         try:
-            name = naming.container_name(self._config.container_prefix, sandbox_id)
-            await self._apply(sandbox_id, await self._driver.inspect(name))
+            await self._apply(sandbox_id, await self._driver.inspect(sandbox_id))
         except ControlPlaneError as exc:
             log.warning("reconcile_event_failed", sandbox_id=sandbox_id, error=str(exc))
 
     async def sweep(self) -> int:
         """One full pass over containers and records; returns how many records it changed."""
         before = self.fixes
-        containers = {
-            c.labels.get(naming.LABEL_ID, ""): c
-            for c in await self._driver.list_managed(self._labels)
-        }
+        containers = {c.sandbox_id: c for c in await self._driver.list_sandboxes()}
         after: str | None = None
         seen: set[str] = set()
         while True:
@@ -204,7 +202,7 @@ class Reconciler:
                 await self._apply(sandbox_id, state)
         return self.fixes - before
 
-    async def _apply(self, sandbox_id: str, state: ContainerState | None) -> None:
+    async def _apply(self, sandbox_id: str, state: SandboxState | None) -> None:
         """Bring one record in line with `state`, re-reading the record under its lock."""
         if self._launcher.is_launching(sandbox_id):
             return
@@ -227,12 +225,12 @@ class Reconciler:
             if change is None:
                 return
             status, reason = change
-            ports = None
+            ports, host = None, None
             spec = self._catalog.find(record.spec_id)
             if status == S.RUNNING and state is not None and spec is not None:
-                ports = host_ports(spec, state)
+                ports, host = reached(spec, state)
             result = await self._store.transition(
-                record, [record.status], status, reason=reason or None, ports=ports
+                record, [record.status], status, reason=reason or None, ports=ports, host=host
             )
             if result.outcome == "ok":
                 self._fixed()
@@ -278,30 +276,28 @@ class Reconciler:
             self._fixed()
             self._launcher.take_over(record)
 
-    async def _orphan(self, sandbox_id: str, state: ContainerState) -> None:
+    async def _orphan(self, sandbox_id: str, state: SandboxState) -> None:
         if await self._store.is_tombstoned(sandbox_id):
             # Deleted through the API: whatever is left of it goes too. Leaving it would keep it
             # running, and adopt it back as a live sandbox once the tombstone expires.
-            prefix = self._config.container_prefix
-            await self._driver.remove(state.name, naming.volume_name(prefix, sandbox_id))
+            await self._driver.remove(sandbox_id)
             return
         key = state.env.get("OH_SESSION_API_KEYS_0")
-        owner = state.labels.get(naming.LABEL_OWNER)
+        owner = state.owner
         if owner == naming.POOL_OWNER:
             # Its label cannot say whether a user claimed it: adopting it into the pool could
             # hand one user's workspace to another. The volume stays for an operator to look at.
             log.warning("pool_orphan_removed", sandbox_id=sandbox_id, container=state.name)
-            await self._driver.remove(state.name, None)
+            await self._driver.remove(sandbox_id, keep_workspace=True)
             return
-        spec_id = state.labels.get(naming.LABEL_SPEC)
+        spec_id = state.spec_id
         if not key or not owner or not spec_id:
             log.warning("orphan_removed", sandbox_id=sandbox_id, container=state.name)
-            await self._driver.remove(state.name, None)
+            await self._driver.remove(sandbox_id, keep_workspace=True)
             return
-        status = {"running": S.RUNNING, "paused": S.PAUSED, "exited": S.PAUSED}.get(
-            state.status, S.ERROR
-        )
+        status = ADOPTED.get(state.status, S.ERROR)
         spec = self._catalog.find(spec_id)
+        ports, host = reached(spec, state) if spec else ({}, None)
         now = datetime.now(UTC)
         record = SandboxRecord(
             id=sandbox_id,
@@ -310,7 +306,8 @@ class Reconciler:
             status=status,
             reason="adopted: container found without a record",
             session_api_key=key,
-            ports=host_ports(spec, state) if spec else {},
+            ports=ports,
+            host=host,
             created_at=state.created_at or now,
             updated_at=now,
             last_activity_at=now,

@@ -79,7 +79,7 @@ class SandboxService(SandboxReads):
     async def agent_listening(self, sandbox_id: str) -> None:
         """The sandbox's agent server announced that it listens (its webhook, whose key the
         middleware checked): its start, waited for here or on another replica, probes it now."""
-        self.probe.hint(naming.container_name(self.config.container_prefix, sandbox_id))
+        self.probe.hint(sandbox_id)
         await self.feed.relay_listening(sandbox_id)
 
     def lock(self, sandbox_id: str) -> asyncio.Lock:
@@ -158,7 +158,7 @@ class SandboxService(SandboxReads):
             return
         if record.status != S.RUNNING:
             raise Conflict(f"cannot pause sandbox {record.id}: it is {record.status.value}")
-        await self.driver.pause(naming.container_name(self.config.container_prefix, record.id))
+        await self.driver.pause(record.id)
         # An automatic pause keeps last_activity_at, so the idle time stays visible.
         result = await self.store.transition(
             record, [S.RUNNING], S.PAUSED, reason=reason, touch=not automatic
@@ -182,9 +182,8 @@ class SandboxService(SandboxReads):
             if record.status in (S.RUNNING, S.STARTING):
                 await self.store.touch(record.id)
                 return
-            name = naming.container_name(self.config.container_prefix, record.id)
             limits = await self.limits()
-            if record.status == S.PAUSED and await self._unpause(record, name, limits, principal):
+            if record.status == S.PAUSED and await self._unpause(record, limits, principal):
                 await self.notes(LifecycleType.SANDBOX_RESUMED, record)
                 return
             result = await self.store.transition(
@@ -204,9 +203,7 @@ class SandboxService(SandboxReads):
         if outcome != "ok":
             raise Conflict(f"sandbox {sandbox_id} changed while resuming ({previous})")
 
-    async def _unpause(
-        self, record: SandboxRecord, name: str, limits: Limits, principal: Principal
-    ) -> bool:
+    async def _unpause(self, record: SandboxRecord, limits: Limits, principal: Principal) -> bool:
         """The common resume: one cap-checked PAUSED → RUNNING, then `docker unpause`.
 
         False (with the record back to PAUSED) when the container is not simply paused, e.g.
@@ -217,7 +214,7 @@ class SandboxService(SandboxReads):
         )
         self._check_resume(result.outcome, result.previous, principal, record.id)
         try:
-            await self.driver.unpause(name)
+            await self.driver.unpause(record.id)
         except DriverError:
             await self.store.transition(record, [S.RUNNING], S.PAUSED, reason=record.reason)
             return False
@@ -262,9 +259,6 @@ class SandboxService(SandboxReads):
     ) -> None:
         """Remove the container, its workspace volume and the record; each step is idempotent,
         so a delete cut off anywhere is finished by running this again."""
-        prefix = self.config.container_prefix
-        await self.driver.remove(
-            naming.container_name(prefix, record.id), naming.volume_name(prefix, record.id)
-        )
+        await self.driver.remove(record.id)
         await self.store.delete(record)
         await self.notes(LifecycleType.SANDBOX_DELETED, record, reason, automatic=automatic)

@@ -152,6 +152,7 @@ class SandboxStore:
             "reason": record.reason or "",
             "key_enc": self._box.encrypt(record.session_api_key.encode()).decode(),
             "ports": json.dumps(record.ports),
+            "host": record.host or "",
             "created_at": record.created_at.isoformat(),
             "updated_at": record.updated_at.isoformat(),
             "last_activity_at": record.last_activity_at.isoformat(),
@@ -171,6 +172,7 @@ class SandboxStore:
             reason=row.get("reason") or None,
             session_api_key=self._box.decrypt(row["key_enc"].encode()).decode(),
             ports=json.loads(row.get("ports") or "{}"),
+            host=row.get("host") or None,
             created_at=datetime.fromisoformat(row["created_at"]),
             updated_at=datetime.fromisoformat(row["updated_at"]),
             last_activity_at=datetime.fromisoformat(row["last_activity_at"]),
@@ -231,18 +233,21 @@ class SandboxStore:
         limits: Limits | None = None,
         reason: str | None = None,
         ports: dict[str, int] | None = None,
+        host: str | None = None,
         touch: bool = False,
     ) -> TransitionResult:
         """Move to `to` only if the current status is in `allowed_from` (compare-and-set).
 
         `limits` (running cap, host memory) are checked when the move takes the sandbox from
-        not counting to counting against them.
+        not counting to counting against them. `ports` (and the `host` they are reached at)
+        replace the record's when given.
         """
         limits = limits or Limits()
         now = _now()
         fields: dict[str, str] = {"reason": reason or "", "updated_at": now.isoformat()}
         if ports is not None:
             fields["ports"] = json.dumps(ports)
+            fields["host"] = host or ""
         if touch:
             fields["last_activity_at"] = now.isoformat()
         flat = [item for pair in fields.items() for item in pair]

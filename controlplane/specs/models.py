@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from controlplane.specs.egress import Egress, parse_egress
+from drivers.egress import Egress, parse_egress
 
 SPEC_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 _MEMORY_RE = re.compile(r"^([0-9]+)([kmg]?)b?$", re.IGNORECASE)

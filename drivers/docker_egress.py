@@ -1,56 +1,38 @@
-"""The deployment's sandbox networks, their host firewall rules, and the webhook listener on their
-gateways (docs/security.md).
+"""The deployment's sandbox networks on Docker, their host firewall rules, and the control plane's
+webhook listener on their gateways (docs/security.md).
 
 Sandboxes of specs with `egress: internet` share one bridge network, `<prefix>net`; a spec with
 `egress: none` or an allow-list gets its own, `<prefix>net-<spec id>`, so its rules can be keyed
 on the bridge interface rather than on container addresses that change. On every network,
 inter-container traffic is disabled, and the host firewall (drivers/firewall.py) lets a sandbox
-reach on the host only the webhook listener and ACS_SANDBOX_HOST_PORTS on the gateway address.
+reach on the host only the webhook listener and the operator's host ports on the gateway address.
 
 Networks and rules outlive the process: sandboxes keep running across restarts of the control
 plane, and must stay fenced in while it is down. `remove_networks` takes them away when the
-deployment has no containers left (tests, `controlplane network remove`).
+deployment has no containers left (tests, `controlplane networks remove`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import socket
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import structlog
 
-from controlplane.config import ServiceConfig
-from controlplane.errors import ControlPlaneError, RuntimeUnavailable
-from controlplane.sandboxes.naming import LABEL_PREFIX
-from controlplane.sandboxes.webhook_listener import WebhookListener
-from controlplane.specs.catalog import SpecCatalog
-from controlplane.specs.egress import HOST_GATEWAY, Destination, parse_egress
-from controlplane.specs.models import SandboxSpec
-from drivers.base import NetworkInfo, SandboxDriver
+from drivers.base import HostListener, NetworkPolicy
+from drivers.docker_names import LABEL_NETWORK, LABEL_PREFIX
+from drivers.docker_networks import NetworkInfo
+from drivers.egress import HOST_GATEWAY, Destination
+from drivers.errors import FirewallRequired, NetworkUnavailable, RuntimeUnavailable, ServiceError
 from drivers.firewall import FirewallError, Iptables, NetworkRules
 
 log = structlog.get_logger(__name__)
 
-LABEL_NETWORK = "acs.network"
-"""On our networks: the spec id of a restricted-egress network, or "shared"."""
-RETRY_SECONDS = 5.0
-
-
-class NetworkUnavailable(ControlPlaneError):
-    """A sandbox's network or its firewall rules could not be put in place."""
-
-    code = "sandbox_network_unavailable"
-    status = 502
-
-
-class FirewallRequired(ControlPlaneError):
-    """ACS_HOST_FIREWALL=on, and iptables cannot be used here."""
-
-    code = "host_firewall_unavailable"
-    status = 500
+FirewallMode = Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +44,16 @@ class Attachment:
     extra_hosts: dict[str, str]
 
 
+@dataclass(frozen=True)
+class Engine:
+    """The engine calls the networks need, each sent to the driver's thread lanes."""
+
+    ensure: Callable[[str, dict[str, str], str, int], Awaitable[NetworkInfo]]
+    """ensure(name, labels, pool, size): the network, made on the first free /size of pool."""
+    list: Callable[[dict[str, str]], Awaitable[list[NetworkInfo]]]
+    """list(labels): every network carrying all of labels."""
+
+
 @dataclass
 class _Prepared:
     info: NetworkInfo
@@ -69,39 +61,49 @@ class _Prepared:
     names: dict[str, str] = field(default_factory=dict)
 
 
-def network_name(prefix: str, spec: SandboxSpec) -> str:
-    return f"{prefix}net" if spec.egress == "internet" else f"{prefix}net-{spec.id}"
+def network_name(prefix: str, policy: NetworkPolicy) -> str:
+    return f"{prefix}net" if policy.egress is None else f"{prefix}net-{policy.spec_id}"
 
 
-def network_labels(prefix: str, spec: SandboxSpec | None = None) -> dict[str, str]:
+def network_labels(prefix: str, policy: NetworkPolicy | None = None) -> dict[str, str]:
     labels = {LABEL_PREFIX: prefix}
-    if spec is not None:
-        labels[LABEL_NETWORK] = "shared" if spec.egress == "internet" else spec.id
+    if policy is not None:
+        labels[LABEL_NETWORK] = "shared" if policy.egress is None else policy.spec_id
     return labels
 
 
 class SandboxNetworks:
     def __init__(
         self,
-        config: ServiceConfig,
-        driver: SandboxDriver,
-        catalog: SpecCatalog,
+        engine: Engine,
+        *,
+        prefix: str,
+        listener: HostListener,
+        firewall_mode: FirewallMode = "auto",
+        host_ports: Sequence[int] = (),
+        subnet_pool: str = "10.213.0.0/16",
+        subnet_size: int = 22,
         firewall: Iptables | None = None,
     ) -> None:
-        self._config = config
-        self._driver = driver
-        self._catalog = catalog
-        self.listener = WebhookListener(config.webhook_port or 0)
+        """`host_ports`: ports of the host every sandbox may reach on its gateway (besides the
+        listener's). Raises FirewallRequired when `firewall_mode` is on and iptables cannot be
+        used here."""
+        self._engine = engine
+        self._prefix = prefix
+        self.listener = listener
+        self._host_ports = tuple(host_ports)
+        self._subnet_pool = subnet_pool
+        self._subnet_size = subnet_size
         self._firewall: Iptables | None = None
         self.firewall_off_reason: str | None = None
-        if config.host_firewall == "off":
+        if firewall_mode == "off":
             self.firewall_off_reason = "ACS_HOST_FIREWALL=off"
         else:
             candidate = firewall or Iptables()
             self.firewall_off_reason = candidate.unavailable()
             if self.firewall_off_reason is None:
                 self._firewall = candidate
-            elif config.host_firewall == "on":
+            elif firewall_mode == "on":
                 raise FirewallRequired(
                     f"ACS_HOST_FIREWALL=on but {self.firewall_off_reason}; run the control plane "
                     "as root on the Docker host, or set ACS_HOST_FIREWALL=auto"
@@ -115,73 +117,58 @@ class SandboxNetworks:
             )
         self._prepared: dict[str, _Prepared] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._task: asyncio.Task[None] | None = None
 
     @property
     def managed(self) -> bool:
         """True when the host firewall rules are in place for our networks."""
         return self._firewall is not None
 
-    def start(self) -> None:
-        """Bring up every network the catalog needs, and the webhook listener on each gateway,
-        in the background (retrying while the engine does not answer): sandboxes that outlived
-        a restart post their webhooks before any new start."""
-        self._task = asyncio.create_task(self._prepare_all(), name="sandbox-networks")
+    async def prepare_all(self, policies: Sequence[NetworkPolicy]) -> None:
+        """Every network the policies need, and the webhook listener on each gateway; the
+        deployment's networks of policies no longer given are fenced as the strictest."""
+        for policy in policies:
+            await self.prepare(policy)
+        for info in await self._engine.list(network_labels(self._prefix)):
+            if info.name not in self._prepared:  # a removed spec's: fence it anyway
+                await self._secure(info, None, set())
 
-    async def _prepare_all(self) -> None:
-        while True:
-            try:
-                for spec in self._catalog.all():
-                    await self.prepare(spec)
-                for info in await self._driver.list_networks(network_labels(self._prefix)):
-                    if info.name not in self._prepared:  # a removed spec's: fence it anyway
-                        await self._secure(info, None, set())
-                return
-            except (RuntimeUnavailable, NetworkUnavailable) as exc:
-                log.warning("sandbox_networks_not_ready", error=str(exc), retry_s=RETRY_SECONDS)
-            await asyncio.sleep(RETRY_SECONDS)
-
-    @property
-    def _prefix(self) -> str:
-        return self._config.container_prefix
-
-    async def prepare(self, spec: SandboxSpec) -> Attachment:
-        """The spec's network, created if needed, fenced, with the webhook listener on its
+    async def prepare(self, policy: NetworkPolicy) -> Attachment:
+        """The policy's network, created if needed, fenced, with the webhook listener on its
         gateway. Raises NetworkUnavailable (or RuntimeUnavailable) with the reason."""
-        name = network_name(self._prefix, spec)
+        name = network_name(self._prefix, policy)
         async with self._locks.setdefault(name, asyncio.Lock()):
-            destinations = parse_egress(spec.egress)  # None: the internet; []: nothing
+            destinations = policy.egress  # None: the internet; (): nothing
             if destinations is not None and self._firewall is None:
                 raise NetworkUnavailable(
-                    f"spec {spec.id} restricts egress, which needs the host firewall: "
+                    f"spec {policy.spec_id} restricts egress, which needs the host firewall: "
                     f"{self.firewall_off_reason}"
                 )
             prepared = self._prepared.get(name)
             if prepared is None or destinations:
-                info = prepared.info if prepared else await self._ensure(name, spec)
-                allowed, names = await _resolve(destinations or [], info.gateway)
+                info = prepared.info if prepared else await self._ensure(name, policy)
+                allowed, names = await _resolve(destinations or (), info.gateway)
                 if prepared is None or not allowed <= prepared.allowed:
                     known = prepared.allowed if prepared else set()
-                    prepared = await self._secure(info, spec, known | allowed)
+                    prepared = await self._secure(info, policy, known | allowed)
                 prepared.names.update(names)
             hosts = {HOST_GATEWAY: prepared.info.gateway, **prepared.names}
             return Attachment(network=name, gateway=prepared.info.gateway, extra_hosts=hosts)
 
-    async def _ensure(self, name: str, spec: SandboxSpec) -> NetworkInfo:
+    async def _ensure(self, name: str, policy: NetworkPolicy) -> NetworkInfo:
         try:
-            return await self._driver.ensure_network(
+            return await self._engine.ensure(
                 name,
-                network_labels(self._prefix, spec),
-                self._config.sandbox_subnet_pool,
-                self._config.sandbox_subnet_size,
+                network_labels(self._prefix, policy),
+                self._subnet_pool,
+                self._subnet_size,
             )
         except RuntimeUnavailable:
             raise
-        except ControlPlaneError as exc:
+        except ServiceError as exc:
             raise NetworkUnavailable(str(exc)) from None
 
     async def _secure(
-        self, info: NetworkInfo, spec: SandboxSpec | None, allowed: set[tuple[str, int]]
+        self, info: NetworkInfo, policy: NetworkPolicy | None, allowed: set[tuple[str, int]]
     ) -> _Prepared:
         """Listener first, then the rules that open its port: a sandbox never sees a hole."""
         try:
@@ -191,16 +178,16 @@ class SandboxNetworks:
                 f"cannot listen for webhooks on {info.gateway}:{self.listener.port}: {exc}"
             ) from None
         if self._firewall is not None:
-            host_ports = {port, *self._config.sandbox_host_ports}
+            host_ports = {port, *self._host_ports}
             host_ports |= {p for net, p in allowed if net == f"{info.gateway}/32"}
             beyond = sorted(a for a in allowed if a[0] != f"{info.gateway}/32")
             rules = NetworkRules(
                 bridge=info.bridge,
                 gateway=info.gateway,
                 host_ports=tuple(sorted(host_ports)),
-                allow=None if spec is None or spec.egress == "internet" else tuple(beyond),
+                allow=None if policy is None or policy.egress is None else tuple(beyond),
             )
-            if spec is None and info.labels.get(LABEL_NETWORK) != "shared":
+            if policy is None and info.labels.get(LABEL_NETWORK) != "shared":
                 # A removed spec's network: its sandboxes stay as fenced as the strictest spec.
                 rules = NetworkRules(info.bridge, info.gateway, rules.host_ports, ())
             try:
@@ -212,20 +199,13 @@ class SandboxNetworks:
         log.info("sandbox_network_ready", network=info.name, gateway=info.gateway, webhooks=port)
         return prepared
 
-    def forget(self, spec: SandboxSpec) -> None:
-        """Drop what is known about the spec's network (after a failed start: it may be gone)."""
-        self._prepared.pop(network_name(self._prefix, spec), None)
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self.listener.close()
+    def forget(self, policy: NetworkPolicy) -> None:
+        """Drop what is known about the policy's network (after a failed start: it may be gone)."""
+        self._prepared.pop(network_name(self._prefix, policy), None)
 
 
 async def _resolve(
-    destinations: list[Destination], gateway: str
+    destinations: Sequence[Destination], gateway: str
 ) -> tuple[set[tuple[str, int]], dict[str, str]]:
     """Allowed (network, port) pairs and /etc/hosts entries for an allow-list. Names are looked up
     by the control plane: the sandbox itself gets no DNS beyond its network."""
@@ -260,16 +240,3 @@ async def _lookup(name: str, port: int) -> list[str]:
         if not (address.is_loopback or address.is_link_local) and str(address) not in found:
             found.append(str(address))
     return found
-
-
-async def remove_networks(driver: SandboxDriver, prefix: str, firewall: Iptables | None) -> int:
-    """Remove the deployment's networks that have no containers, and their firewall chains.
-    Returns how many still have containers (and were kept)."""
-    kept = 0
-    for info in await driver.list_networks({LABEL_PREFIX: prefix}):
-        if await driver.remove_network(info.name):
-            if firewall is not None:
-                await asyncio.to_thread(firewall.remove, info.bridge)
-        else:
-            kept += 1
-    return kept
