@@ -1,6 +1,9 @@
 """Typed service configuration, read from the environment once by the CLI.
 
-`create_app` never reads the environment itself: it takes a `ServiceConfig`.
+`create_app` never reads the environment itself: it takes a `ServiceConfig`. Field `x` is read
+from `ACS_X`. The fields are grouped by concern, one model per group (their docstrings title the
+groups of docs/configuration.md, which config_reference.py writes from these models), and
+ServiceConfig is all of them in one flat model.
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -23,190 +27,121 @@ from pydantic import (
 )
 
 ENV_PREFIX = "ACS_"
+T = TypeVar("T")
 
 
 class ConfigError(Exception):
     """Configuration that cannot be used; the message names the variable."""
 
 
-class ServiceConfig(BaseModel):
-    """Everything the control plane needs to run. Field `x` is read from `ACS_X`."""
+def split_commas(value: Any) -> Any:
+    """`a, b,,c` -> ["a", "b", "c"]; anything but a string is left to the field's type."""
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+
+CommaList = Annotated[list[T], BeforeValidator(split_commas)]
+"""A list written in one variable as comma-separated items (each then validated as T)."""
+
+
+class Storage(BaseModel):
+    """Storage and secrets"""
 
     redis_url: str | None = Field(
-        default=None, description="Redis URL; unset starts an embedded redis-server in data_dir"
+        default=None,
+        description="Redis URL (`redis://…`, `rediss://…`, `unix://…`). Unset: the **embedded "
+        "default**, a private `redis-server` with AOF persistence (`appendonly yes`, "
+        "`appendfsync everysec`), listening only on the unix socket "
+        "`$ACS_DATA_DIR/redis/redis.sock`, data in `$ACS_DATA_DIR/redis/`. It is started "
+        "daemonised on first use and reused by later runs and by the CLI; stop it with "
+        "`redis-cli -s var/redis/redis.sock shutdown`.",
     )
-    data_dir: Path = Field(default=Path("var"), description="Embedded Redis data, key file")
-    bootstrap_api_key: str | None = Field(
-        default=None, min_length=16, description="An admin API key accepted as-is"
+    redis_timeout: float = Field(
+        default=5.0, gt=0, le=60, description="seconds per Redis operation before a 503"
     )
-    bootstrap_user: str = Field(default="admin", pattern=r"^[A-Za-z0-9_.@-]{1,64}$")
+    data_dir: Path = Field(
+        default=Path("var"),
+        description="embedded Redis data, the secret key file, image build cache",
+    )
     secret_key: str | None = Field(
-        default=None, description="Fernet key for secrets at rest; unset uses data_dir/secret.key"
+        default=None,
+        description="Fernet key encrypting secrets at rest. Unset: `$ACS_DATA_DIR/secret.key`, "
+        "created on first run with mode 0600 and reused. Losing it makes stored secrets "
+        "unreadable (requests that need them answer 500; nothing is overwritten).",
     )
-    log_format: Literal["auto", "json", "console"] = "auto"
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
-    redis_timeout: float = Field(default=5.0, gt=0, le=60)
 
-    # Sandboxes (Docker).
-    docker_url: str | None = Field(default=None, description="Docker daemon URL; unset: from env")
-    docker_threads: int = Field(default=8, ge=1, le=64)
-    docker_quick_threads: int = Field(default=4, ge=1, le=64)
-    spec_dir: Path = Path("specs")
-    enable_specs: list[str] = Field(
-        default_factory=list, description="Comma-separated ids of `enabled: false` specs to offer"
-    )
-    base_image: str = "acs-base:bookworm"
-    image_tag: str | None = Field(
-        default=None,
-        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$",
-        description="Tag of the images built from specs/ instead of the spec's own tag",
-    )
-    container_prefix: str = Field(default="acs-sandbox-", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
-    publish_host: str = Field(default="127.0.0.1", description="Host address ports publish on")
-    url_host: str = Field(default="127.0.0.1", description="Host name used in exposed_urls")
-    max_running_per_user: int = Field(default=5, ge=0, le=1000)
-    start_timeout: float = Field(default=60.0, gt=0, le=3600)
-    reconcile_interval: float = Field(default=10.0, gt=0, le=3600)
-    # Operations (docs/operations.md).
-    max_sandboxes_per_user: int = Field(default=20, ge=0, le=100_000, description="0: no limit")
-    host_memory_bytes: int | None = Field(
-        default=None, ge=0, description="Memory sandboxes may reserve; unset: the engine's total"
-    )
-    host_memory_fraction: float = Field(default=0.9, gt=0, le=1.0)
-    host_memory_floor: int = Field(
-        default=512 * 1024**2,
-        ge=0,
-        description="Refuse new sandboxes while the host has less memory available than this "
-        "(a local engine only); 0: off",
-    )
-    idle_timeout: int | None = Field(
-        default=None, ge=0, description="Seconds; overrides every spec and user; 0 disables"
-    )
-    reaper_interval: float = Field(default=30.0, gt=0, le=3600)
-    warm_pool: dict[str, int] | None = Field(
-        default=None,
-        description="Warm pool sizes overriding the specs': `N` for every spec, or "
-        "`spec=N,...` (`*=N` for the rest); 0 turns a pool off; unset: each spec's `warm_pool`",
-    )
-    pool_interval: float = Field(
-        default=2.0, gt=0, le=3600, description="Seconds between the pool refiller's passes"
-    )
-    paused_retention: int = Field(
-        default=0, ge=0, description="Delete sandboxes paused longer than this (s); 0: never"
-    )
-    rate_limit_per_minute: int = Field(
-        default=6000, ge=0, description="Requests per API key per minute (100/s); 0: off"
-    )
-    webhook_rate_limit_per_minute: int = Field(
-        default=6000, ge=0, description="Webhook requests per sandbox per minute (100/s); 0: off"
-    )
-    request_timeout: float = Field(default=60.0, gt=0, le=3600)
-    unauthenticated_rate: float = Field(
-        default=100.0,
-        ge=0,
-        description="Requests per second without a key before their answers wait; 0: off",
-    )
-    lifecycle_webhook_urls: list[str] = Field(default_factory=list)
-    lifecycle_webhook_secret: str | None = Field(default=None, min_length=16)
-    lifecycle_webhook_retry_base: float = Field(
-        default=1.0, gt=0, le=3600, description="Seconds before the first retry; doubles after"
-    )
-    lifecycle_webhook_retry_max: float = Field(
-        default=300.0, gt=0, le=86400, description="Longest wait between two retries (s)"
-    )
-    lifecycle_webhook_timeout: float = Field(
-        default=10.0, gt=0, le=300, description="Seconds one delivery attempt may take"
-    )
-    lifecycle_webhook_dead_after: float = Field(
-        default=86400.0,
-        gt=0,
-        le=30 * 86400,
-        description="Age (s) at which a failing event is dead-lettered",
-    )
-    metrics_public: bool = Field(default=False, description="Serve /metrics without a key")
-    llm_prices: dict[str, tuple[float, float]] = Field(
-        default_factory=dict,
-        description='JSON {"model": [input USD per token, output USD per token]}; unknown = 0',
-    )
-    llm_models: list[str] = Field(
-        default_factory=list,
-        description="Comma-separated LLM models the web frontend offers as verified "
-        "(its lists also hold ACS_LLM_PRICES' models and each user's own)",
-    )
-    public_url: str | None = Field(
-        default=None,
-        description="URL sandboxes use to reach the webhooks; unset: the webhook listener's",
-    )
-    # Sandbox isolation (docs/security.md).
-    webhook_port: int | None = Field(
-        default=None,
-        ge=0,
-        le=65535,
-        description="Port of the webhook listener on the sandbox network's gateway; "
-        "unset: serve's --port; 0: any free port",
-    )
-    sandbox_subnet_pool: str = Field(
-        default="10.213.0.0/16", description="Where the sandbox networks' subnets are carved from"
-    )
-    sandbox_subnet_size: int = Field(
-        default=22,
-        ge=16,
-        le=28,
-        description="Prefix length; a /22 holds 1,021 sandboxes (a /24 only 253, fewer than "
-        "the ~345 idle ones admission admits on a 24 GiB host)",
-    )
-    host_firewall: Literal["auto", "on", "off"] = Field(
+
+class Server(BaseModel):
+    """The HTTP server"""
+
+    log_format: Literal["auto", "json", "console"] = Field(
         default="auto",
-        description="Manage iptables rules for the sandbox networks; auto: when root with iptables",
+        description="`json`, `console`, or `auto` (console on a TTY, JSON otherwise)",
     )
-    sandbox_host_ports: list[int] = Field(
-        default_factory=list,
-        description="Host ports every sandbox may reach at host.docker.internal (a model server)",
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="`debug`, `info`, `warning`, `error`"
     )
-    # Browsers and the CLI's sign-in (docs/api.md#authentication).
+    max_body_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        le=64 * 1024 * 1024,
+        description="request body limit; larger bodies get 413",
+    )
+    request_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="seconds a request may take before a 504 (not WebSockets or streams)",
+    )
+    metrics_public: bool = Field(default=False, description="serve `/metrics` without an admin key")
+
+
+class Access(BaseModel):
+    """Authentication and browsers"""
+
+    bootstrap_api_key: str | None = Field(
+        default=None,
+        min_length=16,
+        description="an admin key accepted as-is (≥ 16 characters), for single-user installs",
+    )
+    bootstrap_user: str = Field(
+        default="admin",
+        pattern=r"^[A-Za-z0-9_.@-]{1,64}$",
+        description="the user id the bootstrap key acts as",
+    )
     auth_mode: Literal["api_key", "none"] = Field(
         default="api_key",
-        description="none: loopback requests without a key act as the bootstrap user",
+        description="`none`: requests from this machine without a key act as the bootstrap "
+        "user; `serve` then refuses any non-loopback `--host` "
+        "([api.md](api.md#single-user-mode))",
     )
-    session_ttl: int = Field(default=12 * 3600, ge=60, le=30 * 86400, description="Seconds")
-    cors_origins: list[str] = Field(default_factory=list, description="Comma-separated origins")
-    device_code_ttl: int = Field(default=600, ge=60, le=3600, description="Seconds")
-    device_poll_interval: int = Field(default=5, ge=1, le=60, description="Seconds")
-    auth_rate_limit_per_minute: int = Field(
-        default=30, ge=1, le=100_000, description="Sign-ins, device codes, approvals per minute"
+    session_ttl: int = Field(
+        default=12 * 3600,
+        ge=60,
+        le=30 * 86400,
+        description="seconds a browser session (sign-in cookie) lasts, 60..2592000",
     )
-
-    @field_validator("lifecycle_webhook_urls", mode="before")
-    @classmethod
-    def _urls(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [u.strip() for u in value.split(",") if u.strip()]
-        return value
-
-    @field_validator("lifecycle_webhook_urls")
-    @classmethod
-    def _http_urls(cls, value: list[str]) -> list[str]:
-        for url in value:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"{url!r} is not an http(s) URL")
-        return value
-
-    @field_validator("enable_specs", mode="before")
-    @classmethod
-    def _spec_list(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [s.strip() for s in value.split(",") if s.strip()]
-        return value
-
-    @field_validator("cors_origins", mode="before")
-    @classmethod
-    def _origin_list(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [o.strip() for o in value.split(",") if o.strip()]
-        return value
+    cors_origins: CommaList[str] = Field(
+        default_factory=list,
+        description="comma-separated origins (`https://ui.example.com`) allowed to call the "
+        "API from a browser, with credentials; unset: none ([api.md](api.md#cors)). New "
+        "sandboxes get them too (`OH_ALLOW_CORS_ORIGINS_<n>`), so the same pages may call their "
+        "agent servers directly "
+        "([agent-protocol.md](agent-protocol.md#authentication-and-cors))",
+    )
+    device_code_ttl: int = Field(
+        default=600,
+        ge=60,
+        le=3600,
+        description="seconds a device code of `openhands login` stays valid, 60..3600",
+    )
+    device_poll_interval: int = Field(
+        default=5,
+        ge=1,
+        le=60,
+        description="seconds the device flow asks clients to wait between polls, 1..60",
+    )
 
     @field_validator("cors_origins")
     @classmethod
@@ -220,42 +155,149 @@ class ServiceConfig(BaseModel):
             out.append(normal)
         return out
 
-    @field_validator("warm_pool", mode="before")
-    @classmethod
-    def _pool_sizes(cls, value: Any) -> Any:
-        if not isinstance(value, str | int):
-            return value
-        text = str(value).strip()
-        if "=" not in text:
-            return {"*": text}
-        sizes: dict[str, str] = {}
-        for part in (p.strip() for p in text.split(",") if p.strip()):
-            spec, sep, size = part.partition("=")
-            if not sep or not spec.strip():
-                raise ValueError(f"{part!r} is not spec=N")
-            sizes[spec.strip()] = size.strip()
-        return sizes
 
-    @field_validator("warm_pool")
-    @classmethod
-    def _pool_range(cls, value: dict[str, int] | None) -> dict[str, int] | None:
-        for spec, size in (value or {}).items():
-            if not 0 <= size <= 1000:
-                raise ValueError(f"pool size {size} for {spec} is not between 0 and 1000")
-        return value
+class RateLimits(BaseModel):
+    """Rate limits"""
 
-    def pool_size(self, spec_id: str, spec_size: int) -> int:
-        """The warm pool size of one spec: this override when set, else the spec's own."""
-        if self.warm_pool is None:
-            return spec_size
-        return self.warm_pool.get(spec_id, self.warm_pool.get("*", spec_size))
+    rate_limit_per_minute: int = Field(
+        default=6000, ge=0, description="requests per API key per minute; `0` = off"
+    )
+    webhook_rate_limit_per_minute: int = Field(
+        default=6000,
+        ge=0,
+        description="sandbox webhook requests per sandbox per minute (100/s); `0` = off "
+        "([operations.md](operations.md#per-sandbox-webhook-rate-limit))",
+    )
+    auth_rate_limit_per_minute: int = Field(
+        default=30,
+        ge=1,
+        le=100_000,
+        description="sign-ins and device codes per client address, device approvals per user, "
+        "per minute",
+    )
+    unauthenticated_rate: float = Field(
+        default=100.0,
+        ge=0,
+        description="requests per second (bursts of twice that) that may end without a "
+        "principal before their answers wait for a slot; `0` = off "
+        "([security](security.md#5-unauthenticated-traffic))",
+    )
 
-    @field_validator("sandbox_host_ports", mode="before")
-    @classmethod
-    def _ports(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [p.strip() for p in value.split(",") if p.strip()]
-        return value
+
+class Runtime(BaseModel):
+    """The sandbox runtime (Docker) and the specs"""
+
+    docker_url: str | None = Field(
+        default=None,
+        description="Docker engine URL; unset uses `DOCKER_HOST` or the local socket",
+    )
+    docker_threads: int = Field(
+        default=8,
+        ge=1,
+        le=64,
+        description="threads of the slow lane for Docker calls (create and start, restart, "
+        "remove, networks): bounds concurrent slow engine calls",
+    )
+    docker_quick_threads: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="threads of the quick lane (inspect, pause, unpause, image look-up, ping, "
+        "listing): these never wait behind the slow lane",
+    )
+    spec_dir: Path = Field(
+        default=Path("specs"), description="directory of sandbox spec YAML files"
+    )
+    enable_specs: CommaList[str] = Field(
+        default_factory=list,
+        description="comma-separated ids of specs written `enabled: false` (the shipped "
+        "`openhands`) that the control plane offers and `make images` builds anyway; an id no "
+        "spec file has stops start-up ([sandboxes](sandboxes.md#agent-kinds))",
+    )
+    base_image: str = Field(
+        default="acs-base:bookworm",
+        description="base of the bookworm sandbox images (`scripts/build-images.sh`); with a "
+        "registry, `debian:bookworm-slim` works",
+    )
+    image_tag: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$",
+        description="tag of the images built from `specs/` (specs with `build:`), used by "
+        "`scripts/build-images.sh` and the control plane instead of the spec's own tag; lets "
+        "several checkouts (or versions) share one engine without replacing each other's images",
+    )
+    container_prefix: str = Field(
+        default="acs-sandbox-",
+        pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$",
+        description="container and volume name prefix; also the `acs.prefix` label that scopes "
+        "a deployment",
+    )
+    publish_host: str = Field(
+        default="127.0.0.1", description="host address sandbox ports are published on"
+    )
+    url_host: str = Field(
+        default="127.0.0.1",
+        description="host name used in `exposed_urls` and for health probes",
+    )
+    start_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="seconds for a new sandbox's agent server to answer `/health`",
+    )
+    reconcile_interval: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="seconds between full reconciliation sweeps (events are followed continuously)",
+    )
+
+
+class Isolation(BaseModel):
+    """Sandbox networks and the host firewall"""
+
+    public_url: str | None = Field(
+        default=None,
+        description="base URL sandboxes post their webhooks to; unset: "
+        "`http://host.docker.internal:<ACS_WEBHOOK_PORT>`, the webhook listener on their "
+        "network's gateway. Set it only when the webhooks must go elsewhere (a control plane on "
+        "another host); an address on this host must then be in `ACS_SANDBOX_HOST_PORTS` too",
+    )
+    webhook_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="port of the webhook listener, which `serve` binds on every sandbox "
+        "network's gateway address and which answers only the webhook routes; must differ from "
+        "`--port` when `--host` is `0.0.0.0` or `::`; `0`: any free port",
+    )
+    sandbox_subnet_pool: str = Field(
+        default="10.213.0.0/16",
+        description="where the sandbox networks' subnets are taken from (each overlaps no "
+        "Docker network and no host route)",
+    )
+    sandbox_subnet_size: int = Field(
+        default=22,
+        ge=16,
+        le=28,
+        description="prefix length of each sandbox network: a /22 holds 1,021 sandboxes, the "
+        "default pool 64 such networks. A /24 holds only 253, fewer than the ~345 idle sandboxes "
+        "admission admits on a 24 GiB host ([operations](operations.md#capacity)); a network "
+        "that exists keeps the size it was created with",
+    )
+    host_firewall: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="iptables rules fencing the sandbox networks: `auto` manages them when "
+        "running as root with `iptables` (otherwise logs `host_firewall_unavailable` and "
+        "restricted-egress specs cannot start), `on` makes that a start-up error, `off` never "
+        "touches iptables ([security](security.md))",
+    )
+    sandbox_host_ports: CommaList[int] = Field(
+        default_factory=list,
+        description="comma-separated TCP ports on the host that every sandbox may reach at "
+        "`host.docker.internal` (e.g. `11434` for a model server); nothing else on the host is "
+        "reachable but the webhook listener",
+    )
 
     @field_validator("sandbox_host_ports")
     @classmethod
@@ -284,12 +326,166 @@ class ServiceConfig(BaseModel):
             raise ValueError(f"/{value} networks do not fit in ACS_SANDBOX_SUBNET_POOL {pool}")
         return value
 
-    @field_validator("llm_models", mode="before")
+
+class Capacity(BaseModel):
+    """Quotas and capacity"""
+
+    max_running_per_user: int = Field(
+        default=5,
+        ge=0,
+        le=1000,
+        description="STARTING + RUNNING sandboxes per user; `0` = no limit",
+    )
+    max_sandboxes_per_user: int = Field(
+        default=20, ge=0, le=100_000, description="sandboxes per user in any state; `0` = no limit"
+    )
+    host_memory_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="memory all STARTING/RUNNING/PAUSED sandboxes (and warm pool members) may "
+        "reserve, each its spec's `resources.memory_reservation` (default 64 MiB), not its "
+        "limit; unset: `ACS_HOST_MEMORY_FRACTION` of the engine's total",
+    )
+    host_memory_fraction: float = Field(
+        default=0.9,
+        gt=0,
+        le=1.0,
+        description="the part of the engine's total memory sandboxes may reserve when "
+        "`ACS_HOST_MEMORY_BYTES` is unset",
+    )
+    host_memory_floor: int = Field(
+        default=512 * 1024**2,
+        ge=0,
+        description="bytes: new sandboxes (cold starts, pool refills) are refused with 429 "
+        "while the host's `MemAvailable` minus the new reservation is below this; read from "
+        "the control plane's `/proc/meminfo`, so only with a local engine (a unix socket); "
+        "`0` = off",
+    )
+
+
+class Upkeep(BaseModel):
+    """Idle sandboxes, retention and the warm pool"""
+
+    idle_timeout: int | None = Field(
+        default=None,
+        ge=0,
+        description="seconds of idleness before auto-pause, overriding specs and users; `0` "
+        "disables",
+    )
+    reaper_interval: float = Field(
+        default=30.0, gt=0, le=3600, description="seconds between idle reaper passes"
+    )
+    paused_retention: int = Field(
+        default=0,
+        ge=0,
+        description="delete sandboxes paused longer than this many seconds; `0` = never",
+    )
+    warm_pool: dict[str, int] | None = Field(
+        default=None,
+        description="warm pool sizes overriding the specs' `warm_pool`: `N` for every spec, or "
+        "`spec=N,...` with `*=N` for the rest; `0` turns a pool off "
+        "([sandboxes](sandboxes.md#warm-pool))",
+    )
+    pool_interval: float = Field(
+        default=2.0,
+        gt=0,
+        le=3600,
+        description="seconds between the pool refiller's passes (it also runs right after a claim)",
+    )
+
+    @field_validator("warm_pool", mode="before")
     @classmethod
-    def _model_list(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [m.strip() for m in value.split(",") if m.strip()]
+    def _pool_sizes(cls, value: Any) -> Any:
+        if not isinstance(value, str | int):
+            return value
+        text = str(value).strip()
+        if "=" not in text:
+            return {"*": text}
+        sizes: dict[str, str] = {}
+        for part in split_commas(text):
+            spec, sep, size = part.partition("=")
+            if not sep or not spec.strip():
+                raise ValueError(f"{part!r} is not spec=N")
+            sizes[spec.strip()] = size.strip()
+        return sizes
+
+    @field_validator("warm_pool")
+    @classmethod
+    def _pool_range(cls, value: dict[str, int] | None) -> dict[str, int] | None:
+        for spec, size in (value or {}).items():
+            if not 0 <= size <= 1000:
+                raise ValueError(f"pool size {size} for {spec} is not between 0 and 1000")
         return value
+
+    def pool_size(self, spec_id: str, spec_size: int) -> int:
+        """The warm pool size of one spec: this override when set, else the spec's own."""
+        if self.warm_pool is None:
+            return spec_size
+        return self.warm_pool.get(spec_id, self.warm_pool.get("*", spec_size))
+
+
+class LifecycleWebhooks(BaseModel):
+    """Lifecycle webhooks"""
+
+    lifecycle_webhook_urls: CommaList[str] = Field(
+        default_factory=list,
+        description="comma-separated URLs receiving lifecycle events",
+    )
+    lifecycle_webhook_secret: str | None = Field(
+        default=None,
+        min_length=16,
+        description="HMAC-SHA256 key for their `X-ACS-Signature` (16+ characters)",
+    )
+    lifecycle_webhook_retry_base: float = Field(
+        default=1.0,
+        gt=0,
+        le=3600,
+        description="seconds before the first retry of a failed delivery; doubles per attempt "
+        "([operations.md](operations.md#the-webhook-outbox))",
+    )
+    lifecycle_webhook_retry_max: float = Field(
+        default=300.0,
+        gt=0,
+        le=86400,
+        description="longest wait between two attempts, seconds",
+    )
+    lifecycle_webhook_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="seconds one delivery attempt may take; retries never come sooner than "
+        "this plus 2 s",
+    )
+    lifecycle_webhook_dead_after: float = Field(
+        default=86400.0,
+        gt=0,
+        le=30 * 86400,
+        description="age in seconds after which an undelivered event is dead-lettered",
+    )
+
+    @field_validator("lifecycle_webhook_urls")
+    @classmethod
+    def _http_urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is not an http(s) URL")
+        return value
+
+
+class Models(BaseModel):
+    """LLM prices and the models the web frontend offers"""
+
+    llm_prices: dict[str, tuple[float, float]] = Field(
+        default_factory=dict,
+        description='JSON `{"model": [input, output]}` USD per token, for cost and budgets; '
+        "an unknown model costs 0",
+    )
+    llm_models: CommaList[str] = Field(
+        default_factory=list,
+        description="comma-separated models (`provider/model`, e.g. `openai/gpt-4o`) the web "
+        "frontend offers as **verified**; its model lists also hold `ACS_LLM_PRICES`' models and "
+        "each user's own `llm_model` ([api.md](api.md#the-web-frontend))",
+    )
 
     @field_validator("llm_prices", mode="before")
     @classmethod
@@ -300,6 +496,38 @@ class ServiceConfig(BaseModel):
             except json.JSONDecodeError as exc:
                 raise ValueError(f"not JSON: {exc}") from None
         return value
+
+
+GROUPS: tuple[type[BaseModel], ...] = (
+    Storage,
+    Server,
+    Access,
+    RateLimits,
+    Runtime,
+    Isolation,
+    Capacity,
+    Upkeep,
+    LifecycleWebhooks,
+    Models,
+)
+"""The groups, in the order docs/configuration.md lists them."""
+
+
+class ServiceConfig(
+    Models,
+    LifecycleWebhooks,
+    Upkeep,
+    Capacity,
+    Isolation,
+    Runtime,
+    RateLimits,
+    Access,
+    Server,
+    Storage,
+):
+    """Everything the control plane needs to run: every group's fields in one model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
