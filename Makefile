@@ -6,7 +6,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 3000
 BIN    := $(VENV)/bin
 
-.PHONY: all host browser install images image run test test-prep test-quick chaos lint format mypy bench bench-official clean
+.PHONY: all host browser install images image run test test-unit test-prep test-quick chaos lint format mypy bench bench-official clean
 
 all: lint test
 
@@ -44,10 +44,16 @@ test: install host images browser test-prep
 
 # What the slow tiers need, made before pytest so that no test's time limit covers a build from
 # nothing: the official agent server's image (minutes the first time, cached) and the pinned
-# OpenHands client venvs (tests/openhands_clients.py; cached under the data dir).
+# OpenHands client venvs (tests/support/openhands_clients.py; cached under the data dir).
 test-prep: install host images
 	@scripts/build-images.sh openhands
-	$(BIN)/python -m tests.openhands_clients
+	$(BIN)/python -m tests.support.openhands_clients
+
+# Everything that needs no more than redis-server: tests that use a Docker fixture or drive
+# Chromium are marked by tests/conftest.py and left out, as are the slow tiers (about 1.5 min).
+test-unit: install
+	@scripts/bootstrap-host.sh --unit
+	$(BIN)/pytest -m "not docker and not browser and not slow"
 
 # Without the slow tiers (tests marked `slow`: real clients, chaos, the official agent server).
 test-quick: install host images browser

@@ -55,9 +55,9 @@ if str(REPO) not in sys.path:
 from bench.sandboxes import Bench as SandboxBench  # noqa: E402
 from bench.sandboxes import BenchError, Samples, ms, server_timing  # noqa: E402
 from bench.sandboxes import Options as SandboxOptions  # noqa: E402
-from tests.fake_llm import FakeLLM, reply_finish  # noqa: E402
-from tests.live_server import free_port  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
+from tests.support.fake_llm import FakeLLM, reply_finish  # noqa: E402
+from tests.support.live_server import free_port  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
 
 CLIENT_POLL = 0.010
 """The client's GET interval on the start task (what a UI does)."""

@@ -53,8 +53,8 @@ from controlplane.specs.models import AGENT_SERVER  # noqa: E402
 from drivers.docker_containers import container_request, create_container  # noqa: E402
 from drivers.docker_egress import Attachment, network_name  # noqa: E402
 from drivers.egress import HOST_GATEWAY  # noqa: E402
-from tests.live_server import free_port  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
+from tests.support.live_server import free_port  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
 
 PROBE_EVERY = 0.02
 IN_FLIGHT = 20

@@ -47,9 +47,9 @@ from controlplane.auth.service import ApiKeyService  # noqa: E402
 from controlplane.config import load_config  # noqa: E402
 from controlplane.ids import uuid7_hex  # noqa: E402
 from controlplane.logging import configure_logging  # noqa: E402
-from tests.docker_fixtures import _remove_matching  # noqa: E402
-from tests.live_server import LiveServer, attachment, start_live_server  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
+from tests.support.docker_fixtures import _remove_matching  # noqa: E402
+from tests.support.live_server import LiveServer, attachment, start_live_server  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
 
 SPECS = {"openhands": "openai/fake-model", "default": "fake-model"}
 POLL = 0.01

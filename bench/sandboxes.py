@@ -71,7 +71,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # tests/ is not an installed package
 
-from tests.redis_server import RedisServer  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
 
 CLIENT_POLL = 0.010
 """The benchmark client's GET interval while waiting for a status (what a real client does)."""

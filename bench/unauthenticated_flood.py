@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # tests/ is not an installed package
 
-from tests.redis_server import RedisServer  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
 
 TARGET_RATIO = 1.5
 # The attacker's CPU is not the server's: on a host with two cores or more, the flood runs on the

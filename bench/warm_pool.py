@@ -49,9 +49,9 @@ from bench.conversations import LLM_KEY, MODEL, RATE_LIMIT, instrument_starts, s
 from bench.conversations import Bench as ConversationBench  # noqa: E402
 from bench.conversations import Options as ConversationOptions  # noqa: E402
 from bench.sandboxes import BenchError, ms  # noqa: E402
-from tests.fake_llm import FakeLLM, reply_finish  # noqa: E402
-from tests.live_server import free_port  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
+from tests.support.fake_llm import FakeLLM, reply_finish  # noqa: E402
+from tests.support.live_server import free_port  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
 
 POLL = 0.010
 TARGET_CREATE_S = 0.150

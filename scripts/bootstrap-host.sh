@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares a Debian host for `make run` and `make test`: Python venv support, redis-server,
 # debootstrap, a running Docker engine, and gVisor's runsc registered with it (optional); with
-# --browser, Python venv support and Debian's chromium (for the browser tests) only. Installs what
+# --browser, Python venv support and Debian's chromium (for the browser tests) only; with --unit,
+# Python venv support and redis-server only (make test-unit). Installs what
 # is missing when run as root on Debian; otherwise says exactly what to install. Safe to run
 # again: it only acts on what is absent.
 set -euo pipefail
@@ -9,9 +10,11 @@ cd "$(dirname "$0")/.."
 
 python_only=false
 browser=false
+redis_only=false
 case "${1:-}" in
     --python-only) python_only=true ;;
     --browser) python_only=true; browser=true ;;
+    --unit) python_only=true; redis_only=true ;;
 esac
 
 need_apt=()
@@ -28,6 +31,9 @@ if ! $python_only; then
 fi
 if $browser; then
     have chromium || need_apt+=(chromium)
+fi
+if $redis_only; then
+    have redis-server || need_apt+=(redis-server)
 fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then

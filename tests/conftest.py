@@ -1,6 +1,9 @@
 """Shared fixtures: a real redis-server per session, a flushed Redis and a fresh app per test.
 
-Docker fixtures (for sandbox tests) live in tests/docker_fixtures.py and are loaded as a plugin.
+Docker fixtures (for sandbox tests) live in tests/support/docker_fixtures.py, loaded as a plugin.
+A test that uses one of them, directly or through another fixture, is marked `docker` here (and
+one that drives Chromium `browser`), so `make test-unit` runs everything that needs no more than
+redis-server.
 """
 
 from __future__ import annotations
@@ -20,13 +23,30 @@ from aiohttp.test_utils import TestClient
 from controlplane.app import create_app
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig, load_config
-from tests.redis_server import RedisServer
-from tests.run_id import RUN_ID
+from tests.support.redis_server import RedisServer
+from tests.support.run_id import RUN_ID
+from tests.support.types import Client, ClientFactory
 
-pytest_plugins = ["tests.docker_fixtures", "tests.conversation_helpers", "tests.openhands_clients"]
+pytest_plugins = [
+    "tests.support.docker_fixtures",
+    "tests.support.conversation_helpers",
+    "tests.support.openhands_clients",
+]
 
 REPO = Path(__file__).resolve().parent.parent
 BOOTSTRAP_KEY = "test-bootstrap-key-" + secrets.token_hex(8)
+MARKS_BY_FIXTURE = {"docker_client": "docker", "browser": "browser"}
+"""A test using one of these fixtures, directly or through another (every Docker fixture, such as
+test_prefix, sandbox_images or a live server with sandboxes, depends on docker_client), gets the
+marker: `make test-unit` leaves them out."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        for fixture, mark in MARKS_BY_FIXTURE.items():
+            if fixture in used:
+                item.add_marker(getattr(pytest.mark, mark))
 
 
 @pytest.fixture(scope="session")
@@ -79,21 +99,37 @@ def config(make_config: Callable[..., ServiceConfig]) -> ServiceConfig:
     return make_config()
 
 
-ClientFactory = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
-
-
 @pytest.fixture
 def make_client(aiohttp_client: Any, make_config: Callable[..., ServiceConfig]) -> ClientFactory:
     """An app without Docker services unless with_sandboxes=True."""
 
-    async def make(
-        *, with_sandboxes: bool = False, **overrides: Any
-    ) -> TestClient[web.Request, web.Application]:
+    async def make(*, with_sandboxes: bool = False, **overrides: Any) -> Client:
         app = create_app(make_config(**overrides), with_sandboxes=with_sandboxes)
-        client: TestClient[web.Request, web.Application] = await aiohttp_client(app)
+        client: Client = await aiohttp_client(app)
         return client
 
     return make
+
+
+@pytest.fixture
+def make_sandbox_client(make_client: ClientFactory, test_prefix: str) -> ClientFactory:
+    """An app with its sandboxes on real Docker, under this test's container prefix (its
+    containers, volumes and networks are removed after the test); `overrides` go to the
+    configuration."""
+
+    async def make(**overrides: Any) -> Client:
+        return await make_client(
+            with_sandboxes=True, **({"container_prefix": test_prefix} | overrides)
+        )
+
+    return make
+
+
+@pytest.fixture
+async def sbx(make_sandbox_client: ClientFactory) -> Client:
+    """A client of an app with sandboxes and the default configuration (modules that need
+    another one define their own `sbx` with make_sandbox_client)."""
+    return await make_sandbox_client()
 
 
 @pytest.fixture

@@ -14,8 +14,6 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controlplane import keys
 from controlplane.agent_protocol.kinds import max_batch_bytes
@@ -32,11 +30,10 @@ from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.settings.mcp import MCPConfig
 from controlplane.specs.catalog import SpecCatalog
 from tests.conftest import REPO
-from tests.sandbox_helpers import spec_dir
+from tests.support.sandbox_helpers import spec_dir
+from tests.support.types import Client
 from tests.test_event_ingestion import event, stats
 from tests.test_metrics import NO_ENGINE, sandbox_record
-
-Client = TestClient[web.Request, web.Application]
 
 SPECS = REPO / "specs"
 

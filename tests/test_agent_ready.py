@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import aiohttp
 import docker
@@ -22,10 +21,9 @@ from controlplane.sandboxes.readiness import ReadinessProbe
 from controlplane.sandboxes.status_feed import StatusFeed
 from drivers.base import Endpoint
 from drivers.docker import DockerDriver
-from tests.log_capture import capture_logs
-from tests.sandbox_helpers import Client, containers, exec_as_agent, start, wait_status
-
-Headers = Callable[..., Awaitable[dict[str, str]]]
+from tests.support.log_capture import capture_logs
+from tests.support.sandbox_helpers import containers, exec_as_agent, start, wait_status
+from tests.support.types import Client, UserHeaders
 
 
 class FakeBootingAgent:
@@ -181,12 +179,6 @@ async def test_an_announcement_reaches_the_replica_whose_start_waits(redis_url: 
         await there.aclose()
 
 
-@pytest.fixture
-async def sbx(test_prefix: str, make_client: Any) -> Client:
-    client: Client = await make_client(with_sandboxes=True, container_prefix=test_prefix)
-    return client
-
-
 _POST_READY = r"""
 import json, os, sys, urllib.request, urllib.error
 base = os.environ["OH_WEBHOOKS_0_BASE_URL"].rsplit("/", 1)[0]
@@ -205,7 +197,7 @@ print(json.dumps(out))
 
 
 async def test_sandboxes_announce_themselves_with_their_own_key_only(
-    sbx: Client, user_headers: Headers, docker_client: docker.DockerClient, test_prefix: str
+    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
 ) -> None:
     alice, bob = await user_headers("alice"), await user_headers("bob")
     with capture_logs("info") as logs:

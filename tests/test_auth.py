@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis.asyncio as aioredis
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controlplane.auth.service import ApiKeyService
 from controlplane.crypto import hash_api_key
 from tests.conftest import BOOTSTRAP_KEY
-
-Client = TestClient[web.Request, web.Application]
-UserHeaders = Callable[..., Awaitable[dict[str, str]]]
+from tests.support.types import Client, UserHeaders
 
 
 async def _assert_401(response: Any) -> None:

@@ -10,17 +10,13 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controlplane import keys
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
+from tests.support.types import Client, UserHeaders
 from tests.test_event_ingestion import Setup, event, recorded_sandbox, stats
 from tests.test_metrics import NO_ENGINE, sandbox_record
-
-Client = TestClient[web.Request, web.Application]
-Headers = Callable[..., Awaitable[dict[str, str]]]
 
 HUGE = b"1" + b"0" * 5000  # over Python's 4,300-digit limit for int()
 
@@ -35,7 +31,7 @@ def assert_json_error(status: int, body: Any, expected: int) -> None:
 async def setup(
     make_client: Callable[..., Awaitable[Client]],
     raw_redis: aioredis.Redis,
-    user_headers: Headers,
+    user_headers: UserHeaders,
 ) -> Setup:
     return await recorded_sandbox(make_client, raw_redis, user_headers)
 
@@ -60,7 +56,9 @@ async def raw_request(client: Client, data: bytes) -> tuple[int, str, dict[str, 
 @pytest.mark.parametrize(
     "path", ["/api/settings", "/api/v1/settings", "/api/secrets", "/api/v1/app-conversations"]
 )
-async def test_a_huge_integer_is_a_422(client: Client, user_headers: Headers, path: str) -> None:
+async def test_a_huge_integer_is_a_422(
+    client: Client, user_headers: UserHeaders, path: str
+) -> None:
     alice = await user_headers("alice")
     body = b'{"max_iterations": ' + HUGE + b"}"
     resp = await client.post(path, data=body, headers={**alice, "Content-Type": "application/json"})
@@ -176,7 +174,7 @@ async def test_http_parser_errors_answer_json(
     ],
 )
 async def test_coercions_that_change_meaning_are_refused(
-    client: Client, user_headers: Headers, body: dict[str, Any], field: str
+    client: Client, user_headers: UserHeaders, body: dict[str, Any], field: str
 ) -> None:
     alice = await user_headers("alice")
     before = await (await client.get("/api/settings", headers=alice)).json()
@@ -188,7 +186,7 @@ async def test_coercions_that_change_meaning_are_refused(
 
 
 async def test_whole_numbers_are_integers_in_either_spelling(
-    client: Client, user_headers: Headers
+    client: Client, user_headers: UserHeaders
 ) -> None:
     alice = await user_headers("alice")
     resp = await client.post("/api/settings", json={"max_iterations": 40.0}, headers=alice)
@@ -226,7 +224,7 @@ async def test_query_datetimes_must_be_iso(setup: Setup, value: str) -> None:
     ],
 )
 async def test_allow_lists_the_methods_of_that_path_only(
-    client: Client, user_headers: Headers, path: str, allow: str
+    client: Client, user_headers: UserHeaders, path: str, allow: str
 ) -> None:
     alice = await user_headers("alice")
     resp = await client.request("PUT", path, headers=alice)
@@ -245,7 +243,7 @@ async def test_a_multipart_form_without_a_boundary_is_a_422(client: Client) -> N
 async def test_webhooks_are_rate_limited_per_sandbox(
     make_client: Callable[..., Awaitable[Client]],
     raw_redis: aioredis.Redis,
-    user_headers: Headers,
+    user_headers: UserHeaders,
 ) -> None:
     client = await make_client(
         with_sandboxes=True, docker_url=NO_ENGINE, webhook_rate_limit_per_minute=3

@@ -5,18 +5,16 @@ same machine cannot make the browser do."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestServer
 from playwright.async_api import Browser, Page, async_playwright
 
 from controlplane.auth.sessions import COOKIE_NAME
-
-Client = TestClient[web.Request, web.Application]
-UserHeaders = Callable[..., Awaitable[dict[str, str]]]
+from tests.support.types import Client, UserHeaders
 
 
 @pytest.fixture

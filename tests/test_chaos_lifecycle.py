@@ -22,8 +22,8 @@ import redis
 from controlplane.store import keyspace
 from drivers import docker_names
 from tests.conftest import BOOTSTRAP_KEY
-from tests.live_server import Api, free_port
-from tests.serve_process import Serve, launch_serve, serve_env
+from tests.support.live_server import Api, free_port
+from tests.support.serve_process import Serve, launch_serve, serve_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 

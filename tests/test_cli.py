@@ -12,12 +12,11 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-Client = TestClient[web.Request, web.Application]
+from tests.support.types import Client
+
 CONTROLPLANE = Path(sys.executable).parent / "controlplane"
 
 

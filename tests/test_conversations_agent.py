@@ -8,7 +8,7 @@ from typing import Any
 import docker
 import pytest
 
-from tests.conversation_helpers import (
+from tests.support.conversation_helpers import (
     LLM_KEY,
     UserFactory,
     events_of,
@@ -19,9 +19,9 @@ from tests.conversation_helpers import (
     wait_conversation,
     wait_events,
 )
-from tests.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
-from tests.log_capture import capture_logs
-from tests.sandbox_helpers import containers
+from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
+from tests.support.log_capture import capture_logs
+from tests.support.sandbox_helpers import containers
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 

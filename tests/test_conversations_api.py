@@ -22,7 +22,7 @@ from controlplane.conversations.models import (
 from controlplane.conversations.store import ConversationStore
 from controlplane.ids import uuid7_hex
 from controlplane.store import keyspace
-from tests.conversation_helpers import (
+from tests.support.conversation_helpers import (
     UserFactory,
     message,
     of_kind,
@@ -30,8 +30,8 @@ from tests.conversation_helpers import (
     status_is,
     wait_events,
 )
-from tests.fake_llm import FakeLLM, reply_finish, reply_text
-from tests.live_server import Api, LiveServer, start_live_server
+from tests.support.fake_llm import FakeLLM, reply_finish, reply_text
+from tests.support.live_server import Api, LiveServer, start_live_server
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 

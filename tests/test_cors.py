@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controlplane.config import ConfigError, load_config
-from tests.conftest import ClientFactory
+from tests.support.types import Client, ClientFactory, UserHeaders
 
-Client = TestClient[web.Request, web.Application]
-UserHeaders = Callable[..., Awaitable[dict[str, str]]]
 APP = "http://localhost:3001"
 
 

@@ -5,18 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis.asyncio as aioredis
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controlplane.auth.device import GRANT_TYPE, USER_CODE_ALPHABET
-from tests.conftest import ClientFactory
-
-Client = TestClient[web.Request, web.Application]
-UserHeaders = Callable[..., Awaitable[dict[str, str]]]
+from tests.support.types import Client, ClientFactory, UserHeaders
 
 
 async def authorize(client: Client) -> dict[str, Any]:

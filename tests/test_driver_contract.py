@@ -39,7 +39,7 @@ from drivers.base import (
 )
 from drivers.docker import DockerDriver
 from drivers.errors import ContainerExists, DriverError, ImageMissing
-from tests.sandbox_helpers import REPO
+from tests.support.sandbox_helpers import REPO
 
 BOOT = 60.0  # seconds an agent server may take to answer /health on a loaded host
 Factory = Callable[[str, WebhookListener], SandboxDriver]

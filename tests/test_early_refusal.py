@@ -17,7 +17,7 @@ from aiohttp import web
 from controlplane.app import create_app
 from controlplane.config import ServiceConfig
 from tests.conftest import BOOTSTRAP_KEY
-from tests.log_capture import capture_logs
+from tests.support.log_capture import capture_logs
 
 DECLARED = 900_000  # under the 1 MiB body limit: refused for the key, not the size
 

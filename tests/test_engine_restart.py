@@ -30,16 +30,14 @@ from typing import Any
 
 import docker
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controlplane import keys
 from drivers import docker_names
-from tests.sandbox_helpers import start, wait_status
+from tests.support.sandbox_helpers import start, wait_status
+from tests.support.types import Client
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.usefixtures("sandbox_images")]
 
-Client = TestClient[web.Request, web.Application]
 RECONCILE_INTERVAL = 3.0
 SUBNET_POOL = "10.231.0.0/16"  # not the default pool: nothing else on the host routes it
 # The second engine's default bridge: an interface of the test's own. `--bridge=none` is not an

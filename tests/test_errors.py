@@ -7,13 +7,11 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controlplane.app import create_app
 from controlplane.config import ServiceConfig
-from tests.log_capture import capture_logs
-
-Client = TestClient[web.Request, web.Application]
+from tests.support.log_capture import capture_logs
+from tests.support.types import Client
 
 
 def _assert_validation_list(body: Any) -> list[dict[str, Any]]:

@@ -10,18 +10,14 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controlplane import keys
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
+from tests.support.types import Client, UserHeaders
 from tests.test_metrics import NO_ENGINE, sandbox_record
-
-Client = TestClient[web.Request, web.Application]
-Headers = Callable[..., Awaitable[dict[str, str]]]
 
 
 def stats(cost: float, prompt: int, completion: int, usage_id: str = "agent") -> dict[str, Any]:
@@ -64,7 +60,7 @@ Setup = tuple[Client, str, str, dict[str, str], dict[str, str]]
 async def recorded_sandbox(
     make_client: Callable[..., Awaitable[Client]],
     raw_redis: aioredis.Redis,
-    user_headers: Headers,
+    user_headers: UserHeaders,
 ) -> Setup:
     """(client, sandbox id, conversation id, the sandbox's headers, the owner's headers): a
     sandbox record without a container (no engine needed to reach the webhooks)."""
@@ -84,7 +80,7 @@ async def recorded_sandbox(
 async def setup(
     make_client: Callable[..., Awaitable[Client]],
     raw_redis: aioredis.Redis,
-    user_headers: Headers,
+    user_headers: UserHeaders,
 ) -> Setup:
     return await recorded_sandbox(make_client, raw_redis, user_headers)
 

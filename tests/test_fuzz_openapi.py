@@ -1,6 +1,6 @@
 """Schemathesis over /api/openapi.json, every check on, against a live server with Docker on.
 
-The live server (tests/live_server.py) is the app as `controlplane serve` runs it, sandboxes
+The live server (tests/support/live_server.py) is the app as `controlplane serve` runs it, sandboxes
 included, so every route is reached for real: creating sandboxes and conversations (capped by a
 quota of 2 and 1 running), the WebSocket handshake, the webhooks (which answer 401 without a
 sandbox's key). A fixed seed makes the run repeatable; tests/fuzz/schemathesis.toml holds the one
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.config import ServiceConfig
-from tests.live_server import start_live_server
+from tests.support.live_server import start_live_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("sandbox_images")]
 

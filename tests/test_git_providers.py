@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controlplane import keys
 from controlplane.settings.mcp import MASK
 from controlplane.settings.models import ProviderType, UserRecord
 from controlplane.settings.store import UserRecordStore
-
-Client = TestClient[web.Request, web.Application]
-UserHeaders = Callable[..., Awaitable[dict[str, str]]]
+from tests.support.types import Client, UserHeaders
 
 
 async def _providers(client: Client, headers: dict[str, str], body: Any) -> tuple[int, Any]:

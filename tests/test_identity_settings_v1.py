@@ -4,17 +4,12 @@ OpenHands CLI reads (openhands_cli/auth/api_client.py), secrets never included."
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
-from aiohttp.test_utils import TestClient
-
 from tests.conftest import BOOTSTRAP_KEY
+from tests.support.types import Client, UserHeaders
 from tests.test_settings import EVERY_FIELD, SPEC_FIELDS
 
-Client = TestClient[web.Request, web.Application]
-UserHeaders = Callable[..., Awaitable[dict[str, str]]]
 LLM_KEY = "sk-v1-SECRET-a81b2c"
 
 

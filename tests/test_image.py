@@ -16,11 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 import redis
 
-from tests.live_server import free_port
-from tests.sandbox_helpers import IMAGE_TAG, REPO
+from tests.support.live_server import free_port
+from tests.support.sandbox_helpers import IMAGE_TAG, REPO
 
 IMAGE = f"acs-control-plane:{IMAGE_TAG}"
 KEY = "image-test-bootstrap-key-0123456789"
@@ -34,8 +35,8 @@ def docker_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[s
 
 
 @pytest.fixture(scope="module")
-def image() -> str:
-    """The image, (re)built from the working tree."""
+def image(docker_client: docker.DockerClient) -> str:
+    """The image, (re)built from the working tree by the engine `docker_client` reached."""
     env = {k: v for k, v in os.environ.items() if k != "ACS_IMAGE"} | {"ACS_IMAGE": IMAGE}
     result = subprocess.run(
         [str(REPO / "scripts" / "build-control-plane-image.sh")],

@@ -13,7 +13,7 @@ import docker
 import pytest
 
 from drivers.docker import DockerDriver
-from tests.docker_fixtures import DEFAULT_IMAGE, run_prefix
+from tests.support.docker_fixtures import DEFAULT_IMAGE, run_prefix
 
 T = TypeVar("T")
 

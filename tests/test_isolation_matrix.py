@@ -25,9 +25,15 @@ from typing import Any
 
 import pytest
 
-from tests.conversation_helpers import UserFactory, message, start_and_wait, status_is, wait_events
-from tests.fake_llm import FakeLLM, reply_finish, reply_tool_call
-from tests.live_server import Api
+from tests.support.conversation_helpers import (
+    UserFactory,
+    message,
+    start_and_wait,
+    status_is,
+    wait_events,
+)
+from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
+from tests.support.live_server import Api
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 

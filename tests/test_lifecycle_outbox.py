@@ -29,7 +29,7 @@ from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookDeliverer
 from controlplane.metrics import Metrics
 from controlplane.store import keyspace
-from tests.live_server import free_port
+from tests.support.live_server import free_port
 from tests.test_metrics import NO_ENGINE
 
 SECRET = "outbox-test-secret-0123456789"
@@ -154,7 +154,7 @@ async def _worker(redis_url: str, url: str) -> asyncio.subprocess.Process:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "tests.outbox_worker",
+        "tests.support.outbox_worker",
         redis_url,
         url,
         SECRET,

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import docker
 import pytest
 import redis.asyncio as aioredis
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane import keys
@@ -21,11 +18,9 @@ from controlplane.conversations.store import ConversationStore
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
-from tests.docker_fixtures import run_prefix
+from tests.support.docker_fixtures import run_prefix
+from tests.support.types import Client, ClientFactory, UserHeaders
 
-Client = TestClient[web.Request, web.Application]
-ClientFactory = Callable[..., Awaitable[Client]]
-Headers = Callable[..., Awaitable[dict[str, str]]]
 # Nothing listens there: refused at once. (A missing unix socket works too, but the docker SDK
 # leaks the socket it failed to connect, which the warning filter turns into a test error.)
 NO_ENGINE = "tcp://127.0.0.1:1"
@@ -67,7 +62,7 @@ def sandbox_record(owner: str, status: SandboxStatus, key: str | None = None) ->
 
 
 async def test_metrics_need_an_admin_key(
-    make_client: ClientFactory, admin_headers: dict[str, str], user_headers: Headers
+    make_client: ClientFactory, admin_headers: dict[str, str], user_headers: UserHeaders
 ) -> None:
     client = await make_client()
     response = await client.get("/metrics")

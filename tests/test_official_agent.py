@@ -25,7 +25,7 @@ from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
 from controlplane.store import keyspace
 from tests.conftest import BOOTSTRAP_KEY
-from tests.conversation_helpers import (
+from tests.support.conversation_helpers import (
     LLM_KEY,
     PRICES,
     UserFactory,
@@ -37,10 +37,10 @@ from tests.conversation_helpers import (
     wait_conversation,
     wait_events,
 )
-from tests.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
-from tests.live_server import Api, LiveServer, start_live_server
-from tests.openhands_clients import OpenHandsVenv
-from tests.sandbox_helpers import containers
+from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
+from tests.support.live_server import Api, LiveServer, start_live_server
+from tests.support.openhands_clients import OpenHandsVenv
+from tests.support.sandbox_helpers import containers
 from tests.test_openhands_clients import client_env, run
 
 pytestmark = [
@@ -78,7 +78,8 @@ async def live(
     fake_llm_port: int,
     pool_size: str,
 ) -> AsyncIterator[LiveServer]:
-    """The live server of tests/conversation_helpers.py, offering the disabled openhands spec."""
+    """The live server of tests/support/conversation_helpers.py, offering the disabled
+    openhands spec."""
     server = await start_live_server(
         make_config(
             container_prefix=test_prefix,

@@ -6,15 +6,12 @@ import re
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 from openapi_spec_validator import validate
 
 from controlplane.api.openapi import doc_path
 from controlplane.app import route_tables
+from tests.support.types import Client
 from tests.test_settings import SPEC_FIELDS
-
-Client = TestClient[web.Request, web.Application]
 
 
 @pytest.fixture

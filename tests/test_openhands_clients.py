@@ -4,8 +4,9 @@
 - `openhands login` completes through the device flow, approved over HTTP as in the page;
 - the SDK's OpenHandsCloudWorkspace creates, resumes and cleans up a sandbox.
 
-The model is tests/fake_llm.py on the sandbox network's gateway; the clients run from the pinned
-venv (tests/openhands_clients.py) as subprocesses, while this test's event loop serves the API.
+The model is tests/support/fake_llm.py on the sandbox network's gateway; the clients run from
+the pinned venv (tests/support/openhands_clients.py) as subprocesses, while this test's event
+loop serves the API.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import docker
 import pytest
 
 from controlplane.config import ServiceConfig
-from tests.conversation_helpers import (
+from tests.support.conversation_helpers import (
     LLM_KEY,
     UserFactory,
     conversation_server,
@@ -30,10 +31,10 @@ from tests.conversation_helpers import (
     status_is,
     wait_events,
 )
-from tests.fake_llm import FakeLLM, reply_finish, reply_tool_call
-from tests.live_server import Api, LiveServer
-from tests.openhands_clients import OpenHandsVenv
-from tests.sandbox_helpers import containers
+from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
+from tests.support.live_server import Api, LiveServer
+from tests.support.openhands_clients import OpenHandsVenv
+from tests.support.sandbox_helpers import containers
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.usefixtures("sandbox_images")]
 
@@ -44,7 +45,8 @@ HEX32 = re.compile(r"\b[0-9a-f]{32}\b")
 async def live(
     test_prefix: str, make_config: Callable[..., ServiceConfig], fake_llm_port: int
 ) -> AsyncIterator[LiveServer]:
-    """The live server of tests/conversation_helpers.py, polling device codes every second."""
+    """The live server of tests/support/conversation_helpers.py, polling device codes every
+    second."""
     server = await conversation_server(
         make_config, test_prefix, fake_llm_port, device_poll_interval=1
     )

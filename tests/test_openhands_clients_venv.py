@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.openhands_clients import OpenHandsVenv
+from tests.support.openhands_clients import OpenHandsVenv
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients]
 

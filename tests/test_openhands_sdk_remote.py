@@ -21,11 +21,11 @@ import pytest
 from controlplane.agent_protocol.start_request import start_conversation_request
 from controlplane.config import ServiceConfig
 from controlplane.settings.mcp import MCPConfig
-from tests.conversation_helpers import LLM_KEY, UserFactory, conversation_server
-from tests.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
-from tests.live_server import LiveServer
-from tests.openhands_clients import OpenHandsVenv
-from tests.sandbox_helpers import containers
+from tests.support.conversation_helpers import LLM_KEY, UserFactory, conversation_server
+from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
+from tests.support.live_server import LiveServer
+from tests.support.openhands_clients import OpenHandsVenv
+from tests.support.sandbox_helpers import containers
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.usefixtures("sandbox_images")]
 
@@ -48,7 +48,8 @@ SPECS = [
 async def live(
     test_prefix: str, make_config: Callable[..., ServiceConfig], fake_llm_port: int
 ) -> AsyncIterator[LiveServer]:
-    """The live server of tests/conversation_helpers.py, offering the disabled openhands spec."""
+    """The live server of tests/support/conversation_helpers.py, offering the disabled
+    openhands spec."""
     server = await conversation_server(
         make_config,
         test_prefix,

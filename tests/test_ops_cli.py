@@ -26,7 +26,7 @@ from controlplane.config import ServiceConfig
 from controlplane.ops.durations import format_duration, parse_duration
 from controlplane.store import keyspace
 from tests.conftest import BOOTSTRAP_KEY
-from tests.live_server import Api, LiveServer, start_live_server
+from tests.support.live_server import Api, LiveServer, start_live_server
 
 CONTROLPLANE = Path(sys.executable).parent / "controlplane"
 UNKNOWN_ID = "0123456789abcdef012345"

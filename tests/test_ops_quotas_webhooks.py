@@ -14,18 +14,17 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tests.sandbox_helpers import Client, start, wait_status
+from tests.support.sandbox_helpers import start, wait_status
+from tests.support.types import Client, ClientFactory
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 SECRET = "webhook-secret-0123456789"
 
 
 async def test_total_sandboxes_per_user(
-    test_prefix: str, make_client: Any, user_headers: Any
+    make_sandbox_client: ClientFactory, user_headers: Any
 ) -> None:
-    client: Client = await make_client(
-        with_sandboxes=True, container_prefix=test_prefix, max_sandboxes_per_user=2
-    )
+    client: Client = await make_sandbox_client(max_sandboxes_per_user=2)
     alice, bob = await user_headers("alice"), await user_headers("bob")
     first = (await start(client, alice))["id"]
     second = (await start(client, alice))["id"]
@@ -42,12 +41,10 @@ async def test_total_sandboxes_per_user(
 
 
 async def test_host_capacity_counts_paused_memory(
-    test_prefix: str, make_client: Any, user_headers: Any
+    make_sandbox_client: ClientFactory, user_headers: Any
 ) -> None:
     mib = 1024**2
-    client: Client = await make_client(
-        with_sandboxes=True, container_prefix=test_prefix, host_memory_bytes=96 * mib
-    )
+    client: Client = await make_sandbox_client(host_memory_bytes=96 * mib)
     alice, bob = await user_headers("alice"), await user_headers("bob")
     first = (await start(client, alice))["id"]  # the default spec reserves 64 MiB
     await wait_status(client, alice, first, "RUNNING")
@@ -105,15 +102,12 @@ async def receiver() -> AsyncIterator[Receiver]:
 
 
 async def test_lifecycle_webhooks_signed_and_retried(
-    test_prefix: str,
-    make_client: Any,
+    make_sandbox_client: ClientFactory,
     user_headers: Any,
     admin_headers: dict[str, str],
     receiver: Receiver,
 ) -> None:
-    client: Client = await make_client(
-        with_sandboxes=True,
-        container_prefix=test_prefix,
+    client: Client = await make_sandbox_client(
         lifecycle_webhook_urls=[receiver.url],
         lifecycle_webhook_secret=SECRET,
         lifecycle_webhook_timeout=0.5,  # retries come one attempt time (+2 s) after the last

@@ -17,7 +17,8 @@ from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
 from controlplane.store import keyspace
 from controlplane.store.leader import LeaderLock
-from tests.sandbox_helpers import Client, start, wait_status
+from tests.support.sandbox_helpers import start, wait_status
+from tests.support.types import Client, ClientFactory
 
 Headers = Any
 
@@ -47,11 +48,9 @@ async def lifecycle(client: Client, headers: dict[str, str], **query: str) -> li
 
 
 async def test_idle_sandbox_paused_busy_one_spared(
-    test_prefix: str, make_client: Any, user_headers: Headers, raw_redis: aioredis.Redis
+    make_sandbox_client: ClientFactory, user_headers: Headers, raw_redis: aioredis.Redis
 ) -> None:
-    client: Client = await make_client(
-        with_sandboxes=True, container_prefix=test_prefix, reaper_interval=3600.0
-    )
+    client: Client = await make_sandbox_client(reaper_interval=3600.0)
     alice = await user_headers("alice")
     resp = await client.post("/api/settings", json={"sandbox_idle_timeout": 60}, headers=alice)
     assert resp.status == 200
@@ -83,11 +82,9 @@ async def test_idle_sandbox_paused_busy_one_spared(
 
 
 async def test_zero_timeout_disables_and_global_overrides(
-    test_prefix: str, make_client: Any, user_headers: Headers, raw_redis: aioredis.Redis
+    make_sandbox_client: ClientFactory, user_headers: Headers, raw_redis: aioredis.Redis
 ) -> None:
-    client: Client = await make_client(
-        with_sandboxes=True, container_prefix=test_prefix, reaper_interval=3600.0
-    )
+    client: Client = await make_sandbox_client(reaper_interval=3600.0)
     alice = await user_headers("alice")
     await client.post("/api/settings", json={"sandbox_idle_timeout": 0}, headers=alice)
     sandbox_id = (await start(client, alice))["id"]
@@ -97,19 +94,15 @@ async def test_zero_timeout_disables_and_global_overrides(
     await client.close()
 
     # ACS_IDLE_TIMEOUT overrides the user's 0; the reaper's first pass runs at start-up.
-    forced: Client = await make_client(
-        with_sandboxes=True, container_prefix=test_prefix, reaper_interval=3600.0, idle_timeout=30
-    )
+    forced: Client = await make_sandbox_client(reaper_interval=3600.0, idle_timeout=30)
     body = await wait_status(forced, alice, sandbox_id, "PAUSED", within=10)
     assert "timeout 30 s" in body["reason"]
 
 
 async def test_deadline_survives_a_restart(
-    test_prefix: str, make_client: Any, user_headers: Headers, raw_redis: aioredis.Redis
+    make_sandbox_client: ClientFactory, user_headers: Headers, raw_redis: aioredis.Redis
 ) -> None:
-    first: Client = await make_client(
-        with_sandboxes=True, container_prefix=test_prefix, reaper_interval=3600.0
-    )
+    first: Client = await make_sandbox_client(reaper_interval=3600.0)
     alice = await user_headers("alice")
     await first.post("/api/settings", json={"sandbox_idle_timeout": 60}, headers=alice)
     sandbox_id = (await start(first, alice))["id"]
@@ -118,19 +111,15 @@ async def test_deadline_survives_a_restart(
     await first.close()
 
     # A new process, whose reaper runs on its own every 0.3 s: the deadline is in Redis.
-    second: Client = await make_client(
-        with_sandboxes=True, container_prefix=test_prefix, reaper_interval=0.3
-    )
+    second: Client = await make_sandbox_client(reaper_interval=0.3)
     body = await wait_status(second, alice, sandbox_id, "PAUSED", within=15)
     assert "idle" in body["reason"]
 
 
 async def test_two_replicas_pause_once(
-    test_prefix: str, make_client: Any, user_headers: Headers, raw_redis: aioredis.Redis
+    make_sandbox_client: ClientFactory, user_headers: Headers, raw_redis: aioredis.Redis
 ) -> None:
-    one: Client = await make_client(
-        with_sandboxes=True, container_prefix=test_prefix, reaper_interval=3600.0
-    )
+    one: Client = await make_sandbox_client(reaper_interval=3600.0)
     alice = await user_headers("alice")
     await one.post("/api/settings", json={"sandbox_idle_timeout": 60}, headers=alice)
     ids = [(await start(one, alice))["id"] for _ in range(2)]
@@ -140,10 +129,7 @@ async def test_two_replicas_pause_once(
     for sandbox_id in ids:
         await backdate(raw_redis, sandbox_id, 120, "last_activity_at")
 
-    replicas: list[Client] = [
-        await make_client(with_sandboxes=True, container_prefix=test_prefix, reaper_interval=0.2)
-        for _ in range(2)
-    ]
+    replicas: list[Client] = [await make_sandbox_client(reaper_interval=0.2) for _ in range(2)]
     for sandbox_id in ids:
         await wait_status(replicas[0], alice, sandbox_id, "PAUSED", within=15)
     await asyncio.sleep(1.0)  # several more reaper rounds on both replicas
@@ -169,11 +155,9 @@ async def test_leader_lock_is_exclusive_and_expires(raw_redis: aioredis.Redis) -
 
 
 async def test_retention_deletes_long_paused_sandboxes(
-    test_prefix: str, make_client: Any, user_headers: Headers, raw_redis: aioredis.Redis
+    make_sandbox_client: ClientFactory, user_headers: Headers, raw_redis: aioredis.Redis
 ) -> None:
-    client: Client = await make_client(
-        with_sandboxes=True,
-        container_prefix=test_prefix,
+    client: Client = await make_sandbox_client(
         reaper_interval=3600.0,
         paused_retention=3600,
     )

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conversation_helpers import (
+from tests.support.conversation_helpers import (
     UserFactory,
     message,
     of_kind,
@@ -18,8 +18,8 @@ from tests.conversation_helpers import (
     status_is,
     wait_events,
 )
-from tests.fake_llm import FakeLLM
-from tests.live_server import Api
+from tests.support.fake_llm import FakeLLM
+from tests.support.live_server import Api
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
-from aiohttp.test_utils import TestClient
 from cryptography.fernet import Fernet
 
 from controlplane import keys
@@ -20,9 +19,9 @@ from controlplane.config import ConfigError, ServiceConfig
 from controlplane.settings.models import UserRecord
 from controlplane.settings.store import UserRecordStore
 from controlplane.store import keyspace
-from tests.log_capture import capture_logs
+from tests.support.log_capture import capture_logs
+from tests.support.types import Client
 
-Client = TestClient[web.Request, web.Application]
 MakeClient = Callable[..., Any]
 
 SETTINGS = {

@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 from aiohttp import WSMsgType, web
-from aiohttp.test_utils import TestClient
 
 from controlplane.api import ratelimit
 from controlplane.app import create_app
 from controlplane.config import ServiceConfig
 from controlplane.store import keyspace
+from tests.support.types import Client, ClientFactory, UserHeaders
 
-Client = TestClient[web.Request, web.Application]
-ClientFactory = Callable[..., Awaitable[Client]]
-Headers = Callable[..., Awaitable[dict[str, str]]]
 STATE: web.AppKey[dict[str, Any]] = web.AppKey("test_state")
 
 
@@ -35,7 +32,7 @@ async def secret_names(client: Client, headers: dict[str, str]) -> set[str]:
 
 
 async def test_over_the_limit_is_429_with_retry_after_and_nothing_is_lost(
-    make_client: ClientFactory, user_headers: Headers, raw_redis: aioredis.Redis
+    make_client: ClientFactory, user_headers: UserHeaders, raw_redis: aioredis.Redis
 ) -> None:
     client = await make_client(rate_limit_per_minute=5)
     alice = await user_headers("alice")
@@ -78,7 +75,7 @@ async def test_over_the_limit_is_429_with_retry_after_and_nothing_is_lost(
 
 
 async def test_the_window_resets(
-    make_client: ClientFactory, user_headers: Headers, monkeypatch: pytest.MonkeyPatch
+    make_client: ClientFactory, user_headers: UserHeaders, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(ratelimit, "WINDOW_MS", 1000)
     client = await make_client(rate_limit_per_minute=2)
@@ -95,7 +92,7 @@ async def test_the_window_resets(
 
 
 async def test_the_limit_is_shared_by_replicas_and_exact_under_concurrency(
-    make_client: ClientFactory, user_headers: Headers
+    make_client: ClientFactory, user_headers: UserHeaders
 ) -> None:
     first = await make_client(rate_limit_per_minute=10)
     second = await make_client(rate_limit_per_minute=10)
@@ -119,7 +116,7 @@ async def test_the_bootstrap_key_is_limited_like_any_key(
 
 
 async def test_zero_turns_the_limit_off(
-    make_client: ClientFactory, user_headers: Headers, raw_redis: aioredis.Redis
+    make_client: ClientFactory, user_headers: UserHeaders, raw_redis: aioredis.Redis
 ) -> None:
     client = await make_client(rate_limit_per_minute=0)
     alice = await user_headers("alice")

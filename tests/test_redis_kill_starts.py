@@ -14,9 +14,9 @@ import aiohttp
 import pytest
 
 from tests.conftest import BOOTSTRAP_KEY
-from tests.live_server import Api, free_port
-from tests.redis_server import RedisServer
-from tests.serve_process import Serve, launch_serve, serve_env
+from tests.support.live_server import Api, free_port
+from tests.support.redis_server import RedisServer
+from tests.support.serve_process import Serve, launch_serve, serve_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 

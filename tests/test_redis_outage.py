@@ -9,13 +9,10 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controlplane.auth.service import ApiKeyService
-from tests.redis_server import RedisServer
-
-Client = TestClient[web.Request, web.Application]
+from tests.support.redis_server import RedisServer
+from tests.support.types import Client
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from controlplane.api.pagination import encode_cursor
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.naming import new_sandbox_id
 from controlplane.sandboxes.store import Limits
-from tests.sandbox_helpers import (
+from tests.support.sandbox_helpers import (
     DEFAULT_IMAGE,
     HANGING_SPEC,
     REPO,
@@ -25,8 +24,7 @@ from tests.sandbox_helpers import (
     spec_dir,
     wait_status,
 )
-
-Headers = Callable[..., Awaitable[dict[str, str]]]
+from tests.support.types import ClientFactory, UserHeaders
 
 ALT_SPEC = (
     (REPO / "specs" / "default.yaml")
@@ -37,10 +35,8 @@ ALT_SPEC = (
 
 
 @pytest.fixture
-async def sbx(test_prefix: str, make_client: Any, tmp_path: Path) -> Client:
-    client: Client = await make_client(
-        with_sandboxes=True,
-        container_prefix=test_prefix,
+async def sbx(make_sandbox_client: ClientFactory, tmp_path: Path) -> Client:
+    client: Client = await make_sandbox_client(
         reconcile_interval=1.0,
         spec_dir=spec_dir(tmp_path, {"alt": ALT_SPEC, "hanging": HANGING_SPEC}),
     )
@@ -104,7 +100,7 @@ def assert_422(body: Any, loc: list[str]) -> None:
 
 
 async def test_other_users_get_404_never_403_and_cannot_touch(
-    sbx: Client, user_headers: Headers, docker_client: docker.DockerClient, test_prefix: str
+    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
 ) -> None:
     alice, bob = await user_headers("alice"), await user_headers("bob")
     sandbox_id = (await start(sbx, alice))["id"]
@@ -138,7 +134,7 @@ async def test_other_users_get_404_never_403_and_cannot_touch(
 
 
 async def test_admin_lists_all_users_without_their_session_keys(
-    sbx: Client, user_headers: Headers, admin_headers: dict[str, str]
+    sbx: Client, user_headers: UserHeaders, admin_headers: dict[str, str]
 ) -> None:
     alice, bob = await user_headers("alice"), await user_headers("bob")
     ops = await user_headers("ops", admin=True)
@@ -181,7 +177,9 @@ async def test_admin_lists_all_users_without_their_session_keys(
     assert [i["id"] for i in page["items"]] == [o]
 
 
-async def test_batch_get_keeps_order_and_nulls_the_rest(sbx: Client, user_headers: Headers) -> None:
+async def test_batch_get_keeps_order_and_nulls_the_rest(
+    sbx: Client, user_headers: UserHeaders
+) -> None:
     alice, bob = await user_headers("alice"), await user_headers("bob")
     store = sbx.app[keys.SANDBOXES].store
     mine = [await put(store, "alice", SandboxStatus.ERROR) for _ in range(3)]
@@ -210,7 +208,7 @@ async def test_batch_get_keeps_order_and_nulls_the_rest(sbx: Client, user_header
 
 
 async def test_unknown_spec_is_404_and_creates_nothing(
-    sbx: Client, user_headers: Headers, docker_client: docker.DockerClient, test_prefix: str
+    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
 ) -> None:
     alice = await user_headers("alice")
     unknown: list[dict[str, Any]] = [
@@ -240,7 +238,7 @@ async def test_unknown_spec_is_404_and_creates_nothing(
     assert containers(docker_client, test_prefix) == []
 
 
-async def test_spec_in_query_string_and_in_body(sbx: Client, user_headers: Headers) -> None:
+async def test_spec_in_query_string_and_in_body(sbx: Client, user_headers: UserHeaders) -> None:
     alice = await user_headers("alice")
     from_query = await start(sbx, alice, sandbox_spec_id="alt")
     assert from_query["sandbox_spec_id"] == "alt"
@@ -255,7 +253,7 @@ async def test_spec_in_query_string_and_in_body(sbx: Client, user_headers: Heade
     assert [i["id"] for i in page["items"]] == [from_query["id"]]
 
 
-async def test_malformed_and_unknown_ids_are_404(sbx: Client, user_headers: Headers) -> None:
+async def test_malformed_and_unknown_ids_are_404(sbx: Client, user_headers: UserHeaders) -> None:
     alice = await user_headers("alice")
     for bad in ("not-an-id", "0" * 21, "0" * 23, "A" * 22, "g" * 22, new_sandbox_id()):
         for method, suffix in (
@@ -294,13 +292,11 @@ async def walk(client: Client, headers: dict[str, str], limit: int, **query: Any
 
 
 async def test_search_pages_newest_first_without_gaps_or_duplicates(
-    test_prefix: str, make_client: Any, user_headers: Headers, admin_headers: dict[str, str]
+    make_sandbox_client: ClientFactory, user_headers: UserHeaders, admin_headers: dict[str, str]
 ) -> None:
     # These records have no containers; a sweep would mark RUNNING/PAUSED ones MISSING, so use
     # the statuses it leaves alone (and a long interval besides).
-    client: Client = await make_client(
-        with_sandboxes=True, container_prefix=test_prefix, reconcile_interval=3600
-    )
+    client: Client = await make_sandbox_client(reconcile_interval=3600)
     alice, bob = await user_headers("alice"), await user_headers("bob")
     store = client.app[keys.SANDBOXES].store
     statuses = [SandboxStatus.ERROR, SandboxStatus.MISSING, SandboxStatus.ERROR]
@@ -363,7 +359,7 @@ async def test_search_pages_newest_first_without_gaps_or_duplicates(
 # -- sandbox specs ------------------------------------------------------------------------------
 
 
-async def test_spec_search_batch_and_paging(sbx: Client, user_headers: Headers) -> None:
+async def test_spec_search_batch_and_paging(sbx: Client, user_headers: UserHeaders) -> None:
     alice = await user_headers("alice")
     resp = await sbx.get("/api/v1/sandbox-specs/search", headers=alice)
     assert resp.status == 200

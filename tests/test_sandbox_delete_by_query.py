@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
 import docker
-import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
-from tests.sandbox_helpers import containers, start, volumes, wait_status
-
-Client = TestClient[web.Request, web.Application]
-Headers = Callable[..., Awaitable[dict[str, str]]]
-
-
-@pytest.fixture
-async def sbx(test_prefix: str, make_client: Any) -> Client:
-    client: Client = await make_client(with_sandboxes=True, container_prefix=test_prefix)
-    return client
+from tests.support.sandbox_helpers import containers, start, volumes, wait_status
+from tests.support.types import Client, UserHeaders
 
 
 async def test_delete_by_query_removes_only_your_sandbox(
-    sbx: Client, user_headers: Headers, docker_client: docker.DockerClient, test_prefix: str
+    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
 ) -> None:
     alice, bob = await user_headers("alice"), await user_headers("bob")
     sandbox_id = (await start(sbx, alice))["id"]
@@ -48,7 +34,7 @@ async def test_delete_by_query_removes_only_your_sandbox(
     assert response.status == 404
 
 
-async def test_delete_by_query_needs_the_parameter(sbx: Client, user_headers: Headers) -> None:
+async def test_delete_by_query_needs_the_parameter(sbx: Client, user_headers: UserHeaders) -> None:
     alice = await user_headers("alice")
     response = await sbx.delete("/api/v1/sandboxes", headers=alice)
     assert response.status == 422

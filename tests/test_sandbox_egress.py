@@ -21,9 +21,9 @@ from aiohttp import web
 from controlplane import keys
 from drivers.docker_networks import bridge_name
 from drivers.firewall import Iptables, chain_names
-from tests.live_server import attachment, free_port
-from tests.run_id import RUN_ID
-from tests.sandbox_helpers import (
+from tests.support.live_server import attachment, free_port
+from tests.support.run_id import RUN_ID
+from tests.support.sandbox_helpers import (
     DEFAULT_IMAGE,
     Client,
     probe_from,
@@ -31,6 +31,7 @@ from tests.sandbox_helpers import (
     start,
     wait_status,
 )
+from tests.support.types import ClientFactory
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 
@@ -115,7 +116,7 @@ def host_port() -> int:
 
 @pytest.fixture
 async def sbx(
-    test_prefix: str, make_client: Any, tmp_path: Path, outside: Outside, host_port: int
+    make_sandbox_client: ClientFactory, tmp_path: Path, outside: Outside, host_port: int
 ) -> Client:
     specs = {
         "closed": CLOSED.format(image=DEFAULT_IMAGE),
@@ -123,9 +124,7 @@ async def sbx(
             image=DEFAULT_IMAGE, address=outside.address, allowed=ALLOWED, host_port=host_port
         ),
     }
-    client: Client = await make_client(
-        with_sandboxes=True, container_prefix=test_prefix, spec_dir=spec_dir(tmp_path, specs)
-    )
+    client: Client = await make_sandbox_client(spec_dir=spec_dir(tmp_path, specs))
     return client
 
 

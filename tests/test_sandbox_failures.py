@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from controlplane.config import ServiceConfig
 from controlplane.errors import SpecInvalid
 from controlplane.specs.catalog import SpecCatalog, load_spec_file, retag
 from drivers.egress import parse_egress
-from tests.sandbox_helpers import (
+from tests.support.sandbox_helpers import (
     HANGING_SPEC,
     NO_IMAGE_SPEC,
     REPO,
@@ -26,15 +26,12 @@ from tests.sandbox_helpers import (
     volumes,
     wait_status,
 )
-
-Headers = Callable[..., Awaitable[dict[str, str]]]
+from tests.support.types import ClientFactory, UserHeaders
 
 
 @pytest.fixture
-async def sbx(test_prefix: str, make_client: Any, tmp_path: Path) -> Client:
-    client: Client = await make_client(
-        with_sandboxes=True,
-        container_prefix=test_prefix,
+async def sbx(make_sandbox_client: ClientFactory, tmp_path: Path) -> Client:
+    client: Client = await make_sandbox_client(
         reconcile_interval=1.0,
         spec_dir=spec_dir(tmp_path, {"hanging": HANGING_SPEC, "no-image": NO_IMAGE_SPEC}),
         start_timeout=3,
@@ -64,7 +61,7 @@ async def wait_gone(docker_client: docker.DockerClient, prefix: str, within: flo
 
 
 async def test_hanging_agent_cannot_be_paused_and_ends_in_error_cleaned_up(
-    sbx: Client, user_headers: Headers, docker_client: docker.DockerClient, test_prefix: str
+    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
 ) -> None:
     alice = await user_headers("alice")
     sandbox_id = (await start_spec(sbx, alice, "hanging"))["id"]
@@ -105,7 +102,7 @@ async def test_hanging_agent_cannot_be_paused_and_ends_in_error_cleaned_up(
 
 
 async def test_missing_image_is_error_naming_the_image_with_nothing_left(
-    sbx: Client, user_headers: Headers, docker_client: docker.DockerClient, test_prefix: str
+    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
 ) -> None:
     alice = await user_headers("alice")
     sandbox_id = (await start_spec(sbx, alice, "no-image"))["id"]
@@ -130,7 +127,7 @@ async def test_missing_image_is_error_naming_the_image_with_nothing_left(
 
 
 async def test_delete_while_starting_leaves_nothing_behind(
-    sbx: Client, user_headers: Headers, docker_client: docker.DockerClient, test_prefix: str
+    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
 ) -> None:
     """A delete that lands while the engine is still creating the container must still win."""
     alice = await user_headers("alice")

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import docker
 import pytest
 
-from tests.sandbox_helpers import Client, containers, start, volumes, wait_status
-
-Headers = Callable[..., Awaitable[dict[str, str]]]
+from tests.support.sandbox_helpers import containers, start, volumes, wait_status
+from tests.support.types import Client, ClientFactory, UserHeaders
 
 
 @pytest.fixture
-async def sbx(test_prefix: str, make_client: Any) -> Client:
-    client: Client = await make_client(
-        with_sandboxes=True, container_prefix=test_prefix, reconcile_interval=1.0
-    )
+async def sbx(make_sandbox_client: ClientFactory) -> Client:
+    client: Client = await make_sandbox_client(reconcile_interval=1.0)
     return client
 
 
@@ -37,7 +33,7 @@ async def agent_call(url: str, key: str, command: str) -> dict[str, Any]:
 
 
 async def test_start_pause_resume_delete(
-    sbx: Client, user_headers: Headers, docker_client: docker.DockerClient, test_prefix: str
+    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
 ) -> None:
     alice = await user_headers("alice")
     started = await start(sbx, alice)
@@ -107,7 +103,7 @@ async def test_start_pause_resume_delete(
 
 
 async def test_stopped_container_restarts_on_resume_with_files(
-    sbx: Client, user_headers: Headers, docker_client: docker.DockerClient, test_prefix: str
+    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
 ) -> None:
     alice = await user_headers("alice")
     sandbox_id = (await start(sbx, alice))["id"]
@@ -129,7 +125,7 @@ async def test_stopped_container_restarts_on_resume_with_files(
 
 
 async def test_removed_container_is_missing_and_resume_recreates_it(
-    sbx: Client, user_headers: Headers, docker_client: docker.DockerClient, test_prefix: str
+    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
 ) -> None:
     alice = await user_headers("alice")
     sandbox_id = (await start(sbx, alice))["id"]
@@ -152,7 +148,7 @@ async def test_removed_container_is_missing_and_resume_recreates_it(
 
 
 async def test_paused_and_unpaused_behind_our_back(
-    sbx: Client, user_headers: Headers, docker_client: docker.DockerClient, test_prefix: str
+    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
 ) -> None:
     alice = await user_headers("alice")
     sandbox_id = (await start(sbx, alice))["id"]

@@ -19,8 +19,8 @@ from controlplane.specs.catalog import SpecCatalog
 from drivers.docker import DockerDriver
 from drivers.errors import FirewallRequired, NetworkUnavailable
 from drivers.firewall import Iptables
-from tests.live_server import attachment
-from tests.sandbox_helpers import (
+from tests.support.live_server import attachment
+from tests.support.sandbox_helpers import (
     DEFAULT_IMAGE,
     Client,
     exec_as_agent,
@@ -29,6 +29,7 @@ from tests.sandbox_helpers import (
     start,
     wait_status,
 )
+from tests.support.types import ClientFactory
 from tests.test_sandbox_lifecycle import agent_call
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
@@ -75,10 +76,8 @@ except urllib.error.HTTPError as exc:
 
 
 @pytest.fixture
-async def sbx(test_prefix: str, make_client: Any, tmp_path: Path) -> Client:
-    client: Client = await make_client(
-        with_sandboxes=True,
-        container_prefix=test_prefix,
+async def sbx(make_sandbox_client: ClientFactory, tmp_path: Path) -> Client:
+    client: Client = await make_sandbox_client(
         reconcile_interval=1.0,
         spec_dir=spec_dir(tmp_path, {"gvisor": GVISOR, "read-only": READ_ONLY}),
     )

@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import docker
 import pytest
 
 from controlplane import keys
-from tests.sandbox_helpers import Client, containers, start, wait_status
-
-Headers = Callable[..., Awaitable[dict[str, str]]]
-ClientFactory = Callable[..., Awaitable[Client]]
+from tests.support.sandbox_helpers import containers, start, wait_status
+from tests.support.types import Client, ClientFactory, UserHeaders
 
 
 @pytest.fixture
-def sbx_factory(test_prefix: str, make_client: Any) -> ClientFactory:
+def sbx_factory(make_sandbox_client: ClientFactory) -> ClientFactory:
     async def make(**overrides: Any) -> Client:
-        client: Client = await make_client(
-            with_sandboxes=True,
-            container_prefix=test_prefix,
+        client: Client = await make_sandbox_client(
             reconcile_interval=1.0,
             **overrides,
         )
@@ -52,7 +47,7 @@ async def ids_of(client: Client, headers: dict[str, str]) -> list[str]:
 
 async def test_cap_refuses_a_third_start_and_a_resume_over_the_cap(
     sbx_factory: ClientFactory,
-    user_headers: Headers,
+    user_headers: UserHeaders,
     docker_client: docker.DockerClient,
     test_prefix: str,
 ) -> None:
@@ -99,7 +94,7 @@ async def test_cap_refuses_a_third_start_and_a_resume_over_the_cap(
 
 async def test_error_and_missing_do_not_count(
     sbx_factory: ClientFactory,
-    user_headers: Headers,
+    user_headers: UserHeaders,
     docker_client: docker.DockerClient,
     test_prefix: str,
 ) -> None:
@@ -120,7 +115,7 @@ async def test_error_and_missing_do_not_count(
 
 async def test_concurrent_starts_respect_the_cap_atomically(
     sbx_factory: ClientFactory,
-    user_headers: Headers,
+    user_headers: UserHeaders,
     docker_client: docker.DockerClient,
     test_prefix: str,
 ) -> None:

@@ -26,20 +26,17 @@ from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.store import Limits
 from controlplane.store import keyspace
 from drivers import docker_names
-from tests.sandbox_helpers import DEFAULT_IMAGE as IMAGE
-from tests.sandbox_helpers import Client, containers, start, volumes, wait_status
+from tests.support.sandbox_helpers import DEFAULT_IMAGE as IMAGE
+from tests.support.sandbox_helpers import Client, containers, start, volumes, wait_status
+from tests.support.types import ClientFactory, UserHeaders
 
-Headers = Callable[..., Awaitable[dict[str, str]]]
-ClientFactory = Callable[..., Awaitable[Client]]
 DOCKER_SOCK = "/var/run/docker.sock"
 
 
 @pytest.fixture
-def sbx_factory(test_prefix: str, make_client: Any) -> ClientFactory:
+def sbx_factory(make_sandbox_client: ClientFactory) -> ClientFactory:
     async def make(**overrides: Any) -> Client:
-        values: dict[str, Any] = {"container_prefix": test_prefix, "reconcile_interval": 1.0}
-        client: Client = await make_client(with_sandboxes=True, **(values | overrides))
-        return client
+        return await make_sandbox_client(**({"reconcile_interval": 1.0} | overrides))
 
     return make
 
@@ -93,7 +90,7 @@ def fake_container(
 
 
 async def test_restart_keeps_running_sandboxes(
-    sbx_factory: ClientFactory, user_headers: Headers
+    sbx_factory: ClientFactory, user_headers: UserHeaders
 ) -> None:
     alice = await user_headers("alice")
     first = await sbx_factory()
@@ -117,7 +114,7 @@ async def test_restart_keeps_running_sandboxes(
 
 
 async def test_interrupted_start_with_a_healthy_agent_becomes_running(
-    sbx_factory: ClientFactory, user_headers: Headers
+    sbx_factory: ClientFactory, user_headers: UserHeaders
 ) -> None:
     alice = await user_headers("alice")
     first = await sbx_factory()
@@ -144,7 +141,7 @@ async def test_interrupted_start_with_a_healthy_agent_becomes_running(
 
 async def test_interrupted_start_without_container_is_taken_over_and_finished(
     sbx_factory: ClientFactory,
-    user_headers: Headers,
+    user_headers: UserHeaders,
     docker_client: docker.DockerClient,
     test_prefix: str,
 ) -> None:
@@ -179,7 +176,7 @@ async def test_interrupted_start_without_container_is_taken_over_and_finished(
 
 async def test_a_delete_cut_off_is_finished_not_turned_into_missing(
     sbx_factory: ClientFactory,
-    user_headers: Headers,
+    user_headers: UserHeaders,
     docker_client: docker.DockerClient,
     test_prefix: str,
 ) -> None:
@@ -210,7 +207,7 @@ async def test_a_delete_cut_off_is_finished_not_turned_into_missing(
 
 async def test_a_sandbox_in_error_resumes_on_its_kept_workspace(
     sbx_factory: ClientFactory,
-    user_headers: Headers,
+    user_headers: UserHeaders,
     docker_client: docker.DockerClient,
     test_prefix: str,
 ) -> None:
@@ -243,7 +240,7 @@ async def test_a_sandbox_in_error_resumes_on_its_kept_workspace(
 
 async def test_container_without_record_is_adopted(
     sbx_factory: ClientFactory,
-    user_headers: Headers,
+    user_headers: UserHeaders,
     raw_redis: aioredis.Redis,
     docker_client: docker.DockerClient,
     test_prefix: str,
@@ -294,7 +291,7 @@ async def test_container_without_record_is_adopted(
 
 async def test_deleted_sandbox_container_is_removed_never_adopted(
     sbx_factory: ClientFactory,
-    user_headers: Headers,
+    user_headers: UserHeaders,
     raw_redis: aioredis.Redis,
     docker_client: docker.DockerClient,
     test_prefix: str,
@@ -329,7 +326,7 @@ async def test_deleted_sandbox_container_is_removed_never_adopted(
 
 async def test_labelled_container_without_session_key_is_removed(
     sbx_factory: ClientFactory,
-    user_headers: Headers,
+    user_headers: UserHeaders,
     docker_client: docker.DockerClient,
     test_prefix: str,
 ) -> None:
@@ -435,7 +432,7 @@ async def expect_503(resp: aiohttp.ClientResponse) -> str:
 async def test_engine_outage_is_503_then_recovers_without_restart(
     docker_proxy: DockerProxy,  # first, so that it outlives the app
     sbx_factory: ClientFactory,
-    user_headers: Headers,
+    user_headers: UserHeaders,
     docker_client: docker.DockerClient,
     test_prefix: str,
 ) -> None:
@@ -487,7 +484,7 @@ async def test_engine_outage_is_503_then_recovers_without_restart(
 async def test_engine_down_at_start_up_then_up(
     docker_proxy: DockerProxy,
     sbx_factory: ClientFactory,
-    user_headers: Headers,
+    user_headers: UserHeaders,
 ) -> None:
     alice = await user_headers("alice")
     await docker_proxy.stop()

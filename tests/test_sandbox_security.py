@@ -23,8 +23,8 @@ from aiohttp import web
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
 from controlplane.store import keyspace
-from tests.live_server import Api, LiveServer, free_port, start_live_server
-from tests.sandbox_helpers import exec_as_agent, probe_from
+from tests.support.live_server import Api, LiveServer, free_port, start_live_server
+from tests.support.sandbox_helpers import exec_as_agent, probe_from
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 

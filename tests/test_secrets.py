@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controlplane import keys
 from controlplane.settings.models import UserRecord
 from controlplane.settings.store import UserRecordStore
-
-Client = TestClient[web.Request, web.Application]
-UserHeaders = Callable[..., Awaitable[dict[str, str]]]
+from tests.support.types import Client, UserHeaders
 
 
 async def _record(client: Client, user: str) -> UserRecord:

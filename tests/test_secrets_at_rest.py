@@ -6,21 +6,16 @@ import asyncio
 import io
 import secrets
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controlplane.logging import configure_logging
-from tests.log_capture import LogCapture, capture_logs
-from tests.redis_server import RedisServer
-
-Client = TestClient[web.Request, web.Application]
-UserHeaders = Callable[..., Awaitable[dict[str, str]]]
+from tests.support.log_capture import LogCapture, capture_logs
+from tests.support.redis_server import RedisServer
+from tests.support.types import Client, UserHeaders
 
 
 def _marker(kind: str) -> str:

@@ -4,23 +4,18 @@ wherever a key is, cross-origin refusal for requests that change state, sign-out
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 from http.cookies import SimpleCookie
 from typing import Any
 
 import redis.asyncio as aioredis
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controlplane import keys
 from controlplane.auth.service import ApiKeyService
 from controlplane.auth.sessions import COOKIE_NAME, SIGNING_PURPOSE, SessionService
 from controlplane.crypto import load_secret_box
-from tests.conftest import BOOTSTRAP_KEY, ClientFactory
-from tests.log_capture import capture_logs
-
-Client = TestClient[web.Request, web.Application]
-UserHeaders = Callable[..., Awaitable[dict[str, str]]]
+from tests.conftest import BOOTSTRAP_KEY
+from tests.support.log_capture import capture_logs
+from tests.support.types import Client, ClientFactory, UserHeaders
 
 
 def origin(client: Client) -> dict[str, str]:
@@ -291,9 +286,9 @@ async def test_pages_cannot_be_framed_and_run_no_script(client: Client) -> None:
 
 
 async def test_the_cookie_opens_metrics_and_the_event_socket(
-    make_client: ClientFactory, user_headers: UserHeaders, test_prefix: str
+    make_sandbox_client: ClientFactory, user_headers: UserHeaders
 ) -> None:
-    client = await make_client(with_sandboxes=True, container_prefix=test_prefix)
+    client = await make_sandbox_client()
     await sign_in(client, BOOTSTRAP_KEY)
     assert (await client.get("/metrics")).status == 200
     socket = "/api/v1/events/socket?conversation_id=" + "a" * 32

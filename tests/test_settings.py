@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controlplane import keys
 from controlplane.settings.models import UserRecord
 from controlplane.settings.store import UserRecordStore
-
-Client = TestClient[web.Request, web.Application]
-UserHeaders = Callable[..., Awaitable[dict[str, str]]]
+from tests.support.types import Client, UserHeaders
 
 # Spec table 2.1: field -> (allowed JSON types of the value, default on a fresh user).
 NULL = type(None)

@@ -20,8 +20,8 @@ import redis.asyncio as aioredis
 
 from drivers import docker_names
 from tests.conftest import BOOTSTRAP_KEY
-from tests.live_server import Api, free_port
-from tests.serve_process import Serve, launch_serve, serve_env
+from tests.support.live_server import Api, free_port
+from tests.support.serve_process import Serve, launch_serve, serve_env
 
 EXIT_WITHIN = 35  # aiohttp's shutdown_timeout in `serve` is 30 s
 START_TIMEOUT = 20  # ACS_START_TIMEOUT: bounds how long the taken-over start may take

@@ -6,20 +6,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from controlplane.app import create_app
 from controlplane.config import ServiceConfig
-from tests.conftest import ClientFactory
-from tests.live_server import gateway
-
-Client = TestClient[web.Request, web.Application]
-UserHeaders = Callable[..., Awaitable[dict[str, str]]]
+from tests.support.types import Client, ClientFactory, UserHeaders
 
 
 @pytest.fixture
@@ -67,11 +62,11 @@ async def test_other_sites_cannot_use_the_local_user(local: Client) -> None:
 
 
 async def test_requests_from_other_addresses_need_a_key(
-    make_config: Callable[..., ServiceConfig], user_headers: UserHeaders
+    make_config: Callable[..., ServiceConfig], user_headers: UserHeaders, docker_gateway: str
 ) -> None:
     """Bound to the Docker bridge's address: a request from a container or another machine."""
     app = create_app(make_config(auth_mode="none"), with_sandboxes=False)
-    server = TestServer(app, host=gateway())
+    server = TestServer(app, host=docker_gateway)
     async with TestClient(server) as remote:
         response = await remote.get("/api/v1/users/me", headers={"Host": "127.0.0.1"})
         assert response.status == 401

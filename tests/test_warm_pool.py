@@ -24,7 +24,8 @@ from controlplane.specs.catalog import SpecCatalog
 from drivers import docker_names
 from drivers.host_memory import HostMemory
 from tests.conftest import BOOTSTRAP_KEY
-from tests.sandbox_helpers import REPO, Client, containers, spec_dir, wait_status
+from tests.support.sandbox_helpers import REPO, containers, spec_dir, wait_status
+from tests.support.types import Client, ClientFactory
 
 ADMIN = {"X-Session-API-Key": BOOTSTRAP_KEY}
 FAST = {"pool_interval": 0.2, "reconcile_interval": 1.0}
@@ -127,11 +128,12 @@ async def test_claims_hand_out_each_member_once_across_two_replicas(
 
 
 async def test_claimed_member_keeps_nothing_of_another_user(
-    test_prefix: str, make_client: Any, user_headers: Any, docker_client: docker.DockerClient
+    test_prefix: str,
+    make_sandbox_client: ClientFactory,
+    user_headers: Any,
+    docker_client: docker.DockerClient,
 ) -> None:
-    client: Client = await make_client(
-        with_sandboxes=True, container_prefix=test_prefix, warm_pool="1", **FAST
-    )
+    client: Client = await make_sandbox_client(warm_pool="1", **FAST)
     alice, bob = await user_headers("alice"), await user_headers("bob")
     first = next(iter(await wait_ready(client, 1)))
     mine = await create(client, alice)
@@ -235,16 +237,14 @@ def test_fingerprint_follows_spec_content_and_image() -> None:
 
 async def test_pool_stays_within_capacity_and_refusals_come_before_the_engine(
     test_prefix: str,
-    make_client: Any,
+    make_sandbox_client: ClientFactory,
     user_headers: Any,
     docker_client: docker.DockerClient,
     tmp_path: Path,
 ) -> None:
     mib = 1024**2
     specs = spec_dir(tmp_path, {})
-    client: Client = await make_client(
-        with_sandboxes=True,
-        container_prefix=test_prefix,
+    client: Client = await make_sandbox_client(
         spec_dir=specs,
         warm_pool="default=5",
         host_memory_bytes=3 * 64 * mib,  # room for three sandboxes of the default reservation
@@ -300,13 +300,14 @@ async def test_default_reservation_admits_300_idle_sandboxes_on_24_gib(
 
 
 async def test_host_short_of_memory_refuses_before_the_engine(
-    test_prefix: str, make_client: Any, user_headers: Any, docker_client: docker.DockerClient
+    test_prefix: str,
+    make_sandbox_client: ClientFactory,
+    user_headers: Any,
+    docker_client: docker.DockerClient,
 ) -> None:
     """Reservations overcommit the limits: the live guard refuses (429, nothing created) while
     the host has less available than ACS_HOST_MEMORY_FLOOR, and the pool does not refill."""
-    client: Client = await make_client(
-        with_sandboxes=True,
-        container_prefix=test_prefix,
+    client: Client = await make_sandbox_client(
         warm_pool="1",
         host_memory_floor=1024**5,  # more than any host has
         **FAST,

@@ -5,12 +5,11 @@ Pending messages are in tests/test_pending_messages.py."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from tests.conversation_helpers import (
+from tests.support.conversation_helpers import (
     UserFactory,
     message,
     of_kind,
@@ -18,9 +17,8 @@ from tests.conversation_helpers import (
     status_is,
     wait_events,
 )
-from tests.fake_llm import FakeLLM, reply_finish
-
-Headers = Callable[..., Awaitable[dict[str, str]]]
+from tests.support.fake_llm import FakeLLM, reply_finish
+from tests.support.types import UserHeaders
 
 
 def frontend_start_body(text: str, **overrides: Any) -> dict[str, Any]:
@@ -75,7 +73,7 @@ async def test_web_client_config_needs_no_sign_in_and_says_open_source(make_clie
 
 
 async def test_option_lists_come_from_the_deployment_and_the_callers_settings(
-    make_client: Any, user_headers: Headers
+    make_client: Any, user_headers: UserHeaders
 ) -> None:
     client = await make_client(
         llm_models=["openai/gpt-4o", "anthropic/claude-sonnet-4"],

@@ -5,27 +5,20 @@ Needs pytest-aiohttp (``aiohttp_client`` fixture) and asyncio_mode=auto.
 
 from __future__ import annotations
 
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:  # make `agent` importable however pytest is started
-    sys.path.insert(0, str(REPO_ROOT))
-
-from aiohttp.test_utils import TestClient  # noqa: E402
-
-from agent.app import create_app  # noqa: E402
-from agent.config import AgentConfig  # noqa: E402
-from tests.fake_llm import FakeLLM  # noqa: E402
+from agent.app import create_app
+from agent.config import AgentConfig
+from tests.support.fake_llm import FakeLLM
+from tests.support.types import ClientFactory
 
 # Test modules get these through the fixtures below (never import conftest).
 API_KEYS = ("test-key-0", "test-key-1")
-
-ClientFactory = Callable[..., Awaitable[TestClient]]
 
 
 @pytest.fixture
@@ -78,7 +71,7 @@ async def client(make_client: ClientFactory) -> TestClient:
 
 @pytest.fixture
 async def fake_llm() -> AsyncIterator[FakeLLM]:
-    """A scripted OpenAI-compatible server on 127.0.0.1 (see tests/fake_llm.py)."""
+    """A scripted OpenAI-compatible server on 127.0.0.1 (see tests/support/fake_llm.py)."""
     fake = FakeLLM()
     await fake.start()
     yield fake

@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 
-from tests.fake_llm import FakeLLM
+from tests.support.fake_llm import FakeLLM
 
 BASE = "/api/conversations"
 LLM_KEY = "sk-fake-llm-key-0123456789"

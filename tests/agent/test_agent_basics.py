@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +15,9 @@ from agent import __main__ as cli
 from agent.app import create_app
 from agent.auth import key_is_valid
 from agent.config import AgentConfig, is_secret_env_name, load_api_keys
+from tests.support.types import ClientFactory
 
 EXEC = "/api/bash/execute_bash_command"
-ClientFactory = Callable[..., Awaitable[TestClient]]
 
 
 @pytest.mark.parametrize("path", ["/health", "/alive"])

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
-from aiohttp.test_utils import TestClient
-
 from agent.config import load_cors_origins
+from tests.support.types import ClientFactory
 
-ClientFactory = Callable[..., Awaitable[TestClient]]
 APP = "https://app.example.com"
 PREFLIGHT = {
     "Access-Control-Request-Method": "POST",

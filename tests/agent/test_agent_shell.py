@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +13,9 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from agent.shell import run_command
+from tests.support.types import ClientFactory
 
 EXEC = "/api/bash/execute_bash_command"
-ClientFactory = Callable[..., Awaitable[TestClient]]
 
 
 async def execute(client: TestClient, auth: dict[str, str], **body: Any) -> dict[str, Any]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp.test_utils import TestClient
@@ -22,9 +21,9 @@ from tests.agent.conv_helpers import (
     stop_reasons,
     wait_status,
 )
-from tests.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
+from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
+from tests.support.types import ClientFactory
 
-ClientFactory = Callable[..., Awaitable[TestClient]]
 CONFIRM = "/events/respond_to_confirmation"
 
 

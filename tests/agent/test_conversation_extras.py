@@ -24,7 +24,7 @@ from tests.agent.conv_helpers import (
     user_message,
     wait_status,
 )
-from tests.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
+from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
 
 LOOKED_UP = "gho_looked-up-token-77"
 

@@ -21,7 +21,7 @@ from tests.agent.conv_helpers import (
     user_message,
     wait_status,
 )
-from tests.fake_llm import (
+from tests.support.fake_llm import (
     FakeLLM,
     reply_finish,
     reply_text,

@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestClient
 
 from agent.conversations.masking import MASK
 from tests.agent.conv_helpers import BASE, events, of_kind, start, wait_status
-from tests.fake_llm import FakeLLM, reply_finish, reply_tool_calls, tool_call
+from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_calls, tool_call
 
 SERVER = str(Path(__file__).with_name("mcp_test_server.py"))
 MCP_TIMEOUT = 60.0

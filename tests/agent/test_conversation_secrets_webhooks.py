@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,9 @@ from tests.agent.conv_helpers import (
     user_message,
     wait_status,
 )
-from tests.fake_llm import FakeLLM, reply_finish, reply_tool_call
+from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
+from tests.support.types import ClientFactory
 
-ClientFactory = Callable[..., Awaitable[TestClient]]
 SECRET = "ghp_Secret-Value_42"
 
 

@@ -15,7 +15,7 @@ from agent.conversations import events as ev
 from agent.conversations import sockets
 from agent.conversations.routes import SERVICE_KEY
 from tests.agent.conv_helpers import events, start, wait_status
-from tests.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
+from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
 
 SOCKET = "/sockets/events/{}"
 

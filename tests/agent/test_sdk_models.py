@@ -17,8 +17,8 @@ from aiohttp.test_utils import TestClient
 from tests.agent.conv_helpers import BASE, events, info, start, user_message, wait_status
 from tests.agent.test_conversation_mcp import MCP_TIMEOUT, SERVER
 from tests.agent.test_conversation_secrets_webhooks import Receiver
-from tests.fake_llm import FakeLLM, reply_text, reply_tool_call, reply_tool_calls, tool_call
-from tests.openhands_clients import OpenHandsVenv
+from tests.support.fake_llm import FakeLLM, reply_text, reply_tool_call, reply_tool_calls, tool_call
+from tests.support.openhands_clients import OpenHandsVenv
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients]
 

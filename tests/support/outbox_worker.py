@@ -1,7 +1,7 @@
 """A lifecycle webhook deliverer alone in a process: what each control plane replica runs, for
 tests that kill one with SIGKILL or run two side by side.
 
-    python -m tests.outbox_worker <redis url> <webhook url> <secret>
+    python -m tests.support.outbox_worker <redis url> <webhook url> <secret>
 
 Prints "ready" once delivering, then runs until killed.
 """

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from tests.conftest import BOOTSTRAP_KEY
-from tests.sandbox_helpers import REPO
+from tests.support.sandbox_helpers import REPO
 
 EXIT_WITHIN = 35  # aiohttp's shutdown_timeout in `serve` is 30 s
 START_TIMEOUT = 20

@@ -15,8 +15,8 @@ import redis.asyncio as aioredis
 
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
-from tests.fake_llm import FakeLLM
-from tests.live_server import Api, LiveServer, free_port, start_live_server
+from tests.support.fake_llm import FakeLLM
+from tests.support.live_server import Api, LiveServer, free_port, start_live_server
 
 LLM_KEY = "sk-live-SECRET-7f3a9c"
 PRICES = {"fake-model": (0.001, 0.002)}

@@ -11,16 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import docker
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from drivers.docker_names import LABEL_PREFIX
+from tests.support.types import Client
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 IMAGE_TAG = os.environ.get("ACS_IMAGE_TAG") or "latest"
 DEFAULT_IMAGE = f"acs-sandbox-default:{IMAGE_TAG}"
 OPENHANDS_IMAGE = f"acs-sandbox-openhands:{IMAGE_TAG}"
-Client = TestClient[web.Request, web.Application]
 
 
 async def wait_status(

@@ -16,7 +16,7 @@ With ``.untooled`` set, requests that offer no tools (the official agent server'
 generation, which races the agent's first call) get that reply and leave the script alone.
 Sandboxes reach a fake bound to their network's gateway (``LiveServer.sandbox_gateway``) as
 ``fake.container_base_url`` (``http://host.docker.internal:<port>/v1``), when the control plane
-opens that port to them (``ACS_SANDBOX_HOST_PORTS``, see tests/conversation_helpers.py).
+opens that port to them (``ACS_SANDBOX_HOST_PORTS``, see tests/support/conversation_helpers.py).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import itertools
 import json
 import subprocess
@@ -19,8 +20,8 @@ from drivers import docker_networks
 from drivers.docker_names import LABEL_PREFIX
 from drivers.errors import DriverError
 from drivers.firewall import Iptables
-from tests.run_id import RUN_ID
-from tests.sandbox_helpers import DEFAULT_IMAGE, OPENHANDS_IMAGE, REPO
+from tests.support.run_id import RUN_ID
+from tests.support.sandbox_helpers import DEFAULT_IMAGE, OPENHANDS_IMAGE, REPO
 
 _counter = itertools.count()
 FIREWALL = Iptables()
@@ -78,6 +79,20 @@ def _sweep_stale_networks(client: docker.DockerClient) -> None:
         created = datetime.fromisoformat(network["Created"][:19] + "+00:00")
         if network["Name"].startswith("acs-test-") and created < cutoff:
             _remove_network(client, network["Name"])
+
+
+@pytest.fixture(scope="session")
+def docker_gateway(docker_client: docker.DockerClient) -> str:
+    """The default Docker bridge's gateway (docker0): an address of this machine that is not
+    loopback, for tests that need one."""
+    configs = docker_client.api.inspect_network("bridge")["IPAM"]["Config"] or []
+    for config in configs:
+        if config.get("Gateway") and ":" not in config["Gateway"]:
+            return str(config["Gateway"])
+        subnet = config.get("Subnet", "")
+        if subnet and ":" not in subnet:  # some engines leave Gateway out: the first address
+            return str(next(ipaddress.ip_network(subnet, strict=False).hosts()))
+    raise RuntimeError("the Docker bridge network has no IPv4 gateway")
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LOCK = REPO / "tests" / "clients" / "requirements.lock"
 PYTHON_VERSION = "3.12"
 
@@ -167,8 +167,9 @@ def official_sdk_venv(openhands_image: str) -> OpenHandsVenv:
 
 
 if __name__ == "__main__":
-    # `python -m tests.openhands_clients` (make test-prep) prepares both venvs ahead of time;
-    # the official SDK's needs the openhands image's wheelhouse (scripts/build-images.sh openhands).
+    # `python -m tests.support.openhands_clients` (make test-prep) prepares both venvs ahead of
+    # time; the official SDK's needs the openhands image's wheelhouse (scripts/build-images.sh
+    # openhands).
     found = find_python()
     if found is None:
         sys.exit(f"no Python {PYTHON_VERSION} found")

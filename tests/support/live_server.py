@@ -3,13 +3,11 @@ its webhooks through the webhook listener on their network's gateway (any free p
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import docker
 from aiohttp import web
 
 from controlplane import keys
@@ -25,23 +23,6 @@ def free_port(address: str = "127.0.0.1") -> int:
     with socket.socket() as probe:
         probe.bind((address, 0))
         return int(probe.getsockname()[1])
-
-
-def gateway() -> str:
-    """The default Docker bridge's gateway (docker0): an address of this machine that is not
-    loopback, for tests that need one."""
-    client = docker.from_env()
-    try:
-        configs = client.api.inspect_network("bridge")["IPAM"]["Config"] or []
-    finally:
-        client.close()
-    for config in configs:
-        if config.get("Gateway") and ":" not in config["Gateway"]:
-            return str(config["Gateway"])
-        subnet = config.get("Subnet", "")
-        if subnet and ":" not in subnet:  # some engines leave Gateway out: the first address
-            return str(next(ipaddress.ip_network(subnet, strict=False).hosts()))
-    raise RuntimeError("the Docker bridge network has no IPv4 gateway")
 
 
 def docker_networks(app: web.Application) -> SandboxNetworks:
