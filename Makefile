@@ -68,7 +68,7 @@ chaos: install host images
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy controlplane drivers agent
+	$(BIN)/mypy controlplane drivers agent bench
 	$(BIN)/lint-imports
 
 format: install
@@ -76,20 +76,21 @@ format: install
 	$(BIN)/ruff check --fix .
 
 mypy: install
-	$(BIN)/mypy controlplane drivers agent
+	$(BIN)/mypy controlplane drivers agent bench
 
 bench: install host images
-	$(BIN)/python bench/sandboxes.py
-	$(BIN)/python bench/conversations.py
-	$(BIN)/python bench/unauthenticated_flood.py
-	$(BIN)/python bench/launch_load.py
-	$(BIN)/python bench/warm_pool.py
+	$(BIN)/python -m bench.sandboxes
+	$(BIN)/python -m bench.conversations
+	$(BIN)/python -m bench.unauthenticated_flood
+	$(BIN)/python -m bench.launch_load
+	$(BIN)/python -m bench.warm_pool
 
 # The official agent server's start latency (bench/official_agent.py); builds its image first
-# (minutes from nothing), which `make bench` does not need.
+# (minutes from nothing), which `make bench` does not need. The benches run as modules of the
+# repository (bench/common.py is their library; they import the test helpers of tests/support).
 bench-official: install host images
 	@scripts/build-images.sh openhands
-	$(BIN)/python bench/official_agent.py
+	$(BIN)/python -m bench.official_agent
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

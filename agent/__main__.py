@@ -25,7 +25,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     # All interfaces on purpose: the server runs in a container, reached via a published port.
     parser.add_argument(
         "--host",
-        default="0.0.0.0",  # noqa: S104
+        default="0.0.0.0",  # noqa: S104 - in a container, behind its published port
         help="address to bind (default: 0.0.0.0)",
     )
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")

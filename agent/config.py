@@ -122,7 +122,7 @@ class AgentConfig:
         return cls(
             workspace=Path(ws).expanduser().resolve(),
             api_keys=load_api_keys(env),
-            **settings,  # type: ignore[arg-type]
+            **settings,  # type: ignore[arg-type]  # pydantic validates the values
         )
 
 

@@ -1,6 +1,6 @@
 """Agent server boot time and idle memory of sandbox images, raw Docker only, images interleaved.
 
-Run: `.venv/bin/python bench/agent_boot.py --image acs-sandbox-default:old --image
+Run: `.venv/bin/python -m bench.agent_boot --image acs-sandbox-default:old --image
 acs-sandbox-default:latest [--runs 10]`. bench/README.md says what it measures and how.
 
 For each run and each image (the order alternates per run, so background load hits both alike):
@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import docker
+
+from bench.common import percentile
 
 HEALTH_POLL = 0.005
 BOOT_TIMEOUT = 120.0
@@ -74,7 +76,7 @@ def one_run(client: Any, image: str, label: str, settle: float) -> tuple[float, 
         name=f"acs-bench-boot-{secrets.token_hex(4)}",
         environment={"OH_SESSION_API_KEYS_0": secrets.token_urlsafe(24), "TZ": "UTC"},
         labels={"acs.bench": label},
-        ports={f"{PORT}/tcp": ("127.0.0.1", None)},  # type: ignore[dict-item]
+        ports={f"{PORT}/tcp": ("127.0.0.1", None)},
         mem_limit="2g",
         security_opt=["no-new-privileges:true"],
         cap_drop=["ALL"],
@@ -90,11 +92,6 @@ def one_run(client: Any, image: str, label: str, settle: float) -> tuple[float, 
         return boot, agent_rss_mib(container, command)
     finally:
         container.remove(force=True, v=True)
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def main() -> int:
@@ -120,14 +117,13 @@ def main() -> int:
             leftover.remove(force=True, v=True)
     print(f"{'image':40} | boot p50 ms | boot p95 ms | idle RSS p50 MiB | runs")
     for image, s in samples.items():
-        rss = f"{statistics.median(s.rss):16.1f}" if s.rss else f"{'-':>16}"
-        print(
-            f"{image:40} | {pct(s.boot, 50):11.0f} | {pct(s.boot, 95):11.0f} | {rss} | {opt.runs}"
-        )
+        rss_text = f"{percentile(s.rss, 50):16.1f}" if s.rss else f"{'-':>16}"
+        p50, p95 = percentile(s.boot, 50), percentile(s.boot, 95)
+        print(f"{image:40} | {p50:11.0f} | {p95:11.0f} | {rss_text} | {opt.runs}")
     first = samples[opt.image[0]]
     for image in opt.image[1:]:
         s = samples[image]
-        ratio_boot = pct(s.boot, 50) / pct(first.boot, 50)
+        ratio_boot = percentile(s.boot, 50) / percentile(first.boot, 50)
         line = f"{image} / {opt.image[0]}: boot p50 x{ratio_boot:.2f}"
         if s.rss and first.rss:
             line += f", idle RSS x{statistics.median(s.rss) / statistics.median(first.rss):.2f}"

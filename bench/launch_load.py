@@ -1,6 +1,6 @@
 """The launch path under load: does a short request wait behind sandbox starts?
 
-Run with `make bench`, or `.venv/bin/python bench/launch_load.py [--repeats N] [--levels 5,20,50]
+Run with `make bench`, or `.venv/bin/python -m bench.launch_load [--repeats N] [--levels 5,20,50]
 [--flights N]` (`--levels ''` measures only the in-flight phase).
 
 The control plane runs as its own process (`controlplane serve`, on a private redis-server), so
@@ -40,30 +40,22 @@ from typing import Any
 import aiohttp
 import docker
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from controlplane.config import load_config  # noqa: E402
-from controlplane.sandboxes import naming  # noqa: E402
-from controlplane.sandboxes.launcher import network_policy, sandbox_request  # noqa: E402
-from controlplane.sandboxes.models import SandboxRecord, SandboxStatus  # noqa: E402
-from controlplane.specs.catalog import SpecCatalog  # noqa: E402
-from controlplane.specs.models import AGENT_SERVER  # noqa: E402
-from drivers.docker_containers import container_request, create_container  # noqa: E402
-from drivers.docker_egress import Attachment, network_name  # noqa: E402
-from drivers.egress import HOST_GATEWAY  # noqa: E402
-from tests.support.live_server import free_port  # noqa: E402
-from tests.support.redis_server import RedisServer  # noqa: E402
+from bench.common import REPO, percentile
+from controlplane.config import load_config
+from controlplane.sandboxes import naming
+from controlplane.sandboxes.launcher import network_policy, sandbox_request
+from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.specs.catalog import SpecCatalog
+from controlplane.specs.models import AGENT_SERVER
+from drivers.docker_containers import container_request, create_container
+from drivers.docker_egress import Attachment, network_name
+from drivers.egress import HOST_GATEWAY
+from tests.support.live_server import free_port
+from tests.support.redis_server import RedisServer
 
 PROBE_EVERY = 0.02
 IN_FLIGHT = 20
 SETTLE = 0.3  # seconds after a phase, so that its tail (deletes, events) is not measured
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def ms(seconds: float) -> str:
@@ -263,8 +255,8 @@ class LaunchLoad:
         sandbox_id, _ = await self.create()
         await self.wait_running([sandbox_id])
         net = self.docker.networks.get(network_name(self.prefix, network_policy(self.spec)))
-        gateway = net.attrs["IPAM"]["Config"][0]["Gateway"]
-        self.attachment = Attachment(net.name, gateway, {HOST_GATEWAY: gateway})
+        gateway = str(net.attrs["IPAM"]["Config"][0]["Gateway"])
+        self.attachment = Attachment(str(net.name), gateway, {HOST_GATEWAY: gateway})
         await self.delete([sandbox_id])
 
     def server_cpu(self) -> float:
@@ -368,18 +360,18 @@ async def run(
                 flights.append(await bench.in_flight())
         finally:
             await bench.stop()
-    print(f"GET /api/settings idle: p50 {ms(pct(idle, 50))}, p95 {ms(pct(idle, 95))}")
+    print(f"GET /api/settings idle: p50 {ms(percentile(idle, 50))}, p95 {ms(percentile(idle, 95))}")
     print(
         "concurrent starts | GET during API starts p50 / p95 | during raw starts p50 / p95"
         " | p95 ratio"
     )
     for n in levels:
         a, b = api[n], raw[n]
-        ratio = pct(a, 95) / pct(b, 95)
+        ratio = percentile(a, 95) / percentile(b, 95)
         mark = "" if n < 20 else (" ok" if ratio <= 1.2 else " MISSED (target <= 1.2)")
         print(
-            f"{n:>17} | {ms(pct(a, 50))} / {ms(pct(a, 95))} (n={len(a)}) | "
-            f"{ms(pct(b, 50))} / {ms(pct(b, 95))} (n={len(b)}) | {ratio:.2f}x{mark}"
+            f"{n:>17} | {ms(percentile(a, 50))} / {ms(percentile(a, 95))} (n={len(a)}) | "
+            f"{ms(percentile(b, 50))} / {ms(percentile(b, 95))} (n={len(b)}) | {ratio:.2f}x{mark}"
         )
     for n in levels:
         print(

@@ -3,7 +3,7 @@
 agent (spec `default`) and to raw Docker doing the same in the same run.
 
 Run with `make bench` (after `make images SPECS=openhands`), or
-`.venv/bin/python bench/official_agent.py [--runs N]`. bench/README.md says what it measured.
+`.venv/bin/python -m bench.official_agent [--runs N]`. bench/README.md says what it measured.
 
 One process holds the control plane (a private redis-server, the real app over real HTTP on
 127.0.0.1, ACS_ENABLE_SPECS=openhands, a warm pool of one per spec) and the docker SDK. READY is
@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import os
 import secrets
-import statistics
 import sys
 import tempfile
 import time
@@ -35,21 +34,17 @@ import docker
 import redis.asyncio as aioredis
 from cryptography.fernet import Fernet
 
-SCRIPT = Path(__file__).resolve()
-REPO = SCRIPT.parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # bench/ and tests/ are not installed packages
-
-from controlplane import keys  # noqa: E402
-from controlplane.agent_protocol.kinds import agent_env  # noqa: E402
-from controlplane.agent_protocol.start_request import start_conversation_request  # noqa: E402
-from controlplane.auth.service import ApiKeyService  # noqa: E402
-from controlplane.config import load_config  # noqa: E402
-from controlplane.ids import uuid7_hex  # noqa: E402
-from controlplane.logging import configure_logging  # noqa: E402
-from tests.support.docker_fixtures import _remove_matching  # noqa: E402
-from tests.support.live_server import LiveServer, attachment, start_live_server  # noqa: E402
-from tests.support.redis_server import RedisServer  # noqa: E402
+from bench.common import REPO, percentile
+from controlplane import keys
+from controlplane.agent_protocol.kinds import agent_env
+from controlplane.agent_protocol.start_request import start_conversation_request
+from controlplane.auth.service import ApiKeyService
+from controlplane.config import load_config
+from controlplane.ids import uuid7_hex
+from controlplane.logging import configure_logging
+from tests.support.docker_fixtures import remove_matching
+from tests.support.live_server import LiveServer, attachment, start_live_server
+from tests.support.redis_server import RedisServer
 
 SPECS = {"openhands": "openai/fake-model", "default": "fake-model"}
 POLL = 0.01
@@ -128,6 +123,8 @@ class Bench:
         spec = self.live.app[keys.SPECS].get(spec_id)
         env = {**agent_env(spec, max_body_bytes=1 << 20, webhooks=False), **spec.initial_env}
         env["OH_SESSION_API_KEYS_0"] = key
+        # No host port: the engine picks one (the stubs know only fixed ones).
+        publish: dict[str, Any] = {"8000/tcp": ("127.0.0.1", None)}
         container = self.docker.containers.run(
             spec.image,
             command=spec.command,
@@ -135,7 +132,7 @@ class Bench:
             environment=env,
             user=spec.user,
             working_dir=spec.working_dir,
-            ports={"8000/tcp": ("127.0.0.1", None)},
+            ports=publish,
             network=network,
             detach=True,
         )
@@ -205,7 +202,7 @@ class Bench:
 
     def report(self) -> None:
         def p50(name: str) -> float:
-            return statistics.median(self.samples[name])
+            return percentile(self.samples[name], 50)
 
         print(f"\nConversation READY ({self.runs} runs each, p50; min-max)")
         for spec_id in SPECS:
@@ -262,7 +259,7 @@ async def main(runs: int) -> None:
             finally:
                 await live.close()
                 # Sandboxes outlive the control plane: this run's containers, volumes, networks.
-                _remove_matching(engine, prefix)
+                remove_matching(engine, prefix)
         finally:
             redis.stop()
 

@@ -1,6 +1,6 @@
 """Sandbox benchmark: the control plane's HTTP API against the docker SDK called directly.
 
-Run with `make bench`, or `.venv/bin/python bench/sandboxes.py [--runs N | --quick]`.
+Run with `make bench`, or `.venv/bin/python -m bench.sandboxes [--runs N | --quick]`.
 bench/README.md says what is measured and how the ratios are computed.
 
 One process holds everything: a private redis-server, the real app served over real HTTP on
@@ -19,65 +19,38 @@ import argparse
 import asyncio
 import contextlib
 import inspect
-import json
-import math
-import os
-import platform
 import secrets
 import shlex
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import docker
-import redis.asyncio as aioredis
-from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
-from cryptography.fernet import Fernet
-from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.errors import NotFound
 
-from controlplane import keys
-from controlplane.app import create_app
-from controlplane.auth.service import ApiKeyService
-from controlplane.config import ServiceConfig, load_config
+from bench.common import (
+    STATUS_TIMEOUT,
+    BenchError,
+    Deployment,
+    Samples,
+    docker_time,
+    main_of,
+    ms,
+    serve,
+)
 from controlplane.crypto import load_secret_box
-from controlplane.logging import configure_logging
 from controlplane.sandboxes import naming
 from controlplane.sandboxes import store as store_module
-from controlplane.sandboxes.launcher import network_policy, sandbox_request
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.store import SandboxStore
-from controlplane.specs.catalog import SpecCatalog
-from controlplane.specs.models import AGENT_SERVER, SandboxSpec
+from controlplane.specs.models import AGENT_SERVER
 from controlplane.store import keyspace, text
-from drivers import docker_networks
-from drivers.docker import DockerDriver
-from drivers.docker_containers import ContainerRequest, container_request, create_container
-from drivers.docker_egress import Attachment
-from drivers.egress import HOST_GATEWAY
-from drivers.errors import DriverError
-from drivers.firewall import Iptables
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # tests/ is not an installed package
-
-from tests.support.redis_server import RedisServer  # noqa: E402
 
 CLIENT_POLL = 0.010
 """The benchmark client's GET interval while waiting for a status (what a real client does)."""
-RAW_HEALTH_POLL = 0.005
-"""The raw path's /health interval: fine, so the agent's boot time is measured closely."""
-STATUS_TIMEOUT = 120.0
 SEARCH_RECORDS = 1000
 SEARCH_PAGE = 100
 SEARCH_WARMUP = 5
@@ -87,58 +60,6 @@ API_USER = "bench"
 SEARCH_USER = "bench-search"
 
 
-class BenchError(Exception):
-    """The benchmark could not measure what it set out to (reported, exit status 1)."""
-
-
-# -- numbers ---------------------------------------------------------------------------------
-
-
-def percentile(values: Iterable[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default); q in [0, 100]."""
-    data = sorted(values)
-    if not data:
-        return float("nan")
-    pos = (len(data) - 1) * q / 100
-    low = int(pos)
-    high = min(low + 1, len(data) - 1)
-    return data[low] + (data[high] - data[low]) * (pos - low)
-
-
-@dataclass
-class Samples:
-    """Durations in seconds, by name (api.start, raw.pause, search.first, ...); the one size,
-    raw.agent_rss_mib, is in MiB."""
-
-    values: dict[str, list[float]] = field(default_factory=dict)
-
-    def add(self, name: str, seconds: float) -> None:
-        self.values.setdefault(name, []).append(seconds)
-
-    def p(self, name: str, q: float) -> float:
-        return percentile(self.values.get(name, []), q)
-
-    def drop(self, prefix: str) -> None:
-        for name in [n for n in self.values if n.startswith(prefix)]:
-            del self.values[name]
-
-    def count(self, name: str) -> int:
-        return len(self.values.get(name, []))
-
-
-def ms(seconds: float) -> str:
-    """Milliseconds: two decimals below 100 ms, one above; "-" for no samples."""
-    if math.isnan(seconds):
-        return "-"
-    return f"{seconds * 1000:.2f}" if seconds < 0.1 else f"{seconds * 1000:.1f}"
-
-
-def docker_time(value: str) -> float:
-    """A Docker timestamp (nanoseconds, Z) as epoch seconds."""
-    head, _, frac = value.rstrip("Z").partition(".")
-    return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00").timestamp()
-
-
 async def create_record(store: SandboxStore, record: SandboxRecord) -> bool:
     """SandboxStore.create without any cap, for both of its signatures.
 
@@ -146,56 +67,9 @@ async def create_record(store: SandboxStore, record: SandboxRecord) -> bool:
     """
     create: Any = store.create
     if "limits" in inspect.signature(create).parameters:
-        limits = store_module.Limits()  # type: ignore[attr-defined,unused-ignore]
+        limits = store_module.Limits()  # type: ignore[attr-defined,unused-ignore]  # older versions
         return bool(await create(record, 0, limits) == "ok")
     return bool(await create(record, None))
-
-
-# -- the app under test ----------------------------------------------------------------------
-
-
-@dataclass
-class Served:
-    runner: web.AppRunner
-    base_url: str
-
-
-def server_timing(samples: Samples) -> Middleware:
-    """Time every request inside the server (all middlewares and the handler, no HTTP I/O)."""
-
-    @web.middleware
-    async def timing(request: web.Request, handler: Handler) -> web.StreamResponse:
-        t = time.perf_counter()
-        try:
-            return await handler(request)
-        finally:
-            resource = request.match_info.route.resource
-            route = resource.canonical if resource is not None else request.path
-            samples.add(f"server:{request.method} {route}", time.perf_counter() - t)
-
-    return timing
-
-
-@contextlib.asynccontextmanager
-async def serve(
-    config_for_port: Callable[[int], ServiceConfig], samples: Samples
-) -> AsyncIterator[Served]:
-    """Serve create_app(config) over real HTTP on 127.0.0.1 and a free port."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    runner: web.AppRunner | None = None
-    try:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-        app = create_app(config_for_port(port))
-        app.middlewares.insert(0, server_timing(samples))  # outermost: sees the whole request
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=10)
-        await runner.setup()
-        await web.SockSite(runner, sock).start()
-        yield Served(runner, f"http://127.0.0.1:{port}")
-    finally:
-        if runner is not None:
-            await runner.cleanup()
-        sock.close()
 
 
 # -- the benchmark ---------------------------------------------------------------------------
@@ -210,83 +84,12 @@ class Options:
     json_path: Path | None
 
 
-class Bench:
+class Bench(Deployment):
     def __init__(self, options: Options, tmp: Path, redis_url: str) -> None:
+        super().__init__(tmp, redis_url, f"acs-bench-{secrets.token_hex(4)}-")
         self.opt = options
-        self.tmp = tmp
-        self.redis_url = redis_url
-        self.run_id = secrets.token_hex(4)
-        self.prefix = f"acs-bench-{self.run_id}-"
-        self.raw_prefix = f"{self.prefix}raw-"
-        self.secret_key = Fernet.generate_key().decode()
-        self.bootstrap_key = "bench-bootstrap-" + secrets.token_hex(12)
         self.samples = Samples()
-        # The images this checkout built (scripts/build-images.sh tags them with ACS_IMAGE_TAG).
-        self.image_tag = os.environ.get("ACS_IMAGE_TAG") or None
-        self.catalog = SpecCatalog.load(REPO / "specs", self.image_tag)
-        self.spec: SandboxSpec = self.catalog.default
-        self.docker = docker.from_env(timeout=60)
-        self.redis = aioredis.Redis.from_url(redis_url)
         self.api: aiohttp.ClientSession | None = None
-        self.health_http: aiohttp.ClientSession | None = None
-        self.notes: list[str] = []
-        # The API's sandbox network and webhook port: raw containers join the same network.
-        self.attachment: Attachment | None = None
-        self.webhook_port: int | None = None
-        self.api_config: ServiceConfig | None = None
-
-    # -- set-up --------------------------------------------------------------------------
-
-    def config(self, port: int, **overrides: Any) -> ServiceConfig:
-        values: dict[str, Any] = {
-            "redis_url": self.redis_url,
-            "data_dir": self.tmp / "data",
-            "bootstrap_api_key": self.bootstrap_key,
-            "secret_key": self.secret_key,
-            "spec_dir": REPO / "specs",
-            "container_prefix": self.prefix,
-            "log_format": "json",
-            "log_level": "warning",
-            # The limiter keeps its per-request cost but never refuses the client's polling.
-            "rate_limit_per_minute": 1_000_000,
-            "image_tag": self.image_tag,
-            # Cold starts are what this bench compares with raw Docker; bench/warm_pool.py
-            # measures the pool.
-            "warm_pool": 0,
-        }
-        values.update(overrides)
-        # Settings this version of the control plane does not have are left out.
-        known = ServiceConfig.model_fields
-        return load_config({}, **{k: v for k, v in values.items() if k in known})
-
-    def preflight(self) -> None:
-        try:
-            self.docker.ping()
-        except DockerException as exc:
-            raise BenchError(f"no Docker engine answers: {exc}") from None
-        try:
-            self.docker.images.get(self.spec.image)
-        except ImageNotFound:
-            raise BenchError(f"image {self.spec.image} is missing; run `make images`") from None
-
-    async def user_key(self, user: str) -> str:
-        return (await ApiKeyService(self.redis, None).create(user)).key
-
-    def environment(self) -> str:
-        version = self.docker.version()
-        info = self.docker.info()
-        redis_version = subprocess.run(
-            ["redis-server", "--version"], capture_output=True, text=True, check=False
-        ).stdout.split()
-        redis_v = next((w[2:] for w in redis_version if w.startswith("v=")), "?")
-        return (
-            f"env: {os.cpu_count()} cores | {platform.system()} {platform.release()} | "
-            f"Python {platform.python_version()} | Docker {version.get('Version')} "
-            f"(API {version.get('ApiVersion')}, {info.get('Driver')}, "
-            f"cgroup v{info.get('CgroupVersion', '?')}) | redis-server {redis_v} | "
-            f"aiohttp {aiohttp.__version__} | image {self.spec.image} | "
-            f"load avg {os.getloadavg()[0]:.2f}"
-        )
 
     # -- HTTP helpers ----------------------------------------------------------------------
 
@@ -370,70 +173,10 @@ class Bench:
 
     # -- one raw run -----------------------------------------------------------------------
 
-    def raw_request(self) -> ContainerRequest:
-        """The very container the API would ask for, under the raw prefix.
-
-        The raw prefix keeps the app's reconciler (which filters on its own prefix label) from
-        seeing, and adopting, the raw containers.
-        """
-        now = datetime.now(UTC)
-        record = SandboxRecord(
-            id=naming.new_sandbox_id(),
-            owner=API_USER,
-            spec_id=self.spec.id,
-            status=SandboxStatus.STARTING,
-            session_api_key=secrets.token_urlsafe(32),
-            created_at=now,
-            updated_at=now,
-            last_activity_at=now,
-        )
-        assert self.api_config is not None
-        webhooks = f"http://{HOST_GATEWAY}:{self.webhook_port}" if self.webhook_port else None
-        request = sandbox_request(self.api_config, record, self.spec, webhooks)
-        return container_request(
-            request, self.raw_prefix, self.api_config.publish_host, self.attachment
-        )
-
-    async def attach(self, app: web.Application) -> None:
-        """Join the app's sandbox network (created if need be), as its own containers do."""
-        driver = app[keys.DRIVER]
-        assert isinstance(driver, DockerDriver)
-        assert driver.networks is not None
-        self.attachment = await driver.networks.prepare(network_policy(self.spec))
-        self.webhook_port = app[keys.WEBHOOK_LISTENER].port
-
-    def raw_create_start(self, req: ContainerRequest) -> tuple[Any, Any, float, int]:
-        """Volume, container, start, inspect (for the port): the driver's engine calls, with its
-        own argument translation (drivers/docker.py create_container), no control plane."""
-        volume = self.docker.volumes.create(name=req.volume, labels=req.labels)
-        container_id = create_container(self.docker, req)
-        self.docker.api.start(container_id)
-        started = time.perf_counter()
-        attrs = self.docker.api.inspect_container(container_id)
-        container = self.docker.containers.prepare_model(attrs)
-        port = self.spec.exposed_ports[AGENT_SERVER]
-        host_port = int(attrs["NetworkSettings"]["Ports"][f"{port}/tcp"][0]["HostPort"])
-        return volume, container, started, host_port
-
-    async def health(self, port: int) -> float:
-        """Poll the agent's /health every RAW_HEALTH_POLL until 200; the perf time of that 200."""
-        assert self.health_http is not None
-        deadline = time.monotonic() + STATUS_TIMEOUT
-        url = f"http://127.0.0.1:{port}/health"
-        while time.monotonic() < deadline:
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
-                async with self.health_http.get(
-                    url, timeout=aiohttp.ClientTimeout(total=2)
-                ) as resp:
-                    if resp.status == 200:
-                        return time.perf_counter()
-            await asyncio.sleep(RAW_HEALTH_POLL)
-        raise BenchError(f"raw container on port {port}: no 200 on /health")
-
     def agent_rss(self, container: Any) -> float | None:
         """VmRSS (MiB) of the agent server: the largest process whose command line holds the
         spec's command, found in /proc inside the container (tini's holds it too, far smaller)."""
-        command = shlex.quote(" ".join(self.spec.command))
+        command = shlex.quote(" ".join(self.spec.command or []))
         script = (
             "for p in /proc/[0-9]*; do "
             f"tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -qF -- {command} "
@@ -482,20 +225,13 @@ class Bench:
         await asyncio.to_thread(remove)
         add("raw.delete", time.perf_counter() - t)
 
-    def foreign_containers(self) -> int:
-        running = self.docker.containers.list(filters={"status": "running"})  # not paused ones
-        return sum(1 for c in running if not (c.name or "").startswith(self.prefix))
-
     # -- phases ----------------------------------------------------------------------------
 
-    def lifecycle_config(self, port: int) -> ServiceConfig:
-        self.api_config = self.config(port)  # defaults otherwise: reconcile_interval 10 s
-        return self.api_config
-
     async def lifecycle(self) -> None:
-        async with serve(self.lifecycle_config, self.samples) as served:
-            await self.attach(served.runner.app)
-            self.api = aiohttp.ClientSession(base_url=served.base_url)
+        self.api_config = self.config()  # defaults otherwise: reconcile_interval 10 s
+        async with serve(self.api_config, self.samples) as served:
+            await self.attach(served.app)
+            self.api = aiohttp.ClientSession(base_url=served.url)
             self.health_http = aiohttp.ClientSession()
             try:
                 key = await self.user_key(API_USER)
@@ -590,12 +326,10 @@ class Bench:
         return dict(sorted(counts.items()))
 
     async def search(self) -> None:
-        def config(port: int) -> ServiceConfig:
-            # Only the start-up sweeps run (before the records exist); none while we measure.
-            return self.config(port, reconcile_interval=3600, reaper_interval=3600)
-
+        # Only the start-up sweeps run (before the records exist); none while we measure.
+        config = self.config(reconcile_interval=3600, reaper_interval=3600)
         async with serve(config, self.samples) as served:
-            self.api = aiohttp.ClientSession(base_url=served.base_url)
+            self.api = aiohttp.ClientSession(base_url=served.url)
             try:
                 await asyncio.sleep(1.0)  # let the start-up sweep finish
                 key = await self.user_key(SEARCH_USER)
@@ -629,33 +363,27 @@ class Bench:
                 await self.api.close()
                 self.api = None
 
-    # -- clean-up ----------------------------------------------------------------------------
+    # -- the whole run -----------------------------------------------------------------------
 
-    def remove_everything(self) -> int:
-        """Remove every container and volume whose name holds the run's prefix; how many."""
-        removed = 0
-        for _ in range(2):  # a launch thread still running at shutdown may create one late
-            found = 0
-            for container in self.docker.containers.list(all=True, filters={"name": self.prefix}):
-                found += 1
-                with contextlib.suppress(NotFound, APIError):
-                    container.remove(force=True, v=True)
-            for volume in self.docker.volumes.list(filters={"name": self.prefix}):
-                found += 1
-                with contextlib.suppress(NotFound, APIError):
-                    volume.remove(force=True)
-            removed += found
-            if not found:
-                break
-            time.sleep(1.0)
-        # The app's sandbox networks, made by design (not leftovers), with their firewall chains.
-        firewall = Iptables()
-        for network in self.docker.api.networks(filters={"name": self.prefix}):
-            with contextlib.suppress(DriverError):
-                gone = docker_networks.remove_network(self.docker, network["Name"])
-                if gone and firewall.unavailable() is None:
-                    firewall.remove(docker_networks.bridge_name(network["Name"]))
-        return removed
+    async def measure(self) -> tuple[list[str], list[str]]:
+        self.preflight()
+        try:
+            print(self.environment(), flush=True)
+            print(
+                f"lifecycle: {self.opt.runs} runs (+{self.opt.warmup} warm-up), "
+                f"prefix {self.prefix}",
+                file=sys.stderr,
+            )
+            await self.lifecycle()
+            print("search: 1,000 records ...", file=sys.stderr)
+            await self.search()
+            lines, missed = table(self.samples, self.opt.runs)
+            return [*lines, "", *details(self.samples)], missed
+        finally:
+            await self.redis.aclose()
+
+    def results(self) -> Any:
+        return self.samples.values
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -819,65 +547,7 @@ def parse_args(argv: list[str] | None) -> Options:
     return Options(runs, args.warmup, args.settle, search, args.json)
 
 
-async def run(bench: Bench) -> tuple[list[str], list[str]]:
-    task = asyncio.current_task()
-    assert task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    try:
-        print(bench.environment(), flush=True)
-        print(
-            f"lifecycle: {bench.opt.runs} runs (+{bench.opt.warmup} warm-up), "
-            f"prefix {bench.prefix}",
-            file=sys.stderr,
-        )
-        await bench.lifecycle()
-        print("search: 1,000 records ...", file=sys.stderr)
-        await bench.search()
-        lines, missed = table(bench.samples, bench.opt.runs)
-        return [*lines, "", *details(bench.samples)], missed
-    finally:
-        await bench.redis.aclose()
-
-
-def main(argv: list[str] | None = None) -> int:
-    options = parse_args(argv)
-    configure_logging("json", "warning", stream=sys.stderr)
-    with tempfile.TemporaryDirectory(prefix="acs-bench-") as tmp:
-        server = RedisServer(Path(tmp) / "redis")
-        bench: Bench | None = None
-        try:
-            try:
-                server.start()
-            except RuntimeError as exc:
-                raise BenchError(str(exc)) from None
-            bench = Bench(options, Path(tmp), server.url)
-            bench.preflight()
-            lines, missed = asyncio.run(run(bench))
-        except (BenchError, DockerException) as exc:
-            print(f"bench: {exc}", file=sys.stderr)
-            return 1
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            print("bench: interrupted", file=sys.stderr)
-            return 130
-        finally:
-            if bench is not None:
-                removed = bench.remove_everything()
-                if removed:
-                    bench.notes.append(f"removed {removed} leftover containers/volumes at exit")
-                    print(f"bench: removed {removed} leftover containers/volumes", file=sys.stderr)
-                bench.docker.close()
-            server.stop()
-    print()
-    print("\n".join(lines))
-    print()
-    if bench.notes:
-        print("notes: " + "; ".join(bench.notes))
-    print(f"load avg at the end: {os.getloadavg()[0]:.2f}")
-    print("all targets met" if not missed else "MISSED: " + "; ".join(missed))
-    if options.json_path is not None:
-        options.json_path.write_text(json.dumps(bench.samples.values, indent=1))
-    return 0
-
+main = main_of(parse_args, Bench, "acs-bench-")
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(None))

@@ -1,6 +1,6 @@
 """Unauthenticated flood: authenticated latency while others send 1 MB requests without a key.
 
-Run with `make bench`, or `.venv/bin/python bench/unauthenticated_flood.py [--quick]`.
+Run with `make bench`, or `.venv/bin/python -m bench.unauthenticated_flood [--quick]`.
 bench/README.md says what is measured. Target: the authenticated p50 and p95 during the flood
 within 1.5x of the same requests on the idle server.
 
@@ -37,16 +37,12 @@ import aiohttp
 import docker
 import redis.asyncio as aioredis
 
+from bench.common import REPO, percentile
 from controlplane.auth.service import ApiKeyService
 from drivers import docker_networks
 from drivers.errors import DriverError
 from drivers.firewall import Iptables
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # tests/ is not an installed package
-
-from tests.support.redis_server import RedisServer  # noqa: E402
+from tests.support.redis_server import RedisServer
 
 TARGET_RATIO = 1.5
 # The attacker's CPU is not the server's: on a host with two cores or more, the flood runs on the
@@ -59,14 +55,6 @@ FLOOD_CPUS = {_CPUS[-1]} if len(_CPUS) > 1 else set()
 # host's work (as the control plane would on a host of its own); the flood stays at 0.
 PRIORITY = -10
 BODY_BYTES = 1024 * 1024
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 # -- the flood (child process) --------------------------------------------------------------
@@ -250,14 +238,14 @@ def report(
         f"flood, in {args.rounds} alternating rounds"
     )
     print(f"{'':10}{'idle':>10}{'flood':>10}{'ratio':>8}  ok?")
-    for name, q in (("p50", 0.5), ("p95", 0.95)):
+    for name, q in (("p50", 50), ("p95", 95)):
         a, b = percentile(idle, q) * ms, percentile(during, q) * ms
         good = b <= a * TARGET_RATIO
         ok &= good
         print(f"{name + ' ms':10}{a:10.2f}{b:10.2f}{b / a:8.2f}  {'yes' if good else 'NO'}")
     if inside["idle"] and inside["flood"]:
         print("inside the server (its request log: middlewares and handler, no HTTP):")
-        for name, q in (("p50", 0.5), ("p95", 0.95)):
+        for name, q in (("p50", 50), ("p95", 95)):
             a, b = percentile(inside["idle"], q) * ms, percentile(inside["flood"], q) * ms
             print(f"{name + ' ms':10}{a:10.2f}{b:10.2f}{b / a:8.2f}")
     print(

@@ -2,12 +2,12 @@
 and cold; host memory per idle and per paused sandbox; how many idle sandboxes admission admits.
 Every figure sits next to raw Docker measured in the same run.
 
-Run with `make bench`, or `.venv/bin/python bench/warm_pool.py [--runs N] [--idle N] [--quick]`.
+Run with `make bench`, or `.venv/bin/python -m bench.warm_pool [--runs N] [--idle N] [--quick]`.
 bench/README.md says what is measured and how.
 
 One process holds the control plane (a private redis-server, the real app over real HTTP on
-127.0.0.1, the default spec's pool of 2), a scripted fake LLM, and the raw docker SDK client of
-bench/sandboxes.py. Pool and cold runs alternate with raw ones; a cold run is the same server
+127.0.0.1, the default spec's pool of 2), a scripted fake LLM, and the raw Docker path of
+bench/common.py. Pool and cold runs alternate with raw ones; a cold run is the same server
 with its pool out of the create path (`SandboxService.pool = None`; the pool is still refilled,
 so both kinds run with the same members alive). Before every run the pool is full again, so a
 refill never overlaps a timed run. Everything carries the run's prefix and is removed at the end.
@@ -18,12 +18,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import math
-import secrets
-import signal
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -32,26 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from cryptography.fernet import Fernet
 
+from bench.common import BenchError, main_of, ms
+from bench.conversation_harness import Bench as ConversationBench
+from bench.conversation_harness import Options as ConversationOptions
 from controlplane import keys
-from controlplane.auth.service import ApiKeyService
-from controlplane.config import load_config
-from controlplane.logging import configure_logging
 from controlplane.sandboxes.pool import WarmPool
-
-SCRIPT = Path(__file__).resolve()
-REPO = SCRIPT.parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # bench/ and tests/ are not installed packages
-
-from bench.conversations import LLM_KEY, MODEL, RATE_LIMIT, instrument_starts, serve  # noqa: E402
-from bench.conversations import Bench as ConversationBench  # noqa: E402
-from bench.conversations import Options as ConversationOptions  # noqa: E402
-from bench.sandboxes import BenchError, ms  # noqa: E402
-from tests.support.fake_llm import FakeLLM, reply_finish  # noqa: E402
-from tests.support.live_server import free_port  # noqa: E402
-from tests.support.redis_server import RedisServer  # noqa: E402
+from tests.support.fake_llm import FakeLLM
 
 POLL = 0.010
 TARGET_CREATE_S = 0.150
@@ -97,7 +80,22 @@ class PoolBench(ConversationBench):
         self.pool: WarmPool | None = None
         self.app: Any = None
         self.url = ""
-        self.results: dict[str, Any] = {}
+        self.figures: dict[str, Any] = {}
+
+    # -- the whole run (run_main) ---------------------------------------------------------------
+
+    async def measure(self) -> tuple[list[str], list[str]]:
+        try:
+            print(self.raw.environment(), flush=True)
+            print(f"prefix {self.prefix}", file=sys.stderr)
+            await self.run()
+            return table(self)
+        finally:
+            self.notes.extend(n for n in self.raw.notes if n not in self.notes)
+            await self.redis.aclose()
+
+    def results(self) -> Any:
+        return {**self.samples.values, **self.figures}
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -227,14 +225,14 @@ class PoolBench(ConversationBench):
                 )
                 refused = [b for status, b in bodies if status != 200]
                 if refused:
-                    self.results[f"api_{count}_refused"] = refused[0]
+                    self.figures[f"api_{count}_refused"] = refused[0]
                     raise BenchError(f"sandbox {start + 1} of {count} refused: {refused[0]}")
                 batch = [b["id"] for _s, b in bodies]
                 ids += batch
                 await asyncio.gather(*(self.until_running(i, {"status": "?"}) for i in batch))
-            await self.measure(f"api.{count}", ids, before)
+            await self.memory_of(f"api.{count}", ids, before)
             await self.batched([partial(self.api_pause, i) for i in ids])
-            await self.measure(f"api_paused.{count}", ids, before)
+            await self.memory_of(f"api_paused.{count}", ids, before)
         finally:
             self.pool_on(True)
             await self.batched(
@@ -251,9 +249,9 @@ class PoolBench(ConversationBench):
                 )
                 made += [raw for raw, *_ in batch]
             names = [r.container.name for r in made]
-            await self.measure(f"raw.{count}", names, before)
+            await self.memory_of(f"raw.{count}", names, before)
             await self.batched([partial(self.raw_pause, r) for r in made])
-            await self.measure(f"raw_paused.{count}", names, before)
+            await self.memory_of(f"raw_paused.{count}", names, before)
         finally:
             await self.batched([partial(self.raw_remove, r) for r in made])
 
@@ -274,7 +272,7 @@ class PoolBench(ConversationBench):
         for start in range(0, len(calls), BATCH):
             await asyncio.gather(*(c() for c in calls[start : start + BATCH]))
 
-    async def measure(self, name: str, ids: list[str], before: int) -> None:
+    async def memory_of(self, name: str, ids: list[str], before: int) -> None:
         await asyncio.sleep(max(self.opt.settle, 5.0))  # let boot-time allocations settle
         prefix = self.prefix
 
@@ -286,71 +284,30 @@ class PoolBench(ConversationBench):
             return total
 
         total = await asyncio.to_thread(read)
-        self.results[f"{name}.cgroup_mib"] = total / len(ids) / MIB
-        self.results[f"{name}.host_mib"] = (before - mem_available()) / len(ids) / MIB
+        self.figures[f"{name}.cgroup_mib"] = total / len(ids) / MIB
+        self.figures[f"{name}.host_mib"] = (before - mem_available()) / len(ids) / MIB
         print(f"  {name}: {total / len(ids) / MIB:.1f} MiB per sandbox (cgroup)", file=sys.stderr)
 
     # -- the run --------------------------------------------------------------------------------
 
     async def run(self) -> None:
         self.raw.preflight()
-        fake_port = free_port()
-        config = load_config(
-            {},
-            image_tag=self.raw.image_tag,
-            rate_limit_per_minute=RATE_LIMIT,
-            redis_url=self.redis_url,
-            data_dir=self.tmp / "data",
-            bootstrap_api_key="bench-bootstrap-" + secrets.token_hex(12),
-            secret_key=Fernet.generate_key().decode(),
-            spec_dir=REPO / "specs",
-            container_prefix=self.prefix,
-            log_format="json",
-            log_level="warning",
-            sandbox_host_ports=[fake_port],
-            max_running_per_user=0,
-            max_sandboxes_per_user=0,
-        )
-        async with serve(config, self.samples) as served:
+        # The default spec's own pool (warm_pool unset), no per-user caps.
+        async with self.served_with_model(
+            warm_pool=None, max_running_per_user=0, max_sandboxes_per_user=0
+        ) as (served, fake):
             self.app = served.app
             self.url = served.url
             self.pool = served.app[keys.POOL]
-            self.raw.api_config = served.config
-            await self.raw.attach(served.app)
-            assert self.raw.attachment is not None
-            fake = FakeLLM(
-                host=self.raw.attachment.gateway,
-                port=fake_port,
-                model=MODEL,
-                api_key=LLM_KEY,
-                when_exhausted=reply_finish(),
-            )
-            await fake.start()
-            try:
-                instrument_starts(served.app, self.timeline, self.agent_bodies)
-                await self.pool_phases(fake)
-            finally:
-                await fake.close()
+            await self.pool_phases(fake)
 
     async def pool_phases(self, fake: FakeLLM) -> None:
-        self.api = aiohttp.ClientSession(base_url=self.url)
-        self.agent_http = aiohttp.ClientSession()
-        self.raw.health_http = self.agent_http
         try:
-            self.key = (await ApiKeyService(self.redis, None).create("bench-pool")).key
-            await self.expect(
-                "POST",
-                "/api/settings",
-                {
-                    "llm_model": MODEL,
-                    "llm_base_url": fake.container_base_url,
-                    "llm_api_key": LLM_KEY,
-                },
-            )
+            await self.open_as(self.url, fake, "bench-pool")
             limits = await self.app[keys.SANDBOXES].limits()
             reservation = self.raw.spec.resources.reservation_bytes
-            self.results["capacity_bytes"] = limits.memory_capacity
-            self.results["admits"] = (limits.memory_capacity or 0) // reservation
+            self.figures["capacity_bytes"] = limits.memory_capacity
+            self.figures["admits"] = (limits.memory_capacity or 0) // reservation
             if self.popt.runs > 0:
                 warm, *_ = await self.raw_create()
                 try:
@@ -383,13 +340,11 @@ class PoolBench(ConversationBench):
                     self.raw.notes.append(f"{count} idle sandboxes: {exc}")
                     print(f"  failed: {exc}", file=sys.stderr)
         finally:
-            await self.api.close()
-            await self.agent_http.close()
-            self.api = self.agent_http = None
+            await self.close_sessions()
 
 
 def table(bench: PoolBench) -> tuple[list[str], list[str]]:
-    s, r = bench.samples, bench.results
+    s, r = bench.samples, bench.figures
     missed: list[str] = []
 
     def row(label: str, api: str, raw: str, target: float | None = None) -> str:
@@ -480,53 +435,7 @@ def parse_args(argv: list[str] | None) -> Options:
     return Options(runs, idle, args.settle, args.json)
 
 
-async def run(bench: PoolBench) -> tuple[list[str], list[str]]:
-    task = asyncio.current_task()
-    assert task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    try:
-        print(bench.raw.environment(), flush=True)
-        print(f"prefix {bench.prefix}", file=sys.stderr)
-        await bench.run()
-        return table(bench)
-    finally:
-        await bench.redis.aclose()
-
-
-def main(argv: list[str] | None = None) -> int:
-    options = parse_args(argv)
-    configure_logging("json", "warning", stream=sys.stderr)
-    with tempfile.TemporaryDirectory(prefix="acs-bench-pool-") as tmp:
-        server = RedisServer(Path(tmp) / "redis")
-        bench: PoolBench | None = None
-        try:
-            server.start()
-            bench = PoolBench(options, Path(tmp), server.url)
-            lines, missed = asyncio.run(run(bench))
-        except BenchError as exc:
-            print(f"bench: {exc}", file=sys.stderr)
-            return 1
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            print("bench: interrupted", file=sys.stderr)
-            return 130
-        finally:
-            if bench is not None:
-                removed = bench.raw.remove_everything()
-                if removed:
-                    print(f"bench: removed {removed} leftover containers/volumes", file=sys.stderr)
-                bench.raw.docker.close()
-            server.stop()
-    print()
-    print("\n".join(lines))
-    print()
-    notes = bench.notes + bench.raw.notes
-    if notes:
-        print("notes: " + "; ".join(sorted(set(notes))))
-    print("all targets met" if not missed else "MISSED: " + "; ".join(missed))
-    if options.json_path is not None:
-        options.json_path.write_text(json.dumps({**bench.samples.values, **bench.results}))
-    return 0
-
+main = main_of(parse_args, PoolBench, "acs-bench-pool-")
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(None))

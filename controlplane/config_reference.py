@@ -29,7 +29,7 @@ SHOWN_DEFAULTS = {
 def default_text(name: str, info: FieldInfo) -> str:
     if name in SHOWN_DEFAULTS:
         return SHOWN_DEFAULTS[name]
-    value: Any = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]
+    value: Any = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]  # no factory here takes the data
     if value is None or value == []:
         return "unset"
     if isinstance(value, bool):

@@ -10,7 +10,7 @@ from typing import Any
 
 import docker
 from docker.errors import APIError, ImageNotFound
-from docker.models.containers import _create_container_args  # type: ignore[attr-defined]
+from docker.models.containers import _create_container_args  # type: ignore[attr-defined]  # the SDK's own translation, not in its stubs
 
 from drivers import docker_names
 from drivers.base import Endpoint, RunState, SandboxRequest, SandboxState

@@ -130,7 +130,7 @@ class Iptables:
             self._run("-I", parent, "1", *spec[1:])
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(  # noqa: S603
+        result = subprocess.run(  # noqa: S603 - fixed binary, our own arguments
             [self._binary, "-w", *args],
             capture_output=True,
             text=True,

@@ -30,10 +30,9 @@ from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.settings.mcp import MCPConfig
 from controlplane.specs.catalog import SpecCatalog
 from tests.conftest import REPO
+from tests.support.records import NO_ENGINE, event, sandbox_record, stats
 from tests.support.sandbox_helpers import spec_dir
 from tests.support.types import Client
-from tests.test_event_ingestion import event, stats
-from tests.test_metrics import NO_ENGINE, sandbox_record
 
 SPECS = REPO / "specs"
 

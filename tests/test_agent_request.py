@@ -13,7 +13,7 @@ from controlplane.sandboxes.models import SandboxStatus
 from controlplane.settings.mcp import MCPConfig
 from controlplane.specs.catalog import SpecCatalog
 from tests.conftest import REPO
-from tests.test_metrics import sandbox_record
+from tests.support.records import sandbox_record
 
 
 def request(**overrides: Any) -> dict[str, Any]:

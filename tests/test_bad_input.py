@@ -14,9 +14,8 @@ import redis.asyncio as aioredis
 from controlplane import keys
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
+from tests.support.records import NO_ENGINE, Setup, event, recorded_sandbox, sandbox_record, stats
 from tests.support.types import Client, UserHeaders
-from tests.test_event_ingestion import Setup, event, recorded_sandbox, stats
-from tests.test_metrics import NO_ENGINE, sandbox_record
 
 HUGE = b"1" + b"0" * 5000  # over Python's 4,300-digit limit for int()
 

@@ -169,7 +169,7 @@ async def test_bad_configuration_exits_2_naming_the_variable(
 async def test_serve_on_every_address_needs_its_own_webhook_port(cli_env: dict[str, str]) -> None:
     """`--host 0.0.0.0` also covers the sandbox gateways: the webhook listener cannot share the
     API's port there, and the API must not be where sandboxes post."""
-    result = await _run("serve", "--host", "0.0.0.0", "--port", "1", env=cli_env)  # noqa: S104
+    result = await _run("serve", "--host", "0.0.0.0", "--port", "1", env=cli_env)  # noqa: S104 - the refusal is the test
     assert result.code == 2, result.err
     (line,) = result.err.strip().splitlines()[-1:]
     assert line.startswith("controlplane: configuration error: ACS_WEBHOOK_PORT:"), line

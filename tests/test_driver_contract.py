@@ -39,7 +39,7 @@ from drivers.base import (
 )
 from drivers.docker import DockerDriver
 from drivers.errors import ContainerExists, DriverError, ImageMissing
-from tests.support.sandbox_helpers import REPO
+from tests.support.sandbox_helpers import REPO, agent_call
 
 BOOT = 60.0  # seconds an agent server may take to answer /health on a loaded host
 Factory = Callable[[str, WebhookListener], SandboxDriver]
@@ -115,15 +115,20 @@ def make_request(driver: SandboxDriver, config: ServiceConfig, spec: SandboxSpec
     return make
 
 
-async def healthy(state: SandboxState, spec: SandboxSpec) -> None:
-    """The agent server answers /health at the endpoint the driver handed back."""
+def agent_url(state: SandboxState, spec: SandboxSpec) -> str:
+    """The agent server at the endpoint the driver handed back for its port."""
     endpoint = state.endpoints[spec.exposed_ports[AGENT_SERVER]]
+    return f"http://{endpoint.host}:{endpoint.port}"
+
+
+async def healthy(state: SandboxState, spec: SandboxSpec) -> None:
+    """The agent server answers /health at its endpoint."""
     deadline = time.monotonic() + BOOT
     last: object = None
     async with aiohttp.ClientSession() as http:
         while time.monotonic() < deadline:
             try:
-                url = f"http://{endpoint.host}:{endpoint.port}/health"
+                url = f"{agent_url(state, spec)}/health"
                 async with http.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
                     if resp.status == 200:
                         return
@@ -136,18 +141,7 @@ async def healthy(state: SandboxState, spec: SandboxSpec) -> None:
 
 async def run(state: SandboxState, spec: SandboxSpec, key: str, command: str) -> dict[str, Any]:
     """A shell command in the sandbox, through its agent server's bash API."""
-    endpoint = state.endpoints[spec.exposed_ports[AGENT_SERVER]]
-    async with (
-        aiohttp.ClientSession() as http,
-        http.post(
-            f"http://{endpoint.host}:{endpoint.port}/api/bash/execute_bash_command",
-            json={"command": command, "timeout": 20},
-            headers={"X-Session-API-Key": key},
-        ) as resp,
-    ):
-        assert resp.status == 200, await resp.text()
-        result: dict[str, Any] = await resp.json()
-        return result
+    return await agent_call(agent_url(state, spec), key, command)
 
 
 async def running(
@@ -156,6 +150,18 @@ async def running(
     state = await driver.create(request, new=True)
     await healthy(state, spec)
     return state
+
+
+async def marked(
+    driver: SandboxDriver, make_request: MakeRequest, spec: SandboxSpec
+) -> tuple[SandboxRequest, str, SandboxState]:
+    """A running sandbox with a file in its workspace: (its request, its key, its state)."""
+    request = await make_request()
+    key = request.env["OH_SESSION_API_KEYS_0"]
+    state = await running(driver, request, spec)
+    wrote = await run(state, spec, key, f"echo kept > {spec.working_dir}/mark")
+    assert wrote["exit_code"] == 0, wrote
+    return request, key, state
 
 
 async def test_the_runtime_answers_and_tells_its_capacity(driver: SandboxDriver) -> None:
@@ -224,11 +230,7 @@ async def test_a_missing_image_leaves_nothing(
 async def test_pause_and_resume_keep_the_workspace(
     driver: SandboxDriver, make_request: MakeRequest, spec: SandboxSpec
 ) -> None:
-    request = await make_request()
-    key = request.env["OH_SESSION_API_KEYS_0"]
-    state = await running(driver, request, spec)
-    wrote = await run(state, spec, key, f"echo kept > {spec.working_dir}/mark")
-    assert wrote["exit_code"] == 0, wrote
+    request, key, _state = await marked(driver, make_request, spec)
 
     await driver.pause(request.sandbox_id)
     await driver.pause(request.sandbox_id)  # pausing a paused sandbox succeeds
@@ -259,10 +261,7 @@ async def test_unpause_refuses_a_running_sandbox(
 async def test_a_re_create_keeps_the_workspace_a_remove_drops_it(
     driver: SandboxDriver, make_request: MakeRequest, spec: SandboxSpec
 ) -> None:
-    request = await make_request()
-    key = request.env["OH_SESSION_API_KEYS_0"]
-    state = await running(driver, request, spec)
-    await run(state, spec, key, f"echo kept > {spec.working_dir}/mark")
+    request, key, _state = await marked(driver, make_request, spec)
 
     await driver.remove(request.sandbox_id, keep_workspace=True)
     assert await driver.inspect(request.sandbox_id) is None

@@ -3,7 +3,6 @@ stored as sent; status and cost taken from state updates and ConversationInfo ``
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -11,69 +10,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from controlplane import keys
-from controlplane.conversations.models import AppConversationInfo
-from controlplane.conversations.store import ConversationStore
-from controlplane.sandboxes.models import SandboxStatus
-from controlplane.sandboxes.store import Limits, SandboxStore
+from tests.support.records import Setup, event, recorded_sandbox, stats
 from tests.support.types import Client, UserHeaders
-from tests.test_metrics import NO_ENGINE, sandbox_record
-
-
-def stats(cost: float, prompt: int, completion: int, usage_id: str = "agent") -> dict[str, Any]:
-    """The SDK's ConversationStats, as agents send them."""
-    return {
-        "usage_to_metrics": {
-            usage_id: {
-                "model_name": "fake-model",
-                "accumulated_cost": cost,
-                "max_budget_per_task": 5.0,
-                "accumulated_token_usage": {
-                    "model": "fake-model",
-                    "prompt_tokens": prompt,
-                    "completion_tokens": completion,
-                    "per_turn_token": prompt,
-                    "response_id": f"r-{prompt}",
-                },
-            }
-        }
-    }
-
-
-def event(
-    kind: str = "MessageEvent", when: datetime | None = None, **fields: Any
-) -> dict[str, Any]:
-    """An event with a naive UTC timestamp, as the SDK writes them."""
-    moment = (when or datetime.now(UTC)).replace(tzinfo=None)
-    return {
-        "id": secrets.token_hex(8),
-        "timestamp": moment.isoformat(timespec="microseconds"),
-        "source": "agent",
-        "kind": kind,
-        **fields,
-    }
-
-
-Setup = tuple[Client, str, str, dict[str, str], dict[str, str]]
-
-
-async def recorded_sandbox(
-    make_client: Callable[..., Awaitable[Client]],
-    raw_redis: aioredis.Redis,
-    user_headers: UserHeaders,
-) -> Setup:
-    """(client, sandbox id, conversation id, the sandbox's headers, the owner's headers): a
-    sandbox record without a container (no engine needed to reach the webhooks)."""
-    client = await make_client(with_sandboxes=True, docker_url=NO_ENGINE)
-    key = secrets.token_urlsafe(32)
-    record = sandbox_record("alice", SandboxStatus.RUNNING, key)
-    assert await SandboxStore(raw_redis, client.app[keys.SECRET_BOX]).create(record, 0, Limits())
-    conversation_id = secrets.token_hex(16)
-    await ConversationStore(raw_redis).save(
-        AppConversationInfo(id=conversation_id, created_by_user_id="alice", sandbox_id=record.id)
-    )
-    alice = await user_headers("alice")
-    return client, record.id, conversation_id, {"X-Session-API-Key": key}, alice
 
 
 @pytest.fixture

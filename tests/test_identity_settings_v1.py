@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from tests.conftest import BOOTSTRAP_KEY
+from tests.support.settings_fields import EVERY_FIELD, SPEC_FIELDS
 from tests.support.types import Client, UserHeaders
-from tests.test_settings import EVERY_FIELD, SPEC_FIELDS
 
 LLM_KEY = "sk-v1-SECRET-a81b2c"
 

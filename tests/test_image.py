@@ -89,7 +89,7 @@ def call(method: str, url: str, key: str | None = None, timeout: float = 10) -> 
     if key is not None:
         request.add_header("X-Session-API-Key", key)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310 - ditto
             return resp.status, _body(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, _body(exc.read())

@@ -236,7 +236,7 @@ def route_probes(
     if variants is not None:
         names = [name for name, _ in variants(random_ids(), bob_sandbox)]
         bodies = [
-            (name, lambda ids, n=index, v=variants: v(ids, bob_sandbox)[n][1])  # type: ignore[misc]
+            (name, lambda ids, n=index, v=variants: v(ids, bob_sandbox)[n][1])  # type: ignore[misc]  # defaults bind the loop values
             for index, name in enumerate(names)
         ]
     required = [

@@ -30,7 +30,7 @@ from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookD
 from controlplane.metrics import Metrics
 from controlplane.store import keyspace
 from tests.support.live_server import free_port
-from tests.test_metrics import NO_ENGINE
+from tests.support.records import NO_ENGINE
 
 SECRET = "outbox-test-secret-0123456789"
 REPO = Path(__file__).resolve().parent.parent
@@ -83,12 +83,6 @@ async def receiver() -> AsyncIterator[Receiver]:
     await hook.up()
     yield hook
     await hook.down()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 def events(n: int) -> list[LifecycleEvent]:

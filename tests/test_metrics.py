@@ -16,15 +16,14 @@ from controlplane.agent_protocol.models import ExecutionStatus
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
 from controlplane.sandboxes import naming
-from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.sandboxes.models import SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
 from tests.support.docker_fixtures import run_prefix
+from tests.support.records import NO_ENGINE, sandbox_record
 from tests.support.types import Client, ClientFactory, UserHeaders
 
 # Nothing listens there: refused at once. (A missing unix socket works too, but the docker SDK
 # leaks the socket it failed to connect, which the warning filter turns into a test error.)
-NO_ENGINE = "tcp://127.0.0.1:1"
-
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
@@ -45,20 +44,6 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 def total(samples: Samples, name: str) -> float:
     return sum(v for (n, _labels), v in samples.items() if n == name)
-
-
-def sandbox_record(owner: str, status: SandboxStatus, key: str | None = None) -> SandboxRecord:
-    now = datetime.now(UTC)
-    return SandboxRecord(
-        id=naming.new_sandbox_id(),
-        owner=owner,
-        spec_id="default",
-        status=status,
-        session_api_key=key or secrets.token_urlsafe(32),
-        created_at=now,
-        updated_at=now,
-        last_activity_at=now,
-    )
 
 
 async def test_metrics_need_an_admin_key(

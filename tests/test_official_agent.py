@@ -39,9 +39,8 @@ from tests.support.conversation_helpers import (
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
 from tests.support.live_server import Api, LiveServer, start_live_server
-from tests.support.openhands_clients import OpenHandsVenv
+from tests.support.openhands_clients import OpenHandsVenv, client_env, run
 from tests.support.sandbox_helpers import containers
-from tests.test_openhands_clients import client_env, run
 
 pytestmark = [
     pytest.mark.slow,

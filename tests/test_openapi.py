@@ -10,8 +10,8 @@ from openapi_spec_validator import validate
 
 from controlplane.api.openapi import doc_path
 from controlplane.app import route_tables
+from tests.support.settings_fields import SPEC_FIELDS
 from tests.support.types import Client
-from tests.test_settings import SPEC_FIELDS
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from tests.support.conversation_helpers import (
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.live_server import Api, LiveServer
-from tests.support.openhands_clients import OpenHandsVenv
+from tests.support.openhands_clients import OpenHandsVenv, client_env, run
 from tests.support.sandbox_helpers import containers
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.usefixtures("sandbox_images")]
@@ -60,45 +60,6 @@ def sandbox_containers(
 ) -> Callable[[], list[Any]]:
     """This test's sandbox containers, as Docker sees them now."""
     return lambda: containers(docker_client, test_prefix)
-
-
-def client_env(venv: OpenHandsVenv, home: Path) -> dict[str, str]:
-    """A clean user: own HOME and persistence dir, no browser to open, wide plain output."""
-    return {
-        "PATH": f"{venv.root / 'bin'}:/usr/local/bin:/usr/bin:/bin",
-        "HOME": str(home),
-        "OPENHANDS_PERSISTENCE_DIR": str(home / ".openhands"),
-        "BROWSER": "true",  # webbrowser.open runs `true <url>`
-        "COLUMNS": "250",
-        "NO_COLOR": "1",
-        "TERM": "dumb",
-        "PYTHONUNBUFFERED": "1",
-        "LANG": "C.UTF-8",
-        # No network here: LiteLLM would retry fetching its price list for ~7 s per start.
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        "OPENHANDS_SUPPRESS_BANNER": "1",
-    }
-
-
-async def run(
-    args: list[str | Path], env: dict[str, str], cwd: Path, timeout: float
-) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *map(str, args),
-        env=env,
-        cwd=cwd,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
-        out, _ = await proc.communicate()
-        raise AssertionError(f"{args[0]} timed out:\n{out.decode(errors='replace')}") from None
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(errors="replace")
 
 
 async def test_openhands_cloud_runs_a_conversation_in_a_sandbox(

@@ -95,12 +95,6 @@ async def server(
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-@pytest.fixture
 def admin(server: LiveServer, http: aiohttp.ClientSession) -> Api:
     return Api(http, server.url, BOOTSTRAP_KEY)
 

@@ -76,7 +76,7 @@ def outside() -> Iterator[Outside]:
             argv = ["ip", "netns", "exec", ns, sys.executable, "-m", "http.server", str(port)]
             servers.append(
                 # Every address of the namespace: its own two, nothing of the host's.
-                subprocess.Popen([*argv, "--bind", "0.0.0.0"], stderr=subprocess.DEVNULL)  # noqa: S104
+                subprocess.Popen([*argv, "--bind", "0.0.0.0"], stderr=subprocess.DEVNULL)  # noqa: S104 - in its own netns
             )
         yield Outside(address=ns_ip, link_local=link_local)
     finally:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import aiohttp
 import docker
 import pytest
 
-from tests.support.sandbox_helpers import containers, start, volumes, wait_status
+from tests.support.sandbox_helpers import agent_call, containers, start, volumes, wait_status
 from tests.support.types import Client, ClientFactory, UserHeaders
 
 
@@ -16,20 +13,6 @@ from tests.support.types import Client, ClientFactory, UserHeaders
 async def sbx(make_sandbox_client: ClientFactory) -> Client:
     client: Client = await make_sandbox_client(reconcile_interval=1.0)
     return client
-
-
-async def agent_call(url: str, key: str, command: str) -> dict[str, Any]:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.post(
-            f"{url}/api/bash/execute_bash_command",
-            json={"command": command, "timeout": 10},
-            headers={"X-Session-API-Key": key},
-        ) as resp,
-    ):
-        assert resp.status == 200, await resp.text()
-        result: dict[str, Any] = await resp.json()
-        return result
 
 
 async def test_start_pause_resume_delete(

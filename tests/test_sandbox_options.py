@@ -23,6 +23,7 @@ from tests.support.live_server import attachment
 from tests.support.sandbox_helpers import (
     DEFAULT_IMAGE,
     Client,
+    agent_call,
     exec_as_agent,
     probe_from,
     spec_dir,
@@ -30,7 +31,6 @@ from tests.support.sandbox_helpers import (
     wait_status,
 )
 from tests.support.types import ClientFactory
-from tests.test_sandbox_lifecycle import agent_call
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 

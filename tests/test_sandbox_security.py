@@ -38,12 +38,6 @@ async def live(
     await server.close()
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def new_user(live: LiveServer, http: aiohttp.ClientSession, redis_: Any, name: str) -> Api:
     created = await ApiKeyService(redis_, None).create(name)
     return Api(http, live.url, created.key)

@@ -93,7 +93,7 @@ def test_serve_refuses_to_start_off_loopback(tmp_path: Path) -> None:
         assert "ACS_AUTH_MODE" in result.stderr
         assert "loopback" in result.stderr
     result = subprocess.run(
-        [sys.executable, "-m", "controlplane", "serve", "--host", "0.0.0.0", "--port", "1"],  # noqa: S104
+        [sys.executable, "-m", "controlplane", "serve", "--host", "0.0.0.0", "--port", "1"],  # noqa: S104 - the refusal is the test
         env={**env, "ACS_AUTH_MODE": "bogus"},
         capture_output=True,
         text=True,

@@ -1,5 +1,6 @@
 """The container environment each agent kind needs beyond what every sandbox gets (the session
-key, the webhook base URL, the CORS origins: launcher.container_request).
+key, the webhook base URL, the CORS origins: controlplane/sandboxes/launcher.py,
+sandbox_request).
 
 Our agent (`acs`) needs nothing more. The official OpenHands agent server (`openhands`) is
 configured by `OH_*` variables (docs/sandboxes.md#agent-kinds): its state under the agent's state

@@ -64,4 +64,4 @@ def json_handle_error(
 
 def install() -> None:
     """Make every aiohttp server of this process answer parser-level errors in JSON."""
-    web_protocol.RequestHandler.handle_error = json_handle_error  # type: ignore[method-assign]
+    web_protocol.RequestHandler.handle_error = json_handle_error  # type: ignore[method-assign]  # on purpose

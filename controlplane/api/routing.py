@@ -76,7 +76,7 @@ class RouteTable:
                 )
             )
             if public:
-                handler.acs_public = True  # type: ignore[attr-defined]
+                handler.acs_public = True  # type: ignore[attr-defined]  # a mark on the function object
             return handler
 
         return decorate

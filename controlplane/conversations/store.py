@@ -121,7 +121,7 @@ class ConversationStore:
                     info = AppConversationInfo.model_validate_json(text(raw))
                     change(info)
                     info.updated_at = now()
-                    pipe.multi()  # type: ignore[no-untyped-call]
+                    pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
                     pipe.set(key, info.model_dump_json())
                     await pipe.execute()
                     return info

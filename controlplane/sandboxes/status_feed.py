@@ -104,6 +104,6 @@ class StatusFeed:
                 log.exception("status_feed_failed")
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)

@@ -84,7 +84,7 @@ class SettingsService:
                     # 409: the same body is fine once a token is stored.
                     raise Conflict(f"no token is stored for {provider.value}; send one")
                 record.provider_tokens[provider] = StoredProviderToken(
-                    token=token if token is not None else stored.token,  # type: ignore[union-attr]
+                    token=token if token is not None else stored.token,  # type: ignore[union-attr]  # set above
                     host=incoming.host,
                     user_id=incoming.user_id
                     if "user_id" in incoming.model_fields_set

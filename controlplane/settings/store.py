@@ -43,7 +43,7 @@ class UserRecordStore:
                     record = self._decode(await pipe.get(key))
                     change(record)
                     record.stored = True
-                    pipe.multi()  # type: ignore[no-untyped-call]
+                    pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
                     pipe.set(key, self._box.encrypt(record.model_dump_json().encode()))
                     await pipe.execute()
                     return record

@@ -217,4 +217,4 @@ def test_cli_starts_with_key_and_creates_workspace(
 
 def test_cli_defaults() -> None:
     args = cli.parse_args([])
-    assert (args.host, args.port, args.insecure_no_auth) == ("0.0.0.0", 8000, False)  # noqa: S104
+    assert (args.host, args.port, args.insecure_no_auth) == ("0.0.0.0", 8000, False)  # noqa: S104 - the default asserted

@@ -203,7 +203,7 @@ async def test_pause_when_idle_and_interrupt_when_running(
 
     await client.post(f"{BASE}/{cid}/events", json=user_message("sleep"), headers=auth)
     async with asyncio.timeout(10):
-        while not of_kind(await events(client, auth, cid), "ActionEvent"):  # noqa: ASYNC110
+        while not of_kind(await events(client, auth, cid), "ActionEvent"):  # noqa: ASYNC110 - polling the API, no event to await
             await asyncio.sleep(0.05)
     resp = await client.post(f"{BASE}/{cid}/interrupt", headers=auth)
     assert resp.status == 200

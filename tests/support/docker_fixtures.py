@@ -8,7 +8,7 @@ import itertools
 import json
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -40,23 +40,27 @@ def docker_client() -> Iterator[docker.DockerClient]:
         pytest.fail(f"no Docker engine answers ({exc}); `make test` starts one", pytrace=False)
     _sweep_stale_networks(client)
     yield client
-    _remove_matching(client, run_prefix())
+    remove_matching(client, run_prefix())
     client.close()
 
 
-def _remove_matching(client: docker.DockerClient, name_part: str) -> None:
+def remove_matching(client: docker.DockerClient, name_part: str) -> int:
+    """Remove every container, volume and network whose name holds `name_part` (and the
+    networks' firewall chains); how many containers and volumes there were."""
     # ignore_removed: docker-py inspects each listed container, and one may be removed in
     # between (a control plane under test still deleting it).
     listed = client.containers.list(all=True, filters={"name": name_part}, ignore_removed=True)
     for container in listed:
         with contextlib.suppress(NotFound):
             container.remove(force=True, v=True)
-    for volume in client.volumes.list(filters={"name": name_part}):
+    volumes = client.volumes.list(filters={"name": name_part})
+    for volume in volumes:
         with contextlib.suppress(NotFound):
             volume.remove(force=True)
     for network in client.api.networks(filters={"name": name_part}):
         if network["Name"].startswith(name_part):
             _remove_network(client, network["Name"])
+    return len(listed) + len(volumes)
 
 
 def _remove_network(client: docker.DockerClient, name: str) -> None:
@@ -125,7 +129,7 @@ def openhands_image(docker_client: docker.DockerClient) -> str:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Generator[None, Any, None]:
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
@@ -148,4 +152,4 @@ def test_prefix(
             print(container.logs(tail=100).decode(errors="replace"))
             print(f"===== {container.name} inspect State =====")
             print(json.dumps(container.attrs.get("State"), indent=1))
-    _remove_matching(docker_client, prefix)
+    remove_matching(docker_client, prefix)

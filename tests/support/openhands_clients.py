@@ -8,6 +8,7 @@ installed with --no-index, so later runs need no network and take a few seconds.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import glob
 import hashlib
@@ -164,6 +165,45 @@ def official_sdk_venv(openhands_image: str) -> OpenHandsVenv:
         return OpenHandsVenv(build_official_sdk_venv(python, data_dir() / "build"))
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         pytest.fail(f"building the official SDK venv failed: {exc}", pytrace=False)
+
+
+def client_env(venv: OpenHandsVenv, home: Path) -> dict[str, str]:
+    """A clean user: own HOME and persistence dir, no browser to open, wide plain output."""
+    return {
+        "PATH": f"{venv.root / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(home),
+        "OPENHANDS_PERSISTENCE_DIR": str(home / ".openhands"),
+        "BROWSER": "true",  # webbrowser.open runs `true <url>`
+        "COLUMNS": "250",
+        "NO_COLOR": "1",
+        "TERM": "dumb",
+        "PYTHONUNBUFFERED": "1",
+        "LANG": "C.UTF-8",
+        # No network here: LiteLLM would retry fetching its price list for ~7 s per start.
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "OPENHANDS_SUPPRESS_BANNER": "1",
+    }
+
+
+async def run(
+    args: list[str | Path], env: dict[str, str], cwd: Path, timeout: float
+) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *map(str, args),
+        env=env,
+        cwd=cwd,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        out, _ = await proc.communicate()
+        raise AssertionError(f"{args[0]} timed out:\n{out.decode(errors='replace')}") from None
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(errors="replace")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import docker
 
 from drivers.docker_names import LABEL_PREFIX
@@ -39,10 +40,26 @@ async def wait_status(
 async def start(client: Client, headers: dict[str, str], spec: str | None = None) -> dict[str, Any]:
     payload = {"sandbox_spec_id": spec} if spec else {}
     resp = await client.post("/api/v1/sandboxes", json=payload, headers=headers)
-    body = await resp.json()
+    body: dict[str, Any] = await resp.json()
     assert resp.status == 200, body
     assert body["status"] == "STARTING"
     return body
+
+
+async def agent_call(url: str, key: str, command: str) -> dict[str, Any]:
+    """A shell command in a sandbox through its agent server's bash API (`url`: its
+    AGENT_SERVER endpoint, `key`: the session key)."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{url}/api/bash/execute_bash_command",
+            json={"command": command, "timeout": 10},
+            headers={"X-Session-API-Key": key},
+        ) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
+        result: dict[str, Any] = await resp.json()
+        return result
 
 
 def spec_dir(tmp: Path, extra: dict[str, str]) -> Path:
