@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import functools
+from typing import Any
+
 from aiohttp import web
 
 from controlplane import keys, wiring
@@ -104,11 +108,17 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
     ):
         app.cleanup_ctx.append(ctx)
     track_sockets(app)
-    tables = route_tables()
-    for table in tables:
+    for table in route_tables():
         table.register(app)
-    app[keys.OPENAPI_DOC] = build_openapi((ep for t in tables for ep in t.endpoints), VERSION)
+    app[keys.OPENAPI_DOC] = copy.deepcopy(openapi_document())
     return app
+
+
+@functools.cache
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI document of route_tables(), built once per process: it is the same for every
+    app, and building it (pydantic's schemas of every model) takes a few hundred milliseconds."""
+    return build_openapi((ep for t in route_tables() for ep in t.endpoints), VERSION)
 
 
 def create_webhook_app(main: web.Application) -> web.Application:

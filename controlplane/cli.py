@@ -11,7 +11,6 @@ from collections.abc import Sequence
 import structlog
 from aiohttp import web
 
-from controlplane.app import create_app
 from controlplane.auth.identity import is_loopback_host
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ConfigError, ServiceConfig, load_config
@@ -19,8 +18,6 @@ from controlplane.errors import ControlPlaneError
 from controlplane.logging import configure_logging
 from controlplane.ops import sandboxes as ops_sandboxes
 from controlplane.store.redis import make_client, resolve_redis_url, wait_for_redis
-from drivers.docker import DockerDriver
-from drivers.firewall import Iptables
 
 log = structlog.get_logger("controlplane.cli")
 WILDCARDS = ("0.0.0.0", "::", "")  # noqa: S104 (names them, binds nothing)
@@ -87,6 +84,10 @@ async def _serve(config: ServiceConfig, host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # The whole app is imported by the command that serves it only: `keys` and `sandboxes`
+    # start in a fraction of the time (a script calls them in loops).
+    from controlplane.app import create_app  # noqa: PLC0415 - see above
+
     runner = web.AppRunner(create_app(config), access_log=None, shutdown_timeout=30)
     setup = asyncio.create_task(runner.setup())
     stopping = asyncio.create_task(stop.wait())
@@ -135,6 +136,9 @@ async def _keys(config: ServiceConfig, args: argparse.Namespace) -> None:
 async def _remove_networks(config: ServiceConfig) -> int:
     """`controlplane networks remove`: for uninstalling (the server never removes them: its
     sandboxes outlive it)."""
+    from drivers.docker import DockerDriver  # noqa: PLC0415 - only this command needs Docker
+    from drivers.firewall import Iptables  # noqa: PLC0415 - ditto
+
     driver = DockerDriver(config.docker_url, prefix=config.container_prefix)
     firewall = Iptables()
     reason = firewall.unavailable()
