@@ -175,4 +175,12 @@ tar -cf - -C "$out/bin" . | gzip -1 >"$work/archive.tgz" # -1: a third of -6's t
 mv "$work/archive.tgz" "$archive"
 unpack
 log "cached as $archive ($(du -h "$archive" | cut -f1)) in $(since "$step") s; total $(since "$started") s"
+
+# Keep this build and the newest other one (another checkout's recipe, so that two branches do
+# not rebuild in turn); older ones go.
+for old in $(ls -t "$CACHE"/kubernetes-*.tgz | grep -v -- "-$key.tgz" | tail -n +2); do
+    old_key=${old##*-}
+    old_key=${old_key%.tgz}
+    rm -rf "$old" "$CACHE/bin-$old_key" "$CACHE/logs/build-$old_key.log"
+done
 echo "$bin_dir"

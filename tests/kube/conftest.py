@@ -1,8 +1,9 @@
 """The project's Kubernetes test cluster for tests marked `kube` (docs/test-cluster.md).
 
-`kube_cluster` (session) brings a cluster up in the first free slot with scripts/kube-cluster.sh
-(binaries from the cache `make kube-binaries` fills; built here if missing), loads the default
-sandbox image onto its nodes, and tears it all down at the end of the session. It skips only
+`kube_cluster` (package-scoped: one cluster for every test under tests/kube, down after the last
+one) brings a cluster up in the first free slot with scripts/kube-cluster.sh (binaries from the
+cache `make kube-binaries` fills; built here if missing), loads the default sandbox image onto its
+nodes, and tears it all down. It skips only
 where a cluster cannot exist: not root, or no cached binaries and no Go to build them.
 `kube_api` is a kubernetes_asyncio ApiClient built from the cluster's kubeconfig, as a control
 plane outside the cluster would build it; `kube_namespace` is a fresh namespace whose default
@@ -116,12 +117,12 @@ def cluster_unavailable() -> str | None:
 
 def bring_up(owner_pid: int, nodes: int = 2) -> KubeCluster:
     """A cluster in the first free slot, owned by `owner_pid` (a killed owner frees the slot)."""
-    out = kube_cli("up", "--any-slot", "--nodes", str(nodes), "--owner-pid", str(owner_pid),
-                   timeout=UP_TIMEOUT_S)  # fmt: skip
+    out = kube_cli("up", "--any-slot", "--down-on-failure", "--nodes", str(nodes),
+                   "--owner-pid", str(owner_pid), timeout=UP_TIMEOUT_S)  # fmt: skip
     return KubeCluster.from_info(json.loads(out))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # down after the last test under tests/kube, not at session end
 def kube_cluster() -> Iterator[KubeCluster]:
     reason = cluster_unavailable()
     if reason:

@@ -71,6 +71,59 @@ async def test_two_nodes_ready(kube_api: client.ApiClient, kube_cluster: KubeClu
         assert node.status.node_info.container_runtime_version.startswith("docker://")
 
 
+async def test_sandbox_apis_are_served(
+    kube_api: client.ApiClient, kube_cluster: KubeCluster, kube_namespace: str
+) -> None:
+    """What a sandbox is made of, at the GA versions a current cluster serves too: a
+    NetworkPolicy (stored; nothing enforces it here), a RuntimeClass whose handler dockershim
+    runs ("docker", its only one), a pod using it, and a claim on the default StorageClass."""
+    core = client.CoreV1Api(kube_api)
+    await client.NetworkingV1Api(kube_api).create_namespaced_network_policy(
+        kube_namespace,
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "sandbox"},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+        },
+    )
+    runtime_class = f"docker-{kube_namespace}"
+    await client.NodeV1Api(kube_api).create_runtime_class(
+        {
+            "apiVersion": "node.k8s.io/v1",
+            "kind": "RuntimeClass",
+            "metadata": {"name": runtime_class},
+            "handler": "docker",
+        }
+    )
+    try:
+        manifest = pod_manifest("classy", "print('ran', flush=True)")
+        manifest["spec"]["runtimeClassName"] = runtime_class
+        _, log = await run_to_completion(core, kube_namespace, manifest)
+        assert log == "ran\n"
+    finally:
+        await client.NodeV1Api(kube_api).delete_runtime_class(runtime_class)
+    await core.create_namespaced_persistent_volume_claim(
+        kube_namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "defaulted"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Mi"}},
+            },
+        },
+    )
+    deadline = time.monotonic() + 30
+    while (
+        claim := await core.read_namespaced_persistent_volume_claim("defaulted", kube_namespace)
+    ).status.phase != "Bound":
+        assert time.monotonic() < deadline, claim.status
+        await asyncio.sleep(0.2)
+    assert claim.spec.storage_class_name == kube_cluster.storage_class  # the default class
+
+
 @pytest.fixture
 async def host_server(kube_cluster: KubeCluster) -> AsyncIterator[tuple[str, list[str]]]:
     """An HTTP server on the host's cluster address; yields its URL and the peers it saw."""

@@ -123,12 +123,16 @@ async def start_pod_with_mounts(cluster: KubeCluster, namespace: str) -> None:
                 },  # the default StorageClass
             },
         )
+        # The pause image: every node has it from bring-up, so nothing needs loading here.
         manifest = pod_manifest(
             "sleeper",
-            "import time\nprint('up', flush=True)\ntime.sleep(3600)",
+            "",
             volumes=[{"name": "work", "persistentVolumeClaim": {"claimName": "work"}}],
             mounts=[{"name": "work", "mountPath": "/work"}],
         )
+        container = manifest["spec"]["containers"][0]
+        container["image"] = json.loads(cluster.cli("env", "--json"))["pause_image"]
+        del container["command"]
         await core.create_namespaced_pod(namespace, manifest)
         await wait_pod(core, namespace, "sleeper")
 

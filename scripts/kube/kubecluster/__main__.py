@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
         "--owner-pid", type=int, help="the slot is in use while this process lives"
     )
     up_parser.add_argument("--any-slot", action="store_true", help="the first slot nobody uses")
+    up_parser.add_argument(
+        "--down-on-failure", action="store_true", help="remove a cluster that failed to come up"
+    )
     commands.add_parser("down", help="remove everything the slot's cluster made")
     env_parser = commands.add_parser("env", help="shell exports (or --json) for clients")
     env_parser.add_argument("--json", action="store_true")
@@ -58,7 +61,12 @@ def main(argv: list[str] | None = None) -> int:
             if not 1 <= args.nodes <= MAX_NODES:
                 parser.error(f"--nodes must be in 1..{MAX_NODES}")
             slot = claim_slot(args.owner_pid, None if args.any_slot else args.slot)
-            info = up(Layout(slot, args.nodes), binaries(), args.owner_pid)
+            info = up(
+                Layout(slot, args.nodes),
+                binaries(),
+                args.owner_pid,
+                down_on_failure=args.down_on_failure,
+            )
             print(json.dumps(info, indent=1))
             return 0
         layout = Layout(args.slot, nodes_of(args.slot))

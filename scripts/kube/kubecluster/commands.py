@@ -68,8 +68,11 @@ def binaries() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def up(layout: Layout, bins: Path, owner_pid: int | None = None) -> dict[str, Any]:
-    """Bring the cluster up from nothing (clearing the slot's leftovers first)."""
+def up(
+    layout: Layout, bins: Path, owner_pid: int | None = None, *, down_on_failure: bool = False
+) -> dict[str, Any]:
+    """Bring the cluster up from nothing (clearing the slot's leftovers first). On failure the
+    cluster stays as it is for a look at its logs, unless `down_on_failure`."""
     with locked(layout.lock_file):
         owner = layout.owner_file.read_text() if layout.owner_file.exists() else None
         cleared = teardown(layout)
@@ -81,7 +84,10 @@ def up(layout: Layout, bins: Path, owner_pid: int | None = None) -> dict[str, An
         try:
             return _up(layout, bins, owner_pid)
         except BaseException:
-            log(f"bring-up failed; logs are in {layout.state_dir / 'logs'} until `down`")
+            if down_on_failure:
+                teardown(layout)
+            else:
+                log(f"bring-up failed; logs are in {layout.state_dir / 'logs'} until `down`")
             raise
 
 
@@ -114,14 +120,15 @@ def _up(layout: Layout, bins: Path, owner_pid: int | None) -> dict[str, Any]:
             diagnose=lambda index=index: log_tail(layout, f"dockerd-{index}"),
         )
         load_pause_image(layout, index, bins)
+        # Before the API server answers: the kubelet's own start-up (cAdvisor, the runtime)
+        # overlaps the API server's, and it registers as soon as it can.
+        start_kubelet(layout, index, bins)
+        start_kube_proxy(layout, index, bins)
     mark("dockerd")
     api = Api(layout)
     wait_for("the API server", api.ready, 60, diagnose=lambda: log_tail(layout, "kube-apiserver"))
     mark("apiserver")
     start_controllers(layout, bins)
-    for index in layout.node_indexes():
-        start_kubelet(layout, index, bins)
-        start_kube_proxy(layout, index, bins)
     bootstrap_objects(layout, api)
     names = [layout.node_name(index) for index in layout.node_indexes()]
     wait_for(

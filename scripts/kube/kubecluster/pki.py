@@ -59,7 +59,7 @@ def make_pki(layout: Layout) -> Path:
     identities = {
         "admin": "/O=system:masters/CN=acs-kube-admin",
         "apiserver-kubelet-client": "/CN=kube-apiserver-kubelet-client",
-        "controller-manager": "/CN=system:kube-controller-manager",
+        "controller-manager": "/O=system:masters/CN=system:kube-controller-manager",
         "scheduler": "/CN=system:kube-scheduler",
         "kube-proxy": "/CN=system:kube-proxy",
     }

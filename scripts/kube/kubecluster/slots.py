@@ -43,7 +43,8 @@ def owner_alive(layout: Layout) -> bool:
         with contextlib.suppress(OSError, ValueError, KeyError):
             return alive(int(json.loads(pids_file.read_text())["kube-apiserver"]))
         return False
-    return bool(process_start(pid) == owner.get("start"))
+    start = process_start(pid)
+    return start is not None and start == owner.get("start")
 
 
 def claim_slot(owner_pid: int | None, slot: int | None = None) -> int:

@@ -61,7 +61,18 @@ def kill_all(layout: Layout) -> int:
             with contextlib.suppress(OSError):
                 frozen.write_text("THAWED")
         time.sleep(0.05)
+    wait_reaped(killed)
     return len(killed)
+
+
+def wait_reaped(pids: set[int], within: float = 10) -> None:
+    """Wait until the killed processes are reaped (their parent, often init once the daemons
+    are gone, collects them): until then /proc still shows them, as zombies."""
+    deadline = time.monotonic() + within
+    while pids and time.monotonic() < deadline:
+        pids = {pid for pid in pids if Path(f"/proc/{pid}").exists()}
+        if pids:
+            time.sleep(0.05)
 
 
 def shim_sockets(layout: Layout) -> set[Path]:
