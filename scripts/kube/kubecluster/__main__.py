@@ -61,12 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             if not 1 <= args.nodes <= MAX_NODES:
                 parser.error(f"--nodes must be in 1..{MAX_NODES}")
             slot = claim_slot(args.owner_pid, None if args.any_slot else args.slot)
-            info = up(
-                Layout(slot, args.nodes),
-                binaries(),
-                args.owner_pid,
-                down_on_failure=args.down_on_failure,
-            )
+            info = up(Layout(slot, args.nodes), binaries(), down_on_failure=args.down_on_failure)
             print(json.dumps(info, indent=1))
             return 0
         layout = Layout(args.slot, nodes_of(args.slot))

@@ -68,9 +68,7 @@ def binaries() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def up(
-    layout: Layout, bins: Path, owner_pid: int | None = None, *, down_on_failure: bool = False
-) -> dict[str, Any]:
+def up(layout: Layout, bins: Path, *, down_on_failure: bool = False) -> dict[str, Any]:
     """Bring the cluster up from nothing (clearing the slot's leftovers first). On failure the
     cluster stays as it is for a look at its logs, unless `down_on_failure`."""
     with locked(layout.lock_file):
@@ -82,7 +80,7 @@ def up(
         if owner:
             layout.owner_file.write_text(owner)
         try:
-            return _up(layout, bins, owner_pid)
+            return _up(layout, bins)
         except BaseException:
             if down_on_failure:
                 teardown(layout)
@@ -91,7 +89,7 @@ def up(
             raise
 
 
-def _up(layout: Layout, bins: Path, owner_pid: int | None) -> dict[str, Any]:
+def _up(layout: Layout, bins: Path) -> dict[str, Any]:
     timings: dict[str, float] = {}
     started = time.monotonic()
 
