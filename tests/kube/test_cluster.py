@@ -46,10 +46,20 @@ class Handler(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("0.0.0.0", 8080), Handler).serve_forever()
 """
 
+# Fetches each of $URLS, retrying for up to 30 s: kube-proxy programs a new Service's rules on
+# every node shortly after its endpoints appear, not at once.
 FETCH = """
-import os, sys, urllib.request
-for url in sys.argv[1:] or os.environ["URLS"].split():
-    print(url, urllib.request.urlopen(url, timeout=10).read().decode(), flush=True)
+import os, time, urllib.request
+for url in os.environ["URLS"].split():
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            print(url, urllib.request.urlopen(url, timeout=5).read().decode(), flush=True)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 """
 
 
@@ -275,7 +285,6 @@ async def test_cluster_ip_service_answers_in_the_cluster_and_from_the_host(
             break
         await asyncio.sleep(0.2)
     assert endpoints.subsets, "the service never got an endpoint"
-    await asyncio.sleep(1.5)  # kube-proxy programs its rules at most a second after a change
 
     urls = f"http://{cluster_ip}/ http://{backend_pod.status.pod_ip}:8080/"
     fetch = pod_manifest("fetch", FETCH, node=first)
@@ -285,7 +294,8 @@ async def test_cluster_ip_service_answers_in_the_cluster_and_from_the_host(
         f"http://{cluster_ip}/ pod {second}",  # through kube-proxy on the client's node
         f"http://{backend_pod.status.pod_ip}:8080/ pod {second}",  # pod to pod across nodes
     ]
-    # The host routes the service range through the first node, whose kube-proxy answers.
+    # The host routes the service range through the first node, whose kube-proxy answers (its
+    # rules are in place: the pod on that node just went through them).
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http,
         http.get(f"http://{cluster_ip}/") as response,
