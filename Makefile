@@ -6,7 +6,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 3000
 BIN    := $(VENV)/bin
 
-.PHONY: all host browser install images image run test test-unit test-prep test-quick chaos lint format mypy bench bench-official clean
+.PHONY: all host browser install images image run test test-unit test-prep test-quick chaos lint format mypy bench bench-official clean kube-binaries
 
 all: lint test
 
@@ -44,8 +44,9 @@ test: install host images browser test-prep
 
 # What the slow tiers need, made before pytest so that no test's time limit covers a build from
 # nothing: the official agent server's image (minutes the first time, cached) and the pinned
-# OpenHands client venvs (tests/support/openhands_clients.py; cached under the data dir).
-test-prep: install host images
+# OpenHands client venvs (tests/support/openhands_clients.py; cached under the data dir), and
+# the Kubernetes test cluster's binaries.
+test-prep: install host images kube-binaries
 	@scripts/build-images.sh openhands
 	$(BIN)/python -m tests.support.openhands_clients
 
@@ -54,6 +55,13 @@ test-prep: install host images
 test-unit: install
 	@scripts/bootstrap-host.sh --unit
 	$(BIN)/pytest -m "not docker and not browser and not slow"
+
+# The Kubernetes test cluster's binaries (docs/test-cluster.md), built from Debian's source package
+# the first time (about 10 minutes on 2 cores) and cached outside the clone
+# (ACS_KUBE_CACHE, default ~/.cache/acs/kubernetes), where a fresh clone finds them again.
+kube-binaries:
+	@scripts/bootstrap-host.sh --kube
+	@scripts/kube/build.sh >/dev/null
 
 # Without the slow tiers (tests marked `slow`: real clients, chaos, the official agent server).
 test-quick: install host images browser

@@ -2,7 +2,9 @@
 # Prepares a Debian host for `make run` and `make test`: Python venv support, redis-server,
 # debootstrap, a running Docker engine, and gVisor's runsc registered with it (optional); with
 # --browser, Python venv support and Debian's chromium (for the browser tests) only; with --unit,
-# Python venv support and redis-server only (make test-unit). Installs what
+# Python venv support and redis-server only (make test-unit); with --kube, what the Kubernetes
+# test cluster needs (docs/test-cluster.md): Debian's Go, rsync and the reflect2 sources to build
+# it, etcd-server, conntrack, gcc for the pause binary. Installs what
 # is missing when run as root on Debian; otherwise says exactly what to install. Safe to run
 # again: it only acts on what is absent.
 set -euo pipefail
@@ -11,10 +13,12 @@ cd "$(dirname "$0")/.."
 python_only=false
 browser=false
 redis_only=false
+kube=false
 case "${1:-}" in
     --python-only) python_only=true ;;
     --browser) python_only=true; browser=true ;;
     --unit) python_only=true; redis_only=true ;;
+    --kube) python_only=true; kube=true ;;
 esac
 
 need_apt=()
@@ -34,6 +38,16 @@ if $browser; then
 fi
 if $redis_only; then
     have redis-server || need_apt+=(redis-server)
+fi
+if $kube; then
+    have go || need_apt+=(golang-go)
+    have rsync || need_apt+=(rsync)
+    have etcd || need_apt+=(etcd-server)
+    have conntrack || need_apt+=(conntrack)
+    have gcc || need_apt+=(gcc libc6-dev)
+    have openssl || need_apt+=(openssl)
+    [ -d /usr/share/gocode/src/github.com/modern-go/reflect2 ] ||
+        need_apt+=(golang-github-modern-go-reflect2-dev)
 fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
