@@ -14,7 +14,7 @@ from typing import Any
 
 import docker
 import pytest
-from docker.errors import DockerException, ImageNotFound, NotFound
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
 from drivers import docker_networks
 from drivers.docker_names import LABEL_PREFIX
@@ -25,6 +25,7 @@ from tests.support.sandbox_helpers import DEFAULT_IMAGE, OPENHANDS_IMAGE, REPO
 
 _counter = itertools.count()
 FIREWALL = Iptables()
+_REMOVAL_ROUNDS = 10
 
 
 def run_prefix() -> str:
@@ -47,20 +48,39 @@ def docker_client() -> Iterator[docker.DockerClient]:
 def remove_matching(client: docker.DockerClient, name_part: str) -> int:
     """Remove every container, volume and network whose name holds `name_part` (and the
     networks' firewall chains); how many containers and volumes there were."""
-    # ignore_removed: docker-py inspects each listed container, and one may be removed in
-    # between (a control plane under test still deleting it).
-    listed = client.containers.list(all=True, filters={"name": name_part}, ignore_removed=True)
-    for container in listed:
-        with contextlib.suppress(NotFound):
-            container.remove(force=True, v=True)
-    volumes = client.volumes.list(filters={"name": name_part})
-    for volume in volumes:
-        with contextlib.suppress(NotFound):
-            volume.remove(force=True)
+    # A control plane under test may still be starting a container (a launch or the warm
+    # pool) while we list: a volume then answers 409 "in use" by a container we never saw.
+    # So remove containers and volumes in rounds until a round finds nothing new in use.
+    containers: set[str] = set()
+    volume_names: set[str] = set()
+    for _ in range(_REMOVAL_ROUNDS):
+        # ignore_removed: docker-py inspects each listed container, and one may be removed
+        # in between (a control plane under test still deleting it).
+        listed = client.containers.list(all=True, filters={"name": name_part}, ignore_removed=True)
+        for container in listed:
+            containers.add(container.id or container.name or "")
+            with contextlib.suppress(NotFound):
+                container.remove(force=True, v=True)
+        in_use = False
+        for volume in client.volumes.list(filters={"name": name_part}):
+            volume_names.add(volume.name)
+            try:
+                volume.remove(force=True)
+            except NotFound:
+                pass
+            except APIError as exc:
+                if exc.status_code != 409:
+                    raise
+                in_use = True
+        if not in_use:
+            break
+        time.sleep(0.2)
+    else:
+        print(f"volumes matching {name_part} still in use after {_REMOVAL_ROUNDS} rounds")
     for network in client.api.networks(filters={"name": name_part}):
         if network["Name"].startswith(name_part):
             _remove_network(client, network["Name"])
-    return len(listed) + len(volumes)
+    return len(containers) + len(volume_names)
 
 
 def _remove_network(client: docker.DockerClient, name: str) -> None:
