@@ -42,6 +42,9 @@ from controlplane.crypto import load_secret_box
 from controlplane.events.routes import routes as event_routes
 from controlplane.events.routes import track_sockets
 from controlplane.events.routes import webhook_routes as event_webhook_routes
+from controlplane.gateway.routes import routes as gateway_routes
+from controlplane.gateway.routes import sandbox_routes as gateway_sandbox_routes
+from controlplane.gateway.wiring import end_streams, gateway_ctx
 from controlplane.health import OPENAPI_DOC
 from controlplane.health import routes as health_routes
 from controlplane.lifecycle.routes import routes as lifecycle_routes
@@ -79,13 +82,14 @@ def route_tables() -> list[RouteTable]:
         *webhook_route_tables(),
         lifecycle_routes,
         web_client_routes,
+        gateway_routes,
     ]
 
 
 def webhook_route_tables() -> list[RouteTable]:
     """The routes sandboxes call: served by the API and, alone, by the webhook listener on the
     sandbox networks' gateways (create_webhook_app)."""
-    return [event_webhook_routes, agent_webhook_routes]
+    return [event_webhook_routes, agent_webhook_routes, gateway_sandbox_routes]
 
 
 def _redis_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -158,6 +162,8 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
     if with_sandboxes:
         app.cleanup_ctx.append(sandbox_ctx(config))
         app.on_startup.append(_start_networks)
+    app.cleanup_ctx.append(gateway_ctx(config))
+    app.on_shutdown.append(end_streams)
     tables = route_tables()
     for table in tables:
         table.register(app)
@@ -183,6 +189,7 @@ def create_webhook_app(main: web.Application) -> web.Application:
     for key in main:
         app[key] = main[key]
     _pace(app, config)  # a budget of its own: sandboxes do not spend the API's
+    app.on_shutdown.append(end_streams)
     for table in webhook_route_tables():
         table.register(app)
     return app

@@ -136,6 +136,30 @@ class ServiceConfig(BaseModel):
         description="Comma-separated LLM models the web frontend offers as verified "
         "(its lists also hold ACS_LLM_PRICES' models and each user's own)",
     )
+    # The LLM gateway (docs/llm-gateway.md).
+    llm_gateway_direct: bool = Field(
+        default=True,
+        description="Call OpenAI-compatible providers directly; false: every call through LiteLLM",
+    )
+    llm_gateway_timeout: float = Field(
+        default=600.0,
+        gt=0,
+        le=3600,
+        description="Seconds a model call (or a silent stream) may take",
+    )
+    llm_gateway_retries: int = Field(
+        default=2, ge=0, le=10, description="Retries of a call the provider refused with 429/5xx"
+    )
+    llm_gateway_backoff: float = Field(
+        default=1.0, gt=0, le=60, description="Seconds before the first retry; doubles after"
+    )
+    llm_gateway_max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
+    llm_rate_limit_per_minute: int = Field(
+        default=600, ge=0, description="LLM gateway calls per user per minute; 0: off"
+    )
+    llm_user_monthly_budget: float | None = Field(
+        default=None, ge=0, description="USD a user may spend through the gateway per month (UTC)"
+    )
     public_url: str | None = Field(
         default=None,
         description="URL sandboxes use to reach the webhooks; unset: the webhook listener's",

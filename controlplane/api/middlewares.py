@@ -40,6 +40,7 @@ RATE_LIMITER: web.AppKey[RateLimiter] = web.AppKey("rate_limiter")
 WEBHOOK_LIMITER: web.AppKey[RateLimiter] = web.AppKey("webhook_limiter")
 PACER: web.AppKey[Pacer] = web.AppKey("pacer")
 WEBHOOK_PATH = "/api/v1/webhooks/"
+LLM_GATEWAY_PATH = "/api/v1/llm-gateway/"
 SMALL_BODY = 64 * 1024
 """Refusals read a declared body up to this size (keeping the connection); above, they close."""
 
@@ -180,6 +181,8 @@ async def _render_errors(request: web.Request, handler: Handler) -> web.StreamRe
 def size_limit_middleware(limit: int) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.startswith(LLM_GATEWAY_PATH):
+            return await handler(request)  # model calls are larger: the gateway's own limit
         if request.content_length is not None and request.content_length > limit:
             raise web.HTTPRequestEntityTooLarge(
                 max_size=limit,

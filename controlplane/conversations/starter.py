@@ -26,6 +26,8 @@ from controlplane.conversations.models import (
 from controlplane.conversations.pending import PendingMessages, task_owner
 from controlplane.conversations.store import ConversationStore
 from controlplane.errors import ControlPlaneError, InvalidInput
+from controlplane.gateway.agent_llm import agent_llm
+from controlplane.gateway.credentials import SandboxTokens
 from controlplane.ids import uuid7_hex
 from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
 from controlplane.lifecycle.publisher import LifecyclePublisher
@@ -84,7 +86,9 @@ class StartTaskRunner:
         *,
         publisher: LifecyclePublisher | None = None,
         pending: PendingMessages | None = None,
+        gateway_tokens: SandboxTokens | None = None,
     ) -> None:
+        self._gateway_tokens = gateway_tokens
         self._publisher = publisher
         self._pending = pending
         self._config = config
@@ -330,13 +334,17 @@ class StartTaskRunner:
         message = task.request.initial_message or suggested_message(task.request)
         return start_conversation_request(
             conversation_id=conversation_id,
-            llm={
-                "model": model,
-                "base_url": settings.llm_base_url,
-                "api_key": record.llm_api_key,
-                "input_cost_per_token": prices[0],
-                "output_cost_per_token": prices[1],
-            },
+            llm=agent_llm(
+                spec=spec,
+                model=model,
+                base_url=settings.llm_base_url,
+                api_key=record.llm_api_key,
+                prices=prices,
+                tokens=self._gateway_tokens,
+                control_plane_url=self._sandboxes.launcher.control_plane_url(),
+                sandbox_id=sandbox.id,
+                conversation_id=conversation_id,
+            ),
             working_dir=working_dir,
             initial_message=message.model_dump() if message else None,
             max_iterations=settings.max_iterations or DEFAULT_MAX_ITERATIONS,

@@ -62,9 +62,7 @@ def container_request(
 ) -> ContainerRequest:
     """The container of one sandbox: on its spec's network (`attachment`; None: the engine's
     default bridge), posting its webhooks to ACS_PUBLIC_URL or to the listener on `webhook_port`."""
-    base = config.public_url
-    if base is None and webhook_port:
-        base = f"http://{HOST_GATEWAY}:{webhook_port}"
+    base = sandbox_base_url(config, webhook_port)
     env = agent_env(spec, max_body_bytes=config.max_body_bytes, webhooks=base is not None)
     env.update(spec.initial_env)
     env.update(
@@ -101,6 +99,14 @@ def container_request(
         tmpfs=spec.tmpfs_mounts,
         runtime=spec.runtime,
     )
+
+
+def sandbox_base_url(config: ServiceConfig, webhook_port: int | None) -> str | None:
+    """The control plane as sandboxes reach it (webhooks, the LLM gateway): ACS_PUBLIC_URL, else
+    the webhook listener on their network's gateway."""
+    if config.public_url is not None:
+        return config.public_url.rstrip("/")
+    return f"http://{HOST_GATEWAY}:{webhook_port}" if webhook_port else None
 
 
 def host_ports(spec: SandboxSpec, state: ContainerState) -> dict[str, int]:
@@ -268,6 +274,12 @@ class Launcher:
         if state is None:
             return await self._driver.create_and_start(await self._request(record, spec))
         return state  # running or restarting: the readiness probe decides
+
+    def control_plane_url(self) -> str | None:
+        """What sandboxes call the control plane (sandbox_base_url)."""
+        return sandbox_base_url(
+            self._config, self._networks.listener.port if self._networks else None
+        )
 
     def _announces(self, spec: SandboxSpec) -> bool:
         """Our agent server posts `<webhook base>/ready` once it listens (agent/announce.py),

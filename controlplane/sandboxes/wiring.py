@@ -17,6 +17,7 @@ from controlplane.conversations.starter import StartTaskRunner
 from controlplane.conversations.store import ConversationStore
 from controlplane.events.service import EventService
 from controlplane.events.store import EventStore
+from controlplane.gateway.credentials import SandboxTokens
 from controlplane.lifecycle.outbox import Outbox
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookDeliverer
@@ -118,6 +119,7 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
             agent,
             publisher=publisher,
             pending=pending,
+            gateway_tokens=SandboxTokens(app[keys.SECRET_BOX]),
         )
         conversations = ConversationService(
             conversation_store, EventStore(app[keys.REDIS]), service, agent, runner, pending=pending

@@ -1,0 +1,290 @@
+"""The LLM gateway's routes (docs/llm-gateway.md).
+
+`sandbox_routes`, under /api/v1/llm-gateway (with and without `/v1`), speak OpenAI's protocol and
+take a gateway credential (a sandbox token or a user gateway key) as `Authorization: Bearer`,
+`api-key` or `x-api-key`, never an API key of the control plane; they are served by the API
+and by the webhook listener, the one host service sandboxes reach. `routes` (API only, API key)
+manage the user's gateway key and read the metered usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from controlplane.api.middlewares import DEADLINE, PRINCIPAL, principal_of
+from controlplane.api.parsing import json_response, parse_query
+from controlplane.api.routing import RouteTable
+from controlplane.auth.models import Principal
+from controlplane.errors import NotFound
+from controlplane.gateway.forward import GatewayError, Metered
+from controlplane.gateway.keys import GATEWAY
+from controlplane.gateway.metering import month, price_of
+from controlplane.gateway.service import GatewayService
+
+PREFIX = "/api/v1/llm-gateway"
+sandbox_routes = RouteTable(tag="llm-gateway")
+routes = RouteTable(tag="llm-gateway")
+
+
+class ChatCompletionRequest(BaseModel):
+    """OpenAI's chat-completions request; every field it defines is forwarded as sent."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(max_length=256)
+    messages: list[dict[str, Any]]
+    stream: bool = False
+
+
+class ModelEntry(BaseModel):
+    id: str
+    object: str = "model"
+    owned_by: str = "acs-llm-gateway"
+
+
+class ModelList(BaseModel):
+    object: str = "list"
+    data: list[ModelEntry]
+
+
+class GatewayErrorBody(BaseModel):
+    error: dict[str, Any]
+
+
+class UsageView(BaseModel):
+    month: str
+    cost: float
+    prompt_tokens: int
+    completion_tokens: int
+    requests: int
+    monthly_budget: float | None = Field(description="ACS_LLM_USER_MONTHLY_BUDGET; null: none")
+
+
+class ConversationUsageView(BaseModel):
+    conversation_id: str
+    cost: float
+    prompt_tokens: int
+    completion_tokens: int
+    requests: int
+
+
+class UsageQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    conversation_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+
+
+class GatewayKey(BaseModel):
+    key: str = Field(description="The user's LLM gateway key (acs-llm-…)")
+
+
+def _credential(request: web.Request) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return request.headers.get("api-key") or request.headers.get("x-api-key")
+
+
+def _gateway_error(exc: GatewayError) -> web.Response:
+    headers = {}
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+    return web.json_response(exc.body(), status=exc.status, headers=headers)
+
+
+async def _read_body(request: web.Request, limit: int) -> dict[str, Any]:
+    if request.content_length is not None and request.content_length > limit:
+        raise GatewayError(413, "request_too_large", f"the body is larger than {limit} bytes")
+    data = bytearray()
+    async for chunk in request.content.iter_chunked(1 << 16):
+        data += chunk
+        if len(data) > limit:
+            raise GatewayError(413, "request_too_large", f"the body is larger than {limit} bytes")
+    try:
+        body = ChatCompletionRequest.model_validate_json(bytes(data))
+    except ValueError as exc:
+        raise GatewayError(
+            400, "invalid_request", f"not a chat completion request: {exc}"
+        ) from None
+    return body.model_dump(exclude_unset=True) | {"model": body.model}
+
+
+async def _caller(request: web.Request, gateway: GatewayService) -> Any:
+    caller = await gateway.authenticate(_credential(request))
+    # Marks the request as authenticated (no pacing) and names the user in its log line.
+    request[PRINCIPAL] = Principal(user_id=caller.user_id, key_id=f"llm-gateway:{caller.label}")
+    return caller
+
+
+def _gateway(request: web.Request) -> GatewayService:
+    gateway = request.app.get(GATEWAY)
+    if gateway is None:
+        raise GatewayError(503, "gateway_unavailable", "the LLM gateway is not running")
+    return gateway
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    deadline = request.get(DEADLINE)
+    if deadline is not None:
+        deadline.reschedule(None)  # the gateway's own time-outs bound a model call
+    try:
+        gateway = _gateway(request)
+        caller = await _caller(request, gateway)
+        body = await _read_body(request, request.app[GATEWAY].max_body_bytes)
+        call = await gateway.admit(caller, body.get("model"))
+    except GatewayError as exc:
+        return _gateway_error(exc)
+    stream = body.get("stream") is True
+    metered = Metered()
+    try:
+        response = await gateway.forwarder.open(call.upstream, body, stream, metered)
+        if not stream:
+            raw = await gateway.forwarder.read_json(response, metered)
+    except GatewayError as exc:
+        await gateway.settle(call, body, metered, exc.status)
+        return _gateway_error(exc)
+    if not stream:
+        await gateway.settle(call, body, metered, 200)
+        return web.Response(body=raw, content_type="application/json")
+    wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    out = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    status = 200
+    try:
+        await out.prepare(request)
+        async for line in gateway.forwarder.relay(response, metered, keep_usage_chunk=wants_usage):
+            await out.write(line)
+        await out.write_eof()
+    except (ConnectionError, asyncio.CancelledError):
+        status = 499  # the client went away
+        raise
+    finally:
+        await asyncio.shield(gateway.settle(call, body, metered, status))
+    return out
+
+
+async def list_models(request: web.Request) -> web.Response:
+    try:
+        gateway = _gateway(request)
+        model = await gateway.configured_model(await _caller(request, gateway))
+    except GatewayError as exc:
+        return _gateway_error(exc)
+    return json_response(ModelList(data=[ModelEntry(id=model)] if model else []))
+
+
+async def model_info(request: web.Request) -> web.Response:
+    """LiteLLM proxy's /v1/model/info, which OpenHands' SDK reads for `litellm_proxy/` models."""
+    try:
+        gateway = _gateway(request)
+        model = await gateway.configured_model(await _caller(request, gateway))
+    except GatewayError as exc:
+        return _gateway_error(exc)
+    data = []
+    if model:
+        info: dict[str, Any] = {
+            "litellm_provider": model.partition("/")[0] if "/" in model else None
+        }
+        price = price_of(request.app[GATEWAY].prices, model)
+        if price is not None:
+            info["input_cost_per_token"], info["output_cost_per_token"] = price
+        data.append({"model_name": model, "litellm_params": {"model": model}, "model_info": info})
+    return web.json_response({"data": data})
+
+
+for _base in (PREFIX, f"{PREFIX}/v1"):
+    sandbox_routes.route(
+        "POST",
+        f"{_base}/chat/completions",
+        summary="OpenAI chat completions through the gateway (gateway credential)",
+        body=ChatCompletionRequest,
+        response=dict[str, Any],
+        public=True,
+        errors=(400, 401, 404, 413, 429, 502, 503, 504),
+    )(chat_completions)
+    sandbox_routes.route(
+        "GET",
+        f"{_base}/models",
+        summary="The model this gateway credential may call",
+        response=ModelList,
+        public=True,
+        errors=(401,),
+    )(list_models)
+    sandbox_routes.route(
+        "GET",
+        f"{_base}/model/info",
+        summary="LiteLLM proxy's model info for that model (what OpenHands' SDK reads)",
+        response=dict[str, Any],
+        public=True,
+        errors=(401,),
+    )(model_info)
+
+
+@routes.route(
+    "POST",
+    "/api/keys/llm/byor/refresh",
+    summary="Replace the caller's LLM gateway key; the previous one stops working at once",
+    response=GatewayKey,
+)
+async def refresh_key(request: web.Request) -> web.Response:
+    key = await request.app[GATEWAY].user_keys.rotate(principal_of(request).user_id)
+    return json_response(GatewayKey(key=key))
+
+
+@routes.route(
+    "DELETE",
+    "/api/keys/llm/byor",
+    summary="Revoke the caller's LLM gateway key at once",
+    status=204,
+    errors=(404,),
+)
+async def revoke_key(request: web.Request) -> web.Response:
+    if not await request.app[GATEWAY].user_keys.revoke(principal_of(request).user_id):
+        raise NotFound("no LLM gateway key to revoke")
+    return web.Response(status=204)
+
+
+@routes.route(
+    "GET",
+    "/api/v1/llm-gateway/usage",
+    summary="What the gateway metered for the caller this month (or for one conversation)",
+    query=UsageQuery,
+    response=UsageView | ConversationUsageView,
+    errors=(404,),
+)
+async def usage(request: web.Request) -> web.Response:
+    gateway: GatewayService = request.app[GATEWAY]
+    principal = principal_of(request)
+    conversation_id = request.query.get("conversation_id")
+    if parse_query(request, UsageQuery).conversation_id is not None:
+        assert conversation_id is not None
+        info = await gateway.conversation(conversation_id)
+        if info is None or (
+            info.created_by_user_id != principal.user_id and not principal.is_admin
+        ):
+            raise NotFound(f"no conversation {conversation_id}")
+        spent, _ = await gateway.meter.spent(principal.user_id, conversation_id)
+        return json_response(
+            ConversationUsageView(
+                conversation_id=conversation_id,
+                cost=spent.cost,
+                prompt_tokens=spent.prompt_tokens,
+                completion_tokens=spent.completion_tokens,
+                requests=spent.requests,
+            )
+        )
+    _, spent = await gateway.meter.spent(principal.user_id, None)
+    return json_response(
+        UsageView(
+            month=month(),
+            cost=spent.cost,
+            prompt_tokens=spent.prompt_tokens,
+            completion_tokens=spent.completion_tokens,
+            requests=spent.requests,
+            monthly_budget=request.app[GATEWAY].monthly_budget,
+        )
+    )
