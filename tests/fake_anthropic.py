@@ -90,8 +90,8 @@ class FakeAnthropic:
         n = next(self._ids)
         reply = self._next()
         content = []
-        for i, block in enumerate(reply["content"]):
-            block = dict(block)
+        for i, scripted in enumerate(reply["content"]):
+            block = dict(scripted)
             if block["type"] == "tool_use":
                 block["id"] = f"toolu_{n}_{i}"
             content.append(block)

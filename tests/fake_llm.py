@@ -9,7 +9,8 @@
 
 Routes: ``POST /v1/chat/completions`` (also without ``/v1``) and ``GET /v1/models``.
 ``"stream": true`` gets OpenAI's server-sent events (usage last, when
-``stream_options.include_usage`` asks for it). Every answer carries ``usage`` (``prompt_tokens``/``completion_tokens`` settable globally or
+``stream_options.include_usage`` asks for it).
+Every answer carries ``usage`` (``prompt_tokens``/``completion_tokens`` settable globally or
 per reply). ``.requests`` records every request (body, Authorization header, status answered).
 When the script is exhausted the server answers ``when_exhausted``: ``"text"`` (a plain
 text reply, the default), ``"repeat"`` (the last scripted reply again) or a reply of yours.

@@ -145,11 +145,13 @@ async def test_openai_compatible_model_through_the_gateway(
     (call,) = answer.choices[0].message.tool_calls or []
     assert call.function.name == "terminal"
     assert json.loads(call.function.arguments) == {"command": "ls"}
-    assert answer.usage is not None and answer.usage.prompt_tokens == 100
+    assert answer.usage is not None
+    assert answer.usage.prompt_tokens == 100
     # The provider saw the real key, the model's own name and the tools, as sent.
     sent = fake.requests[-1]
     assert sent.authorization == f"Bearer {LLM_KEY}"
-    assert sent.body["model"] == "fake-model" and sent.body["tools"] == TOOLS
+    assert sent.body["model"] == "fake-model"
+    assert sent.body["tools"] == TOOLS
 
     # Streaming: the chunks as the provider sent them; usage asked for by the gateway and not
     # passed on to a client that did not ask for it.
@@ -174,7 +176,8 @@ async def test_openai_compatible_model_through_the_gateway(
     metrics = await (await live_get(live, "/metrics")).text()
     assert 'acs_llm_requests_total{provider="openai_compatible",status="200"} 2.0' in metrics
     assert 'acs_llm_tokens_total{kind="prompt",provider="openai_compatible"} 200.0' in metrics
-    assert "acs_llm_cost_usd_total" in metrics and "acs_llm_request_seconds_bucket" in metrics
+    assert "acs_llm_cost_usd_total" in metrics
+    assert "acs_llm_request_seconds_bucket" in metrics
     assert LLM_KEY not in metrics
 
 
@@ -244,9 +247,11 @@ async def test_anthropic_model_is_translated_streaming_included(
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "the answer is 42"
     final = [c.usage for c in chunks if c.usage is not None]
-    assert final and (final[-1].prompt_tokens, final[-1].completion_tokens) == (30, 7)
+    assert final
+    assert (final[-1].prompt_tokens, final[-1].completion_tokens) == (30, 7)
 
     status, usage = await alice.call("GET", "/api/v1/llm-gateway/usage")
+    assert status == 200
     assert usage["requests"] == 2
     assert usage["cost"] == pytest.approx(70 * 0.003 + 19 * 0.015)
 
@@ -262,7 +267,8 @@ async def test_revoked_or_replaced_key_loses_access_at_once(
         model="fake-model", messages=[{"role": "user", "content": "x"}]
     )
     status, fresh = await alice.call("POST", "/api/keys/llm/byor/refresh")
-    assert status == 200 and fresh["key"] != key
+    assert status == 200
+    assert fresh["key"] != key
     with pytest.raises(openai.AuthenticationError):
         await llm.chat.completions.create(
             model="fake-model", messages=[{"role": "user", "content": "x"}]
@@ -363,7 +369,8 @@ async def test_provider_failures_retry_then_answer_an_error(
     fake.fail_next(3, status=503)
     with pytest.raises(openai.InternalServerError) as down:
         await llm.chat.completions.create(**ask)
-    assert down.value.status_code == 502 and "after 3 attempts" in str(down.value)
+    assert down.value.status_code == 502
+    assert "after 3 attempts" in str(down.value)
     fake.fail_next(3, status=429, retry_after=0.05)
     with pytest.raises(openai.RateLimitError):
         await llm.chat.completions.create(**ask)
@@ -372,7 +379,8 @@ async def test_provider_failures_retry_then_answer_an_error(
     fake.fail_next(1, status=400, body='{"error": {"message": "bad tools"}}')
     with pytest.raises(openai.BadRequestError) as bad:
         await llm.chat.completions.create(**ask)
-    assert "bad tools" in str(bad.value) and len(fake.requests) == before + 1
+    assert "bad tools" in str(bad.value)
+    assert len(fake.requests) == before + 1
     # Slow: the call ends at the gateway's time-out (5 s here) with a 504, nothing hangs.
     fake.hold()
     started = time.monotonic()
@@ -468,7 +476,8 @@ async def test_a_restart_mid_stream_ends_the_stream_with_an_error(
                 rest = await asyncio.wait_for(resp.content.read(), 15)
             await closing
         assert b'"code": "stream_interrupted"' in rest
-        assert b"shutting down" in rest and b"[DONE]" not in rest
+        assert b"shutting down" in rest
+        assert b"[DONE]" not in rest
     finally:
         stall.set()
         await runner.cleanup()

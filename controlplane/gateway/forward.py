@@ -53,8 +53,10 @@ class GatewayError(Exception):
         self.retry_after = retry_after
 
     def body(self) -> dict[str, Any]:
+        """OpenAI's error shape, which its clients (and LiteLLM) parse, plus our `detail`."""
         kind = "invalid_request_error" if self.status < 500 else "api_error"
-        return {"error": {"message": self.message, "type": kind, "code": self.code, "param": None}}
+        error = {"message": self.message, "type": kind, "code": self.code, "param": None}
+        return {"error": error, "detail": self.message}
 
 
 @dataclass

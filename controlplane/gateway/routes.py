@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane.api.middlewares import DEADLINE, PRINCIPAL, principal_of
 from controlplane.api.parsing import json_response, parse_query
-from controlplane.api.routing import RouteTable
+from controlplane.api.routing import Handler, RouteTable
 from controlplane.auth.models import Principal
 from controlplane.errors import NotFound
 from controlplane.gateway.forward import GatewayError, Metered
@@ -196,7 +196,19 @@ async def model_info(request: web.Request) -> web.Response:
     return web.json_response({"data": data})
 
 
-for _base in (PREFIX, f"{PREFIX}/v1"):
+def _alias(handler: Handler, suffix: str) -> Handler:
+    """The same handler under a second path (its own name: OpenAPI operation ids are unique)."""
+
+    async def alias(request: web.Request) -> web.StreamResponse:
+        return await handler(request)
+
+    alias.__name__ = f"{handler.__name__}_{suffix}"
+    return alias
+
+
+# Served with and without `/v1`: OpenAI's clients append paths to a base ending in /v1,
+# LiteLLM proxy clients (OpenHands' SDK: `{base}/v1/model/info`) to the root.
+for _base, _suffix in ((f"{PREFIX}/v1", ""), (PREFIX, "root")):
     sandbox_routes.route(
         "POST",
         f"{_base}/chat/completions",
@@ -205,7 +217,7 @@ for _base in (PREFIX, f"{PREFIX}/v1"):
         response=dict[str, Any],
         public=True,
         errors=(400, 401, 404, 413, 429, 502, 503, 504),
-    )(chat_completions)
+    )(_alias(chat_completions, _suffix) if _suffix else chat_completions)
     sandbox_routes.route(
         "GET",
         f"{_base}/models",
@@ -213,7 +225,7 @@ for _base in (PREFIX, f"{PREFIX}/v1"):
         response=ModelList,
         public=True,
         errors=(401,),
-    )(list_models)
+    )(_alias(list_models, _suffix) if _suffix else list_models)
     sandbox_routes.route(
         "GET",
         f"{_base}/model/info",
@@ -221,7 +233,7 @@ for _base in (PREFIX, f"{PREFIX}/v1"):
         response=dict[str, Any],
         public=True,
         errors=(401,),
-    )(model_info)
+    )(_alias(model_info, _suffix) if _suffix else model_info)
 
 
 @routes.route(
