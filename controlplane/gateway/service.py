@@ -116,7 +116,7 @@ class GatewayService:
             raise GatewayError(
                 404,
                 "model_not_found",
-                f"this credential may call {model!r} only (GET /v1/models)",
+                f"this credential may call {model!r} only (GET /v1/models), not {requested!r}",
             )
         if not record.llm_api_key and not record.settings.llm_base_url:
             raise GatewayError(400, "no_llm_key", "no llm_api_key in the user's settings")

@@ -66,9 +66,12 @@ def resolve(
 
 
 def matches(requested: str, configured: str) -> bool:
-    """Does a request's `model` name the configured one? Agents' own LiteLLM strips the prefix
-    we gave them (`openai/`, `litellm_proxy/`); other clients send the name as configured."""
-    if requested == configured:
+    """Does a request's `model` name the configured one? As configured, without the prefix our
+    agents' LiteLLM strips (`openai/`, `litellm_proxy/`, which we gave them), or as the provider
+    knows it (the configured name without its provider prefix: what OpenHands' SDK sends for
+    `openai/<provider>/<model>`). The credential decides the model either way: this only
+    refuses a request for something else."""
+    if requested in (configured, configured.partition("/")[2]):
         return True
     return any(
         requested.removeprefix(p) == configured for p in CLIENT_PREFIXES if requested.startswith(p)
