@@ -55,7 +55,7 @@ async def test_no_route_hands_out_the_llm_key(client: Client, user_headers: User
     # The BYOR key is the user's LLM gateway key (docs/llm-gateway.md), never the provider's.
     byor = await get(client, "/api/keys/llm/byor", alice)
     assert set(byor) == {"key"}
-    assert byor["key"].startswith("acs-llm-")
+    assert byor["key"].startswith("acs-llm.")
     assert LLM_KEY not in json.dumps(byor)
     for path in ("/api/v1/users/me", "/api/v1/settings", "/api/settings"):
         body = await get(client, path, alice)

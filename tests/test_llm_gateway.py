@@ -130,7 +130,7 @@ async def test_openai_compatible_model_through_the_gateway(
     alice = await user("alice")
     await alice.settings(llm_model="fake-model", llm_base_url=fake.base_url, llm_api_key=LLM_KEY)
     key = await alice.gateway_key()
-    assert key.startswith("acs-llm-")
+    assert key.startswith("acs-llm.")
     assert await alice.gateway_key() == key  # the same key again, not a new one each time
     fake.script(
         [reply_tool_call("terminal", {"command": "ls"}, usage=(100, 20)), reply_text("hello")]
@@ -274,7 +274,7 @@ async def test_revoked_or_replaced_key_loses_access_at_once(
             model="fake-model", messages=[{"role": "user", "content": "x"}]
         )
     assert (await alice.call("DELETE", "/api/keys/llm/byor"))[0] == 204
-    for presented in (fresh["key"], key, "acs-llm-000000000000_" + "x" * 43, "sk-anything"):
+    for presented in (fresh["key"], key, "acs-llm.YWxpY2U.000000000000." + "x" * 43, "sk-anything"):
         with pytest.raises(openai.AuthenticationError):
             await ask(live, presented)
     # An API key of the control plane is not a gateway credential, nor the gateway key an API key.

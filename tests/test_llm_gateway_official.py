@@ -93,5 +93,5 @@ async def test_official_agent_server_calls_through_the_gateway_without_the_key(
     assert report.files > 1000
     # Control: the sandbox token the server holds is found in its memory (it writes its LLM
     # key to its state files masked, so memory was the place the key could be read before).
-    control = await probe_for(container, live.app[GATEWAY].tokens.issue(sid, cid))
+    control = await probe_for(container, live.app[GATEWAY].tokens.issue(sid, cid, "alice"))
     assert any("openhands.agent_server" in place for place in control.found), control.found

@@ -134,7 +134,7 @@ async def test_our_agent_calls_through_the_gateway_and_never_holds_the_key(
     tools = [a["tool_name"] for a in of_kind(events, "ActionEvent")]
     assert tools == ["terminal", "finish"]
     # The provider got the real key from the gateway; the agent had only its sandbox token.
-    token = live.app[GATEWAY].tokens.issue(sid, cid)
+    token = live.app[GATEWAY].tokens.issue(sid, cid, "alice")
     assert [r.authorization for r in fake_llm.requests] == [f"Bearer {LLM_KEY}"] * 2
     container = sandbox_of(docker_client, test_prefix, sid)
     assert (await asyncio.to_thread(exec_as_agent, container, "cat", "/workspace/g.txt"))[1] == (
@@ -252,7 +252,7 @@ async def test_anthropic_conversation_end_to_end_through_litellm(
     assert results
     assert results[0]["tool_use_id"] == "toolu_1_0"  # the id the fake gave that tool_use
 
-    token = live.app[GATEWAY].tokens.issue(sid, cid)
+    token = live.app[GATEWAY].tokens.issue(sid, cid, "alice")
     answer = await call_from(
         container, gateway_url(live), token, "anthropic/claude-fake-1", stream=True
     )
@@ -283,20 +283,21 @@ async def test_sandbox_credential_is_scoped_to_its_conversation_and_dies_with_it
     tokens = live.app[GATEWAY].tokens
     container = sandbox_of(docker_client, test_prefix, one["sandbox_id"])
     url = gateway_url(live)
-    own = tokens.issue(one["sandbox_id"], one["app_conversation_id"])
+    own = tokens.issue(one["sandbox_id"], one["app_conversation_id"], "alice")
     ok = await call_from(container, url, own, "fake-model")
     assert ok["status"] == 200, ok
 
     # Sandbox one's token edited to name bob's conversation: the signature does not hold.
-    mac = own.rsplit("_", 1)[1]
-    edited = f"acsgw_{two['app_conversation_id']}_{one['sandbox_id']}_{mac}"
+    _, _, _, user, mac = own.split(".")
+    edited = f"acsgw.{two['app_conversation_id']}.{one['sandbox_id']}.{user}.{mac}"
     # Even a genuine signature over (sandbox one, bob's conversation) is refused: that
     # conversation lives in another sandbox.
-    minted = tokens.issue(one["sandbox_id"], two["app_conversation_id"])
+    minted = tokens.issue(one["sandbox_id"], two["app_conversation_id"], "alice")
+    minted_bob = tokens.issue(one["sandbox_id"], two["app_conversation_id"], "bob")
     session_key = (await alice.ok("GET", f"/api/v1/sandboxes?id={one['sandbox_id']}"))[0][
         "session_api_key"
     ]
-    for presented in (edited, minted, session_key, alice.headers["X-Session-API-Key"]):
+    for presented in (edited, minted, minted_bob, session_key, alice.headers["X-Session-API-Key"]):
         refused = await call_from(container, url, presented, "fake-model")
         assert refused["status"] == 401, refused
         assert LLM_KEY not in refused["body"]
@@ -306,7 +307,7 @@ async def test_sandbox_credential_is_scoped_to_its_conversation_and_dies_with_it
 
     # Deleting a conversation (bob's: his sandbox goes with it), then a sandbox, ends access
     # at once, wherever the token is replayed from.
-    two_token = tokens.issue(two["sandbox_id"], two["app_conversation_id"])
+    two_token = tokens.issue(two["sandbox_id"], two["app_conversation_id"], "bob")
     assert (await call_from(container, url, two_token, "fake-model"))["status"] == 200
     await bob.ok("DELETE", f"/api/v1/app-conversations/{two['app_conversation_id']}")
     assert (await call_from(container, url, two_token, "fake-model"))["status"] == 401

@@ -344,6 +344,7 @@ class StartTaskRunner:
                 control_plane_url=self._sandboxes.launcher.control_plane_url(),
                 sandbox_id=sandbox.id,
                 conversation_id=conversation_id,
+                user_id=sandbox.owner,
             ),
             working_dir=working_dir,
             initial_message=message.model_dump() if message else None,

@@ -22,6 +22,7 @@ def agent_llm(
     control_plane_url: str | None,
     sandbox_id: str,
     conversation_id: str,
+    user_id: str,
 ) -> dict[str, Any]:
     common = {"input_cost_per_token": prices[0], "output_cost_per_token": prices[1]}
     through_gateway = spec is None or spec.llm_gateway
@@ -33,6 +34,6 @@ def agent_llm(
         # as an OpenAI-compatible server, sending `model` without that prefix.
         "model": f"openai/{model}" if official else model,
         "base_url": control_plane_url.rstrip("/") + PATH,
-        "api_key": tokens.issue(sandbox_id, conversation_id),
+        "api_key": tokens.issue(sandbox_id, conversation_id, user_id),
         **common,
     }

@@ -1,15 +1,20 @@
 """The two credentials the LLM gateway accepts, neither of which is the user's provider key.
 
-- A **sandbox token**, `acsgw_<conversation id>_<sandbox id>_<mac>`, handed to the agent in
-  its start request: an HMAC (a key derived from ACS_SECRET_KEY) over the sandbox and
-  conversation ids. It is stateless, so nothing needs to be written at a start (the warm pool's
-  path stays as fast), and it is checked against Redis at every call: the conversation must
-  still live in that sandbox and the sandbox must be RUNNING and not being deleted, so a deleted
-  sandbox or conversation loses access at once, and the token names one conversation only.
-- A **user gateway key**, `acs-llm-<key id>_<secret>`, what `GET /api/keys/llm/byor` answers:
-  for the user's own tools (the OpenHands CLI's local mode, the SDK). Redis keeps its SHA-256
-  for the check and the key itself encrypted so that the route can answer it again; revoking it
-  (DELETE /api/keys/llm/byor) ends its access at once.
+- A **sandbox token**, `acsgw.<conversation id>.<sandbox id>.<user, base64url>.<mac>`, handed
+  to the agent in its start request: an HMAC (a key derived from ACS_SECRET_KEY) over the
+  sandbox, conversation and user ids. It is stateless, so nothing needs to be written at a
+  start (the warm pool's path stays as fast), and it is checked against Redis at every call:
+  the conversation must still live in that sandbox and the sandbox must be RUNNING and not
+  being deleted, so a deleted sandbox or conversation loses access at once, and the token
+  names one conversation only.
+- A **user gateway key**, `acs-llm.<user, base64url>.<key id>.<secret>`, what
+  `GET /api/keys/llm/byor` answers: for the user's own tools (the OpenHands CLI's local mode,
+  the SDK). Redis keeps its SHA-256 for the check and the key itself encrypted so that the
+  route can answer it again; revoking it (DELETE /api/keys/llm/byor) ends its access at once.
+
+Both name their user, so that everything a call needs from Redis (the records to check, the
+user's settings, usage and rate-limit count) is read in one round trip; the name grants
+nothing until the signature or the stored hash agrees.
 """
 
 from __future__ import annotations
@@ -21,17 +26,32 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import redis.asyncio as aioredis
 
-from controlplane.conversations.models import AppConversationInfo
 from controlplane.crypto import SecretBox, hash_api_key
-from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.sandboxes.models import SandboxStatus
 from controlplane.store import keys, text
 
 TOKEN_PURPOSE = "llm-gateway-sandbox-token"  # noqa: S105 (a derivation label, not a secret)
-_TOKEN_RE = re.compile(r"^acsgw_([0-9a-f]{32})_([0-9a-f]{1,64})_([A-Za-z0-9_-]{43})$")
-_USER_KEY_RE = re.compile(r"^acs-llm-([0-9a-f]{12})_[A-Za-z0-9_-]{43}$")
+_TOKEN_RE = re.compile(
+    r"^acsgw\.([0-9a-f]{32})\.([0-9a-f]{1,64})\.([A-Za-z0-9_-]{1,100})\.([A-Za-z0-9_-]{43})$"
+)
+_USER_KEY_RE = re.compile(r"^acs-llm\.([A-Za-z0-9_-]{1,100})\.([0-9a-f]{12})\.[A-Za-z0-9_-]{43}$")
+
+
+def _b64(value: str) -> str:
+    return base64.urlsafe_b64encode(value.encode()).rstrip(b"=").decode()
+
+
+def _unb64(value: str) -> str | None:
+    try:
+        return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
 MAX_CREDENTIAL = 256
 
 
@@ -56,43 +76,75 @@ class InvalidCredential(Exception):
     without echoing what was presented)."""
 
 
+@dataclass(frozen=True)
+class SandboxClaim:
+    """A genuine sandbox token, not yet checked against the records."""
+
+    sandbox_id: str
+    conversation_id: str
+    user_id: str
+
+
+@dataclass(frozen=True)
+class UserKeyClaim:
+    """A well-formed user gateway key, not yet checked against its stored hash."""
+
+    user_id: str
+    key_id: str
+    digest: str
+
+
 class SandboxTokens:
     def __init__(self, box: SecretBox) -> None:
         self._key = box.derive_key(TOKEN_PURPOSE)
 
-    def _mac(self, sandbox_id: str, conversation_id: str) -> str:
+    def _mac(self, sandbox_id: str, conversation_id: str, user_id: str) -> str:
         digest = hmac.new(
-            self._key, f"v1|{sandbox_id}|{conversation_id}".encode(), hashlib.sha256
+            self._key, f"v1|{sandbox_id}|{conversation_id}|{user_id}".encode(), hashlib.sha256
         ).digest()
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
-    def issue(self, sandbox_id: str, conversation_id: str) -> str:
-        return f"acsgw_{conversation_id}_{sandbox_id}_{self._mac(sandbox_id, conversation_id)}"
+    def issue(self, sandbox_id: str, conversation_id: str, user_id: str) -> str:
+        mac = self._mac(sandbox_id, conversation_id, user_id)
+        return f"acsgw.{conversation_id}.{sandbox_id}.{_b64(user_id)}.{mac}"
 
-    def parse(self, token: str) -> tuple[str, str] | None:
-        """(sandbox id, conversation id) of a genuine token, else None (not yet checked against
-        the records)."""
+    def parse(self, token: str) -> SandboxClaim | None:
+        """The claim of a genuine token, else None."""
         match = _TOKEN_RE.match(token)
         if match is None:
             return None
-        conversation_id, sandbox_id, mac = match.groups()
-        if not hmac.compare_digest(mac, self._mac(sandbox_id, conversation_id)):
+        conversation_id, sandbox_id, user, mac = match.groups()
+        user_id = _unb64(user)
+        if user_id is None:
             return None
-        return sandbox_id, conversation_id
+        if not hmac.compare_digest(mac, self._mac(sandbox_id, conversation_id, user_id)):
+            return None
+        return SandboxClaim(sandbox_id, conversation_id, user_id)
 
 
 def check_scope(
-    sandbox: SandboxRecord | None, conversation: AppConversationInfo | None, sandbox_id: str
-) -> AppConversationInfo:
-    """The conversation a genuine token may call for, or InvalidCredential: the conversation
-    must exist and live in that sandbox, which must be RUNNING and not being deleted."""
-    if conversation is None or conversation.sandbox_id != sandbox_id:
+    claim: SandboxClaim, conversation: dict[str, Any] | None, sandbox: list[Any]
+) -> str | None:
+    """The model of the conversation a genuine token may call for, or InvalidCredential: the
+    conversation must exist and live in that sandbox, which must be RUNNING, not being deleted
+    and owned by the token's user. `conversation` is its record's JSON, `sandbox` the record's
+    owner, status and deleting_at fields."""
+    if (
+        conversation is None
+        or conversation.get("sandbox_id") != claim.sandbox_id
+        or conversation.get("created_by_user_id") != claim.user_id
+    ):
         raise InvalidCredential("the conversation of this credential does not exist any more")
-    if sandbox is None or sandbox.deleting_at is not None:
+    owner, status, deleting_at = (text(v) if v is not None else None for v in sandbox)
+    if owner is None or deleting_at:
         raise InvalidCredential("the sandbox of this credential does not exist any more")
-    if sandbox.status != SandboxStatus.RUNNING or sandbox.owner != conversation.created_by_user_id:
+    if status != SandboxStatus.RUNNING.value or owner != claim.user_id:
         raise InvalidCredential("the sandbox of this credential is not running")
-    return conversation
+    model = conversation.get("llm_model")
+    return model if isinstance(model, str) else None
+
+
+SANDBOX_FIELDS = ["owner", "status", "deleting_at"]
 
 
 class UserGatewayKeys:
@@ -113,7 +165,7 @@ class UserGatewayKeys:
     async def rotate(self, user_id: str) -> str:
         """A new key for the user; the previous one stops working at once."""
         key_id = secrets.token_hex(6)
-        key = f"acs-llm-{key_id}_{secrets.token_urlsafe(32)}"
+        key = f"acs-llm.{_b64(user_id)}.{key_id}.{secrets.token_urlsafe(32)}"
         pointer = keys.user_llm_gateway_key(user_id)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.get(pointer)
@@ -141,20 +193,35 @@ class UserGatewayKeys:
         await self._redis.delete(keys.llm_gateway_key(text(current)))
         return True
 
-    async def authenticate(self, presented: str) -> Caller:
+    @staticmethod
+    def parse(presented: str) -> UserKeyClaim | None:
         match = _USER_KEY_RE.match(presented)
         if match is None:
-            raise InvalidCredential("not an LLM gateway key")
-        key_id = match.group(1)
-        row = await self._redis.hmget(keys.llm_gateway_key(key_id), ["user_id", "hash"])
-        if row[0] is None or not hmac.compare_digest(text(row[1]), hash_api_key(presented)):
+            return None
+        user_id = _unb64(match.group(1))
+        if user_id is None:
+            return None
+        return UserKeyClaim(user_id, match.group(2), hash_api_key(presented))
+
+    @staticmethod
+    def check(claim: UserKeyClaim, stored: list[Any]) -> None:
+        """`stored`: the key record's user_id and hash fields. Raises InvalidCredential."""
+        user, digest = (text(v) if v is not None else None for v in stored)
+        if (
+            user is None
+            or digest is None
+            or user != claim.user_id
+            or not hmac.compare_digest(digest, claim.digest)
+        ):
             raise InvalidCredential("unknown or revoked LLM gateway key")
-        return Caller(user_id=text(row[0]), key_id=key_id)
+
+
+USER_KEY_FIELDS = ["user_id", "hash"]
 
 
 def looks_like_sandbox_token(presented: str) -> bool:
-    return presented.startswith("acsgw_")
+    return presented.startswith("acsgw.")
 
 
 def looks_like_user_key(presented: str) -> bool:
-    return presented.startswith("acs-llm-")
+    return presented.startswith("acs-llm.")

@@ -108,6 +108,7 @@ class Destinations:
         self._host_gateway = host_gateway
         self.resolver = GuardedResolver(host_ports)
         self._alias: str | None = None
+        self._prepared: dict[str, str] = {}
 
     async def _alias_address(self) -> str | None:
         if self._alias is None:
@@ -120,6 +121,17 @@ class Destinations:
         return self._alias
 
     async def prepare(self, url: str, *, resolve_names: bool = False) -> str:
+        """`_prepare`, remembered for URLs whose host is an address (their check cannot change
+        while the process runs); names are checked at every connection by the resolver."""
+        known = self._prepared.get(url)
+        if known is not None:
+            return known
+        prepared = await self._prepare(url, resolve_names=resolve_names)
+        if len(self._prepared) < 10_000 and _is_address(URL(prepared).host or ""):
+            self._prepared[url] = prepared
+        return prepared
+
+    async def _prepare(self, url: str, *, resolve_names: bool = False) -> str:
         """`url` as the gateway will call it (host.docker.internal replaced when it does not
         resolve here), checked: IP literals always, names too with `resolve_names` (calls the
         translator makes, which do not go through our resolver). Raises DestinationRefused."""
@@ -143,3 +155,11 @@ class Destinations:
             return str(parsed)
         check_address(host, port, self._host_ports())
         return str(parsed)
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,8 @@ RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 MAX_BACKOFF = 30.0
 CONNECT_TIMEOUT = 10.0
 SNIPPET = 300
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
 class GatewayError(Exception):
@@ -106,6 +109,7 @@ class Forwarder:
         self._backoff = backoff
         self._session: aiohttp.ClientSession | None = None
         self.closing = asyncio.Event()
+        self._streams: set[aiohttp.ClientResponse] = set()
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -117,7 +121,7 @@ class Forwarder:
         return self._session
 
     async def close(self) -> None:
-        self.closing.set()
+        self.shutdown()
         if self._session is not None:
             await self._session.close()
 
@@ -152,19 +156,29 @@ class Forwarder:
         )
 
     async def open(
-        self, upstream: Upstream, body: dict[str, Any], stream: bool, metered: Metered
+        self,
+        upstream: Upstream,
+        body: dict[str, Any],
+        raw: bytes,
+        stream: bool,
+        metered: Metered,
     ) -> aiohttp.ClientResponse:
         """The upstream's successful response, open; retried as the module says. Raises
-        GatewayError with what the client should be told."""
-        sent = dict(body)
+        GatewayError with what the client should be told. `raw` is the body as the client sent
+        it: forwarded as it is unless the model's name or the stream's usage needs changing
+        (the translator takes the model from a header)."""
+        payload = raw
         if upstream.via == "direct":
-            sent["model"] = upstream.model
-            if stream:
-                sent["stream_options"] = {
-                    **(body.get("stream_options") or {}),
-                    "include_usage": True,
-                }
-        payload = json.dumps(sent, separators=(",", ":")).encode()
+            options = body.get("stream_options") or {}
+            usage_missing = stream and not (
+                isinstance(options, dict) and options.get("include_usage")
+            )
+            if body.get("model") != upstream.model or usage_missing:
+                sent = dict(body, model=upstream.model)
+                if usage_missing:
+                    extra = options if isinstance(options, dict) else {}
+                    sent["stream_options"] = {**extra, "include_usage": True}
+                payload = json.dumps(sent, separators=(",", ":")).encode()
         last: GatewayError | None = None
         for attempt in range(self._retries + 1):
             metered.attempts = attempt + 1
@@ -226,7 +240,9 @@ class Forwarder:
         )
 
     async def read_json(self, response: aiohttp.ClientResponse, metered: Metered) -> bytes:
-        """A non-streaming answer's body, usage taken from it."""
+        """A non-streaming answer's body, usage taken from it (found in the bytes: a key with
+        unescaped quotes cannot occur inside a JSON string, so the first `"prompt_tokens"` is
+        the usage's; parsed in full only when it is missing)."""
         try:
             raw = await response.read()
             cost = response.headers.get("X-Acs-Cost")
@@ -236,13 +252,20 @@ class Forwarder:
             ) from None
         finally:
             response.release()
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            raise GatewayError(502, "upstream_error", "the provider's answer is not JSON") from None
-        if isinstance(data, dict):
-            metered.take(data.get("usage"))
-            if not metered.reported:
+        prompt, completion = _PROMPT.search(raw), _COMPLETION.search(raw)
+        if prompt is not None and completion is not None:
+            metered.prompt_tokens = int(prompt.group(1))
+            metered.completion_tokens = int(completion.group(1))
+            metered.reported = True
+        else:
+            try:
+                data = json.loads(raw)
+            except ValueError:
+                raise GatewayError(
+                    502, "upstream_error", "the provider's answer is not JSON"
+                ) from None
+            if isinstance(data, dict):
+                metered.take(data.get("usage"))
                 for choice in data.get("choices") or []:
                     message = (choice or {}).get("message") or {}
                     metered.streamed_chars += len(json.dumps(message))
@@ -259,29 +282,26 @@ class Forwarder:
         keep_usage_chunk: bool,
     ) -> AsyncIterator[bytes]:
         """The stream's lines as they come; usage taken from its chunks. The last thing yielded
-        after a failure is an `error` event."""
-        closing = asyncio.ensure_future(self.closing.wait())
+        after a failure is an `error` event. An idle provider is the connection's read timeout;
+        `shutdown` closes every open upstream stream, which ends its relay here."""
+        self._streams.add(response)
         try:
             while True:
-                read = asyncio.ensure_future(response.content.readline())
-                done, _ = await asyncio.wait(
-                    {read, closing}, timeout=self._timeout, return_when=asyncio.FIRST_COMPLETED
-                )
-                if read not in done:
-                    read.cancel()
-                    reason = (
-                        "the gateway is shutting down"
-                        if closing in done
-                        else f"the provider sent nothing for {self._timeout:g} s"
-                    )
-                    yield _error_event("stream_interrupted", reason)
-                    return
                 try:
-                    line = read.result()
+                    line = await response.content.readline()
                 except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                    yield _error_event("upstream_error", f"the provider's stream broke off: {exc}")
+                    if self.closing.is_set():
+                        yield _error_event("stream_interrupted", "the gateway is shutting down")
+                    elif isinstance(exc, TimeoutError):
+                        reason = f"the provider sent nothing for {self._timeout:g} s"
+                        yield _error_event("stream_interrupted", reason)
+                    else:
+                        reason = f"the provider's stream broke off: {exc!r}"
+                        yield _error_event("upstream_error", reason)
                     return
                 if not line:
+                    if self.closing.is_set():
+                        yield _error_event("stream_interrupted", "the gateway is shutting down")
                     return
                 if line.startswith(b"data: {"):
                     line = self._inspect(line, metered, keep_usage_chunk)
@@ -289,8 +309,15 @@ class Forwarder:
                         continue
                 yield line
         finally:
-            closing.cancel()
+            self._streams.discard(response)
             response.release()
+
+    def shutdown(self) -> None:
+        """End every stream being relayed (with an error event) and refuse nothing else: new
+        calls are the server's to refuse while it stops."""
+        self.closing.set()
+        for response in list(self._streams):
+            response.close()
 
     @staticmethod
     def _inspect(line: bytes, metered: Metered, keep_usage_chunk: bool) -> bytes:

@@ -70,7 +70,7 @@ def cost_of(
     return Usage(prompt_tokens, completion_tokens, 0.0, False)
 
 
-def _spent(row: list[bytes | str | None]) -> Spent:
+def spent_of(row: list[bytes | str | None]) -> Spent:
     cost, prompt, completion, requests = (text(v) if v is not None else "0" for v in row)
     return Spent(float(cost), int(prompt), int(completion), int(requests))
 
@@ -78,9 +78,24 @@ def _spent(row: list[bytes | str | None]) -> Spent:
 FIELDS = ["cost", "prompt_tokens", "completion_tokens", "requests"]
 
 
+# KEYS: the user's month, then the conversation's (optional). ARGV: cost, prompt tokens,
+# completion tokens, the month's TTL. One command: what a call cost, added everywhere at once.
+_RECORD = """
+for i, key in ipairs(KEYS) do
+  redis.call('HINCRBYFLOAT', key, 'cost', ARGV[1])
+  redis.call('HINCRBY', key, 'prompt_tokens', ARGV[2])
+  redis.call('HINCRBY', key, 'completion_tokens', ARGV[3])
+  redis.call('HINCRBY', key, 'requests', 1)
+end
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 1
+"""
+
+
 class Meter:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
+        self._record = redis.register_script(_RECORD)
 
     async def spent(self, user_id: str, conversation_id: str | None) -> tuple[Spent, Spent]:
         """(the conversation's, the user's this month) in one round trip."""
@@ -89,20 +104,15 @@ class Meter:
             if conversation_id is not None:
                 pipe.hmget(keys.llm_usage_conversation(conversation_id), FIELDS)
             rows = await pipe.execute()
-        user = _spent(rows[0])
-        conversation = _spent(rows[1]) if conversation_id is not None else Spent()
+        user = spent_of(rows[0])
+        conversation = spent_of(rows[1]) if conversation_id is not None else Spent()
         return conversation, user
 
     async def record(self, user_id: str, conversation_id: str | None, usage: Usage) -> None:
-        user_key = keys.llm_usage_user(user_id, month())
-        targets = [user_key]
+        targets = [keys.llm_usage_user(user_id, month())]
         if conversation_id is not None:
             targets.append(keys.llm_usage_conversation(conversation_id))
-        async with self._redis.pipeline(transaction=True) as pipe:
-            for key in targets:
-                pipe.hincrbyfloat(key, "cost", usage.cost)
-                pipe.hincrby(key, "prompt_tokens", usage.prompt_tokens)
-                pipe.hincrby(key, "completion_tokens", usage.completion_tokens)
-                pipe.hincrby(key, "requests", 1)
-            pipe.expire(user_key, USER_USAGE_TTL)
-            await pipe.execute()
+        await self._record(
+            keys=targets,
+            args=[repr(usage.cost), usage.prompt_tokens, usage.completion_tokens, USER_USAGE_TTL],
+        )

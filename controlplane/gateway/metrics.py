@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from controlplane.gateway.metering import Usage
@@ -11,6 +13,7 @@ _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.requests = Counter(
             "acs_llm_requests",
             "LLM gateway calls by provider and the status answered",
@@ -64,11 +67,20 @@ class GatewayMetrics:
     def observe(
         self, *, provider: str, status: int, seconds: float, usage: Usage, errors: list[str]
     ) -> None:
-        self.requests.labels(provider=provider, status=str(status)).inc()
-        self.latency.labels(provider=provider).observe(seconds)
+        self._child(self.requests, provider, str(status)).inc()
+        self._child(self.latency, provider).observe(seconds)
         for code in errors:
-            self.errors.labels(provider=provider, code=code).inc()
+            self._child(self.errors, provider, code).inc()
         if status < 400:
-            self.tokens.labels(provider=provider, kind="prompt").inc(usage.prompt_tokens)
-            self.tokens.labels(provider=provider, kind="completion").inc(usage.completion_tokens)
-            self.cost.labels(provider=provider).inc(usage.cost)
+            self._child(self.tokens, provider, "prompt").inc(usage.prompt_tokens)
+            self._child(self.tokens, provider, "completion").inc(usage.completion_tokens)
+            self._child(self.cost, provider).inc(usage.cost)
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, remembered: prometheus_client's lookup takes a lock and
+        builds tuples on every call, on the path of every model call."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child

@@ -10,6 +10,7 @@ manage the user's gateway key and read the metered usage.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from aiohttp import web
@@ -20,6 +21,7 @@ from controlplane.api.parsing import json_response, parse_query
 from controlplane.api.routing import Handler, RouteTable
 from controlplane.auth.models import Principal
 from controlplane.errors import NotFound
+from controlplane.gateway.credentials import Caller
 from controlplane.gateway.forward import GatewayError, Metered
 from controlplane.gateway.keys import GATEWAY
 from controlplane.gateway.metering import month, price_of
@@ -79,7 +81,7 @@ class UsageQuery(BaseModel):
 
 
 class GatewayKey(BaseModel):
-    key: str = Field(description="The user's LLM gateway key (acs-llm-…)")
+    key: str = Field(description="The user's LLM gateway key (acs-llm.…)")
 
 
 def _credential(request: web.Request) -> str | None:
@@ -96,7 +98,10 @@ def _gateway_error(exc: GatewayError) -> web.Response:
     return web.json_response(exc.body(), status=exc.status, headers=headers)
 
 
-async def _read_body(request: web.Request, limit: int) -> dict[str, Any]:
+async def _read_body(request: web.Request, limit: int) -> tuple[dict[str, Any], bytes]:
+    """The request as a dict and as sent (forwarded unchanged when nothing needs changing).
+    Checked only as far as the gateway needs (an object with a model and messages): the
+    provider validates the rest, as it would if called directly."""
     if request.content_length is not None and request.content_length > limit:
         raise GatewayError(413, "request_too_large", f"the body is larger than {limit} bytes")
     data = bytearray()
@@ -104,20 +109,26 @@ async def _read_body(request: web.Request, limit: int) -> dict[str, Any]:
         data += chunk
         if len(data) > limit:
             raise GatewayError(413, "request_too_large", f"the body is larger than {limit} bytes")
+    raw = bytes(data)
     try:
-        body = ChatCompletionRequest.model_validate_json(bytes(data))
+        body = json.loads(raw)
     except ValueError as exc:
-        raise GatewayError(
-            400, "invalid_request", f"not a chat completion request: {exc}"
-        ) from None
-    return body.model_dump(exclude_unset=True) | {"model": body.model}
+        raise GatewayError(400, "invalid_request", f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, "invalid_request", "the body is not a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not 0 < len(model) <= 256:
+        raise GatewayError(400, "invalid_request", "model: a string of 1 to 256 characters")
+    if not isinstance(body.get("messages"), list):
+        raise GatewayError(400, "invalid_request", "messages: a list is required")
+    if not isinstance(body.get("stream", False), bool):
+        raise GatewayError(400, "invalid_request", "stream: a boolean")
+    return body, raw
 
 
-async def _caller(request: web.Request, gateway: GatewayService) -> Any:
-    caller = await gateway.authenticate(_credential(request))
-    # Marks the request as authenticated (no pacing) and names the user in its log line.
+def _mark(request: web.Request, caller: Caller) -> None:
+    """The request is authenticated (no pacing) and its log line names the user."""
     request[PRINCIPAL] = Principal(user_id=caller.user_id, key_id=f"llm-gateway:{caller.label}")
-    return caller
 
 
 def _gateway(request: web.Request) -> GatewayService:
@@ -133,22 +144,24 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         deadline.reschedule(None)  # the gateway's own time-outs bound a model call
     try:
         gateway = _gateway(request)
-        caller = await _caller(request, gateway)
-        body = await _read_body(request, request.app[GATEWAY].max_body_bytes)
-        call = await gateway.admit(caller, body.get("model"))
+        presented = _credential(request)
+        gateway.precheck(presented)
+        body, raw_body = await _read_body(request, gateway.max_body_bytes)
+        call = await gateway.admit(presented, body.get("model"))
+        _mark(request, call.caller)
     except GatewayError as exc:
         return _gateway_error(exc)
     stream = body.get("stream") is True
     metered = Metered()
     try:
-        response = await gateway.forwarder.open(call.upstream, body, stream, metered)
+        response = await gateway.forwarder.open(call.upstream, body, raw_body, stream, metered)
         if not stream:
             raw = await gateway.forwarder.read_json(response, metered)
     except GatewayError as exc:
-        await gateway.settle(call, body, metered, exc.status)
+        gateway.settle(call, body, metered, exc.status)
         return _gateway_error(exc)
     if not stream:
-        await gateway.settle(call, body, metered, 200)
+        gateway.settle(call, body, metered, 200)
         return web.Response(body=raw, content_type="application/json")
     wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     out = web.StreamResponse(
@@ -164,16 +177,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         status = 499  # the client went away
         raise
     finally:
-        await asyncio.shield(gateway.settle(call, body, metered, status))
+        gateway.settle(call, body, metered, status)
     return out
 
 
 async def list_models(request: web.Request) -> web.Response:
     try:
-        gateway = _gateway(request)
-        model = await gateway.configured_model(await _caller(request, gateway))
+        caller, model = await _gateway(request).configured_model(_credential(request))
     except GatewayError as exc:
         return _gateway_error(exc)
+    _mark(request, caller)
     return json_response(ModelList(data=[ModelEntry(id=model)] if model else []))
 
 
@@ -181,15 +194,15 @@ async def model_info(request: web.Request) -> web.Response:
     """LiteLLM proxy's /v1/model/info, which OpenHands' SDK reads for `litellm_proxy/` models."""
     try:
         gateway = _gateway(request)
-        model = await gateway.configured_model(await _caller(request, gateway))
+        caller, model = await gateway.configured_model(_credential(request))
     except GatewayError as exc:
         return _gateway_error(exc)
+    _mark(request, caller)
     data = []
     if model:
-        info: dict[str, Any] = {
-            "litellm_provider": model.partition("/")[0] if "/" in model else None
-        }
-        price = price_of(request.app[GATEWAY].prices, model)
+        provider = model.partition("/")[0] if "/" in model else None
+        info: dict[str, Any] = {"litellm_provider": provider}
+        price = price_of(gateway.prices, model)
         if price is not None:
             info["input_cost_per_token"], info["output_cost_per_token"] = price
         data.append({"model_name": model, "litellm_params": {"model": model}, "model_info": info})

@@ -5,35 +5,60 @@ what it cost."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
+from redis.asyncio.client import Pipeline
 
-from controlplane.api.ratelimit import RateLimiter
+from controlplane.api.ratelimit import Decision, RateLimiter
 from controlplane.config import ServiceConfig
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
+from controlplane.crypto import SecretBox
 from controlplane.gateway.credentials import (
     MAX_CREDENTIAL,
+    SANDBOX_FIELDS,
+    USER_KEY_FIELDS,
     Caller,
     InvalidCredential,
+    SandboxClaim,
     SandboxTokens,
     UserGatewayKeys,
+    UserKeyClaim,
     check_scope,
     looks_like_sandbox_token,
     looks_like_user_key,
 )
 from controlplane.gateway.forward import Forwarder, GatewayError, Metered, estimate_prompt
-from controlplane.gateway.metering import Meter, Usage, cost_of
+from controlplane.gateway.metering import FIELDS as USAGE_FIELDS
+from controlplane.gateway.metering import Meter, Spent, Usage, cost_of, month, spent_of
 from controlplane.gateway.metrics import GatewayMetrics
 from controlplane.gateway.upstream import Upstream, UpstreamError, matches, resolve
 from controlplane.sandboxes.store import SandboxStore
+from controlplane.settings.models import UserRecord
 from controlplane.settings.service import SettingsService
+from controlplane.store import keys, text
 
 log = structlog.get_logger(__name__)
+
+
+RECORD_CACHE = 1000
+"""Parsed settings kept, by ciphertext (oldest out first)."""
+
+
+@dataclass
+class Loaded:
+    """What one round trip to Redis read for a call."""
+
+    caller: Caller
+    record: UserRecord
+    user_spent: Spent = field(default_factory=Spent)
+    conversation_spent: Spent = field(default_factory=Spent)
+    decision: Decision | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +75,7 @@ class GatewayService:
         self,
         config: ServiceConfig,
         redis: aioredis.Redis,
+        box: SecretBox,
         *,
         tokens: SandboxTokens,
         user_keys: UserGatewayKeys,
@@ -59,6 +85,10 @@ class GatewayService:
         metrics: GatewayMetrics,
     ) -> None:
         self._config = config
+        self._redis = redis
+        self._box = box
+        self._recording: set[asyncio.Task[None]] = set()
+        self._records: dict[str, UserRecord] = {}
         self.tokens = tokens
         self.user_keys = user_keys
         self._settings = settings
@@ -73,42 +103,112 @@ class GatewayService:
         per_minute = config.llm_rate_limit_per_minute
         self._limiter = RateLimiter(redis, per_minute) if per_minute else None
 
-    # --- who is calling ---------------------------------------------------------------
+    # --- who is calling, and within which limits: one Redis round trip ----------------
 
-    async def authenticate(self, presented: str | None) -> Caller:
-        """The caller of a credential, checked against Redis now. Raises GatewayError 401."""
+    def _claim(self, presented: str | None) -> SandboxClaim | UserKeyClaim:
+        """What a credential claims, if it can be genuine (no Redis needed). Raises 401."""
         if not presented or len(presented) > MAX_CREDENTIAL:
             raise GatewayError(401, "invalid_api_key", "missing or malformed gateway credential")
+        claim: SandboxClaim | UserKeyClaim | None = None
+        if looks_like_sandbox_token(presented) and self._sandboxes is not None:
+            claim = self.tokens.parse(presented)
+        elif looks_like_user_key(presented):
+            claim = self.user_keys.parse(presented)
+        if claim is None:
+            raise GatewayError(401, "invalid_api_key", "not a valid LLM gateway credential")
+        return claim
+
+    def _queue(self, pipe: Pipeline, claim: SandboxClaim | UserKeyClaim, metering: bool) -> None:
+        """The reads of one call, in the order _load takes their replies."""
+        if isinstance(claim, SandboxClaim):
+            pipe.get(keys.conversation(claim.conversation_id))
+            pipe.hmget(keys.sandbox(claim.sandbox_id), SANDBOX_FIELDS)
+        else:
+            pipe.hmget(keys.llm_gateway_key(claim.key_id), USER_KEY_FIELDS)
+        pipe.get(keys.user_settings(claim.user_id))
+        if metering:
+            pipe.hmget(keys.llm_usage_user(claim.user_id, month()), USAGE_FIELDS)
+            if isinstance(claim, SandboxClaim):
+                pipe.hmget(keys.llm_usage_conversation(claim.conversation_id), USAGE_FIELDS)
+            if self._limiter is not None:
+                self._limiter.queue(pipe, f"llm:{claim.user_id}")
+
+    @staticmethod
+    def _caller(claim: SandboxClaim | UserKeyClaim, rows: list[Any]) -> Caller:
+        """Checks the claim against the records it was read with (taking their replies)."""
         try:
-            if looks_like_sandbox_token(presented):
-                return await self._sandbox_caller(presented)
-            if looks_like_user_key(presented):
-                return await self.user_keys.authenticate(presented)
+            if isinstance(claim, SandboxClaim):
+                raw = rows.pop(0)
+                model = check_scope(claim, json.loads(raw) if raw else None, rows.pop(0))
+                return Caller(
+                    user_id=claim.user_id,
+                    conversation_id=claim.conversation_id,
+                    sandbox_id=claim.sandbox_id,
+                    model=model,
+                )
+            UserGatewayKeys.check(claim, rows.pop(0))
+            return Caller(user_id=claim.user_id, key_id=claim.key_id)
         except InvalidCredential as exc:
             raise GatewayError(401, "invalid_api_key", str(exc)) from None
-        raise GatewayError(401, "invalid_api_key", "not an LLM gateway credential")
 
-    async def _sandbox_caller(self, presented: str) -> Caller:
-        ids = self.tokens.parse(presented)
-        if ids is None or self._sandboxes is None:
-            raise InvalidCredential("invalid gateway credential")
-        sandbox_id, conversation_id = ids
-        sandbox, conversation = await asyncio.gather(
-            self._sandboxes.get(sandbox_id), self._conversations.get(conversation_id)
-        )
-        info = check_scope(sandbox, conversation, sandbox_id)
-        return Caller(
-            user_id=info.created_by_user_id or "",
-            conversation_id=info.id,
-            sandbox_id=sandbox_id,
-            model=info.llm_model,
-        )
+    async def _load(self, presented: str | None, *, metering: bool) -> Loaded:
+        """The caller of a credential, checked against Redis now, with the user's settings and
+        (`metering`) what they spent and their rate-limit count: one round trip. Raises
+        GatewayError 401."""
+        claim = self._claim(presented)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            self._queue(pipe, claim, metering)
+            rows = await pipe.execute(raise_on_error=False)
+        counted = metering and self._limiter is not None
+        for row in rows[:-1] if counted else rows:  # the count may need its script loaded
+            if isinstance(row, Exception):
+                raise row
+        caller = self._caller(claim, rows)
+        record = self._record_of(rows.pop(0))
+        loaded = Loaded(caller, record)
+        if metering:
+            loaded.user_spent = spent_of(rows.pop(0))
+            if caller.conversation_id is not None:
+                loaded.conversation_spent = spent_of(rows.pop(0))
+            if self._limiter is not None:
+                key = f"llm:{caller.user_id}"
+                loaded.decision = await self._limiter.decision_of(rows.pop(0), key)
+        return loaded
+
+    def _record_of(self, raw: bytes | str | None) -> UserRecord:
+        """The user's settings from their encrypted record, decrypted and parsed once per
+        version of it: the cache is keyed by the ciphertext, so a change is never missed."""
+        if raw is None:
+            return UserRecord()
+        token = text(raw)
+        record = self._records.get(token)
+        if record is None:
+            record = UserRecord.model_validate_json(self._box.decrypt(token.encode()))
+            if len(self._records) >= RECORD_CACHE:
+                self._records.pop(next(iter(self._records)))
+            self._records[token] = record
+        return record
+
+    async def authenticate(self, presented: str | None) -> Caller:
+        return (await self._load(presented, metering=False)).caller
+
+    async def configured_model(self, presented: str | None) -> tuple[Caller, str | None]:
+        """The caller and the model its credential may call (GET /v1/models)."""
+        loaded = await self._load(presented, metering=False)
+        return loaded.caller, loaded.caller.model or loaded.record.settings.llm_model
+
+    def precheck(self, presented: str | None) -> None:
+        """Refuse, before a body is read, what cannot be a credential: a malformed one, or a
+        sandbox token whose signature does not hold (no Redis needed)."""
+        self._claim(presented)
 
     # --- before forwarding ------------------------------------------------------------
 
-    async def admit(self, caller: Caller, requested: Any) -> Call:
-        """Model, provider, rate limit and budgets for one call. Raises GatewayError."""
-        record = await self._settings.record(caller.user_id)
+    async def admit(self, presented: str | None, requested: Any) -> Call:
+        """Credential, model, provider, rate limit and budgets for one call. Raises
+        GatewayError."""
+        loaded = await self._load(presented, metering=True)
+        caller, record = loaded.caller, loaded.record
         model = caller.model or record.settings.llm_model
         if not model:
             raise GatewayError(400, "model_not_configured", "no llm_model in the user's settings")
@@ -129,17 +229,14 @@ class GatewayService:
             )
         except UpstreamError as exc:
             raise GatewayError(400, "model_not_routable", str(exc)) from None
-        await self._check_limits(caller, record.settings.max_budget_per_task)
+        self._check_limits(loaded, record.settings.max_budget_per_task)
         return Call(caller, model, upstream, time.perf_counter())
 
-    async def _check_limits(self, caller: Caller, settings_budget: float | None) -> None:
+    def _check_limits(self, loaded: Loaded, settings_budget: float | None) -> None:
+        caller, decision = loaded.caller, loaded.decision
         budget_task = settings_budget if caller.conversation_id is not None else None
         budget_user = self._config.llm_user_monthly_budget
-        checks: list[Any] = [self.meter.spent(caller.user_id, caller.conversation_id)]
-        if self._limiter is not None:
-            checks.append(self._limiter.hit(f"llm:{caller.user_id}"))
-        results = await asyncio.gather(*checks)
-        (conversation, user), decision = results[0], results[1] if len(results) > 1 else None
+        conversation, user = loaded.conversation_spent, loaded.user_spent
         if decision is not None and not decision.allowed:
             self.metrics.refused.labels(reason="rate_limit").inc()
             raise GatewayError(
@@ -167,9 +264,17 @@ class GatewayService:
 
     # --- after ------------------------------------------------------------------------
 
-    async def settle(
-        self, call: Call, body: dict[str, Any], metered: Metered, status: int
-    ) -> Usage:
+    async def _record(self, user_id: str, conversation_id: str | None, usage: Usage) -> None:
+        try:
+            await self.meter.record(user_id, conversation_id, usage)
+        except Exception:
+            log.exception("llm_usage_not_recorded", user_id=user_id, cost=usage.cost)
+
+    async def close(self) -> None:
+        """Wait for usage still being written."""
+        await asyncio.gather(*self._recording, return_exceptions=True)
+
+    def settle(self, call: Call, body: dict[str, Any], metered: Metered, status: int) -> Usage:
         """Record what the call cost (what the provider reported, else an estimate) and
         observe it."""
         provider = call.upstream.provider
@@ -180,7 +285,13 @@ class GatewayService:
             self.metrics.estimated.labels(provider=provider).inc()
         usage = cost_of(self._config.llm_prices, call.model, prompt, completion, metered.cost)
         if status < 400:
-            await self.meter.record(call.caller.user_id, call.caller.conversation_id, usage)
+            # Sent now and not waited for: the answer goes out meanwhile; the client's next
+            # call reaches Redis after this write (it is queued first), so budgets see it.
+            task = asyncio.create_task(
+                self._record(call.caller.user_id, call.caller.conversation_id, usage)
+            )
+            self._recording.add(task)
+            task.add_done_callback(self._recording.discard)
             if not usage.priced:
                 self.metrics.unpriced.labels(provider=provider).inc()
         self.metrics.observe(
@@ -190,26 +301,18 @@ class GatewayService:
             usage=usage,
             errors=metered.errors,
         )
-        log.info(
-            "llm_gateway_call",
-            user_id=call.caller.user_id,
-            conversation_id=call.caller.conversation_id,
-            caller=call.caller.label,
-            provider=provider,
-            via=call.upstream.via,
-            status=status,
-            attempts=metered.attempts,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            cost=round(usage.cost, 8),
-            ms=round((time.perf_counter() - call.started) * 1000, 2),
+        # On the request's own log line (the context middleware writes it), not one more line.
+        structlog.contextvars.bind_contextvars(
+            llm_caller=call.caller.label,
+            llm_conversation_id=call.caller.conversation_id,
+            llm_provider=provider,
+            llm_via=call.upstream.via,
+            llm_attempts=metered.attempts,
+            llm_prompt_tokens=usage.prompt_tokens,
+            llm_completion_tokens=usage.completion_tokens,
+            llm_cost=round(usage.cost, 8),
         )
         return usage
 
     async def conversation(self, conversation_id: str) -> AppConversationInfo | None:
         return await self._conversations.get(conversation_id)
-
-    async def configured_model(self, caller: Caller) -> str | None:
-        if caller.model:
-            return caller.model
-        return (await self._settings.record(caller.user_id)).settings.llm_model

@@ -43,6 +43,7 @@ def gateway_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
         gateway = GatewayService(
             config,
             app[keys.REDIS],
+            app[keys.SECRET_BOX],
             tokens=SandboxTokens(app[keys.SECRET_BOX]),
             user_keys=UserGatewayKeys(app[keys.REDIS], app[keys.SECRET_BOX]),
             settings=app[keys.SETTINGS],
@@ -52,6 +53,7 @@ def gateway_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
         )
         app[GATEWAY] = gateway
         yield
+        await gateway.close()
         await forwarder.close()
         await translator.close()
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -64,4 +66,4 @@ async def end_streams(app: web.Application) -> None:
     for) when the server closes their connections."""
     gateway = app.get(GATEWAY)
     if gateway is not None:
-        gateway.forwarder.closing.set()
+        gateway.forwarder.shutdown()
