@@ -76,6 +76,7 @@ bench: install host images
 	$(BIN)/python bench/unauthenticated_flood.py
 	$(BIN)/python bench/launch_load.py
 	$(BIN)/python bench/warm_pool.py
+	$(BIN)/python bench/llm_gateway.py
 
 # The official agent server's start latency (bench/official_agent.py); builds its image first
 # (minutes from nothing), which `make bench` does not need.

@@ -31,7 +31,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +64,8 @@ from tests.redis_server import RedisServer  # noqa: E402
 LLM_KEY = "sk-bench-" + secrets.token_hex(8)
 MODEL = "fake-model"
 USER = "bench-gateway"
+SECRET_KEY = Fernet.generate_key().decode()
+"""One key for both servers of a run: they share the private Redis."""
 TARGET_OVERHEAD_MS = 2.0
 TARGET_TTFT_MS = 1.0
 TARGET_READY_RATIO = 1.10
@@ -95,7 +96,7 @@ def base_config(tmp: Path, redis_url: str, **overrides: Any) -> ServiceConfig:
     values: dict[str, Any] = {
         "redis_url": redis_url,
         "data_dir": tmp / "data",
-        "secret_key": Fernet.generate_key().decode(),
+        "secret_key": SECRET_KEY,
         "bootstrap_api_key": "bench-bootstrap-" + secrets.token_hex(12),
         "log_level": "warning",
         "rate_limit_per_minute": 0,
@@ -120,9 +121,9 @@ async def served(config: ServiceConfig, *, with_sandboxes: bool) -> tuple[web.Ap
 # -- overhead ----------------------------------------------------------------------------------
 
 
-async def sandbox_token(app: web.Application) -> str:
-    """A RUNNING sandbox record and a conversation in it, written by the real stores, and the
-    token the gateway checks against them."""
+async def sandbox_token(app: web.Application) -> tuple[str, Callable[[], Awaitable[None]]]:
+    """A RUNNING sandbox record and a conversation in it, written by the real stores, the token
+    the gateway checks against them, and how to remove both."""
     gateway = app[GATEWAY]
     store = SandboxStore(app[keys.REDIS], app[keys.SECRET_BOX])
     gateway._sandboxes = store  # the app runs without Docker services here
@@ -133,17 +134,17 @@ async def sandbox_token(app: web.Application) -> str:
     outcome = await store.create(record, 0, Limits())
     if outcome != "ok":
         raise BenchError(f"sandbox record: {outcome}")
-    conversation_id = uuid7_hex()
-    await ConversationStore(app[keys.REDIS]).create(
-        AppConversationInfo(
-            id=conversation_id,
-            created_by_user_id=USER,
-            sandbox_id=sandbox_id,
-            llm_model=MODEL,
-            created_at=datetime.now(UTC),
-        )
+    conversations = ConversationStore(app[keys.REDIS])
+    info = AppConversationInfo(
+        id=uuid7_hex(), created_by_user_id=USER, sandbox_id=sandbox_id, llm_model=MODEL
     )
-    return gateway.tokens.issue(sandbox_id, conversation_id, USER)
+    await conversations.create(info)
+
+    async def remove() -> None:
+        await conversations.delete(info)
+        await store.delete(record)
+
+    return gateway.tokens.issue(sandbox_id, info.id, USER), remove
 
 
 async def timed_call(http: aiohttp.ClientSession, url: str, key: str, stream: bool) -> float:
@@ -183,7 +184,7 @@ async def overhead(calls: int, tmp: Path, redis_url: str) -> dict[str, list[floa
                     raise BenchError(f"settings: {r.status} {await r.text()}")
             async with http.get(f"{url}/api/keys/llm/byor", headers=headers) as r:
                 user_key = (await r.json())["key"]
-            token = await sandbox_token(app)
+            token, remove_records = await sandbox_token(app)
             direct = f"{fake.base_url}/chat/completions"
             gateway = f"{url}/api/v1/llm-gateway/v1/chat/completions"
             kinds: list[tuple[str, str, str, bool]] = [
@@ -203,6 +204,7 @@ async def overhead(calls: int, tmp: Path, redis_url: str) -> dict[str, list[floa
                     cpu = time.process_time()
                     samples.setdefault(name, []).append(await timed_call(http, target, key, stream))
                     samples.setdefault(f"cpu.{name}", []).append(time.process_time() - cpu)
+            await remove_records()
     finally:
         await runner.cleanup()
         await fake.close()
@@ -216,7 +218,7 @@ DIRECT_SPEC_ID = "direct"
 
 def spec_dir(tmp: Path) -> Path:
     target = tmp / "specs"
-    target.mkdir()
+    target.mkdir(parents=True)
     default = (REPO / "specs" / "default.yaml").read_text()
     (target / "default.yaml").write_text(default)
     direct = default.replace("id: default", f"id: {DIRECT_SPEC_ID}").replace(
@@ -255,7 +257,8 @@ async def ready_runs(runs: int, tmp: Path, redis_url: str) -> dict[str, list[flo
     try:
         app = runner.app
         assert isinstance(app, web.Application)
-        created = await ApiKeyService(app[keys.REDIS], None).create(USER)
+        # A user of its own: this server's secret key is not the overhead server's.
+        created = await ApiKeyService(app[keys.REDIS], None).create(f"{USER}-ready")
         user = {"X-Session-API-Key": created.key}
         admin = {"X-Session-API-Key": config.bootstrap_api_key or ""}
         async with aiohttp.ClientSession(base_url=url) as http:
