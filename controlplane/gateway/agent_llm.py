@@ -29,7 +29,7 @@ def agent_llm(
     if not through_gateway or tokens is None or control_plane_url is None:
         return {"model": model, "base_url": base_url, "api_key": api_key, **common}
     official = spec is not None and spec.agent_kind == "openhands"
-    return {
+    llm: dict[str, Any] = {
         # The official server's LiteLLM needs a provider: `openai/` makes it call the gateway
         # as an OpenAI-compatible server, sending `model` without that prefix.
         "model": f"openai/{model}" if official else model,
@@ -37,3 +37,8 @@ def agent_llm(
         "api_key": tokens.issue(sandbox_id, conversation_id, user_id),
         **common,
     }
+    if official:
+        # The gateway speaks chat completions; left to itself, SDK 1.58 picks OpenAI's
+        # Responses API for some model names (gpt-5, codex), which the gateway does not serve.
+        llm["api_mode"] = "chat"
+    return llm

@@ -71,7 +71,7 @@ class GatewayMetrics:
         self._child(self.latency, provider).observe(seconds)
         for code in errors:
             self._child(self.errors, provider, code).inc()
-        if status < 400:
+        if status < 400 or status == 499:
             self._child(self.tokens, provider, "prompt").inc(usage.prompt_tokens)
             self._child(self.tokens, provider, "completion").inc(usage.completion_tokens)
             self._child(self.cost, provider).inc(usage.cost)

@@ -279,12 +279,14 @@ class GatewayService:
         observe it."""
         provider = call.upstream.provider
         prompt, completion = metered.prompt_tokens, metered.completion_tokens
-        if not metered.reported and status < 400:
+        if not metered.reported and (status < 400 or status == 499):
             prompt = estimate_prompt(body)
             completion = metered.streamed_chars // 4
             self.metrics.estimated.labels(provider=provider).inc()
         usage = cost_of(self._config.llm_prices, call.model, prompt, completion, metered.cost)
-        if status < 400:
+        # A stream the client left (499) was still paid for, as far as it went.
+        billable = status < 400 or (status == 499 and (metered.reported or metered.streamed_chars))
+        if billable:
             # Sent now and not waited for: the answer goes out meanwhile; the client's next
             # call reaches Redis after this write (it is queued first), so budgets see it.
             task = asyncio.create_task(
