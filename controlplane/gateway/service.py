@@ -40,7 +40,6 @@ from controlplane.gateway.metrics import GatewayMetrics
 from controlplane.gateway.upstream import Upstream, UpstreamError, matches, resolve
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.settings.models import UserRecord
-from controlplane.settings.service import SettingsService
 from controlplane.store import keys, text
 
 log = structlog.get_logger(__name__)
@@ -79,7 +78,6 @@ class GatewayService:
         *,
         tokens: SandboxTokens,
         user_keys: UserGatewayKeys,
-        settings: SettingsService,
         sandboxes: SandboxStore | None,
         forwarder: Forwarder,
         metrics: GatewayMetrics,
@@ -91,7 +89,6 @@ class GatewayService:
         self._records: dict[str, UserRecord] = {}
         self.tokens = tokens
         self.user_keys = user_keys
-        self._settings = settings
         self._sandboxes = sandboxes
         self._conversations = ConversationStore(redis)
         self.forwarder = forwarder
@@ -188,9 +185,6 @@ class GatewayService:
                 self._records.pop(next(iter(self._records)))
             self._records[token] = record
         return record
-
-    async def authenticate(self, presented: str | None) -> Caller:
-        return (await self._load(presented, metering=False)).caller
 
     async def configured_model(self, presented: str | None) -> tuple[Caller, str | None]:
         """The caller and the model its credential may call (GET /v1/models)."""

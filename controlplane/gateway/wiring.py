@@ -46,7 +46,6 @@ def gateway_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
             app[keys.SECRET_BOX],
             tokens=SandboxTokens(app[keys.SECRET_BOX]),
             user_keys=UserGatewayKeys(app[keys.REDIS], app[keys.SECRET_BOX]),
-            settings=app[keys.SETTINGS],
             sandboxes=sandboxes.store if sandboxes is not None else None,
             forwarder=forwarder,
             metrics=GatewayMetrics(app[METRICS].registry),
