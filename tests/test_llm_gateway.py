@@ -381,6 +381,13 @@ async def test_provider_failures_retry_then_answer_an_error(
         await llm.chat.completions.create(**ask)
     assert "bad tools" in str(bad.value)
     assert len(fake.requests) == before + 1
+    # A provider that echoes the key in its refusal: the caller never reads it.
+    echo = json.dumps({"error": {"message": f"Incorrect API key provided: {LLM_KEY}."}})
+    fake.fail_next(1, status=401, body=echo)
+    with pytest.raises(openai.AuthenticationError) as echoed:
+        await llm.chat.completions.create(**ask)
+    assert LLM_KEY not in echoed.value.response.text
+    assert "Incorrect API key provided: ***" in echoed.value.response.text
     # Slow: the call ends at the gateway's time-out (5 s here) with a 504, nothing hangs.
     fake.hold()
     started = time.monotonic()

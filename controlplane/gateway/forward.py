@@ -219,12 +219,13 @@ class Forwarder:
             return GatewayError(
                 502,
                 "upstream_unreachable",
-                f"the provider is unreachable: {type(exc).__name__}: {exc}",
+                mask(f"the provider is unreachable: {type(exc).__name__}: {exc}", upstream.api_key),
             )
         if response.status < 400:
             return response
         try:
-            text = (await response.text(errors="replace"))[:SNIPPET]
+            # The provider's words, without the key if it echoed it (some do, on a 401).
+            text = mask(await response.text(errors="replace"), upstream.api_key)[:SNIPPET]
         except (aiohttp.ClientError, TimeoutError):
             text = ""
         finally:
@@ -280,6 +281,7 @@ class Forwarder:
         metered: Metered,
         *,
         keep_usage_chunk: bool,
+        secret: str | None = None,
     ) -> AsyncIterator[bytes]:
         """The stream's lines as they come; usage taken from its chunks. The last thing yielded
         after a failure is an `error` event. An idle provider is the connection's read timeout;
@@ -307,6 +309,8 @@ class Forwarder:
                     line = self._inspect(line, metered, keep_usage_chunk)
                     if not line:
                         continue
+                    if secret and b'"error"' in line:
+                        line = mask(line.decode(errors="replace"), secret).encode()
                 yield line
         finally:
             self._streams.discard(response)
@@ -336,6 +340,11 @@ class Forwarder:
                 return b""  # we asked for it; the client did not
         metered.streamed_chars += len(line)
         return line
+
+
+def mask(text: str, secret: str | None) -> str:
+    """`text` without `secret` (the provider key), for anything the caller is told."""
+    return text.replace(secret, "***") if secret and len(secret) >= 8 else text
 
 
 def _error_event(code: str, message: str) -> bytes:

@@ -170,7 +170,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     status = 200
     try:
         await out.prepare(request)
-        async for line in gateway.forwarder.relay(response, metered, keep_usage_chunk=wants_usage):
+        lines = gateway.forwarder.relay(
+            response, metered, keep_usage_chunk=wants_usage, secret=call.upstream.api_key
+        )
+        async for line in lines:
             await out.write(line)
         await out.write_eof()
     except (ConnectionError, asyncio.CancelledError):
