@@ -173,12 +173,16 @@ class Forwarder:
             usage_missing = stream and not (
                 isinstance(options, dict) and options.get("include_usage")
             )
-            if body.get("model") != upstream.model or usage_missing:
+            if body.get("model") != upstream.model or (usage_missing and "stream_options" in body):
                 sent = dict(body, model=upstream.model)
                 if usage_missing:
                     extra = options if isinstance(options, dict) else {}
                     sent["stream_options"] = {**extra, "include_usage": True}
                 payload = json.dumps(sent, separators=(",", ":")).encode()
+            elif usage_missing:
+                # Only the option to add, to a body that has none: appended to the object as
+                # it is, rather than the whole body serialised again (on the first token's path).
+                payload = raw.rstrip()[:-1] + b',"stream_options":{"include_usage":true}}'
         last: GatewayError | None = None
         for attempt in range(self._retries + 1):
             metered.attempts = attempt + 1
