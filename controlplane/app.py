@@ -23,6 +23,9 @@ from controlplane.conversations.routes import routes as conversation_routes
 from controlplane.events.routes import routes as event_routes
 from controlplane.events.routes import track_sockets
 from controlplane.events.routes import webhook_routes as event_webhook_routes
+from controlplane.gateway.routes import end_streams
+from controlplane.gateway.routes import routes as gateway_routes
+from controlplane.gateway.routes import sandbox_routes as gateway_sandbox_routes
 from controlplane.health import routes as health_routes
 from controlplane.lifecycle.routes import routes as lifecycle_routes
 from controlplane.metrics import Metrics
@@ -67,13 +70,14 @@ def route_tables() -> list[RouteTable]:
         *webhook_route_tables(),
         lifecycle_routes,
         web_client_routes,
+        gateway_routes,
     ]
 
 
 def webhook_route_tables() -> list[RouteTable]:
     """The routes sandboxes call: served by the API and, alone, by the webhook listener on the
     sandbox networks' gateways (create_webhook_app)."""
-    return [event_webhook_routes, agent_webhook_routes]
+    return [event_webhook_routes, agent_webhook_routes, gateway_sandbox_routes]
 
 
 def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.Application:
@@ -108,6 +112,7 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
     ):
         app.cleanup_ctx.append(ctx)
     track_sockets(app)
+    app.on_shutdown.append(end_streams)
     for table in route_tables():
         table.register(app)
     app[keys.OPENAPI_DOC] = copy.deepcopy(openapi_document())
@@ -139,6 +144,7 @@ def create_webhook_app(main: web.Application) -> web.Application:
     for key in main:
         app[key] = main[key]
     _pace(app, config)  # a budget of its own: sandboxes do not spend the API's
+    app.on_shutdown.append(end_streams)
     for table in webhook_route_tables():
         table.register(app)
     return app

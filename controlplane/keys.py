@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from controlplane.conversations.service import ConversationService
     from controlplane.crypto import SecretBox
     from controlplane.events.service import EventService
+    from controlplane.gateway.service import GatewayService
     from controlplane.lifecycle.outbox import Outbox
     from controlplane.lifecycle.publisher import LifecyclePublisher
     from controlplane.metrics import Metrics
@@ -60,6 +61,9 @@ RATE_LIMITER: web.AppKey[RateLimiter] = web.AppKey("rate_limiter")
 WEBHOOK_LIMITER: web.AppKey[RateLimiter] = web.AppKey("webhook_limiter")
 """Only when ACS_WEBHOOK_RATE_LIMIT_PER_MINUTE is not 0: webhook requests per sandbox."""
 SETTINGS: web.AppKey[SettingsService] = web.AppKey("settings")
+GATEWAY: web.AppKey[GatewayService] = web.AppKey("llm_gateway")
+"""The LLM gateway (controlplane/gateway): with sandboxes it also checks their credentials;
+without, it serves the users' own gateway keys only."""
 
 # -- with sandboxes (create_app(with_sandboxes=True)) ------------------------------------------
 DRIVER: web.AppKey[SandboxDriver] = web.AppKey("driver")

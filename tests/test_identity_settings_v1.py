@@ -47,13 +47,22 @@ async def test_no_route_hands_out_the_llm_key(client: Client, user_headers: User
         "/api/settings", json={"llm_api_key": LLM_KEY, "llm_model": "m"}, headers=alice
     )
     assert response.status == 200
+    # The BYOR key is the user's LLM gateway key (docs/llm-gateway.md), never the provider's.
     byor = await get(client, "/api/keys/llm/byor", alice)
-    assert byor == {"key": None}
+    assert set(byor) == {"key"}
+    assert byor["key"].startswith("acs-llm.")
+    assert LLM_KEY not in json.dumps(byor)
     for path in ("/api/v1/users/me", "/api/v1/settings", "/api/settings"):
         body = await get(client, path, alice)
         assert LLM_KEY not in json.dumps(body), path
         assert body["llm_api_key"] is None
         assert body["llm_api_key_set"] is True
+    # What OpenHands' SDK reads (OpenHandsCloudWorkspace.get_llm): the gateway and its key.
+    exposed = await get(client, "/api/v1/users/me?expose_secrets=true", alice)
+    assert LLM_KEY not in json.dumps(exposed)
+    assert exposed["llm_api_key"] == byor["key"]
+    assert exposed["llm_model"] == "litellm_proxy/m"
+    assert exposed["llm_base_url"] == f"http://{client.host}:{client.port}/api/v1/llm-gateway"
     assert (await client.get("/api/keys/llm/byor")).status == 401
 
 

@@ -100,7 +100,14 @@ def _start_bodies(ids: Ids, bob_sandbox: str) -> list[tuple[str, Any]]:
     ]
 
 
+def _chat_body(ids: Ids, _b: str) -> list[tuple[str, Any]]:
+    """A model call carries no ids: bob's API key is no gateway credential either way."""
+    return [("-", {"model": "fake-model", "messages": [{"role": "user", "content": "x"}]})]
+
+
 BODIES: dict[tuple[str, str], BodyVariants] = {
+    ("POST", "/api/v1/llm-gateway/v1/chat/completions"): _chat_body,
+    ("POST", "/api/v1/llm-gateway/chat/completions"): _chat_body,
     ("POST", "/api/settings"): lambda ids, _b: [("-", {"language": "en"})],
     ("POST", "/api/v1/settings"): lambda ids, _b: [("-", {"language": "en"})],
     # Sign-in and the device flow carry no user's ids: bob gets the same answers either way.
@@ -146,6 +153,8 @@ BODIES: dict[tuple[str, str], BodyVariants] = {
 ALLOWED: dict[tuple[str, str, str], tuple[int, int]] = {
     ("POST", "/api/v1/app-conversations", "conversation_id"): (409, 200),
     ("POST", "/api/v1/app-conversations/stream-start", "conversation_id"): (409, 200),
+    # Bob's own gateway key, which carries no id: revoked by the first call, gone for the next.
+    ("DELETE", "/api/keys/llm/byor", "-"): (204, 404),
 }
 
 PATH_IDS: dict[str, Callable[[Ids], str]] = {
@@ -187,7 +196,7 @@ NEUTRAL_QUERY = {
     "created_at__gte", "created_at__lt", "updated_at__gte", "updated_at__lt", "kind__eq",
     "timestamp__gte", "timestamp__lt", "include_sub_conversations", "last_activity_at__lt",
     "last_activity_at__gte", "resend_all", "session_api_key", "query", "verified__eq",
-    "provider__eq", "selected_repository", "conversation_trigger",
+    "provider__eq", "selected_repository", "conversation_trigger", "expose_secrets",
 }  # fmt: skip
 
 

@@ -1,4 +1,5 @@
-"""Who am I (/api/v1/users/me) and the BYOR LLM key question the OpenHands CLI asks at login."""
+"""Who am I (/api/v1/users/me) and the BYOR LLM key the OpenHands CLI asks for at login: the
+user's LLM gateway key (docs/llm-gateway.md)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from controlplane import keys
-from controlplane.api.parsing import json_response
+from controlplane.api.parsing import json_response, parse_query
 from controlplane.api.routing import RouteTable
 from controlplane.auth.identity import principal_of
+from controlplane.settings.gateway_view import gateway_llm
 from controlplane.settings.models import SettingsResponse
 
 routes = RouteTable(tag="users")
@@ -29,17 +31,43 @@ class UserInfo(SettingsResponse):
 
 
 class LlmKeyResponse(BaseModel):
-    """Always null: the LLM key stays on the server (docs/api.md#openhands-clients)."""
+    """The caller's LLM gateway key: never the provider key, which stays on the server
+    (docs/llm-gateway.md); null when the gateway does not run."""
 
-    key: None = None
+    key: str | None = None
+
+
+class UserInfoWithSecrets(UserInfo):
+    """`?expose_secrets=true`: the LLM as the caller's own tools must call it (the gateway)."""
+
+    llm_api_key: str | None = None  # type: ignore[assignment]
+
+
+class MeQuery(BaseModel):
+    expose_secrets: bool = False
 
 
 @routes.route(
-    "GET", "/api/v1/users/me", summary="The calling user, with their settings", response=UserInfo
+    "GET",
+    "/api/v1/users/me",
+    summary="The calling user, with their settings",
+    query=MeQuery,
+    response=UserInfo | UserInfoWithSecrets,
 )
 async def get_me(request: web.Request) -> web.Response:
     principal = principal_of(request)
     settings = await request.app[keys.SETTINGS].get(principal.user_id)
+    if parse_query(request, MeQuery).expose_secrets:
+        llm = await gateway_llm(request, principal.user_id, settings.llm_model)
+        return json_response(
+            UserInfoWithSecrets(
+                **(settings.model_dump() | llm),
+                id=principal.user_id,
+                is_admin=principal.is_admin,
+                key_id=principal.key_id,
+                auth_method=principal.via,
+            )
+        )
     return json_response(
         UserInfo(
             **settings.model_dump(),
@@ -54,8 +82,12 @@ async def get_me(request: web.Request) -> web.Response:
 @routes.route(
     "GET",
     "/api/keys/llm/byor",
-    summary="The LLM key for running agents elsewhere: never handed out here, always null",
+    summary="The caller's LLM gateway key (made on first use) for running agents elsewhere",
     response=LlmKeyResponse,
 )
 async def get_byor_key(request: web.Request) -> web.Response:
-    return json_response(LlmKeyResponse())
+    gateway = request.app.get(keys.GATEWAY)
+    if gateway is None:
+        return json_response(LlmKeyResponse())
+    key = await gateway.user_keys.get_or_create(principal_of(request).user_id)
+    return json_response(LlmKeyResponse(key=key))

@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -218,3 +219,36 @@ if __name__ == "__main__":
     if official is None:
         sys.exit(f"no Python {OFFICIAL_PYTHON} found")
     print(build_official_sdk_venv(official, data_dir() / "build"))
+
+
+async def approve_in_the_page(base: str, key: str, link: str) -> None:
+    """What a person does with the printed link: sign in, look at the code, press Approve."""
+    own = {"Origin": base}
+    jar = aiohttp.CookieJar(unsafe=True)  # cookies for an IP address host
+    async with aiohttp.ClientSession(cookie_jar=jar) as browser:
+        async with browser.get(link, allow_redirects=False) as page:
+            assert page.status == 303  # not signed in yet
+            sign_in = base + page.headers["Location"]
+        async with browser.get(sign_in) as page:
+            assert 'name="api_key"' in await page.text()
+        next_path = link.removeprefix(base)
+        async with browser.post(
+            base + "/auth/sign-in",
+            data={"api_key": key, "next": next_path},
+            headers=own,
+            allow_redirects=False,
+        ) as signed:
+            assert signed.status == 303
+            assert signed.headers["Location"] == next_path
+        async with browser.get(link) as page:
+            text = await page.text()
+            assert page.status == 200, text
+        user_code = link.rsplit("=", 1)[1]
+        assert f'value="{user_code}"' in text
+        async with browser.post(
+            base + "/oauth/device/verify",
+            data={"user_code": user_code, "action": "approve"},
+            headers=own,
+        ) as done:
+            assert done.status == 200
+            assert "is connected" in await done.text()
