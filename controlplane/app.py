@@ -46,16 +46,23 @@ from controlplane.health import OPENAPI_DOC
 from controlplane.health import routes as health_routes
 from controlplane.lifecycle.routes import routes as lifecycle_routes
 from controlplane.metrics import METRICS, Metrics
+from controlplane.organizations.routes import routes as organization_routes
 from controlplane.sandboxes.agent_webhooks import webhook_routes as agent_webhook_routes
 from controlplane.sandboxes.pool_routes import routes as pool_routes
 from controlplane.sandboxes.routes import routes as sandbox_routes
 from controlplane.sandboxes.wiring import RECONCILER, sandbox_ctx
+from controlplane.settings.profile_routes import routes as profile_routes
+from controlplane.settings.profiles import PROFILES, LlmProfiles
 from controlplane.settings.routes import routes as settings_routes
+from controlplane.settings.schema_routes import routes as settings_schema_routes
 from controlplane.settings.service import SettingsService
 from controlplane.settings.store import UserRecordStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.routes import routes as spec_routes
 from controlplane.store.redis import ensure_embedded_redis, make_client, wait_for_redis
+from controlplane.webapp.routes import routes as web_app_routes
+from controlplane.webapp.static import register_web_app
+from controlplane.webclient.canvas_routes import routes as canvas_routes
 from controlplane.webclient.routes import routes as web_client_routes
 
 VERSION = "0.1.0"
@@ -79,6 +86,12 @@ def route_tables() -> list[RouteTable]:
         *webhook_route_tables(),
         lifecycle_routes,
         web_client_routes,
+        # OpenHands' current clients (Agent Canvas): docs/api.md#openhands-clients.
+        settings_schema_routes,
+        profile_routes,
+        organization_routes,
+        canvas_routes,
+        web_app_routes,
     ]
 
 
@@ -113,7 +126,9 @@ def _redis_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncIterat
             DeviceFlowConfig(ttl=config.device_code_ttl, interval=config.device_poll_interval),
         )
         app[keys.AUTH_LIMITER] = RateLimiter(client, config.auth_rate_limit_per_minute)
-        app[keys.SETTINGS] = SettingsService(UserRecordStore(client, box))
+        records = UserRecordStore(client, box)
+        app[keys.SETTINGS] = SettingsService(records)
+        app[PROFILES] = LlmProfiles(records)
         if config.rate_limit_per_minute:
             app[RATE_LIMITER] = RateLimiter(client, config.rate_limit_per_minute)
         if config.webhook_rate_limit_per_minute:
@@ -162,6 +177,8 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
     for table in tables:
         table.register(app)
     app[OPENAPI_DOC] = build_openapi((ep for t in tables for ep in t.endpoints), VERSION)
+    if config.web_app_dir is not None:
+        register_web_app(app, config.web_app_dir)  # last: it takes every GET nothing else does
     return app
 
 

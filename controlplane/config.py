@@ -178,6 +178,11 @@ class ServiceConfig(BaseModel):
     auth_rate_limit_per_minute: int = Field(
         default=30, ge=1, le=100_000, description="Sign-ins, device codes, approvals per minute"
     )
+    web_app_dir: Path | None = Field(
+        default=None,
+        description="A built web app served at / (Agent Canvas's build/ directory; "
+        "docs/api.md#agent-canvas)",
+    )
 
     @field_validator("lifecycle_webhook_urls", mode="before")
     @classmethod

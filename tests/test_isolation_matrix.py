@@ -133,7 +133,21 @@ BODIES: dict[tuple[str, str], BodyVariants] = {
     ("POST", "/api/v1/webhooks/{sandbox_id}/conversations"): lambda ids, _b: [
         ("id", {"id": ids.conversation, "execution_status": "error"})
     ],
+    # Profiles are per user: bob's writes make or touch his own.
+    ("POST", "/api/v1/settings/profiles/{name}"): lambda ids, _b: [("-", PROFILE_BODY)],
+    ("POST", "/api/organizations/{org_id}/profiles/{name}"): lambda ids, _b: [("-", PROFILE_BODY)],
+    ("POST", "/api/v1/settings/profiles/{name}/rename"): lambda ids, _b: [
+        ("-", {"new_name": "renamed-by-bob"})
+    ],
+    ("POST", "/api/organizations/{org_id}/profiles/{name}/rename"): lambda ids, _b: [
+        ("-", {"new_name": "renamed-by-bob"})
+    ],
+    ("POST", "/api/v1/settings/profiles/{name}/activate"): lambda ids, _b: [("-", {})],
+    ("POST", "/api/organizations/{org_id}/profiles/{name}/activate"): lambda ids, _b: [("-", {})],
+    ("POST", "/api/agent-profiles/{name}"): lambda ids, _b: [("-", {"name": "x"})],
+    ("POST", "/api/agent-profiles/{name}/rename"): lambda ids, _b: [("-", {"new_name": "x"})],
 }
+PROFILE_BODY = {"llm": {"model": "bob-model", "api_key": "bob-key"}, "include_secrets": True}
 
 # The documented difference: an existing client-chosen conversation id is refused with 409,
 # a fresh one starts a conversation.
@@ -145,7 +159,8 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, int]] = {
 PATH_IDS: dict[str, Callable[[Ids], str]] = {
     "sandbox_id": lambda i: i.sandbox,
     "conversation_id": lambda i: i.conversation,
-    "name": lambda i: i.secret,
+    "name": lambda i: i.secret,  # a secret's, an LLM profile's (alice has both) or agent profile's
+    "org_id": lambda _i: "deployment",  # the one organization: every user's, no user data
 }
 
 
@@ -181,7 +196,7 @@ NEUTRAL_QUERY = {
     "created_at__gte", "created_at__lt", "updated_at__gte", "updated_at__lt", "kind__eq",
     "timestamp__gte", "timestamp__lt", "include_sub_conversations", "last_activity_at__lt",
     "last_activity_at__gte", "resend_all", "session_api_key", "query", "verified__eq",
-    "provider__eq", "selected_repository", "conversation_trigger",
+    "provider__eq", "selected_repository", "conversation_trigger", "returnTo",
 }  # fmt: skip
 
 
@@ -297,6 +312,7 @@ async def snapshot(alice: Alice) -> dict[str, Any]:
         "public": conversation["public"],
         "settings": await api.ok("GET", "/api/settings"),
         "secrets": await api.ok("GET", "/api/secrets"),
+        "profiles": await api.ok("GET", "/api/v1/settings/profiles"),
         "tasks": (await api.ok("GET", "/api/v1/app-conversations/start-tasks/search"))["items"],
         "conversations": (await api.ok("GET", "/api/v1/app-conversations/search"))["items"][0][
             "id"
@@ -329,6 +345,8 @@ async def settle(api: Api, within: float = 90) -> None:
 async def make_alice(user: UserFactory, fake_llm: FakeLLM) -> Alice:
     api = await user("alice")
     await api.ok("POST", "/api/secrets", json={"name": "ALICE_TOKEN", "value": SECRET_VALUE})
+    profile = {"llm": {"model": "alice-model", "api_key": SECRET_VALUE}, "include_secrets": True}
+    await api.ok("POST", "/api/v1/settings/profiles/ALICE_TOKEN", json=profile)
     fake_llm.script([reply_tool_call("terminal", {"command": "echo hi"}), reply_finish()])
     task = await start_and_wait(api, initial_message=message(PRIVATE_TEXT), title=TITLE)
     assert task["status"] == "READY", task

@@ -120,6 +120,17 @@ class StoredSecret(BaseModel):
     description: str | None = None
 
 
+class StoredLlmProfile(BaseModel):
+    """A named LLM configuration (controlplane/settings/profiles.py)."""
+
+    model: str
+    base_url: str | None = None
+    api_key: str | None = None
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Other LLM fields the client sent, kept as sent"
+    )
+
+
 class UserRecord(BaseModel):
     """Everything stored for one user; encrypted as a whole at rest."""
 
@@ -129,6 +140,8 @@ class UserRecord(BaseModel):
     sandbox_api_key: str | None = None
     provider_tokens: dict[ProviderType, StoredProviderToken] = Field(default_factory=dict)
     custom_secrets: dict[str, StoredSecret] = Field(default_factory=dict)
+    llm_profiles: dict[str, StoredLlmProfile] = Field(default_factory=dict)
+    active_llm_profile: str | None = None
     stored: bool = False
 
 
