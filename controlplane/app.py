@@ -38,6 +38,7 @@ from controlplane.config import ServiceConfig
 from controlplane.conversations.legacy import routes as legacy_conversation_routes
 from controlplane.conversations.pending_routes import routes as pending_routes
 from controlplane.conversations.routes import routes as conversation_routes
+from controlplane.conversations.runtime_routes import routes as conversation_runtime_routes
 from controlplane.crypto import load_secret_box
 from controlplane.events.routes import routes as event_routes
 from controlplane.events.routes import track_sockets
@@ -48,8 +49,11 @@ from controlplane.lifecycle.routes import routes as lifecycle_routes
 from controlplane.metrics import METRICS, Metrics
 from controlplane.organizations.routes import routes as organization_routes
 from controlplane.sandboxes.agent_webhooks import webhook_routes as agent_webhook_routes
+from controlplane.sandboxes.cloud_proxy import routes as cloud_proxy_routes
 from controlplane.sandboxes.pool_routes import routes as pool_routes
 from controlplane.sandboxes.routes import routes as sandbox_routes
+from controlplane.sandboxes.runtime_http import runtime_http_ctx
+from controlplane.sandboxes.secret_routes import routes as sandbox_secret_routes
 from controlplane.sandboxes.wiring import RECONCILER, sandbox_ctx
 from controlplane.settings.profile_routes import routes as profile_routes
 from controlplane.settings.profiles import PROFILES, LlmProfiles
@@ -86,19 +90,21 @@ def route_tables() -> list[RouteTable]:
         *webhook_route_tables(),
         lifecycle_routes,
         web_client_routes,
-        # OpenHands' current clients (Agent Canvas): docs/api.md#openhands-clients.
+        # OpenHands' current clients (Agent Canvas, SDK 1.58): docs/api.md#openhands-clients.
         settings_schema_routes,
         profile_routes,
         organization_routes,
         canvas_routes,
         web_app_routes,
+        conversation_runtime_routes,
+        cloud_proxy_routes,
     ]
 
 
 def webhook_route_tables() -> list[RouteTable]:
     """The routes sandboxes call: served by the API and, alone, by the webhook listener on the
     sandbox networks' gateways (create_webhook_app)."""
-    return [event_webhook_routes, agent_webhook_routes]
+    return [event_webhook_routes, agent_webhook_routes, sandbox_secret_routes]
 
 
 def _redis_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -172,6 +178,7 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
     track_sockets(app)
     if with_sandboxes:
         app.cleanup_ctx.append(sandbox_ctx(config))
+        app.cleanup_ctx.append(runtime_http_ctx)
         app.on_startup.append(_start_networks)
     tables = route_tables()
     for table in tables:

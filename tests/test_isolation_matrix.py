@@ -146,6 +146,10 @@ BODIES: dict[tuple[str, str], BodyVariants] = {
     ("POST", "/api/organizations/{org_id}/profiles/{name}/activate"): lambda ids, _b: [("-", {})],
     ("POST", "/api/agent-profiles/{name}"): lambda ids, _b: [("-", {"name": "x"})],
     ("POST", "/api/agent-profiles/{name}/rename"): lambda ids, _b: [("-", {"new_name": "x"})],
+    # The envelope carries no id of its own; cloud-proxy's attacks are in test_cloud_proxy.py.
+    ("POST", "/api/cloud-proxy"): lambda ids, _b: [
+        ("-", {"host": "http://127.0.0.1:1", "path": "/api/conversations", "headers": {}})
+    ],
 }
 PROFILE_BODY = {"llm": {"model": "bob-model", "api_key": "bob-key"}, "include_secrets": True}
 
@@ -160,6 +164,7 @@ PATH_IDS: dict[str, Callable[[Ids], str]] = {
     "sandbox_id": lambda i: i.sandbox,
     "conversation_id": lambda i: i.conversation,
     "name": lambda i: i.secret,  # a secret's, an LLM profile's (alice has both) or agent profile's
+    "secret_name": lambda i: i.secret,
     "org_id": lambda _i: "deployment",  # the one organization: every user's, no user data
 }
 
@@ -176,6 +181,8 @@ def query_id(path: str, name: str) -> Callable[[Ids], str] | None:
         return lambda i: i.event
     if name == "all_users":
         return lambda _i: "true"  # the admin-only switch, tried as bob
+    if name in ("path", "file_path"):
+        return lambda _i: "/workspace/project"  # a place in a sandbox: no id of its own
     if name in ("id", "ids"):
         if path.startswith("/api/v1/sandbox-specs"):
             return lambda _i: "default"  # templates are shared, not user data
@@ -196,7 +203,8 @@ NEUTRAL_QUERY = {
     "created_at__gte", "created_at__lt", "updated_at__gte", "updated_at__lt", "kind__eq",
     "timestamp__gte", "timestamp__lt", "include_sub_conversations", "last_activity_at__lt",
     "last_activity_at__gte", "resend_all", "session_api_key", "query", "verified__eq",
-    "provider__eq", "selected_repository", "conversation_trigger", "returnTo",
+    "provider__eq", "selected_repository", "conversation_trigger", "expose_secrets",
+    "agent_profile_id", "returnTo", "path", "ref", "file_path",
 }  # fmt: skip
 
 
@@ -379,7 +387,10 @@ async def test_bob_reaches_nothing_of_alice_on_any_route(
 
     failures: list[str] = []
     for probe in probes:
-        webhook = probe.template.startswith("/api/v1/webhooks/")
+        # Sandbox-authenticated routes: bob's own sandbox key is his credential there.
+        webhook = probe.template.startswith("/api/v1/webhooks/") or "/settings/secrets" in (
+            probe.template
+        )
         headers = {"X-Session-API-Key": bob_sandbox["session_api_key"] if webhook else bob.key}
         pairs = [(alice.ids, random_ids())]
         if webhook:
