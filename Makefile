@@ -13,7 +13,8 @@ all: lint test
 host:
 	@scripts/bootstrap-host.sh
 
-# Debian's chromium, which the browser tests drive (tests/test_browser_pages.py).
+# Debian's chromium, which the browser tests drive (tests/test_browser_pages.py), and npm, which
+# fetches the web apps they run (tests/agent_canvas.py).
 browser:
 	@scripts/bootstrap-host.sh --browser
 
@@ -43,11 +44,13 @@ test: install host images browser test-prep
 	$(BIN)/pytest
 
 # What the slow tiers need, made before pytest so that no test's time limit covers a build from
-# nothing: the official agent server's image (minutes the first time, cached) and the pinned
-# OpenHands client venvs (tests/openhands_clients.py; cached under the data dir).
-test-prep: install host images
+# nothing: the official agent server's image (minutes the first time, cached), the pinned
+# OpenHands client venvs (tests/openhands_clients.py) and Agent Canvas from npm
+# (tests/agent_canvas.py), both cached under the data dir.
+test-prep: install host images browser
 	@scripts/build-images.sh openhands
 	$(BIN)/python -m tests.openhands_clients
+	$(BIN)/python -m tests.agent_canvas
 
 # Without the slow tiers (tests marked `slow`: real clients, chaos, the official agent server).
 test-quick: install host images browser

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares a Debian host for `make run` and `make test`: Python venv support, redis-server,
 # debootstrap, a running Docker engine, and gVisor's runsc registered with it (optional); with
-# --browser, Python venv support and Debian's chromium (for the browser tests) only. Installs what
+# --browser, Python venv support, Debian's chromium and npm (the browser tests, and the web apps
+# they fetch from the npm registry) only. Installs what
 # is missing when run as root on Debian; otherwise says exactly what to install. Safe to run
 # again: it only acts on what is absent.
 set -euo pipefail
@@ -28,6 +29,7 @@ if ! $python_only; then
 fi
 if $browser; then
     have chromium || need_apt+=(chromium)
+    have npm || need_apt+=(npm)
 fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then

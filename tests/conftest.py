@@ -23,7 +23,13 @@ from controlplane.config import ServiceConfig, load_config
 from tests.redis_server import RedisServer
 from tests.run_id import RUN_ID
 
-pytest_plugins = ["tests.docker_fixtures", "tests.conversation_helpers", "tests.openhands_clients"]
+pytest_plugins = [
+    "tests.docker_fixtures",
+    "tests.conversation_helpers",
+    "tests.openhands_clients",
+    "tests.agent_canvas",
+    "tests.browser_netns",
+]
 
 REPO = Path(__file__).resolve().parent.parent
 BOOTSTRAP_KEY = "test-bootstrap-key-" + secrets.token_hex(8)

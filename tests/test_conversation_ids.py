@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from controlplane.conversations.titles import title_of
 from tests.conversation_helpers import (
     UserFactory,
     message,
@@ -53,3 +54,26 @@ async def test_every_route_takes_every_form(user: UserFactory, fake_llm: FakeLLM
             assert (await ws.receive_json(timeout=10))["kind"]
     await alice.ok("POST", f"/api/v1/app-conversations/{dashed.upper()}/events", json=message("2"))
     await wait_events(alice, plain, lambda evs: "'2'" in str(evs) and status_is("finished")(evs))
+
+
+async def test_a_conversation_is_titled_from_its_first_message(
+    user: UserFactory, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script([reply_finish(), reply_finish(), reply_finish()])
+    alice = await user("alice")
+    long = "Fix the flaky login test\nit fails on CI " + "x" * 80
+    task = await start_and_wait(alice, initial_message=message(long))
+    cid = task["app_conversation_id"]
+    await wait_events(alice, cid, status_is("finished"))
+    conversation = await alice.ok("GET", f"/api/v1/app-conversations/{cid}")
+    assert conversation["title"] == "Fix the flaky login test"
+    # Later messages do not rename it; nor does the first one a title the caller chose.
+    await alice.ok("POST", f"/api/v1/app-conversations/{cid}/events", json=message("other"))
+    await wait_events(alice, cid, lambda evs: "other" in str(evs) and status_is("finished")(evs))
+    assert (await alice.ok("GET", f"/api/v1/app-conversations/{cid}"))["title"] == long[:24]
+    named = await start_and_wait(alice, initial_message=message("text"), title="Mine")
+    await wait_events(alice, named["app_conversation_id"], status_is("finished"))
+    mine = await alice.ok("GET", f"/api/v1/app-conversations/{named['app_conversation_id']}")
+    assert mine["title"] == "Mine"
+    # A long first line is cut at 50 characters.
+    assert len(title_of("y" * 200)) == 50

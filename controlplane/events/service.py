@@ -13,6 +13,7 @@ from controlplane.api.pagination import STREAM_ID, decode_cursor, encode_cursor
 from controlplane.auth.models import Principal
 from controlplane.conversations.models import AppConversationInfo, ExecutionStatus, MetricsSnapshot
 from controlplane.conversations.service import ConversationService
+from controlplane.conversations.titles import name_from_first_message
 from controlplane.errors import NotFound, Unauthorized
 from controlplane.events.agent_state import readable_metrics, readable_state, status_in
 from controlplane.events.budget import ENFORCED_BY_AGENT, BudgetEnforcer, crossed
@@ -122,6 +123,7 @@ class EventService:
         if info is None:
             return 0
         added = await self.store.append(info.id, [e for e in raw if not _snapshot(e)])
+        await name_from_first_message(self._conversations.store, info, raw)
         if self._on_lag is not None:
             now = datetime.now(UTC)
             for checked, _event in events:

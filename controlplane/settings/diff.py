@@ -11,11 +11,12 @@ title model nor skill to turn off here). A diff and its nested twin in one body 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import AfterValidator, ConfigDict, Field, field_validator
 
 from controlplane.api.parsing import invalid
+from controlplane.settings.models import _http_url
 from controlplane.settings.v1 import (
     AgentSettingsIn,
     CondenserIn,
@@ -25,10 +26,24 @@ from controlplane.settings.v1 import (
 )
 
 
+def _url_or_empty(value: str | None) -> str | None:
+    return None if value == "" else _http_url(value)
+
+
+DiffUrl = Annotated[
+    str | None,
+    Field(max_length=2048, json_schema_extra={"pattern": r"^$|^[\s\x1c-\x1f]*https?://[^\s/]+"}),
+    AfterValidator(_url_or_empty),
+]
+"""An http(s) URL, or "" for none (the form's empty field)."""
+
+
 class LlmDiff(LlmIn):
     model_config = ConfigDict(extra="ignore")
 
-    @field_validator("base_url", "model", mode="before")
+    base_url: DiffUrl = None
+
+    @field_validator("model", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if value == "" else value
@@ -71,7 +86,7 @@ def as_v1_update(body: SettingsDiffUpdate) -> SettingsV1Update:
         value = getattr(body, diff)
         if diff not in body.model_fields_set or value is None:
             continue
-        if nested in body.model_fields_set:
+        if nested in body.model_fields_set and getattr(body, nested) is not None:
             msg = f"send {diff} or {nested}, not both"
             raise invalid("body", diff, msg=msg, error_type="value_error")
         data[nested] = value.model_dump(exclude_unset=True)

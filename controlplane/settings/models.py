@@ -48,7 +48,10 @@ def _resource_factor(value: int | None) -> int | None:
 
 
 ShortStr = Annotated[str, Field(max_length=256)]
-_EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s.]+$")
+# Whitespace spelled out: Python's \s and JSON Schema's (ECMA) differ (\x1c-\x1f, \x85, \ufeff),
+# and the pattern in the OpenAPI document must refuse exactly what the validator refuses.
+_SPACE = r"\t\n\v\f\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+_EMAIL_RE = re.compile(rf"^[^@{_SPACE}]+@[^@{_SPACE}]+\.[^@{_SPACE}.]+$")
 
 
 def _email(value: str) -> str:

@@ -69,7 +69,7 @@ async def rename_profile(request: web.Request) -> web.Response:
 
 async def activate_profile(request: web.Request) -> web.Response:
     user = _scope(request)
-    await parse_body(request, ActivateProfileRequest, optional=True)
+    await parse_body(request, ActivateProfileRequest)
     return json_response(await request.app[PROFILES].activate(user, request.match_info["name"]))
 
 

@@ -68,7 +68,7 @@ class RenameProfileRequest(BaseModel):
 
 
 class ActivateProfileRequest(BaseModel):
-    """POST …/activate: `{}` (or no body)."""
+    """POST …/activate: `{}`, as Agent Canvas sends it."""
 
     model_config = ConfigDict(extra="forbid")
 
