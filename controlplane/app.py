@@ -36,6 +36,7 @@ from controlplane.auth.sessions import SIGNING_PURPOSE, SessionService
 from controlplane.auth.web import routes as sign_in_routes
 from controlplane.config import ServiceConfig
 from controlplane.conversations.legacy import routes as legacy_conversation_routes
+from controlplane.conversations.legacy_start import routes as legacy_start_routes
 from controlplane.conversations.pending_routes import routes as pending_routes
 from controlplane.conversations.routes import routes as conversation_routes
 from controlplane.conversations.runtime_routes import routes as conversation_runtime_routes
@@ -98,6 +99,7 @@ def route_tables() -> list[RouteTable]:
         web_app_routes,
         conversation_runtime_routes,
         cloud_proxy_routes,
+        legacy_start_routes,
     ]
 
 

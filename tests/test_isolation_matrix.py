@@ -133,6 +133,8 @@ BODIES: dict[tuple[str, str], BodyVariants] = {
     ("POST", "/api/v1/webhooks/{sandbox_id}/conversations"): lambda ids, _b: [
         ("id", {"id": ids.conversation, "execution_status": "error"})
     ],
+    # The V0 start takes no id: bob starts a conversation of his own.
+    ("POST", "/api/conversations"): lambda ids, _b: [("-", {"initial_user_msg": "bob's"})],
     # Profiles are per user: bob's writes make or touch his own.
     ("POST", "/api/v1/settings/profiles/{name}"): lambda ids, _b: [("-", PROFILE_BODY)],
     ("POST", "/api/organizations/{org_id}/profiles/{name}"): lambda ids, _b: [("-", PROFILE_BODY)],
@@ -169,20 +171,23 @@ PATH_IDS: dict[str, Callable[[Ids], str]] = {
 }
 
 
+QUERY_IDS: dict[str, Callable[[Ids], str]] = {
+    "conversation_id": lambda i: i.conversation,
+    "conversation_id__eq": lambda i: i.conversation,
+    "sandbox_id": lambda i: i.sandbox,
+    "sandbox_id__eq": lambda i: i.sandbox,
+    "created_by_user_id": lambda i: i.user,
+    "after": lambda i: i.event,
+    "all_users": lambda _i: "true",  # the admin-only switch, tried as bob
+    "path": lambda _i: "/workspace/project",  # a place in a sandbox: no id of its own
+    "file_path": lambda _i: "/workspace/project",
+}
+
+
 def query_id(path: str, name: str) -> Callable[[Ids], str] | None:
     """The id a query parameter carries, or None when it carries none."""
-    if name in ("conversation_id", "conversation_id__eq"):
-        return lambda i: i.conversation
-    if name in ("sandbox_id", "sandbox_id__eq"):
-        return lambda i: i.sandbox
-    if name == "created_by_user_id":
-        return lambda i: i.user
-    if name == "after":
-        return lambda i: i.event
-    if name == "all_users":
-        return lambda _i: "true"  # the admin-only switch, tried as bob
-    if name in ("path", "file_path"):
-        return lambda _i: "/workspace/project"  # a place in a sandbox: no id of its own
+    if name in QUERY_IDS:
+        return QUERY_IDS[name]
     if name in ("id", "ids"):
         if path.startswith("/api/v1/sandbox-specs"):
             return lambda _i: "default"  # templates are shared, not user data
