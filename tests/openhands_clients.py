@@ -141,7 +141,7 @@ OFFICIAL_PYTHON = "3.13"
 
 
 def build_official_sdk_venv(python: Path, build: Path) -> Path:
-    """openhands-sdk/-tools 1.58.0, the official agent server's own version (the 1.21 clients
+    """openhands-sdk/-tools 1.58.2, the official agent server's own version (the 1.21 clients
     cannot read its events), from the wheels scripts/build-images.sh fetched for its image."""
     key = hashlib.sha256(OFFICIAL_LOCK.read_bytes() + str(python).encode()).hexdigest()[:16]
     venv = build / f"official-sdk-venv-{key}"
@@ -151,7 +151,7 @@ def build_official_sdk_venv(python: Path, build: Path) -> Path:
             return venv
         wheels = [
             Path(found).parent
-            for found in glob.glob(str(build / "wheels" / "*" / "openhands_sdk-1.58.0-*.whl"))
+            for found in glob.glob(str(build / "wheels" / "*" / "openhands_sdk-1.58.2-*.whl"))
             if (Path(found).parent / ".complete").exists()
         ]
         if not wheels:
