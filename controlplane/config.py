@@ -142,6 +142,12 @@ class Access(BaseModel):
         le=60,
         description="seconds the device flow asks clients to wait between polls, 1..60",
     )
+    web_app_dir: Path | None = Field(
+        default=None,
+        description="a built web app served at `/` for browsers: Agent Canvas's `build/` "
+        "directory (`npm pack @openhands/agent-canvas@1.6.1`, then `package/build`), which then "
+        "talks to this server with the browser session ([api.md](api.md#agent-canvas))",
+    )
 
     @field_validator("cors_origins")
     @classmethod

@@ -4,19 +4,20 @@ Each resource opens and closes in one cleanup context, and create_app appends th
 dependency order (`contexts`); aiohttp opens them in that order and closes them in reverse:
 
 1. redis          the Redis client, the secret box, and what needs only them (API keys, browser
-                  sessions, the device flow, settings, rate limiters)
+                  sessions, the device flow, settings and LLM profiles, rate limiters)
 2. runtime        the sandbox driver (for Docker with its networks and firewall) and the
                   webhook listener it binds where sandboxes reach it
 3. http client    the one client session to agent servers and webhook receivers
-4. lifecycle      the lifecycle webhook outbox and this replica's deliverer, the publisher
-5. sandboxes      the sandbox service with its launcher, readiness probe, status feed and leases,
+4. runtime http   the client of what browser clients send to a sandbox (cloud proxy, reads)
+5. lifecycle      the lifecycle webhook outbox and this replica's deliverer, the publisher
+6. sandboxes      the sandbox service with its launcher, readiness probe, status feed and leases,
                   the warm pool, the reconciler and the idle reaper
-6. LLM gateway    sandbox credentials, the users' gateway keys, forwarding (and the LiteLLM
+7. LLM gateway    sandbox credentials, the users' gateway keys, forwarding (and the LiteLLM
                   translator process, started on first need), metering; without sandboxes it
                   serves the users' own gateway keys alone
-7. conversations  the conversation service with its start tasks (which hand agents gateway
+8. conversations  the conversation service with its start tasks (which hand agents gateway
                   credentials) and pending messages, events
-8. webhooks       every spec's network made ready and the webhook listener serving: opened last
+9. webhooks       every spec's network made ready and the webhook listener serving: opened last
                   (every service it calls exists), closed first (no webhook arrives while the
                   rest close)
 
@@ -68,10 +69,12 @@ from controlplane.sandboxes.pool_store import PoolStore
 from controlplane.sandboxes.readiness import ReadinessProbe
 from controlplane.sandboxes.reaper import IdleReaper
 from controlplane.sandboxes.reconciler import Reconciler
+from controlplane.sandboxes.runtime_http import RuntimeHttp
 from controlplane.sandboxes.service import SandboxService
 from controlplane.sandboxes.status_feed import StatusFeed
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.sandboxes.webhook_listener import WebhookListener
+from controlplane.settings.profiles import LlmProfiles
 from controlplane.settings.service import SettingsService
 from controlplane.settings.store import UserRecordStore
 from controlplane.store import keyspace
@@ -96,6 +99,7 @@ def contexts(
         redis_ctx(config),
         runtime_ctx(config),
         http_ctx(),
+        runtime_http_ctx(),
         lifecycle_ctx(config),
         sandboxes_ctx(config),
         gateway_ctx(config),
@@ -129,7 +133,9 @@ def redis_ctx(config: ServiceConfig) -> Context:
             DeviceFlowConfig(ttl=config.device_code_ttl, interval=config.device_poll_interval),
         )
         app[keys.AUTH_LIMITER] = RateLimiter(client, config.auth_rate_limit_per_minute)
-        app[keys.SETTINGS] = SettingsService(UserRecordStore(client, box))
+        records = UserRecordStore(client, box)
+        app[keys.SETTINGS] = SettingsService(records)
+        app[keys.PROFILES] = LlmProfiles(records)
         if config.rate_limit_per_minute:
             app[keys.RATE_LIMITER] = RateLimiter(client, config.rate_limit_per_minute)
         if config.webhook_rate_limit_per_minute:
@@ -175,6 +181,20 @@ def http_ctx() -> Context:
         app[keys.HTTP_CLIENT] = http
         yield
         await http.close()
+
+    return ctx
+
+
+def runtime_http_ctx() -> Context:
+    """The client of the requests browser clients have sent to a sandbox's agent server: a pool
+    of its own, answers decompressed and bounded (sandboxes/runtime_http.py)."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=50), auto_decompress=True
+        ) as http:
+            app[keys.RUNTIME_HTTP] = RuntimeHttp(http)
+            yield
 
     return ctx
 

@@ -146,7 +146,27 @@ BODIES: dict[tuple[str, str], BodyVariants] = {
     ("POST", "/api/v1/webhooks/{sandbox_id}/conversations"): lambda ids, _b: [
         ("id", {"id": ids.conversation, "execution_status": "error"})
     ],
+    # The V0 start takes no id: bob starts a conversation of his own.
+    ("POST", "/api/conversations"): lambda ids, _b: [("-", {"initial_user_msg": "bob's"})],
+    # Profiles are per user: bob's writes make or touch his own.
+    ("POST", "/api/v1/settings/profiles/{name}"): lambda ids, _b: [("-", PROFILE_BODY)],
+    ("POST", "/api/organizations/{org_id}/profiles/{name}"): lambda ids, _b: [("-", PROFILE_BODY)],
+    ("POST", "/api/v1/settings/profiles/{name}/rename"): lambda ids, _b: [
+        ("-", {"new_name": "renamed-by-bob"})
+    ],
+    ("POST", "/api/organizations/{org_id}/profiles/{name}/rename"): lambda ids, _b: [
+        ("-", {"new_name": "renamed-by-bob"})
+    ],
+    ("POST", "/api/v1/settings/profiles/{name}/activate"): lambda ids, _b: [("-", {})],
+    ("POST", "/api/organizations/{org_id}/profiles/{name}/activate"): lambda ids, _b: [("-", {})],
+    ("POST", "/api/agent-profiles/{name}"): lambda ids, _b: [("-", {"name": "x"})],
+    ("POST", "/api/agent-profiles/{name}/rename"): lambda ids, _b: [("-", {"new_name": "x"})],
+    # The envelope carries no id of its own; cloud-proxy's attacks are in test_cloud_proxy.py.
+    ("POST", "/api/cloud-proxy"): lambda ids, _b: [
+        ("-", {"host": "http://127.0.0.1:1", "path": "/api/conversations", "headers": {}})
+    ],
 }
+PROFILE_BODY = {"llm": {"model": "bob-model", "api_key": "bob-key"}, "include_secrets": True}
 
 # The documented difference: an existing client-chosen conversation id is refused with 409,
 # a fresh one starts a conversation.
@@ -160,22 +180,29 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, int]] = {
 PATH_IDS: dict[str, Callable[[Ids], str]] = {
     "sandbox_id": lambda i: i.sandbox,
     "conversation_id": lambda i: i.conversation,
-    "name": lambda i: i.secret,
+    "name": lambda i: i.secret,  # a secret's, an LLM profile's (alice has both) or agent profile's
+    "secret_name": lambda i: i.secret,
+    "org_id": lambda _i: "deployment",  # the one organization: every user's, no user data
+}
+
+
+QUERY_IDS: dict[str, Callable[[Ids], str]] = {
+    "conversation_id": lambda i: i.conversation,
+    "conversation_id__eq": lambda i: i.conversation,
+    "sandbox_id": lambda i: i.sandbox,
+    "sandbox_id__eq": lambda i: i.sandbox,
+    "created_by_user_id": lambda i: i.user,
+    "after": lambda i: i.event,
+    "all_users": lambda _i: "true",  # the admin-only switch, tried as bob
+    "path": lambda _i: "/workspace/project",  # a place in a sandbox: no id of its own
+    "file_path": lambda _i: "/workspace/project",
 }
 
 
 def query_id(path: str, name: str) -> Callable[[Ids], str] | None:
     """The id a query parameter carries, or None when it carries none."""
-    if name in ("conversation_id", "conversation_id__eq"):
-        return lambda i: i.conversation
-    if name in ("sandbox_id", "sandbox_id__eq"):
-        return lambda i: i.sandbox
-    if name == "created_by_user_id":
-        return lambda i: i.user
-    if name == "after":
-        return lambda i: i.event
-    if name == "all_users":
-        return lambda _i: "true"  # the admin-only switch, tried as bob
+    if name in QUERY_IDS:
+        return QUERY_IDS[name]
     if name in ("id", "ids"):
         if path.startswith("/api/v1/sandbox-specs"):
             return lambda _i: "default"  # templates are shared, not user data
@@ -197,6 +224,7 @@ NEUTRAL_QUERY = {
     "timestamp__gte", "timestamp__lt", "include_sub_conversations", "last_activity_at__lt",
     "last_activity_at__gte", "resend_all", "session_api_key", "query", "verified__eq",
     "provider__eq", "selected_repository", "conversation_trigger", "expose_secrets",
+    "agent_profile_id", "returnTo", "path", "ref", "file_path",
 }  # fmt: skip
 
 
@@ -312,6 +340,7 @@ async def snapshot(alice: Alice) -> dict[str, Any]:
         "public": conversation["public"],
         "settings": await api.ok("GET", "/api/settings"),
         "secrets": await api.ok("GET", "/api/secrets"),
+        "profiles": await api.ok("GET", "/api/v1/settings/profiles"),
         "tasks": (await api.ok("GET", "/api/v1/app-conversations/start-tasks/search"))["items"],
         "conversations": (await api.ok("GET", "/api/v1/app-conversations/search"))["items"][0][
             "id"
@@ -344,6 +373,8 @@ async def settle(api: Api, within: float = 90) -> None:
 async def make_alice(user: UserFactory, fake_llm: FakeLLM) -> Alice:
     api = await user("alice")
     await api.ok("POST", "/api/secrets", json={"name": "ALICE_TOKEN", "value": SECRET_VALUE})
+    profile = {"llm": {"model": "alice-model", "api_key": SECRET_VALUE}, "include_secrets": True}
+    await api.ok("POST", "/api/v1/settings/profiles/ALICE_TOKEN", json=profile)
     fake_llm.script([reply_tool_call("terminal", {"command": "echo hi"}), reply_finish()])
     task = await start_and_wait(api, initial_message=message(PRIVATE_TEXT), title=TITLE)
     assert task["status"] == "READY", task
@@ -376,7 +407,10 @@ async def test_bob_reaches_nothing_of_alice_on_any_route(
 
     failures: list[str] = []
     for probe in probes:
-        webhook = probe.template.startswith("/api/v1/webhooks/")
+        # Sandbox-authenticated routes: bob's own sandbox key is his credential there.
+        webhook = probe.template.startswith("/api/v1/webhooks/") or "/settings/secrets" in (
+            probe.template
+        )
         headers = {"X-Session-API-Key": bob_sandbox["session_api_key"] if webhook else bob.key}
         pairs = [(alice.ids, random_ids())]
         if webhook:

@@ -26,6 +26,7 @@ from controlplane.conversations.models import (
 )
 from controlplane.conversations.pending import PendingMessages, task_owner
 from controlplane.conversations.store import ConversationStore
+from controlplane.conversations.titles import placeholder
 from controlplane.errors import ControlPlaneError, InvalidInput
 from controlplane.gateway.agent_llm import agent_llm
 from controlplane.gateway.credentials import SandboxTokens
@@ -294,7 +295,7 @@ class StartTaskRunner:
             selected_repository=request.selected_repository,
             selected_branch=request.selected_branch,
             git_provider=request.git_provider,
-            title=request.title or f"Conversation {conversation_id[:5]}",
+            title=request.title or placeholder(conversation_id),
             trigger=request.trigger,
             pr_number=request.pr_number,
             llm_model=model,

@@ -6,14 +6,17 @@ from __future__ import annotations
 from typing import Literal
 
 from aiohttp import web
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane import keys
 from controlplane.api.parsing import json_response, parse_query
 from controlplane.api.routing import RouteTable
 from controlplane.auth.identity import principal_of
+from controlplane.auth.sandbox_scope import running_scope
+from controlplane.errors import Unauthorized
 from controlplane.settings.gateway_view import gateway_llm
 from controlplane.settings.models import SettingsResponse
+from controlplane.settings.profiles import LlmProfilesView, view_of
 
 routes = RouteTable(tag="users")
 
@@ -28,6 +31,9 @@ class UserInfo(SettingsResponse):
         "ACS_BOOTSTRAP_API_KEY, 'single-user' in ACS_AUTH_MODE=none"
     )
     auth_method: Literal["api_key", "session", "single_user"]
+    llm_profiles: LlmProfilesView = Field(
+        description="Named LLM settings (keys always null), as the SDK's get_llm() reads them"
+    )
 
 
 class LlmKeyResponse(BaseModel):
@@ -44,7 +50,15 @@ class UserInfoWithSecrets(UserInfo):
 
 
 class MeQuery(BaseModel):
-    expose_secrets: bool = False
+    model_config = ConfigDict(extra="forbid")
+
+    expose_secrets: bool = Field(
+        default=False,
+        description="For code in a sandbox (SDK get_llm()): needs Authorization: Bearer <your "
+        "key> plus the X-Session-API-Key of a running sandbox of yours (else 401); answers the "
+        "LLM as the LLM gateway serves it (`litellm_proxy/<model>`, the gateway's URL, your "
+        "gateway key), never the provider key",
+    )
 
 
 @routes.route(
@@ -55,26 +69,29 @@ class MeQuery(BaseModel):
     response=UserInfo | UserInfoWithSecrets,
 )
 async def get_me(request: web.Request) -> web.Response:
+    expose_secrets = parse_query(request, MeQuery).expose_secrets
     principal = principal_of(request)
-    settings = await request.app[keys.SETTINGS].get(principal.user_id)
-    if parse_query(request, MeQuery).expose_secrets:
-        llm = await gateway_llm(request, principal.user_id, settings.llm_model)
-        return json_response(
-            UserInfoWithSecrets(
-                **(settings.model_dump() | llm),
-                id=principal.user_id,
-                is_admin=principal.is_admin,
-                key_id=principal.key_id,
-                auth_method=principal.via,
-            )
+    if expose_secrets and running_scope(request) is None:
+        raise Unauthorized(
+            "expose_secrets needs Authorization: Bearer <your API key> and the "
+            "X-Session-API-Key of a running sandbox of yours"
         )
+    service = request.app[keys.SETTINGS]
+    settings = await service.get(principal.user_id)
+    fields = settings.model_dump()
+    model: type[UserInfo] = UserInfo
+    if expose_secrets:
+        # The provider's key never leaves: the llm_* fields become the gateway's.
+        fields |= await gateway_llm(request, principal.user_id, settings.llm_model)
+        model = UserInfoWithSecrets
     return json_response(
-        UserInfo(
-            **settings.model_dump(),
+        model(
+            **fields,
             id=principal.user_id,
             is_admin=principal.is_admin,
             key_id=principal.key_id,
             auth_method=principal.via,
+            llm_profiles=view_of(await service.record(principal.user_id)),
         )
     )
 
