@@ -13,7 +13,8 @@ all: lint test
 host:
 	@scripts/bootstrap-host.sh
 
-# Debian's chromium, which the browser tests drive (tests/test_browser_pages.py).
+# Debian's chromium, which the browser tests drive (tests/test_browser_pages.py), and npm, which
+# fetches the web apps they run (tests/support/agent_canvas.py).
 browser:
 	@scripts/bootstrap-host.sh --browser
 
@@ -43,12 +44,14 @@ test: install host images browser test-prep
 	$(BIN)/pytest
 
 # What the slow tiers need, made before pytest so that no test's time limit covers a build from
-# nothing: the official agent server's image (minutes the first time, cached) and the pinned
-# OpenHands client venvs (tests/support/openhands_clients.py; cached under the data dir), and
-# the Kubernetes test cluster's binaries.
-test-prep: install host images kube-binaries
+# nothing: the official agent server's image (minutes the first time, cached), the pinned
+# OpenHands client venvs (tests/support/openhands_clients.py) and Agent Canvas from npm
+# (tests/support/agent_canvas.py), both cached under the data dir, and the Kubernetes test
+# cluster's binaries.
+test-prep: install host images browser kube-binaries
 	@scripts/build-images.sh openhands
 	$(BIN)/python -m tests.support.openhands_clients
+	$(BIN)/python -m tests.support.agent_canvas
 
 # Everything that needs no more than redis-server: tests that use a Docker fixture or drive
 # Chromium are marked by tests/conftest.py and left out, as are the slow tiers (about 1.5 min).
@@ -92,6 +95,7 @@ bench: install host images
 	$(BIN)/python -m bench.unauthenticated_flood
 	$(BIN)/python -m bench.launch_load
 	$(BIN)/python -m bench.warm_pool
+	$(BIN)/python -m bench.llm_gateway
 
 # The official agent server's start latency (bench/official_agent.py); builds its image first
 # (minutes from nothing), which `make bench` does not need. The benches run as modules of the

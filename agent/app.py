@@ -9,7 +9,7 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from . import __version__, bash_routes, files, git
+from . import __version__, bash_routes, files, git, refusals
 from .auth import auth_middleware
 from .config import CONFIG_KEY, AgentConfig
 from .conversations import routes as conversations
@@ -118,4 +118,5 @@ def create_app(config: AgentConfig) -> web.Application:
     files.add_routes(app)
     git.add_routes(app)
     conversations.add_routes(app)
+    refusals.add_routes(app)
     return app

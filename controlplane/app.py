@@ -18,11 +18,16 @@ from controlplane.auth.oauth import routes as oauth_routes
 from controlplane.auth.web import routes as sign_in_routes
 from controlplane.config import ServiceConfig
 from controlplane.conversations.legacy import routes as legacy_conversation_routes
+from controlplane.conversations.legacy_start import routes as legacy_start_routes
 from controlplane.conversations.pending_routes import routes as pending_routes
 from controlplane.conversations.routes import routes as conversation_routes
+from controlplane.conversations.runtime_routes import routes as conversation_runtime_routes
 from controlplane.events.routes import routes as event_routes
 from controlplane.events.routes import track_sockets
 from controlplane.events.routes import webhook_routes as event_webhook_routes
+from controlplane.gateway.routes import end_streams
+from controlplane.gateway.routes import routes as gateway_routes
+from controlplane.gateway.routes import sandbox_routes as gateway_sandbox_routes
 from controlplane.health import routes as health_routes
 from controlplane.lifecycle.routes import routes as lifecycle_routes
 from controlplane.metrics import Metrics
@@ -37,13 +42,21 @@ from controlplane.middlewares import (
     timeout_middleware,
     webhook_auth_middleware,
 )
+from controlplane.organizations.routes import routes as organization_routes
 from controlplane.sandboxes.agent_webhooks import webhook_routes as agent_webhook_routes
+from controlplane.sandboxes.cloud_proxy import routes as cloud_proxy_routes
 from controlplane.sandboxes.pool_routes import routes as pool_routes
 from controlplane.sandboxes.routes import routes as sandbox_routes
+from controlplane.sandboxes.secret_routes import routes as sandbox_secret_routes
+from controlplane.settings.profile_routes import routes as profile_routes
 from controlplane.settings.routes import routes as settings_routes
+from controlplane.settings.schema_routes import routes as settings_schema_routes
 from controlplane.settings.user_routes import routes as user_routes
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.routes import routes as spec_routes
+from controlplane.webapp.routes import routes as web_app_routes
+from controlplane.webapp.static import register_web_app
+from controlplane.webclient.canvas_routes import routes as canvas_routes
 from controlplane.webclient.routes import routes as web_client_routes
 
 VERSION = "0.1.0"
@@ -67,13 +80,28 @@ def route_tables() -> list[RouteTable]:
         *webhook_route_tables(),
         lifecycle_routes,
         web_client_routes,
+        gateway_routes,
+        # OpenHands' current clients (Agent Canvas, SDK 1.58): docs/api.md#openhands-clients.
+        settings_schema_routes,
+        profile_routes,
+        organization_routes,
+        canvas_routes,
+        web_app_routes,
+        conversation_runtime_routes,
+        cloud_proxy_routes,
+        legacy_start_routes,
     ]
 
 
 def webhook_route_tables() -> list[RouteTable]:
     """The routes sandboxes call: served by the API and, alone, by the webhook listener on the
     sandbox networks' gateways (create_webhook_app)."""
-    return [event_webhook_routes, agent_webhook_routes]
+    return [
+        event_webhook_routes,
+        agent_webhook_routes,
+        gateway_sandbox_routes,
+        sandbox_secret_routes,
+    ]
 
 
 def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.Application:
@@ -108,9 +136,12 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
     ):
         app.cleanup_ctx.append(ctx)
     track_sockets(app)
+    app.on_shutdown.append(end_streams)
     for table in route_tables():
         table.register(app)
     app[keys.OPENAPI_DOC] = copy.deepcopy(openapi_document())
+    if config.web_app_dir is not None:
+        register_web_app(app, config.web_app_dir)  # last: it takes every GET nothing else does
     return app
 
 
@@ -139,6 +170,7 @@ def create_webhook_app(main: web.Application) -> web.Application:
     for key in main:
         app[key] = main[key]
     _pace(app, config)  # a budget of its own: sandboxes do not spend the API's
+    app.on_shutdown.append(end_streams)
     for table in webhook_route_tables():
         table.register(app)
     return app

@@ -142,6 +142,12 @@ class Access(BaseModel):
         le=60,
         description="seconds the device flow asks clients to wait between polls, 1..60",
     )
+    web_app_dir: Path | None = Field(
+        default=None,
+        description="a built web app served at `/` for browsers: Agent Canvas's `build/` "
+        "directory (`npm pack @openhands/agent-canvas@1.6.1`, then `package/build`), which then "
+        "talks to this server with the browser session ([api.md](api.md#agent-canvas))",
+    )
 
     @field_validator("cors_origins")
     @classmethod
@@ -258,7 +264,7 @@ class Isolation(BaseModel):
 
     public_url: str | None = Field(
         default=None,
-        description="base URL sandboxes post their webhooks to; unset: "
+        description="base URL sandboxes post their webhooks to and call the LLM gateway at; unset: "
         "`http://host.docker.internal:<ACS_WEBHOOK_PORT>`, the webhook listener on their "
         "network's gateway. Set it only when the webhooks must go elsewhere (a control plane on "
         "another host); an address on this host must then be in `ACS_SANDBOX_HOST_PORTS` too",
@@ -296,7 +302,8 @@ class Isolation(BaseModel):
         default_factory=list,
         description="comma-separated TCP ports on the host that every sandbox may reach at "
         "`host.docker.internal` (e.g. `11434` for a model server); nothing else on the host is "
-        "reachable but the webhook listener",
+        "reachable but the webhook listener. The LLM gateway may call the host's own addresses "
+        "on these ports only ([llm-gateway.md](llm-gateway.md#where-the-gateway-may-connect))",
     )
 
     @field_validator("sandbox_host_ports")
@@ -478,7 +485,9 @@ class Models(BaseModel):
     llm_prices: dict[str, tuple[float, float]] = Field(
         default_factory=dict,
         description='JSON `{"model": [input, output]}` USD per token, for cost and budgets; '
-        "an unknown model costs 0",
+        "an unknown model costs 0 (the LLM gateway looks a model up as configured, then without "
+        "its provider prefix; a model it calls through LiteLLM and finds here under neither "
+        "costs what LiteLLM's own table says)",
     )
     llm_models: CommaList[str] = Field(
         default_factory=list,
@@ -498,6 +507,56 @@ class Models(BaseModel):
         return value
 
 
+class LlmGateway(BaseModel):
+    """The LLM gateway ([llm-gateway.md](llm-gateway.md))"""
+
+    llm_gateway_direct: bool = Field(
+        default=True,
+        description="the LLM gateway calls OpenAI-compatible providers directly; `false`: every "
+        "call through LiteLLM ([llm-gateway.md](llm-gateway.md#providers))",
+    )
+    llm_gateway_timeout: float = Field(
+        default=600.0,
+        gt=0,
+        le=3600,
+        description="seconds a model call may take through the gateway, and a stream may stay "
+        "silent",
+    )
+    llm_gateway_retries: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="retries of a call the provider answered 408/409/429/5xx or could not be "
+        "reached for",
+    )
+    llm_gateway_backoff: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="seconds before the first retry; doubles, jittered, at most 30 s (a "
+        "provider's `Retry-After` honoured up to that)",
+    )
+    llm_gateway_max_body_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=1024,
+        le=512 * 1024 * 1024,
+        description="body limit of a model call (the API's `ACS_MAX_BODY_BYTES` does not apply "
+        "to the gateway's routes: a long conversation is larger)",
+    )
+    llm_rate_limit_per_minute: int = Field(
+        default=600,
+        ge=0,
+        description="model calls per user per minute through the gateway (every replica counts "
+        "in Redis); `0`: off",
+    )
+    llm_user_monthly_budget: float | None = Field(
+        default=None,
+        ge=0,
+        description="USD a user may spend through the gateway per calendar month (UTC), "
+        "sandboxes and own tools together; unset: no limit",
+    )
+
+
 GROUPS: tuple[type[BaseModel], ...] = (
     Storage,
     Server,
@@ -509,11 +568,13 @@ GROUPS: tuple[type[BaseModel], ...] = (
     Upkeep,
     LifecycleWebhooks,
     Models,
+    LlmGateway,
 )
 """The groups, in the order docs/configuration.md lists them."""
 
 
 class ServiceConfig(
+    LlmGateway,
     Models,
     LifecycleWebhooks,
     Upkeep,

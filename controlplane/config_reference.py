@@ -22,6 +22,7 @@ END = "<!-- End of the generated tables. -->"
 SHOWN_DEFAULTS = {
     "webhook_port": "`serve`'s `--port`",
     "host_memory_floor": "`536870912` (512 MiB)",
+    "llm_gateway_max_body_bytes": "`33554432` (32 MiB)",
 }
 """Defaults better said in words than as the model's value."""
 

@@ -25,14 +25,18 @@ if TYPE_CHECKING:
     from controlplane.conversations.service import ConversationService
     from controlplane.crypto import SecretBox
     from controlplane.events.service import EventService
+    from controlplane.gateway.service import GatewayService
     from controlplane.lifecycle.outbox import Outbox
     from controlplane.lifecycle.publisher import LifecyclePublisher
     from controlplane.metrics import Metrics
+    from controlplane.sandboxes.models import SandboxRecord
     from controlplane.sandboxes.pool import WarmPool
     from controlplane.sandboxes.reaper import IdleReaper
     from controlplane.sandboxes.reconciler import Reconciler
+    from controlplane.sandboxes.runtime_http import RuntimeHttp
     from controlplane.sandboxes.service import SandboxService
     from controlplane.sandboxes.webhook_listener import WebhookListener
+    from controlplane.settings.profiles import LlmProfiles
     from controlplane.settings.service import SettingsService
     from controlplane.specs.catalog import SpecCatalog
     from drivers.base import SandboxDriver
@@ -60,6 +64,11 @@ RATE_LIMITER: web.AppKey[RateLimiter] = web.AppKey("rate_limiter")
 WEBHOOK_LIMITER: web.AppKey[RateLimiter] = web.AppKey("webhook_limiter")
 """Only when ACS_WEBHOOK_RATE_LIMIT_PER_MINUTE is not 0: webhook requests per sandbox."""
 SETTINGS: web.AppKey[SettingsService] = web.AppKey("settings")
+PROFILES: web.AppKey[LlmProfiles] = web.AppKey("llm_profiles")
+"""The users' named LLM settings (Agent Canvas's profiles), in their settings records."""
+GATEWAY: web.AppKey[GatewayService] = web.AppKey("llm_gateway")
+"""The LLM gateway (controlplane/gateway): with sandboxes it also checks their credentials;
+without, it serves the users' own gateway keys only."""
 
 # -- with sandboxes (create_app(with_sandboxes=True)) ------------------------------------------
 DRIVER: web.AppKey[SandboxDriver] = web.AppKey("driver")
@@ -67,6 +76,9 @@ WEBHOOK_LISTENER: web.AppKey[WebhookListener] = web.AppKey("webhook_listener")
 """The server sandboxes post their webhooks to (the driver binds it where they reach it)."""
 HTTP_CLIENT: web.AppKey[aiohttp.ClientSession] = web.AppKey("http_client", aiohttp.ClientSession)
 """The control plane's client to agent servers and webhook receivers (one connection pool)."""
+RUNTIME_HTTP: web.AppKey[RuntimeHttp] = web.AppKey("runtime_http")
+"""Requests browser clients have the control plane send to a sandbox's agent server
+(POST /api/cloud-proxy, a conversation's git and file reads): bounded answers, own pool."""
 LIFECYCLE: web.AppKey[LifecyclePublisher] = web.AppKey("lifecycle")
 WEBHOOK_OUTBOX: web.AppKey[Outbox] = web.AppKey("webhook_outbox")
 """Only when ACS_LIFECYCLE_WEBHOOK_URLS is set."""
@@ -76,3 +88,8 @@ REAPER: web.AppKey[IdleReaper] = web.AppKey("reaper")
 POOL: web.AppKey[WarmPool] = web.AppKey("warm_pool")
 CONVERSATIONS: web.AppKey[ConversationService] = web.AppKey("conversations")
 EVENTS: web.AppKey[EventService] = web.AppKey("events")
+
+# -- request keys ------------------------------------------------------------------------------
+SANDBOX_SCOPE: web.RequestKey[SandboxRecord] = web.RequestKey("sandbox_scope")
+"""The caller's sandbox whose X-Session-API-Key came with their own key
+(controlplane/auth/sandbox_scope.py): what SDK code in that sandbox may be handed."""

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from controlplane import keys
 from controlplane.api.parsing import RequestValidationError
-from controlplane.api.routing import Handler, is_public
+from controlplane.api.routing import Handler, has_own_limits, is_public
 from controlplane.auth.identity import PRINCIPAL, authenticate_request
 from controlplane.errors import ControlPlaneError, InvalidInput, QuotaExceeded, Unauthorized
 from controlplane.store.redis import REDIS_DOWN
@@ -172,6 +172,8 @@ async def _render_errors(request: web.Request, handler: Handler) -> web.StreamRe
 def size_limit_middleware(limit: int) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if has_own_limits(request):
+            return await handler(request)  # a model call: the gateway's own, larger limit
         if request.content_length is not None and request.content_length > limit:
             raise web.HTTPRequestEntityTooLarge(
                 max_size=limit,
@@ -257,11 +259,15 @@ def timeout_middleware(seconds: float) -> Any:
     """Cancel a handler that takes longer than `seconds` and answer 504 JSON.
 
     A streaming response (the events WebSocket, stream-start) is bounded only until it starts:
-    `lift_deadline`, on the app's on_response_prepare signal, removes the deadline then.
+    `lift_deadline`, on the app's on_response_prepare signal, removes the deadline then. A route
+    declared with `own_limits` (the LLM gateway's model calls) has none: its own time-outs apply.
     """
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if has_own_limits(request):
+            request[DEADLINE] = None
+            return await handler(request)  # a model call: the gateway's own time-outs bound it
         deadline = asyncio.timeout(seconds)
         try:
             async with deadline:

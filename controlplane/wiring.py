@@ -4,15 +4,20 @@ Each resource opens and closes in one cleanup context, and create_app appends th
 dependency order (`contexts`); aiohttp opens them in that order and closes them in reverse:
 
 1. redis          the Redis client, the secret box, and what needs only them (API keys, browser
-                  sessions, the device flow, settings, rate limiters)
+                  sessions, the device flow, settings and LLM profiles, rate limiters)
 2. runtime        the sandbox driver (for Docker with its networks and firewall) and the
                   webhook listener it binds where sandboxes reach it
 3. http client    the one client session to agent servers and webhook receivers
-4. lifecycle      the lifecycle webhook outbox and this replica's deliverer, the publisher
-5. sandboxes      the sandbox service with its launcher, readiness probe, status feed and leases,
+4. runtime http   the client of what browser clients send to a sandbox (cloud proxy, reads)
+5. lifecycle      the lifecycle webhook outbox and this replica's deliverer, the publisher
+6. sandboxes      the sandbox service with its launcher, readiness probe, status feed and leases,
                   the warm pool, the reconciler and the idle reaper
-6. conversations  the conversation service with its start tasks and pending messages, events
-7. webhooks       every spec's network made ready and the webhook listener serving: opened last
+7. LLM gateway    sandbox credentials, the users' gateway keys, forwarding (and the LiteLLM
+                  translator process, started on first need), metering; without sandboxes it
+                  serves the users' own gateway keys alone
+8. conversations  the conversation service with its start tasks (which hand agents gateway
+                  credentials) and pending messages, events
+9. webhooks       every spec's network made ready and the webhook listener serving: opened last
                   (every service it calls exists), closed first (no webhook arrives while the
                   rest close)
 
@@ -22,7 +27,10 @@ Each object gets what it works with through its constructor; nothing is patched 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -41,11 +49,17 @@ from controlplane.conversations.store import ConversationStore
 from controlplane.crypto import load_secret_box
 from controlplane.events.service import EventService
 from controlplane.events.store import EventStore
+from controlplane.gateway.credentials import SandboxTokens, UserGatewayKeys
+from controlplane.gateway.destinations import Destinations
+from controlplane.gateway.forward import Forwarder
+from controlplane.gateway.metrics import GatewayMetrics
+from controlplane.gateway.service import GatewayService
+from controlplane.gateway.translator_process import TranslatorProcess
 from controlplane.lifecycle.outbox import Outbox
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookDeliverer
 from controlplane.sandboxes.admission import Admission
-from controlplane.sandboxes.launcher import Launcher
+from controlplane.sandboxes.launcher import Launcher, network_policy
 from controlplane.sandboxes.leases import IntentLeases
 from controlplane.sandboxes.lifecycle import SandboxLifecycle
 from controlplane.sandboxes.locks import SandboxLocks
@@ -55,10 +69,12 @@ from controlplane.sandboxes.pool_store import PoolStore
 from controlplane.sandboxes.readiness import ReadinessProbe
 from controlplane.sandboxes.reaper import IdleReaper
 from controlplane.sandboxes.reconciler import Reconciler
+from controlplane.sandboxes.runtime_http import RuntimeHttp
 from controlplane.sandboxes.service import SandboxService
 from controlplane.sandboxes.status_feed import StatusFeed
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.sandboxes.webhook_listener import WebhookListener
+from controlplane.settings.profiles import LlmProfiles
 from controlplane.settings.service import SettingsService
 from controlplane.settings.store import UserRecordStore
 from controlplane.store import keyspace
@@ -78,13 +94,15 @@ def contexts(
     """The cleanup contexts of an app, in the order they open. `webhook_app(app)` makes the
     webhook listener's application (create_webhook_app); without sandboxes only Redis."""
     if not with_sandboxes:
-        return [redis_ctx(config)]
+        return [redis_ctx(config), gateway_ctx(config)]
     return [
         redis_ctx(config),
         runtime_ctx(config),
         http_ctx(),
+        runtime_http_ctx(),
         lifecycle_ctx(config),
         sandboxes_ctx(config),
+        gateway_ctx(config),
         conversations_ctx(config),
         webhooks_ctx(webhook_app),
     ]
@@ -115,7 +133,9 @@ def redis_ctx(config: ServiceConfig) -> Context:
             DeviceFlowConfig(ttl=config.device_code_ttl, interval=config.device_poll_interval),
         )
         app[keys.AUTH_LIMITER] = RateLimiter(client, config.auth_rate_limit_per_minute)
-        app[keys.SETTINGS] = SettingsService(UserRecordStore(client, box))
+        records = UserRecordStore(client, box)
+        app[keys.SETTINGS] = SettingsService(records)
+        app[keys.PROFILES] = LlmProfiles(records)
         if config.rate_limit_per_minute:
             app[keys.RATE_LIMITER] = RateLimiter(client, config.rate_limit_per_minute)
         if config.webhook_rate_limit_per_minute:
@@ -161,6 +181,20 @@ def http_ctx() -> Context:
         app[keys.HTTP_CLIENT] = http
         yield
         await http.close()
+
+    return ctx
+
+
+def runtime_http_ctx() -> Context:
+    """The client of the requests browser clients have sent to a sandbox's agent server: a pool
+    of its own, answers decompressed and bounded (sandboxes/runtime_http.py)."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=50), auto_decompress=True
+        ) as http:
+            app[keys.RUNTIME_HTTP] = RuntimeHttp(http)
+            yield
 
     return ctx
 
@@ -293,6 +327,48 @@ def sandboxes_ctx(config: ServiceConfig) -> Context:
     return ctx
 
 
+def gateway_ctx(config: ServiceConfig) -> Context:
+    """The LLM gateway. Its translator's socket lives in a private directory (0700) of its
+    own, short enough for AF_UNIX; the process starts on the first call that needs LiteLLM."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        driver = app.get(keys.DRIVER)
+
+        async def host_address() -> str | None:
+            """This host as the default spec's sandboxes reach it (host.docker.internal)."""
+            if driver is None:
+                return None
+            return await driver.host_address(network_policy(app[keys.SPECS].default))
+
+        run_dir = Path(tempfile.mkdtemp(prefix="acs-llm-"))
+        translator = TranslatorProcess(run_dir)
+        forwarder = Forwarder(
+            Destinations(lambda: config.sandbox_host_ports, host_address),
+            translator,
+            timeout=config.llm_gateway_timeout,
+            retries=config.llm_gateway_retries,
+            backoff=config.llm_gateway_backoff,
+        )
+        box = app[keys.SECRET_BOX]
+        gateway = GatewayService(
+            config,
+            app[keys.REDIS],
+            box,
+            tokens=SandboxTokens(box),
+            user_keys=UserGatewayKeys(app[keys.REDIS], box),
+            forwarder=forwarder,
+            metrics=GatewayMetrics(app[keys.METRICS].registry),
+        )
+        app[keys.GATEWAY] = gateway
+        yield
+        await gateway.close()
+        await forwarder.close()
+        await translator.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+    return ctx
+
+
 def conversations_ctx(config: ServiceConfig) -> Context:
     """Conversations (their start tasks, recovered here after a restart) and events."""
 
@@ -311,6 +387,8 @@ def conversations_ctx(config: ServiceConfig) -> Context:
             catalog=app[keys.SPECS],
             publisher=publisher,
             pending=pending,
+            gateway_tokens=app[keys.GATEWAY].tokens,
+            gateway_url=sandboxes.launcher.control_plane_url,
         )
         conversations = ConversationService(
             store, events, sandboxes, agent, runner, publisher=publisher, pending=pending

@@ -161,6 +161,12 @@ class SandboxDriver(Protocol):
         when the runtime gives them none (ACS_PUBLIC_URL must then be set). Raises
         NetworkUnavailable (the policy cannot be enforced here) or RuntimeUnavailable."""
 
+    async def host_address(self, policy: NetworkPolicy) -> str | None:
+        """The address of the control plane's host as the sandboxes of `policy` reach it (what
+        they call host.docker.internal; Docker: their network's gateway), so that the control
+        plane can call what a sandbox would call there (the LLM gateway, a model server on the
+        host). None when sandboxes reach no address of this host. Raises as prepare_network."""
+
     # -- sandboxes ----------------------------------------------------------------------------
 
     async def create(self, request: SandboxRequest, *, new: bool = False) -> SandboxState:

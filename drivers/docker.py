@@ -187,6 +187,11 @@ class DockerDriver:
         self._attachments[attachment.network] = attachment
         return f"http://{HOST_GATEWAY}:{self.networks.listener.port}"
 
+    async def host_address(self, policy: NetworkPolicy) -> str | None:
+        if self.networks is None:
+            return None  # the engine's default bridge: not a network of ours
+        return (await self.networks.prepare(policy)).gateway
+
     async def _attachment(self, policy: NetworkPolicy) -> Attachment | None:
         """The network a new container of `policy` joins: as prepare_network last made it ready
         (for this start, just before), else prepared now."""

@@ -31,11 +31,13 @@ pytest_plugins = [
     "tests.support.docker_fixtures",
     "tests.support.conversation_helpers",
     "tests.support.openhands_clients",
+    "tests.support.agent_canvas",
+    "tests.support.browser_netns",
 ]
 
 REPO = Path(__file__).resolve().parent.parent
 BOOTSTRAP_KEY = "test-bootstrap-key-" + secrets.token_hex(8)
-MARKS_BY_FIXTURE = {"docker_client": "docker", "browser": "browser"}
+MARKS_BY_FIXTURE = {"docker_client": "docker", "browser": "browser", "browser_net": "browser"}
 """A test using one of these fixtures, directly or through another (every Docker fixture, such as
 test_prefix, sandbox_images or a live server with sandboxes, depends on docker_client), gets the
 marker: `make test-unit` leaves them out."""

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import shlex
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -309,20 +310,28 @@ async def test_the_watch_reports_changes_of_the_deployments_sandboxes(
 async def test_the_sandbox_reaches_the_control_plane_at_the_url_it_was_given(
     driver: SandboxDriver, make_request: MakeRequest, spec: SandboxSpec, hooks: Hooks
 ) -> None:
+    """Also at the host address the driver names (what the LLM gateway calls for a model server
+    the user wrote as host.docker.internal): an address of this host that sandboxes reach."""
     base = await driver.prepare_network(network_policy(spec))
     assert base is not None, "this driver's sandboxes need ACS_PUBLIC_URL"
     assert await driver.prepare_network(network_policy(spec)) == base  # idempotent
+    address = await driver.host_address(network_policy(spec))
+    assert address is not None
+    with socket.socket() as probe:
+        probe.bind((address, 0))  # an address of this host
     request = await make_request()
     key = request.env["OH_SESSION_API_KEYS_0"]
     state = await running(driver, request, spec)
-    url = f"{base}/api/v1/webhooks/{request.sandbox_id}/contract"
-    post = (
-        "import urllib.request as u; "
-        f"print(u.urlopen(u.Request({json.dumps(url)}, data=b'{{}}', method='POST')).status)"
-    )
-    result = await run(state, spec, key, f"python3 -c {shlex.quote(post)}")
-    assert result["stdout"].strip().splitlines()[-1] == "200", result
-    assert f"/api/v1/webhooks/{request.sandbox_id}/contract" in hooks.posts
+    port = base.rsplit(":", 1)[1]
+    for reached_at in (base, f"http://{address}:{port}"):
+        url = f"{reached_at}/api/v1/webhooks/{request.sandbox_id}/contract"
+        post = (
+            "import urllib.request as u; "
+            f"print(u.urlopen(u.Request({json.dumps(url)}, data=b'{{}}', method='POST')).status)"
+        )
+        result = await run(state, spec, key, f"python3 -c {shlex.quote(post)}")
+        assert result["stdout"].strip().splitlines()[-1] == "200", result
+    assert hooks.posts.count(f"/api/v1/webhooks/{request.sandbox_id}/contract") == 2
 
 
 async def test_egress_none_admits_the_webhook_listener_alone(

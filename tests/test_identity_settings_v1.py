@@ -47,13 +47,23 @@ async def test_no_route_hands_out_the_llm_key(client: Client, user_headers: User
         "/api/settings", json={"llm_api_key": LLM_KEY, "llm_model": "m"}, headers=alice
     )
     assert response.status == 200
+    # The BYOR key is the user's LLM gateway key (docs/llm-gateway.md), never the provider's.
     byor = await get(client, "/api/keys/llm/byor", alice)
-    assert byor == {"key": None}
+    assert set(byor) == {"key"}
+    assert byor["key"].startswith("acs-llm.")
+    assert LLM_KEY not in json.dumps(byor)
     for path in ("/api/v1/users/me", "/api/v1/settings", "/api/settings"):
         body = await get(client, path, alice)
         assert LLM_KEY not in json.dumps(body), path
         assert body["llm_api_key"] is None
         assert body["llm_api_key_set"] is True
+    # What OpenHands' SDK reads (OpenHandsCloudWorkspace.get_llm) is for code in one of the
+    # user's sandboxes (the user's key plus the sandbox's): the gateway, its URL and this key,
+    # asserted in tests/test_sandbox_secrets.py. Without a sandbox's key: 401, nothing leaks.
+    response = await client.get("/api/v1/users/me?expose_secrets=true", headers=alice)
+    assert response.status == 401
+    assert LLM_KEY not in await response.text()
+    assert byor["key"] not in await response.text()
     assert (await client.get("/api/keys/llm/byor")).status == 401
 
 

@@ -100,7 +100,14 @@ def _start_bodies(ids: Ids, bob_sandbox: str) -> list[tuple[str, Any]]:
     ]
 
 
+def _chat_body(ids: Ids, _b: str) -> list[tuple[str, Any]]:
+    """A model call carries no ids: bob's API key is no gateway credential either way."""
+    return [("-", {"model": "fake-model", "messages": [{"role": "user", "content": "x"}]})]
+
+
 BODIES: dict[tuple[str, str], BodyVariants] = {
+    ("POST", "/api/v1/llm-gateway/v1/chat/completions"): _chat_body,
+    ("POST", "/api/v1/llm-gateway/chat/completions"): _chat_body,
     ("POST", "/api/settings"): lambda ids, _b: [("-", {"language": "en"})],
     ("POST", "/api/v1/settings"): lambda ids, _b: [("-", {"language": "en"})],
     # Sign-in and the device flow carry no user's ids: bob gets the same answers either way.
@@ -139,34 +146,63 @@ BODIES: dict[tuple[str, str], BodyVariants] = {
     ("POST", "/api/v1/webhooks/{sandbox_id}/conversations"): lambda ids, _b: [
         ("id", {"id": ids.conversation, "execution_status": "error"})
     ],
+    # The V0 start takes no id: bob starts a conversation of his own.
+    ("POST", "/api/conversations"): lambda ids, _b: [("-", {"initial_user_msg": "bob's"})],
+    # Profiles are per user: bob's writes make or touch his own.
+    ("POST", "/api/v1/settings/profiles/{name}"): lambda ids, _b: [("-", PROFILE_BODY)],
+    ("POST", "/api/organizations/{org_id}/profiles/{name}"): lambda ids, _b: [("-", PROFILE_BODY)],
+    ("POST", "/api/v1/settings/profiles/{name}/rename"): lambda ids, _b: [
+        ("-", {"new_name": "renamed-by-bob"})
+    ],
+    ("POST", "/api/organizations/{org_id}/profiles/{name}/rename"): lambda ids, _b: [
+        ("-", {"new_name": "renamed-by-bob"})
+    ],
+    ("POST", "/api/v1/settings/profiles/{name}/activate"): lambda ids, _b: [("-", {})],
+    ("POST", "/api/organizations/{org_id}/profiles/{name}/activate"): lambda ids, _b: [("-", {})],
+    ("POST", "/api/agent-profiles/{name}"): lambda ids, _b: [("-", {"name": "x"})],
+    ("POST", "/api/agent-profiles/{name}/rename"): lambda ids, _b: [("-", {"new_name": "x"})],
+    # The envelope carries no id of its own; cloud-proxy's attacks are in test_cloud_proxy.py.
+    ("POST", "/api/cloud-proxy"): lambda ids, _b: [
+        ("-", {"host": "http://127.0.0.1:1", "path": "/api/conversations", "headers": {}})
+    ],
 }
+PROFILE_BODY = {"llm": {"model": "bob-model", "api_key": "bob-key"}, "include_secrets": True}
 
 # The documented difference: an existing client-chosen conversation id is refused with 409,
 # a fresh one starts a conversation.
 ALLOWED: dict[tuple[str, str, str], tuple[int, int]] = {
     ("POST", "/api/v1/app-conversations", "conversation_id"): (409, 200),
     ("POST", "/api/v1/app-conversations/stream-start", "conversation_id"): (409, 200),
+    # Bob's own gateway key, which carries no id: revoked by the first call, gone for the next.
+    ("DELETE", "/api/keys/llm/byor", "-"): (204, 404),
 }
 
 PATH_IDS: dict[str, Callable[[Ids], str]] = {
     "sandbox_id": lambda i: i.sandbox,
     "conversation_id": lambda i: i.conversation,
-    "name": lambda i: i.secret,
+    "name": lambda i: i.secret,  # a secret's, an LLM profile's (alice has both) or agent profile's
+    "secret_name": lambda i: i.secret,
+    "org_id": lambda _i: "deployment",  # the one organization: every user's, no user data
+}
+
+
+QUERY_IDS: dict[str, Callable[[Ids], str]] = {
+    "conversation_id": lambda i: i.conversation,
+    "conversation_id__eq": lambda i: i.conversation,
+    "sandbox_id": lambda i: i.sandbox,
+    "sandbox_id__eq": lambda i: i.sandbox,
+    "created_by_user_id": lambda i: i.user,
+    "after": lambda i: i.event,
+    "all_users": lambda _i: "true",  # the admin-only switch, tried as bob
+    "path": lambda _i: "/workspace/project",  # a place in a sandbox: no id of its own
+    "file_path": lambda _i: "/workspace/project",
 }
 
 
 def query_id(path: str, name: str) -> Callable[[Ids], str] | None:
     """The id a query parameter carries, or None when it carries none."""
-    if name in ("conversation_id", "conversation_id__eq"):
-        return lambda i: i.conversation
-    if name in ("sandbox_id", "sandbox_id__eq"):
-        return lambda i: i.sandbox
-    if name == "created_by_user_id":
-        return lambda i: i.user
-    if name == "after":
-        return lambda i: i.event
-    if name == "all_users":
-        return lambda _i: "true"  # the admin-only switch, tried as bob
+    if name in QUERY_IDS:
+        return QUERY_IDS[name]
     if name in ("id", "ids"):
         if path.startswith("/api/v1/sandbox-specs"):
             return lambda _i: "default"  # templates are shared, not user data
@@ -187,7 +223,8 @@ NEUTRAL_QUERY = {
     "created_at__gte", "created_at__lt", "updated_at__gte", "updated_at__lt", "kind__eq",
     "timestamp__gte", "timestamp__lt", "include_sub_conversations", "last_activity_at__lt",
     "last_activity_at__gte", "resend_all", "session_api_key", "query", "verified__eq",
-    "provider__eq", "selected_repository", "conversation_trigger",
+    "provider__eq", "selected_repository", "conversation_trigger", "expose_secrets",
+    "agent_profile_id", "returnTo", "path", "ref", "file_path",
 }  # fmt: skip
 
 
@@ -303,6 +340,7 @@ async def snapshot(alice: Alice) -> dict[str, Any]:
         "public": conversation["public"],
         "settings": await api.ok("GET", "/api/settings"),
         "secrets": await api.ok("GET", "/api/secrets"),
+        "profiles": await api.ok("GET", "/api/v1/settings/profiles"),
         "tasks": (await api.ok("GET", "/api/v1/app-conversations/start-tasks/search"))["items"],
         "conversations": (await api.ok("GET", "/api/v1/app-conversations/search"))["items"][0][
             "id"
@@ -335,6 +373,8 @@ async def settle(api: Api, within: float = 90) -> None:
 async def make_alice(user: UserFactory, fake_llm: FakeLLM) -> Alice:
     api = await user("alice")
     await api.ok("POST", "/api/secrets", json={"name": "ALICE_TOKEN", "value": SECRET_VALUE})
+    profile = {"llm": {"model": "alice-model", "api_key": SECRET_VALUE}, "include_secrets": True}
+    await api.ok("POST", "/api/v1/settings/profiles/ALICE_TOKEN", json=profile)
     fake_llm.script([reply_tool_call("terminal", {"command": "echo hi"}), reply_finish()])
     task = await start_and_wait(api, initial_message=message(PRIVATE_TEXT), title=TITLE)
     assert task["status"] == "READY", task
@@ -367,7 +407,10 @@ async def test_bob_reaches_nothing_of_alice_on_any_route(
 
     failures: list[str] = []
     for probe in probes:
-        webhook = probe.template.startswith("/api/v1/webhooks/")
+        # Sandbox-authenticated routes: bob's own sandbox key is his credential there.
+        webhook = probe.template.startswith("/api/v1/webhooks/") or "/settings/secrets" in (
+            probe.template
+        )
         headers = {"X-Session-API-Key": bob_sandbox["session_api_key"] if webhook else bob.key}
         pairs = [(alice.ids, random_ids())]
         if webhook:

@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import docker
 import pytest
 
@@ -33,7 +32,7 @@ from tests.support.conversation_helpers import (
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.live_server import Api, LiveServer
-from tests.support.openhands_clients import OpenHandsVenv, client_env, run
+from tests.support.openhands_clients import OpenHandsVenv, approve_in_the_page, client_env, run
 from tests.support.sandbox_helpers import containers
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.usefixtures("sandbox_images")]
@@ -132,39 +131,6 @@ async def test_openhands_cloud_runs_a_conversation_in_a_sandbox(
     assert LLM_KEY not in out
 
 
-async def _approve_in_the_page(base: str, key: str, link: str) -> None:
-    """What a person does with the printed link: sign in, look at the code, press Approve."""
-    own = {"Origin": base}
-    jar = aiohttp.CookieJar(unsafe=True)  # cookies for an IP address host
-    async with aiohttp.ClientSession(cookie_jar=jar) as browser:
-        async with browser.get(link, allow_redirects=False) as page:
-            assert page.status == 303  # not signed in yet
-            sign_in = base + page.headers["Location"]
-        async with browser.get(sign_in) as page:
-            assert 'name="api_key"' in await page.text()
-        next_path = link.removeprefix(base)
-        async with browser.post(
-            base + "/auth/sign-in",
-            data={"api_key": key, "next": next_path},
-            headers=own,
-            allow_redirects=False,
-        ) as signed:
-            assert signed.status == 303
-            assert signed.headers["Location"] == next_path
-        async with browser.get(link) as page:
-            text = await page.text()
-            assert page.status == 200, text
-        user_code = link.rsplit("=", 1)[1]
-        assert f'value="{user_code}"' in text
-        async with browser.post(
-            base + "/oauth/device/verify",
-            data={"user_code": user_code, "action": "approve"},
-            headers=own,
-        ) as done:
-            assert done.status == 200
-            assert "is connected" in await done.text()
-
-
 async def test_openhands_login_through_the_device_flow(
     openhands_venv: OpenHandsVenv, live: LiveServer, user: UserFactory, tmp_path: Path
 ) -> None:
@@ -193,7 +159,7 @@ async def test_openhands_login_through_the_device_flow(
                 seen.append(line)
                 found = re.search(r"(http://\S+/oauth/device/verify\?user_code=[A-Z-]+)", line)
                 link = found.group(1) if found else None
-            await _approve_in_the_page(live.url, alice.key, link)
+            await approve_in_the_page(live.url, alice.key, link)
             rest = (await proc.stdout.read()).decode(errors="replace")
             code = await proc.wait()
     finally:

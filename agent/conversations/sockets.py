@@ -32,6 +32,7 @@ from ..auth import key_is_valid
 from ..config import CONFIG_KEY
 from . import events as ev
 from .conversation import Conversation
+from .legacy_names import for_browsers
 from .models import SendMessageRequest, normalize_conversation_id
 from .queries import event_time, naive_utc
 from .service import ConversationService
@@ -90,7 +91,9 @@ def _resend_mode(request: web.Request) -> tuple[str | None, datetime | None]:
     return mode, after
 
 
-async def _send(ws: web.WebSocketResponse, event: dict[str, Any]) -> None:
+async def _send(ws: web.WebSocketResponse, event: dict[str, Any], browser: bool = False) -> None:
+    if browser:
+        event = for_browsers(event)
     try:
         await asyncio.wait_for(ws.send_str(json.dumps(event)), SEND_TIMEOUT)
     except TimeoutError:
@@ -107,14 +110,15 @@ async def _pump(
     cursor: int,
 ) -> None:
     """The full state, the requested history, then every event from ``cursor`` on."""
+    browser = "Origin" in request.headers  # legacy_names.py: the old terminal names for them
     try:
         await _send(ws, conv.full_state())
         for event in history:
-            await _send(ws, event)
+            await _send(ws, event, browser)
         while not ws.closed:
             wake.clear()
             while cursor < len(conv.events):
-                await _send(ws, conv.events[cursor])
+                await _send(ws, conv.events[cursor], browser)
                 cursor += 1
             if conv.closed:
                 await _close(ws, CLOSE_NOT_FOUND, "Conversation deleted")

@@ -15,7 +15,12 @@ from aiohttp import web
 from controlplane.api.routing import Handler
 
 ALLOW_METHODS = "GET, POST, PUT, PATCH, DELETE"
-ALLOW_HEADERS = "Authorization, Content-Type, X-Session-API-Key, X-Request-ID"
+# X-Org-Id and X-OpenHands-Client(-Version, -Telemetry-Distinct-Id): what Agent Canvas adds to
+# its calls as a cloud client (agent-canvas src/api/client-source.ts, cloud/client.ts).
+ALLOW_HEADERS = (
+    "Authorization, Content-Type, X-Session-API-Key, X-Request-ID, X-Org-Id, X-OpenHands-Client,"
+    " X-OpenHands-Client-Version, X-OpenHands-Telemetry-Distinct-Id"
+)
 EXPOSE_HEADERS = "X-Request-ID, X-RateLimit-Limit, X-RateLimit-Remaining, Retry-After"
 PREFLIGHT_MAX_AGE = "600"
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import NoScriptError
 
 from controlplane.store import keyspace
 
@@ -44,8 +47,25 @@ class RateLimiter:
 
     async def hit(self, key_id: str) -> Decision:
         """Count one request of `key_id` and say whether it is within the limit."""
-        count, ttl_ms = await self._hit(keys=[keyspace.rate_limit(key_id)], args=[WINDOW_MS])
-        count, ttl_ms = int(count), int(ttl_ms)
+        return self.decision(await self._hit(keys=[keyspace.rate_limit(key_id)], args=[WINDOW_MS]))
+
+    def queue(self, pipe: Pipeline, key_id: str) -> None:
+        """Count one request of `key_id` in a pipeline, so a caller that needs other reads too
+        makes one round trip. Its reply goes to `decision`; run the pipeline with
+        raise_on_error=False: a Redis that lost the script answers NoScriptError, and
+        `decision` then counts the request with `hit` (which loads it again)."""
+        pipe.evalsha(self._hit.sha, 1, keyspace.rate_limit(key_id), WINDOW_MS)
+
+    async def decision_of(self, reply: Any, key_id: str) -> Decision:
+        """The Decision for a `queue`d reply."""
+        if isinstance(reply, NoScriptError):
+            return await self.hit(key_id)
+        if isinstance(reply, Exception):
+            raise reply
+        return self.decision(reply)
+
+    def decision(self, reply: Any) -> Decision:
+        count, ttl_ms = int(reply[0]), int(reply[1])
         return Decision(
             allowed=count <= self.per_minute,
             limit=self.per_minute,

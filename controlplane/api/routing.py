@@ -33,6 +33,10 @@ class Endpoint:
     errors: tuple[int, ...] = ()
     browser: bool = False
     """Also takes form posts and answers them with HTML pages or 303 redirects."""
+    own_limits: bool = False
+    """The handler bounds its own body size and time (a model call through the LLM gateway,
+    larger and longer than any other request): the API's body limit and request time limit do
+    not apply to it."""
 
 
 class RouteTable:
@@ -56,6 +60,7 @@ class RouteTable:
         public: bool = False,
         errors: tuple[int, ...] = (),
         browser: bool = False,
+        own_limits: bool = False,
     ) -> Callable[[Handler], Handler]:
         def decorate(handler: Handler) -> Handler:
             self.endpoints.append(
@@ -73,10 +78,13 @@ class RouteTable:
                     public=public,
                     errors=errors,
                     browser=browser,
+                    own_limits=own_limits,
                 )
             )
             if public:
                 handler.acs_public = True  # type: ignore[attr-defined]  # a mark on the function object
+            if own_limits:
+                handler.acs_own_limits = True  # type: ignore[attr-defined]  # the same
             return handler
 
         return decorate
@@ -92,3 +100,11 @@ def is_public(request: web.Request) -> bool:
     if match.http_exception is not None:
         return True
     return bool(getattr(match.handler, "acs_public", False))
+
+
+def has_own_limits(request: web.Request) -> bool:
+    """True for routes declared with `own_limits` (Endpoint.own_limits)."""
+    match = request.match_info
+    if match.http_exception is not None:
+        return False
+    return bool(getattr(match.handler, "acs_own_limits", False))

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from controlplane import keys
 from controlplane.auth.models import Principal
+from controlplane.auth.sandbox_scope import bearer_of, check_sandbox_scope, paired_session_key
 from controlplane.auth.sessions import COOKIE_NAME
 from controlplane.errors import Forbidden, QuotaExceeded, Unauthorized
 
@@ -29,9 +30,12 @@ FORWARDING_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Rea
 
 
 def presented_key(request: web.Request) -> str | None:
-    """The API key in X-Session-API-Key or Authorization: Bearer, if any."""
+    """The API key in X-Session-API-Key or Authorization: Bearer, if any. With both, and
+    different, the bearer is the user's key and the other a sandbox's (auth/sandbox_scope.py)."""
+    if paired_session_key(request) is not None:
+        return bearer_of(request)
     presented = request.headers.get("X-Session-API-Key")
-    if presented is None:
+    if presented is None or (presented == "" and bearer_of(request) is not None):
         auth = request.headers.get("Authorization", "")
         if auth[:7].lower() == "bearer ":
             presented = auth[7:].strip()
@@ -102,10 +106,15 @@ async def authenticate_request(request: web.Request, presented: str | None = Non
 
     Raises Unauthorized (no usable credential) or Forbidden (an ambient credential on a
     cross-origin request that changes state)."""
+    session_key = None
     if presented is None:
         presented = presented_key(request)
+        session_key = paired_session_key(request)
     if presented is not None:
-        return await request.app[keys.API_KEYS].authenticate(presented)
+        caller = await request.app[keys.API_KEYS].authenticate(presented)
+        if session_key is not None:
+            await check_sandbox_scope(request, caller, session_key)
+        return caller
     cookie = request.cookies.get(COOKIE_NAME)
     sessions = request.app.get(keys.SESSIONS)
     if cookie and sessions is not None:

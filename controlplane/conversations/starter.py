@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import shlex
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -25,7 +26,10 @@ from controlplane.conversations.models import (
 )
 from controlplane.conversations.pending import PendingMessages, task_owner
 from controlplane.conversations.store import ConversationStore
+from controlplane.conversations.titles import placeholder
 from controlplane.errors import ControlPlaneError, InvalidInput
+from controlplane.gateway.agent_llm import agent_llm
+from controlplane.gateway.credentials import SandboxTokens
 from controlplane.ids import uuid7_hex
 from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
 from controlplane.lifecycle.publisher import LifecyclePublisher
@@ -34,6 +38,7 @@ from controlplane.sandboxes.service import SandboxService
 from controlplane.settings.models import ProviderType, UserRecord
 from controlplane.settings.service import SettingsService
 from controlplane.specs.catalog import SpecCatalog
+from controlplane.specs.models import SandboxSpec
 
 log = structlog.get_logger(__name__)
 T = StartTaskStatus
@@ -86,7 +91,14 @@ class StartTaskRunner:
         catalog: SpecCatalog,
         publisher: LifecyclePublisher | None = None,
         pending: PendingMessages | None = None,
+        gateway_tokens: SandboxTokens | None = None,
+        gateway_url: Callable[[SandboxSpec], Awaitable[str | None]] | None = None,
     ) -> None:
+        """`gateway_tokens` and `gateway_url` (where the sandboxes of a spec reach the control
+        plane: Launcher.control_plane_url): agents call models through the LLM gateway; without
+        them they get the user's key (docs/llm-gateway.md)."""
+        self._gateway_tokens = gateway_tokens
+        self._gateway_url = gateway_url
         self._publisher = publisher
         self._pending = pending
         self._config = config
@@ -283,7 +295,7 @@ class StartTaskRunner:
             selected_repository=request.selected_repository,
             selected_branch=request.selected_branch,
             git_provider=request.git_provider,
-            title=request.title or f"Conversation {conversation_id[:5]}",
+            title=request.title or placeholder(conversation_id),
             trigger=request.trigger,
             pr_number=request.pr_number,
             llm_model=model,
@@ -301,7 +313,7 @@ class StartTaskRunner:
             await self._agent.start_conversation(
                 self._sandboxes.agent_url(sandbox),
                 sandbox.session_api_key,
-                self._agent_body(
+                await self._agent_body(
                     task,
                     conversation_id=conversation_id,
                     model=model,
@@ -314,7 +326,7 @@ class StartTaskRunner:
             await self._store.delete(info)
             raise
 
-    def _agent_body(
+    async def _agent_body(
         self,
         task: AppConversationStartTask,
         *,
@@ -331,15 +343,25 @@ class StartTaskRunner:
             secrets[f"{provider.value.upper()}_TOKEN"] = token.token
         prices = self._config.llm_prices.get(model, (None, None))
         message = task.request.initial_message or suggested_message(task.request)
+        # Where this sandbox reaches the gateway (a spec no longer in the catalog: the
+        # default's answer, the same listener; never the provider key for want of a URL).
+        gateway_url = None
+        if self._gateway_url is not None:
+            gateway_url = await self._gateway_url(spec or self._catalog.default)
         return start_conversation_request(
             conversation_id=conversation_id,
-            llm={
-                "model": model,
-                "base_url": settings.llm_base_url,
-                "api_key": record.llm_api_key,
-                "input_cost_per_token": prices[0],
-                "output_cost_per_token": prices[1],
-            },
+            llm=agent_llm(
+                spec=spec,
+                model=model,
+                base_url=settings.llm_base_url,
+                api_key=record.llm_api_key,
+                prices=prices,
+                tokens=self._gateway_tokens,
+                control_plane_url=gateway_url,
+                sandbox_id=sandbox.id,
+                conversation_id=conversation_id,
+                user_id=sandbox.owner,
+            ),
             working_dir=working_dir,
             initial_message=message.model_dump() if message else None,
             max_iterations=settings.max_iterations or DEFAULT_MAX_ITERATIONS,

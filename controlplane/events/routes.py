@@ -22,6 +22,7 @@ from controlplane.api.parsing import (
 )
 from controlplane.api.routing import RouteTable
 from controlplane.auth.identity import authenticate_request, principal_of
+from controlplane.events.legacy_names import with_old_terminal_names
 from controlplane.events.models import (
     ConversationEventQuery,
     Event,
@@ -77,7 +78,8 @@ async def search_events(request: web.Request) -> web.Response:
 @routes.route(
     "GET",
     "/api/v1/conversation/{conversation_id}/events/search",
-    summary="Search a conversation's events (OpenHands' singular path; the frontend's history)",
+    summary="Search a conversation's events (OpenHands' singular path; the web frontends' "
+    "history, with the terminal's events under their older names: events/legacy_names.py)",
     query=ConversationEventQuery,
     response=EventPage,
     errors=(404,),
@@ -85,7 +87,8 @@ async def search_events(request: web.Request) -> web.Response:
 async def search_conversation_events(request: web.Request) -> web.Response:
     query = parse_query(request, ConversationEventQuery)
     scoped = query.scoped(request.match_info["conversation_id"])
-    return json_response(await request.app[keys.EVENTS].search(principal_of(request), scoped))
+    page = await request.app[keys.EVENTS].search(principal_of(request), scoped)
+    return json_response(page.model_copy(update={"items": with_old_terminal_names(page.items)}))
 
 
 @routes.route(

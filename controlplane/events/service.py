@@ -17,6 +17,7 @@ from controlplane.auth.models import Principal
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.service import ConversationService
 from controlplane.conversations.store import ConversationStore
+from controlplane.conversations.titles import name_from_first_message
 from controlplane.errors import NotFound, Unauthorized
 from controlplane.events.budget import ENFORCED_BY_AGENT, BudgetEnforcer, crossed
 from controlplane.events.models import (
@@ -137,6 +138,7 @@ class EventService:
         if info is None:
             return 0
         added = await self.store.append(info.id, [e for e in raw if not _snapshot(e)])
+        await name_from_first_message(self._records, info, raw)
         if self._on_lag is not None:
             now = datetime.now(UTC)
             for checked, _event in events:

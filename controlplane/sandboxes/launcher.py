@@ -61,7 +61,7 @@ def sandbox_request(
     """The sandbox the driver creates for a record: its spec's image, resources and isolation,
     the agent kind's environment, posting its webhooks to ACS_PUBLIC_URL or else to
     `webhook_base` (where the driver says its sandboxes reach the webhook listener)."""
-    base = config.public_url or webhook_base
+    base = sandbox_base_url(config, webhook_base)
     env = agent_env(spec, max_body_bytes=config.max_body_bytes, webhooks=base is not None)
     env.update(spec.initial_env)
     env.update(
@@ -96,6 +96,14 @@ def sandbox_request(
         tmpfs=spec.tmpfs_mounts,
         runtime=spec.runtime,
     )
+
+
+def sandbox_base_url(config: ServiceConfig, webhook_base: str | None) -> str | None:
+    """The control plane as sandboxes reach it (webhooks, the LLM gateway): ACS_PUBLIC_URL,
+    else `webhook_base`, the webhook listener where the driver says its sandboxes reach it."""
+    if config.public_url is not None:
+        return config.public_url.rstrip("/")
+    return webhook_base
 
 
 def reached(spec: SandboxSpec, state: SandboxState) -> tuple[dict[str, int], str | None]:
@@ -265,6 +273,13 @@ class Launcher:
         if state is None:
             return await self._driver.create(await self._request(record, spec))
         return state  # running or restarting: the readiness probe decides
+
+    async def control_plane_url(self, spec: SandboxSpec) -> str | None:
+        """What the sandboxes of `spec` call the control plane (sandbox_base_url); their network
+        exists already when one of them runs, so the driver answers from what it knows."""
+        if self._config.public_url is not None:
+            return sandbox_base_url(self._config, None)
+        return await self._driver.prepare_network(network_policy(spec))
 
     def _announces(self, spec: SandboxSpec) -> bool:
         """Our agent server posts `<webhook base>/ready` once it listens (agent/announce.py),

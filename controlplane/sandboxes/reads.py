@@ -24,6 +24,7 @@ from controlplane.sandboxes.models import (
 )
 from controlplane.sandboxes.status_feed import StatusFeed
 from controlplane.sandboxes.store import SandboxStore
+from controlplane.sandboxes.vscode import exposed_url
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import AGENT_SERVER
 
@@ -78,9 +79,18 @@ class SandboxReads:
 
     def view(self, record: SandboxRecord, principal: Principal) -> SandboxInfo:
         running = record.status == S.RUNNING
+        key = record.session_api_key if running and record.owner == principal.user_id else None
+        spec = self.catalog.find(record.spec_id)
         urls = [
             ExposedUrl(
-                name=name, url=f"http://{record.host or self.config.url_host}:{port}", port=port
+                name=name,
+                url=exposed_url(
+                    name,
+                    f"http://{record.host or self.config.url_host}:{port}",
+                    key,
+                    spec.working_dir if spec else None,
+                ),
+                port=port,
             )
             for name, port in sorted(record.ports.items())
         ]
@@ -89,9 +99,7 @@ class SandboxReads:
             created_by_user_id=record.owner,
             sandbox_spec_id=record.spec_id,
             status=record.status,
-            session_api_key=record.session_api_key
-            if running and record.owner == principal.user_id
-            else None,
+            session_api_key=key,
             exposed_urls=urls if running else None,
             created_at=record.created_at,
             last_activity_at=record.last_activity_at,

@@ -48,7 +48,10 @@ def _resource_factor(value: int | None) -> int | None:
 
 
 ShortStr = Annotated[str, Field(max_length=256)]
-_EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s.]+$")
+# Whitespace spelled out: Python's \s and JSON Schema's (ECMA) differ (\x1c-\x1f, \x85, \ufeff),
+# and the pattern in the OpenAPI document must refuse exactly what the validator refuses.
+_SPACE = r"\t\n\v\f\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+_EMAIL_RE = re.compile(rf"^[^@{_SPACE}]+@[^@{_SPACE}]+\.[^@{_SPACE}.]+$")
 
 
 def _email(value: str) -> str:
@@ -120,6 +123,17 @@ class StoredSecret(BaseModel):
     description: str | None = None
 
 
+class StoredLlmProfile(BaseModel):
+    """A named LLM configuration (controlplane/settings/profiles.py)."""
+
+    model: str
+    base_url: str | None = None
+    api_key: str | None = None
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Other LLM fields the client sent, kept as sent"
+    )
+
+
 class UserRecord(BaseModel):
     """Everything stored for one user; encrypted as a whole at rest."""
 
@@ -129,6 +143,8 @@ class UserRecord(BaseModel):
     sandbox_api_key: str | None = None
     provider_tokens: dict[ProviderType, StoredProviderToken] = Field(default_factory=dict)
     custom_secrets: dict[str, StoredSecret] = Field(default_factory=dict)
+    llm_profiles: dict[str, StoredLlmProfile] = Field(default_factory=dict)
+    active_llm_profile: str | None = None
     stored: bool = False
 
 

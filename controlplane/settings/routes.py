@@ -8,6 +8,7 @@ from controlplane import keys
 from controlplane.api.parsing import json_response, parse_body
 from controlplane.api.routing import RouteTable
 from controlplane.auth.identity import principal_of
+from controlplane.settings.diff import SettingsDiffUpdate, as_v1_update
 from controlplane.settings.models import (
     GitProvidersUpdate,
     Message,
@@ -17,7 +18,7 @@ from controlplane.settings.models import (
     SettingsResponse,
     SettingsUpdate,
 )
-from controlplane.settings.v1 import SettingsV1Response, SettingsV1Update, flatten, v1_view
+from controlplane.settings.v1 import SettingsV1Response, flatten, v1_view
 
 routes = RouteTable(tag="settings")
 
@@ -60,13 +61,13 @@ async def get_settings_v1(request: web.Request) -> web.Response:
 @routes.route(
     "POST",
     "/api/v1/settings",
-    summary="Store settings (merge; flat or nested fields) and return them",
-    body=SettingsV1Update,
+    summary="Store settings (merge; flat or nested fields, or their diffs) and return them",
+    body=SettingsDiffUpdate,
     response=SettingsV1Response,
     errors=(409,),  # a flat field and its twin disagree; a provider without a stored token
 )
 async def store_settings_v1(request: web.Request) -> web.Response:
-    body = await parse_body(request, SettingsV1Update)
+    body = as_v1_update(await parse_body(request, SettingsDiffUpdate))
     service = request.app[keys.SETTINGS]
     user_id = principal_of(request).user_id
     await service.update(user_id, flatten(body, await service.get(user_id)))

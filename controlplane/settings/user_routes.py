@@ -1,17 +1,22 @@
-"""Who am I (/api/v1/users/me) and the BYOR LLM key question the OpenHands CLI asks at login."""
+"""Who am I (/api/v1/users/me) and the BYOR LLM key the OpenHands CLI asks for at login: the
+user's LLM gateway key (docs/llm-gateway.md)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
 from aiohttp import web
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane import keys
-from controlplane.api.parsing import json_response
+from controlplane.api.parsing import json_response, parse_query
 from controlplane.api.routing import RouteTable
 from controlplane.auth.identity import principal_of
+from controlplane.auth.sandbox_scope import running_scope
+from controlplane.errors import Unauthorized
+from controlplane.settings.gateway_view import gateway_llm
 from controlplane.settings.models import SettingsResponse
+from controlplane.settings.profiles import LlmProfilesView, view_of
 
 routes = RouteTable(tag="users")
 
@@ -26,27 +31,67 @@ class UserInfo(SettingsResponse):
         "ACS_BOOTSTRAP_API_KEY, 'single-user' in ACS_AUTH_MODE=none"
     )
     auth_method: Literal["api_key", "session", "single_user"]
+    llm_profiles: LlmProfilesView = Field(
+        description="Named LLM settings (keys always null), as the SDK's get_llm() reads them"
+    )
 
 
 class LlmKeyResponse(BaseModel):
-    """Always null: the LLM key stays on the server (docs/api.md#openhands-clients)."""
+    """The caller's LLM gateway key: never the provider key, which stays on the server
+    (docs/llm-gateway.md); null when the gateway does not run."""
 
-    key: None = None
+    key: str | None = None
+
+
+class UserInfoWithSecrets(UserInfo):
+    """`?expose_secrets=true`: the LLM as the caller's own tools must call it (the gateway)."""
+
+    llm_api_key: str | None = None  # type: ignore[assignment]
+
+
+class MeQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    expose_secrets: bool = Field(
+        default=False,
+        description="For code in a sandbox (SDK get_llm()): needs Authorization: Bearer <your "
+        "key> plus the X-Session-API-Key of a running sandbox of yours (else 401); answers the "
+        "LLM as the LLM gateway serves it (`litellm_proxy/<model>`, the gateway's URL, your "
+        "gateway key), never the provider key",
+    )
 
 
 @routes.route(
-    "GET", "/api/v1/users/me", summary="The calling user, with their settings", response=UserInfo
+    "GET",
+    "/api/v1/users/me",
+    summary="The calling user, with their settings",
+    query=MeQuery,
+    response=UserInfo | UserInfoWithSecrets,
 )
 async def get_me(request: web.Request) -> web.Response:
+    expose_secrets = parse_query(request, MeQuery).expose_secrets
     principal = principal_of(request)
-    settings = await request.app[keys.SETTINGS].get(principal.user_id)
+    if expose_secrets and running_scope(request) is None:
+        raise Unauthorized(
+            "expose_secrets needs Authorization: Bearer <your API key> and the "
+            "X-Session-API-Key of a running sandbox of yours"
+        )
+    service = request.app[keys.SETTINGS]
+    settings = await service.get(principal.user_id)
+    fields = settings.model_dump()
+    model: type[UserInfo] = UserInfo
+    if expose_secrets:
+        # The provider's key never leaves: the llm_* fields become the gateway's.
+        fields |= await gateway_llm(request, principal.user_id, settings.llm_model)
+        model = UserInfoWithSecrets
     return json_response(
-        UserInfo(
-            **settings.model_dump(),
+        model(
+            **fields,
             id=principal.user_id,
             is_admin=principal.is_admin,
             key_id=principal.key_id,
             auth_method=principal.via,
+            llm_profiles=view_of(await service.record(principal.user_id)),
         )
     )
 
@@ -54,8 +99,12 @@ async def get_me(request: web.Request) -> web.Response:
 @routes.route(
     "GET",
     "/api/keys/llm/byor",
-    summary="The LLM key for running agents elsewhere: never handed out here, always null",
+    summary="The caller's LLM gateway key (made on first use) for running agents elsewhere",
     response=LlmKeyResponse,
 )
 async def get_byor_key(request: web.Request) -> web.Response:
-    return json_response(LlmKeyResponse())
+    gateway = request.app.get(keys.GATEWAY)
+    if gateway is None:
+        return json_response(LlmKeyResponse())
+    key = await gateway.user_keys.get_or_create(principal_of(request).user_id)
+    return json_response(LlmKeyResponse(key=key))

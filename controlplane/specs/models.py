@@ -140,6 +140,11 @@ class SandboxSpec(BaseModel):
     )
     runtime: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     egress: Egress = "internet"
+    llm_gateway: bool = Field(
+        default=True,
+        description="The agent calls models through the control plane's LLM gateway and never "
+        "sees the user's key; false (less safe): the key goes into the sandbox",
+    )
     # The warm pool (docs/sandboxes.md, "Warm pool").
     warm_pool: int = Field(
         default=0, ge=0, le=1000, description="Sandboxes kept booted ahead of demand; 0: none"

@@ -203,3 +203,26 @@ POOL_STATS = f"{PREFIX}:pool:stats"
 def pool_ready(spec_id: str) -> str:
     """Lexically ordered sorted set of the spec's members a claim may pop, oldest first."""
     return f"{PREFIX}:pool:ready:{spec_id}"
+
+
+def llm_gateway_key(key_id: str) -> str:
+    """Hash: a user's LLM gateway key (controlplane/gateway): user, sha256, the key encrypted
+    (GET /api/keys/llm/byor answers it again), created_at."""
+    return f"{PREFIX}:llmkey:{key_id}"
+
+
+def user_llm_gateway_key(user_id: str) -> str:
+    """String: the id of the user's current LLM gateway key."""
+    return f"{PREFIX}:user:{user_id}:llmkey"
+
+
+def llm_usage_conversation(conversation_id: str) -> str:
+    """Hash: what the LLM gateway metered for one conversation: cost (USD), prompt_tokens,
+    completion_tokens, requests."""
+    return f"{PREFIX}:llm_usage:conv:{conversation_id}"
+
+
+def llm_usage_user(user_id: str, month: str) -> str:
+    """Hash, TTL about 13 months: the user's gateway usage in one calendar month (UTC,
+    `YYYY-MM`), the same fields; the per-user budget counts it."""
+    return f"{PREFIX}:llm_usage:user:{user_id}:{month}"

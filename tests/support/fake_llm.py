@@ -8,6 +8,8 @@
     await fake.close()
 
 Routes: ``POST /v1/chat/completions`` (also without ``/v1``) and ``GET /v1/models``.
+``"stream": true`` gets OpenAI's server-sent events (usage last, when
+``stream_options.include_usage`` asks for it).
 Every answer carries ``usage`` (``prompt_tokens``/``completion_tokens`` settable globally or
 per reply). ``.requests`` records every request (body, Authorization header, status answered).
 When the script is exhausted the server answers ``when_exhausted``: ``"text"`` (a plain
@@ -240,8 +242,44 @@ class FakeLLM:
             )
         await self._gate.wait()
         if self.untooled is not None and not body.get("tools"):
-            return web.json_response(self._completion(body, self.untooled))
-        return web.json_response(self._completion(body, self._next_reply()))
+            reply = self.untooled
+        else:
+            reply = self._next_reply()
+        completion = self._completion(body, reply)
+        if body.get("stream") is True:
+            return await self._stream(request, body, completion)
+        return web.json_response(completion)
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], completion: dict[str, Any]
+    ) -> web.StreamResponse:
+        """OpenAI's server-sent events: the role, the content in two pieces, each tool call,
+        the finish reason, then (when asked) a usage chunk with no choices, then [DONE]."""
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        base = {k: completion[k] for k in ("id", "created", "model")}
+        base["object"] = "chat.completion.chunk"
+
+        async def send(delta: dict[str, Any], finish: str | None = None) -> None:
+            chunk = dict(base, choices=[{"index": 0, "delta": delta, "finish_reason": finish}])
+            await out.write(f"data: {json.dumps(chunk)}\n\n".encode())
+
+        choice = completion["choices"][0]
+        message = choice["message"]
+        await send({"role": "assistant", "content": ""})
+        text = message.get("content") or ""
+        for piece in (text[: len(text) // 2], text[len(text) // 2 :]):
+            if piece:
+                await send({"content": piece})
+        for i, call in enumerate(message.get("tool_calls") or []):
+            await send({"tool_calls": [{"index": i, **call}]})
+        await send({}, choice["finish_reason"])
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = dict(base, choices=[], usage=completion["usage"])
+            await out.write(f"data: {json.dumps(usage)}\n\n".encode())
+        await out.write(b"data: [DONE]\n\n")
+        await out.write_eof()
+        return out
 
     def _completion(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
         n = next(self._ids)

@@ -55,11 +55,12 @@ class LiveServer:
         return self.app[keys.WEBHOOK_LISTENER].port
 
     async def close(self) -> None:
-        await self.runner.cleanup()
+        if self.runner.server is not None:  # closed once only
+            await self.runner.cleanup()
 
 
-async def start_live_server(config: ServiceConfig) -> LiveServer:
-    app = create_app(config)
+async def start_live_server(config: ServiceConfig, *, with_sandboxes: bool = True) -> LiveServer:
+    app = create_app(config, with_sandboxes=with_sandboxes)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

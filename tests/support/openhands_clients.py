@@ -19,10 +19,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 LOCK = REPO / "tests" / "clients" / "requirements.lock"
+SDK158_LOCK = REPO / "tests" / "clients" / "requirements-sdk158.lock"
+"""The newest SDK and workspace (1.58.2), beside the CLI's pins (which hold SDK 1.21)."""
 PYTHON_VERSION = "3.12"
 
 
@@ -76,14 +79,14 @@ def _run(args: list[str | Path], log: Path, timeout: float) -> None:
         raise RuntimeError(f"{' '.join(map(str, args[:4]))} … failed (log {log}):\n{tail}")
 
 
-def build_venv(python: Path, build: Path) -> Path:
-    """The venv for LOCK under `build`, made if missing; safe against concurrent callers."""
-    key = hashlib.sha256(LOCK.read_bytes() + str(python).encode()).hexdigest()[:16]
+def build_venv(python: Path, build: Path, lock: Path = LOCK) -> Path:
+    """The venv for `lock` under `build`, made if missing; safe against concurrent callers."""
+    key = hashlib.sha256(lock.read_bytes() + str(python).encode()).hexdigest()[:16]
     venv = build / f"client-venv-{key}"
     wheels = build / "client-wheels" / key
     build.mkdir(parents=True, exist_ok=True)
-    with (build / "client-venv.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with (build / "client-venv.lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
         if (venv / ".complete").exists():
             return venv
         log = build / "logs" / f"client-venv-{key}.log"
@@ -96,19 +99,17 @@ def build_venv(python: Path, build: Path) -> Path:
             builder = build / "client-wheel-builder"
             if not (builder / "bin" / "pip").exists():
                 _run([python, "-m", "venv", builder], log, 120)
-            _run([builder / "bin/pip", "wheel", "-q", "-r", LOCK, "-w", wheels], log, 1800)
+            _run([builder / "bin/pip", "wheel", "-q", "-r", lock, "-w", wheels], log, 1800)
             (wheels / ".complete").touch()
         shutil.rmtree(venv, ignore_errors=True)
         _run([python, "-m", "venv", venv], log, 120)
         pip = venv / "bin" / "pip"
-        _run([pip, "install", "-q", "--no-index", "--find-links", wheels, "-r", LOCK], log, 1200)
+        _run([pip, "install", "-q", "--no-index", "--find-links", wheels, "-r", lock], log, 1200)
         (venv / ".complete").touch()
         return venv
 
 
-@pytest.fixture(scope="session")
-def openhands_venv() -> OpenHandsVenv:
-    """The pinned OpenHands clients; fails (never skips) when Python 3.12 cannot be found."""
+def _client_venv(lock: Path) -> OpenHandsVenv:
     python = find_python()
     if python is None:
         pytest.fail(
@@ -117,10 +118,24 @@ def openhands_venv() -> OpenHandsVenv:
             pytrace=False,
         )
     try:
-        root = build_venv(python, data_dir() / "build")
+        root = build_venv(python, data_dir() / "build", lock)
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
-        pytest.fail(f"building the OpenHands client venv failed: {exc}", pytrace=False)
+        pytest.fail(
+            f"building the OpenHands client venv ({lock.name}) failed: {exc}", pytrace=False
+        )
     return OpenHandsVenv(root)
+
+
+@pytest.fixture(scope="session")
+def openhands_venv() -> OpenHandsVenv:
+    """The pinned OpenHands clients; fails (never skips) when Python 3.12 cannot be found."""
+    return _client_venv(LOCK)
+
+
+@pytest.fixture(scope="session")
+def sdk158_venv() -> OpenHandsVenv:
+    """openhands-sdk/-workspace/-tools 1.58.2 (SDK158_LOCK), the newest, in their own venv."""
+    return _client_venv(SDK158_LOCK)
 
 
 OFFICIAL_LOCK = REPO / "specs" / "images" / "openhands" / "requirements.lock"
@@ -128,7 +143,7 @@ OFFICIAL_PYTHON = "3.13"
 
 
 def build_official_sdk_venv(python: Path, build: Path) -> Path:
-    """openhands-sdk/-tools 1.58.0, the official agent server's own version (the 1.21 clients
+    """openhands-sdk/-tools 1.58.2, the official agent server's own version (the 1.21 clients
     cannot read its events), from the wheels scripts/build-images.sh fetched for its image."""
     key = hashlib.sha256(OFFICIAL_LOCK.read_bytes() + str(python).encode()).hexdigest()[:16]
     venv = build / f"official-sdk-venv-{key}"
@@ -138,7 +153,7 @@ def build_official_sdk_venv(python: Path, build: Path) -> Path:
             return venv
         wheels = [
             Path(found).parent
-            for found in glob.glob(str(build / "wheels" / "*" / "openhands_sdk-1.58.0-*.whl"))
+            for found in glob.glob(str(build / "wheels" / "*" / "openhands_sdk-1.58.2-*.whl"))
             if (Path(found).parent / ".complete").exists()
         ]
         if not wheels:
@@ -214,7 +229,41 @@ if __name__ == "__main__":
     if found is None:
         sys.exit(f"no Python {PYTHON_VERSION} found")
     print(build_venv(found, data_dir() / "build"))
+    print(build_venv(found, data_dir() / "build", SDK158_LOCK))
     official = find_python(OFFICIAL_PYTHON)
     if official is None:
         sys.exit(f"no Python {OFFICIAL_PYTHON} found")
     print(build_official_sdk_venv(official, data_dir() / "build"))
+
+
+async def approve_in_the_page(base: str, key: str, link: str) -> None:
+    """What a person does with the printed link: sign in, look at the code, press Approve."""
+    own = {"Origin": base}
+    jar = aiohttp.CookieJar(unsafe=True)  # cookies for an IP address host
+    async with aiohttp.ClientSession(cookie_jar=jar) as browser:
+        async with browser.get(link, allow_redirects=False) as page:
+            assert page.status == 303  # not signed in yet
+            sign_in = base + page.headers["Location"]
+        async with browser.get(sign_in) as page:
+            assert 'name="api_key"' in await page.text()
+        next_path = link.removeprefix(base)
+        async with browser.post(
+            base + "/auth/sign-in",
+            data={"api_key": key, "next": next_path},
+            headers=own,
+            allow_redirects=False,
+        ) as signed:
+            assert signed.status == 303
+            assert signed.headers["Location"] == next_path
+        async with browser.get(link) as page:
+            text = await page.text()
+            assert page.status == 200, text
+        user_code = link.rsplit("=", 1)[1]
+        assert f'value="{user_code}"' in text
+        async with browser.post(
+            base + "/oauth/device/verify",
+            data={"user_code": user_code, "action": "approve"},
+            headers=own,
+        ) as done:
+            assert done.status == 200
+            assert "is connected" in await done.text()

@@ -1,0 +1,118 @@
+"""Budgets checked before a call is forwarded, usage recorded after it, in Redis (shared by
+every replica).
+
+Cost = the provider's reported prompt tokens * input price + completion tokens * output price,
+with the prices of ACS_LLM_PRICES (the table the control plane already uses for the agents'
+own accounting), looked up by the configured model, then without its provider prefix; a model
+without a price there is priced by LiteLLM's table when the translator served it, else 0 (and
+counted in acs_llm_unpriced_calls_total: a budget cannot bound what it cannot price).
+
+A conversation's budget (`max_budget_per_task`) and the user's monthly budget
+(ACS_LLM_USER_MONTHLY_BUDGET) are checked against what was recorded before the call: a call
+that starts under budget runs to its end, the next one is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import redis.asyncio as aioredis
+
+from controlplane.store import keyspace, text
+
+USER_USAGE_TTL = 400 * 86400
+"""A month's per-user usage is kept about 13 months (a year of history for reports)."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    priced: bool = True
+
+
+@dataclass(frozen=True)
+class Spent:
+    cost: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    requests: int = 0
+
+
+def month(now: datetime | None = None) -> str:
+    return (now or datetime.now(UTC)).strftime("%Y-%m")
+
+
+def price_of(prices: dict[str, tuple[float, float]], model: str) -> tuple[float, float] | None:
+    if model in prices:
+        return prices[model]
+    _, sep, bare = model.partition("/")
+    if sep and bare in prices:
+        return prices[bare]
+    return None
+
+
+def cost_of(
+    prices: dict[str, tuple[float, float]],
+    model: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    fallback: float | None = None,
+) -> Usage:
+    price = price_of(prices, model)
+    if price is not None:
+        cost = prompt_tokens * price[0] + completion_tokens * price[1]
+        return Usage(prompt_tokens, completion_tokens, cost, True)
+    if fallback is not None:
+        return Usage(prompt_tokens, completion_tokens, fallback, True)
+    return Usage(prompt_tokens, completion_tokens, 0.0, False)
+
+
+def spent_of(row: list[bytes | str | None]) -> Spent:
+    cost, prompt, completion, requests = (text(v) if v is not None else "0" for v in row)
+    return Spent(float(cost), int(prompt), int(completion), int(requests))
+
+
+FIELDS = ["cost", "prompt_tokens", "completion_tokens", "requests"]
+
+
+# KEYS: the user's month, then the conversation's (optional). ARGV: cost, prompt tokens,
+# completion tokens, the month's TTL. One command: what a call cost, added everywhere at once.
+_RECORD = """
+for i, key in ipairs(KEYS) do
+  redis.call('HINCRBYFLOAT', key, 'cost', ARGV[1])
+  redis.call('HINCRBY', key, 'prompt_tokens', ARGV[2])
+  redis.call('HINCRBY', key, 'completion_tokens', ARGV[3])
+  redis.call('HINCRBY', key, 'requests', 1)
+end
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 1
+"""
+
+
+class Meter:
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._redis = redis
+        self._record = redis.register_script(_RECORD)
+
+    async def spent(self, user_id: str, conversation_id: str | None) -> tuple[Spent, Spent]:
+        """(the conversation's, the user's this month) in one round trip."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(keyspace.llm_usage_user(user_id, month()), FIELDS)
+            if conversation_id is not None:
+                pipe.hmget(keyspace.llm_usage_conversation(conversation_id), FIELDS)
+            rows = await pipe.execute()
+        user = spent_of(rows[0])
+        conversation = spent_of(rows[1]) if conversation_id is not None else Spent()
+        return conversation, user
+
+    async def record(self, user_id: str, conversation_id: str | None, usage: Usage) -> None:
+        targets = [keyspace.llm_usage_user(user_id, month())]
+        if conversation_id is not None:
+            targets.append(keyspace.llm_usage_conversation(conversation_id))
+        await self._record(
+            keys=targets,
+            args=[repr(usage.cost), usage.prompt_tokens, usage.completion_tokens, USER_USAGE_TTL],
+        )

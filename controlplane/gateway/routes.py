@@ -1,0 +1,323 @@
+"""The LLM gateway's routes (docs/llm-gateway.md).
+
+`sandbox_routes`, under /api/v1/llm-gateway (with and without `/v1`), speak OpenAI's protocol and
+take a gateway credential (a sandbox token or a user gateway key) as `Authorization: Bearer`,
+`api-key` or `x-api-key`, never an API key of the control plane; they are served by the API
+and by the webhook listener, the one host service sandboxes reach. `routes` (API only, API key)
+manage the user's gateway key and read the metered usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from controlplane import keys
+from controlplane.api.parsing import json_response, parse_query
+from controlplane.api.routing import Handler, RouteTable
+from controlplane.auth.identity import PRINCIPAL, principal_of
+from controlplane.auth.models import Principal
+from controlplane.errors import NotFound
+from controlplane.gateway.agent_llm import PATH as PREFIX
+from controlplane.gateway.credentials import Caller
+from controlplane.gateway.forward import GatewayError, Metered
+from controlplane.gateway.metering import month, price_of
+from controlplane.gateway.service import GatewayService
+
+sandbox_routes = RouteTable(tag="llm-gateway")
+routes = RouteTable(tag="llm-gateway")
+
+
+class ChatCompletionRequest(BaseModel):
+    """OpenAI's chat-completions request; every field it defines is forwarded as sent."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(max_length=256)
+    messages: list[dict[str, Any]]
+    stream: bool = False
+
+
+class ModelEntry(BaseModel):
+    id: str
+    object: str = "model"
+    owned_by: str = "acs-llm-gateway"
+
+
+class ModelList(BaseModel):
+    object: str = "list"
+    data: list[ModelEntry]
+
+
+class GatewayErrorBody(BaseModel):
+    error: dict[str, Any]
+
+
+class UsageView(BaseModel):
+    month: str
+    cost: float
+    prompt_tokens: int
+    completion_tokens: int
+    requests: int
+    monthly_budget: float | None = Field(description="ACS_LLM_USER_MONTHLY_BUDGET; null: none")
+
+
+class ConversationUsageView(BaseModel):
+    conversation_id: str
+    cost: float
+    prompt_tokens: int
+    completion_tokens: int
+    requests: int
+
+
+class UsageQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    conversation_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+
+
+class GatewayKey(BaseModel):
+    key: str = Field(description="The user's LLM gateway key (acs-llm.…)")
+
+
+def _credential(request: web.Request) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return request.headers.get("api-key") or request.headers.get("x-api-key")
+
+
+def _gateway_error(exc: GatewayError) -> web.Response:
+    headers = {}
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+    return web.json_response(exc.body(), status=exc.status, headers=headers)
+
+
+async def _read_body(request: web.Request, limit: int) -> tuple[dict[str, Any], bytes]:
+    """The request as a dict and as sent (forwarded unchanged when nothing needs changing).
+    Checked only as far as the gateway needs (an object with a model and messages): the
+    provider validates the rest, as it would if called directly."""
+    if request.content_length is not None and request.content_length > limit:
+        raise GatewayError(413, "request_too_large", f"the body is larger than {limit} bytes")
+    data = bytearray()
+    async for chunk in request.content.iter_chunked(1 << 16):
+        data += chunk
+        if len(data) > limit:
+            raise GatewayError(413, "request_too_large", f"the body is larger than {limit} bytes")
+    raw = bytes(data)
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise GatewayError(400, "invalid_request", f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, "invalid_request", "the body is not a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not 0 < len(model) <= 256:
+        raise GatewayError(400, "invalid_request", "model: a string of 1 to 256 characters")
+    if not isinstance(body.get("messages"), list):
+        raise GatewayError(400, "invalid_request", "messages: a list is required")
+    if not isinstance(body.get("stream", False), bool):
+        raise GatewayError(400, "invalid_request", "stream: a boolean")
+    return body, raw
+
+
+def _mark(request: web.Request, caller: Caller) -> None:
+    """The request is authenticated (no pacing) and its log line names the user."""
+    request[PRINCIPAL] = Principal(user_id=caller.user_id, key_id=f"llm-gateway:{caller.label}")
+
+
+def _gateway(request: web.Request) -> GatewayService:
+    gateway = request.app.get(keys.GATEWAY)
+    if gateway is None:
+        raise GatewayError(503, "gateway_unavailable", "the LLM gateway is not running")
+    return gateway
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    try:
+        gateway = _gateway(request)
+        presented = _credential(request)
+        gateway.precheck(presented)
+        body, raw_body = await _read_body(request, gateway.max_body_bytes)
+        call = await gateway.admit(presented, body.get("model"))
+        _mark(request, call.caller)
+    except GatewayError as exc:
+        return _gateway_error(exc)
+    stream = body.get("stream") is True
+    metered = Metered()
+    try:
+        response = await gateway.forwarder.open(call.upstream, body, raw_body, stream, metered)
+        if not stream:
+            raw = await gateway.forwarder.read_json(response, metered)
+    except GatewayError as exc:
+        gateway.settle(call, body, metered, exc.status)
+        return _gateway_error(exc)
+    if not stream:
+        gateway.settle(call, body, metered, 200)
+        return web.Response(body=raw, content_type="application/json")
+    wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    out = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    status = 200
+    try:
+        await out.prepare(request)
+        lines = gateway.forwarder.relay(
+            response, metered, keep_usage_chunk=wants_usage, secret=call.upstream.api_key
+        )
+        async for line in lines:
+            await out.write(line)
+        await out.write_eof()
+    except (ConnectionError, asyncio.CancelledError):
+        status = 499  # the client went away
+        raise
+    finally:
+        gateway.settle(call, body, metered, status)
+    return out
+
+
+async def list_models(request: web.Request) -> web.Response:
+    try:
+        caller, model = await _gateway(request).configured_model(_credential(request))
+    except GatewayError as exc:
+        return _gateway_error(exc)
+    _mark(request, caller)
+    return json_response(ModelList(data=[ModelEntry(id=model)] if model else []))
+
+
+async def model_info(request: web.Request) -> web.Response:
+    """LiteLLM proxy's /v1/model/info, which OpenHands' SDK reads for `litellm_proxy/` models."""
+    try:
+        gateway = _gateway(request)
+        caller, model = await gateway.configured_model(_credential(request))
+    except GatewayError as exc:
+        return _gateway_error(exc)
+    _mark(request, caller)
+    data = []
+    if model:
+        provider = model.partition("/")[0] if "/" in model else None
+        info: dict[str, Any] = {"litellm_provider": provider}
+        price = price_of(gateway.prices, model)
+        if price is not None:
+            info["input_cost_per_token"], info["output_cost_per_token"] = price
+        data.append({"model_name": model, "litellm_params": {"model": model}, "model_info": info})
+    return web.json_response({"data": data})
+
+
+def _alias(handler: Handler, suffix: str) -> Handler:
+    """The same handler under a second path (its own name: OpenAPI operation ids are unique)."""
+
+    async def alias(request: web.Request) -> web.StreamResponse:
+        return await handler(request)
+
+    alias.__name__ = f"{handler.__name__}_{suffix}"
+    return alias
+
+
+# Served with and without `/v1`: OpenAI's clients append paths to a base ending in /v1,
+# LiteLLM proxy clients (OpenHands' SDK: `{base}/v1/model/info`) to the root.
+for _base, _suffix in ((f"{PREFIX}/v1", ""), (PREFIX, "root")):
+    sandbox_routes.route(
+        "POST",
+        f"{_base}/chat/completions",
+        summary="OpenAI chat completions through the gateway (gateway credential)",
+        body=ChatCompletionRequest,
+        response=dict[str, Any],
+        public=True,
+        errors=(400, 401, 404, 413, 429, 502, 503, 504),
+        own_limits=True,  # ACS_LLM_GATEWAY_MAX_BODY_BYTES and ACS_LLM_GATEWAY_TIMEOUT
+    )(_alias(chat_completions, _suffix) if _suffix else chat_completions)
+    sandbox_routes.route(
+        "GET",
+        f"{_base}/models",
+        summary="The model this gateway credential may call",
+        response=ModelList,
+        public=True,
+        errors=(401,),
+    )(_alias(list_models, _suffix) if _suffix else list_models)
+    sandbox_routes.route(
+        "GET",
+        f"{_base}/model/info",
+        summary="LiteLLM proxy's model info for that model (what OpenHands' SDK reads)",
+        response=dict[str, Any],
+        public=True,
+        errors=(401,),
+    )(_alias(model_info, _suffix) if _suffix else model_info)
+
+
+@routes.route(
+    "POST",
+    "/api/keys/llm/byor/refresh",
+    summary="Replace the caller's LLM gateway key; the previous one stops working at once",
+    response=GatewayKey,
+)
+async def refresh_key(request: web.Request) -> web.Response:
+    key = await request.app[keys.GATEWAY].user_keys.rotate(principal_of(request).user_id)
+    return json_response(GatewayKey(key=key))
+
+
+@routes.route(
+    "DELETE",
+    "/api/keys/llm/byor",
+    summary="Revoke the caller's LLM gateway key at once",
+    status=204,
+    errors=(404,),
+)
+async def revoke_key(request: web.Request) -> web.Response:
+    if not await request.app[keys.GATEWAY].user_keys.revoke(principal_of(request).user_id):
+        raise NotFound("no LLM gateway key to revoke")
+    return web.Response(status=204)
+
+
+@routes.route(
+    "GET",
+    "/api/v1/llm-gateway/usage",
+    summary="What the gateway metered for the caller this month (or for one conversation)",
+    query=UsageQuery,
+    response=UsageView | ConversationUsageView,
+    errors=(404,),
+)
+async def usage(request: web.Request) -> web.Response:
+    gateway: GatewayService = request.app[keys.GATEWAY]
+    principal = principal_of(request)
+    conversation_id = request.query.get("conversation_id")
+    if parse_query(request, UsageQuery).conversation_id is not None:
+        assert conversation_id is not None
+        owner = await gateway.conversation_owner(conversation_id)
+        if owner is None or (owner != principal.user_id and not principal.is_admin):
+            raise NotFound(f"no conversation {conversation_id}")
+        spent, _ = await gateway.meter.spent(principal.user_id, conversation_id)
+        return json_response(
+            ConversationUsageView(
+                conversation_id=conversation_id,
+                cost=spent.cost,
+                prompt_tokens=spent.prompt_tokens,
+                completion_tokens=spent.completion_tokens,
+                requests=spent.requests,
+            )
+        )
+    _, spent = await gateway.meter.spent(principal.user_id, None)
+    return json_response(
+        UsageView(
+            month=month(),
+            cost=spent.cost,
+            prompt_tokens=spent.prompt_tokens,
+            completion_tokens=spent.completion_tokens,
+            requests=spent.requests,
+            monthly_budget=request.app[keys.GATEWAY].monthly_budget,
+        )
+    )
+
+
+async def end_streams(app: web.Application) -> None:
+    """on_shutdown (of the API and of the webhook listener): open streams end now with an
+    error event instead of being cut (or waited for) when the server closes their
+    connections."""
+    gateway = app.get(keys.GATEWAY)
+    if gateway is not None:
+        gateway.forwarder.shutdown()

@@ -1,0 +1,326 @@
+"""The gateway's decisions for one call: who calls (credentials.py), for which model and
+provider (upstream.py), within which limits (metering.py and the per-user rate limit), then
+what it cost."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+import structlog
+from redis.asyncio.client import Pipeline
+
+from controlplane.api.ratelimit import Decision, RateLimiter
+from controlplane.config import ServiceConfig
+from controlplane.crypto import SecretBox
+from controlplane.gateway.agent_llm import PATH
+from controlplane.gateway.credentials import (
+    MAX_CREDENTIAL,
+    SANDBOX_FIELDS,
+    USER_KEY_FIELDS,
+    Caller,
+    InvalidCredential,
+    SandboxClaim,
+    SandboxTokens,
+    UserGatewayKeys,
+    UserKeyClaim,
+    check_scope,
+    looks_like_sandbox_token,
+    looks_like_user_key,
+)
+from controlplane.gateway.forward import Forwarder, GatewayError, Metered, estimate_prompt
+from controlplane.gateway.metering import FIELDS as USAGE_FIELDS
+from controlplane.gateway.metering import Meter, Spent, Usage, cost_of, month, spent_of
+from controlplane.gateway.metrics import GatewayMetrics
+from controlplane.gateway.upstream import Upstream, UpstreamError, matches, resolve
+from controlplane.settings.models import UserRecord
+from controlplane.store import keyspace, text
+
+log = structlog.get_logger(__name__)
+
+
+RECORD_CACHE = 1000
+"""Parsed settings kept, by ciphertext (oldest out first)."""
+
+
+@dataclass
+class Loaded:
+    """What one round trip to Redis read for a call."""
+
+    caller: Caller
+    record: UserRecord
+    user_spent: Spent = field(default_factory=Spent)
+    conversation_spent: Spent = field(default_factory=Spent)
+    decision: Decision | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    caller: Caller
+    model: str
+    """The configured model (the conversation's, or the user's settings')."""
+    upstream: Upstream
+    started: float
+
+
+class GatewayService:
+    def __init__(
+        self,
+        config: ServiceConfig,
+        redis: aioredis.Redis,
+        box: SecretBox,
+        *,
+        tokens: SandboxTokens,
+        user_keys: UserGatewayKeys,
+        forwarder: Forwarder,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self._config = config
+        self._redis = redis
+        self._box = box
+        self._recording: set[asyncio.Task[None]] = set()
+        self._records: dict[str, UserRecord] = {}
+        self.tokens = tokens
+        self.user_keys = user_keys
+        self.forwarder = forwarder
+        self.metrics = metrics
+        self.meter = Meter(redis)
+        self.prices = config.llm_prices
+        self.monthly_budget = config.llm_user_monthly_budget
+        self.max_body_bytes = config.llm_gateway_max_body_bytes
+        per_minute = config.llm_rate_limit_per_minute
+        self._limiter = RateLimiter(redis, per_minute) if per_minute else None
+
+    # --- who is calling, and within which limits: one Redis round trip ----------------
+
+    def _claim(self, presented: str | None) -> SandboxClaim | UserKeyClaim:
+        """What a credential claims, if it can be genuine (no Redis needed). Raises 401."""
+        if not presented or len(presented) > MAX_CREDENTIAL:
+            raise GatewayError(401, "invalid_api_key", "missing or malformed gateway credential")
+        claim: SandboxClaim | UserKeyClaim | None = None
+        if looks_like_sandbox_token(presented):
+            claim = self.tokens.parse(presented)
+        elif looks_like_user_key(presented):
+            claim = self.user_keys.parse(presented)
+        if claim is None:
+            raise GatewayError(401, "invalid_api_key", "not a valid LLM gateway credential")
+        return claim
+
+    def _queue(self, pipe: Pipeline, claim: SandboxClaim | UserKeyClaim, metering: bool) -> None:
+        """The reads of one call, in the order _load takes their replies."""
+        if isinstance(claim, SandboxClaim):
+            pipe.get(keyspace.conversation(claim.conversation_id))
+            pipe.hmget(keyspace.sandbox(claim.sandbox_id), SANDBOX_FIELDS)
+        else:
+            pipe.hmget(keyspace.llm_gateway_key(claim.key_id), USER_KEY_FIELDS)
+        pipe.get(keyspace.user_settings(claim.user_id))
+        if metering:
+            pipe.hmget(keyspace.llm_usage_user(claim.user_id, month()), USAGE_FIELDS)
+            if isinstance(claim, SandboxClaim):
+                pipe.hmget(keyspace.llm_usage_conversation(claim.conversation_id), USAGE_FIELDS)
+            if self._limiter is not None:
+                self._limiter.queue(pipe, f"llm:{claim.user_id}")
+
+    @staticmethod
+    def _caller(claim: SandboxClaim | UserKeyClaim, rows: list[Any]) -> Caller:
+        """Checks the claim against the records it was read with (taking their replies)."""
+        try:
+            if isinstance(claim, SandboxClaim):
+                raw = rows.pop(0)
+                model = check_scope(claim, json.loads(raw) if raw else None, rows.pop(0))
+                return Caller(
+                    user_id=claim.user_id,
+                    conversation_id=claim.conversation_id,
+                    sandbox_id=claim.sandbox_id,
+                    model=model,
+                )
+            UserGatewayKeys.check(claim, rows.pop(0))
+            return Caller(user_id=claim.user_id, key_id=claim.key_id)
+        except InvalidCredential as exc:
+            raise GatewayError(401, "invalid_api_key", str(exc)) from None
+
+    async def _load(self, presented: str | None, *, metering: bool) -> Loaded:
+        """The caller of a credential, checked against Redis now, with the user's settings and
+        (`metering`) what they spent and their rate-limit count: one round trip. Raises
+        GatewayError 401."""
+        claim = self._claim(presented)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            self._queue(pipe, claim, metering)
+            rows = await pipe.execute(raise_on_error=False)
+        counted = metering and self._limiter is not None
+        for row in rows[:-1] if counted else rows:  # the count may need its script loaded
+            if isinstance(row, Exception):
+                raise row
+        caller = self._caller(claim, rows)
+        record = self._record_of(rows.pop(0))
+        loaded = Loaded(caller, record)
+        if metering:
+            loaded.user_spent = spent_of(rows.pop(0))
+            if caller.conversation_id is not None:
+                loaded.conversation_spent = spent_of(rows.pop(0))
+            if self._limiter is not None:
+                key = f"llm:{caller.user_id}"
+                loaded.decision = await self._limiter.decision_of(rows.pop(0), key)
+        return loaded
+
+    def _record_of(self, raw: bytes | str | None) -> UserRecord:
+        """The user's settings from their encrypted record, decrypted and parsed once per
+        version of it: the cache is keyed by the ciphertext, so a change is never missed."""
+        if raw is None:
+            return UserRecord()
+        token = text(raw)
+        record = self._records.get(token)
+        if record is None:
+            record = UserRecord.model_validate_json(self._box.decrypt(token.encode()))
+            if len(self._records) >= RECORD_CACHE:
+                self._records.pop(next(iter(self._records)))
+            self._records[token] = record
+        return record
+
+    async def configured_model(self, presented: str | None) -> tuple[Caller, str | None]:
+        """The caller and the model its credential may call (GET /v1/models)."""
+        loaded = await self._load(presented, metering=False)
+        return loaded.caller, loaded.caller.model or loaded.record.settings.llm_model
+
+    def precheck(self, presented: str | None) -> None:
+        """Refuse, before a body is read, what cannot be a credential: a malformed one, or a
+        sandbox token whose signature does not hold (no Redis needed)."""
+        self._claim(presented)
+
+    # --- before forwarding ------------------------------------------------------------
+
+    async def admit(self, presented: str | None, requested: Any) -> Call:
+        """Credential, model, provider, rate limit and budgets for one call. Raises
+        GatewayError."""
+        loaded = await self._load(presented, metering=True)
+        caller, record = loaded.caller, loaded.record
+        model = caller.model or record.settings.llm_model
+        if not model:
+            raise GatewayError(400, "model_not_configured", "no llm_model in the user's settings")
+        if not isinstance(requested, str) or not matches(requested, model):
+            raise GatewayError(
+                404,
+                "model_not_found",
+                f"this credential may call {model!r} only (GET /v1/models), not {requested!r}",
+            )
+        if not record.llm_api_key and not record.settings.llm_base_url:
+            raise GatewayError(400, "no_llm_key", "no llm_api_key in the user's settings")
+        try:
+            upstream = resolve(
+                model,
+                record.settings.llm_base_url,
+                record.llm_api_key,
+                direct=self._config.llm_gateway_direct,
+            )
+        except UpstreamError as exc:
+            raise GatewayError(400, "model_not_routable", str(exc)) from None
+        self._check_limits(loaded, record.settings.max_budget_per_task)
+        return Call(caller, model, upstream, time.perf_counter())
+
+    def _check_limits(self, loaded: Loaded, settings_budget: float | None) -> None:
+        caller, decision = loaded.caller, loaded.decision
+        budget_task = settings_budget if caller.conversation_id is not None else None
+        budget_user = self._config.llm_user_monthly_budget
+        conversation, user = loaded.conversation_spent, loaded.user_spent
+        if decision is not None and not decision.allowed:
+            self.metrics.refused.labels(reason="rate_limit").inc()
+            raise GatewayError(
+                429,
+                "rate_limit_exceeded",
+                f"rate limit of {decision.limit} LLM calls per minute for this user reached",
+                retry_after=decision.reset_after,
+            )
+        if budget_task is not None and conversation.cost >= budget_task:
+            self.metrics.refused.labels(reason="task_budget").inc()
+            raise GatewayError(
+                400,
+                "budget_exceeded",
+                f"BudgetExceeded: this conversation's LLM cost ${conversation.cost:.6f} reached "
+                f"its budget of ${budget_task:.6f} (max_budget_per_task)",
+            )
+        if budget_user is not None and user.cost >= budget_user:
+            self.metrics.refused.labels(reason="user_budget").inc()
+            raise GatewayError(
+                400,
+                "budget_exceeded",
+                f"BudgetExceeded: the user's LLM cost this month ${user.cost:.6f} reached the "
+                f"monthly budget of ${budget_user:.6f}",
+            )
+
+    # --- after ------------------------------------------------------------------------
+
+    async def _record(self, user_id: str, conversation_id: str | None, usage: Usage) -> None:
+        try:
+            await self.meter.record(user_id, conversation_id, usage)
+        except Exception:
+            log.exception("llm_usage_not_recorded", user_id=user_id, cost=usage.cost)
+
+    async def close(self) -> None:
+        """Wait for usage still being written."""
+        await asyncio.gather(*self._recording, return_exceptions=True)
+
+    def settle(self, call: Call, body: dict[str, Any], metered: Metered, status: int) -> Usage:
+        """Record what the call cost (what the provider reported, else an estimate) and
+        observe it."""
+        provider = call.upstream.provider
+        prompt, completion = metered.prompt_tokens, metered.completion_tokens
+        if not metered.reported and (status < 400 or status == 499):
+            prompt = estimate_prompt(body)
+            completion = metered.streamed_chars // 4
+            self.metrics.estimated.labels(provider=provider).inc()
+        usage = cost_of(self._config.llm_prices, call.model, prompt, completion, metered.cost)
+        # A stream the client left (499) was still paid for, as far as it went.
+        billable = status < 400 or (status == 499 and (metered.reported or metered.streamed_chars))
+        if billable:
+            # Sent now and not waited for: the answer goes out meanwhile; the client's next
+            # call reaches Redis after this write (it is queued first), so budgets see it.
+            task = asyncio.create_task(
+                self._record(call.caller.user_id, call.caller.conversation_id, usage)
+            )
+            self._recording.add(task)
+            task.add_done_callback(self._recording.discard)
+            if not usage.priced:
+                self.metrics.unpriced.labels(provider=provider).inc()
+        self.metrics.observe(
+            provider=provider,
+            status=status,
+            seconds=time.perf_counter() - call.started,
+            usage=usage,
+            errors=metered.errors,
+        )
+        # On the request's own log line (the context middleware writes it), not one more line.
+        structlog.contextvars.bind_contextvars(
+            llm_caller=call.caller.label,
+            llm_conversation_id=call.caller.conversation_id,
+            llm_provider=provider,
+            llm_via=call.upstream.via,
+            llm_attempts=metered.attempts,
+            llm_prompt_tokens=usage.prompt_tokens,
+            llm_completion_tokens=usage.completion_tokens,
+            llm_cost=round(usage.cost, 8),
+        )
+        return usage
+
+    async def conversation_owner(self, conversation_id: str) -> str | None:
+        """The user a conversation that exists belongs to, read from its record as a sandbox
+        token's check reads it (the gateway sits below the conversations' own code)."""
+        raw = await self._redis.get(keyspace.conversation(conversation_id))
+        owner = json.loads(raw).get("created_by_user_id") if raw else None
+        return owner if isinstance(owner, str) else None
+
+    async def tools_view(self, user_id: str, model: str | None, api_base: str) -> dict[str, Any]:
+        """The LLM as the user's own tools must call it (`users/me?expose_secrets=true`): the
+        model as LiteLLM names it to call the gateway (`litellm_proxy/<model>`), the gateway's
+        URL under `api_base` (how the caller reached the API) and the user's gateway key; never
+        the provider key. Without a model, no key either."""
+        if not model:
+            return {"llm_api_key": None}
+        return {
+            "llm_model": f"litellm_proxy/{model}",
+            "llm_base_url": api_base.rstrip("/") + PATH,
+            "llm_api_key": await self.user_keys.get_or_create(user_id),
+        }

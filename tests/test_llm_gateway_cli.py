@@ -1,0 +1,141 @@
+"""`openhands login` (the real CLI 1.16.0) receives the user's LLM gateway key from
+GET /api/keys/llm/byor, and its local agent completes a task through the gateway: the provider
+key never reaches the user's machine.
+
+The CLI writes its local agent from /api/v1/settings (the user's provider model and URL) and
+the BYOR key; the gateway's URL and model come from /api/v1/users/me?expose_secrets=true (what
+OpenHands' SDK reads) and are applied with the CLI's own `--override-with-envs` (LLM_BASE_URL,
+LLM_MODEL), the documented path (docs/llm-gateway.md#the-openhands-cli)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from controlplane.config import ServiceConfig
+from tests.support.conversation_helpers import LLM_KEY, UserFactory, conversation_server
+from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
+from tests.support.live_server import Api, LiveServer
+from tests.support.openhands_clients import OpenHandsVenv, approve_in_the_page, client_env, run
+
+pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.usefixtures("sandbox_images")]
+
+
+@pytest.fixture
+async def live(
+    test_prefix: str, make_config: Callable[..., ServiceConfig], fake_llm_port: int
+) -> AsyncIterator[LiveServer]:
+    server = await conversation_server(
+        make_config, test_prefix, fake_llm_port, device_poll_interval=1
+    )
+    yield server
+    await server.close()
+
+
+async def login(venv: OpenHandsVenv, live: LiveServer, key: str, home: Path) -> str:
+    """`openhands login`, approved in the page as a person would; returns its output."""
+    proc = await asyncio.create_subprocess_exec(
+        str(venv.bin("openhands")),
+        "login",
+        "--server-url",
+        live.url,
+        env=client_env(venv, home),
+        cwd=home,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert proc.stdout is not None
+    seen: list[str] = []
+    try:
+        async with asyncio.timeout(120):
+            link = None
+            while link is None:
+                line = (await proc.stdout.readline()).decode(errors="replace")
+                assert line, "".join(seen)
+                seen.append(line)
+                found = re.search(r"(http://\S+/oauth/device/verify\?user_code=[A-Z-]+)", line)
+                link = found.group(1) if found else None
+            await approve_in_the_page(live.url, key, link)
+            seen.append((await proc.stdout.read()).decode(errors="replace"))
+            assert await proc.wait() == 0, "".join(seen)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return "".join(seen)
+
+
+async def test_openhands_login_gets_a_gateway_key_and_its_local_agent_uses_it(
+    openhands_venv: OpenHandsVenv,
+    live: LiveServer,
+    user: UserFactory,
+    fake_llm: FakeLLM,
+    tmp_path: Path,
+) -> None:
+    alice: Api = await user("alice")  # fake-model at host.docker.internal, as sandboxes see it
+    home = tmp_path / "home"
+    home.mkdir()
+    out = await login(openhands_venv, live, alice.key, home)
+    assert "LLM API key retrieved: acs" in out, out
+    assert "No LLM API key available" not in out
+    assert LLM_KEY not in out
+
+    cli_key = (home / ".openhands" / "cloud" / "api_key.txt").read_text().strip()
+    cli = Api(alice.http, live.url, cli_key)
+    byor = (await cli.ok("GET", "/api/keys/llm/byor"))["key"]
+    agent = json.loads((home / ".openhands" / "agent_settings.json").read_text())
+    assert agent["llm"]["api_key"] == byor
+    me = await cli.ok("GET", "/api/v1/users/me?expose_secrets=true")
+    assert me["llm_api_key"] == byor
+    assert me["llm_model"] == "litellm_proxy/fake-model"
+    assert me["llm_base_url"] == f"{live.url}/api/v1/llm-gateway"
+
+    work = tmp_path / "project"
+    work.mkdir()
+    fake_llm.untooled = reply_finish("(untooled)")
+    target = work / "local.txt"
+    fake_llm.script(
+        [
+            # The CLI's agent asks the model for a security_risk with every action.
+            reply_tool_call(
+                "terminal",
+                {"command": f"echo local-through-gateway > {target}", "security_risk": "LOW"},
+            ),
+            reply_finish("local.txt written"),
+        ]
+    )
+    fake_llm.when_exhausted = reply_finish("done")
+    env = client_env(openhands_venv, home) | {
+        "LLM_BASE_URL": me["llm_base_url"],
+        "LLM_MODEL": me["llm_model"],
+    }
+    code, output = await run(
+        [
+            openhands_venv.bin("openhands"),
+            "--headless",
+            "--override-with-envs",
+            "-t",
+            "Write local.txt",
+        ],
+        env,
+        work,
+        timeout=240,
+    )
+    assert code == 0, output
+    assert target.exists(), output
+    assert target.read_text().strip() == "local-through-gateway"
+    # Every call reached the provider from the gateway, with the key only the gateway holds.
+    tooled = [r for r in fake_llm.requests if r.body.get("tools")]
+    assert len(tooled) >= 2
+    assert {r.authorization for r in fake_llm.requests} == {f"Bearer {LLM_KEY}"}
+    usage = await alice.ok("GET", "/api/v1/llm-gateway/usage")
+    assert usage["requests"] == len(fake_llm.requests)
+    for path in home.rglob("*"):
+        if path.is_file():
+            assert LLM_KEY not in path.read_text(errors="replace"), path
