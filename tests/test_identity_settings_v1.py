@@ -49,8 +49,11 @@ async def test_no_route_hands_out_the_llm_key(client: Client, user_headers: User
     assert response.status == 200
     # The BYOR key is the user's LLM gateway key (docs/llm-gateway.md), never the provider's.
     byor = await get(client, "/api/keys/llm/byor", alice)
-    assert set(byor) == {"key"}
+    assert set(byor) == {"key", "llm_model", "llm_base_url"}
     assert byor["key"].startswith("acs-llm.")
+    # With it, where to call it: the gateway, the model as LiteLLM names it there.
+    assert byor["llm_model"] == "litellm_proxy/m"
+    assert byor["llm_base_url"].endswith("/api/v1/llm-gateway")
     assert LLM_KEY not in json.dumps(byor)
     for path in ("/api/v1/users/me", "/api/v1/settings", "/api/settings"):
         body = await get(client, path, alice)

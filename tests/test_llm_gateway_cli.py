@@ -3,9 +3,9 @@ GET /api/keys/llm/byor, and its local agent completes a task through the gateway
 key never reaches the user's machine.
 
 The CLI writes its local agent from /api/v1/settings (the user's provider model and URL) and
-the BYOR key; the gateway's URL and model come from /api/v1/users/me?expose_secrets=true (what
-OpenHands' SDK reads) and are applied with the CLI's own `--override-with-envs` (LLM_BASE_URL,
-LLM_MODEL), the documented path (docs/llm-gateway.md#the-openhands-cli)."""
+the BYOR key; the gateway's URL and model come with that key from GET /api/keys/llm/byor
+(`llm_model`, `llm_base_url`) and are applied with the CLI's own `--override-with-envs`
+(LLM_BASE_URL, LLM_MODEL), the documented path (docs/llm-gateway.md#the-openhands-cli)."""
 
 from __future__ import annotations
 
@@ -88,13 +88,15 @@ async def test_openhands_login_gets_a_gateway_key_and_its_local_agent_uses_it(
 
     cli_key = (home / ".openhands" / "cloud" / "api_key.txt").read_text().strip()
     cli = Api(alice.http, live.url, cli_key)
-    byor = (await cli.ok("GET", "/api/keys/llm/byor"))["key"]
+    me = await cli.ok("GET", "/api/keys/llm/byor")
+    byor = me["key"]
     agent = json.loads((home / ".openhands" / "agent_settings.json").read_text())
     assert agent["llm"]["api_key"] == byor
-    me = await cli.ok("GET", "/api/v1/users/me?expose_secrets=true")
-    assert me["llm_api_key"] == byor
     assert me["llm_model"] == "litellm_proxy/fake-model"
     assert me["llm_base_url"] == f"{live.url}/api/v1/llm-gateway"
+    # users/me?expose_secrets answers the same only with a sandbox's session key too
+    # (OpenHands' rule, tests/test_openhands_sdk_158.py); the user's key alone is refused.
+    assert (await cli.call("GET", "/api/v1/users/me?expose_secrets=true"))[0] == 401
 
     work = tmp_path / "project"
     work.mkdir()

@@ -75,6 +75,8 @@ async def _settle(api: Api, ids: list[str], within: float) -> dict[str, str]:
         for sandbox_id in ids:
             code, body = await api.call("GET", f"/api/v1/sandboxes/{sandbox_id}")
             statuses[sandbox_id] = body["status"] if code == 200 else f"HTTP {code}"
+            if code == 200 and body.get("reason"):
+                statuses[sandbox_id] += f" ({body['reason']})"  # why, when it failed
         if all(s not in ("STARTING", "HTTP 503") for s in statuses.values()):
             break
         await asyncio.sleep(0.5)

@@ -76,6 +76,7 @@ async def test_new_conversation_with_the_default_flags(
         ({"replay_json": "[]"}, "body"),
         ({"create_microagent": {"repo": "a/b"}}, "body"),
         ({"repository": "not a repo"}, "repository"),
+        ({"selected_branch": "a\x18b~c"}, "selected_branch"),  # the fuzzer once had it a 500
         ({"initial_user_msg": 5}, "initial_user_msg"),
         ({"surprise": 1}, "surprise"),
     ):

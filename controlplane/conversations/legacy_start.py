@@ -19,13 +19,19 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from controlplane.api.parsing import json_response, parse_body
+from controlplane.api.parsing import (
+    RequestValidationError,
+    error_items,
+    json_response,
+    parse_body,
+)
 from controlplane.api.routing import RouteTable
 from controlplane.auth.identity import principal_of
 from controlplane.conversations.handler_deps import conversation_service
 from controlplane.conversations.models import (
+    BRANCH_PATTERN,
     AppConversationStartRequest,
     ConversationTrigger,
     ImageContent,
@@ -46,7 +52,7 @@ class InitSessionRequest(BaseModel):
         default=None, max_length=256, pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+$"
     )
     git_provider: ProviderType | None = None
-    selected_branch: str | None = Field(default=None, max_length=256)
+    selected_branch: str | None = Field(default=None, max_length=256, pattern=BRANCH_PATTERN)
     initial_user_msg: str | None = Field(default=None, max_length=200_000)
     image_urls: list[str] | None = Field(default=None, max_length=20)
     suggested_task: SuggestedTask | None = None
@@ -74,6 +80,15 @@ class ConversationResponse(BaseModel):
 
 
 def as_start_request(body: InitSessionRequest) -> AppConversationStartRequest:
+    """The V1 start request the V0 body means. The V0 model checks each field as V1 does; a
+    value V1 still refuses is the caller's 422 (under the V0 body), never a 500."""
+    try:
+        return _translated(body)
+    except ValidationError as exc:
+        raise RequestValidationError(error_items(exc, "body")) from None
+
+
+def _translated(body: InitSessionRequest) -> AppConversationStartRequest:
     content: list[TextContent | ImageContent] = []
     if body.initial_user_msg:
         content.append(TextContent(text=body.initial_user_msg))

@@ -41,6 +41,14 @@ class LlmKeyResponse(BaseModel):
     (docs/llm-gateway.md); null when the gateway does not run."""
 
     key: str | None = None
+    llm_model: str | None = Field(
+        default=None,
+        description="The user's model as LiteLLM names it to call the gateway with this key "
+        "(`litellm_proxy/<model>`); null without a model in settings",
+    )
+    llm_base_url: str | None = Field(
+        default=None, description="The gateway's URL, as the caller reached this API"
+    )
 
 
 class UserInfoWithSecrets(UserInfo):
@@ -106,5 +114,17 @@ async def get_byor_key(request: web.Request) -> web.Response:
     gateway = request.app.get(keys.GATEWAY)
     if gateway is None:
         return json_response(LlmKeyResponse())
-    key = await gateway.user_keys.get_or_create(principal_of(request).user_id)
-    return json_response(LlmKeyResponse(key=key))
+    user_id = principal_of(request).user_id
+    key = await gateway.user_keys.get_or_create(user_id)
+    # The model and URL to use the key with, for tools run on the user's machine (the CLI's
+    # local mode: docs/llm-gateway.md#the-openhands-cli). users/me?expose_secrets answers the
+    # same view, but only with a sandbox's session key too (OpenHands' rule); this key alone
+    # already reaches the gateway, so where to call it is no secret.
+    view = await gateway_llm(
+        request, user_id, (await request.app[keys.SETTINGS].get(user_id)).llm_model
+    )
+    return json_response(
+        LlmKeyResponse(
+            key=key, llm_model=view.get("llm_model"), llm_base_url=view.get("llm_base_url")
+        )
+    )
