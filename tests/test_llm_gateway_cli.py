@@ -9,9 +9,7 @@ the BYOR key; the gateway's URL and model come with that key from GET /api/keys/
 
 from __future__ import annotations
 
-import asyncio
 import json
-import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -21,7 +19,7 @@ from controlplane.config import ServiceConfig
 from tests.support.conversation_helpers import LLM_KEY, UserFactory, conversation_server
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.live_server import Api, LiveServer
-from tests.support.openhands_clients import OpenHandsVenv, approve_in_the_page, client_env, run
+from tests.support.openhands_clients import OpenHandsVenv, client_env, openhands_login, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.usefixtures("sandbox_images")]
 
@@ -37,40 +35,6 @@ async def live(
     await server.close()
 
 
-async def login(venv: OpenHandsVenv, live: LiveServer, key: str, home: Path) -> str:
-    """`openhands login`, approved in the page as a person would; returns its output."""
-    proc = await asyncio.create_subprocess_exec(
-        str(venv.bin("openhands")),
-        "login",
-        "--server-url",
-        live.url,
-        env=client_env(venv, home),
-        cwd=home,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    assert proc.stdout is not None
-    seen: list[str] = []
-    try:
-        async with asyncio.timeout(120):
-            link = None
-            while link is None:
-                line = (await proc.stdout.readline()).decode(errors="replace")
-                assert line, "".join(seen)
-                seen.append(line)
-                found = re.search(r"(http://\S+/oauth/device/verify\?user_code=[A-Z-]+)", line)
-                link = found.group(1) if found else None
-            await approve_in_the_page(live.url, key, link)
-            seen.append((await proc.stdout.read()).decode(errors="replace"))
-            assert await proc.wait() == 0, "".join(seen)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    return "".join(seen)
-
-
 async def test_openhands_login_gets_a_gateway_key_and_its_local_agent_uses_it(
     openhands_venv: OpenHandsVenv,
     live: LiveServer,
@@ -81,7 +45,7 @@ async def test_openhands_login_gets_a_gateway_key_and_its_local_agent_uses_it(
     alice: Api = await user("alice")  # fake-model at host.docker.internal, as sandboxes see it
     home = tmp_path / "home"
     home.mkdir()
-    out = await login(openhands_venv, live, alice.key, home)
+    out = await openhands_login(openhands_venv, live.url, alice.key, home, within=120)
     assert "LLM API key retrieved: acs" in out, out
     assert "No LLM API key available" not in out
     assert LLM_KEY not in out

@@ -32,7 +32,7 @@ from tests.support.conversation_helpers import (
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.live_server import Api, LiveServer
-from tests.support.openhands_clients import OpenHandsVenv, approve_in_the_page, client_env, run
+from tests.support.openhands_clients import OpenHandsVenv, client_env, openhands_login, run
 from tests.support.sandbox_helpers import containers
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.usefixtures("sandbox_images")]
@@ -137,37 +137,7 @@ async def test_openhands_login_through_the_device_flow(
     alice: Api = await user("alice")
     home = tmp_path / "home"
     home.mkdir()
-    proc = await asyncio.create_subprocess_exec(
-        str(openhands_venv.bin("openhands")),
-        "login",
-        "--server-url",
-        live.url,
-        env=client_env(openhands_venv, home),
-        cwd=home,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    assert proc.stdout is not None
-    seen: list[str] = []
-    link = None
-    try:
-        async with asyncio.timeout(90):
-            while link is None:
-                line = (await proc.stdout.readline()).decode(errors="replace")
-                assert line, "".join(seen)
-                seen.append(line)
-                found = re.search(r"(http://\S+/oauth/device/verify\?user_code=[A-Z-]+)", line)
-                link = found.group(1) if found else None
-            await approve_in_the_page(live.url, alice.key, link)
-            rest = (await proc.stdout.read()).decode(errors="replace")
-            code = await proc.wait()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    out = "".join(seen) + rest
-    assert code == 0, out
+    out = await openhands_login(openhands_venv, live.url, alice.key, home, within=90)
     assert "Logged into OpenHands Cloud" in out, out
     assert "Settings synchronized successfully" in out, out
     assert "LLM Model: fake-model" in out, out

@@ -13,6 +13,7 @@ import fcntl
 import glob
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -267,3 +268,40 @@ async def approve_in_the_page(base: str, key: str, link: str) -> None:
         ) as done:
             assert done.status == 200
             assert "is connected" in await done.text()
+
+
+async def openhands_login(
+    venv: OpenHandsVenv, base: str, key: str, home: Path, within: float
+) -> str:
+    """`openhands login --server-url base`, its printed link approved in the page as a person
+    would (as `key`'s user); the CLI's whole output, once it has exited 0."""
+    proc = await asyncio.create_subprocess_exec(
+        str(venv.bin("openhands")),
+        "login",
+        "--server-url",
+        base,
+        env=client_env(venv, home),
+        cwd=home,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert proc.stdout is not None
+    seen: list[str] = []
+    try:
+        async with asyncio.timeout(within):
+            link = None
+            while link is None:
+                line = (await proc.stdout.readline()).decode(errors="replace")
+                assert line, "".join(seen)
+                seen.append(line)
+                found = re.search(r"(http://\S+/oauth/device/verify\?user_code=[A-Z-]+)", line)
+                link = found.group(1) if found else None
+            await approve_in_the_page(base, key, link)
+            seen.append((await proc.stdout.read()).decode(errors="replace"))
+            assert await proc.wait() == 0, "".join(seen)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return "".join(seen)
