@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
@@ -10,6 +9,7 @@ from aiohttp import web
 from controlplane import keys
 from controlplane.api import parser_errors
 from controlplane.api.cors import cors_middleware
+from controlplane.api.durability import durable_middleware
 from controlplane.api.middlewares import (
     PACER,
     RATE_LIMITER,
@@ -55,7 +55,8 @@ from controlplane.settings.service import SettingsService
 from controlplane.settings.store import UserRecordStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.routes import routes as spec_routes
-from controlplane.store.redis import ensure_embedded_redis, make_client, wait_for_redis
+from controlplane.store.failover import open_redis
+from controlplane.store.redis import wait_for_redis
 from controlplane.webclient.routes import routes as web_client_routes
 
 VERSION = "0.1.0"
@@ -92,9 +93,7 @@ def _redis_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncIterat
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         # The key first: a bad key must stop start-up before a Redis connection exists to leak.
         box = load_secret_box(config.secret_key, config.data_dir)
-        url = config.redis_url or await asyncio.to_thread(ensure_embedded_redis, config.data_dir)
-        assert url is not None
-        client = make_client(url, config.redis_timeout)
+        client = await open_redis(config)
         try:
             await wait_for_redis(client)
         except BaseException:
@@ -143,6 +142,7 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
             webhook_auth_middleware,
             rate_limit_middleware,
             timeout_middleware(config.request_timeout),
+            durable_middleware,
         ],
     )
     app.on_response_prepare.append(lift_deadline)
@@ -178,6 +178,7 @@ def create_webhook_app(main: web.Application) -> web.Application:
             size_limit_middleware(config.max_body_bytes),
             webhook_auth_middleware,
             timeout_middleware(config.request_timeout),
+            durable_middleware,
         ],
     )
     for key in main:

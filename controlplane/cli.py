@@ -19,7 +19,8 @@ from controlplane.errors import ControlPlaneError
 from controlplane.logging import configure_logging
 from controlplane.ops import sandboxes as ops_sandboxes
 from controlplane.sandboxes.networking import remove_networks
-from controlplane.store.redis import make_client, resolve_redis_url, wait_for_redis
+from controlplane.store.failover import open_redis
+from controlplane.store.redis import wait_for_redis
 from drivers.docker import DockerDriver
 from drivers.firewall import Iptables
 
@@ -110,7 +111,7 @@ async def _serve(config: ServiceConfig, host: str, port: int) -> None:
 
 
 async def _keys(config: ServiceConfig, args: argparse.Namespace) -> None:
-    client = make_client(await asyncio.to_thread(resolve_redis_url, config), config.redis_timeout)
+    client = await open_redis(config)
     try:
         await wait_for_redis(client, attempts=3)
         service = ApiKeyService(client, None)

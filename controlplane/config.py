@@ -178,6 +178,38 @@ class ServiceConfig(BaseModel):
     auth_rate_limit_per_minute: int = Field(
         default=30, ge=1, le=100_000, description="Sign-ins, device codes, approvals per minute"
     )
+    # High availability (docs/deployment.md#high-availability).
+    redis_sentinels: list[str] = Field(
+        default_factory=list,
+        description="Comma-separated host:port of Redis Sentinels; the master is found through "
+        "them (ACS_REDIS_URL must then be unset)",
+    )
+    redis_sentinel_master: str = Field(
+        default="mymaster", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Sentinel's name"
+    )
+    redis_username: str | None = Field(default=None, description="ACL user of the Redis servers")
+    redis_password: str | None = Field(
+        default=None, description="Password of the Redis servers; a URL's own password wins"
+    )
+    redis_sentinel_password: str | None = Field(default=None, description="The Sentinels' own")
+    redis_db: int = Field(default=0, ge=0, le=1023, description="Database number with Sentinel")
+    redis_retry_window: float | None = Field(
+        default=None,
+        gt=0,
+        le=300,
+        description="Seconds a Redis call is retried through an outage or failover before its "
+        "request answers 503; unset: 10 with Sentinel, 2 without",
+    )
+    redis_wait_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=16,
+        description="Replicas that must hold what a request writes before it is answered "
+        "(WAIT); unset: 1 with Sentinel, 0 without",
+    )
+    redis_wait_timeout: float = Field(
+        default=1.0, gt=0, le=30, description="Seconds a write waits for its replicas (then 503)"
+    )
 
     @field_validator("lifecycle_webhook_urls", mode="before")
     @classmethod
@@ -282,6 +314,24 @@ class ServiceConfig(BaseModel):
         pool = info.data.get("sandbox_subnet_pool")
         if pool and value < ipaddress.IPv4Network(pool).prefixlen:
             raise ValueError(f"/{value} networks do not fit in ACS_SANDBOX_SUBNET_POOL {pool}")
+        return value
+
+    @field_validator("redis_sentinels", mode="before")
+    @classmethod
+    def _sentinel_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [s.strip() for s in value.split(",") if s.strip()]
+        return value
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _host_ports(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if value and info.data.get("redis_url"):
+            raise ValueError("set either ACS_REDIS_URL or ACS_REDIS_SENTINELS, not both")
+        for address in value:
+            host, sep, port = address.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{address!r} is not host:port")
         return value
 
     @field_validator("llm_models", mode="before")

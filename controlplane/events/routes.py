@@ -33,6 +33,7 @@ from controlplane.events.models import (
     EventSocketQuery,
     WebSocketHandshake,
 )
+from controlplane.events.tail import tail
 from controlplane.sandboxes.models import Success
 
 routes = RouteTable(tag="events")
@@ -146,11 +147,10 @@ async def event_socket(request: web.Request) -> web.StreamResponse:
     redis = request.app[keys.REDIS]
 
     async def follow() -> None:
-        nonlocal last
-        while not ws.closed:
-            for stream_id, event in await events.store.follow(redis, info.id, last, 10_000):
-                await ws.send_str(json.dumps(event))
-                last = stream_id
+        async for _stream_id, event in tail(events.store, redis, info.id, last):
+            if ws.closed:
+                break
+            await ws.send_str(json.dumps(event))
 
     pump = asyncio.create_task(follow())
     try:
