@@ -53,6 +53,7 @@ from controlplane.sandboxes.wiring import RECONCILER, sandbox_ctx
 from controlplane.settings.routes import routes as settings_routes
 from controlplane.settings.service import SettingsService
 from controlplane.settings.store import UserRecordStore
+from controlplane.shutdown import DRAIN, Drain
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.routes import routes as spec_routes
 from controlplane.store.failover import open_redis
@@ -147,6 +148,7 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
     )
     app.on_response_prepare.append(lift_deadline)
     app[keys.CONFIG] = config
+    app[DRAIN] = Drain()
     _pace(app, config)
     metrics = Metrics()
     app[METRICS] = metrics

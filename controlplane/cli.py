@@ -19,6 +19,7 @@ from controlplane.errors import ControlPlaneError
 from controlplane.logging import configure_logging
 from controlplane.ops import sandboxes as ops_sandboxes
 from controlplane.sandboxes.networking import remove_networks
+from controlplane.shutdown import begin_drain
 from controlplane.store.failover import open_redis
 from controlplane.store.redis import wait_for_redis
 from drivers.docker import DockerDriver
@@ -70,7 +71,8 @@ def check_bind(config: ServiceConfig, host: str) -> None:
 
 
 async def _serve(config: ServiceConfig, host: str, port: int) -> None:
-    """Serve until SIGTERM or SIGINT; in-flight requests get up to 30 s to finish.
+    """Serve until SIGTERM or SIGINT, then drain (controlplane/shutdown.py): in-flight requests
+    and conversation starts get ACS_SHUTDOWN_TIMEOUT (30 s) to finish.
 
     The API listens on `host` only. Sandboxes post their webhooks to a separate listener on their
     network's gateway (controlplane/sandboxes/networking.py), by default on the same port number.
@@ -89,7 +91,8 @@ async def _serve(config: ServiceConfig, host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(create_app(config), access_log=None, shutdown_timeout=30)
+    app = create_app(config)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=config.shutdown_timeout)
     setup = asyncio.create_task(runner.setup())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({setup, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -106,6 +109,7 @@ async def _serve(config: ServiceConfig, host: str, port: int) -> None:
         log.info("serving", addresses=[f"http://{h}:{port}" for h in hosts])
         await stop.wait()
         log.info("shutting_down")
+        await begin_drain(app, config)  # unready first (controlplane/shutdown.py)
     finally:
         await runner.cleanup()
 

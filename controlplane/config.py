@@ -210,6 +210,19 @@ class ServiceConfig(BaseModel):
     redis_wait_timeout: float = Field(
         default=1.0, gt=0, le=30, description="Seconds a write waits for its replicas (then 503)"
     )
+    shutdown_drain_delay: float = Field(
+        default=0.0,
+        ge=0,
+        le=300,
+        description="Seconds between SIGTERM (from which /ready answers 503) and closing the "
+        "listener, for a balancer to stop sending",
+    )
+    shutdown_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="Seconds in-flight requests and conversation starts get to finish at SIGTERM",
+    )
 
     @field_validator("lifecycle_webhook_urls", mode="before")
     @classmethod

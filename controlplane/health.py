@@ -13,6 +13,7 @@ from controlplane.api.parsing import json_response
 from controlplane.api.routing import RouteTable
 from controlplane.errors import Forbidden
 from controlplane.metrics import CONTENT_TYPE, METRICS
+from controlplane.shutdown import DRAIN
 from controlplane.store.redis import REDIS_DOWN
 
 routes = RouteTable(tag="health")
@@ -24,7 +25,7 @@ class Health(BaseModel):
 
 
 class Readiness(BaseModel):
-    status: Literal["ok", "degraded"]
+    status: Literal["ok", "degraded", "draining"]
     redis: bool
     docker: bool | None = None
 
@@ -39,7 +40,7 @@ async def health(_request: web.Request) -> web.Response:
 @routes.route(
     "GET",
     "/ready",
-    summary="Readiness: Redis (and Docker) answer",
+    summary="Readiness: Redis (and Docker) answer, and the replica is not shutting down",
     response=Readiness,
     public=True,
     errors=(503,),
@@ -53,7 +54,10 @@ async def ready(request: web.Request) -> web.Response:
     if keys.SANDBOXES in request.app:
         docker_ok = await request.app[keys.SANDBOXES].runtime_available()
     ok = redis_ok and docker_ok is not False
-    body = Readiness(status="ok" if ok else "degraded", redis=redis_ok, docker=docker_ok)
+    status: Literal["ok", "degraded", "draining"] = "ok" if ok else "degraded"
+    if request.app[DRAIN].draining:  # first thing at SIGTERM: a balancer stops sending here
+        status, ok = "draining", False
+    body = Readiness(status=status, redis=redis_ok, docker=docker_ok)
     return json_response(body, status=200 if ok else 503)
 
 

@@ -40,6 +40,20 @@ return 1
 """
 
 
+# KEYS: a start task's lease. ARGV: owner, ttl in ms. Taken or renewed unless another holds it.
+_HOLD = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+_DROP = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
 class ConversationIdTaken(Conflict):
     code = "conversation_id_taken"
 
@@ -49,6 +63,8 @@ class ConversationStore:
         self._redis = redis
         self._reserve = redis.register_script(_RESERVE)
         self._create = redis.register_script(_CREATE)
+        self._hold = redis.register_script(_HOLD)
+        self._drop = redis.register_script(_DROP)
 
     async def reserve(self, conversation_id: str, user_id: str) -> None:
         """Claim a client-chosen id for `user_id`. Raises ConversationIdTaken when it is another
@@ -172,11 +188,17 @@ class ConversationStore:
     async def all_task_ids(self, owner: str) -> list[str]:
         return [text(i) for i in await self._redis.zrange(keys.user_start_tasks(owner), 0, -1)]
 
-    async def hold_lease(self, task_id: str, owner: str, ttl: float) -> None:
-        await self._redis.set(keys.start_task_lease(task_id), owner, px=int(ttl * 1000))
+    async def hold_lease(self, task_id: str, owner: str, ttl: float) -> bool:
+        """Take or renew a start task's lease for `owner`; False when another replica holds it
+        (this one's lapsed and it was taken over)."""
+        held = await self._hold(
+            keys=[keys.start_task_lease(task_id)], args=[owner, int(ttl * 1000)]
+        )
+        return bool(held)
 
-    async def drop_lease(self, task_id: str) -> None:
-        await self._redis.delete(keys.start_task_lease(task_id))
+    async def drop_lease(self, task_id: str, owner: str) -> None:
+        """Release the lease if `owner` still holds it."""
+        await self._drop(keys=[keys.start_task_lease(task_id)], args=[owner])
 
     async def leased(self, task_ids: list[str]) -> list[bool]:
         if not task_ids:

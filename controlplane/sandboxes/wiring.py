@@ -11,6 +11,7 @@ from aiohttp import web
 from controlplane import keys
 from controlplane.config import ServiceConfig
 from controlplane.conversations.agent_client import AgentClient
+from controlplane.conversations.handover import StartTaskHandover
 from controlplane.conversations.pending import PendingMessages
 from controlplane.conversations.service import ConversationService
 from controlplane.conversations.starter import StartTaskRunner
@@ -31,6 +32,7 @@ from controlplane.sandboxes.reconciler import Reconciler
 from controlplane.sandboxes.service import SandboxService
 from controlplane.sandboxes.status_feed import StatusFeed
 from controlplane.sandboxes.store import SandboxStore
+from controlplane.shutdown import DRAIN
 from controlplane.store import keys as store_keys
 from controlplane.store.leader import LeaderLock
 from drivers.docker import DockerDriver
@@ -70,7 +72,7 @@ def _webhooks(
     return outbox, deliverer
 
 
-def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncIterator[None]]:
+def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncIterator[None]]:  # noqa: PLR0915 (one statement over; issue 21 moves this wiring)
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         catalog = app[keys.SPECS]
         metrics = app[METRICS]
@@ -143,11 +145,13 @@ def sandbox_ctx(config: ServiceConfig) -> Callable[[web.Application], AsyncItera
             conversations.events, conversations, on_lag=metrics.event_delivered
         )
         feed.start()
-        await runner.recover()
+        handover = await StartTaskHandover.started(runner)
         reconciler.start()
         reaper.start()
         pool.start()
         yield
+        # Starts finish or are handed over first: they need the webhook listener (readiness).
+        await handover.drain(app[DRAIN].left(), service.launcher)
         await networks.close()  # no webhooks arrive while the services below close
         await pool.stop()
         await app[keys.EVENTS].close()
