@@ -208,7 +208,11 @@ class ServiceConfig(BaseModel):
         "(WAIT); unset: 1 with Sentinel, 0 without",
     )
     redis_wait_timeout: float = Field(
-        default=1.0, gt=0, le=30, description="Seconds a write waits for its replicas (then 503)"
+        default=5.0,
+        gt=0,
+        le=60,
+        description="Seconds a write waits for its replicas (a replica re-syncing after a "
+        "failover acknowledges late), then 503",
     )
     shutdown_drain_delay: float = Field(
         default=0.0,

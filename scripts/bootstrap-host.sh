@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares a Debian host for `make run` and `make test`: Python venv support, redis-server,
-# debootstrap, a running Docker engine, and gVisor's runsc registered with it (optional); with
-# --browser, Python venv support and Debian's chromium (for the browser tests) only. Installs what
+# haproxy (the tests' balancer), debootstrap, a running Docker engine, and gVisor's runsc
+# registered with it (optional); with --browser, Python venv support and Debian's chromium (for the browser tests) only. Installs what
 # is missing when run as root on Debian; otherwise says exactly what to install. Safe to run
 # again: it only acts on what is absent.
 set -euo pipefail
@@ -24,6 +24,8 @@ PY
 python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if ! $python_only; then
     have redis-server || need_apt+=(redis-server)
+    # The balancer in front of several replicas in the high-availability tests (tests/balancer.py).
+    have haproxy || need_apt+=(haproxy)
     have debootstrap || need_apt+=(debootstrap)
 fi
 if $browser; then

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,10 @@ READS = frozenset(_READ_COMMANDS.split())
 Anything else counts as a write: an unneeded WAIT costs one quick reply, a missed one a loss."""
 
 
+WAIT_SLICE = 1.0
+"""Longest single WAIT: under any sensible socket timeout (ACS_REDIS_TIMEOUT, 5 s)."""
+
+
 class NotReplicated(RedisConnectionError):
     """A write that fewer replicas acknowledged than required in time (a 503, never retried:
     running the write again could apply it twice)."""
@@ -52,7 +57,7 @@ class NotReplicated(RedisConnectionError):
 class Replication:
     replicas: int = 0
     """Replicas that must acknowledge a request's writes; 0: no WAIT."""
-    timeout: float = 1.0
+    timeout: float = 5.0
 
 
 _DURABLE: contextvars.ContextVar[bool] = contextvars.ContextVar("acs_durable", default=False)
@@ -87,14 +92,24 @@ class _WaitsForReplicas:
         )
 
     async def _wait_replicas(self, connection: Any) -> None:
+        """WAIT in slices of at most a second (under the socket timeout) until the replicas
+        acknowledge or `timeout` has passed: a replica re-syncing after a failover acknowledges
+        late, and asking again is safe where writing again would not be."""
         wanted = self.replication.replicas
-        await connection.send_command("WAIT", wanted, int(self.replication.timeout * 1000))
-        acked = int(await connection.read_response())
-        if acked < wanted:
-            raise NotReplicated(
-                f"Redis: {acked} of {wanted} replicas acknowledged the write "
-                f"in {self.replication.timeout:g} s"
-            )
+        deadline = time.monotonic() + self.replication.timeout
+        acked = 0
+        while True:
+            left = deadline - time.monotonic()
+            slice_ms = max(1, int(min(left, WAIT_SLICE) * 1000))
+            await connection.send_command("WAIT", wanted, slice_ms)
+            acked = int(await connection.read_response())
+            if acked >= wanted:
+                return
+            if time.monotonic() >= deadline:
+                raise NotReplicated(
+                    f"Redis: {acked} of {wanted} replicas acknowledged the write "
+                    f"in {self.replication.timeout:g} s"
+                )
 
     async def _send_command_parse_response(
         self, conn: Any, command_name: Any, *args: Any, **options: Any
