@@ -227,6 +227,31 @@ class ServiceConfig(BaseModel):
         le=3600,
         description="Seconds in-flight requests and conversation starts get to finish at SIGTERM",
     )
+    # The sandbox proxy (docs/deployment.md#the-sandbox-proxy).
+    proxy_url: str | None = Field(
+        default=None,
+        description="The URL clients reach this control plane at (its balancer's, e.g. "
+        "https://acs.example.com): sandbox links point at its proxy",
+    )
+    sandbox_urls: Literal["auto", "direct", "proxy"] = Field(
+        default="auto",
+        description="Where exposed_urls and conversation_url point: direct (the published host "
+        "port), proxy (ACS_PROXY_URL/sandboxes/{id}/proxy/…); auto: proxy when ACS_PROXY_URL is "
+        "set",
+    )
+    proxy_max_body_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024,
+        le=16 * 1024**3,
+        description="Largest request body (and WebSocket message) the proxy forwards; 413 above",
+    )
+    proxy_read_timeout: float = Field(
+        default=300.0,
+        gt=0,
+        le=86400,
+        description="Seconds the proxy waits for a sandbox's answer to begin, and between two "
+        "of its chunks (504 when nothing came at all)",
+    )
 
     @field_validator("lifecycle_webhook_urls", mode="before")
     @classmethod
@@ -349,6 +374,22 @@ class ServiceConfig(BaseModel):
             host, sep, port = address.rpartition(":")
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"{address!r} is not host:port")
+        return value
+
+    @field_validator("proxy_url")
+    @classmethod
+    def _proxy_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not re.fullmatch(r"https?://[^/?#\s]+(/[^?#\s]*)?", value):
+            raise ValueError(f"{value!r} is not an http(s) URL without query or fragment")
+        return value.rstrip("/")
+
+    @field_validator("sandbox_urls")
+    @classmethod
+    def _links_need_a_url(cls, value: str, info: ValidationInfo) -> str:
+        if value == "proxy" and not info.data.get("proxy_url"):
+            raise ValueError("proxy needs ACS_PROXY_URL (the URL clients reach this API at)")
         return value
 
     @field_validator("llm_models", mode="before")

@@ -210,9 +210,10 @@ async def test_an_event_stream_reader_follows_through_a_failover(
     writer_client, reader = await open_redis(config), await open_redis(config)
     store = EventStore(writer_client)
     seen: list[str] = []
+    done = asyncio.Event()
 
     async def read() -> None:
-        async for _sid, event in tail(store, reader, "conv", "0"):
+        async for _sid, event in tail(store, reader, "conv", "0", until=done.is_set):
             seen.append(event["id"])
 
     following = asyncio.create_task(read())
@@ -230,6 +231,7 @@ async def test_an_event_stream_reader_follows_through_a_failover(
         await _until(lambda: len(seen) == 11, 15)
         assert seen == [f"e{n}" for n in range(11)]
     finally:
+        done.set()
         following.cancel()
         await asyncio.gather(following, return_exceptions=True)
         await writer_client.aclose()

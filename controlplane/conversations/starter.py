@@ -99,17 +99,28 @@ class StartTaskRunner:
         self._updates: dict[str, asyncio.Queue[AppConversationStartTask | None]] = {}
         self._handing_over = False
         self._taken_over: set[str] = set()
+        self._owners: dict[str, str] = {}  # task id -> the lease token taken before spawn()
+
+    async def submit(
+        self, task: AppConversationStartTask, principal: Principal
+    ) -> asyncio.Queue[AppConversationStartTask | None]:
+        """Save a new task with its lease, in one write (no replica may take it for an orphan),
+        and run it here; the queue gets every saved snapshot, then None."""
+        owner = secrets.token_hex(8)
+        await self._store.save_task(task, lease=(owner, LEASE_TTL))
+        self._owners[task.id] = owner
+        return self.spawn(task, principal)
 
     def spawn(
-        self, task: AppConversationStartTask, principal: Principal, *, owner: str | None = None
+        self, task: AppConversationStartTask, principal: Principal
     ) -> asyncio.Queue[AppConversationStartTask | None]:
-        """Run the task in the background; the queue gets every saved snapshot, then None.
-        `owner`: the lease token when the caller already took the task's lease."""
+        """Run the task in the background, under the lease taken for it (submit, recover) or
+        a new one; the queue gets every saved snapshot, then None."""
         updates: asyncio.Queue[AppConversationStartTask | None] = asyncio.Queue()
         self._updates[task.id] = updates
+        owner = self._owners.pop(task.id, None) or secrets.token_hex(8)
         job = asyncio.create_task(
-            self._leased(task, principal, owner or secrets.token_hex(8)),
-            name=f"start-task-{task.id}",
+            self._leased(task, principal, owner), name=f"start-task-{task.id}"
         )
         self._tasks[task.id] = job
 
@@ -177,7 +188,7 @@ class StartTaskRunner:
             base = self._sandboxes.agent_url(sandbox)
             await self._set(task, T.PREPARING_REPOSITORY)
             working_dir = await self._prepare_repository(task, sandbox, base, record)
-            task.agent_server_url = base
+            task.agent_server_url = self._sandboxes.client_agent_url(sandbox)
             await self._set(task, T.STARTING_CONVERSATION)
             await self._start_conversation(
                 task,
@@ -413,7 +424,8 @@ class StartTaskRunner:
                 continue
             log.info("start_task_resumed", task_id=task.id, status=task.status.value)
             principal = Principal(user_id=task.created_by_user_id, key_id=RESUMED_KEY_ID)
-            self.spawn(task, principal, owner=owner)
+            self._owners[task.id] = owner
+            self.spawn(task, principal)
             resumed += 1
         return resumed
 

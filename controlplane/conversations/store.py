@@ -157,10 +157,16 @@ class ConversationStore:
 
     # -- start tasks -------------------------------------------------------------------------
 
-    async def save_task(self, task: AppConversationStartTask) -> None:
+    async def save_task(
+        self, task: AppConversationStartTask, *, lease: tuple[str, float] | None = None
+    ) -> None:
+        """`lease`: (owner, ttl) of a new task's lease, written with it, so that no replica
+        takes the task for one whose replica died before it first renewed its lease."""
         task.updated_at = now()
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.set(keys.start_task(task.id), task.model_dump_json())
+            if lease is not None:
+                pipe.set(keys.start_task_lease(task.id), lease[0], px=int(lease[1] * 1000))
             if task.created_by_user_id is not None:
                 pipe.zadd(keys.user_start_tasks(task.created_by_user_id), {task.id: 0})
             if task.status in TERMINAL_TASK:

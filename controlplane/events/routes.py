@@ -146,8 +146,12 @@ async def event_socket(request: web.Request) -> web.StreamResponse:
     request.app[OPEN_SOCKETS].add(ws)
     redis = request.app[keys.REDIS]
 
+    ended = asyncio.Event()
+
     async def follow() -> None:
-        async for _stream_id, event in tail(events.store, redis, info.id, last):
+        async for _stream_id, event in tail(
+            events.store, redis, info.id, last, until=lambda: ended.is_set() or ws.closed
+        ):
             if ws.closed:
                 break
             await ws.send_str(json.dumps(event))
@@ -158,6 +162,7 @@ async def event_socket(request: web.Request) -> web.StreamResponse:
             if message.type in (WSMsgType.ERROR, WSMsgType.CLOSE):
                 break
     finally:
+        ended.set()
         pump.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionResetError):
             await pump

@@ -10,7 +10,7 @@ or repeated however long the outage lasts; the reader decides when to stop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import redis.asyncio as aioredis
 import structlog
@@ -34,12 +34,20 @@ def block_ms(reader: aioredis.Redis) -> int:
 
 
 async def tail(
-    store: EventStore, reader: aioredis.Redis, conversation_id: str, after: str
+    store: EventStore,
+    reader: aioredis.Redis,
+    conversation_id: str,
+    after: str,
+    *,
+    until: Callable[[], bool] = lambda: False,
 ) -> AsyncIterator[StoredEvent]:
-    """Every event after stream id `after` ("0": all), then each new one as it is stored."""
+    """Every event after stream id `after` ("0": all), then each new one as it is stored, until
+    `until()` (asked after every read, so within a read's block of it becoming true: a reader
+    that is cancelled ends too, but a cancellation that coincides with a socket timeout can be
+    lost inside redis-py on Python 3.11, and this is the bound then)."""
     wait_ms = block_ms(reader)
     delay = RETRY_FIRST
-    while True:
+    while not until():
         try:
             batch = await store.follow(reader, conversation_id, after, wait_ms)
         except REDIS_DOWN as exc:
