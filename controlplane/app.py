@@ -46,6 +46,8 @@ from controlplane.health import OPENAPI_DOC
 from controlplane.health import routes as health_routes
 from controlplane.lifecycle.routes import routes as lifecycle_routes
 from controlplane.metrics import METRICS, Metrics
+from controlplane.proxy.routes import proxy_ctx
+from controlplane.proxy.routes import routes as proxy_routes
 from controlplane.sandboxes.agent_webhooks import webhook_routes as agent_webhook_routes
 from controlplane.sandboxes.pool_routes import routes as pool_routes
 from controlplane.sandboxes.routes import routes as sandbox_routes
@@ -81,6 +83,7 @@ def route_tables() -> list[RouteTable]:
         *webhook_route_tables(),
         lifecycle_routes,
         web_client_routes,
+        proxy_routes,
     ]
 
 
@@ -156,6 +159,7 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
     # Specs are validated before anything else starts: a bad file stops start-up.
     app[keys.SPECS] = SpecCatalog.load(config.spec_dir, config.image_tag, config.enable_specs)
     app.cleanup_ctx.append(_redis_ctx(config))
+    app.cleanup_ctx.append(proxy_ctx)
     track_sockets(app)
     if with_sandboxes:
         app.cleanup_ctx.append(sandbox_ctx(config))

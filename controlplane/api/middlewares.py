@@ -180,7 +180,8 @@ async def _render_errors(request: web.Request, handler: Handler) -> web.StreamRe
 def size_limit_middleware(limit: int) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.content_length is not None and request.content_length > limit:
+        own = getattr(request.match_info.handler, "acs_own_body_limit", False)  # the proxy's
+        if not own and request.content_length is not None and request.content_length > limit:
             raise web.HTTPRequestEntityTooLarge(
                 max_size=limit,
                 actual_size=request.content_length,
