@@ -56,6 +56,7 @@ def _state_of(attrs: dict[str, Any]) -> ContainerState:
         if bindings and key.endswith("/tcp"):
             ports[int(key.split("/")[0])] = int(bindings[0]["HostPort"])
     env = dict(item.partition("=")[::2] for item in config.get("Env") or [])
+    networks = ((attrs.get("NetworkSettings") or {}).get("Networks") or {}).values()
     return ContainerState(
         id=attrs["Id"],
         name=attrs.get("Name", "").lstrip("/"),
@@ -67,6 +68,7 @@ def _state_of(attrs: dict[str, Any]) -> ContainerState:
         oom_killed=bool(state.get("OOMKilled")),
         error=state.get("Error") or None,
         created_at=_parse_time(attrs.get("Created")),
+        addresses=tuple(n["IPAddress"] for n in networks if n.get("IPAddress")),
     )
 
 

@@ -54,7 +54,8 @@ WS_HANDSHAKE = frozenset(
         "Sec-WebSocket-Accept",
     )
 )
-CHUNK = 256 * 1024
+CHUNK = 1024 * 1024
+WRITE_BUFFER = 4 * CHUNK
 
 
 class ProxyError(Exception):
@@ -153,8 +154,18 @@ async def forward_http(
         if isinstance(exc, ValueError):
             raise
         raise ProxyError(502, f"does not answer ({type(exc).__name__})") from None
+    _read_big(upstream)
     async with upstream:
         return await _stream_back(request, upstream, out)
+
+
+def _read_big(upstream: aiohttp.ClientResponse) -> None:
+    """Receive from the sandbox in pieces of up to CHUNK rather than asyncio's 256 KiB: what a
+    large download costs this process goes with the number of pieces, not their size."""
+    connection = upstream.connection
+    transport = connection.transport if connection is not None else None
+    if transport is not None and hasattr(transport, "max_size"):
+        transport.max_size = CHUNK
 
 
 async def _stream_back(
@@ -172,8 +183,12 @@ async def _stream_back(
     if upstream.content_length is not None and request.method != "HEAD":
         response.content_length = upstream.content_length
     await response.prepare(request)
+    if request.transport is not None:
+        # Room for a chunk or two in flight to the client while the next is read (each write
+        # still waits once that is full: the client's pace is the sandbox's).
+        request.transport.set_write_buffer_limits(high=WRITE_BUFFER)
     try:
-        async for chunk in upstream.content.iter_chunked(CHUNK):
+        while chunk := await upstream.content.readany():  # as received: no joining copy
             await response.write(chunk)  # waits while the client is slow
     except (aiohttp.ClientError, TimeoutError) as exc:
         # The answer has begun: the only way to say it broke is to break the connection.

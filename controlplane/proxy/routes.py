@@ -18,6 +18,7 @@ runs in an opaque origin: its scripts cannot use the control plane's cookies).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 import time
@@ -32,7 +33,7 @@ from yarl import URL
 
 from controlplane import keys
 from controlplane.api.cors import EXPOSE_HEADERS
-from controlplane.api.identity import authenticate_request, presented_key
+from controlplane.api.identity import SAFE_METHODS, authenticate_request, presented_key
 from controlplane.api.middlewares import DEADLINE, PRINCIPAL
 from controlplane.api.routing import RouteTable
 from controlplane.auth.sessions import COOKIE_NAME
@@ -45,6 +46,7 @@ from controlplane.errors import (
     SandboxNotFound,
 )
 from controlplane.proxy.forward import (
+    CHUNK,
     Limits,
     Outgoing,
     ProxyError,
@@ -52,7 +54,7 @@ from controlplane.proxy.forward import (
     forward_websocket,
     request_headers,
 )
-from controlplane.sandboxes import links
+from controlplane.sandboxes import links, naming
 from controlplane.sandboxes.models import SANDBOX_ID_PATTERN, SandboxRecord, SandboxStatus
 from controlplane.sandboxes.service import SandboxService
 from controlplane.specs.models import AGENT_SERVER
@@ -61,6 +63,8 @@ log = structlog.get_logger(__name__)
 routes = RouteTable(tag="proxy")
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 _ID_RE = re.compile(SANDBOX_ID_PATTERN)
+GRANT_TTL = 2.0
+MAX_GRANTS = 10_000
 TOUCH_EVERY = 30.0
 """Proxied traffic is activity (the idle reaper): recorded at most this often per sandbox."""
 _CORS = ("allow-origin", "allow-credentials", "allow-methods", "allow-headers", "expose-headers")
@@ -73,12 +77,42 @@ SANDBOX_CSP = (
 
 
 class ProxyState:
-    """The proxy's HTTP client, its open WebSockets and when each sandbox was last touched."""
+    """The proxy's HTTP client, its open WebSockets, when each sandbox was last touched, and
+    the access it recently granted.
+
+    A grant (a credential allowed to use a sandbox, with the sandbox's record) is kept for
+    GRANT_TTL seconds so that a page's hundred requests do not each cost two Redis round trips
+    and a decryption; any change of the sandbox (its status feed: pause, delete, …) forgets
+    it at once. So a revoked API key or an ended browser session still works for up to
+    GRANT_TTL seconds on a sandbox it just used."""
 
     def __init__(self, http: aiohttp.ClientSession) -> None:
         self.http = http
         self.sockets: set[web.WebSocketResponse] = set()
         self.touched: dict[str, float] = {}
+        self.grants: dict[tuple[str, str], tuple[float, SandboxRecord, bool]] = {}
+        self.addresses: dict[str, str] = {}  # sandbox id -> its container's address ("": none)
+        self.following = False
+
+    def granted(self, sandbox_id: str, credential: str) -> tuple[SandboxRecord, bool] | None:
+        """(record, by the sandbox's own key) if access was granted less than GRANT_TTL ago."""
+        grant = self.grants.get((sandbox_id, credential))
+        if grant is None or grant[0] < time.monotonic():
+            return None
+        return grant[1], grant[2]
+
+    def grant(self, record: SandboxRecord, credential: str, own_key: bool) -> None:
+        if len(self.grants) >= MAX_GRANTS:
+            now = time.monotonic()
+            self.grants = {k: v for k, v in self.grants.items() if v[0] >= now}
+            if len(self.grants) >= MAX_GRANTS:
+                self.grants.clear()
+        self.grants[(record.id, credential)] = (time.monotonic() + GRANT_TTL, record, own_key)
+
+    def forget(self, sandbox_id: str) -> None:
+        for key in [k for k in self.grants if k[0] == sandbox_id]:
+            self.grants.pop(key, None)
+        self.addresses.pop(sandbox_id, None)
 
 
 PROXY: web.AppKey[ProxyState] = web.AppKey("sandbox_proxy", ProxyState)
@@ -89,6 +123,7 @@ async def proxy_ctx(app: web.Application) -> AsyncIterator[None]:
     no limit on connections (each sandbox is one upstream host)."""
     http = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+        read_bufsize=CHUNK,  # large reads: a download is copied in few, big pieces
         auto_decompress=False,
         skip_auto_headers=("Accept-Encoding", "User-Agent", "Accept", "Content-Type"),
         cookie_jar=aiohttp.DummyCookieJar(),
@@ -127,23 +162,65 @@ def _port_name(service: SandboxService, record: SandboxRecord, port: str) -> str
 
 
 async def _authorize(
-    request: web.Request, service: SandboxService, sandbox_id: str
+    request: web.Request, service: SandboxService, state: ProxyState, sandbox_id: str
 ) -> tuple[SandboxRecord, str | None]:
-    """The sandbox, if the caller may use it; and the credential it presented (to strip).
-    Raises Unauthorized, Forbidden (a browser session from another origin) or
-    SandboxNotFound (someone else's, or none)."""
+    """The sandbox, if the caller may use it; and the key it presented (to strip). Raises
+    Unauthorized, Forbidden (a browser session from another origin) or SandboxNotFound
+    (someone else's, or none)."""
     presented = presented_key(request) or request.query.get("session_api_key")
+    credential = presented or request.cookies.get(COOKIE_NAME)
+    cache_key = hashlib.sha256(credential.encode()).hexdigest() if credential else None
+    if presented is None and _changes_state(request):
+        cache_key = None  # a browser session's origin is checked on every such request
+    if cache_key is not None:
+        found = state.granted(sandbox_id, cache_key)
+        if found is not None:
+            return found[0], presented
+    if not state.following:  # any change of a sandbox forgets its grants
+        service.feed.listeners.append(state.forget)
+        state.following = True
     record = await service.store.get(sandbox_id) if _ID_RE.match(sandbox_id) else None
     if record is not None and presented and len(presented) <= 256:
-        found = await service.store.id_for_key(presented)
-        if found is not None and secrets.compare_digest(found, sandbox_id):
+        found_id = await service.store.id_for_key(presented)
+        if found_id is not None and secrets.compare_digest(found_id, sandbox_id):
+            if cache_key is not None:
+                state.grant(record, cache_key, own_key=True)
             return record, presented
     principal = await authenticate_request(request, presented)
     request[PRINCIPAL] = principal
     structlog.contextvars.bind_contextvars(user_id=principal.user_id)
     if record is None or record.owner != principal.user_id:
         raise SandboxNotFound(f"sandbox {sandbox_id} not found")
+    if cache_key is not None:
+        state.grant(record, cache_key, own_key=False)
     return record, presented
+
+
+def _changes_state(request: web.Request) -> bool:
+    upgrade = request.headers.get("Upgrade", "").lower() == "websocket"
+    return request.method not in SAFE_METHODS or upgrade
+
+
+async def _upstream_base(
+    service: SandboxService, state: ProxyState, record: SandboxRecord, name: str
+) -> str:
+    """Where this process reaches the sandbox's port: with a local engine, the container's own
+    address on its network (one copy less than through the engine's published port and its
+    userland proxy), looked up once per start of the sandbox; otherwise the published port."""
+    config = service.config
+    published = links.direct_url(config, record.ports[name])
+    spec = service.catalog.find(record.spec_id)
+    local = config.docker_url is None or config.docker_url.startswith("unix://")
+    if not local or spec is None or name not in spec.exposed_ports:
+        return published
+    address = state.addresses.get(record.id)
+    if address is None:
+        found = await service.driver.inspect(
+            naming.container_name(config.container_prefix, record.id)
+        )
+        address = found.addresses[0] if found is not None and found.addresses else ""
+        state.addresses[record.id] = address
+    return f"http://{address}:{spec.exposed_ports[name]}" if address else published
 
 
 def _usable(record: SandboxRecord) -> None:
@@ -251,11 +328,11 @@ async def proxy(request: web.Request) -> web.StreamResponse:
         raise RuntimeUnavailable("this control plane runs no sandboxes")
     state = request.app[PROXY]
     sandbox_id, port = request.match_info["sandbox_id"], request.match_info["port"]
-    record, presented = await _authorize(request, service, sandbox_id)
+    record, presented = await _authorize(request, service, state, sandbox_id)
     _usable(record)
     name = _port_name(service, record, port)
     websocket = request.headers.get("Upgrade", "").lower() == "websocket"
-    base = links.direct_url(config, record.ports[name])
+    base = await _upstream_base(service, state, record, name)
     prefix = links.proxy_prefix(record.id, port)
     out = Outgoing(
         url=_upstream_url(request, base, presented, websocket),

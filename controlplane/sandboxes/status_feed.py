@@ -33,6 +33,8 @@ class StatusFeed:
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
         self.on_listening: Callable[[str], None] | None = None
+        self.listeners: list[Callable[[str], None]] = []
+        """Called with every change (e.g. to forget what a cache holds of that sandbox)."""
 
     async def relay_listening(self, sandbox_id: str) -> None:
         """Tell every replica that the sandbox's agent server listens (best effort: without
@@ -47,6 +49,8 @@ class StatusFeed:
     def notify(self, sandbox_id: str) -> None:
         for event in self._waiters.get(sandbox_id, ()):
             event.set()
+        for listener in self.listeners:
+            listener(sandbox_id)
 
     @contextlib.contextmanager
     def watch(self, sandbox_id: str) -> Iterator[asyncio.Event]:
