@@ -6,7 +6,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 3000
 BIN    := $(VENV)/bin
 
-.PHONY: all host browser install images image run test test-prep test-quick chaos lint format mypy bench bench-official clean
+.PHONY: all host browser install images image run test test-prep test-quick chaos ha lint format mypy bench bench-official clean
 
 all: lint test
 
@@ -58,6 +58,11 @@ test-quick: install host images browser
 chaos: install host images
 	$(BIN)/pytest -m chaos
 
+# High availability alone: Redis Sentinel failovers, replicas behind haproxy, the sandbox proxy
+# (`make test` runs these too).
+ha: install host images
+	$(BIN)/pytest -m ha
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -76,6 +81,7 @@ bench: install host images
 	$(BIN)/python bench/unauthenticated_flood.py
 	$(BIN)/python bench/launch_load.py
 	$(BIN)/python bench/warm_pool.py
+	$(BIN)/python bench/ha.py
 
 # The official agent server's start latency (bench/official_agent.py); builds its image first
 # (minutes from nothing), which `make bench` does not need.

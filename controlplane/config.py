@@ -208,11 +208,11 @@ class ServiceConfig(BaseModel):
         "(WAIT); unset: 1 with Sentinel, 0 without",
     )
     redis_wait_timeout: float = Field(
-        default=5.0,
+        default=10.0,
         gt=0,
         le=60,
-        description="Seconds a write waits for its replicas (a replica re-syncing after a "
-        "failover acknowledges late), then 503",
+        description="Seconds a write waits for its replicas (after a failover, until Sentinel has "
+        "pointed a replica at the new master and it has caught up), then 503",
     )
     shutdown_drain_delay: float = Field(
         default=0.0,

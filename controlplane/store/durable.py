@@ -57,7 +57,7 @@ class NotReplicated(RedisConnectionError):
 class Replication:
     replicas: int = 0
     """Replicas that must acknowledge a request's writes; 0: no WAIT."""
-    timeout: float = 5.0
+    timeout: float = 10.0
 
 
 _DURABLE: contextvars.ContextVar[bool] = contextvars.ContextVar("acs_durable", default=False)
