@@ -28,6 +28,7 @@ class StartTaskHandover:
         self._runner = runner
         self._interval = interval
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
 
     @classmethod
     async def started(cls, runner: StartTaskRunner) -> StartTaskHandover:
@@ -38,7 +39,9 @@ class StartTaskHandover:
         return handover
 
     async def _loop(self) -> None:
-        while True:
+        # Ends on the flag too: a cancellation that coincides with a Redis socket timeout can
+        # surface as a timeout, which this loop would otherwise take for an outage.
+        while not self._stopped:
             await asyncio.sleep(self._interval)
             try:
                 await self._runner.recover()
@@ -48,6 +51,7 @@ class StartTaskHandover:
                 log.exception("start_task_adoption_crashed")
 
     async def stop(self) -> None:
+        self._stopped = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
