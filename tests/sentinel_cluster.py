@@ -17,8 +17,10 @@ import redis
 from tests.live_server import free_port
 
 MASTER_NAME = "acs-test"
-DOWN_AFTER_MS = 1000
-"""Sentinel's down-after-milliseconds: with it a killed master is replaced in about 2 s."""
+DOWN_AFTER_MS = 1500
+"""Sentinel's down-after-milliseconds: a killed master is replaced in about 2.5 s. Much less,
+and on a busy host a master just promoted can miss its pings for that long and be replaced in
+turn (seen with 1000: a second failover a second after the first)."""
 
 
 @dataclass
@@ -85,11 +87,13 @@ class SentinelCluster:
         *,
         password: str | None = None,
         sentinel_password: str | None = None,
+        down_after_ms: int = DOWN_AFTER_MS,
     ) -> None:
         """`password`: the Redis servers' requirepass; `sentinel_password`: the Sentinels'."""
         self.directory = directory
         self.password = password
         self.sentinel_password = sentinel_password
+        self.down_after_ms = down_after_ms
         directory.mkdir(parents=True, exist_ok=True)
         self.servers = [self._server(n) for n in range(3)]
         self.sentinels = [self._sentinel(n) for n in range(3)]
@@ -122,7 +126,7 @@ class SentinelCluster:
             f"dir {self.directory}",
             f"logfile {self.directory / f'sentinel-{n}.log'}",
             f"sentinel monitor {MASTER_NAME} 127.0.0.1 {master} 2",
-            f"sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}",
+            f"sentinel down-after-milliseconds {MASTER_NAME} {self.down_after_ms}",
             f"sentinel failover-timeout {MASTER_NAME} 10000",
             f"sentinel parallel-syncs {MASTER_NAME} 2",
         ]

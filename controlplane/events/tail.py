@@ -4,7 +4,12 @@ and failovers: the events WebSocket's source.
 Each read blocks (XREAD BLOCK) for less than the client's socket timeout, so a quiet
 conversation is never mistaken for a dead Redis. A failed read (Redis away past the client's
 retry window) is tried again with backoff from the last event handed out, so nothing is skipped
-or repeated however long the outage lasts; the reader decides when to stop.
+however long the outage lasts; the reader decides when to stop.
+
+Nothing is repeated either: an event read from a master that then lost it (written there but
+not yet replicated when Sentinel replaced it) comes again with another stream id once its
+writer has stored it on the new master, and is skipped by its event id (the stream's own
+deduplication key).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from controlplane.store.retry import raise_if_cancelled
 log = structlog.get_logger(__name__)
 
 LONGEST_BLOCK_MS = 10_000
+REMEMBERED = 1000
+"""Event ids handed out that are remembered to skip a repeat."""
 RETRY_FIRST, RETRY_MAX = 0.1, 2.0
 
 
@@ -47,6 +54,7 @@ async def tail(
     lost inside redis-py on Python 3.11, and this is the bound then)."""
     wait_ms = block_ms(reader)
     delay = RETRY_FIRST
+    seen: dict[str, None] = {}  # insertion-ordered: the oldest goes first
     while not until():
         try:
             batch = await store.follow(reader, conversation_id, after, wait_ms)
@@ -59,4 +67,10 @@ async def tail(
         delay = RETRY_FIRST
         for stream_id, event in batch:
             after = stream_id
+            event_id = str(event.get("id"))
+            if event_id in seen:
+                continue
+            seen[event_id] = None
+            if len(seen) > REMEMBERED:
+                del seen[next(iter(seen))]
             yield stream_id, event

@@ -2,7 +2,7 @@
 every client controlplane/store/failover.py makes.
 
 A connection error, a timeout, a master not known yet or a demoted master's READONLY answer is
-retried with exponential backoff (50 ms doubling to 500 ms) until `window` seconds have passed
+retried with exponential backoff (50 ms doubling to 250 ms) until `window` seconds have passed
 since the call began, then raised (the API answers 503). The window belongs to the outermost
 call: a reconnect inside a command's retry fails at once and the command's own loop tries again,
 so nesting (command → connect) never multiplies the wait.
@@ -50,7 +50,7 @@ class RetryWindow(Retry):
     retry fails at once and the command's own loop tries again, so nesting never multiplies
     the wait)."""
 
-    def __init__(self, window: float, *, base: float = 0.05, cap: float = 0.5) -> None:
+    def __init__(self, window: float, *, base: float = 0.05, cap: float = 0.25) -> None:
         super().__init__(ExponentialBackoff(cap=cap, base=base), -1, RETRYABLE)  # type: ignore[arg-type]
         self.window = window
 
