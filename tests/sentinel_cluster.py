@@ -45,6 +45,7 @@ class Node:
         )
 
     def client(self) -> redis.Redis:
+        """A client of this node: close it (use it as a context manager)."""
         return redis.Redis(
             port=self.port, password=self.password, socket_timeout=2, socket_connect_timeout=1
         )
@@ -161,7 +162,8 @@ class SentinelCluster:
     @staticmethod
     def _online_replicas(master: Node) -> int:
         try:
-            info = master.client().info("replication")
+            with master.client() as client:
+                info = client.info("replication")
         except redis.RedisError:
             return 0
         return sum(1 for k, v in info.items() if k.startswith("slave") and "online" in str(v))
@@ -172,7 +174,8 @@ class SentinelCluster:
             if not sentinel.alive():
                 continue
             with contextlib.suppress(redis.RedisError):
-                _host, port = sentinel.client().sentinel_get_master_addr_by_name(MASTER_NAME)
+                with sentinel.client() as client:
+                    _host, port = client.sentinel_get_master_addr_by_name(MASTER_NAME)
                 return int(port)
         raise RuntimeError("no Sentinel answers")
 
@@ -196,7 +199,8 @@ class SentinelCluster:
         masters = set()
         for sentinel in self.sentinels:
             try:
-                state = sentinel.client().sentinel_master(MASTER_NAME)
+                with sentinel.client() as client:
+                    state = client.sentinel_master(MASTER_NAME)
             except redis.RedisError as exc:
                 return f"{sentinel.name}: {exc}"
             seen = (state.get("num-slaves"), state.get("num-other-sentinels"))
