@@ -11,6 +11,7 @@ from aiohttp import web
 from controlplane import keys, wiring
 from controlplane.api import parser_errors
 from controlplane.api.cors import cors_middleware
+from controlplane.api.durability import durable_middleware
 from controlplane.api.openapi import build_openapi
 from controlplane.api.pacing import Pacer
 from controlplane.api.routing import RouteTable
@@ -37,11 +38,13 @@ from controlplane.middlewares import (
     timeout_middleware,
     webhook_auth_middleware,
 )
+from controlplane.proxy.routes import routes as proxy_routes
 from controlplane.sandboxes.agent_webhooks import webhook_routes as agent_webhook_routes
 from controlplane.sandboxes.pool_routes import routes as pool_routes
 from controlplane.sandboxes.routes import routes as sandbox_routes
 from controlplane.settings.routes import routes as settings_routes
 from controlplane.settings.user_routes import routes as user_routes
+from controlplane.shutdown import Drain
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.routes import routes as spec_routes
 from controlplane.webclient.routes import routes as web_client_routes
@@ -67,6 +70,7 @@ def route_tables() -> list[RouteTable]:
         *webhook_route_tables(),
         lifecycle_routes,
         web_client_routes,
+        proxy_routes,
     ]
 
 
@@ -95,10 +99,12 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
             webhook_auth_middleware,
             rate_limit_middleware,
             timeout_middleware(config.request_timeout),
+            durable_middleware,
         ],
     )
     app.on_response_prepare.append(lift_deadline)
     app[keys.CONFIG] = config
+    app[keys.DRAIN] = Drain()
     _pace(app, config)
     app[keys.METRICS] = Metrics()
     # Specs are validated before anything else starts: a bad file stops start-up.
@@ -134,6 +140,7 @@ def create_webhook_app(main: web.Application) -> web.Application:
             size_limit_middleware(config.max_body_bytes),
             webhook_auth_middleware,
             timeout_middleware(config.request_timeout),
+            durable_middleware,
         ],
     )
     for key in main:

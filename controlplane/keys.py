@@ -28,17 +28,21 @@ if TYPE_CHECKING:
     from controlplane.lifecycle.outbox import Outbox
     from controlplane.lifecycle.publisher import LifecyclePublisher
     from controlplane.metrics import Metrics
+    from controlplane.proxy.state import ProxyState
     from controlplane.sandboxes.pool import WarmPool
     from controlplane.sandboxes.reaper import IdleReaper
     from controlplane.sandboxes.reconciler import Reconciler
     from controlplane.sandboxes.service import SandboxService
     from controlplane.sandboxes.webhook_listener import WebhookListener
     from controlplane.settings.service import SettingsService
+    from controlplane.shutdown import Drain
     from controlplane.specs.catalog import SpecCatalog
     from drivers.base import SandboxDriver
 
 # -- always (create_app and the Redis context) -------------------------------------------------
 CONFIG: web.AppKey[ServiceConfig] = web.AppKey("config")
+DRAIN: web.AppKey[Drain] = web.AppKey("drain")
+"""This replica's shutdown (controlplane/shutdown.py): `/ready` answers 503 once it began."""
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
 """This app's Prometheus registry and metrics (controlplane/metrics.py)."""
 SPECS: web.AppKey[SpecCatalog] = web.AppKey("specs")
@@ -76,3 +80,5 @@ REAPER: web.AppKey[IdleReaper] = web.AppKey("reaper")
 POOL: web.AppKey[WarmPool] = web.AppKey("warm_pool")
 CONVERSATIONS: web.AppKey[ConversationService] = web.AppKey("conversations")
 EVENTS: web.AppKey[EventService] = web.AppKey("events")
+PROXY: web.AppKey[ProxyState] = web.AppKey("sandbox_proxy")
+"""The sandbox proxy's client, open sockets and access grants (controlplane/proxy/)."""

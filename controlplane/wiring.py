@@ -12,16 +12,19 @@ dependency order (`contexts`); aiohttp opens them in that order and closes them 
 5. sandboxes      the sandbox service with its launcher, readiness probe, status feed and leases,
                   the warm pool, the reconciler and the idle reaper
 6. conversations  the conversation service with its start tasks and pending messages, events
-7. webhooks       every spec's network made ready and the webhook listener serving: opened last
-                  (every service it calls exists), closed first (no webhook arrives while the
-                  rest close)
+7. proxy          the sandbox proxy's client and what it keeps between requests
+8. webhooks       every spec's network made ready and the webhook listener serving: opened
+                  after every service it calls exists, closed before they close (no webhook
+                  arrives while the rest close)
+9. handover       start tasks resumed from other (stopped or dead) replicas; closed first: at
+                  shutdown this replica's starts finish or are handed over while webhooks still
+                  arrive (controlplane/shutdown.py)
 
 Each object gets what it works with through its constructor; nothing is patched in afterwards.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
@@ -34,6 +37,7 @@ from controlplane.auth.device import DeviceFlowConfig, DeviceFlowService
 from controlplane.auth.service import ApiKeyService
 from controlplane.auth.sessions import SIGNING_PURPOSE, SessionService
 from controlplane.config import ServiceConfig
+from controlplane.conversations.handover import StartTaskHandover
 from controlplane.conversations.pending import PendingMessages
 from controlplane.conversations.service import ConversationService
 from controlplane.conversations.starter import StartTaskRunner
@@ -44,6 +48,7 @@ from controlplane.events.store import EventStore
 from controlplane.lifecycle.outbox import Outbox
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookDeliverer
+from controlplane.proxy.state import ProxyState, proxy_client
 from controlplane.sandboxes.admission import Admission
 from controlplane.sandboxes.launcher import Launcher
 from controlplane.sandboxes.leases import IntentLeases
@@ -62,8 +67,9 @@ from controlplane.sandboxes.webhook_listener import WebhookListener
 from controlplane.settings.service import SettingsService
 from controlplane.settings.store import UserRecordStore
 from controlplane.store import keyspace
+from controlplane.store.failover import open_redis
 from controlplane.store.leader import LeaderLock
-from controlplane.store.redis import ensure_embedded_redis, make_client, wait_for_redis
+from controlplane.store.redis import wait_for_redis
 from drivers.docker import DockerDriver
 
 Context = Callable[[web.Application], AsyncIterator[None]]
@@ -86,7 +92,9 @@ def contexts(
         lifecycle_ctx(config),
         sandboxes_ctx(config),
         conversations_ctx(config),
+        proxy_ctx(),
         webhooks_ctx(webhook_app),
+        handover_ctx(),
     ]
 
 
@@ -94,9 +102,7 @@ def redis_ctx(config: ServiceConfig) -> Context:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         # The key first: a bad key must stop start-up before a Redis connection exists to leak.
         box = load_secret_box(config.secret_key, config.data_dir)
-        url = config.redis_url or await asyncio.to_thread(ensure_embedded_redis, config.data_dir)
-        assert url is not None
-        client = make_client(url, config.redis_timeout)
+        client = await open_redis(config)  # Sentinel's master, the URL's, or the embedded one
         try:
             await wait_for_redis(client)
         except BaseException:
@@ -327,10 +333,28 @@ def conversations_ctx(config: ServiceConfig) -> Context:
         )
         app[keys.CONVERSATIONS] = conversations
         app[keys.EVENTS] = event_service
-        await runner.recover()
         yield
         await event_service.close()
         await conversations.close()
+
+    return ctx
+
+
+def proxy_ctx() -> Context:
+    """The sandbox proxy's client (its own: no decompression, no connection limit) and what it
+    keeps between requests; any change of a sandbox forgets the access granted to it."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        state = ProxyState(proxy_client())
+        app[keys.SANDBOXES].feed.subscribe(state.forget)
+        app[keys.PROXY] = state
+
+        async def close_sockets(_app: web.Application) -> None:
+            await state.close_sockets()  # before the server waits for its handlers to end
+
+        app.on_shutdown.append(close_sockets)
+        yield
+        await state.http.close()
 
     return ctx
 
@@ -348,5 +372,19 @@ def webhooks_ctx(webhook_app: Callable[[web.Application], web.Application]) -> C
         yield
         await setup.close()
         await listener.close()
+
+    return ctx
+
+
+def handover_ctx() -> Context:
+    """Start tasks outlive their replica (controlplane/conversations/handover.py): the ones
+    waiting are resumed before serving, and others' orphans adopted as they appear. Closed first,
+    while the webhook listener still serves the starts' readiness: this replica's starts get
+    what is left of ACS_SHUTDOWN_TIMEOUT after SIGTERM, then are handed over."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        handover = await StartTaskHandover.started(app[keys.CONVERSATIONS].runner)
+        yield
+        await handover.drain(app[keys.DRAIN].left(), app[keys.SANDBOXES].launcher)
 
     return ctx

@@ -152,6 +152,9 @@ PATH_IDS: dict[str, Callable[[Ids], str]] = {
     "sandbox_id": lambda i: i.sandbox,
     "conversation_id": lambda i: i.conversation,
     "name": lambda i: i.secret,
+    # The sandbox proxy: the agent server's port and a path it serves.
+    "port": lambda _i: "agent",
+    "path": lambda _i: "api/conversations/search",
 }
 
 
