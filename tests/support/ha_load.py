@@ -60,6 +60,9 @@ async def call(api: Api, load: Load, method: str, path: str, **kwargs: Any) -> A
     except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
         load.outcomes.append(Outcome(method, path, sent, type(exc).__name__))
         return None
+    except json.JSONDecodeError:  # not our JSON: the balancer's own error page, say
+        load.outcomes.append(Outcome(method, path, sent, "answer not JSON"))
+        return None
     load.outcomes.append(Outcome(method, path, sent, status, time.monotonic() - sent))
     return body if status < 300 else None
 
