@@ -6,7 +6,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 3000
 BIN    := $(VENV)/bin
 
-.PHONY: all host browser install images image run test test-unit test-prep test-quick chaos lint format mypy bench bench-official clean kube-binaries
+.PHONY: all host browser install images image run test test-unit test-prep test-quick chaos ha lint format mypy bench bench-official clean kube-binaries
 
 all: lint test
 
@@ -75,6 +75,11 @@ test-quick: install host images browser
 chaos: install host images
 	$(BIN)/pytest -m chaos
 
+# High availability alone: Redis Sentinel failovers, replicas behind haproxy, the sandbox proxy
+# (`make test` runs these too).
+ha: install host images
+	$(BIN)/pytest -m ha
+
 # ruff, ruff format, mypy strict, and the layer contract (import-linter, pyproject.toml).
 lint: install
 	$(BIN)/ruff check .
@@ -96,6 +101,7 @@ bench: install host images
 	$(BIN)/python -m bench.launch_load
 	$(BIN)/python -m bench.warm_pool
 	$(BIN)/python -m bench.llm_gateway
+	$(BIN)/python -m bench.ha
 
 # The official agent server's start latency (bench/official_agent.py); builds its image first
 # (minutes from nothing), which `make bench` does not need. The benches run as modules of the

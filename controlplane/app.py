@@ -11,6 +11,7 @@ from aiohttp import web
 from controlplane import keys, wiring
 from controlplane.api import parser_errors
 from controlplane.api.cors import cors_middleware
+from controlplane.api.durability import durable_middleware
 from controlplane.api.openapi import build_openapi
 from controlplane.api.pacing import Pacer
 from controlplane.api.routing import RouteTable
@@ -43,6 +44,7 @@ from controlplane.middlewares import (
     webhook_auth_middleware,
 )
 from controlplane.organizations.routes import routes as organization_routes
+from controlplane.proxy.routes import routes as proxy_routes
 from controlplane.sandboxes.agent_webhooks import webhook_routes as agent_webhook_routes
 from controlplane.sandboxes.cloud_proxy import routes as cloud_proxy_routes
 from controlplane.sandboxes.pool_routes import routes as pool_routes
@@ -52,6 +54,7 @@ from controlplane.settings.profile_routes import routes as profile_routes
 from controlplane.settings.routes import routes as settings_routes
 from controlplane.settings.schema_routes import routes as settings_schema_routes
 from controlplane.settings.user_routes import routes as user_routes
+from controlplane.shutdown import Drain
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.routes import routes as spec_routes
 from controlplane.webapp.routes import routes as web_app_routes
@@ -90,6 +93,7 @@ def route_tables() -> list[RouteTable]:
         conversation_runtime_routes,
         cloud_proxy_routes,
         legacy_start_routes,
+        proxy_routes,
     ]
 
 
@@ -123,10 +127,12 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
             webhook_auth_middleware,
             rate_limit_middleware,
             timeout_middleware(config.request_timeout),
+            durable_middleware,
         ],
     )
     app.on_response_prepare.append(lift_deadline)
     app[keys.CONFIG] = config
+    app[keys.DRAIN] = Drain()
     _pace(app, config)
     app[keys.METRICS] = Metrics()
     # Specs are validated before anything else starts: a bad file stops start-up.
@@ -165,6 +171,7 @@ def create_webhook_app(main: web.Application) -> web.Application:
             size_limit_middleware(config.max_body_bytes),
             webhook_auth_middleware,
             timeout_middleware(config.request_timeout),
+            durable_middleware,
         ],
     )
     for key in main:

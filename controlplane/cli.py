@@ -15,9 +15,12 @@ from controlplane.auth.identity import is_loopback_host
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ConfigError, ServiceConfig, load_config
 from controlplane.errors import ControlPlaneError
+from controlplane.keys import DRAIN
 from controlplane.logging import configure_logging
 from controlplane.ops import sandboxes as ops_sandboxes
-from controlplane.store.redis import make_client, resolve_redis_url, wait_for_redis
+from controlplane.shutdown import begin_drain
+from controlplane.store.failover import open_redis
+from controlplane.store.redis import wait_for_redis
 
 log = structlog.get_logger("controlplane.cli")
 WILDCARDS = ("0.0.0.0", "::", "")  # noqa: S104 (names them, binds nothing)
@@ -65,7 +68,8 @@ def check_bind(config: ServiceConfig, host: str) -> None:
 
 
 async def _serve(config: ServiceConfig, host: str, port: int) -> None:
-    """Serve until SIGTERM or SIGINT; in-flight requests get up to 30 s to finish.
+    """Serve until SIGTERM or SIGINT, then drain (controlplane/shutdown.py): in-flight requests
+    and conversation starts get ACS_SHUTDOWN_TIMEOUT (30 s) to finish.
 
     The API listens on `host` only. Sandboxes post their webhooks to a separate listener on their
     network's gateway (drivers/docker_egress.py), by default on the same port number.
@@ -88,7 +92,8 @@ async def _serve(config: ServiceConfig, host: str, port: int) -> None:
     # start in a fraction of the time (a script calls them in loops).
     from controlplane.app import create_app  # noqa: PLC0415 - see above
 
-    runner = web.AppRunner(create_app(config), access_log=None, shutdown_timeout=30)
+    app = create_app(config)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=config.shutdown_timeout)
     setup = asyncio.create_task(runner.setup())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({setup, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -105,12 +110,13 @@ async def _serve(config: ServiceConfig, host: str, port: int) -> None:
         log.info("serving", addresses=[f"http://{h}:{port}" for h in hosts])
         await stop.wait()
         log.info("shutting_down")
+        await begin_drain(app[DRAIN], config)  # unready first (controlplane/shutdown.py)
     finally:
         await runner.cleanup()
 
 
 async def _keys(config: ServiceConfig, args: argparse.Namespace) -> None:
-    client = make_client(await asyncio.to_thread(resolve_redis_url, config), config.redis_timeout)
+    client = await open_redis(config)
     try:
         await wait_for_redis(client, attempts=3)
         service = ApiKeyService(client, None)

@@ -60,6 +60,48 @@ class Storage(BaseModel):
     redis_timeout: float = Field(
         default=5.0, gt=0, le=60, description="seconds per Redis operation before a 503"
     )
+    redis_sentinels: CommaList[str] = Field(
+        default_factory=list,
+        description="comma-separated `host:port` of Redis Sentinels: the master is the one they "
+        "name (found again at every reconnect); `ACS_REDIS_URL` must then be unset "
+        "([deployment](deployment.md#redis-through-sentinel))",
+    )
+    redis_sentinel_master: str = Field(
+        default="mymaster",
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="the master's name in the Sentinels' `sentinel monitor`",
+    )
+    redis_username: str | None = Field(default=None, description="ACL user of the Redis servers")
+    redis_password: str | None = Field(
+        default=None, description="password of the Redis servers; a URL's own password wins"
+    )
+    redis_sentinel_password: str | None = Field(
+        default=None, description="the Sentinels' own password (`requirepass` of a Sentinel)"
+    )
+    redis_db: int = Field(
+        default=0, ge=0, le=1023, description="database number with Sentinel (a URL names its own)"
+    )
+    redis_retry_window: float | None = Field(
+        default=None,
+        gt=0,
+        le=300,
+        description="seconds a Redis call is retried (with backoff) through an outage or a "
+        "failover before the request answers 503",
+    )
+    redis_wait_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=16,
+        description="replicas that must hold what a request writes before it is answered (Redis "
+        "`WAIT` after each write; `0`: no wait)",
+    )
+    redis_wait_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        le=60,
+        description="seconds a write waits for those replicas (after a failover, until Sentinel "
+        "has pointed a replica at the new master and it has caught up), then 503",
+    )
     data_dir: Path = Field(
         default=Path("var"),
         description="embedded Redis data, the secret key file, image build cache",
@@ -70,6 +112,17 @@ class Storage(BaseModel):
         "created on first run with mode 0600 and reused. Losing it makes stored secrets "
         "unreadable (requests that need them answer 500; nothing is overwritten).",
     )
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _host_ports(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if value and info.data.get("redis_url"):
+            raise ValueError("set either ACS_REDIS_URL or ACS_REDIS_SENTINELS, not both")
+        for address in value:
+            host, sep, port = address.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{address!r} is not host:port")
+        return value
 
 
 class Server(BaseModel):
@@ -95,6 +148,21 @@ class Server(BaseModel):
         description="seconds a request may take before a 504 (not WebSockets or streams)",
     )
     metrics_public: bool = Field(default=False, description="serve `/metrics` without an admin key")
+    shutdown_drain_delay: float = Field(
+        default=0.0,
+        ge=0,
+        le=300,
+        description="seconds between SIGTERM (from which `/ready` answers 503) and closing the "
+        "listener, for a balancer to stop sending "
+        "([deployment](deployment.md#several-replicas-behind-one-address))",
+    )
+    shutdown_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="seconds requests in flight, conversation starts and sandbox launches get to "
+        "finish at SIGTERM; what is left is handed over to another replica",
+    )
 
 
 class Access(BaseModel):
@@ -243,7 +311,8 @@ class Runtime(BaseModel):
     )
     url_host: str = Field(
         default="127.0.0.1",
-        description="host name used in `exposed_urls` and for health probes",
+        description="host name used in `exposed_urls` (unless they point at the proxy: "
+        "`ACS_SANDBOX_URLS`) and for health probes",
     )
     start_timeout: float = Field(
         default=60.0,
@@ -331,6 +400,53 @@ class Isolation(BaseModel):
         pool = info.data.get("sandbox_subnet_pool")
         if pool and value < ipaddress.IPv4Network(pool).prefixlen:
             raise ValueError(f"/{value} networks do not fit in ACS_SANDBOX_SUBNET_POOL {pool}")
+        return value
+
+
+class SandboxProxy(BaseModel):
+    """The sandbox proxy"""
+
+    proxy_url: str | None = Field(
+        default=None,
+        description="the URL clients reach this control plane at (its balancer's, e.g. "
+        "`https://acs.example.com`); sandbox links then point at its proxy "
+        "([deployment](deployment.md#the-sandbox-proxy-and-the-public-url))",
+    )
+    sandbox_urls: Literal["auto", "direct", "proxy"] = Field(
+        default="auto",
+        description="where `exposed_urls` and `conversation_url` point: `direct` (the published "
+        "host port), `proxy` (`ACS_PROXY_URL/sandboxes/{id}/proxy/…`, needs `ACS_PROXY_URL`); "
+        "`auto`: `proxy` once `ACS_PROXY_URL` is set",
+    )
+    proxy_max_body_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024,
+        le=16 * 1024**3,
+        description="largest request body, and WebSocket message, the sandbox proxy forwards; "
+        "413 above",
+    )
+    proxy_read_timeout: float = Field(
+        default=300.0,
+        gt=0,
+        le=86400,
+        description="seconds the proxy waits for a sandbox's answer to begin and between two of "
+        "its chunks; 504 when nothing came",
+    )
+
+    @field_validator("proxy_url")
+    @classmethod
+    def _proxy_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not re.fullmatch(r"https?://[^/?#\s]+(/[^?#\s]*)?", value):
+            raise ValueError(f"{value!r} is not an http(s) URL without query or fragment")
+        return value.rstrip("/")
+
+    @field_validator("sandbox_urls")
+    @classmethod
+    def _links_need_a_url(cls, value: str, info: ValidationInfo) -> str:
+        if value == "proxy" and not info.data.get("proxy_url"):
+            raise ValueError("proxy needs ACS_PROXY_URL (the URL clients reach this API at)")
         return value
 
 
@@ -564,6 +680,7 @@ GROUPS: tuple[type[BaseModel], ...] = (
     RateLimits,
     Runtime,
     Isolation,
+    SandboxProxy,
     Capacity,
     Upkeep,
     LifecycleWebhooks,
@@ -579,6 +696,7 @@ class ServiceConfig(
     LifecycleWebhooks,
     Upkeep,
     Capacity,
+    SandboxProxy,
     Isolation,
     Runtime,
     RateLimits,

@@ -23,6 +23,9 @@ SHOWN_DEFAULTS = {
     "webhook_port": "`serve`'s `--port`",
     "host_memory_floor": "`536870912` (512 MiB)",
     "llm_gateway_max_body_bytes": "`33554432` (32 MiB)",
+    "redis_retry_window": "`10` with Sentinel, `2` without",
+    "redis_wait_replicas": "`1` with Sentinel, `0` without",
+    "proxy_max_body_bytes": "`67108864` (64 MiB)",
 }
 """Defaults better said in words than as the model's value."""
 

@@ -23,7 +23,7 @@ class Health(BaseModel):
 
 
 class Readiness(BaseModel):
-    status: Literal["ok", "degraded"]
+    status: Literal["ok", "degraded", "draining"]
     redis: bool
     docker: bool | None = None
 
@@ -38,7 +38,7 @@ async def health(_request: web.Request) -> web.Response:
 @routes.route(
     "GET",
     "/ready",
-    summary="Readiness: Redis (and Docker) answer",
+    summary="Readiness: Redis (and Docker) answer, and the replica is not shutting down",
     response=Readiness,
     public=True,
     errors=(503,),
@@ -52,7 +52,10 @@ async def ready(request: web.Request) -> web.Response:
     if keys.SANDBOXES in request.app:
         docker_ok = await request.app[keys.SANDBOXES].runtime_available()
     ok = redis_ok and docker_ok is not False
-    body = Readiness(status="ok" if ok else "degraded", redis=redis_ok, docker=docker_ok)
+    status: Literal["ok", "degraded", "draining"] = "ok" if ok else "degraded"
+    if request.app[keys.DRAIN].draining:  # first thing at SIGTERM: a balancer stops sending here
+        status, ok = "draining", False
+    body = Readiness(status=status, redis=redis_ok, docker=docker_ok)
     return json_response(body, status=200 if ok else 503)
 
 

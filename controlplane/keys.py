@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from controlplane.lifecycle.outbox import Outbox
     from controlplane.lifecycle.publisher import LifecyclePublisher
     from controlplane.metrics import Metrics
+    from controlplane.proxy.state import ProxyState
     from controlplane.sandboxes.models import SandboxRecord
     from controlplane.sandboxes.pool import WarmPool
     from controlplane.sandboxes.reaper import IdleReaper
@@ -38,11 +39,14 @@ if TYPE_CHECKING:
     from controlplane.sandboxes.webhook_listener import WebhookListener
     from controlplane.settings.profiles import LlmProfiles
     from controlplane.settings.service import SettingsService
+    from controlplane.shutdown import Drain
     from controlplane.specs.catalog import SpecCatalog
     from drivers.base import SandboxDriver
 
 # -- always (create_app and the Redis context) -------------------------------------------------
 CONFIG: web.AppKey[ServiceConfig] = web.AppKey("config")
+DRAIN: web.AppKey[Drain] = web.AppKey("drain")
+"""This replica's shutdown (controlplane/shutdown.py): `/ready` answers 503 once it began."""
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
 """This app's Prometheus registry and metrics (controlplane/metrics.py)."""
 SPECS: web.AppKey[SpecCatalog] = web.AppKey("specs")
@@ -93,3 +97,5 @@ EVENTS: web.AppKey[EventService] = web.AppKey("events")
 SANDBOX_SCOPE: web.RequestKey[SandboxRecord] = web.RequestKey("sandbox_scope")
 """The caller's sandbox whose X-Session-API-Key came with their own key
 (controlplane/auth/sandbox_scope.py): what SDK code in that sandbox may be handed."""
+PROXY: web.AppKey[ProxyState] = web.AppKey("sandbox_proxy")
+"""The sandbox proxy's client, open sockets and access grants (controlplane/proxy/)."""

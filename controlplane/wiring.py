@@ -17,16 +17,19 @@ dependency order (`contexts`); aiohttp opens them in that order and closes them 
                   serves the users' own gateway keys alone
 8. conversations  the conversation service with its start tasks (which hand agents gateway
                   credentials) and pending messages, events
-9. webhooks       every spec's network made ready and the webhook listener serving: opened last
-                  (every service it calls exists), closed first (no webhook arrives while the
-                  rest close)
+9. proxy          the sandbox proxy's client and what it keeps between requests
+10. webhooks      every spec's network made ready and the webhook listener serving: opened
+                  after every service it calls exists, closed before they close (no webhook
+                  arrives while the rest close)
+11. handover      start tasks resumed from other (stopped or dead) replicas; closed first: at
+                  shutdown this replica's starts finish or are handed over while webhooks still
+                  arrive (controlplane/shutdown.py)
 
 Each object gets what it works with through its constructor; nothing is patched in afterwards.
 """
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable
@@ -42,6 +45,7 @@ from controlplane.auth.device import DeviceFlowConfig, DeviceFlowService
 from controlplane.auth.service import ApiKeyService
 from controlplane.auth.sessions import SIGNING_PURPOSE, SessionService
 from controlplane.config import ServiceConfig
+from controlplane.conversations.handover import StartTaskHandover
 from controlplane.conversations.pending import PendingMessages
 from controlplane.conversations.service import ConversationService
 from controlplane.conversations.starter import StartTaskRunner
@@ -58,6 +62,7 @@ from controlplane.gateway.translator_process import TranslatorProcess
 from controlplane.lifecycle.outbox import Outbox
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookDeliverer
+from controlplane.proxy.state import ProxyState, proxy_client
 from controlplane.sandboxes.admission import Admission
 from controlplane.sandboxes.launcher import Launcher, network_policy
 from controlplane.sandboxes.leases import IntentLeases
@@ -78,8 +83,9 @@ from controlplane.settings.profiles import LlmProfiles
 from controlplane.settings.service import SettingsService
 from controlplane.settings.store import UserRecordStore
 from controlplane.store import keyspace
+from controlplane.store.failover import open_redis
 from controlplane.store.leader import LeaderLock
-from controlplane.store.redis import ensure_embedded_redis, make_client, wait_for_redis
+from controlplane.store.redis import wait_for_redis
 from drivers.docker import DockerDriver
 
 Context = Callable[[web.Application], AsyncIterator[None]]
@@ -104,7 +110,9 @@ def contexts(
         sandboxes_ctx(config),
         gateway_ctx(config),
         conversations_ctx(config),
+        proxy_ctx(),
         webhooks_ctx(webhook_app),
+        handover_ctx(),
     ]
 
 
@@ -112,9 +120,7 @@ def redis_ctx(config: ServiceConfig) -> Context:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         # The key first: a bad key must stop start-up before a Redis connection exists to leak.
         box = load_secret_box(config.secret_key, config.data_dir)
-        url = config.redis_url or await asyncio.to_thread(ensure_embedded_redis, config.data_dir)
-        assert url is not None
-        client = make_client(url, config.redis_timeout)
+        client = await open_redis(config)  # Sentinel's master, the URL's, or the embedded one
         try:
             await wait_for_redis(client)
         except BaseException:
@@ -405,10 +411,28 @@ def conversations_ctx(config: ServiceConfig) -> Context:
         )
         app[keys.CONVERSATIONS] = conversations
         app[keys.EVENTS] = event_service
-        await runner.recover()
         yield
         await event_service.close()
         await conversations.close()
+
+    return ctx
+
+
+def proxy_ctx() -> Context:
+    """The sandbox proxy's client (its own: no decompression, no connection limit) and what it
+    keeps between requests; any change of a sandbox forgets the access granted to it."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        state = ProxyState(proxy_client())
+        app[keys.SANDBOXES].feed.subscribe(state.forget)
+        app[keys.PROXY] = state
+
+        async def close_sockets(_app: web.Application) -> None:
+            await state.close_sockets()  # before the server waits for its handlers to end
+
+        app.on_shutdown.append(close_sockets)
+        yield
+        await state.http.close()
 
     return ctx
 
@@ -426,5 +450,19 @@ def webhooks_ctx(webhook_app: Callable[[web.Application], web.Application]) -> C
         yield
         await setup.close()
         await listener.close()
+
+    return ctx
+
+
+def handover_ctx() -> Context:
+    """Start tasks outlive their replica (controlplane/conversations/handover.py): the ones
+    waiting are resumed before serving, and others' orphans adopted as they appear. Closed first,
+    while the webhook listener still serves the starts' readiness: this replica's starts get
+    what is left of ACS_SHUTDOWN_TIMEOUT after SIGTERM, then are handed over."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        handover = await StartTaskHandover.started(app[keys.CONVERSATIONS].runner)
+        yield
+        await handover.drain(app[keys.DRAIN].left(), app[keys.SANDBOXES].launcher)
 
     return ctx

@@ -96,6 +96,9 @@ class SandboxState:
     oom_killed: bool = False
     error: str | None = None
     created_at: datetime | None = None
+    addresses: tuple[str, ...] = ()
+    """The container's own addresses (on its networks): where this host reaches its ports
+    without the published ones (the sandbox proxy, when the engine is local)."""
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,7 @@ def state_of(attrs: dict[str, Any], address: str) -> SandboxState:
         if bindings and key.endswith("/tcp"):
             endpoints[int(key.split("/")[0])] = Endpoint(address, int(bindings[0]["HostPort"]))
     env = dict(item.partition("=")[::2] for item in config.get("Env") or [])
+    networks = ((attrs.get("NetworkSettings") or {}).get("Networks") or {}).values()
     return SandboxState(
         sandbox_id=labels.get(docker_names.LABEL_ID, ""),
         owner=labels.get(docker_names.LABEL_OWNER, ""),
@@ -111,6 +112,7 @@ def state_of(attrs: dict[str, Any], address: str) -> SandboxState:
         oom_killed=bool(state.get("OOMKilled")),
         error=state.get("Error") or None,
         created_at=_parse_time(attrs.get("Created")),
+        addresses=tuple(n["IPAddress"] for n in networks if n.get("IPAddress")),
     )
 
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Prepares a Debian host for `make run` and `make test`: Python venv support, redis-server,
-# debootstrap, a running Docker engine, and gVisor's runsc registered with it (optional); with
-# --browser, Python venv support, Debian's chromium and npm (the browser tests, and the web apps
-# they fetch from the npm registry) only; with --unit, Python venv support and redis-server only
-# (make test-unit); with --kube, what the Kubernetes test cluster needs (docs/test-cluster.md):
-# Debian's Go, rsync and the reflect2 sources to build it, etcd-server, conntrack, gcc for the
-# pause binary. Installs what is missing when run as root on Debian; otherwise says exactly what
-# to install. Safe to run again: it only acts on what is absent.
+# haproxy (the high-availability tests' balancer), debootstrap, a running Docker engine, and
+# gVisor's runsc registered with it (optional); with --browser, Python venv support, Debian's
+# chromium and npm (the browser tests, and the web apps they fetch from the npm registry) only;
+# with --unit, Python venv support and redis-server only (make test-unit); with --kube, what the
+# Kubernetes test cluster needs (docs/test-cluster.md): Debian's Go, rsync and the reflect2
+# sources to build it, etcd-server, conntrack, gcc for the pause binary. Installs what is missing
+# when run as root on Debian; otherwise says exactly what to install. Safe to run again: it only
+# acts on what is absent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +32,8 @@ PY
 python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if ! $python_only; then
     have redis-server || need_apt+=(redis-server)
+    # The balancer in front of several replicas in the high-availability tests (tests/balancer.py).
+    have haproxy || need_apt+=(haproxy)
     have debootstrap || need_apt+=(debootstrap)
 fi
 if $browser; then

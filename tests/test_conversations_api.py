@@ -31,7 +31,7 @@ from tests.support.conversation_helpers import (
     wait_events,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text
-from tests.support.live_server import Api, LiveServer, start_live_server
+from tests.support.live_server import Api, LiveServer
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 
@@ -138,9 +138,12 @@ async def test_start_failures_end_in_error_with_a_detail(
     assert fake_llm.requests == []
 
 
-async def test_interrupted_start_task_is_failed_at_boot(
-    live: LiveServer, raw_redis: aioredis.Redis, make_config: Any, test_prefix: str
+async def test_an_interrupted_start_task_is_resumed_by_a_replica(
+    user: UserFactory, raw_redis: aioredis.Redis
 ) -> None:
+    """A start whose replica died (no lease) is carried on by a live replica from its last
+    saved step, to READY; one another replica still runs (its lease alive) is left alone."""
+    alice = await user("alice")
     store = ConversationStore(raw_redis)
     task = AppConversationStartTask(
         id=uuid7_hex(),
@@ -148,36 +151,39 @@ async def test_interrupted_start_task_is_failed_at_boot(
         status=StartTaskStatus.WAITING_FOR_SANDBOX,
         request=AppConversationStartRequest(),
     )
-    await store.save_task(task)
-    # Another replica is still running this one: its lease is alive.
     running_elsewhere = AppConversationStartTask(
         id=uuid7_hex(),
         created_by_user_id="alice",
         status=StartTaskStatus.STARTING_CONVERSATION,
         request=AppConversationStartRequest(),
     )
+    # Another replica is still running this one: its lease is alive.
+    assert await store.hold_lease(running_elsewhere.id, "other-replica", ttl=60)
     await store.save_task(running_elsewhere)
-    await store.hold_lease(running_elsewhere.id, "other-replica", ttl=60)
     # Messages the web frontend queued for each (tests/test_pending_messages.py).
     for queued_for in (task.id, running_elsewhere.id):
         await raw_redis.rpush(keyspace.pending_messages(f"task-{queued_for}"), "{}")
+    await store.save_task(task)  # unleased: its replica is gone
 
-    second = await start_live_server(make_config(container_prefix=test_prefix))
-    try:
-        stored = await store.get_task(task.id)
-        assert stored is not None
-        assert stored.status == StartTaskStatus.ERROR
-        assert "interrupted" in (stored.detail or "")
-        alive = await store.get_task(running_elsewhere.id)
-        assert alive is not None
-        assert alive.status == StartTaskStatus.STARTING_CONVERSATION
-        assert await store.active_task_ids() == [running_elsewhere.id]
-        # The failed task's queue can never be delivered: it goes; the live one's stays.
-        assert not await raw_redis.exists(keyspace.pending_messages(f"task-{task.id}"))
-        alive_queue = keyspace.pending_messages(f"task-{running_elsewhere.id}")
-        assert await raw_redis.llen(alive_queue) == 1
-    finally:
-        await second.close()
+    deadline = time.monotonic() + 90
+    while True:
+        (resumed,) = await alice.ok("GET", f"/api/v1/app-conversations/start-tasks?ids={task.id}")
+        if resumed["status"] in ("READY", "ERROR"):
+            break
+        assert time.monotonic() < deadline, resumed
+        await asyncio.sleep(0.1)
+    assert resumed["status"] == "READY", resumed
+    assert resumed["app_conversation_id"] == task.id  # the task's id: a resume finds it again
+    conversation = await alice.ok("GET", f"/api/v1/app-conversations/{task.id}")
+    assert conversation["sandbox_id"] == resumed["sandbox_id"]
+    alive = await store.get_task(running_elsewhere.id)
+    assert alive is not None
+    assert alive.status == StartTaskStatus.STARTING_CONVERSATION
+    assert await store.active_task_ids() == [running_elsewhere.id]
+    # The resumed task's queue joined its conversation; the live one's stays.
+    assert not await raw_redis.exists(keyspace.pending_messages(f"task-{task.id}"))
+    alive_queue = keyspace.pending_messages(f"task-{running_elsewhere.id}")
+    assert await raw_redis.llen(alive_queue) == 1
 
 
 async def test_delete_keeps_a_shared_sandbox(

@@ -183,6 +183,9 @@ PATH_IDS: dict[str, Callable[[Ids], str]] = {
     "name": lambda i: i.secret,  # a secret's, an LLM profile's (alice has both) or agent profile's
     "secret_name": lambda i: i.secret,
     "org_id": lambda _i: "deployment",  # the one organization: every user's, no user data
+    # The sandbox proxy: the agent server's port and a path it serves.
+    "port": lambda _i: "agent",
+    "path": lambda _i: "api/conversations/search",
 }
 
 

@@ -129,8 +129,7 @@ class ConversationService:
         task = AppConversationStartTask(
             id=uuid7_hex(), created_by_user_id=principal.user_id, request=request
         )
-        await self.store.save_task(task)
-        return task, self.runner.spawn(task, principal)
+        return task, await self.runner.submit(task, principal)
 
     async def task(self, principal: Principal, task_id: str) -> AppConversationStartTask | None:
         task = await self.store.get_task(task_id) if len(task_id) == 32 else None
@@ -198,7 +197,7 @@ class ConversationService:
             **info.model_dump(exclude={"execution_status"}),
             execution_status=execution,
             sandbox_status=status,
-            conversation_url=f"{self.sandboxes.agent_url(sandbox)}/api/conversations/{info.id}"
+            conversation_url=f"{self.sandboxes.client_agent_url(sandbox)}/api/conversations/{info.id}"
             if running and sandbox
             else None,
             session_api_key=sandbox.session_api_key

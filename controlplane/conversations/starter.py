@@ -25,12 +25,11 @@ from controlplane.conversations.models import (
     TextContent,
 )
 from controlplane.conversations.pending import PendingMessages, task_owner
-from controlplane.conversations.store import ConversationStore
+from controlplane.conversations.store import ConversationIdTaken, ConversationStore
 from controlplane.conversations.titles import placeholder
 from controlplane.errors import ControlPlaneError, InvalidInput
 from controlplane.gateway.agent_llm import agent_llm
 from controlplane.gateway.credentials import SandboxTokens
-from controlplane.ids import uuid7_hex
 from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.sandboxes.models import SandboxRecord
@@ -39,6 +38,7 @@ from controlplane.settings.models import ProviderType, UserRecord
 from controlplane.settings.service import SettingsService
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import SandboxSpec
+from controlplane.store.redis import REDIS_DOWN
 
 log = structlog.get_logger(__name__)
 T = StartTaskStatus
@@ -55,8 +55,11 @@ _TOKEN_USER = {
     ProviderType.BITBUCKET: "x-token-auth",
 }
 DEFAULT_MAX_ITERATIONS = 100
-LEASE_TTL = 30.0
-"""A running task's lease is renewed every LEASE_TTL / 3 s; a replica that dies loses it."""
+LEASE_TTL = 20.0
+"""A running task's lease is renewed every LEASE_TTL / 4 s (a Redis failover can hold a renewal
+for its retry window, 10 s); a replica that dies loses it, and another carries the task on."""
+RESUMED_KEY_ID = "start-task-resumed"
+"""The key id of the principal a resumed task acts as (its owner, without an API key)."""
 
 
 def suggested_message(request: AppConversationStartRequest) -> SendMessageRequest | None:
@@ -109,14 +112,31 @@ class StartTaskRunner:
         self._agent = agent
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._updates: dict[str, asyncio.Queue[AppConversationStartTask | None]] = {}
+        self._handing_over = False
+        self._taken_over: set[str] = set()
+        self._owners: dict[str, str] = {}  # task id -> the lease token taken before spawn()
+
+    async def submit(
+        self, task: AppConversationStartTask, principal: Principal
+    ) -> asyncio.Queue[AppConversationStartTask | None]:
+        """Save a new task with its lease, in one write (no replica may take it for an orphan),
+        and run it here; the queue gets every saved snapshot, then None."""
+        owner = secrets.token_hex(8)
+        await self._store.save_task(task, lease=(owner, LEASE_TTL))
+        self._owners[task.id] = owner
+        return self.spawn(task, principal)
 
     def spawn(
         self, task: AppConversationStartTask, principal: Principal
     ) -> asyncio.Queue[AppConversationStartTask | None]:
-        """Run the task in the background; the queue gets every saved snapshot, then None."""
+        """Run the task in the background, under the lease taken for it (submit, recover) or
+        a new one; the queue gets every saved snapshot, then None."""
         updates: asyncio.Queue[AppConversationStartTask | None] = asyncio.Queue()
         self._updates[task.id] = updates
-        job = asyncio.create_task(self._leased(task, principal), name=f"start-task-{task.id}")
+        owner = self._owners.pop(task.id, None) or secrets.token_hex(8)
+        job = asyncio.create_task(
+            self._leased(task, principal, owner), name=f"start-task-{task.id}"
+        )
         self._tasks[task.id] = job
 
         def done(_job: asyncio.Task[None]) -> None:
@@ -127,14 +147,27 @@ class StartTaskRunner:
         job.add_done_callback(done)
         return updates
 
-    async def _leased(self, task: AppConversationStartTask, principal: Principal) -> None:
-        """Run the task while holding its lease, so other replicas know it is alive."""
-        owner = secrets.token_hex(8)
+    async def _leased(
+        self, task: AppConversationStartTask, principal: Principal, owner: str
+    ) -> None:
+        """Run the task while holding its lease, so other replicas know it is alive. A lease
+        found taken (this replica's lapsed and another resumed the task) stops the run here."""
+        job = asyncio.current_task()
+        assert job is not None
 
         async def renew() -> None:
             while True:
-                await self._store.hold_lease(task.id, owner, LEASE_TTL)
-                await asyncio.sleep(LEASE_TTL / 3)
+                try:
+                    held = await self._store.hold_lease(task.id, owner, LEASE_TTL)
+                except REDIS_DOWN as exc:
+                    log.warning("start_task_lease_not_renewed", task_id=task.id, error=str(exc))
+                else:
+                    if not held:
+                        log.warning("start_task_taken_over", task_id=task.id)
+                        self._taken_over.add(task.id)
+                        job.cancel()
+                        return
+                await asyncio.sleep(LEASE_TTL / 4)
 
         renewer = asyncio.create_task(renew(), name=f"lease-{task.id}")
         try:
@@ -142,7 +175,8 @@ class StartTaskRunner:
         finally:
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
-            await asyncio.shield(self._store.drop_lease(task.id))
+            self._taken_over.discard(task.id)
+            await asyncio.shield(self._store.drop_lease(task.id, owner))
 
     async def _set(self, task: AppConversationStartTask, status: StartTaskStatus) -> None:
         task.status = status
@@ -153,7 +187,9 @@ class StartTaskRunner:
 
     async def run(self, task: AppConversationStartTask, principal: Principal) -> None:
         """Never raises: a failure ends the task in ERROR with the reason as its detail."""
-        conversation_id = task.request.conversation_id or uuid7_hex()
+        # The task's own id when the client chose none: a replica resuming the task finds the
+        # conversation its first run may have created.
+        conversation_id = task.request.conversation_id or task.id
         try:
             record = await self._settings.record(principal.user_id)
             model = task.request.llm_model or record.settings.llm_model
@@ -167,7 +203,7 @@ class StartTaskRunner:
             base = self._sandboxes.agent_url(sandbox)
             await self._set(task, T.PREPARING_REPOSITORY)
             working_dir = await self._prepare_repository(task, sandbox, base, record)
-            task.agent_server_url = base
+            task.agent_server_url = self._sandboxes.client_agent_url(sandbox)
             await self._set(task, T.STARTING_CONVERSATION)
             await self._start_conversation(
                 task,
@@ -184,6 +220,8 @@ class StartTaskRunner:
             await self._publish(LifecycleType.CONVERSATION_CREATED, task, conversation_id)
             await self._hand_over_pending(task, conversation_id, sandbox.id)
         except asyncio.CancelledError:
+            if self._handing_over or task.id in self._taken_over:
+                raise  # another replica carries it on from its last saved step
             task.detail = "interrupted: the control plane shut down"
             task.status = T.ERROR
             await asyncio.shield(self._store.save_task(task))
@@ -232,14 +270,14 @@ class StartTaskRunner:
     async def _sandbox(
         self, task: AppConversationStartTask, principal: Principal, record: UserRecord
     ) -> SandboxRecord:
-        if task.request.sandbox_id is None:
+        # A resumed task keeps the sandbox its first run recorded.
+        sandbox_id = task.sandbox_id or task.request.sandbox_id
+        if sandbox_id is None:
             spec_id = task.request.sandbox_spec_id or record.settings.sandbox_spec_id
-            info = await self._sandboxes.start(principal, spec_id)
-            task.sandbox_id = info.id
-        else:
-            task.sandbox_id = task.request.sandbox_id
+            sandbox_id = (await self._sandboxes.start(principal, spec_id)).id
+        task.sandbox_id = sandbox_id
         await self._set(task, task.status)
-        return await self._sandboxes.ensure_running(principal, task.sandbox_id)
+        return await self._sandboxes.ensure_running(principal, sandbox_id)
 
     async def _prepare_repository(
         self, task: AppConversationStartTask, sandbox: SandboxRecord, base: str, record: UserRecord
@@ -264,9 +302,10 @@ class StartTaskRunner:
         checkout = (
             f" && git -C {shlex.quote(target)} checkout {shlex.quote(branch)}" if branch else ""
         )
+        # Cloned once: a resumed task finds the clone of its first run.
         command = (
-            f"GIT_TERMINAL_PROMPT=0 git clone --quiet {shlex.quote(url)} {shlex.quote(target)}"
-            f"{checkout}"
+            f"if [ ! -d {shlex.quote(target)}/.git ]; then GIT_TERMINAL_PROMPT=0 git clone"
+            f" --quiet {shlex.quote(url)} {shlex.quote(target)}; fi{checkout}"
         )
         result = await self._agent.bash(base, sandbox.session_api_key, command, root, 600)
         if result.get("exit_code") != 0:
@@ -308,7 +347,11 @@ class StartTaskRunner:
             info.metrics = MetricsSnapshot(max_budget_per_task=budget)
         # Created before the agent starts, so its first events find their conversation; the
         # create is atomic, so a concurrent start with the same id cannot take it over.
-        await self._store.create(info)
+        try:
+            await self._store.create(info)
+        except ConversationIdTaken:
+            if not await self._created_by_earlier_run(info):
+                raise
         try:
             await self._agent.start_conversation(
                 self._sandboxes.agent_url(sandbox),
@@ -325,6 +368,17 @@ class StartTaskRunner:
         except BaseException:
             await self._store.delete(info)
             raise
+
+    async def _created_by_earlier_run(self, info: AppConversationInfo) -> bool:
+        """A resumed task's conversation, created before its replica stopped: the same user's,
+        in the same sandbox (a client-chosen id is refused at the request if it is already
+        one of the user's conversations). The agent server's start is idempotent."""
+        existing = await self._store.get(info.id)
+        return (
+            existing is not None
+            and existing.created_by_user_id == info.created_by_user_id
+            and existing.sandbox_id == info.sandbox_id
+        )
 
     async def _agent_body(
         self,
@@ -374,20 +428,43 @@ class StartTaskRunner:
         )
 
     async def recover(self) -> int:
-        """At start-up: unfinished tasks that no replica holds a lease on end in ERROR."""
-        failed = 0
-        ids = await self._store.active_task_ids()
-        alive = dict(zip(ids, await self._store.leased(ids), strict=True))
+        """Unfinished tasks no replica holds a lease on (their replica died, or handed them over
+        as it stopped) are carried on here from their last saved step; returns how many."""
+        resumed = 0
+        ids = [i for i in await self._store.active_task_ids() if i not in self._tasks]
+        leased = dict(zip(ids, await self._store.leased(ids), strict=True))
         for task in await self._store.get_tasks(ids):
-            if task is None or task.id in self._tasks or alive[task.id]:
+            if task is None or leased[task.id] or self._handing_over:
                 continue
-            task.status = T.ERROR
-            task.detail = "interrupted by a control plane restart; start the conversation again"
-            await self._store.save_task(task)
-            if self._pending is not None:
-                await self._pending.drop(task_owner(task.id))
-            failed += 1
-        return failed
+            owner = secrets.token_hex(8)
+            if not await self._store.hold_lease(task.id, owner, LEASE_TTL):
+                continue  # another replica took it first
+            if task.created_by_user_id is None:  # nobody to act for
+                task.status = T.ERROR
+                task.detail = "interrupted by a control plane restart; start the conversation again"
+                await self._store.save_task(task)
+                await self._store.drop_lease(task.id, owner)
+                if self._pending is not None:
+                    await self._pending.drop(task_owner(task.id))
+                continue
+            log.info("start_task_resumed", task_id=task.id, status=task.status.value)
+            principal = Principal(user_id=task.created_by_user_id, key_id=RESUMED_KEY_ID)
+            self._owners[task.id] = owner
+            self.spawn(task, principal)
+            resumed += 1
+        return resumed
+
+    async def settle(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the tasks running here to end."""
+        jobs = list(self._tasks.values())
+        if jobs and timeout > 0:
+            await asyncio.wait(jobs, timeout=timeout)
+
+    async def hand_over(self) -> None:
+        """Stop the tasks still running here without failing them: their leases are dropped
+        and another replica's recover() resumes each from its last saved step."""
+        self._handing_over = True
+        await self.close()
 
     async def close(self) -> None:
         jobs = list(self._tasks.values())

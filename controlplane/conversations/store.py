@@ -45,6 +45,20 @@ return 1
 """
 
 
+# KEYS: a start task's lease. ARGV: owner, ttl in ms. Taken or renewed unless another holds it.
+_HOLD = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+_DROP = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
 class ConversationIdTaken(Conflict):
     code = "conversation_id_taken"
 
@@ -54,6 +68,8 @@ class ConversationStore:
         self._redis = redis
         self._reserve = redis.register_script(_RESERVE)
         self._create = redis.register_script(_CREATE)
+        self._hold = redis.register_script(_HOLD)
+        self._drop = redis.register_script(_DROP)
 
     async def reserve(self, conversation_id: str, user_id: str) -> None:
         """Claim a client-chosen id for `user_id`. Raises ConversationIdTaken when it is another
@@ -159,10 +175,16 @@ class ConversationStore:
 
     # -- start tasks -------------------------------------------------------------------------
 
-    async def save_task(self, task: AppConversationStartTask) -> None:
+    async def save_task(
+        self, task: AppConversationStartTask, *, lease: tuple[str, float] | None = None
+    ) -> None:
+        """`lease`: (owner, ttl) of a new task's lease, written with it, so that no replica
+        takes the task for one whose replica died before it first renewed its lease."""
         task.updated_at = now()
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.set(keyspace.start_task(task.id), task.model_dump_json())
+            if lease is not None:
+                pipe.set(keyspace.start_task_lease(task.id), lease[0], px=int(lease[1] * 1000))
             if task.created_by_user_id is not None:
                 pipe.zadd(keyspace.user_start_tasks(task.created_by_user_id), {task.id: 0})
             if task.status in TERMINAL_TASK:
@@ -192,11 +214,17 @@ class ConversationStore:
     async def all_task_ids(self, owner: str) -> list[str]:
         return [text(i) for i in await self._redis.zrange(keyspace.user_start_tasks(owner), 0, -1)]
 
-    async def hold_lease(self, task_id: str, owner: str, ttl: float) -> None:
-        await self._redis.set(keyspace.start_task_lease(task_id), owner, px=int(ttl * 1000))
+    async def hold_lease(self, task_id: str, owner: str, ttl: float) -> bool:
+        """Take or renew a start task's lease for `owner`; False when another replica holds it
+        (this one's lapsed and it was taken over)."""
+        held = await self._hold(
+            keys=[keyspace.start_task_lease(task_id)], args=[owner, int(ttl * 1000)]
+        )
+        return bool(held)
 
-    async def drop_lease(self, task_id: str) -> None:
-        await self._redis.delete(keyspace.start_task_lease(task_id))
+    async def drop_lease(self, task_id: str, owner: str) -> None:
+        """Release the lease if `owner` still holds it."""
+        await self._drop(keys=[keyspace.start_task_lease(task_id)], args=[owner])
 
     async def leased(self, task_ids: list[str]) -> list[bool]:
         if not task_ids:

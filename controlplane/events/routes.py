@@ -33,6 +33,7 @@ from controlplane.events.models import (
     EventSocketQuery,
     WebSocketHandshake,
 )
+from controlplane.events.tail import tail
 from controlplane.sandboxes.models import Success
 
 routes = RouteTable(tag="events")
@@ -145,12 +146,15 @@ async def event_socket(request: web.Request) -> web.StreamResponse:
     request.app[keys.OPEN_SOCKETS].add(ws)
     redis = request.app[keys.REDIS]
 
+    ended = asyncio.Event()
+
     async def follow() -> None:
-        nonlocal last
-        while not ws.closed:
-            for stream_id, event in await events.store.follow(redis, info.id, last, 10_000):
-                await ws.send_str(json.dumps(event))
-                last = stream_id
+        async for _stream_id, event in tail(
+            events.store, redis, info.id, last, until=lambda: ended.is_set() or ws.closed
+        ):
+            if ws.closed:
+                break
+            await ws.send_str(json.dumps(event))
 
     pump = asyncio.create_task(follow())
     try:
@@ -158,6 +162,7 @@ async def event_socket(request: web.Request) -> web.StreamResponse:
             if message.type in (WSMsgType.ERROR, WSMsgType.CLOSE):
                 break
     finally:
+        ended.set()
         pump.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionResetError):
             await pump

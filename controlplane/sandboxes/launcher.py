@@ -179,6 +179,12 @@ class Launcher:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
+    async def settle(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the launches in progress here to end."""
+        tasks = list(self._tasks.values())
+        if tasks and timeout > 0:
+            await asyncio.wait(tasks, timeout=timeout)
+
     async def close(self) -> None:
         tasks = list(self._tasks.values())
         for task in tasks:

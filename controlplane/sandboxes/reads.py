@@ -12,7 +12,7 @@ from controlplane.api.pagination import decode_cursor, encode_cursor
 from controlplane.auth.models import Principal
 from controlplane.config import ServiceConfig
 from controlplane.errors import Conflict, Forbidden, SandboxNotFound
-from controlplane.sandboxes import naming
+from controlplane.sandboxes import links, naming
 from controlplane.sandboxes.models import (
     SANDBOX_ID_PATTERN,
     ExposedUrl,
@@ -86,7 +86,7 @@ class SandboxReads:
                 name=name,
                 url=exposed_url(
                     name,
-                    f"http://{record.host or self.config.url_host}:{port}",
+                    links.port_url(self.config, record, name),
                     key,
                     spec.working_dir if spec else None,
                 ),
@@ -148,6 +148,11 @@ class SandboxReads:
     def agent_url(self, record: SandboxRecord) -> str:
         """Base URL of the sandbox's agent server, as this control plane reaches it."""
         return record.agent_url(self.config.url_host)
+
+    def client_agent_url(self, record: SandboxRecord) -> str:
+        """Base URL of the sandbox's agent server, as clients reach it (the proxy's, or the
+        direct one: controlplane/sandboxes/links.py)."""
+        return links.agent_url(self.config, record)
 
     async def wait_running(self, sandbox_id: str, timeout: float) -> SandboxRecord:
         """The record once RUNNING, read again at each change of its status (StatusFeed).

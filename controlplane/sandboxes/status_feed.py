@@ -38,6 +38,12 @@ class StatusFeed:
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
         self._on_listening = on_listening
+        self._listeners: list[Callable[[str], None]] = []
+
+    def subscribe(self, listener: Callable[[str], None]) -> None:
+        """Call `listener(sandbox_id)` at every change of a sandbox, on any replica (e.g. to
+        forget what a cache holds of it)."""
+        self._listeners.append(listener)
 
     async def relay_listening(self, sandbox_id: str) -> None:
         """Tell every replica that the sandbox's agent server listens (best effort: without
@@ -52,6 +58,8 @@ class StatusFeed:
     def notify(self, sandbox_id: str) -> None:
         for event in self._waiters.get(sandbox_id, ()):
             event.set()
+        for listener in self._listeners:
+            listener(sandbox_id)
 
     @contextlib.contextmanager
     def watch(self, sandbox_id: str) -> Iterator[asyncio.Event]:

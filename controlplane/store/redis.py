@@ -11,12 +11,11 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 import structlog
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from controlplane.config import ConfigError, ServiceConfig
+from controlplane.config import ConfigError
+from controlplane.store.retry import single_attempt
 
 log = structlog.get_logger(__name__)
 
@@ -93,32 +92,13 @@ def _ping(sock: Path) -> bool:
         return False
 
 
-def resolve_redis_url(config: ServiceConfig) -> str:
-    return config.redis_url or ensure_embedded_redis(config.data_dir)
-
-
-def make_client(url: str, timeout: float) -> aioredis.Redis:
-    """A pooled client that reconnects by itself when Redis comes back."""
-    try:
-        return aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=min(timeout, 2.0),
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=2),
-            retry_on_error=[RedisConnectionError],
-            health_check_interval=30,
-            decode_responses=False,
-        )
-    except ValueError as exc:
-        raise ConfigError(f"ACS_REDIS_URL: {exc}") from None
-
-
 async def wait_for_redis(client: aioredis.Redis, attempts: int = 10) -> None:
     """Bounded, logged retries at start-up; raises ConfigError naming ACS_REDIS_URL."""
     delay = 0.1
     for attempt in range(1, attempts + 1):
         try:
-            await client.ping()
+            with single_attempt():  # the loop below is the retry
+                await client.ping()
             return
         except REDIS_DOWN as exc:
             log.warning("redis_not_ready", attempt=attempt, error=str(exc))

@@ -1,0 +1,309 @@
+"""The sandbox proxy: `/sandboxes/{sandbox_id}/proxy/{port}/{path}` reaches `path` on one port of
+one of the caller's sandboxes, HTTP and WebSocket (the scheme: controlplane/sandboxes/links.py).
+
+Who may: the sandbox's own session key (X-Session-API-Key, `Authorization: Bearer`, or
+`session_api_key` in the query, as WebSocket clients send it), or the owner's API key, browser
+session or single-user mode; anyone else, another user and an admin included, gets a 404, as for
+a sandbox that does not exist or was deleted. Not an open proxy: the address is always the
+sandbox's own published port, from its record, never from the request.
+
+What reaches the sandbox: the request as sent, without the credential that authorized it (the
+user's key or session cookie never reach a sandbox), with the sandbox's session key for its agent
+server, `X-Forwarded-*` headers and no `Origin` (the proxy did the origin check). What comes
+back: the answer as sent, streamed, without the sandbox's CORS headers (the control plane's
+ACS_CORS_ORIGINS apply), with its cookies confined to the port's path (the control plane's own
+session cookie cannot be set), under `Content-Security-Policy: sandbox` (a page a sandbox serves
+runs in an opaque origin: its scripts cannot use the control plane's cookies).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import time
+from http.cookies import CookieError, SimpleCookie
+
+import structlog
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from controlplane import keys
+from controlplane.api.cors import EXPOSE_HEADERS
+from controlplane.api.routing import RouteTable
+from controlplane.auth.identity import (
+    PRINCIPAL,
+    SAFE_METHODS,
+    authenticate_request,
+    presented_key,
+)
+from controlplane.auth.sessions import COOKIE_NAME
+from controlplane.config import ServiceConfig
+from controlplane.errors import (
+    Conflict,
+    ControlPlaneError,
+    NotFound,
+    RuntimeUnavailable,
+    SandboxNotFound,
+)
+from controlplane.proxy.forward import (
+    Limits,
+    Outgoing,
+    ProxyError,
+    forward_http,
+    forward_websocket,
+    request_headers,
+)
+from controlplane.proxy.state import ProxyState
+from controlplane.sandboxes import links
+from controlplane.sandboxes.models import SANDBOX_ID_PATTERN, SandboxRecord, SandboxStatus
+from controlplane.sandboxes.service import SandboxService
+from controlplane.specs.models import AGENT_SERVER
+
+log = structlog.get_logger(__name__)
+routes = RouteTable(tag="proxy")
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+_ID_RE = re.compile(SANDBOX_ID_PATTERN)
+TOUCH_EVERY = 30.0
+"""Proxied traffic is activity (the idle reaper): recorded at most this often per sandbox."""
+_CORS = ("allow-origin", "allow-credentials", "allow-methods", "allow-headers", "expose-headers")
+CORS_HEADERS = frozenset(f"access-control-{h}" for h in (*_CORS, "max-age"))
+"""The sandbox's own CORS answer is dropped: the control plane's ACS_CORS_ORIGINS decide."""
+SANDBOX_CSP = (
+    "sandbox allow-scripts allow-forms allow-popups allow-popups-to-escape-sandbox "
+    "allow-modals allow-downloads"
+)
+
+
+class SandboxStarting(ControlPlaneError):
+    code = "sandbox_starting"
+    status = 503
+
+
+def _port_name(service: SandboxService, record: SandboxRecord, port: str) -> str:
+    """The exposed port's name for the path segment: `agent`, a name (any case) or a number."""
+    if port == links.AGENT_PORT:
+        return AGENT_SERVER
+    by_upper = {name.upper(): name for name in record.ports}
+    if port.upper() in by_upper:
+        return by_upper[port.upper()]
+    spec = service.catalog.find(record.spec_id)
+    if port.isdigit() and spec is not None:
+        for name, number in spec.exposed_ports.items():
+            if number == int(port) and name in record.ports:
+                return name
+    raise NotFound(f"sandbox {record.id} exposes no port {port!r}")
+
+
+async def _authorize(
+    request: web.Request, service: SandboxService, state: ProxyState, sandbox_id: str
+) -> tuple[SandboxRecord, str | None]:
+    """The sandbox, if the caller may use it; and the key it presented (to strip). Raises
+    Unauthorized, Forbidden (a browser session from another origin) or SandboxNotFound
+    (someone else's, or none)."""
+    presented = presented_key(request) or request.query.get("session_api_key")
+    credential = presented or request.cookies.get(COOKIE_NAME)
+    cache_key = hashlib.sha256(credential.encode()).hexdigest() if credential else None
+    if presented is None and _changes_state(request):
+        cache_key = None  # a browser session's origin is checked on every such request
+    if cache_key is not None:
+        found = state.granted(sandbox_id, cache_key)
+        if found is not None:
+            return found[0], presented
+    record = await service.store.get(sandbox_id) if _ID_RE.match(sandbox_id) else None
+    if record is not None and presented and len(presented) <= 256:
+        found_id = await service.store.id_for_key(presented)
+        if found_id is not None and secrets.compare_digest(found_id, sandbox_id):
+            if cache_key is not None:
+                state.grant(record, cache_key, own_key=True)
+            return record, presented
+    principal = await authenticate_request(request, presented)
+    request[PRINCIPAL] = principal
+    structlog.contextvars.bind_contextvars(user_id=principal.user_id)
+    if record is None or record.owner != principal.user_id:
+        raise SandboxNotFound(f"sandbox {sandbox_id} not found")
+    if cache_key is not None:
+        state.grant(record, cache_key, own_key=False)
+    return record, presented
+
+
+def _changes_state(request: web.Request) -> bool:
+    upgrade = request.headers.get("Upgrade", "").lower() == "websocket"
+    return request.method not in SAFE_METHODS or upgrade
+
+
+async def _upstream_base(
+    service: SandboxService, state: ProxyState, record: SandboxRecord, name: str
+) -> str:
+    """Where this process reaches the sandbox's port: with a local engine, the container's own
+    address on its network (one copy less than through the engine's published port and its
+    userland proxy), looked up once per start of the sandbox; otherwise the published port."""
+    config = service.config
+    published = links.direct_url(config, record, name)
+    spec = service.catalog.find(record.spec_id)
+    local = config.docker_url is None or config.docker_url.startswith("unix://")
+    if not local or spec is None or name not in spec.exposed_ports:
+        return published
+    address = state.addresses.get(record.id)
+    if address is None:
+        found = await service.driver.inspect(record.id)
+        address = found.addresses[0] if found is not None and found.addresses else ""
+        state.addresses[record.id] = address
+    return f"http://{address}:{spec.exposed_ports[name]}" if address else published
+
+
+def _usable(record: SandboxRecord) -> None:
+    if record.status == SandboxStatus.RUNNING:
+        return
+    if record.status == SandboxStatus.STARTING:
+        raise SandboxStarting(f"sandbox {record.id} is starting; retry in a moment")
+    if record.status == SandboxStatus.PAUSED:
+        raise Conflict(
+            f"sandbox {record.id} is PAUSED: resume it (POST /api/v1/sandboxes/{record.id}/resume)"
+        )
+    raise Conflict(f"sandbox {record.id} is {record.status.value}: {record.reason or 'no reason'}")
+
+
+def _upstream_url(request: web.Request, base: str, presented: str | None, websocket: bool) -> URL:
+    """`base` + the path after the port segment, as the client encoded it, + the query without
+    the credential it carried."""
+    parts = request.rel_url.raw_path.split("/", 5)  # '', sandboxes, id, proxy, port, rest
+    tail = "/" + parts[5] if len(parts) > 5 else "/"
+    query = [
+        (k, v)
+        for k, v in request.rel_url.query.items()
+        if not (k == "session_api_key" and v == presented)
+    ]
+    scheme = "ws" if websocket else "http"
+    url = URL(f"{scheme}{base.removeprefix('http')}{tail}", encoded=True)
+    return url.with_query(query) if query else url
+
+
+def _upstream_headers(
+    request: web.Request, record: SandboxRecord, name: str, presented: str | None
+) -> CIMultiDict[str]:
+    strip = ["Origin", "Cookie", "X-Session-API-Key"]
+    if presented is not None and request.headers.get("Authorization", "")[7:].strip() == presented:
+        strip.append("Authorization")
+    headers = request_headers(request.headers, strip=strip)
+    others = [
+        pair.strip()
+        for line in request.headers.getall("Cookie", [])
+        for pair in line.split(";")
+        if pair.strip() and pair.split("=", 1)[0].strip() != COOKIE_NAME
+    ]
+    if others:  # the sandbox's own cookies go back to it; the control plane's session never
+        headers["Cookie"] = "; ".join(others)
+    if name == AGENT_SERVER:
+        headers["X-Session-API-Key"] = record.session_api_key
+    forwarded = request.headers.get("X-Forwarded-For")
+    client = request.remote or ""
+    headers["X-Forwarded-For"] = f"{forwarded}, {client}" if forwarded else client
+    headers.setdefault("X-Forwarded-Proto", request.scheme)
+    headers.setdefault("X-Forwarded-Host", request.host)
+    port = request.match_info["port"]
+    headers["X-Forwarded-Prefix"] = links.proxy_prefix(record.id, port)
+    return headers
+
+
+def _cookies(raw: list[str], path: str) -> list[str]:
+    """A sandbox's Set-Cookie headers confined to its port's path, without a Domain; never the
+    control plane's session cookie."""
+    kept = []
+    for header in raw:
+        jar: SimpleCookie = SimpleCookie()
+        try:
+            jar.load(header)
+        except CookieError:
+            continue
+        for key, morsel in jar.items():
+            if key == COOKIE_NAME or key.startswith(("__Host-", "__Secure-")):
+                continue
+            morsel["domain"] = ""
+            morsel["path"] = path
+            kept.append(morsel.OutputString())
+    return kept
+
+
+def _response_headers(request: web.Request, config: ServiceConfig) -> dict[str, str]:
+    added = {"Content-Security-Policy": SANDBOX_CSP, "X-Content-Type-Options": "nosniff"}
+    origin = request.headers.get("Origin")
+    if origin and origin.rstrip("/").lower() in config.cors_origins:
+        added.update(
+            {
+                "Access-Control-Allow-Origin": origin,
+                "Access-Control-Allow-Credentials": "true",
+                "Access-Control-Expose-Headers": EXPOSE_HEADERS,
+                "Vary": "Origin",
+            }
+        )
+    return added
+
+
+async def _touch(request: web.Request, state: ProxyState, record: SandboxRecord) -> None:
+    now = time.monotonic()
+    if now - state.touched.get(record.id, 0.0) >= TOUCH_EVERY:
+        state.touched[record.id] = now
+        await request.app[keys.SANDBOXES].store.touch(record.id)
+
+
+async def proxy(request: web.Request) -> web.StreamResponse:
+    config = request.app[keys.CONFIG]
+    service = request.app.get(keys.SANDBOXES)
+    if service is None:
+        raise RuntimeUnavailable("this control plane runs no sandboxes")
+    state = request.app[keys.PROXY]
+    sandbox_id, port = request.match_info["sandbox_id"], request.match_info["port"]
+    record, presented = await _authorize(request, service, state, sandbox_id)
+    _usable(record)
+    name = _port_name(service, record, port)
+    websocket = request.headers.get("Upgrade", "").lower() == "websocket"
+    base = await _upstream_base(service, state, record, name)
+    prefix = links.proxy_prefix(record.id, port)
+    out = Outgoing(
+        url=_upstream_url(request, base, presented, websocket),
+        headers=_upstream_headers(request, record, name, presented),
+        drop_response=CORS_HEADERS,
+        add_response=_response_headers(request, config),
+        cookies=lambda raw: _cookies(raw, prefix + "/"),
+    )
+    await _touch(request, state, record)
+    limits = Limits(max_body=config.proxy_max_body_bytes, read_timeout=config.proxy_read_timeout)
+    try:
+        if websocket and request.method == "GET":
+            return await forward_websocket(request, state.http, out, limits, state.sockets)
+        return await forward_http(request, state.http, out, limits)
+    except ProxyError as exc:
+        log.info("proxy_upstream_failed", sandbox_id=record.id, port=port, error=str(exc))
+        return web.json_response(
+            {"detail": f"sandbox {record.id} port {port}: {exc}"}, status=exc.status
+        )
+
+
+def _register() -> None:
+    """One documented operation per method and path (operation ids must differ), all `proxy`."""
+    for path, suffix in (
+        (f"{links.PROXY_ROOT}/{{sandbox_id}}/proxy/{{port}}", ""),
+        (f"{links.PROXY_ROOT}/{{sandbox_id}}/proxy/{{port}}/{{path:.*}}", "_path"),
+    ):
+        for method in METHODS:
+
+            async def handler(request: web.Request) -> web.StreamResponse:
+                return await proxy(request)
+
+            handler.__name__ = f"proxy_{method.lower()}{suffix}"
+            # The proxy bounds bodies and time itself (ACS_PROXY_MAX_BODY_BYTES and
+            # ACS_PROXY_READ_TIMEOUT), not with the API's limits (controlplane/middlewares.py).
+            handler.acs_own_limits = True  # type: ignore[attr-defined]
+            routes.route(
+                method,
+                path,
+                summary="The sandbox proxy: this request, forwarded to one port of the caller's "
+                "sandbox (`agent`, a port name or number); WebSocket upgrades too",
+                public=True,  # authenticates itself (_authorize)
+                errors=(401, 403, 404, 409, 413, 502, 503, 504),
+            )(handler)
+
+
+_register()
