@@ -26,6 +26,9 @@ from tests.support.serve_process import Serve, launch_serve, serve_env
 EXIT_WITHIN = 35  # aiohttp's shutdown_timeout in `serve` is 30 s
 START_TIMEOUT = 20  # ACS_START_TIMEOUT: bounds how long the taken-over start may take
 PAUSE_MS = 2500  # Redis pauses this long; below the control plane's 5 s Redis timeout
+# ACS_SHUTDOWN_TIMEOUT: what the request in flight (held PAUSE_MS) and the launch it began get to
+# finish after SIGTERM before the launch is handed over; the exit is bounded by it plus cleanup.
+SHUTDOWN_TIMEOUT = 5
 
 
 @pytest.fixture
@@ -34,6 +37,7 @@ async def serve(redis_url: str, test_prefix: str, tmp_path: Path) -> AsyncIterat
     whatever is still running at the end."""
     port = free_port()
     env = serve_env(redis_url, test_prefix, tmp_path / "data")
+    env["ACS_SHUTDOWN_TIMEOUT"] = str(SHUTDOWN_TIMEOUT)
     started: list[Serve] = []
 
     async def start() -> Serve:
@@ -142,7 +146,8 @@ async def test_sigterm_drains_and_the_next_start_adopts_the_sandboxes(
 
         code, took = await first.exited(signalled)
         assert code == 0, first.logs()
-        assert took < PAUSE_MS / 1000 + 5, f"exit took {took:.1f} s:\n{first.logs()}"
+        # The launch in flight finishes or is handed over within the shutdown timeout.
+        assert took < SHUTDOWN_TIMEOUT + 2.5, f"exit took {took:.1f} s:\n{first.logs()}"
         levels = {e.get("level") for e in first.events()}
         assert "error" not in levels, first.logs()
         assert "critical" not in levels, first.logs()
