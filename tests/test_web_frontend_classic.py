@@ -114,6 +114,15 @@ async def test_the_terminal_under_the_names_the_classic_frontend_knows(
     assert observation["output"].strip() == "old-names"
     assert observation["content"]  # the SDK's field stays
     assert observation["exit_code"] == 0
+    # The finish observation keeps its name; the frontend reads its text from `message`.
+    (finish,) = [
+        e["observation"]
+        for e in of_kind(page["items"], "ObservationEvent")
+        if e["tool_name"] == "finish"
+    ]
+    assert (finish["kind"], finish["message"]) == ("FinishObservation", "done")
+    (kept,) = [e for e in of_kind(stored, "ObservationEvent") if e["tool_name"] == "finish"]
+    assert "message" not in kept["observation"]  # stored as the SDK knows it
 
     # contexts/conversation-websocket-context.tsx: the browser's socket to the agent server
     # (it sends an Origin) gets the same names; the SDK's (no Origin) the SDK's.

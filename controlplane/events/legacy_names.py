@@ -5,7 +5,11 @@ string (its `src/types/v1/core/base/{action,observation}.ts`), where the SDK say
 `TerminalAction` / `TerminalObservation` with `content[]`. Events are stored and served as the
 agent sent them everywhere else (the SDK no longer knows the old names); `content` is kept, so
 Agent Canvas, which reads both, sees no difference. The agent server does the same for browser
-sockets (agent/conversations/legacy_names.py)."""
+sockets (agent/conversations/legacy_names.py).
+
+The finish observation keeps its name, but that frontend reads its text from `message`
+(`FinishObservation.message`), which the SDK folded into `content[]` as well: it is added here,
+or the agent's final answer opens on nothing in a reopened conversation."""
 
 from __future__ import annotations
 
@@ -26,16 +30,25 @@ def _text_of(observation: dict[str, Any]) -> str:
     )
 
 
+#: The observation fields frontend 0.62 reads as one string, the text of `content[]` today.
+_TEXT_FIELDS = {"ExecuteBashObservation": "output", "FinishObservation": "message"}
+
+
 def with_old_terminal_names(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for event in events:
         field = _PAYLOAD.get(str(event.get("kind")))
         payload = event.get(field) if field is not None else None
-        if field is None or not isinstance(payload, dict) or payload.get("kind") not in _OLD_KINDS:
+        if field is None or not isinstance(payload, dict):
             out.append(event)
             continue
-        renamed = {**payload, "kind": _OLD_KINDS[payload["kind"]]}
-        if field == "observation":
-            renamed["output"] = _text_of(payload)
+        kind = _OLD_KINDS.get(str(payload.get("kind")), payload.get("kind"))
+        text_field = _TEXT_FIELDS.get(str(kind)) if field == "observation" else None
+        if kind == payload.get("kind") and (text_field is None or text_field in payload):
+            out.append(event)
+            continue
+        renamed = {**payload, "kind": kind}
+        if text_field is not None and text_field not in payload:
+            renamed[text_field] = _text_of(payload)
         out.append({**event, field: renamed})
     return out
