@@ -22,6 +22,8 @@ END = "<!-- End of the generated tables. -->"
 SHOWN_DEFAULTS = {
     "webhook_port": "`serve`'s `--port`",
     "host_memory_floor": "`536870912` (512 MiB)",
+    "kube_control_plane_labels": "`app.kubernetes.io/name=acs-control-plane`",
+    "kube_dns_labels": "`k8s-app=kube-dns`",
 }
 """Defaults better said in words than as the model's value."""
 
@@ -36,6 +38,8 @@ def default_text(name: str, info: FieldInfo) -> str:
         return f"`{str(value).lower()}`"
     if isinstance(value, float):
         return f"`{value:g}`"
+    if isinstance(value, list):  # as the variable is written: comma-separated
+        return f"`{','.join(str(item) for item in value)}`"
     if isinstance(value, dict):
         return f"`{value or '{}'}`"
     return f"`{value}`"
