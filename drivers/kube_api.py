@@ -83,11 +83,16 @@ class KubeApi:
         self._on_error = on_error
         self._client: Any = None
         self._lock = asyncio.Lock()
+        self._closed = False
 
     async def _api(self) -> Any:
         if self._client is not None:
             return self._client
         async with self._lock:
+            # Once closed, never again: a late caller (a background refresh, a loop still
+            # stopping) would otherwise open a client, and its connections, nobody closes.
+            if self._closed:
+                raise RuntimeUnavailable("the Kubernetes client is closed")
             if self._client is None:
                 self._client = await self._connect()
         return self._client
@@ -275,9 +280,11 @@ class KubeApi:
             response.close()  # unread: the connection is not reused
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        async with self._lock:
+            self._closed = True
+            if self._client is not None:
+                await self._client.close()
+                self._client = None
 
 
 async def parse(raw: bytes) -> Json:

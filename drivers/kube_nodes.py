@@ -104,6 +104,7 @@ class Nodes:
         self._read_at = 0.0
         self.readable: bool | None = None  # None: not asked yet
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
 
     async def refresh(self) -> None:
         """List the nodes now (a refusal makes the view unreadable for good; an API server
@@ -131,6 +132,8 @@ class Nodes:
     def touch(self) -> None:
         """Refresh in the background when what is known is older than REFRESH seconds."""
         if self.readable is False or time.monotonic() - self._read_at < REFRESH:
+            return
+        if self._closed:
             return
         if self._task is None or self._task.done():
             self._read_at = time.monotonic()
@@ -175,6 +178,7 @@ class Nodes:
         return any(n.allocatable - used.get(n.name, 0) >= reservation for n in self.usable())
 
     async def close(self) -> None:
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)

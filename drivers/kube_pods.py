@@ -74,6 +74,7 @@ class PodWatch:
         self._task: asyncio.Task[None] | None = None
         self.resource_version: str | None = None
         self.relists = 0
+        self._closed = False
 
     @property
     def synced(self) -> bool:
@@ -87,6 +88,8 @@ class PodWatch:
         return list(self._pods.values())
 
     def start(self) -> None:
+        if self._closed:
+            return  # a late caller must not start a watch nobody stops
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="kube-pod-watch")
 
@@ -225,6 +228,7 @@ class PodWatch:
             self._on_deleted(pod)
 
     async def close(self) -> None:
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
