@@ -84,7 +84,8 @@ log = structlog.get_logger(__name__)
 Json = dict[str, Any]
 VERDICT_SECONDS = 60.0
 """How long a scheduler's refusal keeps new sandboxes out, unless a sandbox's pod goes first."""
-BIND_POLL = 0.05
+BIND_POLL = 0.01
+"""A new claim is read this often until bound (tens of ms with `Immediate` binding)."""
 UNKNOWN_BINDING_WAIT = 2.0
 """Seconds to wait for a new claim to bind when the storage class cannot be read (with
 `Immediate` binding it takes tens of ms; a pod made before it is bound waits for the scheduler's
