@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import aiohttp
@@ -226,7 +226,7 @@ class KubeApi:
 
     async def watch(
         self, path: str, selector: str, resource_version: str, seconds: int
-    ) -> AsyncIterator[Json]:
+    ) -> AsyncGenerator[Json, None]:
         """The events of a watch from `resource_version` (bookmarks included) until the server
         ends it after about `seconds`. Raises Expired when that version is too old (410),
         RuntimeUnavailable when the stream breaks."""

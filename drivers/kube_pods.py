@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import structlog
@@ -206,7 +206,14 @@ class PodWatch:
         version seen (where the next watch resumes)."""
         self._synced = True
         version = self.resource_version or ""
-        async for event in self._api.watch(self._path, self._selector, version, WATCH_SECONDS):
+        stream = self._api.watch(self._path, self._selector, version, WATCH_SECONDS)
+        # Closed here, whatever ends the loop: an abandoned stream would keep its connection
+        # open until the garbage collector finds it, which may be after the loop has gone.
+        async with contextlib.aclosing(stream) as events:
+            await self._apply(events)
+
+    async def _apply(self, events: AsyncIterator[Json]) -> None:
+        async for event in events:
             kind = event.get("type")
             pod = event.get("object") or {}
             self.resource_version = _version(pod) or self.resource_version
