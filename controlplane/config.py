@@ -380,8 +380,9 @@ class Kubernetes(BaseModel):
     )
     kube_control_plane_url: str | None = Field(
         default=None,
-        description="the control plane as sandboxes reach it (their webhooks; e.g. a Service "
-        "in front of the webhook listener, `http://acs-webhooks.acs.svc:3001`); unset: "
+        description="the control plane as sandboxes reach it (their webhooks; e.g. the "
+        "ClusterIP of a Service in front of the webhook listener, `http://10.96.0.50:3001`: "
+        "sandboxes of restricted egress get no DNS); unset: "
         "`http://<ACS_KUBE_WEBHOOK_ADDRESS>:<ACS_WEBHOOK_PORT>`",
     )
     kube_webhook_address: str = Field(
