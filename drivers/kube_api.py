@@ -32,6 +32,9 @@ log = structlog.get_logger(__name__)
 Json = dict[str, Any]
 TIMEOUT = 15.0
 """Seconds for one request (a watch has its own)."""
+CLOSE_SETTLE = 0.05
+"""Seconds close() leaves the loop for the client's closed connections to go (aiohttp's advice for
+TLS connections before a loop ends)."""
 PARSE_IN_THREAD = 256 * 1024
 """Bodies larger than this (a list of hundreds of pods) are parsed off the event loop."""
 
@@ -277,7 +280,13 @@ class KubeApi:
                     raise RuntimeUnavailable(f"the pod watch ended with an error: {event}")
                 yield event
         finally:
-            response.close()  # unread: the connection is not reused
+            # Unread: the connection is not reused. Aborted rather than closed: a TLS goodbye
+            # would go on in the background after the driver (and, at shutdown, the event loop)
+            # had gone, leaving the socket open.
+            connection = response.connection
+            if connection is not None and connection.transport is not None:
+                connection.transport.abort()
+            response.close()
 
     async def close(self) -> None:
         async with self._lock:
@@ -285,6 +294,8 @@ class KubeApi:
             if self._client is not None:
                 await self._client.close()
                 self._client = None
+                # Transports closed just now (an aborted watch) finish on the loop's next turns.
+                await asyncio.sleep(CLOSE_SETTLE)
 
 
 async def parse(raw: bytes) -> Json:
