@@ -6,7 +6,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 3000
 BIN    := $(VENV)/bin
 
-.PHONY: all host browser install images image run test test-unit test-prep test-quick chaos ha lint format mypy bench bench-official clean kube-binaries
+.PHONY: all host browser install images image run test test-unit test-prep test-quick chaos ha lint format mypy bench bench-official bench-kube clean kube-binaries
 
 all: lint test
 
@@ -109,6 +109,11 @@ bench: install host images
 bench-official: install host images
 	@scripts/build-images.sh openhands
 	$(BIN)/python -m bench.official_agent
+
+# The Kubernetes driver against raw pod operations (bench/kube_sandboxes.py), on the project's
+# test cluster, which it brings up and takes down (root, cached binaries).
+bench-kube: install host images kube-binaries
+	$(BIN)/python -m bench.kube_sandboxes
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

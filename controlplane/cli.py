@@ -81,6 +81,13 @@ async def _serve(config: ServiceConfig, host: str, port: int) -> None:
             f"ACS_WEBHOOK_PORT: serve --host {host} listens on every address, the sandbox "
             f"networks' gateways included; set ACS_WEBHOOK_PORT to a port other than {port}"
         )
+    shared = config.kube_webhook_address in (host, *WILDCARDS)
+    if config.driver == "kubernetes" and config.webhook_port == port and shared:
+        raise ConfigError(
+            f"ACS_WEBHOOK_PORT: the webhook listener binds {config.kube_webhook_address}:{port} "
+            f"(ACS_KUBE_WEBHOOK_ADDRESS), where the API listens too; set ACS_WEBHOOK_PORT to a "
+            f"port other than {port}"
+        )
     hosts = [host]
     # Signals first: as PID 1 in a container, SIGTERM is ignored until a handler exists, and
     # start-up may spend a while retrying Redis.

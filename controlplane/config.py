@@ -24,7 +24,11 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
+
+from drivers.kube_names import PREFIX_PATTERN
+from drivers.kube_options import PRIVATE_RANGES
 
 ENV_PREFIX = "ACS_"
 T = TypeVar("T")
@@ -43,6 +47,23 @@ def split_commas(value: Any) -> Any:
 
 CommaList = Annotated[list[T], BeforeValidator(split_commas)]
 """A list written in one variable as comma-separated items (each then validated as T)."""
+
+
+def split_pairs(value: Any) -> Any:
+    """`a=1, b=2` -> {"a": "1", "b": "2"}; anything but a string is left to the field's type."""
+    if not isinstance(value, str):
+        return value
+    pairs: dict[str, str] = {}
+    for item in split_commas(value):
+        key, sep, val = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{item!r} is not key=value")
+        pairs[key.strip()] = val.strip()
+    return pairs
+
+
+KeyValues = Annotated[dict[str, str], BeforeValidator(split_pairs)]
+"""A mapping written in one variable as comma-separated `key=value` items."""
 
 
 class Storage(BaseModel):
@@ -259,8 +280,14 @@ class RateLimits(BaseModel):
 
 
 class Runtime(BaseModel):
-    """The sandbox runtime (Docker) and the specs"""
+    """The sandbox runtime and the specs"""
 
+    driver: Literal["docker", "kubernetes"] = Field(
+        default="docker",
+        description="where sandboxes run: `docker` (the engine of `ACS_DOCKER_URL`) or "
+        "`kubernetes` (pods in `ACS_KUBE_NAMESPACE`, [Kubernetes](#kubernetes) below; "
+        "[deployment](deployment.md#sandboxes-on-kubernetes))",
+    )
     docker_url: str | None = Field(
         default=None,
         description="Docker engine URL; unset uses `DOCKER_HOST` or the local socket",
@@ -448,6 +475,159 @@ class SandboxProxy(BaseModel):
         if value == "proxy" and not info.data.get("proxy_url"):
             raise ValueError("proxy needs ACS_PROXY_URL (the URL clients reach this API at)")
         return value
+
+
+class Kubernetes(BaseModel):
+    """Kubernetes"""
+
+    kubeconfig: Path | None = Field(
+        default=None,
+        description="with `ACS_DRIVER=kubernetes`: the kubeconfig file the control plane "
+        "connects with; unset: the in-cluster credentials of the pod it runs in (its service "
+        "account, which needs the Role of [deployment](deployment.md#rbac))",
+    )
+    kube_context: str | None = Field(
+        default=None, description="the kubeconfig's context to use; unset: its current context"
+    )
+    kube_namespace: str = Field(
+        default="acs-sandboxes",
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description="the namespace sandboxes run in (it must exist; the control plane needs "
+        "nothing outside it)",
+    )
+    kube_endpoint: Literal["pod_ip", "service"] = Field(
+        default="pod_ip",
+        description="how the control plane reaches a sandbox: `pod_ip` (the pod's address: the "
+        "control plane must route to the pod network) or `service` (a ClusterIP Service per "
+        "sandbox, kept across pause and resume)",
+    )
+    kube_control_plane_url: str | None = Field(
+        default=None,
+        description="the control plane as sandboxes reach it (their webhooks; e.g. the "
+        "ClusterIP of a Service in front of the webhook listener, `http://10.96.0.50:3001`: "
+        "sandboxes of restricted egress get no DNS); unset: "
+        "`http://<ACS_KUBE_WEBHOOK_ADDRESS>:<ACS_WEBHOOK_PORT>`",
+    )
+    kube_webhook_address: str = Field(
+        default="0.0.0.0",  # noqa: S104 (in a pod: its own address, behind a Service)
+        description="the address the webhook listener binds for sandboxes (in a pod, `0.0.0.0`; "
+        "outside the cluster, this host's address on a network the pods reach)",
+    )
+    kube_control_plane_labels: KeyValues = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "acs-control-plane"},
+        description="labels of the control plane's pods (`k=v,…`), which the sandboxes' "
+        "NetworkPolicies admit to their ports and let them reach; used when the control plane "
+        "runs in the cluster",
+    )
+    kube_control_plane_namespace: str | None = Field(
+        default=None,
+        description="the namespace of those pods; unset: the control plane's own, in a pod "
+        "(Kubernetes 1.21+ labels namespaces by name, which a policy across namespaces needs)",
+    )
+    kube_control_plane_cidrs: CommaList[str] = Field(
+        default_factory=list,
+        description="comma-separated addresses (CIDRs) a control plane outside the cluster "
+        "connects from and listens on, for the NetworkPolicies; unset: "
+        "`ACS_KUBE_WEBHOOK_ADDRESS/32` when that is an address",
+    )
+    kube_storage_class: str | None = Field(
+        default=None,
+        description="the StorageClass of workspace claims; unset: the cluster's default",
+    )
+    kube_workspace_size: str = Field(
+        default="10Gi",
+        pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$",
+        description="the size each workspace claim requests",
+    )
+    kube_image_registry: str | None = Field(
+        default=None,
+        description="registry (and path) the specs' images are pulled from, e.g. "
+        "`registry.example.com/acs`; an image that names its own registry is left as it is",
+    )
+    kube_image_pull_secrets: CommaList[str] = Field(
+        default_factory=list,
+        description="comma-separated Secrets (in the sandbox namespace) pods pull images with",
+    )
+    kube_image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
+        default="IfNotPresent",
+        description="the pods' imagePullPolicy; `Never` for images loaded onto the nodes "
+        "(then an image no node has is missing at once, when nodes may be read)",
+    )
+    kube_runtime_classes: KeyValues = Field(
+        default_factory=dict,
+        description="a spec's `runtime` -> the RuntimeClass its pods name (`runsc=gvisor,…`); "
+        "a runtime not listed names a RuntimeClass of its own name",
+    )
+    kube_node_selector: KeyValues = Field(
+        default_factory=dict,
+        description="node labels sandbox pods are placed by (`k=v,…`), e.g. a pool of sandbox "
+        "nodes; admission counts only those nodes",
+    )
+    kube_cpu_request: float = Field(
+        default=0.05,
+        gt=0,
+        le=256,
+        description="CPU cores each sandbox pod requests (its limit is the spec's `cpus`)",
+    )
+    kube_pause_grace: int = Field(
+        default=5,
+        ge=0,
+        le=3600,
+        description="seconds a paused sandbox's processes get between SIGTERM and SIGKILL as "
+        "its pod is deleted",
+    )
+    kube_schedule_timeout: float = Field(
+        default=15.0,
+        gt=0,
+        le=3600,
+        description="seconds a new pod may stay unschedulable before its start fails (longer "
+        "with a cluster autoscaler); meanwhile new sandboxes are refused with 429",
+    )
+    kube_pod_start_timeout: float = Field(
+        default=120.0,
+        gt=0,
+        le=3600,
+        description="seconds from a pod's creation to its container running, image pull "
+        "included (then `ACS_START_TIMEOUT` for the agent server's `/health`)",
+    )
+    kube_internet_except: CommaList[str] = Field(
+        default_factory=lambda: list(PRIVATE_RANGES),
+        description="what `egress: internet` leaves out (CIDRs): by default the private and "
+        "link-local ranges, where the cluster's pods, Services, nodes and API server are",
+    )
+    kube_dns_labels: KeyValues = Field(
+        default_factory=lambda: {"k8s-app": "kube-dns"},
+        description="labels of the cluster DNS pods that sandboxes of `egress: internet` may "
+        "query (port 53); empty: no DNS rule",
+    )
+
+    @field_validator("kube_control_plane_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not re.fullmatch(r"https?://[^/?#\s]+(/[^?#\s]*)?", value):
+            raise ValueError(f"{value!r} is not an http(s) URL without query or fragment")
+        return value.rstrip("/")
+
+    @field_validator("kube_control_plane_cidrs", "kube_internet_except")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        out = []
+        for item in value:
+            try:
+                out.append(str(ipaddress.IPv4Network(item, strict=False)))
+            except ValueError as exc:
+                raise ValueError(f"{item!r} is not an IPv4 address or network: {exc}") from None
+        return out
+
+    @field_validator("kube_webhook_address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        try:
+            return str(ipaddress.IPv4Address(value))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IPv4 address") from None
 
 
 class Capacity(BaseModel):
@@ -681,6 +861,7 @@ GROUPS: tuple[type[BaseModel], ...] = (
     Runtime,
     Isolation,
     SandboxProxy,
+    Kubernetes,
     Capacity,
     Upkeep,
     LifecycleWebhooks,
@@ -697,6 +878,7 @@ class ServiceConfig(
     Upkeep,
     Capacity,
     SandboxProxy,
+    Kubernetes,
     Isolation,
     Runtime,
     RateLimits,
@@ -707,6 +889,24 @@ class ServiceConfig(
     """Everything the control plane needs to run: every group's fields in one model."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="after")
+    def _kubernetes(self) -> ServiceConfig:
+        if self.driver != "kubernetes":
+            return self
+        if not re.fullmatch(PREFIX_PATTERN, self.container_prefix):
+            raise ValueError(
+                "ACS_CONTAINER_PREFIX: with ACS_DRIVER=kubernetes it names pods, claims and "
+                f"Services: lower-case letters, digits and '-', a letter first, at most 40 "
+                f"characters ({self.container_prefix!r})"
+            )
+        if self.kube_control_plane_url is None and self.kube_webhook_address == "0.0.0.0":  # noqa: S104
+            raise ValueError(
+                "ACS_KUBE_CONTROL_PLANE_URL: with ACS_KUBE_WEBHOOK_ADDRESS=0.0.0.0 sandboxes need "
+                "the URL they reach the control plane at (e.g. a Service in front of its webhook "
+                "listener)"
+            )
+        return self
 
 
 def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -729,5 +929,7 @@ def load_config(environ: Mapping[str, str] | None = None, **overrides: Any) -> S
         return ServiceConfig.model_validate(values)
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else "?"
+        if not first["loc"]:  # a rule across fields: its message names the variables
+            raise ConfigError(str(first["msg"]).removeprefix("Value error, ")) from None
+        field = str(first["loc"][0])
         raise ConfigError(f"{ENV_PREFIX}{field.upper()}: {first['msg']}") from None

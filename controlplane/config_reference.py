@@ -26,6 +26,8 @@ SHOWN_DEFAULTS = {
     "redis_retry_window": "`10` with Sentinel, `2` without",
     "redis_wait_replicas": "`1` with Sentinel, `0` without",
     "proxy_max_body_bytes": "`67108864` (64 MiB)",
+    "kube_control_plane_labels": "`app.kubernetes.io/name=acs-control-plane`",
+    "kube_dns_labels": "`k8s-app=kube-dns`",
 }
 """Defaults better said in words than as the model's value."""
 
@@ -40,6 +42,8 @@ def default_text(name: str, info: FieldInfo) -> str:
         return f"`{str(value).lower()}`"
     if isinstance(value, float):
         return f"`{value:g}`"
+    if isinstance(value, list):  # as the variable is written: comma-separated
+        return f"`{','.join(str(item) for item in value)}`"
     if isinstance(value, dict):
         return f"`{value or '{}'}`"
     return f"`{value}`"

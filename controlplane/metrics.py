@@ -101,6 +101,19 @@ class Metrics:
             ("operation",),
             registry=reg,
         )
+        self.kube_errors = Counter(
+            "acs_kubernetes_errors",
+            "Kubernetes API calls that failed (no answer, or a refusal)",
+            ("operation",),
+            registry=reg,
+        )
+        self.kube_watch_restarts = Counter(
+            "acs_kubernetes_watch_restarts",
+            "Times the sandbox pod watch was resumed after a break (`broken`) or listed again "
+            "because its resourceVersion had expired (`expired`, 410 Gone)",
+            ("reason",),
+            registry=reg,
+        )
         self.event_lag = Histogram(
             "acs_event_lag_seconds",
             "Time from an agent event's timestamp to its webhook delivery being stored",
@@ -162,6 +175,12 @@ class Metrics:
 
     def docker_error(self, operation: str) -> None:
         self.docker_errors.labels(operation).inc()
+
+    def kube_error(self, operation: str) -> None:
+        self.kube_errors.labels(operation).inc()
+
+    def kube_watch_restarted(self, reason: str) -> None:
+        self.kube_watch_restarts.labels(reason).inc()
 
     def reconcile_fixed(self) -> None:
         self._fixes += 1

@@ -62,6 +62,7 @@ from controlplane.gateway.translator_process import TranslatorProcess
 from controlplane.lifecycle.outbox import Outbox
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookDeliverer
+from controlplane.metrics import Metrics
 from controlplane.proxy.state import ProxyState, proxy_client
 from controlplane.sandboxes.admission import Admission
 from controlplane.sandboxes.launcher import Launcher, network_policy
@@ -86,7 +87,9 @@ from controlplane.store import keyspace
 from controlplane.store.failover import open_redis
 from controlplane.store.leader import LeaderLock
 from controlplane.store.redis import wait_for_redis
+from drivers.base import SandboxDriver
 from drivers.docker import DockerDriver
+from drivers.kube_options import Credentials, KubeOptions
 
 Context = Callable[[web.Application], AsyncIterator[None]]
 
@@ -153,32 +156,78 @@ def redis_ctx(config: ServiceConfig) -> Context:
 
 
 def runtime_ctx(config: ServiceConfig) -> Context:
-    """The driver (Docker, the only runtime so far) and the webhook listener it binds on its
-    sandbox networks' gateways (serving from `webhooks_ctx` on)."""
+    """The driver (ACS_DRIVER) and the webhook listener it binds where sandboxes reach it
+    (Docker: its sandbox networks' gateways; Kubernetes: ACS_KUBE_WEBHOOK_ADDRESS), serving from
+    `webhooks_ctx` on."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         listener = WebhookListener(config.webhook_port or 0)
-        driver = DockerDriver(
-            config.docker_url,
-            prefix=config.container_prefix,
-            threads=config.docker_threads,
-            quick_threads=config.docker_quick_threads,
-            address=config.url_host,
-            publish_host=config.publish_host,
-            memory_floor=config.host_memory_floor,
-            listener=listener,
-            firewall_mode=config.host_firewall,
-            host_ports=config.sandbox_host_ports,
-            subnet_pool=config.sandbox_subnet_pool,
-            subnet_size=config.sandbox_subnet_size,
-            on_error=app[keys.METRICS].docker_error,
-        )
+        driver: SandboxDriver
+        if config.driver == "kubernetes":
+            driver = kubernetes_driver(config, listener, app[keys.METRICS])
+        else:
+            driver = DockerDriver(
+                config.docker_url,
+                prefix=config.container_prefix,
+                threads=config.docker_threads,
+                quick_threads=config.docker_quick_threads,
+                address=config.url_host,
+                publish_host=config.publish_host,
+                memory_floor=config.host_memory_floor,
+                listener=listener,
+                firewall_mode=config.host_firewall,
+                host_ports=config.sandbox_host_ports,
+                subnet_pool=config.sandbox_subnet_pool,
+                subnet_size=config.sandbox_subnet_size,
+                on_error=app[keys.METRICS].docker_error,
+            )
         app[keys.DRIVER] = driver
         app[keys.WEBHOOK_LISTENER] = listener
         yield
         await driver.close()
 
     return ctx
+
+
+def kubernetes_driver(
+    config: ServiceConfig, listener: WebhookListener, metrics: Metrics
+) -> SandboxDriver:
+    """The Kubernetes driver as ACS_KUBE_* configure it (docs/deployment.md); imported here
+    only, as its client library takes a second to import."""
+    from drivers.kubernetes import KubernetesDriver  # noqa: PLC0415 (see above)
+
+    options = KubeOptions(
+        namespace=config.kube_namespace,
+        endpoint=config.kube_endpoint,
+        control_plane_url=config.kube_control_plane_url,
+        webhook_address=config.kube_webhook_address,
+        control_plane_labels=dict(config.kube_control_plane_labels),
+        control_plane_namespace=config.kube_control_plane_namespace,
+        control_plane_cidrs=tuple(config.kube_control_plane_cidrs),
+        host_ports=tuple(config.sandbox_host_ports),
+        storage_class=config.kube_storage_class,
+        workspace_size=config.kube_workspace_size,
+        image_registry=config.kube_image_registry,
+        image_pull_secrets=tuple(config.kube_image_pull_secrets),
+        image_pull_policy=config.kube_image_pull_policy,
+        runtime_classes=dict(config.kube_runtime_classes),
+        node_selector=dict(config.kube_node_selector),
+        cpu_request=config.kube_cpu_request,
+        pause_grace=config.kube_pause_grace,
+        schedule_timeout=config.kube_schedule_timeout,
+        start_timeout=config.kube_pod_start_timeout,
+        internet_except=tuple(config.kube_internet_except),
+        dns_labels=dict(config.kube_dns_labels),
+    )
+    kubeconfig = str(config.kubeconfig) if config.kubeconfig else None
+    return KubernetesDriver(
+        options,
+        prefix=config.container_prefix,
+        credentials=Credentials(kubeconfig=kubeconfig, context=config.kube_context),
+        listener=listener,
+        on_error=metrics.kube_error,
+        on_watch_restart=metrics.kube_watch_restarted,
+    )
 
 
 def http_ctx() -> Context:
@@ -250,7 +299,12 @@ def sandboxes_ctx(config: ServiceConfig) -> Context:
         redis, driver, catalog = app[keys.REDIS], app[keys.DRIVER], app[keys.SPECS]
         probe = ReadinessProbe(app[keys.HTTP_CLIENT], driver, config.start_timeout)
         feed = StatusFeed(redis, on_listening=probe.hint)
-        store = SandboxStore(redis, app[keys.SECRET_BOX], on_change=feed.notify)
+        store = SandboxStore(
+            redis,
+            app[keys.SECRET_BOX],
+            on_change=feed.notify,
+            paused_holds_memory=not driver.pause_releases,
+        )
         notes = SandboxLifecycle(app[keys.LIFECYCLE])
         leases = IntentLeases(redis)
         locks = SandboxLocks()

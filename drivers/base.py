@@ -79,6 +79,10 @@ class SandboxRequest:
     read_only: bool = False
     tmpfs: dict[str, str] = field(default_factory=dict)  # path -> mount options
     runtime: str | None = None  # e.g. runsc (gVisor); None: the runtime's default
+    kept_paths: tuple[str, ...] = ()
+    """Directories besides the workspace whose content must outlive the instance (the agent
+    server's state): a runtime whose pause releases the instance keeps them with the workspace;
+    Docker keeps them in the container, which a pause freezes."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,11 @@ class HostListener(Protocol):
 
 
 class SandboxDriver(Protocol):
+    pause_releases: bool
+    """True when a pause releases the instance and keeps only the workspace (Kubernetes deletes
+    the pod, keeping its claim): a paused sandbox then holds no memory, and a resume starts a
+    new instance instead of unpausing. False when a pause freezes it in place (Docker)."""
+
     # -- the runtime --------------------------------------------------------------------------
 
     async def ping(self) -> bool:

@@ -86,6 +86,8 @@ class DockerDriver:
     host memory guard's floor (has_room), on a local engine only.
     """
 
+    pause_releases = False  # `docker pause` freezes the container, memory kept
+
     def __init__(
         self,
         base_url: str | None = None,

@@ -15,8 +15,6 @@ deployment has no containers left (tests, `controlplane networks remove`).
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -26,7 +24,7 @@ import structlog
 from drivers.base import HostListener, NetworkPolicy
 from drivers.docker_names import LABEL_NETWORK, LABEL_PREFIX
 from drivers.docker_networks import NetworkInfo
-from drivers.egress import HOST_GATEWAY, Destination
+from drivers.egress import HOST_GATEWAY, Destination, lookup
 from drivers.errors import FirewallRequired, NetworkUnavailable, RuntimeUnavailable, ServiceError
 from drivers.firewall import FirewallError, Iptables, NetworkRules
 
@@ -219,24 +217,9 @@ async def _resolve(
         if dest.is_host:
             allowed.add((f"{gateway}/32", dest.port))
             continue
-        addresses = await _lookup(dest.name, dest.port)
+        addresses = await lookup(dest.name, dest.port)
         if not addresses:
             raise NetworkUnavailable(f"egress: {dest.name} does not resolve to a usable address")
         names[dest.name] = addresses[0]
         allowed.update((f"{a}/32", dest.port) for a in addresses)
     return allowed, names
-
-
-async def _lookup(name: str, port: int) -> list[str]:
-    try:
-        infos = await asyncio.to_thread(
-            socket.getaddrinfo, name, port, socket.AF_INET, socket.SOCK_STREAM
-        )
-    except OSError:
-        return []
-    found: list[str] = []
-    for *_, sockaddr in infos:
-        address = ipaddress.IPv4Address(sockaddr[0])
-        if not (address.is_loopback or address.is_link_local) and str(address) not in found:
-            found.append(str(address))
-    return found

@@ -9,8 +9,10 @@ address on the sandbox network: a service on the host). Every policy forbids the
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import re
+import socket
 from dataclasses import dataclass
 from typing import Literal
 
@@ -65,3 +67,20 @@ def parse_egress(value: Egress) -> list[Destination] | None:
     if value == "none":
         return []
     return [parse_destination(entry) for entry in value]
+
+
+async def lookup(name: str, port: int) -> list[str]:
+    """The IPv4 addresses `name` resolves to (loopback and link-local left out), looked up in a
+    thread by the control plane: sandboxes of a restricted egress get no DNS of their own."""
+    try:
+        infos = await asyncio.to_thread(
+            socket.getaddrinfo, name, port, socket.AF_INET, socket.SOCK_STREAM
+        )
+    except OSError:
+        return []
+    found: list[str] = []
+    for *_, sockaddr in infos:
+        address = ipaddress.IPv4Address(sockaddr[0])
+        if not (address.is_loopback or address.is_link_local) and str(address) not in found:
+            found.append(str(address))
+    return found

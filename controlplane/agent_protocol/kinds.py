@@ -22,7 +22,8 @@ from controlplane.specs.models import OpenHandsOptions, SandboxSpec
 log = structlog.get_logger(__name__)
 
 #: Where the official server keeps conversations and bash events: the directory the images give
-#: the agent user for its state (a tmpfs under a read-only root, like ours).
+#: the agent user for its state (a tmpfs under a read-only root), where ours keeps its own too.
+#: A runtime that makes a new instance at each resume (Kubernetes) keeps it with the workspace.
 STATE_DIR = "/var/lib/acs-agent"
 #: A batch is flushed this long after its first event (the server's default is 30 s).
 FLUSH_DELAY_S = 0.05

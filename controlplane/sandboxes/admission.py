@@ -47,6 +47,12 @@ class Admission:
                 "sandboxes (the per-user total); delete one, then retry",
                 retry_after=60,
             )
+        if outcome == "memory" and self._driver.pause_releases:
+            return QuotaExceeded(
+                "the cluster has no room for another sandbox now (the scheduler cannot place "
+                "one, or the sandbox nodes' memory is reserved); pause or delete some, then retry",
+                retry_after=30,
+            )
         if outcome == "memory":
             return QuotaExceeded(
                 "the host has no memory left for another sandbox (paused sandboxes keep theirs); "

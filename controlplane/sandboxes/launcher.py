@@ -16,7 +16,7 @@ from typing import Protocol
 
 import structlog
 
-from controlplane.agent_protocol.kinds import agent_env
+from controlplane.agent_protocol.kinds import STATE_DIR, agent_env
 from controlplane.config import ServiceConfig
 from controlplane.errors import RuntimeUnavailable
 from controlplane.lifecycle.models import LifecycleType
@@ -95,6 +95,7 @@ def sandbox_request(
         read_only=spec.read_only_root,
         tmpfs=spec.tmpfs_mounts,
         runtime=spec.runtime,
+        kept_paths=(STATE_DIR,),
     )
 
 

@@ -233,8 +233,12 @@ class WarmPool:
         return await self._settle(spec, record, state)
 
     async def _settle(self, spec: SandboxSpec, record: SandboxRecord, state: SandboxState) -> bool:
-        """True when the member waits as its spec wants (running, or paused)."""
+        """True when the member waits as its spec wants (running, or paused). Where a pause
+        releases the instance (Kubernetes), a paused member would be a cold start at its claim:
+        members wait running."""
         if spec.warm_pool_state == "running" or record.status == S.PAUSED:
+            return True
+        if self._driver.pause_releases:
             return True
         if state.status != RunState.RUNNING:
             return False

@@ -189,9 +189,10 @@ class ReadinessProbe:
             if state is None:
                 boot.future.set_exception(StartFailed("the container disappeared while starting"))
             elif state.status not in (RunState.RUNNING, RunState.CREATED, RunState.RESTARTING):
+                why = f": {state.error}" if state.error else ""
                 boot.future.set_exception(
                     StartFailed(
                         f"the agent server exited (status {state.status.value}, exit code "
-                        f"{state.exit_code}) before answering /health"
+                        f"{state.exit_code}) before answering /health{why}"
                     )
                 )

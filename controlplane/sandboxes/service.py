@@ -183,7 +183,9 @@ class SandboxService(SandboxReads):
                 await self.store.touch(record.id)
                 return
             limits = await self.limits()
-            if record.status == S.PAUSED and await self._unpause(record, limits, principal):
+            # A runtime whose pause released the instance has nothing to unpause: start it.
+            thaw = record.status == S.PAUSED and not self.driver.pause_releases
+            if thaw and await self._unpause(record, limits, principal):
                 await self.notes(LifecycleType.SANDBOX_RESUMED, record)
                 return
             result = await self.store.transition(

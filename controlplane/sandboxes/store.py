@@ -3,8 +3,8 @@
 Layout (names in controlplane.store.keyspace): one hash per sandbox; lexically ordered sorted sets
 (all members score 0, ids are time-ordered hex) per user and global for cursor paging; a set of
 each user's STARTING/RUNNING ids that the Lua scripts count for the cap; a hash of the memory each
-STARTING/RUNNING/PAUSED sandbox reserves (host capacity); an index from the hash of a session
-key to its sandbox; a short-lived tombstone per deleted id.
+STARTING/RUNNING sandbox reserves, and each PAUSED one where a pause keeps its memory (capacity);
+an index from the hash of a session key to its sandbox; a short-lived tombstone per deleted id.
 """
 
 from __future__ import annotations
@@ -38,15 +38,17 @@ _CREATE = (
     + """
 local running_cap, total_cap = tonumber(ARGV[1]), tonumber(ARGV[2])
 local memory, memory_cap = tonumber(ARGV[3]), tonumber(ARGV[4])
-local id, status = ARGV[5], ARGV[6]
+local id, status, paused_holds = ARGV[5], ARGV[6], ARGV[7] == '1'
 if running_cap >= 0 and redis.call('SCARD', KEYS[4]) >= running_cap then return 'running' end
 if total_cap >= 0 and redis.call('ZCARD', KEYS[3]) >= total_cap then return 'total' end
 if memory_cap >= 0 and reserved(KEYS[6]) + memory > memory_cap then return 'memory' end
-redis.call('HSET', KEYS[1], 'memory', ARGV[3], unpack(ARGV, 7, #ARGV - 1))
+redis.call('HSET', KEYS[1], 'memory', ARGV[3], unpack(ARGV, 8, #ARGV - 1))
 redis.call('ZADD', KEYS[2], 0, id)
 redis.call('ZADD', KEYS[3], 0, id)
 if status == 'STARTING' or status == 'RUNNING' then redis.call('SADD', KEYS[4], id) end
-if status ~= 'ERROR' and status ~= 'MISSING' then redis.call('HSET', KEYS[6], id, memory) end
+if status ~= 'ERROR' and status ~= 'MISSING' and (status ~= 'PAUSED' or paused_holds) then
+  redis.call('HSET', KEYS[6], id, memory)
+end
 redis.call('SET', KEYS[5], id)
 redis.call('PUBLISH', ARGV[#ARGV], id .. ' ' .. status)
 return 'ok'
@@ -68,14 +70,15 @@ local active_from = (cur == 'STARTING' or cur == 'RUNNING')
 if active_to and not active_from and cap >= 0 and redis.call('SCARD', KEYS[2]) >= cap then
   return {'quota', cur}
 end
--- Paused sandboxes keep their memory: only ERROR and MISSING give it back.
-local holds = (to ~= 'ERROR' and to ~= 'MISSING')
+-- Paused sandboxes keep their memory where a pause freezes them (Docker, ARGV[7] = '1'); where
+-- it releases the instance (Kubernetes) PAUSED gives it back, as ERROR and MISSING do.
+local holds = (to ~= 'ERROR' and to ~= 'MISSING' and (to ~= 'PAUSED' or ARGV[7] == '1'))
 local memory = tonumber(redis.call('HGET', KEYS[1], 'memory') or '0')
 if holds and redis.call('HEXISTS', KEYS[3], id) == 0 and memory_cap >= 0
    and reserved(KEYS[3]) + memory > memory_cap then
   return {'memory', cur}
 end
-redis.call('HSET', KEYS[1], 'status', to, unpack(ARGV, 7))
+redis.call('HSET', KEYS[1], 'status', to, unpack(ARGV, 8))
 redis.call('PUBLISH', ARGV[6], id .. ' ' .. to)
 if active_to then redis.call('SADD', KEYS[2], id) else redis.call('SREM', KEYS[2], id) end
 if holds then redis.call('HSET', KEYS[3], id, memory) else redis.call('HDEL', KEYS[3], id) end
@@ -128,10 +131,15 @@ class SandboxStore:
         redis: aioredis.Redis,
         box: SecretBox,
         on_change: Callable[[str], None] | None = None,
+        *,
+        paused_holds_memory: bool = True,
     ) -> None:
         """`on_change(sandbox_id)` is called after every change this process makes (it wakes
-        local waiters: StatusFeed.notify)."""
+        local waiters: StatusFeed.notify). `paused_holds_memory`: a PAUSED sandbox keeps its
+        reservation (the runtime's pause freezes it in place: Docker), else it gives it back
+        (Kubernetes: the pod is gone) and a resume reserves it again."""
         self._redis = redis
+        self._paused_holds = "1" if paused_holds_memory else "0"
         self._box = box
         self._create = redis.register_script(_CREATE)
         self._transition = redis.register_script(_TRANSITION)
@@ -204,6 +212,7 @@ class SandboxStore:
                 _n(limits.memory_capacity),
                 record.id,
                 record.status.value,
+                self._paused_holds,
                 *flat,
                 keyspace.SANDBOX_STATUS_CHANNEL,
             ],
@@ -264,6 +273,7 @@ class SandboxStore:
                 record.id,
                 _n(limits.memory_capacity),
                 keyspace.SANDBOX_STATUS_CHANNEL,
+                self._paused_holds,
                 *flat,
             ],
         )

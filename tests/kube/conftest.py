@@ -13,6 +13,7 @@ service account is ready.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import secrets
@@ -27,6 +28,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client, config
 
+from tests.support.run_id import RUN_ID
 from tests.support.sandbox_helpers import DEFAULT_IMAGE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -175,3 +177,31 @@ async def kube_namespace(kube_api: client.ApiClient) -> AsyncIterator[str]:
     await wait_service_account(core, name)
     yield name
     await core.delete_namespace(name, grace_period_seconds=0)
+
+
+_prefixes = itertools.count()
+
+
+@pytest.fixture
+def kube_prefix() -> str:
+    """This test's deployment prefix (objects of the Kubernetes driver carry it)."""
+    return f"acs-test-{RUN_ID}-k{next(_prefixes)}-"
+
+
+@pytest.fixture
+def kube_overrides(
+    kube_cluster: KubeCluster, kube_namespace: str, kube_prefix: str
+) -> dict[str, Any]:
+    """The configuration of a control plane on this host whose sandboxes run on the test
+    cluster: its kubeconfig, a fresh namespace, the webhook listener on the host's cluster
+    address (where pods reach this host), images loaded onto the nodes (no registry)."""
+    return {
+        "driver": "kubernetes",
+        "kubeconfig": kube_cluster.kubeconfig,
+        "kube_namespace": kube_namespace,
+        "kube_webhook_address": kube_cluster.host_address,
+        "kube_image_pull_policy": "Never",
+        "kube_storage_class": kube_cluster.storage_class,
+        "container_prefix": kube_prefix,
+        "kube_pod_start_timeout": 60.0,
+    }
