@@ -138,7 +138,10 @@ def ensure_network(
                 return _info(client.api.inspect_network(name))
             raise DriverError(f"Docker could not create network {name}: {message}") from None
         log.info("sandbox_network_created", network=name, subnet=str(candidate))
-        return _info(client.api.inspect_network(name))
+        try:
+            return _info(client.api.inspect_network(name))
+        except NotFound:
+            raise DriverError(f"network {name} was removed as soon as it was made") from None
     raise DriverError(
         f"no free /{size} subnet left in {pool} for network {name}: widen "
         "ACS_SANDBOX_SUBNET_POOL or remove unused networks"

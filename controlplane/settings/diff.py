@@ -64,8 +64,26 @@ class ConversationSettingsDiff(ConversationSettingsIn):
     model_config = ConfigDict(extra="ignore")
 
 
+def _both(nested: str, diff: str) -> dict[str, Any]:
+    not_null = {"not": {"type": "null"}}
+    return {"required": [nested, diff], "properties": {nested: not_null, diff: not_null}}
+
+
+# What as_v1_update refuses, said in the schema too: a view and its diff, both non-null.
+_NOT_BOTH: dict[str, Any] = {
+    "not": {
+        "anyOf": [
+            _both("agent_settings", "agent_settings_diff"),
+            _both("conversation_settings", "conversation_settings_diff"),
+        ]
+    }
+}
+
+
 class SettingsDiffUpdate(SettingsV1Update):
     """Body of POST /api/v1/settings: flat fields, nested views, or their diffs."""
+
+    model_config = ConfigDict(json_schema_extra=_NOT_BOTH)
 
     agent_settings_diff: AgentSettingsDiff | None = None
     conversation_settings_diff: ConversationSettingsDiff | None = None

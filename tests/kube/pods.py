@@ -99,10 +99,19 @@ def condition(pod: client.V1Pod, kind: str) -> str | None:
     return None
 
 
-async def pod_log(core: client.CoreV1Api, namespace: str, name: str) -> str:
-    # Raw: with its content preloaded, the client parses a log that looks like JSON into a dict.
-    response = await core.read_namespaced_pod_log(name, namespace, _preload_content=False)
-    return (await response.read()).decode()
+async def pod_log(core: client.CoreV1Api, namespace: str, name: str, within: float = 10) -> str:
+    """The pod's log. Raw: with its content preloaded, the client parses a log that looks like
+    JSON into a dict (and raw, it does not check the status: we do). Read again while the kubelet
+    answers an error: a container that ended at once may have its log link made after it ended
+    ("failed to try resolving symlinks in path /var/log/pods/…", seen under load)."""
+    deadline = time.monotonic() + within
+    while True:
+        response = await core.read_namespaced_pod_log(name, namespace, _preload_content=False)
+        text = (await response.read()).decode()
+        if response.status == 200 or time.monotonic() > deadline:
+            assert response.status == 200, f"log of {namespace}/{name}: {response.status} {text}"
+            return text
+        await asyncio.sleep(0.5)
 
 
 async def wait_gone(core: client.CoreV1Api, namespace: str, name: str, within: float = 60) -> None:
