@@ -38,6 +38,9 @@ async def serve(redis_url: str, test_prefix: str, tmp_path: Path) -> AsyncIterat
     port = free_port()
     env = serve_env(redis_url, test_prefix, tmp_path / "data")
     env["ACS_SHUTDOWN_TIMEOUT"] = str(SHUTDOWN_TIMEOUT)
+    # No warm pool: the start the shutdown interrupts must be a launch, not a pool claim
+    # (which answers RUNNING at once).
+    env["ACS_WARM_POOL"] = "0"
     started: list[Serve] = []
 
     async def start() -> Serve:
@@ -134,7 +137,7 @@ async def test_sigterm_drains_and_the_next_start_adopts_the_sandboxes(
         finally:
             writer.close()
         assert status == 200, interrupted
-        assert interrupted["status"] == "STARTING"
+        assert interrupted["status"] == "STARTING", first.logs()
         # It was still running when shutdown began, and was logged as done after that.
         order = [
             e["event"]
