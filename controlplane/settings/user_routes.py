@@ -115,7 +115,6 @@ async def get_byor_key(request: web.Request) -> web.Response:
     if gateway is None:
         return json_response(LlmKeyResponse())
     user_id = principal_of(request).user_id
-    key = await gateway.user_keys.get_or_create(user_id)
     # The model and URL to use the key with, for tools run on the user's machine (the CLI's
     # local mode: docs/llm-gateway.md#the-openhands-cli). users/me?expose_secrets answers the
     # same view, but only with a sandbox's session key too (OpenHands' rule); this key alone
@@ -123,6 +122,8 @@ async def get_byor_key(request: web.Request) -> web.Response:
     view = await gateway_llm(
         request, user_id, (await request.app[keys.SETTINGS].get(user_id)).llm_model
     )
+    # The view holds the key once there is a model; without one, the key alone.
+    key = view.get("llm_api_key") or await gateway.user_keys.get_or_create(user_id)
     return json_response(
         LlmKeyResponse(
             key=key, llm_model=view.get("llm_model"), llm_base_url=view.get("llm_base_url")
