@@ -25,6 +25,7 @@ from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig, load_config
 from tests.support.redis_server import RedisServer
 from tests.support.run_id import RUN_ID
+from tests.support.tasks import close_or_show_tasks
 from tests.support.types import Client, ClientFactory
 
 pytest_plugins = [
@@ -102,22 +103,30 @@ def config(make_config: Callable[..., ServiceConfig]) -> ServiceConfig:
 
 
 @pytest.fixture
-def make_client(aiohttp_client: Any, make_config: Callable[..., ServiceConfig]) -> ClientFactory:
-    """An app without Docker services unless with_sandboxes=True."""
+async def make_client(
+    aiohttp_client: Any, make_config: Callable[..., ServiceConfig]
+) -> AsyncIterator[ClientFactory]:
+    """An app without Docker services unless with_sandboxes=True. The apps close here, newest
+    first, before aiohttp_client's own clean-up; one that does not close within a minute fails
+    the test with the stack of every asyncio task (what its close waits for)."""
+    clients: list[Client] = []
 
     async def make(*, with_sandboxes: bool = False, **overrides: Any) -> Client:
         app = create_app(make_config(**overrides), with_sandboxes=with_sandboxes)
         client: Client = await aiohttp_client(app)
+        clients.append(client)
         return client
 
-    return make
+    yield make
+    for client in reversed(clients):
+        await close_or_show_tasks(client)
 
 
 @pytest.fixture
-def make_sandbox_client(make_client: ClientFactory, test_prefix: str) -> ClientFactory:
+def make_sandbox_client(test_prefix: str, make_client: ClientFactory) -> ClientFactory:
     """An app with its sandboxes on real Docker, under this test's container prefix (its
-    containers, volumes and networks are removed after the test); `overrides` go to the
-    configuration."""
+    containers, volumes and networks are removed after the test, once its apps have closed:
+    test_prefix is set up first, so torn down last); `overrides` go to the configuration."""
 
     async def make(**overrides: Any) -> Client:
         return await make_client(

@@ -14,6 +14,7 @@ import asyncio
 
 import structlog
 
+from controlplane.background import stop_task
 from controlplane.conversations.starter import StartTaskRunner
 from controlplane.sandboxes.launcher import Launcher
 from controlplane.store.redis import REDIS_DOWN
@@ -52,10 +53,8 @@ class StartTaskHandover:
 
     async def stop(self) -> None:
         self._stopped = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     async def drain(self, seconds: float, launcher: Launcher) -> None:
         """Stop adopting; give this replica's start tasks, then its sandbox launches, up to

@@ -19,6 +19,7 @@ import structlog
 
 from controlplane.agent_protocol.client import AgentClient
 from controlplane.agent_protocol.models import MetricsSnapshot
+from controlplane.background import stop_tasks
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.errors import ControlPlaneError
 from controlplane.events.store import EventStore
@@ -92,7 +93,4 @@ class BudgetEnforcer:
             log.warning("budget_pause_failed", conversation_id=info.id, error=str(exc))
 
     async def close(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks(list(self._tasks))

@@ -29,6 +29,7 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import ResponseError
 
+from controlplane.background import stop_tasks
 from controlplane.lifecycle.outbox import DEAD_MAXLEN, GROUP, Outbox, url_id
 from controlplane.store import keyspace, text
 from controlplane.store.redis import REDIS_DOWN
@@ -104,9 +105,7 @@ class WebhookDeliverer:
 
     async def close(self) -> None:
         """Stop at once: an attempt cut off here stays pending and is claimed again later."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_tasks(self._tasks)
 
     async def _run(self, url: str) -> None:
         ready = False

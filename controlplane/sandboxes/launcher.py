@@ -17,6 +17,7 @@ from typing import Protocol
 import structlog
 
 from controlplane.agent_protocol.kinds import STATE_DIR, agent_env
+from controlplane.background import stop_task, stop_tasks
 from controlplane.config import ServiceConfig
 from controlplane.errors import RuntimeUnavailable
 from controlplane.lifecycle.models import LifecycleType
@@ -176,9 +177,7 @@ class Launcher:
 
     async def cancel(self, sandbox_id: str) -> None:
         task = self._tasks.get(sandbox_id)
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await stop_task(task)
 
     async def settle(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for the launches in progress here to end."""
@@ -187,10 +186,7 @@ class Launcher:
             await asyncio.wait(tasks, timeout=timeout)
 
     async def close(self) -> None:
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks(list(self._tasks.values()))
 
     def _spawn(self, record: SandboxRecord, mode: Mode, *, automatic: bool) -> None:
         if self._leases is not None:

@@ -17,6 +17,7 @@ import secrets
 import redis.asyncio as aioredis
 import structlog
 
+from controlplane.background import stop_task
 from controlplane.store import keyspace
 from controlplane.store.redis import REDIS_DOWN
 
@@ -71,9 +72,7 @@ class IntentLeases:
             await self._release(keys=[keyspace.sandbox_lease(sandbox_id)], args=[self.token])
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await stop_task(self._task)
         for sandbox_id in list(self._held):
             with contextlib.suppress(Exception):
                 await self.release(sandbox_id)

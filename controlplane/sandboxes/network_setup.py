@@ -9,6 +9,7 @@ import asyncio
 
 import structlog
 
+from controlplane.background import stop_task
 from controlplane.sandboxes.launcher import network_policy
 from controlplane.specs.catalog import SpecCatalog
 from drivers.base import SandboxDriver
@@ -39,13 +40,8 @@ class NetworkSetup:
             await asyncio.sleep(RETRY_SECONDS)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            except Exception as exc:
-                # A thread of the driver may finish with its own error rather than see the
-                # cancellation (e.g. a network removed by someone else meanwhile).
-                log.warning("sandbox_networks_failed", error=str(exc))
+        await stop_task(self._task)
+        if self._task is not None and not self._task.cancelled() and self._task.exception():
+            # A thread of the driver may finish with its own error rather than see the
+            # cancellation (e.g. a network removed by someone else meanwhile).
+            log.warning("sandbox_networks_failed", error=str(self._task.exception()))

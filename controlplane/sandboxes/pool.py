@@ -20,6 +20,7 @@ import structlog
 
 from controlplane.agent_protocol.kinds import warm_up
 from controlplane.auth.models import Principal
+from controlplane.background import stop_task
 from controlplane.config import ServiceConfig
 from controlplane.errors import RuntimeUnavailable
 from controlplane.sandboxes import naming
@@ -134,12 +135,10 @@ class WarmPool:
 
     async def stop(self) -> None:
         # 3.11's wait_for can swallow a cancellation that races the event it waits for: the
-        # flag ends the loop then, and the cancellation repeats until the task has ended.
+        # flag ends the loop then (controlplane/background.py).
         self._stopping = True
         self._wake.set()
-        while self._task is not None and not self._task.done():
-            self._task.cancel()
-            await asyncio.wait([self._task], timeout=0.1)
+        await stop_task(self._task)
         self._task = None
         try:
             await self._leader.release()

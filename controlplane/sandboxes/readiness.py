@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import structlog
 
+from controlplane.background import stop_task
 from controlplane.errors import ControlPlaneError
 from drivers.base import Endpoint, RunState, SandboxDriver
 
@@ -131,9 +132,7 @@ class ReadinessProbe:
             self._boots.pop(key, None)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await stop_task(self._task)
         for boot in self._boots.values():
             boot.future.cancel()
 

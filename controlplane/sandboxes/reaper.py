@@ -16,6 +16,7 @@ from typing import Protocol
 
 import structlog
 
+from controlplane.background import stop_task
 from controlplane.config import ServiceConfig
 from controlplane.errors import ControlPlaneError
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
@@ -65,10 +66,8 @@ class IdleReaper:
         self._task = asyncio.create_task(self._loop(), name="idle-reaper")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
         try:
             await self._leader.release()
         except Exception as exc:

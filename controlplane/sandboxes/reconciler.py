@@ -24,6 +24,7 @@ from typing import Protocol
 
 import structlog
 
+from controlplane.background import stop_tasks
 from controlplane.config import ServiceConfig
 from controlplane.errors import ControlPlaneError, RuntimeUnavailable
 from controlplane.sandboxes import naming
@@ -116,20 +117,8 @@ class Reconciler:
         ]
 
     async def stop(self) -> None:
-        """Cancel both loops and wait until they have really ended.
-
-        A cancellation that lands in a library call racing its own completion can be swallowed
-        (seen on 3.11: the task went back to waiting for events), so cancel until done.
-        """
-        for _ in range(100):
-            pending = [task for task in self._tasks if not task.done()]
-            if not pending:
-                break
-            for task in pending:
-                task.cancel()
-            await asyncio.wait(pending, timeout=0.1)
-        else:
-            log.error("reconciler_did_not_stop")
+        """Cancel both loops and wait until they have really ended (controlplane/background.py)."""
+        await stop_tasks(self._tasks)
         self._tasks = []
 
     async def _sweep_loop(self) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 import redis.asyncio as aioredis
 import structlog
 
+from controlplane.background import stop_task
 from controlplane.store import keyspace, text
 from controlplane.store.redis import REDIS_DOWN
 
@@ -81,10 +82,8 @@ class StatusFeed:
             self._task = asyncio.create_task(self._follow(), name="sandbox-status-feed")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     async def _follow(self) -> None:
         assert self._redis is not None
