@@ -9,6 +9,8 @@ send and what to strip.
 - Limits: the request body (`Limits.max_body`, 413 before a byte is sent when declared, the
   connection closed when a chunked body runs over), the wait for the answer and between two of
   its chunks (`Limits.read_timeout`: 504 when no answer began), connecting (502).
+- A large body of a known length moves from socket to socket inside the kernel (splice.py);
+  anything else is copied through this process as it comes.
 - Bodies are passed as they are, compressed or not; hop-by-hop headers are not forwarded
   (RFC 9110 §7.6.1), and response headers a caller names (`drop`) are removed.
 """
@@ -25,6 +27,8 @@ import structlog
 from aiohttp import WSMsgType, web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
+
+from controlplane.proxy import splice
 
 log = structlog.get_logger(__name__)
 
@@ -156,7 +160,7 @@ async def forward_http(
         raise ProxyError(502, f"does not answer ({type(exc).__name__})") from None
     _read_big(upstream)
     async with upstream:
-        return await _stream_back(request, upstream, out)
+        return await _stream_back(request, upstream, out, limits.read_timeout)
 
 
 def _read_big(upstream: aiohttp.ClientResponse) -> None:
@@ -169,7 +173,7 @@ def _read_big(upstream: aiohttp.ClientResponse) -> None:
 
 
 async def _stream_back(
-    request: web.Request, upstream: aiohttp.ClientResponse, out: Outgoing
+    request: web.Request, upstream: aiohttp.ClientResponse, out: Outgoing, read_timeout: float
 ) -> web.StreamResponse:
     drop = HOP_BY_HOP | out.drop_response | ({"set-cookie"} if out.cookies else set())
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
@@ -180,7 +184,7 @@ async def _stream_back(
         for cookie in out.cookies(upstream.headers.getall("Set-Cookie", [])):
             response.headers.add("Set-Cookie", cookie)
     response.headers.update(out.add_response)
-    if upstream.content_length is not None and request.method != "HEAD":
+    if upstream.content_length is not None:  # a HEAD answer says it too (RFC 9110 §8.6)
         response.content_length = upstream.content_length
     await response.prepare(request)
     if request.transport is not None:
@@ -188,13 +192,19 @@ async def _stream_back(
         # still waits once that is full: the client's pace is the sandbox's).
         request.transport.set_write_buffer_limits(high=WRITE_BUFFER)
     try:
-        while chunk := await upstream.content.readany():  # as received: no joining copy
-            await response.write(chunk)  # waits while the client is slow
-    except (aiohttp.ClientError, TimeoutError) as exc:
+        if (how := splice.plan(request, upstream)) is not None:
+            await splice.relay(how, response, upstream, read_timeout)
+        else:
+            while chunk := await upstream.content.readany():  # as received: no joining copy
+                await response.write(chunk)  # waits while the client is slow
+    except (aiohttp.ClientError, TimeoutError, splice.UpstreamBroke) as exc:
         # The answer has begun: the only way to say it broke is to break the connection.
-        log.info("proxy_upstream_broke", error=type(exc).__name__)
+        log.info("proxy_upstream_broke", error=type(exc).__name__, detail=str(exc))
         if request.transport is not None:
             request.transport.close()
+        return response
+    except splice.ClientGone:
+        upstream.close()
         return response
     await response.write_eof()
     return response
