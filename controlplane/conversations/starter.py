@@ -15,6 +15,7 @@ from controlplane.agent_protocol.client import AgentClient
 from controlplane.agent_protocol.models import MetricsSnapshot
 from controlplane.agent_protocol.start_request import start_conversation_request
 from controlplane.auth.models import Principal
+from controlplane.background import stop_tasks
 from controlplane.config import ServiceConfig
 from controlplane.conversations.models import (
     AppConversationInfo,
@@ -467,7 +468,4 @@ class StartTaskRunner:
         await self.close()
 
     async def close(self) -> None:
-        jobs = list(self._tasks.values())
-        for job in jobs:
-            job.cancel()
-        await asyncio.gather(*jobs, return_exceptions=True)
+        await stop_tasks(list(self._tasks.values()))
