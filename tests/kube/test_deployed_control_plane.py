@@ -251,7 +251,17 @@ async def test_the_shipped_manifests_run_sandboxes_and_conversations(
         assert pod["metadata"]["labels"]["acs/sandbox-id"] == sid
         assert pod["spec"]["nodeName"] in {n.name for n in kube_cluster.nodes}
         assert sid in found.of("claims")
-        assert sid in found.of("policies")
+        # Its NetworkPolicy (stored, not enforced here) names the control plane as the shipped
+        # configuration does: the Deployment's pods in namespace acs, the webhook port.
+        control_plane = {
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "acs-control-plane"}},
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "acs"}},
+        }
+        policy = found.of("policies")[sid]["spec"]
+        assert [rule["from"] for rule in policy["ingress"]] == [[control_plane]]
+        assert {"to": [control_plane], "ports": [{"protocol": "TCP", "port": 3001}]} in policy[
+            "egress"
+        ]
         # The sandbox reaches the control plane at the webhook Service's address (no DNS),
         # which the shipped Deployment took from Kubernetes' service variables.
         assert {"ip": webhook_ip, "hostnames": ["host.docker.internal"]} in pod["spec"][
