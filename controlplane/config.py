@@ -606,6 +606,13 @@ class Kubernetes(BaseModel):
     def _url(cls, value: str | None) -> str | None:
         if value is None:
             return None
+        if "$(" in value:
+            # Kubernetes leaves `$(VAR)` as it is when VAR is not set: in the shipped manifests,
+            # the acs-webhooks Service did not exist yet when this pod was made.
+            raise ValueError(
+                f"{value!r} names a variable Kubernetes did not set (a Service's address: does "
+                "the Service exist? The pod's restart reads it again)"
+            )
         if not re.fullmatch(r"https?://[^/?#\s]+(/[^?#\s]*)?", value):
             raise ValueError(f"{value!r} is not an http(s) URL without query or fragment")
         return value.rstrip("/")

@@ -20,10 +20,10 @@ import docker
 import pytest
 import redis
 
+from tests.support.control_plane_image import control_plane_image
 from tests.support.live_server import free_port
-from tests.support.sandbox_helpers import IMAGE_TAG, REPO
+from tests.support.sandbox_helpers import IMAGE_TAG
 
-IMAGE = f"acs-control-plane:{IMAGE_TAG}"
 KEY = "image-test-bootstrap-key-0123456789"
 SOCKET = "/var/run/docker.sock"
 
@@ -36,19 +36,9 @@ def docker_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[s
 
 @pytest.fixture(scope="module")
 def image(docker_client: docker.DockerClient) -> str:
-    """The image, (re)built from the working tree by the engine `docker_client` reached."""
-    env = {k: v for k, v in os.environ.items() if k != "ACS_IMAGE"} | {"ACS_IMAGE": IMAGE}
-    result = subprocess.run(
-        [str(REPO / "scripts" / "build-control-plane-image.sh")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"image build failed:\n{result.stdout}\n{result.stderr}", pytrace=False)
-    return IMAGE
+    """The image, (re)built from the working tree by the engine `docker_client` reached (once
+    per session: tests/kube/test_deployed_control_plane.py runs it too)."""
+    return control_plane_image()
 
 
 @pytest.fixture

@@ -6,13 +6,22 @@ is exercised by tests/kube/."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
+import pytest
+import yaml
+from cryptography.fernet import Fernet
+
+from controlplane.config import ConfigError, load_config
 from drivers.base import NetworkPolicy, RunState, SandboxRequest
 from drivers.kube_names import label_value, labels, selector
 from drivers.kube_objects import image_reference, pod_manifest
 from drivers.kube_options import KubeOptions
 from drivers.kube_state import capacity_verdict, state_of
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def request(**overrides: Any) -> SandboxRequest:
@@ -113,3 +122,39 @@ def test_an_unschedulable_pod_is_a_capacity_verdict_unless_it_waits_for_its_volu
     assert state_of(short, None).status == RunState.CREATED
     waiting = scheduled('persistentvolumeclaim "acs-01abc-workspace" not found')
     assert capacity_verdict(waiting) is None
+
+
+def shipped_environment(service_host: str | None) -> dict[str, str]:
+    """What a control plane pod of deploy/kubernetes/base gets: the ConfigMap, and the
+    Deployment's own values with Kubernetes' `$(VAR)` expansion of the acs-webhooks Service's
+    variables (left as written when the Service is missing, as Kubernetes does)."""
+    base = REPO / "deploy" / "kubernetes" / "base"
+    (config_map,) = yaml.safe_load_all((base / "config.yaml").read_text())
+    (deployment,) = yaml.safe_load_all((base / "deployment.yaml").read_text())
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    services = {} if service_host is None else {
+        "ACS_WEBHOOKS_SERVICE_HOST": service_host, "ACS_WEBHOOKS_SERVICE_PORT": "3001",
+    }  # fmt: skip
+    environ = {**config_map["data"], "ACS_SECRET_KEY": Fernet.generate_key().decode()}
+    for entry in container["env"]:
+        if "value" in entry:
+            environ[entry["name"]] = re.sub(
+                r"\$\((\w+)\)", lambda m: services.get(m[1], m[0]), entry["value"]
+            )
+    return environ
+
+
+def test_the_shipped_configuration_runs_sandboxes_on_kubernetes() -> None:
+    config = load_config(shipped_environment("10.96.0.50"))
+    assert config.driver == "kubernetes"
+    assert config.kube_namespace == "acs-sandboxes"
+    assert config.kubeconfig is None  # the pod's service account
+    assert config.kube_control_plane_url == "http://10.96.0.50:3001"
+    assert config.kube_control_plane_namespace == "acs"
+    assert config.kube_control_plane_labels == {"app.kubernetes.io/name": "acs-control-plane"}
+    assert config.webhook_port == 3001
+
+
+def test_a_pod_made_before_the_webhook_service_stops_saying_why() -> None:
+    with pytest.raises(ConfigError, match=r"ACS_KUBE_CONTROL_PLANE_URL: .*did not set"):
+        load_config(shipped_environment(None))

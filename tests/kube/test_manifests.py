@@ -1,11 +1,13 @@
 """The Kubernetes manifests we ship (deploy/kubernetes/), rendered by the cluster's own kubectl
-(kustomize) and applied to the test cluster: the API server accepts every object, stores the
-hardening as written, and the control plane's service account may manage sandboxes in the
-sandbox namespace and nothing else.
+(kustomize) and applied to the test cluster: the API server accepts every object of both
+variants, stores the hardening as written, and the control plane's service account may manage
+sandboxes in the sandbox namespace, read nodes and storage classes, and nothing else.
 
-What this does not show (docs/deployment.md, "On Kubernetes"): pods running. The control
-plane's runtime on Kubernetes (the Kubernetes driver) does not exist yet, and Redis's image
-comes from a registry this machine cannot reach.
+Pods running is test_deployed_control_plane.py's part: the external-redis variant's control
+plane, two replicas, a sandbox and a conversation through it. Not run anywhere here: the Redis
+StatefulSet's pods (its image comes from a registry this machine cannot reach, and the Sentinels'
+names need a cluster DNS the test cluster lacks), and the NetworkPolicies' effect (the test
+cluster's network does not enforce them).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ pytestmark = [pytest.mark.kube, pytest.mark.slow]
 MANIFESTS = REPO / "deploy" / "kubernetes"
 CONTROL_PLANE = "system:serviceaccount:acs:acs-control-plane"
 NAMESPACES = ("acs", "acs-sandboxes")
+CLUSTER_RBAC = "acs-control-plane-read-nodes"
 
 
 class Kubectl:
@@ -70,16 +73,24 @@ def by_kind(docs: list[Any], kind: str, name: str) -> Any:
     return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"].startswith(name))
 
 
+def uninstall(tool: Kubectl) -> None:
+    """Everything the manifests made, gone before the next test applies them again (a namespace
+    being deleted refuses objects): no grace for the pods (a control plane's drain would hold
+    the namespace's deletion for its 45 s), the cluster-wide RBAC objects too."""
+    for namespace in NAMESPACES:
+        # The ReplicaSets too: left to the garbage collector, one would make new pods meanwhile.
+        tool("delete", "deployment,replicaset,statefulset", "--all", "-n", namespace, check=False)
+        tool("delete", "pod", "--all", "-n", namespace, "--force", "--grace-period=0", check=False)
+    tool("delete", "namespace", *NAMESPACES, "--ignore-not-found", "--timeout=90s", check=False)
+    tool("delete", "clusterrolebinding,clusterrole", CLUSTER_RBAC, "--ignore-not-found",
+         check=False)  # fmt: skip
+
+
 @pytest.fixture
 def kubectl(kube_cluster: KubeCluster) -> Any:
     tool = Kubectl(kube_cluster)
     yield tool
-    # Gone before the next test applies them again (a namespace being deleted refuses objects).
-    # The pods never ran (no image): no grace to wait for.
-    for namespace in NAMESPACES:
-        tool("delete", "deployment,statefulset", "--all", "-n", namespace, check=False)
-        tool("delete", "pod", "--all", "-n", namespace, "--force", "--grace-period=0", check=False)
-    tool("delete", "namespace", *NAMESPACES, "--ignore-not-found", "--timeout=90s", check=False)
+    uninstall(tool)
 
 
 def test_kustomize_refuses_to_render_without_the_secrets(kubectl: Kubectl, tmp_path: Path) -> None:
@@ -116,18 +127,22 @@ def test_the_manifests_apply_and_fence_the_control_plane(kubectl: Kubectl, tmp_p
     applied = [d for d in docs if d["kind"] != "PodDisruptionBudget"]
     kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(applied))
 
-    # RBAC: the sandbox namespace's pods, volumes, services and policies, nothing more.
+    # RBAC: the sandbox namespace's pods, volumes, services and policies, nothing more; nodes
+    # and storage classes read (cluster-wide, read-only).
     for verb, resource in [
         ("create", "pods"),
         ("delete", "pods"),
         ("watch", "pods"),
-        ("get", "pods/log"),
         ("create", "persistentvolumeclaims"),
+        ("patch", "persistentvolumeclaims"),
         ("delete", "services"),
         ("create", "networkpolicies.networking.k8s.io"),
     ]:
         assert kubectl.can_i(verb, resource, "acs-sandboxes"), (verb, resource)
-    assert kubectl.can_i("get", "pods", "acs-sandboxes", subresource="log")
+    assert kubectl.can_i("list", "nodes", "default")
+    assert kubectl.can_i("get", "storageclasses.storage.k8s.io", "default")
+    assert not kubectl.can_i("patch", "nodes", "default")
+    assert not kubectl.can_i("get", "pods", "acs-sandboxes", subresource="log")
     assert not kubectl.can_i("create", "pods", "acs-sandboxes", subresource="exec")
     assert not kubectl.can_i("get", "secrets", "acs-sandboxes")
     for namespace in ("acs", "default", "kube-system"):
@@ -149,10 +164,18 @@ def test_the_manifests_apply_and_fence_the_control_plane(kubectl: Kubectl, tmp_p
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
     assert container["resources"]["limits"]["memory"] == "1Gi"
-    secret_refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]}
+    secret_refs = {
+        e["name"]: e["valueFrom"]["secretKeyRef"]["name"]
+        for e in container["env"]
+        if "valueFrom" in e
+    }
     secret_name = by_kind(docs, "Secret", "acs-secrets")["metadata"]["name"]
     assert set(secret_refs) == {"ACS_SECRET_KEY", "ACS_BOOTSTRAP_API_KEY", "ACS_REDIS_PASSWORD"}
     assert set(secret_refs.values()) == {secret_name}
+    values = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert values == {  # the webhook Service's address, as Kubernetes tells the pod
+        "ACS_KUBE_CONTROL_PLANE_URL": "http://$(ACS_WEBHOOKS_SERVICE_HOST):$(ACS_WEBHOOKS_SERVICE_PORT)"
+    }
     assert spec["terminationGracePeriodSeconds"] >= 6 + 30  # drain delay + shutdown timeout
     stored_secret = json.loads(kubectl("get", "secret", secret_name, "-n", "acs", "-o", "json"))
     assert set(stored_secret["data"]) == {"secret-key", "bootstrap-api-key", "redis-password"}

@@ -81,6 +81,7 @@ class RecordedRequest:
     authorization: str | None
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
+    peer: str | None = None  # the caller's address (who called the model: a gateway, a sandbox)
 
 
 @dataclass
@@ -219,6 +220,7 @@ class FakeLLM:
             body=body,
             authorization=request.headers.get("Authorization"),
             headers=dict(request.headers),
+            peer=request.remote,
         )
         self.requests.append(record)
         self._seen.set()
