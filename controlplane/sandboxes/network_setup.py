@@ -41,7 +41,8 @@ class NetworkSetup:
 
     async def close(self) -> None:
         await stop_task(self._task)
-        if self._task is not None and not self._task.cancelled() and self._task.exception():
+        task = self._task
+        if task is not None and task.done() and not task.cancelled() and task.exception():
             # A thread of the driver may finish with its own error rather than see the
             # cancellation (e.g. a network removed by someone else meanwhile).
-            log.warning("sandbox_networks_failed", error=str(self._task.exception()))
+            log.warning("sandbox_networks_failed", error=str(task.exception()))
