@@ -6,6 +6,7 @@ networks), which hold a thread for up to seconds each."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -107,8 +108,12 @@ class DockerEngine:
         except asyncio.CancelledError:
             # The engine call cannot be interrupted. Let it finish before the cancellation goes
             # on, so that whoever cancelled (a delete cancelling a launch) acts after its effect:
-            # otherwise the delete's removal can run before the container exists, leaking it.
-            await asyncio.wait([future])
+            # otherwise the delete's removal can run before the container or volume exists,
+            # leaking it. Cancellations repeated meanwhile (a close that cancels until a task
+            # ends) wait too.
+            while not future.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait([future])
             raise
 
     async def close(self) -> None:

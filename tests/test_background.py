@@ -7,6 +7,7 @@ import contextlib
 import time
 
 from controlplane.background import stop_task, stop_tasks
+from drivers.docker_engine import SLOW, DockerEngine
 
 
 async def swallows_one_cancellation(rounds: list[int]) -> None:
@@ -27,7 +28,7 @@ async def test_a_swallowed_cancellation_is_repeated() -> None:
     task = asyncio.create_task(swallows_one_cancellation(rounds))
     await asyncio.sleep(0.01)
     # One cancel and an await of the task would wait here forever.
-    await asyncio.wait_for(stop_task(task), 5)
+    await asyncio.wait_for(stop_task(task, grace=0.2), 5)
     assert task.cancelled()
     count = len(rounds)
     await asyncio.sleep(0.2)
@@ -45,7 +46,7 @@ async def test_a_task_that_never_stops_is_left_after_the_limit() -> None:
     task = asyncio.create_task(stubborn())
     await asyncio.sleep(0.01)
     started = time.monotonic()
-    await stop_tasks([task], within=0.5)
+    await stop_tasks([task], grace=0.2, within=0.5)
     assert 0.5 <= time.monotonic() - started < 2
     assert not task.done()
     released.set()  # the test's own loop ends it
@@ -60,3 +61,27 @@ async def test_errors_are_retrieved_not_raised() -> None:
     await asyncio.sleep(0)
     await stop_tasks([failed, None])
     assert isinstance(failed.exception(), ValueError)
+
+
+async def test_an_engine_call_outlives_repeated_cancellations(docker_client: object) -> None:
+    """A delete cancels the launch and then removes what it made: the engine call in a thread
+    must have finished by the time the launch's cancellation ends, however often it is
+    cancelled (stop_tasks repeats cancellations), or the removal runs before the volume or
+    container exists and leaks it."""
+    engine = DockerEngine()
+    finished: list[float] = []
+
+    def slow(_client: object) -> None:
+        time.sleep(0.5)
+        finished.append(time.monotonic())
+
+    task = asyncio.create_task(engine.call(slow, lane=SLOW))
+    await asyncio.sleep(0.05)
+    while not task.done():
+        task.cancel()
+        await asyncio.sleep(0.02)
+    ended = time.monotonic()
+    assert task.cancelled()
+    assert finished, "the cancellation ended before the engine call"
+    assert finished[0] <= ended
+    await engine.close()

@@ -176,8 +176,12 @@ class Launcher:
         self._spawn(record, Mode.CONVERGE, automatic=True)
 
     async def cancel(self, sandbox_id: str) -> None:
+        """Stop the launch of this sandbox and wait until it has ended, with the effect of its
+        engine call in progress (the caller, a delete, then removes what it made). Cancelled
+        again only if it has not ended within a start's time-out."""
         task = self._tasks.get(sandbox_id)
-        await stop_task(task)
+        timeout = self._config.start_timeout
+        await stop_task(task, grace=timeout, within=timeout + 10)
 
     async def settle(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for the launches in progress here to end."""
