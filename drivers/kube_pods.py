@@ -246,8 +246,10 @@ class PodWatch:
                 self._gone(pod)
             else:
                 known = self._pods.get(sandbox)
-                if known is not None and _stale(pod, known):
-                    continue  # older than a deletion the cache holds already (saw_deletion)
+                if known is not None and (_stale(pod, known) or _same(pod, known)):
+                    # Older than a deletion the cache holds already, or that very version (the
+                    # echo of saw_deletion): nothing to wake anyone for.
+                    continue
                 self._pods[sandbox] = pod
             self._changed(sandbox, str(kind).lower())
 
@@ -277,3 +279,8 @@ def _stale(pod: Json, known: Json) -> bool:
     """`pod` is an older version of `known`: the same pod, not yet marked for deletion where
     `known` is (a deletionTimestamp, once set, is never taken back)."""
     return _uid(pod) == _uid(known) and terminating(known) and not terminating(pod)
+
+
+def _same(pod: Json, known: Json) -> bool:
+    """`pod` is the version of `known` the cache holds already."""
+    return _uid(pod) == _uid(known) and bool(_version(pod)) and _version(pod) == _version(known)
