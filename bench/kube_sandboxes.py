@@ -10,7 +10,9 @@ project's two-node test cluster in a free slot, docs/test-cluster.md, and takes 
   server's /health polled at the pod's IP until 200.
 - from the warm pool: POST /api/v1/sandboxes answered RUNNING by a claim (a pool of one,
   refilled between runs).
-- pause: POST .../pause answered, against a raw DELETE of the pod with the same grace period.
+- pause: POST .../pause answered, against a raw DELETE of the pod with the same grace period;
+  a GET of the sandbox just before it gives the floor any authenticated sandbox request pays
+  (HTTP, the API key's and the record's reads).
 - resume: POST .../resume until RUNNING, against the raw path doing what the driver does: the
   old pod's container stopped, the pod deleted for good, a new pod on the same claim, its
   /health 200.
@@ -180,8 +182,9 @@ class KubeBench:
                     await one(base, headers, config, record=record)
 
     def time_driver_pause(self, driver: SandboxDriver) -> None:
-        """Record how much of an API pause is the driver's (the pod's DELETE, and the watch
-        seeing it), the rest being the control plane's own work (auth, lock, Redis, events)."""
+        """Record how much of an API pause is the driver's (the pod's DELETE), the rest being the
+        control plane's own work (HTTP, auth, the lock, the record read, the compare-and-set
+        that also stores the lifecycle event)."""
         pause = driver.pause
 
         async def timed(sandbox_id: str) -> None:
@@ -202,6 +205,10 @@ class KubeBench:
         await self.until_running(f"{base}/{sandbox_id}", headers)
         cold = time.perf_counter() - t
         used = cpu_seconds() - cpu
+        # The floor under any sandbox operation: one authenticated request reading the record.
+        t = time.perf_counter()
+        await self.call("GET", f"{base}/{sandbox_id}", headers)
+        read = time.perf_counter() - t
         t = time.perf_counter()
         await self.call("POST", f"{base}/{sandbox_id}/pause", headers)
         pause = time.perf_counter() - t
@@ -214,6 +221,7 @@ class KubeBench:
             self.samples.add("api.cold", cold)
             self.samples.add("api.cold_cpu", used)
             self.samples.add("api.pause", pause)
+            self.samples.add("api.get", read)
             self.samples.add("api.resume", resume)
 
     # -- the raw baseline --------------------------------------------------------------------
@@ -380,7 +388,12 @@ class KubeBench:
         server = s.p("server:POST /api/v1/sandboxes/{sandbox_id}/pause", 50)
         lines.append(
             f"API pause, p50: {ms(s.p('api.pause', 50))} ms at the client, {ms(server)} in the "
-            f"server, {ms(s.p('driver.pause', 50))} of it in the driver (DELETE + the watch)"
+            f"server, {ms(s.p('driver.pause', 50))} of it in the driver (the DELETE)"
+        )
+        get = s.p("api.get", 50)
+        lines.append(
+            f"GET of the sandbox just before (HTTP, auth, the record read), p50: {ms(get)} ms; "
+            f"pause - driver - GET: {ms(s.p('api.pause', 50) - s.p('driver.pause', 50) - get)} ms"
         )
         lines.append(
             f"CPU per cold start (this process): API path {ms(s.p('api.cold_cpu', 50))} ms "

@@ -204,6 +204,14 @@ class KubeApi:
         self, path: str, operation: str, *, grace: int | None = None, uid: str | None = None
     ) -> bool:
         """False when there was nothing to delete (404, or another object of the name now)."""
+        return await self.delete_object(path, operation, grace=grace, uid=uid) is not None
+
+    async def delete_object(
+        self, path: str, operation: str, *, grace: int | None = None, uid: str | None = None
+    ) -> Json | None:
+        """The API server's answer to a DELETE: the object as it stands after it (marked with
+        its deletionTimestamp while a grace period runs); None when there was nothing to delete
+        (404, or another object of the name now)."""
         body: Json = {
             "kind": "DeleteOptions",
             "apiVersion": "v1",
@@ -213,8 +221,8 @@ class KubeApi:
             body["gracePeriodSeconds"] = grace
         if uid is not None:
             body["preconditions"] = {"uid": uid}
-        status, _data = await self.request("DELETE", path, body=body, operation=operation)
-        return status not in (404, 409)
+        status, data = await self.request("DELETE", path, body=body, operation=operation)
+        return None if status in (404, 409) else data
 
     async def patch(self, path: str, body: Json, operation: str) -> Json | None:
         """A JSON merge patch; None when the object does not exist."""

@@ -23,6 +23,7 @@ from drivers.base import EventSink, SandboxEvent
 from drivers.errors import DriverError, RuntimeUnavailable
 from drivers.kube_api import Expired, KubeApi, pods
 from drivers.kube_names import LABEL_ID
+from drivers.kube_state import terminating
 
 log = structlog.get_logger(__name__)
 
@@ -86,6 +87,22 @@ class PodWatch:
 
     def all(self) -> list[Json]:
         return list(self._pods.values())
+
+    def saw_deletion(self, pod: Json) -> None:
+        """The API server's answer to the driver's own graceful DELETE of `pod` (marked with its
+        deletionTimestamp), known before the watch brings the same version: the cache holds it
+        at once, so a caller that returns now is not contradicted by a read of the cache.
+        Events of that pod older than the deletion are then ignored (`_stale`)."""
+        sandbox = sandbox_of(pod)
+        if not self._synced or not sandbox or not terminating(pod):
+            return
+        known = self._pods.get(sandbox)
+        if known is None or _uid(known) != _uid(pod):
+            return  # gone from the cache already, or another pod of the sandbox now
+        self._pods[sandbox] = pod
+        for waker in self._wakers.get(sandbox, ()):
+            if not waker.done():
+                waker.set_result(None)
 
     def start(self) -> None:
         if self._closed:
@@ -186,7 +203,8 @@ class PodWatch:
         fresh: dict[str, Json] = {}
         for pod in listed.get("items") or []:
             if sandbox := sandbox_of(pod):
-                fresh[sandbox] = pod
+                known = self._pods.get(sandbox)
+                fresh[sandbox] = known if known is not None and _stale(pod, known) else pod
         before, self._pods = self._pods, fresh
         self._synced = True
         self.relists += 1
@@ -227,6 +245,11 @@ class PodWatch:
                     del self._pods[sandbox]
                 self._gone(pod)
             else:
+                known = self._pods.get(sandbox)
+                if known is not None and (_stale(pod, known) or _same(pod, known)):
+                    # Older than a deletion the cache holds already, or that very version (the
+                    # echo of saw_deletion): nothing to wake anyone for.
+                    continue
                 self._pods[sandbox] = pod
             self._changed(sandbox, str(kind).lower())
 
@@ -250,3 +273,14 @@ def _version(obj: Json) -> str:
 
 def _uid(obj: Json) -> str:
     return str((obj.get("metadata") or {}).get("uid") or "")
+
+
+def _stale(pod: Json, known: Json) -> bool:
+    """`pod` is an older version of `known`: the same pod, not yet marked for deletion where
+    `known` is (a deletionTimestamp, once set, is never taken back)."""
+    return _uid(pod) == _uid(known) and terminating(known) and not terminating(pod)
+
+
+def _same(pod: Json, known: Json) -> bool:
+    """`pod` is the version of `known` the cache holds already."""
+    return _uid(pod) == _uid(known) and bool(_version(pod)) and _version(pod) == _version(known)

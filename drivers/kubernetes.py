@@ -509,9 +509,15 @@ class KubernetesDriver:
         if terminating(pod):
             return
         name = pod_name(self.prefix, sandbox_id)
-        await self._api.delete(
+        answer = await self._api.delete_object(
             pods(self._ns, name), "pause", grace=self.options.pause_grace, uid=_uid(pod)
         )
+        if answer is not None and terminating(answer) and self._pods.synced:
+            # The answer is the pod marked for deletion: the cache takes it now rather than
+            # when the watch brings it (one wake-up less on the way to the caller's answer).
+            self._pods.saw_deletion(answer)
+            if (cached := self._pods.get(sandbox_id)) is None or terminating(cached):
+                return
         await self._wait_pod(sandbox_id, lambda p: p is None or terminating(p))
 
     async def _wait_pod(self, sandbox_id: str, done: Callable[[Json | None], bool]) -> None:

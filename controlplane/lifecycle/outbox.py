@@ -1,5 +1,6 @@
 """The lifecycle webhook outbox: one Redis stream per receiving URL, written in the same
-pipeline that stores the event, so an event is either kept for delivery or not kept at all.
+pipeline (or Lua script) that stores the event, so an event is either kept for delivery or not
+kept at all.
 
 Deliverers (controlplane/lifecycle/webhooks.py) read it through the consumer group `deliverers`:
 Redis hands each new entry to one consumer, and an entry left unacknowledged (a failed attempt,
@@ -30,10 +31,9 @@ class Outbox:
         self.redis = redis
         self.urls = list(urls)
 
-    def add(self, pipe: Any, body: str) -> None:
-        """Queue one event for every URL on `pipe` (a pipeline the caller executes)."""
-        for url in self.urls:
-            pipe.xadd(keyspace.webhook_outbox(url_id(url)), {"e": body})
+    def streams(self) -> list[str]:
+        """The stream of every URL: an event is queued by adding it to each (untrimmed)."""
+        return [keyspace.webhook_outbox(url_id(url)) for url in self.urls]
 
     async def ensure_group(self, url: str) -> None:
         """The stream and its consumer group, from the stream's start: entries written before

@@ -1,6 +1,8 @@
 """Publishing a lifecycle event: one log line, and in one Redis pipeline the user's and the global
 streams and the webhook outbox (controlplane/lifecycle/outbox.py). Publishing never fails the
-operation that caused it."""
+operation that caused it. A write that can store the event in its own Lua script (a sandbox's
+compare-and-set) takes `entry(event)` instead, so that the change and its event are stored
+together or not at all."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from controlplane.lifecycle.models import LifecycleEvent, LifecycleEventPage
 from controlplane.lifecycle.outbox import Outbox
 from controlplane.store import keyspace, text
 from controlplane.store.redis import REDIS_DOWN
+from controlplane.store.streams import StreamEntry
 
 log = structlog.get_logger("controlplane.lifecycle")
 
@@ -27,6 +30,34 @@ class LifecyclePublisher:
         self._outbox = outbox
 
     async def publish(self, event: LifecycleEvent) -> None:
+        self.logged(event)
+        entry = self.entry(event)
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key, limit in entry.streams:
+                    if limit is None:
+                        pipe.xadd(key, {"e": entry.body})
+                    else:
+                        pipe.xadd(key, {"e": entry.body}, maxlen=limit, approximate=True)
+                await pipe.execute()
+        except REDIS_DOWN as exc:
+            # Neither stored nor queued for the webhooks: the log line above is what remains.
+            log.warning("lifecycle_not_stored", event_id=event.id, error=str(exc))
+
+    def entry(self, event: LifecycleEvent) -> StreamEntry:
+        """The event as stored: in the global and the user's streams and the webhook outbox.
+        A write that stores it itself (a sandbox's compare-and-set, sandboxes/store.py) calls
+        `logged` once it has."""
+        streams: list[tuple[str, int | None]] = [
+            (keyspace.LIFECYCLE, STREAM_MAXLEN),
+            (keyspace.user_lifecycle(event.user_id), STREAM_MAXLEN),
+        ]
+        if self._outbox is not None:
+            streams += [(key, None) for key in self._outbox.streams()]
+        return StreamEntry(event.model_dump_json(), tuple(streams))
+
+    def logged(self, event: LifecycleEvent) -> None:
+        """The event's log line."""
         log.info(
             "lifecycle",
             type=event.type.value,
@@ -36,17 +67,6 @@ class LifecyclePublisher:
             automatic=event.automatic,
             reason=event.reason,
         )
-        body = event.model_dump_json()
-        try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for key in (keyspace.LIFECYCLE, keyspace.user_lifecycle(event.user_id)):
-                    pipe.xadd(key, {"e": body}, maxlen=STREAM_MAXLEN, approximate=True)
-                if self._outbox is not None:
-                    self._outbox.add(pipe, body)
-                await pipe.execute()
-        except REDIS_DOWN as exc:
-            # Neither stored nor queued for the webhooks: the log line above is what remains.
-            log.warning("lifecycle_not_stored", event_id=event.id, error=str(exc))
 
     async def page(
         self, user_id: str | None, sandbox_id: str | None, page_id: str | None, limit: int

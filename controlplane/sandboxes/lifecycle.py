@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.store.streams import StreamEntry
 
 S = SandboxStatus
 OBSERVED = {
@@ -15,6 +18,14 @@ OBSERVED = {
     S.ERROR: LifecycleType.SANDBOX_ERROR,
     S.MISSING: LifecycleType.SANDBOX_MISSING,
 }
+
+
+@dataclass(frozen=True)
+class Pending:
+    """An event for a compare-and-set to store (`entry`), then logged (SandboxLifecycle.done)."""
+
+    event: LifecycleEvent
+    entry: StreamEntry
 
 
 class SandboxLifecycle:
@@ -29,16 +40,43 @@ class SandboxLifecycle:
         *,
         automatic: bool = False,
     ) -> None:
-        if self.publisher is not None and record.owner != naming.POOL_OWNER:
-            await self.publisher.publish(
-                LifecycleEvent(
-                    type=kind,
-                    user_id=record.owner,
-                    sandbox_id=record.id,
-                    reason=reason,
-                    automatic=automatic,
-                )
-            )
+        event = self._event(kind, record, reason, automatic)
+        if self.publisher is not None and event is not None:
+            await self.publisher.publish(event)
+
+    def pending(
+        self,
+        kind: LifecycleType,
+        record: SandboxRecord,
+        reason: str | None = None,
+        *,
+        automatic: bool = False,
+    ) -> Pending | None:
+        """The event of a change, for the transition that makes it to store (`entry=`):
+        the two are stored together or not at all. None when there is nothing to publish."""
+        event = self._event(kind, record, reason, automatic)
+        if self.publisher is None or event is None:
+            return None
+        return Pending(event, self.publisher.entry(event))
+
+    def done(self, pending: Pending | None) -> None:
+        """After the transition stored `pending`: its log line."""
+        if self.publisher is not None and pending is not None:
+            self.publisher.logged(pending.event)
+
+    @staticmethod
+    def _event(
+        kind: LifecycleType, record: SandboxRecord, reason: str | None, automatic: bool
+    ) -> LifecycleEvent | None:
+        if record.owner == naming.POOL_OWNER:
+            return None
+        return LifecycleEvent(
+            type=kind,
+            user_id=record.owner,
+            sandbox_id=record.id,
+            reason=reason,
+            automatic=automatic,
+        )
 
     async def observed(self, record: SandboxRecord, status: SandboxStatus, reason: str) -> None:
         """A change the reconciler saw in the runtime, published as an automatic event."""

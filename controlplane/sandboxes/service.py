@@ -159,14 +159,24 @@ class SandboxService(SandboxReads):
         if record.status != S.RUNNING:
             raise Conflict(f"cannot pause sandbox {record.id}: it is {record.status.value}")
         await self.driver.pause(record.id)
-        # An automatic pause keeps last_activity_at, so the idle time stays visible.
+        event = self.notes.pending(
+            LifecycleType.SANDBOX_PAUSED, record, reason, automatic=automatic
+        )
+        # An automatic pause keeps last_activity_at, so the idle time stays visible. The event
+        # is stored by the compare-and-set itself: one Redis round trip, and no PAUSED without
+        # its event (nor an event without the change).
         result = await self.store.transition(
-            record, [S.RUNNING], S.PAUSED, reason=reason, touch=not automatic
+            record,
+            [S.RUNNING],
+            S.PAUSED,
+            reason=reason,
+            touch=not automatic,
+            entry=event.entry if event is not None else None,
         )
         if result.outcome != "ok" and result.previous != S.PAUSED:
             raise Conflict(f"sandbox {record.id} changed while pausing ({result.previous})")
         if result.outcome == "ok":
-            await self.notes(LifecycleType.SANDBOX_PAUSED, record, reason, automatic=automatic)
+            self.notes.done(event)
 
     async def resume(self, principal: Principal, sandbox_id: str) -> None:
         """Unpause; otherwise (a stopped, vanished or dead container, or ERROR) record STARTING

@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 from controlplane.crypto import SecretBox, hash_api_key
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.store import keyspace, text
+from controlplane.store.streams import APPEND_ENTRY, StreamEntry
 
 TOMBSTONE_TTL = 3600
 """A deleted id is remembered for an hour so that a sweep that listed its container just before
@@ -57,6 +58,7 @@ return 'ok'
 
 _TRANSITION = (
     _SUM_RESERVED
+    + APPEND_ENTRY
     + """
 local cur = redis.call('HGET', KEYS[1], 'status')
 if not cur then return {'missing', ''} end
@@ -78,10 +80,13 @@ if holds and redis.call('HEXISTS', KEYS[3], id) == 0 and memory_cap >= 0
    and reserved(KEYS[3]) + memory > memory_cap then
   return {'memory', cur}
 end
-redis.call('HSET', KEYS[1], 'status', to, unpack(ARGV, 8))
+local fields = tonumber(ARGV[8])
+redis.call('HSET', KEYS[1], 'status', to, unpack(ARGV, 9, 8 + fields))
 redis.call('PUBLISH', ARGV[6], id .. ' ' .. to)
 if active_to then redis.call('SADD', KEYS[2], id) else redis.call('SREM', KEYS[2], id) end
 if holds then redis.call('HSET', KEYS[3], id, memory) else redis.call('HDEL', KEYS[3], id) end
+-- The change's lifecycle event (KEYS[4..]: its streams), stored with it or not at all.
+if #KEYS > 3 then append_entry(4, 9 + fields) end
 return {'ok', cur}
 """
 )
@@ -244,12 +249,14 @@ class SandboxStore:
         ports: dict[str, int] | None = None,
         host: str | None = None,
         touch: bool = False,
+        entry: StreamEntry | None = None,
     ) -> TransitionResult:
         """Move to `to` only if the current status is in `allowed_from` (compare-and-set).
 
         `limits` (running cap, host memory) are checked when the move takes the sandbox from
         not counting to counting against them. `ports` (and the `host` they are reached at)
-        replace the record's when given.
+        replace the record's when given. `entry` (the change's lifecycle event) is added to its
+        streams by the same script when the move is made, and only then.
         """
         limits = limits or Limits()
         now = _now()
@@ -260,11 +267,13 @@ class SandboxStore:
         if touch:
             fields["last_activity_at"] = now.isoformat()
         flat = [item for pair in fields.items() for item in pair]
+        streams, entry_args = entry.script_args() if entry is not None else ([], [])
         outcome, previous = await self._transition(
             keys=[
                 keyspace.sandbox(record.id),
                 keyspace.user_active_sandboxes(record.owner),
                 keyspace.MEMORY_RESERVED,
+                *streams,
             ],
             args=[
                 " ".join(s.value for s in allowed_from),
@@ -274,7 +283,9 @@ class SandboxStore:
                 _n(limits.memory_capacity),
                 keyspace.SANDBOX_STATUS_CHANNEL,
                 self._paused_holds,
+                len(flat),
                 *flat,
+                *entry_args,
             ],
         )
         if text(outcome) == "ok":

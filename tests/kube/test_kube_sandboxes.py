@@ -17,9 +17,10 @@ from kubernetes_asyncio import client
 
 from controlplane.store import keyspace
 from tests.kube.conftest import KubeCluster
-from tests.kube.sandbox_objects import eventually, objects, orphans
+from tests.kube.sandbox_objects import api_get, eventually, objects, orphans
 from tests.support.sandbox_helpers import agent_call, start, wait_status
 from tests.support.types import ClientFactory
+from tests.test_ops_reaper import lifecycle
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 Headers = Callable[..., Awaitable[dict[str, str]]]
@@ -73,6 +74,23 @@ async def test_create_pause_resume_delete_through_the_api(
     assert sandbox_id in found.of("policies")
     # The pod is gone: a paused sandbox on Kubernetes holds no memory.
     assert not await raw_redis.hexists(keyspace.MEMORY_RESERVED, sandbox_id)
+    # The pause answers once the DELETE is accepted, before the watch brings the pod's
+    # deletion: while the pod stops and goes, every event of it that the reconciler reads
+    # agrees with PAUSED. One event, the request's; none from the reconciler.
+    pod_path = f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}"
+
+    async def pod_gone() -> bool:
+        return not await api_get(kube_api, pod_path)
+
+    await eventually(pod_gone, 30, "the paused pod gone")
+    await asyncio.sleep(0.5)  # the watch's DELETED event handled
+    still = await (await api.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)).json()
+    assert (still["status"], still["reason"]) == ("PAUSED", None), still
+    events = await lifecycle(api, alice, sandbox_id=sandbox_id)
+    assert [(e["type"], e["automatic"]) for e in events[:2]] == [
+        ("sandbox.paused", False),
+        ("sandbox.running", False),
+    ], events
 
     assert (await api.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)).status == 200
     resumed = await wait_status(api, alice, sandbox_id, "RUNNING", within=60)
