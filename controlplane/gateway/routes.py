@@ -127,8 +127,11 @@ async def _read_body(request: web.Request, limit: int) -> tuple[dict[str, Any], 
 
 
 def _mark(request: web.Request, caller: Caller) -> None:
-    """The request is authenticated (no pacing) and its log line names the user."""
-    request[PRINCIPAL] = Principal(user_id=caller.user_id, key_id=f"llm-gateway:{caller.label}")
+    """The request is authenticated (no pacing) and its log line names the user. Built without
+    validation (on every model call's path): both values come from a checked credential."""
+    request[PRINCIPAL] = Principal.model_construct(
+        user_id=caller.user_id, key_id=f"llm-gateway:{caller.label}"
+    )
 
 
 def _gateway(request: web.Request) -> GatewayService:
@@ -167,11 +170,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     status = 200
     try:
         await out.prepare(request)
-        lines = gateway.forwarder.relay(
+        chunks = gateway.forwarder.relay(
             response, metered, keep_usage_chunk=wants_usage, secret=call.upstream.api_key
         )
-        async for line in lines:
-            await out.write(line)
+        async for chunk in chunks:
+            await out.write(chunk)
         await out.write_eof()
     except (ConnectionError, asyncio.CancelledError):
         status = 499  # the client went away
