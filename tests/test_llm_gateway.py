@@ -509,10 +509,12 @@ async def test_a_stream_is_relayed_as_it_arrives_whatever_its_pieces(
     stream = first + second + echoed + usage + done
     cuts = [20, len(first) + 5, len(first) + len(second) + 30, len(stream) - 4]
     long_line = False
+    slow_start = 0.0
 
     async def pieces(request: web.Request) -> web.StreamResponse:
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
+        await asyncio.sleep(slow_start)
         if long_line:
             await out.write(b'data: {"choices":[{"delta":{"content":"' + b"x" * (1 << 18))
             return out
@@ -563,6 +565,21 @@ async def test_a_stream_is_relayed_as_it_arrives_whatever_its_pieces(
                 14,
                 6,
             )
+
+            # The headers wait for the first event to go out with it, but not for long: a
+            # provider slow to its first token still lets the client see its 200 at once.
+            slow_start = 1.0
+            started = time.perf_counter()
+            async with http.post(
+                server.url + GATEWAY + "/chat/completions",
+                json={"model": "fake-model", "messages": [], "stream": True},
+                headers={"Authorization": f"Bearer {key}"},
+            ) as resp:
+                assert resp.status == 200
+                assert time.perf_counter() - started < 0.8
+                assert await resp.read() == first + second + masked + done
+            assert time.perf_counter() - started >= 1.0
+            slow_start = 0.0
 
             long_line = True
             broken = await relayed()
