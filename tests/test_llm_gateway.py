@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+import redis.asyncio as aioredis
 from aiohttp import web
 
 from controlplane.config import ServiceConfig
@@ -335,7 +336,11 @@ async def test_budgets_and_rate_limit_refuse_before_forwarding(
             )
             bob_key = await bob.gateway_key()
             fake.script([reply_text("b", usage=(1, 1))] * 5)
-            for _ in range(4):
+            for i in range(4):
+                if i == 2:  # a Redis restarted from its data has none of the scripts loaded
+                    scripts = aioredis.Redis.from_url(config.redis_url)
+                    await scripts.script_flush()
+                    await scripts.aclose()
                 await ask(server, bob_key)
                 async with client(server, bob_key) as listing:
                     await listing.models.list()  # not counted: only model calls are
@@ -487,5 +492,99 @@ async def test_a_restart_mid_stream_ends_the_stream_with_an_error(
         assert b"[DONE]" not in rest
     finally:
         stall.set()
+        await runner.cleanup()
+        await server.close()
+
+
+async def test_a_stream_is_relayed_as_it_arrives_whatever_its_pieces(
+    make_config: Callable[..., ServiceConfig], user_headers: Callable[..., Any]
+) -> None:
+    # A provider whose writes cut lines anywhere and carry several events at once: the client
+    # gets the same lines, the usage chunk only when it asked, the provider key masked.
+    first = b'data: {"choices":[{"index":0,"delta":{"content":"hello"}}]}\r\n\r\n'
+    second = b'data: {"choices":[{"index":0,"delta":{"content":" world"}}]}\n\n'
+    echoed = b'data: {"error":{"message":"key ' + LLM_KEY.encode() + b' is over quota"}}\n\n'
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3}}\n\n'
+    done = b"data: [DONE]\n\n"
+    stream = first + second + echoed + usage + done
+    cuts = [20, len(first) + 5, len(first) + len(second) + 30, len(stream) - 4]
+    long_line = False
+    slow_start = 0.0
+
+    async def pieces(request: web.Request) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        await asyncio.sleep(slow_start)
+        if long_line:
+            await out.write(b'data: {"choices":[{"delta":{"content":"' + b"x" * (1 << 18))
+            return out
+        for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+            await out.write(stream[start:end])
+            await asyncio.sleep(0.02)  # each piece its own segment
+        return out
+
+    provider = web.Application()
+    provider.router.add_post("/v1/chat/completions", pieces)
+    runner = web.AppRunner(provider)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    server = await start_live_server(make_config(sandbox_host_ports=[port]), with_sandboxes=False)
+    try:
+        async with aiohttp.ClientSession() as http:
+            alice = User(http, server.url, (await user_headers("alice"))["X-Session-API-Key"])
+            await alice.settings(
+                llm_model="fake-model",
+                llm_base_url=f"http://127.0.0.1:{port}/v1",
+                llm_api_key=LLM_KEY,
+            )
+            key = await alice.gateway_key()
+
+            async def relayed(**extra: Any) -> bytes:
+                body = {"model": "fake-model", "messages": [], "stream": True, **extra}
+                async with http.post(
+                    server.url + GATEWAY + "/chat/completions",
+                    json=body,
+                    headers={"Authorization": f"Bearer {key}"},
+                ) as resp:
+                    assert resp.status == 200
+                    return await resp.read()
+
+            masked = echoed.replace(LLM_KEY.encode(), b"***")
+            assert await relayed() == first + second + masked + done
+            with_usage = await relayed(stream_options={"include_usage": True})
+            assert with_usage == first + second + masked + usage + done
+            for _ in range(100):  # usage is written after the answer, not waited for
+                status, spent = await alice.call("GET", "/api/v1/llm-gateway/usage")
+                if spent["requests"] == 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert status == 200, spent
+            assert (spent["requests"], spent["prompt_tokens"], spent["completion_tokens"]) == (
+                2,
+                14,
+                6,
+            )
+
+            # The headers wait for the first event to go out with it, but not for long: a
+            # provider slow to its first token still lets the client see its 200 at once.
+            slow_start = 1.0
+            started = time.perf_counter()
+            async with http.post(
+                server.url + GATEWAY + "/chat/completions",
+                json={"model": "fake-model", "messages": [], "stream": True},
+                headers={"Authorization": f"Bearer {key}"},
+            ) as resp:
+                assert resp.status == 200
+                assert time.perf_counter() - started < 0.8
+                assert await resp.read() == first + second + masked + done
+            assert time.perf_counter() - started >= 1.0
+            slow_start = 0.0
+
+            long_line = True
+            broken = await relayed()
+            assert b'"code": "upstream_error"' in broken
+            assert b"xxxx" not in broken
+    finally:
         await runner.cleanup()
         await server.close()

@@ -13,22 +13,25 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.client import Pipeline
-from redis.exceptions import NoScriptError
 
 from controlplane.store import keyspace
 
 WINDOW_MS = 60_000
 
-_HIT = """
-local n = redis.call('INCR', KEYS[1])
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl < 0 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[1])
-  ttl = tonumber(ARGV[1])
+HIT_FUNCTION = """
+local function hit(key, window_ms)
+  local n = redis.call('INCR', key)
+  local ttl = redis.call('PTTL', key)
+  if ttl < 0 then
+    redis.call('PEXPIRE', key, window_ms)
+    ttl = tonumber(window_ms)
+  end
+  return {n, ttl}
 end
-return {n, ttl}
 """
+"""One count as a Lua function, for scripts that count along with other work (the LLM
+gateway's reads); its reply is what `RateLimiter.decision` takes."""
+_HIT = HIT_FUNCTION + "return hit(KEYS[1], ARGV[1])\n"
 
 
 @dataclass(frozen=True)
@@ -48,21 +51,6 @@ class RateLimiter:
     async def hit(self, key_id: str) -> Decision:
         """Count one request of `key_id` and say whether it is within the limit."""
         return self.decision(await self._hit(keys=[keyspace.rate_limit(key_id)], args=[WINDOW_MS]))
-
-    def queue(self, pipe: Pipeline, key_id: str) -> None:
-        """Count one request of `key_id` in a pipeline, so a caller that needs other reads too
-        makes one round trip. Its reply goes to `decision`; run the pipeline with
-        raise_on_error=False: a Redis that lost the script answers NoScriptError, and
-        `decision` then counts the request with `hit` (which loads it again)."""
-        pipe.evalsha(self._hit.sha, 1, keyspace.rate_limit(key_id), WINDOW_MS)
-
-    async def decision_of(self, reply: Any, key_id: str) -> Decision:
-        """The Decision for a `queue`d reply."""
-        if isinstance(reply, NoScriptError):
-            return await self.hit(key_id)
-        if isinstance(reply, Exception):
-            raise reply
-        return self.decision(reply)
 
     def decision(self, reply: Any) -> Decision:
         count, ttl_ms = int(reply[0]), int(reply[1])

@@ -34,6 +34,10 @@ RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 MAX_BACKOFF = 30.0
 CONNECT_TIMEOUT = 10.0
 SNIPPET = 300
+MIN_SECRET = 8
+"""Shorter provider keys are not masked (they would mask ordinary words)."""
+MAX_LINE = 1 << 17
+"""The longest line of a stream relayed (aiohttp's readline limit, which the relay used)."""
 _PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
@@ -108,6 +112,13 @@ class Forwarder:
         self._retries = retries
         self._backoff = backoff
         self._session: aiohttp.ClientSession | None = None
+        # Made once, not per call: both are immutable.
+        self._timeouts = {
+            stream: aiohttp.ClientTimeout(
+                total=None if stream else timeout, connect=CONNECT_TIMEOUT, sock_read=timeout
+            )
+            for stream in (False, True)
+        }
         self.closing = asyncio.Event()
         self._streams: set[aiohttp.ClientResponse] = set()
 
@@ -117,7 +128,11 @@ class Forwarder:
             connector = aiohttp.TCPConnector(
                 limit=0, resolver=self._destinations.resolver, ttl_dns_cache=10
             )
-            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+            # No cookie jar: one session serves every user's calls, so a cookie a provider set
+            # for one must not go out with another's (and none is kept or filtered per call).
+            self._session = aiohttp.ClientSession(
+                connector=connector, trust_env=False, cookie_jar=aiohttp.DummyCookieJar()
+            )
         return self._session
 
     async def close(self) -> None:
@@ -129,11 +144,7 @@ class Forwarder:
         self, upstream: Upstream, payload: bytes, stream: bool
     ) -> aiohttp.ClientResponse:
         """One attempt; the response is open (the caller releases it)."""
-        timeout = aiohttp.ClientTimeout(
-            total=None if stream else self._timeout,
-            connect=CONNECT_TIMEOUT,
-            sock_read=self._timeout,
-        )
+        timeout = self._timeouts[stream]
         headers = {"Content-Type": "application/json"}
         if upstream.via == "direct":
             assert upstream.base_url is not None
@@ -287,14 +298,18 @@ class Forwarder:
         keep_usage_chunk: bool,
         secret: str | None = None,
     ) -> AsyncIterator[bytes]:
-        """The stream's lines as they come; usage taken from its chunks. The last thing yielded
-        after a failure is an `error` event. An idle provider is the connection's read timeout;
-        `shutdown` closes every open upstream stream, which ends its relay here."""
+        """The stream as it comes, in whole lines: what arrived together is yielded together
+        (one write to the client rather than one per line, each a system call), never held
+        back for more. Usage is taken from its chunks, the provider key masked. The last thing
+        yielded after a failure is an `error` event. An idle provider is the connection's read
+        timeout; `shutdown` closes every open upstream stream, which ends its relay here."""
         self._streams.add(response)
+        key = secret.encode() if secret and len(secret) >= MIN_SECRET else None
+        pending = b""  # the start of a line whose end has not arrived
         try:
             while True:
                 try:
-                    line = await response.content.readline()
+                    data = await response.content.readany()
                 except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                     if self.closing.is_set():
                         yield _error_event("stream_interrupted", "the gateway is shutting down")
@@ -305,20 +320,52 @@ class Forwarder:
                         reason = f"the provider's stream broke off: {exc!r}"
                         yield _error_event("upstream_error", reason)
                     return
-                if not line:
+                if not data:
+                    last = self._lines(pending, metered, keep_usage_chunk, key)
+                    if last:  # a last line without its newline
+                        yield last
                     if self.closing.is_set():
                         yield _error_event("stream_interrupted", "the gateway is shutting down")
                     return
-                if line.startswith(b"data: {"):
-                    line = self._inspect(line, metered, keep_usage_chunk)
-                    if not line:
-                        continue
-                    if secret and b'"error"' in line:
-                        line = mask(line.decode(errors="replace"), secret).encode()
-                yield line
+                pending += data
+                end = pending.rfind(b"\n") + 1
+                if end:
+                    block, pending = pending[:end], pending[end:]
+                    block = self._lines(block, metered, keep_usage_chunk, key)
+                    if block:
+                        yield block
+                if len(pending) > MAX_LINE:
+                    reason = f"the provider's stream broke off: a line over {MAX_LINE} bytes"
+                    yield _error_event("upstream_error", reason)
+                    return
         finally:
             self._streams.discard(response)
             response.release()
+
+    @classmethod
+    def _lines(
+        cls, block: bytes, metered: Metered, keep_usage_chunk: bool, key: bytes | None
+    ) -> bytes:
+        """Whole lines of a stream as the client gets them: the usage chunk we asked for (and
+        the client did not) left out with the blank line that ends its event, the provider key
+        (some echo it in errors) masked."""
+        lines = block.split(b"\n")
+        kept: list[bytes] = []
+        skip_blank = False
+        for i, line in enumerate(lines):
+            if skip_blank and line in (b"", b"\r") and i < len(lines) - 1:
+                skip_blank = False  # the blank line that ended the event left out
+                continue
+            skip_blank = False
+            if line.startswith(b"data: {") and not cls._inspect(line, metered, keep_usage_chunk):
+                skip_blank = True
+                continue
+            kept.append(line)
+        if len(kept) < len(lines):
+            block = b"\n".join(kept)
+        if key is not None and key in block:
+            block = block.replace(key, b"***")
+        return block
 
     def shutdown(self) -> None:
         """End every stream being relayed (with an error event) and refuse nothing else: new
@@ -328,27 +375,28 @@ class Forwarder:
             response.close()
 
     @staticmethod
-    def _inspect(line: bytes, metered: Metered, keep_usage_chunk: bool) -> bytes:
+    def _inspect(line: bytes, metered: Metered, keep_usage_chunk: bool) -> bool:
+        """Takes the usage from a `data: {` line (without its newline); False: leave it out."""
         if b'"usage"' not in line and b'"error"' not in line:
-            metered.streamed_chars += len(line)
-            return line
+            metered.streamed_chars += len(line) + 1
+            return True
         try:
             chunk = json.loads(line[6:])
         except ValueError:
-            return line
+            return True
         if not isinstance(chunk, dict):
-            return line
+            return True
         if chunk.get("usage"):
             metered.take(chunk["usage"])
             if not keep_usage_chunk and not chunk.get("choices"):
-                return b""  # we asked for it; the client did not
-        metered.streamed_chars += len(line)
-        return line
+                return False  # we asked for it; the client did not
+        metered.streamed_chars += len(line) + 1
+        return True
 
 
 def mask(text: str, secret: str | None) -> str:
     """`text` without `secret` (the provider key), for anything the caller is told."""
-    return text.replace(secret, "***") if secret and len(secret) >= 8 else text
+    return text.replace(secret, "***") if secret and len(secret) >= MIN_SECRET else text
 
 
 def _error_event(code: str, message: str) -> bytes:

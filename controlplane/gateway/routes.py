@@ -10,6 +10,7 @@ manage the user's gateway key and read the metered usage.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -161,24 +162,44 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         gateway.settle(call, body, metered, 200)
         return web.Response(body=raw, content_type="application/json")
     wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    out = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
+    out = _EventStream(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     status = 200
+    headers_alone = None
     try:
         await out.prepare(request)
-        lines = gateway.forwarder.relay(
+        headers_alone = asyncio.get_running_loop().call_later(HEADERS_GRACE, _send_headers, request)
+        chunks = gateway.forwarder.relay(
             response, metered, keep_usage_chunk=wants_usage, secret=call.upstream.api_key
         )
-        async for line in lines:
-            await out.write(line)
+        async for chunk in chunks:
+            await out.write(chunk)
         await out.write_eof()
     except (ConnectionError, asyncio.CancelledError):
         status = 499  # the client went away
         raise
     finally:
+        if headers_alone is not None:
+            headers_alone.cancel()
         gateway.settle(call, body, metered, status)
     return out
+
+
+HEADERS_GRACE = 0.05
+"""How long a stream's headers wait for its first event to go out with it."""
+
+
+class _EventStream(web.StreamResponse):
+    """A stream whose headers go out with its first event, in one write (one wake-up of the
+    client, on the path of its first token), or alone after HEADERS_GRACE when the provider is
+    slower (`_send_headers`), as a direct call's would. (aiohttp's StreamResponse sends them
+    at `prepare`; its Response, not at all until the body: this flag is what differs.)"""
+
+    _send_headers_immediately = False
+
+
+def _send_headers(request: web.Request) -> None:
+    with contextlib.suppress(ConnectionError):  # the client left meanwhile
+        request.writer.send_headers()
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -12,7 +12,6 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
-from redis.asyncio.client import Pipeline
 
 from controlplane.api.ratelimit import Decision, RateLimiter
 from controlplane.config import ServiceConfig
@@ -36,6 +35,7 @@ from controlplane.gateway.forward import Forwarder, GatewayError, Metered, estim
 from controlplane.gateway.metering import FIELDS as USAGE_FIELDS
 from controlplane.gateway.metering import Meter, Spent, Usage, cost_of, month, spent_of
 from controlplane.gateway.metrics import GatewayMetrics
+from controlplane.gateway.reads import Reads, ReadsScript
 from controlplane.gateway.upstream import Upstream, UpstreamError, matches, resolve
 from controlplane.settings.models import UserRecord
 from controlplane.store import keyspace, text
@@ -89,6 +89,7 @@ class GatewayService:
         self.forwarder = forwarder
         self.metrics = metrics
         self.meter = Meter(redis)
+        self._reads = ReadsScript(redis)
         self.prices = config.llm_prices
         self.monthly_budget = config.llm_user_monthly_budget
         self.max_body_bytes = config.llm_gateway_max_body_bytes
@@ -110,20 +111,20 @@ class GatewayService:
             raise GatewayError(401, "invalid_api_key", "not a valid LLM gateway credential")
         return claim
 
-    def _queue(self, pipe: Pipeline, claim: SandboxClaim | UserKeyClaim, metering: bool) -> None:
+    def _queue(self, reads: Reads, claim: SandboxClaim | UserKeyClaim, metering: bool) -> None:
         """The reads of one call, in the order _load takes their replies."""
         if isinstance(claim, SandboxClaim):
-            pipe.get(keyspace.conversation(claim.conversation_id))
-            pipe.hmget(keyspace.sandbox(claim.sandbox_id), SANDBOX_FIELDS)
+            reads.get(keyspace.conversation(claim.conversation_id))
+            reads.hmget(keyspace.sandbox(claim.sandbox_id), SANDBOX_FIELDS)
         else:
-            pipe.hmget(keyspace.llm_gateway_key(claim.key_id), USER_KEY_FIELDS)
-        pipe.get(keyspace.user_settings(claim.user_id))
+            reads.hmget(keyspace.llm_gateway_key(claim.key_id), USER_KEY_FIELDS)
+        reads.get(keyspace.user_settings(claim.user_id))
         if metering:
-            pipe.hmget(keyspace.llm_usage_user(claim.user_id, month()), USAGE_FIELDS)
+            reads.hmget(keyspace.llm_usage_user(claim.user_id, month()), USAGE_FIELDS)
             if isinstance(claim, SandboxClaim):
-                pipe.hmget(keyspace.llm_usage_conversation(claim.conversation_id), USAGE_FIELDS)
+                reads.hmget(keyspace.llm_usage_conversation(claim.conversation_id), USAGE_FIELDS)
             if self._limiter is not None:
-                self._limiter.queue(pipe, f"llm:{claim.user_id}")
+                reads.hit(keyspace.rate_limit(f"llm:{claim.user_id}"))
 
     @staticmethod
     def _caller(claim: SandboxClaim | UserKeyClaim, rows: list[Any]) -> Caller:
@@ -148,13 +149,9 @@ class GatewayService:
         (`metering`) what they spent and their rate-limit count: one round trip. Raises
         GatewayError 401."""
         claim = self._claim(presented)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            self._queue(pipe, claim, metering)
-            rows = await pipe.execute(raise_on_error=False)
-        counted = metering and self._limiter is not None
-        for row in rows[:-1] if counted else rows:  # the count may need its script loaded
-            if isinstance(row, Exception):
-                raise row
+        reads = Reads()
+        self._queue(reads, claim, metering)
+        rows = await self._reads.run(reads)
         caller = self._caller(claim, rows)
         record = self._record_of(rows.pop(0))
         loaded = Loaded(caller, record)
@@ -163,8 +160,7 @@ class GatewayService:
             if caller.conversation_id is not None:
                 loaded.conversation_spent = spent_of(rows.pop(0))
             if self._limiter is not None:
-                key = f"llm:{caller.user_id}"
-                loaded.decision = await self._limiter.decision_of(rows.pop(0), key)
+                loaded.decision = self._limiter.decision(rows.pop(0))
         return loaded
 
     def _record_of(self, raw: bytes | str | None) -> UserRecord:
