@@ -22,6 +22,7 @@ import redis
 
 from tests.support.control_plane_image import control_plane_image
 from tests.support.live_server import free_port
+from tests.support.redis_server import wait_answering
 from tests.support.sandbox_helpers import IMAGE_TAG
 
 KEY = "image-test-bootstrap-key-0123456789"
@@ -58,15 +59,7 @@ def tcp_redis(tmp_path: Path) -> Iterator[str]:
     )
     client = redis.Redis(host="127.0.0.1", port=port)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                assert process.poll() is None, f"redis-server exited ({process.returncode})"
-                assert time.monotonic() < deadline, "redis-server did not answer in 10 s"
-                time.sleep(0.05)
+        wait_answering(process, client)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         client.close()

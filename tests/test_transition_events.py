@@ -5,8 +5,6 @@ outbox when the change is made, and nowhere when it is refused. Real Redis."""
 from __future__ import annotations
 
 import json
-import secrets
-from datetime import UTC, datetime
 
 import redis.asyncio as aioredis
 
@@ -17,26 +15,13 @@ from controlplane.lifecycle.outbox import Outbox, url_id
 from controlplane.lifecycle.publisher import STREAM_MAXLEN, LifecyclePublisher
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.lifecycle import SandboxLifecycle
-from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.sandboxes.models import SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.store import keyspace
+from tests.support.records import sandbox_record
 
 S = SandboxStatus
 URLS = ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b"]
-
-
-def record_of(owner: str, status: SandboxStatus) -> SandboxRecord:
-    now = datetime.now(UTC)
-    return SandboxRecord(
-        id=naming.new_sandbox_id(),
-        owner=owner,
-        spec_id="default",
-        status=status,
-        session_api_key=secrets.token_urlsafe(16),
-        created_at=now,
-        updated_at=now,
-        last_activity_at=now,
-    )
 
 
 async def bodies(redis: aioredis.Redis, key: str) -> list[dict[str, object]]:
@@ -48,7 +33,7 @@ async def test_the_event_is_stored_with_the_change_and_only_then(
 ) -> None:
     store = SandboxStore(raw_redis, load_secret_box(None, config.data_dir))
     notes = SandboxLifecycle(LifecyclePublisher(raw_redis, Outbox(raw_redis, URLS)))
-    record = record_of("alice", S.RUNNING)
+    record = sandbox_record("alice", S.RUNNING)
     assert await store.create(record, 1 << 20, Limits()) == "ok"
     streams = [
         keyspace.LIFECYCLE,
@@ -93,7 +78,7 @@ async def test_a_transition_without_an_event_or_outbox_stores_no_event(
     config: ServiceConfig, raw_redis: aioredis.Redis
 ) -> None:
     store = SandboxStore(raw_redis, load_secret_box(None, config.data_dir))
-    record = record_of("bob", S.RUNNING)
+    record = sandbox_record("bob", S.RUNNING)
     assert await store.create(record, 0, Limits()) == "ok"
     ports = {"AGENT_SERVER": 8000}
     assert (await store.transition(record, [S.RUNNING], S.PAUSED, ports=ports)).outcome == "ok"
@@ -111,7 +96,7 @@ async def test_a_transition_without_an_event_or_outbox_stores_no_event(
     assert done.outcome == "ok"
     assert len(await bodies(raw_redis, keyspace.user_lifecycle("bob"))) == 1
     assert (
-        notes.pending(LifecycleType.SANDBOX_RUNNING, record_of(naming.POOL_OWNER, S.RUNNING))
+        notes.pending(LifecycleType.SANDBOX_RUNNING, sandbox_record(naming.POOL_OWNER, S.RUNNING))
         is None
     )
     assert SandboxLifecycle(None).pending(LifecycleType.SANDBOX_RUNNING, record) is None

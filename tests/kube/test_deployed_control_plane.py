@@ -46,6 +46,7 @@ from tests.support.control_plane_image import control_plane_image
 from tests.support.conversation_helpers import LLM_KEY, message, status_is, wait_events
 from tests.support.fake_llm import FakeLLM, reply_text
 from tests.support.live_server import Api, free_port
+from tests.support.redis_server import wait_answering
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 
@@ -85,15 +86,7 @@ def host_redis(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[str]:
     )  # fmt: skip
     probe = redis.Redis(host=address, port=port, password=password)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                probe.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                assert process.poll() is None, f"redis-server exited ({process.returncode})"
-                assert time.monotonic() < deadline, "redis-server did not answer in 10 s"
-                time.sleep(0.05)
+        wait_answering(process, probe)
         yield f"redis://:{password}@{address}:{port}/0"
     finally:
         probe.close()

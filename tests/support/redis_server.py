@@ -68,3 +68,19 @@ class RedisServer:
             self.process.terminate()
             self.process.wait(timeout=10)
             self.process = None
+
+
+def wait_answering(
+    process: subprocess.Popen[bytes], client: redis.Redis, within: float = 10
+) -> None:
+    """Until a redis-server started as `process` answers `client`'s PING (it failing if the
+    process exits, or after `within` seconds)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            client.ping()
+            return
+        except redis.exceptions.ConnectionError:
+            assert process.poll() is None, f"redis-server exited ({process.returncode})"
+            assert time.monotonic() < deadline, f"redis-server did not answer in {within:g} s"
+            time.sleep(0.05)
