@@ -100,6 +100,40 @@ async def served(config: ServiceConfig, *, with_sandboxes: bool) -> tuple[web.Ap
 # -- overhead ----------------------------------------------------------------------------------
 
 
+async def bare_relay(target: str) -> tuple[web.AppRunner, str, aiohttp.ClientSession]:
+    """The floor of any gateway written like ours: an aiohttp server with no middleware that
+    forwards the request's body to `target` (the scripted model's base URL) over one keep-alive
+    client session and relays the answer as it comes (a stream by chunks), checking nothing and
+    recording nothing. What it adds to a direct call is one HTTP hop through Python; what the
+    gateway adds beyond it is its own work (credentials, Redis, budgets, metering)."""
+    upstream = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), cookie_jar=None)
+
+    async def relay(request: web.Request) -> web.StreamResponse:
+        headers = {"Authorization": request.headers.get("Authorization", "")}
+        headers["Content-Type"] = "application/json"
+        async with upstream.post(
+            f"{target}/chat/completions", data=await request.read(), headers=headers
+        ) as answer:
+            if answer.content_type != "text/event-stream":
+                return web.Response(
+                    body=await answer.read(), status=answer.status, content_type="application/json"
+                )
+            out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await out.prepare(request)
+            async for chunk in answer.content.iter_any():
+                await out.write(chunk)
+            await out.write_eof()
+            return out
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", relay)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}/v1", upstream
+
+
 async def sandbox_token(app: web.Application) -> tuple[str, Callable[[], Awaitable[None]]]:
     """A RUNNING sandbox record and a conversation in it, written by the real stores (no
     container: the gateway checks the records in Redis, which every replica shares), the token
@@ -189,6 +223,7 @@ class GatewayBench:
         await fake.start()
         config = self.deployment.config(**gateway_settings(sandbox_host_ports=[fake.port]))
         runner, url = await served(config, with_sandboxes=False)
+        floor_runner, floor_url, floor_session = await bare_relay(fake.base_url)
         calls = self.options.calls
         try:
             app = runner.app
@@ -210,9 +245,11 @@ class GatewayBench:
                 gateway = f"{url}/api/v1/llm-gateway/v1/chat/completions"
                 kinds: list[tuple[str, str, str, bool]] = [
                     ("direct", direct, LLM_KEY, False),
+                    ("floor", f"{floor_url}/chat/completions", LLM_KEY, False),
                     ("gateway.sandbox", gateway, token, False),
                     ("gateway.user", gateway, user_key, False),
                     ("direct.ttft", direct, LLM_KEY, True),
+                    ("floor.ttft", f"{floor_url}/chat/completions", LLM_KEY, True),
                     ("gateway.ttft", gateway, token, True),
                 ]
                 for _ in range(max(20, calls // 10)):  # warm-up: connections, caches
@@ -228,6 +265,8 @@ class GatewayBench:
                 await remove_records()
         finally:
             await runner.cleanup()
+            await floor_runner.cleanup()
+            await floor_session.close()
             await fake.close()
 
     async def ready_runs(self) -> None:
@@ -348,10 +387,10 @@ def report(samples: Samples) -> tuple[list[str], list[str]]:
         lines.append(
             f"{'call':38} {'p50 ms':>8} {'p90 ms':>8} {'added p50':>10} {'ratio':>7} target"
         )
-        for name, base, target in (
-            ("gateway.sandbox", "direct", TARGET_OVERHEAD_MS),
-            ("gateway.user", "direct", TARGET_OVERHEAD_MS),
-            ("gateway.ttft", "direct.ttft", TARGET_TTFT_MS),
+        for name, base, floor, target in (
+            ("gateway.sandbox", "direct", "floor", TARGET_OVERHEAD_MS),
+            ("gateway.user", "direct", "floor", TARGET_OVERHEAD_MS),
+            ("gateway.ttft", "direct.ttft", "floor.ttft", TARGET_TTFT_MS),
         ):
             added = (p(name, 50) - p(base, 50)) * 1000
             ok = added <= target
@@ -363,6 +402,12 @@ def report(samples: Samples) -> tuple[list[str], list[str]]:
                 "gateway.ttft": "streaming, time to first event",
             }[name]
             lines.append(f"{'  direct: ' + base:38} {col(p(base, 50))} {col(p(base, 90))}")
+            if floor in samples.values:
+                hop = (p(floor, 50) - p(base, 50)) * 1000
+                lines.append(
+                    f"{'  floor: bare relay, checks nothing':38} {col(p(floor, 50))} "
+                    f"{col(p(floor, 90))} {hop:9.2f}  {p(floor, 50) / p(base, 50):6.2f}"
+                )
             lines.append(
                 f"{'  gateway: ' + label:38} {col(p(name, 50))} {col(p(name, 90))} "
                 f"{added:9.2f}  {p(name, 50) / p(base, 50):6.2f}  <= {target} ms "
@@ -373,10 +418,14 @@ def report(samples: Samples) -> tuple[list[str], list[str]]:
         lines.append("CPU of this process per call (client, model and control plane share it; the")
         lines.append("difference is the gateway's own work, which load does not inflate):")
         for name, base in (
+            ("floor", "direct"),
             ("gateway.sandbox", "direct"),
             ("gateway.user", "direct"),
+            ("floor.ttft", "direct.ttft"),
             ("gateway.ttft", "direct.ttft"),
         ):
+            if f"cpu.{name}" not in samples.values:
+                continue
             added = (p(f"cpu.{name}", 50) - p(f"cpu.{base}", 50)) * 1000
             lines.append(
                 f"  {name:36} {col(p(f'cpu.{name}', 50))} vs {col(p(f'cpu.{base}', 50))}"
