@@ -5,11 +5,13 @@ model directly in the same run, and whether it changes conversation READY from t
 
 Overhead (no Docker): a private redis-server, the real app over real HTTP on 127.0.0.1, and the
 scripted OpenAI-compatible model (tests/support/fake_llm.py) on 127.0.0.1. The same aiohttp
-session (keep-alive) sends, in turn: the call straight to the model; the same call through the
-gateway with a sandbox token (the conversation and sandbox records it is checked against are
-real records in Redis, written by the stores: no container is needed for the check); and with
-the user's gateway key. Non-streaming: time to the whole answer. Streaming: time to the first
-event line. Targets: p50 overhead <= 2 ms (non-streaming), <= 1 ms added to time-to-first-token.
+session (keep-alive) sends, in turn: the call straight to the model; the same call through a
+bare relay (`bare_relay`: one HTTP hop through Python, checking nothing: the floor of any
+gateway in this process); through the gateway with a sandbox token (the conversation and
+sandbox records it is checked against are real records in Redis, written by the stores: no
+container is needed for the check); and with the user's gateway key. Non-streaming: time to
+the whole answer. Streaming: time to the first event line. Targets: p50 overhead <= 2 ms
+(non-streaming), <= 1 ms added to time-to-first-token.
 
 READY (Docker): the default spec (through the gateway) and a copy of it with `llm_gateway:
 false` (the key in the start request, as before the gateway), both with warm pools of 2; starts
