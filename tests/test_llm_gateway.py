@@ -295,6 +295,73 @@ async def test_revoked_or_replaced_key_loses_access_at_once(
     await llm.close()
 
 
+async def test_a_call_waits_for_no_replica_while_changes_do(
+    live: LiveServer,
+    user: Callable[..., Any],
+    fake: FakeLLM,
+    make_config: Callable[..., ServiceConfig],
+    raw_redis: aioredis.Redis,
+) -> None:
+    """With ACS_REDIS_WAIT_REPLICAS a change through the API waits for a replica; a model call's
+    bookkeeping (the rate count before it, the usage after) does not. Here no replica exists:
+    a setting is refused (503) while calls go through at once and are metered."""
+    alice = await user("alice")
+    await alice.settings(llm_model="fake-model", llm_base_url=fake.base_url, llm_api_key=LLM_KEY)
+    key = await alice.gateway_key()
+    waiting = await start_live_server(
+        make_config(
+            llm_prices=PRICES,
+            sandbox_host_ports=[fake.port],
+            llm_rate_limit_per_minute=1000,
+            redis_wait_replicas=1,
+            redis_wait_timeout=1.0,
+        ),
+        with_sandboxes=False,
+    )
+    try:
+        async with aiohttp.ClientSession() as http:
+            # The same settings again: the write is on the master, unacknowledged.
+            body = {
+                "llm_model": "fake-model",
+                "llm_base_url": fake.base_url,
+                "llm_api_key": LLM_KEY,
+            }
+            url = waiting.url + "/api/settings"
+            async with http.post(url, json=body, headers=alice.headers) as resp:
+                assert resp.status == 503, await resp.text()  # no replica acknowledged it
+        waits = await wait_count(raw_redis)
+        for stream in (False, True):
+            started = time.monotonic()
+            async with client(waiting, key) as llm:
+                if stream:
+                    chunks = await llm.chat.completions.create(
+                        model="fake-model", messages=[{"role": "user", "content": "x"}], stream=True
+                    )
+                    assert [c async for c in chunks]
+                else:
+                    await llm.chat.completions.create(
+                        model="fake-model", messages=[{"role": "user", "content": "x"}]
+                    )
+            assert time.monotonic() - started < 1.0  # never the WAIT's time-out
+        deadline = time.monotonic() + 5
+        while True:
+            status, usage = await alice.call("GET", "/api/v1/llm-gateway/usage")
+            assert status == 200, usage
+            if usage["requests"] == 2 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        assert usage["requests"] == 2
+        assert await wait_count(raw_redis) == waits  # neither call's writes asked for a replica
+    finally:
+        await waiting.close()
+
+
+async def wait_count(redis: aioredis.Redis) -> int:
+    """How many WAIT commands the Redis server has run."""
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_wait", {}).get("calls", 0))
+
+
 async def test_budgets_and_rate_limit_refuse_before_forwarding(
     make_config: Callable[..., ServiceConfig],
     user_headers: Callable[..., Any],

@@ -39,6 +39,7 @@ from controlplane.gateway.reads import Reads, ReadsScript
 from controlplane.gateway.upstream import Upstream, UpstreamError, matches, resolve
 from controlplane.settings.models import UserRecord
 from controlplane.store import keyspace, text
+from controlplane.store.durable import bookkeeping
 
 log = structlog.get_logger(__name__)
 
@@ -151,7 +152,8 @@ class GatewayService:
         claim = self._claim(presented)
         reads = Reads()
         self._queue(reads, claim, metering)
-        rows = await self._reads.run(reads)
+        with bookkeeping():  # only the rate count writes: no wait for a replica on every call
+            rows = await self._reads.run(reads)
         caller = self._caller(claim, rows)
         record = self._record_of(rows.pop(0))
         loaded = Loaded(caller, record)
@@ -251,7 +253,10 @@ class GatewayService:
 
     async def _record(self, user_id: str, conversation_id: str | None, usage: Usage) -> None:
         try:
-            await self.meter.record(user_id, conversation_id, usage)
+            # Not waited for by the caller, nor for a replica: a replica down would otherwise
+            # hold a connection per call for the whole WAIT time-out (ACS_REDIS_WAIT_TIMEOUT).
+            with bookkeeping():
+                await self.meter.record(user_id, conversation_id, usage)
         except Exception:
             log.exception("llm_usage_not_recorded", user_id=user_id, cost=usage.cost)
 

@@ -73,6 +73,19 @@ def durable_writes() -> Iterator[None]:
         _DURABLE.reset(token)
 
 
+@contextlib.contextmanager
+def bookkeeping() -> Iterator[None]:
+    """Writes made inside do not wait for replicas, even while a request's writes do: tallies
+    whose loss with a master (the writes of its last moments before a failover) costs less than
+    a wait on every call. The LLM gateway's rate count and usage use it, as the API's rate
+    limiter and the session bookkeeping do by running outside `durable_writes`."""
+    token = _DURABLE.set(False)
+    try:
+        yield
+    finally:
+        _DURABLE.reset(token)
+
+
 def _is_write(args: Sequence[Any]) -> bool:
     name = args[0]
     word = (name.decode() if isinstance(name, bytes) else str(name)).split(" ", 1)[0]
