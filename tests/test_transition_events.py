@@ -1,16 +1,21 @@
 """A sandbox's compare-and-set stores the change's lifecycle event in the same Lua script
 (sandboxes/store.py, `entry=`): in the global and the user's streams and every webhook URL's
-outbox when the change is made, and nowhere when it is refused. Real Redis."""
+outbox when the change is made, and nowhere when it is refused. Real Redis; the last test runs
+a sandbox on real Docker: the reconciler's changes and resumes store their events that way."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Awaitable, Callable
 
+import docker
+import pytest
 import redis.asyncio as aioredis
 
 from controlplane.config import ServiceConfig
 from controlplane.crypto import load_secret_box
-from controlplane.lifecycle.models import LifecycleType
+from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
 from controlplane.lifecycle.outbox import Outbox, url_id
 from controlplane.lifecycle.publisher import STREAM_MAXLEN, LifecyclePublisher
 from controlplane.sandboxes import naming
@@ -18,10 +23,15 @@ from controlplane.sandboxes.lifecycle import SandboxLifecycle
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.store import keyspace
+from drivers import docker_names
 from tests.support.records import sandbox_record
+from tests.support.sandbox_helpers import start, wait_status
+from tests.support.types import ClientFactory
 
 S = SandboxStatus
 URLS = ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b"]
+SEPARATE_NEVER = {LifecycleType.SANDBOX_PAUSED, LifecycleType.SANDBOX_RESUMED}
+"""Events stored only by the change they report."""
 
 
 async def bodies(redis: aioredis.Redis, key: str) -> list[dict[str, object]]:
@@ -100,3 +110,46 @@ async def test_a_transition_without_an_event_or_outbox_stores_no_event(
         is None
     )
     assert SandboxLifecycle(None).pending(LifecycleType.SANDBOX_RUNNING, record) is None
+
+
+async def test_observed_and_resumed_events_are_stored_by_their_change(
+    make_sandbox_client: ClientFactory,
+    user_headers: Callable[..., Awaitable[dict[str, str]]],
+    docker_client: docker.DockerClient,
+    test_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reconciler's change (a container stopped outside: PAUSED) and a resume (to STARTING)
+    store their events with the change itself: the publisher's own write, which a crash
+    between the two could skip, is never used for them here."""
+    client = await make_sandbox_client(reconcile_interval=1.0)
+    alice = await user_headers("alice")
+    sandbox_id = (await start(client, alice))["id"]
+    await wait_status(client, alice, sandbox_id, "RUNNING")
+    publish = LifecyclePublisher.publish
+
+    async def publish_others(self: LifecyclePublisher, event: LifecycleEvent) -> None:
+        assert event.type not in SEPARATE_NEVER, f"{event.type} published on its own"
+        await publish(self, event)
+
+    monkeypatch.setattr(LifecyclePublisher, "publish", publish_others)
+    container = docker_client.containers.get(docker_names.container_name(test_prefix, sandbox_id))
+    await asyncio.to_thread(container.stop, timeout=2)
+    await wait_status(client, alice, sandbox_id, "PAUSED", within=30)
+    resp = await client.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)
+    assert resp.status == 200, await resp.text()
+    await wait_status(client, alice, sandbox_id, "RUNNING", within=90)
+
+    resp = await client.get(
+        "/api/v1/lifecycle-events/search", params={"sandbox_id": sandbox_id}, headers=alice
+    )
+    items = (await resp.json())["items"]
+    seen = [(item["type"], item["automatic"]) for item in reversed(items)]
+    assert seen == [
+        ("sandbox.created", False),
+        ("sandbox.running", False),
+        ("sandbox.paused", True),
+        ("sandbox.resumed", False),
+        ("sandbox.running", False),
+    ], seen
+    assert "stopped outside the control plane" in items[2]["reason"]

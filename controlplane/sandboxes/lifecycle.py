@@ -78,11 +78,11 @@ class SandboxLifecycle:
             automatic=automatic,
         )
 
-    async def observed(self, record: SandboxRecord, status: SandboxStatus, reason: str) -> None:
-        """A change the reconciler saw in the runtime, published as an automatic event."""
+    def observed(self, record: SandboxRecord, status: SandboxStatus, reason: str) -> Pending | None:
+        """The automatic event of a change the reconciler saw in the runtime, for the
+        transition that records the change to store (`entry=`)."""
         kind = OBSERVED.get(status)
-        if kind is not None:
-            await self(kind, record, reason or None, automatic=True)
+        return self.pending(kind, record, reason or None, automatic=True) if kind else None
 
     async def adopted(self, record: SandboxRecord) -> None:
         """A sandbox found in the runtime without a record, adopted by the reconciler."""

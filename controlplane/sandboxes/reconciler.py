@@ -218,12 +218,19 @@ class Reconciler:
             spec = self._catalog.find(record.spec_id)
             if status == S.RUNNING and state is not None and spec is not None:
                 ports, host = reached(spec, state)
+            event = self._notes.observed(record, status, reason)
             result = await self._store.transition(
-                record, [record.status], status, reason=reason or None, ports=ports, host=host
+                record,
+                [record.status],
+                status,
+                reason=reason or None,
+                ports=ports,
+                host=host,
+                entry=event.entry if event is not None else None,
             )
             if result.outcome == "ok":
                 self._fixed()
-                await self._notes.observed(record, status, reason)
+                self._notes.done(event)
                 log.info(
                     "reconciled",
                     sandbox_id=sandbox_id,

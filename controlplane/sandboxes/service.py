@@ -198,12 +198,19 @@ class SandboxService(SandboxReads):
             if thaw and await self._unpause(record, limits, principal):
                 await self.notes(LifecycleType.SANDBOX_RESUMED, record)
                 return
+            # The event is stored with the change (one script): none without the other.
+            event = self.notes.pending(LifecycleType.SANDBOX_RESUMED, record)
             result = await self.store.transition(
-                record, [record.status], S.STARTING, limits=limits, touch=True
+                record,
+                [record.status],
+                S.STARTING,
+                limits=limits,
+                touch=True,
+                entry=event.entry if event is not None else None,
             )
             self._check_resume(result.outcome, result.previous, principal, sandbox_id)
+            self.notes.done(event)
             self.launcher.resume(record)
-            await self.notes(LifecycleType.SANDBOX_RESUMED, record)
 
     def _check_resume(
         self, outcome: str, previous: S | None, principal: Principal, sandbox_id: str
