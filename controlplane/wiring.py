@@ -315,7 +315,7 @@ def sandboxes_ctx(config: ServiceConfig) -> Context:
             driver=driver,
             catalog=catalog,
             probe=probe,
-            publish=notes,
+            notes=notes,
             leases=leases,
             webhooks=True,  # the driver binds the webhook listener where sandboxes reach it
         )

@@ -1,7 +1,8 @@
 """A sandbox's compare-and-set stores the change's lifecycle event in the same Lua script
 (sandboxes/store.py, `entry=`): in the global and the user's streams and every webhook URL's
-outbox when the change is made, and nowhere when it is refused. Real Redis; the last test runs
-a sandbox on real Docker: the reconciler's changes and resumes store their events that way."""
+outbox when the change is made, and nowhere when it is refused; a record's create and delete
+take their event the same way. Real Redis; the last test runs a sandbox on real Docker: every
+event of its life is stored by the change it reports."""
 
 from __future__ import annotations
 
@@ -30,8 +31,15 @@ from tests.support.types import ClientFactory
 
 S = SandboxStatus
 URLS = ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b"]
-SEPARATE_NEVER = {LifecycleType.SANDBOX_PAUSED, LifecycleType.SANDBOX_RESUMED}
-"""Events stored only by the change they report."""
+SEPARATE_NEVER = {
+    LifecycleType.SANDBOX_CREATED,
+    LifecycleType.SANDBOX_RUNNING,
+    LifecycleType.SANDBOX_PAUSED,
+    LifecycleType.SANDBOX_RESUMED,
+    LifecycleType.SANDBOX_DELETED,
+}
+"""Events stored only by the change they report (the exceptions: a warm pool claim's, and a
+Docker resume's, published once the engine has unpaused the container)."""
 
 
 async def bodies(redis: aioredis.Redis, key: str) -> list[dict[str, object]]:
@@ -112,20 +120,48 @@ async def test_a_transition_without_an_event_or_outbox_stores_no_event(
     assert SandboxLifecycle(None).pending(LifecycleType.SANDBOX_RUNNING, record) is None
 
 
-async def test_observed_and_resumed_events_are_stored_by_their_change(
+async def test_a_create_and_a_delete_store_their_events_with_them(
+    config: ServiceConfig, raw_redis: aioredis.Redis
+) -> None:
+    store = SandboxStore(raw_redis, load_secret_box(None, config.data_dir))
+    notes = SandboxLifecycle(LifecyclePublisher(raw_redis, Outbox(raw_redis, URLS[:1])))
+    outbox = keyspace.webhook_outbox(url_id(URLS[0]))
+    record = sandbox_record("carol", S.STARTING)
+    created = notes.pending(LifecycleType.SANDBOX_CREATED, record)
+    assert created is not None
+    # Refused by a cap: neither the record nor its event.
+    full = await store.create(record, 0, Limits(running=0), entry=created.entry)
+    assert full == "running"
+    assert await store.get(record.id) is None
+    assert await raw_redis.exists(keyspace.user_lifecycle("carol"), outbox) == 0
+    assert await store.create(record, 0, Limits(), entry=created.entry) == "ok"
+    stored = await store.get(record.id)
+    assert stored is not None
+    assert stored.status == S.STARTING
+    assert await store.id_for_key(record.session_api_key) == record.id
+    deleted = notes.pending(LifecycleType.SANDBOX_DELETED, record, "retention", automatic=True)
+    assert deleted is not None
+    await store.delete(record, entry=deleted.entry)
+    assert await store.get(record.id) is None
+    for key in (keyspace.LIFECYCLE, keyspace.user_lifecycle("carol"), outbox):
+        events = await bodies(raw_redis, key)
+        assert [(e["type"], e["id"]) for e in events] == [
+            ("sandbox.created", created.event.id),
+            ("sandbox.deleted", deleted.event.id),
+        ]
+        assert events[1]["reason"] == "retention"
+
+
+async def test_every_event_of_a_sandbox_is_stored_by_its_change(
     make_sandbox_client: ClientFactory,
     user_headers: Callable[..., Awaitable[dict[str, str]]],
     docker_client: docker.DockerClient,
     test_prefix: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The reconciler's change (a container stopped outside: PAUSED) and a resume (to STARTING)
-    store their events with the change itself: the publisher's own write, which a crash
-    between the two could skip, is never used for them here."""
-    client = await make_sandbox_client(reconcile_interval=1.0)
-    alice = await user_headers("alice")
-    sandbox_id = (await start(client, alice))["id"]
-    await wait_status(client, alice, sandbox_id, "RUNNING")
+    """Created, running, a change the reconciler saw (a container stopped outside: PAUSED), a
+    resume (to STARTING), running again, deleted: each event is stored with its change, never
+    by the publisher's own write, which a crash between the two could skip."""
     publish = LifecyclePublisher.publish
 
     async def publish_others(self: LifecyclePublisher, event: LifecycleEvent) -> None:
@@ -133,12 +169,17 @@ async def test_observed_and_resumed_events_are_stored_by_their_change(
         await publish(self, event)
 
     monkeypatch.setattr(LifecyclePublisher, "publish", publish_others)
+    client = await make_sandbox_client(reconcile_interval=1.0)
+    alice = await user_headers("alice")
+    sandbox_id = (await start(client, alice))["id"]
+    await wait_status(client, alice, sandbox_id, "RUNNING")
     container = docker_client.containers.get(docker_names.container_name(test_prefix, sandbox_id))
     await asyncio.to_thread(container.stop, timeout=2)
     await wait_status(client, alice, sandbox_id, "PAUSED", within=30)
     resp = await client.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)
     assert resp.status == 200, await resp.text()
     await wait_status(client, alice, sandbox_id, "RUNNING", within=90)
+    assert (await client.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)).status == 200
 
     resp = await client.get(
         "/api/v1/lifecycle-events/search", params={"sandbox_id": sandbox_id}, headers=alice
@@ -151,5 +192,6 @@ async def test_observed_and_resumed_events_are_stored_by_their_change(
         ("sandbox.paused", True),
         ("sandbox.resumed", False),
         ("sandbox.running", False),
+        ("sandbox.deleted", False),
     ], seen
-    assert "stopped outside the control plane" in items[2]["reason"]
+    assert "stopped outside the control plane" in items[3]["reason"]

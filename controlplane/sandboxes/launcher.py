@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from typing import Protocol
 
 import structlog
 
@@ -22,6 +21,7 @@ from controlplane.config import ServiceConfig
 from controlplane.errors import RuntimeUnavailable
 from controlplane.lifecycle.models import LifecycleType
 from controlplane.sandboxes.leases import IntentLeases
+from controlplane.sandboxes.lifecycle import SandboxLifecycle
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.readiness import ReadinessProbe, StartFailed
 from controlplane.sandboxes.store import SandboxStore
@@ -121,17 +121,6 @@ def reached(spec: SandboxSpec, state: SandboxState) -> tuple[dict[str, int], str
     return ports, host
 
 
-class Publish(Protocol):
-    async def __call__(
-        self,
-        kind: LifecycleType,
-        record: SandboxRecord,
-        reason: str | None = None,
-        *,
-        automatic: bool = False,
-    ) -> None: ...
-
-
 class Launcher:
     """The background work that brings a STARTING sandbox to RUNNING, or to ERROR."""
 
@@ -143,7 +132,7 @@ class Launcher:
         driver: SandboxDriver,
         catalog: SpecCatalog,
         probe: ReadinessProbe,
-        publish: Publish,
+        notes: SandboxLifecycle,
         leases: IntentLeases | None = None,
         webhooks: bool = False,
     ) -> None:
@@ -154,7 +143,7 @@ class Launcher:
         self._driver = driver
         self._catalog = catalog
         self._probe = probe
-        self._publish = publish
+        self._notes = notes
         self._leases = leases
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._webhooks = webhooks or config.public_url is not None
@@ -250,12 +239,21 @@ class Launcher:
             return
         agent = state.endpoints.get(spec.exposed_ports[AGENT_SERVER])
         await self._probe.wait(record.id, agent, announced=self._announces(spec))
+        reason = "start finished by the reconciler after an interruption" if automatic else None
+        event = self._notes.pending(
+            LifecycleType.SANDBOX_RUNNING, record, reason, automatic=automatic
+        )
         result = await self._store.transition(
-            record, [S.STARTING], S.RUNNING, ports=ports, host=host, touch=True
+            record,
+            [S.STARTING],
+            S.RUNNING,
+            ports=ports,
+            host=host,
+            touch=True,
+            entry=event.entry if event is not None else None,
         )
         if result.outcome == "ok":
-            reason = "start finished by the reconciler after an interruption" if automatic else None
-            await self._publish(LifecycleType.SANDBOX_RUNNING, record, reason, automatic=automatic)
+            self._notes.done(event)
         else:
             await self._abandon(record, result.outcome)
 
@@ -310,13 +308,22 @@ class Launcher:
             except Exception as exc:
                 log.warning("sandbox_cleanup_failed", sandbox_id=record.id, error=str(exc))
         delay = RETRY_FIRST
+        event = self._notes.pending(
+            LifecycleType.SANDBOX_ERROR, record, reason, automatic=automatic
+        )
         while True:
             try:
-                result = await self._store.transition(record, [S.STARTING], S.ERROR, reason=reason)
+                result = await self._store.transition(
+                    record,
+                    [S.STARTING],
+                    S.ERROR,
+                    reason=reason,
+                    entry=event.entry if event is not None else None,
+                )
                 break
             except REDIS_DOWN as exc:  # the failure must be recorded: wait for Redis
                 log.warning("sandbox_error_not_recorded", sandbox_id=record.id, error=str(exc))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
         if result.outcome == "ok":
-            await self._publish(LifecycleType.SANDBOX_ERROR, record, reason, automatic=automatic)
+            self._notes.done(event)

@@ -84,6 +84,9 @@ class SandboxLifecycle:
         kind = OBSERVED.get(status)
         return self.pending(kind, record, reason or None, automatic=True) if kind else None
 
-    async def adopted(self, record: SandboxRecord) -> None:
-        """A sandbox found in the runtime without a record, adopted by the reconciler."""
-        await self(LifecycleType.SANDBOX_CREATED, record, record.reason or None, automatic=True)
+    def adopted(self, record: SandboxRecord) -> Pending | None:
+        """The event of a sandbox found in the runtime without a record, adopted by the
+        reconciler, for the create that records it to store (`entry=`)."""
+        return self.pending(
+            LifecycleType.SANDBOX_CREATED, record, record.reason or None, automatic=True
+        )

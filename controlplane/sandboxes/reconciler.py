@@ -309,7 +309,9 @@ class Reconciler:
             last_activity_at=now,
         )
         memory = spec.resources.reservation_bytes if spec else 0
-        if await self._store.create(record, memory, Limits()) == "ok":
+        event = self._notes.adopted(record)
+        entry = event.entry if event is not None else None
+        if await self._store.create(record, memory, Limits(), entry=entry) == "ok":
             self._fixed()
             log.info("orphan_adopted", sandbox_id=sandbox_id, status=status)
-            await self._notes.adopted(record)
+            self._notes.done(event)

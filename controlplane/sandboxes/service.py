@@ -125,13 +125,17 @@ class SandboxService(SandboxReads):
         record = SandboxRecord.starting(naming.new_sandbox_id(), principal.user_id, spec.id)
         if not self.admission.room_for(spec.resources.reservation_bytes):
             raise self.admission.refused(principal, "memory")
+        event = self.notes.pending(LifecycleType.SANDBOX_CREATED, record)
         outcome = await self.store.create(
-            record, spec.resources.reservation_bytes, await self.limits()
+            record,
+            spec.resources.reservation_bytes,
+            await self.limits(),
+            entry=event.entry if event is not None else None,
         )
         if outcome != "ok":
             raise self.admission.refused(principal, outcome)
+        self.notes.done(event)
         self.launcher.launch(record)
-        await self.notes(LifecycleType.SANDBOX_CREATED, record)
         return self.view(record, principal)
 
     async def pause(self, principal: Principal, sandbox_id: str) -> None:
@@ -279,5 +283,8 @@ class SandboxService(SandboxReads):
         """Remove the container, its workspace volume and the record; each step is idempotent,
         so a delete cut off anywhere is finished by running this again."""
         await self.driver.remove(record.id)
-        await self.store.delete(record)
-        await self.notes(LifecycleType.SANDBOX_DELETED, record, reason, automatic=automatic)
+        event = self.notes.pending(
+            LifecycleType.SANDBOX_DELETED, record, reason, automatic=automatic
+        )
+        await self.store.delete(record, entry=event.entry if event is not None else None)
+        self.notes.done(event)

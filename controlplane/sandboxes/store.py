@@ -36,14 +36,16 @@ end
 
 _CREATE = (
     _SUM_RESERVED
+    + APPEND_ENTRY
     + """
 local running_cap, total_cap = tonumber(ARGV[1]), tonumber(ARGV[2])
 local memory, memory_cap = tonumber(ARGV[3]), tonumber(ARGV[4])
 local id, status, paused_holds = ARGV[5], ARGV[6], ARGV[7] == '1'
+local fields = tonumber(ARGV[8])
 if running_cap >= 0 and redis.call('SCARD', KEYS[4]) >= running_cap then return 'running' end
 if total_cap >= 0 and redis.call('ZCARD', KEYS[3]) >= total_cap then return 'total' end
 if memory_cap >= 0 and reserved(KEYS[6]) + memory > memory_cap then return 'memory' end
-redis.call('HSET', KEYS[1], 'memory', ARGV[3], unpack(ARGV, 8, #ARGV - 1))
+redis.call('HSET', KEYS[1], 'memory', ARGV[3], unpack(ARGV, 9, 8 + fields))
 redis.call('ZADD', KEYS[2], 0, id)
 redis.call('ZADD', KEYS[3], 0, id)
 if status == 'STARTING' or status == 'RUNNING' then redis.call('SADD', KEYS[4], id) end
@@ -51,7 +53,9 @@ if status ~= 'ERROR' and status ~= 'MISSING' and (status ~= 'PAUSED' or paused_h
   redis.call('HSET', KEYS[6], id, memory)
 end
 redis.call('SET', KEYS[5], id)
-redis.call('PUBLISH', ARGV[#ARGV], id .. ' ' .. status)
+redis.call('PUBLISH', ARGV[9 + fields], id .. ' ' .. status)
+-- The creation's lifecycle event (KEYS[7..]: its streams), stored with it or not at all.
+if #KEYS > 6 then append_entry(7, 10 + fields) end
 return 'ok'
 """
 )
@@ -194,13 +198,22 @@ class SandboxStore:
             else None,
         )
 
-    async def create(self, record: SandboxRecord, memory: int, limits: Limits) -> str:
-        """Write a new record and its indexes at once, reserving `memory` bytes.
+    async def create(
+        self,
+        record: SandboxRecord,
+        memory: int,
+        limits: Limits,
+        *,
+        entry: StreamEntry | None = None,
+    ) -> str:
+        """Write a new record and its indexes at once, reserving `memory` bytes; `entry` (the
+        creation's lifecycle event) is added to its streams by the same script when it is made.
 
         Returns "ok", or which limit refused it: "running", "total" or "memory".
         """
         fields = self._encode(record)
         flat = [item for pair in fields.items() for item in pair]
+        streams, entry_args = entry.script_args() if entry is not None else ([], [])
         outcome = await self._create(
             keys=[
                 keyspace.sandbox(record.id),
@@ -209,6 +222,7 @@ class SandboxStore:
                 keyspace.user_active_sandboxes(record.owner),
                 keyspace.sandbox_by_key(hash_api_key(record.session_api_key)),
                 keyspace.MEMORY_RESERVED,
+                *streams,
             ],
             args=[
                 _n(limits.running),
@@ -218,8 +232,10 @@ class SandboxStore:
                 record.id,
                 record.status.value,
                 self._paused_holds,
+                len(flat),
                 *flat,
                 keyspace.SANDBOX_STATUS_CHANNEL,
+                *entry_args,
             ],
         )
         if text(outcome) == "ok":
@@ -297,7 +313,9 @@ class SandboxStore:
         """Bump last_activity_at if the record still exists (never re-creates a deleted one)."""
         await self._touch(keys=[keyspace.sandbox(sandbox_id)], args=[_now().isoformat()])
 
-    async def delete(self, record: SandboxRecord) -> None:
+    async def delete(self, record: SandboxRecord, *, entry: StreamEntry | None = None) -> None:
+        """The record and its indexes, and (`entry`) the deletion's lifecycle event, in one
+        transaction."""
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(keyspace.sandbox(record.id))
             pipe.zrem(keyspace.ALL_SANDBOXES, record.id)
@@ -308,6 +326,9 @@ class SandboxStore:
             pipe.set(keyspace.sandbox_tombstone(record.id), "1", ex=TOMBSTONE_TTL)
             pipe.delete(keyspace.sandbox_lease(record.id))
             pipe.publish(keyspace.SANDBOX_STATUS_CHANNEL, f"{record.id} DELETED")
+            if entry is not None:
+                for key, limit in entry.streams:
+                    pipe.xadd(key, {"e": entry.body}, maxlen=limit, approximate=limit is not None)
             await pipe.execute()
         self._changed(record.id)
 
