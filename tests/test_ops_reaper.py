@@ -17,7 +17,7 @@ from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
 from controlplane.store import keyspace
 from controlplane.store.leader import LeaderLock
-from tests.support.sandbox_helpers import start, wait_status
+from tests.support.sandbox_helpers import lifecycle, start, wait_status
 from tests.support.types import Client, ClientFactory
 
 Headers = Any
@@ -38,13 +38,6 @@ async def make_busy(raw_redis: aioredis.Redis, sandbox_id: str, owner: str) -> N
             execution_status=ExecutionStatus.RUNNING,
         )
     )
-
-
-async def lifecycle(client: Client, headers: dict[str, str], **query: str) -> list[dict[str, Any]]:
-    params = "&".join(f"{k}={v}" for k, v in query.items())
-    resp = await client.get(f"/api/v1/lifecycle-events/search?{params}", headers=headers)
-    assert resp.status == 200, await resp.text()
-    return list((await resp.json())["items"])
 
 
 async def test_idle_sandbox_paused_busy_one_spared(

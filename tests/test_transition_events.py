@@ -26,7 +26,7 @@ from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.store import keyspace
 from drivers import docker_names
 from tests.support.records import sandbox_record
-from tests.support.sandbox_helpers import start, wait_status
+from tests.support.sandbox_helpers import lifecycle, start, wait_status
 from tests.support.types import ClientFactory
 
 S = SandboxStatus
@@ -181,10 +181,7 @@ async def test_every_event_of_a_sandbox_is_stored_by_its_change(
     await wait_status(client, alice, sandbox_id, "RUNNING", within=90)
     assert (await client.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)).status == 200
 
-    resp = await client.get(
-        "/api/v1/lifecycle-events/search", params={"sandbox_id": sandbox_id}, headers=alice
-    )
-    items = (await resp.json())["items"]
+    items = await lifecycle(client, alice, sandbox_id=sandbox_id)
     seen = [(item["type"], item["automatic"]) for item in reversed(items)]
     assert seen == [
         ("sandbox.created", False),

@@ -34,11 +34,7 @@ class LifecyclePublisher:
         entry = self.entry(event)
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                for key, limit in entry.streams:
-                    if limit is None:
-                        pipe.xadd(key, {"e": entry.body})
-                    else:
-                        pipe.xadd(key, {"e": entry.body}, maxlen=limit, approximate=True)
+                entry.queue(pipe)
                 await pipe.execute()
         except REDIS_DOWN as exc:
             # Neither stored nor queued for the webhooks: the log line above is what remains.

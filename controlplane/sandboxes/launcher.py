@@ -21,7 +21,7 @@ from controlplane.config import ServiceConfig
 from controlplane.errors import RuntimeUnavailable
 from controlplane.lifecycle.models import LifecycleType
 from controlplane.sandboxes.leases import IntentLeases
-from controlplane.sandboxes.lifecycle import SandboxLifecycle
+from controlplane.sandboxes.lifecycle import SandboxLifecycle, entry_of
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.readiness import ReadinessProbe, StartFailed
 from controlplane.sandboxes.store import SandboxStore
@@ -250,7 +250,7 @@ class Launcher:
             ports=ports,
             host=host,
             touch=True,
-            entry=event.entry if event is not None else None,
+            entry=entry_of(event),
         )
         if result.outcome == "ok":
             self._notes.done(event)
@@ -318,7 +318,7 @@ class Launcher:
                     [S.STARTING],
                     S.ERROR,
                     reason=reason,
-                    entry=event.entry if event is not None else None,
+                    entry=entry_of(event),
                 )
                 break
             except REDIS_DOWN as exc:  # the failure must be recorded: wait for Redis

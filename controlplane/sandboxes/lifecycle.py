@@ -28,6 +28,11 @@ class Pending:
     entry: StreamEntry
 
 
+def entry_of(pending: Pending | None) -> StreamEntry | None:
+    """What a store write takes as `entry=` for `pending` (None: no event to store)."""
+    return pending.entry if pending is not None else None
+
+
 class SandboxLifecycle:
     def __init__(self, publisher: LifecyclePublisher | None = None) -> None:
         self.publisher = publisher

@@ -30,7 +30,7 @@ from controlplane.errors import ControlPlaneError, RuntimeUnavailable
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.launcher import Launcher, reached
 from controlplane.sandboxes.leases import LEASE_TTL, IntentLeases
-from controlplane.sandboxes.lifecycle import SandboxLifecycle
+from controlplane.sandboxes.lifecycle import SandboxLifecycle, entry_of
 from controlplane.sandboxes.locks import SandboxLocks
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
@@ -226,7 +226,7 @@ class Reconciler:
                 reason=reason or None,
                 ports=ports,
                 host=host,
-                entry=event.entry if event is not None else None,
+                entry=entry_of(event),
             )
             if result.outcome == "ok":
                 self._fixed()
@@ -310,8 +310,7 @@ class Reconciler:
         )
         memory = spec.resources.reservation_bytes if spec else 0
         event = self._notes.adopted(record)
-        entry = event.entry if event is not None else None
-        if await self._store.create(record, memory, Limits(), entry=entry) == "ok":
+        if await self._store.create(record, memory, Limits(), entry=entry_of(event)) == "ok":
             self._fixed()
             log.info("orphan_adopted", sandbox_id=sandbox_id, status=status)
             self._notes.done(event)

@@ -19,7 +19,7 @@ from controlplane.sandboxes import naming
 from controlplane.sandboxes.admission import Admission
 from controlplane.sandboxes.launcher import Launcher
 from controlplane.sandboxes.leases import IntentLeases
-from controlplane.sandboxes.lifecycle import SandboxLifecycle
+from controlplane.sandboxes.lifecycle import SandboxLifecycle, entry_of
 from controlplane.sandboxes.locks import SandboxLocks
 from controlplane.sandboxes.models import (
     SandboxInfo,
@@ -130,7 +130,7 @@ class SandboxService(SandboxReads):
             record,
             spec.resources.reservation_bytes,
             await self.limits(),
-            entry=event.entry if event is not None else None,
+            entry=entry_of(event),
         )
         if outcome != "ok":
             raise self.admission.refused(principal, outcome)
@@ -175,7 +175,7 @@ class SandboxService(SandboxReads):
             S.PAUSED,
             reason=reason,
             touch=not automatic,
-            entry=event.entry if event is not None else None,
+            entry=entry_of(event),
         )
         if result.outcome != "ok" and result.previous != S.PAUSED:
             raise Conflict(f"sandbox {record.id} changed while pausing ({result.previous})")
@@ -210,7 +210,7 @@ class SandboxService(SandboxReads):
                 S.STARTING,
                 limits=limits,
                 touch=True,
-                entry=event.entry if event is not None else None,
+                entry=entry_of(event),
             )
             self._check_resume(result.outcome, result.previous, principal, sandbox_id)
             self.notes.done(event)
@@ -286,5 +286,5 @@ class SandboxService(SandboxReads):
         event = self.notes.pending(
             LifecycleType.SANDBOX_DELETED, record, reason, automatic=automatic
         )
-        await self.store.delete(record, entry=event.entry if event is not None else None)
+        await self.store.delete(record, entry=entry_of(event))
         self.notes.done(event)

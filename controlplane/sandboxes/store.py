@@ -327,8 +327,7 @@ class SandboxStore:
             pipe.delete(keyspace.sandbox_lease(record.id))
             pipe.publish(keyspace.SANDBOX_STATUS_CHANNEL, f"{record.id} DELETED")
             if entry is not None:
-                for key, limit in entry.streams:
-                    pipe.xadd(key, {"e": entry.body}, maxlen=limit, approximate=limit is not None)
+                entry.queue(pipe)
             await pipe.execute()
         self._changed(record.id)
 

@@ -1,9 +1,10 @@
-"""Entries a Redis write adds to streams in the same step (a Lua script), so that the change and
-its record in the streams are stored together or not at all."""
+"""Entries a Redis write adds to streams in the same step (a Lua script, or a pipeline), so that
+the change and its record in the streams are stored together or not at all."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,11 @@ class StreamEntry:
         keys = [key for key, _ in self.streams]
         args = [self.body, *("" if limit is None else str(limit) for _, limit in self.streams)]
         return keys, args
+
+    def queue(self, pipe: Any) -> None:
+        """The same additions queued on a pipeline (or MULTI) the caller executes."""
+        for key, limit in self.streams:
+            pipe.xadd(key, {"e": self.body}, maxlen=limit, approximate=limit is not None)
 
 
 APPEND_ENTRY = """

@@ -16,9 +16,9 @@ from controlplane import keys
 from tests.conftest import BOOTSTRAP_KEY
 from tests.kube.sandbox_objects import api_get, objects, orphans
 from tests.kube.test_kube_sandboxes import Headers
-from tests.support.sandbox_helpers import DEFAULT_IMAGE, spec_dir, start, wait_status
+from tests.support.sandbox_helpers import DEFAULT_IMAGE, lifecycle, spec_dir, start, wait_status
 from tests.support.types import ClientFactory
-from tests.test_ops_reaper import backdate, lifecycle
+from tests.test_ops_reaper import backdate
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 

@@ -18,9 +18,8 @@ from kubernetes_asyncio import client
 from controlplane.store import keyspace
 from tests.kube.conftest import KubeCluster
 from tests.kube.sandbox_objects import api_get, eventually, objects, orphans
-from tests.support.sandbox_helpers import agent_call, start, wait_status
+from tests.support.sandbox_helpers import agent_call, lifecycle, start, wait_status
 from tests.support.types import ClientFactory
-from tests.test_ops_reaper import lifecycle
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 Headers = Callable[..., Awaitable[dict[str, str]]]

@@ -143,3 +143,11 @@ async def probe_from(
     )
     assert code == 0, out
     return dict(zip(targets, json.loads(out.splitlines()[-1]), strict=True))
+
+
+async def lifecycle(client: Client, headers: dict[str, str], **query: str) -> list[dict[str, Any]]:
+    """The caller's lifecycle events matching `query` (sandbox_id=…), newest first."""
+    params = "&".join(f"{k}={v}" for k, v in query.items())
+    resp = await client.get(f"/api/v1/lifecycle-events/search?{params}", headers=headers)
+    assert resp.status == 200, await resp.text()
+    return list((await resp.json())["items"])
