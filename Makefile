@@ -13,7 +13,7 @@ all: lint test
 host:
 	@scripts/bootstrap-host.sh
 
-# Debian's chromium, which the browser tests drive (tests/test_browser_pages.py), and npm, which
+# Debian's chromium, which the browser tests drive (tests/auth/test_sign_in_pages.py), and npm, which
 # fetches the web apps they run (tests/support/agent_canvas.py).
 browser:
 	@scripts/bootstrap-host.sh --browser

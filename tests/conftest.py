@@ -83,7 +83,8 @@ def make_config(redis_url: str, tmp_path: Path) -> Callable[..., ServiceConfig]:
             "spec_dir": REPO / "specs",
             "container_prefix": f"acs-test-{RUN_ID}-",
             "log_format": "json",
-            # Polling helpers would trip the per-key limit; tests/test_rate_limit.py turns it on.
+            # Polling helpers would trip the per-key limit; tests/api/test_rate_limit.py turns it
+            # on.
             "rate_limit_per_minute": 0,
             # Tests count containers and sandboxes: the warm pool is on only where a test asks.
             "warm_pool": "0",
