@@ -22,15 +22,13 @@ from typing import Any
 import aiohttp
 import pytest
 import redis.asyncio as aioredis
-from aiohttp import web
 from multidict import CIMultiDictProxy
 
-from controlplane.app import create_app
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
-from tests.support.live_server import Api, LiveServer, free_port
+from tests.support.live_server import Api, LiveServer, start_live_server
 from tests.support.sandbox_helpers import DEFAULT_IMAGE, spec_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("sandbox_images")]
@@ -94,17 +92,12 @@ resources: {{cpus: 1.0, memory: 512m, pids: 256}}
 async def live(
     test_prefix: str, make_config: Callable[..., ServiceConfig], tmp_path: Path
 ) -> AsyncIterator[LiveServer]:
-    port = free_port()
     config = make_config(
         container_prefix=test_prefix,
         reconcile_interval=1.0,
         spec_dir=spec_dir(tmp_path, {"hostile": HOSTILE_SPEC}),
     )
-    app = create_app(config)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    server = LiveServer(runner=runner, url=f"http://127.0.0.1:{port}", app=app)
+    server = await start_live_server(config)
     yield server
     await server.close()
 

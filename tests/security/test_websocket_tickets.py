@@ -21,15 +21,13 @@ import aiohttp
 import docker
 import pytest
 import redis.asyncio as aioredis
-from aiohttp import web
 
-from controlplane.app import create_app
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
 from controlplane.store import keyspace
-from tests.support.live_server import Api, LiveServer, free_port
+from tests.support.live_server import Api, LiveServer, start_live_server
 from tests.support.log_capture import capture_logs
 from tests.support.proxy_app import PROXIED_SPEC, serve_app
 from tests.support.records import NO_ENGINE
@@ -109,17 +107,12 @@ async def test_the_events_socket_takes_a_ticket_once_for_its_owner_only(
 async def live(
     test_prefix: str, make_config: Callable[..., ServiceConfig], tmp_path: Path
 ) -> AsyncIterator[LiveServer]:
-    port = free_port()
     config = make_config(
         container_prefix=test_prefix,
         reconcile_interval=1.0,
         spec_dir=spec_dir(tmp_path, {"proxied": PROXIED_SPEC}),
     )
-    app = create_app(config)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    server = LiveServer(runner=runner, url=f"http://127.0.0.1:{port}", app=app)
+    server = await start_live_server(config)
     yield server
     await server.close()
 
