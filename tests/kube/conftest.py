@@ -173,7 +173,13 @@ async def wait_service_account(core: client.CoreV1Api, namespace: str, within: f
 async def kube_namespace(kube_api: client.ApiClient) -> AsyncIterator[str]:
     core = client.CoreV1Api(kube_api)
     name = f"t-{secrets.token_hex(4)}"
-    await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    # Labelled as deploy/kubernetes labels the sandbox namespace (the Restricted Pod Security
+    # Standard; this 1.20 cluster stores the labels but has no admission controller for them).
+    labels = {
+        f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn", "audit")
+    }
+    metadata = client.V1ObjectMeta(name=name, labels=labels)
+    await core.create_namespace(client.V1Namespace(metadata=metadata))
     await wait_service_account(core, name)
     yield name
     await core.delete_namespace(name, grace_period_seconds=0)
