@@ -2,8 +2,8 @@
 `pod-security.kubernetes.io/enforce: restricted`, and every pod the Kubernetes driver makes fits
 the Restricted profile, read from the published Pod Security Standards (tests/support/
 pod_security.py). Kubernetes 1.25+ enforces the label itself; the project's test cluster (1.20)
-has no Pod Security Admission, so tests/kube/test_kube_pod_security.py checks the live pods,
-as the API server stored them, against the same rules."""
+has no Pod Security Admission, so tests/drivers/kubernetes/test_pod_security_live.py checks the
+live pods, as the API server stored them, against the same rules."""
 
 from __future__ import annotations
 
