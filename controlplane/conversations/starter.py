@@ -449,7 +449,13 @@ class StartTaskRunner:
                     await self._pending.drop(task_owner(task.id))
                 continue
             log.info("start_task_resumed", task_id=task.id, status=task.status.value)
-            principal = Principal(user_id=task.created_by_user_id, key_id=RESUMED_KEY_ID)
+            # A resumed task acts in the default organization: the task record predates
+            # organizations and does not name one (a fresh sandbox of it is indexed there).
+            principal = Principal(
+                user_id=task.created_by_user_id,
+                key_id=RESUMED_KEY_ID,
+                org_id=self._config.default_organization,
+            )
             self._owners[task.id] = owner
             self.spawn(task, principal)
             resumed += 1

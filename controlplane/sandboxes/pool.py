@@ -101,6 +101,7 @@ class WarmPool:
             principal.user_id,
             running_cap=limits.running,
             total_cap=limits.total,
+            org_id=principal.org_id,
         )
         self._wake.set()
         if claim.outcome in ("running", "total"):
