@@ -13,7 +13,6 @@ The session's periodic check with the provider is auth/oidc_recheck.py.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import secrets
 import time
 from dataclasses import dataclass
@@ -34,7 +33,12 @@ STATE_TTL = 600
 """Seconds a started sign-in may take at the provider (its login page) before the callback."""
 
 # The callback takes the state's record once: a second callback with it (a replay) finds none.
+# Only the browser that started it takes it (ARGV[1]: the SHA-256 of its binding cookie), so
+# another browser's attempt with a stolen state and code neither succeeds nor spoils it.
 _TAKE = """
+if redis.call('HGET', KEYS[1], 'binding') ~= ARGV[1] then
+  return redis.call('EXISTS', KEYS[1]) == 1 and 'foreign' or 'missing'
+end
 local row = redis.call('HGETALL', KEYS[1])
 redis.call('DEL', KEYS[1])
 return row
@@ -115,12 +119,12 @@ class SignInFlow:
         """Redeem the provider's answer. Raises SignInFailed (unknown, used or expired state; a
         browser that did not start it; a code or ID token the provider or we refuse; a user
         with no organization) or RuntimeUnavailable (provider unreachable)."""
-        raw = await self._take(keys=[keyspace.oidc_state(_sha(state))])
-        row = {text(k): text(v) for k, v in zip(raw[::2], raw[1::2], strict=True)}
-        if not row:
-            raise SignInFailed("this sign-in is unknown, expired or already used: start again")
-        if binding is None or not hmac.compare_digest(_sha(binding), row["binding"]):
+        raw = await self._take(keys=[keyspace.oidc_state(_sha(state))], args=[_sha(binding or "")])
+        if raw == b"foreign":
             raise SignInFailed("this sign-in was started in another browser: start again")
+        if not isinstance(raw, list) or not raw:
+            raise SignInFailed("this sign-in is unknown, expired or already used: start again")
+        row = {text(k): text(v) for k, v in zip(raw[::2], raw[1::2], strict=True)}
         identity = await self._client.redeem(
             code,
             code_verifier=self._box.decrypt(row["verifier_enc"].encode()).decode(),

@@ -1,7 +1,8 @@
 """What each role may do in its organization: one table, read by every domain that checks it.
 
-A member's own sandboxes, conversations and settings are theirs whatever their role; this table
-is about acting on *other* members' things, and on the organization itself. Nobody but its
+A member's own sandboxes, conversations and settings are theirs whatever their role (an auditor
+makes none: SANDBOX_CREATE); the rest of this table is about acting on *other* members' things,
+and on the organization itself. Nobody but its
 author reads a conversation's content (events, messages, files): no row grants it.
 """
 
@@ -24,6 +25,8 @@ RANK = {Role.AUDITOR: 0, Role.MEMBER: 1, Role.ADMIN: 2, Role.OWNER: 3}
 
 
 class Action(StrEnum):
+    SANDBOX_CREATE = "sandbox.create"
+    """Start sandboxes (and so conversations) of one's own: an auditor only reads."""
     SANDBOX_READ = "sandbox.read"
     """Another member's sandboxes: list them, read their state (never their session keys)."""
     SANDBOX_OPERATE = "sandbox.operate"
@@ -41,6 +44,7 @@ class Action(StrEnum):
 
 
 GRANTS: dict[Action, frozenset[Role]] = {
+    Action.SANDBOX_CREATE: frozenset({Role.OWNER, Role.ADMIN, Role.MEMBER}),
     Action.SANDBOX_READ: frozenset({Role.OWNER, Role.ADMIN, Role.AUDITOR}),
     Action.SANDBOX_OPERATE: frozenset({Role.OWNER, Role.ADMIN}),
     Action.USAGE_READ: frozenset({Role.OWNER, Role.ADMIN, Role.AUDITOR}),

@@ -146,6 +146,19 @@ class OrganizationService:
         ]
         return MemberPage(items=items)
 
+    async def check_member(self, principal: Principal, user_id: str, action: Action) -> None:
+        """May `principal` do `action` to `user_id`'s things? Raises NotFound when `user_id` is no
+        member of the organization the caller acts in (as for a user that does not exist),
+        Forbidden when the caller's role may not."""
+        roles, _ = await self.roles_of(user_id)
+        outside = principal.org_id is None or principal.org_id not in roles
+        if outside and not principal.is_admin:
+            raise NotFound(f"no member {user_id} in this organization")
+        if not may(principal, action):
+            if not may(principal, Action.MEMBERS_READ):  # a member: others are not theirs to see
+                raise NotFound(f"no member {user_id} visible to you")
+            raise Forbidden(f"your role ({principal.org_role}) may not do {action.value}")
+
     async def limits_for(self, org_id: str, user_id: str) -> tuple[OrgLimits, OrgLimits]:
         """The organization's limits and the member's own in it."""
         found = await self.store.get(org_id)

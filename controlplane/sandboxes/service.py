@@ -15,7 +15,7 @@ from controlplane.auth.models import Principal
 from controlplane.config import ServiceConfig
 from controlplane.errors import Conflict, Forbidden
 from controlplane.lifecycle.models import LifecycleType
-from controlplane.organizations.roles import Action
+from controlplane.organizations.roles import Action, may
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.admission import Admission
 from controlplane.sandboxes.launcher import Launcher
@@ -116,6 +116,8 @@ class SandboxService(SandboxReads):
         """
         if principal.org_id is None:
             raise Forbidden(f"{principal.user_id} belongs to no organization: ask an admin")
+        if not may(principal, Action.SANDBOX_CREATE):
+            raise Forbidden(f"an {principal.org_role} only reads: it starts no sandbox")
         spec = self.catalog.get(spec_id)
         image_id = await self.driver.image_id(spec.image)
         if self.pool is not None and image_id is not None:
