@@ -124,7 +124,7 @@ const provider = new Provider(config.issuer, {
 provider.proxy = false;
 provider.on('server_error', (_ctx, err) => { console.error('server_error', err); });
 
-const server = provider.listen(config.port, '127.0.0.1', () => {
+const server = provider.listen(config.port, config.host, () => {
   console.log(`listening ${server.address().port}`);
 });
 process.on('SIGTERM', () => server.close(() => process.exit(0)));

@@ -96,12 +96,15 @@ class OidcProvider:
     users: dict[str, OidcUser] = field(default_factory=dict)
     keys: list[dict[str, Any]] = field(default_factory=lambda: [new_signing_key()])
     access_token_ttl: int = 3600
-    port: int = field(default_factory=free_port)
+    host: str = "127.0.0.1"
+    """Where it listens (a browser in a network namespace of its own reaches the link's host
+    address, not loopback)."""
+    port: int = 0
     process: subprocess.Popen[str] | None = None
 
     @property
     def issuer(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def users_file(self) -> Path:
@@ -123,6 +126,7 @@ class OidcProvider:
         }
         return {
             "issuer": self.issuer,
+            "host": self.host,
             "port": self.port,
             "clients": [
                 {"client_id": CLIENT_ID, **client},
@@ -136,6 +140,7 @@ class OidcProvider:
         }
 
     def start(self) -> None:
+        self.port = self.port or free_port(self.host)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.write_users()
         config = self.directory / "config.json"
@@ -199,12 +204,15 @@ def oidc_provider_root() -> Path:
         pytest.fail(f"installing {PACKAGE}@{VERSION} failed: {exc}", pytrace=False)
 
 
-def make_provider(root: Path, directory: Path, redirect_uris: list[str]) -> OidcProvider:
+def make_provider(
+    root: Path, directory: Path, redirect_uris: list[str], host: str = "127.0.0.1"
+) -> OidcProvider:
     """A provider with three users: alice (groups eng, eng-admins), bob (eng), carol (audit)."""
     return OidcProvider(
         root=root,
         directory=directory,
         redirect_uris=redirect_uris,
+        host=host,
         users={
             "alice": OidcUser("alice@example.com", "Alice", ["eng", "eng-admins"]),
             "bob": OidcUser("bob@example.com", "Bob", ["eng"]),
@@ -219,9 +227,9 @@ def oidc_provider_factory(oidc_provider_root: Path, tmp_path: Path) -> Iterator[
     """Start providers for redirect URIs known only once the app listens; stopped after."""
     started: list[OidcProvider] = []
 
-    def start(redirect_uris: list[str], **overrides: Any) -> OidcProvider:
+    def start(redirect_uris: list[str], host: str = "127.0.0.1", **overrides: Any) -> OidcProvider:
         provider = make_provider(
-            oidc_provider_root, tmp_path / f"oidc-{len(started)}", redirect_uris
+            oidc_provider_root, tmp_path / f"oidc-{len(started)}", redirect_uris, host
         )
         for name, value in overrides.items():
             setattr(provider, name, value)

@@ -76,13 +76,16 @@ async def oidc_live(
     make_config: Callable[..., ServiceConfig], oidc_provider_factory: Any
 ) -> AsyncIterator[OidcLiveFactory]:
     """`await oidc_live(**config)`: a provider and a control plane (no sandboxes unless
-    `with_sandboxes=True`) signing browsers in through it; closed after the test."""
+    `with_sandboxes=True`), both on `host` (loopback by default), signing browsers in through
+    it; closed after the test."""
     made: list[OidcLive] = []
 
-    async def make(*, with_sandboxes: bool = False, **overrides: Any) -> OidcLive:
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        provider = oidc_provider_factory([base + "/auth/oidc/callback"])
+    async def make(
+        *, with_sandboxes: bool = False, host: str = "127.0.0.1", **overrides: Any
+    ) -> OidcLive:
+        port = free_port(host)
+        base = f"http://{host}:{port}"
+        provider = oidc_provider_factory([base + "/auth/oidc/callback"], host=host)
         values: dict[str, Any] = {
             "oidc_issuer": provider.issuer,
             "oidc_client_id": CLIENT_ID,
@@ -94,7 +97,7 @@ async def oidc_live(
         app = create_app(make_config(**values), with_sandboxes=with_sandboxes)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await web.TCPSite(runner, host, port).start()
         live = OidcLive(url=base, provider=provider, app=app, runner=runner)
         made.append(live)
         return live

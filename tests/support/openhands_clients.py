@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -271,10 +272,17 @@ async def approve_in_the_page(base: str, key: str, link: str) -> None:
 
 
 async def openhands_login(
-    venv: OpenHandsVenv, base: str, key: str, home: Path, within: float
+    venv: OpenHandsVenv,
+    base: str,
+    key: str,
+    home: Path,
+    within: float,
+    *,
+    approve: Callable[[str], Awaitable[None]] | None = None,
 ) -> str:
     """`openhands login --server-url base`, its printed link approved in the page as a person
-    would (as `key`'s user); the CLI's whole output, once it has exited 0."""
+    would (as `key`'s user, or by `approve(link)`: e.g. signing in through an OpenID provider);
+    the CLI's whole output, once it has exited 0."""
     proc = await asyncio.create_subprocess_exec(
         str(venv.bin("openhands")),
         "login",
@@ -297,7 +305,10 @@ async def openhands_login(
                 seen.append(line)
                 found = re.search(r"(http://\S+/oauth/device/verify\?user_code=[A-Z-]+)", line)
                 link = found.group(1) if found else None
-            await approve_in_the_page(base, key, link)
+            if approve is None:
+                await approve_in_the_page(base, key, link)
+            else:
+                await approve(link)
             seen.append((await proc.stdout.read()).decode(errors="replace"))
             assert await proc.wait() == 0, "".join(seen)
     finally:
