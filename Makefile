@@ -105,6 +105,7 @@ bench: install host images
 	$(BIN)/python -m bench.warm_pool
 	$(BIN)/python -m bench.llm_gateway
 	$(BIN)/python -m bench.ha
+	$(BIN)/python -m bench.oidc_sessions
 
 # The official agent server's start latency (bench/official_agent.py); builds its image first
 # (minutes from nothing), which `make bench` does not need. The benches run as modules of the

@@ -243,4 +243,4 @@ def oidc_provider_factory(oidc_provider_root: Path, tmp_path: Path) -> Iterator[
 
 
 if __name__ == "__main__":
-    print(install(*sys.argv[1:2]))
+    print(install(sys.argv[1]) if len(sys.argv) > 1 else install())
