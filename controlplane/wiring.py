@@ -359,7 +359,7 @@ def sandboxes_ctx(config: ServiceConfig) -> Context:
         notes = SandboxLifecycle(app[keys.LIFECYCLE])
         leases = IntentLeases(redis)
         locks = SandboxLocks()
-        admission = Admission(config, driver)
+        admission = Admission(config, driver, app[keys.ORGANIZATIONS])
         launcher = Launcher(
             config,
             store,

@@ -13,16 +13,17 @@ from controlplane.organizations.roles import Role
 
 
 class OrgLimits(BaseModel):
-    """Caps of an organization, or of one member in it (a member's own override the
-    organization's, which override the deployment's ACS_MAX_*_PER_USER)."""
+    """Per-member caps: set on an organization, for each of its members; set on a member, for
+    them alone. A member's own override the organization's, which override the deployment's
+    ACS_MAX_RUNNING_PER_USER and ACS_MAX_SANDBOXES_PER_USER; unset (null): the next one."""
 
     model_config = ConfigDict(extra="forbid")
 
     max_running_sandboxes: int | None = Field(
-        default=None, ge=0, le=100_000, description="STARTING + RUNNING sandboxes; 0: none"
+        default=None, ge=0, le=100_000, description="STARTING + RUNNING sandboxes; 0: no limit"
     )
     max_sandboxes: int | None = Field(
-        default=None, ge=0, le=1_000_000, description="sandboxes in any state; 0: none"
+        default=None, ge=0, le=1_000_000, description="sandboxes in any state; 0: no limit"
     )
 
 
@@ -35,7 +36,7 @@ class Organization(BaseModel):
     created_at: datetime | None = None
     role: Role | None = Field(default=None, description="The caller's role in it")
     limits: OrgLimits = Field(
-        default_factory=OrgLimits, description="Limits of the organization as a whole"
+        default_factory=OrgLimits, description="Each member's caps here (unless their own)"
     )
 
 

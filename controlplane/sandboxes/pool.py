@@ -105,7 +105,7 @@ class WarmPool:
         )
         self._wake.set()
         if claim.outcome in ("running", "total"):
-            raise self._admission.refused(principal, claim.outcome)
+            raise self._admission.refused(principal, claim.outcome, limits)
         if claim.sandbox_id is None:
             return None
         record = await self._sandboxes.get(claim.sandbox_id)

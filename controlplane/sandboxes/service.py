@@ -120,8 +120,9 @@ class SandboxService(SandboxReads):
             raise Forbidden(f"an {principal.org_role} only reads: it starts no sandbox")
         spec = self.catalog.get(spec_id)
         image_id = await self.driver.image_id(spec.image)
+        limits = await self.admission.member_limits(principal.org_id, principal.user_id)
         if self.pool is not None and image_id is not None:
-            claimed = await self.pool.claim(principal, spec, image_id, await self.limits())
+            claimed = await self.pool.claim(principal, spec, image_id, limits)
             if claimed is not None:
                 # The user's sandbox begins here: its events, as for a cold start.
                 await self.notes(LifecycleType.SANDBOX_CREATED, claimed)
@@ -134,13 +135,10 @@ class SandboxService(SandboxReads):
             raise self.admission.refused(principal, "memory")
         event = self.notes.pending(LifecycleType.SANDBOX_CREATED, record)
         outcome = await self.store.create(
-            record,
-            spec.resources.reservation_bytes,
-            await self.limits(),
-            entry=entry_of(event),
+            record, spec.resources.reservation_bytes, limits, entry=entry_of(event)
         )
         if outcome != "ok":
-            raise self.admission.refused(principal, outcome)
+            raise self.admission.refused(principal, outcome, limits)
         self.notes.done(event)
         self.launcher.launch(record)
         return self.view(record, principal)
@@ -203,7 +201,8 @@ class SandboxService(SandboxReads):
             if record.status in (S.RUNNING, S.STARTING):
                 await self.store.touch(record.id)
                 return
-            limits = await self.limits()
+            # The caps of the sandbox's owner in its organization (an admin may resume it).
+            limits = await self.admission.member_limits(record.org_id, record.owner)
             # A runtime whose pause released the instance has nothing to unpause: start it.
             thaw = record.status == S.PAUSED and not self.driver.pause_releases
             if thaw and await self._unpause(record, limits, principal):
