@@ -18,23 +18,19 @@ Exit status: 0 when the table was printed (a missed target is marked in it), 1 o
 from __future__ import annotations
 
 import argparse
-import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import httpx
-from aiohttp import web
 
-from bench.common import REPO, Samples, Served, main_of, ms, server_timing
+from bench.common import REPO, Samples, main_of, ms, serve
 from controlplane import keys
-from controlplane.app import create_app
 from controlplane.auth.service import ApiKeyService
-from controlplane.config import ServiceConfig, load_config
+from controlplane.config import load_config
 from tests.support.live_server import free_port
 from tests.support.oidc_provider import CLIENT_ID, OidcProvider, install, make_provider
 from tests.support.oidc_sign_in import GROUP_ROLES, browser_session, sign_in
@@ -59,22 +55,6 @@ def parse(argv: list[str] | None) -> Options:
     parser.add_argument("--json", dest="json_path", type=Path, default=None)
     args = parser.parse_args(argv)
     return Options(quick=args.quick, json_path=args.json_path)
-
-
-@contextlib.asynccontextmanager
-async def serve_without_sandboxes(config: ServiceConfig, samples: Samples) -> AsyncIterator[Served]:
-    """The app without its sandbox services (what is measured is sign-in and authentication),
-    over real HTTP on loopback, with bench/common.py's timing middleware outermost."""
-    app = create_app(config, with_sandboxes=False)
-    app.middlewares.insert(0, server_timing(samples))
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=10)
-    await runner.setup()
-    try:
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        yield Served(app, f"http://127.0.0.1:{port}", config)
-    finally:
-        await runner.cleanup()
 
 
 class ProviderClock:
@@ -121,7 +101,7 @@ class OidcBench:
             oidc_scopes="openid,email,profile,groups",
             oidc_group_roles=GROUP_ROLES,
         )
-        async with serve_without_sandboxes(config, self.samples) as served:
+        async with serve(config, self.samples, with_sandboxes=False) as served:
             self.provider = make_provider(
                 install(), self.tmp / "oidc", [served.url + "/auth/oidc/callback"]
             )

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from tests.support.oidc_sign_in import OidcLive, browser_session, sign_in
-from tests.support.openhands_clients import OpenHandsVenv, openhands_login
+from tests.support.openhands_clients import OpenHandsVenv, approve_code, openhands_login
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.timeout(300)]
 
@@ -25,18 +25,7 @@ async def approve_through_the_provider(base: str, user: str, link: str) -> None:
             assert page.headers["Location"].startswith("/auth/sign-in?next=")
         status, html = await sign_in(browser, base, user, link.removeprefix(base))
         assert status == 200, html
-        async with browser.get(link) as page:
-            text = await page.text()
-            assert page.status == 200, text
-        user_code = link.rsplit("=", 1)[1]
-        assert f'value="{user_code}"' in text
-        async with browser.post(
-            base + "/oauth/device/verify",
-            data={"user_code": user_code, "action": "approve"},
-            headers={"Origin": base},
-        ) as done:
-            assert done.status == 200
-            assert "is connected" in await done.text()
+        await approve_code(browser, base, link)
 
 
 async def test_openhands_login_signs_in_through_the_provider(

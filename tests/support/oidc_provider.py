@@ -14,7 +14,6 @@ provider keeps them in its database).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import secrets
 import shutil
@@ -30,6 +29,7 @@ import pytest
 from joserfc.jwk import RSAKey
 
 from tests.support.live_server import free_port
+from tests.support.npm_cache import cached
 from tests.support.openhands_clients import data_dir
 
 PACKAGE = "oidc-provider"
@@ -44,29 +44,21 @@ def install(version: str = VERSION, build: Path | None = None) -> Path:
     """The directory holding node_modules/oidc-provider at `version`, installed if missing."""
     build = build or data_dir() / "build"
     root = build / "oidc-provider" / version
-    build.mkdir(parents=True, exist_ok=True)
-    with (build / "oidc-provider.lock").open("w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        if (root / ".complete").exists():
-            return root
-        npm = shutil.which("npm")
-        if npm is None:
-            raise RuntimeError("no `npm` on PATH: install Debian's npm (make browser)")
-        shutil.rmtree(root, ignore_errors=True)
-        root.mkdir(parents=True)
-        (root / "package.json").write_text('{"name": "acs-oidc-fixture", "private": true}\n')
-        done = subprocess.run(
-            [npm, "install", "--no-audit", "--no-fund", "--silent", f"{PACKAGE}@{version}"],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-            cwd=root,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"npm install {PACKAGE}@{version} failed:\n{done.stderr[-3000:]}")
-        (root / ".complete").touch()
-        return root
+    return cached(build / "oidc-provider.lock", root, lambda r, npm: _npm_install(r, npm, version))
+
+
+def _npm_install(root: Path, npm: str, version: str) -> None:
+    (root / "package.json").write_text('{"name": "acs-oidc-fixture", "private": true}\n')
+    done = subprocess.run(
+        [npm, "install", "--no-audit", "--no-fund", "--silent", f"{PACKAGE}@{version}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=root,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"npm install {PACKAGE}@{version} failed:\n{done.stderr[-3000:]}")
 
 
 def new_signing_key() -> dict[str, Any]:

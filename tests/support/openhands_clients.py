@@ -261,18 +261,23 @@ async def approve_in_the_page(base: str, key: str, link: str) -> None:
         ) as signed:
             assert signed.status == 303
             assert signed.headers["Location"] == next_path
-        async with browser.get(link) as page:
-            text = await page.text()
-            assert page.status == 200, text
-        user_code = link.rsplit("=", 1)[1]
-        assert f'value="{user_code}"' in text
-        async with browser.post(
-            base + "/oauth/device/verify",
-            data={"user_code": user_code, "action": "approve"},
-            headers=own,
-        ) as done:
-            assert done.status == 200
-            assert "is connected" in await done.text()
+        await approve_code(browser, base, link)
+
+
+async def approve_code(browser: aiohttp.ClientSession, base: str, link: str) -> None:
+    """A signed-in browser on the printed link: the code is the one shown, Approve."""
+    async with browser.get(link) as page:
+        text = await page.text()
+        assert page.status == 200, text
+    user_code = link.rsplit("=", 1)[1]
+    assert f'value="{user_code}"' in text
+    async with browser.post(
+        base + "/oauth/device/verify",
+        data={"user_code": user_code, "action": "approve"},
+        headers={"Origin": base},
+    ) as done:
+        assert done.status == 200
+        assert "is connected" in await done.text()
 
 
 async def openhands_login(
