@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from controlplane.auth.oidc_flow import SignInFlow
     from controlplane.auth.service import ApiKeyService
     from controlplane.auth.sessions import SessionService
+    from controlplane.auth.tickets import TicketService
     from controlplane.config import ServiceConfig
     from controlplane.conversations.service import ConversationService
     from controlplane.crypto import SecretBox
@@ -62,6 +63,7 @@ REDIS: web.AppKey[aioredis.Redis] = web.AppKey("redis")
 SECRET_BOX: web.AppKey[SecretBox] = web.AppKey("secret_box")
 API_KEYS: web.AppKey[ApiKeyService] = web.AppKey("api_keys")
 SESSIONS: web.AppKey[SessionService] = web.AppKey("sessions")
+TICKETS: web.AppKey[TicketService] = web.AppKey("ws_tickets")
 DEVICE_FLOW: web.AppKey[DeviceFlowService] = web.AppKey("device_flow")
 OIDC_SIGN_IN: web.AppKey[SignInFlow] = web.AppKey("oidc_sign_in")
 """Only when ACS_OIDC_ISSUER is set: browsers sign in through the OpenID provider."""

@@ -45,7 +45,7 @@ class ApiKeyMetadata(BaseModel):
     name: str
     org_id: str | None = Field(description="The organization the call acts in")
     user_id: str
-    auth_type: Literal["api_key", "session", "oidc", "single_user"]
+    auth_type: Literal["api_key", "session", "oidc", "single_user", "ticket"]
 
 
 class NewKey(BaseModel):
