@@ -504,6 +504,7 @@ def conversations_ctx(config: ServiceConfig) -> Context:
             pending=pending,
             gateway_tokens=app[keys.GATEWAY].tokens,
             gateway_url=sandboxes.launcher.control_plane_url,
+            organizations=app[keys.ORGANIZATIONS],
         )
         conversations = ConversationService(
             store, events, sandboxes, agent, runner, publisher=publisher, pending=pending
