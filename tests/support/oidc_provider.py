@@ -31,6 +31,7 @@ from joserfc.jwk import RSAKey
 from tests.support.live_server import free_port
 from tests.support.npm_cache import cached
 from tests.support.openhands_clients import data_dir
+from tests.support.processes import end
 
 PACKAGE = "oidc-provider"
 VERSION = "9.13.3"
@@ -163,12 +164,7 @@ class OidcProvider:
 
     def stop(self) -> None:
         if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+            end(self.process)
             if self.process.stdout is not None:
                 self.process.stdout.close()
             self.process = None
