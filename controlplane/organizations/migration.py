@@ -4,9 +4,7 @@ deployment (recorded in `acs:migrations`), by one replica at a time, and safe to
 - the default organization (ACS_DEFAULT_ORGANIZATION) is made;
 - every user of a stored API key, and every owner of a sandbox, becomes a member of it (the
   users of admin keys its owners); a user who already has memberships keeps them;
-- every key is listed under its user (so its owner can list and revoke it);
-- every sandbox record is indexed in the default organization (what its admins list), running
-  ones in its running set.
+- every key is listed under its user (so its owner can list and revoke it).
 
 Nothing a user owns changes: records keep their owner, and a record that names no organization
 is the default organization's (sandboxes/models.py, conversations).
@@ -38,7 +36,7 @@ async def migrate(redis: aioredis.Redis, organizations: OrganizationService) -> 
         return False  # another replica is at it; its result is the same
     try:
         users = await _key_users(redis)
-        owners = await _index_sandboxes(redis, organizations.default_org)
+        owners = await _sandbox_owners(redis)
         for user in owners:
             users.setdefault(user, False)
         store = organizations.store
@@ -76,8 +74,8 @@ async def _key_users(redis: aioredis.Redis) -> dict[str, bool]:
     return users
 
 
-async def _index_sandboxes(redis: aioredis.Redis, default_org: str) -> set[str]:
-    """Index every sandbox without an organization under the default one; their owners."""
+async def _sandbox_owners(redis: aioredis.Redis) -> set[str]:
+    """The owners of the sandboxes that name no organization (made before organizations)."""
     owners: set[str] = set()
     after = "+"
     while True:
@@ -89,17 +87,9 @@ async def _index_sandboxes(redis: aioredis.Redis, default_org: str) -> set[str]:
             return owners
         async with redis.pipeline(transaction=False) as pipe:
             for sandbox_id in ids:
-                pipe.hmget(keyspace.sandbox(sandbox_id), ["owner", "status", "org"])
+                pipe.hmget(keyspace.sandbox(sandbox_id), ["owner", "org"])
             rows = await pipe.execute()
-        async with redis.pipeline(transaction=False) as pipe:
-            for sandbox_id, (owner, status, org) in zip(ids, rows, strict=True):
-                if owner is None or org:
-                    continue
-                owners.add(text(owner))
-                pipe.zadd(keyspace.org_sandboxes(default_org), {sandbox_id: 0})
-                if text(status or b"") in ("STARTING", "RUNNING"):
-                    pipe.sadd(keyspace.org_active_sandboxes(default_org), sandbox_id)
-            await pipe.execute()
+        owners.update(text(owner) for owner, org in rows if owner is not None and not org)
         if len(ids) < BATCH:
             return owners
         after = f"({ids[-1]}"

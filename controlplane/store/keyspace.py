@@ -283,16 +283,5 @@ def org_member_limits(org_id: str, user_id: str) -> str:
     return f"{PREFIX}:org:{org_id}:limits:{user_id}"
 
 
-def org_sandboxes(org_id: str) -> str:
-    """Sorted set (lexical) of the organization's sandbox ids: what its admins and auditors
-    list."""
-    return f"{PREFIX}:org:{org_id}:sandboxes"
-
-
-def org_active_sandboxes(org_id: str) -> str:
-    """Set: the organization's STARTING/RUNNING sandbox ids (its running cap counts them)."""
-    return f"{PREFIX}:org:{org_id}:active_sandboxes"
-
-
 MIGRATIONS = f"{PREFIX}:migrations"
 """Set of the data migrations applied (organizations.migration): each runs once."""
