@@ -3,7 +3,8 @@
 # haproxy (the high-availability tests' balancer), debootstrap, a running Docker engine, and
 # gVisor's runsc registered with it (optional); with --browser, Python venv support, Debian's
 # chromium and npm (the browser tests, and the web apps they fetch from the npm registry) only;
-# with --unit, Python venv support and redis-server only (make test-unit); with --kube, what the
+# with --unit, Python venv support, redis-server and npm (Node runs the tests' OpenID provider)
+# only (make test-unit); with --kube, what the
 # Kubernetes test cluster needs (docs/test-cluster.md): Debian's Go, rsync and the reflect2
 # sources to build it, etcd-server, conntrack, gcc for the pause binary. Installs what is missing
 # when run as root on Debian; otherwise says exactly what to install. Safe to run again: it only
@@ -42,6 +43,8 @@ if $browser; then
 fi
 if $redis_only; then
     have redis-server || need_apt+=(redis-server)
+    # The OpenID provider of the sign-in tests (tests/support/oidc_provider.py) runs on Node.
+    have npm || need_apt+=(npm)
 fi
 if $kube; then
     have go || need_apt+=(golang-go)

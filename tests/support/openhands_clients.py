@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,8 +69,10 @@ def find_python(version: str = PYTHON_VERSION) -> Path | None:
                 return candidate
     roots = [os.environ.get("PYENV_ROOT", ""), str(Path.home() / ".pyenv")]
     for root in filter(None, roots):
-        for candidate in sorted(glob.glob(f"{root}/versions/{version}.*/bin/python"), reverse=True):
-            return Path(candidate)
+        for found_python in sorted(
+            glob.glob(f"{root}/versions/{version}.*/bin/python"), reverse=True
+        ):
+            return Path(found_python)
     on_path = shutil.which(f"python{version}")
     return Path(on_path) if on_path else None
 
@@ -173,7 +176,9 @@ def build_official_sdk_venv(python: Path, build: Path) -> Path:
         shutil.rmtree(venv, ignore_errors=True)
         _run([python, "-m", "venv", venv], log, 120)
         pip = venv / "bin" / "pip"
-        args = ["install", "-q", "--no-index", "--find-links", wheels[0], "-r", OFFICIAL_LOCK]
+        args: list[str | Path] = [
+            "install", "-q", "--no-index", "--find-links", wheels[0], "-r", OFFICIAL_LOCK,
+        ]  # fmt: skip
         _run([pip, *args], log, 1200)
         (venv / ".complete").touch()
         return venv
@@ -264,25 +269,37 @@ async def approve_in_the_page(base: str, key: str, link: str) -> None:
         ) as signed:
             assert signed.status == 303
             assert signed.headers["Location"] == next_path
-        async with browser.get(link) as page:
-            text = await page.text()
-            assert page.status == 200, text
-        user_code = link.rsplit("=", 1)[1]
-        assert f'value="{user_code}"' in text
-        async with browser.post(
-            base + "/oauth/device/verify",
-            data={"user_code": user_code, "action": "approve"},
-            headers=own,
-        ) as done:
-            assert done.status == 200
-            assert "is connected" in await done.text()
+        await approve_code(browser, base, link)
+
+
+async def approve_code(browser: aiohttp.ClientSession, base: str, link: str) -> None:
+    """A signed-in browser on the printed link: the code is the one shown, Approve."""
+    async with browser.get(link) as page:
+        text = await page.text()
+        assert page.status == 200, text
+    user_code = link.rsplit("=", 1)[1]
+    assert f'value="{user_code}"' in text
+    async with browser.post(
+        base + "/oauth/device/verify",
+        data={"user_code": user_code, "action": "approve"},
+        headers={"Origin": base},
+    ) as done:
+        assert done.status == 200
+        assert "is connected" in await done.text()
 
 
 async def openhands_login(
-    venv: OpenHandsVenv, base: str, key: str, home: Path, within: float
+    venv: OpenHandsVenv,
+    base: str,
+    key: str,
+    home: Path,
+    within: float,
+    *,
+    approve: Callable[[str], Awaitable[None]] | None = None,
 ) -> str:
     """`openhands login --server-url base`, its printed link approved in the page as a person
-    would (as `key`'s user); the CLI's whole output, once it has exited 0."""
+    would (as `key`'s user, or by `approve(link)`: e.g. signing in through an OpenID provider);
+    the CLI's whole output, once it has exited 0."""
     proc = await asyncio.create_subprocess_exec(
         str(venv.bin("openhands")),
         "login",
@@ -305,7 +322,10 @@ async def openhands_login(
                 seen.append(line)
                 found = re.search(r"(http://\S+/oauth/device/verify\?user_code=[A-Z-]+)", line)
                 link = found.group(1) if found else None
-            await approve_in_the_page(base, key, link)
+            if approve is None:
+                await approve_in_the_page(base, key, link)
+            else:
+                await approve(link)
             seen.append((await proc.stdout.read()).decode(errors="replace"))
             assert await proc.wait() == 0, "".join(seen)
     finally:
