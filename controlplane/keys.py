@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from controlplane.lifecycle.outbox import Outbox
     from controlplane.lifecycle.publisher import LifecyclePublisher
     from controlplane.metrics import Metrics
+    from controlplane.outbound.sources import OutboundSources
     from controlplane.proxy.state import ProxyState
     from controlplane.sandboxes.models import SandboxRecord
     from controlplane.sandboxes.pool import WarmPool
@@ -84,6 +85,9 @@ RUNTIME_HTTP: web.AppKey[RuntimeHttp] = web.AppKey("runtime_http")
 """Requests browser clients have the control plane send to a sandbox's agent server
 (POST /api/cloud-proxy, a conversation's git and file reads): bounded answers, own pool."""
 LIFECYCLE: web.AppKey[LifecyclePublisher] = web.AppKey("lifecycle")
+OUTBOUND: web.AppKey[OutboundSources] = web.AppKey("outbound")
+"""The outbound policies (for users, for the operator's URLs) and what keeps them current
+(controlplane/outbound)."""
 WEBHOOK_OUTBOX: web.AppKey[Outbox] = web.AppKey("webhook_outbox")
 """Only when ACS_LIFECYCLE_WEBHOOK_URLS is set."""
 SANDBOXES: web.AppKey[SandboxService] = web.AppKey("sandboxes")

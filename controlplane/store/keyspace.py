@@ -226,3 +226,9 @@ def llm_usage_user(user_id: str, month: str) -> str:
     """Hash, TTL about 13 months: the user's gateway usage in one calendar month (UTC,
     `YYYY-MM`), the same fields; the per-user budget counts it."""
     return f"{PREFIX}:llm_usage:user:{user_id}:{month}"
+
+
+REPLICA_ADDRESSES = f"{PREFIX}:replica_addresses"
+"""Hash: replica id -> JSON {"addresses": [...], "at": epoch seconds}: each replica's host
+addresses, written by itself every half minute (controlplane/outbound/sources.py), so that no
+replica connects to another's for a user; an entry not renewed for a day is dropped."""
