@@ -37,7 +37,7 @@ def error_event(code: str, message: str, *, after: bytes = b"\n\n") -> bytes:
     """An `error` event; `after`, the end of what the client got so far: an event left open
     there is ended first, so the error is an event of its own."""
     body = {"error": {"message": message, "type": "api_error", "code": code}}
-    start = b"" if after.endswith(b"\n\n") or not after else b"\n"
+    start = b"" if not after or after.replace(b"\r", b"").endswith(b"\n\n") else b"\n"
     return start + f"data: {json.dumps(body)}\n\n".encode()
 
 
@@ -117,7 +117,7 @@ class _Relay:
         self.key = key
         self.closing = closing
         self.pending = b""  # the start of a line whose end has not arrived
-        self.tail = b"\n\n"  # the end of what the client got so far
+        self.tail = b"\n\n"  # the end of what the client got so far (CRLF lines: 4 bytes)
         self.done = False
 
     def ending(self, code: str, message: str) -> bytes:
@@ -125,7 +125,11 @@ class _Relay:
         return error_event(code, message, after=self.tail)
 
     def failed(self, exc: Exception, idle: float) -> bytes:
-        """The last event of a stream whose read raised `exc`."""
+        """The last event of a stream whose read raised `exc` (none after its [DONE]: the
+        stream was whole)."""
+        if self.metered.finished:
+            self.done = True
+            return b"" if self.tail.replace(b"\r", b"").endswith(b"\n\n") else b"\n"
         if self.closing.is_set():
             return self.ending("stream_interrupted", "the gateway is shutting down")
         if isinstance(exc, TimeoutError):
@@ -146,13 +150,15 @@ class _Relay:
             if out:
                 if self.key is not None and self.key in out:
                     out = out.replace(self.key, b"***")
-                self.tail = (self.tail + out)[-2:]
+                self.tail = (self.tail + out)[-4:]
                 sent.append(out)
             if broken is not None:
                 sent.append(self.ending("upstream_error", f"the provider's stream is {broken}"))
                 return sent
         if not data:
             sent.extend(self._end())
+        elif self.metered.finished and self.tail.replace(b"\r", b"").endswith(b"\n\n"):
+            self.done = True  # [DONE] and its blank line went out: nothing more is relayed
         elif len(self.pending) > MAX_LINE:
             sent.append(
                 self.ending("upstream_error", f"the provider sent a line over {MAX_LINE} B")
@@ -184,7 +190,9 @@ async def relay(
         try:
             data = await response.content.readany()
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            yield state.failed(exc, idle)
+            last = state.failed(exc, idle)
+            if last:
+                yield last
             return
         for out in state.feed(data):
             yield out
