@@ -400,7 +400,8 @@ class Isolation(BaseModel):
         description="comma-separated TCP ports on the host that every sandbox may reach at "
         "`host.docker.internal` (e.g. `11434` for a model server); nothing else on the host is "
         "reachable but the webhook listener. The LLM gateway may call the host's own addresses "
-        "on these ports only ([llm-gateway.md](llm-gateway.md#where-the-gateway-may-connect))",
+        "(and the other replicas' hosts) on these ports only "
+        "([llm-gateway.md](llm-gateway.md#where-the-gateway-may-connect))",
     )
 
     @field_validator("sandbox_host_ports")

@@ -80,7 +80,8 @@ DRIVER: web.AppKey[SandboxDriver] = web.AppKey("driver")
 WEBHOOK_LISTENER: web.AppKey[WebhookListener] = web.AppKey("webhook_listener")
 """The server sandboxes post their webhooks to (the driver binds it where they reach it)."""
 HTTP_CLIENT: web.AppKey[aiohttp.ClientSession] = web.AppKey("http_client", aiohttp.ClientSession)
-"""The control plane's client to agent servers and webhook receivers (one connection pool)."""
+"""The control plane's client to agent servers (one connection pool; webhook receivers and
+model providers have clients of the outbound policy's: controlplane/outbound)."""
 RUNTIME_HTTP: web.AppKey[RuntimeHttp] = web.AppKey("runtime_http")
 """Requests browser clients have the control plane send to a sandbox's agent server
 (POST /api/cloud-proxy, a conversation's git and file reads): bounded answers, own pool."""
