@@ -69,14 +69,16 @@ def _data(line: bytes, metered: Metered, keep_usage_chunk: bool) -> bool:
     return True
 
 
-def lines(block: bytes, metered: Metered, keep_usage_chunk: bool) -> tuple[bytes, str | None]:
-    """Whole lines as the client gets them, and why the stream broke, if it did (the lines
-    before the broken one are returned; nothing after it). After `[DONE]` only blank lines
-    (its event's end) are kept."""
+def lines(
+    block: bytes, metered: Metered, keep_usage_chunk: bool, skip_blank: bool = False
+) -> tuple[bytes, str | None, bool]:
+    """Whole lines as the client gets them, why the stream broke, if it did (the lines before
+    the broken one are returned; nothing after it), and whether the next block begins with the
+    blank line of an event left out here (`skip_blank`: this block does). After `[DONE]` only
+    blank lines (its event's end) are kept."""
     split = block.split(b"\n")
     last = len(split) - 1  # after a final newline, split's last item is no line
     kept: list[bytes] = []
-    skip_blank = False
     broken: str | None = None
     for i, line in enumerate(split):
         bare = line[:-1] if line[-1:] == b"\r" else line
@@ -103,7 +105,7 @@ def lines(block: bytes, metered: Metered, keep_usage_chunk: bool) -> tuple[bytes
             break
         kept.append(line)
     out = b"\n".join(kept) if len(kept) != len(split) or broken else block
-    return out, broken
+    return out, broken, skip_blank
 
 
 class _Relay:
@@ -118,6 +120,7 @@ class _Relay:
         self.closing = closing
         self.pending = b""  # the start of a line whose end has not arrived
         self.tail = b"\n\n"  # the end of what the client got so far (CRLF lines: 4 bytes)
+        self.skip_blank = False  # the next line ends an event left out
         self.done = False
 
     def ending(self, code: str, message: str) -> bytes:
@@ -146,7 +149,9 @@ class _Relay:
             block, self.pending = self.pending, b""
         sent: list[bytes] = []
         if block:
-            out, broken = lines(block, self.metered, self.keep_usage_chunk)
+            out, broken, self.skip_blank = lines(
+                block, self.metered, self.keep_usage_chunk, self.skip_blank
+            )
             if out:
                 if self.key is not None and self.key in out:
                     out = out.replace(self.key, b"***")

@@ -200,7 +200,7 @@ class OutboundSources:
     async def _endpoints(self) -> set[tuple[str, int]]:
         named = _configured_redis(self._config)
         if self._redis is not None:
-            named.extend(await self._redis_told())
+            named.extend(await self._kept("redis", self._redis_told()))
         found: set[tuple[str, int]] = set()
         for host, port in named:
             try:
