@@ -436,7 +436,7 @@ DNS_NAME = r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*"
 
 
 class Outbound(BaseModel):
-    """Outbound connections made for users ([security](security.md#outbound-connections))"""
+    """Outbound connections made for users ([security](security.md#12-outbound-connections))"""
 
     outbound_allow: CommaList[str] = Field(
         default_factory=list,
@@ -633,7 +633,7 @@ class Kubernetes(BaseModel):
     kube_cluster_cidrs: CommaList[str] = Field(
         default_factory=lambda: list(CLUSTER_RANGES),
         description="the cluster's pod and Service ranges (CIDRs), where the control plane never "
-        "connects for a user (the LLM gateway: [security](security.md#outbound-connections)); "
+        "connects for a user (the LLM gateway: [security](security.md#12-outbound-connections)); "
         "by default every private range, since a cluster does not tell its ranges through its "
         "API: set them to let `ACS_OUTBOUND_ALLOW` admit the rest of your network",
     )

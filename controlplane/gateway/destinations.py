@@ -3,7 +3,7 @@ what users write for a model server on this host.
 
 With the gateway, the control plane calls `llm_base_url` from the host, so a user could aim it
 at the host's own services, the metadata service, another user's sandbox, the cluster, Redis or
-another replica: the policy refuses those (docs/security.md#outbound-connections). The direct
+another replica: the policy refuses those (docs/security.md#12-outbound-connections). The direct
 path connects through the policy's client (no redirects, each address checked as it is
 connected to); the translator gets the policy's rules with each call and holds LiteLLM to them
 at its own connections (controlplane/outbound/event_loop.py). `prepare` checks a URL early, so

@@ -13,16 +13,6 @@ import redis.asyncio as aioredis
 
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
-
-# The Kubernetes test cluster's fixtures, for the attacks that differ there (package-scoped
-# here too: one cluster for the kube tests of this package, down after the last).
-from tests.kube.conftest import (  # noqa: F401 (fixtures, found by pytest by name)
-    kube_api,
-    kube_cluster,
-    kube_namespace,
-    kube_overrides,
-    kube_prefix,
-)
 from tests.support.hostile_llm import Canary, HostileUpstream
 from tests.support.live_server import LiveServer, start_live_server
 

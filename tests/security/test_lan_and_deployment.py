@@ -3,7 +3,7 @@ a machine of the network the control plane sits in (a namespace standing for it,
 address): a LAN service, the deployment's own Redis, another replica of the control plane.
 Refused by default; the operator's allow-list (ACS_OUTBOUND_ALLOW) admits the LAN, never Redis
 nor a replica. Each target counts what reached it. Sandboxes' networks (Docker, Kubernetes):
-test_sandboxes.py and test_kube_sandboxes.py."""
+test_sandboxes.py and tests/drivers/kubernetes/test_gateway_fence.py."""
 
 from __future__ import annotations
 
