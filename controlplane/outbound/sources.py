@@ -22,7 +22,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -125,6 +125,7 @@ class OutboundSources:
         self.rules_json = self.user.rules.to_json()
         self.replica_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self._last: dict[str, Any] = {}
+        self._names: dict[str, list[str]] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -185,9 +186,14 @@ class OutboundSources:
                 names.append(item)
         return networks, names
 
-    async def _allowed_names(self, names: Iterable[str]) -> list[IPNetwork]:
+    async def _allowed_names(self, names: list[str]) -> list[IPNetwork]:
+        """The addresses of the allow-list's names; a name that does not resolve now keeps
+        those it had (a DNS hiccup does not cut a company's model server off)."""
         found = await asyncio.gather(*(lookup(name) for name in names))
-        return [ipaddress.ip_network(a) for addresses in found for a in addresses]
+        for name, addresses in zip(names, found, strict=True):
+            if addresses:
+                self._names[name] = addresses
+        return [ipaddress.ip_network(a) for name in names for a in self._names.get(name, [])]
 
     async def _internal(self) -> list[IPNetwork]:
         if self._networks is None:
