@@ -64,13 +64,18 @@ def _reject_constant(name: str) -> Any:
     raise MalformedAnswer(f"{name} is not JSON")
 
 
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+"""Made once: json.loads with an option builds a decoder per call (~20 us, on every event of
+every stream)."""
+
+
 def strict_json(raw: bytes | str) -> Any:
-    """The JSON value of `raw`. Raises MalformedAnswer."""
+    """The JSON value of `raw` (UTF-8, as RFC 8259 has it). Raises MalformedAnswer."""
     try:
-        return json.loads(raw, parse_constant=_reject_constant)
+        return _DECODER.decode(raw.decode() if isinstance(raw, bytes) else raw)
     except MalformedAnswer:
         raise
-    except (ValueError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise MalformedAnswer(f"not JSON: {exc}") from None
 
 
