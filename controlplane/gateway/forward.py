@@ -327,8 +327,10 @@ async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
     too_large = GatewayError(
         502, "upstream_error", f"the provider's answer is larger than {MAX_ANSWER} bytes"
     )
-    if (response.content_length or 0) > MAX_ANSWER:
-        raise too_large
+    if response.content_length is not None:  # most answers: read at once, as aiohttp does
+        if response.content_length > MAX_ANSWER:
+            raise too_large
+        return await response.read()
     data = bytearray()
     async for chunk in response.content.iter_any():
         data += chunk
