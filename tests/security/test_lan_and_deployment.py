@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from controlplane.store import keyspace
 from tests.security.conftest import PROVIDER_KEY, MemberFactory
 from tests.support import canary_server
 from tests.support.hostile_llm import CANARY, contains_canary
@@ -55,6 +55,12 @@ async def lan(tmp_path: Path) -> AsyncIterator[Lan]:
         host.run(sys.executable, canary_server.__file__, str(CANARY_PORT), CANARY, str(log))
         await wait_for(log.exists, "the LAN canary did not start")
         yield Lan(host, log)
+
+
+def allowing(networks: list[str]) -> dict[str, list[str]]:
+    """The setting, when it admits something (the default is named nowhere: the attack as any
+    version of the control plane is configured)."""
+    return {"outbound_allow": networks} if networks else {}
 
 
 def connections(log: Path) -> int:
@@ -94,8 +100,8 @@ async def test_redis_on_the_lan_is_refused_even_where_the_lan_is_admitted(
     tmp_path: Path,
 ) -> None:
     """The control plane's Redis on another machine: Mallory aims at it through the gateway
-    (Redis logs any HTTP request it gets as a "SECURITY ATTACK"); the machine's other port is
-    reachable, as the operator admitted its network."""
+    (Redis logs any HTTP request it gets as a "SECURITY ATTACK"), by default and where the
+    operator admits that machine's network (whose other port, the canary, then answers)."""
     binary = shutil.which("redis-server")
     assert binary is not None, "redis-server is not installed (make test installs it)"
     port, log = 6390, tmp_path / "lan-redis.log"
@@ -107,20 +113,18 @@ async def test_redis_on_the_lan_is_refused_even_where_the_lan_is_admitted(
     redis = aioredis.Redis.from_url(url)
     try:
         await wait_for(lambda: log.exists() and "Ready to accept" in log.read_text(), "no Redis")
-        server = await gateway_server(redis_url=url, outbound_allow=[lan.host.network])
-        mallory = await member(server, "mallory", redis)
-        await mallory.settings(
-            llm_model="m", llm_base_url=f"http://{lan.address}:{port}/v1", llm_api_key="k"
-        )
-        key = await mallory.gateway_key()
-        code, _, body = await mallory.ask(key)
-        assert code == 400, body
-        assert json.loads(body)["error"]["code"] == "destination_refused"
-        assert "SECURITY ATTACK" not in log.read_text()
-        await mallory.settings(
-            llm_model="m", llm_base_url=f"http://{lan.address}:{CANARY_PORT}/v1", llm_api_key="k"
-        )
-        code, _, body = await mallory.ask(key)
+        for admitted in ([], [lan.host.network]):
+            server = await gateway_server(redis_url=url, **allowing(admitted))
+            mallory = await member(server, "mallory", redis)
+            target = f"http://{lan.address}:{port}/v1"
+            await mallory.settings(llm_model="m", llm_base_url=target, llm_api_key="k")
+            code, _, body = await mallory.ask(await mallory.gateway_key())
+            assert code == 400, (admitted, body)
+            assert json.loads(body)["error"]["code"] == "destination_refused"
+            assert "SECURITY ATTACK" not in log.read_text()
+        canary = f"http://{lan.address}:{CANARY_PORT}/v1"
+        await mallory.settings(llm_model="m", llm_base_url=canary, llm_api_key="k")
+        code, _, body = await mallory.ask(await mallory.gateway_key())
         assert code == 200, body
         assert connections(lan.canary) == 1
     finally:
@@ -135,41 +139,39 @@ async def test_another_replica_is_refused_even_where_the_lan_is_admitted(
     tmp_path: Path,
 ) -> None:
     """A replica of the control plane on another machine (it tells the others its addresses
-    through Redis): Mallory aims her `llm_base_url` at its API."""
+    through Redis as it starts, before it serves): Mallory aims her `llm_base_url` at its API,
+    by default and where the operator admits that machine's network."""
     port, log, data = 3111, tmp_path / "replica.log", tmp_path / "data"
     data.mkdir()
     replica = ("-m", "tests.support.gateway_replica", redis_url, lan.address, str(port), str(data))
     lan.host.run(sys.executable, *replica, log=log)
-    raw_redis = aioredis.Redis.from_url(redis_url)
-
-    async def registered() -> bool:
-        entries = await raw_redis.hvals(keyspace.REPLICA_ADDRESSES)
-        return any(lan.address in json.loads(e)["addresses"] for e in entries)
-
-    try:
+    async with aiohttp.ClientSession() as http:
         deadline = time.monotonic() + 60
-        while not await registered():
+        while True:
+            try:
+                async with http.get(f"http://{lan.address}:{port}/health") as resp:
+                    if resp.status == 200:
+                        break
+            except aiohttp.ClientError:
+                pass
             assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
             await asyncio.sleep(0.1)
-    finally:
-        await raw_redis.aclose()
-    server = await gateway_server(
-        data_dir=data,
-        outbound_allow=[lan.host.network],
-        sandbox_host_ports=[CANARY_PORT],  # a model server on a replica's host may be called
-    )
-    mallory = await member(server, "mallory")
     target = f"http://{lan.address}:{port}/api/v1/llm-gateway/v1"
-    await mallory.settings(llm_model="m", llm_base_url=target, llm_api_key="k")
-    key = await mallory.gateway_key()
-    code, _, body = await mallory.ask(key)
-    assert code == 400, body
-    assert json.loads(body)["error"]["code"] == "destination_refused"
-    assert "/chat/completions" not in log.read_text()
+    for admitted in ([], [lan.host.network]):
+        server = await gateway_server(
+            data_dir=data,
+            sandbox_host_ports=[CANARY_PORT],  # a model server on a replica's host may be called
+            **allowing(admitted),
+        )
+        mallory = await member(server, "mallory")
+        await mallory.settings(llm_model="m", llm_base_url=target, llm_api_key="k")
+        code, _, body = await mallory.ask(await mallory.gateway_key())
+        assert code == 400, (admitted, body)
+        assert json.loads(body)["error"]["code"] == "destination_refused"
+        assert "/chat/completions" not in log.read_text()
     # A replica's host is as this one: its ACS_SANDBOX_HOST_PORTS (the canary's) answer.
-    await mallory.settings(
-        llm_model="m", llm_base_url=f"http://{lan.address}:{CANARY_PORT}/v1", llm_api_key="k"
-    )
-    code, _, body = await mallory.ask(key)
+    canary = f"http://{lan.address}:{CANARY_PORT}/v1"
+    await mallory.settings(llm_model="m", llm_base_url=canary, llm_api_key="k")
+    code, _, body = await mallory.ask(await mallory.gateway_key())
     assert code == 200, body
     assert connections(lan.canary) == 1
