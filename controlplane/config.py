@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -28,7 +29,7 @@ from pydantic import (
 )
 
 from drivers.kube_names import PREFIX_PATTERN
-from drivers.kube_options import PRIVATE_RANGES
+from drivers.kube_options import CLUSTER_RANGES, PRIVATE_RANGES
 
 ENV_PREFIX = "ACS_"
 T = TypeVar("T")
@@ -514,7 +515,8 @@ class Isolation(BaseModel):
         description="comma-separated TCP ports on the host that every sandbox may reach at "
         "`host.docker.internal` (e.g. `11434` for a model server); nothing else on the host is "
         "reachable but the webhook listener. The LLM gateway may call the host's own addresses "
-        "on these ports only ([llm-gateway.md](llm-gateway.md#where-the-gateway-may-connect))",
+        "(and the other replicas' hosts) on these ports only "
+        "([llm-gateway.md](llm-gateway.md#where-the-gateway-may-connect))",
     )
 
     @field_validator("sandbox_host_ports")
@@ -543,6 +545,39 @@ class Isolation(BaseModel):
         if pool and value < ipaddress.IPv4Network(pool).prefixlen:
             raise ValueError(f"/{value} networks do not fit in ACS_SANDBOX_SUBNET_POOL {pool}")
         return value
+
+
+DNS_NAME = r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*"
+
+
+class Outbound(BaseModel):
+    """Outbound connections made for users ([security](security.md#12-outbound-connections))"""
+
+    outbound_allow: CommaList[str] = Field(
+        default_factory=list,
+        description="comma-separated networks (CIDRs, addresses) and DNS names of your network "
+        "that users' `llm_base_url` may reach (a company's model server): the LLM gateway "
+        "connects to the internet, and to private addresses only here; a name admits the "
+        "addresses it resolves to (looked up again every 30 s). Nothing here admits this "
+        "host (that is `ACS_SANDBOX_HOST_PORTS`), link-local addresses, the sandbox networks, "
+        "the cluster's ranges, Redis or the other replicas",
+    )
+
+    @field_validator("outbound_allow")
+    @classmethod
+    def _networks_or_names(cls, value: list[str]) -> list[str]:
+        out = []
+        for item in value:
+            try:
+                out.append(str(ipaddress.ip_network(item, strict=False)))
+                continue
+            except ValueError:
+                pass
+            name = item.lower().rstrip(".")
+            if not re.fullmatch(DNS_NAME, name):
+                raise ValueError(f"{item!r} is neither a network (CIDR) nor a DNS name")
+            out.append(name)
+        return out
 
 
 class SandboxProxy(BaseModel):
@@ -710,6 +745,13 @@ class Kubernetes(BaseModel):
         description="what `egress: internet` leaves out (CIDRs): by default the private and "
         "link-local ranges, where the cluster's pods, Services, nodes and API server are",
     )
+    kube_cluster_cidrs: CommaList[str] = Field(
+        default_factory=lambda: list(CLUSTER_RANGES),
+        description="the cluster's pod and Service ranges (CIDRs), where the control plane never "
+        "connects for a user (the LLM gateway: [security](security.md#12-outbound-connections)); "
+        "by default every private range, since a cluster does not tell its ranges through its "
+        "API: set them to let `ACS_OUTBOUND_ALLOW` admit the rest of your network",
+    )
     kube_dns_labels: KeyValues = Field(
         default_factory=lambda: {"k8s-app": "kube-dns"},
         description="labels of the cluster DNS pods that sandboxes of `egress: internet` may "
@@ -732,7 +774,7 @@ class Kubernetes(BaseModel):
             raise ValueError(f"{value!r} is not an http(s) URL without query or fragment")
         return value.rstrip("/")
 
-    @field_validator("kube_control_plane_cidrs", "kube_internet_except")
+    @field_validator("kube_control_plane_cidrs", "kube_internet_except", "kube_cluster_cidrs")
     @classmethod
     def _cidrs(cls, value: list[str]) -> list[str]:
         out = []
@@ -924,6 +966,14 @@ class Models(BaseModel):
                 raise ValueError(f"not JSON: {exc}") from None
         return value
 
+    @field_validator("llm_prices")
+    @classmethod
+    def _prices(cls, value: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+        for model, pair in value.items():
+            if not all(math.isfinite(price) and price >= 0 for price in pair):
+                raise ValueError(f"{model}: prices are non-negative numbers")
+        return value
+
 
 class LlmGateway(BaseModel):
     """The LLM gateway ([llm-gateway.md](llm-gateway.md))"""
@@ -983,6 +1033,7 @@ GROUPS: tuple[type[BaseModel], ...] = (
     RateLimits,
     Runtime,
     Isolation,
+    Outbound,
     SandboxProxy,
     Kubernetes,
     Capacity,
@@ -1002,6 +1053,7 @@ class ServiceConfig(
     Capacity,
     SandboxProxy,
     Kubernetes,
+    Outbound,
     Isolation,
     Runtime,
     RateLimits,

@@ -8,21 +8,23 @@ dependency order (`contexts`); aiohttp opens them in that order and closes them 
                   OpenID sign-in, the device flow, settings and LLM profiles, rate limiters)
 2. runtime        the sandbox driver (for Docker with its networks and firewall) and the
                   webhook listener it binds where sandboxes reach it
-3. http client    the one client session to agent servers and webhook receivers
+3. http client    the one client session to agent servers
 4. runtime http   the client of what browser clients send to a sandbox (cloud proxy, reads)
-5. lifecycle      the lifecycle webhook outbox and this replica's deliverer, the publisher
-6. sandboxes      the sandbox service with its launcher, readiness probe, status feed and leases,
+5. outbound       the outbound policies of connections made for users and to the operator's
+                  URLs, read from the driver, Redis and the other replicas, kept current
+6. lifecycle      the lifecycle webhook outbox and this replica's deliverer, the publisher
+7. sandboxes      the sandbox service with its launcher, readiness probe, status feed and leases,
                   the warm pool, the reconciler and the idle reaper
-7. LLM gateway    sandbox credentials, the users' gateway keys, forwarding (and the LiteLLM
+8. LLM gateway    sandbox credentials, the users' gateway keys, forwarding (and the LiteLLM
                   translator process, started on first need), metering; without sandboxes it
                   serves the users' own gateway keys alone
-8. conversations  the conversation service with its start tasks (which hand agents gateway
+9. conversations  the conversation service with its start tasks (which hand agents gateway
                   credentials) and pending messages, events
-9. proxy          the sandbox proxy's client and what it keeps between requests
-10. webhooks      every spec's network made ready and the webhook listener serving: opened
+10. proxy         the sandbox proxy's client and what it keeps between requests
+11. webhooks      every spec's network made ready and the webhook listener serving: opened
                   after every service it calls exists, closed before they close (no webhook
                   arrives while the rest close)
-11. handover      start tasks resumed from other (stopped or dead) replicas; closed first: at
+12. handover      start tasks resumed from other (stopped or dead) replicas; closed first: at
                   shutdown this replica's starts finish or are handed over while webhooks still
                   arrive (controlplane/shutdown.py)
 
@@ -72,6 +74,8 @@ from controlplane.organizations.groups import GroupRoles
 from controlplane.organizations.migration import migrate
 from controlplane.organizations.service import OrganizationService
 from controlplane.organizations.store import OrganizationStore
+from controlplane.outbound.client import OutboundClient
+from controlplane.outbound.sources import OutboundSources
 from controlplane.proxy.state import ProxyState, proxy_client
 from controlplane.sandboxes.admission import Admission
 from controlplane.sandboxes.launcher import Launcher, network_policy
@@ -112,12 +116,13 @@ def contexts(
     """The cleanup contexts of an app, in the order they open. `webhook_app(app)` makes the
     webhook listener's application (create_webhook_app); without sandboxes only Redis."""
     if not with_sandboxes:
-        return [redis_ctx(config), gateway_ctx(config)]
+        return [redis_ctx(config), outbound_ctx(config), gateway_ctx(config)]
     return [
         redis_ctx(config),
         runtime_ctx(config),
         http_ctx(),
         runtime_http_ctx(),
+        outbound_ctx(config),
         lifecycle_ctx(config),
         sandboxes_ctx(config),
         gateway_ctx(config),
@@ -309,6 +314,24 @@ def runtime_http_ctx() -> Context:
     return ctx
 
 
+def outbound_ctx(config: ServiceConfig) -> Context:
+    """The outbound policies, their inputs read once before anything connects with them, then
+    every half minute (controlplane/outbound/sources.py)."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        driver = app.get(keys.DRIVER)
+        sources = OutboundSources(
+            config, app[keys.REDIS], driver.sandbox_networks if driver is not None else None
+        )
+        await sources.refresh()
+        sources.start()
+        app[keys.OUTBOUND] = sources
+        yield
+        await sources.stop()
+
+    return ctx
+
+
 def lifecycle_ctx(config: ServiceConfig) -> Context:
     """The lifecycle publisher and, with ACS_LIFECYCLE_WEBHOOK_URLS, the webhook outbox and this
     replica's deliverer."""
@@ -317,12 +340,14 @@ def lifecycle_ctx(config: ServiceConfig) -> Context:
         redis = app[keys.REDIS]
         outbox: Outbox | None = None
         deliverer: WebhookDeliverer | None = None
+        # The operator's receivers: no redirect, the address connected to the one checked.
+        http = OutboundClient(app[keys.OUTBOUND].operator)
         if config.lifecycle_webhook_urls:
             metrics = app[keys.METRICS]
             outbox = Outbox(redis, config.lifecycle_webhook_urls)
             deliverer = WebhookDeliverer(
                 outbox,
-                app[keys.HTTP_CLIENT],
+                http,
                 config.lifecycle_webhook_secret,
                 RetryPolicy(
                     base=config.lifecycle_webhook_retry_base,
@@ -342,6 +367,7 @@ def lifecycle_ctx(config: ServiceConfig) -> Context:
         yield
         if deliverer is not None:
             await deliverer.close()
+        await http.close()
 
     return ctx
 
@@ -458,7 +484,7 @@ def gateway_ctx(config: ServiceConfig) -> Context:
         run_dir = Path(tempfile.mkdtemp(prefix="acs-llm-"))
         translator = TranslatorProcess(run_dir)
         forwarder = Forwarder(
-            Destinations(lambda: config.sandbox_host_ports, host_address),
+            Destinations(app[keys.OUTBOUND], host_address),
             translator,
             timeout=config.llm_gateway_timeout,
             retries=config.llm_gateway_retries,

@@ -179,6 +179,13 @@ class SandboxDriver(Protocol):
         plane can call what a sandbox would call there (the LLM gateway, a model server on the
         host). None when sandboxes reach no address of this host. Raises as prepare_network."""
 
+    async def sandbox_networks(self) -> list[str]:
+        """The address ranges (CIDRs) where sandboxes, and whatever else the runtime runs beside
+        them, have their addresses (Docker: the subnet pool and every network of the engine;
+        Kubernetes: the cluster's pod and Service ranges): the control plane never connects
+        there for a user (controlplane/outbound). Never raises: what it cannot ask the runtime
+        now, it answers from its configuration."""
+
     # -- sandboxes ----------------------------------------------------------------------------
 
     async def create(self, request: SandboxRequest, *, new: bool = False) -> SandboxState:

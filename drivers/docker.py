@@ -17,7 +17,7 @@ from typing import Any
 
 import docker
 import structlog
-from docker.errors import APIError, ImageNotFound, NotFound
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
 from drivers import docker_names, docker_networks
 from drivers.base import (
@@ -108,6 +108,8 @@ class DockerDriver:
         on_error: Callable[[str], None] | None = None,
     ) -> None:
         self.prefix = prefix
+        self._subnet_pool = subnet_pool
+        self._engine_subnets: list[str] = []
         self._address = address
         self._publish_host = publish_host
         self.engine = DockerEngine(
@@ -193,6 +195,15 @@ class DockerDriver:
         if self.networks is None:
             return None  # the engine's default bridge: not a network of ours
         return (await self.networks.prepare(policy)).gateway
+
+    async def sandbox_networks(self) -> list[str]:
+        """The subnet pool of our networks (also where the next one comes from) and every
+        network of the engine: its containers, ours or not, are this host's."""
+        try:
+            self._engine_subnets = await self.engine.call(docker_networks.engine_subnets, "network")
+        except (RuntimeUnavailable, DockerException) as exc:
+            log.warning("sandbox_networks_unknown", error=str(exc), kept=self._engine_subnets)
+        return [self._subnet_pool, *self._engine_subnets]
 
     async def _attachment(self, policy: NetworkPolicy) -> Attachment | None:
         """The network a new container of `policy` joins: as prepare_network last made it ready

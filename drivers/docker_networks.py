@@ -148,6 +148,16 @@ def ensure_network(
     )
 
 
+def engine_subnets(client: docker.DockerClient) -> list[str]:
+    """The subnets of every network of the engine (IPv4 and IPv6, any driver)."""
+    return [
+        config["Subnet"]
+        for summary in client.api.networks()
+        for config in (summary.get("IPAM") or {}).get("Config") or []
+        if config.get("Subnet")
+    ]
+
+
 def list_networks(client: docker.DockerClient, labels: dict[str, str]) -> list[NetworkInfo]:
     filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
     infos = []

@@ -22,6 +22,9 @@ PRIVATE_RANGES = (
 )
 """What `egress: internet` leaves out by default: the cluster's own networks (pods, Services,
 nodes, the API server) and the cloud metadata service are not "the internet"."""
+CLUSTER_RANGES = tuple(r for r in PRIVATE_RANGES if r != "169.254.0.0/16")
+"""Where a cluster's pods and Services are, when the operator does not say (ACS_KUBE_CLUSTER_
+CIDRS): every private range, as no cluster's ranges can be read through its API (v1.20)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,9 @@ class KubeOptions:
     start_timeout: float = 120.0
     """Seconds from a pod's creation to its container running (image pull included)."""
     internet_except: tuple[str, ...] = PRIVATE_RANGES
+    cluster_cidrs: tuple[str, ...] = CLUSTER_RANGES
+    """The cluster's pod and Service ranges (the control plane never connects there for a
+    user: controlplane/outbound)."""
     dns_labels: dict[str, str] = field(default_factory=lambda: {"k8s-app": "kube-dns"})
     """The cluster DNS pods (any namespace), which sandboxes of `egress: internet` may ask;
     empty: no DNS rule."""

@@ -254,6 +254,11 @@ class KubernetesDriver:
             )
         return url
 
+    async def sandbox_networks(self) -> list[str]:
+        """The cluster's pod and Service ranges as the operator gave them: a v1.20 cluster does
+        not tell its Service range through its API, nor its pod ranges without a ClusterRole."""
+        return list(self.options.cluster_cidrs)
+
     async def host_address(self, policy: NetworkPolicy) -> str | None:
         """The control plane's address as sandboxes reach it (what they call
         host.docker.internal): the host of the webhook URL they are given, when it is one."""

@@ -285,3 +285,9 @@ def org_member_limits(org_id: str, user_id: str) -> str:
 
 MIGRATIONS = f"{PREFIX}:migrations"
 """Set of the data migrations applied (organizations.migration): each runs once."""
+
+
+REPLICA_ADDRESSES = f"{PREFIX}:replica_addresses"
+"""Hash: replica id -> JSON {"addresses": [...], "at": epoch seconds}: each replica's host
+addresses, written by itself every half minute (controlplane/outbound/sources.py), so that no
+replica connects to another's for a user; an entry not renewed for a day is dropped."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import json
 import os
 import shlex
@@ -200,6 +201,21 @@ async def test_create_refuses_an_existing_sandbox_and_leaves_it_alone(
     assert state is not None
     assert state.status == RunState.RUNNING
     await healthy(state, spec)
+
+
+async def test_the_sandbox_networks_hold_every_sandboxs_address(
+    driver: SandboxDriver, make_request: MakeRequest, spec: SandboxSpec
+) -> None:
+    """What the control plane never connects to for a user covers every address a sandbox
+    has (its own, read inside it)."""
+    _, key, state = await marked(driver, make_request, spec)
+    local = "awk '/32 host LOCAL/ {print last} {last = $2}' /proc/net/fib_trie | sort -u"
+    out = await run(state, spec, key, local)
+    addresses = [a for a in out["stdout"].split() if not a.startswith("127.")]
+    assert addresses, out
+    networks = [ipaddress.ip_network(n) for n in await driver.sandbox_networks()]
+    for address in addresses:
+        assert any(ipaddress.ip_address(address) in n for n in networks), (address, networks)
 
 
 async def test_a_missing_image_leaves_nothing(

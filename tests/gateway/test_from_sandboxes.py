@@ -11,7 +11,6 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import docker
 import pytest
@@ -32,7 +31,7 @@ from tests.support.fake_anthropic import FakeAnthropic, anthropic_text, anthropi
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.key_probe import probe_for
 from tests.support.live_server import LiveServer, free_port, start_live_server
-from tests.support.sandbox_helpers import REPO, containers, exec_as_agent, spec_dir
+from tests.support.sandbox_helpers import REPO, call_from, exec_as_agent, sandbox_of, spec_dir
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 
@@ -45,20 +44,6 @@ DIRECT_SPEC = (
     .replace("default: true", "default: false\nllm_gateway: false")
     .replace("warm_pool: 2", "warm_pool: 0")
 )
-CALL = r"""
-import json, sys, urllib.request, urllib.error
-url, token, model, stream = sys.argv[1:5]
-body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream == "1"}
-request = urllib.request.Request(
-    url, data=json.dumps(body).encode(),
-    headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"},
-)
-try:
-    with urllib.request.urlopen(request, timeout=120) as resp:
-        print(json.dumps({"status": resp.status, "body": resp.read().decode()}))
-except urllib.error.HTTPError as exc:
-    print(json.dumps({"status": exc.code, "body": exc.read().decode()}))
-"""
 
 
 @pytest.fixture
@@ -97,20 +82,6 @@ async def anthropic(anthropic_port: int) -> AsyncIterator[FakeAnthropic]:
 
 def gateway_url(live: LiveServer) -> str:
     return f"http://host.docker.internal:{live.webhook_port}/api/v1/llm-gateway/v1/chat/completions"
-
-
-async def call_from(container: Any, url: str, token: str, model: str, stream: bool = False) -> Any:
-    """A call to the gateway made inside the sandbox, as the agent user."""
-    code, out = await asyncio.to_thread(
-        exec_as_agent, container, "python3", "-c", CALL, url, token, model, "1" if stream else "0"
-    )
-    assert code == 0, out
-    return json.loads(out.splitlines()[-1])
-
-
-def sandbox_of(docker_client: docker.DockerClient, prefix: str, sandbox_id: str) -> Any:
-    (container,) = [c for c in containers(docker_client, prefix) if sandbox_id in c.name]
-    return container
 
 
 async def test_our_agent_calls_through_the_gateway_and_never_holds_the_key(

@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
@@ -28,6 +27,8 @@ from controlplane.lifecycle.outbox import GROUP, Outbox, url_id
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookDeliverer
 from controlplane.metrics import Metrics
+from controlplane.outbound.client import OutboundClient
+from controlplane.outbound.policy import OutboundPolicy
 from controlplane.store import keyspace
 from tests.support.live_server import free_port
 from tests.support.records import NO_ENGINE
@@ -98,6 +99,14 @@ async def publish(redis: aioredis.Redis, outbox: Outbox, batch: list[LifecycleEv
         await publisher.publish(event)
 
 
+@pytest.fixture
+async def outbound() -> AsyncIterator[OutboundClient]:
+    """The deliverer's client, as the wiring makes it: the operator's outbound policy."""
+    client = OutboundClient(OutboundPolicy(scope="operator"))
+    yield client
+    await client.close()
+
+
 async def until(check: Callable[[], bool], seconds: float, what: Any) -> None:
     deadline = time.monotonic() + seconds
     while not check():
@@ -106,7 +115,7 @@ async def until(check: Callable[[], bool], seconds: float, what: Any) -> None:
 
 
 async def test_a_receiver_down_then_up_gets_every_event_with_its_delivery_id(
-    raw_redis: aioredis.Redis, http: aiohttp.ClientSession, receiver: Receiver
+    raw_redis: aioredis.Redis, outbound: OutboundClient, receiver: Receiver
 ) -> None:
     counts: Counter[str] = Counter()
     hooks = DeliveryHooks(
@@ -115,7 +124,7 @@ async def test_a_receiver_down_then_up_gets_every_event_with_its_delivery_id(
         dead_lettered=lambda: counts.update(["dead"]),
     )
     outbox = Outbox(raw_redis, [receiver.url])
-    deliverer = WebhookDeliverer(outbox, http, SECRET, FAST, hooks=hooks, poll=0.1)
+    deliverer = WebhookDeliverer(outbox, outbound, SECRET, FAST, hooks=hooks, poll=0.1)
     deliverer.start()
     try:
         await receiver.down()
@@ -232,7 +241,7 @@ async def test_two_replicas_never_deliver_the_same_event_twice(
 
 
 async def test_failing_deliveries_are_dead_lettered_and_counted(
-    raw_redis: aioredis.Redis, http: aiohttp.ClientSession, receiver: Receiver
+    raw_redis: aioredis.Redis, outbound: OutboundClient, receiver: Receiver
 ) -> None:
     receiver.refusals = 10**6  # a receiver that always answers 503
     metrics = Metrics()
@@ -247,7 +256,7 @@ async def test_failing_deliveries_are_dead_lettered_and_counted(
     await publish(raw_redis, outbox, batch)
     await gauges.refresh(metrics, raw_redis, outbox)
     assert _sample(metrics, "acs_lifecycle_webhooks_pending") == 3
-    deliverer = WebhookDeliverer(outbox, http, SECRET, policy, hooks=hooks, poll=0.1)
+    deliverer = WebhookDeliverer(outbox, outbound, SECRET, policy, hooks=hooks, poll=0.1)
     deliverer.start()
     try:
         await until(lambda: receiver.seen and len(receiver.seen) >= 3, 10, receiver.seen)

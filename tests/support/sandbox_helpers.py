@@ -151,3 +151,33 @@ async def lifecycle(client: Client, headers: dict[str, str], **query: str) -> li
     resp = await client.get(f"/api/v1/lifecycle-events/search?{params}", headers=headers)
     assert resp.status == 200, await resp.text()
     return list((await resp.json())["items"])
+
+
+# One call to the LLM gateway, made by python3 in a sandbox: url, token, model, stream (1/0).
+GATEWAY_CALL = r"""
+import json, sys, urllib.request, urllib.error
+url, token, model, stream = sys.argv[1:5]
+body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream == "1"}
+request = urllib.request.Request(
+    url, data=json.dumps(body).encode(),
+    headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"},
+)
+try:
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        print(json.dumps({"status": resp.status, "body": resp.read().decode()}))
+except urllib.error.HTTPError as exc:
+    print(json.dumps({"status": exc.code, "body": exc.read().decode()}))
+"""
+
+
+async def call_from(container: Any, url: str, token: str, model: str, stream: bool = False) -> Any:
+    """A call to the gateway made inside the sandbox, as the agent user."""
+    argv = ("python3", "-c", GATEWAY_CALL, url, token, model, "1" if stream else "0")
+    code, out = await asyncio.to_thread(exec_as_agent, container, *argv)
+    assert code == 0, out
+    return json.loads(out.splitlines()[-1])
+
+
+def sandbox_of(docker_client: docker.DockerClient, prefix: str, sandbox_id: str) -> Any:
+    (container,) = [c for c in containers(docker_client, prefix) if sandbox_id in c.name]
+    return container

@@ -109,9 +109,12 @@ def api_address(cluster: KubeCluster) -> str:
     return str(ipaddress.ip_network(cluster.service_cidr)[-20])
 
 
-def overlay_for(copy: Path, tag: str, api_ip: str) -> Path:
+def overlay_for(copy: Path, tag: str, api_ip: str, cluster: KubeCluster) -> Path:
     """The test's kustomization on top of the shipped external-redis variant (kubectl 1.20's
-    kustomize: `bases`, strategic-merge patches)."""
+    kustomize: `bases`, strategic-merge patches). The scripted model is on this host, a machine
+    of the pods' LAN: the operator names the cluster's ranges and admits that address
+    (docs/deployment.md, "The cluster's ranges")."""
+    ranges = ",".join([*(node.pod_cidr for node in cluster.nodes), cluster.service_cidr])
     overlay = copy / "test-overlay"
     overlay.mkdir()
     patches = [
@@ -126,7 +129,9 @@ def overlay_for(copy: Path, tag: str, api_ip: str) -> Path:
          "data": {"ACS_PROXY_URL": f"http://{api_ip}", "ACS_IMAGE_TAG": tag,
                   # No warm pools: the create below makes its pod (a claim from the pool is
                   # test_kube_pool.py's), and the openhands spec's image is not on the nodes.
-                  "ACS_WARM_POOL": "0"}},
+                  "ACS_WARM_POOL": "0",
+                  "ACS_KUBE_CLUSTER_CIDRS": ranges,
+                  "ACS_OUTBOUND_ALLOW": f"{cluster.host_address}/32"}},
     ]  # fmt: skip
     (overlay / "patches.yaml").write_text(yaml.safe_dump_all(patches))
     kustomization = {
@@ -159,7 +164,7 @@ def installed(kube_cluster: KubeCluster, host_redis: str, tmp_path: Path) -> Ite
     for name, value in made_up.items():
         (copy / "external-redis" / name).write_text(value)
     api_ip = api_address(kube_cluster)
-    overlay = overlay_for(copy, image.rsplit(":", 1)[1], api_ip)
+    overlay = overlay_for(copy, image.rsplit(":", 1)[1], api_ip, kube_cluster)
     docs = [d for d in yaml.safe_load_all(kubectl("kustomize", str(overlay))) if d]
     # Kubernetes 1.20 has no policy/v1 (test_manifests.py checks the PodDisruptionBudget).
     applied = [d for d in docs if d["kind"] != "PodDisruptionBudget"]
