@@ -50,9 +50,9 @@ from controlplane.sandboxes.launcher import network_policy, sandbox_request
 from controlplane.sandboxes.models import SandboxRecord
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import AGENT_SERVER, SandboxSpec
-from drivers.docker import DockerDriver
-from drivers.docker_containers import ContainerRequest, container_request, create_container
-from drivers.docker_egress import Attachment
+from drivers.docker.containers import ContainerRequest, container_request, create_container
+from drivers.docker.driver import DockerDriver
+from drivers.docker.egress import Attachment
 from drivers.egress import HOST_GATEWAY
 from tests.support.docker_fixtures import remove_matching
 from tests.support.live_server import free_port
@@ -267,7 +267,7 @@ class Deployment:
 
     def raw_create_start(self, req: ContainerRequest) -> tuple[Any, Any, float, int]:
         """Volume, container, start, inspect (for the port): the driver's engine calls, with its
-        own argument translation (drivers/docker_containers.py), no control plane. Returns the
+        own argument translation (drivers/docker/containers.py), no control plane. Returns the
         volume, the container, the perf time it started and its agent server's host port."""
         volume = self.docker.volumes.create(name=req.volume, labels=req.labels)
         container_id = create_container(self.docker, req)

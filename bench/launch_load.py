@@ -47,8 +47,8 @@ from controlplane.sandboxes.launcher import network_policy, sandbox_request
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import AGENT_SERVER
-from drivers.docker_containers import container_request, create_container
-from drivers.docker_egress import Attachment, network_name
+from drivers.docker.containers import container_request, create_container
+from drivers.docker.egress import Attachment, network_name
 from drivers.egress import HOST_GATEWAY
 from tests.support.live_server import free_port
 from tests.support.redis_server import RedisServer

@@ -72,7 +72,7 @@ async def _serve(config: ServiceConfig, host: str, port: int) -> None:
     and conversation starts get ACS_SHUTDOWN_TIMEOUT (30 s) to finish.
 
     The API listens on `host` only. Sandboxes post their webhooks to a separate listener on their
-    network's gateway (drivers/docker_egress.py), by default on the same port number.
+    network's gateway (drivers/docker/egress.py), by default on the same port number.
     """
     if config.webhook_port is None:
         config = config.model_copy(update={"webhook_port": port})
@@ -149,8 +149,8 @@ async def _keys(config: ServiceConfig, args: argparse.Namespace) -> None:
 async def _remove_networks(config: ServiceConfig) -> int:
     """`controlplane networks remove`: for uninstalling (the server never removes them: its
     sandboxes outlive it)."""
-    from drivers.docker import DockerDriver  # noqa: PLC0415 - only this command needs Docker
-    from drivers.firewall import Iptables  # noqa: PLC0415 - ditto
+    from drivers.docker.driver import DockerDriver  # noqa: PLC0415 - only this command needs Docker
+    from drivers.docker.firewall import Iptables  # noqa: PLC0415 - ditto
 
     driver = DockerDriver(config.docker_url, prefix=config.container_prefix)
     firewall = Iptables()

@@ -27,8 +27,8 @@ from pydantic import (
     model_validator,
 )
 
-from drivers.kube_names import PREFIX_PATTERN
-from drivers.kube_options import PRIVATE_RANGES
+from drivers.kubernetes.names import PREFIX_PATTERN
+from drivers.kubernetes.settings import PRIVATE_RANGES
 
 ENV_PREFIX = "ACS_"
 T = TypeVar("T")

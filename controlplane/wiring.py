@@ -88,8 +88,8 @@ from controlplane.store.failover import open_redis
 from controlplane.store.leader import LeaderLock
 from controlplane.store.redis import wait_for_redis
 from drivers.base import SandboxDriver
-from drivers.docker import DockerDriver
-from drivers.kube_options import Credentials, KubeOptions
+from drivers.docker.driver import DockerDriver
+from drivers.kubernetes.settings import Credentials, KubeOptions
 
 Context = Callable[[web.Application], AsyncIterator[None]]
 
@@ -194,7 +194,7 @@ def kubernetes_driver(
 ) -> SandboxDriver:
     """The Kubernetes driver as ACS_KUBE_* configure it (docs/deployment.md); imported here
     only, as its client library takes a second to import."""
-    from drivers.kubernetes import KubernetesDriver  # noqa: PLC0415 (see above)
+    from drivers.kubernetes.driver import KubernetesDriver  # noqa: PLC0415 (see above)
 
     options = KubeOptions(
         namespace=config.kube_namespace,

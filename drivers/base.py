@@ -1,4 +1,4 @@
-"""The interface every sandbox runtime implements: Docker (drivers/docker.py) now, Kubernetes next.
+"""The interface every sandbox runtime implements (drivers/docker/, drivers/kubernetes/).
 
 The control plane speaks to a driver in sandbox terms only: a sandbox id with its owner and
 spec, a request to create it, its state and the endpoints its ports are reached at, the network

@@ -40,7 +40,7 @@ from drivers.base import (
     SandboxRequest,
     SandboxState,
 )
-from drivers.docker import DockerDriver
+from drivers.docker.driver import DockerDriver
 from drivers.errors import ContainerExists, DriverError, ImageMissing
 from tests.support.sandbox_helpers import REPO, agent_call
 

@@ -32,7 +32,7 @@ import docker
 import pytest
 
 from controlplane import keys
-from drivers import docker_names
+from drivers.docker import names as docker_names
 from tests.support.sandbox_helpers import start, wait_status
 from tests.support.types import Client
 

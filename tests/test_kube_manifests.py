@@ -16,10 +16,10 @@ from cryptography.fernet import Fernet
 
 from controlplane.config import ConfigError, load_config
 from drivers.base import NetworkPolicy, RunState, SandboxRequest
-from drivers.kube_names import label_value, labels, selector
-from drivers.kube_objects import image_reference, pod_manifest
-from drivers.kube_options import KubeOptions
-from drivers.kube_state import capacity_verdict, state_of
+from drivers.kubernetes.names import label_value, labels, selector
+from drivers.kubernetes.objects import image_reference, pod_manifest
+from drivers.kubernetes.settings import KubeOptions
+from drivers.kubernetes.state import capacity_verdict, state_of
 
 REPO = Path(__file__).resolve().parents[1]
 

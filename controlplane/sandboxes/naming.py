@@ -1,5 +1,5 @@
 """Sandbox ids and the owner of unclaimed warm pool members. (The runtime names its own objects:
-drivers/docker_names.py for Docker.)"""
+drivers/docker/names.py for Docker.)"""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ import pytest
 
 from controlplane.sandboxes.webhook_listener import WebhookListener
 from drivers.base import SandboxDriver
-from drivers.kube_options import Credentials, KubeOptions
-from drivers.kubernetes import KubernetesDriver
+from drivers.kubernetes.driver import KubernetesDriver
+from drivers.kubernetes.settings import Credentials, KubeOptions
 from tests.kube.conftest import KubeCluster
 from tests.test_driver_contract import *  # noqa: F403 (the shared tests, with the fixtures below)
 from tests.test_driver_contract import Hooks

@@ -11,7 +11,7 @@ translation of a request (the bench's raw baselines make the same objects throug
   for tmpfs, no service-account token, no service links, `restartPolicy: Never` (a crash is
   reported, not hidden by restarts), the reservation as its memory request and the spec's
   memory as its limit, the spec's runtime as a RuntimeClass.
-- The NetworkPolicy (drivers/kube_egress.py) and, with ACS_KUBE_ENDPOINT=service, a ClusterIP
+- The NetworkPolicy (drivers/kubernetes/egress.py) and, with ACS_KUBE_ENDPOINT=service, a ClusterIP
   Service selecting the pod by sandbox id.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 
 from drivers.base import SandboxRequest
 from drivers.errors import DriverError
-from drivers.kube_egress import Egress, Peers, policy_spec
-from drivers.kube_names import (
+from drivers.kubernetes.egress import Egress, Peers, policy_spec
+from drivers.kubernetes.names import (
     claim_name,
     labels,
     object_annotations,
@@ -33,7 +33,7 @@ from drivers.kube_names import (
     policy_name,
     service_name,
 )
-from drivers.kube_options import KubeOptions
+from drivers.kubernetes.settings import KubeOptions
 
 Json = dict[str, Any]
 CONTAINER = "sandbox"

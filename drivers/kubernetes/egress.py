@@ -25,7 +25,7 @@ from typing import Any
 from drivers.base import NetworkPolicy
 from drivers.egress import HOST_GATEWAY, lookup
 from drivers.errors import NetworkUnavailable
-from drivers.kube_options import KubeOptions
+from drivers.kubernetes.settings import KubeOptions
 
 Json = dict[str, Any]
 

@@ -21,9 +21,9 @@ import structlog
 
 from drivers.base import EventSink, SandboxEvent
 from drivers.errors import DriverError, RuntimeUnavailable
-from drivers.kube_api import Expired, KubeApi, pods
-from drivers.kube_names import LABEL_ID
-from drivers.kube_state import terminating
+from drivers.kubernetes.api import Expired, KubeApi, pods
+from drivers.kubernetes.names import LABEL_ID
+from drivers.kubernetes.state import terminating
 
 log = structlog.get_logger(__name__)
 

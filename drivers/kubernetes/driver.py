@@ -1,14 +1,13 @@
 """The Kubernetes runtime (drivers/base.py: SandboxDriver). A sandbox is, in one namespace, a pod
 with its workspace on a PersistentVolumeClaim, a NetworkPolicy and, optionally, a ClusterIP
-Service (drivers/kube_objects.py); a pause deletes the pod and keeps the claim, a resume makes a
-new pod on it (`pause_releases`).
+Service (objects.py); a pause deletes the pod and keeps the claim, a resume makes a new pod on it
+(`pause_releases`).
 
-Every call goes through drivers/kube_api.py (kubernetes_asyncio, asyncio all the way: nothing
-blocks the event loop); the deployment's pods are followed by one watch (drivers/kube_pods.py)
-that starts wait on and the reconciler's events come from; nodes are read when the control plane
-may (drivers/kube_nodes.py). Admission: `has_room` is False while the scheduler finds no node for
-a sandbox of ours (its last verdict, until a sandbox's pod goes), or when the nodes known have no
-room for the reservation.
+Every call goes through api.py (kubernetes_asyncio, asyncio all the way: nothing blocks the event
+loop); the deployment's pods are followed by one watch (pods.py) that starts wait on and the
+reconciler's events come from; nodes are read when the control plane may (nodes.py). Admission:
+`has_room` is False while the scheduler finds no node for a sandbox of ours (its last verdict,
+until a sandbox's pod goes), or when the nodes known have no room for the reservation.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from drivers.errors import (
     NetworkUnavailable,
     RuntimeUnavailable,
 )
-from drivers.kube_api import (
+from drivers.kubernetes.api import (
     STORAGE_CLASSES,
     Forbidden,
     KubeApi,
@@ -49,8 +48,8 @@ from drivers.kube_api import (
     services,
     storage_class,
 )
-from drivers.kube_egress import Egress, Peers, ipv4, plan
-from drivers.kube_names import (
+from drivers.kubernetes.egress import Egress, Peers, ipv4, plan
+from drivers.kubernetes.names import (
     ANNOTATION_DETACHED,
     ANNOTATION_OWNER,
     LABEL_ID,
@@ -60,17 +59,17 @@ from drivers.kube_names import (
     selector,
     service_name,
 )
-from drivers.kube_nodes import Nodes, requested_memory
-from drivers.kube_objects import (
+from drivers.kubernetes.nodes import Nodes, requested_memory
+from drivers.kubernetes.objects import (
     claim_manifest,
     image_reference,
     pod_manifest,
     policy_manifest,
     service_manifest,
 )
-from drivers.kube_options import Credentials, KubeOptions
-from drivers.kube_pods import PodWatch
-from drivers.kube_state import (
+from drivers.kubernetes.pods import PodWatch
+from drivers.kubernetes.settings import Credentials, KubeOptions
+from drivers.kubernetes.state import (
     capacity_verdict,
     claim_state,
     image_failure,
