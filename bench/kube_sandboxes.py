@@ -55,7 +55,7 @@ from controlplane.specs.catalog import SpecCatalog
 from drivers.base import SandboxDriver
 from drivers.kubernetes.names import claim_name, pod_name
 from drivers.kubernetes.objects import claim_manifest, pod_manifest
-from drivers.kubernetes.settings import KubeOptions
+from drivers.kubernetes.settings import KubernetesSettings
 from tests.kube.conftest import KubeCluster, api_client, bring_up, wait_service_account
 from tests.support.sandbox_helpers import DEFAULT_IMAGE, REPO
 
@@ -117,13 +117,10 @@ class KubeBench:
         values.update(overrides)
         return load_config({}, **values)
 
-    def options_of(self, config: ServiceConfig) -> KubeOptions:
-        return KubeOptions(
-            namespace=config.kube_namespace,
-            webhook_address=config.kube_webhook_address,
-            storage_class=config.kube_storage_class,
-            image_pull_policy=config.kube_image_pull_policy,
-        )
+    def options_of(self, config: ServiceConfig) -> KubernetesSettings:
+        settings = config.runtime
+        assert isinstance(settings, KubernetesSettings)
+        return settings
 
     async def measure(self) -> tuple[list[str], list[str]]:
         started = time.monotonic()

@@ -5,8 +5,8 @@ dependency order (`contexts`); aiohttp opens them in that order and closes them 
 
 1. redis          the Redis client, the secret box, and what needs only them (API keys, browser
                   sessions, the device flow, settings and LLM profiles, rate limiters)
-2. runtime        the sandbox driver (for Docker with its networks and firewall) and the
-                  webhook listener it binds where sandboxes reach it
+2. runtime        the sandbox driver of the runtime ACS_DRIVER names (drivers/runtimes.py) and
+                  the webhook listener it binds where sandboxes reach it
 3. http client    the one client session to agent servers and webhook receivers
 4. runtime http   the client of what browser clients send to a sandbox (cloud proxy, reads)
 5. lifecycle      the lifecycle webhook outbox and this replica's deliverer, the publisher
@@ -62,7 +62,6 @@ from controlplane.gateway.translator_process import TranslatorProcess
 from controlplane.lifecycle.outbox import Outbox
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookDeliverer
-from controlplane.metrics import Metrics
 from controlplane.proxy.state import ProxyState, proxy_client
 from controlplane.sandboxes.admission import Admission
 from controlplane.sandboxes.launcher import Launcher, network_policy
@@ -87,9 +86,8 @@ from controlplane.store import keyspace
 from controlplane.store.failover import open_redis
 from controlplane.store.leader import LeaderLock
 from controlplane.store.redis import wait_for_redis
-from drivers.base import SandboxDriver
-from drivers.docker.driver import DockerDriver
-from drivers.kubernetes.settings import Credentials, KubeOptions
+from drivers.runtime import RuntimeHost
+from drivers.runtimes import RUNTIMES
 
 Context = Callable[[web.Application], AsyncIterator[None]]
 
@@ -156,78 +154,26 @@ def redis_ctx(config: ServiceConfig) -> Context:
 
 
 def runtime_ctx(config: ServiceConfig) -> Context:
-    """The driver (ACS_DRIVER) and the webhook listener it binds where sandboxes reach it
-    (Docker: its sandbox networks' gateways; Kubernetes: ACS_KUBE_WEBHOOK_ADDRESS), serving from
-    `webhooks_ctx` on."""
+    """The driver of the runtime ACS_DRIVER names (a row of drivers/runtimes.py, made from its
+    own settings) and the webhook listener it binds where sandboxes reach it (Docker: its sandbox
+    networks' gateways; Kubernetes: ACS_KUBE_WEBHOOK_ADDRESS), serving from `webhooks_ctx` on."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         listener = WebhookListener(config.webhook_port or 0)
-        driver: SandboxDriver
-        if config.driver == "kubernetes":
-            driver = kubernetes_driver(config, listener, app[keys.METRICS])
-        else:
-            driver = DockerDriver(
-                config.docker_url,
-                prefix=config.container_prefix,
-                threads=config.docker_threads,
-                quick_threads=config.docker_quick_threads,
-                address=config.url_host,
-                publish_host=config.publish_host,
-                memory_floor=config.host_memory_floor,
-                listener=listener,
-                firewall_mode=config.host_firewall,
-                host_ports=config.sandbox_host_ports,
-                subnet_pool=config.sandbox_subnet_pool,
-                subnet_size=config.sandbox_subnet_size,
-                on_error=app[keys.METRICS].docker_error,
-            )
+        host = RuntimeHost(
+            prefix=config.container_prefix,
+            url_host=config.url_host,
+            host_ports=tuple(config.sandbox_host_ports),
+            listener=listener,
+            counters=app[keys.METRICS].runtime_counter,
+        )
+        driver = RUNTIMES[config.driver].make(config.runtime, host)
         app[keys.DRIVER] = driver
         app[keys.WEBHOOK_LISTENER] = listener
         yield
         await driver.close()
 
     return ctx
-
-
-def kubernetes_driver(
-    config: ServiceConfig, listener: WebhookListener, metrics: Metrics
-) -> SandboxDriver:
-    """The Kubernetes driver as ACS_KUBE_* configure it (docs/deployment.md); imported here
-    only, as its client library takes a second to import."""
-    from drivers.kubernetes.driver import KubernetesDriver  # noqa: PLC0415 (see above)
-
-    options = KubeOptions(
-        namespace=config.kube_namespace,
-        endpoint=config.kube_endpoint,
-        control_plane_url=config.kube_control_plane_url,
-        webhook_address=config.kube_webhook_address,
-        control_plane_labels=dict(config.kube_control_plane_labels),
-        control_plane_namespace=config.kube_control_plane_namespace,
-        control_plane_cidrs=tuple(config.kube_control_plane_cidrs),
-        host_ports=tuple(config.sandbox_host_ports),
-        storage_class=config.kube_storage_class,
-        workspace_size=config.kube_workspace_size,
-        image_registry=config.kube_image_registry,
-        image_pull_secrets=tuple(config.kube_image_pull_secrets),
-        image_pull_policy=config.kube_image_pull_policy,
-        runtime_classes=dict(config.kube_runtime_classes),
-        node_selector=dict(config.kube_node_selector),
-        cpu_request=config.kube_cpu_request,
-        pause_grace=config.kube_pause_grace,
-        schedule_timeout=config.kube_schedule_timeout,
-        start_timeout=config.kube_pod_start_timeout,
-        internet_except=tuple(config.kube_internet_except),
-        dns_labels=dict(config.kube_dns_labels),
-    )
-    kubeconfig = str(config.kubeconfig) if config.kubeconfig else None
-    return KubernetesDriver(
-        options,
-        prefix=config.container_prefix,
-        credentials=Credentials(kubeconfig=kubeconfig, context=config.kube_context),
-        listener=listener,
-        on_error=metrics.kube_error,
-        on_watch_restart=metrics.kube_watch_restarted,
-    )
 
 
 def http_ctx() -> Context:

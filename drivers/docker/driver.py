@@ -304,6 +304,14 @@ class DockerDriver:
 
         return await self.engine.call(run, "inspect")
 
+    async def direct_address(self, sandbox_id: str) -> str | None:
+        """The container's address on its network, when the engine is local (a remote
+        engine's container networks are not routed to this host)."""
+        if not self.engine.local:
+            return None
+        found = await self.inspect(sandbox_id)
+        return found.addresses[0] if found is not None and found.addresses else None
+
     async def _act(
         self,
         operation: str,

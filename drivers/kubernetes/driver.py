@@ -68,7 +68,7 @@ from drivers.kubernetes.objects import (
     service_manifest,
 )
 from drivers.kubernetes.pods import PodWatch
-from drivers.kubernetes.settings import Credentials, KubeOptions
+from drivers.kubernetes.settings import Credentials, KubernetesSettings
 from drivers.kubernetes.state import (
     capacity_verdict,
     claim_state,
@@ -124,28 +124,33 @@ def _stopped(pod: Json) -> bool:
 
 
 class KubernetesDriver:
-    """Sandboxes in `options.namespace` for the deployment whose objects carry `prefix`.
+    """Sandboxes in `settings.kube_namespace` for the deployment whose objects carry `prefix`.
 
-    `listener`: the webhook listener, bound at `options.webhook_address` where sandboxes reach it
-    (None: no webhooks: tests, benches and the CLI's look-ups). `on_error(operation)` counts
-    failed API calls, `on_watch_restart(why)` the pod watch's resumptions (the metrics' hooks).
+    `listener`: the webhook listener, bound at `settings.kube_webhook_address` where sandboxes
+    reach it (None: no webhooks: tests, benches and the CLI's look-ups); `host_ports`: ports of
+    the control plane's host every sandbox may reach too (ACS_SANDBOX_HOST_PORTS);
+    `credentials`: by default the settings'. `on_error(operation)` counts failed API calls,
+    `on_watch_restart(why)` the pod watch's resumptions (the metrics' hooks).
     """
 
     pause_releases = True
 
     def __init__(
         self,
-        options: KubeOptions,
+        settings: KubernetesSettings,
         *,
         prefix: str,
-        credentials: Credentials,
+        credentials: Credentials | None = None,
+        host_ports: Sequence[int] = (),
         listener: HostListener | None = None,
         on_error: Callable[[str], None] | None = None,
         on_watch_restart: Callable[[str], None] | None = None,
     ) -> None:
         self.prefix = prefix
-        self.options = options
-        self._ns = options.namespace
+        self.settings = settings
+        self._ns = settings.kube_namespace
+        self._host_ports = tuple(host_ports)
+        credentials = credentials or settings.credentials()
         self._api = KubeApi(credentials, on_error)
         self._pods = PodWatch(
             self._api,
@@ -154,13 +159,13 @@ class KubernetesDriver:
             on_restart=on_watch_restart,
             on_deleted=self._freed,
         )
-        self._nodes = Nodes(self._api, options.node_selector)
+        self._nodes = Nodes(self._api, settings.kube_node_selector)
         self._listener = listener
-        namespace = options.control_plane_namespace or credentials.in_cluster_namespace()
-        cidrs = options.control_plane_cidrs
-        if not cidrs and (address := ipv4(options.webhook_address)):
+        namespace = settings.kube_control_plane_namespace or credentials.in_cluster_namespace()
+        cidrs = tuple(settings.kube_control_plane_cidrs)
+        if not cidrs and (address := ipv4(settings.kube_webhook_address)):
             cidrs = (f"{address}/32",)
-        self.peers = Peers(dict(options.control_plane_labels), namespace, tuple(cidrs))
+        self.peers = Peers(dict(settings.kube_control_plane_labels), namespace, cidrs)
         if listener is not None and self.peers.empty:
             raise DriverError(
                 "the sandboxes' NetworkPolicies cannot name the control plane: set "
@@ -218,8 +223,8 @@ class KubernetesDriver:
         """The reference pods pull (a registry digest when the spec names one). With pull
         policy Never (images loaded onto the nodes, no registry) an image no Ready node holds is
         missing, when the control plane may read nodes."""
-        reference = image_reference(image, self.options.image_registry)
-        if self.options.image_pull_policy == "Never":
+        reference = image_reference(image, self.settings.kube_image_registry)
+        if self.settings.kube_image_pull_policy == "Never":
             if self._nodes.readable is None:
                 await self._nodes.refresh()
             if self._nodes.has_image(reference) is False:
@@ -236,20 +241,23 @@ class KubernetesDriver:
     async def prepare_network(self, policy: NetworkPolicy) -> str | None:
         self._pods.start()
         if self._listener is None:
-            return self.options.control_plane_url
+            return self.settings.kube_control_plane_url
         try:
-            port = await self._listener.bind(self.options.webhook_address)
+            port = await self._listener.bind(self.settings.kube_webhook_address)
         except OSError as exc:
             raise NetworkUnavailable(
-                f"cannot listen for webhooks on {self.options.webhook_address}:"
+                f"cannot listen for webhooks on {self.settings.kube_webhook_address}:"
                 f"{self._listener.port}: {exc}"
             ) from None
-        url = self.options.control_plane_url or f"http://{self.options.webhook_address}:{port}"
+        url = (
+            self.settings.kube_control_plane_url
+            or f"http://{self.settings.kube_webhook_address}:{port}"
+        )
         if policy.spec_id not in self._egress or policy.egress:
             # Allow-listed names are looked up again at each start, as on Docker.
             self._host_address = self._host_address or await self._control_plane_address(url)
             self._egress[policy.spec_id] = await plan(
-                policy, self.options, self.peers, port, self._host_address
+                policy, self.settings, self.peers, (port, *self._host_ports), self._host_address
             )
         return url
 
@@ -257,7 +265,10 @@ class KubernetesDriver:
         """The control plane's address as sandboxes reach it (what they call
         host.docker.internal): the host of the webhook URL they are given, when it is one."""
         if self._host_address is None:
-            url = self.options.control_plane_url or f"http://{self.options.webhook_address}"
+            url = (
+                self.settings.kube_control_plane_url
+                or f"http://{self.settings.kube_webhook_address}"
+            )
             self._host_address = await self._control_plane_address(url)
         return self._host_address
 
@@ -274,7 +285,7 @@ class KubernetesDriver:
             await self.prepare_network(policy)
         egress = self._egress.get(policy.spec_id)
         if egress is None:  # no listener: the control plane named by its peers alone
-            egress = await plan(policy, self.options, self.peers, 0, None)
+            egress = await plan(policy, self.settings, self.peers, (0, *self._host_ports), None)
         return egress
 
     # -- sandboxes ----------------------------------------------------------------------------
@@ -288,12 +299,12 @@ class KubernetesDriver:
                 made.append(claims(self._ns, claim_name(self.prefix, request.sandbox_id)))
             if await self._ensure_policy(request, egress):
                 made.append(policies(self._ns, policy_name(self.prefix, request.sandbox_id)))
-            if self.options.endpoint == "service" and await self._ensure_service(request):
+            if self.settings.kube_endpoint == "service" and await self._ensure_service(request):
                 made.append(services(self._ns, service_name(self.prefix, request.sandbox_id)))
             name = pod_name(self.prefix, request.sandbox_id)
             manifest = pod_manifest(
                 request,
-                self.options,
+                self.settings,
                 self.prefix,
                 aliases=list(egress.aliases),
                 runtime_class=self._runtime_class(request.runtime),
@@ -311,7 +322,7 @@ class KubernetesDriver:
     def _runtime_class(self, runtime: str | None) -> str | None:
         if runtime is None:
             return None
-        return self.options.runtime_classes.get(runtime, runtime)
+        return self.settings.kube_runtime_classes.get(runtime, runtime)
 
     async def _undo(self, made: list[str]) -> None:
         """Remove what a failed create made, pod first (its claim is protected while a pod
@@ -330,7 +341,7 @@ class KubernetesDriver:
         deadline = time.monotonic() + GONE_WITHIN
         while True:
             created = await self._api.create(
-                claims(self._ns), claim_manifest(request, self.options, self.prefix), "create"
+                claims(self._ns), claim_manifest(request, self.settings, self.prefix), "create"
             )
             if created is not None:
                 await self._bound(path)
@@ -354,7 +365,7 @@ class KubernetesDriver:
         mode = await self._binding_mode()
         if mode == "WaitForFirstConsumer":
             return
-        limit = UNKNOWN_BINDING_WAIT if mode is None else self.options.start_timeout
+        limit = UNKNOWN_BINDING_WAIT if mode is None else self.settings.kube_pod_start_timeout
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
             claim = await self._api.get(path, "inspect")
@@ -369,8 +380,10 @@ class KubernetesDriver:
             return self._binding
         self._binding_known = True
         try:
-            if self.options.storage_class:
-                found = await self._api.get(storage_class(self.options.storage_class), "inspect")
+            if self.settings.kube_storage_class:
+                found = await self._api.get(
+                    storage_class(self.settings.kube_storage_class), "inspect"
+                )
                 classes = [found] if found else []
             else:
                 listed = await self._api.list(STORAGE_CLASSES, None, "inspect")
@@ -442,33 +455,33 @@ class KubernetesDriver:
             if state.status == RunState.EXITED:
                 raise DriverError(f"the agent server exited at once (exit code {state.exit_code})")
             verdict = capacity_verdict(pod)
-            if verdict and time.monotonic() - started > self.options.schedule_timeout:
+            if verdict and time.monotonic() - started > self.settings.kube_schedule_timeout:
                 self._refused = (time.monotonic(), verdict, requested_memory(pod))
                 raise DriverError(f"no node can run the sandbox: {verdict}")
             running = state.status == RunState.RUNNING
             if running and (
-                self.options.endpoint == "service" or (pod.get("status") or {}).get("podIP")
+                self.settings.kube_endpoint == "service" or (pod.get("status") or {}).get("podIP")
             ):
                 return pod
             return None
 
         try:
             pod = await self._pods.until(
-                sandbox_id, check, self.options.start_timeout, self._fetch(sandbox_id)
+                sandbox_id, check, self.settings.kube_pod_start_timeout, self._fetch(sandbox_id)
             )
         except TimeoutError:
             found = await self._pod(sandbox_id)
             why = (state_of(found, None).error if found else None) or "still not running"
             raise DriverError(
                 f"the pod of sandbox {sandbox_id} did not start within "
-                f"{self.options.start_timeout:g} s: {why}"
+                f"{self.settings.kube_pod_start_timeout:g} s: {why}"
             ) from None
         return await self._state(pod)
 
     async def _state(self, pod: Json, claim: Json | None = None) -> SandboxState:
         sandbox_id = _sandbox(pod)
         host: str | None
-        if self.options.endpoint == "service":
+        if self.settings.kube_endpoint == "service":
             host = self._service_ips.get(sandbox_id) or await self._service_ip(sandbox_id)
         else:
             host = (pod.get("status") or {}).get("podIP")
@@ -497,6 +510,10 @@ class KubernetesDriver:
             return None
         return claim_state(claim)
 
+    async def direct_address(self, sandbox_id: str) -> str | None:
+        """None: a sandbox's endpoints are its pod's (or its Service's) address already."""
+        return None
+
     async def pause(self, sandbox_id: str) -> None:
         """Delete the pod (SIGTERM, then SIGKILL after ACS_KUBE_PAUSE_GRACE), keep the claim.
         Returns once the deletion is recorded: inspect says EXITED from then on."""
@@ -509,7 +526,7 @@ class KubernetesDriver:
             return
         name = pod_name(self.prefix, sandbox_id)
         answer = await self._api.delete_object(
-            pods(self._ns, name), "pause", grace=self.options.pause_grace, uid=_uid(pod)
+            pods(self._ns, name), "pause", grace=self.settings.kube_pause_grace, uid=_uid(pod)
         )
         if answer is not None and terminating(answer) and self._pods.synced:
             # The answer is the pod marked for deletion: the cache takes it now rather than
