@@ -114,7 +114,7 @@ class Metrics:
         self._fixes = 0
         self.reconcile_fixes = _CounterFromSource(
             "acs_reconcile_fixes",
-            "Sandbox records the reconciler changed to match Docker (this process)",
+            "Sandbox records the reconciler changed to match the runtime (this process)",
             lambda: self._fixes,
         )
         reg.register(self.reconcile_fixes)
