@@ -56,7 +56,12 @@ from drivers.base import SandboxDriver
 from drivers.kubernetes.names import claim_name, pod_name
 from drivers.kubernetes.objects import claim_manifest, pod_manifest
 from drivers.kubernetes.settings import KubernetesSettings
-from tests.kube.conftest import KubeCluster, api_client, bring_up, wait_service_account
+from tests.drivers.kubernetes.conftest import (
+    KubeCluster,
+    api_client,
+    bring_up,
+    wait_service_account,
+)
 from tests.support.sandbox_helpers import DEFAULT_IMAGE, REPO
 
 POLL = 0.010
