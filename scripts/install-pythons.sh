@@ -92,8 +92,8 @@ done
 
 if [ ${#missing[@]} -gt 0 ]; then
     cat >&2 <<EOF
-pythons: no usable Python ${missing[*]}: the OpenHands client tests (tests/test_openhands_clients*.py,
-  tests/test_openhands_sdk_*.py) need it. Install it where the tests look, e.g. with pyenv
+pythons: no usable Python ${missing[*]}: the OpenHands client tests (tests/clients/) need it.
+  Install it where the tests look, e.g. with pyenv
   (https://github.com/pyenv/pyenv#installation; then \`pyenv install ${missing[0]}\`), or as
   python${missing[0]} on PATH (a distribution's package with its venv module), and run this again.
 EOF
