@@ -53,10 +53,9 @@ test: install host images browser test-prep
 # nothing: the official agent server's image (minutes the first time, cached), the pinned
 # OpenHands client venvs (tests/support/openhands_clients.py; their Python versions come from
 # pyenv or PATH, which `bootstrap-host.sh --clients` reports and fills where it can) and Agent
-# Canvas from npm
-# (tests/support/agent_canvas.py), both cached under the data dir, the Kubernetes test
-# cluster's binaries, and the control plane's own image (its wheels and venv take minutes the
-# first time; tests/support/control_plane_image.py then finds docker's layer cache).
+# Canvas from npm (tests/support/agent_canvas.py), both cached under the data dir, the
+# Kubernetes test cluster's binaries, and the control plane's own image (its wheels and venv take
+# minutes the first time; tests/support/control_plane_image.py then finds docker's layer cache).
 test-prep: install host images image browser kube-binaries
 	@scripts/build-images.sh openhands
 	@scripts/bootstrap-host.sh --clients

@@ -3,7 +3,9 @@
 `create_app` never reads the environment itself: it takes a `ServiceConfig`. Field `x` is read
 from `ACS_X`. The fields are grouped by concern, one model per group (their docstrings title the
 groups of docs/configuration.md, which config_reference.py writes from these models), and
-ServiceConfig is all of them in one flat model.
+ServiceConfig is all of them in one flat model. The settings of a runtime are its own, declared
+in its package (drivers/<runtime>/settings.py) and listed by drivers/runtimes.py: the chosen
+runtime's (ACS_DRIVER) are read into `ServiceConfig.runtime` and handed to its driver whole.
 """
 
 from __future__ import annotations
