@@ -5,6 +5,10 @@ PYTHON ?= python3
 HOST   ?= 127.0.0.1
 PORT   ?= 3000
 BIN    := $(VENV)/bin
+# What outlives a clone (downloaded wheels, client venvs, Agent Canvas, the Kubernetes binaries,
+# mypy's cache), so that a fresh clone of a machine that ran the tests before starts warm.
+export ACS_CACHE_DIR ?= $(HOME)/.cache/acs
+export MYPY_CACHE_DIR ?= $(ACS_CACHE_DIR)/mypy
 
 .PHONY: all host browser install images image run test test-unit test-prep test-quick chaos ha lint format mypy bench bench-official bench-kube clean kube-binaries
 
@@ -52,15 +56,17 @@ test: install host images browser test-prep
 # What the slow tiers need, made before pytest so that no test's time limit covers a build from
 # nothing: the official agent server's image (minutes the first time, cached), the pinned
 # OpenHands client venvs (tests/support/openhands_clients.py; their Python versions come from
-# pyenv or PATH, which `bootstrap-host.sh --clients` reports and fills where it can) and Agent
-# Canvas from npm (tests/support/agent_canvas.py), both cached under the data dir, the
-# Kubernetes test cluster's binaries, and the control plane's own image (its wheels and venv take
-# minutes the first time; tests/support/control_plane_image.py then finds docker's layer cache).
+# pyenv or PATH, which `bootstrap-host.sh --clients` reports and fills where it can), Agent
+# Canvas from npm (tests/support/agent_canvas.py) and the OpenID provider
+# (tests/support/oidc_provider.py), all cached under the data dir, the Kubernetes test cluster's
+# binaries, and the control plane's own image (its wheels and venv take minutes the first time;
+# tests/support/control_plane_image.py then finds docker's layer cache).
 test-prep: install host images image browser kube-binaries
 	@scripts/build-images.sh openhands
 	@scripts/bootstrap-host.sh --clients
 	$(BIN)/python -m tests.support.openhands_clients
 	$(BIN)/python -m tests.support.agent_canvas
+	$(BIN)/python -m tests.support.oidc_provider
 
 # Everything that needs no more than redis-server: tests that use a Docker fixture or drive
 # Chromium are marked by tests/conftest.py and left out, as are the slow tiers (about 1.5 min).
@@ -111,6 +117,7 @@ bench: install host images
 	$(BIN)/python -m bench.warm_pool
 	$(BIN)/python -m bench.llm_gateway
 	$(BIN)/python -m bench.ha
+	$(BIN)/python -m bench.oidc_sessions
 
 # The official agent server's start latency (bench/official_agent.py); builds its image first
 # (minutes from nothing), which `make bench` does not need. The benches run as modules of the

@@ -154,11 +154,13 @@ def server_timing(samples: Samples) -> Middleware:
 
 
 @contextlib.asynccontextmanager
-async def serve(config: ServiceConfig, samples: Samples) -> AsyncIterator[Served]:
+async def serve(
+    config: ServiceConfig, samples: Samples, *, with_sandboxes: bool = True
+) -> AsyncIterator[Served]:
     """create_app(config) over real HTTP on 127.0.0.1 and a free port, as `controlplane serve`
     serves it (webhooks on the sandbox networks' gateways), with the timing middleware
-    outermost."""
-    app = create_app(config)
+    outermost; `with_sandboxes=False`: without the sandbox services (no Docker)."""
+    app = create_app(config, with_sandboxes=with_sandboxes)
     app.middlewares.insert(0, server_timing(samples))
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=10)
     await runner.setup()

@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from drivers.runtime import CommaList, RuntimeSettings, split_commas
+from drivers.runtime import CommaList, KeyValues, RuntimeSettings, split_commas
 from drivers.runtimes import DEFAULT_RUNTIME, RUNTIMES
 
 ENV_PREFIX = "ACS_"
@@ -222,6 +222,121 @@ class Access(BaseModel):
                 raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], no path)")
             out.append(normal)
         return out
+
+
+ROLE_NAMES = ("owner", "admin", "member", "auditor")
+
+
+def _group_role(item: str) -> str:
+    group, sep, target = item.partition("=")
+    org, colon, role = target.rpartition(":")
+    if not sep or not colon or not group.strip() or role not in ROLE_NAMES:
+        raise ValueError(f"{item!r} is not group=organization:role (role: {', '.join(ROLE_NAMES)})")
+    if not re.fullmatch(ORG_ID_PATTERN, org):
+        raise ValueError(f"{org!r} in {item!r} is not an organization id ({ORG_ID_PATTERN})")
+    return f"{group.strip()}={org}:{role}"
+
+
+ORG_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+
+
+class OpenIdConnect(BaseModel):
+    """Sign-in through OpenID Connect, and organizations"""
+
+    oidc_issuer: str | None = Field(
+        default=None,
+        description="the OpenID provider's issuer URL (`https://keycloak.example.com/realms/eng`); "
+        "set, browsers sign in through it (discovery at `<issuer>/.well-known/"
+        "openid-configuration`, which must name this issuer)",
+    )
+    oidc_client_id: str | None = Field(
+        default=None, description="this service's client id at the provider"
+    )
+    oidc_client_secret: str | None = Field(
+        default=None,
+        description="its client secret (`client_secret_basic`); never logged nor answered",
+    )
+    oidc_scopes: CommaList[str] = Field(
+        default_factory=lambda: ["openid", "email", "profile"],
+        description="comma-separated scopes asked for; add `groups` (Okta) or `offline_access` "
+        "(Okta, for a refresh token) as the provider needs",
+    )
+    oidc_user_claim: str = Field(
+        default="sub",
+        pattern=r"^[A-Za-z0-9_.:-]{1,64}$",
+        description="the ID token claim that is the user id here (`sub`, `email`, "
+        "`preferred_username`); its value must be 1-64 letters, digits, `_.@-`",
+    )
+    oidc_groups_claim: str | None = Field(
+        default="groups",
+        pattern=r"^[A-Za-z0-9_.:-]{1,64}$",
+        description="the ID token claim listing the user's groups; unset: groups are not read",
+    )
+    oidc_group_roles: CommaList[str] = Field(
+        default_factory=list,
+        description="comma-separated `group=organization:role` (roles: owner, admin, member, "
+        "auditor): at each sign-in and refresh a user's roles in the organizations named here "
+        "are set from their groups (the highest role wins; no group: removed from that "
+        "organization); organizations not named here are managed through the API alone",
+    )
+    oidc_default_role: Literal["member", "auditor", "none"] = Field(
+        default="member",
+        description="role in the default organization of a provider user whose groups give "
+        "them no organization; `none`: such users are refused at sign-in",
+    )
+    oidc_recheck_interval: int = Field(
+        default=300,
+        ge=5,
+        le=86400,
+        description="seconds between two checks of a browser session with the provider "
+        "(refresh token grant): a user disabled or removed there loses access within this time "
+        "(twice it while the provider cannot be reached)",
+    )
+    oidc_redirect_url: str | None = Field(
+        default=None,
+        description="the callback URL registered at the provider "
+        "(`https://acs.example.com/auth/oidc/callback`); unset: this server's own address as "
+        "the browser reached it",
+    )
+    oidc_auth_params: KeyValues = Field(
+        default_factory=dict,
+        description="extra authorization request parameters (`k=v,…`), e.g. Google's "
+        "`access_type=offline,prompt=consent` for a refresh token",
+    )
+    oidc_display_name: str = Field(
+        default="your organization's sign-in",
+        max_length=80,
+        description="what the sign-in page's button names (`Sign in with …`)",
+    )
+    oidc_timeout: float = Field(
+        default=10.0, gt=0, le=60, description="seconds for one call to the provider"
+    )
+    api_key_sign_in: bool = Field(
+        default=True,
+        description="the sign-in page also takes an API key; `false` with a provider set: "
+        "browsers sign in through the provider only (keys still work in headers)",
+    )
+    default_organization: str = Field(
+        default="deployment",
+        pattern=ORG_ID_PATTERN,
+        description="the organization existing users, keys and records belong to (made at "
+        "start; records written before organizations existed are its)",
+    )
+
+    @field_validator("oidc_group_roles")
+    @classmethod
+    def _group_roles(cls, value: list[str]) -> list[str]:
+        return [_group_role(item) for item in value]
+
+    @field_validator("oidc_issuer", "oidc_redirect_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"https?://[^\s?#]+", value):
+            raise ValueError(f"{value!r} is not an http(s) URL without query or fragment")
+        return value
+
+    def oidc_enabled(self) -> bool:
+        return self.oidc_issuer is not None
 
 
 class RateLimits(BaseModel):
@@ -614,6 +729,7 @@ GROUPS: tuple[type[BaseModel], ...] = (
     Storage,
     Server,
     Access,
+    OpenIdConnect,
     RateLimits,
     Runtime,
     Isolation,
@@ -643,6 +759,7 @@ class ServiceConfig(
     Isolation,
     Runtime,
     RateLimits,
+    OpenIdConnect,
     Access,
     Server,
     Storage,
@@ -681,6 +798,14 @@ class ServiceConfig(
         if not isinstance(self.runtime, RUNTIME_SETTINGS[self.driver]):
             raise ValueError(f"ACS_DRIVER: the settings given are not {self.driver}'s")
         self.runtime.check(self.container_prefix)
+        return self
+
+    @model_validator(mode="after")
+    def _oidc(self) -> ServiceConfig:
+        if self.oidc_issuer is not None and not self.oidc_client_id:
+            raise ValueError("ACS_OIDC_CLIENT_ID: needed with ACS_OIDC_ISSUER")
+        if self.oidc_issuer is not None and "openid" not in self.oidc_scopes:
+            raise ValueError("ACS_OIDC_SCOPES: must include `openid`")
         return self
 
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from controlplane.api.pacing import Pacer
     from controlplane.api.ratelimit import RateLimiter
     from controlplane.auth.device import DeviceFlowService
+    from controlplane.auth.oidc_flow import SignInFlow
     from controlplane.auth.service import ApiKeyService
     from controlplane.auth.sessions import SessionService
     from controlplane.auth.tickets import TicketService
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from controlplane.lifecycle.outbox import Outbox
     from controlplane.lifecycle.publisher import LifecyclePublisher
     from controlplane.metrics import Metrics
+    from controlplane.organizations.service import OrganizationService
     from controlplane.proxy.state import ProxyState
     from controlplane.sandboxes.models import SandboxRecord
     from controlplane.sandboxes.pool import WarmPool
@@ -63,6 +65,10 @@ API_KEYS: web.AppKey[ApiKeyService] = web.AppKey("api_keys")
 SESSIONS: web.AppKey[SessionService] = web.AppKey("sessions")
 TICKETS: web.AppKey[TicketService] = web.AppKey("ws_tickets")
 DEVICE_FLOW: web.AppKey[DeviceFlowService] = web.AppKey("device_flow")
+OIDC_SIGN_IN: web.AppKey[SignInFlow] = web.AppKey("oidc_sign_in")
+"""Only when ACS_OIDC_ISSUER is set: browsers sign in through the OpenID provider."""
+ORGANIZATIONS: web.AppKey[OrganizationService] = web.AppKey("organizations")
+"""Organizations and roles: where each request acts (the auth middleware), members, limits."""
 AUTH_LIMITER: web.AppKey[RateLimiter] = web.AppKey("auth_limiter")
 """Counts sign-in-like attempts per client address (or user): sign-ins, device codes, approvals."""
 RATE_LIMITER: web.AppKey[RateLimiter] = web.AppKey("rate_limiter")

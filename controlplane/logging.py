@@ -70,6 +70,9 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
             structlog.processors.JSONRenderer(),
         ]
     )
+    # Authlib logs a sign-in's PKCE verifier at DEBUG (stdlib logging): never below INFO, even
+    # when something routes the standard library's records somewhere.
+    logging.getLogger("authlib").setLevel(logging.INFO)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -32,6 +32,7 @@ REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id")
 DEADLINE: web.RequestKey[asyncio.Timeout | None] = web.RequestKey("deadline")
 PACED: web.RequestKey[bool] = web.RequestKey("paced")
 WEBHOOK_PATH = "/api/v1/webhooks/"
+ORG_HEADER = "X-Org-Id"
 SMALL_BODY = 64 * 1024
 """Refusals read a declared body up to this size (keeping the connection); above, they close."""
 
@@ -188,10 +189,16 @@ def size_limit_middleware(limit: int) -> Any:
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every route but the public ones needs an API key, a browser session or single-user mode
-    (controlplane/auth/identity.py)."""
+    (controlplane/auth/identity.py); the principal then carries the organization it acts in
+    and its role there."""
     if is_public(request) or request.method == "OPTIONS":
         return await handler(request)
     principal = await authenticate_request(request)
+    organizations = request.app.get(keys.ORGANIZATIONS)
+    if organizations is not None:
+        # Where the caller acts: X-Org-Id (what Agent Canvas sends), else their key's or
+        # current organization (organizations/service.py).
+        principal = await organizations.scope(principal, request.headers.get(ORG_HEADER))
     request[PRINCIPAL] = principal
     structlog.contextvars.bind_contextvars(user_id=principal.user_id)
     return await handler(request)

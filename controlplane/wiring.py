@@ -3,8 +3,9 @@
 Each resource opens and closes in one cleanup context, and create_app appends them in
 dependency order (`contexts`); aiohttp opens them in that order and closes them in reverse:
 
-1. redis          the Redis client, the secret box, and what needs only them (API keys, browser
-                  sessions, the device flow, settings and LLM profiles, rate limiters)
+1. redis          the Redis client, the secret box, and what needs only them (API keys,
+                  organizations (their migration runs here, once), browser sessions and the
+                  OpenID sign-in, the device flow, settings and LLM profiles, rate limiters)
 2. runtime        the sandbox driver of the runtime ACS_DRIVER names (drivers/runtimes.py) and
                   the webhook listener it binds where sandboxes reach it
 3. http client    the one client session to agent servers and webhook receivers
@@ -42,6 +43,9 @@ from controlplane import keys
 from controlplane.agent_protocol.client import AgentClient
 from controlplane.api.ratelimit import RateLimiter
 from controlplane.auth.device import DeviceFlowConfig, DeviceFlowService
+from controlplane.auth.oidc import OidcClient, OidcSettings
+from controlplane.auth.oidc_flow import SignInFlow
+from controlplane.auth.oidc_recheck import SessionRecheck
 from controlplane.auth.service import ApiKeyService
 from controlplane.auth.sessions import SIGNING_PURPOSE, SessionService
 from controlplane.auth.tickets import TicketService
@@ -63,6 +67,10 @@ from controlplane.gateway.translator_process import TranslatorProcess
 from controlplane.lifecycle.outbox import Outbox
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookDeliverer
+from controlplane.organizations.groups import GroupRoles
+from controlplane.organizations.migration import migrate
+from controlplane.organizations.service import OrganizationService
+from controlplane.organizations.store import OrganizationStore
 from controlplane.proxy.state import ProxyState, proxy_client
 from controlplane.sandboxes.admission import Admission
 from controlplane.sandboxes.launcher import Launcher, network_policy
@@ -135,9 +143,10 @@ def redis_ctx(config: ServiceConfig) -> Context:
         api_keys = ApiKeyService(client, config.bootstrap_api_key, config.bootstrap_user)
         app[keys.API_KEYS] = api_keys
         app[keys.TICKETS] = TicketService(client)
-        app[keys.SESSIONS] = SessionService(
-            client, api_keys, box.derive_key(SIGNING_PURPOSE), config.session_ttl
-        )
+        organizations = OrganizationService(OrganizationStore(client), config.default_organization)
+        await migrate(client, organizations)
+        app[keys.ORGANIZATIONS] = organizations
+        sign_in(app, config, api_keys, organizations)
         app[keys.DEVICE_FLOW] = DeviceFlowService(
             client,
             api_keys,
@@ -155,6 +164,48 @@ def redis_ctx(config: ServiceConfig) -> Context:
         await client.aclose()
 
     return ctx
+
+
+def sign_in(
+    app: web.Application,
+    config: ServiceConfig,
+    api_keys: ApiKeyService,
+    organizations: OrganizationService,
+) -> None:
+    """Browser sessions and, with ACS_OIDC_ISSUER, sign-in through the OpenID provider (its
+    sessions checked with it every ACS_OIDC_RECHECK_INTERVAL, the groups applied to the user's
+    organizations at each sign-in and check)."""
+    redis, box = app[keys.REDIS], app[keys.SECRET_BOX]
+    signing_key = box.derive_key(SIGNING_PURPOSE)
+    if config.oidc_issuer is None or config.oidc_client_id is None:
+        app[keys.SESSIONS] = SessionService(redis, api_keys, signing_key, config.session_ttl)
+        return
+    client = OidcClient(
+        OidcSettings(
+            issuer=config.oidc_issuer,
+            client_id=config.oidc_client_id,
+            client_secret=config.oidc_client_secret,
+            scopes=tuple(config.oidc_scopes),
+            user_claim=config.oidc_user_claim,
+            groups_claim=config.oidc_groups_claim,
+            auth_params=dict(config.oidc_auth_params),
+            timeout=config.oidc_timeout,
+        )
+    )
+    groups = GroupRoles(organizations, config.oidc_group_roles, config.oidc_default_role)
+    interval = config.oidc_recheck_interval
+    recheck = SessionRecheck(redis, client, api_keys, box, groups, interval=interval)
+    sessions = SessionService(redis, api_keys, signing_key, config.session_ttl, recheck)
+    app[keys.SESSIONS] = sessions
+    app[keys.OIDC_SIGN_IN] = SignInFlow(
+        redis,
+        client,
+        sessions=sessions,
+        api_keys=api_keys,
+        box=box,
+        memberships=groups,
+        recheck_interval=interval,
+    )
 
 
 def runtime_ctx(config: ServiceConfig) -> Context:
@@ -258,7 +309,7 @@ def sandboxes_ctx(config: ServiceConfig) -> Context:
         notes = SandboxLifecycle(app[keys.LIFECYCLE])
         leases = IntentLeases(redis)
         locks = SandboxLocks()
-        admission = Admission(config, driver)
+        admission = Admission(config, driver, app[keys.ORGANIZATIONS])
         launcher = Launcher(
             config,
             store,
@@ -399,6 +450,7 @@ def conversations_ctx(config: ServiceConfig) -> Context:
             pending=pending,
             gateway_tokens=app[keys.GATEWAY].tokens,
             gateway_url=sandboxes.launcher.control_plane_url,
+            organizations=app[keys.ORGANIZATIONS],
         )
         conversations = ConversationService(
             store, events, sandboxes, agent, runner, publisher=publisher, pending=pending

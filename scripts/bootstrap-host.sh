@@ -3,14 +3,15 @@
 # haproxy (the high-availability tests' balancer), debootstrap, a running Docker engine, and
 # gVisor's runsc registered with it (optional); with --browser, Python venv support, Debian's
 # chromium and npm (the browser tests, and the web apps they fetch from the npm registry) only;
-# with --unit, Python venv support and redis-server only (make test-unit); with --kube, what the
-# Kubernetes test cluster needs (docs/test-cluster.md): what scripts/kube/build.sh calls to build
-# it from Debian's source package (Go and the reflect2 sources, dpkg-source, xz, patch, make,
-# rsync, gcc for the pause binary) and what scripts/kube-cluster.sh runs it with (etcd-server,
-# conntrack, iproute2, openssl); with --clients, the Python versions of the OpenHands client
-# venvs (tests/support/openhands_clients.py): says where each comes from and installs what it
-# can. Installs what is missing when run as root on Debian; otherwise says exactly what to
-# install. Safe to run again: it only acts on what is absent.
+# with --unit, Python venv support, redis-server and npm (Node runs the tests' OpenID provider)
+# only (make test-unit); with --kube, what the Kubernetes test cluster needs
+# (docs/test-cluster.md): what scripts/kube/build.sh calls to build it from Debian's source
+# package (Go and the reflect2 sources, dpkg-source, xz, patch, make, rsync, gcc for the pause
+# binary) and what scripts/kube-cluster.sh runs it with (etcd-server, conntrack, iproute2,
+# openssl); with --clients, the Python versions of the OpenHands client venvs
+# (tests/support/openhands_clients.py): says where each comes from and installs what it can.
+# Installs what is missing when run as root on Debian; otherwise says exactly what to install.
+# Safe to run again: it only acts on what is absent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,6 +47,8 @@ if $browser; then
 fi
 if $redis_only; then
     have redis-server || need_apt+=(redis-server)
+    # The OpenID provider of the sign-in tests (tests/support/oidc_provider.py) runs on Node.
+    have npm || need_apt+=(npm)
 fi
 if $kube; then
     # scripts/kube/build.sh (its tool check lists the same).

@@ -34,6 +34,8 @@ pytest_plugins = [
     "tests.support.openhands_clients",
     "tests.support.agent_canvas",
     "tests.support.browser_netns",
+    "tests.support.oidc_provider",
+    "tests.support.oidc_sign_in",
 ]
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 USER_ID_PATTERN = r"^[A-Za-z0-9_.@-]{1,64}$"
+RoleName = Literal["owner", "admin", "member", "auditor"]
+"""A member's role in an organization (organizations/roles.py says what each may do)."""
 
 
 class Principal(BaseModel):
@@ -18,8 +20,17 @@ class Principal(BaseModel):
     user_id: str
     is_admin: bool = False
     key_id: str
-    via: Literal["api_key", "session", "single_user", "ticket"] = Field(
+    via: Literal["api_key", "session", "oidc", "single_user", "ticket"] = Field(
         default="api_key", description="How the caller proved who they are"
+    )
+    org_id: str | None = Field(
+        default=None,
+        description="The organization the caller acts in (X-Org-Id, else their current one); "
+        "set by the auth middleware; None: they belong to none",
+    )
+    org_role: RoleName | None = None
+    key_org_id: str | None = Field(
+        default=None, description="The organization the API key was made in, if it names one"
     )
 
 
@@ -30,6 +41,10 @@ class ApiKeyInfo(BaseModel):
     user_id: str = Field(pattern=USER_ID_PATTERN)
     is_admin: bool
     created_at: datetime
+    name: str | None = Field(default=None, description="What its owner called it")
+    org_id: str | None = Field(
+        default=None, description="The organization it was made in (None: made before them)"
+    )
 
 
 class CreatedApiKey(ApiKeyInfo):

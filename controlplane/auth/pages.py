@@ -6,7 +6,9 @@ framing (an approval button in someone else's frame would be a clickjacking targ
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from html import escape
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -36,6 +38,8 @@ button { margin-top: 1rem; padding: .5rem 1.2rem; font-size: 1rem; border-radius
        border: 1px solid #2f5bd3; background: #2f5bd3; color: #fff; cursor: pointer; }
 button.secondary { background: #fff; color: #2f5bd3; }
 .error { background: #fdecec; border: 1px solid #e5a3a3; padding: .6rem; border-radius: 4px; }
+a.button { display: inline-block; padding: .5rem 1.2rem; border-radius: 4px;
+       background: #2f5bd3; color: #fff; text-decoration: none; }
 .ok { background: #eaf7ee; border: 1px solid #9fd3ad; padding: .6rem; border-radius: 4px; }
 """
 
@@ -60,12 +64,33 @@ def _notice(error: str | None, ok: str | None = None) -> str:
     return ""
 
 
-def sign_in_page(next_url: str, error: str | None = None, status: int = 200) -> web.Response:
+@dataclass(frozen=True)
+class SignInOptions:
+    provider: str | None = None
+    """The OpenID provider's display name when browsers may sign in through it."""
+    api_key: bool = True
+
+
+def sign_in_page(
+    next_url: str,
+    error: str | None = None,
+    status: int = 200,
+    options: SignInOptions | None = None,
+) -> web.Response:
+    options = options or SignInOptions()
+    provider = ""
+    if options.provider is not None:
+        start = f"/auth/oidc/start?next={quote(next_url, safe='')}"
+        provider = f"""
+<p><a class="button" id="sign-in-oidc" href="{escape(start)}">Sign in with
+{escape(options.provider)}</a></p>"""
+    if not options.api_key:
+        return page("Sign in", f"<h1>Sign in</h1>{_notice(error)}{provider}", status)
     body = f"""
 <h1>Sign in</h1>
+{_notice(error)}{provider}
 <p>Sign in with one of your API keys (<code>controlplane keys create --user NAME</code> prints
 one). Your browser then keeps a session cookie; the key itself is not stored in the browser.</p>
-{_notice(error)}
 <form method="post" action="/auth/sign-in">
   <label for="api_key">API key</label>
   <input id="api_key" name="api_key" type="password" autocomplete="current-password" required
@@ -86,6 +111,19 @@ def signed_in_page(user_id: str, next_url: str | None) -> web.Response:
   <button type="submit" class="secondary" id="sign-out">Sign out</button>
 </form>"""
     return page("Signed in", body)
+
+
+def continue_page(next_url: str) -> web.Response:
+    """After the provider's callback: the browser goes on from our own page, so the request to
+    `next_url` is same-site and carries the SameSite=Strict session cookie (a redirect straight
+    from the provider's cross-site navigation would not)."""
+    target = escape(next_url)
+    body = f"""
+<h1>Signed in</h1>
+<p><a href="{target}" id="continue">Continue</a></p>"""
+    response = page("Signed in", body)
+    response.headers["Refresh"] = f"0; url={next_url}"
+    return response
 
 
 def signed_out_page() -> web.Response:

@@ -10,6 +10,7 @@ import hmac
 import re
 import secrets
 from datetime import UTC, datetime
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -19,7 +20,18 @@ from controlplane.errors import InvalidInput, NotFound, Unauthorized
 from controlplane.store import keyspace, text
 
 _KEY_RE = re.compile(r"^acs_([0-9a-f]{12})_[A-Za-z0-9_-]{43}$")
+_KEY_ID_RE = re.compile(r"[0-9a-f]{12}")
 BOOTSTRAP_KEY_ID = "bootstrap"
+# Only keys that still exist: a key revoked meanwhile must not come back as a husk.
+_SUSPEND = """
+for _, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 1 then
+    if ARGV[1] == '1' then redis.call('HSET', key, 'suspended', '1')
+    else redis.call('HDEL', key, 'suspended') end
+  end
+end
+return 1
+"""
 
 
 class ApiKeyService:
@@ -29,9 +41,19 @@ class ApiKeyService:
         self._redis = redis
         self._bootstrap_hash = hash_api_key(bootstrap_key) if bootstrap_key else None
         self._bootstrap_user = bootstrap_user
+        self._suspend = redis.register_script(_SUSPEND)
 
-    async def create(self, user_id: str, *, admin: bool = False) -> CreatedApiKey:
-        """Create a key for `user_id` (users exist through their keys). Raises InvalidInput."""
+    async def create(
+        self,
+        user_id: str,
+        *,
+        admin: bool = False,
+        name: str | None = None,
+        org_id: str | None = None,
+    ) -> CreatedApiKey:
+        """Create a key for `user_id` (users exist through their keys), named `name`, made in
+        organization `org_id` (requests with it act there unless they name another). Raises
+        InvalidInput."""
         if not re.fullmatch(USER_ID_PATTERN, user_id):
             raise InvalidInput(
                 "user names are 1-64 letters, digits, '_', '.', '@' or '-'", loc=["user"]
@@ -39,48 +61,69 @@ class ApiKeyService:
         key_id = secrets.token_hex(6)
         key = f"acs_{key_id}_{secrets.token_urlsafe(32)}"
         now = datetime.now(UTC)
+        fields: dict[Any, Any] = {
+            "user_id": user_id,
+            "is_admin": "1" if admin else "0",
+            "hash": hash_api_key(key),
+            "created_at": now.isoformat(),
+        }
+        if name:
+            fields["name"] = name
+        if org_id:
+            fields["org_id"] = org_id
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(
-                keyspace.api_key(key_id),
-                mapping={
-                    "user_id": user_id,
-                    "is_admin": "1" if admin else "0",
-                    "hash": hash_api_key(key),
-                    "created_at": now.isoformat(),
-                },
-            )
+            pipe.hset(keyspace.api_key(key_id), mapping=fields)
             pipe.zadd(keyspace.API_KEYS, {key_id: now.timestamp()})
+            pipe.zadd(keyspace.user_api_keys(user_id), {key_id: now.timestamp()})
             await pipe.execute()
         return CreatedApiKey(
-            key_id=key_id, user_id=user_id, is_admin=admin, created_at=now, key=key
+            key_id=key_id,
+            user_id=user_id,
+            is_admin=admin,
+            created_at=now,
+            key=key,
+            name=name,
+            org_id=org_id,
         )
 
-    async def list(self) -> list[ApiKeyInfo]:
-        """Every stored key, oldest first (the bootstrap key is configuration, not listed)."""
-        ids = [text(i) for i in await self._redis.zrange(keyspace.API_KEYS, 0, -1)]
+    async def list(self, user_id: str | None = None) -> list[ApiKeyInfo]:
+        """Every stored key (or `user_id`'s), oldest first (the bootstrap key is configuration,
+        not listed)."""
+        index = keyspace.API_KEYS if user_id is None else keyspace.user_api_keys(user_id)
+        ids = [text(i) for i in await self._redis.zrange(index, 0, -1)]
         async with self._redis.pipeline(transaction=False) as pipe:
             for key_id in ids:
                 pipe.hgetall(keyspace.api_key(key_id))
             rows = await pipe.execute()
-        return [
-            ApiKeyInfo(
-                key_id=key_id,
-                user_id=text(row[b"user_id"]),
-                is_admin=text(row[b"is_admin"]) == "1",
-                created_at=datetime.fromisoformat(text(row[b"created_at"])),
-            )
-            for key_id, row in zip(ids, rows, strict=True)
-            if row
-        ]
+        return [_info(key_id, row) for key_id, row in zip(ids, rows, strict=True) if row]
+
+    async def get(self, key_id: str) -> ApiKeyInfo | None:
+        """One key's record (no secret), None when there is no such key."""
+        if not _KEY_ID_RE.fullmatch(key_id):
+            return None
+        row = await self._redis.hgetall(keyspace.api_key(key_id))
+        return _info(key_id, row) if row else None
 
     async def revoke(self, key_id: str) -> None:
         """Delete a key at once. Raises NotFound when no such key exists."""
+        info = await self.get(key_id)
+        if info is None:
+            raise NotFound(f"no API key with id {key_id}")
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(keyspace.api_key(key_id))
             pipe.zrem(keyspace.API_KEYS, key_id)
-            deleted, _ = await pipe.execute()
+            pipe.zrem(keyspace.user_api_keys(info.user_id), key_id)
+            deleted, *_ = await pipe.execute()
         if not deleted:
             raise NotFound(f"no API key with id {key_id}")
+
+    async def set_suspended(self, user_id: str, suspended: bool) -> None:
+        """Refuse (or accept again) every key of `user_id`: the provider refused the user
+        (disabled or removed there); a successful sign-in through it lifts this."""
+        ids = [text(i) for i in await self._redis.zrange(keyspace.user_api_keys(user_id), 0, -1)]
+        if not ids:
+            return
+        await self._suspend(keys=[keyspace.api_key(k) for k in ids], args=[int(suspended)])
 
     async def is_live(self, key_id: str) -> bool:
         """True while the key exists (the bootstrap key: while it is configured)."""
@@ -89,7 +132,8 @@ class ApiKeyService:
         return bool(await self._redis.exists(keyspace.api_key(key_id)))
 
     async def authenticate(self, presented: str | None) -> Principal:
-        """The principal for a presented key. Raises Unauthorized for a missing or unknown key."""
+        """The principal for a presented key. Raises Unauthorized for a missing, unknown or
+        suspended key."""
         if not presented:
             raise Unauthorized("missing API key: send X-Session-API-Key or Authorization: Bearer")
         digest = hash_api_key(presented)
@@ -99,10 +143,29 @@ class ApiKeyService:
         if match is not None:
             key_id = match.group(1)
             row = await self._redis.hgetall(keyspace.api_key(key_id))
-            if row and hmac.compare_digest(text(row[b"hash"]), digest):
+            if row and hmac.compare_digest(text(row.get(b"hash", b"")), digest):
+                if row.get(b"suspended"):
+                    raise Unauthorized(
+                        "this key's user was refused by the OpenID provider (disabled or "
+                        "removed there); signing in through it again restores the key"
+                    )
+                org = row.get(b"org_id")
                 return Principal(
                     user_id=text(row[b"user_id"]),
                     is_admin=text(row[b"is_admin"]) == "1",
                     key_id=key_id,
+                    key_org_id=text(org) if org else None,
                 )
         raise Unauthorized("invalid API key")
+
+
+def _info(key_id: str, row: dict[Any, Any]) -> ApiKeyInfo:
+    name, org = row.get(b"name"), row.get(b"org_id")
+    return ApiKeyInfo(
+        key_id=key_id,
+        user_id=text(row[b"user_id"]),
+        is_admin=text(row[b"is_admin"]) == "1",
+        created_at=datetime.fromisoformat(text(row[b"created_at"])),
+        name=text(name) if name else None,
+        org_id=text(org) if org else None,
+    )

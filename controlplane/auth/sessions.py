@@ -4,6 +4,11 @@ The cookie reads `<session id>.<expiry>.<signature>`: a random 256-bit id, the e
 seconds and an HMAC-SHA256 of both under a key derived from the secret key (crypto.SecretBox).
 The signature rejects forged or edited cookies without touching Redis; the record (found by the
 SHA-256 of the id, never the id itself) makes sign-out and key revocation take effect at once.
+
+A session opened with an API key lives while that key does. One opened through the OpenID
+provider holds the provider's refresh token (encrypted) and is checked with the provider again
+once `recheck_at` has passed (auth/oidc_sessions.py): a user disabled there loses the session
+at the first request after that.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import hmac
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 import redis.asyncio as aioredis
 
@@ -32,18 +38,30 @@ class NewSession:
     """Unix seconds."""
 
 
+class Recheck(Protocol):
+    async def __call__(self, record_key: str, row: dict[Any, Any]) -> bool:
+        """Check an OpenID session whose `recheck_at` has passed with the provider (and update
+        its record); False: the session is over (its record is gone)."""
+
+
 def _b64(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
 class SessionService:
     def __init__(
-        self, redis: aioredis.Redis, api_keys: ApiKeyService, signing_key: bytes, ttl: int
+        self,
+        redis: aioredis.Redis,
+        api_keys: ApiKeyService,
+        signing_key: bytes,
+        ttl: int,
+        recheck: Recheck | None = None,
     ) -> None:
         self._redis = redis
         self._api_keys = api_keys
         self._key = signing_key
         self.ttl = ttl
+        self._recheck = recheck
 
     def _sign(self, session_id: str, expires_at: int) -> str:
         mac = hmac.new(self._key, f"{session_id}.{expires_at}".encode(), hashlib.sha256)
@@ -55,18 +73,23 @@ class SessionService:
 
     async def create(self, principal: Principal) -> NewSession:
         """A new session acting as `principal` (who signed in with an API key)."""
+        return await self.open(
+            {
+                "user_id": principal.user_id,
+                "key_id": principal.key_id,
+                "is_admin": "1" if principal.is_admin else "0",
+            }
+        )
+
+    async def open(self, fields: dict[Any, Any], ttl: int | None = None) -> NewSession:
+        """A new session whose record holds `fields` (user_id, key_id, is_admin; an OpenID
+        session's `via`, `recheck_at` and encrypted refresh token), for `ttl` seconds (default:
+        ACS_SESSION_TTL)."""
         session_id = secrets.token_urlsafe(32)
-        expires_at = int(time.time()) + self.ttl
+        expires_at = int(time.time()) + (ttl or self.ttl)
         record = self._record_key(session_id)
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(
-                record,
-                mapping={
-                    "user_id": principal.user_id,
-                    "key_id": principal.key_id,
-                    "is_admin": "1" if principal.is_admin else "0",
-                },
-            )
+            pipe.hset(record, mapping=fields)
             pipe.expireat(record, expires_at)
             await pipe.execute()
         cookie = f"{session_id}.{expires_at}.{self._sign(session_id, expires_at)}"
@@ -90,17 +113,26 @@ class SessionService:
         session_id = self._verified_id(cookie)
         if session_id is None:
             return None
-        row = await self._redis.hgetall(self._record_key(session_id))
+        record = self._record_key(session_id)
+        row = await self._redis.hgetall(record)
         if not row:
             return None
         key_id = text(row[b"key_id"])
-        if not await self._api_keys.is_live(key_id):
+        via: Literal["oidc", "session"]
+        if row.get(b"via") == b"oidc":
+            due = float(text(row.get(b"recheck_at", b"0"))) <= time.time()
+            if due and (self._recheck is None or not await self._recheck(record, row)):
+                return None
+            via = "oidc"
+        elif not await self._api_keys.is_live(key_id):
             return None
+        else:
+            via = "session"
         return Principal(
             user_id=text(row[b"user_id"]),
             is_admin=text(row[b"is_admin"]) == "1",
             key_id=key_id,
-            via="session",
+            via=via,
         )
 
     async def revoke(self, cookie: str) -> bool:

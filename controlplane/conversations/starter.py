@@ -33,6 +33,7 @@ from controlplane.gateway.agent_llm import agent_llm
 from controlplane.gateway.credentials import SandboxTokens
 from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
 from controlplane.lifecycle.publisher import LifecyclePublisher
+from controlplane.organizations.service import OrganizationService
 from controlplane.sandboxes.models import SandboxRecord
 from controlplane.sandboxes.service import SandboxService
 from controlplane.settings.models import ProviderType, UserRecord
@@ -97,10 +98,13 @@ class StartTaskRunner:
         pending: PendingMessages | None = None,
         gateway_tokens: SandboxTokens | None = None,
         gateway_url: Callable[[SandboxSpec], Awaitable[str | None]] | None = None,
+        organizations: OrganizationService | None = None,
     ) -> None:
         """`gateway_tokens` and `gateway_url` (where the sandboxes of a spec reach the control
         plane: Launcher.control_plane_url): agents call models through the LLM gateway; without
-        them they get the user's key (docs/llm-gateway.md)."""
+        them they get the user's key (docs/llm-gateway.md). `organizations`: where a task
+        resumed after a restart acts (its owner's current organization and role there)."""
+        self._organizations = organizations
         self._gateway_tokens = gateway_tokens
         self._gateway_url = gateway_url
         self._publisher = publisher
@@ -450,6 +454,10 @@ class StartTaskRunner:
                 continue
             log.info("start_task_resumed", task_id=task.id, status=task.status.value)
             principal = Principal(user_id=task.created_by_user_id, key_id=RESUMED_KEY_ID)
+            if self._organizations is not None:
+                # The task record names no organization: its owner's current one, with their
+                # role there (a sandbox it still has to start is made there).
+                principal = await self._organizations.scope(principal, None)
             self._owners[task.id] = owner
             self.spawn(task, principal)
             resumed += 1

@@ -21,13 +21,14 @@ from controlplane import keys
 from controlplane.api.parsing import json_response, parse_query
 from controlplane.api.routing import Handler, RouteTable
 from controlplane.auth.identity import PRINCIPAL, principal_of
-from controlplane.auth.models import Principal
+from controlplane.auth.models import USER_ID_PATTERN, Principal
 from controlplane.errors import NotFound
 from controlplane.gateway.agent_llm import PATH as PREFIX
 from controlplane.gateway.credentials import Caller
 from controlplane.gateway.forward import GatewayError, Metered
 from controlplane.gateway.metering import month, price_of
 from controlplane.gateway.service import GatewayService
+from controlplane.organizations.roles import Action
 
 sandbox_routes = RouteTable(tag="llm-gateway")
 routes = RouteTable(tag="llm-gateway")
@@ -79,6 +80,12 @@ class UsageQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     conversation_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+    user_id: str | None = Field(
+        default=None,
+        pattern=USER_ID_PATTERN,
+        description="Another member's month (owners, admins and auditors of the organization "
+        "acted in)",
+    )
 
 
 class GatewayKey(BaseModel):
@@ -301,7 +308,7 @@ async def revoke_key(request: web.Request) -> web.Response:
     summary="What the gateway metered for the caller this month (or for one conversation)",
     query=UsageQuery,
     response=UsageView | ConversationUsageView,
-    errors=(404,),
+    errors=(403, 404),
 )
 async def usage(request: web.Request) -> web.Response:
     gateway: GatewayService = request.app[keys.GATEWAY]
@@ -322,7 +329,10 @@ async def usage(request: web.Request) -> web.Response:
                 requests=spent.requests,
             )
         )
-    _, spent = await gateway.meter.spent(principal.user_id, None)
+    target = parse_query(request, UsageQuery).user_id or principal.user_id
+    if target != principal.user_id:
+        await request.app[keys.ORGANIZATIONS].check_member(principal, target, Action.USAGE_READ)
+    _, spent = await gateway.meter.spent(target, None)
     return json_response(
         UsageView(
             month=month(),

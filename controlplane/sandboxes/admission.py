@@ -4,18 +4,27 @@ the 429 each refusal is answered with."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from controlplane.auth.models import Principal
 from controlplane.config import ServiceConfig
 from controlplane.errors import QuotaExceeded
+from controlplane.organizations.service import OrganizationService
 from controlplane.sandboxes.store import Limits
 from drivers.base import SandboxDriver
 
 
 class Admission:
-    def __init__(self, config: ServiceConfig, driver: SandboxDriver) -> None:
+    def __init__(
+        self,
+        config: ServiceConfig,
+        driver: SandboxDriver,
+        organizations: OrganizationService | None = None,
+    ) -> None:
         self._config = config
         self._driver = driver
         self._memory_capacity = config.host_memory_bytes
+        self._organizations = organizations
 
     @property
     def cap(self) -> int | None:
@@ -35,16 +44,38 @@ class Admission:
             memory_capacity=self._memory_capacity,
         )
 
+    async def member_limits(self, org_id: str | None, user_id: str) -> Limits:
+        """limits() with the per-user caps of `user_id` in `org_id`: the member's own
+        (PUT …/members/{user}), else the organization's for its members (PATCH …/{org}), else
+        the deployment's (ACS_MAX_RUNNING_PER_USER, ACS_MAX_SANDBOXES_PER_USER); 0: no limit."""
+        limits = await self.limits()
+        if self._organizations is None:
+            return limits
+        org, member = await self._organizations.limits_for(
+            org_id or self._config.default_organization, user_id
+        )
+        running = _first(member.max_running_sandboxes, org.max_running_sandboxes)
+        total = _first(member.max_sandboxes, org.max_sandboxes)
+        if running is not None:
+            limits = replace(limits, running=running or None)
+        if total is not None:
+            limits = replace(limits, total=total or None)
+        return limits
+
     def room_for(self, reservation: int) -> bool:
         """False while the runtime itself is short of memory for one more sandbox."""
         return self._driver.has_room(reservation)
 
-    def refused(self, principal: Principal, outcome: str = "running") -> QuotaExceeded:
+    def refused(
+        self, principal: Principal, outcome: str = "running", limits: Limits | None = None
+    ) -> QuotaExceeded:
         """The error for a refusal by one of the limits: "running", "total" or "memory"."""
+        running = limits.running if limits is not None else self.cap
+        total = limits.total if limits is not None else self._config.max_sandboxes_per_user
         if outcome == "total":
             return QuotaExceeded(
-                f"user {principal.user_id} already has {self._config.max_sandboxes_per_user} "
-                "sandboxes (the per-user total); delete one, then retry",
+                f"user {principal.user_id} already has {total} sandboxes (the per-user "
+                "total); delete one, then retry",
                 retry_after=60,
             )
         if outcome == "memory" and self._driver.pause_releases:
@@ -60,7 +91,11 @@ class Admission:
                 retry_after=60,
             )
         return QuotaExceeded(
-            f"user {principal.user_id} already has {self.cap} sandboxes starting or running "
+            f"user {principal.user_id} already has {running} sandboxes starting or running "
             f"(the per-user limit); pause or delete one, then retry",
             retry_after=30,
         )
+
+
+def _first(*values: int | None) -> int | None:
+    return next((v for v in values if v is not None), None)

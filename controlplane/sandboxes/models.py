@@ -50,6 +50,8 @@ class SandboxRecord(BaseModel):
     updated_at: datetime
     last_activity_at: datetime
     deleting_at: datetime | None = None  # a delete was asked for: it is finished, never undone
+    org_id: str | None = None
+    """The organization it belongs to; None: made before organizations, the default one's."""
     generation: int = 0
     """Bumped by the store with every change of status and every write of where the sandbox is
     reached (ports, host): a re-create, a resume or a failover makes a new one, so whatever a
@@ -61,12 +63,15 @@ class SandboxRecord(BaseModel):
         return f"http://{self.host or default_host}:{self.ports[AGENT_SERVER]}"
 
     @classmethod
-    def starting(cls, sandbox_id: str, owner: str, spec_id: str) -> SandboxRecord:
+    def starting(
+        cls, sandbox_id: str, owner: str, spec_id: str, org_id: str | None = None
+    ) -> SandboxRecord:
         """A new sandbox's first record: STARTING, with a fresh session key, all times now."""
         now = datetime.now(UTC)
         return cls(
             id=sandbox_id,
             owner=owner,
+            org_id=org_id,
             spec_id=spec_id,
             status=SandboxStatus.STARTING,
             session_api_key=secrets.token_urlsafe(32),
@@ -88,6 +93,7 @@ class SandboxInfo(BaseModel):
     created_at: datetime
     last_activity_at: datetime
     reason: str | None = Field(default=None, description="Why the sandbox is in ERROR or MISSING")
+    org_id: str | None = Field(default=None, description="The organization it belongs to")
 
 
 class SandboxPage(BaseModel):
@@ -105,9 +111,13 @@ class SandboxSearchQuery(PageQuery):
     page_id: str | None = cursor_field(SANDBOX_ID_PATTERN.strip("^$"))
     status: SandboxStatus | None = None
     sandbox_spec_id: str | None = Field(default=None, max_length=64)
-    all_users: bool = Field(default=False, description="Admin keys only: every user's sandboxes")
+    all_users: bool = Field(
+        default=False,
+        description="Every member's sandboxes in the organization acted in (owners, admins, "
+        "auditors; admin keys: every user's)",
+    )
     created_by_user_id: str | None = Field(
-        default=None, max_length=64, description="Admin keys only: one user's sandboxes"
+        default=None, max_length=64, description="One member's sandboxes (as all_users)"
     )
     last_activity_at__lt: QueryTime | None = Field(default=None, description="Idle since before")
     last_activity_at__gte: QueryTime | None = None

@@ -101,10 +101,11 @@ class WarmPool:
             principal.user_id,
             running_cap=limits.running,
             total_cap=limits.total,
+            org_id=principal.org_id,
         )
         self._wake.set()
         if claim.outcome in ("running", "total"):
-            raise self._admission.refused(principal, claim.outcome)
+            raise self._admission.refused(principal, claim.outcome, limits)
         if claim.sandbox_id is None:
             return None
         record = await self._sandboxes.get(claim.sandbox_id)

@@ -54,7 +54,7 @@ while true do
   if f[1] == ARGV[8] and f[3] == fp and (f[2] == 'RUNNING' or f[2] == 'PAUSED') then
     -- A paused member is STARTING until the caller has unpaused it.
     local status = (f[2] == 'RUNNING') and 'RUNNING' or 'STARTING'
-    redis.call('HSET', key, 'owner', owner, 'status', status, 'reason', '',
+    redis.call('HSET', key, 'owner', owner, 'status', status, 'reason', '', 'org', ARGV[10],
       'created_at', now, 'updated_at', now, 'last_activity_at', now)
     redis.call('HDEL', key, 'pool_fp')
     redis.call('ZREM', KEYS[2], id)
@@ -123,6 +123,7 @@ class PoolStore:
         *,
         running_cap: int | None,
         total_cap: int | None,
+        org_id: str | None = None,
     ) -> Claim:
         result = await self._claim(
             keys=[
@@ -144,6 +145,7 @@ class PoolStore:
                 keyspace.sandbox(""),
                 POOL_OWNER,
                 keyspace.SANDBOX_STATUS_CHANNEL,
+                org_id or "",
             ],
         )
         outcome = text(result[0])

@@ -12,6 +12,7 @@ from controlplane.api.pagination import decode_cursor, encode_cursor
 from controlplane.auth.models import Principal
 from controlplane.config import ServiceConfig
 from controlplane.errors import Conflict, Forbidden, SandboxNotFound
+from controlplane.organizations.roles import Action, may
 from controlplane.sandboxes import links, naming
 from controlplane.sandboxes.models import (
     SANDBOX_ID_PATTERN,
@@ -33,12 +34,20 @@ RECHECK = 1.0
 _ID_RE = re.compile(SANDBOX_ID_PATTERN)
 
 
-def _visible(record: SandboxRecord, principal: Principal) -> bool:
-    """The owner's, or any for an admin; an unclaimed pool member is nobody's (admins see the
-    pool at /api/v1/sandbox-pool)."""
+def _visible(
+    record: SandboxRecord,
+    principal: Principal,
+    default_org: str,
+    action: Action = Action.SANDBOX_READ,
+) -> bool:
+    """The owner's; another member's for a role that may do `action` in the organization the
+    caller acts in (roles.py), any for an admin key; an unclaimed pool member is nobody's
+    (admins see the pool at /api/v1/sandbox-pool)."""
     if record.owner == naming.POOL_OWNER:
         return False
-    return record.owner == principal.user_id or principal.is_admin
+    if record.owner == principal.user_id:
+        return True
+    return may(principal, action, record.org_id or default_org)
 
 
 class SandboxReads:
@@ -54,11 +63,17 @@ class SandboxReads:
         self.catalog = catalog
         self.feed = feed or StatusFeed()
 
-    async def owned(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
-        """The record if the caller may see it. Raises SandboxNotFound otherwise (never 403)."""
+    async def owned(
+        self, principal: Principal, sandbox_id: str, action: Action = Action.SANDBOX_READ
+    ) -> SandboxRecord:
+        """The record if the caller may see it. Raises SandboxNotFound when they may not (never
+        403), Forbidden when they may see it but not do `action` to it (an auditor's pause)."""
         record = await self.store.get(sandbox_id) if _ID_RE.match(sandbox_id) else None
-        if record is None or not _visible(record, principal):
+        default = self.config.default_organization
+        if record is None or not _visible(record, principal, default):
             raise SandboxNotFound(f"sandbox {sandbox_id} not found")
+        if action != Action.SANDBOX_READ and not _visible(record, principal, default, action):
+            raise Forbidden(f"your role ({principal.org_role}) may only read sandbox {sandbox_id}")
         return record
 
     async def record(self, sandbox_id: str) -> SandboxRecord | None:
@@ -104,6 +119,7 @@ class SandboxReads:
             created_at=record.created_at,
             last_activity_at=record.last_activity_at,
             reason=record.reason,
+            org_id=record.org_id or self.config.default_organization,
         )
 
     async def get(self, principal: Principal, sandbox_id: str) -> SandboxInfo:
@@ -117,24 +133,37 @@ class SandboxReads:
         out: list[SandboxInfo | None] = []
         for sandbox_id in valid:
             record = found.get(sandbox_id)
-            out.append(
-                self.view(record, principal) if record and _visible(record, principal) else None
+            visible = record is not None and _visible(
+                record, principal, self.config.default_organization
             )
+            out.append(self.view(record, principal) if record and visible else None)
         return out
 
     async def search(self, principal: Principal, query: SandboxSearchQuery) -> SandboxPage:
-        """Newest first, cursor-paged; filters by status and spec."""
-        if (query.all_users or query.created_by_user_id) and not principal.is_admin:
-            raise Forbidden("all_users and created_by_user_id need an admin key")
+        """Newest first, cursor-paged; filters by status and spec. The caller's own sandboxes in
+        the organization they act in; with all_users (or created_by_user_id) every member's
+        there, for a role that may read them (any organization's for an admin key). Raises
+        Forbidden for any other role."""
+        others = query.all_users or (query.created_by_user_id not in (None, principal.user_id))
+        if others and not may(principal, Action.SANDBOX_READ):
+            raise Forbidden(
+                "all_users and created_by_user_id need an organization owner, admin or auditor "
+                "(or an admin key)"
+            )
         owner = query.created_by_user_id or (None if query.all_users else principal.user_id)
+        default = self.config.default_organization
+        org = None if principal.is_admin and others else principal.org_id
         after = decode_cursor(query.page_id, SANDBOX_ID_PATTERN.strip("^$"))
         filtered = set(query.model_fields_set) - {"page_id", "limit", "all_users"} != set()
+        filtered = filtered or (org is not None and owner is None)
         batch = max(query.limit + 1, 200) if filtered else query.limit + 1
         matches: list[SandboxRecord] = []
         while len(matches) <= query.limit:
             ids = await self.store.page_ids(owner, after, batch)
             for record in await self.store.get_many(ids):
-                if record is not None and query.matches(record):
+                if record is None or (org is not None and (record.org_id or default) != org):
+                    continue
+                if query.matches(record):
                     matches.append(record)
                     if len(matches) > query.limit:
                         break

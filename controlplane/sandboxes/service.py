@@ -13,8 +13,9 @@ import structlog
 
 from controlplane.auth.models import Principal
 from controlplane.config import ServiceConfig
-from controlplane.errors import Conflict
+from controlplane.errors import Conflict, Forbidden
 from controlplane.lifecycle.models import LifecycleType
+from controlplane.organizations.roles import Action, may
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.admission import Admission
 from controlplane.sandboxes.launcher import Launcher
@@ -113,27 +114,31 @@ class SandboxService(SandboxReads):
         Raises SpecNotFound or QuotaExceeded, or RuntimeUnavailable when the engine does not
         answer; in each case nothing is created. A missing image is reported by the launch (ERROR).
         """
+        if principal.org_id is None:
+            raise Forbidden(f"{principal.user_id} belongs to no organization: ask an admin")
+        if not may(principal, Action.SANDBOX_CREATE):
+            raise Forbidden(f"an {principal.org_role} only reads: it starts no sandbox")
         spec = self.catalog.get(spec_id)
         image_id = await self.driver.image_id(spec.image)
+        limits = await self.admission.member_limits(principal.org_id, principal.user_id)
         if self.pool is not None and image_id is not None:
-            claimed = await self.pool.claim(principal, spec, image_id, await self.limits())
+            claimed = await self.pool.claim(principal, spec, image_id, limits)
             if claimed is not None:
                 # The user's sandbox begins here: its events, as for a cold start.
                 await self.notes(LifecycleType.SANDBOX_CREATED, claimed)
                 await self.notes(LifecycleType.SANDBOX_RUNNING, claimed)
                 return self.view(claimed, principal)
-        record = SandboxRecord.starting(naming.new_sandbox_id(), principal.user_id, spec.id)
+        record = SandboxRecord.starting(
+            naming.new_sandbox_id(), principal.user_id, spec.id, principal.org_id
+        )
         if not self.admission.room_for(spec.resources.reservation_bytes):
             raise self.admission.refused(principal, "memory")
         event = self.notes.pending(LifecycleType.SANDBOX_CREATED, record)
         outcome = await self.store.create(
-            record,
-            spec.resources.reservation_bytes,
-            await self.limits(),
-            entry=entry_of(event),
+            record, spec.resources.reservation_bytes, limits, entry=entry_of(event)
         )
         if outcome != "ok":
-            raise self.admission.refused(principal, outcome)
+            raise self.admission.refused(principal, outcome, limits)
         self.notes.done(event)
         self.launcher.launch(record)
         return self.view(record, principal)
@@ -141,7 +146,7 @@ class SandboxService(SandboxReads):
     async def pause(self, principal: Principal, sandbox_id: str) -> None:
         """Freeze a RUNNING sandbox; pausing a PAUSED one succeeds. Raises Conflict otherwise."""
         async with self.lock(sandbox_id):
-            await self._pause(await self.owned(principal, sandbox_id))
+            await self._pause(await self.owned(principal, sandbox_id, Action.SANDBOX_OPERATE))
 
     async def pause_idle(self, sandbox_id: str, reason: str) -> bool:
         """The reaper's pause: only a sandbox still RUNNING, and not one being operated on."""
@@ -190,13 +195,14 @@ class SandboxService(SandboxReads):
         delete of it is under way.
         """
         async with self.lock(sandbox_id):
-            record = await self.owned(principal, sandbox_id)
+            record = await self.owned(principal, sandbox_id, Action.SANDBOX_OPERATE)
             if record.deleting_at is not None:
                 raise Conflict(f"cannot resume sandbox {sandbox_id}: it is being deleted")
             if record.status in (S.RUNNING, S.STARTING):
                 await self.store.touch(record.id)
                 return
-            limits = await self.limits()
+            # The caps of the sandbox's owner in its organization (an admin may resume it).
+            limits = await self.admission.member_limits(record.org_id, record.owner)
             # A runtime whose pause released the instance has nothing to unpause: start it.
             thaw = record.status == S.PAUSED and not self.driver.pause_releases
             if thaw and await self._unpause(record, limits, principal):
@@ -246,7 +252,7 @@ class SandboxService(SandboxReads):
     async def delete(self, principal: Principal, sandbox_id: str) -> None:
         """Remove the container, its workspace volume and the record. Raises SandboxNotFound."""
         async with self.lock(sandbox_id):
-            await self._delete(await self.owned(principal, sandbox_id))
+            await self._delete(await self.owned(principal, sandbox_id, Action.SANDBOX_OPERATE))
         self.locks.forget(sandbox_id)
 
     async def retire(self, sandbox_id: str, reason: str) -> bool:

@@ -177,6 +177,7 @@ class SandboxStore:
             "created_at": record.created_at.isoformat(),
             "updated_at": record.updated_at.isoformat(),
             "last_activity_at": record.last_activity_at.isoformat(),
+            "org": record.org_id or "",
         }
 
     def encode(self, record: SandboxRecord) -> dict[str, str]:
@@ -200,6 +201,7 @@ class SandboxStore:
             deleting_at=datetime.fromisoformat(row["deleting_at"])
             if row.get("deleting_at")
             else None,
+            org_id=row.get("org") or None,
             generation=int(row.get("generation") or 0),
         )
 

@@ -29,9 +29,10 @@ ORG_BASE = "/api/organizations/{org_id}/profiles"
 
 def _scope(request: web.Request) -> str:
     """The caller's user id, once an organization in the path (if any) is checked."""
+    principal = principal_of(request)
     if "org_id" in request.match_info:
-        require_org(request.match_info["org_id"])
-    return principal_of(request).user_id
+        require_org(request.match_info["org_id"], principal)
+    return principal.user_id
 
 
 async def list_profiles(request: web.Request) -> web.Response:

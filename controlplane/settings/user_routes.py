@@ -30,7 +30,7 @@ class UserInfo(SettingsResponse):
         description="The API key the caller used or signed in with; 'bootstrap' for "
         "ACS_BOOTSTRAP_API_KEY, 'single-user' in ACS_AUTH_MODE=none"
     )
-    auth_method: Literal["api_key", "session", "single_user"]
+    auth_method: Literal["api_key", "session", "oidc", "single_user", "ticket"]
     llm_profiles: LlmProfilesView = Field(
         description="Named LLM settings (keys always null), as the SDK's get_llm() reads them"
     )

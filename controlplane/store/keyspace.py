@@ -237,3 +237,51 @@ def llm_usage_user(user_id: str, month: str) -> str:
     """Hash, TTL about 13 months: the user's gateway usage in one calendar month (UTC,
     `YYYY-MM`), the same fields; the per-user budget counts it."""
     return f"{PREFIX}:llm_usage:user:{user_id}:{month}"
+
+
+def user_api_keys(user_id: str) -> str:
+    """Sorted set of a user's API key ids scored by creation time: what the user (and admins)
+    list and revoke."""
+    return f"{PREFIX}:user:{user_id}:apikeys"
+
+
+def oidc_state(state_hash: str) -> str:
+    """Hash, TTL organizations.oidc_flow.STATE_TTL: one started OpenID sign-in under the sha256
+    of its state: the nonce, the PKCE verifier (encrypted), the browser binding's hash, the
+    redirect URI and where to go after. Taken (deleted) by the one callback that redeems it."""
+    return f"{PREFIX}:oidc_state:{state_hash}"
+
+
+def session_recheck_lock(session_hash: str) -> str:
+    """String, TTL a few seconds: the replica re-checking a browser session with the provider."""
+    return f"{PREFIX}:session_recheck:{session_hash}"
+
+
+def organization(org_id: str) -> str:
+    """Hash: an organization's name, creation time and maker, and its limits (quotas)."""
+    return f"{PREFIX}:org:{org_id}"
+
+
+ORGANIZATIONS = f"{PREFIX}:orgs"
+"""Sorted set of organization ids (lexical): listing without a scan."""
+
+
+def org_members(org_id: str) -> str:
+    """Hash: user id -> role in the organization (written with user_orgs in one transaction)."""
+    return f"{PREFIX}:org:{org_id}:members"
+
+
+def user_orgs(user_id: str) -> str:
+    """Hash: organization id -> the user's role there, plus `~current` (the organization the user
+    acts in when a request names none) and `~known` (the user's memberships are managed: an
+    empty set of organizations means none, not the default one). One HGETALL per request."""
+    return f"{PREFIX}:user:{user_id}:orgs"
+
+
+def org_member_limits(org_id: str, user_id: str) -> str:
+    """Hash: one member's own limits in the organization (overriding the organization's)."""
+    return f"{PREFIX}:org:{org_id}:limits:{user_id}"
+
+
+MIGRATIONS = f"{PREFIX}:migrations"
+"""Set of the data migrations applied (organizations.migration): each runs once."""

@@ -38,7 +38,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PATCH_DIR=$ROOT/scripts/kube/patches
-CACHE=${ACS_KUBE_CACHE:-$HOME/.cache/acs/kubernetes}
+CACHE=${ACS_KUBE_CACHE:-${ACS_CACHE_DIR:-$HOME/.cache/acs}/kubernetes}
 MIRROR=${ACS_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SECURITY_MIRROR=${ACS_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 SOURCE_PACKAGE=kubernetes

@@ -112,6 +112,9 @@ async def test_keys_are_stored_only_as_hashes(
                 dump += member
         elif kind == "string":
             dump += await raw_redis.get(name) or b""
+        elif kind == "set":
+            for member in await raw_redis.smembers(name):
+                dump += member
         else:
             raise AssertionError(f"unexpected Redis type {kind} for {name!r}")
 

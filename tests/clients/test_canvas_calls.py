@@ -55,7 +55,8 @@ async def test_onboarding_finds_one_organization_and_the_key(
         "email": None,
         "role": "member",
         "status": "active",
-        "permissions": ["edit_org_settings"],
+        "permissions": ["edit_org_settings", "sandbox.create"],
+        "limits": {"max_running_sandboxes": None, "max_sandboxes": None},
     }
     admin = {"Authorization": f"Bearer {BOOTSTRAP_KEY}"}
     assert (await ok(client, "GET", f"/api/organizations/{org['id']}/me", admin))["role"] == "admin"

@@ -53,6 +53,8 @@ class Ids:
     event: str
     secret: str
     user: str
+    key: str
+    """An API key's id."""
 
 
 @dataclass
@@ -71,6 +73,7 @@ def random_ids() -> Ids:
         event=str(uuid.uuid4()),
         secret="S_" + secrets.token_hex(4).upper(),
         user="user-" + secrets.token_hex(4),
+        key=secrets.token_hex(6),
     )
 
 
@@ -165,6 +168,19 @@ BODIES: dict[tuple[str, str], BodyVariants] = {
     ("POST", "/api/cloud-proxy"): lambda ids, _b: [
         ("-", {"host": "http://127.0.0.1:1", "path": "/api/conversations", "headers": {}})
     ],
+    # A ticket is minted only for the caller's own conversation or sandbox.
+    ("POST", "/api/v1/websocket-tickets"): lambda ids, _b: [
+        ("conversation_id", {"conversation_id": ids.conversation}),
+        ("sandbox_id", {"sandbox_id": ids.sandbox}),
+    ],
+    # Organizations: bob, a member of the default organization, changes nothing of it.
+    ("POST", "/api/organizations"): lambda ids, _b: [("-", {"id": "bobs-org", "name": "B"})],
+    ("PATCH", "/api/organizations/{org_id}"): lambda ids, _b: [("-", {"name": "by bob"})],
+    ("PUT", "/api/organizations/{org_id}/members/{user_id}"): lambda ids, _b: [
+        ("-", {"role": "owner"})
+    ],
+    # Keys carry no id of another's: bob makes one of his own.
+    ("POST", "/api/v1/keys"): lambda ids, _b: [("-", {"name": "bob's"})],
 }
 PROFILE_BODY = {"llm": {"model": "bob-model", "api_key": "bob-key"}, "include_secrets": True}
 
@@ -182,7 +198,9 @@ PATH_IDS: dict[str, Callable[[Ids], str]] = {
     "conversation_id": lambda i: i.conversation,
     "name": lambda i: i.secret,  # a secret's, an LLM profile's (alice has both) or agent profile's
     "secret_name": lambda i: i.secret,
-    "org_id": lambda _i: "deployment",  # the one organization: every user's, no user data
+    "org_id": lambda _i: "deployment",  # the default organization: alice's and bob's
+    "user_id": lambda i: i.user,
+    "key_id": lambda i: i.key,
     # The sandbox proxy: the agent server's port and a path it serves.
     "port": lambda _i: "agent",
     "path": lambda _i: "api/conversations/search",
@@ -195,6 +213,7 @@ QUERY_IDS: dict[str, Callable[[Ids], str]] = {
     "sandbox_id": lambda i: i.sandbox,
     "sandbox_id__eq": lambda i: i.sandbox,
     "created_by_user_id": lambda i: i.user,
+    "user_id": lambda i: i.user,
     "after": lambda i: i.event,
     "all_users": lambda _i: "true",  # the admin-only switch, tried as bob
     "path": lambda _i: "/workspace/project",  # a place in a sandbox: no id of its own
@@ -227,7 +246,7 @@ NEUTRAL_QUERY = {
     "timestamp__gte", "timestamp__lt", "include_sub_conversations", "last_activity_at__lt",
     "last_activity_at__gte", "resend_all", "session_api_key", "query", "verified__eq",
     "provider__eq", "selected_repository", "conversation_trigger", "expose_secrets",
-    "agent_profile_id", "returnTo", "path", "ref", "file_path",
+    "agent_profile_id", "returnTo", "path", "ref", "file_path", "acs_ticket",
 }  # fmt: skip
 
 
@@ -306,7 +325,15 @@ def route_probes(
 
 
 def masked(text: str, ids: Ids) -> str:
-    for value in (ids.sandbox, ids.conversation, ids.task, ids.event, ids.secret, ids.user):
+    for value in (
+        ids.sandbox,
+        ids.conversation,
+        ids.task,
+        ids.event,
+        ids.secret,
+        ids.user,
+        ids.key,
+    ):
         text = text.replace(value, "<id>")
     return text
 
@@ -391,6 +418,7 @@ async def make_alice(user: UserFactory, fake_llm: FakeLLM) -> Alice:
         event=events[0]["id"],
         secret="ALICE_TOKEN",
         user="alice",
+        key=api.key.split("_")[1],
     )
     private = [PRIVATE_TEXT, SECRET_VALUE, TITLE, api.key, sandbox["session_api_key"]]
     private += [e["id"] for e in events]

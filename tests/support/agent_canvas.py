@@ -9,7 +9,6 @@ only the built app is kept (no dependency is installed: nothing of it runs outsi
 
 from __future__ import annotations
 
-import fcntl
 import shutil
 import subprocess
 import sys
@@ -19,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.openhands_clients import data_dir
+from tests.support.npm_cache import cached
+from tests.support.openhands_clients import build_dir
 
 PACKAGE = "@openhands/agent-canvas"
 VERSION = "1.6.1"
@@ -28,39 +28,32 @@ VERSION = "1.6.1"
 
 def install(version: str = VERSION, build: Path | None = None) -> Path:
     """The app's built directory (holding index.html) for `version`, fetched if missing."""
-    build = build or data_dir() / "build"
+    build = build or build_dir()
     root = build / "agent-canvas" / version
-    app = root / "build"
-    build.mkdir(parents=True, exist_ok=True)
-    with (build / "agent-canvas.lock").open("w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        if (root / ".complete").exists():
-            return app
-        npm = shutil.which("npm")
-        if npm is None:
-            raise RuntimeError("no `npm` on PATH: install Debian's npm (make host)")
-        shutil.rmtree(root, ignore_errors=True)
-        with tempfile.TemporaryDirectory() as scratch:
-            packed = subprocess.run(
-                [npm, "pack", f"{PACKAGE}@{version}", "--pack-destination", scratch, "--silent"],
-                capture_output=True,
-                text=True,
-                timeout=600,
-                check=False,
-                cwd=scratch,
-            )
-            if packed.returncode != 0:
-                raise RuntimeError(f"npm pack {PACKAGE}@{version} failed:\n{packed.stderr[-3000:]}")
-            (tarball,) = Path(scratch).glob("*.tgz")
-            with tarfile.open(tarball) as archive:
-                members = [m for m in archive.getmembers() if m.name.startswith("package/build/")]
-                archive.extractall(root, members=members, filter="data")
-        (root / "package" / "build").rename(app)
-        shutil.rmtree(root / "package")
-        if not (app / "index.html").is_file():
-            raise RuntimeError(f"{PACKAGE}@{version} has no build/index.html")
-        (root / ".complete").touch()
-        return app
+    cached(build / "agent-canvas.lock", root, lambda r, npm: _fetch(r, npm, version))
+    return root / "build"
+
+
+def _fetch(root: Path, npm: str, version: str) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        packed = subprocess.run(
+            [npm, "pack", f"{PACKAGE}@{version}", "--pack-destination", scratch, "--silent"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+            cwd=scratch,
+        )
+        if packed.returncode != 0:
+            raise RuntimeError(f"npm pack {PACKAGE}@{version} failed:\n{packed.stderr[-3000:]}")
+        (tarball,) = Path(scratch).glob("*.tgz")
+        with tarfile.open(tarball) as archive:
+            members = [m for m in archive.getmembers() if m.name.startswith("package/build/")]
+            archive.extractall(root, members=members, filter="data")
+    (root / "package" / "build").rename(root / "build")
+    shutil.rmtree(root / "package")
+    if not (root / "build" / "index.html").is_file():
+        raise RuntimeError(f"{PACKAGE}@{version} has no build/index.html")
 
 
 @pytest.fixture(scope="session")

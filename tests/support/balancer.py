@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from tests.support.live_server import free_port
+from tests.support.processes import end
 
 CONFIG = """\
 global
@@ -134,10 +135,5 @@ class Balancer:
 
     def stop(self) -> None:
         if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+            end(self.process)
             self.process = None

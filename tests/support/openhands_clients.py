@@ -1,9 +1,10 @@
 """The real OpenHands client packages (CLI, SDK, workspace) in a Python 3.12 venv of their own.
 
 Compatibility is proven with the clients people use, not with our reading of their code. The venv
-is built from tests/clients/requirements.lock (pinned versions) once per data dir: wheels are
-downloaded (or built, for the few sdists) into $ACS_DATA_DIR/build/client-wheels/<hash> and
-installed with --no-index, so later runs need no network and take a few seconds.
+is built from tests/clients/requirements.lock (pinned versions) once per machine, in the cache
+that outlives a clone ($ACS_CACHE_DIR, default ~/.cache/acs; `build_dir()`): wheels are
+downloaded (or built, for the few sdists) into clients/client-wheels/<hash> and installed with
+--no-index, so later runs, fresh clones included, need no network and take a few seconds.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,9 +44,16 @@ class OpenHandsVenv:
         return self.root / "bin" / name
 
 
-def data_dir() -> Path:
-    raw = Path(os.environ.get("ACS_DATA_DIR") or "var")
-    return raw if raw.is_absolute() else REPO / raw
+def cache_dir() -> Path:
+    """What outlives a clone (the scripts' ACS_CACHE_DIR): the Kubernetes binaries, the images'
+    wheels (scripts/build-images.sh), the client venvs and Agent Canvas below."""
+    raw = os.environ.get("ACS_CACHE_DIR")
+    return Path(raw) if raw else Path.home() / ".cache" / "acs"
+
+
+def build_dir() -> Path:
+    """Where the client venvs, their wheels and the web apps the tests run are made."""
+    return cache_dir() / "clients"
 
 
 def find_python(version: str = PYTHON_VERSION) -> Path | None:
@@ -60,8 +69,10 @@ def find_python(version: str = PYTHON_VERSION) -> Path | None:
                 return candidate
     roots = [os.environ.get("PYENV_ROOT", ""), str(Path.home() / ".pyenv")]
     for root in filter(None, roots):
-        for candidate in sorted(glob.glob(f"{root}/versions/{version}.*/bin/python"), reverse=True):
-            return Path(candidate)
+        for found_python in sorted(
+            glob.glob(f"{root}/versions/{version}.*/bin/python"), reverse=True
+        ):
+            return Path(found_python)
     on_path = shutil.which(f"python{version}")
     return Path(on_path) if on_path else None
 
@@ -119,7 +130,7 @@ def _client_venv(lock: Path) -> OpenHandsVenv:
             pytrace=False,
         )
     try:
-        root = build_venv(python, data_dir() / "build", lock)
+        root = build_venv(python, build_dir(), lock)
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         pytest.fail(
             f"building the OpenHands client venv ({lock.name}) failed: {exc}", pytrace=False
@@ -154,7 +165,7 @@ def build_official_sdk_venv(python: Path, build: Path) -> Path:
             return venv
         wheels = [
             Path(found).parent
-            for found in glob.glob(str(build / "wheels" / "*" / "openhands_sdk-1.58.2-*.whl"))
+            for found in glob.glob(str(cache_dir() / "wheels" / "*" / "openhands_sdk-1.58.2-*.whl"))
             if (Path(found).parent / ".complete").exists()
         ]
         if not wheels:
@@ -165,7 +176,9 @@ def build_official_sdk_venv(python: Path, build: Path) -> Path:
         shutil.rmtree(venv, ignore_errors=True)
         _run([python, "-m", "venv", venv], log, 120)
         pip = venv / "bin" / "pip"
-        args = ["install", "-q", "--no-index", "--find-links", wheels[0], "-r", OFFICIAL_LOCK]
+        args: list[str | Path] = [
+            "install", "-q", "--no-index", "--find-links", wheels[0], "-r", OFFICIAL_LOCK,
+        ]  # fmt: skip
         _run([pip, *args], log, 1200)
         (venv / ".complete").touch()
         return venv
@@ -182,7 +195,7 @@ def official_sdk_venv(openhands_image: str) -> OpenHandsVenv:
             pytrace=False,
         )
     try:
-        return OpenHandsVenv(build_official_sdk_venv(python, data_dir() / "build"))
+        return OpenHandsVenv(build_official_sdk_venv(python, build_dir()))
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         pytest.fail(f"building the official SDK venv failed: {exc}", pytrace=False)
 
@@ -233,12 +246,12 @@ if __name__ == "__main__":
     found = find_python()
     if found is None:
         sys.exit(f"no Python {PYTHON_VERSION} found: scripts/bootstrap-host.sh --clients says how")
-    print(build_venv(found, data_dir() / "build"))
-    print(build_venv(found, data_dir() / "build", SDK158_LOCK))
+    print(build_venv(found, build_dir()))
+    print(build_venv(found, build_dir(), SDK158_LOCK))
     official = find_python(OFFICIAL_PYTHON)
     if official is None:
         sys.exit(f"no Python {OFFICIAL_PYTHON} found: scripts/bootstrap-host.sh --clients says how")
-    print(build_official_sdk_venv(official, data_dir() / "build"))
+    print(build_official_sdk_venv(official, build_dir()))
 
 
 async def approve_in_the_page(base: str, key: str, link: str) -> None:
@@ -260,25 +273,37 @@ async def approve_in_the_page(base: str, key: str, link: str) -> None:
         ) as signed:
             assert signed.status == 303
             assert signed.headers["Location"] == next_path
-        async with browser.get(link) as page:
-            text = await page.text()
-            assert page.status == 200, text
-        user_code = link.rsplit("=", 1)[1]
-        assert f'value="{user_code}"' in text
-        async with browser.post(
-            base + "/oauth/device/verify",
-            data={"user_code": user_code, "action": "approve"},
-            headers=own,
-        ) as done:
-            assert done.status == 200
-            assert "is connected" in await done.text()
+        await approve_code(browser, base, link)
+
+
+async def approve_code(browser: aiohttp.ClientSession, base: str, link: str) -> None:
+    """A signed-in browser on the printed link: the code is the one shown, Approve."""
+    async with browser.get(link) as page:
+        text = await page.text()
+        assert page.status == 200, text
+    user_code = link.rsplit("=", 1)[1]
+    assert f'value="{user_code}"' in text
+    async with browser.post(
+        base + "/oauth/device/verify",
+        data={"user_code": user_code, "action": "approve"},
+        headers={"Origin": base},
+    ) as done:
+        assert done.status == 200
+        assert "is connected" in await done.text()
 
 
 async def openhands_login(
-    venv: OpenHandsVenv, base: str, key: str, home: Path, within: float
+    venv: OpenHandsVenv,
+    base: str,
+    key: str,
+    home: Path,
+    within: float,
+    *,
+    approve: Callable[[str], Awaitable[None]] | None = None,
 ) -> str:
     """`openhands login --server-url base`, its printed link approved in the page as a person
-    would (as `key`'s user); the CLI's whole output, once it has exited 0."""
+    would (as `key`'s user, or by `approve(link)`: e.g. signing in through an OpenID provider);
+    the CLI's whole output, once it has exited 0."""
     proc = await asyncio.create_subprocess_exec(
         str(venv.bin("openhands")),
         "login",
@@ -301,7 +326,10 @@ async def openhands_login(
                 seen.append(line)
                 found = re.search(r"(http://\S+/oauth/device/verify\?user_code=[A-Z-]+)", line)
                 link = found.group(1) if found else None
-            await approve_in_the_page(base, key, link)
+            if approve is None:
+                await approve_in_the_page(base, key, link)
+            else:
+                await approve(link)
             seen.append((await proc.stdout.read()).decode(errors="replace"))
             assert await proc.wait() == 0, "".join(seen)
     finally:

@@ -15,6 +15,7 @@ from pathlib import Path
 import redis
 
 from tests.support.live_server import free_port
+from tests.support.processes import end
 
 MASTER_NAME = "acs-test"
 DOWN_AFTER_MS = 1500
@@ -72,12 +73,7 @@ class Node:
         if self.process is not None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(signal.SIGCONT)
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+            end(self.process)
             self.process = None
 
 

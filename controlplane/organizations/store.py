@@ -1,0 +1,126 @@
+"""Organizations and memberships in Redis (key names in controlplane.store.keyspace).
+
+A membership is written twice in one transaction: the organization's members hash (user -> role)
+and the user's organizations hash (organization -> role), which a request reads with one HGETALL
+to learn where its caller may act (with the `~current` organization in the same hash).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from controlplane.organizations.models import OrgLimits
+from controlplane.organizations.roles import Role
+from controlplane.store import keyspace, text
+
+CURRENT = "~current"
+KNOWN = "~known"
+_LIMIT_FIELDS = ("max_running_sandboxes", "max_sandboxes")
+
+# Create only once: an existing organization keeps its name, members and limits.
+_CREATE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'name', ARGV[1], 'created_at', ARGV[2], 'created_by', ARGV[3])
+redis.call('ZADD', KEYS[2], 0, ARGV[4])
+return 1
+"""
+
+
+def _limits(row: dict[Any, Any]) -> OrgLimits:
+    values = {f: int(text(row[f.encode()])) for f in _LIMIT_FIELDS if row.get(f.encode())}
+    return OrgLimits(**values)
+
+
+class OrganizationStore:
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._redis = redis
+        self._create = redis.register_script(_CREATE)
+
+    async def create(self, org_id: str, name: str, created_by: str) -> bool:
+        """False when it exists already (nothing changed)."""
+        made = await self._create(
+            keys=[keyspace.organization(org_id), keyspace.ORGANIZATIONS],
+            args=[name, datetime.now(UTC).isoformat(), created_by, org_id],
+        )
+        return bool(made)
+
+    async def get(self, org_id: str) -> dict[str, Any] | None:
+        """name, created_at, limits; None when there is no such organization."""
+        row = await self._redis.hgetall(keyspace.organization(org_id))
+        if not row:
+            return None
+        return {
+            "name": text(row[b"name"]),
+            "created_at": datetime.fromisoformat(text(row[b"created_at"])),
+            "limits": _limits(row),
+        }
+
+    async def exists(self, org_id: str) -> bool:
+        return bool(await self._redis.exists(keyspace.organization(org_id)))
+
+    async def rename(self, org_id: str, name: str) -> None:
+        await self._redis.hset(keyspace.organization(org_id), "name", name)
+
+    async def set_limits(self, key: str, limits: OrgLimits) -> None:
+        """Write the limits that are set, clear those that are None (in `key`'s hash)."""
+        values = limits.model_dump()
+        async with self._redis.pipeline(transaction=True) as pipe:
+            for field in _LIMIT_FIELDS:
+                if values[field] is None:
+                    pipe.hdel(key, field)
+                else:
+                    pipe.hset(key, field, str(values[field]))
+            await pipe.execute()
+
+    async def member_limits(self, org_id: str, user_id: str) -> OrgLimits:
+        return _limits(await self._redis.hgetall(keyspace.org_member_limits(org_id, user_id)))
+
+    async def all_ids(self) -> list[str]:
+        return [text(i) for i in await self._redis.zrange(keyspace.ORGANIZATIONS, 0, -1)]
+
+    async def memberships(self, user_id: str) -> dict[str, str]:
+        """The user's hash: organization -> role, plus `~current` and `~known` when set."""
+        row = await self._redis.hgetall(keyspace.user_orgs(user_id))
+        return {text(k): text(v) for k, v in row.items()}
+
+    async def members(self, org_id: str) -> dict[str, Role]:
+        row = await self._redis.hgetall(keyspace.org_members(org_id))
+        return {text(k): Role(text(v)) for k, v in row.items()}
+
+    async def set_role(self, org_id: str, user_id: str, role: Role) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(keyspace.org_members(org_id), user_id, role.value)
+            pipe.hset(keyspace.user_orgs(user_id), mapping={org_id: role.value, KNOWN: "1"})
+            await pipe.execute()
+
+    async def remove(self, org_id: str, user_id: str) -> bool:
+        """False when the user was no member."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(keyspace.org_members(org_id), user_id)
+            pipe.hdel(keyspace.user_orgs(user_id), org_id)
+            pipe.hset(keyspace.user_orgs(user_id), KNOWN, "1")
+            pipe.delete(keyspace.org_member_limits(org_id, user_id))
+            removed, *_ = await pipe.execute()
+        return bool(removed)
+
+    async def apply_roles(self, user_id: str, managed: set[str], roles: dict[str, Role]) -> None:
+        """The user's roles in the `managed` organizations become `roles` (absent: removed),
+        in one transaction; organizations outside `managed` are left as they are."""
+        current = await self.memberships(user_id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            for org_id in managed:
+                role = roles.get(org_id)
+                if role is None and org_id in current:
+                    pipe.hdel(keyspace.org_members(org_id), user_id)
+                    pipe.hdel(keyspace.user_orgs(user_id), org_id)
+                elif role is not None and current.get(org_id) != role.value:
+                    pipe.hset(keyspace.org_members(org_id), user_id, role.value)
+                    pipe.hset(keyspace.user_orgs(user_id), org_id, role.value)
+            pipe.hset(keyspace.user_orgs(user_id), KNOWN, "1")
+            await pipe.execute()
+
+    async def set_current(self, user_id: str, org_id: str) -> None:
+        await self._redis.hset(keyspace.user_orgs(user_id), CURRENT, org_id)
