@@ -113,8 +113,8 @@ def webhook_route_tables() -> list[RouteTable]:
 def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.Application:
     """Build the application. Reads nothing from argv or the environment.
 
-    with_sandboxes=False leaves out the Docker-backed services (for settings-only tests and
-    hosts without an engine); their routes then answer 503.
+    with_sandboxes=False leaves out the services that need the sandbox runtime (for settings-only
+    tests and hosts without one); their routes then answer 503.
     """
     parser_errors.install()
     app = web.Application(

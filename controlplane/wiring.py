@@ -6,8 +6,8 @@ dependency order (`contexts`); aiohttp opens them in that order and closes them 
 1. redis          the Redis client, the secret box, and what needs only them (API keys,
                   organizations (their migration runs here, once), browser sessions and the
                   OpenID sign-in, the device flow, settings and LLM profiles, rate limiters)
-2. runtime        the sandbox driver (for Docker with its networks and firewall) and the
-                  webhook listener it binds where sandboxes reach it
+2. runtime        the sandbox driver of the runtime ACS_DRIVER names (drivers/runtimes.py) and
+                  the webhook listener it binds where sandboxes reach it
 3. http client    the one client session to agent servers
 4. runtime http   the client of what browser clients send to a sandbox (cloud proxy, reads)
 5. outbound       the outbound policies of connections made for users and to the operator's
@@ -69,7 +69,6 @@ from controlplane.gateway.translator_process import TranslatorProcess
 from controlplane.lifecycle.outbox import Outbox
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookDeliverer
-from controlplane.metrics import Metrics
 from controlplane.organizations.groups import GroupRoles
 from controlplane.organizations.migration import migrate
 from controlplane.organizations.service import OrganizationService
@@ -100,9 +99,8 @@ from controlplane.store import keyspace
 from controlplane.store.failover import open_redis
 from controlplane.store.leader import LeaderLock
 from controlplane.store.redis import wait_for_redis
-from drivers.base import SandboxDriver
-from drivers.docker import DockerDriver
-from drivers.kube_options import Credentials, KubeOptions
+from drivers.runtime import RuntimeHost
+from drivers.runtimes import RUNTIMES
 
 Context = Callable[[web.Application], AsyncIterator[None]]
 
@@ -216,78 +214,26 @@ def sign_in(
 
 
 def runtime_ctx(config: ServiceConfig) -> Context:
-    """The driver (ACS_DRIVER) and the webhook listener it binds where sandboxes reach it
-    (Docker: its sandbox networks' gateways; Kubernetes: ACS_KUBE_WEBHOOK_ADDRESS), serving from
-    `webhooks_ctx` on."""
+    """The driver of the runtime ACS_DRIVER names (a row of drivers/runtimes.py, made from its
+    own settings) and the webhook listener it binds where sandboxes reach it (Docker: its sandbox
+    networks' gateways; Kubernetes: ACS_KUBE_WEBHOOK_ADDRESS), serving from `webhooks_ctx` on."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         listener = WebhookListener(config.webhook_port or 0)
-        driver: SandboxDriver
-        if config.driver == "kubernetes":
-            driver = kubernetes_driver(config, listener, app[keys.METRICS])
-        else:
-            driver = DockerDriver(
-                config.docker_url,
-                prefix=config.container_prefix,
-                threads=config.docker_threads,
-                quick_threads=config.docker_quick_threads,
-                address=config.url_host,
-                publish_host=config.publish_host,
-                memory_floor=config.host_memory_floor,
-                listener=listener,
-                firewall_mode=config.host_firewall,
-                host_ports=config.sandbox_host_ports,
-                subnet_pool=config.sandbox_subnet_pool,
-                subnet_size=config.sandbox_subnet_size,
-                on_error=app[keys.METRICS].docker_error,
-            )
+        host = RuntimeHost(
+            prefix=config.container_prefix,
+            url_host=config.url_host,
+            host_ports=tuple(config.sandbox_host_ports),
+            listener=listener,
+            counters=app[keys.METRICS].runtime_counter,
+        )
+        driver = RUNTIMES[config.driver].make(config.runtime, host)
         app[keys.DRIVER] = driver
         app[keys.WEBHOOK_LISTENER] = listener
         yield
         await driver.close()
 
     return ctx
-
-
-def kubernetes_driver(
-    config: ServiceConfig, listener: WebhookListener, metrics: Metrics
-) -> SandboxDriver:
-    """The Kubernetes driver as ACS_KUBE_* configure it (docs/deployment.md); imported here
-    only, as its client library takes a second to import."""
-    from drivers.kubernetes import KubernetesDriver  # noqa: PLC0415 (see above)
-
-    options = KubeOptions(
-        namespace=config.kube_namespace,
-        endpoint=config.kube_endpoint,
-        control_plane_url=config.kube_control_plane_url,
-        webhook_address=config.kube_webhook_address,
-        control_plane_labels=dict(config.kube_control_plane_labels),
-        control_plane_namespace=config.kube_control_plane_namespace,
-        control_plane_cidrs=tuple(config.kube_control_plane_cidrs),
-        host_ports=tuple(config.sandbox_host_ports),
-        storage_class=config.kube_storage_class,
-        workspace_size=config.kube_workspace_size,
-        image_registry=config.kube_image_registry,
-        image_pull_secrets=tuple(config.kube_image_pull_secrets),
-        image_pull_policy=config.kube_image_pull_policy,
-        runtime_classes=dict(config.kube_runtime_classes),
-        node_selector=dict(config.kube_node_selector),
-        cpu_request=config.kube_cpu_request,
-        pause_grace=config.kube_pause_grace,
-        schedule_timeout=config.kube_schedule_timeout,
-        start_timeout=config.kube_pod_start_timeout,
-        internet_except=tuple(config.kube_internet_except),
-        dns_labels=dict(config.kube_dns_labels),
-    )
-    kubeconfig = str(config.kubeconfig) if config.kubeconfig else None
-    return KubernetesDriver(
-        options,
-        prefix=config.container_prefix,
-        credentials=Credentials(kubeconfig=kubeconfig, context=config.kube_context),
-        listener=listener,
-        on_error=metrics.kube_error,
-        on_watch_restart=metrics.kube_watch_restarted,
-    )
 
 
 def http_ctx() -> Context:

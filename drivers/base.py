@@ -1,4 +1,4 @@
-"""The interface every sandbox runtime implements: Docker (drivers/docker.py) now, Kubernetes next.
+"""The interface every sandbox runtime implements (drivers/docker/, drivers/kubernetes/).
 
 The control plane speaks to a driver in sandbox terms only: a sandbox id with its owner and
 spec, a request to create it, its state and the endpoints its ports are reached at, the network
@@ -101,8 +101,8 @@ class SandboxState:
     error: str | None = None
     created_at: datetime | None = None
     addresses: tuple[str, ...] = ()
-    """The container's own addresses (on its networks): where this host reaches its ports
-    without the published ones (the sandbox proxy, when the engine is local)."""
+    """The instance's own addresses on the runtime's networks (Docker: the container's), where
+    they differ from the endpoints' host."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +197,14 @@ class SandboxDriver(Protocol):
 
     async def inspect(self, sandbox_id: str) -> SandboxState | None:
         """None when the runtime has no instance of it (its workspace may still exist)."""
+
+    async def direct_address(self, sandbox_id: str) -> str | None:
+        """An address at which this process reaches the sandbox's container ports themselves,
+        closer than its endpoints (Docker with a local engine: the container's own address on
+        its network, not the engine's published port); the sandbox proxy forwards there. None
+        when there is none (a remote engine), or the endpoints are that already (Kubernetes:
+        the pod's or its Service's address), or the sandbox has no instance. Raises
+        RuntimeUnavailable."""
 
     async def pause(self, sandbox_id: str) -> None:
         """Stop its processes, keeping the workspace: inspect says PAUSED after (Docker freezes

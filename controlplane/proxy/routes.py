@@ -156,21 +156,19 @@ def _changes_state(request: web.Request) -> bool:
 async def _upstream_base(
     service: SandboxService, state: ProxyState, record: SandboxRecord, name: str
 ) -> str:
-    """Where this process reaches the sandbox's port: with a local engine, the container's own
-    address on its network (one copy less than through the engine's published port and its
-    userland proxy), looked up again for every generation of the record (a re-create, a
-    resume, a failover) and at least every ADDRESS_TTL; otherwise the published port."""
-    config = service.config
-    published = links.direct_url(config, record, name)
+    """Where this process reaches the sandbox's port: at the address the driver gives for it
+    (`direct_address`; Docker with a local engine: the container's own on its network, one copy
+    less than through the engine's published port and its userland proxy), looked up again for
+    every generation of the record (a re-create, a resume, a failover) and at least every
+    ADDRESS_TTL; otherwise at the endpoint the driver reported (`SandboxRecord.host`)."""
+    published = links.direct_url(service.config, record, name)
     spec = service.catalog.find(record.spec_id)
-    local = config.docker_url is None or config.docker_url.startswith("unix://")
-    if not local or spec is None or name not in spec.exposed_ports:
+    if spec is None or name not in spec.exposed_ports:
         return published
     address = state.address(record)
     if address is None:
         seen = state.version(record.id)
-        found = await service.driver.inspect(record.id)
-        address = found.addresses[0] if found is not None and found.addresses else ""
+        address = await service.driver.direct_address(record.id) or ""
         state.remember(record, address, seen)
     return f"http://{address}:{spec.exposed_ports[name]}" if address else published
 

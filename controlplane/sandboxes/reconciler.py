@@ -148,9 +148,9 @@ class Reconciler:
                     if item.sandbox_id:
                         await self._check_one(item.sandbox_id)
             except RuntimeUnavailable as exc:
-                log.warning("docker_events_broken", error=str(exc))
+                log.warning("runtime_events_broken", error=str(exc))
             except Exception:
-                log.exception("docker_events_failed")
+                log.exception("runtime_events_failed")
             finally:
                 watch.close()
             await asyncio.sleep(delay)

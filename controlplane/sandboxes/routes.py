@@ -106,7 +106,7 @@ async def start_sandbox(request: web.Request) -> web.Response:
 @routes.route(
     "POST",
     f"/api/v1/sandboxes/{SANDBOX}/pause",
-    summary="Pause a sandbox (docker pause); a paused one is a no-op",
+    summary="Pause a sandbox (its processes stop, its workspace stays); a paused one is a no-op",
     response=Success,
     errors=(404, 409),
 )

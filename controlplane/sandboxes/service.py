@@ -233,9 +233,9 @@ class SandboxService(SandboxReads):
             raise Conflict(f"sandbox {sandbox_id} changed while resuming ({previous})")
 
     async def _unpause(self, record: SandboxRecord, limits: Limits, principal: Principal) -> bool:
-        """The common resume: one cap-checked PAUSED → RUNNING, then `docker unpause`.
+        """The common resume: one cap-checked PAUSED → RUNNING, then the driver's unpause.
 
-        False (with the record back to PAUSED) when the container is not simply paused, e.g.
+        False (with the record back to PAUSED) when the sandbox is not simply paused, e.g.
         stopped by a host reboot; the caller then inspects and restarts or re-creates it.
         """
         result = await self.store.transition(

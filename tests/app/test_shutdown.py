@@ -18,7 +18,7 @@ import docker
 import pytest
 import redis.asyncio as aioredis
 
-from drivers import docker_names
+from drivers.docker import names as docker_names
 from tests.conftest import BOOTSTRAP_KEY
 from tests.support.live_server import Api, free_port
 from tests.support.serve_process import Serve, launch_serve, serve_env

@@ -32,7 +32,7 @@ import docker
 import pytest
 
 from controlplane import keys
-from drivers import docker_names
+from drivers.docker import names as docker_names
 from tests.support.sandbox_helpers import start, wait_status
 from tests.support.types import Client
 
@@ -241,7 +241,9 @@ async def test_engine_killed_and_restarted_leaves_sandboxes_resumable(
     engine.kill9()
     resp = await client.get("/ready")
     assert resp.status == 503
-    assert (await resp.json())["docker"] is False
+    ready = await resp.json()
+    assert ready["runtime"] is False
+    assert ready["driver"] == "docker"
     answered = await asyncio.to_thread(engine.start)
 
     # Without live-restore the engine stops what was running when it comes back: SIGTERM to the

@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from controlplane.store import keyspace
-from drivers import docker_names
+from drivers.docker import names as docker_names
 from tests.conftest import BOOTSTRAP_KEY
 from tests.support.live_server import Api, free_port
 from tests.support.serve_process import Serve, launch_serve, serve_env

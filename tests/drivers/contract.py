@@ -101,14 +101,14 @@ def agent_url(state: SandboxState, spec: SandboxSpec) -> str:
     return f"http://{endpoint.host}:{endpoint.port}"
 
 
-async def healthy(state: SandboxState, spec: SandboxSpec) -> None:
-    """The agent server answers /health at its endpoint."""
+async def healthy(state: SandboxState, spec: SandboxSpec, base: str | None = None) -> None:
+    """The agent server answers /health at its endpoint (or at `base`)."""
     deadline = time.monotonic() + BOOT
     last: object = None
     async with aiohttp.ClientSession() as http:
         while time.monotonic() < deadline:
             try:
-                url = f"{agent_url(state, spec)}/health"
+                url = f"{base or agent_url(state, spec)}/health"
                 async with http.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
                     if resp.status == 200:
                         return
@@ -183,9 +183,14 @@ async def test_a_sandbox_from_create_to_remove(
     assert request.sandbox_id in listed
     assert request.sandbox_id in {s.sandbox_id for s in await driver.list_sandboxes("alice")}
     assert request.sandbox_id not in {s.sandbox_id for s in await driver.list_sandboxes("bob")}
+    # Where a driver offers a closer address (the sandbox proxy's), the ports answer there.
+    direct = await driver.direct_address(request.sandbox_id)
+    if direct is not None:
+        await healthy(state, spec, f"http://{direct}:{spec.exposed_ports[AGENT_SERVER]}")
 
     await driver.remove(request.sandbox_id)
     assert await driver.inspect(request.sandbox_id) is None
+    assert await driver.direct_address(request.sandbox_id) is None
     await driver.remove(request.sandbox_id)  # already gone: success
     assert request.sandbox_id not in {s.sandbox_id for s in await driver.list_sandboxes()}
 

@@ -24,7 +24,7 @@ from controlplane.sandboxes.lifecycle import SandboxLifecycle
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.store import keyspace
-from drivers import docker_names
+from drivers.docker import names as docker_names
 from tests.support.records import sandbox_record
 from tests.support.sandbox_helpers import lifecycle, start, wait_status
 from tests.support.types import ClientFactory

@@ -20,7 +20,7 @@ from controlplane.sandboxes import readiness
 from controlplane.sandboxes.readiness import ReadinessProbe
 from controlplane.sandboxes.status_feed import StatusFeed
 from drivers.base import Endpoint
-from drivers.docker import DockerDriver
+from drivers.docker.driver import DockerDriver
 from tests.support.log_capture import capture_logs
 from tests.support.sandbox_helpers import containers, exec_as_agent, start, wait_status
 from tests.support.types import Client, UserHeaders

@@ -16,9 +16,9 @@ from controlplane.config import ServiceConfig
 from controlplane.sandboxes.launcher import network_policy
 from controlplane.sandboxes.webhook_listener import WebhookListener
 from controlplane.specs.catalog import SpecCatalog
-from drivers.docker import DockerDriver
+from drivers.docker.driver import DockerDriver
+from drivers.docker.firewall import Iptables
 from drivers.errors import FirewallRequired, NetworkUnavailable
-from drivers.firewall import Iptables
 from tests.support.live_server import attachment
 from tests.support.sandbox_helpers import (
     DEFAULT_IMAGE,

@@ -25,7 +25,7 @@ from controlplane.sandboxes import naming
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.store import Limits
 from controlplane.store import keyspace
-from drivers import docker_names
+from drivers.docker import names as docker_names
 from tests.support.sandbox_helpers import DEFAULT_IMAGE as IMAGE
 from tests.support.sandbox_helpers import Client, containers, start, volumes, wait_status
 from tests.support.types import ClientFactory, UserHeaders

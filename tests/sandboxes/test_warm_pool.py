@@ -21,8 +21,8 @@ from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.pool import fingerprint
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.specs.catalog import SpecCatalog
-from drivers import docker_names
-from drivers.host_memory import HostMemory
+from drivers.docker import names as docker_names
+from drivers.docker.host_memory import HostMemory
 from tests.conftest import BOOTSTRAP_KEY
 from tests.support.sandbox_helpers import REPO, containers, spec_dir, wait_status
 from tests.support.types import Client, ClientFactory

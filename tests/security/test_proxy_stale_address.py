@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 from cryptography.fernet import Fernet
 
 from controlplane.auth.service import ApiKeyService
-from drivers import docker_names
+from drivers.docker import names as docker_names
 from tests.support.live_server import Api, free_port
 from tests.support.redis_server import RedisServer
 from tests.support.sandbox_helpers import DEFAULT_IMAGE

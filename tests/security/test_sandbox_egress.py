@@ -19,8 +19,8 @@ import pytest
 from aiohttp import web
 
 from controlplane import keys
-from drivers.docker_networks import bridge_name
-from drivers.firewall import Iptables, chain_names
+from drivers.docker.firewall import Iptables, chain_names
+from drivers.docker.networks import bridge_name
 from tests.support.live_server import attachment, free_port
 from tests.support.run_id import RUN_ID
 from tests.support.sandbox_helpers import (

@@ -69,7 +69,12 @@ async def test_requests_fail_fast_while_redis_is_down_and_recover(
     assert (await client.get("/health")).status == 200
     response = await client.get("/ready")
     assert response.status == 503
-    assert await response.json() == {"status": "degraded", "redis": False, "docker": None}
+    assert await response.json() == {
+        "status": "degraded",
+        "redis": False,
+        "runtime": None,
+        "driver": None,
+    }
 
     own_redis.start()  # same directory and socket; the AOF brings the data back
 

@@ -15,8 +15,8 @@ from controlplane.app import create_app
 from controlplane.config import ServiceConfig
 from controlplane.sandboxes.launcher import network_policy
 from controlplane.specs.models import SandboxSpec
-from drivers.docker import DockerDriver
-from drivers.docker_egress import Attachment, SandboxNetworks
+from drivers.docker.driver import DockerDriver
+from drivers.docker.egress import Attachment, SandboxNetworks
 
 
 def free_port(address: str = "127.0.0.1") -> int:

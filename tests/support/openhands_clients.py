@@ -126,7 +126,7 @@ def _client_venv(lock: Path) -> OpenHandsVenv:
     if python is None:
         pytest.fail(
             f"no Python {PYTHON_VERSION} found (pyenv or python{PYTHON_VERSION} on PATH);"
-            " the real OpenHands clients need it",
+            " the real OpenHands clients need it: scripts/bootstrap-host.sh --clients",
             pytrace=False,
         )
     try:
@@ -189,7 +189,11 @@ def official_sdk_venv(openhands_image: str) -> OpenHandsVenv:
     """The SDK at the official agent server's version, in a Python 3.13 venv of its own."""
     python = find_python(OFFICIAL_PYTHON)
     if python is None:
-        pytest.fail(f"no Python {OFFICIAL_PYTHON} found (pyenv)", pytrace=False)
+        pytest.fail(
+            f"no Python {OFFICIAL_PYTHON} found (pyenv or python{OFFICIAL_PYTHON} on PATH): "
+            "scripts/bootstrap-host.sh --clients",
+            pytrace=False,
+        )
     try:
         return OpenHandsVenv(build_official_sdk_venv(python, build_dir()))
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
@@ -241,12 +245,12 @@ if __name__ == "__main__":
     # openhands).
     found = find_python()
     if found is None:
-        sys.exit(f"no Python {PYTHON_VERSION} found")
+        sys.exit(f"no Python {PYTHON_VERSION} found: scripts/bootstrap-host.sh --clients says how")
     print(build_venv(found, build_dir()))
     print(build_venv(found, build_dir(), SDK158_LOCK))
     official = find_python(OFFICIAL_PYTHON)
     if official is None:
-        sys.exit(f"no Python {OFFICIAL_PYTHON} found")
+        sys.exit(f"no Python {OFFICIAL_PYTHON} found: scripts/bootstrap-host.sh --clients says how")
     print(build_official_sdk_venv(official, build_dir()))
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import docker
 
-from drivers.docker_names import LABEL_PREFIX
+from drivers.docker.names import LABEL_PREFIX
 from tests.support.types import Client
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import pytest
 
 from controlplane.sandboxes.webhook_listener import WebhookListener
 from drivers.base import SandboxDriver
-from drivers.docker import DockerDriver
+from drivers.docker.driver import DockerDriver
 from tests.drivers.contract import *  # noqa: F403 (the shared tests, with the fixture below)
 from tests.drivers.contract import Hooks
 

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import docker
 import pytest
 
-from drivers.docker import DockerDriver
+from drivers.docker.driver import DockerDriver
 from tests.support.docker_fixtures import DEFAULT_IMAGE, run_prefix
 
 T = TypeVar("T")

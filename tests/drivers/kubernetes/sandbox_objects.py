@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from kubernetes_asyncio import client
 
 from controlplane.store import keyspace
-from drivers.kube_names import ANNOTATION_DETACHED, LABEL_ID, selector
+from drivers.kubernetes.names import ANNOTATION_DETACHED, LABEL_ID, selector
 
 Json = dict[str, Any]
 KINDS = {

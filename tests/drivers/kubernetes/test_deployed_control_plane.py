@@ -219,7 +219,8 @@ async def test_the_shipped_manifests_run_sandboxes_and_conversations(
             assert resp.status == 200, await resp.text()
             ready = await resp.json()
         assert ready["redis"] is True  # the "external" Redis on this host
-        assert ready["docker"] is True  # the runtime: the Kubernetes API, in-cluster credentials
+        # The runtime: the Kubernetes API, reached with in-cluster credentials.
+        assert (ready["runtime"], ready["driver"]) == (True, "kubernetes")
         admin = Api(http, installed.url, installed.bootstrap_key)
         me = await admin.ok("GET", "/api/v1/users/me")
         assert me["is_admin"] is True, me

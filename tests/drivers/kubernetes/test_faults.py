@@ -24,8 +24,8 @@ import redis.asyncio as aioredis
 from kubernetes_asyncio import client
 
 from controlplane.auth.service import ApiKeyService
-from drivers.kube_names import selector
-from drivers.kube_state import parse_time
+from drivers.kubernetes.names import selector
+from drivers.kubernetes.state import parse_time
 from tests.drivers.kubernetes.conftest import KubeCluster, KubeNode
 from tests.drivers.kubernetes.sandbox_objects import (
     KINDS,

@@ -1,10 +1,10 @@
 """The Docker runtime (drivers/base.py: SandboxDriver). A sandbox is a container and a workspace
-volume (named and labelled by docker_names.py, made by docker_containers.py) on its spec's
-network (docker_egress.py: networks, host firewall rules, the webhook listener on their
+volume (named and labelled by names.py, made by containers.py) on its spec's
+network (egress.py: networks, host firewall rules, the webhook listener on their
 gateways), its ports published on the engine's host; pause freezes it in place.
 
-Every engine call goes to one of the engine's two thread lanes (docker_engine.py); image ids are
-known without an engine call while the engine's image events are followed (docker_images.py).
+Every engine call goes to one of the engine's two thread lanes (engine.py); image ids are
+known without an engine call while the engine's image events are followed (images.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import docker
 import structlog
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
-from drivers import docker_names, docker_networks
 from drivers.base import (
     EventSink,
     HostListener,
@@ -29,13 +28,14 @@ from drivers.base import (
     SandboxState,
     Watch,
 )
-from drivers.docker_containers import (
+from drivers.docker import names, networks
+from drivers.docker.containers import (
     ContainerRequest,
     container_request,
     create_container,
     state_of,
 )
-from drivers.docker_egress import (
+from drivers.docker.egress import (
     Attachment,
     Engine,
     FirewallMode,
@@ -43,12 +43,12 @@ from drivers.docker_egress import (
     network_labels,
     network_name,
 )
-from drivers.docker_engine import QUICK, SLOW, DockerEngine
-from drivers.docker_images import ImageIdCache
+from drivers.docker.engine import QUICK, SLOW, DockerEngine
+from drivers.docker.firewall import Iptables
+from drivers.docker.host_memory import HostMemory
+from drivers.docker.images import ImageIdCache
 from drivers.egress import HOST_GATEWAY
 from drivers.errors import ContainerExists, DriverError, ImageMissing, RuntimeUnavailable
-from drivers.firewall import Iptables
-from drivers.host_memory import HostMemory
 
 log = structlog.get_logger(__name__)
 
@@ -156,7 +156,7 @@ class DockerDriver:
 
     async def image_id(self, image: str) -> str | None:
         """The image's id, None when absent: known without asking the engine while its image
-        events are followed (drivers/docker_images.py), else asked; an unreachable engine raises
+        events are followed (drivers/docker/images.py), else asked; an unreachable engine raises
         RuntimeUnavailable."""
         self._images.start()
         known = self._images.get(image)
@@ -200,7 +200,7 @@ class DockerDriver:
         """The subnet pool of our networks (also where the next one comes from) and every
         network of the engine: its containers, ours or not, are this host's."""
         try:
-            self._engine_subnets = await self.engine.call(docker_networks.engine_subnets, "network")
+            self._engine_subnets = await self.engine.call(networks.engine_subnets, "network")
         except (RuntimeUnavailable, DockerException) as exc:
             log.warning("sandbox_networks_unknown", error=str(exc), kept=self._engine_subnets)
         return [self._subnet_pool, *self._engine_subnets]
@@ -224,19 +224,19 @@ class DockerDriver:
 
     async def ensure_network(
         self, name: str, labels: dict[str, str], pool: str, size: int
-    ) -> docker_networks.NetworkInfo:
+    ) -> networks.NetworkInfo:
         """The network `name`, created when absent on the first free /`size` of `pool`.
 
         Raises DriverError when a network of that name exists without `labels`, or the pool is
         full; RuntimeUnavailable when the engine does not answer.
         """
         return await self.engine.call(
-            lambda c: docker_networks.ensure_network(c, name, labels, pool, size), "network", SLOW
+            lambda c: networks.ensure_network(c, name, labels, pool, size), "network", SLOW
         )
 
-    async def list_networks(self, labels: dict[str, str]) -> list[docker_networks.NetworkInfo]:
+    async def list_networks(self, labels: dict[str, str]) -> list[networks.NetworkInfo]:
         """Every network carrying all of `labels`."""
-        return await self.engine.call(lambda c: docker_networks.list_networks(c, labels), "network")
+        return await self.engine.call(lambda c: networks.list_networks(c, labels), "network")
 
     async def remove_networks(self, firewall: Iptables | None) -> int:
         """Remove the deployment's networks that have no containers, and their firewall chains
@@ -252,14 +252,12 @@ class DockerDriver:
 
     async def _remove_network(self, name: str) -> bool:
         """Remove the network if it has no containers; False when it still has some."""
-        return await self.engine.call(
-            lambda c: docker_networks.remove_network(c, name), "network", SLOW
-        )
+        return await self.engine.call(lambda c: networks.remove_network(c, name), "network", SLOW)
 
     # -- sandboxes ----------------------------------------------------------------------------
 
     def _name(self, sandbox_id: str) -> str:
-        return docker_names.container_name(self.prefix, sandbox_id)
+        return names.container_name(self.prefix, sandbox_id)
 
     async def create(self, request: SandboxRequest, *, new: bool = False) -> SandboxState:
         try:
@@ -317,6 +315,14 @@ class DockerDriver:
 
         return await self.engine.call(run, "inspect")
 
+    async def direct_address(self, sandbox_id: str) -> str | None:
+        """The container's address on its network, when the engine is local (a remote
+        engine's container networks are not routed to this host)."""
+        if not self.engine.local:
+            return None
+        found = await self.inspect(sandbox_id)
+        return found.addresses[0] if found is not None and found.addresses else None
+
     async def _act(
         self,
         operation: str,
@@ -365,7 +371,7 @@ class DockerDriver:
 
     async def remove(self, sandbox_id: str, *, keep_workspace: bool = False) -> None:
         name = self._name(sandbox_id)
-        volume = None if keep_workspace else docker_names.volume_name(self.prefix, sandbox_id)
+        volume = None if keep_workspace else names.volume_name(self.prefix, sandbox_id)
         await self.engine.call(lambda c: self._remove(c, name, volume), "remove", SLOW)
 
     @staticmethod
@@ -388,9 +394,9 @@ class DockerDriver:
                 ) from None
 
     async def list_sandboxes(self, owner: str | None = None) -> list[SandboxState]:
-        labels = {docker_names.LABEL_PREFIX: self.prefix}
+        labels = {names.LABEL_PREFIX: self.prefix}
         if owner is not None:
-            labels[docker_names.LABEL_OWNER] = owner
+            labels[names.LABEL_OWNER] = owner
 
         def run(client: docker.DockerClient) -> list[SandboxState]:
             filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
@@ -414,7 +420,7 @@ class DockerDriver:
         `sink(exc)` a broken stream.
         """
         loop = asyncio.get_running_loop()
-        filters = {"type": "container", "label": [f"{docker_names.LABEL_PREFIX}={self.prefix}"]}
+        filters = {"type": "container", "label": [f"{names.LABEL_PREFIX}={self.prefix}"]}
         watch = _DockerWatch()
 
         def pump() -> None:
@@ -427,9 +433,7 @@ class DockerDriver:
                     if action not in _WATCHED_ACTIONS:
                         continue
                     attrs = (raw.get("Actor") or {}).get("Attributes") or {}
-                    event = SandboxEvent(
-                        sandbox_id=attrs.get(docker_names.LABEL_ID, ""), action=action
-                    )
+                    event = SandboxEvent(sandbox_id=attrs.get(names.LABEL_ID, ""), action=action)
                     loop.call_soon_threadsafe(sink, event)
             except Exception as exc:
                 end = RuntimeUnavailable(f"Docker event stream broke: {exc}")

@@ -25,7 +25,7 @@ from kubernetes_asyncio import config as kconfig
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from drivers.errors import DriverError, RuntimeUnavailable
-from drivers.kube_options import Credentials
+from drivers.kubernetes.settings import Credentials
 
 log = structlog.get_logger(__name__)
 

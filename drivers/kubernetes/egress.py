@@ -25,7 +25,7 @@ from typing import Any
 from drivers.base import NetworkPolicy
 from drivers.egress import HOST_GATEWAY, lookup
 from drivers.errors import NetworkUnavailable
-from drivers.kube_options import KubeOptions
+from drivers.kubernetes.settings import KubernetesSettings
 
 Json = dict[str, Any]
 
@@ -72,31 +72,35 @@ def _tcp(*ports: int) -> list[Json]:
 
 async def plan(
     policy: NetworkPolicy,
-    options: KubeOptions,
+    settings: KubernetesSettings,
     peers: Peers,
-    webhook_port: int,
+    ports: Sequence[int],
     host_address: str | None,
 ) -> Egress:
-    """The egress of `policy`. `host_address`: the control plane's address as sandboxes reach it
-    (host.docker.internal), when it is known. Raises NetworkUnavailable when an allow-listed
-    name does not resolve, or when no control plane is named (an empty peer list in a
-    NetworkPolicy rule would match every address)."""
+    """The egress of `policy`. `ports`: the control plane's own that every sandbox reaches (the
+    webhook listener's, ACS_SANDBOX_HOST_PORTS); `host_address`: the control plane's address as
+    sandboxes reach it (host.docker.internal), when it is known. Raises NetworkUnavailable when
+    an allow-listed name does not resolve, or when no control plane is named (an empty peer
+    list in a NetworkPolicy rule would match every address)."""
     if peers.empty:
         raise NetworkUnavailable("no control plane peers to admit (ACS_KUBE_CONTROL_PLANE_*)")
-    cp = peers.rules(options.namespace)
-    rules: list[Json] = [{"to": cp, "ports": _tcp(webhook_port, *options.host_ports)}]
+    cp = peers.rules(settings.kube_namespace)
+    rules: list[Json] = [{"to": cp, "ports": _tcp(*ports)}]
     aliases: list[Json] = []
     if host_address is not None:
         aliases.append({"ip": host_address, "hostnames": [HOST_GATEWAY]})
     if policy.egress is None:
         block: Json = {"cidr": "0.0.0.0/0"}
-        if options.internet_except:
-            block["except"] = list(options.internet_except)
+        if settings.kube_internet_except:
+            block["except"] = list(settings.kube_internet_except)
         rules.append({"to": [{"ipBlock": block}]})
-        if options.dns_labels:
-            dns = {"namespaceSelector": {}, "podSelector": {"matchLabels": options.dns_labels}}
-            ports = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
-            rules.append({"to": [dns], "ports": ports})
+        if settings.kube_dns_labels:
+            dns = {
+                "namespaceSelector": {},
+                "podSelector": {"matchLabels": settings.kube_dns_labels},
+            }
+            dns_ports = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+            rules.append({"to": [dns], "ports": dns_ports})
         return Egress(tuple(rules), tuple(aliases))
     names: dict[str, str] = {}
     for dest in policy.egress:

@@ -104,3 +104,26 @@ def identity(metadata: Mapping[str, Any]) -> tuple[str, str, str, str] | None:
         str(found_annotations.get(ANNOTATION_SPEC, "")),
         str(found_annotations.get(ANNOTATION_PREFIX, "")),
     )
+
+
+def sandbox_of(obj: Mapping[str, Any]) -> str:
+    """The sandbox id an object of ours carries; "" for anything else."""
+    return str(((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_ID, ""))
+
+
+def name_of(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def uid_of(obj: Mapping[str, Any]) -> str | None:
+    uid = (obj.get("metadata") or {}).get("uid")
+    return str(uid) if uid else None
+
+
+def owner_of(obj: Mapping[str, Any]) -> str:
+    return str(((obj.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_OWNER, ""))
+
+
+def detached(claim: Mapping[str, Any]) -> bool:
+    """A claim left behind by a removal that kept the workspace (no longer a sandbox)."""
+    return ANNOTATION_DETACHED in ((claim.get("metadata") or {}).get("annotations") or {})

@@ -12,9 +12,9 @@ import docker
 from docker.errors import APIError, ImageNotFound
 from docker.models.containers import _create_container_args  # type: ignore[attr-defined]  # the SDK's own translation, not in its stubs
 
-from drivers import docker_names
 from drivers.base import Endpoint, RunState, SandboxRequest, SandboxState
-from drivers.docker_egress import Attachment
+from drivers.docker import names
+from drivers.docker.egress import Attachment
 from drivers.egress import HOST_GATEWAY
 from drivers.errors import ContainerExists
 
@@ -60,13 +60,13 @@ def container_request(
     bridge, where host.docker.internal is the engine's host-gateway)."""
     sandbox_id = request.sandbox_id
     return ContainerRequest(
-        name=docker_names.container_name(prefix, sandbox_id),
+        name=names.container_name(prefix, sandbox_id),
         image=request.image,
         command=request.command,
         env=request.env,
-        labels=docker_names.labels(prefix, sandbox_id, request.owner, request.spec_id),
+        labels=names.labels(prefix, sandbox_id, request.owner, request.spec_id),
         working_dir=request.working_dir,
-        volume=docker_names.volume_name(prefix, sandbox_id),
+        volume=names.volume_name(prefix, sandbox_id),
         ports=request.ports,
         cpus=request.cpus,
         memory_bytes=request.memory_bytes,
@@ -101,9 +101,9 @@ def state_of(attrs: dict[str, Any], address: str) -> SandboxState:
     env = dict(item.partition("=")[::2] for item in config.get("Env") or [])
     networks = ((attrs.get("NetworkSettings") or {}).get("Networks") or {}).values()
     return SandboxState(
-        sandbox_id=labels.get(docker_names.LABEL_ID, ""),
-        owner=labels.get(docker_names.LABEL_OWNER, ""),
-        spec_id=labels.get(docker_names.LABEL_SPEC, ""),
+        sandbox_id=labels.get(names.LABEL_ID, ""),
+        owner=labels.get(names.LABEL_OWNER, ""),
+        spec_id=labels.get(names.LABEL_SPEC, ""),
         name=attrs.get("Name", "").lstrip("/"),
         status=_status(state.get("Status", "unknown")),
         endpoints=endpoints,

@@ -5,7 +5,7 @@ everything here is optional (docs/deployment.md, "RBAC"). With it, the driver kn
 allocatable memory (admission's capacity), which nodes are Ready (a sandbox whose node stopped
 reporting is dead at once, not only once the node controller gives up on it) and which images
 they hold (with ACS_KUBE_IMAGE_PULL_POLICY=Never, an image no node has is missing). Without it,
-admission relies on the scheduler's verdicts (drivers/kubernetes.py) and images on the pulls.
+admission relies on the scheduler's verdicts (drivers/kubernetes/driver.py) and images on the pulls.
 
 Nodes are listed at most every REFRESH seconds, in the background: callers read what is known.
 """
@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 
 from drivers.errors import DriverError, RuntimeUnavailable
-from drivers.kube_api import NODES, Forbidden, KubeApi
+from drivers.kubernetes.api import NODES, Forbidden, KubeApi
 
 log = structlog.get_logger(__name__)
 

@@ -21,9 +21,9 @@ import structlog
 
 from drivers.base import EventSink, SandboxEvent
 from drivers.errors import DriverError, RuntimeUnavailable
-from drivers.kube_api import Expired, KubeApi, pods
-from drivers.kube_names import LABEL_ID
-from drivers.kube_state import terminating
+from drivers.kubernetes.api import Expired, KubeApi, pods
+from drivers.kubernetes.names import sandbox_of
+from drivers.kubernetes.state import terminating
 
 log = structlog.get_logger(__name__)
 
@@ -34,10 +34,6 @@ WATCH_SECONDS = 290
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0
 POLL_SECONDS = 0.5
 """A wait's polling interval while the watch is down."""
-
-
-def sandbox_of(pod: Json) -> str:
-    return str(((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_ID, ""))
 
 
 class _Subscription:

@@ -11,7 +11,7 @@ translation of a request (the bench's raw baselines make the same objects throug
   for tmpfs, no service-account token, no service links, `restartPolicy: Never` (a crash is
   reported, not hidden by restarts), the reservation as its memory request and the spec's
   memory as its limit, the spec's runtime as a RuntimeClass.
-- The NetworkPolicy (drivers/kube_egress.py) and, with ACS_KUBE_ENDPOINT=service, a ClusterIP
+- The NetworkPolicy (drivers/kubernetes/egress.py) and, with ACS_KUBE_ENDPOINT=service, a ClusterIP
   Service selecting the pod by sandbox id.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 
 from drivers.base import SandboxRequest
 from drivers.errors import DriverError
-from drivers.kube_egress import Egress, Peers, policy_spec
-from drivers.kube_names import (
+from drivers.kubernetes.egress import Egress, Peers, policy_spec
+from drivers.kubernetes.names import (
     claim_name,
     labels,
     object_annotations,
@@ -33,7 +33,7 @@ from drivers.kube_names import (
     policy_name,
     service_name,
 )
-from drivers.kube_options import KubeOptions
+from drivers.kubernetes.settings import KubernetesSettings
 
 Json = dict[str, Any]
 CONTAINER = "sandbox"
@@ -59,13 +59,13 @@ def _metadata(name: str, request: SandboxRequest, prefix: str) -> Json:
     }
 
 
-def claim_manifest(request: SandboxRequest, options: KubeOptions, prefix: str) -> Json:
+def claim_manifest(request: SandboxRequest, settings: KubernetesSettings, prefix: str) -> Json:
     spec: Json = {
         "accessModes": ["ReadWriteOnce"],
-        "resources": {"requests": {"storage": options.workspace_size}},
+        "resources": {"requests": {"storage": settings.kube_workspace_size}},
     }
-    if options.storage_class:
-        spec["storageClassName"] = options.storage_class
+    if settings.kube_storage_class:
+        spec["storageClassName"] = settings.kube_storage_class
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
@@ -124,7 +124,7 @@ def _tmpfs_size(options: str) -> str | None:
 
 
 def _volumes(
-    request: SandboxRequest, options: KubeOptions, prefix: str
+    request: SandboxRequest, settings: KubernetesSettings, prefix: str
 ) -> tuple[list[Json], list[Json]]:
     claim = claim_name(prefix, request.sandbox_id)
     volumes: list[Json] = [
@@ -150,14 +150,14 @@ def _volumes(
 
 def pod_manifest(
     request: SandboxRequest,
-    options: KubeOptions,
+    settings: KubernetesSettings,
     prefix: str,
     *,
     aliases: list[Json],
     runtime_class: str | None,
 ) -> Json:
     ids = _ids(request.user)
-    volumes, mounts = _volumes(request, options, prefix)
+    volumes, mounts = _volumes(request, settings, prefix)
     security: Json = {
         "allowPrivilegeEscalation": False,
         "privileged": False,
@@ -174,15 +174,15 @@ def pod_manifest(
         )
     container: Json = {
         "name": CONTAINER,
-        "image": image_reference(request.image, options.image_registry),
-        "imagePullPolicy": options.image_pull_policy,
+        "image": image_reference(request.image, settings.kube_image_registry),
+        "imagePullPolicy": settings.kube_image_pull_policy,
         "workingDir": request.working_dir,
         "env": [{"name": k, "value": v} for k, v in request.env.items()],
         "ports": [{"containerPort": port, "protocol": "TCP"} for port in request.ports],
         "resources": {
             "requests": {
                 "memory": str(request.memory_reservation),
-                "cpu": f"{max(1, round(min(options.cpu_request, request.cpus) * 1000))}m",
+                "cpu": f"{max(1, round(min(settings.kube_cpu_request, request.cpus) * 1000))}m",
             },
             "limits": {
                 "memory": str(request.memory_bytes),
@@ -198,7 +198,7 @@ def pod_manifest(
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": options.pause_grace,
+        "terminationGracePeriodSeconds": settings.kube_pause_grace,
         "securityContext": pod_security,
         "containers": [container],
         "volumes": volumes,
@@ -207,10 +207,10 @@ def pod_manifest(
         spec["runtimeClassName"] = runtime_class
     if aliases:
         spec["hostAliases"] = aliases
-    if options.image_pull_secrets:
-        spec["imagePullSecrets"] = [{"name": name} for name in options.image_pull_secrets]
-    if options.node_selector:
-        spec["nodeSelector"] = dict(options.node_selector)
+    if settings.kube_image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": name} for name in settings.kube_image_pull_secrets]
+    if settings.kube_node_selector:
+        spec["nodeSelector"] = dict(settings.kube_node_selector)
     return {
         "apiVersion": "v1",
         "kind": "Pod",

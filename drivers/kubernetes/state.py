@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from drivers.base import Endpoint, RunState, SandboxState
-from drivers.kube_names import identity
+from drivers.kubernetes.names import identity
 
 Json = dict[str, Any]
 

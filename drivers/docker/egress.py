@@ -4,8 +4,8 @@ webhook listener on their gateways (docs/security.md).
 Sandboxes of specs with `egress: internet` share one bridge network, `<prefix>net`; a spec with
 `egress: none` or an allow-list gets its own, `<prefix>net-<spec id>`, so its rules can be keyed
 on the bridge interface rather than on container addresses that change. On every network,
-inter-container traffic is disabled, and the host firewall (drivers/firewall.py) lets a sandbox
-reach on the host only the webhook listener and the operator's host ports on the gateway address.
+inter-container traffic is disabled, and the host firewall (firewall.py) lets a sandbox reach on
+the host only the webhook listener and the operator's host ports on the gateway address.
 
 Networks and rules outlive the process: sandboxes keep running across restarts of the control
 plane, and must stay fenced in while it is down. `remove_networks` takes them away when the
@@ -22,11 +22,11 @@ from typing import Literal
 import structlog
 
 from drivers.base import HostListener, NetworkPolicy
-from drivers.docker_names import LABEL_NETWORK, LABEL_PREFIX
-from drivers.docker_networks import NetworkInfo
+from drivers.docker.firewall import FirewallError, Iptables, NetworkRules
+from drivers.docker.names import LABEL_NETWORK, LABEL_PREFIX
+from drivers.docker.networks import NetworkInfo
 from drivers.egress import HOST_GATEWAY, Destination, lookup
 from drivers.errors import FirewallRequired, NetworkUnavailable, RuntimeUnavailable, ServiceError
-from drivers.firewall import FirewallError, Iptables, NetworkRules
 
 log = structlog.get_logger(__name__)
 
