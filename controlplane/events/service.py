@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -99,10 +98,7 @@ class EventService:
 
     async def _sandbox(self, sandbox_id: str, key: str | None) -> SandboxRecord:
         """The sandbox whose session key was presented. Raises Unauthorized."""
-        found = await self._sandboxes.id_for_key(key) if key else None
-        if found is None or not hmac.compare_digest(found, sandbox_id):
-            raise Unauthorized("invalid sandbox session key")
-        record = await self._sandboxes.record(sandbox_id)
+        record = await self._sandboxes.by_session_key(key, sandbox_id)
         if record is None:
             raise Unauthorized("invalid sandbox session key")
         return record
