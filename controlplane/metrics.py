@@ -173,6 +173,10 @@ class Metrics:
         self.http_requests.labels(method, route, str(status)).inc()
         self.http_duration.labels(method, route).observe(seconds)
 
+    def sandbox_call(self, operation: str, seconds: float) -> None:
+        """A successful call of the sandbox API (start, pause, resume, delete)."""
+        self.sandbox_api.labels(operation).observe(seconds)
+
     def docker_error(self, operation: str) -> None:
         self.docker_errors.labels(operation).inc()
 

@@ -83,7 +83,7 @@ def _port_name(service: SandboxService, record: SandboxRecord, port: str) -> str
     by_upper = {name.upper(): name for name in record.ports}
     if port.upper() in by_upper:
         return by_upper[port.upper()]
-    spec = service.catalog.find(record.spec_id)
+    spec = service.spec_of(record)
     if port.isdigit() and spec is not None:
         for name, number in spec.exposed_ports.items():
             if number == int(port) and name in record.ports:

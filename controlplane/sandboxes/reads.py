@@ -27,7 +27,7 @@ from controlplane.sandboxes.status_feed import StatusFeed
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.sandboxes.vscode import exposed_url
 from controlplane.specs.catalog import SpecCatalog
-from controlplane.specs.models import AGENT_SERVER
+from controlplane.specs.models import AGENT_SERVER, SandboxSpec
 
 S = SandboxStatus
 RECHECK = 1.0
@@ -95,6 +95,10 @@ class SandboxReads:
     async def touch(self, sandbox_id: str) -> None:
         """Activity in the sandbox (an agent event): its idle deadline starts again."""
         await self.store.touch(sandbox_id)
+
+    def spec_of(self, record: SandboxRecord) -> SandboxSpec | None:
+        """The spec the sandbox was started from; None once the catalog no longer has it."""
+        return self.catalog.find(record.spec_id)
 
     def view(self, record: SandboxRecord, principal: Principal) -> SandboxInfo:
         running = record.status == S.RUNNING
