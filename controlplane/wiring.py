@@ -455,7 +455,14 @@ def conversations_ctx(config: ServiceConfig) -> Context:
             gateway_url=sandboxes.launcher.control_plane_url,
         )
         conversations = ConversationService(
-            store, events, sandboxes, agent, runner, publisher=publisher, pending=pending
+            store,
+            events,
+            sandboxes,
+            agent,
+            runner,
+            publisher=publisher,
+            pending=pending,
+            runtime=app[keys.RUNTIME_HTTP],
         )
         event_service = EventService(
             events,
@@ -465,6 +472,8 @@ def conversations_ctx(config: ServiceConfig) -> Context:
             catalog=app[keys.SPECS],
             agent=agent,
             url_host=config.url_host,
+            reader=redis,
+            tickets=app[keys.TICKETS],
             on_lag=app[keys.METRICS].event_delivered,
         )
         app[keys.CONVERSATIONS] = conversations
