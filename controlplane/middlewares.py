@@ -212,7 +212,7 @@ async def webhook_auth_middleware(request: web.Request, handler: Handler) -> web
         return await handler(request)
     key = request.headers.get("X-Session-API-Key")
     sandboxes = request.app.get(keys.SANDBOXES)
-    if sandboxes is None or await sandboxes.by_session_key(key, sandbox_id) is None:
+    if sandboxes is None or await sandboxes.id_for_session_key(key, sandbox_id) is None:
         raise Unauthorized("invalid sandbox session key")
     limiter = request.app.get(keys.WEBHOOK_LIMITER)
     if limiter is not None:

@@ -72,14 +72,14 @@ class SandboxReads:
         """Records in the order of `ids`, None for unknown ones; no ownership check."""
         return await self.store.get_many(ids)
 
-    async def by_session_key(
+    async def id_for_session_key(
         self, key: str | None, sandbox_id: str | None = None
-    ) -> SandboxRecord | None:
-        """The sandbox whose session API key `key` is: the one lookup of a sandbox's key, for
-        every credential that is one (its webhooks, the proxy, the cloud proxy, its secrets, a
-        user's key paired with it). With `sandbox_id`, only when it is that sandbox (compared
-        in constant time). None for no key, one longer than a key can be, or no such sandbox;
-        who the sandbox belongs to is for the caller to check."""
+    ) -> str | None:
+        """The id of the sandbox whose session API key `key` is: the one lookup of a sandbox's
+        key, for every credential that is one (its webhooks, the proxy, the cloud proxy, its
+        secrets, a user's key paired with it). With `sandbox_id`, only when it is that sandbox
+        (compared in constant time). None for no key, one longer than a key can be, or no such
+        sandbox; who the sandbox belongs to is for the caller to check."""
         if not key or len(key) > MAX_SESSION_KEY:
             return None
         found = await self.store.id_for_key(key)
@@ -90,7 +90,15 @@ class SandboxReads:
             found.encode(), sandbox_id.encode()
         ):
             return None
-        return await self.store.get(found)
+        return found
+
+    async def by_session_key(
+        self, key: str | None, sandbox_id: str | None = None
+    ) -> SandboxRecord | None:
+        """The record of the sandbox `id_for_session_key` finds, None where it finds none.
+        (The webhook middleware, which needs no more than the id, spares the record's read.)"""
+        found = await self.id_for_session_key(key, sandbox_id)
+        return await self.store.get(found) if found is not None else None
 
     async def touch(self, sandbox_id: str) -> None:
         """Activity in the sandbox (an agent event): its idle deadline starts again."""
