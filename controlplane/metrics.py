@@ -164,6 +164,10 @@ class Metrics:
             self._runtime_counters[name] = counter
         return lambda value: counter.labels(value).inc()
 
+    def sandbox_call(self, operation: str, seconds: float) -> None:
+        """A successful call of the sandbox API (start, pause, resume, delete)."""
+        self.sandbox_api.labels(operation).observe(seconds)
+
     def reconcile_fixed(self) -> None:
         self._fixes += 1
 

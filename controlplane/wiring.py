@@ -479,7 +479,14 @@ def conversations_ctx(config: ServiceConfig) -> Context:
             organizations=app[keys.ORGANIZATIONS],
         )
         conversations = ConversationService(
-            store, events, sandboxes, agent, runner, publisher=publisher, pending=pending
+            store,
+            events,
+            sandboxes,
+            agent,
+            runner,
+            publisher=publisher,
+            pending=pending,
+            runtime=app[keys.RUNTIME_HTTP],
         )
         event_service = EventService(
             events,
@@ -489,6 +496,8 @@ def conversations_ctx(config: ServiceConfig) -> Context:
             catalog=app[keys.SPECS],
             agent=agent,
             url_host=config.url_host,
+            reader=redis,
+            tickets=app[keys.TICKETS],
             on_lag=app[keys.METRICS].event_delivered,
         )
         app[keys.CONVERSATIONS] = conversations

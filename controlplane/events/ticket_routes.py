@@ -3,9 +3,10 @@ conversation's events socket, or one to a sandbox through the proxy) instead of 
 (controlplane/auth/tickets.py).
 
 Here, in the highest domain that may read both conversations and sandboxes, because a ticket is
-minted only for what the caller may open: its conversation (as the events socket allows), or
-its own sandbox (as the proxy allows: the owner, never an admin for someone else's). Anyone
-else's, or an id that does not exist, is a 404; the socket checks again when the ticket comes.
+minted only for what the caller may open (EventService.conversation_ticket and sandbox_ticket):
+its conversation (as the events socket allows), or its own sandbox (as the proxy allows: the
+owner, never an admin for someone else's). Anyone else's, or an id that does not exist, is a
+404; the socket checks again when the ticket comes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from controlplane.api.routing import RouteTable
 from controlplane.auth.identity import principal_of
 from controlplane.auth.tickets import Ticket
 from controlplane.conversations.models import Uuid
-from controlplane.errors import RuntimeUnavailable, SandboxNotFound
+from controlplane.errors import RuntimeUnavailable
 
 routes = RouteTable(tag="events")
 
@@ -57,16 +58,13 @@ class TicketRequest(BaseModel):
 )
 async def mint_ticket(request: web.Request) -> web.Response:
     body = await parse_body(request, TicketRequest)
-    principal = principal_of(request)
-    tickets = request.app[keys.TICKETS]
-    conversations, sandboxes = request.app.get(keys.CONVERSATIONS), request.app.get(keys.SANDBOXES)
-    if conversations is None or sandboxes is None:
+    events = request.app.get(keys.EVENTS)
+    if events is None:
         raise RuntimeUnavailable("this control plane runs no sandboxes")
+    principal = principal_of(request)
     if body.conversation_id is not None:
-        info = await conversations.owned(principal, body.conversation_id)
-        return json_response(await tickets.mint(principal, "conversation", info.id), status=201)
-    assert body.sandbox_id is not None
-    record = await sandboxes.owned(principal, body.sandbox_id)
-    if record.owner != principal.user_id:  # as the proxy: the owner's alone
-        raise SandboxNotFound(f"sandbox {body.sandbox_id} not found")
-    return json_response(await tickets.mint(principal, "sandbox", record.id), status=201)
+        ticket = await events.conversation_ticket(principal, body.conversation_id)
+    else:
+        assert body.sandbox_id is not None  # the model asks for exactly one
+        ticket = await events.sandbox_ticket(principal, body.sandbox_id)
+    return json_response(ticket, status=201)

@@ -327,5 +327,9 @@ class GatewayService:
         return {
             "llm_model": f"litellm_proxy/{model}",
             "llm_base_url": api_base.rstrip("/") + PATH,
-            "llm_api_key": await self.user_keys.get_or_create(user_id),
+            "llm_api_key": await self.user_key(user_id),
         }
+
+    async def user_key(self, user_id: str) -> str:
+        """The user's gateway key, made on first use."""
+        return await self.user_keys.get_or_create(user_id)

@@ -45,7 +45,7 @@ async def _timed(request: web.Request, operation: str, call: Awaitable[T]) -> T:
     result = await call
     metrics = request.app.get(keys.METRICS)
     if metrics is not None:
-        metrics.sandbox_api.labels(operation).observe(time.perf_counter() - started)
+        metrics.sandbox_call(operation, time.perf_counter() - started)
     return result
 
 
