@@ -17,8 +17,6 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aioredis
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controlplane.app import create_app
 from controlplane.auth.service import ApiKeyService
@@ -145,7 +143,7 @@ async def sbx(make_sandbox_client: ClientFactory) -> Client:
 
 
 @pytest.fixture
-async def client(make_client: ClientFactory) -> TestClient[web.Request, web.Application]:
+async def client(make_client: ClientFactory) -> Client:
     return await make_client()
 
 

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
 
 from agent.app import create_app
 from agent.config import AgentConfig
 from tests.support.fake_llm import FakeLLM
-from tests.support.types import ClientFactory
+from tests.support.types import Client, ClientFactory
 
 # Test modules get these through the fixtures below (never import conftest).
 API_KEYS = ("test-key-0", "test-key-1")
@@ -48,9 +47,9 @@ def state_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def make_client(aiohttp_client: Any, workspace: Path, state_dir: Path) -> ClientFactory:
-    """``await make_client(**AgentConfig overrides)`` -> TestClient."""
+    """``await make_client(**AgentConfig overrides)`` -> Client."""
 
-    async def factory(**overrides: Any) -> TestClient:
+    async def factory(**overrides: Any) -> Client:
         settings: dict[str, Any] = {
             "workspace": workspace,
             "api_keys": API_KEYS,
@@ -58,14 +57,14 @@ def make_client(aiohttp_client: Any, workspace: Path, state_dir: Path) -> Client
             "state_dir": state_dir,
         }
         settings.update(overrides)
-        client: TestClient = await aiohttp_client(create_app(AgentConfig(**settings)))
+        client: Client = await aiohttp_client(create_app(AgentConfig(**settings)))
         return client
 
     return factory
 
 
 @pytest.fixture
-async def client(make_client: ClientFactory) -> TestClient:
+async def client(make_client: ClientFactory) -> Client:
     return await make_client()
 
 

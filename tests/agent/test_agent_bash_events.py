@@ -9,16 +9,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from aiohttp.test_utils import TestClient
-
 import agent.bash
 from agent.bash import _Stream
+from tests.support.types import Client
 
 START = "/api/bash/start_bash_command"
 SEARCH = "/api/bash/bash_events/search"
 
 
-async def start(client: TestClient, auth: dict[str, str], **body: Any) -> dict[str, Any]:
+async def start(client: Client, auth: dict[str, str], **body: Any) -> dict[str, Any]:
     resp = await client.post(START, json=body, headers=auth)
     assert resp.status == 200, await resp.text()
     command: dict[str, Any] = await resp.json()
@@ -26,7 +25,7 @@ async def start(client: TestClient, auth: dict[str, str], **body: Any) -> dict[s
 
 
 async def outputs_until_exit(
-    client: TestClient, auth: dict[str, str], command_id: str, timeout: float = 20
+    client: Client, auth: dict[str, str], command_id: str, timeout: float = 20
 ) -> list[dict[str, Any]]:
     """Poll as RemoteWorkspace does: BashOutput only, order__gt the last order seen."""
     seen: list[dict[str, Any]] = []
@@ -44,7 +43,7 @@ async def outputs_until_exit(
 
 
 async def test_start_returns_the_command_and_outputs_arrive_in_order(
-    client: TestClient, auth: dict[str, str], workspace: Path
+    client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
     command = await start(client, auth, command="echo out; echo err >&2; exit 3")
     assert command["kind"] == "BashCommand"
@@ -77,7 +76,7 @@ async def test_start_returns_the_command_and_outputs_arrive_in_order(
 
 
 async def test_long_output_is_streamed_while_the_command_runs(
-    client: TestClient, auth: dict[str, str]
+    client: Client, auth: dict[str, str]
 ) -> None:
     command = await start(client, auth, command="echo first; sleep 1.5; echo second")
     began = time.monotonic()
@@ -96,16 +95,14 @@ async def test_long_output_is_streamed_while_the_command_runs(
     assert outputs[-1]["exit_code"] == 0
 
 
-async def test_timeout_ends_with_exit_code_minus_one(
-    client: TestClient, auth: dict[str, str]
-) -> None:
+async def test_timeout_ends_with_exit_code_minus_one(client: Client, auth: dict[str, str]) -> None:
     command = await start(client, auth, command="echo started; sleep 60", timeout=1)
     outputs = await outputs_until_exit(client, auth, command["id"])
     assert outputs[-1]["exit_code"] == -1
     assert "".join(o["stdout"] or "" for o in outputs) == "started\n"
 
 
-async def test_stop_a_running_command(client: TestClient, auth: dict[str, str]) -> None:
+async def test_stop_a_running_command(client: Client, auth: dict[str, str]) -> None:
     command = await start(client, auth, command="sleep 60")
     stop = f"/api/bash/bash_commands/{command['id']}/stop"
     resp = await client.post(stop, headers=auth)
@@ -118,7 +115,7 @@ async def test_stop_a_running_command(client: TestClient, auth: dict[str, str]) 
     assert resp.status == 404
 
 
-async def test_filters_validation_and_clear(client: TestClient, auth: dict[str, str]) -> None:
+async def test_filters_validation_and_clear(client: Client, auth: dict[str, str]) -> None:
     first = await start(client, auth, command="echo one")
     second = await start(client, auth, command="echo two", cwd="/tmp")
     for command in (first, second):
@@ -176,7 +173,7 @@ def test_utf8_split_across_chunks_is_kept_whole() -> None:
 
 
 async def test_old_commands_are_forgotten(
-    client: TestClient, auth: dict[str, str], monkeypatch: Any
+    client: Client, auth: dict[str, str], monkeypatch: Any
 ) -> None:
     monkeypatch.setattr(agent.bash, "MAX_COMMANDS", 3)
     ids = []

@@ -9,25 +9,24 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from agent import __main__ as cli
 from agent.app import create_app
 from agent.auth import key_is_valid
 from agent.config import AgentConfig, is_secret_env_name, load_api_keys
-from tests.support.types import ClientFactory
+from tests.support.types import Client, ClientFactory
 
 EXEC = "/api/bash/execute_bash_command"
 
 
 @pytest.mark.parametrize("path", ["/health", "/alive"])
-async def test_health_and_alive_without_auth(client: TestClient, path: str) -> None:
+async def test_health_and_alive_without_auth(client: Client, path: str) -> None:
     resp = await client.get(path)
     assert resp.status == 200
     assert await resp.json() == {"status": "ok"}
 
 
-async def test_ready_and_server_info_without_auth(client: TestClient, auth: dict[str, str]) -> None:
+async def test_ready_and_server_info_without_auth(client: Client, auth: dict[str, str]) -> None:
     assert await (await client.get("/ready")).json() == {"status": "ready"}
     await client.get("/api/info", headers=auth)
     resp = await client.get("/server_info")
@@ -50,7 +49,7 @@ async def test_ready_and_server_info_without_auth(client: TestClient, auth: dict
     ],
     ids=["missing", "empty", "wrong", "key-prefix", "other-header"],
 )
-async def test_api_rejects_bad_key(client: TestClient, headers: dict[str, str]) -> None:
+async def test_api_rejects_bad_key(client: Client, headers: dict[str, str]) -> None:
     resp = await client.post(EXEC, json={"command": "echo hi"}, headers=headers)
     assert resp.status == 401
     assert await resp.json() == {"detail": "Unauthorized"}
@@ -67,15 +66,13 @@ async def test_api_rejects_bad_key(client: TestClient, headers: dict[str, str]) 
         ("GET", "/api"),
     ],
 )
-async def test_every_api_route_needs_the_key(client: TestClient, method: str, path: str) -> None:
+async def test_every_api_route_needs_the_key(client: Client, method: str, path: str) -> None:
     resp = await client.request(method, path)
     assert resp.status == 401
     assert await resp.json() == {"detail": "Unauthorized"}
 
 
-async def test_any_configured_key_is_accepted(
-    client: TestClient, api_keys: tuple[str, ...]
-) -> None:
+async def test_any_configured_key_is_accepted(client: Client, api_keys: tuple[str, ...]) -> None:
     for key in api_keys:
         resp = await client.post(
             EXEC, json={"command": "echo hi"}, headers={"X-Session-API-Key": key}
@@ -91,21 +88,21 @@ async def test_no_keys_means_no_auth(make_client: ClientFactory) -> None:
     assert (await resp.json())["stdout"] == "open\n"
 
 
-async def test_unknown_api_route_is_json_404(client: TestClient, auth: dict[str, str]) -> None:
+async def test_unknown_api_route_is_json_404(client: Client, auth: dict[str, str]) -> None:
     resp = await client.get("/api/nope", headers=auth)
     assert resp.status == 404
     assert resp.content_type == "application/json"
     assert isinstance((await resp.json())["detail"], str)
 
 
-async def test_wrong_method_is_json_405(client: TestClient, auth: dict[str, str]) -> None:
+async def test_wrong_method_is_json_405(client: Client, auth: dict[str, str]) -> None:
     resp = await client.get(EXEC, headers=auth)
     assert resp.status == 405
     assert isinstance((await resp.json())["detail"], str)
 
 
 async def test_info_reports_workspace(
-    client: TestClient, auth: dict[str, str], workspace: Path
+    client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
     resp = await client.get("/api/info", headers=auth)
     assert resp.status == 200
@@ -121,7 +118,7 @@ async def test_unhandled_error_is_json_500_without_traceback(
         raise RuntimeError("secret internals")
 
     app.router.add_get("/api/boom", boom)
-    client: TestClient = await aiohttp_client(app)
+    client: Client = await aiohttp_client(app)
     resp = await client.get("/api/boom", headers=auth)
     assert resp.status == 500
     text = await resp.text()

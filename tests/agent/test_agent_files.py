@@ -7,13 +7,14 @@ import os
 from pathlib import Path
 
 from aiohttp import FormData
-from aiohttp.test_utils import TestClient
+
+from tests.support.types import Client
 
 BLOB = bytes(range(256)) * 1000  # binary, 256 kB
 
 
 async def test_upload_raw_body_then_download(
-    client: TestClient, auth: dict[str, str], workspace: Path
+    client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
     resp = await client.post(
         "/api/file/upload/dir/sub/data.bin",
@@ -36,7 +37,7 @@ async def test_upload_raw_body_then_download(
     assert await resp.read() == BLOB
 
 
-async def test_upload_multipart(client: TestClient, auth: dict[str, str], workspace: Path) -> None:
+async def test_upload_multipart(client: Client, auth: dict[str, str], workspace: Path) -> None:
     form = FormData()
     form.add_field("other", "ignored")
     form.add_field("file", b"print('hi')\n", filename="x.py", content_type="text/x-python")
@@ -49,7 +50,7 @@ async def test_upload_multipart(client: TestClient, auth: dict[str, str], worksp
 
 
 async def test_query_path_routes_as_the_official_server(
-    client: TestClient, auth: dict[str, str], workspace: Path
+    client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
     """``/api/file/upload?path=`` (multipart ``file``) and ``/api/file/download?path=``."""
     target = workspace / "q dir" / "ünï.bin"
@@ -78,7 +79,7 @@ async def test_query_path_routes_as_the_official_server(
 
 
 async def test_upload_multipart_without_file_field_is_422(
-    client: TestClient, auth: dict[str, str], workspace: Path
+    client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
     form = FormData()
     form.add_field("data", b"x", filename="x")
@@ -89,7 +90,7 @@ async def test_upload_multipart_without_file_field_is_422(
 
 
 async def test_upload_overwrites_and_keeps_mode(
-    client: TestClient, auth: dict[str, str], workspace: Path
+    client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
     script = workspace / "run.sh"
     script.write_text("old")
@@ -100,7 +101,7 @@ async def test_upload_overwrites_and_keeps_mode(
     assert script.stat().st_mode & 0o777 == 0o755
 
 
-async def test_upload_empty_file(client: TestClient, auth: dict[str, str], workspace: Path) -> None:
+async def test_upload_empty_file(client: Client, auth: dict[str, str], workspace: Path) -> None:
     resp = await client.post("/api/file/upload/empty", data=b"", headers=auth)
     assert resp.status == 200
     assert (await resp.json())["size"] == 0
@@ -108,7 +109,7 @@ async def test_upload_empty_file(client: TestClient, auth: dict[str, str], works
 
 
 async def test_upload_larger_than_client_max_size(
-    client: TestClient, auth: dict[str, str], workspace: Path
+    client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
     big = os.urandom(20 * 1024 * 1024)  # above aiohttp's request size limit: must stream
     resp = await client.post("/api/file/upload/big.bin", data=io.BytesIO(big), headers=auth)
@@ -117,7 +118,7 @@ async def test_upload_larger_than_client_max_size(
 
 
 async def test_upload_to_absolute_path(
-    client: TestClient, auth: dict[str, str], tmp_path: Path
+    client: Client, auth: dict[str, str], tmp_path: Path
 ) -> None:
     target = tmp_path / "elsewhere" / "abs.txt"
     resp = await client.post(f"/api/file/upload/{target}", data=b"abs", headers=auth)
@@ -127,7 +128,7 @@ async def test_upload_to_absolute_path(
 
 
 async def test_upload_onto_directory_is_400(
-    client: TestClient, auth: dict[str, str], workspace: Path
+    client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
     (workspace / "d").mkdir()
     for path in ("d", "d/"):
@@ -137,16 +138,14 @@ async def test_upload_onto_directory_is_400(
 
 
 async def test_upload_below_a_file_is_400(
-    client: TestClient, auth: dict[str, str], workspace: Path
+    client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
     (workspace / "f").write_text("x")
     resp = await client.post("/api/file/upload/f/child", data=b"x", headers=auth)
     assert resp.status == 400
 
 
-async def test_download_absolute_path(
-    client: TestClient, auth: dict[str, str], tmp_path: Path
-) -> None:
+async def test_download_absolute_path(client: Client, auth: dict[str, str], tmp_path: Path) -> None:
     outside = tmp_path / "outside.txt"
     outside.write_text("hello")
     resp = await client.get(f"/api/file/download/{outside}", headers=auth)
@@ -154,7 +153,7 @@ async def test_download_absolute_path(
     assert await resp.read() == b"hello"
 
 
-async def test_download_missing_is_404_json(client: TestClient, auth: dict[str, str]) -> None:
+async def test_download_missing_is_404_json(client: Client, auth: dict[str, str]) -> None:
     resp = await client.get("/api/file/download/missing.txt", headers=auth)
     assert resp.status == 404
     body = await resp.json()
@@ -163,14 +162,14 @@ async def test_download_missing_is_404_json(client: TestClient, auth: dict[str, 
 
 
 async def test_download_directory_is_400(
-    client: TestClient, auth: dict[str, str], workspace: Path
+    client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
     (workspace / "d").mkdir()
     resp = await client.get("/api/file/download/d", headers=auth)
     assert resp.status == 400
 
 
-async def test_list_directory(client: TestClient, auth: dict[str, str], workspace: Path) -> None:
+async def test_list_directory(client: Client, auth: dict[str, str], workspace: Path) -> None:
     (workspace / "b.txt").write_bytes(b"12345")
     (workspace / "a_dir").mkdir()
     (workspace / "link").symlink_to("b.txt")
@@ -189,7 +188,7 @@ async def test_list_directory(client: TestClient, auth: dict[str, str], workspac
         assert entries["b.txt"]["modified"].endswith("+00:00")
 
 
-async def test_list_subdirectory(client: TestClient, auth: dict[str, str], workspace: Path) -> None:
+async def test_list_subdirectory(client: Client, auth: dict[str, str], workspace: Path) -> None:
     (workspace / "s" / "t").mkdir(parents=True)
     resp = await client.get("/api/file/list/s", headers=auth)
     assert resp.status == 200
@@ -197,7 +196,7 @@ async def test_list_subdirectory(client: TestClient, auth: dict[str, str], works
 
 
 async def test_list_missing_is_404_and_file_is_400(
-    client: TestClient, auth: dict[str, str], workspace: Path
+    client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
     resp = await client.get("/api/file/list/nope", headers=auth)
     assert resp.status == 404

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from aiohttp.test_utils import TestClient
+from tests.support.types import Client
 
 
 def git(repo: Path, *args: str) -> str:
@@ -27,7 +27,7 @@ def make_repo(path: Path, files: dict[str, str]) -> Path:
     return path
 
 
-async def changes(client: TestClient, auth: dict[str, str], path: str) -> list[dict[str, str]]:
+async def changes(client: Client, auth: dict[str, str], path: str) -> list[dict[str, str]]:
     resp = await client.get("/api/git/changes", params={"path": path}, headers=auth)
     assert resp.status == 200, await resp.text()
     body: list[dict[str, str]] = await resp.json()
@@ -35,7 +35,7 @@ async def changes(client: TestClient, auth: dict[str, str], path: str) -> list[d
 
 
 async def test_changes_against_the_upstream_and_nested_repositories(
-    client: TestClient, auth: dict[str, str], workspace: Path, tmp_path: Path
+    client: Client, auth: dict[str, str], workspace: Path, tmp_path: Path
 ) -> None:
     origin = make_repo(
         tmp_path / "origin", {"keep.txt": "k\n", "edit.txt": "a\n", "gone.txt": "g\n"}
@@ -81,7 +81,7 @@ async def test_changes_against_the_upstream_and_nested_repositories(
 
 
 async def test_repository_without_commits_or_upstream(
-    client: TestClient, auth: dict[str, str], workspace: Path
+    client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
     fresh = workspace / "fresh"
     fresh.mkdir()
@@ -105,9 +105,7 @@ async def test_repository_without_commits_or_upstream(
     ]
 
 
-async def test_outside_a_repository(
-    client: TestClient, auth: dict[str, str], workspace: Path
-) -> None:
+async def test_outside_a_repository(client: Client, auth: dict[str, str], workspace: Path) -> None:
     (workspace / "plain.txt").write_text("p\n")
     assert await changes(client, auth, str(workspace)) == []
     assert await changes(client, auth, str(workspace / "missing")) == []

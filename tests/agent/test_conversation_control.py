@@ -6,8 +6,6 @@ import json
 import time
 from pathlib import Path
 
-from aiohttp.test_utils import TestClient
-
 from agent.conversations.masking import MASK
 from tests.agent.conv_helpers import (
     BASE,
@@ -22,13 +20,13 @@ from tests.agent.conv_helpers import (
     wait_status,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
-from tests.support.types import ClientFactory
+from tests.support.types import Client, ClientFactory
 
 CONFIRM = "/events/respond_to_confirmation"
 
 
 async def test_confirmation_accept_runs_the_action(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
 ) -> None:
     fake_llm.script([reply_tool_call("terminal", {"command": "touch made"}), reply_finish()])
     cid = (await start(client, auth, fake_llm, confirmation_mode=True))["id"]
@@ -64,7 +62,7 @@ async def test_confirmation_accept_runs_the_action(
 
 
 async def test_confirmation_reject_gives_user_reject_observation(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
 ) -> None:
     fake_llm.script([reply_tool_call("terminal", {"command": "touch made"}), reply_text("ok")])
     cid = (await start(client, auth, fake_llm, confirmation_mode=True))["id"]
@@ -88,7 +86,7 @@ async def test_confirmation_reject_gives_user_reject_observation(
 
 
 async def test_pause_mid_run_then_run_again(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.script([reply_tool_call("terminal", {"command": "echo step"}), reply_finish()])
     fake_llm.hold()
@@ -112,7 +110,7 @@ async def test_pause_mid_run_then_run_again(
 
 
 async def test_llm_500s_are_retried(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.fail_next(2, status=500)
     fake_llm.script([reply_finish()])
@@ -130,7 +128,7 @@ async def test_llm_500s_are_retried(
 
 
 async def test_llm_429_and_dropped_connection_are_retried(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.fail_next(1, status=429, retry_after=0.01)
     fake_llm.disconnect_next(1)
@@ -141,7 +139,7 @@ async def test_llm_429_and_dropped_connection_are_retried(
 
 
 async def test_persistent_llm_failure_is_an_llm_error(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.fail_next(10, status=503)
     began = time.monotonic()
@@ -159,7 +157,7 @@ async def test_persistent_llm_failure_is_an_llm_error(
 
 
 async def test_unreachable_llm_and_4xx_fail_fast(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.fail_next(1, status=400, body='{"error": "bad model"}')
     cid = (await start(client, auth, fake_llm, llm={"num_retries": 5}))["id"]
@@ -179,7 +177,7 @@ async def test_unreachable_llm_and_4xx_fail_fast(
 
 
 async def test_start_is_idempotent_and_routes_answer_404_409_422(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     cid = "0193d6e4c2b87a3f9e1d2c3b4a596877"
     first = await start(client, auth, fake_llm, None, conversation_id=cid)
@@ -246,7 +244,7 @@ async def test_start_is_idempotent_and_routes_answer_404_409_422(
 
 
 async def test_event_search_pages_and_single_event(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.script([reply_tool_call("terminal", {"command": "true"}), reply_finish()])
     cid = (await start(client, auth, fake_llm))["id"]
@@ -303,7 +301,7 @@ async def test_conversations_survive_a_restart(
 
 
 async def test_pause_while_waiting_for_confirmation_keeps_the_action(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
 ) -> None:
     fake_llm.script([reply_tool_call("terminal", {"command": "touch made"}), reply_finish()])
     cid = (await start(client, auth, fake_llm, confirmation_mode=True))["id"]
@@ -326,7 +324,7 @@ async def test_pause_while_waiting_for_confirmation_keeps_the_action(
 
 
 async def test_llm_timeout_is_retried_then_an_error(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.hold()
     cid = (await start(client, auth, fake_llm, llm={"timeout": 0.3, "num_retries": 1}))["id"]
@@ -358,7 +356,7 @@ async def test_restart_while_running_restores_it_paused(
 
 
 async def test_working_dir_and_secrets_reach_the_commands(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
 ) -> None:
     fake_llm.script(
         [
@@ -386,7 +384,7 @@ async def test_working_dir_and_secrets_reach_the_commands(
 
 
 async def test_search_and_count_conversations(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     ids = [(await start(client, auth, fake_llm, None))["id"] for _ in range(3)]
     resp = await client.get(f"{BASE}/count", headers=auth)

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from agent.conversations.masking import MASK
 from tests.agent.conv_helpers import (
@@ -25,6 +24,7 @@ from tests.agent.conv_helpers import (
     wait_status,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
+from tests.support.types import Client
 
 LOOKED_UP = "gho_looked-up-token-77"
 
@@ -54,7 +54,7 @@ def text_of(observation: dict[str, Any]) -> str:
 
 
 async def test_secret_sources_and_updates(
-    client: TestClient,
+    client: Client,
     auth: dict[str, str],
     fake_llm: FakeLLM,
     secret_server: tuple[str, list[dict[str, str]]],
@@ -97,7 +97,7 @@ async def test_secret_sources_and_updates(
 
 
 async def test_confirmation_policy_and_security_analyzer(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.script([reply_text("hello"), reply_tool_call("terminal", {"command": "true"})])
     cid = (await start(client, auth, fake_llm))["id"]
@@ -133,7 +133,7 @@ async def test_confirmation_policy_and_security_analyzer(
 
 
 async def test_confirm_risky_without_confirming_unknown_risk_never_waits(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.script([reply_tool_call("terminal", {"command": "true"}), reply_finish()])
     policy = {"kind": "ConfirmRisky", "threshold": "HIGH", "confirm_unknown": False}
@@ -144,7 +144,7 @@ async def test_confirm_risky_without_confirming_unknown_risk_never_waits(
 
 
 async def test_title_tags_and_generated_title(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.script([reply_finish("Everything is done.")])
     long_first_line = "Please refactor the parser module so that it streams " * 2
@@ -176,7 +176,7 @@ async def test_title_tags_and_generated_title(
 
 
 async def test_ask_agent_records_nothing(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.script([reply_text("I am idle."), reply_text("It is about a parser.")])
     cid = (await start(client, auth, fake_llm, "Look at the parser"))["id"]
@@ -193,7 +193,7 @@ async def test_ask_agent_records_nothing(
 
 
 async def test_pause_when_idle_and_interrupt_when_running(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.script([reply_tool_call("terminal", {"command": "sleep 30"})])
     cid = (await start(client, auth, fake_llm, None))["id"]

@@ -8,8 +8,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from aiohttp.test_utils import TestClient
-
 from tests.agent.conv_helpers import (
     BASE,
     LLM_KEY,
@@ -29,10 +27,11 @@ from tests.support.fake_llm import (
     reply_tool_calls,
     tool_call,
 )
+from tests.support.types import Client
 
 
 async def test_bash_run_writes_a_file_and_finishes(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
 ) -> None:
     fake_llm.script(
         [
@@ -119,7 +118,7 @@ async def test_bash_run_writes_a_file_and_finishes(
 
 
 async def test_text_reply_finishes_the_run_and_a_new_message_resumes(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.script([reply_text("Which file?"), reply_finish("ok")])
     cid = (await start(client, auth, fake_llm, "Edit the file"))["id"]
@@ -142,7 +141,7 @@ async def test_text_reply_finishes_the_run_and_a_new_message_resumes(
 
 
 async def test_editor_create_replace_view_and_ambiguous_old_str(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
 ) -> None:
     editor = "file_editor"
     fake_llm.script(
@@ -205,7 +204,7 @@ async def test_editor_create_replace_view_and_ambiguous_old_str(
 
 
 async def test_unknown_tool_and_bad_arguments_are_agent_errors_and_the_loop_goes_on(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.script(
         [
@@ -234,7 +233,7 @@ async def test_unknown_tool_and_bad_arguments_are_agent_errors_and_the_loop_goes
 
 
 async def test_max_iterations_stops_a_model_that_never_finishes(
-    client: TestClient, auth: dict[str, str]
+    client: Client, auth: dict[str, str]
 ) -> None:
     async with FakeLLM(when_exhausted="repeat") as fake:
         fake.script([reply_tool_call("terminal", {"command": "true"})])
@@ -251,7 +250,7 @@ async def test_max_iterations_stops_a_model_that_never_finishes(
         assert items[-1]["value"] == "error"
 
 
-async def test_budget_stops_the_agent(client: TestClient, auth: dict[str, str]) -> None:
+async def test_budget_stops_the_agent(client: Client, auth: dict[str, str]) -> None:
     async with FakeLLM(when_exhausted="repeat", prompt_tokens=1000, completion_tokens=100) as fake:
         fake.script([reply_tool_call("terminal", {"command": "true"})])
         llm = {"input_cost_per_token": 0.001, "output_cost_per_token": 0.002}  # $1.20 a call
@@ -278,7 +277,7 @@ async def test_budget_stops_the_agent(client: TestClient, auth: dict[str, str]) 
 
 
 async def test_message_sent_while_running_is_seen_at_the_next_call(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.script([reply_tool_call("terminal", {"command": "true"}), reply_finish()])
     fake_llm.hold()

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
 
 from agent.conversations.masking import MASK
 from tests.agent.conv_helpers import BASE, events, of_kind, start, wait_status
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_calls, tool_call
+from tests.support.types import Client
 
 SERVER = str(Path(__file__).with_name("mcp_test_server.py"))
 MCP_TIMEOUT = 60.0
@@ -47,7 +47,7 @@ def processes_with_env(marker: str) -> list[int]:
 
 
 async def test_stdio_server_tools_are_offered_and_called(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     marker = f"acs-test-{uuid.uuid4().hex}"
     fake_llm.script(
@@ -95,7 +95,7 @@ async def test_stdio_server_tools_are_offered_and_called(
 
 
 async def test_a_server_that_fails_to_start_is_an_mcp_error(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.script([reply_tool_calls(tool_call("calc__add", {"a": 1, "b": 1})), reply_finish()])
     servers = {"broken": {"command": "/nonexistent/mcp-server", "args": []}, "calc": stdio_server()}
@@ -145,7 +145,7 @@ def http_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
 
 
 async def test_http_servers_get_the_bearer_key(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, http_server: tuple[str, str]
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM, http_server: tuple[str, str]
 ) -> None:
     kind, url = http_server
     fake_llm.script(

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from agent.conversations.masking import MASK, Masker
 from tests.agent.conv_helpers import (
@@ -24,13 +23,13 @@ from tests.agent.conv_helpers import (
     wait_status,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
-from tests.support.types import ClientFactory
+from tests.support.types import Client, ClientFactory
 
 SECRET = "ghp_Secret-Value_42"
 
 
 async def test_secrets_never_appear_in_events(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, state_dir: Path
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM, state_dir: Path
 ) -> None:
     fake_llm.script(
         [

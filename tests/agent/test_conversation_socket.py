@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 from aiohttp import WSMsgType, web
-from aiohttp.test_utils import TestClient
 
 from agent.conversations import events as ev
 from agent.conversations import sockets
 from agent.conversations.routes import SERVICE_KEY
 from tests.agent.conv_helpers import events, start, wait_status
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
+from tests.support.types import Client
 
 SOCKET = "/sockets/events/{}"
 
@@ -47,7 +47,7 @@ async def closed_with(ws: Any) -> tuple[int | None, str]:
 
 
 async def test_auth_by_query_header_or_first_frame(
-    client: TestClient, auth: dict[str, str], api_keys: tuple[str, ...], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], api_keys: tuple[str, ...], fake_llm: FakeLLM
 ) -> None:
     cid = (await start(client, auth, fake_llm, None))["id"]
     url = SOCKET.format(cid)
@@ -84,7 +84,7 @@ async def test_auth_by_query_header_or_first_frame(
 
 
 async def test_first_frame_auth_times_out(
-    client: TestClient, fake_llm: FakeLLM, auth: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    client: Client, fake_llm: FakeLLM, auth: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sockets, "AUTH_TIMEOUT", 0.2)
     cid = (await start(client, auth, fake_llm, None))["id"]
@@ -93,7 +93,7 @@ async def test_first_frame_auth_times_out(
 
 
 async def test_replay_then_live_events_and_a_message_on_the_socket(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.script([reply_text("Which file?"), reply_finish("ok")])
     cid = (await start(client, auth, fake_llm, "Edit the file"))["id"]
@@ -142,7 +142,7 @@ async def test_replay_then_live_events_and_a_message_on_the_socket(
 
 
 async def test_delete_closes_the_sockets(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     cid = (await start(client, auth, fake_llm, None))["id"]
     async with client.ws_connect(SOCKET.format(cid), headers=auth) as ws:
@@ -153,7 +153,7 @@ async def test_delete_closes_the_sockets(
 
 
 async def test_a_slow_reader_is_dropped_and_the_server_goes_on(
-    client: TestClient,
+    client: Client,
     auth: dict[str, str],
     fake_llm: FakeLLM,
     monkeypatch: pytest.MonkeyPatch,
@@ -190,7 +190,7 @@ async def test_a_slow_reader_is_dropped_and_the_server_goes_on(
 
 
 async def test_too_many_sockets_for_one_conversation(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sockets, "MAX_SOCKETS_PER_CONVERSATION", 2)
     cid = (await start(client, auth, fake_llm, None))["id"]

@@ -8,10 +8,9 @@ import json
 import uuid
 from typing import Any
 
-from aiohttp.test_utils import TestClient
-
 from tests.agent.conv_helpers import BASE, events, start, user_message, wait_status
 from tests.support.fake_llm import FakeLLM, reply_text
+from tests.support.types import Client
 
 
 def forms(cid: str) -> list[str]:
@@ -21,7 +20,7 @@ def forms(cid: str) -> list[str]:
 
 
 async def test_every_route_takes_every_form_of_an_id(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.script([reply_text("first"), reply_text("second")])
     dashed = str(uuid.uuid4())
@@ -54,7 +53,7 @@ async def test_every_route_takes_every_form_of_an_id(
 
 
 async def test_sdk_158_calls_refused_with_their_reason(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    client: Client, auth: dict[str, str], fake_llm: FakeLLM
 ) -> None:
     fake_llm.script([reply_text("hi")])
     cid = (await start(client, auth, fake_llm))["id"]

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from tests.agent.conv_helpers import BASE, events, info, start, user_message, wait_status
 from tests.agent.test_conversation_mcp import MCP_TIMEOUT, SERVER
 from tests.agent.test_conversation_secrets_webhooks import Receiver
 from tests.support.fake_llm import FakeLLM, reply_text, reply_tool_call, reply_tool_calls, tool_call
 from tests.support.openhands_clients import OpenHandsVenv
+from tests.support.types import Client
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients]
 
@@ -51,7 +51,7 @@ EXPECTED_KINDS = {
 }
 
 
-async def scripted_run(client: TestClient, auth: dict[str, str], fake: FakeLLM) -> str:
+async def scripted_run(client: Client, auth: dict[str, str], fake: FakeLLM) -> str:
     """A conversation that makes the agent emit every kind of event it has."""
     fake.script(
         [
@@ -101,7 +101,7 @@ async def scripted_run(client: TestClient, auth: dict[str, str], fake: FakeLLM) 
     return cid
 
 
-async def full_state(client: TestClient, auth: dict[str, str], cid: str) -> dict[str, Any]:
+async def full_state(client: Client, auth: dict[str, str], cid: str) -> dict[str, Any]:
     async with client.ws_connect(f"/sockets/events/{cid}", headers=auth) as ws:
         frame: dict[str, Any] = await ws.receive_json(timeout=10)
     return frame
