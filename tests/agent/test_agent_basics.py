@@ -178,7 +178,7 @@ def test_cli_refuses_to_start_without_key(
 ) -> None:
     _clear_key_env(monkeypatch)
     started: list[dict[str, Any]] = []
-    monkeypatch.setattr(cli.web, "run_app", lambda app, **kw: started.append(kw))
+    monkeypatch.setattr(web, "run_app", lambda app, **kw: started.append(kw))
     local = ["--host", "127.0.0.1", "--port", "0"]
     assert cli.main(["--workspace", str(tmp_path), *local]) == 2
     assert "OH_SESSION_API_KEYS_0" in capsys.readouterr().err
@@ -195,7 +195,7 @@ def test_cli_starts_with_key_and_creates_workspace(
     _clear_key_env(monkeypatch)
     monkeypatch.setenv("SESSION_API_KEY", "k")
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(cli.web, "run_app", lambda app, **kw: calls.append(kw))
+    monkeypatch.setattr(web, "run_app", lambda app, **kw: calls.append(kw))
     ws = tmp_path / "new" / "ws"
     assert cli.main(["--workspace", str(ws), "--port", "0", "--host", "127.0.0.1"]) == 0
     assert ws.is_dir()

@@ -66,12 +66,13 @@ async def test_auth_by_query_header_or_first_frame(
             assert state["value"]["id"] == cid
             assert state["value"]["execution_status"] == "idle"
 
-    for kwargs, first in [
+    refused: list[tuple[dict[str, Any], dict[str, str] | None]] = [
         ({"params": {"session_api_key": "wrong"}}, None),
         ({"headers": {"X-Session-API-Key": "wrong"}}, None),
         ({}, {"type": "auth", "session_api_key": "wrong"}),
         ({}, {"role": "user", "content": "no auth frame"}),
-    ]:
+    ]
+    for kwargs, first in refused:
         async with client.ws_connect(url, **kwargs) as ws:
             if first is not None:
                 await ws.send_json(first)

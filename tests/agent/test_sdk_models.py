@@ -79,7 +79,7 @@ async def scripted_run(client: Client, auth: dict[str, str], fake: FakeLLM) -> s
         "broken": {"command": "/nonexistent/mcp-server"},
     }
     llm = {"log_completions": True, "retry_min_wait": 1, "retry_max_wait": 1}
-    cid = (await start(client, auth, fake, "Start.", llm=llm, mcp_servers=servers))["id"]
+    cid: str = (await start(client, auth, fake, "Start.", llm=llm, mcp_servers=servers))["id"]
     done = await wait_status(client, auth, cid, timeout=MCP_TIMEOUT)
     assert done["execution_status"] == "finished"  # the text reply ended the run
     await client.post(f"{BASE}/{cid}/events", json=user_message("Wait.", run=False), headers=auth)

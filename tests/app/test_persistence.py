@@ -16,7 +16,7 @@ from cryptography.fernet import Fernet
 from controlplane import keys
 from controlplane.app import create_app
 from controlplane.config import ConfigError, ServiceConfig
-from controlplane.settings.models import UserRecord
+from controlplane.settings.models import ProviderType, UserRecord
 from controlplane.settings.store import UserRecordStore
 from controlplane.store import keyspace
 from tests.support.log_capture import capture_logs
@@ -37,7 +37,9 @@ SETTINGS = {
 
 async def _write_everything(client: Client, headers: dict[str, str]) -> None:
     assert (await client.post("/api/settings", headers=headers, json=SETTINGS)).status == 200
-    body = {"provider_tokens": {"gitlab": {"token": "persist-gl", "host": "gl.example.com"}}}
+    body: dict[str, Any] = {
+        "provider_tokens": {"gitlab": {"token": "persist-gl", "host": "gl.example.com"}}
+    }
     assert (await client.post("/api/add-git-providers", headers=headers, json=body)).status == 200
     body = {"name": "PERSIST", "value": "persist-custom", "description": "d"}
     assert (await client.post("/api/secrets", headers=headers, json=body)).status == 201
@@ -69,7 +71,7 @@ async def test_everything_survives_an_app_restart(
     record = await _record(second, "alice")
     assert record.llm_api_key == "persist-llm-key"
     assert record.search_api_key == "persist-search-key"
-    assert record.provider_tokens["gitlab"].token == "persist-gl"
+    assert record.provider_tokens[ProviderType.GITLAB].token == "persist-gl"
     assert record.custom_secrets["PERSIST"].value == "persist-custom"
     assert record.settings.mcp_config is not None
     assert record.settings.mcp_config.shttp_servers[0].api_key == "persist-mcp"

@@ -288,8 +288,8 @@ async def test_sandbox_credential_is_scoped_to_its_conversation_and_dies_with_it
     assert ok["status"] == 200, ok
 
     # Sandbox one's token edited to name bob's conversation: the signature does not hold.
-    _, _, _, user, mac = own.split(".")
-    edited = f"acsgw.{two['app_conversation_id']}.{one['sandbox_id']}.{user}.{mac}"
+    _, _, _, owner, mac = own.split(".")
+    edited = f"acsgw.{two['app_conversation_id']}.{one['sandbox_id']}.{owner}.{mac}"
     # Even a genuine signature over (sandbox one, bob's conversation) is refused: that
     # conversation lives in another sandbox.
     minted = tokens.issue(one["sandbox_id"], two["app_conversation_id"], "alice")

@@ -18,6 +18,7 @@ import openai
 import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
+from openai.types.chat import ChatCompletionMessageFunctionToolCall, ChatCompletionToolParam
 
 from controlplane.config import ServiceConfig
 from tests.conftest import BOOTSTRAP_KEY
@@ -109,7 +110,7 @@ async def ask(live: LiveServer, key: str, model: str = "fake-model") -> Any:
         )
 
 
-TOOLS = [
+TOOLS: list[ChatCompletionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -144,6 +145,7 @@ async def test_openai_compatible_model_through_the_gateway(
         model="fake-model", messages=[{"role": "user", "content": "list"}], tools=TOOLS
     )
     (call,) = answer.choices[0].message.tool_calls or []
+    assert isinstance(call, ChatCompletionMessageFunctionToolCall)
     assert call.function.name == "terminal"
     assert json.loads(call.function.arguments) == {"command": "ls"}
     assert answer.usage is not None
@@ -216,6 +218,7 @@ async def test_anthropic_model_is_translated_streaming_included(
         max_tokens=100,
     )
     (call,) = answer.choices[0].message.tool_calls or []
+    assert isinstance(call, ChatCompletionMessageFunctionToolCall)
     assert (call.function.name, json.loads(call.function.arguments)) == (
         "terminal",
         {"command": "pwd"},
@@ -364,6 +367,7 @@ async def wait_count(redis: aioredis.Redis) -> int:
 
 async def test_budgets_and_rate_limit_refuse_before_forwarding(
     make_config: Callable[..., ServiceConfig],
+    redis_url: str,
     user_headers: Callable[..., Any],
     fake: FakeLLM,
 ) -> None:
@@ -405,7 +409,7 @@ async def test_budgets_and_rate_limit_refuse_before_forwarding(
             fake.script([reply_text("b", usage=(1, 1))] * 5)
             for i in range(4):
                 if i == 2:  # a Redis restarted from its data has none of the scripts loaded
-                    scripts = aioredis.Redis.from_url(config.redis_url)
+                    scripts = aioredis.Redis.from_url(redis_url)
                     await scripts.script_flush()
                     await scripts.aclose()
                 await ask(server, bob_key)
@@ -428,7 +432,7 @@ async def test_provider_failures_retry_then_answer_an_error(
     alice = await user("alice")
     await alice.settings(llm_model="fake-model", llm_base_url=fake.base_url, llm_api_key=LLM_KEY)
     llm = client(live, await alice.gateway_key())
-    ask = {"model": "fake-model", "messages": [{"role": "user", "content": "x"}]}
+    ask: dict[str, Any] = {"model": "fake-model", "messages": [{"role": "user", "content": "x"}]}
     # 429 then 500: retried with backoff, the third attempt answers.
     fake.fail_next(1, status=429, retry_after=0.1)
     fake.fail_next(1, status=500)

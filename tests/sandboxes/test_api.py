@@ -19,12 +19,11 @@ from tests.support.sandbox_helpers import (
     DEFAULT_IMAGE,
     HANGING_SPEC,
     REPO,
-    Client,
     containers,
     spec_dir,
     wait_status,
 )
-from tests.support.types import ClientFactory, UserHeaders
+from tests.support.types import Client, ClientFactory, UserHeaders
 
 ALT_SPEC = (
     (REPO / "specs" / "default.yaml")

@@ -20,13 +20,12 @@ from tests.support.sandbox_helpers import (
     HANGING_SPEC,
     NO_IMAGE_SPEC,
     REPO,
-    Client,
     containers,
     spec_dir,
     volumes,
     wait_status,
 )
-from tests.support.types import ClientFactory, UserHeaders
+from tests.support.types import Client, ClientFactory, UserHeaders
 
 
 @pytest.fixture

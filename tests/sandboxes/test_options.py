@@ -22,7 +22,6 @@ from drivers.firewall import Iptables
 from tests.support.live_server import attachment
 from tests.support.sandbox_helpers import (
     DEFAULT_IMAGE,
-    Client,
     agent_call,
     exec_as_agent,
     probe_from,
@@ -30,7 +29,7 @@ from tests.support.sandbox_helpers import (
     start,
     wait_status,
 )
-from tests.support.types import ClientFactory
+from tests.support.types import Client, ClientFactory
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 

@@ -27,8 +27,8 @@ from controlplane.sandboxes.store import Limits
 from controlplane.store import keyspace
 from drivers import docker_names
 from tests.support.sandbox_helpers import DEFAULT_IMAGE as IMAGE
-from tests.support.sandbox_helpers import Client, containers, start, volumes, wait_status
-from tests.support.types import ClientFactory, UserHeaders
+from tests.support.sandbox_helpers import containers, start, volumes, wait_status
+from tests.support.types import Client, ClientFactory, UserHeaders
 
 DOCKER_SOCK = "/var/run/docker.sock"
 

@@ -24,7 +24,7 @@ from controlplane.specs.catalog import SpecCatalog
 from drivers import docker_names
 from drivers.host_memory import HostMemory
 from tests.conftest import BOOTSTRAP_KEY
-from tests.support.sandbox_helpers import REPO, containers, spec_dir, wait_status
+from tests.support.sandbox_helpers import REPO, containers, exec_as_agent, spec_dir, wait_status
 from tests.support.types import Client, ClientFactory
 
 ADMIN = {"X-Session-API-Key": BOOTSTRAP_KEY}
@@ -55,7 +55,7 @@ async def wait_ready(
 
 async def create(client: Client, headers: dict[str, str]) -> dict[str, Any]:
     resp = await client.post("/api/v1/sandboxes", json={}, headers=headers)
-    body = await resp.json()
+    body: dict[str, Any] = await resp.json()
     assert resp.status == 200, body
     return body
 
@@ -159,9 +159,9 @@ async def test_claimed_member_keeps_nothing_of_another_user(
     theirs = await create(client, bob)
     assert theirs["id"] == second
     other = docker_client.containers.get(docker_names.container_name(test_prefix, second))
-    code, out = await asyncio.to_thread(other.exec_run, ["ls", "-A", "/workspace"], user="agent")
+    code, out = await asyncio.to_thread(exec_as_agent, other, "ls", "-A", "/workspace")
     assert code == 0
-    assert "alice.txt" not in out.decode()
+    assert "alice.txt" not in out
     # Alice's sandbox is gone with its workspace; nobody else sees hers or bob's.
     assert (await client.get(f"/api/v1/sandboxes/{second}", headers=alice)).status == 404
     assert docker_names.volume_name(test_prefix, first) not in {

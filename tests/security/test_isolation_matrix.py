@@ -105,6 +105,8 @@ def _chat_body(ids: Ids, _b: str) -> list[tuple[str, Any]]:
     return [("-", {"model": "fake-model", "messages": [{"role": "user", "content": "x"}]})]
 
 
+PROFILE_BODY = {"llm": {"model": "bob-model", "api_key": "bob-key"}, "include_secrets": True}
+
 BODIES: dict[tuple[str, str], BodyVariants] = {
     ("POST", "/api/v1/llm-gateway/v1/chat/completions"): _chat_body,
     ("POST", "/api/v1/llm-gateway/chat/completions"): _chat_body,
@@ -166,7 +168,6 @@ BODIES: dict[tuple[str, str], BodyVariants] = {
         ("-", {"host": "http://127.0.0.1:1", "path": "/api/conversations", "headers": {}})
     ],
 }
-PROFILE_BODY = {"llm": {"model": "bob-model", "api_key": "bob-key"}, "include_secrets": True}
 
 # The documented difference: an existing client-chosen conversation id is refused with 409,
 # a fresh one starts a conversation.

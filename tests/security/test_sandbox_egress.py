@@ -25,13 +25,12 @@ from tests.support.live_server import attachment, free_port
 from tests.support.run_id import RUN_ID
 from tests.support.sandbox_helpers import (
     DEFAULT_IMAGE,
-    Client,
     probe_from,
     spec_dir,
     start,
     wait_status,
 )
-from tests.support.types import ClientFactory
+from tests.support.types import Client, ClientFactory
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 

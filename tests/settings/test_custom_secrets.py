@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from controlplane import keys
-from controlplane.settings.models import UserRecord
+from controlplane.settings.models import ProviderType, UserRecord
 from controlplane.settings.store import UserRecordStore
 from tests.support.types import Client, UserHeaders
 
@@ -220,4 +220,4 @@ async def test_concurrent_writes_of_one_user_lose_nothing(
     }
     assert record.settings.language == "nl"
     assert record.llm_api_key == "k"
-    assert record.provider_tokens["github"].token == "g"
+    assert record.provider_tokens[ProviderType.GITHUB].token == "g"

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from controlplane import keys
-from controlplane.settings.models import UserRecord
+from controlplane.settings.models import ProviderType, UserRecord
 from controlplane.settings.store import UserRecordStore
 from tests.support.settings_fields import EVERY_FIELD, NULL, SECRET_FIELDS, SPEC_FIELDS
 from tests.support.types import Client, UserHeaders
@@ -247,7 +247,7 @@ async def test_echoing_a_get_body_back_is_accepted_and_changes_nothing(
     record = await _record(client, "alice")
     for name in SECRET_FIELDS:
         assert getattr(record, name) == f"v-{name}"
-    assert record.provider_tokens["gitlab"].token == "glpat"
+    assert record.provider_tokens[ProviderType.GITLAB].token == "glpat"
     assert record.custom_secrets["A"].value == "b"
     assert record.settings.mcp_config is not None
     assert record.settings.mcp_config.sse_servers[0].api_key == "sse-key"

@@ -60,8 +60,8 @@ def find_python(version: str = PYTHON_VERSION) -> Path | None:
                 return candidate
     roots = [os.environ.get("PYENV_ROOT", ""), str(Path.home() / ".pyenv")]
     for root in filter(None, roots):
-        for candidate in sorted(glob.glob(f"{root}/versions/{version}.*/bin/python"), reverse=True):
-            return Path(candidate)
+        for installed in sorted(glob.glob(f"{root}/versions/{version}.*/bin/python"), reverse=True):
+            return Path(installed)
     on_path = shutil.which(f"python{version}")
     return Path(on_path) if on_path else None
 
@@ -165,7 +165,8 @@ def build_official_sdk_venv(python: Path, build: Path) -> Path:
         shutil.rmtree(venv, ignore_errors=True)
         _run([python, "-m", "venv", venv], log, 120)
         pip = venv / "bin" / "pip"
-        args = ["install", "-q", "--no-index", "--find-links", wheels[0], "-r", OFFICIAL_LOCK]
+        args: list[str | Path] = ["install", "-q", "--no-index", "--find-links", wheels[0]]
+        args += ["-r", OFFICIAL_LOCK]
         _run([pip, *args], log, 1200)
         (venv / ".complete").touch()
         return venv

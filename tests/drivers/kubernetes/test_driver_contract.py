@@ -50,7 +50,8 @@ async def driver(
     await listener.close()
 
 
-async def test_egress_none_admits_the_webhook_listener_alone() -> None:
+# Replaces the shared test of that name: this runtime cannot show what it checks.
+async def test_egress_none_admits_the_webhook_listener_alone() -> None:  # type: ignore[no-redef]
     pytest.skip(
         "the test cluster's network enforces no NetworkPolicy (no policy-aware CNI); "
         "tests/drivers/kubernetes/test_policies.py checks the policy objects the driver makes"

@@ -122,7 +122,7 @@ async def test_pods_and_policies_carry_the_specs_isolation(
     assert policy["ingress"] == [
         {"from": control_plane, "ports": [{"protocol": "TCP", "port": 8000}]}
     ]
-    listener = api.server.app[keys.WEBHOOK_LISTENER].port
+    listener = api.app[keys.WEBHOOK_LISTENER].port
     # `none`: the control plane's webhook listener, nothing else.
     assert policy["egress"] == [
         {"to": control_plane, "ports": [{"protocol": "TCP", "port": listener}]}
