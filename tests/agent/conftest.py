@@ -46,8 +46,9 @@ def state_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def make_client(aiohttp_client: Any, workspace: Path, state_dir: Path) -> ClientFactory:
-    """``await make_client(**AgentConfig overrides)`` -> Client."""
+def make_agent_client(aiohttp_client: Any, workspace: Path, state_dir: Path) -> ClientFactory:
+    """``await make_agent_client(**AgentConfig overrides)``: a client of an agent server app
+    (agent/), in this process."""
 
     async def factory(**overrides: Any) -> Client:
         settings: dict[str, Any] = {
@@ -64,12 +65,12 @@ def make_client(aiohttp_client: Any, workspace: Path, state_dir: Path) -> Client
 
 
 @pytest.fixture
-async def client(make_client: ClientFactory) -> Client:
-    return await make_client()
+async def agent_client(make_agent_client: ClientFactory) -> Client:
+    return await make_agent_client()
 
 
 @pytest.fixture
-async def fake_llm() -> AsyncIterator[FakeLLM]:
+async def local_fake_llm() -> AsyncIterator[FakeLLM]:
     """A scripted OpenAI-compatible server on 127.0.0.1 (see tests/support/fake_llm.py)."""
     fake = FakeLLM()
     await fake.start()

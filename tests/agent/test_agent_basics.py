@@ -20,16 +20,18 @@ EXEC = "/api/bash/execute_bash_command"
 
 
 @pytest.mark.parametrize("path", ["/health", "/alive"])
-async def test_health_and_alive_without_auth(client: Client, path: str) -> None:
-    resp = await client.get(path)
+async def test_health_and_alive_without_auth(agent_client: Client, path: str) -> None:
+    resp = await agent_client.get(path)
     assert resp.status == 200
     assert await resp.json() == {"status": "ok"}
 
 
-async def test_ready_and_server_info_without_auth(client: Client, auth: dict[str, str]) -> None:
-    assert await (await client.get("/ready")).json() == {"status": "ready"}
-    await client.get("/api/info", headers=auth)
-    resp = await client.get("/server_info")
+async def test_ready_and_server_info_without_auth(
+    agent_client: Client, auth: dict[str, str]
+) -> None:
+    assert await (await agent_client.get("/ready")).json() == {"status": "ready"}
+    await agent_client.get("/api/info", headers=auth)
+    resp = await agent_client.get("/server_info")
     assert resp.status == 200
     info = await resp.json()
     assert info["usable_tools"] == ["terminal", "file_editor", "finish", "think"]
@@ -49,8 +51,8 @@ async def test_ready_and_server_info_without_auth(client: Client, auth: dict[str
     ],
     ids=["missing", "empty", "wrong", "key-prefix", "other-header"],
 )
-async def test_api_rejects_bad_key(client: Client, headers: dict[str, str]) -> None:
-    resp = await client.post(EXEC, json={"command": "echo hi"}, headers=headers)
+async def test_api_rejects_bad_key(agent_client: Client, headers: dict[str, str]) -> None:
+    resp = await agent_client.post(EXEC, json={"command": "echo hi"}, headers=headers)
     assert resp.status == 401
     assert await resp.json() == {"detail": "Unauthorized"}
 
@@ -66,45 +68,47 @@ async def test_api_rejects_bad_key(client: Client, headers: dict[str, str]) -> N
         ("GET", "/api"),
     ],
 )
-async def test_every_api_route_needs_the_key(client: Client, method: str, path: str) -> None:
-    resp = await client.request(method, path)
+async def test_every_api_route_needs_the_key(agent_client: Client, method: str, path: str) -> None:
+    resp = await agent_client.request(method, path)
     assert resp.status == 401
     assert await resp.json() == {"detail": "Unauthorized"}
 
 
-async def test_any_configured_key_is_accepted(client: Client, api_keys: tuple[str, ...]) -> None:
+async def test_any_configured_key_is_accepted(
+    agent_client: Client, api_keys: tuple[str, ...]
+) -> None:
     for key in api_keys:
-        resp = await client.post(
+        resp = await agent_client.post(
             EXEC, json={"command": "echo hi"}, headers={"X-Session-API-Key": key}
         )
         assert resp.status == 200
         assert (await resp.json())["stdout"] == "hi\n"
 
 
-async def test_no_keys_means_no_auth(make_client: ClientFactory) -> None:
-    client = await make_client(api_keys=())
+async def test_no_keys_means_no_auth(make_agent_client: ClientFactory) -> None:
+    client = await make_agent_client(api_keys=())
     resp = await client.post(EXEC, json={"command": "echo open"})
     assert resp.status == 200
     assert (await resp.json())["stdout"] == "open\n"
 
 
-async def test_unknown_api_route_is_json_404(client: Client, auth: dict[str, str]) -> None:
-    resp = await client.get("/api/nope", headers=auth)
+async def test_unknown_api_route_is_json_404(agent_client: Client, auth: dict[str, str]) -> None:
+    resp = await agent_client.get("/api/nope", headers=auth)
     assert resp.status == 404
     assert resp.content_type == "application/json"
     assert isinstance((await resp.json())["detail"], str)
 
 
-async def test_wrong_method_is_json_405(client: Client, auth: dict[str, str]) -> None:
-    resp = await client.get(EXEC, headers=auth)
+async def test_wrong_method_is_json_405(agent_client: Client, auth: dict[str, str]) -> None:
+    resp = await agent_client.get(EXEC, headers=auth)
     assert resp.status == 405
     assert isinstance((await resp.json())["detail"], str)
 
 
 async def test_info_reports_workspace(
-    client: Client, auth: dict[str, str], workspace: Path
+    agent_client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
-    resp = await client.get("/api/info", headers=auth)
+    resp = await agent_client.get("/api/info", headers=auth)
     assert resp.status == 200
     assert (await resp.json())["workspace"] == str(workspace)
 

@@ -108,9 +108,9 @@ async def full_state(client: Client, auth: dict[str, str], cid: str) -> dict[str
 
 
 async def test_every_event_and_the_conversation_info_validate_with_the_sdk(
-    make_client: Any,
+    make_agent_client: Any,
     auth: dict[str, str],
-    fake_llm: FakeLLM,
+    local_fake_llm: FakeLLM,
     openhands_venv: OpenHandsVenv,
     tmp_path: Path,
 ) -> None:
@@ -123,8 +123,8 @@ async def test_every_event_and_the_conversation_info_validate_with_the_sdk(
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     base = f"http://127.0.0.1:{runner.addresses[0][1]}/hooks"
     try:
-        client = await make_client(webhook_base_url=base)
-        cid = await scripted_run(client, auth, fake_llm)
+        client = await make_agent_client(webhook_base_url=base)
+        cid = await scripted_run(client, auth, local_fake_llm)
         items = await events(client, auth, cid)
         await rec.wait_for(lambda: len(rec.events) == len(items))
         infos = [await info(client, auth, cid), *rec.infos]

@@ -93,7 +93,7 @@ class Receiver:
 
 
 @pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
+async def receiver_failing_twice() -> AsyncIterator[Receiver]:
     hook = Receiver(failures=2)
     await hook.start()
     yield hook
@@ -105,10 +105,10 @@ async def test_lifecycle_webhooks_signed_and_retried(
     make_sandbox_client: ClientFactory,
     user_headers: Any,
     admin_headers: dict[str, str],
-    receiver: Receiver,
+    receiver_failing_twice: Receiver,
 ) -> None:
     client: Client = await make_sandbox_client(
-        lifecycle_webhook_urls=[receiver.url],
+        lifecycle_webhook_urls=[receiver_failing_twice.url],
         lifecycle_webhook_secret=SECRET,
         lifecycle_webhook_timeout=0.5,  # retries come one attempt time (+2 s) after the last
     )
@@ -121,12 +121,14 @@ async def test_lifecycle_webhooks_signed_and_retried(
     assert (await client.delete(f"/api/v1/sandboxes/{sandbox['id']}", headers=alice)).status == 200
 
     deadline = time.monotonic() + 30
-    while len(receiver.accepted) < 4:
-        assert time.monotonic() < deadline, receiver.accepted
+    while len(receiver_failing_twice.accepted) < 4:
+        assert time.monotonic() < deadline, receiver_failing_twice.accepted
         await asyncio.sleep(0.05)
-    assert receiver.attempts == len(receiver.accepted) + 2, "two 503s were retried"
+    assert receiver_failing_twice.attempts == len(receiver_failing_twice.accepted) + 2, (
+        "two 503s were retried"
+    )
     types = []
-    for headers, body in receiver.accepted:
+    for headers, body in receiver_failing_twice.accepted:
         expected = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
         assert hmac.compare_digest(headers["X-ACS-Signature"], expected)
         event = json.loads(body)

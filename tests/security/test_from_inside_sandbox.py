@@ -30,9 +30,11 @@ pytestmark = pytest.mark.usefixtures("sandbox_images")
 
 
 @pytest.fixture
-async def live(
+async def plain_live(
     test_prefix: str, make_config: Callable[..., ServiceConfig]
 ) -> AsyncIterator[LiveServer]:
+    """The control plane over HTTP with the default configuration: no host port is open to
+    sandboxes (the `live` of the conversation tests opens the fake LLM's)."""
     server = await start_live_server(make_config(container_prefix=test_prefix))
     yield server
     await server.close()
@@ -56,7 +58,7 @@ async def running_sandbox(api: Api, within: float = 60) -> dict[str, Any]:
 
 
 @pytest.fixture
-def host_redis(tmp_path: Path) -> Iterator[Callable[[list[str]], int]]:
+def careless_redis(tmp_path: Path) -> Iterator[Callable[[list[str]], int]]:
     """Starts a redis-server without protected mode on the given addresses (a careless host
     service); returns its port."""
     processes: list[subprocess.Popen[bytes]] = []
@@ -93,29 +95,29 @@ def network_address(container: Any) -> str:
 
 async def test_a_sandbox_reaches_no_neighbour_and_no_host_service_but_the_webhooks(
     *,
-    live: LiveServer,
+    plain_live: LiveServer,
     http: aiohttp.ClientSession,
     raw_redis: aioredis.Redis,
     docker_client: docker.DockerClient,
     test_prefix: str,
-    host_redis: Callable[[list[str]], int],
+    careless_redis: Callable[[list[str]], int],
 ) -> None:
-    alice = await new_user(live, http, raw_redis, "alice")
-    bob = await new_user(live, http, raw_redis, "bob")
+    alice = await new_user(plain_live, http, raw_redis, "alice")
+    bob = await new_user(plain_live, http, raw_redis, "bob")
     mine, theirs = await asyncio.gather(running_sandbox(alice), running_sandbox(bob))
-    gateway = await live.sandbox_gateway()
+    gateway = await plain_live.sandbox_gateway()
     attacker = docker_client.containers.get(f"{test_prefix}{mine['id']}")
     victim = docker_client.containers.get(f"{test_prefix}{theirs['id']}")
     victim_port = theirs["exposed_urls"][0]["port"]
 
     # The API on the gateway too, as `serve --host 0.0.0.0` would have it; a host Redis on the
     # gateway and on docker0. All of them answer the host.
-    api_port = int(live.url.rsplit(":", 1)[1])
-    await web.TCPSite(live.runner, gateway, api_port).start()
+    api_port = int(plain_live.url.rsplit(":", 1)[1])
+    await web.TCPSite(plain_live.runner, gateway, api_port).start()
     async with http.get(f"http://{gateway}:{api_port}/health") as resp:
         assert resp.status == 200
-    redis_port = host_redis([gateway, "172.17.0.1"])
-    webhook_port = live.webhook_port
+    redis_port = careless_redis([gateway, "172.17.0.1"])
+    webhook_port = plain_live.webhook_port
 
     targets = [
         (network_address(victim), 8000),  # the neighbour's agent server, on the bridge
@@ -174,13 +176,13 @@ print(json.dumps({
 
 
 async def test_inside_a_sandbox_the_agent_has_no_privilege(
-    live: LiveServer,
+    plain_live: LiveServer,
     http: aiohttp.ClientSession,
     raw_redis: aioredis.Redis,
     docker_client: docker.DockerClient,
     test_prefix: str,
 ) -> None:
-    alice = await new_user(live, http, raw_redis, "alice")
+    alice = await new_user(plain_live, http, raw_redis, "alice")
     sandbox = await running_sandbox(alice)
     container = docker_client.containers.get(f"{test_prefix}{sandbox['id']}")
 

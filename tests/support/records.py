@@ -1,6 +1,6 @@
 """Sandbox and conversation records written straight to Redis, and the events agents post: for
 tests of the webhooks, metrics and lifecycle that need no container (the app's engine is one
-that does not answer, NO_ENGINE)."""
+that does not answer, NO_ENGINE). A plugin of tests/conftest.py: the `recorded` fixture."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from controlplane import keys
@@ -71,16 +72,18 @@ def event(
     }
 
 
-Setup = tuple[Client, str, str, dict[str, str], dict[str, str]]
+RecordedSandbox = tuple[Client, str, str, dict[str, str], dict[str, str]]
 
 
-async def recorded_sandbox(
+@pytest.fixture
+async def recorded(
     make_client: Callable[..., Awaitable[Client]],
     raw_redis: aioredis.Redis,
     user_headers: UserHeaders,
-) -> Setup:
-    """(client, sandbox id, conversation id, the sandbox's headers, the owner's headers): a
-    sandbox record without a container (no engine needed to reach the webhooks)."""
+) -> RecordedSandbox:
+    """(client, sandbox id, conversation id, the sandbox's headers, the owner's headers): alice's
+    running sandbox as a record without a container, with one conversation (no engine needed to
+    reach the webhooks)."""
     client = await make_client(with_sandboxes=True, docker_url=NO_ENGINE)
     key = secrets.token_urlsafe(32)
     record = sandbox_record("alice", SandboxStatus.RUNNING, key)
