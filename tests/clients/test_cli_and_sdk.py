@@ -14,18 +14,16 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
 
-from controlplane.config import ServiceConfig
 from tests.support.conversation_helpers import (
     LLM_KEY,
     UserFactory,
-    conversation_server,
     of_kind,
     status_is,
     wait_events,
@@ -35,22 +33,15 @@ from tests.support.live_server import Api, LiveServer
 from tests.support.openhands_clients import OpenHandsVenv, client_env, openhands_login, run
 from tests.support.sandbox_helpers import containers
 
-pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.usefixtures("sandbox_images")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.clients,
+    pytest.mark.usefixtures("sandbox_images"),
+    # The CLI polls for its device code every second.
+    pytest.mark.live_config(device_poll_interval=1),
+]
 
 HEX32 = re.compile(r"\b[0-9a-f]{32}\b")
-
-
-@pytest.fixture
-async def live(
-    test_prefix: str, make_config: Callable[..., ServiceConfig], fake_llm_port: int
-) -> AsyncIterator[LiveServer]:
-    """The live server of tests/support/conversation_helpers.py, polling device codes every
-    second."""
-    server = await conversation_server(
-        make_config, test_prefix, fake_llm_port, device_poll_interval=1
-    )
-    yield server
-    await server.close()
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ import pytest
 import redis.asyncio as aioredis
 
 from controlplane.auth.service import ApiKeyService
-from controlplane.config import ServiceConfig
 from controlplane.store import keyspace
 from tests.conftest import BOOTSTRAP_KEY
 from tests.support.conversation_helpers import (
@@ -38,21 +36,30 @@ from tests.support.conversation_helpers import (
     wait_events,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
-from tests.support.live_server import Api, LiveServer, start_live_server
+from tests.support.live_server import Api, LiveServer
 from tests.support.openhands_clients import OpenHandsVenv, client_env, run
 from tests.support.sandbox_helpers import containers
+
+#: litellm needs a provider in the model name; the fake LLM speaks OpenAI's API.
+MODEL = "openai/fake-model"
+PRICE_IN, PRICE_OUT = PRICES["fake-model"]
+CALL_COST = 100 * PRICE_IN + 20 * PRICE_OUT  # the fake's default usage per call
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.official_agent,
     pytest.mark.timeout(900),  # its boot and first conversation take minutes on a busy host
     pytest.mark.usefixtures("sandbox_images", "openhands_image"),
+    # The disabled openhands spec offered, its model priced, no warm pool unless a test's marker
+    # asks; the official server boots in 7-12 s idle, a minute or more on a busy CI host.
+    pytest.mark.live_config(
+        llm_prices={**PRICES, MODEL: (PRICE_IN, PRICE_OUT)},
+        enable_specs=["openhands"],
+        warm_pool="*=0",
+        pool_interval=0.2,
+        start_timeout=240,
+    ),
 ]
-
-#: litellm needs a provider in the model name; the fake LLM speaks OpenAI's API.
-MODEL = "openai/fake-model"
-PRICE_IN, PRICE_OUT = PRICES["fake-model"]
-CALL_COST = 100 * PRICE_IN + 20 * PRICE_OUT  # the fake's default usage per call
 #: A stdio MCP server, run with the image's own Python (fastmcp is one of the server's packages).
 MCP_CALC = """
 from fastmcp import FastMCP
@@ -62,38 +69,6 @@ def add(a: int, b: int) -> int:
     return a + b
 calc.run(show_banner=False)
 """
-
-
-@pytest.fixture
-def pool_size() -> str:
-    """ACS_WARM_POOL of the live server: none, unless a test parametrizes it."""
-    return "*=0"
-
-
-@pytest.fixture
-async def live(
-    test_prefix: str,
-    make_config: Callable[..., ServiceConfig],
-    fake_llm_port: int,
-    pool_size: str,
-) -> AsyncIterator[LiveServer]:
-    """The live server of tests/support/conversation_helpers.py, offering the disabled
-    openhands spec."""
-    server = await start_live_server(
-        make_config(
-            container_prefix=test_prefix,
-            reconcile_interval=1.0,
-            llm_prices={**PRICES, MODEL: (PRICE_IN, PRICE_OUT)},
-            sandbox_host_ports=[fake_llm_port],
-            enable_specs=["openhands"],
-            warm_pool=pool_size,
-            pool_interval=0.2,
-            # The official server boots in 7-12 s idle, a minute or more on a busy CI host.
-            start_timeout=240,
-        )
-    )
-    yield server
-    await server.close()
 
 
 async def agent_server_events(
@@ -285,7 +260,7 @@ async def pool_ready(api: Api, spec: str, within: float) -> str:
 
 
 @pytest.mark.clients
-@pytest.mark.parametrize("pool_size", ["openhands=1,*=0"])
+@pytest.mark.live_config(warm_pool="openhands=1,*=0")
 async def test_openhands_cloud_on_the_official_agent_server(
     *,
     openhands_venv: OpenHandsVenv,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +24,19 @@ import docker
 import pytest
 from aiohttp import web
 
-from controlplane.config import ServiceConfig
 from tests.clients.test_sdk_remote import running_sandbox
-from tests.support.conversation_helpers import LLM_KEY, PRICES, UserFactory
+from tests.support.conversation_helpers import LLM_KEY, UserFactory
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
-from tests.support.live_server import LiveServer, free_port, start_live_server
+from tests.support.live_server import LiveServer, free_port
 from tests.support.openhands_clients import OpenHandsVenv
 from tests.support.sandbox_helpers import containers
 
-pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.usefixtures("sandbox_images")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.clients,
+    pytest.mark.usefixtures("sandbox_images"),
+    pytest.mark.live_config("api_port_open_to_sandboxes"),
+]
 CLIENTS = Path(__file__).resolve().parent
 SAVE_TOKEN = 'printf %s "$DEPLOY_TOKEN" > /workspace/token.txt'
 
@@ -44,22 +47,9 @@ def api_port() -> int:
 
 
 @pytest.fixture
-async def live(
-    test_prefix: str,
-    make_config: Callable[..., ServiceConfig],
-    fake_llm_port: int,
-    api_port: int,
-) -> AsyncIterator[LiveServer]:
-    server = await start_live_server(
-        make_config(
-            container_prefix=test_prefix,
-            reconcile_interval=1.0,
-            llm_prices=PRICES,
-            sandbox_host_ports=[fake_llm_port, api_port],
-        )
-    )
-    yield server
-    await server.close()
+def api_port_open_to_sandboxes(fake_llm_port: int, api_port: int) -> dict[str, Any]:
+    """The live server's settings: sandboxes may reach the API's port on their gateway too."""
+    return {"sandbox_host_ports": [fake_llm_port, api_port]}
 
 
 @pytest.fixture

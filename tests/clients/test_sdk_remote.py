@@ -11,7 +11,6 @@ import asyncio
 import json
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,20 @@ import docker
 import pytest
 
 from controlplane.agent_protocol.start_request import start_conversation_request
-from controlplane.config import ServiceConfig
 from controlplane.settings.mcp import MCPConfig
-from tests.support.conversation_helpers import LLM_KEY, UserFactory, conversation_server
+from tests.support.conversation_helpers import LLM_KEY, UserFactory
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
-from tests.support.live_server import LiveServer
 from tests.support.openhands_clients import OpenHandsVenv
 from tests.support.sandbox_helpers import containers
 
-pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.usefixtures("sandbox_images")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.clients,
+    pytest.mark.usefixtures("sandbox_images"),
+    # The disabled openhands spec offered; the official server boots in 7-12 s idle, a minute or
+    # more on a busy CI host.
+    pytest.mark.live_config(enable_specs=["openhands"], start_timeout=240),
+]
 
 CLIENTS = Path(__file__).resolve().parent
 #: (spec, the model name its agent server's LLM client needs for the fake OpenAI-style server,
@@ -42,24 +46,6 @@ SPECS = [
         marks=[pytest.mark.official_agent, pytest.mark.timeout(900)],
     ),
 ]
-
-
-@pytest.fixture
-async def live(
-    test_prefix: str, make_config: Callable[..., ServiceConfig], fake_llm_port: int
-) -> AsyncIterator[LiveServer]:
-    """The live server of tests/support/conversation_helpers.py, offering the disabled
-    openhands spec."""
-    server = await conversation_server(
-        make_config,
-        test_prefix,
-        fake_llm_port,
-        enable_specs=["openhands"],
-        # The official server boots in 7-12 s idle, a minute or more on a busy CI host.
-        start_timeout=240,
-    )
-    yield server
-    await server.close()
 
 
 async def run_in_venv(

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
 
-from controlplane.config import ServiceConfig
 from controlplane.keys import GATEWAY
 from tests.support.conversation_helpers import (
     LLM_KEY,
@@ -31,10 +30,15 @@ from tests.support.conversation_helpers import (
 from tests.support.fake_anthropic import FakeAnthropic, anthropic_text, anthropic_tool_use
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.key_probe import probe_for
-from tests.support.live_server import LiveServer, free_port, start_live_server
+from tests.support.live_server import LiveServer, free_port
 from tests.support.sandbox_helpers import REPO, containers, exec_as_agent, spec_dir
 
-pytestmark = pytest.mark.usefixtures("sandbox_images")
+pytestmark = [
+    pytest.mark.usefixtures("sandbox_images"),
+    pytest.mark.live_config(
+        "anthropic_and_direct_spec", llm_prices={**PRICES, "claude-fake-1": (0.003, 0.015)}
+    ),
+]
 
 ANTHROPIC_KEY = "sk-ant-live-SECRET-4be1"
 #: The default spec with the gateway turned off: the control that proves the probe finds a key.
@@ -67,24 +71,15 @@ def anthropic_port() -> int:
 
 
 @pytest.fixture
-async def live(
-    test_prefix: str,
-    make_config: Callable[..., ServiceConfig],
-    fake_llm_port: int,
-    anthropic_port: int,
-    tmp_path: Path,
-) -> AsyncIterator[LiveServer]:
-    server = await start_live_server(
-        make_config(
-            container_prefix=test_prefix,
-            reconcile_interval=1.0,
-            llm_prices={**PRICES, "claude-fake-1": (0.003, 0.015)},
-            sandbox_host_ports=[fake_llm_port, anthropic_port],
-            spec_dir=spec_dir(tmp_path, {"direct": DIRECT_SPEC}),
-        )
-    )
-    yield server
-    await server.close()
+def anthropic_and_direct_spec(
+    fake_llm_port: int, anthropic_port: int, tmp_path: Path
+) -> dict[str, Any]:
+    """The live server's settings: sandboxes may reach the fake Anthropic's port too, and the
+    `direct` spec (the gateway off) stands beside the default."""
+    return {
+        "sandbox_host_ports": [fake_llm_port, anthropic_port],
+        "spec_dir": spec_dir(tmp_path, {"direct": DIRECT_SPEC}),
+    }
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import hashlib
 import io
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,54 +19,48 @@ import aiohttp
 import docker
 import pytest
 import redis.asyncio as aioredis
-from aiohttp import web
 
-from controlplane.app import create_app
 from controlplane.auth.service import ApiKeyService
-from controlplane.config import ServiceConfig
 from tests.conftest import BOOTSTRAP_KEY
-from tests.support.conversation_helpers import PRICES, UserFactory, message, status_is, wait_events
+from tests.support.conversation_helpers import (
+    UserFactory,
+    message,
+    status_is,
+    wait_events,
+)
 from tests.support.fake_llm import FakeLLM, reply_finish
 from tests.support.live_server import Api, LiveServer, free_port
 from tests.support.proxy_app import PROXIED_SPEC, serve_app
 from tests.support.sandbox_helpers import spec_dir
-
-pytestmark = [pytest.mark.ha, pytest.mark.slow, pytest.mark.usefixtures("sandbox_images")]
 
 MIB = 1024 * 1024
 PROXY_MAX_BODY = 2 * MIB  # above the API's own 1 MiB (ACS_MAX_BODY_BYTES): the proxy's applies
 READ_TIMEOUT = 2.0
 UI = "http://ui.example"
 
-
-@pytest.fixture
-async def live(
-    test_prefix: str,
-    make_config: Callable[..., ServiceConfig],
-    fake_llm_port: int,
-    tmp_path: Path,
-) -> AsyncIterator[LiveServer]:
-    """The control plane, its links pointing at its own proxy (it is its own balancer here)."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    config = make_config(
-        container_prefix=test_prefix,
-        reconcile_interval=1.0,
-        llm_prices=PRICES,
-        sandbox_host_ports=[fake_llm_port],
-        spec_dir=spec_dir(tmp_path, {"proxied": PROXIED_SPEC}),
-        proxy_url=url,
+pytestmark = [
+    pytest.mark.ha,
+    pytest.mark.slow,
+    pytest.mark.usefixtures("sandbox_images"),
+    pytest.mark.live_config(
+        "its_own_proxy",
         proxy_max_body_bytes=PROXY_MAX_BODY,
         proxy_read_timeout=READ_TIMEOUT,
         cors_origins=[UI],
-    )
-    app = create_app(config)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    server = LiveServer(runner=runner, url=url, app=app)
-    yield server
-    await server.close()
+    ),
+]
+
+
+@pytest.fixture
+def its_own_proxy(tmp_path: Path) -> dict[str, Any]:
+    """The live server's settings: its links point at its own proxy (it is its own balancer
+    here), on a port chosen first; the `proxied` spec stands beside the default."""
+    port = free_port()
+    return {
+        "port": port,
+        "proxy_url": f"http://127.0.0.1:{port}",
+        "spec_dir": spec_dir(tmp_path, {"proxied": PROXIED_SPEC}),
+    }
 
 
 async def _running(api: Api, spec: str = "proxied") -> dict[str, Any]:

@@ -59,14 +59,17 @@ class LiveServer:
             await self.runner.cleanup()
 
 
-async def start_live_server(config: ServiceConfig, *, with_sandboxes: bool = True) -> LiveServer:
+async def start_live_server(
+    config: ServiceConfig, *, with_sandboxes: bool = True, host: str = "127.0.0.1", port: int = 0
+) -> LiveServer:
+    """The app of `config` served on `host`:`port` (any free port by default)."""
     app = create_app(config, with_sandboxes=with_sandboxes)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, host, port)
     await site.start()
     port = next(int(a[1]) for a in runner.addresses if isinstance(a, tuple))
-    return LiveServer(runner=runner, url=f"http://127.0.0.1:{port}", app=app)
+    return LiveServer(runner=runner, url=f"http://{host}:{port}", app=app)
 
 
 class Api:

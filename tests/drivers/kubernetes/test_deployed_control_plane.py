@@ -26,7 +26,7 @@ import secrets
 import shutil
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,7 @@ class Install:
 
 
 @pytest.fixture
-def host_redis(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[str]:
+def external_redis(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[str]:
     """The "external" Redis: a redis-server with a password on the cluster's host address,
     where the control plane's pods reach this host."""
     binary = shutil.which("redis-server")
@@ -92,15 +92,6 @@ def host_redis(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[str]:
         probe.close()
         process.terminate()
         process.wait(timeout=10)
-
-
-@pytest.fixture
-async def fake_llm(kube_cluster: KubeCluster) -> AsyncIterator[FakeLLM]:
-    """The scripted model on the host's cluster address: the control plane's pods call it."""
-    fake = FakeLLM(host=kube_cluster.host_address, model="fake-model", api_key=LLM_KEY)
-    await fake.start()
-    yield fake
-    await fake.close()
 
 
 def api_address(cluster: KubeCluster) -> str:
@@ -141,7 +132,7 @@ def overlay_for(copy: Path, tag: str, api_ip: str) -> Path:
 
 
 @pytest.fixture
-def installed(kube_cluster: KubeCluster, host_redis: str, tmp_path: Path) -> Iterator[Install]:
+def installed(kube_cluster: KubeCluster, external_redis: str, tmp_path: Path) -> Iterator[Install]:
     kubectl = Kubectl(kube_cluster)
     started = time.monotonic()
     image = control_plane_image()
@@ -154,7 +145,7 @@ def installed(kube_cluster: KubeCluster, host_redis: str, tmp_path: Path) -> Ite
     made_up = {
         "secret-key": Fernet.generate_key().decode(),
         "bootstrap-api-key": bootstrap_key,
-        "redis-url": host_redis,
+        "redis-url": external_redis,
     }
     for name, value in made_up.items():
         (copy / "external-redis" / name).write_text(value)
@@ -171,7 +162,7 @@ def installed(kube_cluster: KubeCluster, host_redis: str, tmp_path: Path) -> Ite
             f"image {built - started:.1f}s, loaded onto the nodes {loaded - built:.1f}s, "
             f"applied and Ready {time.monotonic() - loaded:.1f}s"
         )
-        yield Install(f"http://{api_ip}", bootstrap_key, host_redis, kubectl)
+        yield Install(f"http://{api_ip}", bootstrap_key, external_redis, kubectl)
     except BaseException:
         print(kubectl("get", "pods", "-A", "-o", "wide", check=False))
         print(kubectl("logs", "-n", "acs", "-l", APP, "--tail=60", check=False))
@@ -197,7 +188,7 @@ async def test_the_shipped_manifests_run_sandboxes_and_conversations(
     installed: Install,
     kube_cluster: KubeCluster,
     kube_api: client.ApiClient,
-    fake_llm: FakeLLM,
+    kube_fake_llm: FakeLLM,
 ) -> None:
     started = time.monotonic()
     pods = installed.control_plane_pods()
@@ -228,7 +219,8 @@ async def test_the_shipped_manifests_run_sandboxes_and_conversations(
             "/api/settings",
             json={
                 "llm_model": "fake-model",
-                "llm_base_url": fake_llm.base_url,  # this host, as the control plane pods reach it
+                # This host, as the control plane's pods reach it.
+                "llm_base_url": kube_fake_llm.base_url,
                 "llm_api_key": LLM_KEY,
             },
         )
@@ -264,7 +256,7 @@ async def test_the_shipped_manifests_run_sandboxes_and_conversations(
         assert any(u["url"] == agent_url for u in sandbox["exposed_urls"]), sandbox
 
         # A conversation in it, followed as a remote client follows it: through the proxy.
-        fake_llm.script([reply_text(REPLY)])
+        kube_fake_llm.script([reply_text(REPLY)])
         task = await alice.ok("POST", "/api/v1/app-conversations", json={"sandbox_id": sid})
         deadline = time.monotonic() + 90
         while task["status"] not in ("READY", "ERROR"):
@@ -311,9 +303,9 @@ async def test_the_shipped_manifests_run_sandboxes_and_conversations(
         )
         # The model was called by a control plane pod's gateway, with the user's key, which
         # is nowhere in the sandbox's pod.
-        assert fake_llm.requests, "the scripted model was never called"
-        assert {r.peer for r in fake_llm.requests} <= control_plane_ips, fake_llm.requests
-        assert fake_llm.requests[0].authorization == f"Bearer {LLM_KEY}"
+        assert kube_fake_llm.requests, "the scripted model was never called"
+        assert {r.peer for r in kube_fake_llm.requests} <= control_plane_ips, kube_fake_llm.requests
+        assert kube_fake_llm.requests[0].authorization == f"Bearer {LLM_KEY}"
         assert LLM_KEY not in json.dumps((await objects(kube_api, SANDBOXES, PREFIX)).pod(sid))
 
         # Deleted: pod, claim and policy gone, no record left behind.
