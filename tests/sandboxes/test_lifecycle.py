@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import docker
-import pytest
 
 from tests.support.sandbox_helpers import agent_call, containers, start, volumes, wait_status
-from tests.support.types import Client, ClientFactory, UserHeaders
-
-
-@pytest.fixture
-async def sbx(make_sandbox_client: ClientFactory) -> Client:
-    client: Client = await make_sandbox_client(reconcile_interval=1.0)
-    return client
+from tests.support.types import ClientFactory, UserHeaders
 
 
 async def test_start_pause_resume_delete(
-    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+    sbx_factory: ClientFactory,
+    user_headers: UserHeaders,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
 ) -> None:
+    sbx = await sbx_factory()  # a reconciler every second
     alice = await user_headers("alice")
     started = await start(sbx, alice)
     assert started["session_api_key"] is None
@@ -86,8 +83,12 @@ async def test_start_pause_resume_delete(
 
 
 async def test_stopped_container_restarts_on_resume_with_files(
-    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+    sbx_factory: ClientFactory,
+    user_headers: UserHeaders,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
 ) -> None:
+    sbx = await sbx_factory()  # a reconciler every second
     alice = await user_headers("alice")
     sandbox_id = (await start(sbx, alice))["id"]
     running = await wait_status(sbx, alice, sandbox_id, "RUNNING")
@@ -108,8 +109,12 @@ async def test_stopped_container_restarts_on_resume_with_files(
 
 
 async def test_removed_container_is_missing_and_resume_recreates_it(
-    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+    sbx_factory: ClientFactory,
+    user_headers: UserHeaders,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
 ) -> None:
+    sbx = await sbx_factory()  # a reconciler every second
     alice = await user_headers("alice")
     sandbox_id = (await start(sbx, alice))["id"]
     running = await wait_status(sbx, alice, sandbox_id, "RUNNING")
@@ -131,8 +136,12 @@ async def test_removed_container_is_missing_and_resume_recreates_it(
 
 
 async def test_paused_and_unpaused_behind_our_back(
-    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+    sbx_factory: ClientFactory,
+    user_headers: UserHeaders,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
 ) -> None:
+    sbx = await sbx_factory()  # a reconciler every second
     alice = await user_headers("alice")
     sandbox_id = (await start(sbx, alice))["id"]
     await wait_status(sbx, alice, sandbox_id, "RUNNING")

@@ -6,23 +6,10 @@ import asyncio
 from typing import Any
 
 import docker
-import pytest
 
 from controlplane import keys
 from tests.support.sandbox_helpers import containers, start, wait_status
 from tests.support.types import Client, ClientFactory, UserHeaders
-
-
-@pytest.fixture
-def sbx_factory(make_sandbox_client: ClientFactory) -> ClientFactory:
-    async def make(**overrides: Any) -> Client:
-        client: Client = await make_sandbox_client(
-            reconcile_interval=1.0,
-            **overrides,
-        )
-        return client
-
-    return make
 
 
 async def post_start(client: Client, headers: dict[str, str]) -> tuple[int, Any, Any]:

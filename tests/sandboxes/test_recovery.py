@@ -28,17 +28,9 @@ from controlplane.store import keyspace
 from drivers import docker_names
 from tests.support.sandbox_helpers import DEFAULT_IMAGE as IMAGE
 from tests.support.sandbox_helpers import containers, start, volumes, wait_status
-from tests.support.types import Client, ClientFactory, UserHeaders
+from tests.support.types import ClientFactory, UserHeaders
 
 DOCKER_SOCK = "/var/run/docker.sock"
-
-
-@pytest.fixture
-def sbx_factory(make_sandbox_client: ClientFactory) -> ClientFactory:
-    async def make(**overrides: Any) -> Client:
-        return await make_sandbox_client(**({"reconcile_interval": 1.0} | overrides))
-
-    return make
 
 
 async def agent_echo(running: dict[str, Any], text: str) -> str:

@@ -114,9 +114,11 @@ def host_port() -> int:
 
 
 @pytest.fixture
-async def sbx(
+async def egress_sbx(
     make_sandbox_client: ClientFactory, tmp_path: Path, outside: Outside, host_port: int
 ) -> Client:
+    """A client of an app with sandboxes whose specs `closed` and `listed` (egress none, and
+    a list naming the outside server and this host's port) stand beside the default."""
     specs = {
         "closed": CLOSED.format(image=DEFAULT_IMAGE),
         "listed": LISTED.format(
@@ -128,11 +130,11 @@ async def sbx(
 
 
 @pytest.fixture
-async def host_service(sbx: Client, host_port: int) -> AsyncIterator[dict[str, str]]:
+async def host_service(egress_sbx: Client, host_port: int) -> AsyncIterator[dict[str, str]]:
     """An HTTP server on the host, on every sandbox network's gateway at host_port: open only to
     the spec that lists it. Returns the gateways by spec."""
-    catalog = sbx.app[keys.SPECS]
-    gateways = {s.id: (await attachment(sbx.app, s)).gateway for s in catalog.all()}
+    catalog = egress_sbx.app[keys.SPECS]
+    gateways = {s.id: (await attachment(egress_sbx.app, s)).gateway for s in catalog.all()}
     runner = web.AppRunner(web.Application())
     await runner.setup()
     for gateway in gateways.values():
@@ -143,7 +145,7 @@ async def host_service(sbx: Client, host_port: int) -> AsyncIterator[dict[str, s
 
 async def test_egress_internet_none_and_allow_list(
     *,
-    sbx: Client,
+    egress_sbx: Client,
     user_headers: Any,
     docker_client: docker.DockerClient,
     test_prefix: str,
@@ -153,9 +155,9 @@ async def test_egress_internet_none_and_allow_list(
 ) -> None:
     alice = await user_headers("alice")
     specs = ("default", "closed", "listed")
-    started = [await start(sbx, alice, spec) for spec in specs]
-    await asyncio.gather(*(wait_status(sbx, alice, s["id"], "RUNNING") for s in started))
-    webhook = sbx.app[keys.WEBHOOK_LISTENER].port
+    started = [await start(egress_sbx, alice, spec) for spec in specs]
+    await asyncio.gather(*(wait_status(egress_sbx, alice, s["id"], "RUNNING") for s in started))
+    webhook = egress_sbx.app[keys.WEBHOOK_LISTENER].port
     far, metadata = outside.address, outside.link_local
 
     seen: dict[str, dict[tuple[str, int], str]] = {}
@@ -192,7 +194,7 @@ async def test_egress_internet_none_and_allow_list(
     # `controlplane networks remove` takes the networks and their firewall chains away, but not
     # a network that still has sandboxes.
     for sandbox in started[1:]:
-        resp = await sbx.delete(f"/api/v1/sandboxes/{sandbox['id']}", headers=alice)
+        resp = await egress_sbx.delete(f"/api/v1/sandboxes/{sandbox['id']}", headers=alice)
         assert resp.status == 200
     code, _out, err = await remove_networks_cli(test_prefix)
     assert code == 1, err
@@ -205,7 +207,7 @@ async def test_egress_internet_none_and_allow_list(
     for name in ("closed", "listed"):
         assert not set(chain_names(bridge_name(f"{test_prefix}net-{name}"))) & chains
 
-    resp = await sbx.delete(f"/api/v1/sandboxes/{started[0]['id']}", headers=alice)
+    resp = await egress_sbx.delete(f"/api/v1/sandboxes/{started[0]['id']}", headers=alice)
     assert resp.status == 200
     code, out, err = await remove_networks_cli(test_prefix)
     assert (code, out.strip()) == (0, f"removed the sandbox networks of {test_prefix!r}"), err
