@@ -18,14 +18,6 @@ from tests.support.types import Client, ClientFactory
 SBX_SPECS = "sbx_specs"
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        f"{SBX_SPECS}(specs, **settings): the spec files (name -> YAML) and settings of a module's"
-        " `sbx_with_specs` (tests/sandboxes/conftest.py)",
-    )
-
-
 @pytest.fixture
 def sbx_factory(
     make_sandbox_client: ClientFactory, tmp_path_factory: pytest.TempPathFactory

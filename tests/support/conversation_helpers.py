@@ -42,14 +42,6 @@ async def fake_llm(live: LiveServer, fake_llm_port: int) -> AsyncIterator[FakeLL
 LIVE_CONFIG = "live_config"
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        f"{LIVE_CONFIG}(*fixtures, **overrides): what a module or a test changes of its `live`"
-        " server (tests/support/conversation_helpers.py)",
-    )
-
-
 @pytest.fixture
 async def live(
     request: pytest.FixtureRequest,
