@@ -25,8 +25,7 @@ from tests.support.conversation_helpers import (
     LLM_KEY,
     UserFactory,
     of_kind,
-    status_is,
-    wait_events,
+    wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.live_server import Api, LiveServer
@@ -102,7 +101,7 @@ async def test_openhands_cloud_runs_a_conversation_in_a_sandbox(
     assert f"{alice.base}/conversations/{conversation_id}" in out
 
     # The conversation is alice's and it really ran in a sandbox.
-    events = await wait_events(alice, conversation_id, status_is("finished"), within=120)
+    events = await wait_finished(alice, conversation_id, within=120)
     message = of_kind(events, "MessageEvent")[0]
     assert message["source"] == "user"
     assert "Write hello.py and run it" in json.dumps(message)

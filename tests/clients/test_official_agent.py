@@ -34,6 +34,7 @@ from tests.support.conversation_helpers import (
     status_is,
     wait_conversation,
     wait_events,
+    wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
 from tests.support.live_server import Api, LiveServer
@@ -147,7 +148,7 @@ async def test_a_conversation_on_the_official_agent_server(
     key = sandbox["session_api_key"]
     ready_activity = sandbox["last_activity_at"]
 
-    events = await wait_events(alice, cid, status_is("finished"), within=180)
+    events = await wait_finished(alice, cid, within=180)
     events = await same_events_as_the_server(http, alice, url, key, cid)
 
     # The agent ran the command as `agent`, in UTC, with the user's secret in its environment.
@@ -311,7 +312,7 @@ async def test_openhands_cloud_on_the_official_agent_server(
     assert conversation["sandbox_id"] == member  # the pooled official server, claimed
     sandbox = await alice.ok("GET", f"/api/v1/sandboxes/{member}")
     assert sandbox["sandbox_spec_id"] == "openhands"
-    events = await wait_events(alice, conversation_id, status_is("finished"), within=120)
+    events = await wait_finished(alice, conversation_id, within=120)
     (action,) = [a for a in of_kind(events, "ActionEvent") if a["tool_name"] == "terminal"]
     (result,) = [o for o in of_kind(events, "ObservationEvent") if o["action_id"] == action["id"]]
     assert result["observation"]["exit_code"] == 0

@@ -15,9 +15,9 @@ from tests.support.conversation_helpers import (
     message,
     of_kind,
     start_and_wait,
-    status_is,
     wait_conversation,
     wait_events,
+    wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
 from tests.support.log_capture import capture_logs
@@ -54,7 +54,7 @@ async def test_command_writes_a_file_and_events_show_it(
         task = await start_and_wait(alice, initial_message=message("write hello to out.txt"))
         assert task["status"] == "READY", task
         cid = task["app_conversation_id"]
-        events = await wait_events(alice, cid, status_is("finished"))
+        events = await wait_finished(alice, cid)
         conversation = await alice.ok("GET", f"/api/v1/app-conversations/{cid}")
 
     assert exec_in(docker_client, test_prefix, "cat /workspace/out.txt") == "hello"
@@ -118,7 +118,7 @@ async def test_file_edit_and_tool_error(
     alice = await user("alice")
     task = await start_and_wait(alice, initial_message=message("edit a.txt"))
     cid = task["app_conversation_id"]
-    events = await wait_events(alice, cid, status_is("finished"))
+    events = await wait_finished(alice, cid)
     assert exec_in(docker_client, test_prefix, "cat /workspace/a.txt") == "one three"
     failures = [
         o for o in of_kind(events, "ObservationEvent") if o["observation"]["is_error"]
@@ -186,7 +186,7 @@ async def test_confirmation_mode_approve_and_reject(
     # finish is an action too: it waits for approval like any other.
     await wait_conversation(alice, cid, "execution_status", "waiting_for_confirmation")
     await alice.ok("POST", path, json={"accept": True})
-    events = await wait_events(alice, cid, status_is("finished"))
+    events = await wait_finished(alice, cid)
     (rejected,) = of_kind(events, "UserRejectObservation")
     assert rejected["rejection_reason"] == "not that one"
     assert exec_in(docker_client, test_prefix, "ls /workspace/c2.txt 2>&1 || true").endswith(
@@ -214,7 +214,7 @@ async def test_mcp_stdio_server_tool_is_called(user: UserFactory, fake_llm: Fake
     alice = await user("alice", mcp_config=mcp)
     task = await start_and_wait(alice, initial_message=message("add 2 and 3"))
     cid = task["app_conversation_id"]
-    events = await wait_events(alice, cid, status_is("finished"))
+    events = await wait_finished(alice, cid)
     (action,) = [a for a in of_kind(events, "ActionEvent") if a["tool_name"] == "calc__add"]
     (observation,) = [
         o for o in of_kind(events, "ObservationEvent") if o["action_id"] == action["id"]

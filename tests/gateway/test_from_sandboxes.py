@@ -24,8 +24,8 @@ from tests.support.conversation_helpers import (
     message,
     of_kind,
     start_and_wait,
-    status_is,
     wait_events,
+    wait_finished,
 )
 from tests.support.fake_anthropic import FakeAnthropic, anthropic_text, anthropic_tool_use
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
@@ -125,7 +125,7 @@ async def test_our_agent_calls_through_the_gateway_and_never_holds_the_key(
     task = await start_and_wait(alice, initial_message=message("write g.txt"))
     assert task["status"] == "READY", task
     cid, sid = task["app_conversation_id"], task["sandbox_id"]
-    events = await wait_events(alice, cid, status_is("finished"))
+    events = await wait_finished(alice, cid)
     tools = [a["tool_name"] for a in of_kind(events, "ActionEvent")]
     assert tools == ["terminal", "finish"]
     # The provider got the real key from the gateway; the agent had only its sandbox token.
@@ -166,7 +166,7 @@ async def test_a_spec_that_opts_out_hands_the_key_to_the_sandbox(
     alice = await user("alice")
     task = await start_and_wait(alice, sandbox_spec_id="direct", initial_message=message("hi"))
     assert task["status"] == "READY", task
-    await wait_events(alice, task["app_conversation_id"], status_is("finished"))
+    await wait_finished(alice, task["app_conversation_id"])
     # Called from the sandbox itself, by the name sandboxes give the host, not by the gateway.
     assert fake_llm.requests[-1].headers["Host"].startswith("host.docker.internal:")
     report = await probe_for(sandbox_of(docker_client, test_prefix, task["sandbox_id"]), LLM_KEY)
@@ -224,7 +224,7 @@ async def test_anthropic_conversation_end_to_end_through_litellm(
     task = await start_and_wait(alice, initial_message=message("write c.txt"))
     assert task["status"] == "READY", task
     cid, sid = task["app_conversation_id"], task["sandbox_id"]
-    events = await wait_events(alice, cid, status_is("finished"), within=150)
+    events = await wait_finished(alice, cid, within=150)
     (action,) = of_kind(events, "ActionEvent")
     assert action["tool_name"] == "terminal"
     agent_messages = [e for e in of_kind(events, "MessageEvent") if e["source"] == "agent"]

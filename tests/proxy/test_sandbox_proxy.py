@@ -26,7 +26,7 @@ from tests.support.conversation_helpers import (
     UserFactory,
     message,
     status_is,
-    wait_events,
+    wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish
 from tests.support.live_server import Api, LiveServer, free_port
@@ -293,4 +293,4 @@ async def test_an_agent_conversation_followed_through_the_proxy(
     said = [f for f in frames if f["kind"] == "MessageEvent" and f.get("source") == "user"]
     assert said, [f["kind"] for f in frames]
     # The same events reached the control plane (the agent's webhooks), as without the proxy.
-    await wait_events(alice, cid, status_is("finished"))
+    await wait_finished(alice, cid)

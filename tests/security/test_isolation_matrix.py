@@ -29,8 +29,7 @@ from tests.support.conversation_helpers import (
     UserFactory,
     message,
     start_and_wait,
-    status_is,
-    wait_events,
+    wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.live_server import Api
@@ -383,7 +382,7 @@ async def make_alice(user: UserFactory, fake_llm: FakeLLM) -> Alice:
     task = await start_and_wait(api, initial_message=message(PRIVATE_TEXT), title=TITLE)
     assert task["status"] == "READY", task
     cid = task["app_conversation_id"]
-    events = await wait_events(api, cid, status_is("finished"))
+    events = await wait_finished(api, cid)
     sandbox = await api.ok("GET", f"/api/v1/sandboxes/{task['sandbox_id']}")
     ids = Ids(
         sandbox=task["sandbox_id"],
@@ -503,8 +502,8 @@ async def test_an_agent_cannot_squat_or_remove_another_conversations_event_ids(
     mine = await start_and_wait(alice, initial_message=message("hello"))
     theirs = await start_and_wait(bob, initial_message=message("hello"))
     cid, bob_cid = mine["app_conversation_id"], theirs["app_conversation_id"]
-    events = await wait_events(alice, cid, status_is("finished"))
-    await wait_events(bob, bob_cid, status_is("finished"))
+    events = await wait_finished(alice, cid)
+    await wait_finished(bob, bob_cid)
     target = events[0]
     bob_box = await bob.ok("GET", f"/api/v1/sandboxes/{theirs['sandbox_id']}")
 

@@ -166,6 +166,11 @@ async def wait_events(
     raise AssertionError(f"events of {conversation_id} never matched; got {kinds}")
 
 
+async def wait_finished(api: Api, conversation_id: str, within: float = 60) -> list[dict[str, Any]]:
+    """The conversation's events once its last execution status is `finished`."""
+    return await wait_events(api, conversation_id, status_is("finished"), within)
+
+
 def of_kind(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [e for e in events if e["kind"] == kind]
 

@@ -26,8 +26,8 @@ from tests.support.conversation_helpers import (
     new_user,
     of_kind,
     start_and_wait,
-    status_is,
     wait_events,
+    wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
 from tests.support.live_server import Api, LiveServer, start_live_server
@@ -94,7 +94,7 @@ async def test_a_conversation_runs_a_command_in_its_pod(
     task = await start_and_wait(alice, initial_message=message("write hello to out.txt"))
     assert task["status"] == "READY", task
     cid, sandbox_id = task["app_conversation_id"], task["sandbox_id"]
-    events = await wait_events(alice, cid, status_is("finished"))
+    events = await wait_finished(alice, cid)
 
     pod = (await objects(kube_api, ns, prefix)).pod(sandbox_id)
     actions = [a for a in of_kind(events, "ActionEvent") if a["tool_name"] == "terminal"]

@@ -43,7 +43,12 @@ from tests.drivers.kubernetes.conftest import KubeCluster
 from tests.drivers.kubernetes.sandbox_objects import api_get, eventually, objects, orphans
 from tests.drivers.kubernetes.test_shipped_manifests import MANIFESTS, Kubectl, uninstall
 from tests.support.control_plane_image import control_plane_image
-from tests.support.conversation_helpers import LLM_KEY, message, status_is, wait_events
+from tests.support.conversation_helpers import (
+    LLM_KEY,
+    message,
+    status_is,
+    wait_finished,
+)
 from tests.support.fake_llm import FakeLLM, reply_text
 from tests.support.live_server import Api, free_port
 from tests.support.redis_server import wait_answering
@@ -296,7 +301,7 @@ async def test_the_shipped_manifests_run_sandboxes_and_conversations(
         assert REPLY in json.dumps(said[-1]), said
         # The same events reached the control plane: the agent's webhooks, through the
         # acs-webhooks Service, stored in Redis by whichever replica answered.
-        events = await wait_events(alice, cid, status_is("finished"))
+        events = await wait_finished(alice, cid)
         assert any(
             e["kind"] == "MessageEvent" and e["source"] == "agent" and REPLY in json.dumps(e)
             for e in events
