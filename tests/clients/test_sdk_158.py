@@ -24,7 +24,7 @@ import docker
 import pytest
 from aiohttp import web
 
-from tests.clients.test_sdk_remote import running_sandbox
+from tests.clients.test_sdk_remote import agent_server
 from tests.support.conversation_helpers import LLM_KEY, UserFactory
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
 from tests.support.live_server import LiveServer, free_port
@@ -157,7 +157,7 @@ async def test_remote_conversation_158_on_our_agent_server(
     fake_llm.script([reply_tool_call("terminal", {"command": greeting}), reply_finish("Greeted.")])
     fake_llm.untooled = reply_text("Greeting", usage=(0, 0))
     alice = await user("alice")
-    _sandbox_id, url, key = await running_sandbox(alice)
+    _sandbox_id, url, key = await agent_server(alice)
     env = {
         "HOME": str(tmp_path),
         "AGENT_URL": url,

@@ -27,7 +27,7 @@ from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.store import keyspace
 from drivers import docker_names
 from tests.support.records import sandbox_record
-from tests.support.sandbox_helpers import lifecycle, start, wait_status
+from tests.support.sandbox_helpers import lifecycle, start_running, wait_status
 from tests.support.types import ClientFactory
 
 S = SandboxStatus
@@ -174,8 +174,7 @@ async def test_every_event_of_a_sandbox_is_stored_by_its_change(
     monkeypatch.setattr(LifecyclePublisher, "publish", publish_others)
     client = await make_sandbox_client(reconcile_interval=1.0)
     alice = await user_headers("alice")
-    sandbox_id = (await start(client, alice))["id"]
-    await wait_status(client, alice, sandbox_id, "RUNNING")
+    sandbox_id = (await start_running(client, alice))["id"]
     container = docker_client.containers.get(docker_names.container_name(test_prefix, sandbox_id))
     await asyncio.to_thread(container.stop, timeout=2)
     await wait_status(client, alice, sandbox_id, "PAUSED", within=30)

@@ -29,7 +29,7 @@ from tests.support.conversation_helpers import (
     wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish
-from tests.support.live_server import Api, LiveServer, free_port
+from tests.support.live_server import Api, LiveServer, free_port, running_sandbox
 from tests.support.proxy_app import PROXIED_SPEC, serve_app
 from tests.support.sandbox_helpers import spec_dir
 
@@ -63,18 +63,6 @@ def its_own_proxy(tmp_path: Path) -> dict[str, Any]:
     }
 
 
-async def _running(api: Api, spec: str = "proxied") -> dict[str, Any]:
-    created = await api.ok("POST", "/api/v1/sandboxes", json={"sandbox_spec_id": spec})
-    deadline = time.monotonic() + 90
-    while True:
-        sandbox = await api.ok("GET", f"/api/v1/sandboxes/{created['id']}")
-        if sandbox["status"] == "RUNNING":
-            return dict(sandbox)
-        assert sandbox["status"] == "STARTING", sandbox
-        assert time.monotonic() < deadline, sandbox
-        await asyncio.sleep(0.1)
-
-
 async def _serve_app(
     docker_client: docker.DockerClient, prefix: str, api: Api, sandbox: dict[str, Any]
 ) -> str:
@@ -105,7 +93,7 @@ async def test_the_proxy_serves_its_owner_and_nobody_else(
     bob_key = (await ApiKeyService(raw_redis, None).create("bob")).key
     alice, bob = Api(http, live.url, alice_key), Api(http, live.url, bob_key)
     admin = Api(http, live.url, BOOTSTRAP_KEY)
-    sandbox = await _running(alice)
+    sandbox = await running_sandbox(alice, "proxied")
     sid, session_key = sandbox["id"], sandbox["session_api_key"]
     agent = next(u["url"] for u in sandbox["exposed_urls"] if u["name"] == "AGENT_SERVER")
     assert agent == f"{live.url}/sandboxes/{sid}/proxy/agent"  # the link is the proxy's
@@ -130,7 +118,7 @@ async def test_the_proxy_serves_its_owner_and_nobody_else(
     assert await status(health, **{"X-Session-API-Key": "acs_wrong-key-wrong-key"}) == 401
     assert (await bob.call("GET", _path(health, live.url)))[0] == 404
     assert (await admin.call("GET", _path(health, live.url)))[0] == 404
-    bobs = await _running(bob, spec="default")
+    bobs = await running_sandbox(bob)
     assert await status(health, **{"X-Session-API-Key": bobs["session_api_key"]}) == 401
     # Only the ports the spec exposes, by name, any case, or by number.
     for port in ("worker_1", "9000"):
@@ -188,7 +176,7 @@ async def test_the_proxy_streams_both_ways_within_its_limits(
 ) -> None:
     key = (await ApiKeyService(raw_redis, None).create("alice")).key
     alice = Api(http, live.url, key)
-    sandbox = await _running(alice)
+    sandbox = await running_sandbox(alice, "proxied")
     worker = await _serve_app(docker_client, test_prefix, alice, sandbox)
     auth = {"X-Session-API-Key": key}
 

@@ -19,6 +19,7 @@ from tests.support.sandbox_helpers import (
     HANGING_SPEC,
     REPO,
     containers,
+    start_running,
     wait_status,
 )
 from tests.support.types import Client, ClientFactory, UserHeaders
@@ -95,8 +96,8 @@ async def test_other_users_get_404_never_403_and_cannot_touch(
     test_prefix: str,
 ) -> None:
     alice, bob = await user_headers("alice"), await user_headers("bob")
-    sandbox_id = (await start(sbx_with_specs, alice))["id"]
-    running = await wait_status(sbx_with_specs, alice, sandbox_id, "RUNNING")
+    running = await start_running(sbx_with_specs, alice)
+    sandbox_id = running["id"]
 
     for method, path in (
         ("GET", f"/api/v1/sandboxes/{sandbox_id}"),

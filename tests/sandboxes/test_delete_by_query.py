@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import docker
 
-from tests.support.sandbox_helpers import containers, start, volumes, wait_status
+from tests.support.sandbox_helpers import containers, start_running, volumes
 from tests.support.types import Client, UserHeaders
 
 
@@ -12,8 +12,7 @@ async def test_delete_by_query_removes_only_your_sandbox(
     sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
 ) -> None:
     alice, bob = await user_headers("alice"), await user_headers("bob")
-    sandbox_id = (await start(sbx, alice))["id"]
-    await wait_status(sbx, alice, sandbox_id, "RUNNING")
+    sandbox_id = (await start_running(sbx, alice))["id"]
 
     response = await sbx.delete("/api/v1/sandboxes", params={"sandbox_id": sandbox_id}, headers=bob)
     assert response.status == 404

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import docker
 
-from tests.support.sandbox_helpers import agent_call, containers, start, volumes, wait_status
+from tests.support.sandbox_helpers import (
+    agent_call,
+    containers,
+    start,
+    start_running,
+    volumes,
+    wait_status,
+)
 from tests.support.types import ClientFactory, UserHeaders
 
 
@@ -90,8 +97,8 @@ async def test_stopped_container_restarts_on_resume_with_files(
 ) -> None:
     sbx = await sbx_factory()  # a reconciler every second
     alice = await user_headers("alice")
-    sandbox_id = (await start(sbx, alice))["id"]
-    running = await wait_status(sbx, alice, sandbox_id, "RUNNING")
+    running = await start_running(sbx, alice)
+    sandbox_id = running["id"]
     url = running["exposed_urls"][0]["url"]
     await agent_call(url, running["session_api_key"], "echo kept > kept.txt")
 
@@ -116,8 +123,8 @@ async def test_removed_container_is_missing_and_resume_recreates_it(
 ) -> None:
     sbx = await sbx_factory()  # a reconciler every second
     alice = await user_headers("alice")
-    sandbox_id = (await start(sbx, alice))["id"]
-    running = await wait_status(sbx, alice, sandbox_id, "RUNNING")
+    running = await start_running(sbx, alice)
+    sandbox_id = running["id"]
     await agent_call(
         running["exposed_urls"][0]["url"], running["session_api_key"], "echo survives > s.txt"
     )
@@ -143,8 +150,7 @@ async def test_paused_and_unpaused_behind_our_back(
 ) -> None:
     sbx = await sbx_factory()  # a reconciler every second
     alice = await user_headers("alice")
-    sandbox_id = (await start(sbx, alice))["id"]
-    await wait_status(sbx, alice, sandbox_id, "RUNNING")
+    sandbox_id = (await start_running(sbx, alice))["id"]
     (container,) = containers(docker_client, test_prefix)
     container.pause()
     await wait_status(sbx, alice, sandbox_id, "PAUSED", within=10)

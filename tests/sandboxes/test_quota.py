@@ -8,7 +8,7 @@ from typing import Any
 import docker
 
 from controlplane import keys
-from tests.support.sandbox_helpers import containers, start, wait_status
+from tests.support.sandbox_helpers import containers, start, start_running, wait_status
 from tests.support.types import Client, ClientFactory, UserHeaders
 
 
@@ -57,8 +57,7 @@ async def test_cap_refuses_a_third_start_and_a_resume_over_the_cap(
 
     resp = await sbx.post(f"/api/v1/sandboxes/{first}/pause", headers=alice)
     assert resp.status == 200
-    third = (await start(sbx, alice))["id"]
-    await wait_status(sbx, alice, third, "RUNNING")
+    third = (await start_running(sbx, alice))["id"]
 
     # Resuming the paused one would make three: refused, and it stays PAUSED and frozen.
     resp = await sbx.post(f"/api/v1/sandboxes/{first}/resume", headers=alice)
@@ -87,13 +86,11 @@ async def test_error_and_missing_do_not_count(
 ) -> None:
     sbx = await sbx_factory(max_running_per_user=1)
     alice = await user_headers("alice")
-    first = (await start(sbx, alice))["id"]
-    await wait_status(sbx, alice, first, "RUNNING")
+    first = (await start_running(sbx, alice))["id"]
     (container,) = containers(docker_client, test_prefix)
     container.remove(force=True)
     await wait_status(sbx, alice, first, "MISSING", within=15)
-    second = (await start(sbx, alice))["id"]
-    await wait_status(sbx, alice, second, "RUNNING")
+    await start_running(sbx, alice)  # a second one
     # Re-creating the MISSING one would make two.
     resp = await sbx.post(f"/api/v1/sandboxes/{first}/resume", headers=alice)
     assert resp.status == 429

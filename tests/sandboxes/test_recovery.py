@@ -27,7 +27,7 @@ from controlplane.sandboxes.store import Limits
 from controlplane.store import keyspace
 from drivers import docker_names
 from tests.support.sandbox_helpers import DEFAULT_IMAGE as IMAGE
-from tests.support.sandbox_helpers import containers, start, volumes, wait_status
+from tests.support.sandbox_helpers import containers, start_running, volumes, wait_status
 from tests.support.types import ClientFactory, UserHeaders
 
 DOCKER_SOCK = "/var/run/docker.sock"
@@ -86,8 +86,8 @@ async def test_restart_keeps_running_sandboxes(
 ) -> None:
     alice = await user_headers("alice")
     first = await sbx_factory()
-    sandbox_id = (await start(first, alice))["id"]
-    running = await wait_status(first, alice, sandbox_id, "RUNNING")
+    running = await start_running(first, alice)
+    sandbox_id = running["id"]
     assert await agent_echo(running, "before") == "before"
     await first.close()
 
@@ -110,8 +110,8 @@ async def test_interrupted_start_with_a_healthy_agent_becomes_running(
 ) -> None:
     alice = await user_headers("alice")
     first = await sbx_factory()
-    sandbox_id = (await start(first, alice))["id"]
-    running = await wait_status(first, alice, sandbox_id, "RUNNING")
+    running = await start_running(first, alice)
+    sandbox_id = running["id"]
     await first.close()
 
     second = await sbx_factory()
@@ -174,8 +174,7 @@ async def test_a_delete_cut_off_is_finished_not_turned_into_missing(
 ) -> None:
     alice = await user_headers("alice")
     first = await sbx_factory()
-    sandbox_id = (await start(first, alice))["id"]
-    await wait_status(first, alice, sandbox_id, "RUNNING")
+    sandbox_id = (await start_running(first, alice))["id"]
     await first.close()
     second = await sbx_factory()
     service = second.app[keys.SANDBOXES]
@@ -206,8 +205,8 @@ async def test_a_sandbox_in_error_resumes_on_its_kept_workspace(
     alice = await user_headers("alice")
     client = await sbx_factory()
     service = client.app[keys.SANDBOXES]
-    sandbox_id = (await start(client, alice))["id"]
-    running = await wait_status(client, alice, sandbox_id, "RUNNING")
+    running = await start_running(client, alice)
+    sandbox_id = running["id"]
     container = docker_client.containers.get(docker_names.container_name(test_prefix, sandbox_id))
     assert container.exec_run(["sh", "-c", "echo kept > /workspace/note"]).exit_code == 0
     # An ERROR from an earlier failure, with the container gone.
@@ -239,8 +238,8 @@ async def test_container_without_record_is_adopted(
 ) -> None:
     alice = await user_headers("alice")
     client = await sbx_factory()
-    sandbox_id = (await start(client, alice))["id"]
-    running = await wait_status(client, alice, sandbox_id, "RUNNING")
+    running = await start_running(client, alice)
+    sandbox_id = running["id"]
     key = running["session_api_key"]
 
     # Lose the record as a Redis without persistence would, with no tombstone.
@@ -290,8 +289,8 @@ async def test_deleted_sandbox_container_is_removed_never_adopted(
 ) -> None:
     alice = await user_headers("alice")
     client = await sbx_factory()
-    sandbox_id = (await start(client, alice))["id"]
-    running = await wait_status(client, alice, sandbox_id, "RUNNING")
+    running = await start_running(client, alice)
+    sandbox_id = running["id"]
     resp = await client.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
     assert resp.status == 200
     assert await raw_redis.exists(keyspace.sandbox_tombstone(sandbox_id))
@@ -430,8 +429,8 @@ async def test_engine_outage_is_503_then_recovers_without_restart(
 ) -> None:
     alice = await user_headers("alice")
     client = await sbx_factory(docker_url=f"unix://{docker_proxy.path}")
-    sandbox_id = (await start(client, alice))["id"]
-    running = await wait_status(client, alice, sandbox_id, "RUNNING")
+    running = await start_running(client, alice)
+    sandbox_id = running["id"]
     assert docker_proxy.connections > 0, "the app did not talk to Docker through the proxy"
 
     await docker_proxy.stop()
@@ -463,8 +462,7 @@ async def test_engine_outage_is_503_then_recovers_without_restart(
     assert resp.status == 200, await resp.text()
     await wait_status(client, alice, sandbox_id, "RUNNING", within=10)
     assert await reconciler.sweep() == 0
-    second = (await start(client, alice))["id"]
-    await wait_status(client, alice, second, "RUNNING")
+    second = (await start_running(client, alice))["id"]
     resp = await client.delete(f"/api/v1/sandboxes/{second}", headers=alice)
     assert resp.status == 200
     assert [c.name for c in containers(docker_client, test_prefix)] == [
@@ -490,6 +488,5 @@ async def test_engine_down_at_start_up_then_up(
 
     await docker_proxy.start()
     assert await reconciler.sweep() == 0
-    sandbox_id = (await start(client, alice))["id"]
-    running = await wait_status(client, alice, sandbox_id, "RUNNING")
+    running = await start_running(client, alice)
     assert await agent_echo(running, "up") == "up"

@@ -23,7 +23,7 @@ from aiohttp import web
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
 from controlplane.store import keyspace
-from tests.support.live_server import Api, LiveServer, free_port, start_live_server
+from tests.support.live_server import Api, LiveServer, free_port, running_sandbox, start_live_server
 from tests.support.sandbox_helpers import exec_as_agent, probe_from
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
@@ -43,18 +43,6 @@ async def plain_live(
 async def new_user(live: LiveServer, http: aiohttp.ClientSession, redis_: Any, name: str) -> Api:
     created = await ApiKeyService(redis_, None).create(name)
     return Api(http, live.url, created.key)
-
-
-async def running_sandbox(api: Api, within: float = 60) -> dict[str, Any]:
-    started = await api.ok("POST", "/api/v1/sandboxes")
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        body: dict[str, Any] = await api.ok("GET", f"/api/v1/sandboxes/{started['id']}")
-        if body["status"] == "RUNNING":
-            return body
-        assert body["status"] == "STARTING", body
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"sandbox {started['id']} not RUNNING in {within} s")
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from tests.support.conversation_helpers import (
     wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
-from tests.support.live_server import Api
+from tests.support.live_server import Api, running_sandbox
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 
@@ -349,17 +349,6 @@ async def snapshot(alice: Alice) -> dict[str, Any]:
             "id"
         ],
     }
-
-
-async def running_sandbox(api: Api, within: float = 60) -> dict[str, Any]:
-    created = await api.ok("POST", "/api/v1/sandboxes", json={})
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        body: dict[str, Any] = await api.ok("GET", f"/api/v1/sandboxes/{created['id']}")
-        if body["status"] == "RUNNING":
-            return body
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"sandbox {created['id']} never RUNNING")
 
 
 async def settle(api: Api, within: float = 90) -> None:

@@ -3,7 +3,9 @@ its webhooks through the webhook listener on their network's gateway (any free p
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,3 +94,18 @@ class Api:
         status, body = await self.call(method, path, **kwargs)
         assert 200 <= status < 300, (method, path, status, body)
         return body
+
+
+async def running_sandbox(api: Api, spec: str | None = None, within: float = 90) -> dict[str, Any]:
+    """A new sandbox of `api`'s user (`spec`, else the default) once RUNNING: its body then. It
+    may be STARTING meanwhile, nothing else."""
+    body: dict[str, Any] = {"sandbox_spec_id": spec} if spec else {}
+    created = await api.ok("POST", "/api/v1/sandboxes", json=body)
+    deadline = time.monotonic() + within
+    while True:
+        body = await api.ok("GET", f"/api/v1/sandboxes/{created['id']}")
+        if body["status"] == "RUNNING":
+            return body
+        assert body["status"] == "STARTING", body
+        assert time.monotonic() < deadline, f"sandbox {created['id']} not RUNNING in {within} s"
+        await asyncio.sleep(0.1)

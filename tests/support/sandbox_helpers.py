@@ -46,6 +46,14 @@ async def start(client: Client, headers: dict[str, str], spec: str | None = None
     return body
 
 
+async def start_running(
+    client: Client, headers: dict[str, str], spec: str | None = None, within: float = 45
+) -> dict[str, Any]:
+    """A new sandbox (`spec`, else the default), once RUNNING: its body then."""
+    started = await start(client, headers, spec)
+    return await wait_status(client, headers, started["id"], "RUNNING", within)
+
+
 async def agent_call(url: str, key: str, command: str) -> dict[str, Any]:
     """A shell command in a sandbox through its agent server's bash API (`url`: its
     AGENT_SERVER endpoint, `key`: the session key)."""

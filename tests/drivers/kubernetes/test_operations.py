@@ -17,7 +17,13 @@ from tests.conftest import BOOTSTRAP_KEY
 from tests.drivers.kubernetes.sandbox_objects import api_get, objects, orphans
 from tests.drivers.kubernetes.test_sandboxes import Headers
 from tests.ops.test_reaper import backdate
-from tests.support.sandbox_helpers import DEFAULT_IMAGE, lifecycle, spec_dir, start, wait_status
+from tests.support.sandbox_helpers import (
+    DEFAULT_IMAGE,
+    lifecycle,
+    spec_dir,
+    start_running,
+    wait_status,
+)
 from tests.support.types import ClientFactory
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
@@ -67,8 +73,7 @@ async def test_admission_reaper_and_metrics(
     # The idle reaper pauses an idle sandbox: its pod goes, its claim stays.
     resp = await api.post("/api/settings", json={"sandbox_idle_timeout": 60}, headers=alice)
     assert resp.status == 200
-    sandbox_id = (await start(api, alice))["id"]
-    await wait_status(api, alice, sandbox_id, "RUNNING", within=60)
+    sandbox_id = (await start_running(api, alice, within=60))["id"]
     await backdate(raw_redis, sandbox_id, 120, "last_activity_at")
     paused, retired = await api.app[keys.REAPER].sweep()
     assert (paused, retired) == ([sandbox_id], [])
