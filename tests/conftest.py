@@ -28,6 +28,8 @@ from tests.support.tasks import close_or_show_tasks
 from tests.support.types import Client, ClientFactory
 
 pytest_plugins = [
+    # Before docker_fixtures, which imports it (a plugin imported first is not assert-rewritten).
+    "tests.support.sandbox_helpers",
     "tests.support.docker_fixtures",
     "tests.support.conversation_helpers",
     "tests.support.records",

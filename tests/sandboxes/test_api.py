@@ -6,7 +6,6 @@ import secrets
 from datetime import UTC, datetime
 from typing import Any
 
-import docker
 import pytest
 
 from controlplane import keys
@@ -18,7 +17,7 @@ from tests.support.sandbox_helpers import (
     DEFAULT_IMAGE,
     HANGING_SPEC,
     REPO,
-    containers,
+    OwnDocker,
     start_running,
     wait_status,
 )
@@ -92,8 +91,7 @@ def assert_422(body: Any, loc: list[str]) -> None:
 async def test_other_users_get_404_never_403_and_cannot_touch(
     sbx_with_specs: Client,
     user_headers: UserHeaders,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     alice, bob = await user_headers("alice"), await user_headers("bob")
     running = await start_running(sbx_with_specs, alice)
@@ -113,7 +111,7 @@ async def test_other_users_get_404_never_403_and_cannot_touch(
     assert await search(sbx_with_specs, bob) == {"items": [], "next_page_id": None}
     assert await batch(sbx_with_specs, bob, [sandbox_id]) == [None]
     # Nothing bob tried changed alice's sandbox.
-    (container,) = containers(docker_client, test_prefix)
+    (container,) = own_docker.containers()
     assert container.status == "running"
     still = await wait_status(sbx_with_specs, alice, sandbox_id, "RUNNING", within=1)
     assert still["session_api_key"] == running["session_api_key"]
@@ -212,8 +210,7 @@ async def test_batch_get_keeps_order_and_nulls_the_rest(
 async def test_unknown_spec_is_404_and_creates_nothing(
     sbx_with_specs: Client,
     user_headers: UserHeaders,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     alice = await user_headers("alice")
     unknown: list[dict[str, Any]] = [
@@ -225,7 +222,7 @@ async def test_unknown_spec_is_404_and_creates_nothing(
         body = await resp.json()
         assert resp.status == 404, body
         assert body == {"detail": "sandbox spec 'no-such-spec' not found"}
-    assert containers(docker_client, test_prefix) == []
+    assert own_docker.containers() == []
     assert await search(sbx_with_specs, alice) == {"items": [], "next_page_id": None}
     assert await sbx_with_specs.app[keys.SANDBOXES].store.count_active("alice") == 0
 
@@ -240,7 +237,7 @@ async def test_unknown_spec_is_404_and_creates_nothing(
         resp = await sbx_with_specs.post("/api/v1/sandboxes", headers=alice, **kwargs)
         assert resp.status == 422, (kwargs, await resp.text())
     assert await search(sbx_with_specs, alice) == {"items": [], "next_page_id": None}
-    assert containers(docker_client, test_prefix) == []
+    assert own_docker.containers() == []
 
 
 async def test_spec_in_query_string_and_in_body(

@@ -20,6 +20,7 @@ from tests.support.sandbox_helpers import (
     HANGING_SPEC,
     NO_IMAGE_SPEC,
     REPO,
+    OwnDocker,
     containers,
     spec_dir,
     volumes,
@@ -57,15 +58,14 @@ async def wait_gone(docker_client: docker.DockerClient, prefix: str, within: flo
 async def test_hanging_agent_cannot_be_paused_and_ends_in_error_cleaned_up(
     sbx_with_specs: Client,
     user_headers: UserHeaders,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     alice = await user_headers("alice")
     sandbox_id = (await start_spec(sbx_with_specs, alice, "hanging"))["id"]
 
     # The container comes up but its agent never answers: the sandbox stays STARTING.
     deadline = time.monotonic() + 10
-    while not containers(docker_client, test_prefix):
+    while not own_docker.containers():
         assert time.monotonic() < deadline, "the hanging sandbox's container never appeared"
         await asyncio.sleep(0.05)
     resp = await sbx_with_specs.post(f"/api/v1/sandboxes/{sandbox_id}/pause", headers=alice)
@@ -80,8 +80,8 @@ async def test_hanging_agent_cannot_be_paused_and_ends_in_error_cleaned_up(
     assert failed["session_api_key"] is None
     assert failed["exposed_urls"] is None
     # A failed first start removes everything it made.
-    assert containers(docker_client, test_prefix) == []
-    assert volumes(docker_client, test_prefix) == []
+    assert own_docker.containers() == []
+    assert own_docker.volumes() == []
 
     # ERROR is not a dead end: resume tries again (here it hangs again, and fails again).
     resp = await sbx_with_specs.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)
@@ -103,16 +103,15 @@ async def test_hanging_agent_cannot_be_paused_and_ends_in_error_cleaned_up(
 async def test_missing_image_is_error_naming_the_image_with_nothing_left(
     sbx_with_specs: Client,
     user_headers: UserHeaders,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     alice = await user_headers("alice")
     sandbox_id = (await start_spec(sbx_with_specs, alice, "no-image"))["id"]
     failed = await wait_status(sbx_with_specs, alice, sandbox_id, "ERROR", within=15)
     assert "acs-no-such-image:latest" in failed["reason"], failed
     assert "make images" in failed["reason"], failed
-    assert containers(docker_client, test_prefix) == []
-    assert volumes(docker_client, test_prefix) == []
+    assert own_docker.containers() == []
+    assert own_docker.volumes() == []
 
     resp = await sbx_with_specs.post(f"/api/v1/sandboxes/{sandbox_id}/pause", headers=alice)
     assert resp.status == 409
@@ -121,7 +120,7 @@ async def test_missing_image_is_error_naming_the_image_with_nothing_left(
     assert resp.status == 200
     again = await wait_status(sbx_with_specs, alice, sandbox_id, "ERROR", within=15)
     assert "make images" in again["reason"], again
-    assert containers(docker_client, test_prefix) == []
+    assert own_docker.containers() == []
     resp = await sbx_with_specs.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
     assert resp.status == 200
     resp = await sbx_with_specs.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
@@ -131,8 +130,7 @@ async def test_missing_image_is_error_naming_the_image_with_nothing_left(
 async def test_delete_while_starting_leaves_nothing_behind(
     sbx_with_specs: Client,
     user_headers: UserHeaders,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     """A delete that lands while the engine is still creating the container must still win."""
     alice = await user_headers("alice")
@@ -145,8 +143,8 @@ async def test_delete_while_starting_leaves_nothing_behind(
     # Give a container created late (after the delete's removal) time to show up.
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
-        assert containers(docker_client, test_prefix) == []
-        assert volumes(docker_client, test_prefix) == []
+        assert own_docker.containers() == []
+        assert own_docker.volumes() == []
         await asyncio.sleep(0.2)
     search = await (await sbx_with_specs.get("/api/v1/sandboxes/search", headers=alice)).json()
     assert search["items"] == []

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import docker
-
 from tests.support.sandbox_helpers import (
+    OwnDocker,
     agent_call,
-    containers,
     start,
     start_running,
-    volumes,
     wait_status,
 )
 from tests.support.types import ClientFactory, UserHeaders
@@ -18,8 +15,7 @@ from tests.support.types import ClientFactory, UserHeaders
 async def test_start_pause_resume_delete(
     sbx_factory: ClientFactory,
     user_headers: UserHeaders,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     sbx = await sbx_factory()  # a reconciler every second
     alice = await user_headers("alice")
@@ -38,8 +34,8 @@ async def test_start_pause_resume_delete(
     assert result["exit_code"] == 0
     assert result["stdout"].split() == ["/workspace", "hello"]
 
-    (container,) = containers(docker_client, test_prefix)
-    assert container.name == f"{test_prefix}{sandbox_id}"
+    (container,) = own_docker.containers()
+    assert container.name == f"{own_docker.prefix}{sandbox_id}"
     assert container.labels["acs.sandbox_id"] == sandbox_id
     assert container.labels["acs.owner"] == "alice"
     assert container.labels["acs.spec_id"] == "default"
@@ -51,7 +47,7 @@ async def test_start_pause_resume_delete(
     assert host["CapDrop"] == ["ALL"]
     assert not host["CapAdd"]
     assert container.attrs["Config"]["User"] == "1000:1000"
-    assert host["NetworkMode"] == f"{test_prefix}net"
+    assert host["NetworkMode"] == f"{own_docker.prefix}net"
     (network,) = container.attrs["NetworkSettings"]["Networks"].values()
     assert host["ExtraHosts"] == [f"host.docker.internal:{network['Gateway']}"]
     assert host["PortBindings"]["8000/tcp"][0]["HostIp"] == "127.0.0.1"
@@ -81,8 +77,8 @@ async def test_start_pause_resume_delete(
 
     resp = await sbx.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
     assert (resp.status, await resp.json()) == (200, {"success": True})
-    assert containers(docker_client, test_prefix) == []
-    assert volumes(docker_client, test_prefix) == []
+    assert own_docker.containers() == []
+    assert own_docker.volumes() == []
     resp = await sbx.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
     assert resp.status == 404
     resp = await sbx.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
@@ -92,8 +88,7 @@ async def test_start_pause_resume_delete(
 async def test_stopped_container_restarts_on_resume_with_files(
     sbx_factory: ClientFactory,
     user_headers: UserHeaders,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     sbx = await sbx_factory()  # a reconciler every second
     alice = await user_headers("alice")
@@ -102,7 +97,7 @@ async def test_stopped_container_restarts_on_resume_with_files(
     url = running["exposed_urls"][0]["url"]
     await agent_call(url, running["session_api_key"], "echo kept > kept.txt")
 
-    (container,) = containers(docker_client, test_prefix)
+    (container,) = own_docker.containers()
     container.stop(timeout=2)  # as after a host reboot
     stopped = await wait_status(sbx, alice, sandbox_id, "PAUSED", within=15)
     assert "stopped outside the control plane" in stopped["reason"]
@@ -118,8 +113,7 @@ async def test_stopped_container_restarts_on_resume_with_files(
 async def test_removed_container_is_missing_and_resume_recreates_it(
     sbx_factory: ClientFactory,
     user_headers: UserHeaders,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     sbx = await sbx_factory()  # a reconciler every second
     alice = await user_headers("alice")
@@ -128,7 +122,7 @@ async def test_removed_container_is_missing_and_resume_recreates_it(
     await agent_call(
         running["exposed_urls"][0]["url"], running["session_api_key"], "echo survives > s.txt"
     )
-    (container,) = containers(docker_client, test_prefix)
+    (container,) = own_docker.containers()
     container.remove(force=True)  # volume stays: only the container is gone
     missing = await wait_status(sbx, alice, sandbox_id, "MISSING", within=15)
     assert "removed outside the control plane" in missing["reason"]
@@ -145,13 +139,12 @@ async def test_removed_container_is_missing_and_resume_recreates_it(
 async def test_paused_and_unpaused_behind_our_back(
     sbx_factory: ClientFactory,
     user_headers: UserHeaders,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     sbx = await sbx_factory()  # a reconciler every second
     alice = await user_headers("alice")
     sandbox_id = (await start_running(sbx, alice))["id"]
-    (container,) = containers(docker_client, test_prefix)
+    (container,) = own_docker.containers()
     container.pause()
     await wait_status(sbx, alice, sandbox_id, "PAUSED", within=10)
     container.unpause()

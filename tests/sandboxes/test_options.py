@@ -7,7 +7,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 from aiohttp import web
 
@@ -22,6 +21,7 @@ from drivers.firewall import Iptables
 from tests.support.live_server import attachment
 from tests.support.sandbox_helpers import (
     DEFAULT_IMAGE,
+    OwnDocker,
     agent_call,
     exec_as_agent,
     probe_from,
@@ -83,16 +83,18 @@ async def running(sbx: Client, headers: dict[str, str], spec: str) -> dict[str, 
 
 
 async def test_the_default_image_runs_under_gvisor(
-    sbx_with_specs: Client, user_headers: Any, docker_client: docker.DockerClient, test_prefix: str
+    sbx_with_specs: Client,
+    user_headers: Any,
+    own_docker: OwnDocker,
 ) -> None:
-    if "runsc" not in (docker_client.info().get("Runtimes") or {}):
+    if "runsc" not in (own_docker.client.info().get("Runtimes") or {}):
         pytest.skip(
             "the Docker engine has no runsc runtime: scripts/install-gvisor.sh (run by `make "
             "test` as root) installs Debian's runsc and registers it; it could not here"
         )
     alice = await user_headers("alice")
     sandbox = await running(sbx_with_specs, alice, "gvisor")
-    container = docker_client.containers.get(f"{test_prefix}{sandbox['id']}")
+    container = own_docker.container(sandbox["id"])
     assert container.attrs["HostConfig"]["Runtime"] == "runsc"
     agent = sandbox["exposed_urls"][0]
     result = await agent_call(agent["url"], sandbox["session_api_key"], "uname -r; id -u")
@@ -115,11 +117,13 @@ async def test_the_default_image_runs_under_gvisor(
 
 
 async def test_read_only_root_keeps_the_workspace_home_and_tmp_writable(
-    sbx_with_specs: Client, user_headers: Any, docker_client: docker.DockerClient, test_prefix: str
+    sbx_with_specs: Client,
+    user_headers: Any,
+    own_docker: OwnDocker,
 ) -> None:
     alice = await user_headers("alice")
     sandbox = await running(sbx_with_specs, alice, "read-only")
-    container = docker_client.containers.get(f"{test_prefix}{sandbox['id']}")
+    container = own_docker.container(sandbox["id"])
     host = container.attrs["HostConfig"]
     assert host["ReadonlyRootfs"] is True
     assert set(host["Tmpfs"]) == {"/tmp", "/home/agent", "/var/lib/acs-agent"}

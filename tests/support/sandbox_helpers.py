@@ -1,4 +1,5 @@
-"""Helpers for sandbox tests: polling with a deadline, spec directories, Docker look-ups."""
+"""Helpers for sandbox tests: polling with a deadline, spec directories, Docker look-ups; a
+plugin of tests/conftest.py for `own_docker`."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import docker
+import pytest
 
-from drivers.docker_names import LABEL_PREFIX
+from drivers.docker_names import LABEL_PREFIX, container_name
 from tests.support.types import Client
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,6 +115,30 @@ def containers(docker_client: docker.DockerClient, prefix: str) -> list[Any]:
 
 def volumes(docker_client: docker.DockerClient, prefix: str) -> list[Any]:
     return docker_client.volumes.list(filters={"name": prefix})
+
+
+@dataclass(frozen=True)
+class OwnDocker:
+    """The Docker objects under one test's container prefix, as the engine has them now."""
+
+    client: docker.DockerClient
+    prefix: str
+
+    def containers(self) -> list[Any]:
+        return containers(self.client, self.prefix)
+
+    def volumes(self) -> list[Any]:
+        return volumes(self.client, self.prefix)
+
+    def container(self, sandbox_id: str) -> Any:
+        """The sandbox's container (docker.errors.NotFound if it has none)."""
+        return self.client.containers.get(container_name(self.prefix, sandbox_id))
+
+
+@pytest.fixture
+def own_docker(docker_client: docker.DockerClient, test_prefix: str) -> OwnDocker:
+    """This test's containers, volumes and their engine (tests/support/sandbox_helpers.py)."""
+    return OwnDocker(docker_client, test_prefix)
 
 
 # Runs inside a sandbox: one TCP connect per (host, port), "open" or why not.
