@@ -24,8 +24,7 @@ from controlplane.auth.service import ApiKeyService
 from tests.conftest import BOOTSTRAP_KEY
 from tests.support.conversation_helpers import (
     UserFactory,
-    message,
-    status_is,
+    run_on_agent_socket,
     wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish
@@ -261,23 +260,7 @@ async def test_an_agent_conversation_followed_through_the_proxy(
     assert base == f"{live.url}/sandboxes/{conversation['sandbox_id']}/proxy/agent"
     assert task["agent_server_url"] == base
     key = conversation["session_api_key"]
-    socket = f"{base.replace('http', 'ws', 1)}/sockets/events/{cid}"
-    async with http.ws_connect(socket, params={"resend_all": "true", "session_api_key": key}) as ws:
-        async with http.post(
-            f"{base}/api/conversations/{cid}/events",
-            json={**message("hello through the proxy"), "run": True},
-            headers={"X-Session-API-Key": key},
-        ) as resp:
-            assert resp.status in (200, 201), await resp.text()
-        frames: list[dict[str, Any]] = []
-        deadline = time.monotonic() + 60
-        while not status_is("finished")(frames):
-            left = deadline - time.monotonic()
-            assert left > 0, [(f["kind"], f.get("key"), f.get("value")) for f in frames]
-            try:
-                frames.append(json.loads(await asyncio.wait_for(ws.receive_str(), left)))
-            except TimeoutError:
-                continue
+    frames = await run_on_agent_socket(http, base, cid, key, "hello through the proxy")
     said = [f for f in frames if f["kind"] == "MessageEvent" and f.get("source") == "user"]
     assert said, [f["kind"] for f in frames]
     # The same events reached the control plane (the agent's webhooks), as without the proxy.

@@ -5,6 +5,7 @@ users with settings, and bounded polling of tasks and events."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -198,3 +199,36 @@ async def wait_conversation(
             return body
         await asyncio.sleep(0.05)
     raise AssertionError(f"conversation {field} never became {value}: {body}")
+
+
+async def run_on_agent_socket(
+    http: aiohttp.ClientSession,
+    agent_url: str,
+    conversation_id: str,
+    key: str,
+    text: str,
+    *,
+    within: float = 60,
+) -> list[dict[str, Any]]:
+    """Sends `text` to the conversation on its agent server (`agent_url`, reached as a client
+    reaches it) and runs it, following its events socket from the start: the frames up to
+    the run's `finished`."""
+    socket = f"{agent_url.replace('http', 'ws', 1)}/sockets/events/{conversation_id}"
+    frames: list[dict[str, Any]] = []
+    params = {"resend_all": "true", "session_api_key": key}
+    async with http.ws_connect(socket, params=params) as ws:
+        async with http.post(
+            f"{agent_url}/api/conversations/{conversation_id}/events",
+            json={**message(text), "run": True},
+            headers={"X-Session-API-Key": key},
+        ) as resp:
+            assert resp.status in (200, 201), await resp.text()
+        deadline = time.monotonic() + within
+        while not status_is("finished")(frames):
+            left = deadline - time.monotonic()
+            assert left > 0, [(f["kind"], f.get("key"), f.get("value")) for f in frames]
+            try:
+                frames.append(json.loads(await asyncio.wait_for(ws.receive_str(), left)))
+            except TimeoutError:
+                continue
+    return frames

@@ -45,8 +45,7 @@ from tests.drivers.kubernetes.test_shipped_manifests import MANIFESTS, Kubectl, 
 from tests.support.control_plane_image import control_plane_image
 from tests.support.conversation_helpers import (
     LLM_KEY,
-    message,
-    status_is,
+    run_on_agent_socket,
     wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_text
@@ -277,25 +276,7 @@ async def test_the_shipped_manifests_run_sandboxes_and_conversations(
         base = conversation["conversation_url"].split("/api/conversations")[0]
         assert base == agent_url
         key = conversation["session_api_key"]
-        socket = f"{base.replace('http', 'ws', 1)}/sockets/events/{cid}"
-        frames: list[dict[str, Any]] = []
-        async with http.ws_connect(
-            socket, params={"resend_all": "true", "session_api_key": key}
-        ) as ws:
-            async with http.post(
-                f"{base}/api/conversations/{cid}/events",
-                json={**message("say hello"), "run": True},
-                headers={"X-Session-API-Key": key},
-            ) as resp:
-                assert resp.status in (200, 201), await resp.text()
-            deadline = time.monotonic() + 60
-            while not status_is("finished")(frames):
-                left = deadline - time.monotonic()
-                assert left > 0, [(f["kind"], f.get("key"), f.get("value")) for f in frames]
-                try:
-                    frames.append(json.loads(await asyncio.wait_for(ws.receive_str(), left)))
-                except TimeoutError:
-                    continue
+        frames = await run_on_agent_socket(http, base, cid, key, "say hello")
         said = [f for f in frames if f["kind"] == "MessageEvent" and f.get("source") == "agent"]
         assert said, [f["kind"] for f in frames]
         assert REPLY in json.dumps(said[-1]), said
