@@ -14,9 +14,7 @@ agent server in the sandbox must reach it to fetch the value.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,7 @@ from tests.clients.test_sdk_remote import agent_server
 from tests.support.conversation_helpers import LLM_KEY, UserFactory
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
 from tests.support.live_server import LiveServer, free_port
-from tests.support.openhands_clients import OpenHandsVenv
+from tests.support.openhands_clients import OpenHandsVenv, run_client_script
 from tests.support.sandbox_helpers import containers
 
 pytestmark = [
@@ -37,7 +35,6 @@ pytestmark = [
     pytest.mark.usefixtures("sandbox_images"),
     pytest.mark.live_config("api_port_open_to_sandboxes"),
 ]
-CLIENTS = Path(__file__).resolve().parent
 SAVE_TOKEN = 'printf %s "$DEPLOY_TOKEN" > /workspace/token.txt'
 
 
@@ -59,23 +56,6 @@ async def cloud_url(live: LiveServer, api_port: int) -> str:
     site = web.TCPSite(live.runner, gateway, api_port)
     await site.start()
     return f"http://{gateway}:{api_port}"
-
-
-async def run_script(venv: OpenHandsVenv, script: str, env: dict[str, str]) -> dict[str, Any]:
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [str(venv.python), str(CLIENTS / script)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={"PATH": "/usr/bin:/bin", **env},
-        check=False,
-    )
-    lines = result.stdout.strip().splitlines()
-    assert lines, f"{script} printed nothing; stderr:\n{result.stderr[-4000:]}"
-    report: dict[str, Any] = json.loads(lines[-1])
-    assert result.returncode == 0, f"{report}\nstderr:\n{result.stderr[-4000:]}"
-    return report
 
 
 async def test_cloud_workspace_reads_llm_mcp_and_secrets(
@@ -101,10 +81,11 @@ async def test_cloud_workspace_reads_llm_mcp_and_secrets(
     profile = {"llm": {"model": "openai/fast-model", "base_url": "https://llm.example/v1"}}
     await alice.ok("POST", "/api/v1/settings/profiles/fast", json=profile)
 
-    report = await run_script(
+    report = await run_client_script(
         sdk158_venv,
         "sdk_cloud_workspace.py",
-        {
+        env={
+            "PATH": "/usr/bin:/bin",
             "HOME": str(tmp_path),
             "CLOUD_URL": cloud_url,
             "CLOUD_KEY": alice.key,
@@ -159,6 +140,7 @@ async def test_remote_conversation_158_on_our_agent_server(
     alice = await user("alice")
     _sandbox_id, url, key = await agent_server(alice)
     env = {
+        "PATH": "/usr/bin:/bin",
         "HOME": str(tmp_path),
         "AGENT_URL": url,
         "SESSION_KEY": key,
@@ -168,7 +150,7 @@ async def test_remote_conversation_158_on_our_agent_server(
         "LLM_MODEL": "fake-model",
         "TOOL_NAMES": "terminal,file_editor",
     }
-    report = await run_script(sdk158_venv, "sdk_remote.py", env)
+    report = await run_client_script(sdk158_venv, "sdk_remote.py", env=env)
     assert report["status"] == "finished"
     assert report["commands"] == [greeting]
     assert report["outputs"] == ["hello-from-the-sdk"]

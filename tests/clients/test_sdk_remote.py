@@ -7,11 +7,8 @@ StartConversationRequest."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import subprocess
 from pathlib import Path
-from typing import Any
 
 import docker
 import pytest
@@ -21,7 +18,7 @@ from controlplane.settings.mcp import MCPConfig
 from tests.support.conversation_helpers import LLM_KEY, UserFactory
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
 from tests.support.live_server import Api, running_sandbox
-from tests.support.openhands_clients import OpenHandsVenv
+from tests.support.openhands_clients import OpenHandsVenv, run_client_script
 from tests.support.sandbox_helpers import containers
 
 pytestmark = [
@@ -33,7 +30,6 @@ pytestmark = [
     pytest.mark.live_config(enable_specs=["openhands"], start_timeout=240),
 ]
 
-CLIENTS = Path(__file__).resolve().parent
 #: (spec, the model name its agent server's LLM client needs for the fake OpenAI-style server,
 #: the tool names it registers)
 SPECS = [
@@ -46,25 +42,6 @@ SPECS = [
         marks=[pytest.mark.official_agent, pytest.mark.timeout(900)],
     ),
 ]
-
-
-async def run_in_venv(
-    venv: OpenHandsVenv, script: str, *args: str, env: dict[str, str] | None = None
-) -> dict[str, Any]:
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [str(venv.python), str(CLIENTS / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        check=False,
-    )
-    lines = result.stdout.strip().splitlines()
-    assert lines, f"{script} printed nothing; stderr:\n{result.stderr[-4000:]}"
-    report: dict[str, Any] = json.loads(lines[-1])
-    assert result.returncode == 0, f"{report}\nstderr:\n{result.stderr[-4000:]}"
-    return report
 
 
 async def agent_server(api: Api, spec: str = "default") -> tuple[str, str, str]:
@@ -110,7 +87,7 @@ async def test_remote_conversation_and_workspace_drive_a_sandbox(
         "LLM_MODEL": model,
         "TOOL_NAMES": tools,
     }
-    report = await run_in_venv(venv, "sdk_remote.py", env=env)
+    report = await run_client_script(venv, "sdk_remote.py", env=env)
 
     assert report["status"] == "finished"
     kinds = report["kinds"]
@@ -182,6 +159,6 @@ async def test_the_control_plane_start_request_is_the_sdks(
     )
     dump = tmp_path / "requests.json"
     dump.write_text(json.dumps({"events": [], "infos": [], "start_requests": [full, minimal]}))
-    report = await run_in_venv(openhands_venv, "sdk_validate.py", str(dump))
+    report = await run_client_script(openhands_venv, "sdk_validate.py", str(dump))
     assert report["failures"] == []
     assert report["checked"] == {"StartConversationRequest": 2}

@@ -12,6 +12,7 @@ import asyncio
 import fcntl
 import glob
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -19,12 +20,14 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-LOCK = REPO / "tests" / "clients" / "requirements.lock"
+CLIENTS = REPO / "tests" / "clients"
+LOCK = CLIENTS / "requirements.lock"
 SDK158_LOCK = REPO / "tests" / "clients" / "requirements-sdk158.lock"
 """The newest SDK and workspace (1.58.2), beside the CLI's pins (which hold SDK 1.21)."""
 PYTHON_VERSION = "3.12"
@@ -221,6 +224,27 @@ async def run(
         raise AssertionError(f"{args[0]} timed out:\n{out.decode(errors='replace')}") from None
     assert proc.returncode is not None
     return proc.returncode, out.decode(errors="replace")
+
+
+async def run_client_script(
+    venv: OpenHandsVenv, script: str, *args: str, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """tests/clients/`script` run by the venv's Python with `args`, in `env` (else this
+    process's environment): the JSON report it prints last, once it has exited 0."""
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [str(venv.python), str(CLIENTS / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
+    lines = result.stdout.strip().splitlines()
+    assert lines, f"{script} printed nothing; stderr:\n{result.stderr[-4000:]}"
+    report: dict[str, Any] = json.loads(lines[-1])
+    assert result.returncode == 0, f"{report}\nstderr:\n{result.stderr[-4000:]}"
+    return report
 
 
 if __name__ == "__main__":
