@@ -5,10 +5,8 @@ filesystem. Each must fail, and the webhook path must still work (docs/security.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import shutil
-import subprocess
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,14 +14,14 @@ from typing import Any
 import aiohttp
 import docker
 import pytest
-import redis
 import redis.asyncio as aioredis
 from aiohttp import web
 
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
 from controlplane.store import keyspace
-from tests.support.live_server import Api, LiveServer, free_port, running_sandbox, start_live_server
+from tests.support.live_server import Api, LiveServer, running_sandbox, start_live_server
+from tests.support.redis_server import redis_on_tcp
 from tests.support.sandbox_helpers import exec_as_agent, probe_from
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
@@ -49,31 +47,12 @@ async def new_user(live: LiveServer, http: aiohttp.ClientSession, redis_: Any, n
 def careless_redis(tmp_path: Path) -> Iterator[Callable[[list[str]], int]]:
     """Starts a redis-server without protected mode on the given addresses (a careless host
     service); returns its port."""
-    processes: list[subprocess.Popen[bytes]] = []
+    with contextlib.ExitStack() as servers:
 
-    def start(addresses: list[str]) -> int:
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is not installed (make test installs it)"
-        port = free_port(addresses[0])
-        argv = [binary, "--port", str(port), "--bind", *addresses, "--protected-mode", "no"]
-        argv += ["--save", "", "--appendonly", "no", "--dir", str(tmp_path)]
-        processes.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL))
-        client = redis.Redis(host=addresses[0], port=port)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                assert client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                assert time.monotonic() < deadline, "redis-server did not answer in 10 s"
-                time.sleep(0.05)
-        client.close()
-        return port
+        def start(addresses: list[str]) -> int:
+            return servers.enter_context(redis_on_tcp(addresses, tmp_path, protected=False))
 
-    yield start
-    for process in processes:
-        process.terminate()
-        process.wait(timeout=10)
+        yield start
 
 
 def network_address(container: Any) -> str:

@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.support import processes
 from tests.support.live_server import free_port
 
 CONFIG = """\
@@ -134,10 +135,5 @@ class Balancer:
 
     def stop(self) -> None:
         if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+            processes.stop(self.process)
             self.process = None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import redis
 
+from tests.support import processes
 from tests.support.live_server import free_port
 
 MASTER_NAME = "acs-test"
@@ -56,8 +57,7 @@ class Node:
     def kill(self) -> None:
         """SIGKILL: no shutdown, no last word to its replicas or Sentinels."""
         if self.process is not None:
-            self.process.kill()
-            self.process.wait(timeout=10)
+            processes.kill(self.process)
             self.process = None
 
     def freeze(self) -> None:
@@ -72,12 +72,7 @@ class Node:
         if self.process is not None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(signal.SIGCONT)
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+            processes.stop(self.process)
             self.process = None
 
 

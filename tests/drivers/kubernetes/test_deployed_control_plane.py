@@ -24,7 +24,6 @@ import ipaddress
 import json
 import secrets
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-import redis
 import redis.asyncio as aioredis
 import yaml
 from cryptography.fernet import Fernet
@@ -49,8 +47,8 @@ from tests.support.conversation_helpers import (
     wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_text
-from tests.support.live_server import Api, free_port
-from tests.support.redis_server import wait_answering
+from tests.support.live_server import Api
+from tests.support.redis_server import redis_on_tcp
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 
@@ -76,26 +74,11 @@ class Install:
 def external_redis(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[str]:
     """The "external" Redis: a redis-server with a password on the cluster's host address,
     where the control plane's pods reach this host."""
-    binary = shutil.which("redis-server")
-    assert binary, "redis-server is not installed (make test installs it)"
     address, password = kube_cluster.host_address, secrets.token_hex(16)
-    port = free_port(address)
     data = tmp_path / "redis"
     data.mkdir()
-    process = subprocess.Popen(
-        [binary, "--bind", address, "--port", str(port), "--requirepass", password,
-         "--save", "", "--appendonly", "no", "--dir", str(data)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    probe = redis.Redis(host=address, port=port, password=password)
-    try:
-        wait_answering(process, probe)
+    with redis_on_tcp([address], data, password=password) as port:
         yield f"redis://:{password}@{address}:{port}/0"
-    finally:
-        probe.close()
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def api_address(cluster: KubeCluster) -> str:
