@@ -22,7 +22,7 @@ import docker
 import pytest
 from aiohttp import web
 
-from tests.clients.test_sdk_remote import agent_server
+from tests.clients.test_sdk_remote import run_sdk_remote
 from tests.support.conversation_helpers import LLM_KEY, UserFactory
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
 from tests.support.live_server import LiveServer, free_port
@@ -138,19 +138,7 @@ async def test_remote_conversation_158_on_our_agent_server(
     fake_llm.script([reply_tool_call("terminal", {"command": greeting}), reply_finish("Greeted.")])
     fake_llm.untooled = reply_text("Greeting", usage=(0, 0))
     alice = await user("alice")
-    _sandbox_id, url, key = await agent_server(alice)
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": str(tmp_path),
-        "AGENT_URL": url,
-        "SESSION_KEY": key,
-        "LLM_BASE_URL": fake_llm.container_base_url,
-        "LLM_KEY": LLM_KEY,
-        "WORK_DIR": str(tmp_path),
-        "LLM_MODEL": "fake-model",
-        "TOOL_NAMES": "terminal,file_editor",
-    }
-    report = await run_client_script(sdk158_venv, "sdk_remote.py", env=env)
+    report = await run_sdk_remote(sdk158_venv, alice, fake_llm, tmp_path)
     assert report["status"] == "finished"
     assert report["commands"] == [greeting]
     assert report["outputs"] == ["hello-from-the-sdk"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -52,6 +53,33 @@ async def agent_server(api: Api, spec: str = "default") -> tuple[str, str, str]:
     return body["id"], url, body["session_api_key"]
 
 
+async def run_sdk_remote(
+    venv: OpenHandsVenv,
+    api: Api,
+    fake: FakeLLM,
+    home: Path,
+    *,
+    spec: str = "default",
+    model: str = "fake-model",
+    tools: str = "terminal,file_editor",
+) -> dict[str, Any]:
+    """sdk_remote.py (RemoteConversation, RemoteWorkspace) run in `venv` against a new sandbox of
+    `api`'s user on `spec`, its model `fake` (named `model`, its tools `tools`): the report."""
+    _sandbox_id, url, key = await agent_server(api, spec)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(home),
+        "AGENT_URL": url,
+        "SESSION_KEY": key,
+        "LLM_BASE_URL": fake.container_base_url,
+        "LLM_KEY": LLM_KEY,
+        "WORK_DIR": str(home),
+        "LLM_MODEL": model,
+        "TOOL_NAMES": tools,
+    }
+    return await run_client_script(venv, "sdk_remote.py", env=env)
+
+
 @pytest.mark.parametrize(("spec", "model", "tools"), SPECS)
 async def test_remote_conversation_and_workspace_drive_a_sandbox(
     spec: str,
@@ -75,19 +103,9 @@ async def test_remote_conversation_and_workspace_drive_a_sandbox(
         # SDK 1.58 asks the server for a title (an LLM call without tools), racing the run.
         fake_llm.untooled = reply_text("Greeting", usage=(0, 0))
     alice = await user("alice")
-    _sandbox_id, url, key = await agent_server(alice, spec)
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": str(tmp_path),
-        "AGENT_URL": url,
-        "SESSION_KEY": key,
-        "LLM_BASE_URL": fake_llm.container_base_url,
-        "LLM_KEY": LLM_KEY,
-        "WORK_DIR": str(tmp_path),
-        "LLM_MODEL": model,
-        "TOOL_NAMES": tools,
-    }
-    report = await run_client_script(venv, "sdk_remote.py", env=env)
+    report = await run_sdk_remote(
+        venv, alice, fake_llm, tmp_path, spec=spec, model=model, tools=tools
+    )
 
     assert report["status"] == "finished"
     kinds = report["kinds"]
