@@ -83,6 +83,19 @@ def spec_dir(tmp: Path, extra: dict[str, str]) -> Path:
     return target
 
 
+def agent_spec(spec_id: str, description: str, more: str = "") -> str:
+    """A spec file's YAML: our agent server on the default image, in /workspace, on port 8000
+    (AGENT_SERVER); `more` (YAML lines) after."""
+    return f"""id: {spec_id}
+description: {description}
+image: {DEFAULT_IMAGE}
+command: ["/opt/agent/bin/python", "-P", "-m", "agent", "--port", "8000"]
+working_dir: /workspace
+exposed_ports:
+  AGENT_SERVER: 8000
+{more}"""
+
+
 HANGING_SPEC = f"""
 id: hanging
 description: never answers /health

@@ -18,7 +18,7 @@ from tests.drivers.kubernetes.sandbox_objects import api_get, objects, orphans
 from tests.drivers.kubernetes.test_sandboxes import Headers
 from tests.ops.test_reaper import backdate
 from tests.support.sandbox_helpers import (
-    DEFAULT_IMAGE,
+    agent_spec,
     lifecycle,
     spec_dir,
     start_running,
@@ -28,18 +28,15 @@ from tests.support.types import ClientFactory
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 
-HUGE = f"""id: huge
-description: more memory than any node has
-image: {DEFAULT_IMAGE}
-command: ["/opt/agent/bin/python", "-P", "-m", "agent", "--port", "8000"]
-working_dir: /workspace
-exposed_ports:
-  AGENT_SERVER: 8000
-resources:
+HUGE = agent_spec(
+    "huge",
+    "more memory than any node has",
+    """resources:
   memory: 4000g
   memory_reservation: 4000g
 warm_pool: 0
-"""
+""",
+)
 
 
 async def test_admission_reaper_and_metrics(
