@@ -14,11 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import docker
 import pytest
 
 from tests.support.conversation_helpers import (
@@ -30,7 +27,7 @@ from tests.support.conversation_helpers import (
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.live_server import Api, LiveServer
 from tests.support.openhands_clients import OpenHandsVenv, client_env, openhands_login, run
-from tests.support.sandbox_helpers import containers
+from tests.support.sandbox_helpers import OwnDocker
 
 pytestmark = [
     pytest.mark.slow,
@@ -43,19 +40,11 @@ pytestmark = [
 HEX32 = re.compile(r"\b[0-9a-f]{32}\b")
 
 
-@pytest.fixture
-def sandbox_containers(
-    docker_client: docker.DockerClient, test_prefix: str
-) -> Callable[[], list[Any]]:
-    """This test's sandbox containers, as Docker sees them now."""
-    return lambda: containers(docker_client, test_prefix)
-
-
 async def test_openhands_cloud_runs_a_conversation_in_a_sandbox(
     openhands_venv: OpenHandsVenv,
     user: UserFactory,
     fake_llm: FakeLLM,
-    sandbox_containers: Callable[[], list[Any]],
+    own_docker: OwnDocker,
     tmp_path: Path,
 ) -> None:
     fake_llm.script(
@@ -111,7 +100,7 @@ async def test_openhands_cloud_runs_a_conversation_in_a_sandbox(
     ]
     assert result["observation"]["exit_code"] == 0
     assert "hello from the sandbox" in json.dumps(result["observation"])
-    (container,) = sandbox_containers()
+    (container,) = own_docker.containers()
     listing = container.exec_run(["cat", "/workspace/hello.py"]).output.decode()
     assert "hello from the sandbox" in listing
     conversation = await alice.ok("GET", f"/api/v1/app-conversations/{conversation_id}")
@@ -172,7 +161,7 @@ async def test_cloud_workspace_creates_resumes_and_cleans_up(
     openhands_venv: OpenHandsVenv,
     live: LiveServer,
     user: UserFactory,
-    sandbox_containers: Callable[[], list[Any]],
+    own_docker: OwnDocker,
     tmp_path: Path,
 ) -> None:
     alice = await user("alice")
@@ -201,7 +190,7 @@ async def test_cloud_workspace_creates_resumes_and_cleans_up(
             assert sandbox["created_by_user_id"] == "alice"
             (agent,) = [u for u in sandbox["exposed_urls"] if u["name"] == "AGENT_SERVER"]
             assert created["host"] == agent["url"].rstrip("/")
-            assert len(sandbox_containers()) == 1  # keep_alive kept it
+            assert len(own_docker.containers()) == 1  # keep_alive kept it
 
             await alice.ok("POST", f"/api/v1/sandboxes/{sandbox_id}/pause")
             paused = await alice.ok("GET", f"/api/v1/sandboxes/{sandbox_id}")
@@ -224,4 +213,4 @@ async def test_cloud_workspace_creates_resumes_and_cleans_up(
     # cleanup() called DELETE /api/v1/sandboxes?sandbox_id=: gone, container and all.
     status, _ = await alice.call("GET", f"/api/v1/sandboxes/{sandbox_id}")
     assert status == 404
-    assert sandbox_containers() == []
+    assert own_docker.containers() == []

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import docker
 import pytest
 import redis.asyncio as aioredis
 
@@ -39,7 +38,7 @@ from tests.support.conversation_helpers import (
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
 from tests.support.live_server import Api, LiveServer
 from tests.support.openhands_clients import OpenHandsVenv, client_env, run
-from tests.support.sandbox_helpers import containers
+from tests.support.sandbox_helpers import OwnDocker
 
 #: litellm needs a provider in the model name; the fake LLM speaks OpenAI's API.
 MODEL = "openai/fake-model"
@@ -114,9 +113,8 @@ async def test_a_conversation_on_the_official_agent_server(
     fake_llm: FakeLLM,
     live: LiveServer,
     http: aiohttp.ClientSession,
-    docker_client: docker.DockerClient,
+    own_docker: OwnDocker,
     raw_redis: aioredis.Redis,
-    test_prefix: str,
 ) -> None:
     begun = datetime.now(UTC)
     fake_llm.script(
@@ -152,7 +150,7 @@ async def test_a_conversation_on_the_official_agent_server(
     events = await same_events_as_the_server(http, alice, url, key, cid)
 
     # The agent ran the command as `agent`, in UTC, with the user's secret in its environment.
-    (container,) = containers(docker_client, test_prefix)
+    (container,) = own_docker.containers()
     assert container.exec_run(["cat", "/workspace/out.txt"]).output == b"14\n"
     (action,) = [a for a in of_kind(events, "ActionEvent") if a["tool_name"] == "terminal"]
     (observation,) = [
@@ -236,12 +234,12 @@ async def test_a_conversation_on_the_official_agent_server(
 
     # Delete: both conversations, then the sandbox with its container, volume and events.
     await alice.ok("DELETE", f"/api/v1/app-conversations/{cid2}")
-    assert containers(docker_client, test_prefix)
+    assert own_docker.containers()
     await alice.ok("DELETE", f"/api/v1/app-conversations/{cid}")
     status, _ = await alice.call("GET", f"/api/v1/sandboxes/{sandbox_id}")
     assert status == 404
-    assert containers(docker_client, test_prefix) == []
-    assert docker_client.volumes.list(filters={"name": test_prefix}) == []
+    assert own_docker.containers() == []
+    assert own_docker.client.volumes.list(filters={"name": own_docker.prefix}) == []
     assert not await raw_redis.exists(keyspace.events(cid), keyspace.events(cid2))
 
 

@@ -18,7 +18,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 from aiohttp import web
 
@@ -27,7 +26,7 @@ from tests.support.conversation_helpers import LLM_KEY, UserFactory
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
 from tests.support.live_server import LiveServer, free_port
 from tests.support.openhands_clients import OpenHandsVenv, run_client_script
-from tests.support.sandbox_helpers import containers
+from tests.support.sandbox_helpers import OwnDocker
 
 pytestmark = [
     pytest.mark.slow,
@@ -64,8 +63,7 @@ async def test_cloud_workspace_reads_llm_mcp_and_secrets(
     user: UserFactory,
     fake_llm: FakeLLM,
     cloud_url: str,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
     tmp_path: Path,
 ) -> None:
     fake_llm.script([reply_tool_call("terminal", {"command": SAVE_TOKEN}), reply_finish("saved")])
@@ -128,7 +126,7 @@ async def test_cloud_workspace_reads_llm_mcp_and_secrets(
     # cleanup(): DELETE /api/v1/sandboxes/{id}?sandbox_id={id}: gone.
     assert report["cleaned"] is True
     assert (await alice.call("GET", f"/api/v1/sandboxes/{sid}"))[0] == 404
-    assert containers(docker_client, test_prefix) == []
+    assert own_docker.containers() == []
 
 
 async def test_remote_conversation_158_on_our_agent_server(

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 
 from controlplane.agent_protocol.start_request import start_conversation_request
@@ -20,7 +19,7 @@ from tests.support.conversation_helpers import LLM_KEY, UserFactory
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
 from tests.support.live_server import Api, running_sandbox
 from tests.support.openhands_clients import OpenHandsVenv, run_client_script
-from tests.support.sandbox_helpers import containers
+from tests.support.sandbox_helpers import OwnDocker
 
 pytestmark = [
     pytest.mark.slow,
@@ -90,8 +89,7 @@ async def test_remote_conversation_and_workspace_drive_a_sandbox(
     user: UserFactory,
     fake_llm: FakeLLM,
     openhands_venv: OpenHandsVenv,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
     tmp_path: Path,
 ) -> None:
     greeting = "echo hello-from-the-sdk > /workspace/sdk.txt && cat /workspace/sdk.txt"
@@ -121,7 +119,7 @@ async def test_remote_conversation_and_workspace_drive_a_sandbox(
     assert report["agent_model"] == model
     assert report["workspace"]["working_dir"] == "/workspace"
     assert report["prompt_tokens"] == 200  # two LLM calls, read from the ConversationStats
-    (container,) = containers(docker_client, test_prefix)
+    (container,) = own_docker.containers()
     assert container.exec_run(["cat", "/workspace/sdk.txt"]).output == b"hello-from-the-sdk\n"
     assert fake_llm.requests[0].authorization == f"Bearer {LLM_KEY}"
 

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 
 from controlplane.keys import GATEWAY
@@ -31,7 +30,7 @@ from tests.support.fake_anthropic import FakeAnthropic, anthropic_text, anthropi
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.key_probe import probe_for
 from tests.support.live_server import LiveServer, free_port
-from tests.support.sandbox_helpers import REPO, containers, exec_as_agent, spec_dir
+from tests.support.sandbox_helpers import REPO, OwnDocker, exec_as_agent, spec_dir
 
 pytestmark = [
     pytest.mark.usefixtures("sandbox_images"),
@@ -103,17 +102,11 @@ async def call_from(container: Any, url: str, token: str, model: str, stream: bo
     return json.loads(out.splitlines()[-1])
 
 
-def sandbox_of(docker_client: docker.DockerClient, prefix: str, sandbox_id: str) -> Any:
-    (container,) = [c for c in containers(docker_client, prefix) if sandbox_id in c.name]
-    return container
-
-
 async def test_our_agent_calls_through_the_gateway_and_never_holds_the_key(
     live: LiveServer,
     user: UserFactory,
     fake_llm: FakeLLM,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     fake_llm.script(
         [
@@ -131,7 +124,7 @@ async def test_our_agent_calls_through_the_gateway_and_never_holds_the_key(
     # The provider got the real key from the gateway; the agent had only its sandbox token.
     token = live.app[GATEWAY].tokens.issue(sid, cid, "alice")
     assert [r.authorization for r in fake_llm.requests] == [f"Bearer {LLM_KEY}"] * 2
-    container = sandbox_of(docker_client, test_prefix, sid)
+    container = own_docker.container(sid)
     assert (await asyncio.to_thread(exec_as_agent, container, "cat", "/workspace/g.txt"))[1] == (
         "via-gateway"
     )
@@ -157,8 +150,7 @@ async def test_a_spec_that_opts_out_hands_the_key_to_the_sandbox(
     live: LiveServer,
     user: UserFactory,
     fake_llm: FakeLLM,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     """`llm_gateway: false` (documented as less safe): the key is in the sandbox, and the probe
     that finds nothing elsewhere finds it here."""
@@ -169,7 +161,7 @@ async def test_a_spec_that_opts_out_hands_the_key_to_the_sandbox(
     await wait_finished(alice, task["app_conversation_id"])
     # Called from the sandbox itself, by the name sandboxes give the host, not by the gateway.
     assert fake_llm.requests[-1].headers["Host"].startswith("host.docker.internal:")
-    report = await probe_for(sandbox_of(docker_client, test_prefix, task["sandbox_id"]), LLM_KEY)
+    report = await probe_for(own_docker.container(task["sandbox_id"]), LLM_KEY)
     assert any(place.startswith("mem ") for place in report.found), report.found
     assert any(place.startswith("file /var/lib/acs-agent") for place in report.found)
 
@@ -202,8 +194,7 @@ async def test_anthropic_conversation_end_to_end_through_litellm(
     live: LiveServer,
     user: UserFactory,
     anthropic: FakeAnthropic,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     """The most common set-up (`anthropic/…` with an Anthropic key) on our agent, which speaks
     only OpenAI's protocol: the gateway translates both ways, tools included; a streamed call
@@ -229,7 +220,7 @@ async def test_anthropic_conversation_end_to_end_through_litellm(
     assert action["tool_name"] == "terminal"
     agent_messages = [e for e in of_kind(events, "MessageEvent") if e["source"] == "agent"]
     assert "all done" in json.dumps(agent_messages[-1])
-    container = sandbox_of(docker_client, test_prefix, sid)
+    container = own_docker.container(sid)
     assert (await asyncio.to_thread(exec_as_agent, container, "cat", "/workspace/c.txt"))[1] == (
         "from-claude"
     )
@@ -266,8 +257,7 @@ async def test_sandbox_credential_is_scoped_to_its_conversation_and_dies_with_it
     live: LiveServer,
     user: UserFactory,
     fake_llm: FakeLLM,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     fake_llm.when_exhausted = reply_finish("ok")
     alice = await user("alice")
@@ -276,7 +266,7 @@ async def test_sandbox_credential_is_scoped_to_its_conversation_and_dies_with_it
     two = await start_and_wait(bob, initial_message=message("two"))
     assert one["status"] == two["status"] == "READY"
     tokens = live.app[GATEWAY].tokens
-    container = sandbox_of(docker_client, test_prefix, one["sandbox_id"])
+    container = own_docker.container(one["sandbox_id"])
     url = gateway_url(live)
     own = tokens.issue(one["sandbox_id"], one["app_conversation_id"], "alice")
     ok = await call_from(container, url, own, "fake-model")

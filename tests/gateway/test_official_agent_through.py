@@ -5,7 +5,6 @@ request the server keeps on disk, not in any environment, command line or readab
 
 from __future__ import annotations
 
-import docker
 import pytest
 
 from controlplane.keys import GATEWAY
@@ -21,7 +20,7 @@ from tests.support.conversation_helpers import (
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.key_probe import probe_for
 from tests.support.live_server import LiveServer
-from tests.support.sandbox_helpers import containers
+from tests.support.sandbox_helpers import OwnDocker
 
 pytestmark = [
     pytest.mark.slow,
@@ -38,8 +37,7 @@ async def test_official_agent_server_calls_through_the_gateway_without_the_key(
     live: LiveServer,
     user: UserFactory,
     fake_llm: FakeLLM,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     fake_llm.untooled = reply_finish("(untooled)")
     fake_llm.script(
@@ -65,7 +63,7 @@ async def test_official_agent_server_calls_through_the_gateway_without_the_key(
     usage = await alice.ok("GET", f"/api/v1/llm-gateway/usage?conversation_id={cid}")
     assert usage["requests"] == len([r for r in fake_llm.requests if r.status == 200])
 
-    (container,) = [c for c in containers(docker_client, test_prefix) if sid in c.name]
+    (container,) = [c for c in own_docker.containers() if sid in c.name]
     report = await probe_for(container, LLM_KEY)
     assert report.found == [], report.found
     assert report.read_memory_of("openhands.agent_server")

@@ -30,7 +30,7 @@ from tests.support.conversation_helpers import (
 from tests.support.fake_llm import FakeLLM, reply_finish
 from tests.support.live_server import Api, LiveServer, free_port, running_sandbox
 from tests.support.proxy_app import PROXIED_SPEC, serve_app
-from tests.support.sandbox_helpers import spec_dir
+from tests.support.sandbox_helpers import OwnDocker, spec_dir
 
 MIB = 1024 * 1024
 PROXY_MAX_BODY = 2 * MIB  # above the API's own 1 MiB (ACS_MAX_BODY_BYTES): the proxy's applies
@@ -85,8 +85,7 @@ async def test_the_proxy_serves_its_owner_and_nobody_else(
     live: LiveServer,
     http: aiohttp.ClientSession,
     raw_redis: aioredis.Redis,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     alice_key = (await ApiKeyService(raw_redis, None).create("alice")).key
     bob_key = (await ApiKeyService(raw_redis, None).create("bob")).key
@@ -96,7 +95,7 @@ async def test_the_proxy_serves_its_owner_and_nobody_else(
     sid, session_key = sandbox["id"], sandbox["session_api_key"]
     agent = next(u["url"] for u in sandbox["exposed_urls"] if u["name"] == "AGENT_SERVER")
     assert agent == f"{live.url}/sandboxes/{sid}/proxy/agent"  # the link is the proxy's
-    worker = await _serve_app(docker_client, test_prefix, alice, sandbox)
+    worker = await _serve_app(own_docker.client, own_docker.prefix, alice, sandbox)
     assert worker == f"{live.url}/sandboxes/{sid}/proxy/WORKER_1/"
     health = _path(agent, live.url) + "/health"
 
@@ -170,13 +169,12 @@ async def test_the_proxy_streams_both_ways_within_its_limits(
     live: LiveServer,
     http: aiohttp.ClientSession,
     raw_redis: aioredis.Redis,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     key = (await ApiKeyService(raw_redis, None).create("alice")).key
     alice = Api(http, live.url, key)
     sandbox = await running_sandbox(alice, "proxied")
-    worker = await _serve_app(docker_client, test_prefix, alice, sandbox)
+    worker = await _serve_app(own_docker.client, own_docker.prefix, alice, sandbox)
     auth = {"X-Session-API-Key": key}
 
     # A large download, streamed: every byte, in order.

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import docker
 import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
@@ -22,7 +21,7 @@ from controlplane.config import ServiceConfig
 from controlplane.store import keyspace
 from tests.support.live_server import Api, LiveServer, running_sandbox, start_live_server
 from tests.support.redis_server import redis_on_tcp
-from tests.support.sandbox_helpers import exec_as_agent, probe_from
+from tests.support.sandbox_helpers import OwnDocker, exec_as_agent, probe_from
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 
@@ -65,16 +64,15 @@ async def test_a_sandbox_reaches_no_neighbour_and_no_host_service_but_the_webhoo
     plain_live: LiveServer,
     http: aiohttp.ClientSession,
     raw_redis: aioredis.Redis,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
     careless_redis: Callable[[list[str]], int],
 ) -> None:
     alice = await new_user(plain_live, http, raw_redis, "alice")
     bob = await new_user(plain_live, http, raw_redis, "bob")
     mine, theirs = await asyncio.gather(running_sandbox(alice), running_sandbox(bob))
     gateway = await plain_live.sandbox_gateway()
-    attacker = docker_client.containers.get(f"{test_prefix}{mine['id']}")
-    victim = docker_client.containers.get(f"{test_prefix}{theirs['id']}")
+    attacker = own_docker.client.containers.get(f"{own_docker.prefix}{mine['id']}")
+    victim = own_docker.client.containers.get(f"{own_docker.prefix}{theirs['id']}")
     victim_port = theirs["exposed_urls"][0]["port"]
 
     # The API on the gateway too, as `serve --host 0.0.0.0` would have it; a host Redis on the
@@ -146,12 +144,11 @@ async def test_inside_a_sandbox_the_agent_has_no_privilege(
     plain_live: LiveServer,
     http: aiohttp.ClientSession,
     raw_redis: aioredis.Redis,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     alice = await new_user(plain_live, http, raw_redis, "alice")
     sandbox = await running_sandbox(alice)
-    container = docker_client.containers.get(f"{test_prefix}{sandbox['id']}")
+    container = own_docker.client.containers.get(f"{own_docker.prefix}{sandbox['id']}")
 
     def run(command: str) -> tuple[int, str]:
         return exec_as_agent(container, "bash", "-c", command)
