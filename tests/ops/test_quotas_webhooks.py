@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from tests.support.hook_server import HookServer
 from tests.support.sandbox_helpers import start, wait_status
 from tests.support.types import Client, ClientFactory
 
@@ -63,15 +64,15 @@ async def test_host_capacity_counts_paused_memory(
     await wait_status(client, bob, second["id"], "RUNNING")
 
 
-class Receiver:
-    """A local webhook receiver that fails the first `failures` deliveries with 503."""
+class Receiver(HookServer):
+    """A webhook receiver (tests/support/hook_server.py) that fails the first `failures`
+    deliveries with 503."""
 
     def __init__(self, failures: int) -> None:
+        super().__init__()
         self.failures = failures
         self.attempts = 0
         self.accepted: list[tuple[dict[str, str], bytes]] = []
-        self.runner: web.AppRunner | None = None
-        self.url = ""
 
     async def handle(self, request: web.Request) -> web.Response:
         self.attempts += 1
@@ -82,23 +83,13 @@ class Receiver:
         self.accepted.append((dict(request.headers), body))
         return web.Response(status=204)
 
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/hook", self.handle)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/hook"
-
 
 @pytest.fixture
 async def receiver_failing_twice() -> AsyncIterator[Receiver]:
     hook = Receiver(failures=2)
-    await hook.start()
+    await hook.up()
     yield hook
-    assert hook.runner is not None
-    await hook.runner.cleanup()
+    await hook.down()
 
 
 async def test_lifecycle_webhooks_signed_and_retried(
