@@ -65,10 +65,8 @@ class Receiver(HookServer):
 
 @pytest.fixture
 async def receiver() -> AsyncIterator[Receiver]:
-    hook = Receiver()
-    await hook.up()
-    yield hook
-    await hook.down()
+    async with Receiver() as hook:
+        yield hook
 
 
 def events(n: int) -> list[LifecycleEvent]:

@@ -86,10 +86,8 @@ class Receiver(HookServer):
 
 @pytest.fixture
 async def receiver_failing_twice() -> AsyncIterator[Receiver]:
-    hook = Receiver(failures=2)
-    await hook.up()
-    yield hook
-    await hook.down()
+    async with Receiver(failures=2) as hook:
+        yield hook
 
 
 async def test_lifecycle_webhooks_signed_and_retried(

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Self
+
 from aiohttp import web
 
 from tests.support.live_server import free_port
@@ -29,3 +31,10 @@ class HookServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    async def __aenter__(self) -> Self:
+        await self.up()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.down()
