@@ -5,6 +5,10 @@ PYTHON ?= python3
 HOST   ?= 127.0.0.1
 PORT   ?= 3000
 BIN    := $(VENV)/bin
+# What outlives a clone (downloaded wheels, client venvs, Agent Canvas, the Kubernetes binaries,
+# mypy's cache), so that a fresh clone of a machine that ran the tests before starts warm.
+export ACS_CACHE_DIR ?= $(HOME)/.cache/acs
+export MYPY_CACHE_DIR ?= $(ACS_CACHE_DIR)/mypy
 
 .PHONY: all host browser install images image run test test-unit test-prep test-quick chaos ha lint format mypy bench bench-official bench-kube clean kube-binaries
 
@@ -39,9 +43,15 @@ image: images
 run: install host images
 	$(BIN)/controlplane serve --host $(HOST) --port $(PORT)
 
+# pytest-xdist workers for the tiers with Docker: most of a test's time is spent waiting on
+# sandboxes, processes and time-outs, so more workers than cores pay (docs/development.md,
+# "Parallel runs"); tests that share an expensive set-up run on one worker (tests/conftest.py).
+TEST_WORKERS ?= 4
+PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+
 # Everything, slow tiers included (what CI runs).
 test: install host images browser test-prep
-	$(BIN)/pytest
+	$(BIN)/pytest $(PARALLEL)
 
 # What the slow tiers need, made before pytest so that no test's time limit covers a build from
 # nothing: the official agent server's image (minutes the first time, cached), the pinned
@@ -69,7 +79,7 @@ kube-binaries:
 
 # Without the slow tiers (tests marked `slow`: real clients, chaos, the official agent server).
 test-quick: install host images browser
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest $(PARALLEL) -m "not slow"
 
 # Fault injection alone: kill -9 of the control plane and of Redis under load (`make test` runs
 # these too).

@@ -19,11 +19,12 @@
 #      (bookworm's python3) on this machine's architecture, plus setuptools to
 #      build the project itself, downloaded with pip on the host (nothing inside
 #      `docker build` talks to PyPI). Versions are pinned to what .venv has
-#      installed, so the image runs what the tests ran. They go to
-#      var/build/control-plane/wheels/ -- always under the repository, whatever
+#      installed, so the image runs what the tests ran. They are downloaded into
+#      $ACS_CACHE_DIR/control-plane-wheels/<key> (default ~/.cache/acs, which a fresh
+#      clone finds again) only when the requirements or the pins change, and linked
+#      into var/build/control-plane/wheels/ -- always under the repository, whatever
 #      ACS_DATA_DIR says, because the build context is the repository root and
-#      .dockerignore lets only that directory of var/ through -- and are
-#      downloaded again only when the requirements or the pins change.
+#      .dockerignore lets only that directory of var/ through.
 #   3. `docker build --build-arg BASE_IMAGE=... -t $ACS_IMAGE .`; docker's layer
 #      cache keeps an unchanged rebuild under a second, and a source-only change
 #      to the last layers of the venv stage (~10 s). The venv stage is tagged
@@ -40,6 +41,7 @@ BASE_IMAGE=${ACS_BASE_IMAGE:-acs-base:bookworm}
 LOCAL_BASE=acs-base:bookworm
 WORK_DIR=$ROOT/var/build/control-plane
 WHEEL_DIR=$WORK_DIR/wheels
+WHEEL_CACHE=${ACS_CACHE_DIR:-$HOME/.cache/acs}/control-plane-wheels
 LOG_DIR=$WORK_DIR/logs
 IMAGE_PYTHON=3.11.2 # python3 of Debian bookworm, i.e. of the image
 # pip download evaluates environment markers with the host's interpreter, not the
@@ -135,7 +137,7 @@ pins() {
 }
 
 ensure_wheels() {
-    local py arch reqs constraints key tmp start v
+    local py arch reqs constraints key tmp
     py=$(host_python)
     arch=$(uname -m)
     reqs=$(requirements "$py")
@@ -145,8 +147,26 @@ ensure_wheels() {
     if [ -f "$WHEEL_DIR/.complete" ] && [ "$(cat "$WHEEL_DIR/.key" 2>/dev/null)" = "$key" ]; then
         return
     fi
-    start=$(now)
+    mkdir -p "$WHEEL_CACHE"
+    if command -v flock >/dev/null 2>&1; then # clones share the cache
+        exec 8>"$WHEEL_CACHE/.lock"
+        flock 8
+    fi
+    if [ ! -f "$WHEEL_CACHE/$key/.complete" ]; then
+        download_wheels "$py" "$arch" "$reqs" "$constraints" "$key"
+    fi
+    # Into the build context: hard links where the cache is on the same file system.
     tmp=$(mktemp -d "$WORK_DIR/wheels.tmp.XXXXXX")
+    TMP_DIRS+=("$tmp")
+    cp -al "$WHEEL_CACHE/$key/." "$tmp/" 2>/dev/null || cp -a "$WHEEL_CACHE/$key/." "$tmp/"
+    rm -rf "$WHEEL_DIR"
+    mv "$tmp" "$WHEEL_DIR"
+}
+
+download_wheels() {
+    local py=$1 arch=$2 reqs=$3 constraints=$4 key=$5 tmp start v
+    start=$(now)
+    tmp=$(mktemp -d "$WHEEL_CACHE/.tmp.XXXXXX")
     TMP_DIRS+=("$tmp")
     printf '%s\n' "$reqs" >"$tmp/requirements.txt"
     printf '%s\n' "$constraints" >"$tmp/constraints.txt"
@@ -163,9 +183,9 @@ ensure_wheels() {
     fi
     echo "$key" >"$tmp/.key"
     touch "$tmp/.complete"
-    rm -rf "$WHEEL_DIR"
-    mv "$tmp" "$WHEEL_DIR"
-    log "wheels downloaded in $(since "$start")s ($(find "$WHEEL_DIR" -name '*.whl' | wc -l) wheels)"
+    rm -rf "${WHEEL_CACHE:?}/$key"
+    mv "$tmp" "$WHEEL_CACHE/$key"
+    log "wheels downloaded in $(since "$start")s ($(find "$WHEEL_CACHE/$key" -name '*.whl' | wc -l) wheels)"
 }
 
 # --- 3. the image -------------------------------------------------------------

@@ -16,7 +16,9 @@
 #                      (default acs-base:trixie, made with debootstrap likewise).
 #   ACS_ENABLE_SPECS   comma-separated ids of `enabled: false` specs to build too.
 #   ACS_DATA_DIR       where build files go (default ./var); this script uses
-#                      $ACS_DATA_DIR/build: wheels/ (cache), logs/, temp dirs.
+#                      $ACS_DATA_DIR/build: logs/, temp dirs.
+#   ACS_CACHE_DIR      what outlives a clone (default ~/.cache/acs): wheels/, the
+#                      downloaded wheels, which a fresh clone finds again.
 #   ACS_IMAGE_TAG      tag for every spec image instead of the spec's own (the control
 #                      plane reads the same variable), so that several checkouts can
 #                      share one engine.
@@ -29,7 +31,7 @@
 #   2. Wheels of the spec's build.requirements (default agent/requirements.txt) for
 #      the spec's build.python (default 3.11, bookworm's python3) on this machine's
 #      architecture, downloaded once with pip on the host and cached in
-#      $ACS_DATA_DIR/build/wheels/<hash of python, arch and requirements>/.
+#      $ACS_CACHE_DIR/wheels/<hash of python, arch and requirements>/.
 #      Requirement lines marked `# acs: no-wheel` (a package with no wheel on the
 #      index) are built first with `pip wheel` on the host.
 #   3. For every selected specs/*.yaml (or .yml) with a `build:` section: assemble a
@@ -56,6 +58,8 @@ IMAGE_TAG=${ACS_IMAGE_TAG:-}
 DATA_DIR=${ACS_DATA_DIR:-./var}
 case "$DATA_DIR" in /*) ;; *) DATA_DIR="$ROOT/${DATA_DIR#./}" ;; esac
 BUILD_DIR="$DATA_DIR/build"
+CACHE_DIR=${ACS_CACHE_DIR:-$HOME/.cache/acs}
+WHEEL_CACHE="$CACHE_DIR/wheels"
 LOG_DIR="$BUILD_DIR/logs"
 MIRROR=${ACS_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SECURITY_MIRROR=http://deb.debian.org/debian-security
@@ -88,7 +92,7 @@ for arg in "$@"; do
 done
 
 docker info >/dev/null 2>&1 || die "docker is not usable; run scripts/install-docker.sh first"
-mkdir -p "$BUILD_DIR/wheels" "$LOG_DIR"
+mkdir -p "$WHEEL_CACHE" "$LOG_DIR"
 
 # One build at a time per data dir (make -j, parallel test runs).
 if command -v flock >/dev/null 2>&1; then
@@ -251,12 +255,18 @@ ensure_wheels() {
         [ "$suite" = bookworm ] || echo "$suite"
         cat "$requirements"
     } | sha256sum | cut -c1-16)
-    dir="$BUILD_DIR/wheels/$key"
+    dir="$WHEEL_CACHE/$key"
     WHEEL_DIR=$dir
     [ -f "$dir/.complete" ] && return
+    # Clones share the cache: one download of a set at a time, and none replaced under a reader.
+    if command -v flock >/dev/null 2>&1; then
+        exec 8>"$WHEEL_CACHE/.lock"
+        flock 8
+        [ -f "$dir/.complete" ] && return
+    fi
     start=$(now)
     py=$(host_pip)
-    tmp=$(mktemp -d "$BUILD_DIR/wheels/.tmp.XXXXXX")
+    tmp=$(mktemp -d "$WHEEL_CACHE/.tmp.XXXXXX")
     TMP_DIRS+=("$tmp")
     log_file="$LOG_DIR/wheels-$key.log"
     : >"$log_file"

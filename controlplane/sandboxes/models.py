@@ -50,6 +50,10 @@ class SandboxRecord(BaseModel):
     updated_at: datetime
     last_activity_at: datetime
     deleting_at: datetime | None = None  # a delete was asked for: it is finished, never undone
+    generation: int = 0
+    """Bumped by the store with every change of status and every write of where the sandbox is
+    reached (ports, host): a re-create, a resume or a failover makes a new one, so whatever a
+    replica cached of an older generation (the proxy's container address) is not used."""
 
     def agent_url(self, default_host: str) -> str:
         """Base URL of the sandbox's agent server, as this control plane reaches it

@@ -28,7 +28,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PATCH_DIR=$ROOT/scripts/kube/patches
-CACHE=${ACS_KUBE_CACHE:-$HOME/.cache/acs/kubernetes}
+CACHE=${ACS_KUBE_CACHE:-${ACS_CACHE_DIR:-$HOME/.cache/acs}/kubernetes}
 MIRROR=${ACS_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SOURCE_PACKAGE=kubernetes
 SOURCE_VERSION=1.20.5+really1.20.2-1.1+deb12u1

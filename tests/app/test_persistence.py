@@ -116,7 +116,10 @@ async def test_explicit_secret_key_is_used_and_no_key_file_is_written(
 
 
 async def test_a_wrong_key_fails_loudly_without_leaking_or_overwriting(
-    make_client: MakeClient, user_headers: Callable[..., Any]
+    make_client: MakeClient,
+    make_config: Callable[..., ServiceConfig],
+    user_headers: Callable[..., Any],
+    raw_redis: aioredis.Redis,
 ) -> None:
     right = Fernet.generate_key().decode()
     wrong = Fernet.generate_key().decode()
@@ -125,6 +128,14 @@ async def test_a_wrong_key_fails_loudly_without_leaking_or_overwriting(
     await _write_everything(first, headers)
     await first.close()
 
+    # A replica with the wrong key does not start (tests/security/test_replica_keys.py)...
+    runner = web.AppRunner(create_app(make_config(secret_key=wrong)))
+    with pytest.raises(ConfigError, match="ACS_SECRET_KEY"):
+        await runner.setup()
+    await runner.cleanup()
+    # ...and if it ran anyway (the check deleted, or data from before the check), reads fail
+    # loudly and nothing is overwritten.
+    await raw_redis.delete(keyspace.SECRET_KEY_CHECK)
     with capture_logs() as logs:
         client: Client = await make_client(secret_key=wrong)
         for method, path, body in [
@@ -151,6 +162,7 @@ async def test_a_wrong_key_fails_loudly_without_leaking_or_overwriting(
     assert "persist-" not in logs.text
 
     # Nothing was overwritten: the right key still reads the original data.
+    await raw_redis.delete(keyspace.SECRET_KEY_CHECK)
     back: Client = await make_client(secret_key=right)
     settings = await (await back.get("/api/settings", headers=headers)).json()
     assert settings["language"] == "it"

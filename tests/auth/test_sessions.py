@@ -4,15 +4,21 @@ wherever a key is, cross-origin refusal for requests that change state, sign-out
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from http.cookies import SimpleCookie
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
+from aiohttp import web
 
 from controlplane import keys
+from controlplane.app import create_app
 from controlplane.auth.service import ApiKeyService
 from controlplane.auth.sessions import COOKIE_NAME, SIGNING_PURPOSE, SessionService
+from controlplane.config import ConfigError, ServiceConfig
 from controlplane.crypto import load_secret_box
+from controlplane.store import keyspace
 from tests.conftest import BOOTSTRAP_KEY
 from tests.support.log_capture import capture_logs
 from tests.support.types import Client, ClientFactory, UserHeaders
@@ -188,12 +194,21 @@ async def test_an_expired_cookie_is_refused_even_if_its_record_lingers(
 
 
 async def test_the_signing_key_comes_from_the_secret_key(
-    make_client: ClientFactory, tmp_path: Any
+    make_client: ClientFactory,
+    make_config: Callable[..., ServiceConfig],
+    tmp_path: Any,
+    raw_redis: aioredis.Redis,
 ) -> None:
     first = await make_client()
     await sign_in(first, BOOTSTRAP_KEY)
     cookie = next(c.value for c in first.session.cookie_jar if c.key == COOKIE_NAME)
-    # Same Redis, another data dir: another secret key file, so the cookie's signature fails.
+    # Same Redis, another data dir: another secret key file. Such a replica refuses to start
+    # (the key check); were it let in, the cookie's signature would fail there.
+    runner = web.AppRunner(create_app(make_config(data_dir=tmp_path / "other-data")))
+    with pytest.raises(ConfigError, match="key file"):
+        await runner.setup()
+    await runner.cleanup()
+    await raw_redis.delete(keyspace.SECRET_KEY_CHECK)
     other = await make_client(data_dir=tmp_path / "other-data")
     headers = {"Cookie": f"{COOKIE_NAME}={cookie}"}
     assert (await other.get("/api/v1/users/me", headers=headers)).status == 401

@@ -137,21 +137,20 @@ async def test_the_proxy_serves_its_owner_and_nobody_else(
     assert alice_key not in json.dumps(seen)
     assert "x-session-api-key" not in got
     assert "origin" not in got
-    assert got["cookie"] == "theirs=kept"
+    assert "cookie" not in got  # this origin's cookies are the control plane's, none passes
     assert got["x-forwarded-prefix"] == f"/sandboxes/{sid}/proxy/WORKER_1"
     _, seen = await Api(http, live.url, session_key).call(
         "GET", _path(worker, live.url) + "headers?session_api_key=" + session_key + "&x=1"
     )
     assert seen["path"] == "/headers?x=1"  # the credential is not passed on, the rest is
 
-    # What comes back: cookies confined to the port's path, never the control plane's session;
-    # the sandbox's CORS answer replaced by the control plane's; an opaque origin for pages.
+    # What comes back: no cookie (tests/security/test_sandbox_answers.py has the rest); the
+    # sandbox's CORS answer replaced by the control plane's; an opaque origin for pages.
     async with http.get(
         worker + "cookies", headers={"X-Session-API-Key": alice_key, "Origin": UI}
     ) as resp:
         assert resp.status == 200
-        cookies = resp.headers.getall("Set-Cookie")
-        assert cookies == [f"app=1; HttpOnly; Path=/sandboxes/{sid}/proxy/WORKER_1/"], cookies
+        assert resp.headers.getall("Set-Cookie", []) == []
         assert resp.headers["Access-Control-Allow-Origin"] == UI
         assert resp.headers["Content-Security-Policy"].startswith("sandbox ")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.openhands_clients import data_dir
+from tests.support.openhands_clients import build_dir
 
 PACKAGE = "@openhands/agent-canvas"
 VERSION = "1.6.1"
@@ -28,7 +28,7 @@ VERSION = "1.6.1"
 
 def install(version: str = VERSION, build: Path | None = None) -> Path:
     """The app's built directory (holding index.html) for `version`, fetched if missing."""
-    build = build or data_dir() / "build"
+    build = build or build_dir()
     root = build / "agent-canvas" / version
     app = root / "build"
     build.mkdir(parents=True, exist_ok=True)

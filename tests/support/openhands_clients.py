@@ -1,9 +1,10 @@
 """The real OpenHands client packages (CLI, SDK, workspace) in a Python 3.12 venv of their own.
 
 Compatibility is proven with the clients people use, not with our reading of their code. The venv
-is built from tests/clients/requirements.lock (pinned versions) once per data dir: wheels are
-downloaded (or built, for the few sdists) into $ACS_DATA_DIR/build/client-wheels/<hash> and
-installed with --no-index, so later runs need no network and take a few seconds.
+is built from tests/clients/requirements.lock (pinned versions) once per machine, in the cache
+that outlives a clone ($ACS_CACHE_DIR, default ~/.cache/acs; `build_dir()`): wheels are
+downloaded (or built, for the few sdists) into clients/client-wheels/<hash> and installed with
+--no-index, so later runs, fresh clones included, need no network and take a few seconds.
 """
 
 from __future__ import annotations
@@ -45,9 +46,16 @@ class OpenHandsVenv:
         return self.root / "bin" / name
 
 
-def data_dir() -> Path:
-    raw = Path(os.environ.get("ACS_DATA_DIR") or "var")
-    return raw if raw.is_absolute() else REPO / raw
+def cache_dir() -> Path:
+    """What outlives a clone (the scripts' ACS_CACHE_DIR): the Kubernetes binaries, the images'
+    wheels (scripts/build-images.sh), the client venvs and Agent Canvas below."""
+    raw = os.environ.get("ACS_CACHE_DIR")
+    return Path(raw) if raw else Path.home() / ".cache" / "acs"
+
+
+def build_dir() -> Path:
+    """Where the client venvs, their wheels and the web apps the tests run are made."""
+    return cache_dir() / "clients"
 
 
 def find_python(version: str = PYTHON_VERSION) -> Path | None:
@@ -122,7 +130,7 @@ def _client_venv(lock: Path) -> OpenHandsVenv:
             pytrace=False,
         )
     try:
-        root = build_venv(python, data_dir() / "build", lock)
+        root = build_venv(python, build_dir(), lock)
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         pytest.fail(
             f"building the OpenHands client venv ({lock.name}) failed: {exc}", pytrace=False
@@ -157,7 +165,7 @@ def build_official_sdk_venv(python: Path, build: Path) -> Path:
             return venv
         wheels = [
             Path(found).parent
-            for found in glob.glob(str(build / "wheels" / "*" / "openhands_sdk-1.58.2-*.whl"))
+            for found in glob.glob(str(cache_dir() / "wheels" / "*" / "openhands_sdk-1.58.2-*.whl"))
             if (Path(found).parent / ".complete").exists()
         ]
         if not wheels:
@@ -182,7 +190,7 @@ def official_sdk_venv(openhands_image: str) -> OpenHandsVenv:
     if python is None:
         pytest.fail(f"no Python {OFFICIAL_PYTHON} found (pyenv)", pytrace=False)
     try:
-        return OpenHandsVenv(build_official_sdk_venv(python, data_dir() / "build"))
+        return OpenHandsVenv(build_official_sdk_venv(python, build_dir()))
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         pytest.fail(f"building the official SDK venv failed: {exc}", pytrace=False)
 
@@ -254,12 +262,12 @@ if __name__ == "__main__":
     found = find_python()
     if found is None:
         sys.exit(f"no Python {PYTHON_VERSION} found")
-    print(build_venv(found, data_dir() / "build"))
-    print(build_venv(found, data_dir() / "build", SDK158_LOCK))
+    print(build_venv(found, build_dir()))
+    print(build_venv(found, build_dir(), SDK158_LOCK))
     official = find_python(OFFICIAL_PYTHON)
     if official is None:
         sys.exit(f"no Python {OFFICIAL_PYTHON} found")
-    print(build_official_sdk_venv(official, data_dir() / "build"))
+    print(build_official_sdk_venv(official, build_dir()))
 
 
 async def approve_in_the_page(base: str, key: str, link: str) -> None:

@@ -30,7 +30,10 @@ UP_TIMEOUT_S = 120.0
 MEMORY_STORE_SIZE = os.environ.get("ACS_KUBE_MEMORY_STORE_SIZE", "8g")
 ENGINE_STORE = os.environ.get("ACS_KUBE_ENGINE_STORE", "memory")
 # Lock files live with the cached binaries (which every cluster needs anyway), not in /tmp.
-CACHE = Path(os.environ.get("ACS_KUBE_CACHE") or Path.home() / ".cache" / "acs" / "kubernetes")
+CACHE = Path(
+    os.environ.get("ACS_KUBE_CACHE")
+    or Path(os.environ.get("ACS_CACHE_DIR") or Path.home() / ".cache" / "acs") / "kubernetes"
+)
 GLOBAL_LOCK = CACHE / "slots.lock"
 
 

@@ -1,10 +1,10 @@
 """The project's Kubernetes test cluster for tests marked `kube` (docs/test-cluster.md).
 
-`kube_cluster` (package-scoped: one cluster for every test under tests/kube, down after the last
-one) brings a cluster up in the first free slot with scripts/kube-cluster.sh (binaries from the
-cache `make kube-binaries` fills; built here if missing), loads the default sandbox image onto its
-nodes, and tears it all down. It skips only
-where a cluster cannot exist: not root, or no cached binaries and no Go to build them.
+`kube_cluster` (package-scoped: one cluster for every test under tests/drivers/kubernetes, down
+after the last one) brings a cluster up in the first free slot with scripts/kube-cluster.sh
+(binaries from the cache `make kube-binaries` fills; built here if missing), loads the default
+sandbox image onto its nodes, and tears it all down. It skips only where a cluster cannot exist:
+not root, or no cached binaries and no Go to build them.
 `kube_api` is a kubernetes_asyncio ApiClient built from the cluster's kubeconfig, as a control
 plane outside the cluster would build it; `kube_namespace` is a fresh namespace whose default
 service account is ready.
@@ -126,7 +126,8 @@ def bring_up(owner_pid: int, nodes: int = 2) -> KubeCluster:
     return KubeCluster.from_info(json.loads(out))
 
 
-@pytest.fixture(scope="package")  # down after the last test under tests/kube, not at session end
+# Down after the last test under tests/drivers/kubernetes, not at session end.
+@pytest.fixture(scope="package")
 def kube_cluster() -> Iterator[KubeCluster]:
     reason = cluster_unavailable()
     if reason:
@@ -175,7 +176,13 @@ async def wait_service_account(core: client.CoreV1Api, namespace: str, within: f
 async def kube_namespace(kube_api: client.ApiClient) -> AsyncIterator[str]:
     core = client.CoreV1Api(kube_api)
     name = f"t-{secrets.token_hex(4)}"
-    await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    # Labelled as deploy/kubernetes labels the sandbox namespace (the Restricted Pod Security
+    # Standard; this 1.20 cluster stores the labels but has no admission controller for them).
+    labels = {
+        f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn", "audit")
+    }
+    metadata = client.V1ObjectMeta(name=name, labels=labels)
+    await core.create_namespace(client.V1Namespace(metadata=metadata))
     await wait_service_account(core, name)
     yield name
     await core.delete_namespace(name, grace_period_seconds=0)
