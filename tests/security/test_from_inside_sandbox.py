@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +17,8 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from controlplane.auth.service import ApiKeyService
-from controlplane.config import ServiceConfig
 from controlplane.store import keyspace
-from tests.support.live_server import Api, LiveServer, running_sandbox, start_live_server
+from tests.support.live_server import Api, LiveServer, LiveServerFactory, running_sandbox
 from tests.support.redis_server import redis_on_tcp
 from tests.support.sandbox_helpers import OwnDocker, exec_as_agent, probe_from
 
@@ -27,14 +26,10 @@ pytestmark = pytest.mark.usefixtures("sandbox_images")
 
 
 @pytest.fixture
-async def plain_live(
-    test_prefix: str, make_config: Callable[..., ServiceConfig]
-) -> AsyncIterator[LiveServer]:
+async def plain_live(make_plain_live: LiveServerFactory) -> LiveServer:
     """The control plane over HTTP with the default configuration: no host port is open to
     sandboxes (the `live` of the conversation tests opens the fake LLM's)."""
-    server = await start_live_server(make_config(container_prefix=test_prefix))
-    yield server
-    await server.close()
+    return await make_plain_live()
 
 
 async def new_user(live: LiveServer, http: aiohttp.ClientSession, redis_: Any, name: str) -> Api:

@@ -15,8 +15,6 @@ import asyncio
 import secrets
 import textwrap
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -25,11 +23,10 @@ import redis.asyncio as aioredis
 from multidict import CIMultiDictProxy
 
 from controlplane.auth.service import ApiKeyService
-from controlplane.config import ServiceConfig
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
-from tests.support.live_server import Api, LiveServer, start_live_server
-from tests.support.sandbox_helpers import DEFAULT_IMAGE, spec_dir
+from tests.support.live_server import Api, LiveServer, LiveServerFactory
+from tests.support.sandbox_helpers import DEFAULT_IMAGE
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("sandbox_images")]
 
@@ -89,18 +86,9 @@ resources: {{cpus: 1.0, memory: 512m, pids: 256}}
 
 
 @pytest.fixture
-async def hostile_live(
-    test_prefix: str, make_config: Callable[..., ServiceConfig], tmp_path: Path
-) -> AsyncIterator[LiveServer]:
+async def hostile_live(make_plain_live: LiveServerFactory) -> LiveServer:
     """The control plane over HTTP with the `hostile` spec beside the default."""
-    config = make_config(
-        container_prefix=test_prefix,
-        reconcile_interval=1.0,
-        spec_dir=spec_dir(tmp_path, {"hostile": HOSTILE_SPEC}),
-    )
-    server = await start_live_server(config)
-    yield server
-    await server.close()
+    return await make_plain_live(specs={"hostile": HOSTILE_SPEC}, reconcile_interval=1.0)
 
 
 REPLACED = {"content-security-policy", "cache-control", "referrer-policy"}

@@ -13,8 +13,6 @@ import asyncio
 import hashlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -23,15 +21,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from controlplane.auth.service import ApiKeyService
-from controlplane.config import ServiceConfig
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
 from controlplane.store import keyspace, text
-from tests.support.live_server import Api, LiveServer, start_live_server
+from tests.support.live_server import Api, LiveServer, LiveServerFactory
 from tests.support.log_capture import capture_logs
 from tests.support.proxy_app import PROXIED_SPEC, serve_app
 from tests.support.records import NO_ENGINE
-from tests.support.sandbox_helpers import spec_dir
 from tests.support.types import ClientFactory
 
 TICKETS = "/api/v1/websocket-tickets"
@@ -105,18 +101,9 @@ async def test_the_events_socket_takes_a_ticket_once_for_its_owner_only(
 
 
 @pytest.fixture
-async def proxied_live(
-    test_prefix: str, make_config: Callable[..., ServiceConfig], tmp_path: Path
-) -> AsyncIterator[LiveServer]:
+async def proxied_live(make_plain_live: LiveServerFactory) -> LiveServer:
     """The control plane over HTTP with the `proxied` spec (a second port) beside the default."""
-    config = make_config(
-        container_prefix=test_prefix,
-        reconcile_interval=1.0,
-        spec_dir=spec_dir(tmp_path, {"proxied": PROXIED_SPEC}),
-    )
-    server = await start_live_server(config)
-    yield server
-    await server.close()
+    return await make_plain_live(specs={"proxied": PROXIED_SPEC}, reconcile_interval=1.0)
 
 
 @pytest.mark.slow

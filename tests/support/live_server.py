@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,10 @@ class LiveServer:
     async def close(self) -> None:
         if self.runner.server is not None:  # closed once only
             await self.runner.cleanup()
+
+
+LiveServerFactory = Callable[..., Awaitable[LiveServer]]
+"""make_plain_live (tests/security/conftest.py): a live server made with settings of its own."""
 
 
 async def start_live_server(
