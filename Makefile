@@ -95,11 +95,12 @@ chaos: install host images
 ha: install host images
 	$(BIN)/pytest -m ha
 
-# ruff, ruff format, mypy strict, and the layer contract (import-linter, pyproject.toml).
+# ruff, ruff format, mypy strict (the tests too), and the layer contract (import-linter,
+# pyproject.toml).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy controlplane drivers agent bench
+	$(BIN)/mypy controlplane drivers agent bench tests
 	$(BIN)/lint-imports
 
 format: install
@@ -107,7 +108,7 @@ format: install
 	$(BIN)/ruff check --fix .
 
 mypy: install
-	$(BIN)/mypy controlplane drivers agent bench
+	$(BIN)/mypy controlplane drivers agent bench tests
 
 bench: install host images
 	$(BIN)/python -m bench.sandboxes

@@ -126,7 +126,7 @@ async def test_sigterm_drains_and_the_next_start_adopts_the_sandboxes(
         # A request in flight when SIGTERM arrives: it starts a second sandbox, and Redis,
         # paused for PAUSE_MS, holds it in its handler while the server shuts down.
         request_id = f"in-flight-{secrets.token_hex(4)}"
-        await raw_redis.execute_command("CLIENT", "PAUSE", str(PAUSE_MS), "ALL")
+        await raw_redis.client_pause(PAUSE_MS, all=True)
         reader, writer = await in_flight_start(first.port, request_id)
         try:
             signalled = time.monotonic()

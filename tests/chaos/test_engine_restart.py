@@ -199,7 +199,7 @@ def engine() -> Iterator[SecondEngine]:
 
 
 @pytest.fixture
-async def client(
+async def second_engine_client(
     engine: SecondEngine,
     make_client: Callable[..., Awaitable[Client]],
     test_prefix: str,
@@ -226,20 +226,20 @@ def inspect_state(engine: SecondEngine, name: str) -> dict[str, Any]:
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_engine_killed_and_restarted_leaves_sandboxes_resumable(
     engine: SecondEngine,
-    client: Client,
+    second_engine_client: Client,
     test_prefix: str,
     user_headers: Callable[..., Awaitable[dict[str, str]]],
 ) -> None:
-    engine.load(client.app[keys.SPECS].default.image)
+    engine.load(second_engine_client.app[keys.SPECS].default.image)
     alice = await user_headers("alice")
-    sandbox = await start(client, alice)
+    sandbox = await start(second_engine_client, alice)
     sandbox_id = sandbox["id"]
-    await wait_status(client, alice, sandbox_id, "RUNNING", within=90)
+    await wait_status(second_engine_client, alice, sandbox_id, "RUNNING", within=90)
     name = docker_names.container_name(test_prefix, sandbox_id)
     engine.cli("exec", name, "sh", "-c", "echo survived > /workspace/marker")
 
     engine.kill9()
-    resp = await client.get("/ready")
+    resp = await second_engine_client.get("/ready")
     assert resp.status == 503
     ready = await resp.json()
     assert ready["runtime"] is False
@@ -251,14 +251,16 @@ async def test_engine_killed_and_restarted_leaves_sandboxes_resumable(
     state = inspect_state(engine, name)
     assert state["Status"] == "exited", state
     code = str(state["ExitCode"])
-    body = await wait_status(client, alice, sandbox_id, "PAUSED", within=RECONCILE_INTERVAL + 30)
+    body = await wait_status(
+        second_engine_client, alice, sandbox_id, "PAUSED", within=RECONCILE_INTERVAL + 30
+    )
     took = time.monotonic() - answered
     assert took <= RECONCILE_INTERVAL + 2, f"PAUSED {took:.1f} s after the engine answered"
     assert f"exit code {code}" in body["reason"], body
     assert "resume" in body["reason"]
     print(f"engine answered; PAUSED {took:.1f} s later; exit code {code}")
 
-    events = await client.get(
+    events = await second_engine_client.get(
         "/api/v1/lifecycle-events/search", params={"sandbox_id": sandbox_id}, headers=alice
     )
     latest = (await events.json())["items"][0]
@@ -266,13 +268,13 @@ async def test_engine_killed_and_restarted_leaves_sandboxes_resumable(
     assert latest["automatic"] is True
     assert f"exit code {code}" in latest["reason"]
 
-    resp = await client.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)
+    resp = await second_engine_client.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)
     assert resp.status == 200, await resp.text()
-    await wait_status(client, alice, sandbox_id, "RUNNING", within=90)
+    await wait_status(second_engine_client, alice, sandbox_id, "RUNNING", within=90)
     marker = engine.cli("exec", name, "cat", "/workspace/marker").stdout.decode().strip()
     assert marker == "survived"
 
-    resp = await client.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
+    resp = await second_engine_client.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
     assert resp.status == 200
     remaining = docker.DockerClient(base_url=engine.url)
     try:
@@ -280,7 +282,7 @@ async def test_engine_killed_and_restarted_leaves_sandboxes_resumable(
     finally:
         remaining.close()
     # Collect those sockets now, within this test's filters, not at the end of the session.
-    await client.close()
+    await second_engine_client.close()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()

@@ -5,7 +5,9 @@ listener reached at the URL the driver gives the sandbox.
 
 Not a test module itself: each runtime's `test_driver_contract.py` (tests/drivers/docker/,
 tests/drivers/kubernetes/) imports these tests and defines the `driver` fixture (and, where the
-runtime needs it, `test_prefix`); a new runtime adds a module of the same shape.
+runtime needs it, `test_prefix`); a new runtime adds a module of the same shape. Those two are
+the suite's one intended case of a fixture defined in several places (tests/test_fixture_names.py
+allows it there and nowhere else).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def hooks() -> Hooks:
 
 
 @pytest.fixture
-def config(test_prefix: str, tmp_path: Path) -> ServiceConfig:
+def contract_config(test_prefix: str, tmp_path: Path) -> ServiceConfig:
     return load_config(
         {},
         container_prefix=test_prefix,
@@ -75,22 +77,24 @@ def config(test_prefix: str, tmp_path: Path) -> ServiceConfig:
 
 
 @pytest.fixture
-def spec(config: ServiceConfig) -> SandboxSpec:
-    return SpecCatalog.load(REPO / "specs", config.image_tag).default
+def spec(contract_config: ServiceConfig) -> SandboxSpec:
+    return SpecCatalog.load(REPO / "specs", contract_config.image_tag).default
 
 
 MakeRequest = Callable[..., Awaitable[SandboxRequest]]
 
 
 @pytest.fixture
-def make_request(driver: SandboxDriver, config: ServiceConfig, spec: SandboxSpec) -> MakeRequest:
+def make_request(
+    driver: SandboxDriver, contract_config: ServiceConfig, spec: SandboxSpec
+) -> MakeRequest:
     """A request as the launcher makes it: the network prepared first, the webhook URL it
     returns in the sandbox's environment."""
 
     async def make(owner: str = "alice", **changes: Any) -> SandboxRequest:
         record = SandboxRecord.starting(new_sandbox_id(), owner, spec.id)
         base = await driver.prepare_network(network_policy(spec))
-        return dataclasses.replace(sandbox_request(config, record, spec, base), **changes)
+        return dataclasses.replace(sandbox_request(contract_config, record, spec, base), **changes)
 
     return make
 

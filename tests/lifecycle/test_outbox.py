@@ -30,7 +30,7 @@ from controlplane.metrics import Metrics
 from controlplane.outbound.client import OutboundClient
 from controlplane.outbound.policy import OutboundPolicy
 from controlplane.store import keyspace
-from tests.support.live_server import free_port
+from tests.support.hook_server import HookServer
 from tests.support.records import NO_ENGINE
 
 SECRET = "outbox-test-secret-0123456789"
@@ -38,18 +38,16 @@ REPO = Path(__file__).resolve().parents[2]
 FAST = RetryPolicy(base=0.1, cap=1.0, dead_after=3600, timeout=0.5, margin=0.2)
 
 
-class Receiver:
-    """A webhook receiver on a fixed port that can go down (port closed) and come back, answer
-    503 to the first `refusals` attempts of each event, and record every attempt it sees."""
+class Receiver(HookServer):
+    """A webhook receiver (tests/support/hook_server.py) that can answer 503 to the first
+    `refusals` attempts of each event, and records every attempt it sees."""
 
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}/hook"
+    def __init__(self) -> None:
+        super().__init__()
         self.refusals = 0
         self.seen: list[dict[str, str]] = []  # every attempt that reached it
         self.accepted: list[tuple[str, dict[str, Any]]] = []  # (delivery id, event)
         self.delay = 0.0
-        self._runner: web.AppRunner | None = None
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -65,25 +63,11 @@ class Receiver:
         self.accepted.append((delivery, json.loads(body)))
         return web.Response(status=204)
 
-    async def up(self) -> None:
-        app = web.Application()
-        app.router.add_post("/hook", self.handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-    async def down(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
 
 @pytest.fixture
 async def receiver() -> AsyncIterator[Receiver]:
-    hook = Receiver(free_port())
-    await hook.up()
-    yield hook
-    await hook.down()
+    async with Receiver() as hook:
+        yield hook
 
 
 def events(n: int) -> list[LifecycleEvent]:
@@ -259,7 +243,7 @@ async def test_failing_deliveries_are_dead_lettered_and_counted(
     deliverer = WebhookDeliverer(outbox, outbound, SECRET, policy, hooks=hooks, poll=0.1)
     deliverer.start()
     try:
-        await until(lambda: receiver.seen and len(receiver.seen) >= 3, 10, receiver.seen)
+        await until(lambda: len(receiver.seen) >= 3, 10, receiver.seen)
         dead = await _wait_dead(outbox, receiver.url, 3)
     finally:
         await deliverer.close()

@@ -1,5 +1,7 @@
 """What the attacks of tests/security/ share: a hostile provider, a canary where nothing may
-connect, a control plane serving the LLM gateway over real HTTP, and its users."""
+connect, a control plane serving the LLM gateway over real HTTP, and its users; the live
+control planes of the sandbox attacks (the default configuration, no host port open to
+sandboxes, spec files of the module's)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import redis.asyncio as aioredis
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
 from tests.support.hostile_llm import Canary, HostileUpstream
-from tests.support.live_server import LiveServer, start_live_server
+from tests.support.live_server import LiveServer, LiveServerFactory, start_live_server
+from tests.support.sandbox_helpers import spec_dir
 
 GATEWAY = "/api/v1/llm-gateway/v1"
 PROVIDER_KEY = "sk-mallory-own-SECRET-71aa"
@@ -119,3 +122,26 @@ async def member(raw_redis: aioredis.Redis) -> AsyncIterator[MemberFactory]:
             return Member(http, server.url, created.key)
 
         yield make
+
+
+@pytest.fixture
+async def make_plain_live(
+    test_prefix: str,
+    make_config: Callable[..., ServiceConfig],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[LiveServerFactory]:
+    """`await make_plain_live(specs=None, **settings)`: the control plane over HTTP, its
+    sandboxes under this test's prefix; `specs` (name -> YAML) stand beside the default spec,
+    `settings` go to the configuration. Closed after the test."""
+    servers: list[LiveServer] = []
+
+    async def make(*, specs: dict[str, str] | None = None, **settings: Any) -> LiveServer:
+        if specs is not None:
+            settings["spec_dir"] = spec_dir(tmp_path_factory.mktemp("specs"), specs)
+        server = await start_live_server(make_config(container_prefix=test_prefix, **settings))
+        servers.append(server)
+        return server
+
+    yield make
+    for server in reversed(servers):
+        await server.close()

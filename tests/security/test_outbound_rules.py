@@ -10,6 +10,7 @@ import ipaddress
 import socket
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,7 +144,7 @@ def test_the_translators_loop_connects_only_where_its_request_may() -> None:
     """Its every connection passes `sock_connect`: no policy (outside a request), an address
     the request's policy refuses and a unix socket are refused, and noted for the answer."""
 
-    async def attempt(family: socket.AddressFamily, address: object) -> str:
+    async def attempt(family: socket.AddressFamily, address: tuple[Any, ...] | str) -> str:
         loop = asyncio.get_running_loop()
         with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.setblocking(False)

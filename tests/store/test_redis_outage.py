@@ -4,26 +4,14 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 import redis.asyncio as aioredis
 
 from controlplane.auth.service import ApiKeyService
 from tests.support.redis_server import RedisServer
 from tests.support.types import Client
-
-
-@pytest.fixture
-def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """A redis-server of this test alone (AOF on), so it can be stopped and started."""
-    server = RedisServer(tmp_path_factory.mktemp("outage"))
-    server.start()
-    yield server
-    if server.process is not None and server.process.poll() is None:
-        server.process.send_signal(signal.SIGCONT)  # in case a test left it stopped
-    server.stop()
 
 
 async def _expect_503(client: Client, method: str, path: str, **kwargs: Any) -> None:

@@ -13,6 +13,7 @@ import asyncio
 import fcntl
 import glob
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -21,12 +22,14 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-LOCK = REPO / "tests" / "clients" / "requirements.lock"
+CLIENTS = REPO / "tests" / "clients"
+LOCK = CLIENTS / "requirements.lock"
 SDK158_LOCK = REPO / "tests" / "clients" / "requirements-sdk158.lock"
 """The newest SDK and workspace (1.58.2), beside the CLI's pins (which hold SDK 1.21)."""
 PYTHON_VERSION = "3.12"
@@ -69,10 +72,8 @@ def find_python(version: str = PYTHON_VERSION) -> Path | None:
                 return candidate
     roots = [os.environ.get("PYENV_ROOT", ""), str(Path.home() / ".pyenv")]
     for root in filter(None, roots):
-        for found_python in sorted(
-            glob.glob(f"{root}/versions/{version}.*/bin/python"), reverse=True
-        ):
-            return Path(found_python)
+        for installed in sorted(glob.glob(f"{root}/versions/{version}.*/bin/python"), reverse=True):
+            return Path(installed)
     on_path = shutil.which(f"python{version}")
     return Path(on_path) if on_path else None
 
@@ -176,9 +177,8 @@ def build_official_sdk_venv(python: Path, build: Path) -> Path:
         shutil.rmtree(venv, ignore_errors=True)
         _run([python, "-m", "venv", venv], log, 120)
         pip = venv / "bin" / "pip"
-        args: list[str | Path] = [
-            "install", "-q", "--no-index", "--find-links", wheels[0], "-r", OFFICIAL_LOCK,
-        ]  # fmt: skip
+        args: list[str | Path] = ["install", "-q", "--no-index", "--find-links", wheels[0]]
+        args += ["-r", OFFICIAL_LOCK]
         _run([pip, *args], log, 1200)
         (venv / ".complete").touch()
         return venv
@@ -237,6 +237,27 @@ async def run(
         raise AssertionError(f"{args[0]} timed out:\n{out.decode(errors='replace')}") from None
     assert proc.returncode is not None
     return proc.returncode, out.decode(errors="replace")
+
+
+async def run_client_script(
+    venv: OpenHandsVenv, script: str, *args: str, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """tests/clients/`script` run by the venv's Python with `args`, in `env` (else this
+    process's environment): the JSON report it prints last, once it has exited 0."""
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [str(venv.python), str(CLIENTS / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
+    lines = result.stdout.strip().splitlines()
+    assert lines, f"{script} printed nothing; stderr:\n{result.stderr[-4000:]}"
+    report: dict[str, Any] = json.loads(lines[-1])
+    assert result.returncode == 0, f"{report}\nstderr:\n{result.stderr[-4000:]}"
+    return report
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ class RebindingDns(asyncio.DatagramProtocol):
     def resolv_conf(self) -> str:
         return f"nameserver {self.address}\noptions attempts:1 timeout:2\n"
 
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:  # type: ignore[override]
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         try:
             query = dns.message.from_wire(data)
         except dns.exception.DNSException:

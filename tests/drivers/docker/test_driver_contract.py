@@ -13,6 +13,8 @@ from tests.drivers.contract import *  # noqa: F403 (the shared tests, with the f
 from tests.drivers.contract import Hooks
 
 
+# The one fixture name defined in several places on purpose: each runtime's contract module gives
+# the shared tests its `driver` (tests/test_fixture_names.py allows exactly this).
 @pytest.fixture
 async def driver(test_prefix: str, hooks: Hooks) -> AsyncIterator[SandboxDriver]:
     """A driver for this test's deployment prefix (its objects are removed after the test)."""

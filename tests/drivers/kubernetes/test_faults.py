@@ -12,6 +12,7 @@ SIGKILL) and the control plane killed with SIGKILL in the middle of creates.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -66,7 +67,7 @@ async def restarts_nodes(
         await asyncio.to_thread(kube_cluster.start_node, node)
     for node in killed:
         await eventually(
-            lambda n=node: _is_ready(kube_api, n.name), 90, f"{node.name} Ready again", 0.5
+            functools.partial(_is_ready, kube_api, node.name), 90, f"{node.name} Ready again", 0.5
         )
 
 
