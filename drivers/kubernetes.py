@@ -27,6 +27,7 @@ from drivers.base import (
     HostListener,
     NetworkPolicy,
     RunState,
+    SandboxFiles,
     SandboxRequest,
     SandboxState,
     Watch,
@@ -133,6 +134,7 @@ class KubernetesDriver:
     """
 
     pause_releases = True
+    files: SandboxFiles | None = None  # snapshots on Kubernetes: not yet (issue 28, phase 2)
 
     def __init__(
         self,
@@ -568,6 +570,9 @@ class KubernetesDriver:
                 log.warning("kube_pod_stop_overdue", sandbox_id=sandbox_id, node=_node(pod))
         await self._api.delete(pods(self._ns, _name(pod)), "start", grace=0, uid=_uid(pod))
         await self._wait_pod(sandbox_id, lambda p: p is None or _uid(p) != _uid(pod))
+
+    async def hibernate(self, sandbox_id: str) -> None:
+        """Nothing more to give back: a pause deleted the pod already."""
 
     async def remove(self, sandbox_id: str, *, keep_workspace: bool = False) -> None:
         """Pod (at once), Service, NetworkPolicy, then the claim, or with `keep_workspace` the

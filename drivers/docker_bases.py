@@ -1,0 +1,286 @@
+"""Sandboxes made from a snapshot on Docker, sharing its files copy-on-write.
+
+The first sandbox made from a snapshot (on an engine, for an image) builds its *base*: a volume
+holding the snapshot's workspace under `lower/`, and an image, the spec's image with the
+snapshot's system tree committed on top (a container of the image, never started, gets the tree
+in its writable layer, whiteouts included, and is committed). Every sandbox made from it then
+runs that image (overlay2 shares its layers) and gets a workspace volume of the local driver's
+`overlay` type: the base's `lower/` below, an upper and a work directory of its own under the
+base's `forks/<sandbox id>/` above. So N forks cost one restore plus N small directories, and
+each writes only what it changes.
+
+The base goes when the last sandbox made from it goes (its forks' upper directories with it).
+Docker does not know that an overlay volume depends on the base, so the driver keeps that count
+(by label) and serialises a base's build and release per process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import docker
+from docker.errors import APIError, ImageNotFound, NotFound
+from docker.types import Mount
+
+from drivers import docker_names
+from drivers.base import STATE, SandboxRequest
+from drivers.docker_files import Lane, entry_json
+from drivers.docker_helper import LABEL_ROLE, Helper
+from drivers.errors import DriverError, ImageMissing
+
+LABEL_BASE = "acs.base"
+"""On a restored sandbox's workspace volume: the base volume it stands on."""
+LABEL_BASE_IMAGE = "acs.base_image"
+"""On the same volume: the image its container runs (the base's)."""
+LABEL_SNAPSHOT = "acs.snapshot"
+"""On a base volume and image: the snapshot (FileSource key) they hold."""
+SEND_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class Base:
+    volume: str
+    mountpoint: str
+    image: str
+
+
+def _image_name(prefix: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", prefix.lower()).strip("-") + "-base"
+
+
+class DockerBases:
+    def __init__(self, lane: Lane, *, prefix: str, image: str) -> None:
+        self._lane = lane
+        self._prefix = prefix
+        self._image = image  # the helper's
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._queued: dict[str, list[tuple[str, asyncio.Future[None]]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def workspace(self, request: SandboxRequest, volume: str, labels: dict[str, str]) -> str:
+        """Make the restored sandbox's workspace volume unless it exists; the image its
+        container runs."""
+        assert request.restore is not None
+        found = await self._lane.run(lambda c: _volume(c, volume))
+        if found is not None:
+            return str((found.get("Labels") or {}).get(LABEL_BASE_IMAGE) or request.image)
+        base = await self._ensure(request)
+        async with self._lock(base.volume):
+            await self._fork_dirs(base, request.sandbox_id)
+            work = f"{base.mountpoint}/forks/{request.sandbox_id}"
+            options = {
+                "type": "overlay",
+                "device": "overlay",
+                "o": f"lowerdir={base.mountpoint}/lower,upperdir={work}/up,workdir={work}/work",
+            }
+            marks = labels | {LABEL_BASE: base.volume, LABEL_BASE_IMAGE: base.image}
+            await self._lane.run(
+                lambda c: c.api.create_volume(
+                    name=volume, driver="local", driver_opts=options, labels=marks
+                )
+            )
+        return base.image
+
+    async def base_of(self, volume: str) -> str | None:
+        """The base volume a workspace volume stands on; None for a plain one (or none)."""
+        found = await self._lane.run(lambda c: _volume(c, volume))
+        return None if found is None else (found.get("Labels") or {}).get(LABEL_BASE)
+
+    async def release(self, base_volume: str) -> None:
+        """Remove the base (volume and image) when no workspace stands on it any more."""
+        async with self._lock(base_volume):
+            await self._lane.run(lambda c: self._drop_unused(c, base_volume))
+
+    async def forget(self, key: str) -> None:
+        """Remove the unused bases of a snapshot."""
+        labels = [f"{docker_names.LABEL_PREFIX}={self._prefix}", f"{LABEL_SNAPSHOT}={key}"]
+        listed = await self._lane.run(lambda c: c.api.volumes(filters={"label": labels}))
+        for volume in listed.get("Volumes") or []:
+            await self.release(volume["Name"])
+
+    def _drop_unused(self, client: docker.DockerClient, base_volume: str) -> None:
+        users = client.api.volumes(filters={"label": [f"{LABEL_BASE}={base_volume}"]})
+        if users.get("Volumes"):
+            return
+        found = _volume(client, base_volume)
+        if found is None:
+            return
+        image = (found.get("Labels") or {}).get(LABEL_BASE_IMAGE)
+        if image:
+            try:
+                client.api.remove_image(image, force=False, noprune=False)
+            except (ImageNotFound, NotFound):
+                pass
+            except APIError as exc:
+                if exc.status_code != 409:  # a container still runs it: kept for now
+                    raise
+        with contextlib.suppress(NotFound):
+            client.api.remove_volume(base_volume, force=True)
+
+    # -- building a base ------------------------------------------------------------------------
+
+    async def _ensure(self, request: SandboxRequest) -> Base:
+        source = request.restore
+        assert source is not None
+        image_id = await self._lane.run(lambda c: _image_id(c, request.image))
+        name = f"{self._prefix}base-{source.key}-{image_id[7:19]}"
+        image = f"{_image_name(self._prefix)}:{source.key}-{image_id[7:19]}"
+        async with self._lock(name):
+            found = await self._lane.run(lambda c: _volume(c, name))
+            if found is not None and await self._lane.run(lambda c: _has_image(c, image)):
+                return Base(name, str(found["Mountpoint"]), image)
+            if found is not None:  # an earlier build that did not finish
+                await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
+            labels = {
+                docker_names.LABEL_PREFIX: self._prefix,
+                LABEL_SNAPSHOT: source.key,
+                LABEL_BASE_IMAGE: image,
+                LABEL_ROLE: "base",
+            }
+            made = await self._lane.run(lambda c: c.api.create_volume(name=name, labels=labels))
+            holder = ""
+            try:
+                # The image's own command and settings: the commit keeps the container's.
+                holder = await self._lane.run(
+                    lambda c: str(
+                        c.api.create_container(request.image, labels=labels, network_disabled=True)[
+                            "Id"
+                        ]
+                    )
+                )
+                upper = await self._lane.run(lambda c: _upper(c, holder))
+                await self._fill(request, name, upper)
+                repository, _, tag = image.partition(":")
+                await self._lane.run(
+                    lambda c: c.api.commit(
+                        holder, repository=repository, tag=tag, conf={"Labels": labels}, pause=False
+                    )
+                )
+            except BaseException:
+                await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
+                raise
+            finally:
+                if holder:
+                    await self._lane.run(lambda c: c.api.remove_container(holder, force=True))
+            return Base(name, str(made["Mountpoint"]), image)
+
+    async def _fill(self, request: SandboxRequest, volume: str, upper: str) -> None:
+        """Stream the source's workspace and system trees into the base through a helper."""
+        assert request.restore is not None
+        mounts = [Mount("/acs/ws", volume, type="volume"), Mount("/acs/upper", upper, type="bind")]
+        helper = await self._lane.run(
+            lambda c: Helper.start(
+                c,
+                image=self._image,
+                prefix=self._prefix,
+                sandbox_id=request.sandbox_id,
+                mounts=mounts,
+            )
+        )
+        try:
+            roots = {"workspace": "/acs/ws/lower", "system": "/acs/upper"}
+            await self._lane.run(lambda _: helper.send_json({"op": "import", "roots": roots}))
+            frames: list[tuple[bytes, bytes]] = []
+            size = 0
+            skipping = False
+            async for item in request.restore.items():
+                if isinstance(item, bytes):
+                    if not skipping:
+                        frames.append((b"B", item))
+                        size += len(item)
+                else:
+                    skipping = item.tree == STATE  # never into another sandbox (docs)
+                    if not skipping:
+                        frames.append((b"E", entry_json(item)))
+                        size += 256
+                if size >= SEND_BYTES:
+                    batch, frames, size = frames, [], 0
+                    await self._lane.run(lambda _, b=batch: helper.send_many(b))  # type: ignore[misc]
+            frames.append((b"Z", b""))
+            await self._lane.run(lambda _: helper.send_many(frames))
+            await self._lane.run(lambda _: helper.read_json())
+        finally:
+            await self._lane.run(lambda _: helper.close())
+
+    async def _fork_dirs(self, base: Base, sandbox_id: str) -> None:
+        """The sandbox's upper and work directories in the base: made by one helper for every
+        sandbox asking at once (a fork of many waits for one helper, not one each)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue = self._queued.setdefault(base.volume, [])
+        queue.append((sandbox_id, future))
+        if len(queue) == 1:
+            task = asyncio.create_task(self._make_dirs(base), name=f"fork-dirs-{base.volume}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        await future
+
+    async def _make_dirs(self, base: Base) -> None:
+        queue = self._queued.pop(base.volume, [])
+        ids = [sandbox_id for sandbox_id, _ in queue]
+        mounts = [Mount("/acs/ws", base.volume, type="volume")]
+        try:
+            helper = await self._lane.run(
+                lambda c: Helper.start(
+                    c, image=self._image, prefix=self._prefix, sandbox_id=ids[0], mounts=mounts
+                )
+            )
+            try:
+                await self._lane.run(
+                    lambda _: helper.ask({"op": "forkdirs", "base": "/acs/ws", "ids": ids})
+                )
+            finally:
+                await self._lane.run(lambda _: helper.close())
+        except Exception as exc:
+            for _, future in queue:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        except BaseException:
+            for _, future in queue:
+                future.cancel()
+            raise
+        for _, future in queue:
+            if not future.done():
+                future.set_result(None)
+
+
+def _volume(client: docker.DockerClient, name: str) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = client.api.inspect_volume(name)
+    except NotFound:
+        return None
+    return found
+
+
+def _image_id(client: docker.DockerClient, image: str) -> str:
+    try:
+        return str(client.images.get(image).id)
+    except (ImageNotFound, NotFound):
+        raise ImageMissing(
+            f"image {image} is not on this host; run `make images` to build it"
+        ) from None
+
+
+def _has_image(client: docker.DockerClient, image: str) -> bool:
+    try:
+        client.images.get(image)
+    except (ImageNotFound, NotFound):
+        return False
+    return True
+
+
+def _upper(client: docker.DockerClient, container: str) -> str:
+    driver = client.api.inspect_container(container).get("GraphDriver") or {}
+    upper = (driver.get("Data") or {}).get("UpperDir")
+    if driver.get("Name") != "overlay2" or not upper:
+        raise DriverError(
+            f"the engine's storage driver is {driver.get('Name')!r}: snapshots need overlay2"
+        )
+    return str(upper)

@@ -1,0 +1,248 @@
+"""Snapshots on Docker (drivers/base.py: SandboxFiles): a sandbox's files read consistently, and
+new sandboxes made from a snapshot's files (drivers/docker_bases.py).
+
+An export runs drivers/files_helper.py in a helper container that mounts the sandbox's
+workspace volume and its container's writable layer (overlay2's "upper" directory: what changed
+outside the workspace, whiteouts included), both read-only. While the sandbox still runs the
+helper copies what changed since the last snapshot to a staging directory of its own; then the
+sandbox is frozen (`docker pause`, the cgroup freezer), the helper looks again and copies only
+what changed meanwhile, and the sandbox is thawed: it is held still for one scan of its trees
+and those few files. The staged files stream to the control plane after the thaw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import docker
+from docker.errors import APIError, DockerException, NotFound
+from docker.types import Mount
+from requests.exceptions import ConnectionError as RequestsConnectionError
+from requests.exceptions import ReadTimeout
+
+from drivers import docker_names
+from drivers.base import (
+    FileEntry,
+    FileExport,
+    FileItem,
+    FileKind,
+    Hold,
+)
+from drivers.docker_engine import DockerEngine
+from drivers.docker_helper import Helper
+from drivers.errors import DriverError, RuntimeUnavailable
+
+T = TypeVar("T")
+BATCH_BYTES = 8 << 20
+"""What one read from the helper collects before handing it to the event loop."""
+
+
+def entry_from(raw: dict[str, Any]) -> FileEntry:
+    """An entry as files_helper.py describes it."""
+    return FileEntry(
+        tree=raw["t"],
+        path=raw["p"],
+        kind=FileKind(raw["k"]),
+        mode=raw["m"],
+        uid=raw["u"],
+        gid=raw["g"],
+        size=raw["s"],
+        mtime_ns=raw["mt"],
+        target=raw.get("l", ""),
+        opaque=bool(raw.get("o", False)),
+        stamp=(raw["ct"], raw["i"]),
+        changed=bool(raw.get("c", True)),
+    )
+
+
+def entry_json(entry: FileEntry) -> bytes:
+    """An entry as files_helper.py reads it."""
+    raw: dict[str, Any] = {
+        "t": entry.tree,
+        "p": entry.path,
+        "k": entry.kind.value,
+        "m": entry.mode,
+        "u": entry.uid,
+        "g": entry.gid,
+        "mt": entry.mtime_ns,
+    }
+    if entry.target:
+        raw["l"] = entry.target
+    if entry.opaque:
+        raw["o"] = True
+    return json.dumps(raw).encode()
+
+
+def _relative(path: str) -> str:
+    return path.strip("/")
+
+
+class Lane:
+    """A thread pool of its own for the helpers' conversations, which hold a thread for as
+    long as files stream (the engine's lanes stay free for the sandboxes' calls)."""
+
+    def __init__(self, engine: DockerEngine, threads: int) -> None:
+        self.engine = engine
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="docker-files")
+
+    async def run(self, fn: Callable[[docker.DockerClient], T]) -> T:
+        loop = asyncio.get_running_loop()
+
+        def call() -> T:
+            try:
+                return fn(self.engine.client())
+            except (RequestsConnectionError, ReadTimeout) as exc:
+                raise RuntimeUnavailable(f"Docker engine unreachable: {exc}") from None
+            except DockerException as exc:
+                if isinstance(exc, APIError):
+                    raise DriverError(f"Docker error: {exc.explanation or exc}") from None
+                raise RuntimeUnavailable(f"Docker engine unreachable: {exc}") from None
+
+        return await loop.run_in_executor(self._pool, call)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class DockerExports:
+    """The export half of the snapshot capability on one engine."""
+
+    def __init__(self, lane: Lane, *, prefix: str, image: str) -> None:
+        self._lane = lane
+        self._engine = lane.engine
+        self._prefix = prefix
+        self._image = image
+
+    @asynccontextmanager
+    async def export(
+        self,
+        sandbox_id: str,
+        known: Mapping[tuple[str, str], tuple[object, ...]],
+        *,
+        working_dir: str,
+        state_paths: Sequence[str],
+        hold: Hold,
+    ) -> AsyncIterator[FileExport]:
+        name = docker_names.container_name(self._prefix, sandbox_id)
+        attrs = await self._inspect(name)
+        mounts = self._mounts(attrs, name, working_dir)
+        state = attrs.get("State") or {}
+        running = bool(state.get("Running")) and not state.get("Paused")
+        helper = await self._lane.run(
+            lambda c: Helper.start(
+                c, image=self._image, prefix=self._prefix, sandbox_id=sandbox_id, mounts=mounts
+            )
+        )
+        try:
+            by_tree: dict[str, dict[str, list[object]]] = {}
+            for (tree, path), signature in known.items():
+                by_tree.setdefault(tree, {})[path] = list(signature)
+            request = {
+                "op": "export",
+                "known": by_tree,
+                "state": [_relative(p) for p in state_paths],
+                "skip": [_relative(working_dir)],
+                "precopy": running,
+            }
+            await self._lane.run(lambda _: helper.ask(request))
+            held = await self._still(name, helper, hold) if running else await self._go(helper)
+            yield FileExport(held_still=held, items=self._items(helper))
+        finally:
+            await self._lane.run(lambda _: helper.close())
+
+    async def _go(self, helper: Helper) -> float:
+        await self._lane.run(lambda _: helper.ask({"op": "go"}))
+        return 0.0
+
+    async def _still(self, name: str, helper: Helper, hold: Hold) -> float:
+        """Freeze the container for the helper's second look; the seconds it was frozen. The
+        container is thawed whatever happens (`hold` keeps the record of the moment in between,
+        for a control plane that dies inside it)."""
+        await hold.begin()
+        try:
+            started = time.monotonic()
+            froze = await self._freeze(name)
+            try:
+                await self._go(helper)
+            finally:
+                if froze:
+                    await self._engine.call(lambda c: c.api.unpause(name), "unpause")
+            held = time.monotonic() - started
+        finally:
+            await hold.end()
+        return held
+
+    async def _freeze(self, name: str) -> bool:
+        """`docker pause`; False when it was paused already (by someone else: leave it so)."""
+
+        def run(client: docker.DockerClient) -> bool:
+            try:
+                client.api.pause(name)
+            except APIError as exc:
+                if exc.status_code == 409 and "already paused" in str(exc.explanation):
+                    return False
+                raise DriverError(f"Docker could not freeze {name}: {exc.explanation}") from None
+            return True
+
+        return await self._engine.call(run, "pause")
+
+    async def _items(self, helper: Helper) -> AsyncIterator[FileItem]:
+        done = False
+
+        def batch(_: docker.DockerClient) -> list[tuple[bytes, bytes]]:
+            nonlocal done
+            frames: list[tuple[bytes, bytes]] = []
+            size = 0
+            while size < BATCH_BYTES:
+                kind, payload = helper.read()
+                if kind == b"Z":
+                    done = True
+                    break
+                frames.append((kind, payload))
+                size += len(payload) + 64
+            return frames
+
+        while not done:
+            for kind, payload in await self._lane.run(batch):
+                yield entry_from(json.loads(payload)) if kind == b"E" else payload
+
+    async def _inspect(self, name: str) -> dict[str, Any]:
+        def run(client: docker.DockerClient) -> dict[str, Any]:
+            try:
+                attrs: dict[str, Any] = client.api.inspect_container(name)
+            except NotFound:
+                raise DriverError(
+                    f"sandbox container {name} does not exist: nothing to read"
+                ) from None
+            return attrs
+
+        return await self._engine.call(run, "inspect")
+
+    @staticmethod
+    def _mounts(attrs: dict[str, Any], name: str, working_dir: str) -> list[Mount]:
+        driver = attrs.get("GraphDriver") or {}
+        upper = (driver.get("Data") or {}).get("UpperDir")
+        if driver.get("Name") != "overlay2" or not upper:
+            raise DriverError(
+                f"the engine's storage driver is {driver.get('Name')!r}: snapshots need overlay2"
+            )
+        volume = next(
+            (
+                m.get("Name")
+                for m in attrs.get("Mounts") or []
+                if m.get("Destination") == working_dir and m.get("Type") == "volume"
+            ),
+            None,
+        )
+        if not volume:
+            raise DriverError(f"sandbox container {name} has no workspace volume")
+        return [
+            Mount("/acs/ws", volume, type="volume", read_only=True),
+            Mount("/acs/upper", upper, type="bind", read_only=True),
+        ]
