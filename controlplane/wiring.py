@@ -10,18 +10,21 @@ dependency order (`contexts`); aiohttp opens them in that order and closes them 
 3. http client    the one client session to agent servers and webhook receivers
 4. runtime http   the client of what browser clients send to a sandbox (cloud proxy, reads)
 5. lifecycle      the lifecycle webhook outbox and this replica's deliverer, the publisher
-6. sandboxes      the sandbox service with its launcher, readiness probe, status feed and leases,
+6. snapshot store with ACS_SNAPSHOT_STORE_URL: the registry's client, the snapshot records
+                  and the users' keys (sandboxes started from a snapshot read through it)
+7. sandboxes      the sandbox service with its launcher, readiness probe, status feed and leases,
                   the warm pool, the reconciler and the idle reaper
-7. LLM gateway    sandbox credentials, the users' gateway keys, forwarding (and the LiteLLM
+8. snapshots      the snapshot service (take, fork, delete) and the collector
+9. LLM gateway    sandbox credentials, the users' gateway keys, forwarding (and the LiteLLM
                   translator process, started on first need), metering; without sandboxes it
                   serves the users' own gateway keys alone
-8. conversations  the conversation service with its start tasks (which hand agents gateway
+10. conversations the conversation service with its start tasks (which hand agents gateway
                   credentials) and pending messages, events
-9. proxy          the sandbox proxy's client and what it keeps between requests
-10. webhooks      every spec's network made ready and the webhook listener serving: opened
+11. proxy         the sandbox proxy's client and what it keeps between requests
+12. webhooks      every spec's network made ready and the webhook listener serving: opened
                   after every service it calls exists, closed before they close (no webhook
                   arrives while the rest close)
-11. handover      start tasks resumed from other (stopped or dead) replicas; closed first: at
+13. handover      start tasks resumed from other (stopped or dead) replicas; closed first: at
                   shutdown this replica's starts finish or are handed over while webhooks still
                   arrive (controlplane/shutdown.py)
 
@@ -83,6 +86,12 @@ from controlplane.sandboxes.webhook_listener import WebhookListener
 from controlplane.settings.profiles import LlmProfiles
 from controlplane.settings.service import SettingsService
 from controlplane.settings.store import UserRecordStore
+from controlplane.snapshots.collector import Collector
+from controlplane.snapshots.registry import Registry
+from controlplane.snapshots.service import SnapshotService
+from controlplane.snapshots.sources import SnapshotData
+from controlplane.snapshots.store import SnapshotStore
+from controlplane.snapshots.taker import Taker
 from controlplane.store import keyspace
 from controlplane.store.failover import open_redis
 from controlplane.store.leader import LeaderLock
@@ -110,7 +119,9 @@ def contexts(
         http_ctx(),
         runtime_http_ctx(),
         lifecycle_ctx(config),
+        snapshot_store_ctx(config),
         sandboxes_ctx(config),
+        snapshots_ctx(config),
         gateway_ctx(config),
         conversations_ctx(config),
         proxy_ctx(),
@@ -180,6 +191,7 @@ def runtime_ctx(config: ServiceConfig) -> Context:
                 subnet_pool=config.sandbox_subnet_pool,
                 subnet_size=config.sandbox_subnet_size,
                 on_error=app[keys.METRICS].docker_error,
+                files_image=config.snapshot_helper_image or config.base_image,
             )
         app[keys.DRIVER] = driver
         app[keys.WEBHOOK_LISTENER] = listener
@@ -318,6 +330,7 @@ def sandboxes_ctx(config: ServiceConfig) -> Context:
             notes=notes,
             leases=leases,
             webhooks=True,  # the driver binds the webhook listener where sandboxes reach it
+            restores=app.get(keys.SNAPSHOT_DATA),
         )
         pool = WarmPool(
             config,
@@ -343,6 +356,7 @@ def sandboxes_ctx(config: ServiceConfig) -> Context:
             notes=notes,
             leases=leases,
             pool=pool,
+            restores=app.get(keys.SNAPSHOT_DATA),
         )
         reconciler = Reconciler(
             config,
@@ -383,6 +397,67 @@ def sandboxes_ctx(config: ServiceConfig) -> Context:
         await leases.close()
         await probe.close()
         await feed.stop()
+
+    return ctx
+
+
+def snapshot_store_ctx(config: ServiceConfig) -> Context:
+    """With ACS_SNAPSHOT_STORE_URL: the snapshot store's client (the OCI registry, on the one
+    HTTP client), its records and the users' keys, which sandboxes started from a snapshot
+    read their files through."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        if config.snapshot_store_url is not None:
+            registry = Registry(
+                app[keys.HTTP_CLIENT],
+                config.snapshot_store_url,
+                username=config.snapshot_store_username,
+                password=config.snapshot_store_password,
+                timeout=config.snapshot_store_timeout,
+            )
+            app[keys.SNAPSHOT_DATA] = SnapshotData(
+                SnapshotStore(app[keys.REDIS]),
+                registry,
+                app[keys.SECRET_BOX],
+                config.snapshot_store_repository,
+            )
+        yield
+
+    return ctx
+
+
+def snapshots_ctx(config: ServiceConfig) -> Context:
+    """The snapshot service (above sandboxes) and its collector, with a store."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        data = app.get(keys.SNAPSHOT_DATA)
+        if data is None:
+            yield
+            return
+        sandboxes = app[keys.SANDBOXES]
+        taker = Taker(
+            data,
+            sandboxes.store,
+            lease=config.snapshot_lease,
+            pack_bytes=config.snapshot_pack_bytes,
+        )
+        service = SnapshotService(config, data, sandboxes, taker, app[keys.DRIVER].files)
+        collector = Collector(
+            config,
+            data,
+            sandboxes.store,
+            remove=service.remove,
+            leader=LeaderLock(
+                app[keys.REDIS],
+                keyspace.leader("snapshots"),
+                max(3 * config.snapshot_collect_interval, 10.0),
+            ),
+        )
+        app[keys.SNAPSHOTS] = service
+        app[keys.COLLECTOR] = collector
+        collector.start()
+        yield
+        await collector.stop()
 
     return ctx
 

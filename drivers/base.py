@@ -256,9 +256,10 @@ class SandboxDriver(Protocol):
     the pod, keeping its claim): a paused sandbox then holds no memory, and a resume starts a
     new instance instead of unpausing. False when a pause freezes it in place (Docker)."""
 
-    files: SandboxFiles | None
-    """How to export and import a sandbox's files (snapshots); None where the runtime does not
-    offer it yet: snapshots are then refused with a clear error."""
+    @property
+    def files(self) -> SandboxFiles | None:
+        """How to export and import a sandbox's files (snapshots); None where the runtime
+        does not offer it yet: snapshots are then refused with a clear error."""
 
     # -- the runtime --------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from docker.types import Mount
 
 from drivers import docker_names
 from drivers.base import STATE, SandboxRequest
-from drivers.docker_files import Lane, entry_json
+from drivers.docker_files import LABEL_SNAPSHOT, Lane, entry_json
 from drivers.docker_helper import LABEL_ROLE, Helper
 from drivers.errors import DriverError, ImageMissing
 
@@ -36,8 +36,6 @@ LABEL_BASE = "acs.base"
 """On a restored sandbox's workspace volume: the base volume it stands on."""
 LABEL_BASE_IMAGE = "acs.base_image"
 """On the same volume: the image its container runs (the base's)."""
-LABEL_SNAPSHOT = "acs.snapshot"
-"""On a base volume and image: the snapshot (FileSource key) they hold."""
 SEND_BYTES = 4 << 20
 
 

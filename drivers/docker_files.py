@@ -39,6 +39,9 @@ from drivers.docker_helper import Helper
 from drivers.errors import DriverError, RuntimeUnavailable
 
 T = TypeVar("T")
+LABEL_SNAPSHOT = "acs.snapshot"
+"""On a base image (and so on the containers that run it): the snapshot whose files it holds
+(drivers/docker_bases.py)."""
 BATCH_BYTES = 8 << 20
 """What one read from the helper collects before handing it to the event loop."""
 
@@ -242,7 +245,16 @@ class DockerExports:
         )
         if not volume:
             raise DriverError(f"sandbox container {name} has no workspace volume")
-        return [
+        mounts = [
             Mount("/acs/ws", volume, type="volume", read_only=True),
             Mount("/acs/upper", upper, type="bind", read_only=True),
         ]
+        labels = (attrs.get("Config") or {}).get("Labels") or {}
+        if labels.get(LABEL_SNAPSHOT):
+            # Made from a snapshot: its image's top layer (below the engine's init layer) is
+            # the snapshot's system tree, which the export merges under the container's own.
+            lower = str((driver.get("Data") or {}).get("LowerDir") or "").split(":")
+            if len(lower) < 2 or not lower[0].endswith("-init/diff"):
+                raise DriverError(f"cannot find the base layer of {name}")
+            mounts.append(Mount("/acs/base", lower[1], type="bind", read_only=True))
+        return mounts

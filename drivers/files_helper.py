@@ -31,16 +31,16 @@ import os
 import stat
 import struct
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 Entry = dict[str, Any]
-Walked = Iterator[tuple[Entry, Any, str]]
 Staged = dict[tuple[str, str], tuple[list[Any], str, bool]]
 
 PIECE = 1 << 20
 OPAQUE = ("trusted.overlay.opaque", "user.overlay.opaque")
 STAGING = "/acs/staging"
+ROOTS = {"ws": "/acs/ws", "upper": "/acs/upper", "base": "/acs/base"}
 NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 SYSTEM_SKIP = {".dockerenv", "etc/hostname", "etc/hosts", "etc/resolv.conf", "proc", "sys", "dev"}
 
@@ -125,22 +125,34 @@ def signature(entry: Entry) -> list[Any]:
     ]
 
 
-def walk(root: str, tree_of: Callable[[str], str | None], skip: set[str]) -> Walked:
-    """Every entry under `root` (parents before children) as (entry, parent fd, name); the
-    descriptors stay open while the walk is inside them."""
+def walk(src: str, tree_of: Callable[[str], str | None], skip: set[str]) -> list[Entry]:
+    """Every entry under the root `src` names, parents before children (tagged with `src`,
+    where its bytes are read)."""
     try:
-        root_fd = os.open(root, NOFOLLOW_DIR)
+        root_fd = os.open(ROOTS[src], NOFOLLOW_DIR)
     except FileNotFoundError:
-        return
-    base = tree_of("")
-    top = entry_of(base, "", os.fstat(root_fd), None, "") if base is not None else None
-    if top is not None:
-        yield top, None, ""
-    yield from _walk(root_fd, "", tree_of, skip)
-    os.close(root_fd)
+        return []
+    found: list[Entry] = []
+    try:
+        base = tree_of("")
+        top = entry_of(base, "", os.fstat(root_fd), None, "") if base is not None else None
+        if top is not None:
+            found.append(top)
+        _walk(root_fd, "", tree_of, skip, found)
+    finally:
+        os.close(root_fd)
+    for entry in found:
+        entry["src"] = src
+    return found
 
 
-def _walk(dir_fd: int, prefix: str, tree_of: Callable[[str], str | None], skip: set[str]) -> Walked:
+def _walk(
+    dir_fd: int,
+    prefix: str,
+    tree_of: Callable[[str], str | None],
+    skip: set[str],
+    found: list[Entry],
+) -> None:
     with os.scandir(dir_fd) as listing:
         names = sorted(item.name for item in listing)
     for name in names:
@@ -154,14 +166,14 @@ def _walk(dir_fd: int, prefix: str, tree_of: Callable[[str], str | None], skip: 
             continue
         entry = entry_of(tree, path, st, dir_fd, name) if tree else None
         if entry is not None:
-            yield entry, dir_fd, name
+            found.append(entry)
         if stat.S_ISDIR(st.st_mode):
             try:
                 child = os.open(name, NOFOLLOW_DIR, dir_fd=dir_fd)
             except OSError:
                 continue
             try:
-                yield from _walk(child, path + "/", tree_of, skip)
+                _walk(child, path + "/", tree_of, skip, found)
             finally:
                 os.close(child)
 
@@ -170,22 +182,60 @@ def under(path: str, dirs: list[str]) -> bool:
     return any(path == d or path.startswith(d + "/") for d in dirs)
 
 
-def scan(state: list[str], skip: list[str]) -> Walked:
-    """The workspace tree, then the upper directory split into `state` and `system`: entries
-    with the open directory and name they are at, valid until the next one is taken."""
-    yield from walk("/acs/ws", lambda p: "workspace", set())
+def merge(lower: list[Entry], upper: list[Entry]) -> list[Entry]:
+    """Overlay's view of two layers: what `upper` has replaces `lower`'s, and a whiteout or an
+    opaque directory of `upper` hides everything of `lower` beneath it."""
+    mine = {entry["p"] for entry in upper}
+    hiding = {entry["p"] for entry in upper if entry["k"] == "deleted" or entry.get("o")}
 
-    def upper_tree(path: str) -> str | None:
+    def hidden(path: str) -> bool:
+        parts = path.split("/")
+        return any("/".join(parts[:n]) in hiding for n in range(1, len(parts)))
+
+    kept = [e for e in lower if e["p"] not in mine and not hidden(e["p"])]
+    return sorted(kept + upper, key=lambda e: e["p"].split("/"))
+
+
+def scan(state: list[str], skip: list[str]) -> list[Entry]:
+    """The workspace tree, then what changed outside it (the container's upper directory, over
+    the base layer of a sandbox made from a snapshot) split into `state` and `system`."""
+
+    def outside(path: str) -> str | None:
         if path == "":
             return None
         return "state" if under(path, state) else "system"
 
-    yield from walk("/acs/upper", upper_tree, set(skip) | SYSTEM_SKIP)
+    entries = walk("ws", lambda p: "workspace", set())
+    skipped = set(skip) | SYSTEM_SKIP
+    changes = walk("upper", outside, skipped)
+    if os.path.isdir(ROOTS["base"]):
+        changes = merge(walk("base", outside, skipped), changes)
+    return entries + changes
 
 
-def copy_out(fd: int, name: str, target: str) -> tuple[os.stat_result, os.stat_result]:
-    """Copy a file (never through a link) to the staging path; its stat before the copy."""
-    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+def locate(src: str, path: str) -> tuple[int, str]:
+    """The open directory holding `path` under root `src`, and its name (never through a
+    link; nothing is made)."""
+    parts = path.split("/")
+    fd = os.open(ROOTS[src], NOFOLLOW_DIR)
+    try:
+        for part in parts[:-1]:
+            child = os.open(part, NOFOLLOW_DIR, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except OSError:
+        os.close(fd)
+        raise FileNotFoundError(path) from None
+    return fd, parts[-1]
+
+
+def copy_out(entry: Entry, target: str) -> tuple[os.stat_result, os.stat_result]:
+    """Copy a file (never through a link) to the staging path; its stat before and after."""
+    fd, name = locate(entry["src"], entry["p"])
+    try:
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+    finally:
+        os.close(fd)
     try:
         before = os.fstat(src)
         with open(target, "wb") as dst:
@@ -200,24 +250,16 @@ def copy_out(fd: int, name: str, target: str) -> tuple[os.stat_result, os.stat_r
     return before, after
 
 
-def stable(before: os.stat_result, after: os.stat_result) -> bool:
-    return (before.st_size, before.st_mtime_ns, before.st_ctime_ns) == (
-        after.st_size,
-        after.st_mtime_ns,
-        after.st_ctime_ns,
-    )
+def marks(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
-def stage(
-    listing: Walked, known: dict[str, dict[str, list[Any]]], staged: Staged
-) -> tuple[list[Entry], int]:
-    """Copy every file whose signature differs from `known` and from its staged copy, as the
-    walk finds it. `staged`: (tree, path) -> (signature, staging file, clean). Returns the
-    entries and the bytes copied."""
-    entries = []
+def stage(entries: list[Entry], known: dict[str, dict[str, list[Any]]], staged: Staged) -> int:
+    """Copy every file whose signature differs from `known` and from its staged copy.
+    `staged`: (tree, path) -> (signature, staging file, clean: unchanged while copied and
+    since it was listed). Returns the bytes copied."""
     copied = 0
-    for entry, fd, name in listing:
-        entries.append(entry)
+    for entry in entries:
         if entry["k"] != "file":
             continue
         key = (entry["t"], entry["p"])
@@ -229,18 +271,14 @@ def stage(
             continue
         target = held[1] if held else f"{STAGING}/{len(staged)}"
         try:
-            before, after = copy_out(fd, name, target)
+            before, after = copy_out(entry, target)
         except FileNotFoundError:
+            staged.pop(key, None)
             continue
-        clean = stable(before, after) and signature(entry)[4:8] == [
-            before.st_size,
-            before.st_mtime_ns,
-            before.st_ctime_ns,
-            before.st_ino,
-        ]
+        clean = marks(before) == marks(after) == sig[4:8]
         staged[key] = (sig, target, clean)
         copied += before.st_size
-    return entries, copied
+    return copied
 
 
 def export(request: dict[str, Any]) -> None:
@@ -251,18 +289,26 @@ def export(request: dict[str, Any]) -> None:
     staged: Staged = {}
     precopied = 0
     if request.get("precopy"):
-        precopied = stage(scan(state, skip), known, staged)[1]
+        precopied = stage(scan(state, skip), known, staged)
     send_json(b"J", {"ready": True, "precopied": precopied})
     out.flush()
     kind, payload = read_frame()
     if kind != b"J" or json.loads(payload).get("op") != "go":
         raise SystemExit("expected go")
-    entries, frozen = stage(scan(state, skip), known, staged)
+    listed = scan(state, skip)
+    frozen = stage(listed, known, staged)
+    entries = []
+    for entry in listed:
+        entry["c"] = known.get(entry["t"], {}).get(entry["p"]) != signature(entry)
+        if entry["k"] == "file" and entry["c"]:
+            held = staged.get((entry["t"], entry["p"]))
+            if held is None:
+                continue  # gone while it was copied: not in this export
+            entry["s"] = os.path.getsize(held[1])  # exactly the bytes that follow
+        entries.append(entry)
     send_json(b"J", {"done": True, "copied": frozen, "entries": len(entries)})
     out.flush()
     for entry in entries:
-        sig = signature(entry)
-        entry["c"] = known.get(entry["t"], {}).get(entry["p"]) != sig
         send_json(b"E", entry)
         if entry["k"] == "file" and entry["c"]:
             _, target, _ = staged[(entry["t"], entry["p"])]

@@ -50,6 +50,14 @@ class SandboxRecord(BaseModel):
     updated_at: datetime
     last_activity_at: datetime
     deleting_at: datetime | None = None  # a delete was asked for: it is finished, never undone
+    origin: str | None = None
+    """The snapshot it was started from (its files came from there), None for a spec's new
+    sandbox."""
+    held_until: float | None = None
+    """While a snapshot holds it still (frozen): until when, Unix seconds. A RUNNING sandbox
+    found frozen past that time was left so by a dead control plane and is thawed."""
+    hibernated_at: datetime | None = None
+    """A PAUSED sandbox that gave its memory back (Docker: its container stopped)."""
 
     def agent_url(self, default_host: str) -> str:
         """Base URL of the sandbox's agent server, as this control plane reaches it
@@ -57,8 +65,11 @@ class SandboxRecord(BaseModel):
         return f"http://{self.host or default_host}:{self.ports[AGENT_SERVER]}"
 
     @classmethod
-    def starting(cls, sandbox_id: str, owner: str, spec_id: str) -> SandboxRecord:
-        """A new sandbox's first record: STARTING, with a fresh session key, all times now."""
+    def starting(
+        cls, sandbox_id: str, owner: str, spec_id: str, origin: str | None = None
+    ) -> SandboxRecord:
+        """A new sandbox's first record: STARTING, with a fresh session key, all times now
+        (`origin`: the snapshot its files come from)."""
         now = datetime.now(UTC)
         return cls(
             id=sandbox_id,
@@ -69,6 +80,7 @@ class SandboxRecord(BaseModel):
             created_at=now,
             updated_at=now,
             last_activity_at=now,
+            origin=origin,
         )
 
 
@@ -84,6 +96,12 @@ class SandboxInfo(BaseModel):
     created_at: datetime
     last_activity_at: datetime
     reason: str | None = Field(default=None, description="Why the sandbox is in ERROR or MISSING")
+    snapshot_id: str | None = Field(
+        default=None, description="The snapshot it was started from, if it was"
+    )
+    hibernated: bool = Field(
+        default=False, description="PAUSED and its memory given back: resume restarts it"
+    )
 
 
 class SandboxPage(BaseModel):
@@ -95,6 +113,12 @@ class StartSandboxRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     sandbox_spec_id: str | None = Field(default=None, max_length=64)
+    snapshot_id: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{32}$",
+        description="Start from this snapshot of yours: its files, on its sandbox's spec (a "
+        "new session key and identity; docs/sandboxes.md#snapshots)",
+    )
 
 
 class SandboxSearchQuery(PageQuery):

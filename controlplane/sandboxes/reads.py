@@ -104,6 +104,8 @@ class SandboxReads:
             created_at=record.created_at,
             last_activity_at=record.last_activity_at,
             reason=record.reason,
+            snapshot_id=record.origin,
+            hibernated=record.hibernated_at is not None,
         )
 
     async def get(self, principal: Principal, sandbox_id: str) -> SandboxInfo:

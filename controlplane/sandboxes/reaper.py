@@ -1,5 +1,7 @@
-"""The idle reaper: pauses RUNNING sandboxes idle past their timeout and, when retention is on,
-deletes sandboxes paused for too long. One replica acts at a time (a Redis leader lock).
+"""The idle reaper: pauses RUNNING sandboxes idle past their timeout (or hibernates them:
+ACS_IDLE_ACTION), hibernates sandboxes paused for longer than ACS_HIBERNATE_AFTER and, when
+retention is on, deletes sandboxes paused for too long. One replica acts at a time (a Redis
+leader lock).
 
 Idle means: no API touch of the sandbox or its conversations, no agent event, and no
 conversation in it whose agent is running, for longer than the timeout. The timeout is
@@ -37,6 +39,8 @@ class Activity(Protocol):
 
 class IdleActions(Protocol):
     async def pause_idle(self, sandbox_id: str, reason: str) -> bool: ...
+
+    async def hibernate_idle(self, sandbox_id: str, reason: str) -> bool: ...
 
     async def retire(self, sandbox_id: str, reason: str) -> bool: ...
 
@@ -117,12 +121,25 @@ class IdleReaper:
                         reason = f"deleted after {retention} s paused (retention)"
                         if await self._actions.retire(record.id, reason):
                             retired.append(record.id)
+                    elif record.status == SandboxStatus.PAUSED:
+                        await self._hibernate_long_paused(record, now)
                 except ControlPlaneError as exc:
                     log.warning("reaper_action_failed", sandbox_id=record.id, error=str(exc))
             if len(ids) < 500:
                 break
             after = ids[-1]
         return paused, retired
+
+    async def _hibernate_long_paused(self, record: SandboxRecord, now: datetime) -> None:
+        """ACS_HIBERNATE_AFTER: a sandbox paused that long gives its memory back."""
+        after = self._config.hibernate_after
+        if after <= 0 or record.hibernated_at is not None:
+            return
+        paused = (now - record.updated_at).total_seconds()
+        if paused >= after:
+            await self._actions.hibernate_idle(
+                record.id, f"hibernated after {int(paused)} s paused (ACS_HIBERNATE_AFTER)"
+            )
 
     async def _reap_idle(self, record: SandboxRecord, now: datetime) -> bool:
         timeout = await self.timeout_of(record)

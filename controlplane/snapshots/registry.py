@@ -14,8 +14,8 @@ for minutes instead of answering 503 at once (docs/operations.md#snapshot-store)
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
+import io
 import json
 import re
 from typing import Any
@@ -35,6 +35,11 @@ def digest_of(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+def manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    """A manifest as it is sent (so its digest is known before)."""
+    return json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode()
+
+
 class Registry:
     """One registry at `base_url` (`http(s)://host[:port]`); `http` is the caller's session."""
 
@@ -49,9 +54,7 @@ class Registry:
     ) -> None:
         self._http = http
         self.base_url = base_url.rstrip("/")
-        self._basic = (
-            aiohttp.BasicAuth(username, password or "") if username is not None else None
-        )
+        self._basic = aiohttp.BasicAuth(username, password or "") if username is not None else None
         self._timeout = aiohttp.ClientTimeout(total=timeout, connect=min(timeout, 5.0))
         self._tokens: dict[str, str] = {}
 
@@ -74,7 +77,7 @@ class Registry:
             repo,
             "push",
             data=data,
-            headers={"Content-Type": "application/octet-stream"},
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(data))},
         )
         if status != 201:
             raise StoreUnavailable(f"the snapshot store refused a blob ({status})")
@@ -110,7 +113,7 @@ class Registry:
 
     async def put_manifest(self, repo: str, tag: str, manifest: dict[str, Any]) -> str:
         """Store `manifest` under `tag`; its digest."""
-        body = json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode()
+        body = manifest_bytes(manifest)
         status, _, _ = await self._call(
             "PUT",
             f"/v2/{repo}/manifests/{tag}",
@@ -175,10 +178,12 @@ class Registry:
             if token is not None:
                 sent["Authorization"] = f"Bearer {token}"
             try:
+                # A file-like body: aiohttp sends it in pieces (a large bytes body would be
+                # one write, which it warns against).
                 async with self._http.request(
                     method,
                     url,
-                    data=data,
+                    data=io.BytesIO(data) if data is not None else None,
                     headers=sent,
                     auth=self._basic if token is None else None,
                     timeout=self._timeout,
@@ -191,7 +196,7 @@ class Registry:
                             self._tokens[scope] = await self._token(challenge)
                             continue
                     return answer.status, dict(answer.headers), body
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 log.warning("snapshot_store_unreachable", url=self.base_url, error=str(exc))
                 raise StoreUnavailable(
                     f"the snapshot store at {self.base_url} does not answer: {exc or 'timeout'}"
@@ -213,7 +218,7 @@ class Registry:
                         f"the snapshot store's token service refused us ({answer.status})"
                     )
                 payload = await answer.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
             raise StoreUnavailable(f"the snapshot store's token service failed: {exc}") from None
         token = payload.get("token") or payload.get("access_token")
         if not isinstance(token, str) or not token:
