@@ -52,7 +52,8 @@ async def snapshot(
     client: Client, headers: dict[str, str], sandbox_id: str, name: str | None = None
 ) -> dict[str, Any]:
     body = {"name": name} if name else {}
-    resp = await client.post(f"/api/v1/sandboxes/{sandbox_id}/snapshots", json=body, headers=headers)
+    url = f"/api/v1/sandboxes/{sandbox_id}/snapshots"
+    resp = await client.post(url, json=body, headers=headers)
     taken: dict[str, Any] = await resp.json()
     assert resp.status == 200, taken
     return taken

@@ -116,4 +116,3 @@ async def test_fork_starts_each_with_its_own_identity(
         f"/api/v1/sandboxes/{source['id']}/fork", json={"count": 101}, headers=alice
     )
     assert over.status == 422
-
