@@ -175,6 +175,7 @@ class FileEntry:
     """The runtime's change marks (Docker: ctime and inode): with the fields above, an entry
     whose `signature` is the same as before has not changed since."""
     changed: bool = True  # in an export: False when its signature is one the caller knew
+    name: str = ""  # the runtime's own name for an exported file's bytes (Docker: its copy)
 
     def signature(self) -> tuple[object, ...]:
         return (

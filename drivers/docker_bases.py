@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,16 +29,19 @@ from docker.errors import APIError, ImageNotFound, NotFound
 from docker.types import Mount
 
 from drivers import docker_names
-from drivers.base import STATE, SandboxRequest
-from drivers.docker_files import LABEL_SNAPSHOT, Lane, entry_json
-from drivers.docker_helper import LABEL_ROLE, Helper
+from drivers.base import SYSTEM, WORKSPACE, FileEntry, FileItem, FileKind, SandboxRequest
+from drivers.docker_files import LABEL_SNAPSHOT, Lane
+from drivers.docker_helper import LABEL_ROLE
+from drivers.docker_tar import Feed, archive
 from drivers.errors import DriverError, ImageMissing
 
 LABEL_BASE = "acs.base"
 """On a restored sandbox's workspace volume: the base volume it stands on."""
 LABEL_BASE_IMAGE = "acs.base_image"
 """On the same volume: the image its container runs (the base's)."""
-SEND_BYTES = 4 << 20
+LABEL_ROOT = "acs.workspace_root"
+"""On a base image: its workspace root's "uid:gid:mode" (overlay's merged root is the upper
+directory, which must have them)."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,7 @@ class Base:
     volume: str
     mountpoint: str
     image: str
+    root: str  # the workspace root's "uid:gid:mode": each fork's upper directory gets them
 
 
 def _image_name(prefix: str) -> str:
@@ -132,8 +138,9 @@ class DockerBases:
         image = f"{_image_name(self._prefix)}:{source.key}-{image_id[7:19]}"
         async with self._lock(name):
             found = await self._lane.run(lambda c: _volume(c, name))
-            if found is not None and await self._lane.run(lambda c: _has_image(c, image)):
-                return Base(name, str(found["Mountpoint"]), image)
+            root = await self._lane.run(lambda c: _image_label(c, image, LABEL_ROOT))
+            if found is not None and root is not None:
+                return Base(name, str(found["Mountpoint"]), image, root)
             if found is not None:  # an earlier build that did not finish
                 await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
             labels = {
@@ -147,18 +154,15 @@ class DockerBases:
             try:
                 # The image's own command and settings: the commit keeps the container's.
                 holder = await self._lane.run(
-                    lambda c: str(
-                        c.api.create_container(request.image, labels=labels, network_disabled=True)[
-                            "Id"
-                        ]
-                    )
+                    lambda c: _create(c, request.image, labels=labels, network_disabled=True)
                 )
                 upper = await self._lane.run(lambda c: _upper(c, holder))
-                await self._fill(request, name, upper)
+                root = await self._fill(request, name, upper)
                 repository, _, tag = image.partition(":")
+                marks = labels | {LABEL_ROOT: root}
                 await self._lane.run(
                     lambda c: c.api.commit(
-                        holder, repository=repository, tag=tag, conf={"Labels": labels}, pause=False
+                        holder, repository=repository, tag=tag, conf={"Labels": marks}, pause=False
                     )
                 )
             except BaseException:
@@ -166,50 +170,68 @@ class DockerBases:
                 raise
             finally:
                 if holder:
-                    await self._lane.run(lambda c: c.api.remove_container(holder, force=True))
-            return Base(name, str(made["Mountpoint"]), image)
+                    await self._lane.run(
+                        lambda c: c.api.remove_container(holder, force=True, v=True)
+                    )
+            return Base(name, str(made["Mountpoint"]), image, root)
 
-    async def _fill(self, request: SandboxRequest, volume: str, upper: str) -> None:
-        """Stream the source's workspace and system trees into the base through a helper."""
+    async def _fill(self, request: SandboxRequest, volume: str, upper: str) -> str:
+        """The source's workspace tree into the base volume's lower/ and its system tree into
+        the holder's writable layer, extracted by the engine from one archive (a container that
+        never starts holds the mounts); the workspace root's "uid:gid:mode"."""
         assert request.restore is not None
+        root = "0:0:493"
+
+        def name_of(entry: FileEntry) -> str | None:
+            nonlocal root
+            if entry.tree == WORKSPACE:
+                if entry.path == "":
+                    root = f"{entry.uid}:{entry.gid}:{entry.mode}"
+                return f"acs/ws/lower/{entry.path}".rstrip("/")
+            if entry.tree == SYSTEM:
+                return f"acs/upper/{entry.path}"
+            return None  # the state tree never goes into another sandbox (docs)
+
         mounts = [Mount("/acs/ws", volume, type="volume"), Mount("/acs/upper", upper, type="bind")]
-        helper = await self._lane.run(
-            lambda c: Helper.start(
+        await self._extract(mounts, archive(request.restore.items(), name_of))
+        return root
+
+    async def _extract(self, mounts: list[Mount], pieces: AsyncIterator[bytes]) -> None:
+        """Have the engine extract an archive at / of a container holding `mounts` (made for
+        it, never started, removed after)."""
+        loader = await self._lane.run(
+            lambda c: _create(
                 c,
-                image=self._image,
-                prefix=self._prefix,
-                sandbox_id=request.sandbox_id,
-                mounts=mounts,
+                self._image,
+                ["true"],
+                labels={docker_names.LABEL_PREFIX: self._prefix, LABEL_ROLE: "files"},
+                network_disabled=True,
+                host_config=c.api.create_host_config(mounts=mounts, network_mode="none"),
             )
         )
+        feed = Feed()
+        upload = asyncio.create_task(
+            self._lane.run(lambda c: c.api.put_archive(loader, "/", feed.pieces()))
+        )
         try:
-            roots = {"workspace": "/acs/ws/lower", "system": "/acs/upper"}
-            await self._lane.run(lambda _: helper.send_json({"op": "import", "roots": roots}))
-            frames: list[tuple[bytes, bytes]] = []
-            size = 0
-            skipping = False
-            async for item in request.restore.items():
-                if isinstance(item, bytes):
-                    if not skipping:
-                        frames.append((b"B", item))
-                        size += len(item)
-                else:
-                    skipping = item.tree == STATE  # never into another sandbox (docs)
-                    if not skipping:
-                        frames.append((b"E", entry_json(item)))
-                        size += 256
-                if size >= SEND_BYTES:
-                    batch, frames, size = frames, [], 0
-                    await self._lane.run(lambda _, b=batch: helper.send_many(b))  # type: ignore[misc]
-            frames.append((b"Z", b""))
-            await self._lane.run(lambda _: helper.send_many(frames))
-            await self._lane.run(lambda _: helper.read_json())
+            try:
+                async for piece in pieces:
+                    await feed.put(piece)
+            except BaseException as exc:
+                await feed.put(DriverError(f"the files to restore failed: {exc}"))
+                raise
+            await feed.put(None)
+            if not await upload:
+                raise DriverError("the engine did not extract the restored files")
         finally:
-            await self._lane.run(lambda _: helper.close())
+            if not upload.done():
+                feed.stopped.set()
+            await asyncio.gather(upload, return_exceptions=True)
+            await self._lane.run(lambda c: c.api.remove_container(loader, force=True))
 
     async def _fork_dirs(self, base: Base, sandbox_id: str) -> None:
-        """The sandbox's upper and work directories in the base: made by one helper for every
-        sandbox asking at once (a fork of many waits for one helper, not one each)."""
+        """The sandbox's upper and work directories in the base: made at once for every
+        sandbox asking meanwhile (a fork of many costs one engine extraction, not one each)."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         queue = self._queued.setdefault(base.volume, [])
         queue.append((sandbox_id, future))
@@ -220,21 +242,26 @@ class DockerBases:
         await future
 
     async def _make_dirs(self, base: Base) -> None:
+        await asyncio.sleep(0)  # let the others of a fork queue up
         queue = self._queued.pop(base.volume, [])
-        ids = [sandbox_id for sandbox_id, _ in queue]
-        mounts = [Mount("/acs/ws", base.volume, type="volume")]
+        uid, gid, mode = (int(x) for x in base.root.split(":"))
+        now = time.time_ns()
+        entries = [FileEntry(WORKSPACE, "forks", FileKind.DIR, 0o755, mtime_ns=now)]
+        for sandbox_id, _ in queue:
+            top = f"forks/{sandbox_id}"
+            entries += [
+                FileEntry(WORKSPACE, top, FileKind.DIR, 0o700, mtime_ns=now),
+                FileEntry(WORKSPACE, f"{top}/up", FileKind.DIR, mode, uid, gid, mtime_ns=now),
+                FileEntry(WORKSPACE, f"{top}/work", FileKind.DIR, 0o700, mtime_ns=now),
+            ]
+
+        async def listed() -> AsyncIterator[FileItem]:
+            for entry in entries:
+                yield entry
+
         try:
-            helper = await self._lane.run(
-                lambda c: Helper.start(
-                    c, image=self._image, prefix=self._prefix, sandbox_id=ids[0], mounts=mounts
-                )
-            )
-            try:
-                await self._lane.run(
-                    lambda _: helper.ask({"op": "forkdirs", "base": "/acs/ws", "ids": ids})
-                )
-            finally:
-                await self._lane.run(lambda _: helper.close())
+            mounts = [Mount("/acs/ws", base.volume, type="volume")]
+            await self._extract(mounts, archive(listed(), lambda e: f"acs/ws/{e.path}"))
         except Exception as exc:
             for _, future in queue:
                 if not future.done():
@@ -266,12 +293,18 @@ def _image_id(client: docker.DockerClient, image: str) -> str:
         ) from None
 
 
-def _has_image(client: docker.DockerClient, image: str) -> bool:
+def _image_label(client: docker.DockerClient, image: str, label: str) -> str | None:
+    """A label of the image; None when the image (or the label) is absent."""
     try:
-        client.images.get(image)
+        labels = client.images.get(image).labels or {}
     except (ImageNotFound, NotFound):
-        return False
-    return True
+        return None
+    value = labels.get(label)
+    return str(value) if value is not None else None
+
+
+def _create(client: docker.DockerClient, image: str, command: Any = None, **options: Any) -> str:
+    return str(client.api.create_container(image, command, **options)["Id"])
 
 
 def _upper(client: docker.DockerClient, container: str) -> str:

@@ -13,9 +13,12 @@ and those few files. The staged files stream to the control plane after the thaw
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
+import tarfile
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -43,6 +46,8 @@ LABEL_SNAPSHOT = "acs.snapshot"
 """On a base image (and so on the containers that run it): the snapshot whose files it holds
 (drivers/docker_bases.py)."""
 BATCH_BYTES = 8 << 20
+PIECE = 1 << 20
+READY = "/acs/ready"  # files_helper.py's
 """What one read from the helper collects before handing it to the event loop."""
 
 
@@ -61,6 +66,7 @@ def entry_from(raw: dict[str, Any]) -> FileEntry:
         opaque=bool(raw.get("o", False)),
         stamp=(raw["ct"], raw["i"]),
         changed=bool(raw.get("c", True)),
+        name=raw.get("n", ""),
     )
 
 
@@ -80,6 +86,60 @@ def entry_json(entry: FileEntry) -> bytes:
     if entry.opaque:
         raw["o"] = True
     return json.dumps(raw).encode()
+
+
+class _Staged:
+    """The helper's staged copies (/acs/ready), as the engine streams them in one tar archive
+    (GET /containers/{id}/archive): sorted by name, which is the listing's order. Blocking."""
+
+    def __init__(self, client: docker.DockerClient, container_id: str) -> None:
+        stream, _ = client.api.get_archive(container_id, READY, chunk_size=PIECE)
+        self._stream = stream
+        self._tar = tarfile.open(fileobj=_Chunks(stream), mode="r|")  # noqa: SIM115 (closed by close())
+        self._members = iter(self._tar)
+
+    def read(self, entry: FileEntry) -> list[bytes]:
+        """The bytes of the next staged file, which must be `entry`'s."""
+        for member in self._members:
+            if not member.isfile():
+                continue
+            if member.name.rsplit("/", 1)[-1] != entry.name or member.size != entry.size:
+                raise DriverError(f"the staged copy of {entry.path!r} is not the one announced")
+            handle = self._tar.extractfile(member)
+            assert handle is not None
+            pieces = []
+            while piece := handle.read(PIECE):
+                pieces.append(piece)
+            return pieces
+        raise DriverError(f"the staged copy of {entry.path!r} is missing")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._tar.close()
+        with contextlib.suppress(Exception):
+            self._stream.close()
+
+
+class _Chunks(io.RawIOBase):
+    """A file over an iterator of byte chunks (the engine's response)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._left = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._left:
+            try:
+                self._left = next(self._chunks)
+            except StopIteration:
+                return 0
+        size = min(len(buffer), len(self._left))
+        buffer[:size] = self._left[:size]
+        self._left = self._left[size:]
+        return size
 
 
 def _relative(path: str) -> str:
@@ -196,24 +256,41 @@ class DockerExports:
         return await self._engine.call(run, "pause")
 
     async def _items(self, helper: Helper) -> AsyncIterator[FileItem]:
-        done = False
+        """The listing (from the helper), each changed file's bytes after it (from the archive
+        of the helper's staged copies, which the engine streams)."""
+        listing = await self._lane.run(
+            lambda _: [entry_from(json.loads(p)) for _, p in helper.frames()]
+        )
+        staged = iter(listing)
+        archive: _Staged | None = None
 
-        def batch(_: docker.DockerClient) -> list[tuple[bytes, bytes]]:
-            nonlocal done
-            frames: list[tuple[bytes, bytes]] = []
+        def batch(client: docker.DockerClient) -> list[FileItem]:
+            nonlocal archive
+            items: list[FileItem] = []
             size = 0
-            while size < BATCH_BYTES:
-                kind, payload = helper.read()
-                if kind == b"Z":
-                    done = True
+            for entry in staged:
+                items.append(entry)
+                if entry.kind == FileKind.FILE and entry.changed:
+                    if archive is None:
+                        archive = _Staged(client, helper.container_id)
+                    pieces = archive.read(entry)
+                    items.extend(pieces)
+                    size += entry.size
+                size += 128
+                if size >= BATCH_BYTES:
                     break
-                frames.append((kind, payload))
-                size += len(payload) + 64
-            return frames
+            return items
 
-        while not done:
-            for kind, payload in await self._lane.run(batch):
-                yield entry_from(json.loads(payload)) if kind == b"E" else payload
+        try:
+            while True:
+                items = await self._lane.run(batch)
+                if not items:
+                    return
+                for item in items:
+                    yield item
+        finally:
+            if archive is not None:
+                await self._lane.run(lambda _: archive.close() if archive else None)
 
     async def _inspect(self, name: str) -> dict[str, Any]:
         def run(client: docker.DockerClient) -> dict[str, Any]:

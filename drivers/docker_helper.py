@@ -119,11 +119,6 @@ class Helper:
         self.send_json(message)
         return self.read_json()
 
-    def send_many(self, frames: list[tuple[bytes, bytes]]) -> None:
-        self._raw.sendall(
-            b"".join(kind + struct.pack(">I", len(payload)) + payload for kind, payload in frames)
-        )
-
     def read(self) -> tuple[bytes, bytes]:
         """The helper's next frame. Raises HelperFailed when it ended without one."""
         while True:

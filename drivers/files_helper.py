@@ -1,27 +1,25 @@
-"""The program the Docker driver runs in a short-lived helper container to read or write a
-sandbox's files (drivers/docker_files.py). It is sent as `python3 -I -S -c <this file>` and
+"""The program the Docker driver runs in a short-lived helper container to read a sandbox's
+files consistently (drivers/docker_files.py). It is sent as `python3 -I -S -c <this file>` and
 must run on any Python 3.9+ with the standard library alone, since it runs in the helper image
 (ACS_SNAPSHOT_HELPER_IMAGE), not in the control plane.
 
-Mounts: /acs/ws (the workspace volume) and /acs/upper (the container's own writable layer, the
-overlay "upper" directory: what changed outside the workspace, with whiteouts for what was
-deleted from the image). Nothing is ever followed through a symbolic link: every path is walked
-from a directory descriptor with O_NOFOLLOW, so a tree the agent shaped cannot send a read or a
-write elsewhere.
+Mounts (read-only): /acs/ws (the workspace volume), /acs/upper (the container's own writable
+layer, the overlay "upper" directory: what changed outside the workspace, with whiteouts for
+what was deleted from the image) and, for a sandbox made from a snapshot, /acs/base (the base
+image's top layer, which holds that snapshot's changes: the two are merged as overlay does).
+Nothing is ever followed through a symbolic link: every path is walked from a directory
+descriptor with O_NOFOLLOW, so a tree the agent shaped cannot send a read elsewhere.
 
 Messages both ways are frames: one type byte, a 4-byte big-endian length, the payload.
-J: a JSON object; E: one entry (JSON); B: bytes of the file the last E announced; Z: the end.
+J: a JSON object; E: one entry (JSON); Z: the end.
 
-export: {"op": "export", "known": {tree: {path: signature}}, "state": [dirs], "skip": [dirs],
-"precopy": bool}. Scans the trees and, with `precopy`, copies what changed since `known` to a
-staging directory while the sandbox still runs, then says {"ready": ...}. The control plane
+{"op": "export", "known": {tree: {path: signature}}, "state": [dirs], "skip": [dirs],
+"precopy": bool}: scan the trees and, with `precopy`, copy what changed since `known` to a
+staging directory while the sandbox still runs, then say {"ready": ...}. The control plane
 holds the sandbox still and answers {"op": "go"}: the trees are scanned again and only what
-changed meanwhile is copied, then {"done": ...}; the control plane lets the sandbox go on, and
-the listing follows (E frames, each changed file's bytes in B frames from the staged copy).
-import: {"op": "import", "roots": {tree: dir}}, then E/B frames and Z: the entries written with
-their owners, modes and times (directories' times last); answers {"done": ...}.
-forkdirs: {"op": "forkdirs", "base": dir, "ids": [...]}: an empty upper and work directory per
-id under <base>/forks/<id>, the upper one with the owner and mode of <base>/lower.
+changed meanwhile is copied, then {"done": ...}; the control plane lets the sandbox go on. The
+listing follows (E frames, Z), each changed file named ("n") by its staged copy in /acs/ready,
+which the control plane reads as one archive from the engine (faster than this stream).
 """
 
 from __future__ import annotations
@@ -40,6 +38,7 @@ Staged = dict[tuple[str, str], tuple[list[Any], str, bool]]
 PIECE = 1 << 20
 OPAQUE = ("trusted.overlay.opaque", "user.overlay.opaque")
 STAGING = "/acs/staging"
+READY = "/acs/ready"
 ROOTS = {"ws": "/acs/ws", "upper": "/acs/upper", "base": "/acs/base"}
 NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 SYSTEM_SKIP = {".dockerenv", "etc/hostname", "etc/hosts", "etc/resolv.conf", "proc", "sys", "dev"}
@@ -297,164 +296,26 @@ def export(request: dict[str, Any]) -> None:
         raise SystemExit("expected go")
     listed = scan(state, skip)
     frozen = stage(listed, known, staged)
-    entries = []
+    send_json(b"J", {"done": True, "copied": frozen})
+    out.flush()
+    # The sandbox goes on. The staged copies are renamed in the listing's order into the
+    # directory the control plane then reads as one archive (sorted by name: that order).
+    os.makedirs(READY, exist_ok=True)
+    entries: list[Entry] = []
     for entry in listed:
         entry["c"] = known.get(entry["t"], {}).get(entry["p"]) != signature(entry)
         if entry["k"] == "file" and entry["c"]:
-            held = staged.get((entry["t"], entry["p"]))
+            held = staged.pop((entry["t"], entry["p"]), None)
             if held is None:
                 continue  # gone while it was copied: not in this export
-            entry["s"] = os.path.getsize(held[1])  # exactly the bytes that follow
+            entry["n"] = f"{len(entries):09d}"
+            os.rename(held[1], f"{READY}/{entry['n']}")
+            entry["s"] = os.path.getsize(f"{READY}/{entry['n']}")  # exactly what is sent
+        entry.pop("src", None)
         entries.append(entry)
-    send_json(b"J", {"done": True, "copied": frozen, "entries": len(entries)})
-    out.flush()
     for entry in entries:
         send_json(b"E", entry)
-        if entry["k"] == "file" and entry["c"]:
-            _, target, _ = staged[(entry["t"], entry["p"])]
-            with open(target, "rb") as staged_file:
-                while True:
-                    data = staged_file.read(PIECE)
-                    if not data:
-                        break
-                    send(b"B", data)
     send(b"Z", b"")
-    out.flush()
-
-
-def parent_of(root_fd: int, path: str) -> tuple[int, str]:
-    """A descriptor of the directory holding `path` (made as needed, never through a link)."""
-    parts = path.split("/")
-    fd = os.dup(root_fd)
-    for part in parts[:-1]:
-        if part in ("", ".", ".."):
-            os.close(fd)
-            raise SystemExit(f"bad path {path!r}")
-        try:
-            child = os.open(part, NOFOLLOW_DIR, dir_fd=fd)
-        except FileNotFoundError:
-            os.mkdir(part, 0o755, dir_fd=fd)
-            child = os.open(part, NOFOLLOW_DIR, dir_fd=fd)
-        os.close(fd)
-        fd = child
-    name = parts[-1]
-    if name in ("", ".", "..") or "/" in name:
-        os.close(fd)
-        raise SystemExit(f"bad path {path!r}")
-    return fd, name
-
-
-def clear(fd: int, name: str) -> os.stat_result | None:
-    try:
-        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(name, dir_fd=fd)
-        return None
-    return st
-
-
-def write_entry(
-    root_fd: int, entry: Entry, dirs: list[tuple[int, str, int]]
-) -> tuple[int, str, int] | None:
-    kind = entry["k"]
-    if entry["p"] == "":
-        os.chown(root_fd, entry["u"], entry["g"])
-        os.chmod(root_fd, entry["m"])
-        dirs.append((root_fd, "", entry["mt"]))
-        return None
-    fd, name = parent_of(root_fd, entry["p"])
-    existing = clear(fd, name)
-    if kind == "dir":
-        if existing is None:
-            os.mkdir(name, 0o700, dir_fd=fd)
-        os.chown(name, entry["u"], entry["g"], dir_fd=fd, follow_symlinks=False)
-        os.chmod(name, entry["m"], dir_fd=fd, follow_symlinks=False)
-        if entry.get("o"):
-            os.setxattr(f"/proc/self/fd/{fd}/{name}", OPAQUE[0], b"y")
-        dirs.append((root_fd, entry["p"], entry["mt"]))
-        os.close(fd)
-        return None
-    if existing is not None:
-        raise SystemExit(f"a directory stands where {entry['p']!r} goes")
-    if kind == "symlink":
-        os.symlink(entry["l"], name, dir_fd=fd)
-    elif kind == "deleted":
-        os.mknod(name, stat.S_IFCHR | 0o600, os.makedev(0, 0), dir_fd=fd)
-    elif kind == "file":
-        target = os.open(
-            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd
-        )
-        return fd, name, target
-    else:
-        raise SystemExit(f"unknown kind {kind!r}")
-    finish(fd, name, entry, None)
-    os.close(fd)
-    return None
-
-
-def finish(fd: int, name: str, entry: Entry, file_fd: int | None) -> None:
-    if file_fd is not None:
-        os.fchown(file_fd, entry["u"], entry["g"])
-        os.fchmod(file_fd, entry["m"])  # after the owner: a chown clears set-id bits
-        os.close(file_fd)
-    else:
-        os.chown(name, entry["u"], entry["g"], dir_fd=fd, follow_symlinks=False)
-    os.utime(name, ns=(entry["mt"], entry["mt"]), dir_fd=fd, follow_symlinks=False)
-
-
-def import_(request: dict[str, Any]) -> None:
-    roots = {}
-    for tree, path in request["roots"].items():
-        os.makedirs(path, 0o755, exist_ok=True)
-        roots[tree] = os.open(path, NOFOLLOW_DIR)
-    dirs: list[tuple[int, str, int]] = []
-    written = 0
-    entry: Entry = {}
-    open_file = None
-    while True:
-        kind, payload = read_frame()
-        if kind == b"B":
-            if open_file is None:
-                raise SystemExit("bytes without a file")
-            os.write(open_file[2], payload)
-            written += len(payload)
-            continue
-        if open_file is not None:
-            finish(open_file[0], open_file[1], entry, open_file[2])
-            os.close(open_file[0])
-            open_file = None
-        if kind == b"Z":
-            break
-        entry = json.loads(payload)
-        root = roots.get(entry["t"])
-        if root is None:
-            continue
-        open_file = write_entry(root, entry, dirs)
-    for root_fd, path, mtime in reversed(dirs):  # writing into a directory changes its time
-        if path == "":
-            os.utime(root_fd, ns=(mtime, mtime))
-            continue
-        fd, name = parent_of(root_fd, path)
-        os.utime(name, ns=(mtime, mtime), dir_fd=fd, follow_symlinks=False)
-        os.close(fd)
-    send_json(b"J", {"done": True, "bytes": written})
-    out.flush()
-
-
-def forkdirs(request: dict[str, Any]) -> None:
-    base = request["base"]
-    lower = os.stat(base + "/lower")
-    for sandbox_id in request["ids"]:
-        if not sandbox_id.isalnum():
-            raise SystemExit(f"bad id {sandbox_id!r}")
-        for sub in ("up", "work"):
-            os.makedirs(f"{base}/forks/{sandbox_id}/{sub}", 0o700, exist_ok=True)
-        upper = f"{base}/forks/{sandbox_id}/up"
-        os.chown(upper, lower.st_uid, lower.st_gid)
-        os.chmod(upper, stat.S_IMODE(lower.st_mode))
-    send_json(b"J", {"done": True})
     out.flush()
 
 
@@ -464,10 +325,6 @@ def main() -> None:
     op = request.get("op")
     if op == "export":
         export(request)
-    elif op == "import":
-        import_(request)
-    elif op == "forkdirs":
-        forkdirs(request)
     else:
         raise SystemExit(f"unknown op {op!r}")
 
