@@ -95,7 +95,9 @@ class _Staged:
     def __init__(self, client: docker.DockerClient, container_id: str) -> None:
         stream, _ = client.api.get_archive(container_id, READY, chunk_size=PIECE)
         self._stream = stream
-        self._tar = tarfile.open(fileobj=_Chunks(stream), mode="r|")  # noqa: SIM115 (closed by close())
+        self._tar = tarfile.open(  # noqa: SIM115 (closed by close())
+            fileobj=_Chunks(stream), mode="r|", bufsize=PIECE
+        )
         self._members = iter(self._tar)
 
     def read(self, entry: FileEntry) -> list[bytes]:
@@ -121,24 +123,26 @@ class _Staged:
 
 
 class _Chunks(io.RawIOBase):
-    """A file over an iterator of byte chunks (the engine's response)."""
+    """A file over an iterator of byte chunks (the engine's response), read without copying
+    what is left of a chunk at each read (tarfile reads in small records)."""
 
     def __init__(self, chunks: Iterator[bytes]) -> None:
         self._chunks = chunks
-        self._left = b""
+        self._chunk = memoryview(b"")
+        self._at = 0
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
-        while not self._left:
+        while self._at >= len(self._chunk):
             try:
-                self._left = next(self._chunks)
+                self._chunk, self._at = memoryview(next(self._chunks)), 0
             except StopIteration:
                 return 0
-        size = min(len(buffer), len(self._left))
-        buffer[:size] = self._left[:size]
-        self._left = self._left[size:]
+        size = min(len(buffer), len(self._chunk) - self._at)
+        buffer[:size] = self._chunk[self._at : self._at + size]
+        self._at += size
         return size
 
 

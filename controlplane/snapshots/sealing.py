@@ -29,7 +29,7 @@ from controlplane.errors import SnapshotDamaged
 
 NONCE = 12
 SEAL_OVERHEAD = NONCE + 16 + 1
-_SAMPLE = 64 * 1024
+_SAMPLE = 4096
 
 
 def _squeeze(data: bytes) -> bytes:
