@@ -180,10 +180,8 @@ class SnapshotBench:
         await self.run_in(
             sandbox_id, "python3", "-c", FILL, "/workspace/data", str(files), str(FILE)
         )
-        print(
-            f"checkpoint: {files * FILE / MIB:.0f} MiB written in {time.perf_counter() - started:.1f} s",
-            flush=True,
-        )
+        took = time.perf_counter() - started
+        print(f"checkpoint: {files * FILE / MIB:.0f} MiB written in {took:.1f} s", flush=True)
         started = time.perf_counter()
         first = await self.call("POST", f"/api/v1/sandboxes/{sandbox_id}/snapshots", {})
         self.figures["first_snapshot_s"] = time.perf_counter() - started
@@ -364,7 +362,7 @@ def parse(argv: list[str] | None) -> Options:
     return Options(args.runs, 10_000, 1_000, [1, 5, 10, 20], args.json_path)
 
 
-main = main_of(parse, lambda o, tmp, url: SnapshotBench(o, tmp, url), "acs-bench-snap-")
+main = main_of(parse, SnapshotBench, "acs-bench-snap-")
 
 if __name__ == "__main__":
     raise SystemExit(main(None))
