@@ -124,7 +124,7 @@ class SnapshotBench:
         removed = self.raw.remove_everything()
         for image in self.raw.docker.images.list(name=self.raw.prefix.rstrip("-") + "-base"):
             with contextlib.suppress(Exception):
-                self.raw.docker.images.remove(image.id, force=True)
+                self.raw.docker.images.remove(str(image.id), force=True)
         return removed
 
     def close(self) -> None:

@@ -34,6 +34,7 @@ pytest_plugins = [
     "tests.support.openhands_clients",
     "tests.support.agent_canvas",
     "tests.support.browser_netns",
+    "tests.support.snapshot_fixtures",
 ]
 
 REPO = Path(__file__).resolve().parent.parent

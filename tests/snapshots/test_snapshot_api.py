@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import docker
 
-from tests.snapshots.helpers import running, sh, snapshot
 from tests.support.sandbox_helpers import wait_status
+from tests.support.snapshot_helpers import running, sh, snapshot
 from tests.support.types import Client, UserHeaders
 
 WRITE = (

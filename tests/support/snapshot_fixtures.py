@@ -1,6 +1,6 @@
-"""Snapshot fixtures: one real OCI registry per session (Debian's docker-registry,
-tests/support/registry_server.py), a repository of each test's own in it, and apps whose
-snapshots are stored there."""
+"""Snapshot fixtures (a plugin of tests/conftest.py, for tests/snapshots/ and tests/security/):
+one real OCI registry per session (Debian's docker-registry, tests/support/registry_server.py),
+a repository of each test's own in it, and apps whose snapshots are stored there."""
 
 from __future__ import annotations
 
