@@ -72,11 +72,12 @@ class Collector:
 
     async def collect(self, now: float | None = None) -> dict[str, int]:
         """One pass; what it did, by kind."""
-        now = time.time() if now is None else now
+        at = time.time() if now is None else now
         done = {
-            "abandoned": await self._abandoned(now),
-            "retired": await self._retention(now),
-            "packs": await self._packs(now),
+            "abandoned": await self._abandoned(at),
+            "retired": await self._retention(at),
+            # Now again: what retention just doomed counts from its own time.
+            "packs": await self._packs(time.time() if now is None else now),
         }
         done["deleted"] = await self.carry_out_deletions()
         if any(done.values()):
