@@ -229,7 +229,7 @@ class SandboxService(SandboxReads):
 
     async def _hibernate(self, record: SandboxRecord, reason: str) -> bool:
         await self.driver.hibernate(record.id)
-        if not await self.store.hibernated(record.id):
+        if not await self.store.hibernated(record.id, reason):
             return False  # moved on meanwhile (resumed, deleted): the runtime follows it
         await self.notes(LifecycleType.SANDBOX_PAUSED, record, reason, automatic=True)
         log.info("sandbox_hibernated", sandbox_id=record.id, reason=reason)

@@ -110,7 +110,7 @@ return 1
 _HIBERNATE = """
 if redis.call('HGET', KEYS[1], 'status') ~= 'PAUSED' then return 0 end
 if redis.call('HEXISTS', KEYS[1], 'deleting_at') == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'hibernated_at', ARGV[1])
+redis.call('HSET', KEYS[1], 'hibernated_at', ARGV[1], 'reason', ARGV[3])
 redis.call('HDEL', KEYS[2], ARGV[2])
 return 1
 """
@@ -366,13 +366,13 @@ class SandboxStore:
         )
         return bool(found)
 
-    async def hibernated(self, sandbox_id: str) -> bool:
+    async def hibernated(self, sandbox_id: str, reason: str) -> bool:
         """Record that a PAUSED sandbox gave its memory back (its reservation is released, so
         admission counts only memory really held). False: no longer PAUSED (or being deleted),
         nothing written."""
         done = await self._hibernate(
             keys=[keyspace.sandbox(sandbox_id), keyspace.MEMORY_RESERVED],
-            args=[_now().isoformat(), sandbox_id],
+            args=[_now().isoformat(), sandbox_id, reason],
         )
         if done:
             self._changed(sandbox_id)
