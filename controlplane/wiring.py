@@ -447,6 +447,7 @@ def snapshots_ctx(config: ServiceConfig) -> Context:
             data,
             sandboxes.store,
             remove=service.remove,
+            files=app[keys.DRIVER].files,
             leader=LeaderLock(
                 app[keys.REDIS],
                 keyspace.leader("snapshots"),

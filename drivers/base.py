@@ -250,6 +250,10 @@ class SandboxFiles(Protocol):
         """Drop what the runtime keeps of a FileSource's content (when no sandbox uses it);
         nothing kept succeeds."""
 
+    async def sweep(self, older_than: float) -> int:
+        """Remove what exports and imports interrupted more than `older_than` seconds ago left
+        (a control plane killed in the middle); how many objects were removed."""
+
 
 class SandboxDriver(Protocol):
     pause_releases: bool

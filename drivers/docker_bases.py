@@ -22,18 +22,21 @@ import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import docker
+import structlog
 from docker.errors import APIError, ImageNotFound, NotFound
 from docker.types import Mount
 
-from drivers import docker_names
 from drivers.base import SYSTEM, WORKSPACE, FileEntry, FileItem, FileKind, SandboxRequest
 from drivers.docker_files import LABEL_SNAPSHOT, Lane
-from drivers.docker_helper import LABEL_ROLE
+from drivers.docker_helper import LABEL_OWNER, LABEL_ROLE
 from drivers.docker_tar import Feed, archive
 from drivers.errors import DriverError, ImageMissing
+
+log = structlog.get_logger(__name__)
 
 LABEL_BASE = "acs.base"
 """On a restored sandbox's workspace volume: the base volume it stands on."""
@@ -104,10 +107,35 @@ class DockerBases:
 
     async def forget(self, key: str) -> None:
         """Remove the unused bases of a snapshot."""
-        labels = [f"{docker_names.LABEL_PREFIX}={self._prefix}", f"{LABEL_SNAPSHOT}={key}"]
+        labels = [f"{LABEL_OWNER}={self._prefix}", f"{LABEL_SNAPSHOT}={key}"]
         listed = await self._lane.run(lambda c: c.api.volumes(filters={"label": labels}))
         for volume in listed.get("Volumes") or []:
             await self.release(volume["Name"])
+
+    def sweep(self, client: docker.DockerClient, older_than: float) -> int:
+        """What interrupted operations left (DockerFiles.sweep). Blocking."""
+        owned = {"label": [f"{LABEL_OWNER}={self._prefix}"]}
+        cutoff = time.time() - older_than
+        removed = 0
+        for summary in client.api.containers(all=True, filters=owned):
+            # A running helper is in use; a helper whose control plane died has exited (its
+            # stdin closed), a loader or a holder was never started.
+            if summary.get("State") != "running" and summary.get("Created", 0) < cutoff:
+                with contextlib.suppress(NotFound):
+                    client.api.remove_container(summary["Id"], force=True, v=True)
+                    removed += 1
+        for volume in client.api.volumes(filters=owned).get("Volumes") or []:
+            made = _created(volume)
+            if made is None or made > cutoff or self._locks.get(volume["Name"], _FREE).locked():
+                continue
+            image = (volume.get("Labels") or {}).get(LABEL_BASE_IMAGE)
+            if image is None or _image_label(client, image, LABEL_ROOT) is None:
+                with contextlib.suppress(NotFound):
+                    client.api.remove_volume(volume["Name"], force=True)
+                    removed += 1
+            else:
+                self._drop_unused(client, volume["Name"])
+        return removed
 
     def _drop_unused(self, client: docker.DockerClient, base_volume: str) -> None:
         users = client.api.volumes(filters={"label": [f"{LABEL_BASE}={base_volume}"]})
@@ -144,11 +172,12 @@ class DockerBases:
             if found is not None:  # an earlier build that did not finish
                 await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
             labels = {
-                docker_names.LABEL_PREFIX: self._prefix,
+                LABEL_OWNER: self._prefix,
                 LABEL_SNAPSHOT: source.key,
                 LABEL_BASE_IMAGE: image,
                 LABEL_ROLE: "base",
             }
+            log.info("snapshot_base_building", snapshot=source.key, sandbox_id=request.sandbox_id)
             made = await self._lane.run(lambda c: c.api.create_volume(name=name, labels=labels))
             holder = ""
             try:
@@ -159,7 +188,8 @@ class DockerBases:
                 upper = await self._lane.run(lambda c: _upper(c, holder))
                 root = await self._fill(request, name, upper)
                 repository, _, tag = image.partition(":")
-                marks = labels | {LABEL_ROOT: root}
+                # The image's labels pass to every container of it: only what they need.
+                marks = {LABEL_SNAPSHOT: source.key, LABEL_ROOT: root}
                 await self._lane.run(
                     lambda c: c.api.commit(
                         holder, repository=repository, tag=tag, conf={"Labels": marks}, pause=False
@@ -204,7 +234,7 @@ class DockerBases:
                 c,
                 self._image,
                 ["true"],
-                labels={docker_names.LABEL_PREFIX: self._prefix, LABEL_ROLE: "files"},
+                labels={LABEL_OWNER: self._prefix, LABEL_ROLE: "files"},
                 network_disabled=True,
                 host_config=c.api.create_host_config(mounts=mounts, network_mode="none"),
             )
@@ -274,6 +304,18 @@ class DockerBases:
         for _, future in queue:
             if not future.done():
                 future.set_result(None)
+
+
+_FREE = asyncio.Lock()
+
+
+def _created(volume: dict[str, Any]) -> float | None:
+    """A volume's creation time (Unix seconds); None when the engine does not say."""
+    text = str(volume.get("CreatedAt") or "")
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _volume(client: docker.DockerClient, name: str) -> dict[str, Any] | None:

@@ -21,11 +21,15 @@ import docker
 from docker.errors import APIError, ImageNotFound, NotFound
 from docker.types import Mount
 
-from drivers import docker_names
 from drivers.errors import DriverError, ImageMissing
 
 SCRIPT = (Path(__file__).parent / "files_helper.py").read_text()
 LABEL_ROLE = "acs.role"
+"""On what the snapshot capability makes besides sandboxes: `files` (a helper or a loader
+container), `base` (a base volume, or the container a base image is committed from)."""
+LABEL_OWNER = "acs.files_prefix"
+"""The deployment's prefix on those objects: not acs.prefix, so that no listing or event of
+sandboxes ever sees them (drivers/docker_files.py sweeps what an interrupted operation left)."""
 ROLE = "files"
 # What copying files with their owners, modes, whiteouts and overlay attributes takes, and no
 # more: reading any file (DAC_READ_SEARCH), writing any (DAC_OVERRIDE, FOWNER), setting owners
@@ -64,8 +68,7 @@ class Helper:
         """Create, attach and start a helper with `mounts`; removed again on failure."""
         name = f"{prefix}files-{secrets.token_hex(6)}"
         labels = {
-            docker_names.LABEL_PREFIX: prefix,
-            docker_names.LABEL_ID: sandbox_id,
+            LABEL_OWNER: prefix,
             LABEL_ROLE: ROLE,
         }
         host_config = client.api.create_host_config(

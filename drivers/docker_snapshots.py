@@ -44,5 +44,11 @@ class DockerFiles:
         exists); the image its container runs."""
         return await self.bases.workspace(request, volume, labels)
 
+    async def sweep(self, older_than: float) -> int:
+        """Helper and loader containers, and the containers base images are committed from,
+        older than `older_than` seconds (their operation is over: it died); base volumes that
+        never got their image, or that no workspace uses any more."""
+        return await self.lane.run(lambda c: self.bases.sweep(c, older_than))
+
     def close(self) -> None:
         self.lane.close()

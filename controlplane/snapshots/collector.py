@@ -9,7 +9,9 @@ ACS_SNAPSHOT_COLLECT_INTERVAL seconds:
 3. packs no snapshot has used for ACS_SNAPSHOT_COLLECT_GRACE are forgotten (unless a snapshot
    reused them meanwhile), into the store's deletions;
 4. the store's deletions are carried out (blobs and manifests deleted from the registry), each
-   forgotten only once the registry confirmed it.
+   forgotten only once the registry confirmed it;
+5. what operations killed in the middle left on the runtime (helper containers, unfinished
+   bases) is removed (drivers/base.py: SandboxFiles.sweep).
 """
 
 from __future__ import annotations
@@ -28,9 +30,13 @@ from controlplane.sandboxes.store import SandboxStore
 from controlplane.snapshots.models import SnapshotRecord, SnapshotStatus
 from controlplane.snapshots.sources import SnapshotData
 from controlplane.store.leader import LeaderLock
+from drivers.base import SandboxFiles
 
 log = structlog.get_logger(__name__)
 PAGE = 200
+SWEEP_AFTER = 600.0
+"""Seconds after which a helper object not in use is taken for a leftover: longer than any
+engine operation on one (an archive extracted, an image committed)."""
 
 
 class Collector:
@@ -42,12 +48,14 @@ class Collector:
         *,
         remove: Callable[[SnapshotRecord], Awaitable[None]],
         leader: LeaderLock,
+        files: SandboxFiles | None = None,
     ) -> None:
         self._config = config
         self._data = data
         self._sandboxes = sandboxes
         self._remove = remove
         self._leader = leader
+        self._files = files
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -80,6 +88,8 @@ class Collector:
             "packs": await self._packs(time.time() if now is None else now),
         }
         done["deleted"] = await self.carry_out_deletions()
+        if self._files is not None:  # what operations killed in the middle left on the runtime
+            done["runtime"] = await self._files.sweep(SWEEP_AFTER)
         if any(done.values()):
             log.info("snapshots_collected", **done)
         return done

@@ -37,9 +37,9 @@ log = structlog.get_logger(__name__)
 ARTIFACT = "application/vnd.acs.snapshot.v1"
 INDEX_TYPE = "application/vnd.acs.snapshot.index.v1+sealed"
 PACK_TYPE = "application/vnd.acs.snapshot.pack.v1+sealed"
-HOLD_FOR = 60.0
-"""How long a sandbox may stay frozen by a snapshot before the reconciler thaws it (the export
-thaws it in well under a second; this only matters when the control plane died meanwhile)."""
+HOLD_FOR = 6.0
+"""A sandbox frozen by a snapshot is marked held until now + this, pushed while it lasts; the
+reconciler thaws one found frozen past its mark (the control plane holding it died)."""
 
 
 class Stale(Exception):
@@ -47,19 +47,28 @@ class Stale(Exception):
 
 
 class _Hold:
-    """The drivers' Hold: the sandbox's record says it is held still, and until when."""
+    """The drivers' Hold: the sandbox's record says it is held still, and until when (pushed
+    on every HOLD_FOR / 3 while it lasts)."""
 
     def __init__(self, sandboxes: SandboxStore, sandbox_id: str) -> None:
         self._sandboxes = sandboxes
         self._id = sandbox_id
-        self.began = 0.0
+        self._renewing: asyncio.Task[None] | None = None
 
     async def begin(self) -> None:
-        self.began = time.monotonic()
         await self._sandboxes.hold(self._id, time.time() + HOLD_FOR)
+        self._renewing = asyncio.create_task(self._renew(), name=f"hold-{self._id}")
         log.info("snapshot_freeze", sandbox_id=self._id)
 
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(HOLD_FOR / 3)
+            await self._sandboxes.hold(self._id, time.time() + HOLD_FOR)
+
     async def end(self) -> None:
+        if self._renewing is not None:
+            self._renewing.cancel()
+            await asyncio.gather(self._renewing, return_exceptions=True)
         await asyncio.shield(self._sandboxes.hold(self._id, None))
 
 
