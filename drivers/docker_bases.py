@@ -120,6 +120,8 @@ class DockerBases:
         for summary in client.api.containers(all=True, filters=owned):
             # A running helper is in use; a helper whose control plane died has exited (its
             # stdin closed), a loader or a holder was never started.
+            if (summary.get("Labels") or {}).get(docker_names.LABEL_PREFIX):
+                continue  # a sandbox's container: never the sweep's
             if summary.get("State") != "running" and summary.get("Created", 0) < cutoff:
                 with contextlib.suppress(NotFound):
                     client.api.remove_container(summary["Id"], force=True, v=True)
@@ -188,8 +190,10 @@ class DockerBases:
                 upper = await self._lane.run(lambda c: _upper(c, holder))
                 root = await self._fill(request, name, upper)
                 repository, _, tag = image.partition(":")
-                # The image's labels pass to every container of it: only what they need.
-                marks = {LABEL_SNAPSHOT: source.key, LABEL_ROOT: root}
+                # The image's labels pass to every container of it: only what they need. A
+                # commit merges the holder's own labels in, so those are blanked (a label
+                # that would make the sweep take a sandbox for a leftover).
+                marks = {key: "" for key in labels} | {LABEL_SNAPSHOT: source.key, LABEL_ROOT: root}
                 await self._lane.run(
                     lambda c: c.api.commit(
                         holder, repository=repository, tag=tag, conf={"Labels": marks}, pause=False

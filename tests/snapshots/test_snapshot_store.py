@@ -47,8 +47,9 @@ async def referenced(client: Client) -> tuple[set[str], set[str]]:
 async def assert_nothing_orphaned(client: Client, registry: RegistryServer) -> None:
     await client.app[keys.COLLECTOR].collect()
     blobs, manifests = await referenced(client)
-    assert registry.linked("_layers") == blobs
-    assert registry.linked("_manifests") == manifests
+    repositories = client.app[keys.CONFIG].snapshot_store_repository
+    assert registry.linked(repositories, "_layers") == blobs
+    assert registry.linked(repositories, "_manifests") == manifests
 
 
 async def test_quotas_are_429s_and_leave_nothing_behind(

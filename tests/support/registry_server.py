@@ -91,11 +91,11 @@ class RegistryServer:
         root = self.storage / "docker" / "registry" / "v2" / "blobs"
         return sorted(root.glob("sha256/*/*/data")) if root.exists() else []
 
-    def linked(self, kind: str = "_layers") -> set[str]:
-        """Digests the registry's repositories link (`_layers`: blobs; `_manifests`: manifest
-        revisions): what its API serves. A blob deleted through the API is unlinked at once
-        (its bytes wait for `registry garbage-collect`)."""
-        root = self.storage / "docker" / "registry" / "v2" / "repositories"
+    def linked(self, repositories: str, kind: str = "_layers") -> set[str]:
+        """Digests the repositories under `repositories` link (`_layers`: blobs; `_manifests`:
+        manifest revisions): what the API serves of them. A blob deleted through the API is
+        unlinked at once (its bytes wait for `registry garbage-collect`)."""
+        root = self.storage / "docker" / "registry" / "v2" / "repositories" / repositories
         sub = "_layers/sha256" if kind == "_layers" else "_manifests/revisions/sha256"
         return {
             f"sha256:{link.parent.name}" for link in root.glob(f"**/{sub}/*/link") if link.is_file()
