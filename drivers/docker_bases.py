@@ -30,6 +30,7 @@ import structlog
 from docker.errors import APIError, ImageNotFound, NotFound
 from docker.types import Mount
 
+from drivers import docker_names
 from drivers.base import SYSTEM, WORKSPACE, FileEntry, FileItem, FileKind, SandboxRequest
 from drivers.docker_files import LABEL_SNAPSHOT, Lane
 from drivers.docker_helper import LABEL_OWNER, LABEL_ROLE
