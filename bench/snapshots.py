@@ -102,6 +102,7 @@ class SnapshotBench:
             max_sandboxes_per_user=0,
             snapshot_max_bytes_per_user=0,
             snapshot_keep_last=0,
+            request_timeout=3600,  # the first snapshot of 1 GiB takes minutes on a busy host
         )
         self.raw.api_config = config
         try:

@@ -459,6 +459,7 @@ def snapshots_ctx(config: ServiceConfig) -> Context:
         collector.start()
         yield
         await collector.stop()
+        await service.close()
 
     return ctx
 

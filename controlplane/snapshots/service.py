@@ -11,6 +11,7 @@ import structlog
 
 from controlplane.api.pagination import decode_cursor, encode_cursor
 from controlplane.auth.models import Principal
+from controlplane.background import stop_tasks
 from controlplane.config import ServiceConfig
 from controlplane.errors import Conflict, ControlPlaneError, QuotaExceeded, StoreUnavailable
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
@@ -68,6 +69,7 @@ class SnapshotService:
         self._sandboxes = sandboxes
         self._taker = taker
         self._files = files
+        self._taking: set[asyncio.Task[SnapshotRecord]] = set()
 
     def limits(self) -> SnapshotLimits:
         return SnapshotLimits(
@@ -85,7 +87,24 @@ class SnapshotService:
         if sandbox.owner != principal.user_id:
             # An admin may see another user's sandbox, not take its files as their own.
             raise Conflict("only the owner of a sandbox may snapshot it")
-        return info(await self._take(sandbox, name))
+        return info(await self._carried(sandbox, name))
+
+    async def _carried(self, sandbox: SandboxRecord, name: str | None) -> SnapshotRecord:
+        """Take it in a task of its own that the request waits for: a request that ends
+        first (its time limit, a client gone) does not abandon the snapshot, which is listed
+        when done. The service's close cancels what is left (abandoned, then collected)."""
+        task = asyncio.create_task(self._take(sandbox, name), name=f"snapshot-of-{sandbox.id}")
+        self._taking.add(task)
+        task.add_done_callback(self._taken)
+        return await asyncio.shield(task)
+
+    def _taken(self, task: asyncio.Task[SnapshotRecord]) -> None:
+        self._taking.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # retrieved: logged once
+            log.info("snapshot_not_taken", error=str(task.exception()))
+
+    async def close(self) -> None:
+        await stop_tasks(list(self._taking))
 
     async def _take(self, sandbox: SandboxRecord, name: str | None) -> SnapshotRecord:
         files = self._capability()
@@ -203,7 +222,7 @@ class SnapshotService:
             active = await self._sandboxes.store.count_active(principal.user_id)
             if active + count > limits.running:
                 raise self._sandboxes.admission.refused(principal)
-        record = await self._take(sandbox, None)
+        record = await self._carried(sandbox, None)
         started = await self._sandboxes.start_from(principal, record.id, count)
         log.info("sandbox_forked", sandbox_id=sandbox_id, snapshot_id=record.id, count=count)
         return ForkResult(snapshot=info(record), sandboxes=started)
