@@ -13,7 +13,7 @@ all: lint test
 host:
 	@scripts/bootstrap-host.sh
 
-# Debian's chromium, which the browser tests drive (tests/test_browser_pages.py), and npm, which
+# Debian's chromium, which the browser tests drive (tests/auth/test_sign_in_pages.py), and npm, which
 # fetches the web apps they run (tests/support/agent_canvas.py).
 browser:
 	@scripts/bootstrap-host.sh --browser
@@ -39,9 +39,15 @@ image: images
 run: install host images
 	$(BIN)/controlplane serve --host $(HOST) --port $(PORT)
 
+# pytest-xdist workers for the tiers with Docker: most of a test's time is spent waiting on
+# sandboxes, processes and time-outs, so more workers than cores pay (docs/development.md,
+# "Parallel runs"); tests that share an expensive set-up run on one worker (tests/conftest.py).
+TEST_WORKERS ?= 4
+PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+
 # Everything, slow tiers included (what CI runs).
 test: install host images browser test-prep
-	$(BIN)/pytest
+	$(BIN)/pytest $(PARALLEL)
 
 # What the slow tiers need, made before pytest so that no test's time limit covers a build from
 # nothing: the official agent server's image (minutes the first time, cached), the pinned
@@ -69,7 +75,7 @@ kube-binaries:
 
 # Without the slow tiers (tests marked `slow`: real clients, chaos, the official agent server).
 test-quick: install host images browser
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest $(PARALLEL) -m "not slow"
 
 # Fault injection alone: kill -9 of the control plane and of Redis under load (`make test` runs
 # these too).

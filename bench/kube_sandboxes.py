@@ -56,7 +56,12 @@ from drivers.base import SandboxDriver
 from drivers.kube_names import claim_name, pod_name
 from drivers.kube_objects import claim_manifest, pod_manifest
 from drivers.kube_options import KubeOptions
-from tests.kube.conftest import KubeCluster, api_client, bring_up, wait_service_account
+from tests.drivers.kubernetes.conftest import (
+    KubeCluster,
+    api_client,
+    bring_up,
+    wait_service_account,
+)
 from tests.support.sandbox_helpers import DEFAULT_IMAGE, REPO
 
 POLL = 0.010

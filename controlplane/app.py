@@ -26,6 +26,7 @@ from controlplane.conversations.runtime_routes import routes as conversation_run
 from controlplane.events.routes import routes as event_routes
 from controlplane.events.routes import track_sockets
 from controlplane.events.routes import webhook_routes as event_webhook_routes
+from controlplane.events.ticket_routes import routes as ticket_routes
 from controlplane.gateway.routes import end_streams
 from controlplane.gateway.routes import routes as gateway_routes
 from controlplane.gateway.routes import sandbox_routes as gateway_sandbox_routes
@@ -82,6 +83,7 @@ def route_tables() -> list[RouteTable]:
         legacy_conversation_routes,
         pending_routes,
         event_routes,
+        ticket_routes,
         *webhook_route_tables(),
         lifecycle_routes,
         web_client_routes,

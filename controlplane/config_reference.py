@@ -1,7 +1,7 @@
 """docs/configuration.md's tables, written from the configuration models (controlplane/config.py)
 so that the page lists exactly the fields the code has, grouped as the code groups them:
 `python -m controlplane.config_reference` rewrites the part of the page between its markers, and
-tests/test_config_reference.py fails while the page is behind the code."""
+tests/app/test_config_reference.py fails while the page is behind the code."""
 
 from __future__ import annotations
 

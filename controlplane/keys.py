@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from controlplane.auth.device import DeviceFlowService
     from controlplane.auth.service import ApiKeyService
     from controlplane.auth.sessions import SessionService
+    from controlplane.auth.tickets import TicketService
     from controlplane.config import ServiceConfig
     from controlplane.conversations.service import ConversationService
     from controlplane.crypto import SecretBox
@@ -63,6 +64,7 @@ REDIS: web.AppKey[aioredis.Redis] = web.AppKey("redis")
 SECRET_BOX: web.AppKey[SecretBox] = web.AppKey("secret_box")
 API_KEYS: web.AppKey[ApiKeyService] = web.AppKey("api_keys")
 SESSIONS: web.AppKey[SessionService] = web.AppKey("sessions")
+TICKETS: web.AppKey[TicketService] = web.AppKey("ws_tickets")
 DEVICE_FLOW: web.AppKey[DeviceFlowService] = web.AppKey("device_flow")
 AUTH_LIMITER: web.AppKey[RateLimiter] = web.AppKey("auth_limiter")
 """Counts sign-in-like attempts per client address (or user): sign-ins, device codes, approvals."""

@@ -47,13 +47,14 @@ from controlplane.api.ratelimit import RateLimiter
 from controlplane.auth.device import DeviceFlowConfig, DeviceFlowService
 from controlplane.auth.service import ApiKeyService
 from controlplane.auth.sessions import SIGNING_PURPOSE, SessionService
+from controlplane.auth.tickets import TicketService
 from controlplane.config import ServiceConfig
 from controlplane.conversations.handover import StartTaskHandover
 from controlplane.conversations.pending import PendingMessages
 from controlplane.conversations.service import ConversationService
 from controlplane.conversations.starter import StartTaskRunner
 from controlplane.conversations.store import ConversationStore
-from controlplane.crypto import load_secret_box
+from controlplane.crypto import check_shared_key, key_source, load_secret_box
 from controlplane.events.service import EventService
 from controlplane.events.store import EventStore
 from controlplane.gateway.credentials import SandboxTokens, UserGatewayKeys
@@ -137,6 +138,8 @@ def redis_ctx(config: ServiceConfig) -> Context:
         client = await open_redis(config)  # Sentinel's master, the URL's, or the embedded one
         try:
             await wait_for_redis(client)
+            source = key_source(config.secret_key, config.data_dir)
+            await check_shared_key(client, keyspace.SECRET_KEY_CHECK, box, source)
         except BaseException:
             await client.aclose()
             raise
@@ -144,6 +147,7 @@ def redis_ctx(config: ServiceConfig) -> Context:
         app[keys.SECRET_BOX] = box
         api_keys = ApiKeyService(client, config.bootstrap_api_key, config.bootstrap_user)
         app[keys.API_KEYS] = api_keys
+        app[keys.TICKETS] = TicketService(client)
         app[keys.SESSIONS] = SessionService(
             client, api_keys, box.derive_key(SIGNING_PURPOSE), config.session_ttl
         )
@@ -551,11 +555,14 @@ def conversations_ctx(config: ServiceConfig) -> Context:
 
 def proxy_ctx() -> Context:
     """The sandbox proxy's client (its own: no decompression, no connection limit) and what it
-    keeps between requests; any change of a sandbox forgets the access granted to it."""
+    keeps between requests; any change of a sandbox forgets the access granted to it and its
+    address, a status feed that was down forgets everything (and nothing cached is used while
+    it is down)."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
-        state = ProxyState(proxy_client())
-        app[keys.SANDBOXES].feed.subscribe(state.forget)
+        feed = app[keys.SANDBOXES].feed
+        state = ProxyState(proxy_client(), synced=lambda: feed.synced)
+        feed.subscribe(state.forget, reset=state.forget_all)
         app[keys.PROXY] = state
 
         async def close_sockets(_app: web.Application) -> None:

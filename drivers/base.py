@@ -5,7 +5,7 @@ spec, a request to create it, its state and the endpoints its ports are reached 
 policy of its spec. What a runtime needs besides stays behind the driver: for Docker the
 containers, volumes, networks, host firewall rules, image ids and the engine's thread lanes; for
 Kubernetes the pods, claims, network policies and watches. docs/architecture.md ("Drivers") says
-what a driver must provide; tests/test_driver_contract.py holds the tests every driver passes.
+what a driver must provide; tests/drivers/contract.py holds the tests every driver passes.
 
 Errors (drivers/errors.py): RuntimeUnavailable when the runtime does not answer (the caller
 retries), DriverError (and its kinds) when it refuses; "already so" is never an error.

@@ -45,12 +45,24 @@ test_prefix, sandbox_images or a live server with sandboxes, depends on docker_c
 marker: `make test-unit` leaves them out."""
 
 
+GROUPS_BY_FIXTURE = {"kube_cluster": "kube"}
+"""Tests that share an expensive set-up they may not each make: under pytest-xdist
+(`--dist loadgroup`, as `make test` runs) a group runs on one worker, which makes that set-up once
+(the test cluster is package-scoped: up before the first of its tests, down after the last)."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         for fixture, mark in MARKS_BY_FIXTURE.items():
             if fixture in used:
                 item.add_marker(getattr(pytest.mark, mark))
+        for fixture, group in GROUPS_BY_FIXTURE.items():
+            if fixture in used:
+                item.add_marker(pytest.mark.xdist_group(group))
+    # The longest group first: the worker that takes it starts at once, and the rest of the
+    # suite fills the other workers meanwhile (a stable sort keeps each group's own order).
+    items.sort(key=lambda item: 0 if item.get_closest_marker("xdist_group") else 1)
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +96,8 @@ def make_config(redis_url: str, tmp_path: Path) -> Callable[..., ServiceConfig]:
             "spec_dir": REPO / "specs",
             "container_prefix": f"acs-test-{RUN_ID}-",
             "log_format": "json",
-            # Polling helpers would trip the per-key limit; tests/test_rate_limit.py turns it on.
+            # Polling helpers would trip the per-key limit; tests/api/test_rate_limit.py turns it
+            # on.
             "rate_limit_per_minute": 0,
             # Tests count containers and sandboxes: the warm pool is on only where a test asks.
             "warm_pool": "0",

@@ -18,7 +18,7 @@ class Principal(BaseModel):
     user_id: str
     is_admin: bool = False
     key_id: str
-    via: Literal["api_key", "session", "single_user"] = Field(
+    via: Literal["api_key", "session", "single_user", "ticket"] = Field(
         default="api_key", description="How the caller proved who they are"
     )
 

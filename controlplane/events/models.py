@@ -103,4 +103,12 @@ class EventSocketQuery(BaseModel):
     conversation_id: Uuid
     after: str | None = Field(default=None, description="Replay after this event id")
     resend_all: bool = True
-    session_api_key: str | None = Field(default=None, description="API key (browsers)")
+    session_api_key: str | None = Field(
+        default=None,
+        description="API key (kept for OpenHands clients; a ticket keeps keys out of URLs)",
+    )
+    acs_ticket: str | None = Field(
+        default=None,
+        max_length=64,
+        description="A ticket from POST /api/v1/websocket-tickets for this conversation",
+    )

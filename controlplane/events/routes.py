@@ -21,7 +21,9 @@ from controlplane.api.parsing import (
     parse_query,
 )
 from controlplane.api.routing import RouteTable
-from controlplane.auth.identity import authenticate_request, principal_of
+from controlplane.auth.identity import PRINCIPAL, authenticate_request, principal_of
+from controlplane.auth.models import Principal
+from controlplane.errors import Unauthorized
 from controlplane.events.legacy_names import with_old_terminal_names
 from controlplane.events.models import (
     ConversationEventQuery,
@@ -132,12 +134,16 @@ async def event_socket(request: web.Request) -> web.StreamResponse:
     ws = web.WebSocketResponse(heartbeat=30)
     if not ws.can_prepare(request).ok:  # before the key: a plain GET is a 400 whoever sends it
         raise web.HTTPBadRequest(reason="a WebSocket handshake is required (Upgrade: websocket)")
-    # Browsers cannot set headers on a WebSocket: the key may come in the query, or the browser
-    # session cookie counts (its Origin is checked then).
-    presented = request.headers.get("X-Session-API-Key") or query.session_api_key
-    principal = await authenticate_request(request, presented)
+    # Browsers cannot set headers on a WebSocket: a ticket (auth/tickets.py), else the key in
+    # the query, else the browser session cookie (its Origin is checked then).
+    conversations = request.app[keys.CONVERSATIONS]
+    if query.acs_ticket is not None:
+        principal = await _ticket_holder(request, query.acs_ticket, query.conversation_id)
+    else:
+        presented = request.headers.get("X-Session-API-Key") or query.session_api_key
+        principal = await authenticate_request(request, presented)
     events = request.app[keys.EVENTS]
-    info = await request.app[keys.CONVERSATIONS].owned(principal, query.conversation_id)
+    info = await conversations.owned(principal, query.conversation_id)
     last = await events.start_point(info.id, query.after)
     if not query.resend_all and query.after is None:
         newest = await events.store.page(info.id, None, 1, True)
@@ -167,6 +173,17 @@ async def event_socket(request: web.Request) -> web.StreamResponse:
         with contextlib.suppress(asyncio.CancelledError, ConnectionResetError):
             await pump
     return ws
+
+
+async def _ticket_holder(request: web.Request, ticket: str, conversation_id: str) -> Principal:
+    """Who minted `ticket` for this conversation; Unauthorized when it is unknown, used,
+    expired or for something else (it is used up either way)."""
+    plain = conversation_id.replace("-", "").lower()
+    principal = await request.app[keys.TICKETS].redeem(ticket, "conversation", plain)
+    if principal is None:
+        raise Unauthorized("the ticket is unknown, used, expired or not for this conversation")
+    request[PRINCIPAL] = principal
+    return principal
 
 
 def _event_batch(raw: bytes) -> list[tuple[Event, dict[str, Any]]]:

@@ -12,7 +12,7 @@ send and what to strip.
 - A large body of a known length moves from socket to socket inside the kernel (splice.py);
   anything else is copied through this process as it comes.
 - Bodies are passed as they are, compressed or not; hop-by-hop headers are not forwarded
-  (RFC 9110 §7.6.1), and response headers a caller names (`drop`) are removed.
+  (RFC 9110 §7.6.1), and the caller filters the answer's (`Outgoing.answer_headers`).
 """
 
 from __future__ import annotations
@@ -103,11 +103,10 @@ class Outgoing:
     url: URL
     headers: CIMultiDict[str] = field(default_factory=CIMultiDict)
     """Request headers, already filtered and completed by the caller."""
-    drop_response: frozenset[str] = frozenset()
-    """Response header names (lower case) not to pass back."""
+    answer_headers: Callable[[Iterable[tuple[str, str]]], list[tuple[str, str]]] | None = None
+    """The answer's headers (hop-by-hop ones already left out) as they may go back; None passes
+    them as they are."""
     add_response: Mapping[str, str] = field(default_factory=dict)
-    cookies: Callable[[list[str]], list[str]] | None = None
-    """Rewrites the answer's Set-Cookie headers; None passes them as they are."""
 
 
 def request_headers(
@@ -175,14 +174,10 @@ def _read_big(upstream: aiohttp.ClientResponse) -> None:
 async def _stream_back(
     request: web.Request, upstream: aiohttp.ClientResponse, out: Outgoing, read_timeout: float
 ) -> web.StreamResponse:
-    drop = HOP_BY_HOP | out.drop_response | ({"set-cookie"} if out.cookies else set())
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-    for name, value in upstream.headers.items():
-        if name.lower() not in drop:
-            response.headers.add(name, value)
-    if out.cookies is not None:
-        for cookie in out.cookies(upstream.headers.getall("Set-Cookie", [])):
-            response.headers.add("Set-Cookie", cookie)
+    passed = [(k, v) for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP]
+    for name, value in out.answer_headers(passed) if out.answer_headers else passed:
+        response.headers.add(name, value)
     response.headers.update(out.add_response)
     if upstream.content_length is not None:  # a HEAD answer says it too (RFC 9110 §8.6)
         response.content_length = upstream.content_length

@@ -3,17 +3,18 @@ one of the caller's sandboxes, HTTP and WebSocket (the scheme: controlplane/sand
 
 Who may: the sandbox's own session key (X-Session-API-Key, `Authorization: Bearer`, or
 `session_api_key` in the query, as WebSocket clients send it), or the owner's API key, browser
-session or single-user mode; anyone else, another user and an admin included, gets a 404, as for
-a sandbox that does not exist or was deleted. Not an open proxy: the address is always the
+session or single-user mode, or (a WebSocket) the owner's ticket (`acs_ticket`,
+auth/tickets.py); anyone else, another user and an admin included, gets a 404, as for a sandbox
+that does not exist or was deleted. Not an open proxy: the address is always the
 sandbox's own published port, from its record, never from the request.
 
 What reaches the sandbox: the request as sent, without the credential that authorized it (the
 user's key or session cookie never reach a sandbox), with the sandbox's session key for its agent
-server, `X-Forwarded-*` headers and no `Origin` (the proxy did the origin check). What comes
-back: the answer as sent, streamed, without the sandbox's CORS headers (the control plane's
-ACS_CORS_ORIGINS apply), with its cookies confined to the port's path (the control plane's own
-session cookie cannot be set), under `Content-Security-Policy: sandbox` (a page a sandbox serves
-runs in an opaque origin: its scripts cannot use the control plane's cookies).
+server, `X-Forwarded-*` headers and no `Origin` (the proxy did the origin check) nor cookies
+(those of this origin are the control plane's). What comes back: the answer as sent, streamed,
+without what could act on the control plane's origin (cookies, Clear-Site-Data, HSTS, CORS, …:
+controlplane/api/sandbox_answers.py), under `Content-Security-Policy: sandbox` (a page a
+sandbox serves runs in an opaque origin: its scripts cannot use the control plane's cookies).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import hashlib
 import re
 import secrets
 import time
-from http.cookies import CookieError, SimpleCookie
 
 import structlog
 from aiohttp import web
@@ -30,8 +30,10 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from controlplane import keys
+from controlplane.api import sandbox_answers
 from controlplane.api.cors import EXPOSE_HEADERS
 from controlplane.api.routing import RouteTable
+from controlplane.auth import tickets
 from controlplane.auth.identity import (
     PRINCIPAL,
     SAFE_METHODS,
@@ -46,6 +48,7 @@ from controlplane.errors import (
     NotFound,
     RuntimeUnavailable,
     SandboxNotFound,
+    Unauthorized,
 )
 from controlplane.proxy.forward import (
     Limits,
@@ -67,13 +70,6 @@ METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 _ID_RE = re.compile(SANDBOX_ID_PATTERN)
 TOUCH_EVERY = 30.0
 """Proxied traffic is activity (the idle reaper): recorded at most this often per sandbox."""
-_CORS = ("allow-origin", "allow-credentials", "allow-methods", "allow-headers", "expose-headers")
-CORS_HEADERS = frozenset(f"access-control-{h}" for h in (*_CORS, "max-age"))
-"""The sandbox's own CORS answer is dropped: the control plane's ACS_CORS_ORIGINS decide."""
-SANDBOX_CSP = (
-    "sandbox allow-scripts allow-forms allow-popups allow-popups-to-escape-sandbox "
-    "allow-modals allow-downloads"
-)
 
 
 class SandboxStarting(ControlPlaneError):
@@ -102,6 +98,9 @@ async def _authorize(
     """The sandbox, if the caller may use it; and the key it presented (to strip). Raises
     Unauthorized, Forbidden (a browser session from another origin) or SandboxNotFound
     (someone else's, or none)."""
+    ticket = request.query.get(tickets.QUERY_PARAM)
+    if ticket is not None and _is_websocket(request):
+        return await _ticket_holder(request, service, sandbox_id, ticket), None
     presented = presented_key(request) or request.query.get("session_api_key")
     credential = presented or request.cookies.get(COOKIE_NAME)
     cache_key = hashlib.sha256(credential.encode()).hexdigest() if credential else None
@@ -111,12 +110,13 @@ async def _authorize(
         found = state.granted(sandbox_id, cache_key)
         if found is not None:
             return found[0], presented
+    seen = state.version(sandbox_id)  # a change heard from here on voids what is read now
     record = await service.store.get(sandbox_id) if _ID_RE.match(sandbox_id) else None
     if record is not None and presented and len(presented) <= 256:
         found_id = await service.store.id_for_key(presented)
         if found_id is not None and secrets.compare_digest(found_id, sandbox_id):
             if cache_key is not None:
-                state.grant(record, cache_key, own_key=True)
+                state.grant(record, cache_key, True, seen)
             return record, presented
     principal = await authenticate_request(request, presented)
     request[PRINCIPAL] = principal
@@ -124,8 +124,28 @@ async def _authorize(
     if record is None or record.owner != principal.user_id:
         raise SandboxNotFound(f"sandbox {sandbox_id} not found")
     if cache_key is not None:
-        state.grant(record, cache_key, own_key=False)
+        state.grant(record, cache_key, False, seen)
     return record, presented
+
+
+async def _ticket_holder(
+    request: web.Request, service: SandboxService, sandbox_id: str, ticket: str
+) -> SandboxRecord:
+    """The sandbox, for a WebSocket ticket its owner minted for it (auth/tickets.py): used up
+    whatever happens; never cached."""
+    principal = await request.app[keys.TICKETS].redeem(ticket, "sandbox", sandbox_id)
+    if principal is None:
+        raise Unauthorized("the ticket is unknown, used, expired or not for this sandbox")
+    request[PRINCIPAL] = principal
+    structlog.contextvars.bind_contextvars(user_id=principal.user_id)
+    record = await service.store.get(sandbox_id)
+    if record is None or record.owner != principal.user_id:
+        raise SandboxNotFound(f"sandbox {sandbox_id} not found")
+    return record
+
+
+def _is_websocket(request: web.Request) -> bool:
+    return request.method == "GET" and request.headers.get("Upgrade", "").lower() == "websocket"
 
 
 def _changes_state(request: web.Request) -> bool:
@@ -138,18 +158,20 @@ async def _upstream_base(
 ) -> str:
     """Where this process reaches the sandbox's port: with a local engine, the container's own
     address on its network (one copy less than through the engine's published port and its
-    userland proxy), looked up once per start of the sandbox; otherwise the published port."""
+    userland proxy), looked up again for every generation of the record (a re-create, a
+    resume, a failover) and at least every ADDRESS_TTL; otherwise the published port."""
     config = service.config
     published = links.direct_url(config, record, name)
     spec = service.catalog.find(record.spec_id)
     local = config.docker_url is None or config.docker_url.startswith("unix://")
     if not local or spec is None or name not in spec.exposed_ports:
         return published
-    address = state.addresses.get(record.id)
+    address = state.address(record)
     if address is None:
+        seen = state.version(record.id)
         found = await service.driver.inspect(record.id)
         address = found.addresses[0] if found is not None and found.addresses else ""
-        state.addresses[record.id] = address
+        state.remember(record, address, seen)
     return f"http://{address}:{spec.exposed_ports[name]}" if address else published
 
 
@@ -167,13 +189,13 @@ def _usable(record: SandboxRecord) -> None:
 
 def _upstream_url(request: web.Request, base: str, presented: str | None, websocket: bool) -> URL:
     """`base` + the path after the port segment, as the client encoded it, + the query without
-    the credential it carried."""
+    the credential it carried (a key, a ticket)."""
     parts = request.rel_url.raw_path.split("/", 5)  # '', sandboxes, id, proxy, port, rest
     tail = "/" + parts[5] if len(parts) > 5 else "/"
     query = [
         (k, v)
         for k, v in request.rel_url.query.items()
-        if not (k == "session_api_key" and v == presented)
+        if not (k == "session_api_key" and v == presented) and k != tickets.QUERY_PARAM
     ]
     scheme = "ws" if websocket else "http"
     url = URL(f"{scheme}{base.removeprefix('http')}{tail}", encoded=True)
@@ -183,18 +205,11 @@ def _upstream_url(request: web.Request, base: str, presented: str | None, websoc
 def _upstream_headers(
     request: web.Request, record: SandboxRecord, name: str, presented: str | None
 ) -> CIMultiDict[str]:
+    # Cookies of this origin are the control plane's (a sandbox cannot set any): none is sent.
     strip = ["Origin", "Cookie", "X-Session-API-Key"]
     if presented is not None and request.headers.get("Authorization", "")[7:].strip() == presented:
         strip.append("Authorization")
     headers = request_headers(request.headers, strip=strip)
-    others = [
-        pair.strip()
-        for line in request.headers.getall("Cookie", [])
-        for pair in line.split(";")
-        if pair.strip() and pair.split("=", 1)[0].strip() != COOKIE_NAME
-    ]
-    if others:  # the sandbox's own cookies go back to it; the control plane's session never
-        headers["Cookie"] = "; ".join(others)
     if name == AGENT_SERVER:
         headers["X-Session-API-Key"] = record.session_api_key
     forwarded = request.headers.get("X-Forwarded-For")
@@ -207,27 +222,8 @@ def _upstream_headers(
     return headers
 
 
-def _cookies(raw: list[str], path: str) -> list[str]:
-    """A sandbox's Set-Cookie headers confined to its port's path, without a Domain; never the
-    control plane's session cookie."""
-    kept = []
-    for header in raw:
-        jar: SimpleCookie = SimpleCookie()
-        try:
-            jar.load(header)
-        except CookieError:
-            continue
-        for key, morsel in jar.items():
-            if key == COOKIE_NAME or key.startswith(("__Host-", "__Secure-")):
-                continue
-            morsel["domain"] = ""
-            morsel["path"] = path
-            kept.append(morsel.OutputString())
-    return kept
-
-
 def _response_headers(request: web.Request, config: ServiceConfig) -> dict[str, str]:
-    added = {"Content-Security-Policy": SANDBOX_CSP, "X-Content-Type-Options": "nosniff"}
+    added = dict(sandbox_answers.ANSWER_HEADERS)
     origin = request.headers.get("Origin")
     if origin and origin.rstrip("/").lower() in config.cors_origins:
         added.update(
@@ -260,13 +256,11 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     name = _port_name(service, record, port)
     websocket = request.headers.get("Upgrade", "").lower() == "websocket"
     base = await _upstream_base(service, state, record, name)
-    prefix = links.proxy_prefix(record.id, port)
     out = Outgoing(
         url=_upstream_url(request, base, presented, websocket),
         headers=_upstream_headers(request, record, name, presented),
-        drop_response=CORS_HEADERS,
+        answer_headers=sandbox_answers.filtered,
         add_response=_response_headers(request, config),
-        cookies=lambda raw: _cookies(raw, prefix + "/"),
     )
     await _touch(request, state, record)
     limits = Limits(max_body=config.proxy_max_body_bytes, read_timeout=config.proxy_read_timeout)

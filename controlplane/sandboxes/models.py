@@ -58,6 +58,10 @@ class SandboxRecord(BaseModel):
     found frozen past that time was left so by a dead control plane and is thawed."""
     hibernated_at: datetime | None = None
     """A PAUSED sandbox that gave its memory back (Docker: its container stopped)."""
+    generation: int = 0
+    """Bumped by the store with every change of status and every write of where the sandbox is
+    reached (ports, host): a re-create, a resume or a failover makes a new one, so whatever a
+    replica cached of an older generation (the proxy's container address) is not used."""
 
     def agent_url(self, default_host: str) -> str:
         """Base URL of the sandbox's agent server, as this control plane reaches it

@@ -4,7 +4,8 @@ conversation's git and file reads (controlplane/conversations/runtime_routes.py)
 
 The destination is always a sandbox's own agent server as this control plane reaches it, never
 a URL a client chose; only the sandbox's session key and the content headers travel with the
-request (never the caller's API key or cookie); the answer is bounded in size and time.
+request (never the caller's API key or cookie); the answer is bounded in size and time, and
+only its content headers come back, under the sandbox CSP (controlplane/api/sandbox_answers.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
+from controlplane.api import sandbox_answers
 from controlplane.errors import ControlPlaneError
 
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
@@ -40,7 +42,12 @@ class RuntimeAnswer:
     headers: dict[str, str]
 
     def response(self) -> web.Response:
-        return web.Response(status=self.status, body=self.body, headers=self.headers)
+        """The answer for the client, unable to act on our origin (sandbox_answers.py): what it
+        says of its body, under the sandbox CSP and nosniff (a file of the workspace served as
+        HTML would otherwise run as a page of ours)."""
+        headers = dict(sandbox_answers.filtered(self.headers.items()))
+        headers.update(sandbox_answers.ANSWER_HEADERS)
+        return web.Response(status=self.status, body=self.body, headers=headers)
 
 
 class RuntimeHttp:

@@ -45,7 +45,7 @@ local fields = tonumber(ARGV[8])
 if running_cap >= 0 and redis.call('SCARD', KEYS[4]) >= running_cap then return 'running' end
 if total_cap >= 0 and redis.call('ZCARD', KEYS[3]) >= total_cap then return 'total' end
 if memory_cap >= 0 and reserved(KEYS[6]) + memory > memory_cap then return 'memory' end
-redis.call('HSET', KEYS[1], 'memory', ARGV[3], unpack(ARGV, 9, 8 + fields))
+redis.call('HSET', KEYS[1], 'memory', ARGV[3], 'generation', 1, unpack(ARGV, 9, 8 + fields))
 redis.call('ZADD', KEYS[2], 0, id)
 redis.call('ZADD', KEYS[3], 0, id)
 if status == 'STARTING' or status == 'RUNNING' then redis.call('SADD', KEYS[4], id) end
@@ -88,6 +88,10 @@ if holds and redis.call('HEXISTS', KEYS[3], id) == 0 and memory_cap >= 0
   return {'memory', cur}
 end
 local fields = tonumber(ARGV[8])
+-- A new generation with every change of status or of where the sandbox is reached (models.py).
+local moved = (to ~= cur)
+for i = 9, 8 + fields, 2 do if ARGV[i] == 'ports' then moved = true end end
+if moved then redis.call('HINCRBY', KEYS[1], 'generation', 1) end
 redis.call('HSET', KEYS[1], 'status', to, unpack(ARGV, 9, 8 + fields))
 if to ~= 'PAUSED' then redis.call('HDEL', KEYS[1], 'hibernated_at') end
 redis.call('PUBLISH', ARGV[6], id .. ' ' .. to)
@@ -223,6 +227,7 @@ class SandboxStore:
             hibernated_at=datetime.fromisoformat(row["hibernated_at"])
             if row.get("hibernated_at")
             else None,
+            generation=int(row.get("generation") or 0),
         )
 
     async def create(

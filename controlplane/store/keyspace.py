@@ -163,6 +163,12 @@ def device_code(code_hash: str) -> str:
     return f"{PREFIX}:device:{code_hash}"
 
 
+def ws_ticket(ticket_hash: str) -> str:
+    """String, TTL auth.tickets.TICKET_TTL: a WebSocket ticket under the sha256 of the ticket
+    (JSON: user, admin flag, key id, scope, target); taken with GETDEL, so used once."""
+    return f"{PREFIX}:ws_ticket:{ticket_hash}"
+
+
 def device_user_code(user_code: str) -> str:
     """String: the device code hash for a user code. TTL = the code's lifetime: an expired code
     can no longer be approved."""
@@ -181,6 +187,11 @@ def pending_delivery(conversation_id: str) -> str:
     so two deliveries never send the same message."""
     return f"{PREFIX}:pending_lock:{conversation_id}"
 
+
+SECRET_KEY_CHECK = f"{PREFIX}:secret_key_check"
+"""String, no TTL: the HMAC of a fixed label under the deployment's secret key, written by the
+first replica to start; a replica whose key gives another value refuses to start
+(controlplane/crypto.py, check_shared_key)."""
 
 SANDBOX_STATUS_CHANNEL = f"{PREFIX}:sandbox_status"
 """Pub/sub channel (not a key): "<sandbox id> <status>" published with every status change,

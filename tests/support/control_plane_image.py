@@ -1,7 +1,7 @@
 """The control plane's own image (Dockerfile), built once per test session by the script behind
 `make image` (docker's layer cache makes that a second or two when nothing changed): both the
-image's own tests (tests/test_image.py) and the deployed control plane on the Kubernetes test
-cluster (tests/kube/test_deployed_control_plane.py) run it."""
+image's own tests (tests/app/test_control_plane_image.py) and the deployed control plane on the
+Kubernetes test cluster (tests/drivers/kubernetes/test_deployed_control_plane.py) run it."""
 
 from __future__ import annotations
 

@@ -1,0 +1,57 @@
+"""The driver contract (tests/drivers/contract.py) with the Kubernetes driver, on the project's
+test cluster: the same tests, run against pods, claims and NetworkPolicies through the interface
+alone, the control plane (this process) outside the cluster as in the other kube tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from controlplane.sandboxes.webhook_listener import WebhookListener
+from drivers.base import SandboxDriver
+from drivers.kube_options import Credentials, KubeOptions
+from drivers.kubernetes import KubernetesDriver
+from tests.drivers.contract import *  # noqa: F403 (the shared tests, with the fixtures below)
+from tests.drivers.contract import Hooks
+from tests.drivers.kubernetes.conftest import KubeCluster
+
+pytestmark = [pytest.mark.kube, pytest.mark.slow]
+
+
+@pytest.fixture
+def test_prefix(kube_prefix: str) -> str:
+    """The contract's deployment prefix, without the Docker fixtures' clean-up (the namespace
+    goes after the test)."""
+    return kube_prefix
+
+
+@pytest.fixture
+async def driver(
+    kube_cluster: KubeCluster, kube_namespace: str, test_prefix: str, hooks: Hooks
+) -> AsyncIterator[SandboxDriver]:
+    listener = WebhookListener(0)
+    listener.attach(hooks.app)
+    options = KubeOptions(
+        namespace=kube_namespace,
+        webhook_address=kube_cluster.host_address,
+        image_pull_policy="Never",
+        storage_class=kube_cluster.storage_class,
+        start_timeout=60.0,
+    )
+    made = KubernetesDriver(
+        options,
+        prefix=test_prefix,
+        credentials=Credentials(kubeconfig=str(kube_cluster.kubeconfig)),
+        listener=listener,
+    )
+    yield made
+    await made.close()
+    await listener.close()
+
+
+async def test_egress_none_admits_the_webhook_listener_alone() -> None:
+    pytest.skip(
+        "the test cluster's network enforces no NetworkPolicy (no policy-aware CNI); "
+        "tests/drivers/kubernetes/test_policies.py checks the policy objects the driver makes"
+    )

@@ -1,0 +1,72 @@
+"""A TCP relay to a unix socket that a test can cut and restore: every connection through it is
+closed at once and new ones are refused until restored. Stands for a network fault between one
+replica and Redis (the connection breaks, reconnects fail, then succeed again) while the other
+replicas keep their own connections."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from tests.support.live_server import free_port
+
+
+class UnixRelay:
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
+        self.port = free_port()
+        self.open = True
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+
+    def cut(self) -> None:
+        """Close every relayed connection; refuse new ones until `restore`."""
+        self.open = False
+        for writer in list(self._writers):
+            writer.transport.abort()
+        self._writers.clear()
+
+    def restore(self) -> None:
+        self.open = True
+
+    async def close(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.open:
+            writer.transport.abort()
+            return
+        up_reader, up_writer = await asyncio.open_unix_connection(self.socket_path)
+        self._writers |= {writer, up_writer}
+        pumps = [
+            asyncio.create_task(self._pump(reader, up_writer)),
+            asyncio.create_task(self._pump(up_reader, writer)),
+        ]
+        self._tasks.update(pumps)
+        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        for task in pumps:
+            task.cancel()
+            self._tasks.discard(task)
+        for each in (writer, up_writer):
+            self._writers.discard(each)
+            each.transport.abort()
+
+    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, OSError):
+            while chunk := await source.read(65536):
+                sink.write(chunk)
+                await sink.drain()
