@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import docker
+import structlog
 from docker.errors import APIError, DockerException, NotFound
 from docker.types import Mount
 from requests.exceptions import ConnectionError as RequestsConnectionError
@@ -42,9 +43,11 @@ from drivers.docker_helper import Helper
 from drivers.errors import DriverError, RuntimeUnavailable
 
 T = TypeVar("T")
+log = structlog.get_logger(__name__)
 LABEL_SNAPSHOT = "acs.snapshot"
 """On a base image (and so on the containers that run it): the snapshot whose files it holds
 (drivers/docker_bases.py)."""
+FREEZE_ATTEMPTS = 8
 BATCH_BYTES = 8 << 20
 PIECE = 1 << 20
 READY = "/acs/ready"  # files_helper.py's
@@ -246,7 +249,9 @@ class DockerExports:
         return held
 
     async def _freeze(self, name: str) -> bool:
-        """`docker pause`; False when it was paused already (by someone else: leave it so)."""
+        """`docker pause`; False when it was paused already (by someone else: leave it so).
+        The freezer gives up on processes it cannot stop in time (in the middle of heavy I/O on
+        a busy host: "unable to freeze"), and thaws them: that is tried again a few times."""
 
         def run(client: docker.DockerClient) -> bool:
             try:
@@ -257,7 +262,16 @@ class DockerExports:
                 raise DriverError(f"Docker could not freeze {name}: {exc.explanation}") from None
             return True
 
-        return await self._engine.call(run, "pause")
+        attempt = 0
+        while True:
+            try:
+                return await self._engine.call(run, "pause")
+            except DriverError as exc:
+                attempt += 1
+                if "unable to freeze" not in str(exc) or attempt >= FREEZE_ATTEMPTS:
+                    raise
+                log.warning("snapshot_freeze_retry", container=name, error=str(exc))
+                await asyncio.sleep(0.25 * attempt)
 
     async def _items(self, helper: Helper) -> AsyncIterator[FileItem]:
         """The listing (from the helper), each changed file's bytes after it (from the archive
