@@ -12,20 +12,18 @@ restart neither resets nor forgets them.
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 import structlog
 
-from controlplane.background import stop_task
 from controlplane.config import ServiceConfig
 from controlplane.errors import ControlPlaneError
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.settings.service import SettingsService
 from controlplane.specs.catalog import SpecCatalog
-from controlplane.store.leader import LeaderLock
+from controlplane.store.leader import LeaderLock, LeaderLoop
 
 log = structlog.get_logger(__name__)
 
@@ -63,28 +61,13 @@ class IdleReaper:
         self._actions = actions
         self._activity = activity
         self._settings = settings
-        self._leader = leader
-        self._task: asyncio.Task[None] | None = None
+        self._loop = LeaderLoop("reaper_sweep", leader, self.sweep, lambda: config.reaper_interval)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="idle-reaper")
+        self._loop.start()
 
     async def stop(self) -> None:
-        await stop_task(self._task)
-        self._task = None
-        try:
-            await self._leader.release()
-        except Exception as exc:
-            log.info("reaper_release_failed", error=str(exc))
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                if await self._leader.hold():
-                    await self.sweep()
-            except Exception:
-                log.exception("reaper_sweep_failed")
-            await asyncio.sleep(self._config.reaper_interval)
+        await self._loop.stop()
 
     async def timeout_of(self, record: SandboxRecord) -> int:
         """Seconds of idleness before this sandbox is paused; 0 means never."""

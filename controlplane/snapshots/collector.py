@@ -16,20 +16,18 @@ ACS_SNAPSHOT_COLLECT_INTERVAL seconds:
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import structlog
 
-from controlplane.background import stop_task
 from controlplane.config import ServiceConfig
 from controlplane.errors import ControlPlaneError
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.snapshots.models import SnapshotRecord, SnapshotStatus
 from controlplane.snapshots.sources import SnapshotData
-from controlplane.store.leader import LeaderLock
+from controlplane.store.leader import LeaderLock, LeaderLoop
 from drivers.base import SandboxFiles
 
 log = structlog.get_logger(__name__)
@@ -54,29 +52,16 @@ class Collector:
         self._data = data
         self._sandboxes = sandboxes
         self._remove = remove
-        self._leader = leader
         self._files = files
-        self._task: asyncio.Task[None] | None = None
+        self._loop = LeaderLoop(
+            "snapshot_collection", leader, self.collect, lambda: config.snapshot_collect_interval
+        )
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="snapshot-collector")
+        self._loop.start()
 
     async def stop(self) -> None:
-        await stop_task(self._task)
-        self._task = None
-        try:
-            await self._leader.release()
-        except Exception as exc:
-            log.info("collector_release_failed", error=str(exc))
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                if await self._leader.hold():
-                    await self.collect()
-            except Exception:
-                log.exception("snapshot_collection_failed")
-            await asyncio.sleep(self._config.snapshot_collect_interval)
+        await self._loop.stop()
 
     async def collect(self, now: float | None = None) -> dict[str, int]:
         """One pass; what it did, by kind."""
