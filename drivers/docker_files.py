@@ -51,6 +51,7 @@ FREEZE_ATTEMPTS = 8
 BATCH_BYTES = 8 << 20
 PIECE = 1 << 20
 READY = "/acs/ready"  # files_helper.py's
+LISTING = "-listing.json"  # files_helper.py's
 """What one read from the helper collects before handing it to the event loop."""
 
 
@@ -102,6 +103,17 @@ class _Staged:
             fileobj=_Chunks(stream), mode="r|", bufsize=PIECE
         )
         self._members = iter(self._tar)
+
+    def listing(self) -> list[FileEntry]:
+        """The export's entries (the archive's first file)."""
+        for member in self._members:
+            if member.isfile():
+                if member.name.rsplit("/", 1)[-1] != LISTING:
+                    raise DriverError("the helper's archive does not begin with its listing")
+                handle = self._tar.extractfile(member)
+                assert handle is not None
+                return [entry_from(raw) for raw in json.loads(handle.read())]
+        raise DriverError("the helper's archive has no listing")
 
     def read(self, entry: FileEntry) -> list[bytes]:
         """The bytes of the next staged file, which must be `entry`'s."""
@@ -220,14 +232,16 @@ class DockerExports:
                 "skip": [_relative(working_dir)],
                 "precopy": running,
             }
-            await self._lane.run(lambda _: helper.ask(request))
+            ready = await self._lane.run(lambda _: helper.ask(request))
+            log.debug("snapshot_helper_ready", **ready)
             held = await self._still(name, helper, hold) if running else await self._go(helper)
             yield FileExport(held_still=held, items=self._items(helper))
         finally:
             await self._lane.run(lambda _: helper.close())
 
     async def _go(self, helper: Helper) -> float:
-        await self._lane.run(lambda _: helper.ask({"op": "go"}))
+        done = await self._lane.run(lambda _: helper.ask({"op": "go"}))
+        log.debug("snapshot_helper_done", **done)
         return 0.0
 
     async def _still(self, name: str, helper: Helper, hold: Hold) -> float:
@@ -274,25 +288,23 @@ class DockerExports:
                 await asyncio.sleep(0.25 * attempt)
 
     async def _items(self, helper: Helper) -> AsyncIterator[FileItem]:
-        """The listing (from the helper), each changed file's bytes after it (from the archive
-        of the helper's staged copies, which the engine streams)."""
-        listing = await self._lane.run(
-            lambda _: [entry_from(json.loads(p)) for _, p in helper.frames()]
-        )
-        staged = iter(listing)
+        """The listing, then each changed file's bytes after its entry: all from the archive of
+        the helper's /acs/ready, which the engine streams (the listing first)."""
+        await self._lane.run(lambda _: list(helper.frames()))  # until the helper's Z
         archive: _Staged | None = None
+        staged: Iterator[FileEntry] = iter(())
 
         def batch(client: docker.DockerClient) -> list[FileItem]:
-            nonlocal archive
+            nonlocal archive, staged
+            if archive is None:
+                archive = _Staged(client, helper.container_id)
+                staged = iter(archive.listing())
             items: list[FileItem] = []
             size = 0
             for entry in staged:
                 items.append(entry)
                 if entry.kind == FileKind.FILE and entry.changed:
-                    if archive is None:
-                        archive = _Staged(client, helper.container_id)
-                    pieces = archive.read(entry)
-                    items.extend(pieces)
+                    items.extend(archive.read(entry))
                     size += entry.size
                 size += 128
                 if size >= BATCH_BYTES:

@@ -11,15 +11,16 @@ Nothing is ever followed through a symbolic link: every path is walked from a di
 descriptor with O_NOFOLLOW, so a tree the agent shaped cannot send a read elsewhere.
 
 Messages both ways are frames: one type byte, a 4-byte big-endian length, the payload.
-J: a JSON object; E: one entry (JSON); Z: the end.
+J: a JSON object; Z: the end.
 
 {"op": "export", "known": {tree: {path: signature}}, "state": [dirs], "skip": [dirs],
 "precopy": bool}: scan the trees and, with `precopy`, copy what changed since `known` to a
 staging directory while the sandbox still runs, then say {"ready": ...}. The control plane
 holds the sandbox still and answers {"op": "go"}: the trees are scanned again and only what
 changed meanwhile is copied, then {"done": ...}; the control plane lets the sandbox go on. The
-listing follows (E frames, Z), each changed file named ("n") by its staged copy in /acs/ready,
-which the control plane reads as one archive from the engine (faster than this stream).
+listing (a JSON array; each changed file named, "n", by its staged copy) is written beside the
+copies in /acs/ready, and Z says so: the control plane reads that directory as one archive from
+the engine (far faster than this stream).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import os
 import stat
 import struct
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +41,7 @@ PIECE = 1 << 20
 OPAQUE = ("trusted.overlay.opaque", "user.overlay.opaque")
 STAGING = "/acs/staging"
 READY = "/acs/ready"
+LISTING = "-listing.json"
 ROOTS = {"ws": "/acs/ws", "upper": "/acs/upper", "base": "/acs/base"}
 NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 SYSTEM_SKIP = {".dockerenv", "etc/hostname", "etc/hosts", "etc/resolv.conf", "proc", "sys", "dev"}
@@ -77,7 +80,7 @@ def opaque(path: str) -> bool:
 
 
 def entry_of(
-    tree: str, path: str, st: os.stat_result, parent_fd: int | None, name: str
+    tree: str, path: str, st: os.stat_result, parent_fd: int | None, name: str, *, layer: bool
 ) -> Entry | None:
     mode = st.st_mode
     if stat.S_ISREG(mode):
@@ -104,7 +107,7 @@ def entry_of(
     }
     if kind == "symlink":
         entry["l"] = os.readlink(name, dir_fd=parent_fd)
-    if kind == "dir" and parent_fd is not None:
+    if kind == "dir" and parent_fd is not None and layer:  # an overlay layer's, not a volume's
         entry["o"] = opaque(f"/proc/self/fd/{parent_fd}/{name}")
     return entry
 
@@ -124,6 +127,11 @@ def signature(entry: Entry) -> list[Any]:
     ]
 
 
+SEEN: dict[tuple[str, str], tuple[tuple[int, ...], Entry]] = {}
+"""What the last walk found, by (root, path): the next walk (the one while the sandbox is held
+still) reuses an entry whose stat did not change instead of making it again."""
+
+
 def walk(src: str, tree_of: Callable[[str], str | None], skip: set[str]) -> list[Entry]:
     """Every entry under the root `src` names, parents before children (tagged with `src`,
     where its bytes are read)."""
@@ -134,26 +142,32 @@ def walk(src: str, tree_of: Callable[[str], str | None], skip: set[str]) -> list
     found: list[Entry] = []
     try:
         base = tree_of("")
-        top = entry_of(base, "", os.fstat(root_fd), None, "") if base is not None else None
+        top = (
+            entry_of(base, "", os.fstat(root_fd), None, "", layer=False)
+            if base is not None
+            else None
+        )
         if top is not None:
+            top["src"] = src
             found.append(top)
-        _walk(root_fd, "", tree_of, skip, found)
+        _walk(root_fd, src, "", tree_of=tree_of, skip=skip, found=found)
     finally:
         os.close(root_fd)
-    for entry in found:
-        entry["src"] = src
     return found
 
 
 def _walk(
     dir_fd: int,
+    src: str,
     prefix: str,
+    *,
     tree_of: Callable[[str], str | None],
     skip: set[str],
     found: list[Entry],
 ) -> None:
     with os.scandir(dir_fd) as listing:
         names = sorted(item.name for item in listing)
+    layer = src != "ws"
     for name in names:
         path = prefix + name
         if path in skip:
@@ -163,16 +177,26 @@ def _walk(
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             continue
-        entry = entry_of(tree, path, st, dir_fd, name) if tree else None
-        if entry is not None:
-            found.append(entry)
+        if tree:
+            mark = (st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns,
+                    st.st_ctime_ns, st.st_ino)  # fmt: skip
+            seen = SEEN.get((src, path))
+            if seen is not None and seen[0] == mark:
+                entry: Entry | None = seen[1]
+            else:
+                entry = entry_of(tree, path, st, dir_fd, name, layer=layer)
+                if entry is not None:
+                    entry["src"] = src
+                    SEEN[(src, path)] = (mark, entry)
+            if entry is not None:
+                found.append(entry)
         if stat.S_ISDIR(st.st_mode):
             try:
                 child = os.open(name, NOFOLLOW_DIR, dir_fd=dir_fd)
             except OSError:
                 continue
             try:
-                _walk(child, path + "/", tree_of, skip, found)
+                _walk(child, src, path + "/", tree_of=tree_of, skip=skip, found=found)
             finally:
                 os.close(child)
 
@@ -281,6 +305,7 @@ def stage(entries: list[Entry], known: dict[str, dict[str, list[Any]]], staged: 
 
 
 def export(request: dict[str, Any]) -> None:
+    began = time.monotonic()
     known = request.get("known") or {}
     state = request.get("state") or []
     skip = request.get("skip") or []
@@ -289,14 +314,15 @@ def export(request: dict[str, Any]) -> None:
     precopied = 0
     if request.get("precopy"):
         precopied = stage(scan(state, skip), known, staged)
-    send_json(b"J", {"ready": True, "precopied": precopied})
+    send_json(b"J", {"ready": True, "precopied": precopied, "took": time.monotonic() - began})
     out.flush()
     kind, payload = read_frame()
     if kind != b"J" or json.loads(payload).get("op") != "go":
         raise SystemExit("expected go")
+    began = time.monotonic()
     listed = scan(state, skip)
     frozen = stage(listed, known, staged)
-    send_json(b"J", {"done": True, "copied": frozen})
+    send_json(b"J", {"done": True, "copied": frozen, "took": time.monotonic() - began})
     out.flush()
     # The sandbox goes on. The staged copies are renamed in the listing's order into the
     # directory the control plane then reads as one archive (sorted by name: that order).
@@ -313,8 +339,9 @@ def export(request: dict[str, Any]) -> None:
             entry["s"] = os.path.getsize(f"{READY}/{entry['n']}")  # exactly what is sent
         entry.pop("src", None)
         entries.append(entry)
-    for entry in entries:
-        send_json(b"E", entry)
+    # The listing goes with the copies, first in the archive's order ("-" sorts before digits).
+    with open(f"{READY}/{LISTING}", "w") as listing:
+        listing.write(json.dumps(entries, separators=(",", ":")))  # dumps: the C encoder
     send(b"Z", b"")
     out.flush()
 
