@@ -52,6 +52,7 @@ BATCH_BYTES = 8 << 20
 PIECE = 1 << 20
 READY = "/acs/ready"  # files_helper.py's
 LISTING = "-listing.json"  # files_helper.py's
+KNOWN = "acs-known.json"
 """What one read from the helper collects before handing it to the event loop."""
 
 
@@ -200,6 +201,7 @@ class DockerExports:
         self._engine = lane.engine
         self._prefix = prefix
         self._image = image
+        self._closing: set[asyncio.Task[None]] = set()
 
     @asynccontextmanager
     async def export(
@@ -216,18 +218,24 @@ class DockerExports:
         mounts = self._mounts(attrs, name, working_dir)
         state = attrs.get("State") or {}
         running = bool(state.get("Running")) and not state.get("Paused")
+        by_tree: dict[str, dict[str, list[object]]] = {}
+        for (tree, path), signature in known.items():
+            by_tree.setdefault(tree, {})[path] = list(signature)
+        known_file = {KNOWN: json.dumps(by_tree, separators=(",", ":")).encode()}
         helper = await self._lane.run(
             lambda c: Helper.start(
-                c, image=self._image, prefix=self._prefix, sandbox_id=sandbox_id, mounts=mounts
+                c,
+                image=self._image,
+                prefix=self._prefix,
+                sandbox_id=sandbox_id,
+                mounts=mounts,
+                files=known_file,
             )
         )
         try:
-            by_tree: dict[str, dict[str, list[object]]] = {}
-            for (tree, path), signature in known.items():
-                by_tree.setdefault(tree, {})[path] = list(signature)
             request = {
                 "op": "export",
-                "known": by_tree,
+                "known_file": f"/tmp/{KNOWN}",  # noqa: S108 (the helper's own)
                 "state": [_relative(p) for p in state_paths],
                 "skip": [_relative(working_dir)],
                 "precopy": running,
@@ -237,7 +245,11 @@ class DockerExports:
             held = await self._still(name, helper, hold) if running else await self._go(helper)
             yield FileExport(held_still=held, items=self._items(helper))
         finally:
-            await self._lane.run(lambda _: helper.close())
+            # Its work is done (or abandoned): removed without holding the caller up; a removal
+            # that never happens (the control plane dying) is left to the sweep.
+            task = asyncio.create_task(self._lane.run(lambda _: helper.close()))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def _go(self, helper: Helper) -> float:
         done = await self._lane.run(lambda _: helper.ask({"op": "go"}))

@@ -9,10 +9,12 @@ method blocks: call them from a thread (drivers/docker_files.py does).
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import secrets
 import socket
 import struct
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -64,8 +66,11 @@ class Helper:
         prefix: str,
         sandbox_id: str,
         mounts: list[Mount],
+        files: dict[str, bytes] | None = None,
     ) -> Helper:
-        """Create, attach and start a helper with `mounts`; removed again on failure."""
+        """Create, attach and start a helper with `mounts` and `files` (name -> bytes, put in
+        its /tmp by the engine before it starts: faster than its stdin for anything large);
+        removed again on failure."""
         name = f"{prefix}files-{secrets.token_hex(6)}"
         labels = {
             LABEL_OWNER: prefix,
@@ -100,6 +105,8 @@ class Helper:
             raise DriverError(f"Docker refused the snapshot helper: {exc.explanation}") from None
         container_id = str(created["Id"])
         try:
+            if files:
+                client.api.put_archive(container_id, "/tmp", _archive(files))  # noqa: S108 (its own)
             sock = client.api.attach_socket(
                 container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
             )
@@ -181,6 +188,16 @@ class Helper:
         with contextlib.suppress(Exception):
             self._holder.close()
         _remove(self._client, self.container_id)
+
+
+def _archive(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o600
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
 
 
 def _remove(client: docker.DockerClient, container_id: str) -> None:

@@ -13,9 +13,10 @@ descriptor with O_NOFOLLOW, so a tree the agent shaped cannot send a read elsewh
 Messages both ways are frames: one type byte, a 4-byte big-endian length, the payload.
 J: a JSON object; Z: the end.
 
-{"op": "export", "known": {tree: {path: signature}}, "state": [dirs], "skip": [dirs],
-"precopy": bool}: scan the trees and, with `precopy`, copy what changed since `known` to a
-staging directory while the sandbox still runs, then say {"ready": ...}. The control plane
+{"op": "export", "known_file": path, "state": [dirs], "skip": [dirs], "precopy": bool}, the
+file holding `known`, {tree: {path: signature}} (put there by the engine before the helper
+started): scan the trees and, with `precopy`, copy what changed since `known` to a staging
+directory while the sandbox still runs, then say {"ready": ...}. The control plane
 holds the sandbox still and answers {"op": "go"}: the trees are scanned again and only what
 changed meanwhile is copied, then {"done": ...}; the control plane lets the sandbox go on. The
 listing (a JSON array; each changed file named, "n", by its staged copy) is written beside the
@@ -306,7 +307,10 @@ def stage(entries: list[Entry], known: dict[str, dict[str, list[Any]]], staged: 
 
 def export(request: dict[str, Any]) -> None:
     began = time.monotonic()
-    known = request.get("known") or {}
+    known: dict[str, dict[str, list[Any]]] = {}
+    if request.get("known_file"):
+        with open(request["known_file"]) as known_file:
+            known = json.loads(known_file.read())
     state = request.get("state") or []
     skip = request.get("skip") or []
     os.makedirs(STAGING, exist_ok=True)

@@ -12,6 +12,7 @@ collection, replication) see what belongs to it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -97,6 +98,7 @@ class Taker:
         """The new READY snapshot. Raises QuotaExceeded, Stale, StoreUnavailable, what the
         runtime raises; nothing is left listed, and what was sent is collected."""
         store = self._data.store
+        started = time.monotonic()
         parent = await store.latest(sandbox.id) or sandbox.origin
         previous = await self._previous(parent)
         snapshot_id = uuid7_hex()
@@ -111,6 +113,7 @@ class Taker:
             created_at=datetime.now(UTC),
             repository=self._data.repository(sandbox.owner),
         )
+        marks = [("begin", started), ("prepare", time.monotonic())]
         async with self._pending(record):
             writer = SnapshotWriter(
                 self._data.keys(sandbox.owner),
@@ -129,10 +132,19 @@ class Taker:
                 state_paths=(STATE_DIR,),
                 hold=hold,
             ) as export:
+                marks.append(("export", time.monotonic()))
                 log.info("snapshot_thawed", sandbox_id=sandbox.id, held=export.held_still)
                 written = await writer.write(export.items)
+            marks.append(("write", time.monotonic()))
             record = await self._finish(record, written, export.held_still)
+            marks.append(("finish", time.monotonic()))
             outcome = await store.commit(record, written.new_packs, written.new_chunks, limits)
+            marks.append(("commit", time.monotonic()))
+            log.info(
+                "snapshot_phases",
+                snapshot_id=snapshot_id,
+                **{f"{b[0]}_s": round(b[1] - a[1], 3) for a, b in itertools.pairwise(marks)},
+            )
             if outcome == "stale":
                 raise Stale()
             if outcome in ("count", "bytes"):
