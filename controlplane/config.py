@@ -596,6 +596,18 @@ class Upkeep(BaseModel):
         "`spec=N,...` with `*=N` for the rest; `0` turns a pool off "
         "([sandboxes](sandboxes.md#warm-pool))",
     )
+    idle_action: Literal["pause", "hibernate"] = Field(
+        default="pause",
+        description="what the idle reaper does to an idle sandbox: `pause` (frozen, memory "
+        "kept, resumes at once) or `hibernate` (paused, then its memory given back: Docker "
+        "stops the container; resume restarts it, [sandboxes](sandboxes.md#hibernation))",
+    )
+    hibernate_after: int = Field(
+        default=0,
+        ge=0,
+        description="seconds a sandbox stays PAUSED before it gives its memory back "
+        "(hibernated; the API still says PAUSED); `0` = never",
+    )
     pool_interval: float = Field(
         default=2.0,
         gt=0,
@@ -632,6 +644,101 @@ class Upkeep(BaseModel):
         if self.warm_pool is None:
             return spec_size
         return self.warm_pool.get(spec_id, self.warm_pool.get("*", spec_size))
+
+
+class Snapshots(BaseModel):
+    """Snapshots and hibernation"""
+
+    snapshot_store_url: str | None = Field(
+        default=None,
+        description="the OCI registry snapshots are stored in (`https://registry.example.com`, "
+        "any registry speaking the distribution API v2, with blob and manifest deletion "
+        "enabled); unset: snapshots are off (their routes answer 503)",
+    )
+    snapshot_store_repository: str = Field(
+        default="acs-snapshots",
+        pattern=r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$",
+        description="repository prefix in the registry: each user's snapshots are under "
+        "`<prefix>/u<24 hex digits>` (a keyed hash of the user id)",
+    )
+    snapshot_store_username: str | None = Field(
+        default=None, description="user for the registry (Basic, or its token service)"
+    )
+    snapshot_store_password: str | None = Field(default=None, description="its password")
+    snapshot_store_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="seconds one request to the registry may take (a blob of up to "
+        "`ACS_SNAPSHOT_PACK_BYTES`) before the operation answers 503",
+    )
+    snapshot_pack_bytes: int = Field(
+        default=16 * 1024**2,
+        ge=1024**2,
+        le=512 * 1024**2,
+        description="size of the packs (blobs) a snapshot's new chunks are sent in",
+    )
+    snapshot_helper_image: str | None = Field(
+        default=None,
+        description="image of the helper containers that read and write sandboxes' files for "
+        "snapshots (any with python3 ≥ 3.9); unset: `ACS_BASE_IMAGE`",
+    )
+    snapshot_max_per_user: int = Field(
+        default=100, ge=0, description="snapshots a user may keep; `0` = no limit"
+    )
+    snapshot_max_bytes_per_user: int = Field(
+        default=10 * 1024**3,
+        ge=0,
+        description="bytes a user's snapshots may take in the store (after deduplication and "
+        "compression); `0` = no limit",
+    )
+    snapshot_keep_last: int = Field(
+        default=10,
+        ge=0,
+        description="unnamed snapshots kept per sandbox (older ones are deleted); `0` = no "
+        "limit. Named ones are kept until deleted",
+    )
+    snapshot_max_age: int = Field(
+        default=30 * 86400,
+        ge=0,
+        description="seconds an unnamed snapshot is kept; `0` = no limit",
+    )
+    snapshot_orphan_retention: int = Field(
+        default=7 * 86400,
+        ge=0,
+        description="seconds the unnamed snapshots of a deleted sandbox are kept after the "
+        "retention pass first finds it gone; `0`: deleted with it",
+    )
+    snapshot_collect_interval: float = Field(
+        default=60.0,
+        gt=0,
+        le=86400,
+        description="seconds between the collector's passes (abandoned snapshots, unused "
+        "blobs, retention; one replica at a time)",
+    )
+    snapshot_collect_grace: float = Field(
+        default=600.0,
+        ge=0,
+        le=30 * 86400,
+        description="seconds a blob no snapshot uses any more is kept before it is deleted "
+        "(a snapshot being taken may still reuse it)",
+    )
+    snapshot_lease: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="seconds a snapshot being taken is considered alive without news from "
+        "its replica; then it is abandoned and what it sent is collected",
+    )
+
+    @field_validator("snapshot_store_url")
+    @classmethod
+    def _store_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not re.fullmatch(r"https?://[^/?#\s]+", value.rstrip("/")):
+            raise ValueError(f"{value!r} is not an http(s) URL of a registry (no path)")
+        return value.rstrip("/")
 
 
 class LifecycleWebhooks(BaseModel):
@@ -782,6 +889,7 @@ GROUPS: tuple[type[BaseModel], ...] = (
     *(runtime.settings for runtime in RUNTIMES.values()),
     Capacity,
     Upkeep,
+    Snapshots,
     LifecycleWebhooks,
     Models,
     LlmGateway,
@@ -798,6 +906,7 @@ class ServiceConfig(
     LlmGateway,
     Models,
     LifecycleWebhooks,
+    Snapshots,
     Upkeep,
     Capacity,
     SandboxProxy,

@@ -44,6 +44,9 @@ if TYPE_CHECKING:
     from controlplane.settings.profiles import LlmProfiles
     from controlplane.settings.service import SettingsService
     from controlplane.shutdown import Drain
+    from controlplane.snapshots.collector import Collector
+    from controlplane.snapshots.service import SnapshotService
+    from controlplane.snapshots.sources import SnapshotData
     from controlplane.specs.catalog import SpecCatalog
     from drivers.base import SandboxDriver
 
@@ -103,6 +106,11 @@ SANDBOXES: web.AppKey[SandboxService] = web.AppKey("sandboxes")
 RECONCILER: web.AppKey[Reconciler] = web.AppKey("reconciler")
 REAPER: web.AppKey[IdleReaper] = web.AppKey("reaper")
 POOL: web.AppKey[WarmPool] = web.AppKey("warm_pool")
+SNAPSHOT_DATA: web.AppKey[SnapshotData] = web.AppKey("snapshot_data")
+"""Only with ACS_SNAPSHOT_STORE_URL: the store, its client and the users' keys."""
+SNAPSHOTS: web.AppKey[SnapshotService] = web.AppKey("snapshots")
+"""Only with ACS_SNAPSHOT_STORE_URL."""
+COLLECTOR: web.AppKey[Collector] = web.AppKey("snapshot_collector")
 CONVERSATIONS: web.AppKey[ConversationService] = web.AppKey("conversations")
 EVENTS: web.AppKey[EventService] = web.AppKey("events")
 

@@ -13,18 +13,21 @@ dependency order (`contexts`); aiohttp opens them in that order and closes them 
 5. outbound       the outbound policies of connections made for users and to the operator's
                   URLs, read from the driver, Redis and the other replicas, kept current
 6. lifecycle      the lifecycle webhook outbox and this replica's deliverer, the publisher
-7. sandboxes      the sandbox service with its launcher, readiness probe, status feed and leases,
+7. snapshot store with ACS_SNAPSHOT_STORE_URL: the registry's client, the snapshot records
+                  and the users' keys (sandboxes started from a snapshot read through it)
+8. sandboxes      the sandbox service with its launcher, readiness probe, status feed and leases,
                   the warm pool, the reconciler and the idle reaper
-8. LLM gateway    sandbox credentials, the users' gateway keys, forwarding (and the LiteLLM
+9. snapshots      the snapshot service (take, fork, delete) and the collector
+10. LLM gateway   sandbox credentials, the users' gateway keys, forwarding (and the LiteLLM
                   translator process, started on first need), metering; without sandboxes it
                   serves the users' own gateway keys alone
-9. conversations  the conversation service with its start tasks (which hand agents gateway
+11. conversations the conversation service with its start tasks (which hand agents gateway
                   credentials) and pending messages, events
-10. proxy         the sandbox proxy's client and what it keeps between requests
-11. webhooks      every spec's network made ready and the webhook listener serving: opened
+12. proxy         the sandbox proxy's client and what it keeps between requests
+13. webhooks      every spec's network made ready and the webhook listener serving: opened
                   after every service it calls exists, closed before they close (no webhook
                   arrives while the rest close)
-12. handover      start tasks resumed from other (stopped or dead) replicas; closed first: at
+14. handover      start tasks resumed from other (stopped or dead) replicas; closed first: at
                   shutdown this replica's starts finish or are handed over while webhooks still
                   arrive (controlplane/shutdown.py)
 
@@ -95,6 +98,12 @@ from controlplane.sandboxes.webhook_listener import WebhookListener
 from controlplane.settings.profiles import LlmProfiles
 from controlplane.settings.service import SettingsService
 from controlplane.settings.store import UserRecordStore
+from controlplane.snapshots.collector import Collector
+from controlplane.snapshots.registry import Registry
+from controlplane.snapshots.service import SnapshotService
+from controlplane.snapshots.sources import SnapshotData
+from controlplane.snapshots.store import SnapshotStore
+from controlplane.snapshots.taker import Taker
 from controlplane.store import keyspace
 from controlplane.store.failover import open_redis
 from controlplane.store.leader import LeaderLock
@@ -122,7 +131,9 @@ def contexts(
         runtime_http_ctx(),
         outbound_ctx(config),
         lifecycle_ctx(config),
+        snapshot_store_ctx(config),
         sandboxes_ctx(config),
+        snapshots_ctx(config),
         gateway_ctx(config),
         conversations_ctx(config),
         proxy_ctx(),
@@ -226,6 +237,7 @@ def runtime_ctx(config: ServiceConfig) -> Context:
             host_ports=tuple(config.sandbox_host_ports),
             listener=listener,
             counters=app[keys.METRICS].runtime_counter,
+            helper_image=config.snapshot_helper_image or config.base_image,
         )
         driver = RUNTIMES[config.driver].make(config.runtime, host)
         app[keys.DRIVER] = driver
@@ -345,6 +357,7 @@ def sandboxes_ctx(config: ServiceConfig) -> Context:
             notes=notes,
             leases=leases,
             webhooks=True,  # the driver binds the webhook listener where sandboxes reach it
+            restores=app.get(keys.SNAPSHOT_DATA),
         )
         pool = WarmPool(
             config,
@@ -370,6 +383,7 @@ def sandboxes_ctx(config: ServiceConfig) -> Context:
             notes=notes,
             leases=leases,
             pool=pool,
+            restores=app.get(keys.SNAPSHOT_DATA),
         )
         reconciler = Reconciler(
             config,
@@ -410,6 +424,69 @@ def sandboxes_ctx(config: ServiceConfig) -> Context:
         await leases.close()
         await probe.close()
         await feed.stop()
+
+    return ctx
+
+
+def snapshot_store_ctx(config: ServiceConfig) -> Context:
+    """With ACS_SNAPSHOT_STORE_URL: the snapshot store's client (the OCI registry, on the one
+    HTTP client), its records and the users' keys, which sandboxes started from a snapshot
+    read their files through."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        if config.snapshot_store_url is not None:
+            registry = Registry(
+                app[keys.HTTP_CLIENT],
+                config.snapshot_store_url,
+                username=config.snapshot_store_username,
+                password=config.snapshot_store_password,
+                timeout=config.snapshot_store_timeout,
+            )
+            app[keys.SNAPSHOT_DATA] = SnapshotData(
+                SnapshotStore(app[keys.REDIS]),
+                registry,
+                app[keys.SECRET_BOX],
+                config.snapshot_store_repository,
+            )
+        yield
+
+    return ctx
+
+
+def snapshots_ctx(config: ServiceConfig) -> Context:
+    """The snapshot service (above sandboxes) and its collector, with a store."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        data = app.get(keys.SNAPSHOT_DATA)
+        if data is None:
+            yield
+            return
+        sandboxes = app[keys.SANDBOXES]
+        taker = Taker(
+            data,
+            sandboxes.store,
+            lease=config.snapshot_lease,
+            pack_bytes=config.snapshot_pack_bytes,
+        )
+        service = SnapshotService(config, data, sandboxes, taker, app[keys.DRIVER].files)
+        collector = Collector(
+            config,
+            data,
+            sandboxes.store,
+            remove=service.remove,
+            files=app[keys.DRIVER].files,
+            leader=LeaderLock(
+                app[keys.REDIS],
+                keyspace.leader("snapshots"),
+                max(3 * config.snapshot_collect_interval, 10.0),
+            ),
+        )
+        app[keys.SNAPSHOTS] = service
+        app[keys.COLLECTOR] = collector
+        collector.start()
+        yield
+        await collector.stop()
+        await service.close()
 
     return ctx
 

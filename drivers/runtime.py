@@ -89,6 +89,9 @@ class RuntimeHost:
     (the CLI's look-ups)."""
     counters: Counters | None = None
     """The metrics (None: nothing counted)."""
+    helper_image: str = "acs-base:bookworm"
+    """The image a runtime runs its own helpers from (the snapshots' file helper):
+    ACS_SNAPSHOT_HELPER_IMAGE, else ACS_BASE_IMAGE."""
 
     def counter(self, name: str, documentation: str, label: str) -> Count | None:
         return None if self.counters is None else self.counters(name, documentation, label)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepares a Debian host for `make run` and `make test`: Python venv support, redis-server,
-# haproxy (the high-availability tests' balancer), debootstrap, a running Docker engine, and
+# haproxy (the high-availability tests' balancer), debootstrap, docker-registry (the snapshot
+# store of the tests), a running Docker engine, and
 # gVisor's runsc registered with it (optional); with --browser, Python venv support, Debian's
 # chromium and npm (the browser tests, and the web apps they fetch from the npm registry) only;
 # with --unit, Python venv support, redis-server and npm (Node runs the tests' OpenID provider)
@@ -40,6 +41,10 @@ if ! $python_only; then
     # The balancer in front of several replicas in the high-availability tests (tests/balancer.py).
     have haproxy || need_apt+=(haproxy)
     have debootstrap || need_apt+=(debootstrap)
+    # The distribution registry (OCI v2) the snapshot tests store into, started by their fixture
+    # (tests/support/registry_server.py) like redis-server; Debian's package would start a
+    # service of its own on :5000, which nothing here uses.
+    have docker-registry || need_apt+=(docker-registry)
 fi
 if $browser; then
     have chromium || need_apt+=(chromium)

@@ -38,6 +38,7 @@ pytest_plugins = [
     "tests.support.browser_netns",
     "tests.support.oidc_provider",
     "tests.support.oidc_sign_in",
+    "tests.support.snapshot_fixtures",
 ]
 
 REPO = Path(__file__).resolve().parent.parent

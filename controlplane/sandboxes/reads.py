@@ -151,6 +151,8 @@ class SandboxReads:
             last_activity_at=record.last_activity_at,
             reason=record.reason,
             org_id=record.org_id or self.config.default_organization,
+            snapshot_id=record.origin,
+            hibernated=record.hibernated_at is not None,
         )
 
     async def get(self, principal: Principal, sandbox_id: str) -> SandboxInfo:

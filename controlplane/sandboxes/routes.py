@@ -89,17 +89,18 @@ async def get_sandbox(request: web.Request) -> web.Response:
 @routes.route(
     "POST",
     "/api/v1/sandboxes",
-    summary="Start a sandbox from a spec (JSON body or query sandbox_spec_id; default spec)",
+    summary="Start a sandbox from a spec (JSON body or query sandbox_spec_id; default spec), "
+    "or from a snapshot (snapshot_id)",
     body=StartSandboxRequest,
     query=StartSandboxQuery,
     response=SandboxInfo,
-    errors=(404, 429),
+    errors=(404, 422, 429, 503),
 )
 async def start_sandbox(request: web.Request) -> web.Response:
     query = parse_query(request, StartSandboxQuery)
     body = await parse_body(request, StartSandboxRequest, optional=True)
     spec_id = body.sandbox_spec_id or query.sandbox_spec_id
-    started = _service(request).start(principal_of(request), spec_id)
+    started = _service(request).start(principal_of(request), spec_id, body.snapshot_id)
     return json_response(await _timed(request, "start", started))
 
 

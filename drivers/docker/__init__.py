@@ -36,6 +36,7 @@ def make_driver(settings: DockerSettings, host: RuntimeHost) -> SandboxDriver:
             "Docker engine calls that failed (engine unreachable or an error answer)",
             "operation",
         ),
+        files_image=host.helper_image,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -47,6 +48,7 @@ from drivers.docker.engine import QUICK, SLOW, DockerEngine
 from drivers.docker.firewall import Iptables
 from drivers.docker.host_memory import HostMemory
 from drivers.docker.images import ImageIdCache
+from drivers.docker.snapshots import DockerFiles
 from drivers.egress import HOST_GATEWAY
 from drivers.errors import ContainerExists, DriverError, ImageMissing, RuntimeUnavailable
 
@@ -106,6 +108,7 @@ class DockerDriver:
         subnet_size: int = 22,
         firewall: Iptables | None = None,
         on_error: Callable[[str], None] | None = None,
+        files_image: str = "acs-base:bookworm",
     ) -> None:
         self.prefix = prefix
         self._subnet_pool = subnet_pool
@@ -134,6 +137,7 @@ class DockerDriver:
                 firewall=firewall,
             )
         self._attachments: dict[str, Attachment] = {}
+        self.files = DockerFiles(self.engine, prefix=prefix, image=files_image)
 
     # -- the runtime --------------------------------------------------------------------------
 
@@ -263,6 +267,10 @@ class DockerDriver:
         try:
             attachment = await self._attachment(request.network)
             req = container_request(request, self.prefix, self._publish_host, attachment)
+            if request.restore is not None:  # its workspace and image from the snapshot
+                image = await self.files.restored_workspace(request, req.volume, req.labels)
+                req = dataclasses.replace(req, image=image)
+                new = False
             return await self.engine.call(
                 lambda c: self._create_and_start(c, req, new), "create", SLOW
             )
@@ -372,7 +380,17 @@ class DockerDriver:
     async def remove(self, sandbox_id: str, *, keep_workspace: bool = False) -> None:
         name = self._name(sandbox_id)
         volume = None if keep_workspace else names.volume_name(self.prefix, sandbox_id)
+        base = await self.files.bases.base_of(volume) if volume else None
         await self.engine.call(lambda c: self._remove(c, name, volume), "remove", SLOW)
+        if base is not None:  # a sandbox made from a snapshot: its base may be unused now
+            await self.files.bases.release(base)
+
+    async def hibernate(self, sandbox_id: str) -> None:
+        """Stop the container (thawed first, so that its processes get SIGTERM and a few
+        seconds to save their state): its memory is given back, its files stay."""
+        name = self._name(sandbox_id)
+        await self._act("unpause", name, lambda api: api.unpause(name), benign="is not paused")
+        await self._act("stop", name, lambda api: api.stop(name, timeout=5), lane=SLOW)
 
     @staticmethod
     def _remove(client: docker.DockerClient, name: str, volume: str | None) -> None:
@@ -448,4 +466,5 @@ class DockerDriver:
 
     async def close(self) -> None:
         self._images.close()
+        self.files.close()
         await self.engine.close()

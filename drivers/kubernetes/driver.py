@@ -19,6 +19,7 @@ from drivers.base import (
     EventSink,
     HostListener,
     NetworkPolicy,
+    SandboxFiles,
     SandboxRequest,
     SandboxState,
     Watch,
@@ -53,6 +54,7 @@ class KubernetesDriver:
     """
 
     pause_releases = True
+    files: SandboxFiles | None = None  # snapshots on Kubernetes: not yet (issue 28, phase 2)
 
     def __init__(
         self,
@@ -191,6 +193,9 @@ class KubernetesDriver:
                 return await self._resources.state(await self._waits.running(request.sandbox_id))
             await self._waits.cleared(pod)
         return await self.create(request)
+
+    async def hibernate(self, sandbox_id: str) -> None:
+        """Nothing more to give back: a pause deleted the pod already."""
 
     async def remove(self, sandbox_id: str, *, keep_workspace: bool = False) -> None:
         """Pod (at once), Service, NetworkPolicy, then the claim, or with `keep_workspace` the

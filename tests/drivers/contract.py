@@ -20,7 +20,7 @@ import os
 import shlex
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +35,17 @@ from controlplane.sandboxes.naming import new_sandbox_id
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import AGENT_SERVER, SandboxSpec
 from drivers.base import (
+    STATE,
+    SYSTEM,
+    WORKSPACE,
+    FileEntry,
+    FileItem,
+    FileKind,
     NetworkPolicy,
     RunState,
     SandboxDriver,
     SandboxEvent,
+    SandboxFiles,
     SandboxRequest,
     SandboxState,
 )
@@ -378,3 +385,101 @@ async def test_egress_none_admits_the_webhook_listener_alone(
         assert result["stdout"].split()[-2:] == ["200", "closed"], result
     finally:
         await other.cleanup()
+
+
+async def test_hibernate_gives_the_instance_back_and_start_brings_it_back(
+    driver: SandboxDriver, make_request: MakeRequest, spec: SandboxSpec
+) -> None:
+    request, key, _state = await marked(driver, make_request, spec)
+    await driver.pause(request.sandbox_id)
+    await driver.hibernate(request.sandbox_id)
+    asleep = await driver.inspect(request.sandbox_id)
+    assert asleep is not None
+    assert asleep.status == RunState.EXITED  # no process, so no memory held
+    back = await driver.start(request)
+    await healthy(back, spec)
+    read = await run(back, spec, key, f"cat {spec.working_dir}/mark")
+    assert read["stdout"].strip() == "kept", read
+
+
+class _Hold:
+    def __init__(self, driver: SandboxDriver, sandbox_id: str) -> None:
+        self.driver, self.sandbox_id = driver, sandbox_id
+        self.calls: list[str] = []
+        self.seen: RunState | None = None
+
+    async def begin(self) -> None:
+        self.calls.append("begin")
+
+    async def end(self) -> None:
+        self.calls.append("end")
+        state = await self.driver.inspect(self.sandbox_id)
+        self.seen = state.status if state else None
+
+
+class _Files:
+    """A FileSource over items held in memory."""
+
+    def __init__(self, key: str, items: list[FileItem]) -> None:
+        self.key = key
+        self._items = items
+
+    async def items(self) -> AsyncIterator[FileItem]:
+        for item in self._items:
+            yield item
+
+
+async def _exported(
+    files: SandboxFiles, request: SandboxRequest, known: dict[Any, Any], hold: Any
+) -> tuple[list[FileItem], float]:
+    items: list[FileItem] = []
+    async with files.export(
+        request.sandbox_id,
+        known,
+        working_dir=request.working_dir,
+        state_paths=request.kept_paths,
+        hold=hold,
+    ) as export:
+        async for item in export.items:
+            items.append(item)
+    return items, export.held_still
+
+
+async def test_files_are_exported_consistently_and_restored_into_a_new_sandbox(
+    driver: SandboxDriver, make_request: MakeRequest, spec: SandboxSpec
+) -> None:
+    files = driver.files
+    if files is None:
+        pytest.skip("this runtime does not export files yet")
+    request, key, state = await marked(driver, make_request, spec)
+    kept = request.kept_paths[0]
+    wrote = await run(state, spec, key, f"echo outside > /tmp/outside && echo s > {kept}/probe")
+    assert wrote["exit_code"] == 0, wrote
+
+    hold = _Hold(driver, request.sandbox_id)
+    items, held = await _exported(files, request, {}, hold)
+    assert hold.calls == ["begin", "end"]  # held still once, around the second look
+    assert 0 < held < 5
+    assert hold.seen == RunState.RUNNING  # let go before the export is read: not left frozen
+    entries = {(i.tree, i.path): i for i in items if isinstance(i, FileEntry)}
+    mark = entries[(WORKSPACE, "mark")]
+    assert mark.kind == FileKind.FILE
+    assert items[items.index(mark) + 1] == b"kept\n"
+    assert (SYSTEM, "tmp/outside") in entries
+    assert (STATE, f"{kept.strip('/')}/probe") in entries  # the agent server's own state
+
+    # Only what changed since comes with bytes the second time.
+    known = {k: e.signature() for k, e in entries.items()}
+    again = await run(state, spec, key, f"echo new > {spec.working_dir}/new")
+    assert again["exit_code"] == 0, again
+    second, _ = await _exported(files, request, known, _Hold(driver, request.sandbox_id))
+    sent = [i.path for i in second if isinstance(i, FileEntry) and i.kind == "file" and i.changed]
+    assert "new" in sent
+    assert "mark" not in sent
+
+    copy = await make_request(restore=_Files(new_sandbox_id(), items))
+    restored = await running(driver, copy, spec)
+    copy_key = copy.env["OH_SESSION_API_KEYS_0"]
+    read = await run(restored, spec, copy_key, f"cat {spec.working_dir}/mark /tmp/outside")
+    assert read["stdout"].split() == ["kept", "outside"], read
+    await driver.remove(copy.sandbox_id)  # and what the runtime kept for the copy
