@@ -142,7 +142,7 @@ def _operation(ep: Endpoint, components: dict[str, Any]) -> dict[str, Any]:
         content = {"application/json": body}
         if ep.browser:
             content |= {form: body for form in FORMS}
-        op["requestBody"] = {"required": True, "content": content}
+        op["requestBody"] = {"required": not ep.body_optional, "content": content}
     if ep.public:
         op["security"] = []
     return op

@@ -11,8 +11,11 @@ owner, never an admin for someone else's). Anyone else's, or an id that does not
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from controlplane import keys
 from controlplane.api.parsing import json_response, parse_body
@@ -25,19 +28,42 @@ from controlplane.errors import RuntimeUnavailable
 routes = RouteTable(tag="events")
 
 
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)  # null, which the field refuses: left out means "not this one"
+
+
 class TicketRequest(BaseModel):
-    """Exactly one target."""
+    """Exactly one target (the document says so with `oneOf`, so that a client generated from
+    it, or a fuzzer, never sends both or neither)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    conversation_id: Uuid | None = Field(
-        default=None, description="For /api/v1/events/socket of this conversation"
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [{"required": ["conversation_id"]}, {"required": ["sandbox_id"]}]
+        },
     )
-    sandbox_id: str | None = Field(
+
+    conversation_id: Uuid | SkipJsonSchema[None] = Field(
         default=None,
+        json_schema_extra=_no_default,
+        description="For /api/v1/events/socket of this conversation",
+    )
+    sandbox_id: str | SkipJsonSchema[None] = Field(
+        default=None,
+        min_length=1,
         max_length=64,
+        json_schema_extra=_no_default,
         description="For a WebSocket to this sandbox through /sandboxes/{id}/proxy/{port}/…",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def no_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in ("conversation_id", "sandbox_id"):
+                if name in data and data[name] is None:
+                    raise ValueError(f"{name} may be left out, not null")
+        return data
 
     @model_validator(mode="after")
     def one_target(self) -> TicketRequest:

@@ -92,6 +92,7 @@ async def get_sandbox(request: web.Request) -> web.Response:
     summary="Start a sandbox from a spec (JSON body or query sandbox_spec_id; default spec), "
     "or from a snapshot (snapshot_id)",
     body=StartSandboxRequest,
+    body_optional=True,
     query=StartSandboxQuery,
     response=SandboxInfo,
     errors=(404, 422, 429, 503),

@@ -89,6 +89,7 @@ class SandboxService(SandboxReads):
     async def agent_listening(self, sandbox_id: str) -> None:
         """The sandbox's agent server announced that it listens (its webhook, whose key the
         middleware checked): its start, waited for here or on another replica, probes it now."""
+        log.info("sandbox_agent_listening", sandbox_id=sandbox_id)
         self.probe.hint(sandbox_id)
         await self.feed.relay_listening(sandbox_id)
 

@@ -37,6 +37,7 @@ def _service(request: web.Request) -> SnapshotService:
     f"/api/v1/sandboxes/{SANDBOX}/snapshots",
     summary="Take a consistent snapshot of a sandbox (its workspace and what changed outside it)",
     body=TakeSnapshotRequest,
+    body_optional=True,
     response=SnapshotInfo,
     errors=(404, 409, 429, 503),
 )
@@ -90,6 +91,7 @@ async def delete_snapshot(request: web.Request) -> web.Response:
     f"/api/v1/sandboxes/{SANDBOX}/fork",
     summary="Start `count` new sandboxes from one consistent snapshot of a sandbox",
     body=ForkRequest,
+    body_optional=True,
     response=ForkResult,
     errors=(404, 409, 429, 503),
 )

@@ -46,7 +46,7 @@ async def served(
     server = await launch_serve(free_port(), env)
     async with aiohttp.ClientSession() as http:
         try:
-            await server.wait_healthy(http, within=60)
+            await server.wait_healthy(http)
             async with _master(sentinel_cluster) as redis:
                 key = (await ApiKeyService(redis, None).create("alice")).key
             api = Api(http, server.url, key)

@@ -219,8 +219,16 @@ async def test_sandboxes_announce_themselves_with_their_own_key_only(
             for r in logs.events("lifecycle")
             if r["sandbox_id"] == sandbox_id and r["type"] == "sandbox.running"
         ]
+        # The announcement is what the start waited for: heard before the sandbox is RUNNING
+        # (the request's own log line comes after its handler and its durable write, so it
+        # may follow the RUNNING the handler woke).
         records = logs.records()
-        assert records.index(announced[0]) < records.index(running[0])
+        (heard,) = [
+            r
+            for r in records
+            if r.get("event") == "sandbox_agent_listening" and r.get("sandbox_id") == sandbox_id
+        ]
+        assert records.index(heard) < records.index(running[0])
 
     # From inside alice's sandbox, as its agent user: her own key on bob's sandbox, no key on
     # hers; both refused. Her own, on hers, is taken.

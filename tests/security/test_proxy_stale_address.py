@@ -84,7 +84,7 @@ async def deployment(
         for environment in (env, env_b):
             server = await launch_serve(free_port(), environment)
             servers.append(server)
-            await server.wait_healthy(http, within=60)
+            await server.wait_healthy(http)
         setup = aioredis.Redis.from_url(redis_server.url)
         key = (await ApiKeyService(setup, None).create("alice")).key
         await setup.aclose()

@@ -46,7 +46,7 @@ class Server:
     async def start(self) -> Api:
         self.process = await launch_serve(self.port, self.env)
         assert self.http is not None
-        await self.process.wait_healthy(self.http, within=60)
+        await self.process.wait_healthy(self.http)
         return Api(self.http, self.process.url, BOOTSTRAP_KEY)
 
     async def kill(self) -> None:
