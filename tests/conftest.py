@@ -55,6 +55,10 @@ GROUPS_BY_FIXTURE = {"kube_cluster": "kube"}
 (the test cluster is package-scoped: up before the first of its tests, down after the last)."""
 
 
+# First: pytest-xdist's own hook on each worker reads the xdist_group marks (making a group's
+# tests one scheduling unit), and runs before a conftest's unless this one is tryfirst; without
+# it every worker brought the cluster up for itself.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
