@@ -54,6 +54,25 @@ class Storage(BaseModel):
     redis_timeout: float = Field(
         default=5.0, gt=0, le=60, description="seconds per Redis operation before a 503"
     )
+    redis_max_connections: int = Field(
+        default=256,
+        ge=2,
+        le=10_000,
+        description="connections to Redis this replica may hold at once (one pool; the events "
+        "WebSocket's blocking reads have a second pool of the same size). A request whose "
+        "command finds them all in use waits for one (`ACS_REDIS_POOL_TIMEOUT`); each is held "
+        "only while a command runs, so a burst of a few hundred concurrent requests queues for "
+        "milliseconds. Two pools per replica: keep twice this times the replicas under the Redis "
+        "server's `maxclients` (10,000 by default)",
+    )
+    redis_pool_timeout: float = Field(
+        default=5.0,
+        gt=0,
+        le=60,
+        description="seconds a command waits for a free connection when all "
+        "`ACS_REDIS_MAX_CONNECTIONS` are in use, then the request answers 503 `store_busy` "
+        "with `Retry-After` (the replica is busy: not reported as Redis being down)",
+    )
     redis_sentinels: CommaList[str] = Field(
         default_factory=list,
         description="comma-separated `host:port` of Redis Sentinels: the master is the one they "

@@ -13,6 +13,7 @@ from controlplane.api.routing import RouteTable
 from controlplane.auth.identity import authenticate_request
 from controlplane.errors import Forbidden
 from controlplane.metrics import CONTENT_TYPE
+from controlplane.store.pool import StoreBusy
 from controlplane.store.redis import REDIS_DOWN
 
 routes = RouteTable(tag="health")
@@ -51,6 +52,8 @@ async def health(_request: web.Request) -> web.Response:
 async def ready(request: web.Request) -> web.Response:
     try:
         redis_ok = bool(await request.app[keys.REDIS].ping())
+    except StoreBusy:
+        redis_ok = True  # it answers; this replica's pool was full (a burst), not an outage
     except REDIS_DOWN:
         redis_ok = False
     runtime_ok: bool | None = None

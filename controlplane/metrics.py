@@ -147,6 +147,12 @@ class Metrics:
             " (this process)",
             registry=reg,
         )
+        self.store_busy = Counter(
+            "acs_redis_pool_busy",
+            "Requests answered 503 store_busy: every Redis connection of this process stayed in"
+            " use for ACS_REDIS_POOL_TIMEOUT (a burst; not Redis being down)",
+            registry=reg,
+        )
 
     # -- hooks handed to code that must not import this module -----------------------------
 

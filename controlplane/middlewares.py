@@ -24,6 +24,7 @@ from controlplane.api.parsing import RequestValidationError
 from controlplane.api.routing import Handler, has_own_limits, is_public
 from controlplane.auth.identity import PRINCIPAL, authenticate_request
 from controlplane.errors import ControlPlaneError, InvalidInput, QuotaExceeded, Unauthorized
+from controlplane.store.pool import StoreBusy
 from controlplane.store.redis import REDIS_DOWN
 
 log = structlog.get_logger("controlplane.http")
@@ -159,6 +160,17 @@ async def _render_errors(request: web.Request, handler: Handler) -> web.StreamRe
             raise
         headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
         return _detail(exc.status, exc.reason, headers)
+    except StoreBusy as exc:
+        # Redis answers; this replica's connections to it were all in use for the whole wait.
+        log.warning("store_busy", code=exc.code, error=str(exc))
+        metrics = request.app.get(keys.METRICS)
+        if metrics is not None:
+            metrics.store_busy.inc()
+        return _detail(
+            503,
+            "the service is busy (every Redis connection stayed in use); retry shortly",
+            {"Retry-After": str(exc.retry_after)},
+        )
     except REDIS_DOWN as exc:
         log.warning("redis_unavailable", error=str(exc))
         return _detail(503, "Redis is unreachable; the service retries on every request")

@@ -538,6 +538,10 @@ def conversations_ctx(config: ServiceConfig) -> Context:
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         redis, sandboxes, publisher = app[keys.REDIS], app[keys.SANDBOXES], app[keys.LIFECYCLE]
+        # The events WebSocket's reads block (XREAD BLOCK, seconds each) and hold a connection
+        # while they do: on a pool of their own, so that a crowd of watchers cannot take every
+        # connection the requests need (store/pool.py).
+        reader = await open_redis(config)
         store = ConversationStore(redis)
         events = EventStore(redis)
         agent = AgentClient(app[keys.HTTP_CLIENT])
@@ -573,7 +577,7 @@ def conversations_ctx(config: ServiceConfig) -> Context:
             catalog=app[keys.SPECS],
             agent=agent,
             url_host=config.url_host,
-            reader=redis,
+            reader=reader,
             tickets=app[keys.TICKETS],
             on_lag=app[keys.METRICS].event_delivered,
         )
@@ -582,6 +586,7 @@ def conversations_ctx(config: ServiceConfig) -> Context:
         yield
         await event_service.close()
         await conversations.close()
+        await reader.aclose()
 
     return ctx
 

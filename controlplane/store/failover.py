@@ -8,6 +8,10 @@ still fails in bounded time. What a request writes is acknowledged by replicas b
 answered (controlplane/store/durable.py). Lua scripts need nothing more: redis-py's script
 objects load a script again when a new master answers NOSCRIPT.
 
+Each client's connections come from one bounded pool (controlplane/store/pool.py): a burst waits
+for a free connection, up to ACS_REDIS_POOL_TIMEOUT, and one that waited too long is answered
+503 `store_busy`, not as an outage.
+
 A retried write may run twice when its connection died after Redis applied it; the store's
 writes are idempotent or compare-and-set for that reason (docs/architecture.md#redis-ha).
 """
@@ -26,6 +30,7 @@ from redis.backoff import NoBackoff
 
 from controlplane.config import ConfigError, ServiceConfig
 from controlplane.store.durable import DurableRedis, Replication
+from controlplane.store.pool import BoundedPool, BoundedSentinelPool
 from controlplane.store.redis import ensure_embedded_redis
 from controlplane.store.retry import RetryWindow
 
@@ -58,6 +63,11 @@ def _options(config: ServiceConfig, *, tcp: bool = True) -> dict[str, Any]:
         "health_check_interval": 30,
         "decode_responses": False,
     }
+
+
+def _pool(config: ServiceConfig) -> dict[str, Any]:
+    """The bounded pool's size and wait (store/pool.py): a burst waits for a connection."""
+    return {"max_connections": config.redis_max_connections, "timeout": config.redis_pool_timeout}
 
 
 def _credentials(config: ServiceConfig) -> dict[str, Any]:
@@ -120,8 +130,10 @@ def sentinel_client(config: ServiceConfig) -> DurableRedis:
     client = sentinel.master_for(
         config.redis_sentinel_master,
         redis_class=SentinelRedis,
+        connection_pool_class=BoundedSentinelPool,
         connection_class=FailoverConnection,
         db=config.redis_db,
+        **_pool(config),
         **_options(config),
         **_credentials(config),
     )
@@ -130,15 +142,18 @@ def sentinel_client(config: ServiceConfig) -> DurableRedis:
 
 
 def url_client(config: ServiceConfig, url: str) -> DurableRedis:
-    """A pooled client of the Redis at `url`; ACS_REDIS_PASSWORD/USERNAME fill what it lacks."""
+    """A client of the Redis at `url` on a bounded pool; ACS_REDIS_PASSWORD/USERNAME fill what
+    it lacks."""
     try:
-        client = DurableRedis.from_url(
+        pool = BoundedPool.from_url(
             url,
+            **_pool(config),
             **_options(config, tcp=not url.startswith("unix:")),
             **_with_url(_credentials(config), url),
         )
     except ValueError as exc:
         raise ConfigError(f"ACS_REDIS_URL: {exc}") from None
+    client = DurableRedis.from_pool(pool)
     assert isinstance(client, DurableRedis)
     return client
 

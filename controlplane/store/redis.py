@@ -20,7 +20,9 @@ from controlplane.store.retry import single_attempt
 log = structlog.get_logger(__name__)
 
 REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
-"""Exceptions that mean "Redis does not answer" (rendered as 503)."""
+"""Exceptions that mean "Redis does not answer" (rendered as 503). StoreBusy (store/pool.py: the
+pool stayed full) is one of them for the loops that retry through an outage; what reports an
+outage (the errors middleware, /ready) catches it first and says "busy" instead."""
 
 
 def embedded_redis_url(data_dir: Path) -> str:
