@@ -39,6 +39,7 @@ pytest_plugins = [
     "tests.support.oidc_provider",
     "tests.support.oidc_sign_in",
     "tests.support.snapshot_fixtures",
+    "tests.support.second_engine",
 ]
 
 REPO = Path(__file__).resolve().parent.parent

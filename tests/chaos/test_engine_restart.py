@@ -17,7 +17,7 @@ import gc
 import json
 import time
 import warnings
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import docker
@@ -35,24 +35,14 @@ RECONCILE_INTERVAL = 3.0
 
 
 @pytest.fixture
-def engine() -> Iterator[SecondEngine]:
-    second = SecondEngine()
-    try:
-        second.start()
-        yield second
-    finally:
-        second.stop()
-
-
-@pytest.fixture
 async def second_engine_client(
-    engine: SecondEngine,
+    second_engine: SecondEngine,
     make_client: Callable[..., Awaitable[Client]],
     test_prefix: str,
 ) -> Client:
     return await make_client(
         with_sandboxes=True,
-        docker_url=engine.url,
+        docker_url=second_engine.url,
         container_prefix=test_prefix,
         sandbox_subnet_pool=SUBNET_POOL,
         host_firewall="off",
@@ -60,8 +50,8 @@ async def second_engine_client(
     )
 
 
-def inspect_state(engine: SecondEngine, name: str) -> dict[str, Any]:
-    out = engine.cli("inspect", "--format", "{{json .State}}", name).stdout
+def inspect_state(second_engine: SecondEngine, name: str) -> dict[str, Any]:
+    out = second_engine.cli("inspect", "--format", "{{json .State}}", name).stdout
     state: dict[str, Any] = json.loads(out)
     return state
 
@@ -71,30 +61,30 @@ def inspect_state(engine: SecondEngine, name: str) -> dict[str, Any]:
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_engine_killed_and_restarted_leaves_sandboxes_resumable(
-    engine: SecondEngine,
+    second_engine: SecondEngine,
     second_engine_client: Client,
     test_prefix: str,
     user_headers: Callable[..., Awaitable[dict[str, str]]],
 ) -> None:
-    engine.load(second_engine_client.app[keys.SPECS].default.image)
+    second_engine.load(second_engine_client.app[keys.SPECS].default.image)
     alice = await user_headers("alice")
     sandbox = await start(second_engine_client, alice)
     sandbox_id = sandbox["id"]
     await wait_status(second_engine_client, alice, sandbox_id, "RUNNING", within=90)
     name = docker_names.container_name(test_prefix, sandbox_id)
-    engine.cli("exec", name, "sh", "-c", "echo survived > /workspace/marker")
+    second_engine.cli("exec", name, "sh", "-c", "echo survived > /workspace/marker")
 
-    engine.kill9()
+    second_engine.kill9()
     resp = await second_engine_client.get("/ready")
     assert resp.status == 503
     ready = await resp.json()
     assert ready["runtime"] is False
     assert ready["driver"] == "docker"
-    answered = await asyncio.to_thread(engine.start)
+    answered = await asyncio.to_thread(second_engine.start)
 
     # Without live-restore the engine stops what was running when it comes back: SIGTERM to the
     # container's init (our agent image exits 0 on it; an init that ignores it is killed: 137).
-    state = inspect_state(engine, name)
+    state = inspect_state(second_engine, name)
     assert state["Status"] == "exited", state
     code = str(state["ExitCode"])
     body = await wait_status(
@@ -117,12 +107,12 @@ async def test_engine_killed_and_restarted_leaves_sandboxes_resumable(
     resp = await second_engine_client.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)
     assert resp.status == 200, await resp.text()
     await wait_status(second_engine_client, alice, sandbox_id, "RUNNING", within=90)
-    marker = engine.cli("exec", name, "cat", "/workspace/marker").stdout.decode().strip()
+    marker = second_engine.cli("exec", name, "cat", "/workspace/marker").stdout.decode().strip()
     assert marker == "survived"
 
     resp = await second_engine_client.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
     assert resp.status == 200
-    remaining = docker.DockerClient(base_url=engine.url)
+    remaining = docker.DockerClient(base_url=second_engine.url)
     try:
         assert not remaining.containers.list(all=True, filters={"name": name})
     finally:

@@ -5,8 +5,6 @@ shares its Redis, its secret and its store."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from controlplane import keys
@@ -18,18 +16,8 @@ from tests.support.types import ClientFactory, UserHeaders
 pytestmark = [pytest.mark.slow]
 
 
-@pytest.fixture
-def engine() -> Iterator[SecondEngine]:
-    second = SecondEngine()
-    try:
-        second.start()
-        yield second
-    finally:
-        second.stop()
-
-
 async def test_a_snapshot_starts_a_sandbox_on_another_engine(
-    engine: SecondEngine,  # first: it stops after the apps on it closed
+    second_engine: SecondEngine,  # first: it stops after the apps on it closed
     make_snap_client: ClientFactory,
     user_headers: UserHeaders,
     docker_client: object,
@@ -49,15 +37,15 @@ async def test_a_snapshot_starts_a_sandbox_on_another_engine(
     helper_image = first.app[keys.CONFIG].base_image
     await first.close()  # the first host is gone
 
-    engine.load(spec_image, helper_image)
+    second_engine.load(spec_image, helper_image)
     second = await make_snap_client(
-        docker_url=engine.url, sandbox_subnet_pool=SUBNET_POOL, host_firewall="off"
+        docker_url=second_engine.url, sandbox_subnet_pool=SUBNET_POOL, host_firewall="off"
     )
     restored = await running(second, alice, snapshot_id=taken["id"])
     name = docker_names.container_name(test_prefix, restored["id"])
-    out = engine.cli("exec", name, "sh", "-c", "cat /workspace/mark ~/.local/tool").stdout
+    out = second_engine.cli("exec", name, "sh", "-c", "cat /workspace/mark ~/.local/tool").stdout
     assert out.decode().split() == ["travelled", "tool"]
     assert (await second.delete(f"/api/v1/sandboxes/{restored['id']}", headers=alice)).status == 200
     # Its base went with it: nothing of the snapshot stays on the second engine.
-    assert engine.cli("volume", "ls", "-q").stdout.decode().strip() == ""
+    assert second_engine.cli("volume", "ls", "-q").stdout.decode().strip() == ""
     await second.close()

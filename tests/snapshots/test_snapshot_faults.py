@@ -55,7 +55,7 @@ class Server:
 
 
 @pytest.fixture
-async def server(
+async def faulty_server(
     redis_url: str,
     test_prefix: str,
     tmp_path: Path,
@@ -161,21 +161,21 @@ def store_is_clean(redis_url: str, registry: RegistryServer, repositories: str) 
 
 
 async def test_killed_while_a_snapshot_holds_the_sandbox_still(
-    server: Server, clean: Check, docker_client: docker.DockerClient, test_prefix: str
+    faulty_server: Server, clean: Check, docker_client: docker.DockerClient, test_prefix: str
 ) -> None:
-    api = await server.start()
+    api = await faulty_server.start()
     sandbox_id = await running(api)
     await sh(docker_client, test_prefix, sandbox_id, "echo kept > /workspace/mark; " + CHURN)
     caught_frozen = False
     for _ in range(5):  # until the kill lands inside a freeze (it usually does the first time)
-        await lock_lapsed(redis_url_of(server), sandbox_id)
+        await lock_lapsed(redis_url_of(faulty_server), sandbox_id)
         taking = asyncio.create_task(api.call("POST", f"/api/v1/sandboxes/{sandbox_id}/snapshots"))
-        assert server.process is not None
-        await server.process.wait_event("snapshot_freeze", within=60)
-        await server.kill()
+        assert faulty_server.process is not None
+        await faulty_server.process.wait_event("snapshot_freeze", within=60)
+        await faulty_server.kill()
         await asyncio.gather(taking, return_exceptions=True)
         caught_frozen = container(docker_client, test_prefix, sandbox_id).attrs["State"]["Paused"]
-        api = await server.start()
+        api = await faulty_server.start()
         if caught_frozen:
             break
     assert caught_frozen, "the kill never landed inside a freeze"
@@ -193,15 +193,15 @@ async def test_killed_while_a_snapshot_holds_the_sandbox_still(
     await until("collected", clean, within=30)
     assert (await sh(docker_client, test_prefix, sandbox_id, "cat /workspace/mark")) == "kept\n"
     # The dead replica's one-at-a-time lock lapses (15 s), then snapshots go on.
-    await lock_lapsed(redis_url_of(server), sandbox_id)
+    await lock_lapsed(redis_url_of(faulty_server), sandbox_id)
     code, taken = await api.call("POST", f"/api/v1/sandboxes/{sandbox_id}/snapshots")
     assert code == 200, taken
 
 
 async def test_killed_while_forks_are_restored(
-    server: Server, clean: Check, docker_client: docker.DockerClient, test_prefix: str
+    faulty_server: Server, clean: Check, docker_client: docker.DockerClient, test_prefix: str
 ) -> None:
-    api = await server.start()
+    api = await faulty_server.start()
     source = await running(api)
     await sh(
         docker_client,
@@ -212,11 +212,11 @@ async def test_killed_while_forks_are_restored(
     forking = asyncio.create_task(
         api.call("POST", f"/api/v1/sandboxes/{source}/fork", json={"count": 3})
     )
-    assert server.process is not None
-    await server.process.wait_event("snapshot_base_building", within=90)
-    await server.kill()
+    assert faulty_server.process is not None
+    await faulty_server.process.wait_event("snapshot_base_building", within=90)
+    await faulty_server.kill()
     await asyncio.gather(forking, return_exceptions=True)
-    api = await server.start()
+    api = await faulty_server.start()
 
     page = await api.ok("GET", "/api/v1/sandboxes/search")
     forks = [s["id"] for s in page["items"] if s["id"] != source]

@@ -1,9 +1,9 @@
-"""A dockerd of a test's own (tests/test_engine_restart.py, tests/snapshots/test_portability.py):
-its own socket, data root, exec root and pid file (its own containerd under that exec root), a
-default bridge of its own and no iptables, so it cannot touch the host's networking or the
-shared engine's containers. Images reach it by `docker save | docker load` (no registry of
-images here). A control plane on it runs with ACS_HOST_FIREWALL=off and SUBNET_POOL
-(docs/deployment.md#a-second-engine)."""
+"""A dockerd of a test's own (the `second_engine` fixture of tests/chaos/test_engine_restart.py
+and tests/snapshots/test_portability.py): its own socket, data root, exec root and pid file (its
+own containerd under that exec root), a default bridge of its own and no iptables, so it cannot
+touch the host's networking or the shared engine's containers. Images reach it by `docker save |
+docker load` (no registry of images here). A control plane on it runs with
+ACS_HOST_FIREWALL=off and SUBNET_POOL (docs/deployment.md#a-second-engine)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 SUBNET_POOL = "10.231.0.0/16"  # not the default pool: nothing else on the host routes it
 # The second engine's default bridge: an interface of the test's own. `--bridge=none` is not an
@@ -165,3 +168,14 @@ class SecondEngine:
 
     def log_tail(self) -> str:
         return (self.root / "dockerd.log").read_text(errors="replace")[-3000:]
+
+
+@pytest.fixture
+def second_engine() -> Iterator[SecondEngine]:
+    """A second dockerd, started for the test and stopped (with all it ran) after it."""
+    second = SecondEngine()
+    try:
+        second.start()
+        yield second
+    finally:
+        second.stop()
