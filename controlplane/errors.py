@@ -48,6 +48,10 @@ class SnapshotNotFound(NotFound):
     code = "snapshot_not_found"
 
 
+class CheckpointNotFound(NotFound):
+    code = "checkpoint_not_found"
+
+
 class StoreUnavailable(ControlPlaneError):
     """The snapshot store (an OCI registry) does not answer, or refuses what it should take."""
 
