@@ -11,6 +11,7 @@ from typing import Any
 from drivers.errors import RuntimeUnavailable, ServiceError
 
 __all__ = [
+    "CheckpointNotFound",
     "Conflict",
     "ControlPlaneError",
     "Forbidden",
