@@ -1,4 +1,5 @@
-"""A conversation's checkpoints, rewind and fork (docs/api.md#checkpoints)."""
+"""A conversation's checkpoints, rewind and fork (docs/api.md#routes,
+docs/sandboxes.md#checkpoints)."""
 
 from __future__ import annotations
 

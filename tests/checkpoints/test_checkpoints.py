@@ -145,6 +145,26 @@ async def test_rewind_brings_files_and_agent_state_back_and_marks_later_events(
     assert "THIRD" in sent
     assert "SECOND write two" not in sent
     assert "wrote two" not in sent
+    await wait_turns(alice, cid, 2)
+
+    # A checkpoint of the rewound sandbox holds its state too (read from the base it was made
+    # from and what changed since): rewound to it, the agent has turn 1 and not turn 3.
+    newest, older = await checkpoints_of(alice, cid)
+    assert older["id"] == checkpoint["id"]
+    await alice.ok(
+        "POST", f"/api/v1/app-conversations/{cid}/rewind", json={"checkpoint_id": newest["id"]}
+    )
+    await wait_conversation(alice, cid, "sandbox_status", "RUNNING", within=120)
+    assert read(own_docker, sandbox_id, "cat /workspace/a.txt") == "one"
+    fake_llm.script([reply_text("FOURTH seen"), reply_finish("ok")])
+    asked = len(fake_llm.requests)
+    await alice.ok("POST", f"/api/v1/app-conversations/{cid}/events", json=message("FOURTH"))
+    await fake_llm.wait_for_requests(asked + 1, timeout=60)
+    sent = json.dumps(fake_llm.requests[asked].body["messages"])
+    assert "FIRST write one" in sent
+    assert "FOURTH" in sent
+    assert "THIRD" not in sent
+    assert "SECOND write two" not in sent
 
 
 async def test_fork_starts_a_new_conversation_in_its_own_sandbox(
