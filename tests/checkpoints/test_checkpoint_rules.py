@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.checkpoints.test_checkpoints import checkpoints_of, wait_turns
+from tests.checkpoints.test_checkpoints import LOADED, checkpoints_of, wait_turns
 from tests.support.conversation_helpers import UserFactory, message, start_and_wait
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text
 from tests.support.live_server import Api
@@ -25,7 +25,7 @@ ZERO = "0" * 32
 async def conversation(user: Api, fake_llm: FakeLLM, turns: int = 1) -> tuple[str, str]:
     """A conversation of `user` after its first turn: its id and sandbox id."""
     fake_llm.add(reply_text("hello"), reply_finish())
-    task = await start_and_wait(user, initial_message=message("hi"))
+    task = await start_and_wait(user, within=LOADED, initial_message=message("hi"))
     assert task["status"] == "READY", task
     await wait_turns(user, task["app_conversation_id"], turns)
     return task["app_conversation_id"], task["sandbox_id"]
