@@ -13,7 +13,7 @@ import yaml
 from tests.checkpoints.test_checkpoints import LOADED, checkpoints_of, wait_turns
 from tests.support.conversation_helpers import UserFactory, message, start_and_wait
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text
-from tests.support.live_server import Api
+from tests.support.live_server import Api, free_port
 
 pytestmark = [
     pytest.mark.usefixtures("sandbox_images", "base_images"),
@@ -77,6 +77,21 @@ async def test_a_failed_checkpoint_never_costs_the_message(
     # The per-user snapshot limit (1) refuses the next checkpoint: the message still goes.
     await say(alice, fake_llm, cid, "message 3", 3)
     assert len(await checkpoints_of(alice, cid)) == 1
+
+
+@pytest.fixture
+def store_down() -> dict[str, Any]:
+    """A snapshot store that does not answer (a port nothing listens on)."""
+    return {"snapshot_store_url": f"http://127.0.0.1:{free_port()}"}
+
+
+@pytest.mark.live_config("snapshot_settings", "store_down")
+async def test_a_store_that_is_down_costs_no_message(user: UserFactory, fake_llm: FakeLLM) -> None:
+    alice = await user("alice")
+    cid, _ = await conversation(alice, fake_llm)
+    await say(alice, fake_llm, cid, "message 2", 2)  # delivered and answered all the same
+    page = await alice.ok("GET", f"/api/v1/app-conversations/{cid}/checkpoints")
+    assert page["items"] == []
 
 
 async def test_off_per_user(user: UserFactory, fake_llm: FakeLLM) -> None:
