@@ -9,6 +9,11 @@ measured in the same run:
 - fork: a sandbox with a 100 MiB workspace forked into 1, 5, 10 and 20 (POST .../fork) until
   all are RUNNING, against N raw containers of the same spec started at once (empty
   workspaces) until their /health answers. Target: 10 in <= 5 s p50.
+- message: what a conversation's checkpoint costs the user's message (issue 28 item 2): on a
+  sandbox with a 100 MiB workspace of 1,000 files, after 1 MiB changed, the time the message
+  waits (until the snapshot's files are read and the sandbox thawed: SnapshotService.begin's
+  `captured`) against the whole snapshot (sent and listed, in the background) and a raw
+  `docker pause` + `docker unpause`. No target in the issue beyond "not noticeably": printed.
 - hibernate: a paused (frozen) sandbox's memory against a hibernated one's, and a hibernated
   sandbox's resume (the API's resume until RUNNING) against a raw `docker start` of a stopped
   container of the same spec + its /health. Targets: <= 5 % of the memory, <= 1.2x the raw.
@@ -47,7 +52,8 @@ TARGET_STORED_RATIO = 1.2
 TARGET_FORK10_S = 5.0
 TARGET_HIBERNATED_SHARE = 0.05
 TARGET_RESUME_RATIO = 1.2
-PHASES = ("checkpoint", "fork", "hibernate")
+PHASES = ("checkpoint", "fork", "message", "hibernate")
+MESSAGE_FILES = 1000
 
 FILL = """
 import os, sys
@@ -118,6 +124,7 @@ class SnapshotBench:
                 phases = {
                     "checkpoint": self.checkpoints,
                     "fork": self.forks,
+                    "message": self.message_path,
                     "hibernate": self.hibernation,
                 }
                 for name in self.options.phases:
@@ -215,6 +222,43 @@ class SnapshotBench:
                 "raw copy to the store", await self.raw_copy(sandbox_id, names, registry)
             )
         await self.call("DELETE", f"/api/v1/sandboxes/{sandbox_id}")
+
+    # -- a checkpoint on the message path -------------------------------------------------------
+
+    async def message_path(self) -> None:
+        files = MESSAGE_FILES
+        sandbox_id = await self.new_sandbox()
+        await self.run_in(
+            sandbox_id, "python3", "-c", FILL, "/workspace/data", str(files), str(FILE)
+        )
+        await self.call("POST", f"/api/v1/sandboxes/{sandbox_id}/snapshots", {})  # the parent
+        service = self.app[keys.SNAPSHOTS]
+        record = await self.app[keys.SANDBOXES].record(sandbox_id)
+        changed = max(1, MIB // FILE)
+        for run in range(self.options.runs):
+            await self.run_in(
+                sandbox_id, "python3", "-c", CHANGE, "/workspace/data", str(files), str(FILE),
+                str(run), str(changed),
+            )  # fmt: skip
+            captured = asyncio.Event()
+            started = time.perf_counter()
+            taking = service.begin(record, None, captured)
+            await captured.wait()
+            self.samples.add("message waits", time.perf_counter() - started)
+            await taking
+            self.samples.add("whole checkpoint", time.perf_counter() - started)
+            self.samples.add("raw pause + unpause", await self.raw_freeze(sandbox_id))
+        await self.call("DELETE", f"/api/v1/sandboxes/{sandbox_id}")
+
+    async def raw_freeze(self, sandbox_id: str) -> float:
+        def freeze() -> float:
+            container = self.container(sandbox_id)
+            started = time.perf_counter()
+            container.pause()
+            container.unpause()
+            return time.perf_counter() - started
+
+        return await asyncio.to_thread(freeze)
 
     async def raw_copy(self, sandbox_id: str, names: list[str], registry: Registry) -> float:
         """The changed files out of the sandbox (tar through docker exec) and into the store as
@@ -355,6 +399,16 @@ class SnapshotBench:
             )
         if 10 in forks and p50("fork 10") > TARGET_FORK10_S:
             missed.append("fork 10")
+        if "message waits" in v:
+            waits, whole = p50("message waits"), p50("whole checkpoint")
+            raw = p50("raw pause + unpause")
+            lines += [
+                f"message path ({MESSAGE_FILES} files, "
+                f"{MESSAGE_FILES * FILE / MIB:.0f} MiB; 1 MiB changed): the message waits p50 "
+                f"{ms(waits)} ms (max {ms(max(v['message waits']))} ms), the whole checkpoint "
+                f"{ms(whole)} ms ({waits / whole:.0%} of it waited for)",
+                f"  raw docker pause + unpause: p50 {ms(raw)} ms; ratio {waits / raw:.1f}x",
+            ]
         if "resume hibernated" in v:
             frozen, hibernated = p50("frozen memory"), p50("hibernated memory")
             resume, raw = p50("resume hibernated"), p50("raw docker start + health")

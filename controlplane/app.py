@@ -17,6 +17,7 @@ from controlplane.api.pacing import Pacer
 from controlplane.api.routing import RouteTable
 from controlplane.auth.oauth import routes as oauth_routes
 from controlplane.auth.web import routes as sign_in_routes
+from controlplane.checkpoints.routes import routes as checkpoint_routes
 from controlplane.config import ServiceConfig
 from controlplane.conversations.legacy import routes as legacy_conversation_routes
 from controlplane.conversations.legacy_start import routes as legacy_start_routes
@@ -80,6 +81,7 @@ def route_tables() -> list[RouteTable]:
         pool_routes,
         snapshot_routes,
         conversation_routes,
+        checkpoint_routes,
         legacy_conversation_routes,
         pending_routes,
         event_routes,

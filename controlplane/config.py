@@ -742,6 +742,21 @@ class Snapshots(BaseModel):
         description="seconds a blob no snapshot uses any more is kept before it is deleted "
         "(a snapshot being taken may still reuse it)",
     )
+    checkpoint_keep_last: int = Field(
+        default=20,
+        ge=0,
+        description="checkpoints kept per conversation (one is taken at each user message; "
+        "older ones are deleted with their snapshots); `0` = no limit (the per-user snapshot "
+        "limits still apply)",
+    )
+    checkpoint_capture_wait: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="seconds a user's message waits for its checkpoint's files to be read "
+        "(the sandbox held still) before it goes to the agent; past that the checkpoint is "
+        "given up and the message goes",
+    )
     snapshot_lease: float = Field(
         default=30.0,
         gt=0,

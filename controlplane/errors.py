@@ -11,6 +11,7 @@ from typing import Any
 from drivers.errors import RuntimeUnavailable, ServiceError
 
 __all__ = [
+    "CheckpointNotFound",
     "Conflict",
     "ControlPlaneError",
     "Forbidden",
@@ -46,6 +47,10 @@ class SpecNotFound(NotFound):
 
 class SnapshotNotFound(NotFound):
     code = "snapshot_not_found"
+
+
+class CheckpointNotFound(NotFound):
+    code = "checkpoint_not_found"
 
 
 class StoreUnavailable(ControlPlaneError):

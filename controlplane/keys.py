@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from controlplane.auth.service import ApiKeyService
     from controlplane.auth.sessions import SessionService
     from controlplane.auth.tickets import TicketService
+    from controlplane.checkpoints.service import CheckpointService
+    from controlplane.checkpoints.taking import Checkpointer
     from controlplane.config import ServiceConfig
     from controlplane.conversations.service import ConversationService
     from controlplane.crypto import SecretBox
@@ -113,6 +115,10 @@ SNAPSHOTS: web.AppKey[SnapshotService] = web.AppKey("snapshots")
 COLLECTOR: web.AppKey[Collector] = web.AppKey("snapshot_collector")
 CONVERSATIONS: web.AppKey[ConversationService] = web.AppKey("conversations")
 EVENTS: web.AppKey[EventService] = web.AppKey("events")
+CHECKPOINTER: web.AppKey[Checkpointer] = web.AppKey("checkpointer")
+"""Only with ACS_SNAPSHOT_STORE_URL: checkpoints taken at users' messages."""
+CHECKPOINTS: web.AppKey[CheckpointService] = web.AppKey("checkpoints")
+"""Only with ACS_SNAPSHOT_STORE_URL: a conversation's checkpoints, rewind and fork."""
 
 # -- request keys ------------------------------------------------------------------------------
 SANDBOX_SCOPE: web.RequestKey[SandboxRecord] = web.RequestKey("sandbox_scope")

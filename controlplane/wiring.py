@@ -22,7 +22,8 @@ dependency order (`contexts`); aiohttp opens them in that order and closes them 
                   translator process, started on first need), metering; without sandboxes it
                   serves the users' own gateway keys alone
 11. conversations the conversation service with its start tasks (which hand agents gateway
-                  credentials) and pending messages, events
+                  credentials) and pending messages, events; with snapshots, the checkpoints
+                  taken at users' messages and their service (rewind, fork)
 12. proxy         the sandbox proxy's client and what it keeps between requests
 13. webhooks      every spec's network made ready and the webhook listener serving: opened
                   after every service it calls exists, closed before they close (no webhook
@@ -54,6 +55,9 @@ from controlplane.auth.oidc_recheck import SessionRecheck
 from controlplane.auth.service import ApiKeyService
 from controlplane.auth.sessions import SIGNING_PURPOSE, SessionService
 from controlplane.auth.tickets import TicketService
+from controlplane.checkpoints.service import CheckpointService
+from controlplane.checkpoints.store import CheckpointStore
+from controlplane.checkpoints.taking import Checkpointer
 from controlplane.config import ServiceConfig
 from controlplane.conversations.handover import StartTaskHandover
 from controlplane.conversations.pending import PendingMessages
@@ -559,6 +563,21 @@ def conversations_ctx(config: ServiceConfig) -> Context:
             gateway_url=sandboxes.launcher.control_plane_url,
             organizations=app[keys.ORGANIZATIONS],
         )
+        snapshots = app.get(keys.SNAPSHOTS)
+        checkpoint_store = CheckpointStore(redis)
+        checkpointer = (
+            None
+            if snapshots is None
+            else Checkpointer(
+                config,
+                checkpoint_store,
+                snapshots,
+                events=events,
+                conversations=store,
+                settings=app[keys.SETTINGS],
+                catalog=app[keys.SPECS],
+            )
+        )
         conversations = ConversationService(
             store,
             events,
@@ -568,6 +587,7 @@ def conversations_ctx(config: ServiceConfig) -> Context:
             publisher=publisher,
             pending=pending,
             runtime=app[keys.RUNTIME_HTTP],
+            checkpoints=checkpointer,
         )
         event_service = EventService(
             events,
@@ -583,9 +603,21 @@ def conversations_ctx(config: ServiceConfig) -> Context:
         )
         app[keys.CONVERSATIONS] = conversations
         app[keys.EVENTS] = event_service
+        if checkpointer is not None and snapshots is not None:
+            app[keys.CHECKPOINTER] = checkpointer
+            app[keys.CHECKPOINTS] = CheckpointService(
+                checkpoint_store,
+                conversations,
+                records=store,
+                events=events,
+                sandboxes=sandboxes,
+                snapshots=snapshots,
+            )
         yield
         await event_service.close()
         await conversations.close()
+        if checkpointer is not None:
+            await checkpointer.close()
         await reader.aclose()
 
     return ctx

@@ -204,8 +204,10 @@ class FileSource(Protocol):
         share it, copy-on-write, between the sandboxes made from it."""
 
     def items(self) -> AsyncIterator[FileItem]:
-        """The workspace and system trees, parents before children. Raises the store's
-        errors (a damaged or missing blob) as it goes."""
+        """The workspace and system trees, parents before children, and the state tree when
+        the source restores the agent's state too (a rewind into the sandbox it was taken
+        of: its key then differs from a plain restore's). Raises the store's errors (a
+        damaged or missing blob) as it goes."""
 
 
 class Hold(Protocol):

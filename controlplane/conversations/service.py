@@ -76,6 +76,17 @@ class EventLog(Protocol):
         """Drop every event of the conversation."""
 
 
+class Checkpoints(Protocol):
+    """A conversation's checkpoints, kept by the layer above (controlplane/checkpoints)."""
+
+    async def at_message(self, info: AppConversationInfo, sandbox: SandboxRecord) -> None:
+        """Before a user's message goes to the agent of the RUNNING `sandbox`: a checkpoint of
+        it (waited for only while its files are read, a bounded time); never raises."""
+
+    async def dropped(self, conversation_id: str) -> None:
+        """The conversation is deleted: its checkpoints go too."""
+
+
 class ConversationService:
     def __init__(
         self,
@@ -88,8 +99,10 @@ class ConversationService:
         publisher: LifecyclePublisher | None = None,
         pending: PendingMessages | None = None,
         runtime: RuntimeHttp | None = None,
+        checkpoints: Checkpoints | None = None,
     ) -> None:
         self.store = store
+        self.checkpoints = checkpoints
         self.events = events
         self.sandboxes = sandboxes
         self.agent = agent
@@ -332,6 +345,8 @@ class ConversationService:
                 log.info("agent_delete_skipped", conversation_id=info.id, error=str(exc))
         await self.store.delete(info)
         await self.events.delete(info.id)
+        if self.checkpoints is not None:
+            await self.checkpoints.dropped(info.id)
         if self.pending is not None:
             await self.pending.drop(info.id)
         if self.publisher is not None and info.created_by_user_id:
@@ -359,11 +374,16 @@ class ConversationService:
     async def send_message(
         self, principal: Principal, conversation_id: str, message: SendMessageRequest
     ) -> None:
-        """Resume the sandbox if paused, then hand the message to the agent, after any
-        pending messages (they were typed first)."""
-        info, base, key = await self._on_agent(principal, conversation_id)
+        """Resume the sandbox if paused, take a checkpoint (the state before this message),
+        then hand the message to the agent, after any pending messages (they were typed
+        first)."""
+        info = await self.owned(principal, conversation_id)
+        sandbox = await self.sandboxes.ensure_running(principal, info.sandbox_id)
+        if self.checkpoints is not None:
+            await self.checkpoints.at_message(info, sandbox)
         if self.pending is not None:
             await self.pending.deliver(info.id, info.sandbox_id)
+        base, key = self.sandboxes.agent_url(sandbox), sandbox.session_api_key
         await self.agent.send_message(base, key, info.id, message.model_dump())
 
     async def respond(

@@ -225,7 +225,9 @@ class EventService:
             after = batch[-1][0]
         page = found[: query.limit]
         next_id = encode_cursor(page[-1][0]) if len(found) > query.limit else None
-        return EventPage(items=[e for _sid, e in page], next_page_id=next_id)
+        # Events a rewind superseded are kept, and carry `rewound_by` (its checkpoint).
+        items = self.store.marked(page, await self.store.rewound(info.id))
+        return EventPage(items=items, next_page_id=next_id)
 
     async def count(self, principal: Principal, filters: EventFilters) -> int:
         info = await self._conversations.owned(principal, filters.conversation_id__eq)
@@ -255,7 +257,11 @@ class EventService:
             except NotFound:
                 out.append(None)
                 continue
-            out.append(await self.store.get_at(conversation_id, stream_id))
+            event = await self.store.get_at(conversation_id, stream_id)
+            if event is not None:
+                marks = await self.store.rewound(conversation_id)
+                event = self.store.marked([(stream_id, event)], marks)[0]
+            out.append(event)
         return out
 
     async def feed(

@@ -11,6 +11,7 @@ nor move another conversation's events.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -51,6 +52,14 @@ return 1
 
 StoredEvent = tuple[str, dict[str, Any]]
 """(stream id, event)"""
+
+REWOUND_BY = "rewound_by"
+"""The field a search adds to an event that a rewind superseded: that rewind's checkpoint."""
+
+
+def _sid(stream_id: str) -> tuple[int, int]:
+    millis, _, seq = stream_id.partition("-")
+    return int(millis), int(seq or 0)
 
 
 def _decode(entries: list[Any]) -> list[StoredEvent]:
@@ -132,7 +141,62 @@ class EventStore:
         _key, entries = reply[0]
         return _decode(entries)
 
+    async def newest(self, conversation_id: str) -> StoredEvent | None:
+        """The conversation's last stored event."""
+        last = await self.page(conversation_id, None, 1, True)
+        return last[0] if last else None
+
+    async def mark_rewound(self, conversation_id: str, after: str, checkpoint_id: str) -> int:
+        """Record that a rewind to `checkpoint_id` superseded every event stored after stream
+        id `after` ("0": all) up to now; the events stay. How many it covers."""
+        newest = await self.newest(conversation_id)
+        if newest is None or _sid(newest[0]) <= _sid(after):
+            return 0
+        entries: Any = await self._redis.xrange(keyspace.events(conversation_id), f"({after}", "+")
+        covered = len(entries)
+        mark = {"after": after, "upto": newest[0], "checkpoint": checkpoint_id, "at": time.time()}
+        await self._redis.rpush(keyspace.events_rewound(conversation_id), json.dumps(mark))
+        return covered
+
+    async def rewound(self, conversation_id: str) -> list[dict[str, Any]]:
+        """The rewinds' marks of the conversation, oldest first."""
+        rows = await self._redis.lrange(keyspace.events_rewound(conversation_id), 0, -1)
+        return [json.loads(text(row)) for row in rows]
+
+    @staticmethod
+    def marked(stored: list[StoredEvent], marks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The events, each a rewind superseded carrying `rewound_by` (the first such rewind's
+        checkpoint); copies, the stored ones unchanged."""
+        out: list[dict[str, Any]] = []
+        for sid, event in stored:
+            at = _sid(sid)
+            by = next(
+                (m["checkpoint"] for m in marks if _sid(m["after"]) < at <= _sid(m["upto"])),
+                None,
+            )
+            out.append(event if by is None else {**event, REWOUND_BY: by})
+        return out
+
+    async def copy(self, source: str, target: str, upto: str | None) -> int:
+        """The history of `source` at stream id `upto` (None: none) appended to `target` as
+        stored (a fork's): its events up to there, less those a rewind made before that point
+        had superseded; how many."""
+        if upto is None:
+            return 0
+        end = _sid(upto)
+        earlier = [m for m in await self.rewound(source) if _sid(m["upto"]) <= end]
+        copied, cursor = 0, "-"
+        while True:
+            entries: Any = await self._redis.xrange(keyspace.events(source), cursor, upto, 500)
+            batch = _decode(entries)
+            if not batch:
+                return copied
+            kept = [e for e in self.marked(batch, earlier) if REWOUND_BY not in e]
+            copied += await self.append(target, kept)
+            cursor = f"({batch[-1][0]}"
+
     async def delete(self, conversation_id: str) -> None:
+        await self._redis.delete(keyspace.events_rewound(conversation_id))
         key = keyspace.events(conversation_id)
         ids: list[str] = []
         cursor = "-"

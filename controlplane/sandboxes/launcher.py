@@ -47,6 +47,7 @@ RETRY_FIRST, RETRY_MAX = 0.2, 5.0
 class Mode(enum.Enum):
     FRESH = "fresh"  # a new sandbox: nothing exists yet
     CONVERGE = "converge"  # anything may exist: continue from what the container is
+    REPLACE = "replace"  # a rewind: whatever exists is removed, workspace too, then re-made
 
 
 def network_policy(spec: SandboxSpec) -> NetworkPolicy:
@@ -164,6 +165,13 @@ class Launcher:
         unpause, start a stopped container, or re-create a vanished or dead one."""
         self._spawn(record, Mode.CONVERGE, automatic=False)
 
+    def replace(self, record: SandboxRecord) -> None:
+        """Bring a sandbox whose record is now STARTING back up from its `origin` snapshot,
+        its agent's state included (a conversation's rewind): its instance and workspace are
+        removed first, at every attempt (a removal is idempotent), so that no attempt can
+        continue on the files being replaced."""
+        self._spawn(record, Mode.REPLACE, automatic=False)
+
     def take_over(self, record: SandboxRecord) -> None:
         """Finish a start whose launcher is gone (the caller holds its lease)."""
         self._spawn(record, Mode.CONVERGE, automatic=True)
@@ -220,8 +228,9 @@ class Launcher:
                     log.warning("sandbox_start_retry", sandbox_id=record.id, error=str(exc))
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, RETRY_MAX)
-                    # What the failed attempt left is unknown: look before acting.
-                    mode = Mode.CONVERGE
+                    # What the failed attempt left is unknown: look before acting (a
+                    # replacement removes it again).
+                    mode = Mode.REPLACE if mode == Mode.REPLACE else Mode.CONVERGE
                 except Exception as exc:
                     await self._fail(record, new, f"start failed: {exc}", automatic)
                     return
@@ -270,6 +279,9 @@ class Launcher:
     async def _bring_up(self, record: SandboxRecord, spec: SandboxSpec, mode: Mode) -> SandboxState:
         if mode == Mode.FRESH:
             return await self._driver.create(await self._request(record, spec), new=True)
+        if mode == Mode.REPLACE:
+            await self._driver.remove(record.id)
+            return await self._driver.create(await self._request(record, spec))
         state = await self._driver.inspect(record.id)
         if state is not None and state.status == RunState.PAUSED:
             await self._driver.unpause(record.id)
@@ -304,7 +316,7 @@ class Launcher:
         if record.origin is not None:
             if self._restores is None:
                 raise StartFailed("snapshots are not enabled (ACS_SNAPSHOT_STORE_URL is unset)")
-            source = self._restores.source(record.owner, record.origin)
+            source = await self._restores.source(record.owner, record.origin, record.id)
             request = dataclasses.replace(request, restore=source)
         return request
 

@@ -14,6 +14,7 @@ class Restores(Protocol):
         """The spec of the caller's snapshot, which the new sandbox runs. Raises
         SnapshotNotFound (someone else's too)."""
 
-    def source(self, owner: str, snapshot_id: str) -> FileSource:
-        """The snapshot's files, read when the runtime needs them (a missing or damaged
-        snapshot raises then)."""
+    async def source(self, owner: str, snapshot_id: str, sandbox_id: str) -> FileSource:
+        """The snapshot's files for sandbox `sandbox_id`, read when the runtime needs them (a
+        missing or damaged snapshot raises then); the agent's state too when it is the sandbox
+        the snapshot was taken of (a rewind)."""

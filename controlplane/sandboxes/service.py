@@ -211,6 +211,52 @@ class SandboxService(SandboxReads):
             self.launcher.launch(record)
         return [self.view(record, principal) for record in records]
 
+    async def rewind(self, principal: Principal, sandbox_id: str, snapshot_id: str) -> None:
+        """Bring the caller's sandbox back to a snapshot taken of it, files and the agent's
+        state (a conversation's rewind): its instance and workspace are replaced by ones made
+        from the snapshot, in the background; it keeps its id, session key and records, and
+        is STARTING until its agent answers. From RUNNING, PAUSED or ERROR. Raises
+        SandboxNotFound, Conflict, QuotaExceeded, StoreUnavailable (snapshots off)."""
+        if self.restores is None:
+            raise StoreUnavailable("snapshots are not enabled: ACS_SNAPSHOT_STORE_URL is unset")
+        async with self.lock(sandbox_id):
+            record = await self.owned(principal, sandbox_id, Action.SANDBOX_OPERATE)
+            if record.deleting_at is not None or record.status not in (
+                S.RUNNING,
+                S.PAUSED,
+                S.ERROR,
+            ):
+                raise Conflict(
+                    f"cannot rewind sandbox {sandbox_id}: it is "
+                    f"{'being deleted' if record.deleting_at else record.status.value}"
+                )
+            limits = await self.admission.member_limits(record.org_id, record.owner)
+            froze = record.status == S.RUNNING and not self.driver.pause_releases
+            if froze:
+                # Frozen at once: its agent posts nothing more while the rewind is recorded.
+                await self.driver.pause(record.id)
+            reason = f"rewound to snapshot {snapshot_id}"
+            event = self.notes.pending(LifecycleType.SANDBOX_RESUMED, record, reason)
+            try:
+                result = await self.store.transition(
+                    record,
+                    [S.RUNNING, S.PAUSED, S.ERROR],  # the reconciler may have seen the freeze
+                    S.STARTING,
+                    limits=limits,
+                    reason=reason,
+                    touch=True,
+                    origin=snapshot_id,
+                    entry=entry_of(event),
+                )
+                self._check_resume(result.outcome, result.previous, principal, sandbox_id)
+            except BaseException:
+                if froze:
+                    await self.driver.unpause(record.id)
+                raise
+            self.notes.done(event)
+            log.info("sandbox_rewinding", sandbox_id=sandbox_id, snapshot_id=snapshot_id)
+            self.launcher.replace(record.model_copy(update={"origin": snapshot_id}))
+
     async def pause(self, principal: Principal, sandbox_id: str) -> None:
         """Freeze a RUNNING sandbox; pausing a PAUSED one succeeds. Raises Conflict otherwise."""
         async with self.lock(sandbox_id):

@@ -299,14 +299,16 @@ class SandboxStore:
         ports: dict[str, int] | None = None,
         host: str | None = None,
         touch: bool = False,
+        origin: str | None = None,
         entry: StreamEntry | None = None,
     ) -> TransitionResult:
         """Move to `to` only if the current status is in `allowed_from` (compare-and-set).
 
         `limits` (running cap, host memory) are checked when the move takes the sandbox from
         not counting to counting against them. `ports` (and the `host` they are reached at)
-        replace the record's when given. `entry` (the change's lifecycle event) is added to its
-        streams by the same script when the move is made, and only then.
+        replace the record's when given; so does `origin` (a rewind: the snapshot its files
+        come from now). `entry` (the change's lifecycle event) is added to its streams by the
+        same script when the move is made, and only then.
         """
         limits = limits or Limits()
         now = _now()
@@ -316,6 +318,8 @@ class SandboxStore:
             fields["host"] = host or ""
         if touch:
             fields["last_activity_at"] = now.isoformat()
+        if origin is not None:
+            fields["origin"] = origin
         flat = [item for pair in fields.items() for item in pair]
         streams, entry_args = entry.script_args() if entry is not None else ([], [])
         outcome, previous = await self._transition(

@@ -110,6 +110,11 @@ class SettingsFields(BaseModel):
     sandbox_spec_id: ShortStr | None = Field(
         default=None, description="Spec of the sandboxes new conversations start; unset: default"
     )
+    enable_checkpoints: bool = Field(
+        default=True,
+        description="A checkpoint of the conversation's sandbox at each of your messages "
+        "(rewind and fork from it); false: none",
+    )
 
 
 class StoredProviderToken(BaseModel):

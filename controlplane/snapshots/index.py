@@ -6,7 +6,7 @@ change, so it stores about what changed."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 
 from drivers.base import FileEntry, FileKind
@@ -45,7 +45,7 @@ class SnapshotIndex:
     def chunks_of(self) -> dict[tuple[str, str], list[ChunkRef]]:
         return {(e.tree, e.path): refs for e, refs in self.entries}
 
-    def of_trees(self, trees: set[str]) -> Iterator[tuple[FileEntry, list[ChunkRef]]]:
+    def of_trees(self, trees: Container[str]) -> Iterator[tuple[FileEntry, list[ChunkRef]]]:
         return ((e, refs) for e, refs in self.entries if e.tree in trees)
 
     def encode(self) -> bytes:

@@ -11,16 +11,26 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from controlplane.snapshots.index import SnapshotIndex
 from controlplane.snapshots.registry import Registry
 from controlplane.snapshots.sealing import UserKeys
-from drivers.base import SYSTEM, WORKSPACE, FileItem, FileKind
+from drivers.base import STATE, SYSTEM, WORKSPACE, FileItem, FileKind
 
 PREFETCH = 3
-RESTORED = {WORKSPACE, SYSTEM}
+RESTORED = frozenset({WORKSPACE, SYSTEM})
 """What a new sandbox gets: not the state tree, whose agent state holds credentials scoped to
 the sandbox it was taken of (docs/sandboxes.md#snapshots)."""
+REWOUND = frozenset({WORKSPACE, SYSTEM, STATE})
+"""What the sandbox a snapshot was taken of gets back when a conversation is rewound to it:
+its agent's state too (docs/sandboxes.md#checkpoints)."""
+
+
+def state_key(snapshot_id: str) -> str:
+    """The identity of a snapshot's content with its state tree (a runtime keeps it apart from
+    the plain restore's, which other sandboxes share)."""
+    return f"{snapshot_id}-state"
 
 
 class SnapshotSource:
-    """A snapshot as a FileSource. `index` loads (and opens) its index when first needed."""
+    """A snapshot as a FileSource. `index` loads (and opens) its index when first needed;
+    `with_state`: the state tree too (REWOUND rather than RESTORED)."""
 
     def __init__(
         self,
@@ -29,8 +39,11 @@ class SnapshotSource:
         registry: Registry,
         repository: str,
         index: Callable[[], Awaitable[SnapshotIndex]],
+        *,
+        with_state: bool = False,
     ) -> None:
         self._id = snapshot_id
+        self._trees = REWOUND if with_state else RESTORED
         self._keys = keys
         self._registry = registry
         self._repo = repository
@@ -38,11 +51,11 @@ class SnapshotSource:
 
     @property
     def key(self) -> str:
-        return self._id
+        return state_key(self._id) if self._trees is REWOUND else self._id
 
     async def items(self) -> AsyncIterator[FileItem]:
         index = await self._index()
-        rows = list(index.of_trees(RESTORED))
+        rows = list(index.of_trees(self._trees))
         uses = [ref.pack for entry, refs in rows for ref in refs if entry.kind == FileKind.FILE]
         last_use = {pack: n for n, pack in enumerate(uses)}
         order = list(dict.fromkeys(uses))

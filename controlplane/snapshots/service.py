@@ -24,6 +24,7 @@ from controlplane.snapshots.models import (
     SnapshotRecord,
     SnapshotSearchQuery,
 )
+from controlplane.snapshots.reader import state_key
 from controlplane.snapshots.sources import SnapshotData
 from controlplane.snapshots.store import SnapshotLimits
 from controlplane.snapshots.taker import Stale, Taker
@@ -93,10 +94,21 @@ class SnapshotService:
         """Take it in a task of its own that the request waits for: a request that ends
         first (its time limit, a client gone) does not abandon the snapshot, which is listed
         when done. The service's close cancels what is left (abandoned, then collected)."""
-        task = asyncio.create_task(self._take(sandbox, name), name=f"snapshot-of-{sandbox.id}")
+        return await asyncio.shield(self.begin(sandbox, name))
+
+    def begin(
+        self, sandbox: SandboxRecord, name: str | None, captured: asyncio.Event | None = None
+    ) -> asyncio.Task[SnapshotRecord]:
+        """Start taking a snapshot of `sandbox` (its owner's) in a task of the service's own
+        (cancelled by its close); `captured` is set once its files are read at their
+        consistent moment, before they are sent (a conversation's checkpoint lets the user's
+        message go then). The task raises as `take`."""
+        task = asyncio.create_task(
+            self._take(sandbox, name, captured), name=f"snapshot-of-{sandbox.id}"
+        )
         self._taking.add(task)
         task.add_done_callback(self._taken)
-        return await asyncio.shield(task)
+        return task
 
     def _taken(self, task: asyncio.Task[SnapshotRecord]) -> None:
         self._taking.discard(task)
@@ -106,7 +118,9 @@ class SnapshotService:
     async def close(self) -> None:
         await stop_tasks(list(self._taking))
 
-    async def _take(self, sandbox: SandboxRecord, name: str | None) -> SnapshotRecord:
+    async def _take(
+        self, sandbox: SandboxRecord, name: str | None, captured: asyncio.Event | None = None
+    ) -> SnapshotRecord:
         files = self._capability()
         if sandbox.status not in (S.RUNNING, S.PAUSED) or sandbox.deleting_at is not None:
             raise Conflict(
@@ -131,7 +145,7 @@ class SnapshotService:
             for attempt in (1, 2):
                 try:
                     record = await self._taker.take(
-                        files, current, spec.working_dir, name, self.limits()
+                        files, current, spec.working_dir, name, self.limits(), captured=captured
                     )
                     break
                 except Stale:
@@ -202,12 +216,20 @@ class SnapshotService:
         record = await self._data.owned(principal, snapshot_id)
         await self.remove(record)
 
+    async def discard(self, owner: str, snapshot_id: str) -> None:
+        """Delete `owner`'s snapshot if it is still there (a checkpoint's, by retention or
+        with its conversation)."""
+        record = await self._data.store.get(snapshot_id)
+        if record is not None and record.owner == owner:
+            await self.remove(record)
+
     async def remove(self, record: SnapshotRecord) -> None:
         """Delete a snapshot (an API delete, or retention)."""
         if await self._data.store.delete(record):
             self._data.forget(record.id)
             if self._files is not None:
                 await self._files.forget(record.id)
+                await self._files.forget(state_key(record.id))
 
     async def fork(self, principal: Principal, sandbox_id: str, count: int) -> ForkResult:
         """A snapshot of the caller's sandbox and `count` new sandboxes started from it, all

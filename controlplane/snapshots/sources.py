@@ -86,7 +86,13 @@ class SnapshotData:
             )
         return record.spec_id
 
-    def source(self, owner: str, snapshot_id: str) -> FileSource:
+    async def source(self, owner: str, snapshot_id: str, sandbox_id: str) -> FileSource:
+        """The snapshot's files for sandbox `sandbox_id`: with the agent's state tree when it
+        is the sandbox the snapshot was taken of (a conversation rewound in place: the state's
+        credentials are that sandbox's own), else the workspace and system trees alone."""
+        taken = await self.store.get(snapshot_id) if _ID.match(snapshot_id) else None
+        own = taken is not None and taken.owner == owner and taken.sandbox_id == sandbox_id
+
         async def index() -> SnapshotIndex:
             record = await self.store.get(snapshot_id)
             if record is None or record.owner != owner or record.status != SnapshotStatus.READY:
@@ -94,5 +100,10 @@ class SnapshotData:
             return await self.index(record)
 
         return SnapshotSource(
-            snapshot_id, self.keys(owner), self.registry, self.repository(owner), index
+            snapshot_id,
+            self.keys(owner),
+            self.registry,
+            self.repository(owner),
+            index,
+            with_state=own,
         )

@@ -94,9 +94,13 @@ class Taker:
         working_dir: str,
         name: str | None,
         limits: SnapshotLimits,
+        *,
+        captured: asyncio.Event | None = None,
     ) -> SnapshotRecord:
         """The new READY snapshot. Raises QuotaExceeded, Stale, StoreUnavailable, what the
-        runtime raises; nothing is left listed, and what was sent is collected."""
+        runtime raises; nothing is left listed, and what was sent is collected. `captured` is
+        set once the files are read at their consistent moment (the sandbox thawed), before
+        they are sent: from then on the sandbox may change without changing the snapshot."""
         store = self._data.store
         started = time.monotonic()
         parent = await store.latest(sandbox.id) or sandbox.origin
@@ -133,6 +137,8 @@ class Taker:
                 hold=hold,
             ) as export:
                 marks.append(("export", time.monotonic()))
+                if captured is not None:
+                    captured.set()
                 log.info("snapshot_thawed", sandbox_id=sandbox.id, held=export.held_still)
                 written = await writer.write(export.items)
             marks.append(("write", time.monotonic()))

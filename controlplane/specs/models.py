@@ -145,6 +145,11 @@ class SandboxSpec(BaseModel):
         description="The agent calls models through the control plane's LLM gateway and never "
         "sees the user's key; false (less safe): the key goes into the sandbox",
     )
+    checkpoints: bool = Field(
+        default=True,
+        description="A checkpoint of the sandbox at each user message of its conversations "
+        "(with a snapshot store); false: none (docs/sandboxes.md#checkpoints)",
+    )
     # The warm pool (docs/sandboxes.md, "Warm pool").
     warm_pool: int = Field(
         default=0, ge=0, le=1000, description="Sandboxes kept booted ahead of demand; 0: none"

@@ -100,6 +100,17 @@ EVENT_INDEX = f"{PREFIX}:event_index"
 conversation to store an id keeps it: an agent cannot move another conversation's event."""
 
 
+def events_rewound(conversation_id: str) -> str:
+    """List of JSON `{"after", "upto", "checkpoint", "at"}`: the stream ids a rewind of the
+    conversation superseded (after, upto], oldest rewind first; the events stay."""
+    return f"{PREFIX}:events_rewound:{conversation_id}"
+
+
+def checkpoints(conversation_id: str) -> str:
+    """Hash: checkpoint id (uuid7 hex, time-ordered) -> the checkpoint's JSON record."""
+    return f"{PREFIX}:conv:{conversation_id}:checkpoints"
+
+
 def event_ids(conversation_id: str) -> str:
     """Hash: event id -> stream id within one conversation (dedupe of webhook retries)."""
     return f"{PREFIX}:event_ids:{conversation_id}"

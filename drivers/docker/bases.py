@@ -30,7 +30,7 @@ import structlog
 from docker.errors import APIError, ImageNotFound, NotFound
 from docker.types import Mount
 
-from drivers.base import SYSTEM, WORKSPACE, FileEntry, FileItem, FileKind, SandboxRequest
+from drivers.base import STATE, SYSTEM, WORKSPACE, FileEntry, FileItem, FileKind, SandboxRequest
 from drivers.docker import names as docker_names
 from drivers.docker.files import LABEL_SNAPSHOT, Lane
 from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE
@@ -211,9 +211,10 @@ class DockerBases:
             return Base(name, str(made["Mountpoint"]), image, root)
 
     async def _fill(self, request: SandboxRequest, volume: str, upper: str) -> str:
-        """The source's workspace tree into the base volume's lower/ and its system tree into
-        the holder's writable layer, extracted by the engine from one archive (a container that
-        never starts holds the mounts); the workspace root's "uid:gid:mode"."""
+        """The source's workspace tree into the base volume's lower/ and its system (and
+        state) trees into the holder's writable layer, extracted by the engine from one
+        archive (a container that never starts holds the mounts); the workspace root's
+        "uid:gid:mode"."""
         assert request.restore is not None
         root = "0:0:493"
 
@@ -223,9 +224,11 @@ class DockerBases:
                 if entry.path == "":
                     root = f"{entry.uid}:{entry.gid}:{entry.mode}"
                 return f"acs/ws/lower/{entry.path}".rstrip("/")
-            if entry.tree == SYSTEM:
+            # The state tree comes only when the source gives it (a rewind of the sandbox it
+            # was taken of); it lies in the same writable layer as the system tree.
+            if entry.tree in (SYSTEM, STATE):
                 return f"acs/upper/{entry.path}"
-            return None  # the state tree never goes into another sandbox (docs)
+            return None
 
         mounts = [Mount("/acs/ws", volume, type="volume"), Mount("/acs/upper", upper, type="bind")]
         await self._extract(mounts, archive(request.restore.items(), name_of))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import itertools
 import json
@@ -45,6 +44,18 @@ def docker_client() -> Iterator[docker.DockerClient]:
     client.close()
 
 
+def _remove_container(container: Any) -> None:
+    try:
+        container.remove(force=True, v=True)
+    except NotFound:
+        pass
+    except APIError as exc:
+        # "removal … already in progress": the control plane's own removal (a rewind replacing
+        # the container); the next round finds it gone.
+        if exc.status_code != 409:
+            raise
+
+
 def remove_matching(client: docker.DockerClient, name_part: str) -> int:
     """Remove every container, volume and network whose name holds `name_part` (and the
     networks' firewall chains); how many containers and volumes there were."""
@@ -59,8 +70,7 @@ def remove_matching(client: docker.DockerClient, name_part: str) -> int:
         listed = client.containers.list(all=True, filters={"name": name_part}, ignore_removed=True)
         for container in listed:
             containers.add(container.id or container.name or "")
-            with contextlib.suppress(NotFound):
-                container.remove(force=True, v=True)
+            _remove_container(container)
         in_use = False
         for volume in client.volumes.list(filters={"name": name_part}):
             volume_names.add(volume.name)

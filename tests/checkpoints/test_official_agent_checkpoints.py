@@ -1,0 +1,107 @@
+"""A rewind with the official OpenHands agent server (acs-sandbox-openhands): it restores its
+conversation from the state on disk that the checkpoint brought back (its secrets sealed with
+the sandbox's session key, which a rewind keeps), and goes on from the checkpoint."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.checkpoints.test_checkpoints import checkpoints_of, read
+from tests.support.conversation_helpers import (
+    UserFactory,
+    events_of,
+    message,
+    start_and_wait,
+    wait_conversation,
+    wait_events,
+)
+from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
+from tests.support.live_server import Api
+from tests.support.sandbox_helpers import OwnDocker
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.official_agent,
+    pytest.mark.timeout(1800),  # two boots of the official server, slow on a loaded host
+    pytest.mark.usefixtures("sandbox_images", "openhands_image", "base_images"),
+    pytest.mark.live_config("snapshot_settings", enable_specs=["openhands"], start_timeout=600),
+]
+MODEL = "openai/fake-model"
+
+
+def finished_after(text: str) -> Callable[[list[dict[str, Any]]], bool]:
+    """The agent finished a turn after the user's message holding `text`."""
+
+    def check(events: list[dict[str, Any]]) -> bool:
+        sent = [
+            n
+            for n, e in enumerate(events)
+            if e["kind"] == "MessageEvent" and e["source"] == "user" and text in json.dumps(e)
+        ]
+        return bool(sent) and any(
+            e["kind"] == "ConversationStateUpdateEvent"
+            and e.get("key") == "execution_status"
+            and e.get("value") == "finished"
+            for e in events[sent[-1] :]
+        )
+
+    return check
+
+
+async def turn(api: Api, cid: str, text: str) -> list[dict[str, Any]]:
+    await api.ok("POST", f"/api/v1/app-conversations/{cid}/events", json=message(text))
+    return await wait_events(api, cid, finished_after(text), within=300)
+
+
+async def test_official_agent_rewinds_to_its_state_on_disk(
+    user: UserFactory, fake_llm: FakeLLM, own_docker: OwnDocker
+) -> None:
+    fake_llm.untooled = reply_finish("(untooled)")
+    fake_llm.script(
+        [
+            reply_tool_call("terminal", {"command": "echo one > /workspace/a.txt"}),
+            reply_finish("wrote one"),
+            reply_tool_call("terminal", {"command": "echo two > /workspace/a.txt"}),
+            reply_finish("wrote two"),
+        ]
+    )
+    alice = await user("alice", llm_model=MODEL, sandbox_spec_id="openhands")
+    task = await start_and_wait(alice, within=300, initial_message=message("FIRST write one"))
+    assert task["status"] == "READY", task
+    cid, sandbox_id = task["app_conversation_id"], task["sandbox_id"]
+    await wait_events(alice, cid, finished_after("FIRST"), within=300)
+    await turn(alice, cid, "SECOND write two")
+    assert read(own_docker, sandbox_id, "cat /workspace/a.txt") == "two"
+    (checkpoint,) = await checkpoints_of(alice, cid)
+
+    rewound = await alice.ok(
+        "POST",
+        f"/api/v1/app-conversations/{cid}/rewind",
+        json={"checkpoint_id": checkpoint["id"]},
+    )
+    assert rewound["rewound_events"] > 0
+    try:
+        await wait_conversation(alice, cid, "sandbox_status", "RUNNING", within=620)
+    except AssertionError as exc:  # what the restored server said
+        logs = own_docker.container(sandbox_id).logs(tail=60).decode(errors="replace")
+        raise AssertionError(f"{exc}\n--- the sandbox's log:\n{logs}") from None
+    assert read(own_docker, sandbox_id, "cat /workspace/a.txt") == "one"
+    events = await events_of(alice, cid)
+    second = [e for e in events if e["kind"] == "MessageEvent" and "SECOND" in json.dumps(e)]
+    assert second
+    assert all(e["rewound_by"] == checkpoint["id"] for e in second)
+
+    # The restored server goes on from its conversation as it was: turn 1, not turn 2.
+    fake_llm.script([reply_text("THIRD seen"), reply_finish("ok")])
+    asked = len(fake_llm.requests)
+    await turn(alice, cid, "THIRD")
+    tooled = [r for r in fake_llm.requests[asked:] if r.body.get("tools")]
+    assert tooled, [r.body for r in fake_llm.requests[asked:]]
+    sent = json.dumps(tooled[0].body["messages"])
+    assert "FIRST write one" in sent
+    assert "THIRD" in sent
+    assert "SECOND write two" not in sent
