@@ -155,11 +155,10 @@ class GatewayService:
         except InvalidCredential as exc:
             raise GatewayError(401, "invalid_api_key", str(exc)) from None
 
-    async def _load(self, presented: str | None, *, metering: bool) -> Loaded:
-        """The caller of a credential, checked against Redis now, with the user's settings and
-        (`metering`) what they spent and their rate-limit count: one round trip. Raises
-        GatewayError 401."""
-        claim = self._claim(presented)
+    async def _load(self, claim: SandboxClaim | UserKeyClaim, *, metering: bool) -> Loaded:
+        """The caller of a credential's claim, checked against Redis now, with the user's
+        settings and (`metering`) what they spent and their rate-limit count: one round trip.
+        Raises GatewayError 401."""
         reads = Reads()
         self._queue(reads, claim, metering)
         with bookkeeping():  # only the rate count writes: no wait for a replica on every call
@@ -191,31 +190,27 @@ class GatewayService:
 
     async def configured_model(self, presented: str | None) -> Configured:
         """The caller, the model its credential may call and that model's price."""
-        loaded = await self._load(presented, metering=False)
+        loaded = await self._load(self._claim(presented), metering=False)
         model = loaded.caller.model or loaded.record.settings.llm_model
         price = price_of(self._config.llm_prices, model) if model else None
         return Configured(loaded.caller, model, price)
 
-    def precheck(self, presented: str | None) -> None:
-        """Refuse, before a body is read, what cannot be a credential: a malformed one, or a
-        sandbox token whose signature does not hold (no Redis needed)."""
-        self._claim(presented)
-
     # --- before forwarding ------------------------------------------------------------
 
     async def call(self, presented: str | None, read_body: BodyReader) -> AdmittedCall:
-        """One chat completion, admitted (its answer is the handler's to ask for): a credential
-        that cannot be genuine is refused before a byte of the body is read (at most
-        ACS_LLM_GATEWAY_MAX_BODY_BYTES), then `admit`. Raises GatewayError."""
-        self.precheck(presented)
+        """One chat completion, admitted (its answer is the handler's to ask for). What cannot
+        be a credential (malformed, or a sandbox token whose signature does not hold: no Redis
+        needed) is refused before a byte of the body is read (at most
+        ACS_LLM_GATEWAY_MAX_BODY_BYTES); then `_admit`. Raises GatewayError."""
+        claim = self._claim(presented)  # once: its signature is checked here only
         body, raw = await read_body(self._config.llm_gateway_max_body_bytes)
-        call = await self.admit(presented, body.get("model"))
+        call = await self._admit(claim, body.get("model"))
         return AdmittedCall(call, body, raw, self._forwarder, self.settle)
 
-    async def admit(self, presented: str | None, requested: Any) -> Call:
+    async def _admit(self, claim: SandboxClaim | UserKeyClaim, requested: Any) -> Call:
         """Credential, model, provider, rate limit and budgets for one call. Raises
         GatewayError."""
-        loaded = await self._load(presented, metering=True)
+        loaded = await self._load(claim, metering=True)
         caller, record = loaded.caller, loaded.record
         model = caller.model or record.settings.llm_model
         if not model:
