@@ -640,7 +640,7 @@ def proxy_ctx() -> Context:
 
         app.on_shutdown.append(close_sockets)
         yield
-        await state.http.close()
+        await state.close()
 
     return ctx
 

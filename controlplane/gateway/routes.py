@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
@@ -24,10 +26,9 @@ from controlplane.auth.identity import PRINCIPAL, principal_of
 from controlplane.auth.models import USER_ID_PATTERN, Principal
 from controlplane.errors import NotFound
 from controlplane.gateway.agent_llm import PATH as PREFIX
-from controlplane.gateway.answers import Metered
+from controlplane.gateway.calls import AdmittedCall
 from controlplane.gateway.credentials import Caller
 from controlplane.gateway.forward import GatewayError
-from controlplane.gateway.metering import month, price_of
 from controlplane.gateway.service import GatewayService
 from controlplane.organizations.roles import Action
 
@@ -150,38 +151,29 @@ def _gateway(request: web.Request) -> GatewayService:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     try:
         gateway = _gateway(request)
-        presented = _credential(request)
-        gateway.precheck(presented)
-        body, raw_body = await _read_body(request, gateway.max_body_bytes)
-        call = await gateway.admit(presented, body.get("model"))
+        # The gateway reads the body (_read_body) once the credential can be genuine.
+        call = await gateway.call(_credential(request), functools.partial(_read_body, request))
         _mark(request, call.caller)
+        answer = await call.answer()
     except GatewayError as exc:
         return _gateway_error(exc)
-    stream = body.get("stream") is True
-    metered = Metered()
-    try:
-        response = await gateway.forwarder.open(call.upstream, body, raw_body, stream, metered)
-        if not stream:
-            translated = call.upstream.via == "translator"
-            raw = await gateway.forwarder.read_json(response, metered, translated=translated)
-    except GatewayError as exc:
-        gateway.settle(call, body, metered, exc.status)
-        return _gateway_error(exc)
-    if not stream:
-        gateway.settle(call, body, metered, 200)
-        return web.Response(body=raw, content_type="application/json")
-    options = body.get("stream_options")
-    wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    if isinstance(answer, bytes):
+        return web.Response(body=answer, content_type="application/json")
+    return await _stream(request, call, answer)
+
+
+async def _stream(
+    request: web.Request, call: AdmittedCall, events: AsyncIterator[bytes]
+) -> web.StreamResponse:
+    """The provider's stream relayed as it comes; settled with how it ended (499: the client
+    went away)."""
     out = _EventStream(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     status = 200
     headers_alone = None
     try:
         await out.prepare(request)
         headers_alone = asyncio.get_running_loop().call_later(HEADERS_GRACE, _send_headers, request)
-        chunks = gateway.forwarder.relay(
-            response, metered, keep_usage_chunk=wants_usage, secret=call.upstream.api_key
-        )
-        async for chunk in chunks:
+        async for chunk in events:
             await out.write(chunk)
         await out.write_eof()
     except (ConnectionError, asyncio.CancelledError):
@@ -190,7 +182,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     finally:
         if headers_alone is not None:
             headers_alone.cancel()
-        gateway.settle(call, body, metered, status)
+        call.settle(status)
     return out
 
 
@@ -214,28 +206,27 @@ def _send_headers(request: web.Request) -> None:
 
 async def list_models(request: web.Request) -> web.Response:
     try:
-        caller, model = await _gateway(request).configured_model(_credential(request))
+        configured = await _gateway(request).configured_model(_credential(request))
     except GatewayError as exc:
         return _gateway_error(exc)
-    _mark(request, caller)
+    _mark(request, configured.caller)
+    model = configured.model
     return json_response(ModelList(data=[ModelEntry(id=model)] if model else []))
 
 
 async def model_info(request: web.Request) -> web.Response:
     """LiteLLM proxy's /v1/model/info, which OpenHands' SDK reads for `litellm_proxy/` models."""
     try:
-        gateway = _gateway(request)
-        caller, model = await gateway.configured_model(_credential(request))
+        configured = await _gateway(request).configured_model(_credential(request))
     except GatewayError as exc:
         return _gateway_error(exc)
-    _mark(request, caller)
+    _mark(request, configured.caller)
     data = []
-    if model:
+    if model := configured.model:
         provider = model.partition("/")[0] if "/" in model else None
         info: dict[str, Any] = {"litellm_provider": provider}
-        price = price_of(gateway.prices, model)
-        if price is not None:
-            info["input_cost_per_token"], info["output_cost_per_token"] = price
+        if configured.price is not None:
+            info["input_cost_per_token"], info["output_cost_per_token"] = configured.price
         data.append({"model_name": model, "litellm_params": {"model": model}, "model_info": info})
     return web.json_response({"data": data})
 
@@ -288,7 +279,7 @@ for _base, _suffix in ((f"{PREFIX}/v1", ""), (PREFIX, "root")):
     response=GatewayKey,
 )
 async def refresh_key(request: web.Request) -> web.Response:
-    key = await request.app[keys.GATEWAY].user_keys.rotate(principal_of(request).user_id)
+    key = await request.app[keys.GATEWAY].rotate_key(principal_of(request).user_id)
     return json_response(GatewayKey(key=key))
 
 
@@ -300,7 +291,7 @@ async def refresh_key(request: web.Request) -> web.Response:
     errors=(404,),
 )
 async def revoke_key(request: web.Request) -> web.Response:
-    if not await request.app[keys.GATEWAY].user_keys.revoke(principal_of(request).user_id):
+    if not await request.app[keys.GATEWAY].revoke_key(principal_of(request).user_id):
         raise NotFound("no LLM gateway key to revoke")
     return web.Response(status=204)
 
@@ -314,36 +305,33 @@ async def revoke_key(request: web.Request) -> web.Response:
     errors=(403, 404),
 )
 async def usage(request: web.Request) -> web.Response:
-    gateway: GatewayService = request.app[keys.GATEWAY]
+    gateway = request.app[keys.GATEWAY]
     principal = principal_of(request)
-    conversation_id = request.query.get("conversation_id")
-    if parse_query(request, UsageQuery).conversation_id is not None:
-        assert conversation_id is not None
-        owner = await gateway.conversation_owner(conversation_id)
-        if owner is None or (owner != principal.user_id and not principal.is_admin):
-            raise NotFound(f"no conversation {conversation_id}")
-        spent, _ = await gateway.meter.spent(principal.user_id, conversation_id)
+    query = parse_query(request, UsageQuery)
+    if query.conversation_id is not None:
+        spent = await gateway.conversation_usage(principal, query.conversation_id)
         return json_response(
             ConversationUsageView(
-                conversation_id=conversation_id,
+                conversation_id=query.conversation_id,
                 cost=spent.cost,
                 prompt_tokens=spent.prompt_tokens,
                 completion_tokens=spent.completion_tokens,
                 requests=spent.requests,
             )
         )
-    target = parse_query(request, UsageQuery).user_id or principal.user_id
+    target = query.user_id or principal.user_id
     if target != principal.user_id:
         await request.app[keys.ORGANIZATIONS].check_member(principal, target, Action.USAGE_READ)
-    _, spent = await gateway.meter.spent(target, None)
+    this_month = await gateway.month_usage(target)
+    spent = this_month.spent
     return json_response(
         UsageView(
-            month=month(),
+            month=this_month.month,
             cost=spent.cost,
             prompt_tokens=spent.prompt_tokens,
             completion_tokens=spent.completion_tokens,
             requests=spent.requests,
-            monthly_budget=request.app[keys.GATEWAY].monthly_budget,
+            monthly_budget=this_month.budget,
         )
     )
 
@@ -354,4 +342,4 @@ async def end_streams(app: web.Application) -> None:
     connections."""
     gateway = app.get(keys.GATEWAY)
     if gateway is not None:
-        gateway.forwarder.shutdown()
+        gateway.end_streams()

@@ -14,10 +14,13 @@ import redis.asyncio as aioredis
 import structlog
 
 from controlplane.api.ratelimit import Decision, RateLimiter
+from controlplane.auth.models import Principal
 from controlplane.config import ServiceConfig
 from controlplane.crypto import SecretBox
+from controlplane.errors import NotFound
 from controlplane.gateway.agent_llm import PATH
 from controlplane.gateway.answers import Metered
+from controlplane.gateway.calls import AdmittedCall, BodyReader, Call
 from controlplane.gateway.credentials import (
     MAX_CREDENTIAL,
     SANDBOX_FIELDS,
@@ -34,10 +37,10 @@ from controlplane.gateway.credentials import (
 )
 from controlplane.gateway.forward import Forwarder, GatewayError, estimate_prompt
 from controlplane.gateway.metering import FIELDS as USAGE_FIELDS
-from controlplane.gateway.metering import Meter, Spent, Usage, cost_of, month, spent_of
+from controlplane.gateway.metering import Meter, Spent, Usage, cost_of, month, price_of, spent_of
 from controlplane.gateway.metrics import GatewayMetrics
 from controlplane.gateway.reads import Reads, ReadsScript
-from controlplane.gateway.upstream import Upstream, UpstreamError, matches, resolve
+from controlplane.gateway.upstream import UpstreamError, matches, resolve
 from controlplane.settings.models import UserRecord
 from controlplane.store import keyspace, text
 from controlplane.store.durable import bookkeeping
@@ -61,12 +64,21 @@ class Loaded:
 
 
 @dataclass(frozen=True)
-class Call:
+class Configured:
+    """What a credential may call (GET /v1/models, /v1/model/info)."""
+
     caller: Caller
-    model: str
-    """The configured model (the conversation's, or the user's settings')."""
-    upstream: Upstream
-    started: float
+    model: str | None
+    price: tuple[float, float] | None
+    """(input, output) per token, from ACS_LLM_PRICES; None: not priced there."""
+
+
+@dataclass(frozen=True)
+class MonthUsage:
+    month: str
+    spent: Spent
+    budget: float | None
+    """ACS_LLM_USER_MONTHLY_BUDGET; None: none."""
 
 
 class GatewayService:
@@ -87,14 +99,11 @@ class GatewayService:
         self._recording: set[asyncio.Task[None]] = set()
         self._records: dict[str, UserRecord] = {}
         self.tokens = tokens
-        self.user_keys = user_keys
-        self.forwarder = forwarder
+        self._user_keys = user_keys
+        self._forwarder = forwarder
         self.metrics = metrics
-        self.meter = Meter(redis)
+        self._meter = Meter(redis)
         self._reads = ReadsScript(redis)
-        self.prices = config.llm_prices
-        self.monthly_budget = config.llm_user_monthly_budget
-        self.max_body_bytes = config.llm_gateway_max_body_bytes
         per_minute = config.llm_rate_limit_per_minute
         self._limiter = RateLimiter(redis, per_minute) if per_minute else None
 
@@ -108,7 +117,7 @@ class GatewayService:
         if looks_like_sandbox_token(presented):
             claim = self.tokens.parse(presented)
         elif looks_like_user_key(presented):
-            claim = self.user_keys.parse(presented)
+            claim = self._user_keys.parse(presented)
         if claim is None:
             raise GatewayError(401, "invalid_api_key", "not a valid LLM gateway credential")
         return claim
@@ -146,11 +155,10 @@ class GatewayService:
         except InvalidCredential as exc:
             raise GatewayError(401, "invalid_api_key", str(exc)) from None
 
-    async def _load(self, presented: str | None, *, metering: bool) -> Loaded:
-        """The caller of a credential, checked against Redis now, with the user's settings and
-        (`metering`) what they spent and their rate-limit count: one round trip. Raises
-        GatewayError 401."""
-        claim = self._claim(presented)
+    async def _load(self, claim: SandboxClaim | UserKeyClaim, *, metering: bool) -> Loaded:
+        """The caller of a credential's claim, checked against Redis now, with the user's
+        settings and (`metering`) what they spent and their rate-limit count: one round trip.
+        Raises GatewayError 401."""
         reads = Reads()
         self._queue(reads, claim, metering)
         with bookkeeping():  # only the rate count writes: no wait for a replica on every call
@@ -180,22 +188,29 @@ class GatewayService:
             self._records[token] = record
         return record
 
-    async def configured_model(self, presented: str | None) -> tuple[Caller, str | None]:
-        """The caller and the model its credential may call (GET /v1/models)."""
-        loaded = await self._load(presented, metering=False)
-        return loaded.caller, loaded.caller.model or loaded.record.settings.llm_model
-
-    def precheck(self, presented: str | None) -> None:
-        """Refuse, before a body is read, what cannot be a credential: a malformed one, or a
-        sandbox token whose signature does not hold (no Redis needed)."""
-        self._claim(presented)
+    async def configured_model(self, presented: str | None) -> Configured:
+        """The caller, the model its credential may call and that model's price."""
+        loaded = await self._load(self._claim(presented), metering=False)
+        model = loaded.caller.model or loaded.record.settings.llm_model
+        price = price_of(self._config.llm_prices, model) if model else None
+        return Configured(loaded.caller, model, price)
 
     # --- before forwarding ------------------------------------------------------------
 
-    async def admit(self, presented: str | None, requested: Any) -> Call:
+    async def call(self, presented: str | None, read_body: BodyReader) -> AdmittedCall:
+        """One chat completion, admitted (its answer is the handler's to ask for). What cannot
+        be a credential (malformed, or a sandbox token whose signature does not hold: no Redis
+        needed) is refused before a byte of the body is read (at most
+        ACS_LLM_GATEWAY_MAX_BODY_BYTES); then `_admit`. Raises GatewayError."""
+        claim = self._claim(presented)  # once: its signature is checked here only
+        body, raw = await read_body(self._config.llm_gateway_max_body_bytes)
+        call = await self._admit(claim, body.get("model"))
+        return AdmittedCall(call, body, raw, self._forwarder, self.settle)
+
+    async def _admit(self, claim: SandboxClaim | UserKeyClaim, requested: Any) -> Call:
         """Credential, model, provider, rate limit and budgets for one call. Raises
         GatewayError."""
-        loaded = await self._load(presented, metering=True)
+        loaded = await self._load(claim, metering=True)
         caller, record = loaded.caller, loaded.record
         model = caller.model or record.settings.llm_model
         if not model:
@@ -257,7 +272,7 @@ class GatewayService:
             # Not waited for by the caller, nor for a replica: a replica down would otherwise
             # hold a connection per call for the whole WAIT time-out (ACS_REDIS_WAIT_TIMEOUT).
             with bookkeeping():
-                await self.meter.record(user_id, conversation_id, usage)
+                await self._meter.record(user_id, conversation_id, usage)
         except Exception:
             log.exception("llm_usage_not_recorded", user_id=user_id, cost=usage.cost)
 
@@ -310,6 +325,20 @@ class GatewayService:
         )
         return usage
 
+    async def conversation_usage(self, principal: Principal, conversation_id: str) -> Spent:
+        """What the gateway metered for one conversation of the caller's (any, for an admin).
+        Raises NotFound for one that does not exist or is someone else's."""
+        owner = await self.conversation_owner(conversation_id)
+        if owner is None or (owner != principal.user_id and not principal.is_admin):
+            raise NotFound(f"no conversation {conversation_id}")
+        spent, _ = await self._meter.spent(principal.user_id, conversation_id)
+        return spent
+
+    async def month_usage(self, user_id: str) -> MonthUsage:
+        """What the gateway metered for the user this month, and their budget."""
+        _, spent = await self._meter.spent(user_id, None)
+        return MonthUsage(month(), spent, self._config.llm_user_monthly_budget)
+
     async def conversation_owner(self, conversation_id: str) -> str | None:
         """The user a conversation that exists belongs to, read from its record as a sandbox
         token's check reads it (the gateway sits below the conversations' own code)."""
@@ -332,4 +361,16 @@ class GatewayService:
 
     async def user_key(self, user_id: str) -> str:
         """The user's gateway key, made on first use."""
-        return await self.user_keys.get_or_create(user_id)
+        return await self._user_keys.get_or_create(user_id)
+
+    async def rotate_key(self, user_id: str) -> str:
+        """A new gateway key for the user; the previous one stops working at once."""
+        return await self._user_keys.rotate(user_id)
+
+    async def revoke_key(self, user_id: str) -> bool:
+        """The user's gateway key revoked at once; False: they had none."""
+        return await self._user_keys.revoke(user_id)
+
+    def end_streams(self) -> None:
+        """At shutdown: every stream being relayed ends now with an error event (forward.py)."""
+        self._forwarder.shutdown()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import time
 
 import structlog
 from aiohttp import web
@@ -49,14 +48,7 @@ from controlplane.errors import (
     SandboxNotFound,
     Unauthorized,
 )
-from controlplane.proxy.forward import (
-    Limits,
-    Outgoing,
-    ProxyError,
-    forward_http,
-    forward_websocket,
-    request_headers,
-)
+from controlplane.proxy.forward import Limits, Outgoing, ProxyError, request_headers
 from controlplane.proxy.state import ProxyState
 from controlplane.sandboxes import links
 from controlplane.sandboxes.models import SANDBOX_ID_PATTERN, SandboxRecord, SandboxStatus
@@ -67,8 +59,6 @@ log = structlog.get_logger(__name__)
 routes = RouteTable(tag="proxy")
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 _ID_RE = re.compile(SANDBOX_ID_PATTERN)
-TOUCH_EVERY = 30.0
-"""Proxied traffic is activity (the idle reaper): recorded at most this often per sandbox."""
 
 
 class SandboxStarting(ControlPlaneError):
@@ -151,26 +141,6 @@ def _changes_state(request: web.Request) -> bool:
     return request.method not in SAFE_METHODS or upgrade
 
 
-async def _upstream_base(
-    service: SandboxService, state: ProxyState, record: SandboxRecord, name: str
-) -> str:
-    """Where this process reaches the sandbox's port: at the address the driver gives for it
-    (`direct_address`; Docker with a local engine: the container's own on its network, one copy
-    less than through the engine's published port and its userland proxy), looked up again for
-    every generation of the record (a re-create, a resume, a failover) and at least every
-    ADDRESS_TTL; otherwise at the endpoint the driver reported (`SandboxRecord.host`)."""
-    published = links.direct_url(service.config, record, name)
-    spec = service.catalog.find(record.spec_id)
-    if spec is None or name not in spec.exposed_ports:
-        return published
-    address = state.address(record)
-    if address is None:
-        seen = state.version(record.id)
-        address = await service.driver.direct_address(record.id) or ""
-        state.remember(record, address, seen)
-    return f"http://{address}:{spec.exposed_ports[name]}" if address else published
-
-
 def _usable(record: SandboxRecord) -> None:
     if record.status == SandboxStatus.RUNNING:
         return
@@ -233,13 +203,6 @@ def _response_headers(request: web.Request, config: ServiceConfig) -> dict[str, 
     return added
 
 
-async def _touch(request: web.Request, state: ProxyState, record: SandboxRecord) -> None:
-    now = time.monotonic()
-    if now - state.touched.get(record.id, 0.0) >= TOUCH_EVERY:
-        state.touched[record.id] = now
-        await request.app[keys.SANDBOXES].touch(record.id)
-
-
 async def proxy(request: web.Request) -> web.StreamResponse:
     config = request.app[keys.CONFIG]
     service = request.app.get(keys.SANDBOXES)
@@ -251,19 +214,20 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     _usable(record)
     name = _port_name(service, record, port)
     websocket = request.headers.get("Upgrade", "").lower() == "websocket"
-    base = await _upstream_base(service, state, record, name)
+    base = await service.port_base(record, name, state)
     out = Outgoing(
         url=_upstream_url(request, base, presented, websocket),
         headers=_upstream_headers(request, record, name, presented),
         answer_headers=sandbox_answers.filtered,
         add_response=_response_headers(request, config),
     )
-    await _touch(request, state, record)
+    if state.touch_due(record.id):
+        await service.touch(record.id)
     limits = Limits(max_body=config.proxy_max_body_bytes, read_timeout=config.proxy_read_timeout)
     try:
         if websocket and request.method == "GET":
-            return await forward_websocket(request, state.http, out, limits, state.sockets)
-        return await forward_http(request, state.http, out, limits)
+            return await state.forward_websocket(request, out, limits)
+        return await state.forward_http(request, out, limits)
     except ProxyError as exc:
         log.info("proxy_upstream_failed", sandbox_id=record.id, port=port, error=str(exc))
         return web.json_response(

@@ -17,10 +17,18 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from controlplane.proxy.forward import CHUNK
+from controlplane.proxy.forward import (
+    CHUNK,
+    Limits,
+    Outgoing,
+    forward_http,
+    forward_websocket,
+)
 from controlplane.sandboxes.models import SandboxRecord
 
 GRANT_TTL = 2.0
+TOUCH_EVERY = 30.0
+"""Proxied traffic is activity (the idle reaper): recorded at most this often per sandbox."""
 ADDRESS_TTL = 10.0
 """A container's address is looked up again this often even when no change was heard: a change
 lost on a connection that stayed up (a partitioned Redis master) costs at most this long."""
@@ -59,8 +67,9 @@ class _Address:
 
 
 class ProxyState:
-    """The proxy's HTTP client, its open WebSockets, when each sandbox was last touched, and
-    the access it recently granted.
+    """The proxy's HTTP client and open WebSockets (what it forwards with), when each sandbox
+    was last touched, the access it recently granted and the addresses it looked up (an
+    AddressCache of controlplane/sandboxes/service.py).
 
     A grant (a credential allowed to use a sandbox, with the sandbox's record) is kept for
     GRANT_TTL seconds so that a page's hundred requests do not each cost two Redis round trips
@@ -73,14 +82,37 @@ class ProxyState:
     ) -> None:
         """`synced()`: whether every change is being heard (StatusFeed.synced); while it is
         False nothing cached is used or kept."""
-        self.http = http
-        self.sockets: set[web.WebSocketResponse] = set()
-        self.touched: dict[str, float] = {}
+        self._http = http
+        self._sockets: set[web.WebSocketResponse] = set()
+        self._touched: dict[str, float] = {}
         self._synced = synced
         self._grants: dict[tuple[str, str], _Grant] = {}
         self._addresses: dict[str, _Address] = {}
         self._resets = 0
         self._changes: dict[str, int] = {}
+
+    async def forward_http(
+        self, request: web.Request, out: Outgoing, limits: Limits
+    ) -> web.StreamResponse:
+        """`request` sent as `out` says, the answer streamed back (forward.py). Raises
+        ProxyError."""
+        return await forward_http(request, self._http, out, limits)
+
+    async def forward_websocket(
+        self, request: web.Request, out: Outgoing, limits: Limits
+    ) -> web.StreamResponse:
+        """The WebSocket relayed both ways until either side closes (closed at shutdown:
+        `close_sockets`). Raises ProxyError."""
+        return await forward_websocket(request, self._http, out, limits, self._sockets)
+
+    def touch_due(self, sandbox_id: str) -> bool:
+        """Whether proxied traffic to the sandbox is to be recorded as activity now (at most
+        every TOUCH_EVERY seconds per sandbox, from this process); counted as done."""
+        now = time.monotonic()
+        if now - self._touched.get(sandbox_id, 0.0) < TOUCH_EVERY:
+            return False
+        self._touched[sandbox_id] = now
+        return True
 
     def version(self, sandbox_id: str) -> Version:
         """Taken before reading a sandbox's record: what `grant` and `remember` check."""
@@ -145,5 +177,8 @@ class ProxyState:
 
     async def close_sockets(self) -> None:
         """At shutdown, as the events WebSocket: clients reconnect through another replica."""
-        for ws in list(self.sockets):
+        for ws in list(self._sockets):
             await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"server shutting down")
+
+    async def close(self) -> None:
+        await self._http.close()

@@ -22,7 +22,7 @@ from controlplane.errors import (
 )
 from controlplane.lifecycle.models import LifecycleType
 from controlplane.organizations.roles import Action, may
-from controlplane.sandboxes import naming
+from controlplane.sandboxes import links, naming
 from controlplane.sandboxes.admission import Admission
 from controlplane.sandboxes.launcher import Launcher
 from controlplane.sandboxes.leases import IntentLeases
@@ -53,6 +53,20 @@ class PoolClaims(Protocol):
     ) -> SandboxRecord | None:
         """A warm pool member of `spec`, now the principal's and RUNNING; None when the pool
         has none (then the caller starts one cold). Raises QuotaExceeded at the user's caps."""
+
+
+class AddressCache(Protocol):
+    """Where a caller keeps the addresses `SandboxService.port_base` looked up (the sandbox
+    proxy's state: controlplane/proxy/state.py), each for one generation of a sandbox."""
+
+    def address(self, record: SandboxRecord) -> str | None:
+        """The address kept for this very generation of the sandbox, if fresh ("": none)."""
+
+    def version(self, sandbox_id: str) -> tuple[int, int]:
+        """Taken before a lookup: `remember` keeps it only if nothing changed since."""
+
+    def remember(self, record: SandboxRecord, address: str, seen: tuple[int, int]) -> None:
+        """Keep what a lookup begun at `seen` found."""
 
 
 class SandboxService(SandboxReads):
@@ -115,6 +129,24 @@ class SandboxService(SandboxReads):
 
     async def runtime_available(self) -> bool:
         return await self.driver.ping()
+
+    async def port_base(self, record: SandboxRecord, name: str, cache: AddressCache) -> str:
+        """Where this process reaches the sandbox's exposed port `name`: at the address the
+        driver gives for it (`direct_address`; Docker with a local engine: the container's own
+        on its network, one copy less than through the engine's published port and its
+        userland proxy), kept in `cache` for one generation of the record (a re-create, a
+        resume or a failover looks it up again); otherwise at the endpoint the driver reported
+        (`SandboxRecord.host`)."""
+        published = links.direct_url(self.config, record, name)
+        spec = self.catalog.find(record.spec_id)
+        if spec is None or name not in spec.exposed_ports:
+            return published
+        address = cache.address(record)
+        if address is None:
+            seen = cache.version(record.id)
+            address = await self.driver.direct_address(record.id) or ""
+            cache.remember(record, address, seen)
+        return f"http://{address}:{spec.exposed_ports[name]}" if address else published
 
     # -- lifecycle ---------------------------------------------------------------------------
 

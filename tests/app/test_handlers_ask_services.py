@@ -32,26 +32,6 @@ REPO = Path(__file__).resolve().parents[2]
 LEFT_FOR_OTHER_BRANCHES: dict[str, set[str]] = {
     # Rewritten with OpenID Connect sign-in (branch identity).
     "controlplane.auth.web": {"SessionService.ttl"},
-    # Rewritten with the gateway's outbound policy (branch sec-gateway): streaming through the
-    # forwarder, the users' gateway keys, usage.
-    "controlplane.gateway.routes": {
-        "GatewayService.forwarder",
-        "GatewayService.max_body_bytes",
-        "GatewayService.meter",
-        "GatewayService.monthly_budget",
-        "GatewayService.prices",
-        "GatewayService.user_keys",
-    },
-    # The address lookup moves into the driver (branch drivers-pkg); the proxy's own state
-    # (client, sockets, touch times) goes with it.
-    "controlplane.proxy.routes": {
-        "SandboxService.catalog",
-        "SandboxService.config",
-        "SandboxService.driver",
-        "ProxyState.http",
-        "ProxyState.sockets",
-        "ProxyState.touched",
-    },
 }
 """Reaches left where another change is rewriting the module (merged separately); each entry
 must still be found, so that it is removed here once the module is clean."""
