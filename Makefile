@@ -55,13 +55,15 @@ test: install host images browser test-prep
 
 # What the slow tiers need, made before pytest so that no test's time limit covers a build from
 # nothing: the official agent server's image (minutes the first time, cached), the pinned
-# OpenHands client venvs (tests/support/openhands_clients.py) and Agent Canvas from npm
-# (tests/support/agent_canvas.py) and the OpenID provider (tests/support/oidc_provider.py), all
-# cached under the data dir, the Kubernetes test
-# cluster's binaries, and the control plane's own image (its wheels and venv take minutes the
-# first time; tests/support/control_plane_image.py then finds docker's layer cache).
+# OpenHands client venvs (tests/support/openhands_clients.py; their Python versions come from
+# pyenv or PATH, which `bootstrap-host.sh --clients` reports and fills where it can), Agent
+# Canvas from npm (tests/support/agent_canvas.py) and the OpenID provider
+# (tests/support/oidc_provider.py), all cached under the data dir, the Kubernetes test cluster's
+# binaries, and the control plane's own image (its wheels and venv take minutes the first time;
+# tests/support/control_plane_image.py then finds docker's layer cache).
 test-prep: install host images image browser kube-binaries
 	@scripts/build-images.sh openhands
+	@scripts/bootstrap-host.sh --clients
 	$(BIN)/python -m tests.support.openhands_clients
 	$(BIN)/python -m tests.support.agent_canvas
 	$(BIN)/python -m tests.support.oidc_provider
@@ -93,11 +95,12 @@ chaos: install host images
 ha: install host images
 	$(BIN)/pytest -m ha
 
-# ruff, ruff format, mypy strict, and the layer contract (import-linter, pyproject.toml).
+# ruff, ruff format, mypy strict (the tests too), and the layer contract (import-linter,
+# pyproject.toml).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy controlplane drivers agent bench
+	$(BIN)/mypy controlplane drivers agent bench tests
 	$(BIN)/lint-imports
 
 format: install
@@ -105,7 +108,7 @@ format: install
 	$(BIN)/ruff check --fix .
 
 mypy: install
-	$(BIN)/mypy controlplane drivers agent bench
+	$(BIN)/mypy controlplane drivers agent bench tests
 
 bench: install host images
 	$(BIN)/python -m bench.sandboxes

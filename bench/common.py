@@ -43,16 +43,17 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from controlplane import keys
 from controlplane.app import create_app
 from controlplane.auth.service import ApiKeyService
-from controlplane.config import ServiceConfig, load_config
+from controlplane.config import SETTING_NAMES, ServiceConfig, load_config
 from controlplane.logging import configure_logging
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.launcher import network_policy, sandbox_request
 from controlplane.sandboxes.models import SandboxRecord
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import AGENT_SERVER, SandboxSpec
-from drivers.docker import DockerDriver
-from drivers.docker_containers import ContainerRequest, container_request, create_container
-from drivers.docker_egress import Attachment
+from drivers.docker.containers import ContainerRequest, container_request, create_container
+from drivers.docker.driver import DockerDriver
+from drivers.docker.egress import Attachment
+from drivers.docker.settings import DockerSettings
 from drivers.egress import HOST_GATEWAY
 from tests.support.docker_fixtures import remove_matching
 from tests.support.live_server import free_port
@@ -104,6 +105,12 @@ class Samples:
 
     def count(self, name: str) -> int:
         return len(self.values.get(name, []))
+
+
+def publish_host(config: ServiceConfig) -> str:
+    """Where the Docker runtime of `config` publishes sandbox ports (the raw paths do too)."""
+    assert isinstance(config.runtime, DockerSettings)
+    return config.runtime.publish_host
 
 
 def ms(seconds: float) -> str:
@@ -213,7 +220,7 @@ class Deployment:
         }
         values.update(overrides)  # None: the control plane's own default
         # Settings this version of the control plane does not have are left out.
-        known = ServiceConfig.model_fields
+        known = SETTING_NAMES
         return load_config({}, **{k: v for k, v in values.items() if k in known})
 
     def preflight(self) -> None:
@@ -265,11 +272,11 @@ class Deployment:
         config = self.api_config or self.config()
         webhooks = f"http://{HOST_GATEWAY}:{self.webhook_port}" if self.webhook_port else None
         request = sandbox_request(config, record, self.spec, webhooks)
-        return container_request(request, self.raw_prefix, config.publish_host, self.attachment)
+        return container_request(request, self.raw_prefix, publish_host(config), self.attachment)
 
     def raw_create_start(self, req: ContainerRequest) -> tuple[Any, Any, float, int]:
         """Volume, container, start, inspect (for the port): the driver's engine calls, with its
-        own argument translation (drivers/docker_containers.py), no control plane. Returns the
+        own argument translation (drivers/docker/containers.py), no control plane. Returns the
         volume, the container, the perf time it started and its agent server's host port."""
         volume = self.docker.volumes.create(name=req.volume, labels=req.labels)
         container_id = create_container(self.docker, req)

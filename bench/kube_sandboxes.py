@@ -5,7 +5,7 @@ Run with `.venv/bin/python -m bench.kube_sandboxes [--runs N]` (as root: it brin
 project's two-node test cluster in a free slot, docs/test-cluster.md, and takes it down again).
 
 - cold create: POST /api/v1/sandboxes (no warm pool) until GET says RUNNING, against the raw
-  path: the same workspace claim and pod (the driver's own manifests, drivers/kube_objects.py,
+  path: the same workspace claim and pod (the driver's own manifests, drivers/kubernetes/objects.py,
   for a request the control plane would make) created through the API server, then the agent
   server's /health polled at the pod's IP until 200.
 - from the warm pool: POST /api/v1/sandboxes answered RUNNING by a claim (a pool of one,
@@ -53,9 +53,9 @@ from controlplane.sandboxes.launcher import sandbox_request
 from controlplane.sandboxes.models import SandboxRecord
 from controlplane.specs.catalog import SpecCatalog
 from drivers.base import SandboxDriver
-from drivers.kube_names import claim_name, pod_name
-from drivers.kube_objects import claim_manifest, pod_manifest
-from drivers.kube_options import KubeOptions
+from drivers.kubernetes.names import claim_name, pod_name
+from drivers.kubernetes.objects import claim_manifest, pod_manifest
+from drivers.kubernetes.settings import KubernetesSettings
 from tests.drivers.kubernetes.conftest import (
     KubeCluster,
     api_client,
@@ -122,13 +122,10 @@ class KubeBench:
         values.update(overrides)
         return load_config({}, **values)
 
-    def options_of(self, config: ServiceConfig) -> KubeOptions:
-        return KubeOptions(
-            namespace=config.kube_namespace,
-            webhook_address=config.kube_webhook_address,
-            storage_class=config.kube_storage_class,
-            image_pull_policy=config.kube_image_pull_policy,
-        )
+    def options_of(self, config: ServiceConfig) -> KubernetesSettings:
+        settings = config.runtime
+        assert isinstance(settings, KubernetesSettings)
+        return settings
 
     async def measure(self) -> tuple[list[str], list[str]]:
         started = time.monotonic()

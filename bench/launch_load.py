@@ -40,15 +40,15 @@ from typing import Any
 import aiohttp
 import docker
 
-from bench.common import REPO, percentile
+from bench.common import REPO, percentile, publish_host
 from controlplane.config import load_config
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.launcher import network_policy, sandbox_request
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import AGENT_SERVER
-from drivers.docker_containers import container_request, create_container
-from drivers.docker_egress import Attachment, network_name
+from drivers.docker.containers import container_request, create_container
+from drivers.docker.egress import Attachment, network_name
 from drivers.egress import HOST_GATEWAY
 from tests.support.live_server import free_port
 from tests.support.redis_server import RedisServer
@@ -217,7 +217,7 @@ class LaunchLoad:
             {}, container_prefix=self.raw_prefix, data_dir=self.tmp / "data", image_tag=self.tag
         )
         request = sandbox_request(config, record, self.spec)
-        req = container_request(request, self.raw_prefix, config.publish_host, self.attachment)
+        req = container_request(request, self.raw_prefix, publish_host(config), self.attachment)
         self.docker.volumes.create(name=req.volume, labels=req.labels)
         container_id = create_container(self.docker, req)  # the driver's own create
         self.docker.api.start(container_id)

@@ -39,9 +39,9 @@ import redis.asyncio as aioredis
 
 from bench.common import REPO, percentile
 from controlplane.auth.service import ApiKeyService
-from drivers import docker_networks
+from drivers.docker import networks as docker_networks
+from drivers.docker.firewall import Iptables
 from drivers.errors import DriverError
-from drivers.firewall import Iptables
 from tests.support.redis_server import RedisServer
 
 TARGET_RATIO = 1.5

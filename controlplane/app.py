@@ -56,6 +56,7 @@ from controlplane.settings.routes import routes as settings_routes
 from controlplane.settings.schema_routes import routes as settings_schema_routes
 from controlplane.settings.user_routes import routes as user_routes
 from controlplane.shutdown import Drain
+from controlplane.snapshots.routes import routes as snapshot_routes
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.routes import routes as spec_routes
 from controlplane.webapp.routes import routes as web_app_routes
@@ -77,6 +78,7 @@ def route_tables() -> list[RouteTable]:
         spec_routes,
         sandbox_routes,
         pool_routes,
+        snapshot_routes,
         conversation_routes,
         legacy_conversation_routes,
         pending_routes,
@@ -113,8 +115,8 @@ def webhook_route_tables() -> list[RouteTable]:
 def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.Application:
     """Build the application. Reads nothing from argv or the environment.
 
-    with_sandboxes=False leaves out the Docker-backed services (for settings-only tests and
-    hosts without an engine); their routes then answer 503.
+    with_sandboxes=False leaves out the services that need the sandbox runtime (for settings-only
+    tests and hosts without one); their routes then answer 503.
     """
     parser_errors.install()
     app = web.Application(

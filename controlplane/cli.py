@@ -21,6 +21,8 @@ from controlplane.ops import sandboxes as ops_sandboxes
 from controlplane.shutdown import begin_drain
 from controlplane.store.failover import open_redis
 from controlplane.store.redis import wait_for_redis
+from drivers.runtime import RuntimeHost
+from drivers.runtimes import RUNTIMES
 
 log = structlog.get_logger("controlplane.cli")
 WILDCARDS = ("0.0.0.0", "::", "")  # noqa: S104 (names them, binds nothing)
@@ -71,8 +73,9 @@ async def _serve(config: ServiceConfig, host: str, port: int) -> None:
     """Serve until SIGTERM or SIGINT, then drain (controlplane/shutdown.py): in-flight requests
     and conversation starts get ACS_SHUTDOWN_TIMEOUT (30 s) to finish.
 
-    The API listens on `host` only. Sandboxes post their webhooks to a separate listener on their
-    network's gateway (drivers/docker_egress.py), by default on the same port number.
+    The API listens on `host` only. Sandboxes post their webhooks to a separate listener, bound
+    by the runtime where they reach it (Docker: their network's gateway), by default on the same
+    port number.
     """
     if config.webhook_port is None:
         config = config.model_copy(update={"webhook_port": port})
@@ -81,12 +84,12 @@ async def _serve(config: ServiceConfig, host: str, port: int) -> None:
             f"ACS_WEBHOOK_PORT: serve --host {host} listens on every address, the sandbox "
             f"networks' gateways included; set ACS_WEBHOOK_PORT to a port other than {port}"
         )
-    shared = config.kube_webhook_address in (host, *WILDCARDS)
-    if config.driver == "kubernetes" and config.webhook_port == port and shared:
+    bound = config.runtime.listener_address()
+    if bound is not None and config.webhook_port == port and bound in (host, *WILDCARDS):
         raise ConfigError(
-            f"ACS_WEBHOOK_PORT: the webhook listener binds {config.kube_webhook_address}:{port} "
-            f"(ACS_KUBE_WEBHOOK_ADDRESS), where the API listens too; set ACS_WEBHOOK_PORT to a "
-            f"port other than {port}"
+            f"ACS_WEBHOOK_PORT: the webhook listener binds {bound}:{port} (the {config.driver} "
+            f"runtime's setting), where the API listens too; set ACS_WEBHOOK_PORT to a port "
+            f"other than {port}"
         )
     hosts = [host]
     # Signals first: as PID 1 in a container, SIGTERM is ignored until a handler exists, and
@@ -148,26 +151,18 @@ async def _keys(config: ServiceConfig, args: argparse.Namespace) -> None:
 
 async def _remove_networks(config: ServiceConfig) -> int:
     """`controlplane networks remove`: for uninstalling (the server never removes them: its
-    sandboxes outlive it)."""
-    from drivers.docker import DockerDriver  # noqa: PLC0415 - only this command needs Docker
-    from drivers.firewall import Iptables  # noqa: PLC0415 - ditto
-
-    driver = DockerDriver(config.docker_url, prefix=config.container_prefix)
-    firewall = Iptables()
-    reason = firewall.unavailable()
-    try:
-        kept = await driver.remove_networks(firewall if not reason else None)
-    finally:
-        await driver.close()
-    if reason:
-        print(f"controlplane: firewall rules left in place: {reason}", file=sys.stderr)
-    if kept:
-        print(
-            f"controlplane: {kept} network(s) still have containers; delete their sandboxes first",
-            file=sys.stderr,
-        )
+    sandboxes outlive it); what the runtime keeps outside its sandboxes, if anything."""
+    runtime = RUNTIMES[config.driver]
+    if runtime.remove_networks is None:
+        print(f"the {config.driver} runtime keeps no networks of its own: nothing to remove")
+        return 0
+    removal = await runtime.remove_networks(config.runtime, RuntimeHost(config.container_prefix))
+    for warning in removal.warnings:
+        print(f"controlplane: {warning}", file=sys.stderr)
+    if removal.in_use:
+        print(f"controlplane: {removal.in_use}", file=sys.stderr)
         return 1
-    print(f"removed the sandbox networks of {config.container_prefix!r}")
+    print(removal.done)
     return 0
 
 

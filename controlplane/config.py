@@ -3,22 +3,24 @@
 `create_app` never reads the environment itself: it takes a `ServiceConfig`. Field `x` is read
 from `ACS_X`. The fields are grouped by concern, one model per group (their docstrings title the
 groups of docs/configuration.md, which config_reference.py writes from these models), and
-ServiceConfig is all of them in one flat model.
+ServiceConfig is all of them in one flat model. The settings of a runtime are its own, declared
+in its package (drivers/<runtime>/settings.py) and listed by drivers/runtimes.py: the chosen
+runtime's (ACS_DRIVER) are read into `ServiceConfig.runtime` and handed to its driver whole.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -27,43 +29,14 @@ from pydantic import (
     model_validator,
 )
 
-from drivers.kube_names import PREFIX_PATTERN
-from drivers.kube_options import PRIVATE_RANGES
+from drivers.runtime import CommaList, KeyValues, RuntimeSettings, split_commas
+from drivers.runtimes import DEFAULT_RUNTIME, RUNTIMES
 
 ENV_PREFIX = "ACS_"
-T = TypeVar("T")
 
 
 class ConfigError(Exception):
     """Configuration that cannot be used; the message names the variable."""
-
-
-def split_commas(value: Any) -> Any:
-    """`a, b,,c` -> ["a", "b", "c"]; anything but a string is left to the field's type."""
-    if isinstance(value, str):
-        return [item.strip() for item in value.split(",") if item.strip()]
-    return value
-
-
-CommaList = Annotated[list[T], BeforeValidator(split_commas)]
-"""A list written in one variable as comma-separated items (each then validated as T)."""
-
-
-def split_pairs(value: Any) -> Any:
-    """`a=1, b=2` -> {"a": "1", "b": "2"}; anything but a string is left to the field's type."""
-    if not isinstance(value, str):
-        return value
-    pairs: dict[str, str] = {}
-    for item in split_commas(value):
-        key, sep, val = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"{item!r} is not key=value")
-        pairs[key.strip()] = val.strip()
-    return pairs
-
-
-KeyValues = Annotated[dict[str, str], BeforeValidator(split_pairs)]
-"""A mapping written in one variable as comma-separated `key=value` items."""
 
 
 class Storage(BaseModel):
@@ -108,6 +81,7 @@ class Storage(BaseModel):
         le=300,
         description="seconds a Redis call is retried (with backoff) through an outage or a "
         "failover before the request answers 503",
+        json_schema_extra={"shown_default": "`10` with Sentinel, `2` without"},
     )
     redis_wait_replicas: int | None = Field(
         default=None,
@@ -115,6 +89,7 @@ class Storage(BaseModel):
         le=16,
         description="replicas that must hold what a request writes before it is answered (Redis "
         "`WAIT` after each write; `0`: no wait)",
+        json_schema_extra={"shown_default": "`1` with Sentinel, `0` without"},
     )
     redis_wait_timeout: float = Field(
         default=10.0,
@@ -397,29 +372,13 @@ class RateLimits(BaseModel):
 class Runtime(BaseModel):
     """The sandbox runtime and the specs"""
 
-    driver: Literal["docker", "kubernetes"] = Field(
-        default="docker",
-        description="where sandboxes run: `docker` (the engine of `ACS_DOCKER_URL`) or "
-        "`kubernetes` (pods in `ACS_KUBE_NAMESPACE`, [Kubernetes](#kubernetes) below; "
-        "[deployment](deployment.md#sandboxes-on-kubernetes))",
-    )
-    docker_url: str | None = Field(
-        default=None,
-        description="Docker engine URL; unset uses `DOCKER_HOST` or the local socket",
-    )
-    docker_threads: int = Field(
-        default=8,
-        ge=1,
-        le=64,
-        description="threads of the slow lane for Docker calls (create and start, restart, "
-        "remove, networks): bounds concurrent slow engine calls",
-    )
-    docker_quick_threads: int = Field(
-        default=4,
-        ge=1,
-        le=64,
-        description="threads of the quick lane (inspect, pause, unpause, image look-up, ping, "
-        "listing): these never wait behind the slow lane",
+    driver: str = Field(
+        default=DEFAULT_RUNTIME,
+        description="where sandboxes run: `docker` (the engine of `ACS_DOCKER_URL`, "
+        "[Docker](#docker) below) or `kubernetes` (pods in "
+        "`ACS_KUBE_NAMESPACE`, [Kubernetes](#kubernetes) below; "
+        "[deployment](deployment.md#sandboxes-on-kubernetes)); the runtimes are the rows of "
+        "`drivers/runtimes.py`",
     )
     spec_dir: Path = Field(
         default=Path("specs"), description="directory of sandbox spec YAML files"
@@ -448,9 +407,6 @@ class Runtime(BaseModel):
         description="container and volume name prefix; also the `acs.prefix` label that scopes "
         "a deployment",
     )
-    publish_host: str = Field(
-        default="127.0.0.1", description="host address sandbox ports are published on"
-    )
     url_host: str = Field(
         default="127.0.0.1",
         description="host name used in `exposed_urls` (unless they point at the proxy: "
@@ -471,7 +427,7 @@ class Runtime(BaseModel):
 
 
 class Isolation(BaseModel):
-    """Sandbox networks and the host firewall"""
+    """What sandboxes reach of the control plane and its host"""
 
     public_url: str | None = Field(
         default=None,
@@ -484,37 +440,19 @@ class Isolation(BaseModel):
         default=None,
         ge=0,
         le=65535,
-        description="port of the webhook listener, which `serve` binds on every sandbox "
-        "network's gateway address and which answers only the webhook routes; must differ from "
-        "`--port` when `--host` is `0.0.0.0` or `::`; `0`: any free port",
-    )
-    sandbox_subnet_pool: str = Field(
-        default="10.213.0.0/16",
-        description="where the sandbox networks' subnets are taken from (each overlaps no "
-        "Docker network and no host route)",
-    )
-    sandbox_subnet_size: int = Field(
-        default=22,
-        ge=16,
-        le=28,
-        description="prefix length of each sandbox network: a /22 holds 1,021 sandboxes, the "
-        "default pool 64 such networks. A /24 holds only 253, fewer than the ~345 idle sandboxes "
-        "admission admits on a 24 GiB host ([operations](operations.md#capacity)); a network "
-        "that exists keeps the size it was created with",
-    )
-    host_firewall: Literal["auto", "on", "off"] = Field(
-        default="auto",
-        description="iptables rules fencing the sandbox networks: `auto` manages them when "
-        "running as root with `iptables` (otherwise logs `host_firewall_unavailable` and "
-        "restricted-egress specs cannot start), `on` makes that a start-up error, `off` never "
-        "touches iptables ([security](security.md))",
+        description="port of the webhook listener, which answers only the webhook routes and "
+        "which the runtime binds where sandboxes reach it (Docker: every sandbox network's "
+        "gateway address); must differ from `--port` when `--host` is `0.0.0.0` or `::`; `0`: "
+        "any free port",
+        json_schema_extra={"shown_default": "`serve`'s `--port`"},
     )
     sandbox_host_ports: CommaList[int] = Field(
         default_factory=list,
         description="comma-separated TCP ports on the host that every sandbox may reach at "
         "`host.docker.internal` (e.g. `11434` for a model server); nothing else on the host is "
         "reachable but the webhook listener. The LLM gateway may call the host's own addresses "
-        "on these ports only ([llm-gateway.md](llm-gateway.md#where-the-gateway-may-connect))",
+        "(and the other replicas' hosts) on these ports only "
+        "([llm-gateway.md](llm-gateway.md#where-the-gateway-may-connect))",
     )
 
     @field_validator("sandbox_host_ports")
@@ -525,24 +463,38 @@ class Isolation(BaseModel):
                 raise ValueError(f"{port} is not a TCP port")
         return sorted(set(value))
 
-    @field_validator("sandbox_subnet_pool")
-    @classmethod
-    def _pool(cls, value: str) -> str:
-        try:
-            network = ipaddress.IPv4Network(value, strict=True)
-        except ValueError as exc:
-            raise ValueError(f"not an IPv4 network: {exc}") from None
-        if network.prefixlen > 24:
-            raise ValueError("the pool must be a /24 or larger")
-        return str(network)
 
-    @field_validator("sandbox_subnet_size")
+DNS_NAME = r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*"
+
+
+class Outbound(BaseModel):
+    """Outbound connections made for users ([security](security.md#12-outbound-connections))"""
+
+    outbound_allow: CommaList[str] = Field(
+        default_factory=list,
+        description="comma-separated networks (CIDRs, addresses) and DNS names of your network "
+        "that users' `llm_base_url` may reach (a company's model server): the LLM gateway "
+        "connects to the internet, and to private addresses only here; a name admits the "
+        "addresses it resolves to (looked up again every 30 s). Nothing here admits this "
+        "host (that is `ACS_SANDBOX_HOST_PORTS`), link-local addresses, the sandbox networks, "
+        "the cluster's ranges, Redis or the other replicas",
+    )
+
+    @field_validator("outbound_allow")
     @classmethod
-    def _fits_pool(cls, value: int, info: ValidationInfo) -> int:
-        pool = info.data.get("sandbox_subnet_pool")
-        if pool and value < ipaddress.IPv4Network(pool).prefixlen:
-            raise ValueError(f"/{value} networks do not fit in ACS_SANDBOX_SUBNET_POOL {pool}")
-        return value
+    def _networks_or_names(cls, value: list[str]) -> list[str]:
+        out = []
+        for item in value:
+            try:
+                out.append(str(ipaddress.ip_network(item, strict=False)))
+                continue
+            except ValueError:
+                pass
+            name = item.lower().rstrip(".")
+            if not re.fullmatch(DNS_NAME, name):
+                raise ValueError(f"{item!r} is neither a network (CIDR) nor a DNS name")
+            out.append(name)
+        return out
 
 
 class SandboxProxy(BaseModel):
@@ -566,6 +518,7 @@ class SandboxProxy(BaseModel):
         le=16 * 1024**3,
         description="largest request body, and WebSocket message, the sandbox proxy forwards; "
         "413 above",
+        json_schema_extra={"shown_default": "`67108864` (64 MiB)"},
     )
     proxy_read_timeout: float = Field(
         default=300.0,
@@ -590,166 +543,6 @@ class SandboxProxy(BaseModel):
         if value == "proxy" and not info.data.get("proxy_url"):
             raise ValueError("proxy needs ACS_PROXY_URL (the URL clients reach this API at)")
         return value
-
-
-class Kubernetes(BaseModel):
-    """Kubernetes"""
-
-    kubeconfig: Path | None = Field(
-        default=None,
-        description="with `ACS_DRIVER=kubernetes`: the kubeconfig file the control plane "
-        "connects with; unset: the in-cluster credentials of the pod it runs in (its service "
-        "account, which needs the Role of [deployment](deployment.md#rbac))",
-    )
-    kube_context: str | None = Field(
-        default=None, description="the kubeconfig's context to use; unset: its current context"
-    )
-    kube_namespace: str = Field(
-        default="acs-sandboxes",
-        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
-        description="the namespace sandboxes run in (it must exist; the control plane needs "
-        "nothing outside it)",
-    )
-    kube_endpoint: Literal["pod_ip", "service"] = Field(
-        default="pod_ip",
-        description="how the control plane reaches a sandbox: `pod_ip` (the pod's address: the "
-        "control plane must route to the pod network) or `service` (a ClusterIP Service per "
-        "sandbox, kept across pause and resume)",
-    )
-    kube_control_plane_url: str | None = Field(
-        default=None,
-        description="the control plane as sandboxes reach it (their webhooks; e.g. the "
-        "ClusterIP of a Service in front of the webhook listener, `http://10.96.0.50:3001`: "
-        "sandboxes of restricted egress get no DNS); unset: "
-        "`http://<ACS_KUBE_WEBHOOK_ADDRESS>:<ACS_WEBHOOK_PORT>`",
-    )
-    kube_webhook_address: str = Field(
-        default="0.0.0.0",  # noqa: S104 (in a pod: its own address, behind a Service)
-        description="the address the webhook listener binds for sandboxes (in a pod, `0.0.0.0`; "
-        "outside the cluster, this host's address on a network the pods reach)",
-    )
-    kube_control_plane_labels: KeyValues = Field(
-        default_factory=lambda: {"app.kubernetes.io/name": "acs-control-plane"},
-        description="labels of the control plane's pods (`k=v,…`), which the sandboxes' "
-        "NetworkPolicies admit to their ports and let them reach; used when the control plane "
-        "runs in the cluster",
-    )
-    kube_control_plane_namespace: str | None = Field(
-        default=None,
-        description="the namespace of those pods; unset: the control plane's own, in a pod "
-        "(Kubernetes 1.21+ labels namespaces by name, which a policy across namespaces needs)",
-    )
-    kube_control_plane_cidrs: CommaList[str] = Field(
-        default_factory=list,
-        description="comma-separated addresses (CIDRs) a control plane outside the cluster "
-        "connects from and listens on, for the NetworkPolicies; unset: "
-        "`ACS_KUBE_WEBHOOK_ADDRESS/32` when that is an address",
-    )
-    kube_storage_class: str | None = Field(
-        default=None,
-        description="the StorageClass of workspace claims; unset: the cluster's default",
-    )
-    kube_workspace_size: str = Field(
-        default="10Gi",
-        pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$",
-        description="the size each workspace claim requests",
-    )
-    kube_image_registry: str | None = Field(
-        default=None,
-        description="registry (and path) the specs' images are pulled from, e.g. "
-        "`registry.example.com/acs`; an image that names its own registry is left as it is",
-    )
-    kube_image_pull_secrets: CommaList[str] = Field(
-        default_factory=list,
-        description="comma-separated Secrets (in the sandbox namespace) pods pull images with",
-    )
-    kube_image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
-        default="IfNotPresent",
-        description="the pods' imagePullPolicy; `Never` for images loaded onto the nodes "
-        "(then an image no node has is missing at once, when nodes may be read)",
-    )
-    kube_runtime_classes: KeyValues = Field(
-        default_factory=dict,
-        description="a spec's `runtime` -> the RuntimeClass its pods name (`runsc=gvisor,…`); "
-        "a runtime not listed names a RuntimeClass of its own name",
-    )
-    kube_node_selector: KeyValues = Field(
-        default_factory=dict,
-        description="node labels sandbox pods are placed by (`k=v,…`), e.g. a pool of sandbox "
-        "nodes; admission counts only those nodes",
-    )
-    kube_cpu_request: float = Field(
-        default=0.05,
-        gt=0,
-        le=256,
-        description="CPU cores each sandbox pod requests (its limit is the spec's `cpus`)",
-    )
-    kube_pause_grace: int = Field(
-        default=5,
-        ge=0,
-        le=3600,
-        description="seconds a paused sandbox's processes get between SIGTERM and SIGKILL as "
-        "its pod is deleted",
-    )
-    kube_schedule_timeout: float = Field(
-        default=15.0,
-        gt=0,
-        le=3600,
-        description="seconds a new pod may stay unschedulable before its start fails (longer "
-        "with a cluster autoscaler); meanwhile new sandboxes are refused with 429",
-    )
-    kube_pod_start_timeout: float = Field(
-        default=120.0,
-        gt=0,
-        le=3600,
-        description="seconds from a pod's creation to its container running, image pull "
-        "included (then `ACS_START_TIMEOUT` for the agent server's `/health`)",
-    )
-    kube_internet_except: CommaList[str] = Field(
-        default_factory=lambda: list(PRIVATE_RANGES),
-        description="what `egress: internet` leaves out (CIDRs): by default the private and "
-        "link-local ranges, where the cluster's pods, Services, nodes and API server are",
-    )
-    kube_dns_labels: KeyValues = Field(
-        default_factory=lambda: {"k8s-app": "kube-dns"},
-        description="labels of the cluster DNS pods that sandboxes of `egress: internet` may "
-        "query (port 53); empty: no DNS rule",
-    )
-
-    @field_validator("kube_control_plane_url")
-    @classmethod
-    def _url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        if "$(" in value:
-            # Kubernetes leaves `$(VAR)` as it is when VAR is not set: in the shipped manifests,
-            # the acs-webhooks Service did not exist yet when this pod was made.
-            raise ValueError(
-                f"{value!r} names a variable Kubernetes did not set (a Service's address: does "
-                "the Service exist? The pod's restart reads it again)"
-            )
-        if not re.fullmatch(r"https?://[^/?#\s]+(/[^?#\s]*)?", value):
-            raise ValueError(f"{value!r} is not an http(s) URL without query or fragment")
-        return value.rstrip("/")
-
-    @field_validator("kube_control_plane_cidrs", "kube_internet_except")
-    @classmethod
-    def _cidrs(cls, value: list[str]) -> list[str]:
-        out = []
-        for item in value:
-            try:
-                out.append(str(ipaddress.IPv4Network(item, strict=False)))
-            except ValueError as exc:
-                raise ValueError(f"{item!r} is not an IPv4 address or network: {exc}") from None
-        return out
-
-    @field_validator("kube_webhook_address")
-    @classmethod
-    def _address(cls, value: str) -> str:
-        try:
-            return str(ipaddress.IPv4Address(value))
-        except ValueError:
-            raise ValueError(f"{value!r} is not an IPv4 address") from None
 
 
 class Capacity(BaseModel):
@@ -778,14 +571,6 @@ class Capacity(BaseModel):
         description="the part of the engine's total memory sandboxes may reserve when "
         "`ACS_HOST_MEMORY_BYTES` is unset",
     )
-    host_memory_floor: int = Field(
-        default=512 * 1024**2,
-        ge=0,
-        description="bytes: new sandboxes (cold starts, pool refills) are refused with 429 "
-        "while the host's `MemAvailable` minus the new reservation is below this; read from "
-        "the control plane's `/proc/meminfo`, so only with a local engine (a unix socket); "
-        "`0` = off",
-    )
 
 
 class Upkeep(BaseModel):
@@ -810,6 +595,18 @@ class Upkeep(BaseModel):
         description="warm pool sizes overriding the specs' `warm_pool`: `N` for every spec, or "
         "`spec=N,...` with `*=N` for the rest; `0` turns a pool off "
         "([sandboxes](sandboxes.md#warm-pool))",
+    )
+    idle_action: Literal["pause", "hibernate"] = Field(
+        default="pause",
+        description="what the idle reaper does to an idle sandbox: `pause` (frozen, memory "
+        "kept, resumes at once) or `hibernate` (paused, then its memory given back: Docker "
+        "stops the container; resume restarts it, [sandboxes](sandboxes.md#hibernation))",
+    )
+    hibernate_after: int = Field(
+        default=0,
+        ge=0,
+        description="seconds a sandbox stays PAUSED before it gives its memory back "
+        "(hibernated; the API still says PAUSED); `0` = never",
     )
     pool_interval: float = Field(
         default=2.0,
@@ -847,6 +644,101 @@ class Upkeep(BaseModel):
         if self.warm_pool is None:
             return spec_size
         return self.warm_pool.get(spec_id, self.warm_pool.get("*", spec_size))
+
+
+class Snapshots(BaseModel):
+    """Snapshots and hibernation"""
+
+    snapshot_store_url: str | None = Field(
+        default=None,
+        description="the OCI registry snapshots are stored in (`https://registry.example.com`, "
+        "any registry speaking the distribution API v2, with blob and manifest deletion "
+        "enabled); unset: snapshots are off (their routes answer 503)",
+    )
+    snapshot_store_repository: str = Field(
+        default="acs-snapshots",
+        pattern=r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$",
+        description="repository prefix in the registry: each user's snapshots are under "
+        "`<prefix>/u<24 hex digits>` (a keyed hash of the user id)",
+    )
+    snapshot_store_username: str | None = Field(
+        default=None, description="user for the registry (Basic, or its token service)"
+    )
+    snapshot_store_password: str | None = Field(default=None, description="its password")
+    snapshot_store_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="seconds one request to the registry may take (a blob of up to "
+        "`ACS_SNAPSHOT_PACK_BYTES`) before the operation answers 503",
+    )
+    snapshot_pack_bytes: int = Field(
+        default=16 * 1024**2,
+        ge=1024**2,
+        le=512 * 1024**2,
+        description="size of the packs (blobs) a snapshot's new chunks are sent in",
+    )
+    snapshot_helper_image: str | None = Field(
+        default=None,
+        description="image of the helper containers that read and write sandboxes' files for "
+        "snapshots (any with python3 ≥ 3.9); unset: `ACS_BASE_IMAGE`",
+    )
+    snapshot_max_per_user: int = Field(
+        default=100, ge=0, description="snapshots a user may keep; `0` = no limit"
+    )
+    snapshot_max_bytes_per_user: int = Field(
+        default=10 * 1024**3,
+        ge=0,
+        description="bytes a user's snapshots may take in the store (after deduplication and "
+        "compression); `0` = no limit",
+    )
+    snapshot_keep_last: int = Field(
+        default=10,
+        ge=0,
+        description="unnamed snapshots kept per sandbox (older ones are deleted); `0` = no "
+        "limit. Named ones are kept until deleted",
+    )
+    snapshot_max_age: int = Field(
+        default=30 * 86400,
+        ge=0,
+        description="seconds an unnamed snapshot is kept; `0` = no limit",
+    )
+    snapshot_orphan_retention: int = Field(
+        default=7 * 86400,
+        ge=0,
+        description="seconds the unnamed snapshots of a deleted sandbox are kept after the "
+        "retention pass first finds it gone; `0`: deleted with it",
+    )
+    snapshot_collect_interval: float = Field(
+        default=60.0,
+        gt=0,
+        le=86400,
+        description="seconds between the collector's passes (abandoned snapshots, unused "
+        "blobs, retention; one replica at a time)",
+    )
+    snapshot_collect_grace: float = Field(
+        default=600.0,
+        ge=0,
+        le=30 * 86400,
+        description="seconds a blob no snapshot uses any more is kept before it is deleted "
+        "(a snapshot being taken may still reuse it)",
+    )
+    snapshot_lease: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="seconds a snapshot being taken is considered alive without news from "
+        "its replica; then it is abandoned and what it sent is collected",
+    )
+
+    @field_validator("snapshot_store_url")
+    @classmethod
+    def _store_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not re.fullmatch(r"https?://[^/?#\s]+", value.rstrip("/")):
+            raise ValueError(f"{value!r} is not an http(s) URL of a registry (no path)")
+        return value.rstrip("/")
 
 
 class LifecycleWebhooks(BaseModel):
@@ -924,6 +816,14 @@ class Models(BaseModel):
                 raise ValueError(f"not JSON: {exc}") from None
         return value
 
+    @field_validator("llm_prices")
+    @classmethod
+    def _prices(cls, value: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+        for model, pair in value.items():
+            if not all(math.isfinite(price) and price >= 0 for price in pair):
+                raise ValueError(f"{model}: prices are non-negative numbers")
+        return value
+
 
 class LlmGateway(BaseModel):
     """The LLM gateway ([llm-gateway.md](llm-gateway.md))"""
@@ -960,6 +860,7 @@ class LlmGateway(BaseModel):
         le=512 * 1024 * 1024,
         description="body limit of a model call (the API's `ACS_MAX_BODY_BYTES` does not apply "
         "to the gateway's routes: a long conversation is larger)",
+        json_schema_extra={"shown_default": "`33554432` (32 MiB)"},
     )
     llm_rate_limit_per_minute: int = Field(
         default=600,
@@ -983,25 +884,33 @@ GROUPS: tuple[type[BaseModel], ...] = (
     RateLimits,
     Runtime,
     Isolation,
+    Outbound,
     SandboxProxy,
-    Kubernetes,
+    *(runtime.settings for runtime in RUNTIMES.values()),
     Capacity,
     Upkeep,
+    Snapshots,
     LifecycleWebhooks,
     Models,
     LlmGateway,
 )
-"""The groups, in the order docs/configuration.md lists them."""
+"""The groups, in the order docs/configuration.md lists them: every runtime's settings (declared
+in its package under drivers/) after the control plane's runtime-neutral ones."""
+
+RUNTIME_SETTINGS = {name: runtime.settings for name, runtime in RUNTIMES.items()}
+SETTING_NAMES = frozenset(name for group in GROUPS for name in group.model_fields)
+"""Every setting `x` (the variable ACS_X), of the control plane and of every runtime."""
 
 
 class ServiceConfig(
     LlmGateway,
     Models,
     LifecycleWebhooks,
+    Snapshots,
     Upkeep,
     Capacity,
     SandboxProxy,
-    Kubernetes,
+    Outbound,
     Isolation,
     Runtime,
     RateLimits,
@@ -1010,26 +919,40 @@ class ServiceConfig(
     Server,
     Storage,
 ):
-    """Everything the control plane needs to run: every group's fields in one model."""
+    """Everything the control plane needs to run: every group's fields in one model, and the
+    settings of the runtime ACS_DRIVER names in `runtime` (given flat like the others, e.g.
+    `docker_url=`, they are moved there; those of runtimes not chosen are not read)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    runtime: RuntimeSettings = Field(exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _runtime_settings(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping) or isinstance(data.get("runtime"), RuntimeSettings):
+            return data
+        driver = str(data.get("driver") or DEFAULT_RUNTIME)
+        chosen = RUNTIME_SETTINGS.get(driver)
+        if chosen is None:
+            raise ValueError(f"ACS_DRIVER: {driver!r} is none of {', '.join(RUNTIME_SETTINGS)}")
+        own = cls.model_fields
+        values = {k: v for k, v in data.items() if k in own or k not in SETTING_NAMES}
+        try:
+            values["runtime"] = chosen.model_validate(
+                {k: v for k, v in data.items() if k in chosen.model_fields}
+            )
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = f"{ENV_PREFIX}{str(first['loc'][0]).upper()}: " if first["loc"] else ""
+            raise ValueError(where + str(first["msg"]).removeprefix("Value error, ")) from None
+        return values
+
     @model_validator(mode="after")
-    def _kubernetes(self) -> ServiceConfig:
-        if self.driver != "kubernetes":
-            return self
-        if not re.fullmatch(PREFIX_PATTERN, self.container_prefix):
-            raise ValueError(
-                "ACS_CONTAINER_PREFIX: with ACS_DRIVER=kubernetes it names pods, claims and "
-                f"Services: lower-case letters, digits and '-', a letter first, at most 40 "
-                f"characters ({self.container_prefix!r})"
-            )
-        if self.kube_control_plane_url is None and self.kube_webhook_address == "0.0.0.0":  # noqa: S104
-            raise ValueError(
-                "ACS_KUBE_CONTROL_PLANE_URL: with ACS_KUBE_WEBHOOK_ADDRESS=0.0.0.0 sandboxes need "
-                "the URL they reach the control plane at (e.g. a Service in front of its webhook "
-                "listener)"
-            )
+    def _runtime_rules(self) -> ServiceConfig:
+        if not isinstance(self.runtime, RUNTIME_SETTINGS[self.driver]):
+            raise ValueError(f"ACS_DRIVER: the settings given are not {self.driver}'s")
+        self.runtime.check(self.container_prefix)
         return self
 
     @model_validator(mode="after")
@@ -1043,7 +966,7 @@ class ServiceConfig(
 
 def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     values: dict[str, Any] = {}
-    for name in ServiceConfig.model_fields:
+    for name in SETTING_NAMES:
         raw = environ.get(ENV_PREFIX + name.upper())
         if raw is not None and raw != "":
             values[name] = raw

@@ -1,5 +1,6 @@
-"""docs/configuration.md's tables, written from the configuration models (controlplane/config.py)
-so that the page lists exactly the fields the code has, grouped as the code groups them:
+"""docs/configuration.md's tables, written from the configuration models (controlplane/config.py
+and each runtime's settings, drivers/*/settings.py) so that the page lists exactly the fields
+the code has, grouped as the code groups them:
 `python -m controlplane.config_reference` rewrites the part of the page between its markers, and
 tests/app/test_config_reference.py fails while the page is behind the code."""
 
@@ -15,26 +16,19 @@ from controlplane.config import ENV_PREFIX, GROUPS
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 BEGIN = (
-    "<!-- The tables below are written from controlplane/config.py by "
-    "`python -m controlplane.config_reference`: edit the field descriptions there. -->"
+    "<!-- The tables below are written from controlplane/config.py and the runtimes' settings "
+    "(drivers/*/settings.py) by `python -m controlplane.config_reference`: edit the field "
+    "descriptions there. -->"
 )
 END = "<!-- End of the generated tables. -->"
-SHOWN_DEFAULTS = {
-    "webhook_port": "`serve`'s `--port`",
-    "host_memory_floor": "`536870912` (512 MiB)",
-    "llm_gateway_max_body_bytes": "`33554432` (32 MiB)",
-    "redis_retry_window": "`10` with Sentinel, `2` without",
-    "redis_wait_replicas": "`1` with Sentinel, `0` without",
-    "proxy_max_body_bytes": "`67108864` (64 MiB)",
-    "kube_control_plane_labels": "`app.kubernetes.io/name=acs-control-plane`",
-    "kube_dns_labels": "`k8s-app=kube-dns`",
-}
-"""Defaults better said in words than as the model's value."""
 
 
-def default_text(name: str, info: FieldInfo) -> str:
-    if name in SHOWN_DEFAULTS:
-        return SHOWN_DEFAULTS[name]
+def default_text(info: FieldInfo) -> str:
+    """The default as the page shows it: in words where the field says so
+    (`json_schema_extra={"shown_default": …}`), else its value as the variable is written."""
+    extra = info.json_schema_extra
+    if isinstance(extra, dict) and isinstance(shown := extra.get("shown_default"), str):
+        return shown
     value: Any = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]  # no factory here takes the data
     if value is None or value == []:
         return "unset"
@@ -57,7 +51,7 @@ def render() -> str:
         rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
         for name, info in group.model_fields.items():
             variable = f"`{ENV_PREFIX}{name.upper()}`"
-            rows.append(f"| {variable} | {default_text(name, info)} | {info.description} |")
+            rows.append(f"| {variable} | {default_text(info)} | {info.description} |")
         parts.append(f"### {title}\n\n" + "\n".join(rows) + "\n")
     return "\n".join(parts)
 

@@ -19,8 +19,11 @@ __all__ = [
     "QuotaExceeded",
     "RuntimeUnavailable",
     "SandboxNotFound",
+    "SnapshotDamaged",
+    "SnapshotNotFound",
     "SpecInvalid",
     "SpecNotFound",
+    "StoreUnavailable",
     "Unauthorized",
 ]
 
@@ -39,6 +42,25 @@ class SandboxNotFound(NotFound):
 
 class SpecNotFound(NotFound):
     code = "sandbox_spec_not_found"
+
+
+class SnapshotNotFound(NotFound):
+    code = "snapshot_not_found"
+
+
+class StoreUnavailable(ControlPlaneError):
+    """The snapshot store (an OCI registry) does not answer, or refuses what it should take."""
+
+    code = "snapshot_store_unavailable"
+    status = 503
+
+
+class SnapshotDamaged(ControlPlaneError):
+    """What the store gave back is not what was stored: a digest or an authentication tag
+    does not match (a corrupted or tampered blob). Nothing is restored from it."""
+
+    code = "snapshot_damaged"
+    status = 500
 
 
 class Conflict(ControlPlaneError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from controlplane import gauges, keys
 from controlplane.api.parsing import json_response
@@ -25,7 +25,11 @@ class Health(BaseModel):
 class Readiness(BaseModel):
     status: Literal["ok", "degraded", "draining"]
     redis: bool
-    docker: bool | None = None
+    runtime: bool | None = Field(
+        default=None,
+        description="the sandbox runtime answers (null: this app runs no sandboxes)",
+    )
+    driver: str | None = Field(default=None, description="which runtime: ACS_DRIVER")
 
 
 @routes.route(
@@ -38,7 +42,8 @@ async def health(_request: web.Request) -> web.Response:
 @routes.route(
     "GET",
     "/ready",
-    summary="Readiness: Redis (and Docker) answer, and the replica is not shutting down",
+    summary="Readiness: Redis (and the sandbox runtime) answer, and the replica is not shutting "
+    "down",
     response=Readiness,
     public=True,
     errors=(503,),
@@ -48,14 +53,16 @@ async def ready(request: web.Request) -> web.Response:
         redis_ok = bool(await request.app[keys.REDIS].ping())
     except REDIS_DOWN:
         redis_ok = False
-    docker_ok: bool | None = None
+    runtime_ok: bool | None = None
+    driver: str | None = None
     if keys.SANDBOXES in request.app:
-        docker_ok = await request.app[keys.SANDBOXES].runtime_available()
-    ok = redis_ok and docker_ok is not False
+        runtime_ok = await request.app[keys.SANDBOXES].runtime_available()
+        driver = request.app[keys.CONFIG].driver
+    ok = redis_ok and runtime_ok is not False
     status: Literal["ok", "degraded", "draining"] = "ok" if ok else "degraded"
     if request.app[keys.DRAIN].draining:  # first thing at SIGTERM: a balancer stops sending here
         status, ok = "draining", False
-    body = Readiness(status=status, redis=redis_ok, docker=docker_ok)
+    body = Readiness(status=status, redis=redis_ok, runtime=runtime_ok, driver=driver)
     return json_response(body, status=200 if ok else 503)
 
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from controlplane.lifecycle.publisher import LifecyclePublisher
     from controlplane.metrics import Metrics
     from controlplane.organizations.service import OrganizationService
+    from controlplane.outbound.sources import OutboundSources
     from controlplane.proxy.state import ProxyState
     from controlplane.sandboxes.models import SandboxRecord
     from controlplane.sandboxes.pool import WarmPool
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
     from controlplane.settings.profiles import LlmProfiles
     from controlplane.settings.service import SettingsService
     from controlplane.shutdown import Drain
+    from controlplane.snapshots.collector import Collector
+    from controlplane.snapshots.service import SnapshotService
+    from controlplane.snapshots.sources import SnapshotData
     from controlplane.specs.catalog import SpecCatalog
     from drivers.base import SandboxDriver
 
@@ -87,17 +91,26 @@ DRIVER: web.AppKey[SandboxDriver] = web.AppKey("driver")
 WEBHOOK_LISTENER: web.AppKey[WebhookListener] = web.AppKey("webhook_listener")
 """The server sandboxes post their webhooks to (the driver binds it where they reach it)."""
 HTTP_CLIENT: web.AppKey[aiohttp.ClientSession] = web.AppKey("http_client", aiohttp.ClientSession)
-"""The control plane's client to agent servers and webhook receivers (one connection pool)."""
+"""The control plane's client to agent servers (one connection pool; webhook receivers and
+model providers have clients of the outbound policy's: controlplane/outbound)."""
 RUNTIME_HTTP: web.AppKey[RuntimeHttp] = web.AppKey("runtime_http")
 """Requests browser clients have the control plane send to a sandbox's agent server
 (POST /api/cloud-proxy, a conversation's git and file reads): bounded answers, own pool."""
 LIFECYCLE: web.AppKey[LifecyclePublisher] = web.AppKey("lifecycle")
+OUTBOUND: web.AppKey[OutboundSources] = web.AppKey("outbound")
+"""The outbound policies (for users, for the operator's URLs) and what keeps them current
+(controlplane/outbound)."""
 WEBHOOK_OUTBOX: web.AppKey[Outbox] = web.AppKey("webhook_outbox")
 """Only when ACS_LIFECYCLE_WEBHOOK_URLS is set."""
 SANDBOXES: web.AppKey[SandboxService] = web.AppKey("sandboxes")
 RECONCILER: web.AppKey[Reconciler] = web.AppKey("reconciler")
 REAPER: web.AppKey[IdleReaper] = web.AppKey("reaper")
 POOL: web.AppKey[WarmPool] = web.AppKey("warm_pool")
+SNAPSHOT_DATA: web.AppKey[SnapshotData] = web.AppKey("snapshot_data")
+"""Only with ACS_SNAPSHOT_STORE_URL: the store, its client and the users' keys."""
+SNAPSHOTS: web.AppKey[SnapshotService] = web.AppKey("snapshots")
+"""Only with ACS_SNAPSHOT_STORE_URL."""
+COLLECTOR: web.AppKey[Collector] = web.AppKey("snapshot_collector")
 CONVERSATIONS: web.AppKey[ConversationService] = web.AppKey("conversations")
 EVENTS: web.AppKey[EventService] = web.AppKey("events")
 

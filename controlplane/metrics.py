@@ -75,6 +75,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
+        self._runtime_counters: dict[str, Counter] = {}
         self.http_requests = Counter(
             "acs_http_requests",
             "HTTP requests by method, route template and status",
@@ -95,25 +96,6 @@ class Metrics:
             buckets=_OPERATION_BUCKETS,
             registry=reg,
         )
-        self.docker_errors = Counter(
-            "acs_docker_errors",
-            "Docker engine calls that failed (engine unreachable or an error answer)",
-            ("operation",),
-            registry=reg,
-        )
-        self.kube_errors = Counter(
-            "acs_kubernetes_errors",
-            "Kubernetes API calls that failed (no answer, or a refusal)",
-            ("operation",),
-            registry=reg,
-        )
-        self.kube_watch_restarts = Counter(
-            "acs_kubernetes_watch_restarts",
-            "Times the sandbox pod watch was resumed after a break (`broken`) or listed again "
-            "because its resourceVersion had expired (`expired`, 410 Gone)",
-            ("reason",),
-            registry=reg,
-        )
         self.event_lag = Histogram(
             "acs_event_lag_seconds",
             "Time from an agent event's timestamp to its webhook delivery being stored",
@@ -132,7 +114,7 @@ class Metrics:
         self._fixes = 0
         self.reconcile_fixes = _CounterFromSource(
             "acs_reconcile_fixes",
-            "Sandbox records the reconciler changed to match Docker (this process)",
+            "Sandbox records the reconciler changed to match the runtime (this process)",
             lambda: self._fixes,
         )
         reg.register(self.reconcile_fixes)
@@ -173,14 +155,18 @@ class Metrics:
         self.http_requests.labels(method, route, str(status)).inc()
         self.http_duration.labels(method, route).observe(seconds)
 
-    def docker_error(self, operation: str) -> None:
-        self.docker_errors.labels(operation).inc()
+    def runtime_counter(self, name: str, documentation: str, label: str) -> Callable[[str], None]:
+        """A counter the sandbox runtime declares (drivers/runtime.py: RuntimeHost.counters;
+        e.g. `acs_docker_errors{operation}`), made at its first request: its hook."""
+        counter = self._runtime_counters.get(name)
+        if counter is None:
+            counter = Counter(name, documentation, (label,), registry=self.registry)
+            self._runtime_counters[name] = counter
+        return lambda value: counter.labels(value).inc()
 
-    def kube_error(self, operation: str) -> None:
-        self.kube_errors.labels(operation).inc()
-
-    def kube_watch_restarted(self, reason: str) -> None:
-        self.kube_watch_restarts.labels(reason).inc()
+    def sandbox_call(self, operation: str, seconds: float) -> None:
+        """A successful call of the sandbox API (start, pause, resume, delete)."""
+        self.sandbox_api.labels(operation).observe(seconds)
 
     def reconcile_fixed(self) -> None:
         self._fixes += 1

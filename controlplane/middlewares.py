@@ -219,10 +219,7 @@ async def webhook_auth_middleware(request: web.Request, handler: Handler) -> web
         return await handler(request)
     key = request.headers.get("X-Session-API-Key")
     sandboxes = request.app.get(keys.SANDBOXES)
-    if not key or len(key) > 256 or sandboxes is None:
-        raise Unauthorized("invalid sandbox session key")
-    found = await sandboxes.id_for_key(key)
-    if found is None or not secrets.compare_digest(found, sandbox_id):
+    if sandboxes is None or await sandboxes.id_for_session_key(key, sandbox_id) is None:
         raise Unauthorized("invalid sandbox session key")
     limiter = request.app.get(keys.WEBHOOK_LIMITER)
     if limiter is not None:

@@ -6,23 +6,28 @@ dependency order (`contexts`); aiohttp opens them in that order and closes them 
 1. redis          the Redis client, the secret box, and what needs only them (API keys,
                   organizations (their migration runs here, once), browser sessions and the
                   OpenID sign-in, the device flow, settings and LLM profiles, rate limiters)
-2. runtime        the sandbox driver (for Docker with its networks and firewall) and the
-                  webhook listener it binds where sandboxes reach it
-3. http client    the one client session to agent servers and webhook receivers
+2. runtime        the sandbox driver of the runtime ACS_DRIVER names (drivers/runtimes.py) and
+                  the webhook listener it binds where sandboxes reach it
+3. http client    the one client session to agent servers
 4. runtime http   the client of what browser clients send to a sandbox (cloud proxy, reads)
-5. lifecycle      the lifecycle webhook outbox and this replica's deliverer, the publisher
-6. sandboxes      the sandbox service with its launcher, readiness probe, status feed and leases,
+5. outbound       the outbound policies of connections made for users and to the operator's
+                  URLs, read from the driver, Redis and the other replicas, kept current
+6. lifecycle      the lifecycle webhook outbox and this replica's deliverer, the publisher
+7. snapshot store with ACS_SNAPSHOT_STORE_URL: the registry's client, the snapshot records
+                  and the users' keys (sandboxes started from a snapshot read through it)
+8. sandboxes      the sandbox service with its launcher, readiness probe, status feed and leases,
                   the warm pool, the reconciler and the idle reaper
-7. LLM gateway    sandbox credentials, the users' gateway keys, forwarding (and the LiteLLM
+9. snapshots      the snapshot service (take, fork, delete) and the collector
+10. LLM gateway   sandbox credentials, the users' gateway keys, forwarding (and the LiteLLM
                   translator process, started on first need), metering; without sandboxes it
                   serves the users' own gateway keys alone
-8. conversations  the conversation service with its start tasks (which hand agents gateway
+11. conversations the conversation service with its start tasks (which hand agents gateway
                   credentials) and pending messages, events
-9. proxy          the sandbox proxy's client and what it keeps between requests
-10. webhooks      every spec's network made ready and the webhook listener serving: opened
+12. proxy         the sandbox proxy's client and what it keeps between requests
+13. webhooks      every spec's network made ready and the webhook listener serving: opened
                   after every service it calls exists, closed before they close (no webhook
                   arrives while the rest close)
-11. handover      start tasks resumed from other (stopped or dead) replicas; closed first: at
+14. handover      start tasks resumed from other (stopped or dead) replicas; closed first: at
                   shutdown this replica's starts finish or are handed over while webhooks still
                   arrive (controlplane/shutdown.py)
 
@@ -67,11 +72,12 @@ from controlplane.gateway.translator_process import TranslatorProcess
 from controlplane.lifecycle.outbox import Outbox
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookDeliverer
-from controlplane.metrics import Metrics
 from controlplane.organizations.groups import GroupRoles
 from controlplane.organizations.migration import migrate
 from controlplane.organizations.service import OrganizationService
 from controlplane.organizations.store import OrganizationStore
+from controlplane.outbound.client import OutboundClient
+from controlplane.outbound.sources import OutboundSources
 from controlplane.proxy.state import ProxyState, proxy_client
 from controlplane.sandboxes.admission import Admission
 from controlplane.sandboxes.launcher import Launcher, network_policy
@@ -92,13 +98,18 @@ from controlplane.sandboxes.webhook_listener import WebhookListener
 from controlplane.settings.profiles import LlmProfiles
 from controlplane.settings.service import SettingsService
 from controlplane.settings.store import UserRecordStore
+from controlplane.snapshots.collector import Collector
+from controlplane.snapshots.registry import Registry
+from controlplane.snapshots.service import SnapshotService
+from controlplane.snapshots.sources import SnapshotData
+from controlplane.snapshots.store import SnapshotStore
+from controlplane.snapshots.taker import Taker
 from controlplane.store import keyspace
 from controlplane.store.failover import open_redis
 from controlplane.store.leader import LeaderLock
 from controlplane.store.redis import wait_for_redis
-from drivers.base import SandboxDriver
-from drivers.docker import DockerDriver
-from drivers.kube_options import Credentials, KubeOptions
+from drivers.runtime import RuntimeHost
+from drivers.runtimes import RUNTIMES
 
 Context = Callable[[web.Application], AsyncIterator[None]]
 
@@ -112,14 +123,17 @@ def contexts(
     """The cleanup contexts of an app, in the order they open. `webhook_app(app)` makes the
     webhook listener's application (create_webhook_app); without sandboxes only Redis."""
     if not with_sandboxes:
-        return [redis_ctx(config), gateway_ctx(config)]
+        return [redis_ctx(config), outbound_ctx(config), gateway_ctx(config)]
     return [
         redis_ctx(config),
         runtime_ctx(config),
         http_ctx(),
         runtime_http_ctx(),
+        outbound_ctx(config),
         lifecycle_ctx(config),
+        snapshot_store_ctx(config),
         sandboxes_ctx(config),
+        snapshots_ctx(config),
         gateway_ctx(config),
         conversations_ctx(config),
         proxy_ctx(),
@@ -211,78 +225,27 @@ def sign_in(
 
 
 def runtime_ctx(config: ServiceConfig) -> Context:
-    """The driver (ACS_DRIVER) and the webhook listener it binds where sandboxes reach it
-    (Docker: its sandbox networks' gateways; Kubernetes: ACS_KUBE_WEBHOOK_ADDRESS), serving from
-    `webhooks_ctx` on."""
+    """The driver of the runtime ACS_DRIVER names (a row of drivers/runtimes.py, made from its
+    own settings) and the webhook listener it binds where sandboxes reach it (Docker: its sandbox
+    networks' gateways; Kubernetes: ACS_KUBE_WEBHOOK_ADDRESS), serving from `webhooks_ctx` on."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         listener = WebhookListener(config.webhook_port or 0)
-        driver: SandboxDriver
-        if config.driver == "kubernetes":
-            driver = kubernetes_driver(config, listener, app[keys.METRICS])
-        else:
-            driver = DockerDriver(
-                config.docker_url,
-                prefix=config.container_prefix,
-                threads=config.docker_threads,
-                quick_threads=config.docker_quick_threads,
-                address=config.url_host,
-                publish_host=config.publish_host,
-                memory_floor=config.host_memory_floor,
-                listener=listener,
-                firewall_mode=config.host_firewall,
-                host_ports=config.sandbox_host_ports,
-                subnet_pool=config.sandbox_subnet_pool,
-                subnet_size=config.sandbox_subnet_size,
-                on_error=app[keys.METRICS].docker_error,
-            )
+        host = RuntimeHost(
+            prefix=config.container_prefix,
+            url_host=config.url_host,
+            host_ports=tuple(config.sandbox_host_ports),
+            listener=listener,
+            counters=app[keys.METRICS].runtime_counter,
+            helper_image=config.snapshot_helper_image or config.base_image,
+        )
+        driver = RUNTIMES[config.driver].make(config.runtime, host)
         app[keys.DRIVER] = driver
         app[keys.WEBHOOK_LISTENER] = listener
         yield
         await driver.close()
 
     return ctx
-
-
-def kubernetes_driver(
-    config: ServiceConfig, listener: WebhookListener, metrics: Metrics
-) -> SandboxDriver:
-    """The Kubernetes driver as ACS_KUBE_* configure it (docs/deployment.md); imported here
-    only, as its client library takes a second to import."""
-    from drivers.kubernetes import KubernetesDriver  # noqa: PLC0415 (see above)
-
-    options = KubeOptions(
-        namespace=config.kube_namespace,
-        endpoint=config.kube_endpoint,
-        control_plane_url=config.kube_control_plane_url,
-        webhook_address=config.kube_webhook_address,
-        control_plane_labels=dict(config.kube_control_plane_labels),
-        control_plane_namespace=config.kube_control_plane_namespace,
-        control_plane_cidrs=tuple(config.kube_control_plane_cidrs),
-        host_ports=tuple(config.sandbox_host_ports),
-        storage_class=config.kube_storage_class,
-        workspace_size=config.kube_workspace_size,
-        image_registry=config.kube_image_registry,
-        image_pull_secrets=tuple(config.kube_image_pull_secrets),
-        image_pull_policy=config.kube_image_pull_policy,
-        runtime_classes=dict(config.kube_runtime_classes),
-        node_selector=dict(config.kube_node_selector),
-        cpu_request=config.kube_cpu_request,
-        pause_grace=config.kube_pause_grace,
-        schedule_timeout=config.kube_schedule_timeout,
-        start_timeout=config.kube_pod_start_timeout,
-        internet_except=tuple(config.kube_internet_except),
-        dns_labels=dict(config.kube_dns_labels),
-    )
-    kubeconfig = str(config.kubeconfig) if config.kubeconfig else None
-    return KubernetesDriver(
-        options,
-        prefix=config.container_prefix,
-        credentials=Credentials(kubeconfig=kubeconfig, context=config.kube_context),
-        listener=listener,
-        on_error=metrics.kube_error,
-        on_watch_restart=metrics.kube_watch_restarted,
-    )
 
 
 def http_ctx() -> Context:
@@ -309,6 +272,24 @@ def runtime_http_ctx() -> Context:
     return ctx
 
 
+def outbound_ctx(config: ServiceConfig) -> Context:
+    """The outbound policies, their inputs read once before anything connects with them, then
+    every half minute (controlplane/outbound/sources.py)."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        driver = app.get(keys.DRIVER)
+        sources = OutboundSources(
+            config, app[keys.REDIS], driver.sandbox_networks if driver is not None else None
+        )
+        await sources.refresh()
+        sources.start()
+        app[keys.OUTBOUND] = sources
+        yield
+        await sources.stop()
+
+    return ctx
+
+
 def lifecycle_ctx(config: ServiceConfig) -> Context:
     """The lifecycle publisher and, with ACS_LIFECYCLE_WEBHOOK_URLS, the webhook outbox and this
     replica's deliverer."""
@@ -317,12 +298,14 @@ def lifecycle_ctx(config: ServiceConfig) -> Context:
         redis = app[keys.REDIS]
         outbox: Outbox | None = None
         deliverer: WebhookDeliverer | None = None
+        # The operator's receivers: no redirect, the address connected to the one checked.
+        http = OutboundClient(app[keys.OUTBOUND].operator)
         if config.lifecycle_webhook_urls:
             metrics = app[keys.METRICS]
             outbox = Outbox(redis, config.lifecycle_webhook_urls)
             deliverer = WebhookDeliverer(
                 outbox,
-                app[keys.HTTP_CLIENT],
+                http,
                 config.lifecycle_webhook_secret,
                 RetryPolicy(
                     base=config.lifecycle_webhook_retry_base,
@@ -342,6 +325,7 @@ def lifecycle_ctx(config: ServiceConfig) -> Context:
         yield
         if deliverer is not None:
             await deliverer.close()
+        await http.close()
 
     return ctx
 
@@ -373,6 +357,7 @@ def sandboxes_ctx(config: ServiceConfig) -> Context:
             notes=notes,
             leases=leases,
             webhooks=True,  # the driver binds the webhook listener where sandboxes reach it
+            restores=app.get(keys.SNAPSHOT_DATA),
         )
         pool = WarmPool(
             config,
@@ -398,6 +383,7 @@ def sandboxes_ctx(config: ServiceConfig) -> Context:
             notes=notes,
             leases=leases,
             pool=pool,
+            restores=app.get(keys.SNAPSHOT_DATA),
         )
         reconciler = Reconciler(
             config,
@@ -442,6 +428,69 @@ def sandboxes_ctx(config: ServiceConfig) -> Context:
     return ctx
 
 
+def snapshot_store_ctx(config: ServiceConfig) -> Context:
+    """With ACS_SNAPSHOT_STORE_URL: the snapshot store's client (the OCI registry, on the one
+    HTTP client), its records and the users' keys, which sandboxes started from a snapshot
+    read their files through."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        if config.snapshot_store_url is not None:
+            registry = Registry(
+                app[keys.HTTP_CLIENT],
+                config.snapshot_store_url,
+                username=config.snapshot_store_username,
+                password=config.snapshot_store_password,
+                timeout=config.snapshot_store_timeout,
+            )
+            app[keys.SNAPSHOT_DATA] = SnapshotData(
+                SnapshotStore(app[keys.REDIS]),
+                registry,
+                app[keys.SECRET_BOX],
+                config.snapshot_store_repository,
+            )
+        yield
+
+    return ctx
+
+
+def snapshots_ctx(config: ServiceConfig) -> Context:
+    """The snapshot service (above sandboxes) and its collector, with a store."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        data = app.get(keys.SNAPSHOT_DATA)
+        if data is None:
+            yield
+            return
+        sandboxes = app[keys.SANDBOXES]
+        taker = Taker(
+            data,
+            sandboxes.store,
+            lease=config.snapshot_lease,
+            pack_bytes=config.snapshot_pack_bytes,
+        )
+        service = SnapshotService(config, data, sandboxes, taker, app[keys.DRIVER].files)
+        collector = Collector(
+            config,
+            data,
+            sandboxes.store,
+            remove=service.remove,
+            files=app[keys.DRIVER].files,
+            leader=LeaderLock(
+                app[keys.REDIS],
+                keyspace.leader("snapshots"),
+                max(3 * config.snapshot_collect_interval, 10.0),
+            ),
+        )
+        app[keys.SNAPSHOTS] = service
+        app[keys.COLLECTOR] = collector
+        collector.start()
+        yield
+        await collector.stop()
+        await service.close()
+
+    return ctx
+
+
 def gateway_ctx(config: ServiceConfig) -> Context:
     """The LLM gateway. Its translator's socket lives in a private directory (0700) of its
     own, short enough for AF_UNIX; the process starts on the first call that needs LiteLLM."""
@@ -458,7 +507,7 @@ def gateway_ctx(config: ServiceConfig) -> Context:
         run_dir = Path(tempfile.mkdtemp(prefix="acs-llm-"))
         translator = TranslatorProcess(run_dir)
         forwarder = Forwarder(
-            Destinations(lambda: config.sandbox_host_ports, host_address),
+            Destinations(app[keys.OUTBOUND], host_address),
             translator,
             timeout=config.llm_gateway_timeout,
             retries=config.llm_gateway_retries,
@@ -507,7 +556,14 @@ def conversations_ctx(config: ServiceConfig) -> Context:
             organizations=app[keys.ORGANIZATIONS],
         )
         conversations = ConversationService(
-            store, events, sandboxes, agent, runner, publisher=publisher, pending=pending
+            store,
+            events,
+            sandboxes,
+            agent,
+            runner,
+            publisher=publisher,
+            pending=pending,
+            runtime=app[keys.RUNTIME_HTTP],
         )
         event_service = EventService(
             events,
@@ -517,6 +573,8 @@ def conversations_ctx(config: ServiceConfig) -> Context:
             catalog=app[keys.SPECS],
             agent=agent,
             url_host=config.url_host,
+            reader=redis,
+            tickets=app[keys.TICKETS],
             on_lag=app[keys.METRICS].event_delivered,
         )
         app[keys.CONVERSATIONS] = conversations

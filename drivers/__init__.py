@@ -1,1 +1,1 @@
-"""Runtimes behind the sandbox manager. Only drivers/docker.py imports docker."""
+"""Runtimes behind the sandbox manager. Only drivers/docker/driver.py imports docker."""

@@ -1,4 +1,4 @@
-"""The interface every sandbox runtime implements: Docker (drivers/docker.py) now, Kubernetes next.
+"""The interface every sandbox runtime implements (drivers/docker/, drivers/kubernetes/).
 
 The control plane speaks to a driver in sandbox terms only: a sandbox id with its owner and
 spec, a request to create it, its state and the endpoints its ports are reached at, the network
@@ -13,7 +13,8 @@ retries), DriverError (and its kinds) when it refuses; "already so" is never an 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -83,6 +84,9 @@ class SandboxRequest:
     """Directories besides the workspace whose content must outlive the instance (the agent
     server's state): a runtime whose pause releases the instance keeps them with the workspace;
     Docker keeps them in the container, which a pause freezes."""
+    restore: FileSource | None = None
+    """A new sandbox's files come from here (a snapshot) instead of an empty workspace: its
+    workspace and system trees (drivers/base.py, "Files"), applied before it starts."""
 
 
 @dataclass(frozen=True)
@@ -101,8 +105,8 @@ class SandboxState:
     error: str | None = None
     created_at: datetime | None = None
     addresses: tuple[str, ...] = ()
-    """The container's own addresses (on its networks): where this host reaches its ports
-    without the published ones (the sandbox proxy, when the engine is local)."""
+    """The instance's own addresses on the runtime's networks (Docker: the container's), where
+    they differ from the endpoints' host."""
 
 
 @dataclass(frozen=True)
@@ -134,11 +138,133 @@ class HostListener(Protocol):
         ...
 
 
+# -- files: what a snapshot holds, exported from a sandbox and imported into a new one ---------
+
+WORKSPACE = "workspace"
+"""The workspace (`working_dir`): paths relative to it."""
+SYSTEM = "system"
+"""What changed outside the workspace and the kept paths, relative to the image (packages the
+agent installed, files it wrote or deleted elsewhere): paths relative to `/`."""
+STATE = "state"
+"""What changed under the kept paths (the agent server's state): paths relative to `/`."""
+
+
+class FileKind(StrEnum):
+    FILE = "file"
+    DIR = "dir"
+    SYMLINK = "symlink"
+    DELETED = "deleted"  # in the system tree: a path of the image that was removed
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One entry of a sandbox's files. Sockets, fifos and devices are not kept; hard links
+    are kept as separate files."""
+
+    tree: str  # WORKSPACE, SYSTEM or STATE
+    path: str  # relative to the tree's root, "/"-separated; "" is the workspace's root itself
+    kind: FileKind
+    mode: int = 0o644  # permission bits, set-id and sticky bits included
+    uid: int = 0
+    gid: int = 0
+    size: int = 0  # a FILE's length: exactly that many bytes follow it in a stream
+    mtime_ns: int = 0
+    target: str = ""  # a SYMLINK's target
+    opaque: bool = False  # a DIR that hides what the image had beneath it
+    stamp: tuple[int, ...] = ()
+    """The runtime's change marks (Docker: ctime and inode): with the fields above, an entry
+    whose `signature` is the same as before has not changed since."""
+    changed: bool = True  # in an export: False when its signature is one the caller knew
+    name: str = ""  # the runtime's own name for an exported file's bytes (Docker: its copy)
+
+    def signature(self) -> tuple[object, ...]:
+        return (
+            self.kind.value,
+            self.mode,
+            self.uid,
+            self.gid,
+            self.size,
+            self.mtime_ns,
+            *self.stamp,
+            self.target,
+            self.opaque,
+        )
+
+
+FileItem = FileEntry | bytes
+"""A stream of files: each entry, and after a FILE entry its bytes (size of them, in pieces)."""
+
+
+class FileSource(Protocol):
+    """Files to make a new sandbox from (a snapshot)."""
+
+    @property
+    def key(self) -> str:
+        """The identity of the content (a snapshot id): a runtime may keep one copy of it and
+        share it, copy-on-write, between the sandboxes made from it."""
+
+    def items(self) -> AsyncIterator[FileItem]:
+        """The workspace and system trees, parents before children. Raises the store's
+        errors (a damaged or missing blob) as it goes."""
+
+
+class Hold(Protocol):
+    """Told around the moment a running sandbox is held still for an export, so that the
+    control plane can tell a sandbox frozen by a snapshot from one paused by someone."""
+
+    async def begin(self) -> None: ...
+
+    async def end(self) -> None: ...
+
+
+@dataclass
+class FileExport:
+    """A consistent export: the sandbox was held still `held_still` seconds while its state
+    was recorded (0 when it was not running); `items` streams every entry, a changed FILE's
+    bytes after it."""
+
+    held_still: float
+    items: AsyncIterator[FileItem]
+
+
+class SandboxFiles(Protocol):
+    """A runtime's way to read and write a sandbox's files: the snapshot capability."""
+
+    def export(
+        self,
+        sandbox_id: str,
+        known: Mapping[tuple[str, str], tuple[object, ...]],
+        *,
+        working_dir: str,
+        state_paths: Sequence[str],
+        hold: Hold,
+    ) -> AbstractAsyncContextManager[FileExport]:
+        """The sandbox's workspace, system and state trees as they were at one moment. A
+        running sandbox is held still (told to `hold`) only while the files that changed
+        since a copy made before are copied again; bytes are sent only for files whose
+        signature is not `known` ((tree, path) -> signature). The runtime is left as it was
+        found, also on failure. Raises DriverError when the sandbox has no instance to read
+        (or its files cannot be read), RuntimeUnavailable."""
+
+    async def forget(self, key: str) -> None:
+        """Drop what the runtime keeps of a FileSource's content (when no sandbox uses it);
+        nothing kept succeeds."""
+
+    async def sweep(self, older_than: float) -> int:
+        """Remove what exports and imports interrupted more than `older_than` seconds ago left
+        (a control plane killed in the middle); how many objects were removed."""
+
+
 class SandboxDriver(Protocol):
     pause_releases: bool
     """True when a pause releases the instance and keeps only the workspace (Kubernetes deletes
     the pod, keeping its claim): a paused sandbox then holds no memory, and a resume starts a
     new instance instead of unpausing. False when a pause freezes it in place (Docker)."""
+
+    @property
+    def files(self) -> SandboxFiles | None:
+        """How to export and import a sandbox's files (snapshots); None where the runtime
+        does not offer it yet: snapshots are then refused with a clear error."""
 
     # -- the runtime --------------------------------------------------------------------------
 
@@ -179,17 +305,34 @@ class SandboxDriver(Protocol):
         plane can call what a sandbox would call there (the LLM gateway, a model server on the
         host). None when sandboxes reach no address of this host. Raises as prepare_network."""
 
+    async def sandbox_networks(self) -> list[str]:
+        """The address ranges (CIDRs) where sandboxes, and whatever else the runtime runs beside
+        them, have their addresses (Docker: the subnet pool and every network of the engine;
+        Kubernetes: the cluster's pod and Service ranges): the control plane never connects
+        there for a user (controlplane/outbound). Never raises: what it cannot ask the runtime
+        now, it answers from its configuration."""
+
     # -- sandboxes ----------------------------------------------------------------------------
 
     async def create(self, request: SandboxRequest, *, new: bool = False) -> SandboxState:
         """Create the sandbox with its workspace and start it. `new`: a new sandbox, whose
         workspace cannot exist yet (not looked for); otherwise an existing workspace is kept,
-        also on failure. On any failure after it made something, removes what it made and
-        re-raises. Raises ContainerExists (touching nothing) when the sandbox exists already,
-        ImageMissing, NetworkUnavailable, DriverError or RuntimeUnavailable."""
+        also on failure. A request with `restore` gets its workspace and system trees from
+        that source when its workspace is made (a kept workspace is not restored again).
+        On any failure after it made something, removes what it made and re-raises. Raises
+        ContainerExists (touching nothing) when the sandbox exists already, ImageMissing,
+        NetworkUnavailable, DriverError, RuntimeUnavailable, or what the source raises."""
 
     async def inspect(self, sandbox_id: str) -> SandboxState | None:
         """None when the runtime has no instance of it (its workspace may still exist)."""
+
+    async def direct_address(self, sandbox_id: str) -> str | None:
+        """An address at which this process reaches the sandbox's container ports themselves,
+        closer than its endpoints (Docker with a local engine: the container's own address on
+        its network, not the engine's published port); the sandbox proxy forwards there. None
+        when there is none (a remote engine), or the endpoints are that already (Kubernetes:
+        the pod's or its Service's address), or the sandbox has no instance. Raises
+        RuntimeUnavailable."""
 
     async def pause(self, sandbox_id: str) -> None:
         """Stop its processes, keeping the workspace: inspect says PAUSED after (Docker freezes
@@ -208,6 +351,11 @@ class SandboxDriver(Protocol):
     async def remove(self, sandbox_id: str, *, keep_workspace: bool = False) -> None:
         """Remove the sandbox (forced) and, unless `keep_workspace`, its workspace; "already
         gone" counts as success."""
+
+    async def hibernate(self, sandbox_id: str) -> None:
+        """Give back the memory of a PAUSED sandbox, keeping its files (Docker: the container
+        is stopped; its processes start again with `start`). A runtime whose pause releases
+        the instance has nothing more to do. Raises DriverError when there is no instance."""
 
     async def list_sandboxes(self, owner: str | None = None) -> list[SandboxState]:
         """Every sandbox of this deployment, running or not (of `owner` only, when given)."""

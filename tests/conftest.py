@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,6 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aioredis
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controlplane.app import create_app
 from controlplane.auth.service import ApiKeyService
@@ -29,18 +28,22 @@ from tests.support.tasks import close_or_show_tasks
 from tests.support.types import Client, ClientFactory
 
 pytest_plugins = [
+    # Before docker_fixtures, which imports it (a plugin imported first is not assert-rewritten).
+    "tests.support.sandbox_helpers",
     "tests.support.docker_fixtures",
     "tests.support.conversation_helpers",
+    "tests.support.records",
     "tests.support.openhands_clients",
     "tests.support.agent_canvas",
     "tests.support.browser_netns",
     "tests.support.oidc_provider",
     "tests.support.oidc_sign_in",
+    "tests.support.snapshot_fixtures",
 ]
 
 REPO = Path(__file__).resolve().parent.parent
 BOOTSTRAP_KEY = "test-bootstrap-key-" + secrets.token_hex(8)
-MARKS_BY_FIXTURE = {"docker_client": "docker", "browser": "browser", "browser_net": "browser"}
+MARKS_BY_FIXTURE = {"docker_client": "docker", "chromium": "browser", "browser_net": "browser"}
 """A test using one of these fixtures, directly or through another (every Docker fixture, such as
 test_prefix, sandbox_images or a live server with sandboxes, depends on docker_client), gets the
 marker: `make test-unit` leaves them out."""
@@ -71,6 +74,18 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server = RedisServer(tmp_path_factory.mktemp("redis"))
     server.start()
     yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server of this test alone (AOF on), so it can be stopped, frozen and started
+    again."""
+    server = RedisServer(tmp_path_factory.mktemp("own-redis"))
+    server.start()
+    yield server
+    if server.process is not None and server.process.poll() is None:
+        server.process.send_signal(signal.SIGCONT)  # in case a test left it stopped
     server.stop()
 
 
@@ -159,7 +174,7 @@ async def sbx(make_sandbox_client: ClientFactory) -> Client:
 
 
 @pytest.fixture
-async def client(make_client: ClientFactory) -> TestClient[web.Request, web.Application]:
+async def client(make_client: ClientFactory) -> Client:
     return await make_client()
 
 

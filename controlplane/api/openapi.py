@@ -38,7 +38,7 @@ _REASONS = {
     409: "Conflict with the current state",
     413: "Request body too large",
     429: "Over a quota or rate limit; see Retry-After",
-    503: "Redis or the Docker engine is unreachable",
+    503: "Redis or the sandbox runtime is unreachable",
     504: "The request took longer than ACS_REQUEST_TIMEOUT",
 }
 WEBHOOK_PREFIX = "/api/v1/webhooks/"
@@ -142,7 +142,7 @@ def _operation(ep: Endpoint, components: dict[str, Any]) -> dict[str, Any]:
         content = {"application/json": body}
         if ep.browser:
             content |= {form: body for form in FORMS}
-        op["requestBody"] = {"required": True, "content": content}
+        op["requestBody"] = {"required": not ep.body_optional, "content": content}
     if ep.public:
         op["security"] = []
     return op
@@ -166,7 +166,8 @@ def build_openapi(endpoints: Iterable[Endpoint], version: str) -> dict[str, Any]
         "info": {
             "title": "Agent Conversation Service",
             "version": version,
-            "description": "Control plane for AI software agents running in Docker sandboxes.",
+            "description": "Control plane for AI software agents running in sandboxes (Docker or "
+            "Kubernetes).",
         },
         "paths": paths,
         "components": {

@@ -24,6 +24,9 @@ class Endpoint:
     tag: str
     body: Any = None
     """A pydantic model, or any type pydantic can describe (the events webhook's)."""
+    body_optional: bool = False
+    """An empty body means `{}` (parse_body(optional=True)): the document says it may be left
+    out, so a client (or a fuzzer) that sends none is not told it broke the schema."""
     query: type[BaseModel] | None = None
     headers: type[BaseModel] | None = None
     """Request headers the route needs (by alias), for the document only."""
@@ -53,6 +56,7 @@ class RouteTable:
         *,
         summary: str,
         body: Any = None,
+        body_optional: bool = False,
         query: type[BaseModel] | None = None,
         headers: type[BaseModel] | None = None,
         response: Any = None,
@@ -71,6 +75,7 @@ class RouteTable:
                     summary=summary,
                     tag=self.tag,
                     body=body,
+                    body_optional=body_optional,
                     query=query,
                     headers=headers,
                     response=response,

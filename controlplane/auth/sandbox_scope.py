@@ -18,8 +18,6 @@ from controlplane import keys
 from controlplane.auth.models import Principal
 from controlplane.errors import Unauthorized
 
-MAX_KEY = 256
-
 
 def bearer_of(request: web.Request) -> str | None:
     auth = request.headers.get("Authorization", "")
@@ -42,10 +40,7 @@ async def check_sandbox_scope(request: web.Request, principal: Principal, key: s
     """Record the caller's sandbox of `key` as SANDBOX_SCOPE. Raises Unauthorized when `key` is
     no session key of a sandbox `principal` owns (admins included: a scope is one user's)."""
     sandboxes = request.app.get(keys.SANDBOXES)
-    record = None
-    if sandboxes is not None and len(key) <= MAX_KEY:
-        sandbox_id = await sandboxes.store.id_for_key(key)
-        record = await sandboxes.store.get(sandbox_id) if sandbox_id else None
+    record = await sandboxes.by_session_key(key) if sandboxes is not None else None
     if record is None or record.owner != principal.user_id:
         raise Unauthorized("X-Session-API-Key is not the session key of one of your sandboxes")
     request[keys.SANDBOX_SCOPE] = record

@@ -10,21 +10,19 @@ from datetime import datetime
 from typing import Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from controlplane.agent_protocol.models import ExecutionStatus
-from controlplane.api.pagination import OFFSET, cursor_field, decode_cursor, encode_cursor
 from controlplane.api.parsing import json_response, parse_query
 from controlplane.api.routing import RouteTable
 from controlplane.auth.identity import principal_of
-from controlplane.auth.models import Principal
 from controlplane.conversations.handler_deps import conversation_service as _service
 from controlplane.conversations.models import (
     CONVERSATION_PARAM,
     AppConversation,
     ConversationTrigger,
+    LegacyConversationQuery,
 )
-from controlplane.conversations.service import ConversationService
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.settings.models import ProviderType
 
@@ -38,16 +36,6 @@ _STATUS: dict[SandboxStatus, LegacyStatus] = {
     SandboxStatus.ERROR: "ERROR",
     SandboxStatus.MISSING: "ARCHIVED",
 }
-
-
-class LegacyConversationQuery(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    page_id: str | None = cursor_field(OFFSET)
-    limit: int = Field(default=20, ge=1, le=100)
-    selected_repository: str | None = Field(default=None, max_length=256)
-    conversation_trigger: ConversationTrigger | None = None
-    include_sub_conversations: bool = False
 
 
 class LegacyConversation(BaseModel):
@@ -109,28 +97,6 @@ def legacy_view(conversation: AppConversation) -> LegacyConversation:
     )
 
 
-async def legacy_list(
-    service: ConversationService, principal: Principal, query: LegacyConversationQuery
-) -> tuple[list[AppConversation], str | None]:
-    """Newest first, filtered by repository and trigger, offset-paged."""
-    store = service.store
-    infos = [
-        i
-        for i in await store.get_many(await store.all_ids(principal.user_id))
-        if i
-        and (query.include_sub_conversations or not i.parent_conversation_id)
-        and (query.selected_repository in (None, i.selected_repository))
-        and (query.conversation_trigger in (None, i.trigger))
-    ]
-    infos.sort(key=lambda i: (i.created_at, i.id), reverse=True)
-    raw = decode_cursor(query.page_id, OFFSET)
-    start = int(raw) if raw else 0
-    page = infos[start : start + query.limit]
-    more = start + query.limit < len(infos)
-    next_id = encode_cursor(str(start + query.limit)) if more else None
-    return await service.views(principal, page), next_id
-
-
 @routes.route(
     "GET",
     "/api/conversations",
@@ -140,7 +106,7 @@ async def legacy_list(
 )
 async def list_conversations(request: web.Request) -> web.Response:
     query = parse_query(request, LegacyConversationQuery)
-    items, next_id = await legacy_list(_service(request), principal_of(request), query)
+    items, next_id = await _service(request).legacy_list(principal_of(request), query)
     return json_response(
         LegacyConversationPage(results=[legacy_view(c) for c in items], next_page_id=next_id)
     )

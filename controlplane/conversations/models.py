@@ -241,6 +241,18 @@ class ConversationBatchQuery(BaseModel):
     ids: list[str] = Field(min_length=1, max_length=100)
 
 
+class LegacyConversationQuery(BaseModel):
+    """GET /api/conversations (the V0 list: conversations/legacy.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    page_id: str | None = cursor_field(OFFSET)
+    limit: int = Field(default=20, ge=1, le=100)
+    selected_repository: str | None = Field(default=None, max_length=256)
+    conversation_trigger: ConversationTrigger | None = None
+    include_sub_conversations: bool = False
+
+
 class TaskSortOrder(StrEnum):
     CREATED_AT = "CREATED_AT"
     CREATED_AT_DESC = "CREATED_AT_DESC"

@@ -12,6 +12,7 @@ from controlplane.agent_protocol.client import AgentClient, AgentUnavailable
 from controlplane.agent_protocol.models import ExecutionStatus
 from controlplane.api.pagination import HEX32, OFFSET, decode_cursor, encode_cursor
 from controlplane.auth.models import Principal
+from controlplane.conversations import workspace
 from controlplane.conversations.models import (
     AppConversation,
     AppConversationInfo,
@@ -23,6 +24,7 @@ from controlplane.conversations.models import (
     ConversationFilters,
     ConversationSearchQuery,
     ConversationSortOrder,
+    LegacyConversationQuery,
     SendMessageRequest,
     TaskFilters,
     TaskSearchQuery,
@@ -31,11 +33,12 @@ from controlplane.conversations.models import (
 from controlplane.conversations.pending import PendingMessages
 from controlplane.conversations.starter import StartTaskRunner
 from controlplane.conversations.store import ConversationStore
-from controlplane.errors import NotFound
+from controlplane.errors import NotFound, RuntimeUnavailable
 from controlplane.ids import uuid7_hex
 from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.sandboxes.runtime_http import RuntimeAnswer, RuntimeHttp
 from controlplane.sandboxes.service import SandboxService
 
 log = structlog.get_logger(__name__)
@@ -84,6 +87,7 @@ class ConversationService:
         *,
         publisher: LifecyclePublisher | None = None,
         pending: PendingMessages | None = None,
+        runtime: RuntimeHttp | None = None,
     ) -> None:
         self.store = store
         self.events = events
@@ -92,6 +96,7 @@ class ConversationService:
         self.runner = runner
         self.publisher = publisher
         self.pending = pending
+        self.runtime = runtime
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -253,11 +258,34 @@ class ConversationService:
             return False
         return _matches(info, query)
 
-    async def views(
-        self, principal: Principal, infos: list[AppConversationInfo]
-    ) -> list[AppConversation]:
-        """Stored records as the caller sees them, with live sandbox status."""
-        return await self._live(principal, infos)
+    async def legacy_list(
+        self, principal: Principal, query: LegacyConversationQuery
+    ) -> tuple[list[AppConversation], str | None]:
+        """The V0 list: newest first, filtered by repository and trigger, offset-paged; the
+        page and the next page's id (None after the last)."""
+        infos = [
+            i
+            for i in await self.store.get_many(await self.store.all_ids(principal.user_id))
+            if i
+            and (query.include_sub_conversations or not i.parent_conversation_id)
+            and (query.selected_repository in (None, i.selected_repository))
+            and (query.conversation_trigger in (None, i.trigger))
+        ]
+        infos.sort(key=lambda i: (i.created_at, i.id), reverse=True)
+        page, next_id = _offset_page(infos, query.page_id, query.limit)
+        return await self._live(principal, page), next_id
+
+    async def read_workspace(
+        self, principal: Principal, conversation_id: str, agent_path: str, params: dict[str, str]
+    ) -> RuntimeAnswer:
+        """GET `agent_path` (git changes, a diff, a file) from the agent server of the caller's
+        conversation's sandbox (workspace.py). Raises NotFound, Conflict (the sandbox is not
+        RUNNING), SandboxUnreachable, or RuntimeUnavailable on a service built without a
+        client to sandboxes."""
+        info = await self.owned(principal, conversation_id)
+        if self.runtime is None:
+            raise RuntimeUnavailable("this control plane reads no workspaces")
+        return await workspace.read(self.runtime, self.sandboxes, info, agent_path, params)
 
     async def count(self, principal: Principal, filters: ConversationFilters) -> int:
         infos = await self.store.get_many(await self.store.all_ids(principal.user_id))

@@ -35,7 +35,6 @@ from controlplane.events.models import (
     EventSocketQuery,
     WebSocketHandshake,
 )
-from controlplane.events.tail import tail
 from controlplane.sandboxes.models import Success
 
 routes = RouteTable(tag="events")
@@ -136,28 +135,20 @@ async def event_socket(request: web.Request) -> web.StreamResponse:
         raise web.HTTPBadRequest(reason="a WebSocket handshake is required (Upgrade: websocket)")
     # Browsers cannot set headers on a WebSocket: a ticket (auth/tickets.py), else the key in
     # the query, else the browser session cookie (its Origin is checked then).
-    conversations = request.app[keys.CONVERSATIONS]
     if query.acs_ticket is not None:
         principal = await _ticket_holder(request, query.acs_ticket, query.conversation_id)
     else:
         presented = request.headers.get("X-Session-API-Key") or query.session_api_key
         principal = await authenticate_request(request, presented)
     events = request.app[keys.EVENTS]
-    info = await conversations.owned(principal, query.conversation_id)
-    last = await events.start_point(info.id, query.after)
-    if not query.resend_all and query.after is None:
-        newest = await events.store.page(info.id, None, 1, True)
-        last = newest[0][0] if newest else "0"
+    feed = await events.feed(principal, query.conversation_id, query.after, query.resend_all)
     await ws.prepare(request)
     request.app[keys.OPEN_SOCKETS].add(ws)
-    redis = request.app[keys.REDIS]
 
     ended = asyncio.Event()
 
     async def follow() -> None:
-        async for _stream_id, event in tail(
-            events.store, redis, info.id, last, until=lambda: ended.is_set() or ws.closed
-        ):
+        async for _stream_id, event in feed.follow(until=lambda: ended.is_set() or ws.closed):
             if ws.closed:
                 break
             await ws.send_str(json.dumps(event))

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import redis.asyncio as aioredis
 import structlog
 
 from controlplane.agent_protocol.client import AgentClient
@@ -14,11 +14,12 @@ from controlplane.agent_protocol.models import ExecutionStatus, MetricsSnapshot
 from controlplane.agent_protocol.state import readable_metrics, readable_state, status_in
 from controlplane.api.pagination import STREAM_ID, decode_cursor, encode_cursor
 from controlplane.auth.models import Principal
+from controlplane.auth.tickets import Ticket, TicketService
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.service import ConversationService
 from controlplane.conversations.store import ConversationStore
 from controlplane.conversations.titles import name_from_first_message
-from controlplane.errors import NotFound, Unauthorized
+from controlplane.errors import NotFound, SandboxNotFound, Unauthorized
 from controlplane.events.budget import ENFORCED_BY_AGENT, BudgetEnforcer, crossed
 from controlplane.events.models import (
     Event,
@@ -28,6 +29,7 @@ from controlplane.events.models import (
     EventSortOrder,
 )
 from controlplane.events.store import EventStore, StoredEvent
+from controlplane.events.tail import EventFeed
 from controlplane.sandboxes.models import SandboxRecord
 from controlplane.sandboxes.reads import SandboxReads
 from controlplane.specs.catalog import SpecCatalog
@@ -78,12 +80,18 @@ class EventService:
         catalog: SpecCatalog,
         agent: AgentClient,
         url_host: str,
+        reader: aioredis.Redis,
+        tickets: TicketService,
         on_lag: Callable[[float], None] | None = None,
     ) -> None:
         """`records`: the conversation records webhooks update; `url_host`: where agent servers'
-        published ports are reached (ACS_URL_HOST). `on_lag(seconds)` is told, for each event of
-        a stored webhook batch, how long after its timestamp it arrived (the event lag metric)."""
+        published ports are reached (ACS_URL_HOST); `reader`: the client live sockets block on
+        (a connection of its own per read); `tickets`: the WebSocket tickets it mints.
+        `on_lag(seconds)` is told, for each event of a stored webhook batch, how long after its
+        timestamp it arrived (the event lag metric)."""
         self.store = store
+        self._reader = reader
+        self._tickets = tickets
         self._conversations = conversations
         self._records = records
         self._sandboxes = sandboxes
@@ -99,10 +107,7 @@ class EventService:
 
     async def _sandbox(self, sandbox_id: str, key: str | None) -> SandboxRecord:
         """The sandbox whose session key was presented. Raises Unauthorized."""
-        found = await self._sandboxes.id_for_key(key) if key else None
-        if found is None or not hmac.compare_digest(found, sandbox_id):
-            raise Unauthorized("invalid sandbox session key")
-        record = await self._sandboxes.record(sandbox_id)
+        record = await self._sandboxes.by_session_key(key, sandbox_id)
         if record is None:
             raise Unauthorized("invalid sandbox session key")
         return record
@@ -253,7 +258,35 @@ class EventService:
             out.append(await self.store.get_at(conversation_id, stream_id))
         return out
 
-    async def start_point(self, conversation_id: str, after_event: str | None) -> str:
+    async def feed(
+        self, principal: Principal, conversation_id: str, after_event: str | None, resend_all: bool
+    ) -> EventFeed:
+        """The caller's conversation's events for a live socket: after `after_event`, else all
+        of them (`resend_all`) or only those stored from now on. Raises NotFound (the
+        conversation is not the caller's, or the event not in it)."""
+        info = await self._conversations.owned(principal, conversation_id)
+        after = await self._start_point(info.id, after_event)
+        if not resend_all and after_event is None:
+            newest = await self.store.page(info.id, None, 1, True)
+            after = newest[0][0] if newest else "0"
+        return EventFeed(self.store, self._reader, info.id, after)
+
+    async def conversation_ticket(self, principal: Principal, conversation_id: str) -> Ticket:
+        """A single-use ticket for the events socket of the caller's conversation
+        (auth/tickets.py; as the socket allows). Raises NotFound."""
+        info = await self._conversations.owned(principal, conversation_id)
+        return await self._tickets.mint(principal, "conversation", info.id)
+
+    async def sandbox_ticket(self, principal: Principal, sandbox_id: str) -> Ticket:
+        """A single-use ticket for a WebSocket to the caller's own sandbox through the proxy
+        (as the proxy allows: the owner's alone, not an admin's for someone else's). Raises
+        SandboxNotFound."""
+        record = await self._sandboxes.owned(principal, sandbox_id)
+        if record.owner != principal.user_id:
+            raise SandboxNotFound(f"sandbox {sandbox_id} not found")
+        return await self._tickets.mint(principal, "sandbox", record.id)
+
+    async def _start_point(self, conversation_id: str, after_event: str | None) -> str:
         """The stream id a live socket starts after: "0" for everything."""
         if after_event is None:
             return "0"

@@ -74,3 +74,20 @@ async def tail(
             if len(seen) > REMEMBERED:
                 del seen[next(iter(seen))]
             yield stream_id, event
+
+
+class EventFeed:
+    """One conversation's events from a start point on, for a live socket (EventService.feed):
+    the start is fixed when the feed is made, the events are read as the socket follows."""
+
+    def __init__(
+        self, store: EventStore, reader: aioredis.Redis, conversation_id: str, after: str
+    ) -> None:
+        self._store = store
+        self._reader = reader
+        self.conversation_id = conversation_id
+        self.after = after
+
+    def follow(self, until: Callable[[], bool]) -> AsyncIterator[StoredEvent]:
+        """As `tail`, from the feed's start."""
+        return tail(self._store, self._reader, self.conversation_id, self.after, until=until)

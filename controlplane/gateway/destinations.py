@@ -1,12 +1,13 @@
-"""Where the gateway may connect for a user: the same places the user's sandbox could reach.
+"""Where the gateway may connect for a user: the outbound policy (controlplane/outbound), and
+what users write for a model server on this host.
 
 With the gateway, the control plane calls `llm_base_url` from the host, so a user could aim it
-at the host's own services (Redis, the API, the engine) or at the cloud's metadata service.
-The rule mirrors the sandbox fence (docs/security.md): link-local, multicast and unspecified
-addresses never; this host's own addresses (loopback, its interfaces, the sandbox networks'
-gateways) only on the ports of ACS_SANDBOX_HOST_PORTS (a model server on the host); anything
-else (the internet, the LAN) yes. The check is made on the addresses the connection then uses
-(an aiohttp resolver), so a name that resolves differently the second time gains nothing.
+at the host's own services, the metadata service, another user's sandbox, the cluster, Redis or
+another replica: the policy refuses those (docs/security.md#12-outbound-connections). The direct
+path connects through the policy's client (no redirects, each address checked as it is
+connected to); the translator gets the policy's rules with each call and holds LiteLLM to them
+at its own connections (controlplane/outbound/event_loop.py). `prepare` checks a URL early, so
+that a refused one is answered before anything starts.
 
 `host.docker.internal`, which users write for a model server on the host (it is what sandboxes
 call the host), means this host: when it does not resolve here, it is the deployment's sandbox
@@ -18,97 +19,38 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import DefaultResolver
 from yarl import URL
 
+from controlplane.outbound.client import GuardedResolver, OutboundClient
+from controlplane.outbound.policy import DestinationRefused
+from controlplane.outbound.sources import OutboundSources
+
 HOST_ALIAS = "host.docker.internal"
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-
-class DestinationRefused(Exception):
-    """The address is not one the gateway may call for a user."""
-
-
-_local_cache: dict[str, bool] = {}
-
-
-def is_local_address(address: IPAddress) -> bool:
-    """An address of this host: loopback, or one a socket can bind to (cached)."""
-    if address.is_loopback:
-        return True
-    key = str(address)
-    if key not in _local_cache:
-        family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
-        try:
-            with socket.socket(family, socket.SOCK_DGRAM) as probe:
-                probe.bind((key, 0))
-            _local_cache[key] = True
-        except OSError:
-            _local_cache[key] = False
-    return _local_cache[key]
-
-
-def check_address(raw: str, port: int, host_ports: Iterable[int]) -> None:
-    try:
-        address = ipaddress.ip_address(raw.split("%", 1)[0])
-    except ValueError as exc:
-        raise DestinationRefused(f"{raw} is not an IP address") from exc
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    if address.is_link_local or address.is_multicast or address.is_unspecified:
-        raise DestinationRefused(f"{address} is link-local, multicast or unspecified")
-    if is_local_address(address) and port not in set(host_ports):
-        raise DestinationRefused(
-            f"{address}:{port} is this host; only ACS_SANDBOX_HOST_PORTS may be called there"
-        )
-
-
-class GuardedResolver(AbstractResolver):
-    """Resolves as usual, then keeps only the addresses the rule allows (refusing the call when
-    none is left). aiohttp does not ask a resolver about IP literals: Destinations.prepare
-    checks those."""
-
-    def __init__(self, host_ports: Callable[[], Iterable[int]]) -> None:
-        self._inner = DefaultResolver()
-        self._host_ports = host_ports
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        found = await self._inner.resolve(host, port, family)
-        allowed: list[ResolveResult] = []
-        reasons: list[str] = []
-        for item in found:
-            try:
-                check_address(item["host"], port, self._host_ports())
-            except DestinationRefused as exc:
-                reasons.append(str(exc))
-                continue
-            allowed.append(item)
-        if not allowed:
-            raise DestinationRefused(f"{host}: " + "; ".join(reasons))
-        return allowed
-
-    async def close(self) -> None:
-        await self._inner.close()
+PREPARED = 10_000
+"""URLs whose prepared form is kept (those with an address for a host)."""
 
 
 class Destinations:
-    """The rule for one control plane: its host ports and how it finds the host's gateway."""
+    """The policy of one control plane, the client that holds to it, and its host's alias."""
 
     def __init__(
-        self,
-        host_ports: Callable[[], Iterable[int]],
-        host_gateway: Callable[[], Awaitable[str | None]],
+        self, sources: OutboundSources, host_gateway: Callable[[], Awaitable[str | None]]
     ) -> None:
-        self._host_ports = host_ports
+        self._sources = sources
         self._host_gateway = host_gateway
-        self.resolver = GuardedResolver(host_ports)
+        # Answers are read as sent: a provider's compression is refused (`Accept-Encoding:
+        # identity`), never inflated (no decompression bomb, no CPU spent on it).
+        self.client = OutboundClient(sources.user, limit=0, auto_decompress=False)
+        self._resolver = GuardedResolver(sources.user)
         self._alias: str | None = None
         self._prepared: dict[str, str] = {}
+
+    @property
+    def rules_json(self) -> str:
+        """The policy's rules as the translator takes them (X-Acs-Outbound)."""
+        return self._sources.rules_json
 
     async def _alias_address(self) -> str | None:
         if self._alias is None:
@@ -121,20 +63,21 @@ class Destinations:
         return self._alias
 
     async def prepare(self, url: str, *, resolve_names: bool = False) -> str:
-        """`_prepare`, remembered for URLs whose host is an address (their check cannot change
-        while the process runs); names are checked at every connection by the resolver."""
+        """`_prepare`, remembered for URLs whose host is an address (nothing of it can change
+        but the rules, and every connection is checked again as it is made)."""
         known = self._prepared.get(url)
         if known is not None:
             return known
         prepared = await self._prepare(url, resolve_names=resolve_names)
-        if len(self._prepared) < 10_000 and _is_address(URL(prepared).host or ""):
+        if len(self._prepared) < PREPARED and _is_address(URL(prepared).host or ""):
             self._prepared[url] = prepared
         return prepared
 
     async def _prepare(self, url: str, *, resolve_names: bool = False) -> str:
         """`url` as the gateway will call it (host.docker.internal replaced when it does not
-        resolve here), checked: IP literals always, names too with `resolve_names` (calls the
-        translator makes, which do not go through our resolver). Raises DestinationRefused."""
+        resolve here), checked: an address always, a name too with `resolve_names` (calls the
+        translator makes: refused here, they are answered before it starts). Raises
+        DestinationRefused."""
         parsed = URL(url)
         host = parsed.host or ""
         port = parsed.port or (443 if parsed.scheme == "https" else 80)
@@ -144,17 +87,20 @@ class Destinations:
                 raise DestinationRefused(f"{HOST_ALIAS} does not resolve on the control plane")
             parsed = parsed.with_host(address)
             host = address
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            if resolve_names:
-                try:
-                    await asyncio.wait_for(self.resolver.resolve(host, port), 10)
-                except (OSError, TimeoutError) as exc:
-                    raise DestinationRefused(f"{host} does not resolve: {exc}") from exc
-            return str(parsed)
-        check_address(host, port, self._host_ports())
+        if _is_address(host):
+            self._sources.user.check(host, port)
+        elif resolve_names:
+            try:
+                await asyncio.wait_for(self._resolver.resolve(host, port), 10)
+            except DestinationRefused:
+                raise
+            except (OSError, TimeoutError) as exc:
+                raise DestinationRefused(f"{host} does not resolve: {exc}") from exc
         return str(parsed)
+
+    async def close(self) -> None:
+        await self.client.close()
+        await self._resolver.close()
 
 
 def _is_address(host: str) -> bool:

@@ -4,29 +4,35 @@ and retries, and the usage read from the answer.
 Retries: connection errors, time-outs before the answer starts, 408, 429 and 5xx are retried
 `retries` times with exponential backoff (`backoff` s doubling, at most 30 s, a provider's
 Retry-After honoured up to that); the last failure is answered in OpenAI's error shape (a 429
-keeps its Retry-After, so the agent backs off in turn). Once a stream has started nothing is
-retried: an upstream failure, an idle upstream (no byte for `timeout` s) or the gateway
-shutting down ends it with an `error` event and no `[DONE]`, so the client sees an error rather
-than waiting.
+keeps its Retry-After, so the agent backs off in turn). A redirect is a failure, never
+followed (controlplane/outbound/client.py). Once a stream has started nothing is retried:
+stream.py relays it and ends it with an `error` event and no `[DONE]` on any failure, so the
+client sees an error rather than waiting.
+
+Answers are the provider's, whoever it is (answers.py): a non-streamed one is read up to
+MAX_ANSWER bytes, as sent (never inflated), and must be a chat completion in strict JSON with a
+well-formed usage, or the call answers 502 `upstream_error` and nothing is metered.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import math
 import random
-import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import structlog
 
-from controlplane.gateway.destinations import DestinationRefused, Destinations
+from controlplane.gateway import stream as streams
+from controlplane.gateway.answers import MalformedAnswer, Metered, completion_of, cost_of_header
+from controlplane.gateway.destinations import Destinations
 from controlplane.gateway.translator_process import TranslatorProcess, TranslatorUnavailable
 from controlplane.gateway.upstream import Upstream
+from controlplane.outbound.client import refusal_of
+from controlplane.outbound.policy import DestinationRefused
 
 log = structlog.get_logger(__name__)
 
@@ -36,10 +42,11 @@ CONNECT_TIMEOUT = 10.0
 SNIPPET = 300
 MIN_SECRET = 8
 """Shorter provider keys are not masked (they would mask ordinary words)."""
-MAX_LINE = 1 << 17
-"""The longest line of a stream relayed (aiohttp's readline limit, which the relay used)."""
-_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+MAX_ANSWER = 64 << 20
+"""The largest non-streamed answer read (a chat completion is kilobytes; a provider that sends
+more is answered 502 rather than filling the control plane's memory)."""
+MAX_RETRY_AFTER = 3600.0
+"""The longest Retry-After passed on from a provider."""
 
 
 class GatewayError(Exception):
@@ -66,34 +73,16 @@ class GatewayError(Exception):
         return {"error": error, "detail": self.message}
 
 
-@dataclass
-class Metered:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    reported: bool = False
-    """The provider reported usage; else the counts are estimates (4 characters a token)."""
-    cost: float | None = None
-    """LiteLLM's price of the call (translator, non-streaming), for models we have no price for."""
-    attempts: int = 1
-    streamed_chars: int = 0
-    errors: list[str] = field(default_factory=list)
-
-    def take(self, usage: Any) -> None:
-        if isinstance(usage, dict):
-            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            self.completion_tokens = int(usage.get("completion_tokens") or 0)
-            self.reported = True
-
-
 def estimate_prompt(body: dict[str, Any]) -> int:
     return len(json.dumps(body.get("messages", []))) // 4 + 1
 
 
 def _retry_after(headers: Any) -> float | None:
     try:
-        return max(0.0, float(headers.get("Retry-After", "")))
+        seconds = float(headers.get("Retry-After", ""))
     except (TypeError, ValueError):
         return None
+    return min(max(0.0, seconds), MAX_RETRY_AFTER) if math.isfinite(seconds) else None
 
 
 class Forwarder:
@@ -111,7 +100,6 @@ class Forwarder:
         self._timeout = timeout
         self._retries = retries
         self._backoff = backoff
-        self._session: aiohttp.ClientSession | None = None
         # Made once, not per call: both are immutable.
         self._timeouts = {
             stream: aiohttp.ClientTimeout(
@@ -122,23 +110,9 @@ class Forwarder:
         self.closing = asyncio.Event()
         self._streams: set[aiohttp.ClientResponse] = set()
 
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(
-                limit=0, resolver=self._destinations.resolver, ttl_dns_cache=10
-            )
-            # No cookie jar: one session serves every user's calls, so a cookie a provider set
-            # for one must not go out with another's (and none is kept or filtered per call).
-            self._session = aiohttp.ClientSession(
-                connector=connector, trust_env=False, cookie_jar=aiohttp.DummyCookieJar()
-            )
-        return self._session
-
     async def close(self) -> None:
         self.shutdown()
-        if self._session is not None:
-            await self._session.close()
+        await self._destinations.close()
 
     async def _request(
         self, upstream: Upstream, payload: bytes, stream: bool
@@ -149,14 +123,16 @@ class Forwarder:
         if upstream.via == "direct":
             assert upstream.base_url is not None
             url = await self._destinations.prepare(upstream.base_url)
+            headers["Accept-Encoding"] = "identity"
             if upstream.api_key:
                 headers["Authorization"] = f"Bearer {upstream.api_key}"
-            return await self.session.post(
+            return await self._destinations.client.post(
                 f"{url}/chat/completions", data=payload, headers=headers, timeout=timeout
             )
         await self._translator.ensure()
         headers["X-Acs-Model"] = upstream.model
         headers["X-Acs-Timeout"] = str(self._timeout)
+        headers["X-Acs-Outbound"] = self._destinations.rules_json
         if upstream.api_key:
             headers["X-Acs-Api-Key"] = upstream.api_key
         if upstream.base_url:
@@ -231,63 +207,69 @@ class Forwarder:
                 504, "upstream_timeout", f"the provider did not answer within {self._timeout:g} s"
             )
         except aiohttp.ClientError as exc:
+            refused = refusal_of(exc)
+            if refused is not None:
+                raise GatewayError(400, "destination_refused", f"llm_base_url: {refused}") from None
             return GatewayError(
                 502,
                 "upstream_unreachable",
                 mask(f"the provider is unreachable: {type(exc).__name__}: {exc}", upstream.api_key),
             )
-        if response.status < 400:
+        status = response.status
+        if 200 <= status < 300:
             return response
+        refused_there = upstream.via == "translator" and response.headers.get("X-Acs-Refused")
         try:
             # The provider's words, without the key if it echoed it (some do, on a 401).
-            text = mask(await response.text(errors="replace"), upstream.api_key)[:SNIPPET]
+            text = mask(await _snippet(response), upstream.api_key)[:SNIPPET]
         except (aiohttp.ClientError, TimeoutError):
             text = ""
         finally:
             response.release()
-        status = response.status
+        if refused_there:
+            raise GatewayError(400, "destination_refused", f"llm_base_url: {refused_there}")
+        said = f"the provider answered {status}: {text}"
+        if status < 400:
+            raise GatewayError(502, "upstream_error", f"{said} (no redirect is followed)")
         if status not in RETRY_STATUSES:
-            raise GatewayError(status, "upstream_error", f"the provider answered {status}: {text}")
+            raise GatewayError(status if status < 600 else 502, "upstream_error", said)
         return GatewayError(
             429 if status == 429 else 502,
             "upstream_rate_limited" if status == 429 else "upstream_error",
-            f"the provider answered {status}: {text}",
+            said,
             retry_after=_retry_after(response.headers),
         )
 
-    async def read_json(self, response: aiohttp.ClientResponse, metered: Metered) -> bytes:
-        """A non-streaming answer's body, usage taken from it (found in the bytes: a key with
-        unescaped quotes cannot occur inside a JSON string, so the first `"prompt_tokens"` is
-        the usage's; parsed in full only when it is missing)."""
+    async def read_json(
+        self, response: aiohttp.ClientResponse, metered: Metered, *, translated: bool = False
+    ) -> bytes:
+        """A non-streaming answer's body, checked (answers.py) and its usage taken: GatewayError
+        502 when it broke off, is larger than MAX_ANSWER or is not a well-formed chat
+        completion. `translated`: the translator's answer, whose price header counts."""
         try:
-            raw = await response.read()
-            cost = response.headers.get("X-Acs-Cost")
+            raw = await _read_capped(response)
+            cost = response.headers.get("X-Acs-Cost") if translated else None
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise GatewayError(
                 502, "upstream_error", f"the provider's answer broke off: {exc}"
             ) from None
         finally:
             response.release()
-        prompt, completion = _PROMPT.search(raw), _COMPLETION.search(raw)
-        if prompt is not None and completion is not None:
-            metered.prompt_tokens = int(prompt.group(1))
-            metered.completion_tokens = int(completion.group(1))
+        try:
+            data, usage = completion_of(raw)
+        except MalformedAnswer as exc:
+            raise GatewayError(
+                502, "upstream_error", f"the provider's answer is malformed: {exc}"
+            ) from None
+        if usage is not None:
+            metered.prompt_tokens, metered.completion_tokens = usage
             metered.reported = True
         else:
-            try:
-                data = json.loads(raw)
-            except ValueError:
-                raise GatewayError(
-                    502, "upstream_error", "the provider's answer is not JSON"
-                ) from None
-            if isinstance(data, dict):
-                metered.take(data.get("usage"))
-                for choice in data.get("choices") or []:
-                    message = (choice or {}).get("message") or {}
+            for choice in data["choices"]:
+                message = choice.get("message")
+                if message is not None:
                     metered.streamed_chars += len(json.dumps(message))
-        if cost is not None:
-            with contextlib.suppress(ValueError):
-                metered.cost = float(cost)
+        metered.cost = cost_of_header(cost)
         return raw
 
     async def relay(
@@ -298,74 +280,23 @@ class Forwarder:
         keep_usage_chunk: bool,
         secret: str | None = None,
     ) -> AsyncIterator[bytes]:
-        """The stream as it comes, in whole lines: what arrived together is yielded together
-        (one write to the client rather than one per line, each a system call), never held
-        back for more. Usage is taken from its chunks, the provider key masked. The last thing
-        yielded after a failure is an `error` event. An idle provider is the connection's read
-        timeout; `shutdown` closes every open upstream stream, which ends its relay here."""
+        """The stream as it comes, checked and metered (stream.py), the provider key masked;
+        `shutdown` closes every open upstream stream, which ends its relay."""
         self._streams.add(response)
         key = secret.encode() if secret and len(secret) >= MIN_SECRET else None
-        pending = b""  # the start of a line whose end has not arrived
         try:
-            while True:
-                try:
-                    data = await response.content.readany()
-                except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                    if self.closing.is_set():
-                        yield _error_event("stream_interrupted", "the gateway is shutting down")
-                    elif isinstance(exc, TimeoutError):
-                        reason = f"the provider sent nothing for {self._timeout:g} s"
-                        yield _error_event("stream_interrupted", reason)
-                    else:
-                        reason = f"the provider's stream broke off: {exc!r}"
-                        yield _error_event("upstream_error", reason)
-                    return
-                if not data:
-                    last = self._lines(pending, metered, keep_usage_chunk, key)
-                    if last:  # a last line without its newline
-                        yield last
-                    if self.closing.is_set():
-                        yield _error_event("stream_interrupted", "the gateway is shutting down")
-                    return
-                pending += data
-                end = pending.rfind(b"\n") + 1
-                if end:
-                    block, pending = pending[:end], pending[end:]
-                    block = self._lines(block, metered, keep_usage_chunk, key)
-                    if block:
-                        yield block
-                if len(pending) > MAX_LINE:
-                    reason = f"the provider's stream broke off: a line over {MAX_LINE} bytes"
-                    yield _error_event("upstream_error", reason)
-                    return
+            async for block in streams.relay(
+                response,
+                metered,
+                keep_usage_chunk=keep_usage_chunk,
+                key=key,
+                idle=self._timeout,
+                closing=self.closing,
+            ):
+                yield block
         finally:
             self._streams.discard(response)
             response.release()
-
-    @classmethod
-    def _lines(
-        cls, block: bytes, metered: Metered, keep_usage_chunk: bool, key: bytes | None
-    ) -> bytes:
-        """Whole lines of a stream as the client gets them: the usage chunk we asked for (and
-        the client did not) left out with the blank line that ends its event, the provider key
-        (some echo it in errors) masked."""
-        lines = block.split(b"\n")
-        kept: list[bytes] = []
-        skip_blank = False
-        for i, line in enumerate(lines):
-            if skip_blank and line in (b"", b"\r") and i < len(lines) - 1:
-                skip_blank = False  # the blank line that ended the event left out
-                continue
-            skip_blank = False
-            if line.startswith(b"data: {") and not cls._inspect(line, metered, keep_usage_chunk):
-                skip_blank = True
-                continue
-            kept.append(line)
-        if len(kept) < len(lines):
-            block = b"\n".join(kept)
-        if key is not None and key in block:
-            block = block.replace(key, b"***")
-        return block
 
     def shutdown(self) -> None:
         """End every stream being relayed (with an error event) and refuse nothing else: new
@@ -374,31 +305,35 @@ class Forwarder:
         for response in list(self._streams):
             response.close()
 
-    @staticmethod
-    def _inspect(line: bytes, metered: Metered, keep_usage_chunk: bool) -> bool:
-        """Takes the usage from a `data: {` line (without its newline); False: leave it out."""
-        if b'"usage"' not in line and b'"error"' not in line:
-            metered.streamed_chars += len(line) + 1
-            return True
-        try:
-            chunk = json.loads(line[6:])
-        except ValueError:
-            return True
-        if not isinstance(chunk, dict):
-            return True
-        if chunk.get("usage"):
-            metered.take(chunk["usage"])
-            if not keep_usage_chunk and not chunk.get("choices"):
-                return False  # we asked for it; the client did not
-        metered.streamed_chars += len(line) + 1
-        return True
-
 
 def mask(text: str, secret: str | None) -> str:
     """`text` without `secret` (the provider key), for anything the caller is told."""
     return text.replace(secret, "***") if secret and len(secret) >= MIN_SECRET else text
 
 
-def _error_event(code: str, message: str) -> bytes:
-    body = {"error": {"message": message, "type": "api_error", "code": code}}
-    return f"data: {json.dumps(body)}\n\n".encode()
+async def _snippet(response: aiohttp.ClientResponse) -> str:
+    """The start of an error's body (what is left unread goes with the connection)."""
+    data = b""
+    while len(data) < 4 * SNIPPET:
+        chunk = await response.content.readany()
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace")
+
+
+async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
+    """The whole body, or GatewayError 502 past MAX_ANSWER bytes."""
+    too_large = GatewayError(
+        502, "upstream_error", f"the provider's answer is larger than {MAX_ANSWER} bytes"
+    )
+    if response.content_length is not None:  # most answers: read at once, as aiohttp does
+        if response.content_length > MAX_ANSWER:
+            raise too_large
+        return await response.read()
+    data = bytearray()
+    async for chunk in response.content.iter_any():
+        data += chunk
+        if len(data) > MAX_ANSWER:
+            raise too_large
+    return bytes(data)

@@ -62,6 +62,9 @@ def cost_of(
     completion_tokens: int,
     fallback: float | None = None,
 ) -> Usage:
+    """What a call cost. The counts come checked (gateway/answers.py: whole, non-negative,
+    bounded), the prices too (config.py), `fallback` (LiteLLM's price) finite and non-negative:
+    a cost is never negative, NaN or infinite, whatever a provider said."""
     price = price_of(prices, model)
     if price is not None:
         cost = prompt_tokens * price[0] + completion_tokens * price[1]

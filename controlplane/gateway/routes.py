@@ -24,8 +24,9 @@ from controlplane.auth.identity import PRINCIPAL, principal_of
 from controlplane.auth.models import USER_ID_PATTERN, Principal
 from controlplane.errors import NotFound
 from controlplane.gateway.agent_llm import PATH as PREFIX
+from controlplane.gateway.answers import Metered
 from controlplane.gateway.credentials import Caller
-from controlplane.gateway.forward import GatewayError, Metered
+from controlplane.gateway.forward import GatewayError
 from controlplane.gateway.metering import month, price_of
 from controlplane.gateway.service import GatewayService
 from controlplane.organizations.roles import Action
@@ -161,14 +162,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     try:
         response = await gateway.forwarder.open(call.upstream, body, raw_body, stream, metered)
         if not stream:
-            raw = await gateway.forwarder.read_json(response, metered)
+            translated = call.upstream.via == "translator"
+            raw = await gateway.forwarder.read_json(response, metered, translated=translated)
     except GatewayError as exc:
         gateway.settle(call, body, metered, exc.status)
         return _gateway_error(exc)
     if not stream:
         gateway.settle(call, body, metered, 200)
         return web.Response(body=raw, content_type="application/json")
-    wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    options = body.get("stream_options")
+    wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
     out = _EventStream(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     status = 200
     headers_alone = None

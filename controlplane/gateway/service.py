@@ -17,6 +17,7 @@ from controlplane.api.ratelimit import Decision, RateLimiter
 from controlplane.config import ServiceConfig
 from controlplane.crypto import SecretBox
 from controlplane.gateway.agent_llm import PATH
+from controlplane.gateway.answers import Metered
 from controlplane.gateway.credentials import (
     MAX_CREDENTIAL,
     SANDBOX_FIELDS,
@@ -31,7 +32,7 @@ from controlplane.gateway.credentials import (
     looks_like_sandbox_token,
     looks_like_user_key,
 )
-from controlplane.gateway.forward import Forwarder, GatewayError, Metered, estimate_prompt
+from controlplane.gateway.forward import Forwarder, GatewayError, estimate_prompt
 from controlplane.gateway.metering import FIELDS as USAGE_FIELDS
 from controlplane.gateway.metering import Meter, Spent, Usage, cost_of, month, spent_of
 from controlplane.gateway.metrics import GatewayMetrics
@@ -260,9 +261,12 @@ class GatewayService:
         except Exception:
             log.exception("llm_usage_not_recorded", user_id=user_id, cost=usage.cost)
 
-    async def close(self) -> None:
-        """Wait for usage still being written."""
+    async def recorded(self) -> None:
+        """Wait for usage still being written (the calls answered so far are then in Redis)."""
         await asyncio.gather(*self._recording, return_exceptions=True)
+
+    async def close(self) -> None:
+        await self.recorded()
 
     def settle(self, call: Call, body: dict[str, Any], metered: Metered, status: int) -> Usage:
         """Record what the call cost (what the provider reported, else an estimate) and
@@ -323,5 +327,9 @@ class GatewayService:
         return {
             "llm_model": f"litellm_proxy/{model}",
             "llm_base_url": api_base.rstrip("/") + PATH,
-            "llm_api_key": await self.user_keys.get_or_create(user_id),
+            "llm_api_key": await self.user_key(user_id),
         }
+
+    async def user_key(self, user_id: str) -> str:
+        """The user's gateway key, made on first use."""
+        return await self.user_keys.get_or_create(user_id)

@@ -3,11 +3,19 @@ controlplane.gateway.translator --socket PATH`), started by the gateway on first
 
 It takes an OpenAI chat-completions request on a Unix socket that only the control plane's
 user can open, with the upstream named in headers (`X-Acs-Model`: LiteLLM's model name,
-`X-Acs-Api-Key`, `X-Acs-Api-Base`, `X-Acs-Timeout`), calls the provider through
+`X-Acs-Api-Key`, `X-Acs-Api-Base`, `X-Acs-Timeout`) and the outbound rules the call is held to
+(`X-Acs-Outbound`, controlplane/outbound/policy.py's Rules as JSON), calls the provider through
 `litellm.acompletion` and answers in OpenAI's shape: JSON, or server-sent events ending in
 `data: [DONE]` (with a final usage chunk). Provider errors keep their HTTP status, in OpenAI's
 error shape. It never retries (the gateway does, for both paths) and stores nothing: the key
 arrives with each request and is dropped with it.
+
+Where LiteLLM connects: the process runs on `GuardedEventLoop` (controlplane/outbound/
+event_loop.py), which checks every connection LiteLLM opens, at the address it connects to,
+against the request's rules; a call that was refused a connection answers 400
+`destination_refused` (and says why in `X-Acs-Refused`). Its environment is the minimal one
+translator_process.py gives it: no key or credential of the control plane's for LiteLLM to
+fall back on when a call brings none.
 
 Why a process of its own: importing LiteLLM takes ~4.6 s and ~160 MB, and each call costs
 ~10 ms of CPU in LiteLLM's Python (measured, docs/llm-gateway.md); in the control plane's
@@ -28,7 +36,14 @@ from typing import Any
 
 from aiohttp import web
 
+from controlplane.outbound.event_loop import GuardedEventLoop, current, refusals
+from controlplane.outbound.policy import OutboundPolicy, Rules
+
 log = logging.getLogger("acs.translator")
+
+MAX_HEADER = 1 << 20
+"""The rules travel in a header: the control plane's own socket may send them whole."""
+_policies: dict[str, OutboundPolicy] = {}
 
 #: The OpenAI chat-completions parameters forwarded to LiteLLM (drop_params removes those a
 #: provider does not take); anything else in a request is ignored.
@@ -63,6 +78,30 @@ def _error(status: int, message: str, kind: str = "upstream_error") -> web.Respo
     return web.json_response(body, status=status)
 
 
+def _policy_of(rules: str | None) -> OutboundPolicy | None:
+    """The policy of a request's `X-Acs-Outbound` (parsed once per version of the rules);
+    None without (then every connection is refused)."""
+    if not rules:
+        return None
+    policy = _policies.get(rules)
+    if policy is None:
+        try:
+            parsed = Rules.from_json(rules)
+        except (ValueError, KeyError, TypeError):
+            return None
+        if len(_policies) >= 4:
+            _policies.clear()
+        policy = _policies[rules] = OutboundPolicy(parsed)
+    return policy
+
+
+def _refused(noted: list[str]) -> web.Response:
+    reason = "; ".join(dict.fromkeys(noted))
+    error = {"message": reason, "type": "invalid_request_error", "code": "destination_refused"}
+    safe = reason.encode("ascii", "replace").decode()
+    return web.json_response({"error": error}, status=400, headers={"X-Acs-Refused": safe})
+
+
 def _status_of(exc: Exception) -> int:
     status = getattr(exc, "status_code", None)
     if isinstance(status, int) and 400 <= status <= 599:
@@ -73,6 +112,9 @@ def _status_of(exc: Exception) -> int:
 async def _chat(request: web.Request) -> web.StreamResponse:
     import litellm  # noqa: PLC0415 (imported at start-up by main; here for the type checker)
 
+    noted: list[str] = []
+    current.set(_policy_of(request.headers.get("X-Acs-Outbound")))
+    refusals.set(noted)
     body = await request.json()
     stream = bool(body.get("stream"))
     kwargs: dict[str, Any] = {k: v for k, v in body.items() if k in PARAMS}
@@ -90,6 +132,8 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     try:
         response = await litellm.acompletion(**kwargs)
     except Exception as exc:
+        if noted:
+            return _refused(noted)
         return _error(_status_of(exc), f"{type(exc).__name__}: {exc}")
     if not stream:
         data = response.model_dump(exclude_none=True)
@@ -129,7 +173,7 @@ async def serve(socket_path: str) -> None:
     app = web.Application(client_max_size=256 * 1024 * 1024)
     app.router.add_post("/chat/completions", _chat)
     app.router.add_get("/health", _health)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2, max_field_size=MAX_HEADER)
     await runner.setup()
     old = os.umask(0o177)  # the socket: this user only
     try:
@@ -153,12 +197,13 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     # No network at import: LiteLLM would otherwise fetch its price list (and retry offline).
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # translator_env sets it too
     import litellm  # noqa: PLC0415 (the heavy import, here and only here)
 
     litellm.telemetry = False
     litellm.suppress_debug_info = True
-    asyncio.run(serve(args.socket))
+    with asyncio.Runner(loop_factory=GuardedEventLoop) as runner:
+        runner.run(serve(args.socket))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,13 @@
 """Starts the translator (translator.py) when the gateway first needs it, and again if it died;
 stops it with the control plane. Deployments that never call a translated provider never pay
-for it (~160 MB, ~4.6 s of CPU to import LiteLLM)."""
+for it (~160 MB, ~4.6 s of CPU to import LiteLLM).
+
+Its environment is made, not inherited: LiteLLM reads provider keys and cloud credentials from
+the environment (OPENAI_API_KEY, AWS_*, GOOGLE_APPLICATION_CREDENTIALS, ...) and from files
+under HOME, and would send them to a user's `llm_base_url` when a call brings no key. So the
+translator gets PATH, a HOME and TMPDIR of its own (empty, in the gateway's private directory),
+the locale, what makes Python find its packages and TLS its certificates, and its one setting;
+none of the control plane's ACS_* variables, no key, no credential, no proxy."""
 
 from __future__ import annotations
 
@@ -18,6 +25,34 @@ log = structlog.get_logger(__name__)
 
 START_TIMEOUT = 90.0
 """LiteLLM's import takes ~5 s on a quiet host, far longer on a loaded one."""
+INHERITED = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "PYTHONPATH",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+)
+"""What the translator takes from the control plane's environment: nothing that names a
+provider, a key or a credential."""
+
+
+def translator_env(directory: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The translator's whole environment (its HOME and TMPDIR made under `directory`)."""
+    source = os.environ if environ is None else environ
+    home, tmp = directory / "home", directory / "tmp"
+    home.mkdir(mode=0o700, exist_ok=True)
+    tmp.mkdir(mode=0o700, exist_ok=True)
+    env = {name: source[name] for name in INHERITED if name in source}
+    env.setdefault("PATH", os.defpath)
+    env.update(
+        HOME=str(home),
+        TMPDIR=str(tmp),
+        # No network at import: LiteLLM would otherwise fetch its price list (and retry offline).
+        LITELLM_LOCAL_MODEL_COST_MAP="True",
+    )
+    return env
 
 
 class TranslatorUnavailable(Exception):
@@ -27,6 +62,7 @@ class TranslatorUnavailable(Exception):
 class TranslatorProcess:
     def __init__(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
+        self._directory = directory
         self.socket_path = str(directory / f"llm-translator-{os.getpid()}.sock")
         self._proc: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
@@ -55,7 +91,7 @@ class TranslatorProcess:
     async def _start(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
-        env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
+        env = translator_env(self._directory)
         started = time.monotonic()
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable,

@@ -10,11 +10,13 @@ a replica that died) is claimed again with XCLAIM, which succeeds for one replic
 from __future__ import annotations
 
 import hashlib
+from datetime import UTC, datetime
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from controlplane.lifecycle.models import DeadLetter, LifecycleEvent
 from controlplane.store import keyspace
 
 GROUP = "deliverers"
@@ -62,6 +64,23 @@ class Outbox:
             {_text(k): _text(v) for k, v in fields.items()} | {"entry_id": _text(entry_id)}
             for entry_id, fields in entries
         ]
+
+    async def dead_letters(self, count: int = 100) -> list[DeadLetter]:
+        """The newest `count` deliveries given up of each URL, newest first across them."""
+        items: list[DeadLetter] = []
+        for url in self.urls:
+            for entry in await self.dead(url, count):
+                items.append(
+                    DeadLetter(
+                        url_id=url_id(url),
+                        event=LifecycleEvent.model_validate_json(entry["e"]),
+                        attempts=int(entry["attempts"]),
+                        error=entry["error"],
+                        dead_at=datetime.fromtimestamp(int(entry["dead_at"]), UTC),
+                    )
+                )
+        items.sort(key=lambda d: d.dead_at, reverse=True)
+        return items
 
 
 def _text(value: Any) -> str:

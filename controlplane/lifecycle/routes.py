@@ -3,8 +3,6 @@ webhook deliveries given up (admin)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from aiohttp import web
 
 from controlplane import keys
@@ -13,14 +11,11 @@ from controlplane.api.routing import RouteTable
 from controlplane.auth.identity import principal_of
 from controlplane.errors import Forbidden, RuntimeUnavailable
 from controlplane.lifecycle.models import (
-    DeadLetter,
     DeadLetterList,
     DeadLetterQuery,
-    LifecycleEvent,
     LifecycleEventPage,
     LifecycleQuery,
 )
-from controlplane.lifecycle.outbox import url_id
 
 routes = RouteTable(tag="lifecycle")
 
@@ -59,19 +54,5 @@ async def dead_letters(request: web.Request) -> web.Response:
     if not principal_of(request).is_admin:
         raise Forbidden("dead letters need an admin key")
     outbox = request.app.get(keys.WEBHOOK_OUTBOX)
-    items: list[DeadLetter] = []
-    if outbox is None:
-        return json_response(DeadLetterList(items=items))
-    for url in outbox.urls:
-        for entry in await outbox.dead(url, query.limit):
-            items.append(
-                DeadLetter(
-                    url_id=url_id(url),
-                    event=LifecycleEvent.model_validate_json(entry["e"]),
-                    attempts=int(entry["attempts"]),
-                    error=entry["error"],
-                    dead_at=datetime.fromtimestamp(int(entry["dead_at"]), UTC),
-                )
-            )
-    items.sort(key=lambda d: d.dead_at, reverse=True)
+    items = [] if outbox is None else await outbox.dead_letters(query.limit)
     return json_response(DeadLetterList(items=items))

@@ -8,6 +8,10 @@ claim it with XCLAIM, whose min-idle condition lets exactly one of them win. A r
 mid-attempt leaves its entries pending: they are claimed the same way. Success acknowledges and
 deletes the entry; an entry older than the dead-letter time whose attempt fails moves to the
 URL's dead-letter stream. Deliveries are not ordered: receivers order by `timestamp`.
+
+The receivers are the operator's: they are called through the outbound policy of operator URLs
+(controlplane/outbound): never a redirect (a 3xx is a failed attempt), the address connected
+to the one resolved and checked (never link-local, multicast or reserved).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from redis.exceptions import ResponseError
 
 from controlplane.background import stop_tasks
 from controlplane.lifecycle.outbox import DEAD_MAXLEN, GROUP, Outbox, url_id
+from controlplane.outbound.client import OutboundClient
 from controlplane.store import keyspace, text
 from controlplane.store.redis import REDIS_DOWN
 
@@ -80,7 +85,7 @@ class WebhookDeliverer:
     def __init__(
         self,
         outbox: Outbox,
-        http: aiohttp.ClientSession,
+        http: OutboundClient,
         secret: str | None,
         policy: RetryPolicy,
         *,

@@ -223,6 +223,7 @@ async def list_keys(request: web.Request) -> web.Response:
     "/api/v1/keys",
     summary="Make an API key of the caller's for scripts (shown once), in the current organization",
     body=NewKey,
+    body_optional=True,
     response=CreatedApiKey,
     status=201,
 )

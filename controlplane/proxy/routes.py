@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import secrets
 import time
 
 import structlog
@@ -84,7 +83,7 @@ def _port_name(service: SandboxService, record: SandboxRecord, port: str) -> str
     by_upper = {name.upper(): name for name in record.ports}
     if port.upper() in by_upper:
         return by_upper[port.upper()]
-    spec = service.catalog.find(record.spec_id)
+    spec = service.spec_of(record)
     if port.isdigit() and spec is not None:
         for name, number in spec.exposed_ports.items():
             if number == int(port) and name in record.ports:
@@ -111,13 +110,12 @@ async def _authorize(
         if found is not None:
             return found[0], presented
     seen = state.version(sandbox_id)  # a change heard from here on voids what is read now
-    record = await service.store.get(sandbox_id) if _ID_RE.match(sandbox_id) else None
-    if record is not None and presented and len(presented) <= 256:
-        found_id = await service.store.id_for_key(presented)
-        if found_id is not None and secrets.compare_digest(found_id, sandbox_id):
-            if cache_key is not None:
-                state.grant(record, cache_key, True, seen)
-            return record, presented
+    own = await service.by_session_key(presented, sandbox_id)
+    if own is not None:
+        if cache_key is not None:
+            state.grant(own, cache_key, True, seen)
+        return own, presented
+    record = await service.record(sandbox_id) if _ID_RE.match(sandbox_id) else None
     principal = await authenticate_request(request, presented)
     request[PRINCIPAL] = principal
     structlog.contextvars.bind_contextvars(user_id=principal.user_id)
@@ -138,7 +136,7 @@ async def _ticket_holder(
         raise Unauthorized("the ticket is unknown, used, expired or not for this sandbox")
     request[PRINCIPAL] = principal
     structlog.contextvars.bind_contextvars(user_id=principal.user_id)
-    record = await service.store.get(sandbox_id)
+    record = await service.record(sandbox_id)
     if record is None or record.owner != principal.user_id:
         raise SandboxNotFound(f"sandbox {sandbox_id} not found")
     return record
@@ -156,21 +154,19 @@ def _changes_state(request: web.Request) -> bool:
 async def _upstream_base(
     service: SandboxService, state: ProxyState, record: SandboxRecord, name: str
 ) -> str:
-    """Where this process reaches the sandbox's port: with a local engine, the container's own
-    address on its network (one copy less than through the engine's published port and its
-    userland proxy), looked up again for every generation of the record (a re-create, a
-    resume, a failover) and at least every ADDRESS_TTL; otherwise the published port."""
-    config = service.config
-    published = links.direct_url(config, record, name)
+    """Where this process reaches the sandbox's port: at the address the driver gives for it
+    (`direct_address`; Docker with a local engine: the container's own on its network, one copy
+    less than through the engine's published port and its userland proxy), looked up again for
+    every generation of the record (a re-create, a resume, a failover) and at least every
+    ADDRESS_TTL; otherwise at the endpoint the driver reported (`SandboxRecord.host`)."""
+    published = links.direct_url(service.config, record, name)
     spec = service.catalog.find(record.spec_id)
-    local = config.docker_url is None or config.docker_url.startswith("unix://")
-    if not local or spec is None or name not in spec.exposed_ports:
+    if spec is None or name not in spec.exposed_ports:
         return published
     address = state.address(record)
     if address is None:
         seen = state.version(record.id)
-        found = await service.driver.inspect(record.id)
-        address = found.addresses[0] if found is not None and found.addresses else ""
+        address = await service.driver.direct_address(record.id) or ""
         state.remember(record, address, seen)
     return f"http://{address}:{spec.exposed_ports[name]}" if address else published
 
@@ -241,7 +237,7 @@ async def _touch(request: web.Request, state: ProxyState, record: SandboxRecord)
     now = time.monotonic()
     if now - state.touched.get(record.id, 0.0) >= TOUCH_EVERY:
         state.touched[record.id] = now
-        await request.app[keys.SANDBOXES].store.touch(record.id)
+        await request.app[keys.SANDBOXES].touch(record.id)
 
 
 async def proxy(request: web.Request) -> web.StreamResponse:

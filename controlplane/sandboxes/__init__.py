@@ -1,1 +1,2 @@
-"""Sandboxes: Docker containers started from spec templates, with their state in Redis."""
+"""Sandboxes: instances of the runtime (drivers/runtimes.py: Docker containers, Kubernetes pods)
+started from spec templates, with their state in Redis."""

@@ -95,19 +95,19 @@ async def cloud_proxy(request: web.Request) -> web.Response:
     envelope = await parse_body(request, CloudProxyRequest)
     key = next((v for k, v in envelope.headers.items() if k.lower() == SESSION_HEADER), "")
     sandboxes = request.app.get(keys.SANDBOXES)
-    if not key or len(key) > 256 or sandboxes is None:
+    if not key or sandboxes is None:
         raise Unauthorized("the envelope's headers must carry the sandbox's X-Session-API-Key")
-    sandbox_id = await sandboxes.store.id_for_key(key)
-    record = await sandboxes.store.get(sandbox_id) if sandbox_id else None
+    record = await sandboxes.by_session_key(key)
     if record is None:
         raise Unauthorized("no sandbox has that session key")
     await _caller_may_use(request, record.owner)
+    config = request.app[keys.CONFIG]
     target = urlsplit(envelope.host)
     port = record.ports.get(AGENT_SERVER)
     if (
         port is None
         or target.port != port
-        or (target.hostname or "").lower() not in _allowed_names(request, sandboxes.config.url_host)
+        or (target.hostname or "").lower() not in _allowed_names(request, config.url_host)
     ):
         raise Forbidden(f"{envelope.host} is not the agent server of the sandbox of that key")
     if record.status != SandboxStatus.RUNNING:
@@ -115,10 +115,10 @@ async def cloud_proxy(request: web.Request) -> web.Response:
             f"sandbox {record.id} is {record.status.value}: resume it before calling its agent"
         )
     body, headers = _body(envelope)
-    limit = max(1.0, min(envelope.timeout_seconds, sandboxes.config.request_timeout - 2))
+    limit = max(1.0, min(envelope.timeout_seconds, config.request_timeout - 2))
     answer = await request.app[keys.RUNTIME_HTTP].send(
         envelope.method,
-        sandboxes.agent_url(record) + envelope.path,
+        record.agent_url(config.url_host) + envelope.path,
         record.session_api_key,
         headers=headers,
         body=body,

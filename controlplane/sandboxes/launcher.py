@@ -10,6 +10,7 @@ each attempt looks at the container first and continues from what it finds.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import time
 
@@ -18,12 +19,13 @@ import structlog
 from controlplane.agent_protocol.kinds import STATE_DIR, agent_env
 from controlplane.background import stop_task, stop_tasks
 from controlplane.config import ServiceConfig
-from controlplane.errors import RuntimeUnavailable
+from controlplane.errors import RuntimeUnavailable, StoreUnavailable
 from controlplane.lifecycle.models import LifecycleType
 from controlplane.sandboxes.leases import IntentLeases
 from controlplane.sandboxes.lifecycle import SandboxLifecycle, entry_of
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.readiness import ReadinessProbe, StartFailed
+from controlplane.sandboxes.restores import Restores
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import AGENT_SERVER, SandboxSpec
@@ -35,10 +37,10 @@ from drivers.errors import ContainerExists
 log = structlog.get_logger(__name__)
 S = SandboxStatus
 
-ENGINE_BLIPS = (RuntimeUnavailable, ContainerExists)
+ENGINE_BLIPS = (RuntimeUnavailable, ContainerExists, StoreUnavailable)
 TRANSIENT = (*ENGINE_BLIPS, *REDIS_DOWN)
-"""Faults of ours, of the engine's connection or a concurrent attempt, not of the sandbox: the
-attempt is retried, looking at the container first."""
+"""Faults of ours, of the engine's connection (or the snapshot store's) or a concurrent attempt,
+not of the sandbox: the attempt is retried, looking at the container first."""
 RETRY_FIRST, RETRY_MAX = 0.2, 5.0
 
 
@@ -135,6 +137,7 @@ class Launcher:
         notes: SandboxLifecycle,
         leases: IntentLeases | None = None,
         webhooks: bool = False,
+        restores: Restores | None = None,
     ) -> None:
         """`webhooks`: the driver gives sandboxes a webhook listener to reach (so our agent
         announces itself there), as ACS_PUBLIC_URL does."""
@@ -147,6 +150,7 @@ class Launcher:
         self._leases = leases
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._webhooks = webhooks or config.public_url is not None
+        self._restores = restores
 
     def is_launching(self, sandbox_id: str) -> bool:
         return sandbox_id in self._tasks
@@ -296,7 +300,13 @@ class Launcher:
         reaches the webhook listener)."""
         base = await self._driver.prepare_network(network_policy(spec))
         self._webhooks = self._webhooks or base is not None
-        return sandbox_request(self._config, record, spec, base)
+        request = sandbox_request(self._config, record, spec, base)
+        if record.origin is not None:
+            if self._restores is None:
+                raise StartFailed("snapshots are not enabled (ACS_SNAPSHOT_STORE_URL is unset)")
+            source = self._restores.source(record.owner, record.origin)
+            request = dataclasses.replace(request, restore=source)
+        return request
 
     async def _fail(self, record: SandboxRecord, new: bool, reason: str, automatic: bool) -> None:
         """ERROR with the reason. A new sandbox leaves nothing behind; one that existed before

@@ -52,6 +52,14 @@ class SandboxRecord(BaseModel):
     deleting_at: datetime | None = None  # a delete was asked for: it is finished, never undone
     org_id: str | None = None
     """The organization it belongs to; None: made before organizations, the default one's."""
+    origin: str | None = None
+    """The snapshot it was started from (its files came from there), None for a spec's new
+    sandbox."""
+    held_until: float | None = None
+    """While a snapshot holds it still (frozen): until when, Unix seconds. A RUNNING sandbox
+    found frozen past that time was left so by a dead control plane and is thawed."""
+    hibernated_at: datetime | None = None
+    """A PAUSED sandbox that gave its memory back (Docker: its container stopped)."""
     generation: int = 0
     """Bumped by the store with every change of status and every write of where the sandbox is
     reached (ports, host): a re-create, a resume or a failover makes a new one, so whatever a
@@ -64,9 +72,15 @@ class SandboxRecord(BaseModel):
 
     @classmethod
     def starting(
-        cls, sandbox_id: str, owner: str, spec_id: str, org_id: str | None = None
+        cls,
+        sandbox_id: str,
+        owner: str,
+        spec_id: str,
+        org_id: str | None = None,
+        origin: str | None = None,
     ) -> SandboxRecord:
-        """A new sandbox's first record: STARTING, with a fresh session key, all times now."""
+        """A new sandbox's first record: STARTING, with a fresh session key, all times now
+        (`origin`: the snapshot its files come from)."""
         now = datetime.now(UTC)
         return cls(
             id=sandbox_id,
@@ -78,6 +92,7 @@ class SandboxRecord(BaseModel):
             created_at=now,
             updated_at=now,
             last_activity_at=now,
+            origin=origin,
         )
 
 
@@ -94,6 +109,12 @@ class SandboxInfo(BaseModel):
     last_activity_at: datetime
     reason: str | None = Field(default=None, description="Why the sandbox is in ERROR or MISSING")
     org_id: str | None = Field(default=None, description="The organization it belongs to")
+    snapshot_id: str | None = Field(
+        default=None, description="The snapshot it was started from, if it was"
+    )
+    hibernated: bool = Field(
+        default=False, description="PAUSED and its memory given back: resume restarts it"
+    )
 
 
 class SandboxPage(BaseModel):
@@ -105,6 +126,12 @@ class StartSandboxRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     sandbox_spec_id: str | None = Field(default=None, max_length=64)
+    snapshot_id: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{32}$",
+        description="Start from this snapshot of yours: its files, on its sandbox's spec (a "
+        "new session key and identity; docs/sandboxes.md#snapshots)",
+    )
 
 
 class SandboxSearchQuery(PageQuery):

@@ -1,5 +1,5 @@
-"""Sandbox ids and the owner of unclaimed warm pool members. (The runtime names its own objects:
-drivers/docker_names.py for Docker.)"""
+"""Sandbox ids and the owner of unclaimed warm pool members. (The runtime names its own objects,
+in its package: drivers/docker/names.py, drivers/kubernetes/names.py.)"""
 
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ from controlplane.sandboxes.admission import Admission
 from controlplane.sandboxes.launcher import Launcher
 from controlplane.sandboxes.locks import SandboxLocks
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.sandboxes.pool_models import PoolMember, PoolOfSpec, PoolView
 from controlplane.sandboxes.pool_store import PoolStore
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.specs.catalog import SpecCatalog
@@ -90,6 +91,38 @@ class WarmPool:
         not on the host."""
         image_id = await self._driver.image_id(spec.image)
         return fingerprint(spec, image_id) if image_id else None
+
+    async def view(self) -> PoolView:
+        """Per spec: the target size, how members wait, claims and misses, and each member
+        (claimable now or not, stale or not)."""
+        members = await self.store.members()
+        stats = await self.store.stats()
+        out: list[PoolOfSpec] = []
+        for spec in self.catalog.all():
+            mine = [(r, fp) for r, fp in members if r.spec_id == spec.id]
+            current = await self.current(spec)
+            ready = await self.store.ready_ids(spec.id)
+            out.append(
+                PoolOfSpec(
+                    spec_id=spec.id,
+                    size=self.size(spec),
+                    state=spec.warm_pool_state,
+                    claims=stats.get(f"claims:{spec.id}", 0),
+                    misses=stats.get(f"misses:{spec.id}", 0),
+                    members=[
+                        PoolMember(
+                            id=r.id,
+                            status=r.status,
+                            ready=r.id in ready,
+                            stale=fp != current,
+                            created_at=r.created_at,
+                            reason=r.reason,
+                        )
+                        for r, fp in mine
+                    ],
+                )
+            )
+        return PoolView(specs=out)
 
     # -- claims (any replica) -------------------------------------------------------------
 

@@ -3,8 +3,8 @@
 A task per sandbox, each polling on its own schedule, cost the server CPU in proportion to the
 starts in flight (issue 12). Here one task probes the `/health` of every sandbox that is due, all
 at once, then sleeps until the next one is due; a sandbox's probes back off from 20 ms to 100 ms.
-Only a boot that takes longer than usual is inspected in Docker (to report a crashed agent server
-at once), and the loop ends when nothing boots.
+Only a boot that takes longer than usual is inspected in the runtime (to report a crashed agent
+server at once), and the loop ends when nothing boots.
 
 An agent server that announces itself (ours: `POST <webhook base>/ready` once it listens,
 agent/announce.py) is probed once at once (a resumed sandbox may be up already), then only when

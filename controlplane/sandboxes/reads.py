@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import secrets
 from collections.abc import Iterable
 
 from controlplane.api.pagination import decode_cursor, encode_cursor
@@ -27,10 +28,12 @@ from controlplane.sandboxes.status_feed import StatusFeed
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.sandboxes.vscode import exposed_url
 from controlplane.specs.catalog import SpecCatalog
-from controlplane.specs.models import AGENT_SERVER
+from controlplane.specs.models import AGENT_SERVER, SandboxSpec
 
 S = SandboxStatus
 RECHECK = 1.0
+MAX_SESSION_KEY = 256
+"""Longer than any session key we make (secrets.token_urlsafe(32)): not looked up."""
 _ID_RE = re.compile(SANDBOX_ID_PATTERN)
 
 
@@ -84,13 +87,41 @@ class SandboxReads:
         """Records in the order of `ids`, None for unknown ones; no ownership check."""
         return await self.store.get_many(ids)
 
-    async def id_for_key(self, session_api_key: str) -> str | None:
-        """The sandbox a session key belongs to (webhook authentication), None if none."""
-        return await self.store.id_for_key(session_api_key)
+    async def id_for_session_key(
+        self, key: str | None, sandbox_id: str | None = None
+    ) -> str | None:
+        """The id of the sandbox whose session API key `key` is: the one lookup of a sandbox's
+        key, for every credential that is one (its webhooks, the proxy, the cloud proxy, its
+        secrets, a user's key paired with it). With `sandbox_id`, only when it is that sandbox
+        (compared in constant time). None for no key, one longer than a key can be, or no such
+        sandbox; who the sandbox belongs to is for the caller to check."""
+        if not key or len(key) > MAX_SESSION_KEY:
+            return None
+        found = await self.store.id_for_key(key)
+        if found is None:
+            return None
+        # As bytes: a path's id may hold any character, which compare_digest refuses in a str.
+        if sandbox_id is not None and not secrets.compare_digest(
+            found.encode(), sandbox_id.encode()
+        ):
+            return None
+        return found
+
+    async def by_session_key(
+        self, key: str | None, sandbox_id: str | None = None
+    ) -> SandboxRecord | None:
+        """The record of the sandbox `id_for_session_key` finds, None where it finds none.
+        (The webhook middleware, which needs no more than the id, spares the record's read.)"""
+        found = await self.id_for_session_key(key, sandbox_id)
+        return await self.store.get(found) if found is not None else None
 
     async def touch(self, sandbox_id: str) -> None:
         """Activity in the sandbox (an agent event): its idle deadline starts again."""
         await self.store.touch(sandbox_id)
+
+    def spec_of(self, record: SandboxRecord) -> SandboxSpec | None:
+        """The spec the sandbox was started from; None once the catalog no longer has it."""
+        return self.catalog.find(record.spec_id)
 
     def view(self, record: SandboxRecord, principal: Principal) -> SandboxInfo:
         running = record.status == S.RUNNING
@@ -120,6 +151,8 @@ class SandboxReads:
             last_activity_at=record.last_activity_at,
             reason=record.reason,
             org_id=record.org_id or self.config.default_organization,
+            snapshot_id=record.origin,
+            hibernated=record.hibernated_at is not None,
         )
 
     async def get(self, principal: Principal, sandbox_id: str) -> SandboxInfo:

@@ -1,5 +1,7 @@
-"""The idle reaper: pauses RUNNING sandboxes idle past their timeout and, when retention is on,
-deletes sandboxes paused for too long. One replica acts at a time (a Redis leader lock).
+"""The idle reaper: pauses RUNNING sandboxes idle past their timeout (or hibernates them:
+ACS_IDLE_ACTION), hibernates sandboxes paused for longer than ACS_HIBERNATE_AFTER and, when
+retention is on, deletes sandboxes paused for too long. One replica acts at a time (a Redis
+leader lock).
 
 Idle means: no API touch of the sandbox or its conversations, no agent event, and no
 conversation in it whose agent is running, for longer than the timeout. The timeout is
@@ -10,20 +12,18 @@ restart neither resets nor forgets them.
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 import structlog
 
-from controlplane.background import stop_task
 from controlplane.config import ServiceConfig
 from controlplane.errors import ControlPlaneError
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.settings.service import SettingsService
 from controlplane.specs.catalog import SpecCatalog
-from controlplane.store.leader import LeaderLock
+from controlplane.store.leader import LeaderLock, LeaderLoop
 
 log = structlog.get_logger(__name__)
 
@@ -37,6 +37,8 @@ class Activity(Protocol):
 
 class IdleActions(Protocol):
     async def pause_idle(self, sandbox_id: str, reason: str) -> bool: ...
+
+    async def hibernate_idle(self, sandbox_id: str, reason: str) -> bool: ...
 
     async def retire(self, sandbox_id: str, reason: str) -> bool: ...
 
@@ -59,28 +61,13 @@ class IdleReaper:
         self._actions = actions
         self._activity = activity
         self._settings = settings
-        self._leader = leader
-        self._task: asyncio.Task[None] | None = None
+        self._loop = LeaderLoop("reaper_sweep", leader, self.sweep, lambda: config.reaper_interval)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="idle-reaper")
+        self._loop.start()
 
     async def stop(self) -> None:
-        await stop_task(self._task)
-        self._task = None
-        try:
-            await self._leader.release()
-        except Exception as exc:
-            log.info("reaper_release_failed", error=str(exc))
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                if await self._leader.hold():
-                    await self.sweep()
-            except Exception:
-                log.exception("reaper_sweep_failed")
-            await asyncio.sleep(self._config.reaper_interval)
+        await self._loop.stop()
 
     async def timeout_of(self, record: SandboxRecord) -> int:
         """Seconds of idleness before this sandbox is paused; 0 means never."""
@@ -117,12 +104,25 @@ class IdleReaper:
                         reason = f"deleted after {retention} s paused (retention)"
                         if await self._actions.retire(record.id, reason):
                             retired.append(record.id)
+                    elif record.status == SandboxStatus.PAUSED:
+                        await self._hibernate_long_paused(record, now)
                 except ControlPlaneError as exc:
                     log.warning("reaper_action_failed", sandbox_id=record.id, error=str(exc))
             if len(ids) < 500:
                 break
             after = ids[-1]
         return paused, retired
+
+    async def _hibernate_long_paused(self, record: SandboxRecord, now: datetime) -> None:
+        """ACS_HIBERNATE_AFTER: a sandbox paused that long gives its memory back."""
+        after = self._config.hibernate_after
+        if after <= 0 or record.hibernated_at is not None:
+            return
+        paused = (now - record.updated_at).total_seconds()
+        if paused >= after:
+            await self._actions.hibernate_idle(
+                record.id, f"hibernated after {int(paused)} s paused (ACS_HIBERNATE_AFTER)"
+            )
 
     async def _reap_idle(self, record: SandboxRecord, now: datetime) -> bool:
         timeout = await self.timeout_of(record)

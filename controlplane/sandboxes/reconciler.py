@@ -18,6 +18,7 @@ Rules (also in docs/sandboxes.md):
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -148,9 +149,9 @@ class Reconciler:
                     if item.sandbox_id:
                         await self._check_one(item.sandbox_id)
             except RuntimeUnavailable as exc:
-                log.warning("docker_events_broken", error=str(exc))
+                log.warning("runtime_events_broken", error=str(exc))
             except Exception:
-                log.exception("docker_events_failed")
+                log.exception("runtime_events_failed")
             finally:
                 watch.close()
             await asyncio.sleep(delay)
@@ -210,6 +211,8 @@ class Reconciler:
             if record.status == S.STARTING:
                 await self._interrupted_start(record)
                 return
+            if await self._held_still(record, state):
+                return
             change = observed_status(record, state)
             if change is None:
                 return
@@ -238,6 +241,25 @@ class Reconciler:
                     now=status,
                     reason=reason,
                 )
+
+    async def _held_still(self, record: SandboxRecord, state: SandboxState | None) -> bool:
+        """A RUNNING sandbox frozen by a snapshot (its record says until when) is left alone;
+        one still frozen past that time was left so by a control plane that died in the
+        middle: it is thawed. True when it was either."""
+        if (
+            record.held_until is None
+            or record.status != S.RUNNING
+            or state is None
+            or state.status != RunState.PAUSED
+        ):
+            return False
+        if record.held_until > time.time():
+            return True
+        await self._driver.unpause(record.id)
+        await self._store.hold(record.id, None)
+        self._fixed()
+        log.info("snapshot_hold_released", sandbox_id=record.id)
+        return True
 
     async def _claim(self, record: SandboxRecord) -> bool:
         """Take over the pending intent of `record` unless a live replica carries it."""

@@ -45,7 +45,7 @@ async def _timed(request: web.Request, operation: str, call: Awaitable[T]) -> T:
     result = await call
     metrics = request.app.get(keys.METRICS)
     if metrics is not None:
-        metrics.sandbox_api.labels(operation).observe(time.perf_counter() - started)
+        metrics.sandbox_call(operation, time.perf_counter() - started)
     return result
 
 
@@ -89,24 +89,26 @@ async def get_sandbox(request: web.Request) -> web.Response:
 @routes.route(
     "POST",
     "/api/v1/sandboxes",
-    summary="Start a sandbox from a spec (JSON body or query sandbox_spec_id; default spec)",
+    summary="Start a sandbox from a spec (JSON body or query sandbox_spec_id; default spec), "
+    "or from a snapshot (snapshot_id)",
     body=StartSandboxRequest,
+    body_optional=True,
     query=StartSandboxQuery,
     response=SandboxInfo,
-    errors=(404, 429),
+    errors=(404, 422, 429, 503),
 )
 async def start_sandbox(request: web.Request) -> web.Response:
     query = parse_query(request, StartSandboxQuery)
     body = await parse_body(request, StartSandboxRequest, optional=True)
     spec_id = body.sandbox_spec_id or query.sandbox_spec_id
-    started = _service(request).start(principal_of(request), spec_id)
+    started = _service(request).start(principal_of(request), spec_id, body.snapshot_id)
     return json_response(await _timed(request, "start", started))
 
 
 @routes.route(
     "POST",
     f"/api/v1/sandboxes/{SANDBOX}/pause",
-    summary="Pause a sandbox (docker pause); a paused one is a no-op",
+    summary="Pause a sandbox (its processes stop, its workspace stays); a paused one is a no-op",
     response=Success,
     errors=(404, 409),
 )

@@ -1,6 +1,6 @@
 """Requests a browser client has the control plane send to a sandbox's agent server, answered
 with what the agent server said: `POST /api/cloud-proxy` (cloud_proxy.py) and the
-conversation's git and file reads (controlplane/conversations/runtime_routes.py).
+conversation's git and file reads (controlplane/conversations/workspace.py).
 
 The destination is always a sandbox's own agent server as this control plane reaches it, never
 a URL a client chose; only the sandbox's session key and the content headers travel with the

@@ -52,14 +52,13 @@ async def sandbox_of_key(request: web.Request) -> SandboxRecord:
     """The RUNNING sandbox of the path whose session key the request carries. Raises
     Unauthorized (no session key of any sandbox), SandboxNotFound (the key is another
     sandbox's) or Conflict (not RUNNING)."""
-    key = request.headers.get("X-Session-API-Key", "")
     sandboxes = request.app.get(keys.SANDBOXES)
-    found = await sandboxes.store.id_for_key(key) if sandboxes and 0 < len(key) <= 256 else None
-    if sandboxes is None or found is None:
+    key = request.headers.get("X-Session-API-Key")
+    record = await sandboxes.by_session_key(key) if sandboxes is not None else None
+    if record is None:
         raise Unauthorized("X-Session-API-Key must be the session key of a sandbox")
     wanted = request.match_info["sandbox_id"]
-    record = await sandboxes.store.get(found)
-    if record is None or not secrets.compare_digest(found, wanted):
+    if not secrets.compare_digest(record.id.encode(), wanted.encode()):
         raise SandboxNotFound(f"sandbox {wanted} not found")
     if record.status != SandboxStatus.RUNNING:
         raise Conflict(f"sandbox {wanted} is {record.status.value}")

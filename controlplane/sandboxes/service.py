@@ -13,7 +13,13 @@ import structlog
 
 from controlplane.auth.models import Principal
 from controlplane.config import ServiceConfig
-from controlplane.errors import Conflict, Forbidden
+from controlplane.errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    RuntimeUnavailable,
+    StoreUnavailable,
+)
 from controlplane.lifecycle.models import LifecycleType
 from controlplane.organizations.roles import Action, may
 from controlplane.sandboxes import naming
@@ -29,6 +35,7 @@ from controlplane.sandboxes.models import (
 )
 from controlplane.sandboxes.readiness import ReadinessProbe
 from controlplane.sandboxes.reads import SandboxReads
+from controlplane.sandboxes.restores import Restores
 from controlplane.sandboxes.status_feed import StatusFeed
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.specs.catalog import SpecCatalog
@@ -67,6 +74,7 @@ class SandboxService(SandboxReads):
         notes: SandboxLifecycle,
         leases: IntentLeases | None = None,
         pool: PoolClaims | None = None,
+        restores: Restores | None = None,
     ) -> None:
         super().__init__(config, store, catalog, feed)
         self.driver = driver
@@ -77,10 +85,12 @@ class SandboxService(SandboxReads):
         self.locks = locks
         self.admission = admission
         self.pool = pool
+        self.restores = restores
 
     async def agent_listening(self, sandbox_id: str) -> None:
         """The sandbox's agent server announced that it listens (its webhook, whose key the
         middleware checked): its start, waited for here or on another replica, probes it now."""
+        log.info("sandbox_agent_listening", sandbox_id=sandbox_id)
         self.probe.hint(sandbox_id)
         await self.feed.relay_listening(sandbox_id)
 
@@ -109,16 +119,20 @@ class SandboxService(SandboxReads):
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self, principal: Principal, spec_id: str | None) -> SandboxInfo:
-        """Record a STARTING sandbox and launch its container in the background.
+    async def start(
+        self, principal: Principal, spec_id: str | None, snapshot_id: str | None = None
+    ) -> SandboxInfo:
+        """Record a STARTING sandbox and launch its container in the background; with
+        `snapshot_id`, one made from that snapshot of the caller's (its spec's).
 
         Raises SpecNotFound or QuotaExceeded, or RuntimeUnavailable when the engine does not
-        answer; in each case nothing is created. A missing image is reported by the launch (ERROR).
+        answer; SnapshotNotFound, StoreUnavailable or InvalidInput (another spec named) for a
+        snapshot; in each case nothing is created. A missing image is reported by the launch
+        (ERROR).
         """
-        if principal.org_id is None:
-            raise Forbidden(f"{principal.user_id} belongs to no organization: ask an admin")
-        if not may(principal, Action.SANDBOX_CREATE):
-            raise Forbidden(f"an {principal.org_role} only reads: it starts no sandbox")
+        may_start(principal)
+        if snapshot_id is not None:
+            return (await self.start_from(principal, snapshot_id, 1, spec_id=spec_id))[0]
         spec = self.catalog.get(spec_id)
         image_id = await self.driver.image_id(spec.image)
         limits = await self.admission.member_limits(principal.org_id, principal.user_id)
@@ -146,6 +160,60 @@ class SandboxService(SandboxReads):
         self.launcher.launch(record)
         return self.view(record, principal)
 
+    async def start_from(
+        self,
+        principal: Principal,
+        snapshot_id: str,
+        count: int,
+        *,
+        spec_id: str | None = None,
+    ) -> list[SandboxInfo]:
+        """`count` new sandboxes made from a snapshot of the caller's, each with its own id,
+        session key and records; all or none (a cap that refuses one refuses them all).
+        Raises as `start`."""
+        may_start(principal)
+        if self.restores is None:
+            raise StoreUnavailable("snapshots are not enabled: ACS_SNAPSHOT_STORE_URL is unset")
+        own_spec = await self.restores.spec_of(principal, snapshot_id)
+        if spec_id is not None and spec_id != own_spec:
+            raise InvalidInput(
+                f"snapshot {snapshot_id} was taken of a {own_spec!r} sandbox; a sandbox made "
+                "from it runs that spec",
+                ["body", "sandbox_spec_id"],
+            )
+        spec = self.catalog.get(own_spec)
+        if await self.driver.image_id(spec.image) is None:
+            raise RuntimeUnavailable(f"image {spec.image} is not on the runtime; run `make images`")
+        reservation = spec.resources.reservation_bytes
+        limits = await self.admission.member_limits(principal.org_id, principal.user_id)
+        records: list[SandboxRecord] = []
+        try:
+            for _ in range(count):
+                if not self.admission.room_for(reservation):
+                    raise self.admission.refused(principal, "memory")
+                record = SandboxRecord.starting(
+                    naming.new_sandbox_id(),
+                    principal.user_id,
+                    spec.id,
+                    principal.org_id,
+                    origin=snapshot_id,
+                )
+                event = self.notes.pending(LifecycleType.SANDBOX_CREATED, record)
+                outcome = await self.store.create(
+                    record, reservation, limits, entry=entry_of(event)
+                )
+                if outcome != "ok":
+                    raise self.admission.refused(principal, outcome)
+                self.notes.done(event)
+                records.append(record)
+        except BaseException:
+            for record in records:  # none launched yet: the records are all there is
+                await self.store.delete(record)
+            raise
+        for record in records:
+            self.launcher.launch(record)
+        return [self.view(record, principal) for record in records]
+
     async def pause(self, principal: Principal, sandbox_id: str) -> None:
         """Freeze a RUNNING sandbox; pausing a PAUSED one succeeds. Raises Conflict otherwise."""
         async with self.lock(sandbox_id):
@@ -162,7 +230,29 @@ class SandboxService(SandboxReads):
             if record is None or record.status != S.RUNNING:
                 return False
             await self._pause(record, reason=reason, automatic=True)
+            if self.config.idle_action == "hibernate":
+                await self._hibernate(record, f"{reason}; hibernated (ACS_IDLE_ACTION)")
             return True
+
+    async def hibernate_idle(self, sandbox_id: str, reason: str) -> bool:
+        """The reaper's hibernation of a sandbox paused for long: it gives its memory back
+        (Docker: the container stops) and stays PAUSED; the same resume brings it back."""
+        lock = self.lock(sandbox_id)
+        if lock.locked():
+            return False
+        async with lock:
+            record = await self.store.get(sandbox_id)
+            if record is None or record.status != S.PAUSED or record.hibernated_at is not None:
+                return False
+            return await self._hibernate(record, reason)
+
+    async def _hibernate(self, record: SandboxRecord, reason: str) -> bool:
+        await self.driver.hibernate(record.id)
+        if not await self.store.hibernated(record.id, reason):
+            return False  # moved on meanwhile (resumed, deleted): the runtime follows it
+        await self.notes(LifecycleType.SANDBOX_PAUSED, record, reason, automatic=True)
+        log.info("sandbox_hibernated", sandbox_id=record.id, reason=reason)
+        return True
 
     async def _pause(
         self,
@@ -212,8 +302,13 @@ class SandboxService(SandboxReads):
                 return
             # The caps of the sandbox's owner in its organization (an admin may resume it).
             limits = await self.admission.member_limits(record.org_id, record.owner)
-            # A runtime whose pause released the instance has nothing to unpause: start it.
-            thaw = record.status == S.PAUSED and not self.driver.pause_releases
+            # A runtime whose pause released the instance, or a hibernated sandbox, has nothing
+            # to unpause: start it.
+            thaw = (
+                record.status == S.PAUSED
+                and not self.driver.pause_releases
+                and record.hibernated_at is None
+            )
             if thaw and await self._unpause(record, limits, principal):
                 await self.notes(LifecycleType.SANDBOX_RESUMED, record)
                 return
@@ -244,9 +339,9 @@ class SandboxService(SandboxReads):
             raise Conflict(f"sandbox {sandbox_id} changed while resuming ({previous})")
 
     async def _unpause(self, record: SandboxRecord, limits: Limits, principal: Principal) -> bool:
-        """The common resume: one cap-checked PAUSED → RUNNING, then `docker unpause`.
+        """The common resume: one cap-checked PAUSED → RUNNING, then the driver's unpause.
 
-        False (with the record back to PAUSED) when the container is not simply paused, e.g.
+        False (with the record back to PAUSED) when the sandbox is not simply paused, e.g.
         stopped by a host reboot; the caller then inspects and restarts or re-creates it.
         """
         # The resume's audit entry with the change that makes it (its event follows the unpause).
@@ -321,3 +416,12 @@ class SandboxService(SandboxReads):
         )
         await self.store.delete(record, entry=entry_of(event))
         self.notes.done(event)
+
+
+def may_start(principal: Principal) -> None:
+    """A sandbox is started (new or from a snapshot) by a member of an organization whose role
+    may; raises Forbidden otherwise."""
+    if principal.org_id is None:
+        raise Forbidden(f"{principal.user_id} belongs to no organization: ask an admin")
+    if not may(principal, Action.SANDBOX_CREATE):
+        raise Forbidden(f"an {principal.org_role} only reads: it starts no sandbox")

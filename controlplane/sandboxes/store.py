@@ -77,9 +77,12 @@ local active_from = (cur == 'STARTING' or cur == 'RUNNING')
 if active_to and not active_from and cap >= 0 and redis.call('SCARD', KEYS[2]) >= cap then
   return {'quota', cur}
 end
--- Paused sandboxes keep their memory where a pause freezes them (Docker, ARGV[7] = '1'); where
--- it releases the instance (Kubernetes) PAUSED gives it back, as ERROR and MISSING do.
-local holds = (to ~= 'ERROR' and to ~= 'MISSING' and (to ~= 'PAUSED' or ARGV[7] == '1'))
+-- Paused sandboxes keep their memory where a pause freezes them (Docker, ARGV[7] = '1'), unless
+-- hibernated; where it releases the instance (Kubernetes) PAUSED gives it back, as ERROR and
+-- MISSING do.
+local hibernated = redis.call('HEXISTS', KEYS[1], 'hibernated_at') == 1
+local holds = (to ~= 'ERROR' and to ~= 'MISSING'
+               and (to ~= 'PAUSED' or (ARGV[7] == '1' and not hibernated)))
 local memory = tonumber(redis.call('HGET', KEYS[1], 'memory') or '0')
 if holds and redis.call('HEXISTS', KEYS[3], id) == 0 and memory_cap >= 0
    and reserved(KEYS[3]) + memory > memory_cap then
@@ -91,6 +94,7 @@ local moved = (to ~= cur)
 for i = 9, 8 + fields, 2 do if ARGV[i] == 'ports' then moved = true end end
 if moved then redis.call('HINCRBY', KEYS[1], 'generation', 1) end
 redis.call('HSET', KEYS[1], 'status', to, unpack(ARGV, 9, 8 + fields))
+if to ~= 'PAUSED' then redis.call('HDEL', KEYS[1], 'hibernated_at') end
 redis.call('PUBLISH', ARGV[6], id .. ' ' .. to)
 if active_to then redis.call('SADD', KEYS[2], id) else redis.call('SREM', KEYS[2], id) end
 if holds then redis.call('HSET', KEYS[3], id, memory) else redis.call('HDEL', KEYS[3], id) end
@@ -114,6 +118,21 @@ append_entry(2, 2)
 return 1
 """
 )
+
+_HIBERNATE = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'PAUSED' then return 0 end
+if redis.call('HEXISTS', KEYS[1], 'deleting_at') == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'hibernated_at', ARGV[1], 'reason', ARGV[3])
+redis.call('HDEL', KEYS[2], ARGV[2])
+return 1
+"""
+
+_HOLD = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[1] == '' then redis.call('HDEL', KEYS[1], 'held_until') else
+  redis.call('HSET', KEYS[1], 'held_until', ARGV[1]) end
+return 1
+"""
 
 _TOUCH = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -166,6 +185,8 @@ class SandboxStore:
         self._transition = redis.register_script(_TRANSITION)
         self._touch = redis.register_script(_TOUCH)
         self._mark_deleting = redis.register_script(_MARK_DELETING)
+        self._hibernate = redis.register_script(_HIBERNATE)
+        self._hold = redis.register_script(_HOLD)
         self._on_change = on_change
 
     def _changed(self, sandbox_id: str) -> None:
@@ -186,6 +207,7 @@ class SandboxStore:
             "updated_at": record.updated_at.isoformat(),
             "last_activity_at": record.last_activity_at.isoformat(),
             "org": record.org_id or "",
+            "origin": record.origin or "",
         }
 
     def encode(self, record: SandboxRecord) -> dict[str, str]:
@@ -210,6 +232,11 @@ class SandboxStore:
             if row.get("deleting_at")
             else None,
             org_id=row.get("org") or None,
+            origin=row.get("origin") or None,
+            held_until=float(row["held_until"]) if row.get("held_until") else None,
+            hibernated_at=datetime.fromisoformat(row["hibernated_at"])
+            if row.get("hibernated_at")
+            else None,
             generation=int(row.get("generation") or 0),
         )
 
@@ -360,6 +387,26 @@ class SandboxStore:
         if found:
             stored(entry)
         return bool(found)
+
+    async def hibernated(self, sandbox_id: str, reason: str) -> bool:
+        """Record that a PAUSED sandbox gave its memory back (its reservation is released, so
+        admission counts only memory really held). False: no longer PAUSED (or being deleted),
+        nothing written."""
+        done = await self._hibernate(
+            keys=[keyspace.sandbox(sandbox_id), keyspace.MEMORY_RESERVED],
+            args=[_now().isoformat(), sandbox_id, reason],
+        )
+        if done:
+            self._changed(sandbox_id)
+        return bool(done)
+
+    async def hold(self, sandbox_id: str, until: float | None) -> None:
+        """Mark a sandbox held still by a snapshot until `until` (Unix seconds); None clears
+        the mark. The reconciler leaves a frozen sandbox so marked alone, and thaws one whose
+        mark has passed (its snapshot's control plane died)."""
+        await self._hold(
+            keys=[keyspace.sandbox(sandbox_id)], args=["" if until is None else repr(until)]
+        )
 
     async def is_tombstoned(self, sandbox_id: str) -> bool:
         return bool(await self._redis.exists(keyspace.sandbox_tombstone(sandbox_id)))

@@ -18,7 +18,7 @@ from controlplane.settings.models import (
     SettingsResponse,
     SettingsUpdate,
 )
-from controlplane.settings.v1 import SettingsV1Response, flatten, v1_view
+from controlplane.settings.v1 import SettingsV1Response, v1_view
 
 routes = RouteTable(tag="settings")
 
@@ -68,10 +68,8 @@ async def get_settings_v1(request: web.Request) -> web.Response:
 )
 async def store_settings_v1(request: web.Request) -> web.Response:
     body = as_v1_update(await parse_body(request, SettingsDiffUpdate))
-    service = request.app[keys.SETTINGS]
-    user_id = principal_of(request).user_id
-    await service.update(user_id, flatten(body, await service.get(user_id)))
-    return json_response(v1_view(await service.get(user_id)))
+    settings = await request.app[keys.SETTINGS].update_v1(principal_of(request).user_id, body)
+    return json_response(v1_view(settings))
 
 
 @routes.route(

@@ -20,7 +20,9 @@ from controlplane.settings.models import (
     UserRecord,
     UserSecretsInfo,
 )
+from controlplane.settings.profiles import LlmProfilesView, view_of
 from controlplane.settings.store import UserRecordStore
+from controlplane.settings.v1 import SettingsV1Update, flatten
 from controlplane.store import audit
 
 _INDICATORS = {
@@ -47,6 +49,18 @@ class SettingsService:
     async def get(self, user_id: str) -> SettingsResponse:
         """The user's settings as shown to clients: secrets null, indicators set."""
         return _to_response(await self._store.get(user_id))
+
+    async def with_profiles(self, user_id: str) -> tuple[SettingsResponse, LlmProfilesView]:
+        """The user's settings as `get` shows them, and their LLM profiles (keys null), from
+        one read of the record."""
+        record = await self._store.get(user_id)
+        return _to_response(record), view_of(record)
+
+    async def update_v1(self, user_id: str, body: SettingsV1Update) -> SettingsResponse:
+        """A V1 update (flat or nested fields: v1.flatten, against what is stored), and the
+        settings after it."""
+        await self.update(user_id, flatten(body, await self.get(user_id)))
+        return await self.get(user_id)
 
     async def update(self, user_id: str, update: SettingsUpdate) -> None:
         """Change only the fields present in `update` (see SettingsUpdate for secrets)."""

@@ -16,7 +16,7 @@ from controlplane.auth.sandbox_scope import running_scope
 from controlplane.errors import Unauthorized
 from controlplane.settings.gateway_view import gateway_llm
 from controlplane.settings.models import SettingsResponse
-from controlplane.settings.profiles import LlmProfilesView, view_of
+from controlplane.settings.profiles import LlmProfilesView
 
 routes = RouteTable(tag="users")
 
@@ -84,8 +84,7 @@ async def get_me(request: web.Request) -> web.Response:
             "expose_secrets needs Authorization: Bearer <your API key> and the "
             "X-Session-API-Key of a running sandbox of yours"
         )
-    service = request.app[keys.SETTINGS]
-    settings = await service.get(principal.user_id)
+    settings, profiles = await request.app[keys.SETTINGS].with_profiles(principal.user_id)
     fields = settings.model_dump()
     model: type[UserInfo] = UserInfo
     if expose_secrets:
@@ -99,7 +98,7 @@ async def get_me(request: web.Request) -> web.Response:
             is_admin=principal.is_admin,
             key_id=principal.key_id,
             auth_method=principal.via,
-            llm_profiles=view_of(await service.record(principal.user_id)),
+            llm_profiles=profiles,
         )
     )
 
@@ -123,7 +122,7 @@ async def get_byor_key(request: web.Request) -> web.Response:
         request, user_id, (await request.app[keys.SETTINGS].get(user_id)).llm_model
     )
     # The view holds the key once there is a model; without one, the key alone.
-    key = view.get("llm_api_key") or await gateway.user_keys.get_or_create(user_id)
+    key = view.get("llm_api_key") or await gateway.user_key(user_id)
     return json_response(
         LlmKeyResponse(
             key=key, llm_model=view.get("llm_model"), llm_base_url=view.get("llm_base_url")

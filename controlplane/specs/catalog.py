@@ -10,8 +10,14 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from controlplane.api.pagination import decode_cursor, encode_cursor
 from controlplane.errors import SpecInvalid, SpecNotFound
-from controlplane.specs.models import SandboxSpec, SandboxSpecInfo
+from controlplane.specs.models import (
+    SPEC_ID_PATTERN,
+    SandboxSpec,
+    SandboxSpecInfo,
+    SandboxSpecInfoPage,
+)
 
 
 def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
@@ -121,6 +127,18 @@ class SpecCatalog:
 
     def all(self) -> list[SandboxSpec]:
         return list(self._specs.values())
+
+    def search(self, page_id: str | None, limit: int) -> SandboxSpecInfoPage:
+        """The specs in id order, cursor-paged (the cursor: the last id of the page before)."""
+        after = decode_cursor(page_id, SPEC_ID_PATTERN.strip("^$"))
+        specs = [s for s in self._specs.values() if after is None or s.id > after]
+        page = specs[:limit]
+        next_page = encode_cursor(page[-1].id) if len(specs) > limit else None
+        return SandboxSpecInfoPage(items=[self.info(s) for s in page], next_page_id=next_page)
+
+    def infos(self, ids: Iterable[str]) -> list[SandboxSpecInfo | None]:
+        """In the order of `ids`; None for an unknown one."""
+        return [self.info(s) if (s := self._specs.get(i)) else None for i in ids]
 
     def info(self, spec: SandboxSpec) -> SandboxSpecInfo:
         return SandboxSpecInfo(

@@ -6,13 +6,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane import keys
-from controlplane.api.pagination import (
-    MAX_BATCH,
-    PageQuery,
-    cursor_field,
-    decode_cursor,
-    encode_cursor,
-)
+from controlplane.api.pagination import MAX_BATCH, PageQuery, cursor_field
 from controlplane.api.parsing import json_response, parse_query
 from controlplane.api.routing import RouteTable
 from controlplane.specs.models import SPEC_ID_PATTERN, SandboxSpecInfo, SandboxSpecInfoPage
@@ -39,14 +33,7 @@ class SpecPageQuery(PageQuery):
 )
 async def search_specs(request: web.Request) -> web.Response:
     query = parse_query(request, SpecPageQuery)
-    catalog = request.app[keys.SPECS]
-    after = decode_cursor(query.page_id, SPEC_ID_PATTERN.strip("^$"))
-    specs = [s for s in catalog.all() if after is None or s.id > after]
-    page = specs[: query.limit]
-    next_page = encode_cursor(page[-1].id) if len(specs) > query.limit else None
-    return json_response(
-        SandboxSpecInfoPage(items=[catalog.info(s) for s in page], next_page_id=next_page)
-    )
+    return json_response(request.app[keys.SPECS].search(query.page_id, query.limit))
 
 
 @routes.route(
@@ -58,6 +45,4 @@ async def search_specs(request: web.Request) -> web.Response:
 )
 async def batch_get_specs(request: web.Request) -> web.Response:
     query = parse_query(request, SpecBatchQuery)
-    catalog = request.app[keys.SPECS]
-    items = [catalog.info(s) if (s := catalog.find(i)) else None for i in query.id]
-    return json_response(items)
+    return json_response(request.app[keys.SPECS].infos(query.id))

@@ -287,6 +287,86 @@ MIGRATIONS = f"{PREFIX}:migrations"
 """Set of the data migrations applied (organizations.migration): each runs once."""
 
 
+REPLICA_ADDRESSES = f"{PREFIX}:replica_addresses"
+"""Hash: replica id -> JSON {"addresses": [...], "at": epoch seconds}: each replica's host
+addresses, written by itself every half minute (controlplane/outbound/sources.py), so that no
+replica connects to another's for a user; an entry not renewed for a day is dropped."""
+
+
+# -- snapshots (controlplane/snapshots/store.py) -------------------------------------------------
+
+
+def snapshot(snapshot_id: str) -> str:
+    """Hash: a snapshot record (PENDING while it is taken, READY once listed)."""
+    return f"{PREFIX}:snapshot:{snapshot_id}"
+
+
+def snapshot_uploads(snapshot_id: str) -> str:
+    """Set: the blobs a snapshot being taken has sent (or is sending) to the store, written
+    before each upload, so that whoever finds it abandoned deletes them."""
+    return f"{PREFIX}:snapshot:{snapshot_id}:uploads"
+
+
+def user_snapshots(user_id: str) -> str:
+    """Lexically ordered sorted set of the user's READY snapshot ids (paging, the count quota)."""
+    return f"{PREFIX}:user:{user_id}:snapshots"
+
+
+def sandbox_snapshots(sandbox_id: str) -> str:
+    """Lexically ordered sorted set of the READY snapshot ids taken of a sandbox (the latest is
+    the parent of the next; retention keeps the last N). Kept after the sandbox's delete."""
+    return f"{PREFIX}:sandbox:{sandbox_id}:snapshots"
+
+
+SNAPSHOT_SANDBOXES = f"{PREFIX}:snapshot_sandboxes"
+"""Lexically ordered sorted set of sandbox ids that have snapshots (the retention pass)."""
+PENDING_SNAPSHOTS = f"{PREFIX}:snapshots:pending"
+"""Sorted set of PENDING snapshot ids scored by their lease's expiry (Unix seconds)."""
+
+
+def snapshot_lock(sandbox_id: str) -> str:
+    """String, TTL 15 s, renewed: the snapshot id being taken of a sandbox (one at a time)."""
+    return f"{PREFIX}:snapshot_lock:{sandbox_id}"
+
+
+def user_packs(user_id: str) -> str:
+    """Hash: pack digest -> how many READY snapshots of the user use it; 0: doomed (in
+    DOOMED_PACKS), revived if a snapshot reuses it before it is collected."""
+    return f"{PREFIX}:user:{user_id}:packs"
+
+
+def user_pack_sizes(user_id: str) -> str:
+    """Hash: pack digest -> its size in bytes (what the byte quota counts)."""
+    return f"{PREFIX}:user:{user_id}:pack_sizes"
+
+
+def user_chunks(user_id: str) -> str:
+    """Hash: chunk id -> "<pack digest> <offset> <length>": where the user's content is, so
+    identical content is stored once across their snapshots."""
+    return f"{PREFIX}:user:{user_id}:chunks"
+
+
+def pack_chunks(user_id: str, digest: str) -> str:
+    """String: the chunk ids in one pack (space-separated), dropped from user_chunks with it."""
+    return f"{PREFIX}:user:{user_id}:pack:{digest}"
+
+
+def user_snapshot_bytes(user_id: str) -> str:
+    """String: bytes of the user's packs and indexes in the store (the byte quota)."""
+    return f"{PREFIX}:user:{user_id}:snapshot_bytes"
+
+
+DOOMED_PACKS = f"{PREFIX}:snapshots:doomed"
+"""Sorted set of "<user> <digest>" no snapshot uses, scored by when (the collector deletes
+them after ACS_SNAPSHOT_COLLECT_GRACE)."""
+STORE_DELETIONS = f"{PREFIX}:snapshots:deletions"
+"""Set of "<repository> <blob|manifest> <digest>" to delete from the store: written with the
+change that orphaned them, removed once the store confirms (at least once)."""
+ORPHANED_SANDBOXES = f"{PREFIX}:snapshots:orphaned"
+"""Hash: sandbox id -> when the retention pass first found it deleted (Unix seconds): its
+unnamed snapshots are kept ACS_SNAPSHOT_ORPHAN_RETENTION from then."""
+
+
 AUDIT = f"{PREFIX}:audit"
 """Stream: every audit entry (controlplane/store/audit.py), trimmed by age (ACS_AUDIT_RETENTION);
 the indexes below hold an empty entry with the same stream id."""
@@ -304,6 +384,11 @@ def audit_org(org_id: str) -> str:
 def audit_org_action(org_id: str, action: str) -> str:
     """Stream: the organization's audit entries of one action (index)."""
     return f"{PREFIX}:audit:org:{org_id}:action:{action}"
+
+
+def audit_action(action: str) -> str:
+    """Stream: the audit entries of one action, in every organization (index)."""
+    return f"{PREFIX}:audit:action:{action}"
 
 
 def audit_user(user_id: str) -> str:

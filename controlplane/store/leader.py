@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import redis.asyncio as aioredis
+import structlog
+
+from controlplane.background import stop_task
+
+log = structlog.get_logger(__name__)
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -35,3 +43,42 @@ class LeaderLock:
 
     async def release(self) -> None:
         await self._release(keys=[self._key], args=[self.token])
+
+
+class LeaderLoop:
+    """Background work one replica at a time: `work()` every `interval` seconds while this
+    replica holds `leader`; a failed pass is logged (`<name>_failed`) and the next one runs."""
+
+    def __init__(
+        self,
+        name: str,
+        leader: LeaderLock,
+        work: Callable[[], Awaitable[Any]],
+        interval: Callable[[], float],
+    ) -> None:
+        self._name = name
+        self._leader = leader
+        self._work = work
+        self._interval = interval
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name=self._name)
+
+    async def stop(self) -> None:
+        """Stop the loop and give the lock up (for another replica to take at once)."""
+        await stop_task(self._task)
+        self._task = None
+        try:
+            await self._leader.release()
+        except Exception as exc:
+            log.info("leader_release_failed", loop=self._name, error=str(exc))
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                if await self._leader.hold():
+                    await self._work()
+            except Exception:
+                log.exception(f"{self._name}_failed")
+            await asyncio.sleep(self._interval())

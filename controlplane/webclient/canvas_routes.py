@@ -155,6 +155,7 @@ async def _refuse_write(request: web.Request) -> web.Response:
     "/api/agent-profiles/{name}",
     summary="Save an agent profile: refused",
     body=AgentProfileWrite,
+    body_optional=True,
     errors=(409,),
 )
 async def save_agent_profile(request: web.Request) -> web.Response:
@@ -176,6 +177,7 @@ async def delete_agent_profile(request: web.Request) -> web.Response:
     "/api/agent-profiles/{name}/rename",
     summary="Rename an agent profile: refused",
     body=AgentProfileWrite,
+    body_optional=True,
     errors=(409,),
 )
 async def rename_agent_profile(request: web.Request) -> web.Response:

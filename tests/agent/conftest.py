@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
 
 from agent.app import create_app
 from agent.config import AgentConfig
 from tests.support.fake_llm import FakeLLM
-from tests.support.types import ClientFactory
+from tests.support.types import Client, ClientFactory
 
 # Test modules get these through the fixtures below (never import conftest).
 API_KEYS = ("test-key-0", "test-key-1")
@@ -47,10 +46,11 @@ def state_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def make_client(aiohttp_client: Any, workspace: Path, state_dir: Path) -> ClientFactory:
-    """``await make_client(**AgentConfig overrides)`` -> TestClient."""
+def make_agent_client(aiohttp_client: Any, workspace: Path, state_dir: Path) -> ClientFactory:
+    """``await make_agent_client(**AgentConfig overrides)``: a client of an agent server app
+    (agent/), in this process."""
 
-    async def factory(**overrides: Any) -> TestClient:
+    async def factory(**overrides: Any) -> Client:
         settings: dict[str, Any] = {
             "workspace": workspace,
             "api_keys": API_KEYS,
@@ -58,19 +58,19 @@ def make_client(aiohttp_client: Any, workspace: Path, state_dir: Path) -> Client
             "state_dir": state_dir,
         }
         settings.update(overrides)
-        client: TestClient = await aiohttp_client(create_app(AgentConfig(**settings)))
+        client: Client = await aiohttp_client(create_app(AgentConfig(**settings)))
         return client
 
     return factory
 
 
 @pytest.fixture
-async def client(make_client: ClientFactory) -> TestClient:
-    return await make_client()
+async def agent_client(make_agent_client: ClientFactory) -> Client:
+    return await make_agent_client()
 
 
 @pytest.fixture
-async def fake_llm() -> AsyncIterator[FakeLLM]:
+async def local_fake_llm() -> AsyncIterator[FakeLLM]:
     """A scripted OpenAI-compatible server on 127.0.0.1 (see tests/support/fake_llm.py)."""
     fake = FakeLLM()
     await fake.start()

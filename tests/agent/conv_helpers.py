@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from aiohttp.test_utils import TestClient
-
 from tests.support.fake_llm import FakeLLM
+from tests.support.types import Client
 
 BASE = "/api/conversations"
 LLM_KEY = "sk-fake-llm-key-0123456789"
@@ -64,7 +63,7 @@ def user_message(text: str, run: bool = True) -> dict[str, Any]:
 
 
 async def start(
-    client: TestClient,
+    client: Client,
     auth: dict[str, str],
     fake: FakeLLM,
     message: str | None = "Do the task.",
@@ -82,7 +81,7 @@ async def start(
     return info
 
 
-async def info(client: TestClient, auth: dict[str, str], cid: str) -> dict[str, Any]:
+async def info(client: Client, auth: dict[str, str], cid: str) -> dict[str, Any]:
     resp = await client.get(f"{BASE}/{cid}", headers=auth)
     assert resp.status == 200, await resp.text()
     data: dict[str, Any] = await resp.json()
@@ -90,7 +89,7 @@ async def info(client: TestClient, auth: dict[str, str], cid: str) -> dict[str, 
 
 
 async def wait_status(
-    client: TestClient,
+    client: Client,
     auth: dict[str, str],
     cid: str,
     statuses: tuple[str, ...] = STOPPED,
@@ -105,7 +104,7 @@ async def wait_status(
             await asyncio.sleep(0.02)
 
 
-async def events(client: TestClient, auth: dict[str, str], cid: str) -> list[dict[str, Any]]:
+async def events(client: Client, auth: dict[str, str], cid: str) -> list[dict[str, Any]]:
     """Every event of a conversation, through the paged search route."""
     items: list[dict[str, Any]] = []
     page_id: str | None = None

@@ -9,28 +9,29 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from agent import __main__ as cli
 from agent.app import create_app
 from agent.auth import key_is_valid
 from agent.config import AgentConfig, is_secret_env_name, load_api_keys
-from tests.support.types import ClientFactory
+from tests.support.types import Client, ClientFactory
 
 EXEC = "/api/bash/execute_bash_command"
 
 
 @pytest.mark.parametrize("path", ["/health", "/alive"])
-async def test_health_and_alive_without_auth(client: TestClient, path: str) -> None:
-    resp = await client.get(path)
+async def test_health_and_alive_without_auth(agent_client: Client, path: str) -> None:
+    resp = await agent_client.get(path)
     assert resp.status == 200
     assert await resp.json() == {"status": "ok"}
 
 
-async def test_ready_and_server_info_without_auth(client: TestClient, auth: dict[str, str]) -> None:
-    assert await (await client.get("/ready")).json() == {"status": "ready"}
-    await client.get("/api/info", headers=auth)
-    resp = await client.get("/server_info")
+async def test_ready_and_server_info_without_auth(
+    agent_client: Client, auth: dict[str, str]
+) -> None:
+    assert await (await agent_client.get("/ready")).json() == {"status": "ready"}
+    await agent_client.get("/api/info", headers=auth)
+    resp = await agent_client.get("/server_info")
     assert resp.status == 200
     info = await resp.json()
     assert info["usable_tools"] == ["terminal", "file_editor", "finish", "think"]
@@ -50,8 +51,8 @@ async def test_ready_and_server_info_without_auth(client: TestClient, auth: dict
     ],
     ids=["missing", "empty", "wrong", "key-prefix", "other-header"],
 )
-async def test_api_rejects_bad_key(client: TestClient, headers: dict[str, str]) -> None:
-    resp = await client.post(EXEC, json={"command": "echo hi"}, headers=headers)
+async def test_api_rejects_bad_key(agent_client: Client, headers: dict[str, str]) -> None:
+    resp = await agent_client.post(EXEC, json={"command": "echo hi"}, headers=headers)
     assert resp.status == 401
     assert await resp.json() == {"detail": "Unauthorized"}
 
@@ -67,47 +68,47 @@ async def test_api_rejects_bad_key(client: TestClient, headers: dict[str, str]) 
         ("GET", "/api"),
     ],
 )
-async def test_every_api_route_needs_the_key(client: TestClient, method: str, path: str) -> None:
-    resp = await client.request(method, path)
+async def test_every_api_route_needs_the_key(agent_client: Client, method: str, path: str) -> None:
+    resp = await agent_client.request(method, path)
     assert resp.status == 401
     assert await resp.json() == {"detail": "Unauthorized"}
 
 
 async def test_any_configured_key_is_accepted(
-    client: TestClient, api_keys: tuple[str, ...]
+    agent_client: Client, api_keys: tuple[str, ...]
 ) -> None:
     for key in api_keys:
-        resp = await client.post(
+        resp = await agent_client.post(
             EXEC, json={"command": "echo hi"}, headers={"X-Session-API-Key": key}
         )
         assert resp.status == 200
         assert (await resp.json())["stdout"] == "hi\n"
 
 
-async def test_no_keys_means_no_auth(make_client: ClientFactory) -> None:
-    client = await make_client(api_keys=())
+async def test_no_keys_means_no_auth(make_agent_client: ClientFactory) -> None:
+    client = await make_agent_client(api_keys=())
     resp = await client.post(EXEC, json={"command": "echo open"})
     assert resp.status == 200
     assert (await resp.json())["stdout"] == "open\n"
 
 
-async def test_unknown_api_route_is_json_404(client: TestClient, auth: dict[str, str]) -> None:
-    resp = await client.get("/api/nope", headers=auth)
+async def test_unknown_api_route_is_json_404(agent_client: Client, auth: dict[str, str]) -> None:
+    resp = await agent_client.get("/api/nope", headers=auth)
     assert resp.status == 404
     assert resp.content_type == "application/json"
     assert isinstance((await resp.json())["detail"], str)
 
 
-async def test_wrong_method_is_json_405(client: TestClient, auth: dict[str, str]) -> None:
-    resp = await client.get(EXEC, headers=auth)
+async def test_wrong_method_is_json_405(agent_client: Client, auth: dict[str, str]) -> None:
+    resp = await agent_client.get(EXEC, headers=auth)
     assert resp.status == 405
     assert isinstance((await resp.json())["detail"], str)
 
 
 async def test_info_reports_workspace(
-    client: TestClient, auth: dict[str, str], workspace: Path
+    agent_client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
-    resp = await client.get("/api/info", headers=auth)
+    resp = await agent_client.get("/api/info", headers=auth)
     assert resp.status == 200
     assert (await resp.json())["workspace"] == str(workspace)
 
@@ -121,7 +122,7 @@ async def test_unhandled_error_is_json_500_without_traceback(
         raise RuntimeError("secret internals")
 
     app.router.add_get("/api/boom", boom)
-    client: TestClient = await aiohttp_client(app)
+    client: Client = await aiohttp_client(app)
     resp = await client.get("/api/boom", headers=auth)
     assert resp.status == 500
     text = await resp.text()
@@ -181,7 +182,7 @@ def test_cli_refuses_to_start_without_key(
 ) -> None:
     _clear_key_env(monkeypatch)
     started: list[dict[str, Any]] = []
-    monkeypatch.setattr(cli.web, "run_app", lambda app, **kw: started.append(kw))
+    monkeypatch.setattr(web, "run_app", lambda app, **kw: started.append(kw))
     local = ["--host", "127.0.0.1", "--port", "0"]
     assert cli.main(["--workspace", str(tmp_path), *local]) == 2
     assert "OH_SESSION_API_KEYS_0" in capsys.readouterr().err
@@ -198,7 +199,7 @@ def test_cli_starts_with_key_and_creates_workspace(
     _clear_key_env(monkeypatch)
     monkeypatch.setenv("SESSION_API_KEY", "k")
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(cli.web, "run_app", lambda app, **kw: calls.append(kw))
+    monkeypatch.setattr(web, "run_app", lambda app, **kw: calls.append(kw))
     ws = tmp_path / "new" / "ws"
     assert cli.main(["--workspace", str(ws), "--port", "0", "--host", "127.0.0.1"]) == 0
     assert ws.is_dir()

@@ -27,9 +27,9 @@ def test_origins_are_read_as_the_official_server_reads_them() -> None:
 
 
 async def test_preflight_and_responses_for_allowed_origins(
-    make_client: ClientFactory, auth: dict[str, str]
+    make_agent_client: ClientFactory, auth: dict[str, str]
 ) -> None:
-    client = await make_client(cors_origins=(APP + "/",))
+    client = await make_agent_client(cors_origins=(APP + "/",))
     for origin in (APP, "http://localhost:3001", "http://127.0.0.1:8080"):
         resp = await client.options(
             "/api/bash/execute_bash_command", headers={"Origin": origin, **PREFLIGHT}
@@ -55,8 +55,10 @@ async def test_preflight_and_responses_for_allowed_origins(
     assert resp.headers["Access-Control-Allow-Origin"] == APP
 
 
-async def test_other_origins_get_nothing(make_client: ClientFactory, auth: dict[str, str]) -> None:
-    client = await make_client(cors_origins=(APP,))
+async def test_other_origins_get_nothing(
+    make_agent_client: ClientFactory, auth: dict[str, str]
+) -> None:
+    client = await make_agent_client(cors_origins=(APP,))
     evil = "https://evil.example.net"
     resp = await client.options("/api/info", headers={"Origin": evil, **PREFLIGHT})
     assert resp.status == 400

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from aiohttp.test_utils import TestClient
+from tests.support.types import Client
 
 
 def git(repo: Path, *args: str) -> str:
@@ -27,7 +27,7 @@ def make_repo(path: Path, files: dict[str, str]) -> Path:
     return path
 
 
-async def changes(client: TestClient, auth: dict[str, str], path: str) -> list[dict[str, str]]:
+async def changes(client: Client, auth: dict[str, str], path: str) -> list[dict[str, str]]:
     resp = await client.get("/api/git/changes", params={"path": path}, headers=auth)
     assert resp.status == 200, await resp.text()
     body: list[dict[str, str]] = await resp.json()
@@ -35,7 +35,7 @@ async def changes(client: TestClient, auth: dict[str, str], path: str) -> list[d
 
 
 async def test_changes_against_the_upstream_and_nested_repositories(
-    client: TestClient, auth: dict[str, str], workspace: Path, tmp_path: Path
+    agent_client: Client, auth: dict[str, str], workspace: Path, tmp_path: Path
 ) -> None:
     origin = make_repo(
         tmp_path / "origin", {"keep.txt": "k\n", "edit.txt": "a\n", "gone.txt": "g\n"}
@@ -61,59 +61,61 @@ async def test_changes_against_the_upstream_and_nested_repositories(
         {"status": "DELETED", "path": "gone.txt"},
         {"status": "ADDED", "path": "new dir/ünï.txt"},
     ]
-    assert await changes(client, auth, str(repo)) == expected
+    assert await changes(agent_client, auth, str(repo)) == expected
     # From the workspace (no repository itself): the repositories right below it, prefixed.
-    assert await changes(client, auth, str(workspace)) == [
+    assert await changes(agent_client, auth, str(workspace)) == [
         {**c, "path": f"project/{c['path']}"} for c in expected
     ]
     # Path-style and relative paths, as older clients send them.
-    resp = await client.get("/api/git/changes/project", headers=auth)
+    resp = await agent_client.get("/api/git/changes/project", headers=auth)
     assert await resp.json() == expected
 
-    resp = await client.get("/api/git/diff", params={"path": str(repo / "edit.txt")}, headers=auth)
+    resp = await agent_client.get(
+        "/api/git/diff", params={"path": str(repo / "edit.txt")}, headers=auth
+    )
     assert await resp.json() == {"original": "a\n", "modified": "b\n"}
-    resp = await client.get("/api/git/diff/project/gone.txt", headers=auth)
+    resp = await agent_client.get("/api/git/diff/project/gone.txt", headers=auth)
     assert await resp.json() == {"original": "g\n", "modified": ""}
-    resp = await client.get(
+    resp = await agent_client.get(
         "/api/git/diff", params={"path": str(repo / "new dir" / "ünï.txt")}, headers=auth
     )
     assert await resp.json() == {"original": "", "modified": "n\n"}
 
 
 async def test_repository_without_commits_or_upstream(
-    client: TestClient, auth: dict[str, str], workspace: Path
+    agent_client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
     fresh = workspace / "fresh"
     fresh.mkdir()
     git(fresh, "init", "-q")
     (fresh / "a.txt").write_text("a\n")
-    assert await changes(client, auth, str(fresh)) == [{"status": "ADDED", "path": "a.txt"}]
+    assert await changes(agent_client, auth, str(fresh)) == [{"status": "ADDED", "path": "a.txt"}]
 
     local = make_repo(workspace / "local", {"a.txt": "1\n", "sub/b.txt": "2\n"})
     (local / "a.txt").write_text("one\n")
     git(local, "mv", "sub/b.txt", "c.txt")
-    assert await changes(client, auth, str(local)) == [
+    assert await changes(agent_client, auth, str(local)) == [
         {"status": "UPDATED", "path": "a.txt"},
         {"status": "ADDED", "path": "c.txt"},
         {"status": "DELETED", "path": "sub/b.txt"},
     ]
     # A directory inside a repository: its own changes, relative to it.
     (local / "sub" / "d.txt").write_text("d\n")
-    assert await changes(client, auth, str(local / "sub")) == [
+    assert await changes(agent_client, auth, str(local / "sub")) == [
         {"status": "DELETED", "path": "b.txt"},
         {"status": "ADDED", "path": "d.txt"},
     ]
 
 
 async def test_outside_a_repository(
-    client: TestClient, auth: dict[str, str], workspace: Path
+    agent_client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
     (workspace / "plain.txt").write_text("p\n")
-    assert await changes(client, auth, str(workspace)) == []
-    assert await changes(client, auth, str(workspace / "missing")) == []
-    resp = await client.get("/api/git/diff", params={"path": "plain.txt"}, headers=auth)
+    assert await changes(agent_client, auth, str(workspace)) == []
+    assert await changes(agent_client, auth, str(workspace / "missing")) == []
+    resp = await agent_client.get("/api/git/diff", params={"path": "plain.txt"}, headers=auth)
     assert await resp.json() == {"original": None, "modified": None}
-    resp = await client.get("/api/git/changes", headers=auth)
+    resp = await agent_client.get("/api/git/changes", headers=auth)
     assert resp.status == 422
-    resp = await client.get("/api/git/changes", params={"path": "x"})
+    resp = await agent_client.get("/api/git/changes", params={"path": "x"})
     assert resp.status == 401

@@ -10,15 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
 
 from agent.shell import run_command
-from tests.support.types import ClientFactory
+from tests.support.types import Client, ClientFactory
 
 EXEC = "/api/bash/execute_bash_command"
 
 
-async def execute(client: TestClient, auth: dict[str, str], **body: Any) -> dict[str, Any]:
+async def execute(client: Client, auth: dict[str, str], **body: Any) -> dict[str, Any]:
     resp = await client.post(EXEC, json=body, headers=auth)
     assert resp.status == 200, await resp.text()
     result: dict[str, Any] = await resp.json()
@@ -34,8 +33,8 @@ def process_gone(pid: int) -> bool:
         return True
 
 
-async def test_exit_code_stdout_stderr(client: TestClient, auth: dict[str, str]) -> None:
-    result = await execute(client, auth, command="echo out; echo err >&2; exit 7")
+async def test_exit_code_stdout_stderr(agent_client: Client, auth: dict[str, str]) -> None:
+    result = await execute(agent_client, auth, command="echo out; echo err >&2; exit 7")
     # A BashOutput (as the official server answers) plus timed_out and truncated.
     assert {k: result[k] for k in ("kind", "exit_code", "stdout", "stderr")} == {
         "kind": "BashOutput",
@@ -49,59 +48,59 @@ async def test_exit_code_stdout_stderr(client: TestClient, auth: dict[str, str])
     assert len(result["id"]) == 32
 
 
-async def test_success_and_bash_features(client: TestClient, auth: dict[str, str]) -> None:
-    result = await execute(client, auth, command="set -o pipefail; x=$((6*7)); echo $x | cat")
+async def test_success_and_bash_features(agent_client: Client, auth: dict[str, str]) -> None:
+    result = await execute(agent_client, auth, command="set -o pipefail; x=$((6*7)); echo $x | cat")
     assert result["exit_code"] == 0
     assert result["stdout"] == "42\n"
 
 
 async def test_runs_in_workspace_by_default(
-    client: TestClient, auth: dict[str, str], workspace: Path
+    agent_client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
-    result = await execute(client, auth, command="pwd")
+    result = await execute(agent_client, auth, command="pwd")
     assert result["stdout"].strip() == str(workspace)
 
 
 async def test_cwd_relative_and_absolute(
-    client: TestClient, auth: dict[str, str], workspace: Path, tmp_path: Path
+    agent_client: Client, auth: dict[str, str], workspace: Path, tmp_path: Path
 ) -> None:
     (workspace / "sub").mkdir()
-    result = await execute(client, auth, command="pwd", cwd="sub")
+    result = await execute(agent_client, auth, command="pwd", cwd="sub")
     assert result["stdout"].strip() == str(workspace / "sub")
-    result = await execute(client, auth, command="pwd", cwd=str(tmp_path))
+    result = await execute(agent_client, auth, command="pwd", cwd=str(tmp_path))
     assert result["stdout"].strip() == str(tmp_path)
 
 
-async def test_missing_cwd_is_400(client: TestClient, auth: dict[str, str]) -> None:
-    resp = await client.post(EXEC, json={"command": "pwd", "cwd": "nope"}, headers=auth)
+async def test_missing_cwd_is_400(agent_client: Client, auth: dict[str, str]) -> None:
+    resp = await agent_client.post(EXEC, json={"command": "pwd", "cwd": "nope"}, headers=auth)
     assert resp.status == 400
     assert "nope" in (await resp.json())["detail"]
 
 
-async def test_stdin_is_closed(client: TestClient, auth: dict[str, str]) -> None:
-    result = await execute(client, auth, command="cat; echo done", timeout=5)
+async def test_stdin_is_closed(agent_client: Client, auth: dict[str, str]) -> None:
+    result = await execute(agent_client, auth, command="cat; echo done", timeout=5)
     assert result["stdout"] == "done\n"
     assert not result["timed_out"]
 
 
 async def test_session_keys_are_hidden_from_commands(
-    client: TestClient, auth: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    agent_client: Client, auth: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OH_SESSION_API_KEYS_0", "very-secret")
     monkeypatch.setenv("SESSION_API_KEY", "very-secret")
     monkeypatch.setenv("ACS_TEST_VISIBLE", "visible")
-    result = await execute(client, auth, command="env")
+    result = await execute(agent_client, auth, command="env")
     assert "very-secret" not in result["stdout"]
     assert "ACS_TEST_VISIBLE=visible" in result["stdout"]
 
 
 async def test_timeout_kills_process_group(
-    client: TestClient, auth: dict[str, str], workspace: Path
+    agent_client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
     # A grandchild in the background plus a foreground sleep: both must die.
     command = "sleep 120 & echo $! > bg.pid; echo started; sleep 120"
     started = time.monotonic()
-    result = await execute(client, auth, command=command, timeout=1)
+    result = await execute(agent_client, auth, command=command, timeout=1)
     assert time.monotonic() - started < 10
     assert result["timed_out"] is True
     assert result["exit_code"] == -1
@@ -115,11 +114,11 @@ async def test_timeout_kills_process_group(
 
 
 async def test_background_job_holding_pipes_does_not_block(
-    client: TestClient, auth: dict[str, str], workspace: Path
+    agent_client: Client, auth: dict[str, str], workspace: Path
 ) -> None:
     started = time.monotonic()
     result = await execute(
-        client, auth, command="sleep 5 & echo $! > bg.pid; echo ready", timeout=30
+        agent_client, auth, command="sleep 5 & echo $! > bg.pid; echo ready", timeout=30
     )
     assert time.monotonic() - started < 4
     assert result["exit_code"] == 0
@@ -128,8 +127,8 @@ async def test_background_job_holding_pipes_does_not_block(
     os.kill(int((workspace / "bg.pid").read_text()), 9)
 
 
-async def test_output_is_capped(make_client: ClientFactory, auth: dict[str, str]) -> None:
-    client = await make_client(max_output_bytes=1000)
+async def test_output_is_capped(make_agent_client: ClientFactory, auth: dict[str, str]) -> None:
+    client = await make_agent_client(max_output_bytes=1000)
     result = await execute(
         client, auth, command="head -c 5000 /dev/zero | tr '\\0' a; echo -n small >&2"
     )
@@ -139,32 +138,32 @@ async def test_output_is_capped(make_client: ClientFactory, auth: dict[str, str]
     assert result["exit_code"] == 0
 
 
-async def test_stderr_is_capped_too(make_client: ClientFactory, auth: dict[str, str]) -> None:
-    client = await make_client(max_output_bytes=10)
+async def test_stderr_is_capped_too(make_agent_client: ClientFactory, auth: dict[str, str]) -> None:
+    client = await make_agent_client(max_output_bytes=10)
     result = await execute(client, auth, command="echo -n 0123456789abc >&2; echo -n ok")
     assert result["stderr"] == "0123456789"
     assert result["stdout"] == "ok"
     assert result["truncated"] is True
 
 
-async def test_default_cap_is_one_mebibyte(client: TestClient, auth: dict[str, str]) -> None:
-    result = await execute(client, auth, command="yes | head -c 3000000")
+async def test_default_cap_is_one_mebibyte(agent_client: Client, auth: dict[str, str]) -> None:
+    result = await execute(agent_client, auth, command="yes | head -c 3000000")
     assert len(result["stdout"]) == 1024 * 1024
     assert result["truncated"] is True
     assert result["exit_code"] == 0
 
 
 async def test_output_exactly_at_cap_is_not_truncated(
-    make_client: ClientFactory, auth: dict[str, str]
+    make_agent_client: ClientFactory, auth: dict[str, str]
 ) -> None:
-    client = await make_client(max_output_bytes=4)
+    client = await make_agent_client(max_output_bytes=4)
     result = await execute(client, auth, command="echo -n abcd")
     assert result["stdout"] == "abcd"
     assert result["truncated"] is False
 
 
-async def test_invalid_utf8_is_replaced(client: TestClient, auth: dict[str, str]) -> None:
-    result = await execute(client, auth, command="printf 'a\\xffb'")
+async def test_invalid_utf8_is_replaced(agent_client: Client, auth: dict[str, str]) -> None:
+    result = await execute(agent_client, auth, command="printf 'a\\xffb'")
     assert result["stdout"] == "a\ufffdb"
 
 
@@ -187,13 +186,13 @@ async def test_run_command_directly(tmp_path: Path) -> None:
     ],
 )
 async def test_invalid_body_is_422(
-    client: TestClient,
+    agent_client: Client,
     auth: dict[str, str],
     body: dict[str, Any],
     loc: list[str],
     type_: str,
 ) -> None:
-    resp = await client.post(EXEC, json=body, headers=auth)
+    resp = await agent_client.post(EXEC, json=body, headers=auth)
     assert resp.status == 422
     detail = (await resp.json())["detail"]
     assert isinstance(detail, list)
@@ -206,8 +205,12 @@ async def test_invalid_body_is_422(
 
 
 @pytest.mark.parametrize("raw", [b"", b"{not json", b"[1, 2]", b'"text"'])
-async def test_malformed_body_is_422(client: TestClient, auth: dict[str, str], raw: bytes) -> None:
-    resp = await client.post(EXEC, data=raw, headers={**auth, "Content-Type": "application/json"})
+async def test_malformed_body_is_422(
+    agent_client: Client, auth: dict[str, str], raw: bytes
+) -> None:
+    resp = await agent_client.post(
+        EXEC, data=raw, headers={**auth, "Content-Type": "application/json"}
+    )
     assert resp.status == 422
     detail = (await resp.json())["detail"]
     assert isinstance(detail, list)

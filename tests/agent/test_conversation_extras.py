@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from agent.conversations.masking import MASK
 from tests.agent.conv_helpers import (
@@ -25,6 +24,7 @@ from tests.agent.conv_helpers import (
     wait_status,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
+from tests.support.types import Client
 
 LOOKED_UP = "gho_looked-up-token-77"
 
@@ -54,14 +54,14 @@ def text_of(observation: dict[str, Any]) -> str:
 
 
 async def test_secret_sources_and_updates(
-    client: TestClient,
+    agent_client: Client,
     auth: dict[str, str],
-    fake_llm: FakeLLM,
+    local_fake_llm: FakeLLM,
     secret_server: tuple[str, list[dict[str, str]]],
 ) -> None:
     url, seen = secret_server
     show = 'echo "static=$STATIC looked=$LOOKED later=$LATER"'
-    fake_llm.script(
+    local_fake_llm.script(
         [
             reply_tool_call("terminal", {"command": show}),
             reply_text("waiting"),
@@ -74,17 +74,17 @@ async def test_secret_sources_and_updates(
         "LOOKED": {"kind": "LookupSecret", "url": url, "headers": {"X-Access-Token": "jws-1"}},
         "BROKEN": {"kind": "LookupSecret", "url": url, "headers": {"X-Access-Token": "bad"}},
     }
-    cid = (await start(client, auth, fake_llm, secrets=secrets))["id"]
-    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
+    cid = (await start(agent_client, auth, local_fake_llm, secrets=secrets))["id"]
+    assert (await wait_status(agent_client, auth, cid))["execution_status"] == "finished"
     assert len(seen) == 2  # both lookups, when the run started
-    resp = await client.post(
+    resp = await agent_client.post(
         f"{BASE}/{cid}/secrets", json={"secrets": {"LATER": "later-value-2"}}, headers=auth
     )
     assert await resp.json() == {"success": True}
-    await client.post(f"{BASE}/{cid}/events", json=user_message("again"), headers=auth)
-    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
+    await agent_client.post(f"{BASE}/{cid}/events", json=user_message("again"), headers=auth)
+    assert (await wait_status(agent_client, auth, cid))["execution_status"] == "finished"
 
-    items = await events(client, auth, cid)
+    items = await events(agent_client, auth, cid)
     first, second = (text_of(o["observation"]) for o in of_kind(items, "ObservationEvent")[:2])
     assert first == f"static={MASK} looked={MASK} later="
     assert second == f"static={MASK} looked={MASK} later={MASK}"
@@ -97,118 +97,124 @@ async def test_secret_sources_and_updates(
 
 
 async def test_confirmation_policy_and_security_analyzer(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    agent_client: Client, auth: dict[str, str], local_fake_llm: FakeLLM
 ) -> None:
-    fake_llm.script([reply_text("hello"), reply_tool_call("terminal", {"command": "true"})])
-    cid = (await start(client, auth, fake_llm))["id"]
-    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
-    resp = await client.post(
+    local_fake_llm.script([reply_text("hello"), reply_tool_call("terminal", {"command": "true"})])
+    cid = (await start(agent_client, auth, local_fake_llm))["id"]
+    assert (await wait_status(agent_client, auth, cid))["execution_status"] == "finished"
+    resp = await agent_client.post(
         f"{BASE}/{cid}/confirmation_policy",
         json={"policy": {"kind": "AlwaysConfirm"}},
         headers=auth,
     )
     assert resp.status == 200
-    resp = await client.post(
+    resp = await agent_client.post(
         f"{BASE}/{cid}/security_analyzer",
         json={"security_analyzer": {"kind": "LLMSecurityAnalyzer"}},
         headers=auth,
     )
     assert resp.status == 200
-    current = await info(client, auth, cid)
+    current = await info(agent_client, auth, cid)
     assert current["confirmation_policy"] == {"kind": "AlwaysConfirm"}
     assert current["security_analyzer"] == {"kind": "LLMSecurityAnalyzer"}
-    await client.post(f"{BASE}/{cid}/events", json=user_message("run it"), headers=auth)
-    waiting = await wait_status(client, auth, cid)
+    await agent_client.post(f"{BASE}/{cid}/events", json=user_message("run it"), headers=auth)
+    waiting = await wait_status(agent_client, auth, cid)
     assert waiting["execution_status"] == "waiting_for_confirmation"
     assert len(waiting["pending_action_ids"]) == 1
-    items = await events(client, auth, cid)
+    items = await events(agent_client, auth, cid)
     updates = [e for e in items if e["kind"] == "ConversationStateUpdateEvent"]
     assert {"key": "confirmation_policy", "value": {"kind": "AlwaysConfirm"}}.items() <= {
         k: v for e in updates if e["key"] == "confirmation_policy" for k, v in e.items()
     }.items()
-    resp = await client.post(
+    resp = await agent_client.post(
         f"{BASE}/{cid}/confirmation_policy", json={"policy": {"kind": "Sometimes"}}, headers=auth
     )
     assert resp.status == 422
 
 
 async def test_confirm_risky_without_confirming_unknown_risk_never_waits(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    agent_client: Client, auth: dict[str, str], local_fake_llm: FakeLLM
 ) -> None:
-    fake_llm.script([reply_tool_call("terminal", {"command": "true"}), reply_finish()])
+    local_fake_llm.script([reply_tool_call("terminal", {"command": "true"}), reply_finish()])
     policy = {"kind": "ConfirmRisky", "threshold": "HIGH", "confirm_unknown": False}
-    cid = (await start(client, auth, fake_llm, confirmation_policy=policy))["id"]
-    done = await wait_status(client, auth, cid)
+    cid = (await start(agent_client, auth, local_fake_llm, confirmation_policy=policy))["id"]
+    done = await wait_status(agent_client, auth, cid)
     assert done["execution_status"] == "finished"
     assert done["confirmation_policy"] == policy
 
 
 async def test_title_tags_and_generated_title(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    agent_client: Client, auth: dict[str, str], local_fake_llm: FakeLLM
 ) -> None:
-    fake_llm.script([reply_finish("Everything is done.")])
+    local_fake_llm.script([reply_finish("Everything is done.")])
     long_first_line = "Please refactor the parser module so that it streams " * 2
-    cid = (await start(client, auth, fake_llm, long_first_line + "\nmore", tags={"team": "a"}))[
-        "id"
-    ]
-    done = await wait_status(client, auth, cid)
+    cid = (
+        await start(
+            agent_client, auth, local_fake_llm, long_first_line + "\nmore", tags={"team": "a"}
+        )
+    )["id"]
+    done = await wait_status(agent_client, auth, cid)
     assert done["title"] == long_first_line.strip()[:49].rstrip() + "…"  # autotitle
     assert done["tags"] == {"team": "a"}
-    resp = await client.post(f"{BASE}/{cid}/generate_title", json={"max_length": 20}, headers=auth)
+    resp = await agent_client.post(
+        f"{BASE}/{cid}/generate_title", json={"max_length": 20}, headers=auth
+    )
     assert await resp.json() == {"title": "Please refactor the…"}
-    resp = await client.post(f"{BASE}/{cid}/generate_title", headers=auth)
+    resp = await agent_client.post(f"{BASE}/{cid}/generate_title", headers=auth)
     assert len((await resp.json())["title"]) == 50
 
-    resp = await client.patch(
+    resp = await agent_client.patch(
         f"{BASE}/{cid}", json={"title": " Parser work ", "tags": {"team": "b"}}, headers=auth
     )
     assert await resp.json() == {"success": True}
-    current = await info(client, auth, cid)
+    current = await info(agent_client, auth, cid)
     assert (current["title"], current["tags"]) == ("Parser work", {"team": "b"})
     for bad in ({"title": "   "}, {"title": ""}, {"title": "x" * 201}):
-        resp = await client.patch(f"{BASE}/{cid}", json=bad, headers=auth)
+        resp = await agent_client.patch(f"{BASE}/{cid}", json=bad, headers=auth)
         assert resp.status == 422, bad
 
-    resp = await client.get(f"{BASE}/{cid}/agent_final_response", headers=auth)
+    resp = await agent_client.get(f"{BASE}/{cid}/agent_final_response", headers=auth)
     assert await resp.json() == {"response": "Everything is done."}
-    resp = await client.post(f"{BASE}/{cid}/condense", headers=auth)
+    resp = await agent_client.post(f"{BASE}/{cid}/condense", headers=auth)
     assert resp.status == 409
 
 
 async def test_ask_agent_records_nothing(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    agent_client: Client, auth: dict[str, str], local_fake_llm: FakeLLM
 ) -> None:
-    fake_llm.script([reply_text("I am idle."), reply_text("It is about a parser.")])
-    cid = (await start(client, auth, fake_llm, "Look at the parser"))["id"]
-    await wait_status(client, auth, cid)
-    before = await events(client, auth, cid)
-    resp = await client.post(f"{BASE}/{cid}/ask_agent", json={"question": "What?"}, headers=auth)
+    local_fake_llm.script([reply_text("I am idle."), reply_text("It is about a parser.")])
+    cid = (await start(agent_client, auth, local_fake_llm, "Look at the parser"))["id"]
+    await wait_status(agent_client, auth, cid)
+    before = await events(agent_client, auth, cid)
+    resp = await agent_client.post(
+        f"{BASE}/{cid}/ask_agent", json={"question": "What?"}, headers=auth
+    )
     assert await resp.json() == {"response": "It is about a parser."}
-    assert await events(client, auth, cid) == before
-    asked = fake_llm.requests[-1].body
+    assert await events(agent_client, auth, cid) == before
+    asked = local_fake_llm.requests[-1].body
     assert asked["messages"][-1] == {"role": "user", "content": "What?"}
     assert "tools" not in asked
-    resp = await client.post(f"{BASE}/{cid}/ask_agent", json={}, headers=auth)
+    resp = await agent_client.post(f"{BASE}/{cid}/ask_agent", json={}, headers=auth)
     assert resp.status == 422
 
 
 async def test_pause_when_idle_and_interrupt_when_running(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    agent_client: Client, auth: dict[str, str], local_fake_llm: FakeLLM
 ) -> None:
-    fake_llm.script([reply_tool_call("terminal", {"command": "sleep 30"})])
-    cid = (await start(client, auth, fake_llm, None))["id"]
-    assert (await info(client, auth, cid))["execution_status"] == "idle"
-    await client.post(f"{BASE}/{cid}/pause", headers=auth)
-    assert (await info(client, auth, cid))["execution_status"] == "paused"  # at once
+    local_fake_llm.script([reply_tool_call("terminal", {"command": "sleep 30"})])
+    cid = (await start(agent_client, auth, local_fake_llm, None))["id"]
+    assert (await info(agent_client, auth, cid))["execution_status"] == "idle"
+    await agent_client.post(f"{BASE}/{cid}/pause", headers=auth)
+    assert (await info(agent_client, auth, cid))["execution_status"] == "paused"  # at once
 
-    await client.post(f"{BASE}/{cid}/events", json=user_message("sleep"), headers=auth)
+    await agent_client.post(f"{BASE}/{cid}/events", json=user_message("sleep"), headers=auth)
     async with asyncio.timeout(10):
-        while not of_kind(await events(client, auth, cid), "ActionEvent"):  # noqa: ASYNC110 - polling the API, no event to await
+        while not of_kind(await events(agent_client, auth, cid), "ActionEvent"):  # noqa: ASYNC110 - polling the API, no event to await
             await asyncio.sleep(0.05)
-    resp = await client.post(f"{BASE}/{cid}/interrupt", headers=auth)
+    resp = await agent_client.post(f"{BASE}/{cid}/interrupt", headers=auth)
     assert resp.status == 200
-    assert (await info(client, auth, cid))["execution_status"] == "paused"
-    items = await events(client, auth, cid)
+    assert (await info(agent_client, auth, cid))["execution_status"] == "paused"
+    items = await events(agent_client, auth, cid)
     assert len(of_kind(items, "PauseEvent")) == 2
     assert of_kind(items, "PauseEvent")[0]["source"] == "user"
     (error,) = of_kind(items, "AgentErrorEvent")

@@ -8,8 +8,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from aiohttp.test_utils import TestClient
-
 from tests.agent.conv_helpers import (
     BASE,
     LLM_KEY,
@@ -29,12 +27,13 @@ from tests.support.fake_llm import (
     reply_tool_calls,
     tool_call,
 )
+from tests.support.types import Client
 
 
 async def test_bash_run_writes_a_file_and_finishes(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
+    agent_client: Client, auth: dict[str, str], local_fake_llm: FakeLLM, workspace: Path
 ) -> None:
-    fake_llm.script(
+    local_fake_llm.script(
         [
             reply_tool_call(
                 "terminal", {"command": "echo hi > f.txt && cat f.txt"}, thought="Writing."
@@ -42,14 +41,14 @@ async def test_bash_run_writes_a_file_and_finishes(
             reply_finish("File written."),
         ]
     )
-    created = await start(client, auth, fake_llm, "Write hi to f.txt")
+    created = await start(agent_client, auth, local_fake_llm, "Write hi to f.txt")
     cid = created["id"]
     assert str(uuid.UUID(cid)) == cid  # as the official server writes it
-    done = await wait_status(client, auth, cid)
+    done = await wait_status(agent_client, auth, cid)
     assert done["execution_status"] == done["status"] == "finished"
     assert (workspace / "f.txt").read_text() == "hi\n"
 
-    items = await events(client, auth, cid)
+    items = await events(agent_client, auth, cid)
     assert items[0]["kind"] == "SystemPromptEvent"
     assert [t["kind"] for t in items[0]["tools"]] == [
         "TerminalTool",
@@ -93,7 +92,7 @@ async def test_bash_run_writes_a_file_and_finishes(
         assert datetime.fromisoformat(event["timestamp"]).tzinfo is None
 
     # What the model was sent: tools, the key, then the tool result in the second call.
-    first, second = fake_llm.requests[0], fake_llm.requests[1]
+    first, second = local_fake_llm.requests[0], local_fake_llm.requests[1]
     assert first.authorization == f"Bearer {LLM_KEY}"
     assert first.body["model"] == "fake-model"
     assert first.body["tool_choice"] == "auto"
@@ -119,17 +118,17 @@ async def test_bash_run_writes_a_file_and_finishes(
 
 
 async def test_text_reply_finishes_the_run_and_a_new_message_resumes(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    agent_client: Client, auth: dict[str, str], local_fake_llm: FakeLLM
 ) -> None:
-    fake_llm.script([reply_text("Which file?"), reply_finish("ok")])
-    cid = (await start(client, auth, fake_llm, "Edit the file"))["id"]
+    local_fake_llm.script([reply_text("Which file?"), reply_finish("ok")])
+    cid = (await start(agent_client, auth, local_fake_llm, "Edit the file"))["id"]
     # As the SDK's agent: a text reply ends the run (RemoteConversation.run() returns).
-    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
-    resp = await client.post(f"{BASE}/{cid}/events", json=user_message("a.txt"), headers=auth)
+    assert (await wait_status(agent_client, auth, cid))["execution_status"] == "finished"
+    resp = await agent_client.post(f"{BASE}/{cid}/events", json=user_message("a.txt"), headers=auth)
     assert resp.status == 200
     assert await resp.json() == {"success": True}
-    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
-    items = await events(client, auth, cid)
+    assert (await wait_status(agent_client, auth, cid))["execution_status"] == "finished"
+    items = await events(agent_client, auth, cid)
     messages = of_kind(items, "MessageEvent")
     assert [(m["source"], m["llm_message"]["content"][0]["text"]) for m in messages] == [
         ("user", "Edit the file"),
@@ -137,15 +136,15 @@ async def test_text_reply_finishes_the_run_and_a_new_message_resumes(
         ("user", "a.txt"),
     ]
     assert statuses(items) == ["running", "finished", "idle", "running", "finished"]
-    sent = fake_llm.requests[1].body["messages"]
+    sent = local_fake_llm.requests[1].body["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
 
 
 async def test_editor_create_replace_view_and_ambiguous_old_str(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, workspace: Path
+    agent_client: Client, auth: dict[str, str], local_fake_llm: FakeLLM, workspace: Path
 ) -> None:
     editor = "file_editor"
-    fake_llm.script(
+    local_fake_llm.script(
         [
             reply_tool_call(
                 editor, {"command": "create", "path": "src/a.py", "file_text": "x = 1\nx = 1\n"}
@@ -172,11 +171,11 @@ async def test_editor_create_replace_view_and_ambiguous_old_str(
             reply_finish(),
         ]
     )
-    cid = (await start(client, auth, fake_llm))["id"]
-    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
+    cid = (await start(agent_client, auth, local_fake_llm))["id"]
+    assert (await wait_status(agent_client, auth, cid))["execution_status"] == "finished"
     assert (workspace / "src/a.py").read_text() == "x = 2\n"  # the insert was undone
     observations = [
-        e["observation"] for e in of_kind(await events(client, auth, cid), "ObservationEvent")
+        e["observation"] for e in of_kind(await events(agent_client, auth, cid), "ObservationEvent")
     ]
 
     def text(observation: dict[str, Any]) -> str:
@@ -201,13 +200,13 @@ async def test_editor_create_replace_view_and_ambiguous_old_str(
     assert "undone" in text(observations[6])
     assert observations[6]["new_content"] == "x = 2\n"
     # The model saw the error text as the tool result.
-    assert "occurs 2 times" in fake_llm.requests[2].body["messages"][-1]["content"]
+    assert "occurs 2 times" in local_fake_llm.requests[2].body["messages"][-1]["content"]
 
 
 async def test_unknown_tool_and_bad_arguments_are_agent_errors_and_the_loop_goes_on(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    agent_client: Client, auth: dict[str, str], local_fake_llm: FakeLLM
 ) -> None:
-    fake_llm.script(
+    local_fake_llm.script(
         [
             reply_tool_calls(
                 tool_call("no_such_tool", {"x": 1}),
@@ -218,9 +217,9 @@ async def test_unknown_tool_and_bad_arguments_are_agent_errors_and_the_loop_goes
             reply_finish(),
         ]
     )
-    cid = (await start(client, auth, fake_llm))["id"]
-    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
-    items = await events(client, auth, cid)
+    cid = (await start(agent_client, auth, local_fake_llm))["id"]
+    assert (await wait_status(agent_client, auth, cid))["execution_status"] == "finished"
+    items = await events(agent_client, auth, cid)
     errors = of_kind(items, "AgentErrorEvent")
     assert [e["tool_name"] for e in errors] == ["no_such_tool", "terminal", "terminal"]
     assert "unknown tool 'no_such_tool'" in errors[0]["error"]
@@ -228,22 +227,22 @@ async def test_unknown_tool_and_bad_arguments_are_agent_errors_and_the_loop_goes
     assert "command" in errors[2]["error"]
     assert len(of_kind(items, "ActionEvent")) == 2  # echo ok, finish
     assert of_kind(items, "ObservationEvent")[0]["observation"]["exit_code"] == 0
-    tool_results = [m for m in fake_llm.requests[1].body["messages"] if m["role"] == "tool"]
+    tool_results = [m for m in local_fake_llm.requests[1].body["messages"] if m["role"] == "tool"]
     assert len(tool_results) == 4
     assert tool_results[0]["content"].startswith("Error: unknown tool")
 
 
 async def test_max_iterations_stops_a_model_that_never_finishes(
-    client: TestClient, auth: dict[str, str]
+    agent_client: Client, auth: dict[str, str]
 ) -> None:
     async with FakeLLM(when_exhausted="repeat") as fake:
         fake.script([reply_tool_call("terminal", {"command": "true"})])
-        cid = (await start(client, auth, fake, max_iterations=3))["id"]
-        done = await wait_status(client, auth, cid)
+        cid = (await start(agent_client, auth, fake, max_iterations=3))["id"]
+        done = await wait_status(agent_client, auth, cid)
         assert done["execution_status"] == "error"
         assert done["iterations"] == 3
         assert len(fake.requests) == 3
-        items = await events(client, auth, cid)
+        items = await events(agent_client, auth, cid)
         errors = of_kind(items, "ConversationErrorEvent")
         assert [e["code"] for e in errors] == ["MaxIterationsReached"]
         assert stop_reasons(items) == ["max_iterations"]
@@ -251,17 +250,17 @@ async def test_max_iterations_stops_a_model_that_never_finishes(
         assert items[-1]["value"] == "error"
 
 
-async def test_budget_stops_the_agent(client: TestClient, auth: dict[str, str]) -> None:
+async def test_budget_stops_the_agent(agent_client: Client, auth: dict[str, str]) -> None:
     async with FakeLLM(when_exhausted="repeat", prompt_tokens=1000, completion_tokens=100) as fake:
         fake.script([reply_tool_call("terminal", {"command": "true"})])
         llm = {"input_cost_per_token": 0.001, "output_cost_per_token": 0.002}  # $1.20 a call
-        cid = (await start(client, auth, fake, llm=llm, max_budget_per_task=3.0))["id"]
-        done = await wait_status(client, auth, cid)
+        cid = (await start(agent_client, auth, fake, llm=llm, max_budget_per_task=3.0))["id"]
+        done = await wait_status(agent_client, auth, cid)
         assert done["execution_status"] == "error"
         assert len(fake.requests) == 3  # 1.2, 2.4, 3.6 > 3.0
         assert abs(done["metrics"]["accumulated_cost"] - 3.6) < 1e-9
         assert done["metrics"]["max_budget_per_task"] == 3.0
-        items = await events(client, auth, cid)
+        items = await events(agent_client, auth, cid)
         assert of_kind(items, "LLMCompletionLogEvent") == []  # log_completions is off
         stats = [
             e["value"]["usage_to_metrics"]["agent"]
@@ -278,17 +277,19 @@ async def test_budget_stops_the_agent(client: TestClient, auth: dict[str, str]) 
 
 
 async def test_message_sent_while_running_is_seen_at_the_next_call(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    agent_client: Client, auth: dict[str, str], local_fake_llm: FakeLLM
 ) -> None:
-    fake_llm.script([reply_tool_call("terminal", {"command": "true"}), reply_finish()])
-    fake_llm.hold()
-    cid = (await start(client, auth, fake_llm))["id"]
-    await fake_llm.wait_for_requests(1)
-    resp = await client.post(f"{BASE}/{cid}/events", json=user_message("also do X"), headers=auth)
+    local_fake_llm.script([reply_tool_call("terminal", {"command": "true"}), reply_finish()])
+    local_fake_llm.hold()
+    cid = (await start(agent_client, auth, local_fake_llm))["id"]
+    await local_fake_llm.wait_for_requests(1)
+    resp = await agent_client.post(
+        f"{BASE}/{cid}/events", json=user_message("also do X"), headers=auth
+    )
     assert resp.status == 200
-    fake_llm.release()
-    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
-    second = fake_llm.requests[1].body["messages"]
+    local_fake_llm.release()
+    assert (await wait_status(agent_client, auth, cid))["execution_status"] == "finished"
+    second = local_fake_llm.requests[1].body["messages"]
     assert [m["role"] for m in second] == ["system", "user", "assistant", "tool", "user"]
     assert second[-1]["content"] == "also do X"
     assert json.loads(second[2]["tool_calls"][0]["function"]["arguments"]) == {"command": "true"}

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
 
 from agent.conversations.masking import MASK
 from tests.agent.conv_helpers import BASE, events, of_kind, start, wait_status
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_calls, tool_call
+from tests.support.types import Client
 
 SERVER = str(Path(__file__).with_name("mcp_test_server.py"))
 MCP_TIMEOUT = 60.0
@@ -47,10 +47,10 @@ def processes_with_env(marker: str) -> list[int]:
 
 
 async def test_stdio_server_tools_are_offered_and_called(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    agent_client: Client, auth: dict[str, str], local_fake_llm: FakeLLM
 ) -> None:
     marker = f"acs-test-{uuid.uuid4().hex}"
-    fake_llm.script(
+    local_fake_llm.script(
         [
             reply_tool_calls(
                 tool_call("calc__add", {"a": 2, "b": 3}),
@@ -61,16 +61,16 @@ async def test_stdio_server_tools_are_offered_and_called(
         ]
     )
     servers = {"calc": stdio_server(CALC_TOKEN="tok-secret-1", MARKER=marker)}
-    cid = (await start(client, auth, fake_llm, mcp_servers=servers))["id"]
-    done = await wait_status(client, auth, cid, timeout=MCP_TIMEOUT)
+    cid = (await start(agent_client, auth, local_fake_llm, mcp_servers=servers))["id"]
+    done = await wait_status(agent_client, auth, cid, timeout=MCP_TIMEOUT)
     assert done["execution_status"] == "finished"
 
-    tools = {t["function"]["name"]: t["function"] for t in fake_llm.requests[0].body["tools"]}
+    tools = {t["function"]["name"]: t["function"] for t in local_fake_llm.requests[0].body["tools"]}
     assert {"calc__add", "calc__env_value", "calc__fail", "terminal"} <= set(tools)
     assert tools["calc__add"]["description"] == "Add two integers."
     assert tools["calc__add"]["parameters"]["required"] == ["a", "b"]
 
-    items = await events(client, auth, cid)
+    items = await events(agent_client, auth, cid)
     observations = [e["observation"] for e in of_kind(items, "ObservationEvent")]
     assert mcp_result(observations[0]) == ("5", False)
     assert mcp_result(observations[1]) == (MASK, False)  # stdio env values are secrets
@@ -87,7 +87,7 @@ async def test_stdio_server_tools_are_offered_and_called(
     assert of_kind(items, "ConversationErrorEvent") == []
     assert processes_with_env(marker)  # the server runs until the conversation is deleted
 
-    resp = await client.delete(f"{BASE}/{cid}", headers=auth)
+    resp = await agent_client.delete(f"{BASE}/{cid}", headers=auth)
     assert resp.status == 200
     async with asyncio.timeout(10):
         while processes_with_env(marker):  # noqa: ASYNC110 - polling /proc, no event to await
@@ -95,19 +95,21 @@ async def test_stdio_server_tools_are_offered_and_called(
 
 
 async def test_a_server_that_fails_to_start_is_an_mcp_error(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    agent_client: Client, auth: dict[str, str], local_fake_llm: FakeLLM
 ) -> None:
-    fake_llm.script([reply_tool_calls(tool_call("calc__add", {"a": 1, "b": 1})), reply_finish()])
+    local_fake_llm.script(
+        [reply_tool_calls(tool_call("calc__add", {"a": 1, "b": 1})), reply_finish()]
+    )
     servers = {"broken": {"command": "/nonexistent/mcp-server", "args": []}, "calc": stdio_server()}
-    cid = (await start(client, auth, fake_llm, mcp_servers=servers))["id"]
-    done = await wait_status(client, auth, cid, timeout=MCP_TIMEOUT)
+    cid = (await start(agent_client, auth, local_fake_llm, mcp_servers=servers))["id"]
+    done = await wait_status(agent_client, auth, cid, timeout=MCP_TIMEOUT)
     assert done["execution_status"] == "finished"
-    items = await events(client, auth, cid)
+    items = await events(agent_client, auth, cid)
     errors = of_kind(items, "ConversationErrorEvent")
     assert [e["code"] for e in errors] == ["MCPError"]
     assert "MCP server broken failed to start" in errors[0]["detail"]
     assert mcp_result(of_kind(items, "ObservationEvent")[0]["observation"]) == ("2", False)
-    names = {t["function"]["name"] for t in fake_llm.requests[0].body["tools"]}
+    names = {t["function"]["name"] for t in local_fake_llm.requests[0].body["tools"]}
     assert not any(n.startswith("broken__") for n in names)
 
 
@@ -145,10 +147,13 @@ def http_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
 
 
 async def test_http_servers_get_the_bearer_key(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, http_server: tuple[str, str]
+    agent_client: Client,
+    auth: dict[str, str],
+    local_fake_llm: FakeLLM,
+    http_server: tuple[str, str],
 ) -> None:
     kind, url = http_server
-    fake_llm.script(
+    local_fake_llm.script(
         [
             reply_tool_calls(tool_call("add", {"a": 20, "b": 22}), tool_call("authorization", {})),
             reply_finish(),
@@ -156,10 +161,10 @@ async def test_http_servers_get_the_bearer_key(
     )
     # No transport: inferred from the URL (/sse is SSE, the rest streamable HTTP).
     servers = {kind: {"url": url, "auth": "mcp-key-xyz"}}
-    cid = (await start(client, auth, fake_llm, mcp_servers=servers))["id"]
-    done = await wait_status(client, auth, cid, timeout=MCP_TIMEOUT)
+    cid = (await start(agent_client, auth, local_fake_llm, mcp_servers=servers))["id"]
+    done = await wait_status(agent_client, auth, cid, timeout=MCP_TIMEOUT)
     assert done["execution_status"] == "finished"
-    items = await events(client, auth, cid)
+    items = await events(agent_client, auth, cid)
     assert of_kind(items, "ConversationErrorEvent") == []
     observations = [e["observation"] for e in of_kind(items, "ObservationEvent")]
     assert mcp_result(observations[0]) == ("42", False)

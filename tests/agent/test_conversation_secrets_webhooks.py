@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from agent.conversations.masking import MASK, Masker
 from tests.agent.conv_helpers import (
@@ -24,15 +23,15 @@ from tests.agent.conv_helpers import (
     wait_status,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
-from tests.support.types import ClientFactory
+from tests.support.types import Client, ClientFactory
 
 SECRET = "ghp_Secret-Value_42"
 
 
 async def test_secrets_never_appear_in_events(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, state_dir: Path
+    agent_client: Client, auth: dict[str, str], local_fake_llm: FakeLLM, state_dir: Path
 ) -> None:
-    fake_llm.script(
+    local_fake_llm.script(
         [
             reply_tool_call(
                 "terminal",
@@ -44,15 +43,15 @@ async def test_secrets_never_appear_in_events(
     )
     cid = (
         await start(
-            client,
+            agent_client,
             auth,
-            fake_llm,
+            local_fake_llm,
             f"use {SECRET}",
             secrets={"GITHUB_TOKEN": SECRET},
         )
     )["id"]
-    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
-    items = await events(client, auth, cid)
+    assert (await wait_status(agent_client, auth, cid))["execution_status"] == "finished"
+    items = await events(agent_client, auth, cid)
     dumped = json.dumps(items)
     for secret in (SECRET, LLM_KEY, auth["X-Session-API-Key"]):
         assert secret not in dumped
@@ -61,7 +60,7 @@ async def test_secrets_never_appear_in_events(
     assert f"key={MASK}" in observation
     assert of_kind(items, "MessageEvent")[0]["llm_message"]["content"][0]["text"] == f"use {MASK}"
     # The model is sent the masked output too, and the files on disk are masked.
-    assert SECRET not in json.dumps(fake_llm.requests[1].body["messages"])
+    assert SECRET not in json.dumps(local_fake_llm.requests[1].body["messages"])
     stored = state_dir / "conversations" / uuid.UUID(cid).hex
     for name in ("events.jsonl", "history.jsonl"):
         text = (stored / name).read_text()
@@ -116,7 +115,9 @@ class Receiver:
 
 
 @pytest.fixture
-async def receiver() -> AsyncIterator[tuple[Receiver, str]]:
+async def control_plane_hooks() -> AsyncIterator[tuple[Receiver, str]]:
+    """Where the agent server's webhooks land, in place of the control plane's: the receiver
+    and the base URL to configure."""
     rec = Receiver()
     app = web.Application()
     app.router.add_post("/api/v1/webhooks/sbx1/{kind:events}/{cid}", rec.handle)
@@ -131,16 +132,16 @@ async def receiver() -> AsyncIterator[tuple[Receiver, str]]:
 
 
 async def test_webhooks_deliver_every_event_in_order_with_retry(
-    make_client: ClientFactory,
+    make_agent_client: ClientFactory,
     auth: dict[str, str],
-    fake_llm: FakeLLM,
-    receiver: tuple[Receiver, str],
+    local_fake_llm: FakeLLM,
+    control_plane_hooks: tuple[Receiver, str],
 ) -> None:
-    rec, base_url = receiver
+    rec, base_url = control_plane_hooks
     rec.answers = [503]  # the first POST fails once, then is retried
-    client = await make_client(webhook_base_url=base_url)
-    fake_llm.script([reply_tool_call("terminal", {"command": "echo hi"}), reply_finish()])
-    cid = (await start(client, auth, fake_llm))["id"]
+    client = await make_agent_client(webhook_base_url=base_url)
+    local_fake_llm.script([reply_tool_call("terminal", {"command": "echo hi"}), reply_finish()])
+    cid = (await start(client, auth, local_fake_llm))["id"]
     await wait_status(client, auth, cid)
     local = await events(client, auth, cid)
     await rec.wait_for(lambda: len(rec.events) == len(local))
@@ -156,15 +157,15 @@ async def test_webhooks_deliver_every_event_in_order_with_retry(
 
 
 async def test_webhook_4xx_drops_the_batch_and_goes_on(
-    make_client: ClientFactory,
+    make_agent_client: ClientFactory,
     auth: dict[str, str],
-    fake_llm: FakeLLM,
-    receiver: tuple[Receiver, str],
+    local_fake_llm: FakeLLM,
+    control_plane_hooks: tuple[Receiver, str],
 ) -> None:
-    rec, base_url = receiver
+    rec, base_url = control_plane_hooks
     rec.answers = [400]
-    client = await make_client(webhook_base_url=base_url)
-    cid = (await start(client, auth, fake_llm, None))["id"]
+    client = await make_agent_client(webhook_base_url=base_url)
+    cid = (await start(client, auth, local_fake_llm, None))["id"]
     await rec.wait_for(lambda: rec.rejected == 1)  # the first ConversationInfo, dropped
     resp = await client.post(f"{BASE}/{cid}/events", json=user_message("hi"), headers=auth)
     assert resp.status == 200
@@ -175,14 +176,14 @@ async def test_webhook_4xx_drops_the_batch_and_goes_on(
 
 
 async def test_webhook_latency_is_immediate(
-    make_client: ClientFactory,
+    make_agent_client: ClientFactory,
     auth: dict[str, str],
-    fake_llm: FakeLLM,
-    receiver: tuple[Receiver, str],
+    local_fake_llm: FakeLLM,
+    control_plane_hooks: tuple[Receiver, str],
 ) -> None:
-    rec, base_url = receiver
-    client = await make_client(webhook_base_url=base_url)
-    cid = (await start(client, auth, fake_llm, None))["id"]
+    rec, base_url = control_plane_hooks
+    client = await make_agent_client(webhook_base_url=base_url)
+    cid = (await start(client, auth, local_fake_llm, None))["id"]
     await rec.wait_for(lambda: len(rec.infos) == 1 and len(rec.events) == 1)
     assert rec.events[0]["kind"] == "SystemPromptEvent"
     loop = asyncio.get_running_loop()

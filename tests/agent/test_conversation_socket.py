@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 from aiohttp import WSMsgType, web
-from aiohttp.test_utils import TestClient
 
 from agent.conversations import events as ev
 from agent.conversations import sockets
 from agent.conversations.routes import SERVICE_KEY
 from tests.agent.conv_helpers import events, start, wait_status
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
+from tests.support.types import Client
 
 SOCKET = "/sockets/events/{}"
 
@@ -47,9 +47,9 @@ async def closed_with(ws: Any) -> tuple[int | None, str]:
 
 
 async def test_auth_by_query_header_or_first_frame(
-    client: TestClient, auth: dict[str, str], api_keys: tuple[str, ...], fake_llm: FakeLLM
+    agent_client: Client, auth: dict[str, str], api_keys: tuple[str, ...], local_fake_llm: FakeLLM
 ) -> None:
-    cid = (await start(client, auth, fake_llm, None))["id"]
+    cid = (await start(agent_client, auth, local_fake_llm, None))["id"]
     url = SOCKET.format(cid)
     ways: list[tuple[dict[str, Any], dict[str, str] | None]] = [
         ({"params": {"session_api_key": api_keys[1]}}, None),
@@ -57,7 +57,7 @@ async def test_auth_by_query_header_or_first_frame(
         ({}, {"type": "auth", "session_api_key": api_keys[0]}),
     ]
     for kwargs, first in ways:
-        async with client.ws_connect(url, **kwargs) as ws:
+        async with agent_client.ws_connect(url, **kwargs) as ws:
             if first is not None:
                 await ws.send_json(first)
             (state,) = await frames_until(ws, lambda f: len(f) == 1)
@@ -66,42 +66,46 @@ async def test_auth_by_query_header_or_first_frame(
             assert state["value"]["id"] == cid
             assert state["value"]["execution_status"] == "idle"
 
-    for kwargs, first in [
+    refused: list[tuple[dict[str, Any], dict[str, str] | None]] = [
         ({"params": {"session_api_key": "wrong"}}, None),
         ({"headers": {"X-Session-API-Key": "wrong"}}, None),
         ({}, {"type": "auth", "session_api_key": "wrong"}),
         ({}, {"role": "user", "content": "no auth frame"}),
-    ]:
-        async with client.ws_connect(url, **kwargs) as ws:
+    ]
+    for kwargs, first in refused:
+        async with agent_client.ws_connect(url, **kwargs) as ws:
             if first is not None:
                 await ws.send_json(first)
             assert (await closed_with(ws))[0] == 4001
 
-    async with client.ws_connect(SOCKET.format("f" * 32), headers=auth) as ws:
+    async with agent_client.ws_connect(SOCKET.format("f" * 32), headers=auth) as ws:
         assert (await closed_with(ws)) == (4004, "Conversation not found")
-    async with client.ws_connect(SOCKET.format("not-an-id"), headers=auth) as ws:
+    async with agent_client.ws_connect(SOCKET.format("not-an-id"), headers=auth) as ws:
         assert (await closed_with(ws))[0] == 4004
 
 
 async def test_first_frame_auth_times_out(
-    client: TestClient, fake_llm: FakeLLM, auth: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    agent_client: Client,
+    local_fake_llm: FakeLLM,
+    auth: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(sockets, "AUTH_TIMEOUT", 0.2)
-    cid = (await start(client, auth, fake_llm, None))["id"]
-    async with client.ws_connect(SOCKET.format(cid)) as ws:
+    cid = (await start(agent_client, auth, local_fake_llm, None))["id"]
+    async with agent_client.ws_connect(SOCKET.format(cid)) as ws:
         assert (await closed_with(ws))[0] == 4001
 
 
 async def test_replay_then_live_events_and_a_message_on_the_socket(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    agent_client: Client, auth: dict[str, str], local_fake_llm: FakeLLM
 ) -> None:
-    fake_llm.script([reply_text("Which file?"), reply_finish("ok")])
-    cid = (await start(client, auth, fake_llm, "Edit the file"))["id"]
-    assert (await wait_status(client, auth, cid))["execution_status"] == "finished"
-    stored = await events(client, auth, cid)
+    local_fake_llm.script([reply_text("Which file?"), reply_finish("ok")])
+    cid = (await start(agent_client, auth, local_fake_llm, "Edit the file"))["id"]
+    assert (await wait_status(agent_client, auth, cid))["execution_status"] == "finished"
+    stored = await events(agent_client, auth, cid)
 
     params = {"resend_all": "true"}
-    async with client.ws_connect(SOCKET.format(cid), params=params, headers=auth) as ws:
+    async with agent_client.ws_connect(SOCKET.format(cid), params=params, headers=auth) as ws:
         frames = await frames_until(ws, lambda f: len(f) == len(stored) + 1)
         assert frames[0]["key"] == "full_state"
         assert frames[1:] == stored  # everything, in order, once
@@ -110,25 +114,25 @@ async def test_replay_then_live_events_and_a_message_on_the_socket(
         # sends it: no `run`).
         await ws.send_json({"role": "user", "content": [{"type": "text", "text": "a.txt"}]})
         live = await frames_until(ws, status_is("finished"))
-    everything = await events(client, auth, cid)
+    everything = await events(agent_client, auth, cid)
     assert live == everything[len(stored) :]  # no gap, no duplicate
     assert (live[0]["key"], live[0]["value"]) == ("execution_status", "idle")  # a new message
     assert live[1]["kind"] == "MessageEvent"
     assert live[1]["llm_message"]["content"][0]["text"] == "a.txt"
 
     # Without resend: nothing old; resend_mode=since: from that time on.
-    async with client.ws_connect(SOCKET.format(cid), headers=auth) as ws:
+    async with agent_client.ws_connect(SOCKET.format(cid), headers=auth) as ws:
         await frames_until(ws, lambda f: len(f) == 1)
         with pytest.raises(TimeoutError):
             await ws.receive(timeout=0.3)
     since = {"resend_mode": "since", "after_timestamp": everything[len(stored)]["timestamp"]}
-    async with client.ws_connect(SOCKET.format(cid), params=since, headers=auth) as ws:
+    async with agent_client.ws_connect(SOCKET.format(cid), params=since, headers=auth) as ws:
         frames = await frames_until(ws, lambda f: len(f) == 1 + len(live))
         assert frames[1:] == live
     since["after_timestamp"] = everything[len(stored)]["timestamp"] + "+02:00"  # aware: converted
-    async with client.ws_connect(SOCKET.format(cid), params=since, headers=auth) as ws:
+    async with agent_client.ws_connect(SOCKET.format(cid), params=since, headers=auth) as ws:
         frames = await frames_until(ws, lambda f: len(f) == 1 + len(everything))
-    async with client.ws_connect(
+    async with agent_client.ws_connect(
         SOCKET.format(cid), params={"resend_mode": "all"}, headers=auth
     ) as ws:
         frames = await frames_until(ws, lambda f: len(f) == 1 + len(everything))
@@ -142,28 +146,28 @@ async def test_replay_then_live_events_and_a_message_on_the_socket(
 
 
 async def test_delete_closes_the_sockets(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    agent_client: Client, auth: dict[str, str], local_fake_llm: FakeLLM
 ) -> None:
-    cid = (await start(client, auth, fake_llm, None))["id"]
-    async with client.ws_connect(SOCKET.format(cid), headers=auth) as ws:
+    cid = (await start(agent_client, auth, local_fake_llm, None))["id"]
+    async with agent_client.ws_connect(SOCKET.format(cid), headers=auth) as ws:
         await frames_until(ws, lambda f: len(f) == 1)
-        resp = await client.delete(f"/api/conversations/{cid}", headers=auth)
+        resp = await agent_client.delete(f"/api/conversations/{cid}", headers=auth)
         assert resp.status == 200
         assert (await closed_with(ws))[0] == 4004
 
 
 async def test_a_slow_reader_is_dropped_and_the_server_goes_on(
-    client: TestClient,
+    agent_client: Client,
     auth: dict[str, str],
-    fake_llm: FakeLLM,
+    local_fake_llm: FakeLLM,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(sockets, "SEND_TIMEOUT", 0.5)
-    fake_llm.script([reply_tool_call("terminal", {"command": "echo fine"}), reply_finish()])
-    cid = (await start(client, auth, fake_llm, None))["id"]
-    conv = client.app[SERVICE_KEY].get(cid.replace("-", ""))
-    slow = await client.ws_connect(SOCKET.format(cid), headers=auth)  # never reads
-    async with client.ws_connect(SOCKET.format(cid), headers=auth) as fast:
+    local_fake_llm.script([reply_tool_call("terminal", {"command": "echo fine"}), reply_finish()])
+    cid = (await start(agent_client, auth, local_fake_llm, None))["id"]
+    conv = agent_client.app[SERVICE_KEY].get(cid.replace("-", ""))
+    slow = await agent_client.ws_connect(SOCKET.format(cid), headers=auth)  # never reads
+    async with agent_client.ws_connect(SOCKET.format(cid), headers=auth) as fast:
         await frames_until(fast, lambda f: len(f) == 1)
         big = secrets.token_urlsafe(150_000)  # incompressible: the socket is deflated
         for _ in range(150):  # 30 MB: more than the socket buffers hold
@@ -179,7 +183,7 @@ async def test_a_slow_reader_is_dropped_and_the_server_goes_on(
             while len(conv.listeners) > 1:  # noqa: ASYNC110 - the server's side of it
                 await asyncio.sleep(0.05)
         # The server still serves: a run over the API, events on the fast socket.
-        resp = await client.post(
+        resp = await agent_client.post(
             f"/api/conversations/{cid}/events",
             json={"role": "user", "content": "go", "run": True},
             headers=auth,
@@ -190,24 +194,27 @@ async def test_a_slow_reader_is_dropped_and_the_server_goes_on(
 
 
 async def test_too_many_sockets_for_one_conversation(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+    agent_client: Client,
+    auth: dict[str, str],
+    local_fake_llm: FakeLLM,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(sockets, "MAX_SOCKETS_PER_CONVERSATION", 2)
-    cid = (await start(client, auth, fake_llm, None))["id"]
-    opened = [await client.ws_connect(SOCKET.format(cid), headers=auth) for _ in range(2)]
+    cid = (await start(agent_client, auth, local_fake_llm, None))["id"]
+    opened = [await agent_client.ws_connect(SOCKET.format(cid), headers=auth) for _ in range(2)]
     for ws in opened:
         await frames_until(ws, lambda f: len(f) == 1)
-    async with client.ws_connect(SOCKET.format(cid), headers=auth) as third:
+    async with agent_client.ws_connect(SOCKET.format(cid), headers=auth) as third:
         assert (await closed_with(third))[0] == 1013
     for ws in opened:
         await ws.close()
 
 
 async def test_shutdown_closes_sockets(
-    make_client: Any, auth: dict[str, str], fake_llm: FakeLLM
+    make_agent_client: Any, auth: dict[str, str], local_fake_llm: FakeLLM
 ) -> None:
-    client = await make_client()
-    cid = (await start(client, auth, fake_llm, None))["id"]
+    client = await make_agent_client()
+    cid = (await start(client, auth, local_fake_llm, None))["id"]
     ws = await client.ws_connect(SOCKET.format(cid), headers=auth)
     await frames_until(ws, lambda f: len(f) == 1)
     app: web.Application = client.app

@@ -8,10 +8,9 @@ import json
 import uuid
 from typing import Any
 
-from aiohttp.test_utils import TestClient
-
 from tests.agent.conv_helpers import BASE, events, start, user_message, wait_status
 from tests.support.fake_llm import FakeLLM, reply_text
+from tests.support.types import Client
 
 
 def forms(cid: str) -> list[str]:
@@ -21,46 +20,48 @@ def forms(cid: str) -> list[str]:
 
 
 async def test_every_route_takes_every_form_of_an_id(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    agent_client: Client, auth: dict[str, str], local_fake_llm: FakeLLM
 ) -> None:
-    fake_llm.script([reply_text("first"), reply_text("second")])
+    local_fake_llm.script([reply_text("first"), reply_text("second")])
     dashed = str(uuid.uuid4())
-    info = await start(client, auth, fake_llm, conversation_id=dashed)
+    info = await start(agent_client, auth, local_fake_llm, conversation_id=dashed)
     assert info["id"] == dashed
-    await wait_status(client, auth, dashed)
+    await wait_status(agent_client, auth, dashed)
     for cid in forms(dashed):
         one = f"{BASE}/{cid}"
         for path in (one, one + "/events/search", one + "/events/count"):
-            response = await client.get(path, headers=auth)
+            response = await agent_client.get(path, headers=auth)
             assert response.status == 200, (path, await response.text())
-        batch = await client.get(BASE, params={"ids": cid}, headers=auth)
+        batch = await agent_client.get(BASE, params={"ids": cid}, headers=auth)
         assert (await batch.json())[0]["id"] == dashed
     # The web frontend's follow-up and socket use the id as our API writes it: 32 hex digits.
     plain = uuid.UUID(dashed).hex
-    sent = await client.post(f"{BASE}/{plain}/events", json=user_message("more"), headers=auth)
+    sent = await agent_client.post(
+        f"{BASE}/{plain}/events", json=user_message("more"), headers=auth
+    )
     assert sent.status == 200, await sent.text()
-    await wait_status(client, auth, plain.upper())
-    async with client.ws_connect(
+    await wait_status(agent_client, auth, plain.upper())
+    async with agent_client.ws_connect(
         f"/sockets/events/{plain.upper()}?resend_all=true", headers=auth
     ) as ws:
         first = await ws.receive_json(timeout=10)
         assert first["key"] == "full_state"
         assert first["value"]["id"] == dashed
-    assert "second" in json.dumps(await events(client, auth, plain))
+    assert "second" in json.dumps(await events(agent_client, auth, plain))
     # Not an id at all: the conversation is not found, in JSON.
-    response = await client.get(f"{BASE}/not-a-uuid", headers=auth)
+    response = await agent_client.get(f"{BASE}/not-a-uuid", headers=auth)
     assert response.status == 404
     assert "Conversation not found" in (await response.json())["detail"]
 
 
 async def test_sdk_158_calls_refused_with_their_reason(
-    client: TestClient, auth: dict[str, str], fake_llm: FakeLLM
+    agent_client: Client, auth: dict[str, str], local_fake_llm: FakeLLM
 ) -> None:
-    fake_llm.script([reply_text("hi")])
-    cid = (await start(client, auth, fake_llm))["id"]
+    local_fake_llm.script([reply_text("hi")])
+    cid = (await start(agent_client, auth, local_fake_llm))["id"]
 
     async def post(path: str, body: Any) -> tuple[int, Any]:
-        response = await client.post(path, json=body, headers=auth)
+        response = await agent_client.post(path, json=body, headers=auth)
         return response.status, await response.json()
 
     # RemoteConversation.load_plugin / navigate_to.
@@ -80,7 +81,7 @@ async def test_sdk_158_calls_refused_with_their_reason(
         "/api/settings/secrets",
         "/api/settings/secrets/GITHUB_TOKEN",
     ):
-        response = await client.get(path, headers=expose)
+        response = await agent_client.get(path, headers=expose)
         assert response.status == 404, path
         assert "control plane" in (await response.json())["detail"]
-        assert (await client.get(path)).status == 401  # the session key first, as everywhere
+        assert (await agent_client.get(path)).status == 401  # the session key first, as everywhere

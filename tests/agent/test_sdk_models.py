@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from tests.agent.conv_helpers import BASE, events, info, start, user_message, wait_status
 from tests.agent.test_conversation_mcp import MCP_TIMEOUT, SERVER
 from tests.agent.test_conversation_secrets_webhooks import Receiver
 from tests.support.fake_llm import FakeLLM, reply_text, reply_tool_call, reply_tool_calls, tool_call
 from tests.support.openhands_clients import OpenHandsVenv
+from tests.support.types import Client
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients]
 
@@ -51,7 +51,7 @@ EXPECTED_KINDS = {
 }
 
 
-async def scripted_run(client: TestClient, auth: dict[str, str], fake: FakeLLM) -> str:
+async def scripted_run(client: Client, auth: dict[str, str], fake: FakeLLM) -> str:
     """A conversation that makes the agent emit every kind of event it has."""
     fake.script(
         [
@@ -79,7 +79,7 @@ async def scripted_run(client: TestClient, auth: dict[str, str], fake: FakeLLM) 
         "broken": {"command": "/nonexistent/mcp-server"},
     }
     llm = {"log_completions": True, "retry_min_wait": 1, "retry_max_wait": 1}
-    cid = (await start(client, auth, fake, "Start.", llm=llm, mcp_servers=servers))["id"]
+    cid: str = (await start(client, auth, fake, "Start.", llm=llm, mcp_servers=servers))["id"]
     done = await wait_status(client, auth, cid, timeout=MCP_TIMEOUT)
     assert done["execution_status"] == "finished"  # the text reply ended the run
     await client.post(f"{BASE}/{cid}/events", json=user_message("Wait.", run=False), headers=auth)
@@ -101,16 +101,16 @@ async def scripted_run(client: TestClient, auth: dict[str, str], fake: FakeLLM) 
     return cid
 
 
-async def full_state(client: TestClient, auth: dict[str, str], cid: str) -> dict[str, Any]:
+async def full_state(client: Client, auth: dict[str, str], cid: str) -> dict[str, Any]:
     async with client.ws_connect(f"/sockets/events/{cid}", headers=auth) as ws:
         frame: dict[str, Any] = await ws.receive_json(timeout=10)
     return frame
 
 
 async def test_every_event_and_the_conversation_info_validate_with_the_sdk(
-    make_client: Any,
+    make_agent_client: Any,
     auth: dict[str, str],
-    fake_llm: FakeLLM,
+    local_fake_llm: FakeLLM,
     openhands_venv: OpenHandsVenv,
     tmp_path: Path,
 ) -> None:
@@ -123,8 +123,8 @@ async def test_every_event_and_the_conversation_info_validate_with_the_sdk(
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     base = f"http://127.0.0.1:{runner.addresses[0][1]}/hooks"
     try:
-        client = await make_client(webhook_base_url=base)
-        cid = await scripted_run(client, auth, fake_llm)
+        client = await make_agent_client(webhook_base_url=base)
+        cid = await scripted_run(client, auth, local_fake_llm)
         items = await events(client, auth, cid)
         await rec.wait_for(lambda: len(rec.events) == len(items))
         infos = [await info(client, auth, cid), *rec.infos]

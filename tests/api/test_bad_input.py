@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from controlplane import keys
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
-from tests.support.records import NO_ENGINE, Setup, event, recorded_sandbox, sandbox_record, stats
+from tests.support.records import NO_ENGINE, RecordedSandbox, event, sandbox_record, stats
 from tests.support.types import Client, UserHeaders
 
 HUGE = b"1" + b"0" * 5000  # over Python's 4,300-digit limit for int()
@@ -25,15 +25,6 @@ def assert_json_error(status: int, body: Any, expected: int) -> None:
     assert status == expected, body
     assert isinstance(body, dict), body
     assert "detail" in body, body
-
-
-@pytest.fixture
-async def setup(
-    make_client: Callable[..., Awaitable[Client]],
-    raw_redis: aioredis.Redis,
-    user_headers: UserHeaders,
-) -> Setup:
-    return await recorded_sandbox(make_client, raw_redis, user_headers)
 
 
 async def raw_request(client: Client, data: bytes) -> tuple[int, str, dict[str, Any]]:
@@ -67,8 +58,8 @@ async def test_a_huge_integer_is_a_422(
     assert payload["detail"][0]["type"] == "json_invalid"
 
 
-async def test_webhooks_check_the_key_before_the_body(setup: Setup) -> None:
-    client, sandbox_id, conversation_id, sandbox, _alice = setup
+async def test_webhooks_check_the_key_before_the_body(recorded: RecordedSandbox) -> None:
+    client, sandbox_id, conversation_id, sandbox, _alice = recorded
     for url in (
         f"/api/v1/webhooks/{sandbox_id}/conversations",
         f"/api/v1/webhooks/{sandbox_id}/events/{conversation_id}",
@@ -83,9 +74,9 @@ async def test_webhooks_check_the_key_before_the_body(setup: Setup) -> None:
 
 
 async def test_invalid_metrics_on_the_conversations_webhook_are_a_422(
-    setup: Setup, raw_redis: aioredis.Redis
+    recorded: RecordedSandbox, raw_redis: aioredis.Redis
 ) -> None:
-    client, sandbox_id, conversation_id, sandbox, alice = setup
+    client, sandbox_id, conversation_id, sandbox, alice = recorded
     url = f"/api/v1/webhooks/{sandbox_id}/conversations"
     bad_bodies: list[dict[str, Any]] = [
         {"id": conversation_id, "metrics": {"accumulated_cost": "lots"}},
@@ -112,8 +103,8 @@ async def test_invalid_metrics_on_the_conversations_webhook_are_a_422(
     assert (await got.json())["metrics"]["accumulated_cost"] == 0.5
 
 
-async def test_an_unreadable_stats_update_stores_no_event(setup: Setup) -> None:
-    client, sandbox_id, conversation_id, sandbox, alice = setup
+async def test_an_unreadable_stats_update_stores_no_event(recorded: RecordedSandbox) -> None:
+    client, sandbox_id, conversation_id, sandbox, alice = recorded
     url = f"/api/v1/webhooks/{sandbox_id}/events/{conversation_id}"
     bad = event(
         "ConversationStateUpdateEvent",
@@ -197,8 +188,8 @@ async def test_whole_numbers_are_integers_in_either_spelling(
 
 
 @pytest.mark.parametrize("value", ["0.5", "1700000000", "-3", "1e9"])
-async def test_query_datetimes_must_be_iso(setup: Setup, value: str) -> None:
-    client, _sandbox, _conversation, _key, alice = setup
+async def test_query_datetimes_must_be_iso(recorded: RecordedSandbox, value: str) -> None:
+    client, _sandbox, _conversation, _key, alice = recorded
     resp = await client.get(
         "/api/v1/app-conversations/count", params={"updated_at__lt": value}, headers=alice
     )
@@ -277,8 +268,8 @@ HANDSHAKE = {
 }
 
 
-async def test_the_events_socket_answers_json_before_the_upgrade(setup: Setup) -> None:
-    client, _sandbox, conversation_id, _key, alice = setup
+async def test_the_events_socket_answers_json_before_the_upgrade(recorded: RecordedSandbox) -> None:
+    client, _sandbox, conversation_id, _key, alice = recorded
     url = "/api/v1/events/socket"
     unknown = {"conversation_id": "0" * 32}
     # Not a handshake (a plain GET, or one header missing): 400, whoever asks.

@@ -28,17 +28,22 @@ def _assert_validation_list(body: Any) -> list[dict[str, Any]]:
     return items
 
 
+async def _refused_settings_body(
+    client: Client, admin_headers: dict[str, str], raw: bytes
+) -> list[dict[str, Any]]:
+    """POST /api/settings with `raw` as its JSON body: a 422 in the validation list's shape."""
+    response = await client.post(
+        "/api/settings", data=raw, headers={**admin_headers, "Content-Type": "application/json"}
+    )
+    assert response.status == 422
+    return _assert_validation_list(await response.json())
+
+
 async def test_malformed_json_is_422_json_invalid(
     client: Client, admin_headers: dict[str, str]
 ) -> None:
     for raw in (b"{bad", b'{"language": "en",}', b"\xff\xfe"):
-        response = await client.post(
-            "/api/settings",
-            data=raw,
-            headers={**admin_headers, "Content-Type": "application/json"},
-        )
-        assert response.status == 422
-        items = _assert_validation_list(await response.json())
+        items = await _refused_settings_body(client, admin_headers, raw)
         assert len(items) == 1
         assert items[0]["type"] == "json_invalid"
         assert items[0]["loc"][0] == "body"
@@ -48,13 +53,7 @@ async def test_deeply_nested_json_is_422_not_500(
     client: Client, admin_headers: dict[str, str]
 ) -> None:
     for raw in (b"[" * 50_000 + b"]" * 50_000, b'{"a":' * 5_000 + b"1" + b"}" * 5_000):
-        response = await client.post(
-            "/api/settings",
-            data=raw,
-            headers={**admin_headers, "Content-Type": "application/json"},
-        )
-        assert response.status == 422
-        items = _assert_validation_list(await response.json())
+        items = await _refused_settings_body(client, admin_headers, raw)
         assert items[0]["type"] == "json_invalid"
 
 

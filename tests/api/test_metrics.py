@@ -133,13 +133,13 @@ async def test_sandbox_and_conversation_gauges_count_redis_records(
             records.append(record)
     conversations = ConversationStore(raw_redis)
     running, finished = ExecutionStatus.RUNNING, ExecutionStatus.FINISHED
-    for status in (running, running, finished, None):
+    for execution in (running, running, finished, None):
         await conversations.save(
             AppConversationInfo(
                 id=secrets.token_hex(16),
                 created_by_user_id="user0",
                 sandbox_id=records[0].id,
-                execution_status=status,
+                execution_status=execution,
             )
         )
 

@@ -7,7 +7,7 @@ import contextlib
 import time
 
 from controlplane.background import stop_task, stop_tasks
-from drivers.docker_engine import SLOW, DockerEngine
+from drivers.docker.engine import SLOW, DockerEngine
 
 
 async def swallows_one_cancellation(rounds: list[int]) -> None:

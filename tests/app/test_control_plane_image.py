@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -18,11 +16,10 @@ from typing import Any
 
 import docker
 import pytest
-import redis
 
 from tests.support.control_plane_image import control_plane_image
 from tests.support.live_server import free_port
-from tests.support.redis_server import wait_answering
+from tests.support.redis_server import redis_on_tcp
 from tests.support.sandbox_helpers import IMAGE_TAG
 
 KEY = "image-test-bootstrap-key-0123456789"
@@ -46,25 +43,8 @@ def image(docker_client: docker.DockerClient) -> str:
 def tcp_redis(tmp_path: Path) -> Iterator[str]:
     """A real redis-server on 127.0.0.1 (the host's loopback, which a --network host
     container shares); returns its URL."""
-    binary = shutil.which("redis-server")
-    assert binary, "redis-server is not installed (make test installs it)"
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    process = subprocess.Popen(
-        [*argv, "--appendonly", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis(host="127.0.0.1", port=port)
-    try:
-        wait_answering(process, client)
+    with redis_on_tcp(["127.0.0.1"], tmp_path) as port:
         yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        client.close()
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def call(method: str, url: str, key: str | None = None, timeout: float = 10) -> tuple[int, Any]:

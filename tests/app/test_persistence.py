@@ -13,13 +13,12 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from cryptography.fernet import Fernet
 
-from controlplane import keys
 from controlplane.app import create_app
 from controlplane.config import ConfigError, ServiceConfig
-from controlplane.settings.models import UserRecord
-from controlplane.settings.store import UserRecordStore
+from controlplane.settings.models import ProviderType
 from controlplane.store import keyspace
 from tests.support.log_capture import capture_logs
+from tests.support.records import stored_user_record
 from tests.support.types import Client
 
 MakeClient = Callable[..., Any]
@@ -37,15 +36,12 @@ SETTINGS = {
 
 async def _write_everything(client: Client, headers: dict[str, str]) -> None:
     assert (await client.post("/api/settings", headers=headers, json=SETTINGS)).status == 200
-    body = {"provider_tokens": {"gitlab": {"token": "persist-gl", "host": "gl.example.com"}}}
+    body: dict[str, Any] = {
+        "provider_tokens": {"gitlab": {"token": "persist-gl", "host": "gl.example.com"}}
+    }
     assert (await client.post("/api/add-git-providers", headers=headers, json=body)).status == 200
     body = {"name": "PERSIST", "value": "persist-custom", "description": "d"}
     assert (await client.post("/api/secrets", headers=headers, json=body)).status == 201
-
-
-async def _record(client: Client, user: str) -> UserRecord:
-    store = UserRecordStore(client.app[keys.REDIS], client.app[keys.SECRET_BOX])
-    return await store.get(user)
 
 
 async def test_everything_survives_an_app_restart(
@@ -66,10 +62,10 @@ async def test_everything_survives_an_app_restart(
     assert before["language"] == "it"
     assert before["llm_api_key_set"] is True
     assert before["provider_tokens_set"] == {"gitlab": "gl.example.com"}
-    record = await _record(second, "alice")
+    record = await stored_user_record(second, "alice")
     assert record.llm_api_key == "persist-llm-key"
     assert record.search_api_key == "persist-search-key"
-    assert record.provider_tokens["gitlab"].token == "persist-gl"
+    assert record.provider_tokens[ProviderType.GITLAB].token == "persist-gl"
     assert record.custom_secrets["PERSIST"].value == "persist-custom"
     assert record.settings.mcp_config is not None
     assert record.settings.mcp_config.shttp_servers[0].api_key == "persist-mcp"
@@ -170,7 +166,7 @@ async def test_a_wrong_key_fails_loudly_without_leaking_or_overwriting(
     back: Client = await make_client(secret_key=right)
     settings = await (await back.get("/api/settings", headers=headers)).json()
     assert settings["language"] == "it"
-    assert (await _record(back, "alice")).custom_secrets.keys() == {"PERSIST"}
+    assert (await stored_user_record(back, "alice")).custom_secrets.keys() == {"PERSIST"}
 
 
 async def _start(config: ServiceConfig) -> None:

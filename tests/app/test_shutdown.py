@@ -18,7 +18,7 @@ import docker
 import pytest
 import redis.asyncio as aioredis
 
-from drivers import docker_names
+from drivers.docker import names as docker_names
 from tests.conftest import BOOTSTRAP_KEY
 from tests.support.live_server import Api, free_port
 from tests.support.serve_process import Serve, launch_serve, serve_env
@@ -126,7 +126,7 @@ async def test_sigterm_drains_and_the_next_start_adopts_the_sandboxes(
         # A request in flight when SIGTERM arrives: it starts a second sandbox, and Redis,
         # paused for PAUSE_MS, holds it in its handler while the server shuts down.
         request_id = f"in-flight-{secrets.token_hex(4)}"
-        await raw_redis.execute_command("CLIENT", "PAUSE", str(PAUSE_MS), "ALL")
+        await raw_redis.client_pause(PAUSE_MS, all=True)
         reader, writer = await in_flight_start(first.port, request_id)
         try:
             signalled = time.monotonic()

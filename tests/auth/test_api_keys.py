@@ -8,7 +8,9 @@ import redis.asyncio as aioredis
 
 from controlplane.auth.service import ApiKeyService
 from controlplane.crypto import hash_api_key
+from controlplane.store import text
 from tests.conftest import BOOTSTRAP_KEY
+from tests.support.redis_dump import dump_redis
 from tests.support.types import Client, UserHeaders
 
 
@@ -96,27 +98,13 @@ async def test_keys_are_stored_only_as_hashes(
     for key in plain:  # use them, so nothing stored later could hold them either
         assert (await client.get("/api/settings", headers={"X-Session-API-Key": key})).status == 200
 
-    dump = bytearray()
+    dump = await dump_redis(raw_redis)
     stored_hashes = set()
     async for name in raw_redis.scan_iter(count=100):
-        dump += name
-        kind = (await raw_redis.type(name)).decode()
-        if kind == "hash":
+        if text(await raw_redis.type(name)) == "hash":
             row = await raw_redis.hgetall(name)
-            for field, value in row.items():
-                dump += field + value
             if b"hash" in row:
-                stored_hashes.add(row[b"hash"].decode())
-        elif kind == "zset":
-            for member in await raw_redis.zrange(name, 0, -1):
-                dump += member
-        elif kind == "string":
-            dump += await raw_redis.get(name) or b""
-        elif kind == "set":
-            for member in await raw_redis.smembers(name):
-                dump += member
-        else:
-            raise AssertionError(f"unexpected Redis type {kind} for {name!r}")
+                stored_hashes.add(text(row[b"hash"]))
 
     assert stored_hashes == {hash_api_key(key) for key in plain}
     for key in plain:

@@ -18,7 +18,7 @@ from tests.support.types import Client, UserHeaders
 
 
 @pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
+async def chromium() -> AsyncIterator[Browser]:
     executable = shutil.which("chromium")
     if executable is None:
         pytest.fail(
@@ -34,8 +34,8 @@ async def browser() -> AsyncIterator[Browser]:
 
 
 @pytest.fixture
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    context = await browser.new_context()
+async def page(chromium: Browser) -> AsyncIterator[Page]:
+    context = await chromium.new_context()
     yield await context.new_page()
     await context.close()
 

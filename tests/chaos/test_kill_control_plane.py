@@ -19,8 +19,8 @@ import docker
 import pytest
 import redis
 
-from controlplane.store import keyspace
-from drivers import docker_names
+from controlplane.store import keyspace, text
+from drivers.docker import names as docker_names
 from tests.conftest import BOOTSTRAP_KEY
 from tests.support.live_server import Api, free_port
 from tests.support.serve_process import Serve, launch_serve, serve_env
@@ -92,12 +92,12 @@ async def _round(
 
 
 def _records(client: redis.Redis) -> dict[str, dict[str, str]]:
-    ids = [i.decode() for i in client.zrange(keyspace.ALL_SANDBOXES, 0, -1)]
+    ids = [text(i) for i in client.zrange(keyspace.ALL_SANDBOXES, 0, -1)]
     out = {}
     for sandbox_id in ids:
         raw = client.hgetall(keyspace.sandbox(sandbox_id))
         if raw:
-            out[sandbox_id] = {k.decode(): v.decode() for k, v in raw.items()}
+            out[sandbox_id] = {text(k): text(v) for k, v in raw.items()}
     return out
 
 

@@ -25,7 +25,9 @@ OUTAGE = 3.0  # seconds without Redis; below ACS_START_TIMEOUT, so no start may 
 
 
 @pytest.fixture
-def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+def durable_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server of this test alone that fsyncs every write before it answers: a SIGKILL
+    loses nothing acknowledged."""
     server = RedisServer(tmp_path_factory.mktemp("redis-kill"), fsync_always=True)
     server.start()
     yield server
@@ -33,9 +35,9 @@ def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]
 
 
 async def test_redis_killed_during_concurrent_creates_fails_no_start(
-    own_redis: RedisServer, test_prefix: str, tmp_path: Path
+    durable_redis: RedisServer, test_prefix: str, tmp_path: Path
 ) -> None:
-    env = serve_env(own_redis.url, test_prefix, tmp_path / "data")
+    env = serve_env(durable_redis.url, test_prefix, tmp_path / "data")
     env.update({"ACS_MAX_RUNNING_PER_USER": "0", "ACS_WARM_POOL": "0"})
     server: Serve = await launch_serve(free_port(), env)
     try:
@@ -48,9 +50,9 @@ async def test_redis_killed_during_concurrent_creates_fails_no_start(
             ids = [body["id"] for body in created]
             assert all(body["status"] == "STARTING" for body in created)
 
-            own_redis.kill()
+            durable_redis.kill()
             await asyncio.sleep(OUTAGE)
-            own_redis.start()  # same socket and directory: the AOF brings every record back
+            durable_redis.start()  # same socket and directory: the AOF brings every record back
 
             statuses = await _settle(api, ids, within=90)
             assert statuses == dict.fromkeys(ids, "RUNNING"), statuses

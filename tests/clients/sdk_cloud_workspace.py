@@ -13,9 +13,7 @@ sandbox. Environment: ``CLOUD_URL``, ``CLOUD_KEY``, ``PROFILE`` (an LLM profile 
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from typing import Any
 
 os.environ.setdefault("OPENHANDS_SUPPRESS_BANNER", "1")
@@ -25,6 +23,7 @@ from openhands.sdk import Agent, Conversation
 from openhands.sdk.tool import Tool
 from openhands.tools.terminal import TerminalTool
 from openhands.workspace import OpenHandsCloudWorkspace
+from sdk_report import report
 
 TOOLS = (TerminalTool,)  # imported: its events can be read back
 
@@ -77,8 +76,4 @@ def main() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    try:
-        print(json.dumps(main()))
-    except Exception as exc:  # the test shows the reason
-        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
-        sys.exit(1)
+    report(main)

@@ -12,9 +12,7 @@ arriving over the WebSocket; then ``RemoteWorkspace.execute_command``, ``file_up
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from openhands.sdk.workspace import RemoteWorkspace
 from openhands.tools.file_editor import FileEditorTool
 from openhands.tools.terminal import TerminalAction, TerminalObservation, TerminalTool
 from pydantic import SecretStr
+from sdk_report import report
 
 TOOLS = (TerminalTool, FileEditorTool)  # imported: their events can be read back
 
@@ -117,8 +116,4 @@ def main() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    try:
-        print(json.dumps(main()))
-    except Exception as exc:  # the test shows the reason
-        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
-        sys.exit(1)
+    report(main)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,8 @@ import pytest
 from aiohttp import web
 from playwright.async_api import Page, Response, async_playwright, expect
 
-from controlplane.app import create_app
-from controlplane.config import ServiceConfig
 from tests.support.browser_netns import BrowserNet
-from tests.support.conversation_helpers import LLM_KEY, PRICES, UserFactory
+from tests.support.conversation_helpers import LLM_KEY, UserFactory
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.live_server import Api, LiveServer, free_port
 
@@ -39,6 +37,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.usefixtures("sandbox_images"),
     pytest.mark.timeout(600),
+    pytest.mark.live_config("served_on_the_browser_link"),
 ]
 MAKE_FILE = "cd /workspace && git init -q && echo hello-canvas > notes.txt && cat notes.txt"
 STEP = 30_000  # ms: one UI step; a sandbox start on a loaded host is most of it
@@ -51,33 +50,19 @@ def canvas_port(browser_net: BrowserNet) -> int:
 
 
 @pytest.fixture
-async def live(
-    *,
-    test_prefix: str,
-    make_config: Callable[..., ServiceConfig],
-    fake_llm_port: int,
-    browser_net: BrowserNet,
-    agent_canvas: Path,
-    canvas_port: int,
-) -> AsyncIterator[LiveServer]:
-    config = make_config(
-        container_prefix=test_prefix,
-        reconcile_interval=1.0,
-        llm_prices=PRICES,
-        sandbox_host_ports=[fake_llm_port],
-        web_app_dir=agent_canvas,
-        publish_host=browser_net.host_ip,
-        url_host=browser_net.host_ip,
-        cors_origins=[f"http://{browser_net.host_ip}:{canvas_port}"],
-    )
-    app = create_app(config)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
-    await runner.setup()
-    await web.TCPSite(runner, browser_net.host_ip, 0).start()
-    port = next(int(a[1]) for a in runner.addresses if isinstance(a, tuple))
-    server = LiveServer(runner=runner, url=f"http://{browser_net.host_ip}:{port}", app=app)
-    yield server
-    await server.close()
+def served_on_the_browser_link(
+    browser_net: BrowserNet, agent_canvas: Path, canvas_port: int
+) -> dict[str, Any]:
+    """The live server's settings: it listens on the browser link's host address and publishes
+    sandbox ports there, serves Agent Canvas from our origin, and lets the other origin in."""
+    host = browser_net.host_ip
+    return {
+        "host": host,
+        "web_app_dir": agent_canvas,
+        "publish_host": host,
+        "url_host": host,
+        "cors_origins": [f"http://{host}:{canvas_port}"],
+    }
 
 
 class Browser:
@@ -110,7 +95,7 @@ class Browser:
 
 
 @pytest.fixture
-async def browser(browser_net: BrowserNet, tmp_path: Path) -> AsyncIterator[Browser]:
+async def canvas_page(browser_net: BrowserNet, tmp_path: Path) -> AsyncIterator[Browser]:
     """The page; its last state is left in the test's tmp_path (page.png, page.html and the
     API calls it made, calls.json)."""
     async with async_playwright() as playwright:
@@ -217,10 +202,10 @@ async def only_conversation(api: Api) -> dict[str, Any]:
 
 
 async def test_served_from_our_origin_with_the_session_cookie(
-    browser: Browser, live: LiveServer, user: UserFactory, fake_llm: FakeLLM
+    canvas_page: Browser, live: LiveServer, user: UserFactory, fake_llm: FakeLLM
 ) -> None:
     alice = await user("alice", llm_model="unset-model", llm_api_key="")
-    page = browser.page
+    page = canvas_page.page
     # Not signed in: POST /api/authenticate is a 401, so Canvas sends the browser to /login.
     await page.goto(live.url + "/")
     await page.wait_for_url(re.compile(r"/auth/sign-in\?next=%2F"), timeout=STEP)
@@ -234,12 +219,12 @@ async def test_served_from_our_origin_with_the_session_cookie(
     await converse(page, fake_llm)
     conversation = await only_conversation(alice)
     assert conversation["title"] == "Write notes.txt"
-    await reopen_and_read_files(browser, live.url)
+    await reopen_and_read_files(canvas_page, live.url)
     proxied = await read_through_the_proxy(page, conversation)
     assert proxied == {"status": 200, "text": "hello-canvas\n"}
-    assert ("POST", "/api/cloud-proxy", 404) in browser.calls  # the app's own runtime call
-    assert browser.failed() == []
-    assert browser.errors == []
+    assert ("POST", "/api/cloud-proxy", 404) in canvas_page.calls  # the app's own runtime call
+    assert canvas_page.failed() == []
+    assert canvas_page.errors == []
 
 
 async def serve_canvas_elsewhere(build: Path, host: str, port: int, api: str) -> web.AppRunner:
@@ -280,7 +265,7 @@ async def serve_canvas_elsewhere(build: Path, host: str, port: int, api: str) ->
 
 async def test_added_as_a_cloud_backend_with_url_and_key(
     *,
-    browser: Browser,
+    canvas_page: Browser,
     live: LiveServer,
     user: UserFactory,
     fake_llm: FakeLLM,
@@ -291,7 +276,7 @@ async def test_added_as_a_cloud_backend_with_url_and_key(
     alice = await user("alice", llm_model="unset-model", llm_api_key="")
     runner = await serve_canvas_elsewhere(agent_canvas, browser_net.host_ip, canvas_port, live.url)
     origin = f"http://{browser_net.host_ip}:{canvas_port}"
-    page = browser.page
+    page = canvas_page.page
     try:
         await page.goto(origin + "/")
         # "Add a backend": our URL, of type Cloud, with an API key.
@@ -302,13 +287,13 @@ async def test_added_as_a_cloud_backend_with_url_and_key(
         await page.get_by_test_id("onboarding-backend-next").click()
         await onboard(page, fake_llm)
         await converse(page, fake_llm)
-        await reopen_and_read_files(browser, origin)
+        await reopen_and_read_files(canvas_page, origin)
         conversation = await only_conversation(alice)
         proxied = await read_through_the_proxy(page, conversation)
         assert proxied == {"status": 200, "text": "hello-canvas\n"}
     finally:
         await runner.cleanup()
     # Every API call went to our origin with the key (CORS), none failed.
-    assert all(json.dumps(c) for c in browser.calls)
-    assert browser.failed() == []
-    assert browser.errors == []
+    assert all(json.dumps(c) for c in canvas_page.calls)
+    assert canvas_page.failed() == []
+    assert canvas_page.errors == []

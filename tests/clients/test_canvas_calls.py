@@ -6,16 +6,11 @@ tests/clients/test_agent_canvas.py."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
-from aiohttp.test_utils import TestClient
-
 from tests.conftest import BOOTSTRAP_KEY
+from tests.support.types import Client, UserHeaders
 
-Client = TestClient[web.Request, web.Application]
-UserHeaders = Callable[..., Awaitable[dict[str, str]]]
 LLM_KEY = "sk-canvas-SECRET-4d2e"
 
 

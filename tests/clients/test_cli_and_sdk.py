@@ -14,58 +14,37 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
-import docker
 import pytest
 
-from controlplane.config import ServiceConfig
 from tests.support.conversation_helpers import (
     LLM_KEY,
     UserFactory,
-    conversation_server,
     of_kind,
-    status_is,
-    wait_events,
+    wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.live_server import Api, LiveServer
 from tests.support.openhands_clients import OpenHandsVenv, client_env, openhands_login, run
-from tests.support.sandbox_helpers import containers
+from tests.support.sandbox_helpers import OwnDocker
 
-pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.usefixtures("sandbox_images")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.clients,
+    pytest.mark.usefixtures("sandbox_images"),
+    # The CLI polls for its device code every second.
+    pytest.mark.live_config(device_poll_interval=1),
+]
 
 HEX32 = re.compile(r"\b[0-9a-f]{32}\b")
-
-
-@pytest.fixture
-async def live(
-    test_prefix: str, make_config: Callable[..., ServiceConfig], fake_llm_port: int
-) -> AsyncIterator[LiveServer]:
-    """The live server of tests/support/conversation_helpers.py, polling device codes every
-    second."""
-    server = await conversation_server(
-        make_config, test_prefix, fake_llm_port, device_poll_interval=1
-    )
-    yield server
-    await server.close()
-
-
-@pytest.fixture
-def sandbox_containers(
-    docker_client: docker.DockerClient, test_prefix: str
-) -> Callable[[], list[Any]]:
-    """This test's sandbox containers, as Docker sees them now."""
-    return lambda: containers(docker_client, test_prefix)
 
 
 async def test_openhands_cloud_runs_a_conversation_in_a_sandbox(
     openhands_venv: OpenHandsVenv,
     user: UserFactory,
     fake_llm: FakeLLM,
-    sandbox_containers: Callable[[], list[Any]],
+    own_docker: OwnDocker,
     tmp_path: Path,
 ) -> None:
     fake_llm.script(
@@ -111,7 +90,7 @@ async def test_openhands_cloud_runs_a_conversation_in_a_sandbox(
     assert f"{alice.base}/conversations/{conversation_id}" in out
 
     # The conversation is alice's and it really ran in a sandbox.
-    events = await wait_events(alice, conversation_id, status_is("finished"), within=120)
+    events = await wait_finished(alice, conversation_id, within=120)
     message = of_kind(events, "MessageEvent")[0]
     assert message["source"] == "user"
     assert "Write hello.py and run it" in json.dumps(message)
@@ -121,7 +100,7 @@ async def test_openhands_cloud_runs_a_conversation_in_a_sandbox(
     ]
     assert result["observation"]["exit_code"] == 0
     assert "hello from the sandbox" in json.dumps(result["observation"])
-    (container,) = sandbox_containers()
+    (container,) = own_docker.containers()
     listing = container.exec_run(["cat", "/workspace/hello.py"]).output.decode()
     assert "hello from the sandbox" in listing
     conversation = await alice.ok("GET", f"/api/v1/app-conversations/{conversation_id}")
@@ -182,7 +161,7 @@ async def test_cloud_workspace_creates_resumes_and_cleans_up(
     openhands_venv: OpenHandsVenv,
     live: LiveServer,
     user: UserFactory,
-    sandbox_containers: Callable[[], list[Any]],
+    own_docker: OwnDocker,
     tmp_path: Path,
 ) -> None:
     alice = await user("alice")
@@ -211,7 +190,7 @@ async def test_cloud_workspace_creates_resumes_and_cleans_up(
             assert sandbox["created_by_user_id"] == "alice"
             (agent,) = [u for u in sandbox["exposed_urls"] if u["name"] == "AGENT_SERVER"]
             assert created["host"] == agent["url"].rstrip("/")
-            assert len(sandbox_containers()) == 1  # keep_alive kept it
+            assert len(own_docker.containers()) == 1  # keep_alive kept it
 
             await alice.ok("POST", f"/api/v1/sandboxes/{sandbox_id}/pause")
             paused = await alice.ok("GET", f"/api/v1/sandboxes/{sandbox_id}")
@@ -234,4 +213,4 @@ async def test_cloud_workspace_creates_resumes_and_cleans_up(
     # cleanup() called DELETE /api/v1/sandboxes?sandbox_id=: gone, container and all.
     status, _ = await alice.call("GET", f"/api/v1/sandboxes/{sandbox_id}")
     assert status == 404
-    assert sandbox_containers() == []
+    assert own_docker.containers() == []

@@ -11,18 +11,15 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import docker
 import pytest
 import redis.asyncio as aioredis
 
 from controlplane.auth.service import ApiKeyService
-from controlplane.config import ServiceConfig
 from controlplane.store import keyspace
 from tests.conftest import BOOTSTRAP_KEY
 from tests.support.conversation_helpers import (
@@ -36,23 +33,33 @@ from tests.support.conversation_helpers import (
     status_is,
     wait_conversation,
     wait_events,
+    wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
-from tests.support.live_server import Api, LiveServer, start_live_server
+from tests.support.live_server import Api, LiveServer
 from tests.support.openhands_clients import OpenHandsVenv, client_env, run
-from tests.support.sandbox_helpers import containers
+from tests.support.sandbox_helpers import OwnDocker
+
+#: litellm needs a provider in the model name; the fake LLM speaks OpenAI's API.
+MODEL = "openai/fake-model"
+PRICE_IN, PRICE_OUT = PRICES["fake-model"]
+CALL_COST = 100 * PRICE_IN + 20 * PRICE_OUT  # the fake's default usage per call
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.official_agent,
     pytest.mark.timeout(900),  # its boot and first conversation take minutes on a busy host
     pytest.mark.usefixtures("sandbox_images", "openhands_image"),
+    # The disabled openhands spec offered, its model priced, no warm pool unless a test's marker
+    # asks; the official server boots in 7-12 s idle, a minute or more on a busy CI host.
+    pytest.mark.live_config(
+        llm_prices={**PRICES, MODEL: (PRICE_IN, PRICE_OUT)},
+        enable_specs=["openhands"],
+        warm_pool="*=0",
+        pool_interval=0.2,
+        start_timeout=240,
+    ),
 ]
-
-#: litellm needs a provider in the model name; the fake LLM speaks OpenAI's API.
-MODEL = "openai/fake-model"
-PRICE_IN, PRICE_OUT = PRICES["fake-model"]
-CALL_COST = 100 * PRICE_IN + 20 * PRICE_OUT  # the fake's default usage per call
 #: A stdio MCP server, run with the image's own Python (fastmcp is one of the server's packages).
 MCP_CALC = """
 from fastmcp import FastMCP
@@ -62,38 +69,6 @@ def add(a: int, b: int) -> int:
     return a + b
 calc.run(show_banner=False)
 """
-
-
-@pytest.fixture
-def pool_size() -> str:
-    """ACS_WARM_POOL of the live server: none, unless a test parametrizes it."""
-    return "*=0"
-
-
-@pytest.fixture
-async def live(
-    test_prefix: str,
-    make_config: Callable[..., ServiceConfig],
-    fake_llm_port: int,
-    pool_size: str,
-) -> AsyncIterator[LiveServer]:
-    """The live server of tests/support/conversation_helpers.py, offering the disabled
-    openhands spec."""
-    server = await start_live_server(
-        make_config(
-            container_prefix=test_prefix,
-            reconcile_interval=1.0,
-            llm_prices={**PRICES, MODEL: (PRICE_IN, PRICE_OUT)},
-            sandbox_host_ports=[fake_llm_port],
-            enable_specs=["openhands"],
-            warm_pool=pool_size,
-            pool_interval=0.2,
-            # The official server boots in 7-12 s idle, a minute or more on a busy CI host.
-            start_timeout=240,
-        )
-    )
-    yield server
-    await server.close()
 
 
 async def agent_server_events(
@@ -138,9 +113,8 @@ async def test_a_conversation_on_the_official_agent_server(
     fake_llm: FakeLLM,
     live: LiveServer,
     http: aiohttp.ClientSession,
-    docker_client: docker.DockerClient,
+    own_docker: OwnDocker,
     raw_redis: aioredis.Redis,
-    test_prefix: str,
 ) -> None:
     begun = datetime.now(UTC)
     fake_llm.script(
@@ -172,11 +146,11 @@ async def test_a_conversation_on_the_official_agent_server(
     key = sandbox["session_api_key"]
     ready_activity = sandbox["last_activity_at"]
 
-    events = await wait_events(alice, cid, status_is("finished"), within=180)
+    events = await wait_finished(alice, cid, within=180)
     events = await same_events_as_the_server(http, alice, url, key, cid)
 
     # The agent ran the command as `agent`, in UTC, with the user's secret in its environment.
-    (container,) = containers(docker_client, test_prefix)
+    (container,) = own_docker.containers()
     assert container.exec_run(["cat", "/workspace/out.txt"]).output == b"14\n"
     (action,) = [a for a in of_kind(events, "ActionEvent") if a["tool_name"] == "terminal"]
     (observation,) = [
@@ -260,12 +234,12 @@ async def test_a_conversation_on_the_official_agent_server(
 
     # Delete: both conversations, then the sandbox with its container, volume and events.
     await alice.ok("DELETE", f"/api/v1/app-conversations/{cid2}")
-    assert containers(docker_client, test_prefix)
+    assert own_docker.containers()
     await alice.ok("DELETE", f"/api/v1/app-conversations/{cid}")
     status, _ = await alice.call("GET", f"/api/v1/sandboxes/{sandbox_id}")
     assert status == 404
-    assert containers(docker_client, test_prefix) == []
-    assert docker_client.volumes.list(filters={"name": test_prefix}) == []
+    assert own_docker.containers() == []
+    assert own_docker.client.volumes.list(filters={"name": own_docker.prefix}) == []
     assert not await raw_redis.exists(keyspace.events(cid), keyspace.events(cid2))
 
 
@@ -285,7 +259,7 @@ async def pool_ready(api: Api, spec: str, within: float) -> str:
 
 
 @pytest.mark.clients
-@pytest.mark.parametrize("pool_size", ["openhands=1,*=0"])
+@pytest.mark.live_config(warm_pool="openhands=1,*=0")
 async def test_openhands_cloud_on_the_official_agent_server(
     *,
     openhands_venv: OpenHandsVenv,
@@ -336,7 +310,7 @@ async def test_openhands_cloud_on_the_official_agent_server(
     assert conversation["sandbox_id"] == member  # the pooled official server, claimed
     sandbox = await alice.ok("GET", f"/api/v1/sandboxes/{member}")
     assert sandbox["sandbox_spec_id"] == "openhands"
-    events = await wait_events(alice, conversation_id, status_is("finished"), within=120)
+    events = await wait_finished(alice, conversation_id, within=120)
     (action,) = [a for a in of_kind(events, "ActionEvent") if a["tool_name"] == "terminal"]
     (result,) = [o for o in of_kind(events, "ObservationEvent") if o["action_id"] == action["id"]]
     assert result["observation"]["exit_code"] == 0

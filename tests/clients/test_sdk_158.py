@@ -14,27 +14,26 @@ agent server in the sandbox must reach it to fetch the value.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import subprocess
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 from aiohttp import web
 
-from controlplane.config import ServiceConfig
-from tests.clients.test_sdk_remote import running_sandbox
-from tests.support.conversation_helpers import LLM_KEY, PRICES, UserFactory
+from tests.clients.test_sdk_remote import run_sdk_remote
+from tests.support.conversation_helpers import LLM_KEY, UserFactory
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
-from tests.support.live_server import LiveServer, free_port, start_live_server
-from tests.support.openhands_clients import OpenHandsVenv
-from tests.support.sandbox_helpers import containers
+from tests.support.live_server import LiveServer, free_port
+from tests.support.openhands_clients import OpenHandsVenv, run_client_script
+from tests.support.sandbox_helpers import OwnDocker
 
-pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.usefixtures("sandbox_images")]
-CLIENTS = Path(__file__).resolve().parent
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.clients,
+    pytest.mark.usefixtures("sandbox_images"),
+    pytest.mark.live_config("api_port_open_to_sandboxes"),
+]
 SAVE_TOKEN = 'printf %s "$DEPLOY_TOKEN" > /workspace/token.txt'
 
 
@@ -44,22 +43,9 @@ def api_port() -> int:
 
 
 @pytest.fixture
-async def live(
-    test_prefix: str,
-    make_config: Callable[..., ServiceConfig],
-    fake_llm_port: int,
-    api_port: int,
-) -> AsyncIterator[LiveServer]:
-    server = await start_live_server(
-        make_config(
-            container_prefix=test_prefix,
-            reconcile_interval=1.0,
-            llm_prices=PRICES,
-            sandbox_host_ports=[fake_llm_port, api_port],
-        )
-    )
-    yield server
-    await server.close()
+def api_port_open_to_sandboxes(fake_llm_port: int, api_port: int) -> dict[str, Any]:
+    """The live server's settings: sandboxes may reach the API's port on their gateway too."""
+    return {"sandbox_host_ports": [fake_llm_port, api_port]}
 
 
 @pytest.fixture
@@ -71,31 +57,13 @@ async def cloud_url(live: LiveServer, api_port: int) -> str:
     return f"http://{gateway}:{api_port}"
 
 
-async def run_script(venv: OpenHandsVenv, script: str, env: dict[str, str]) -> dict[str, Any]:
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [str(venv.python), str(CLIENTS / script)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={"PATH": "/usr/bin:/bin", **env},
-        check=False,
-    )
-    lines = result.stdout.strip().splitlines()
-    assert lines, f"{script} printed nothing; stderr:\n{result.stderr[-4000:]}"
-    report: dict[str, Any] = json.loads(lines[-1])
-    assert result.returncode == 0, f"{report}\nstderr:\n{result.stderr[-4000:]}"
-    return report
-
-
 async def test_cloud_workspace_reads_llm_mcp_and_secrets(
     sdk158_venv: OpenHandsVenv,
     *,
     user: UserFactory,
     fake_llm: FakeLLM,
     cloud_url: str,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
     tmp_path: Path,
 ) -> None:
     fake_llm.script([reply_tool_call("terminal", {"command": SAVE_TOKEN}), reply_finish("saved")])
@@ -111,10 +79,11 @@ async def test_cloud_workspace_reads_llm_mcp_and_secrets(
     profile = {"llm": {"model": "openai/fast-model", "base_url": "https://llm.example/v1"}}
     await alice.ok("POST", "/api/v1/settings/profiles/fast", json=profile)
 
-    report = await run_script(
+    report = await run_client_script(
         sdk158_venv,
         "sdk_cloud_workspace.py",
-        {
+        env={
+            "PATH": "/usr/bin:/bin",
             "HOME": str(tmp_path),
             "CLOUD_URL": cloud_url,
             "CLOUD_KEY": alice.key,
@@ -157,7 +126,7 @@ async def test_cloud_workspace_reads_llm_mcp_and_secrets(
     # cleanup(): DELETE /api/v1/sandboxes/{id}?sandbox_id={id}: gone.
     assert report["cleaned"] is True
     assert (await alice.call("GET", f"/api/v1/sandboxes/{sid}"))[0] == 404
-    assert containers(docker_client, test_prefix) == []
+    assert own_docker.containers() == []
 
 
 async def test_remote_conversation_158_on_our_agent_server(
@@ -167,18 +136,7 @@ async def test_remote_conversation_158_on_our_agent_server(
     fake_llm.script([reply_tool_call("terminal", {"command": greeting}), reply_finish("Greeted.")])
     fake_llm.untooled = reply_text("Greeting", usage=(0, 0))
     alice = await user("alice")
-    _sandbox_id, url, key = await running_sandbox(alice)
-    env = {
-        "HOME": str(tmp_path),
-        "AGENT_URL": url,
-        "SESSION_KEY": key,
-        "LLM_BASE_URL": fake_llm.container_base_url,
-        "LLM_KEY": LLM_KEY,
-        "WORK_DIR": str(tmp_path),
-        "LLM_MODEL": "fake-model",
-        "TOOL_NAMES": "terminal,file_editor",
-    }
-    report = await run_script(sdk158_venv, "sdk_remote.py", env)
+    report = await run_sdk_remote(sdk158_venv, alice, fake_llm, tmp_path)
     assert report["status"] == "finished"
     assert report["commands"] == [greeting]
     assert report["outputs"] == ["hello-from-the-sdk"]

@@ -7,29 +7,29 @@ StartConversationRequest."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import subprocess
-import time
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 
 from controlplane.agent_protocol.start_request import start_conversation_request
-from controlplane.config import ServiceConfig
 from controlplane.settings.mcp import MCPConfig
-from tests.support.conversation_helpers import LLM_KEY, UserFactory, conversation_server
+from tests.support.conversation_helpers import LLM_KEY, UserFactory
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
-from tests.support.live_server import LiveServer
-from tests.support.openhands_clients import OpenHandsVenv
-from tests.support.sandbox_helpers import containers
+from tests.support.live_server import Api, running_sandbox
+from tests.support.openhands_clients import OpenHandsVenv, run_client_script
+from tests.support.sandbox_helpers import OwnDocker
 
-pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.usefixtures("sandbox_images")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.clients,
+    pytest.mark.usefixtures("sandbox_images"),
+    # The disabled openhands spec offered; the official server boots in 7-12 s idle, a minute or
+    # more on a busy CI host.
+    pytest.mark.live_config(enable_specs=["openhands"], start_timeout=240),
+]
 
-CLIENTS = Path(__file__).resolve().parent
 #: (spec, the model name its agent server's LLM client needs for the fake OpenAI-style server,
 #: the tool names it registers)
 SPECS = [
@@ -44,57 +44,39 @@ SPECS = [
 ]
 
 
-@pytest.fixture
-async def live(
-    test_prefix: str, make_config: Callable[..., ServiceConfig], fake_llm_port: int
-) -> AsyncIterator[LiveServer]:
-    """The live server of tests/support/conversation_helpers.py, offering the disabled
-    openhands spec."""
-    server = await conversation_server(
-        make_config,
-        test_prefix,
-        fake_llm_port,
-        enable_specs=["openhands"],
-        # The official server boots in 7-12 s idle, a minute or more on a busy CI host.
-        start_timeout=240,
-    )
-    yield server
-    await server.close()
+async def agent_server(api: Api, spec: str = "default") -> tuple[str, str, str]:
+    """(sandbox id, AGENT_SERVER url, session key) of a new RUNNING sandbox (the official
+    server boots in 7-12 s idle, minutes on a busy CI host)."""
+    body = await running_sandbox(api, spec, within=240)
+    (url,) = [u["url"] for u in body["exposed_urls"] if u["name"] == "AGENT_SERVER"]
+    return body["id"], url, body["session_api_key"]
 
 
-async def run_in_venv(
-    venv: OpenHandsVenv, script: str, *args: str, env: dict[str, str] | None = None
+async def run_sdk_remote(
+    venv: OpenHandsVenv,
+    api: Api,
+    fake: FakeLLM,
+    home: Path,
+    *,
+    spec: str = "default",
+    model: str = "fake-model",
+    tools: str = "terminal,file_editor",
 ) -> dict[str, Any]:
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [str(venv.python), str(CLIENTS / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        check=False,
-    )
-    lines = result.stdout.strip().splitlines()
-    assert lines, f"{script} printed nothing; stderr:\n{result.stderr[-4000:]}"
-    report: dict[str, Any] = json.loads(lines[-1])
-    assert result.returncode == 0, f"{report}\nstderr:\n{result.stderr[-4000:]}"
-    return report
-
-
-async def running_sandbox(
-    api: Any, spec: str = "default", within: float = 240
-) -> tuple[str, str, str]:
-    """(sandbox id, AGENT_SERVER url, session key) of a new RUNNING sandbox."""
-    started = await api.ok("POST", "/api/v1/sandboxes", json={"sandbox_spec_id": spec})
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        body = await api.ok("GET", f"/api/v1/sandboxes/{started['id']}")
-        if body["status"] == "RUNNING":
-            (url,) = [u["url"] for u in body["exposed_urls"] if u["name"] == "AGENT_SERVER"]
-            return body["id"], url, body["session_api_key"]
-        assert body["status"] == "STARTING", body
-        await asyncio.sleep(0.1)
-    raise AssertionError("the sandbox did not start")
+    """sdk_remote.py (RemoteConversation, RemoteWorkspace) run in `venv` against a new sandbox of
+    `api`'s user on `spec`, its model `fake` (named `model`, its tools `tools`): the report."""
+    _sandbox_id, url, key = await agent_server(api, spec)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(home),
+        "AGENT_URL": url,
+        "SESSION_KEY": key,
+        "LLM_BASE_URL": fake.container_base_url,
+        "LLM_KEY": LLM_KEY,
+        "WORK_DIR": str(home),
+        "LLM_MODEL": model,
+        "TOOL_NAMES": tools,
+    }
+    return await run_client_script(venv, "sdk_remote.py", env=env)
 
 
 @pytest.mark.parametrize(("spec", "model", "tools"), SPECS)
@@ -107,8 +89,7 @@ async def test_remote_conversation_and_workspace_drive_a_sandbox(
     user: UserFactory,
     fake_llm: FakeLLM,
     openhands_venv: OpenHandsVenv,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
     tmp_path: Path,
 ) -> None:
     greeting = "echo hello-from-the-sdk > /workspace/sdk.txt && cat /workspace/sdk.txt"
@@ -120,19 +101,9 @@ async def test_remote_conversation_and_workspace_drive_a_sandbox(
         # SDK 1.58 asks the server for a title (an LLM call without tools), racing the run.
         fake_llm.untooled = reply_text("Greeting", usage=(0, 0))
     alice = await user("alice")
-    _sandbox_id, url, key = await running_sandbox(alice, spec)
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": str(tmp_path),
-        "AGENT_URL": url,
-        "SESSION_KEY": key,
-        "LLM_BASE_URL": fake_llm.container_base_url,
-        "LLM_KEY": LLM_KEY,
-        "WORK_DIR": str(tmp_path),
-        "LLM_MODEL": model,
-        "TOOL_NAMES": tools,
-    }
-    report = await run_in_venv(venv, "sdk_remote.py", env=env)
+    report = await run_sdk_remote(
+        venv, alice, fake_llm, tmp_path, spec=spec, model=model, tools=tools
+    )
 
     assert report["status"] == "finished"
     kinds = report["kinds"]
@@ -148,7 +119,7 @@ async def test_remote_conversation_and_workspace_drive_a_sandbox(
     assert report["agent_model"] == model
     assert report["workspace"]["working_dir"] == "/workspace"
     assert report["prompt_tokens"] == 200  # two LLM calls, read from the ConversationStats
-    (container,) = containers(docker_client, test_prefix)
+    (container,) = own_docker.containers()
     assert container.exec_run(["cat", "/workspace/sdk.txt"]).output == b"hello-from-the-sdk\n"
     assert fake_llm.requests[0].authorization == f"Bearer {LLM_KEY}"
 
@@ -204,6 +175,6 @@ async def test_the_control_plane_start_request_is_the_sdks(
     )
     dump = tmp_path / "requests.json"
     dump.write_text(json.dumps({"events": [], "infos": [], "start_requests": [full, minimal]}))
-    report = await run_in_venv(openhands_venv, "sdk_validate.py", str(dump))
+    report = await run_client_script(openhands_venv, "sdk_validate.py", str(dump))
     assert report["failures"] == []
     assert report["checked"] == {"StartConversationRequest": 2}

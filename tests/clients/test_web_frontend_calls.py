@@ -14,8 +14,7 @@ from tests.support.conversation_helpers import (
     message,
     of_kind,
     start_and_wait,
-    status_is,
-    wait_events,
+    wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish
 from tests.support.types import UserHeaders
@@ -160,7 +159,7 @@ async def test_the_frontends_start_body_is_accepted_and_its_meaningful_fields_ho
     cid = second["app_conversation_id"]
     conversation = await alice.ok("GET", f"/api/v1/app-conversations/{cid}")
     assert conversation["llm_model"] == "override-model"
-    await wait_events(alice, cid, status_is("finished"))
+    await wait_finished(alice, cid)
     assert any(r.body.get("model", "").endswith("override-model") for r in fake_llm.requests)
     assert "not-stored" not in str(second)
 
@@ -195,7 +194,7 @@ async def test_a_suggested_task_becomes_the_first_message(
         },
     )
     assert task["status"] == "READY", task
-    events = await wait_events(alice, task["app_conversation_id"], status_is("finished"))
+    events = await wait_finished(alice, task["app_conversation_id"])
     first = of_kind(events, "MessageEvent")[0]
     text = first["llm_message"]["content"][0]["text"]
     assert first["source"] == "user"
@@ -212,7 +211,7 @@ async def test_patch_search_by_sandbox_singular_events_and_v0_reads(
     task = await start_and_wait(alice, initial_message=message("hello"))
     cid, sandbox_id = task["app_conversation_id"], task["sandbox_id"]
     other = await start_and_wait(alice, initial_message=message("elsewhere"))
-    events = await wait_events(alice, cid, status_is("finished"))
+    events = await wait_finished(alice, cid)
     base = f"/api/v1/app-conversations/{cid}"
 
     # updateConversationPublicFlag / updateConversationRepository / a rename: the conversation back.

@@ -19,8 +19,7 @@ from tests.support.conversation_helpers import (
     message,
     of_kind,
     start_and_wait,
-    status_is,
-    wait_events,
+    wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.live_server import Api
@@ -62,7 +61,7 @@ async def test_new_conversation_with_the_default_flags(
     task = await follow_task(alice, created["conversation_id"])
     assert task["status"] == "READY", task
     cid = task["app_conversation_id"]
-    events = await wait_events(alice, cid, status_is("finished"))
+    events = await wait_finished(alice, cid)
     first = of_kind(events, "MessageEvent")[0]
     assert first["llm_message"]["content"][0]["text"].startswith("Say classic")
     assert "Be brief." in json.dumps(fake_llm.requests[0].body["messages"][0])
@@ -95,7 +94,7 @@ async def test_the_terminal_under_the_names_the_classic_frontend_knows(
     alice = await user("alice")
     task = await start_and_wait(alice, initial_message=message("run it"))
     cid = task["app_conversation_id"]
-    stored = await wait_events(alice, cid, status_is("finished"))
+    stored = await wait_finished(alice, cid)
     # Stored and searched as the SDK knows them.
     (action,) = [e for e in of_kind(stored, "ActionEvent") if e["tool_name"] == "terminal"]
     assert action["action"]["kind"] == "TerminalAction"

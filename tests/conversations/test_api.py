@@ -27,8 +27,7 @@ from tests.support.conversation_helpers import (
     message,
     of_kind,
     start_and_wait,
-    status_is,
-    wait_events,
+    wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text
 from tests.support.live_server import Api, LiveServer
@@ -43,7 +42,7 @@ async def test_users_cannot_see_each_others_conversations(
     alice, bob = await user("alice"), await user("bob")
     task = await start_and_wait(alice, initial_message=message("hi"))
     cid = task["app_conversation_id"]
-    await wait_events(alice, cid, status_is("finished"))
+    await wait_finished(alice, cid)
     event_id = (await alice.ok("GET", f"/api/v1/events/search?conversation_id__eq={cid}"))["items"][
         0
     ]["id"]
@@ -76,7 +75,7 @@ async def test_live_socket_replays_then_follows(
     alice = await user("alice")
     task = await start_and_wait(alice, initial_message=message("one"))
     cid = task["app_conversation_id"]
-    before = await wait_events(alice, cid, status_is("finished"))  # a text reply ends a run
+    before = await wait_finished(alice, cid)  # a text reply ends a run
 
     url = f"{live.url}/api/v1/events/socket?conversation_id={cid}&session_api_key={alice.key}"
     async with http.ws_connect(url) as ws:

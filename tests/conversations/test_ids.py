@@ -17,6 +17,7 @@ from tests.support.conversation_helpers import (
     start_and_wait,
     status_is,
     wait_events,
+    wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish
 
@@ -28,7 +29,7 @@ async def test_every_route_takes_every_form(user: UserFactory, fake_llm: FakeLLM
     alice = await user("alice")
     task = await start_and_wait(alice, initial_message=message("hi"))
     plain = task["app_conversation_id"]
-    await wait_events(alice, plain, status_is("finished"))
+    await wait_finished(alice, plain)
     dashed = str(uuid.UUID(plain))
     for cid in (plain, dashed, plain.upper(), dashed.upper()):
         reads: list[tuple[str, Callable[[Any], bool]]] = [
@@ -64,7 +65,7 @@ async def test_a_conversation_is_titled_from_its_first_message(
     long = "Fix the flaky login test\nit fails on CI " + "x" * 80
     task = await start_and_wait(alice, initial_message=message(long))
     cid = task["app_conversation_id"]
-    await wait_events(alice, cid, status_is("finished"))
+    await wait_finished(alice, cid)
     conversation = await alice.ok("GET", f"/api/v1/app-conversations/{cid}")
     assert conversation["title"] == "Fix the flaky login test"
     # Later messages do not rename it; nor does the first one a title the caller chose.
@@ -72,7 +73,7 @@ async def test_a_conversation_is_titled_from_its_first_message(
     await wait_events(alice, cid, lambda evs: "other" in str(evs) and status_is("finished")(evs))
     assert (await alice.ok("GET", f"/api/v1/app-conversations/{cid}"))["title"] == long[:24]
     named = await start_and_wait(alice, initial_message=message("text"), title="Mine")
-    await wait_events(alice, named["app_conversation_id"], status_is("finished"))
+    await wait_finished(alice, named["app_conversation_id"])
     mine = await alice.ok("GET", f"/api/v1/app-conversations/{named['app_conversation_id']}")
     assert mine["title"] == "Mine"
     # A long first line is cut at 50 characters.

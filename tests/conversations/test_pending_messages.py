@@ -17,6 +17,7 @@ from tests.support.conversation_helpers import (
     start_and_wait,
     status_is,
     wait_events,
+    wait_finished,
 )
 from tests.support.fake_llm import FakeLLM
 from tests.support.live_server import Api
@@ -92,7 +93,7 @@ async def test_messages_queued_while_starting_reach_the_agent_in_order_once(
     assert await alice.ok("GET", path) == []
     assert await alice.ok("POST", f"{path}/deliver") == {"delivered": 0, "pending": 0}
     await asyncio.sleep(0.5)
-    assert user_texts(await wait_events(alice, cid, status_is("finished"))) == texts
+    assert user_texts(await wait_finished(alice, cid)) == texts
 
 
 async def test_a_paused_conversation_keeps_its_queue_until_it_runs(
@@ -101,7 +102,7 @@ async def test_a_paused_conversation_keeps_its_queue_until_it_runs(
     alice = await user("alice")
     task = await start_and_wait(alice, initial_message=message("start"))
     cid, sandbox_id = task["app_conversation_id"], task["sandbox_id"]
-    await wait_events(alice, cid, status_is("finished"))
+    await wait_finished(alice, cid)
     path = f"/api/v1/conversations/{cid}/pending-messages"
 
     # While it runs, a queued message goes straight to the agent.
@@ -146,7 +147,7 @@ async def test_a_message_sent_through_the_api_follows_the_pending_ones(
     alice = await user("alice")
     task = await start_and_wait(alice, initial_message=message("start"))
     cid, sandbox_id = task["app_conversation_id"], task["sandbox_id"]
-    await wait_events(alice, cid, status_is("finished"))
+    await wait_finished(alice, cid)
     path = f"/api/v1/conversations/{cid}/pending-messages"
     await alice.ok("POST", f"/api/v1/sandboxes/{sandbox_id}/pause")
     await alice.ok("POST", path, json=queued("q1"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import docker
 import pytest
 
 from tests.support.conversation_helpers import (
@@ -15,13 +14,13 @@ from tests.support.conversation_helpers import (
     message,
     of_kind,
     start_and_wait,
-    status_is,
     wait_conversation,
     wait_events,
+    wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
 from tests.support.log_capture import capture_logs
-from tests.support.sandbox_helpers import containers
+from tests.support.sandbox_helpers import OwnDocker
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 
@@ -34,14 +33,17 @@ def stats_updates(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def exec_in(docker_client: docker.DockerClient, prefix: str, command: str) -> str:
-    (container,) = containers(docker_client, prefix)
+def exec_in(own_docker: OwnDocker, command: str) -> str:
+    """`command` run by bash in the test's one sandbox container."""
+    (container,) = own_docker.containers()
     result = container.exec_run(["bash", "-c", command])
     return str(result.output.decode().strip())
 
 
 async def test_command_writes_a_file_and_events_show_it(
-    user: UserFactory, fake_llm: FakeLLM, docker_client: docker.DockerClient, test_prefix: str
+    user: UserFactory,
+    fake_llm: FakeLLM,
+    own_docker: OwnDocker,
 ) -> None:
     fake_llm.script(
         [
@@ -54,10 +56,10 @@ async def test_command_writes_a_file_and_events_show_it(
         task = await start_and_wait(alice, initial_message=message("write hello to out.txt"))
         assert task["status"] == "READY", task
         cid = task["app_conversation_id"]
-        events = await wait_events(alice, cid, status_is("finished"))
+        events = await wait_finished(alice, cid)
         conversation = await alice.ok("GET", f"/api/v1/app-conversations/{cid}")
 
-    assert exec_in(docker_client, test_prefix, "cat /workspace/out.txt") == "hello"
+    assert exec_in(own_docker, "cat /workspace/out.txt") == "hello"
     (action,) = [a for a in of_kind(events, "ActionEvent") if a["tool_name"] == "terminal"]
     assert action["action"]["kind"] == "TerminalAction"
     assert action["action"]["command"] == "echo hello > /workspace/out.txt"
@@ -80,12 +82,14 @@ async def test_command_writes_a_file_and_events_show_it(
     assert LLM_KEY not in logs.text
     settings = await alice.ok("GET", "/api/settings")
     assert LLM_KEY not in json.dumps(settings)
-    (container,) = containers(docker_client, test_prefix)
+    (container,) = own_docker.containers()
     assert not any(LLM_KEY in env for env in container.attrs["Config"]["Env"])
 
 
 async def test_file_edit_and_tool_error(
-    user: UserFactory, fake_llm: FakeLLM, docker_client: docker.DockerClient, test_prefix: str
+    user: UserFactory,
+    fake_llm: FakeLLM,
+    own_docker: OwnDocker,
 ) -> None:
     fake_llm.script(
         [
@@ -118,8 +122,8 @@ async def test_file_edit_and_tool_error(
     alice = await user("alice")
     task = await start_and_wait(alice, initial_message=message("edit a.txt"))
     cid = task["app_conversation_id"]
-    events = await wait_events(alice, cid, status_is("finished"))
-    assert exec_in(docker_client, test_prefix, "cat /workspace/a.txt") == "one three"
+    events = await wait_finished(alice, cid)
+    assert exec_in(own_docker, "cat /workspace/a.txt") == "one three"
     failures = [
         o for o in of_kind(events, "ObservationEvent") if o["observation"]["is_error"]
     ] + of_kind(events, "AgentErrorEvent")
@@ -160,7 +164,9 @@ async def test_budget_stops_the_agent(user: UserFactory, fake_llm: FakeLLM) -> N
 
 
 async def test_confirmation_mode_approve_and_reject(
-    user: UserFactory, fake_llm: FakeLLM, docker_client: docker.DockerClient, test_prefix: str
+    user: UserFactory,
+    fake_llm: FakeLLM,
+    own_docker: OwnDocker,
 ) -> None:
     fake_llm.script(
         [
@@ -175,10 +181,10 @@ async def test_confirmation_mode_approve_and_reject(
     path = f"/api/v1/app-conversations/{cid}/respond_to_confirmation"
 
     await wait_conversation(alice, cid, "execution_status", "waiting_for_confirmation")
-    assert exec_in(docker_client, test_prefix, "ls /workspace") == ""
+    assert exec_in(own_docker, "ls /workspace") == ""
     await alice.ok("POST", path, json={"accept": True})
     await wait_events(alice, cid, lambda ev: len(of_kind(ev, "ObservationEvent")) == 1)
-    assert exec_in(docker_client, test_prefix, "cat /workspace/c1.txt") == "a"
+    assert exec_in(own_docker, "cat /workspace/c1.txt") == "a"
 
     await wait_conversation(alice, cid, "execution_status", "waiting_for_confirmation")
     await alice.ok("POST", path, json={"accept": False, "reason": "not that one"})
@@ -186,10 +192,10 @@ async def test_confirmation_mode_approve_and_reject(
     # finish is an action too: it waits for approval like any other.
     await wait_conversation(alice, cid, "execution_status", "waiting_for_confirmation")
     await alice.ok("POST", path, json={"accept": True})
-    events = await wait_events(alice, cid, status_is("finished"))
+    events = await wait_finished(alice, cid)
     (rejected,) = of_kind(events, "UserRejectObservation")
     assert rejected["rejection_reason"] == "not that one"
-    assert exec_in(docker_client, test_prefix, "ls /workspace/c2.txt 2>&1 || true").endswith(
+    assert exec_in(own_docker, "ls /workspace/c2.txt 2>&1 || true").endswith(
         "No such file or directory"
     )
 
@@ -214,7 +220,7 @@ async def test_mcp_stdio_server_tool_is_called(user: UserFactory, fake_llm: Fake
     alice = await user("alice", mcp_config=mcp)
     task = await start_and_wait(alice, initial_message=message("add 2 and 3"))
     cid = task["app_conversation_id"]
-    events = await wait_events(alice, cid, status_is("finished"))
+    events = await wait_finished(alice, cid)
     (action,) = [a for a in of_kind(events, "ActionEvent") if a["tool_name"] == "calc__add"]
     (observation,) = [
         o for o in of_kind(events, "ObservationEvent") if o["action_id"] == action["id"]

@@ -5,19 +5,22 @@ listener reached at the URL the driver gives the sandbox.
 
 Not a test module itself: each runtime's `test_driver_contract.py` (tests/drivers/docker/,
 tests/drivers/kubernetes/) imports these tests and defines the `driver` fixture (and, where the
-runtime needs it, `test_prefix`); a new runtime adds a module of the same shape.
+runtime needs it, `test_prefix`); a new runtime adds a module of the same shape. Those two are
+the suite's one intended case of a fixture defined in several places (tests/test_fixture_names.py
+allows it there and nowhere else).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import json
 import os
 import shlex
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +35,17 @@ from controlplane.sandboxes.naming import new_sandbox_id
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import AGENT_SERVER, SandboxSpec
 from drivers.base import (
+    STATE,
+    SYSTEM,
+    WORKSPACE,
+    FileEntry,
+    FileItem,
+    FileKind,
     NetworkPolicy,
     RunState,
     SandboxDriver,
     SandboxEvent,
+    SandboxFiles,
     SandboxRequest,
     SandboxState,
 )
@@ -64,7 +74,7 @@ def hooks() -> Hooks:
 
 
 @pytest.fixture
-def config(test_prefix: str, tmp_path: Path) -> ServiceConfig:
+def contract_config(test_prefix: str, tmp_path: Path) -> ServiceConfig:
     return load_config(
         {},
         container_prefix=test_prefix,
@@ -74,22 +84,24 @@ def config(test_prefix: str, tmp_path: Path) -> ServiceConfig:
 
 
 @pytest.fixture
-def spec(config: ServiceConfig) -> SandboxSpec:
-    return SpecCatalog.load(REPO / "specs", config.image_tag).default
+def spec(contract_config: ServiceConfig) -> SandboxSpec:
+    return SpecCatalog.load(REPO / "specs", contract_config.image_tag).default
 
 
 MakeRequest = Callable[..., Awaitable[SandboxRequest]]
 
 
 @pytest.fixture
-def make_request(driver: SandboxDriver, config: ServiceConfig, spec: SandboxSpec) -> MakeRequest:
+def make_request(
+    driver: SandboxDriver, contract_config: ServiceConfig, spec: SandboxSpec
+) -> MakeRequest:
     """A request as the launcher makes it: the network prepared first, the webhook URL it
     returns in the sandbox's environment."""
 
     async def make(owner: str = "alice", **changes: Any) -> SandboxRequest:
         record = SandboxRecord.starting(new_sandbox_id(), owner, spec.id)
         base = await driver.prepare_network(network_policy(spec))
-        return dataclasses.replace(sandbox_request(config, record, spec, base), **changes)
+        return dataclasses.replace(sandbox_request(contract_config, record, spec, base), **changes)
 
     return make
 
@@ -100,14 +112,14 @@ def agent_url(state: SandboxState, spec: SandboxSpec) -> str:
     return f"http://{endpoint.host}:{endpoint.port}"
 
 
-async def healthy(state: SandboxState, spec: SandboxSpec) -> None:
-    """The agent server answers /health at its endpoint."""
+async def healthy(state: SandboxState, spec: SandboxSpec, base: str | None = None) -> None:
+    """The agent server answers /health at its endpoint (or at `base`)."""
     deadline = time.monotonic() + BOOT
     last: object = None
     async with aiohttp.ClientSession() as http:
         while time.monotonic() < deadline:
             try:
-                url = f"{agent_url(state, spec)}/health"
+                url = f"{base or agent_url(state, spec)}/health"
                 async with http.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
                     if resp.status == 200:
                         return
@@ -182,9 +194,14 @@ async def test_a_sandbox_from_create_to_remove(
     assert request.sandbox_id in listed
     assert request.sandbox_id in {s.sandbox_id for s in await driver.list_sandboxes("alice")}
     assert request.sandbox_id not in {s.sandbox_id for s in await driver.list_sandboxes("bob")}
+    # Where a driver offers a closer address (the sandbox proxy's), the ports answer there.
+    direct = await driver.direct_address(request.sandbox_id)
+    if direct is not None:
+        await healthy(state, spec, f"http://{direct}:{spec.exposed_ports[AGENT_SERVER]}")
 
     await driver.remove(request.sandbox_id)
     assert await driver.inspect(request.sandbox_id) is None
+    assert await driver.direct_address(request.sandbox_id) is None
     await driver.remove(request.sandbox_id)  # already gone: success
     assert request.sandbox_id not in {s.sandbox_id for s in await driver.list_sandboxes()}
 
@@ -200,6 +217,21 @@ async def test_create_refuses_an_existing_sandbox_and_leaves_it_alone(
     assert state is not None
     assert state.status == RunState.RUNNING
     await healthy(state, spec)
+
+
+async def test_the_sandbox_networks_hold_every_sandboxs_address(
+    driver: SandboxDriver, make_request: MakeRequest, spec: SandboxSpec
+) -> None:
+    """What the control plane never connects to for a user covers every address a sandbox
+    has (its own, read inside it)."""
+    _, key, state = await marked(driver, make_request, spec)
+    local = "awk '/32 host LOCAL/ {print last} {last = $2}' /proc/net/fib_trie | sort -u"
+    out = await run(state, spec, key, local)
+    addresses = [a for a in out["stdout"].split() if not a.startswith("127.")]
+    assert addresses, out
+    networks = [ipaddress.ip_network(n) for n in await driver.sandbox_networks()]
+    for address in addresses:
+        assert any(ipaddress.ip_address(address) in n for n in networks), (address, networks)
 
 
 async def test_a_missing_image_leaves_nothing(
@@ -353,3 +385,101 @@ async def test_egress_none_admits_the_webhook_listener_alone(
         assert result["stdout"].split()[-2:] == ["200", "closed"], result
     finally:
         await other.cleanup()
+
+
+async def test_hibernate_gives_the_instance_back_and_start_brings_it_back(
+    driver: SandboxDriver, make_request: MakeRequest, spec: SandboxSpec
+) -> None:
+    request, key, _state = await marked(driver, make_request, spec)
+    await driver.pause(request.sandbox_id)
+    await driver.hibernate(request.sandbox_id)
+    asleep = await driver.inspect(request.sandbox_id)
+    assert asleep is not None
+    assert asleep.status == RunState.EXITED  # no process, so no memory held
+    back = await driver.start(request)
+    await healthy(back, spec)
+    read = await run(back, spec, key, f"cat {spec.working_dir}/mark")
+    assert read["stdout"].strip() == "kept", read
+
+
+class _Hold:
+    def __init__(self, driver: SandboxDriver, sandbox_id: str) -> None:
+        self.driver, self.sandbox_id = driver, sandbox_id
+        self.calls: list[str] = []
+        self.seen: RunState | None = None
+
+    async def begin(self) -> None:
+        self.calls.append("begin")
+
+    async def end(self) -> None:
+        self.calls.append("end")
+        state = await self.driver.inspect(self.sandbox_id)
+        self.seen = state.status if state else None
+
+
+class _Files:
+    """A FileSource over items held in memory."""
+
+    def __init__(self, key: str, items: list[FileItem]) -> None:
+        self.key = key
+        self._items = items
+
+    async def items(self) -> AsyncIterator[FileItem]:
+        for item in self._items:
+            yield item
+
+
+async def _exported(
+    files: SandboxFiles, request: SandboxRequest, known: dict[Any, Any], hold: Any
+) -> tuple[list[FileItem], float]:
+    items: list[FileItem] = []
+    async with files.export(
+        request.sandbox_id,
+        known,
+        working_dir=request.working_dir,
+        state_paths=request.kept_paths,
+        hold=hold,
+    ) as export:
+        async for item in export.items:
+            items.append(item)
+    return items, export.held_still
+
+
+async def test_files_are_exported_consistently_and_restored_into_a_new_sandbox(
+    driver: SandboxDriver, make_request: MakeRequest, spec: SandboxSpec
+) -> None:
+    files = driver.files
+    if files is None:
+        pytest.skip("this runtime does not export files yet")
+    request, key, state = await marked(driver, make_request, spec)
+    kept = request.kept_paths[0]
+    wrote = await run(state, spec, key, f"echo outside > /tmp/outside && echo s > {kept}/probe")
+    assert wrote["exit_code"] == 0, wrote
+
+    hold = _Hold(driver, request.sandbox_id)
+    items, held = await _exported(files, request, {}, hold)
+    assert hold.calls == ["begin", "end"]  # held still once, around the second look
+    assert 0 < held < 5
+    assert hold.seen == RunState.RUNNING  # let go before the export is read: not left frozen
+    entries = {(i.tree, i.path): i for i in items if isinstance(i, FileEntry)}
+    mark = entries[(WORKSPACE, "mark")]
+    assert mark.kind == FileKind.FILE
+    assert items[items.index(mark) + 1] == b"kept\n"
+    assert (SYSTEM, "tmp/outside") in entries
+    assert (STATE, f"{kept.strip('/')}/probe") in entries  # the agent server's own state
+
+    # Only what changed since comes with bytes the second time.
+    known = {k: e.signature() for k, e in entries.items()}
+    again = await run(state, spec, key, f"echo new > {spec.working_dir}/new")
+    assert again["exit_code"] == 0, again
+    second, _ = await _exported(files, request, known, _Hold(driver, request.sandbox_id))
+    sent = [i.path for i in second if isinstance(i, FileEntry) and i.kind == "file" and i.changed]
+    assert "new" in sent
+    assert "mark" not in sent
+
+    copy = await make_request(restore=_Files(new_sandbox_id(), items))
+    restored = await running(driver, copy, spec)
+    copy_key = copy.env["OH_SESSION_API_KEYS_0"]
+    read = await run(restored, spec, copy_key, f"cat {spec.working_dir}/mark /tmp/outside")
+    assert read["stdout"].split() == ["kept", "outside"], read
+    await driver.remove(copy.sandbox_id)  # and what the runtime kept for the copy

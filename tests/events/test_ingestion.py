@@ -3,24 +3,13 @@ stored as sent; status and cost taken from state updates and ConversationInfo ``
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
-from tests.support.records import Setup, event, recorded_sandbox, stats
-from tests.support.types import Client, UserHeaders
-
-
-@pytest.fixture
-async def setup(
-    make_client: Callable[..., Awaitable[Client]],
-    raw_redis: aioredis.Redis,
-    user_headers: UserHeaders,
-) -> Setup:
-    return await recorded_sandbox(make_client, raw_redis, user_headers)
+from tests.support.records import RecordedSandbox, event, stats
+from tests.support.types import Client
 
 
 async def search(client: Client, headers: dict[str, str], cid: str, **query: str) -> list[Any]:
@@ -31,8 +20,8 @@ async def search(client: Client, headers: dict[str, str], cid: str, **query: str
     return items
 
 
-async def test_single_events_and_arrays_are_stored_as_sent(setup: Any) -> None:
-    client, sandbox_id, cid, sandbox, alice = setup
+async def test_single_events_and_arrays_are_stored_as_sent(recorded: RecordedSandbox) -> None:
+    client, sandbox_id, cid, sandbox, alice = recorded
     url = f"/api/v1/webhooks/{sandbox_id}/events/{cid}"
     one = event(llm_message={"role": "user", "content": [{"type": "text", "text": "hi"}]})
     resp = await client.post(url, json=one, headers=sandbox)
@@ -73,8 +62,8 @@ async def test_single_events_and_arrays_are_stored_as_sent(setup: Any) -> None:
         ("not an event", ["body"]),
     ],
 )
-async def test_bad_events_are_422(setup: Any, body: Any, loc: list[str]) -> None:
-    client, sandbox_id, cid, sandbox, _ = setup
+async def test_bad_events_are_422(recorded: RecordedSandbox, body: Any, loc: list[str]) -> None:
+    client, sandbox_id, cid, sandbox, _ = recorded
     resp = await client.post(
         f"/api/v1/webhooks/{sandbox_id}/events/{cid}", json=body, headers=sandbox
     )
@@ -82,8 +71,8 @@ async def test_bad_events_are_422(setup: Any, body: Any, loc: list[str]) -> None
     assert (await resp.json())["detail"][0]["loc"] == loc
 
 
-async def test_malformed_and_empty_bodies_are_422(setup: Any) -> None:
-    client, sandbox_id, cid, sandbox, _ = setup
+async def test_malformed_and_empty_bodies_are_422(recorded: RecordedSandbox) -> None:
+    client, sandbox_id, cid, sandbox, _ = recorded
     url = f"/api/v1/webhooks/{sandbox_id}/events/{cid}"
     for raw in (b"{not json", b"", b"[" * 100_000):
         resp = await client.post(
@@ -93,8 +82,8 @@ async def test_malformed_and_empty_bodies_are_422(setup: Any) -> None:
         assert (await resp.json())["detail"][0]["loc"] == ["body"]
 
 
-async def test_status_and_cost_from_state_updates(setup: Any) -> None:
-    client, sandbox_id, cid, sandbox, alice = setup
+async def test_status_and_cost_from_state_updates(recorded: RecordedSandbox) -> None:
+    client, sandbox_id, cid, sandbox, alice = recorded
     url = f"/api/v1/webhooks/{sandbox_id}/events/{cid}"
     batch = [
         event("ConversationStateUpdateEvent", key="execution_status", value="running"),
@@ -120,8 +109,10 @@ async def test_status_and_cost_from_state_updates(setup: Any) -> None:
     assert conversation["metrics"]["accumulated_cost"] == 0.5
 
 
-async def test_conversation_info_cost_from_stats_summed_over_usages(setup: Any) -> None:
-    client, sandbox_id, cid, sandbox, alice = setup
+async def test_conversation_info_cost_from_stats_summed_over_usages(
+    recorded: RecordedSandbox,
+) -> None:
+    client, sandbox_id, cid, sandbox, alice = recorded
     url = f"/api/v1/webhooks/{sandbox_id}/conversations"
     both = stats(1.0, 1000, 100)
     both["usage_to_metrics"].update(stats(0.5, 500, 50, "condenser")["usage_to_metrics"])
@@ -150,8 +141,8 @@ async def test_conversation_info_cost_from_stats_summed_over_usages(setup: Any) 
     assert conversation["execution_status"] == "paused"
 
 
-async def test_time_filters_on_naive_timestamps(setup: Any) -> None:
-    client, sandbox_id, cid, sandbox, alice = setup
+async def test_time_filters_on_naive_timestamps(recorded: RecordedSandbox) -> None:
+    client, sandbox_id, cid, sandbox, alice = recorded
     base = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
     batch = [event(when=base + timedelta(minutes=n)) for n in range(4)]
     assert (

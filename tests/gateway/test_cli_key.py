@@ -10,29 +10,22 @@ the BYOR key; the gateway's URL and model come with that key from GET /api/keys/
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
-from controlplane.config import ServiceConfig
-from tests.support.conversation_helpers import LLM_KEY, UserFactory, conversation_server
+from tests.support.conversation_helpers import LLM_KEY, UserFactory
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.live_server import Api, LiveServer
 from tests.support.openhands_clients import OpenHandsVenv, client_env, openhands_login, run
 
-pytestmark = [pytest.mark.slow, pytest.mark.clients, pytest.mark.usefixtures("sandbox_images")]
-
-
-@pytest.fixture
-async def live(
-    test_prefix: str, make_config: Callable[..., ServiceConfig], fake_llm_port: int
-) -> AsyncIterator[LiveServer]:
-    server = await conversation_server(
-        make_config, test_prefix, fake_llm_port, device_poll_interval=1
-    )
-    yield server
-    await server.close()
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.clients,
+    pytest.mark.usefixtures("sandbox_images"),
+    # The CLI polls for its device code every second.
+    pytest.mark.live_config(device_poll_interval=1),
+]
 
 
 async def test_openhands_login_gets_a_gateway_key_and_its_local_agent_uses_it(

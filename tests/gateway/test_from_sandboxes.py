@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 
-from controlplane.config import ServiceConfig
 from controlplane.keys import GATEWAY
 from tests.support.conversation_helpers import (
     LLM_KEY,
@@ -25,16 +23,27 @@ from tests.support.conversation_helpers import (
     message,
     of_kind,
     start_and_wait,
-    status_is,
     wait_events,
+    wait_finished,
 )
 from tests.support.fake_anthropic import FakeAnthropic, anthropic_text, anthropic_tool_use
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.key_probe import probe_for
-from tests.support.live_server import LiveServer, free_port, start_live_server
-from tests.support.sandbox_helpers import REPO, containers, exec_as_agent, spec_dir
+from tests.support.live_server import LiveServer, free_port
+from tests.support.sandbox_helpers import (
+    REPO,
+    OwnDocker,
+    call_from,
+    exec_as_agent,
+    spec_dir,
+)
 
-pytestmark = pytest.mark.usefixtures("sandbox_images")
+pytestmark = [
+    pytest.mark.usefixtures("sandbox_images"),
+    pytest.mark.live_config(
+        "anthropic_and_direct_spec", llm_prices={**PRICES, "claude-fake-1": (0.003, 0.015)}
+    ),
+]
 
 ANTHROPIC_KEY = "sk-ant-live-SECRET-4be1"
 #: The default spec with the gateway turned off: the control that proves the probe finds a key.
@@ -45,20 +54,6 @@ DIRECT_SPEC = (
     .replace("default: true", "default: false\nllm_gateway: false")
     .replace("warm_pool: 2", "warm_pool: 0")
 )
-CALL = r"""
-import json, sys, urllib.request, urllib.error
-url, token, model, stream = sys.argv[1:5]
-body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream == "1"}
-request = urllib.request.Request(
-    url, data=json.dumps(body).encode(),
-    headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"},
-)
-try:
-    with urllib.request.urlopen(request, timeout=120) as resp:
-        print(json.dumps({"status": resp.status, "body": resp.read().decode()}))
-except urllib.error.HTTPError as exc:
-    print(json.dumps({"status": exc.code, "body": exc.read().decode()}))
-"""
 
 
 @pytest.fixture
@@ -67,24 +62,15 @@ def anthropic_port() -> int:
 
 
 @pytest.fixture
-async def live(
-    test_prefix: str,
-    make_config: Callable[..., ServiceConfig],
-    fake_llm_port: int,
-    anthropic_port: int,
-    tmp_path: Path,
-) -> AsyncIterator[LiveServer]:
-    server = await start_live_server(
-        make_config(
-            container_prefix=test_prefix,
-            reconcile_interval=1.0,
-            llm_prices={**PRICES, "claude-fake-1": (0.003, 0.015)},
-            sandbox_host_ports=[fake_llm_port, anthropic_port],
-            spec_dir=spec_dir(tmp_path, {"direct": DIRECT_SPEC}),
-        )
-    )
-    yield server
-    await server.close()
+def anthropic_and_direct_spec(
+    fake_llm_port: int, anthropic_port: int, tmp_path: Path
+) -> dict[str, Any]:
+    """The live server's settings: sandboxes may reach the fake Anthropic's port too, and the
+    `direct` spec (the gateway off) stands beside the default."""
+    return {
+        "sandbox_host_ports": [fake_llm_port, anthropic_port],
+        "spec_dir": spec_dir(tmp_path, {"direct": DIRECT_SPEC}),
+    }
 
 
 @pytest.fixture
@@ -99,26 +85,11 @@ def gateway_url(live: LiveServer) -> str:
     return f"http://host.docker.internal:{live.webhook_port}/api/v1/llm-gateway/v1/chat/completions"
 
 
-async def call_from(container: Any, url: str, token: str, model: str, stream: bool = False) -> Any:
-    """A call to the gateway made inside the sandbox, as the agent user."""
-    code, out = await asyncio.to_thread(
-        exec_as_agent, container, "python3", "-c", CALL, url, token, model, "1" if stream else "0"
-    )
-    assert code == 0, out
-    return json.loads(out.splitlines()[-1])
-
-
-def sandbox_of(docker_client: docker.DockerClient, prefix: str, sandbox_id: str) -> Any:
-    (container,) = [c for c in containers(docker_client, prefix) if sandbox_id in c.name]
-    return container
-
-
 async def test_our_agent_calls_through_the_gateway_and_never_holds_the_key(
     live: LiveServer,
     user: UserFactory,
     fake_llm: FakeLLM,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     fake_llm.script(
         [
@@ -130,13 +101,13 @@ async def test_our_agent_calls_through_the_gateway_and_never_holds_the_key(
     task = await start_and_wait(alice, initial_message=message("write g.txt"))
     assert task["status"] == "READY", task
     cid, sid = task["app_conversation_id"], task["sandbox_id"]
-    events = await wait_events(alice, cid, status_is("finished"))
+    events = await wait_finished(alice, cid)
     tools = [a["tool_name"] for a in of_kind(events, "ActionEvent")]
     assert tools == ["terminal", "finish"]
     # The provider got the real key from the gateway; the agent had only its sandbox token.
     token = live.app[GATEWAY].tokens.issue(sid, cid, "alice")
     assert [r.authorization for r in fake_llm.requests] == [f"Bearer {LLM_KEY}"] * 2
-    container = sandbox_of(docker_client, test_prefix, sid)
+    container = own_docker.container(sid)
     assert (await asyncio.to_thread(exec_as_agent, container, "cat", "/workspace/g.txt"))[1] == (
         "via-gateway"
     )
@@ -162,8 +133,7 @@ async def test_a_spec_that_opts_out_hands_the_key_to_the_sandbox(
     live: LiveServer,
     user: UserFactory,
     fake_llm: FakeLLM,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     """`llm_gateway: false` (documented as less safe): the key is in the sandbox, and the probe
     that finds nothing elsewhere finds it here."""
@@ -171,10 +141,10 @@ async def test_a_spec_that_opts_out_hands_the_key_to_the_sandbox(
     alice = await user("alice")
     task = await start_and_wait(alice, sandbox_spec_id="direct", initial_message=message("hi"))
     assert task["status"] == "READY", task
-    await wait_events(alice, task["app_conversation_id"], status_is("finished"))
+    await wait_finished(alice, task["app_conversation_id"])
     # Called from the sandbox itself, by the name sandboxes give the host, not by the gateway.
     assert fake_llm.requests[-1].headers["Host"].startswith("host.docker.internal:")
-    report = await probe_for(sandbox_of(docker_client, test_prefix, task["sandbox_id"]), LLM_KEY)
+    report = await probe_for(own_docker.container(task["sandbox_id"]), LLM_KEY)
     assert any(place.startswith("mem ") for place in report.found), report.found
     assert any(place.startswith("file /var/lib/acs-agent") for place in report.found)
 
@@ -207,8 +177,7 @@ async def test_anthropic_conversation_end_to_end_through_litellm(
     live: LiveServer,
     user: UserFactory,
     anthropic: FakeAnthropic,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     """The most common set-up (`anthropic/…` with an Anthropic key) on our agent, which speaks
     only OpenAI's protocol: the gateway translates both ways, tools included; a streamed call
@@ -229,12 +198,12 @@ async def test_anthropic_conversation_end_to_end_through_litellm(
     task = await start_and_wait(alice, initial_message=message("write c.txt"))
     assert task["status"] == "READY", task
     cid, sid = task["app_conversation_id"], task["sandbox_id"]
-    events = await wait_events(alice, cid, status_is("finished"), within=150)
+    events = await wait_finished(alice, cid, within=150)
     (action,) = of_kind(events, "ActionEvent")
     assert action["tool_name"] == "terminal"
     agent_messages = [e for e in of_kind(events, "MessageEvent") if e["source"] == "agent"]
     assert "all done" in json.dumps(agent_messages[-1])
-    container = sandbox_of(docker_client, test_prefix, sid)
+    container = own_docker.container(sid)
     assert (await asyncio.to_thread(exec_as_agent, container, "cat", "/workspace/c.txt"))[1] == (
         "from-claude"
     )
@@ -271,8 +240,7 @@ async def test_sandbox_credential_is_scoped_to_its_conversation_and_dies_with_it
     live: LiveServer,
     user: UserFactory,
     fake_llm: FakeLLM,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     fake_llm.when_exhausted = reply_finish("ok")
     alice = await user("alice")
@@ -281,15 +249,15 @@ async def test_sandbox_credential_is_scoped_to_its_conversation_and_dies_with_it
     two = await start_and_wait(bob, initial_message=message("two"))
     assert one["status"] == two["status"] == "READY"
     tokens = live.app[GATEWAY].tokens
-    container = sandbox_of(docker_client, test_prefix, one["sandbox_id"])
+    container = own_docker.container(one["sandbox_id"])
     url = gateway_url(live)
     own = tokens.issue(one["sandbox_id"], one["app_conversation_id"], "alice")
     ok = await call_from(container, url, own, "fake-model")
     assert ok["status"] == 200, ok
 
     # Sandbox one's token edited to name bob's conversation: the signature does not hold.
-    _, _, _, user, mac = own.split(".")
-    edited = f"acsgw.{two['app_conversation_id']}.{one['sandbox_id']}.{user}.{mac}"
+    _, _, _, owner, mac = own.split(".")
+    edited = f"acsgw.{two['app_conversation_id']}.{one['sandbox_id']}.{owner}.{mac}"
     # Even a genuine signature over (sandbox one, bob's conversation) is refused: that
     # conversation lives in another sandbox.
     minted = tokens.issue(one["sandbox_id"], two["app_conversation_id"], "alice")

@@ -5,16 +5,11 @@ request the server keeps on disk, not in any environment, command line or readab
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-
-import docker
 import pytest
 
-from controlplane.config import ServiceConfig
 from controlplane.keys import GATEWAY
 from tests.support.conversation_helpers import (
     LLM_KEY,
-    PRICES,
     UserFactory,
     message,
     of_kind,
@@ -24,43 +19,25 @@ from tests.support.conversation_helpers import (
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.key_probe import probe_for
-from tests.support.live_server import LiveServer, start_live_server
-from tests.support.sandbox_helpers import containers
+from tests.support.live_server import LiveServer
+from tests.support.sandbox_helpers import OwnDocker
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.official_agent,
     pytest.mark.timeout(900),
     pytest.mark.usefixtures("sandbox_images", "openhands_image"),
+    pytest.mark.live_config(enable_specs=["openhands"], start_timeout=240),
 ]
 
 MODEL = "openai/fake-model"
-
-
-@pytest.fixture
-async def live(
-    test_prefix: str, make_config: Callable[..., ServiceConfig], fake_llm_port: int
-) -> AsyncIterator[LiveServer]:
-    server = await start_live_server(
-        make_config(
-            container_prefix=test_prefix,
-            reconcile_interval=1.0,
-            llm_prices=PRICES,
-            sandbox_host_ports=[fake_llm_port],
-            enable_specs=["openhands"],
-            start_timeout=240,
-        )
-    )
-    yield server
-    await server.close()
 
 
 async def test_official_agent_server_calls_through_the_gateway_without_the_key(
     live: LiveServer,
     user: UserFactory,
     fake_llm: FakeLLM,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     fake_llm.untooled = reply_finish("(untooled)")
     fake_llm.script(
@@ -86,7 +63,7 @@ async def test_official_agent_server_calls_through_the_gateway_without_the_key(
     usage = await alice.ok("GET", f"/api/v1/llm-gateway/usage?conversation_id={cid}")
     assert usage["requests"] == len([r for r in fake_llm.requests if r.status == 200])
 
-    (container,) = [c for c in containers(docker_client, test_prefix) if sid in c.name]
+    (container,) = [c for c in own_docker.containers() if sid in c.name]
     report = await probe_for(container, LLM_KEY)
     assert report.found == [], report.found
     assert report.read_memory_of("openhands.agent_server")

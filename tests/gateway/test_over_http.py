@@ -18,6 +18,7 @@ import openai
 import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
+from openai.types.chat import ChatCompletionMessageFunctionToolCall, ChatCompletionToolParam
 
 from controlplane.config import ServiceConfig
 from tests.conftest import BOOTSTRAP_KEY
@@ -40,7 +41,7 @@ async def fake() -> AsyncIterator[FakeLLM]:
 
 
 @pytest.fixture
-async def anthropic() -> AsyncIterator[FakeAnthropic]:
+async def local_anthropic() -> AsyncIterator[FakeAnthropic]:
     server = FakeAnthropic(api_key=ANTHROPIC_KEY)
     await server.start()
     yield server
@@ -48,14 +49,14 @@ async def anthropic() -> AsyncIterator[FakeAnthropic]:
 
 
 @pytest.fixture
-async def live(
-    make_config: Callable[..., ServiceConfig], fake: FakeLLM, anthropic: FakeAnthropic
+async def live_no_docker(
+    make_config: Callable[..., ServiceConfig], fake: FakeLLM, local_anthropic: FakeAnthropic
 ) -> AsyncIterator[LiveServer]:
     """A control plane without Docker services; the fakes live on this host, so their ports
     are the host ports the gateway may call (ACS_SANDBOX_HOST_PORTS)."""
     config = make_config(
         llm_prices=PRICES,
-        sandbox_host_ports=[fake.port, anthropic.port],
+        sandbox_host_ports=[fake.port, local_anthropic.port],
         llm_gateway_backoff=0.05,
         llm_gateway_timeout=5,
     )
@@ -85,14 +86,14 @@ class User:
 
 
 @pytest.fixture
-async def user(
-    live: LiveServer, user_headers: Callable[..., Any]
+async def gateway_user(
+    live_no_docker: LiveServer, user_headers: Callable[..., Any]
 ) -> AsyncIterator[Callable[..., Any]]:
     async with aiohttp.ClientSession() as http:
 
         async def make(name: str = "alice") -> User:
             headers = await user_headers(name)
-            return User(http, live.url, headers["X-Session-API-Key"])
+            return User(http, live_no_docker.url, headers["X-Session-API-Key"])
 
         yield make
 
@@ -109,7 +110,7 @@ async def ask(live: LiveServer, key: str, model: str = "fake-model") -> Any:
         )
 
 
-TOOLS = [
+TOOLS: list[ChatCompletionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -126,9 +127,9 @@ TOOLS = [
 
 
 async def test_openai_compatible_model_through_the_gateway(
-    live: LiveServer, user: Callable[..., Any], fake: FakeLLM
+    live_no_docker: LiveServer, gateway_user: Callable[..., Any], fake: FakeLLM
 ) -> None:
-    alice = await user("alice")
+    alice = await gateway_user("alice")
     await alice.settings(llm_model="fake-model", llm_base_url=fake.base_url, llm_api_key=LLM_KEY)
     key = await alice.gateway_key()
     assert key.startswith("acs-llm.")
@@ -136,7 +137,7 @@ async def test_openai_compatible_model_through_the_gateway(
     fake.script(
         [reply_tool_call("terminal", {"command": "ls"}, usage=(100, 20)), reply_text("hello")]
     )
-    llm = client(live, key)
+    llm = client(live_no_docker, key)
     models = await llm.models.list()
     assert [m.id for m in models.data] == ["fake-model"]
 
@@ -144,6 +145,7 @@ async def test_openai_compatible_model_through_the_gateway(
         model="fake-model", messages=[{"role": "user", "content": "list"}], tools=TOOLS
     )
     (call,) = answer.choices[0].message.tool_calls or []
+    assert isinstance(call, ChatCompletionMessageFunctionToolCall)
     assert call.function.name == "terminal"
     assert json.loads(call.function.arguments) == {"command": "ls"}
     assert answer.usage is not None
@@ -174,7 +176,7 @@ async def test_openai_compatible_model_through_the_gateway(
         100 * 0.001 + 20 * 0.002 + fake.prompt_tokens * 0.001 + fake.completion_tokens * 0.002
     )
     assert usage["cost"] == pytest.approx(expected)
-    metrics = await (await live_get(live, "/metrics")).text()
+    metrics = await (await live_get(live_no_docker, "/metrics")).text()
     assert 'acs_llm_requests_total{provider="openai_compatible",status="200"} 2.0' in metrics
     assert 'acs_llm_tokens_total{kind="prompt",provider="openai_compatible"} 200.0' in metrics
     assert "acs_llm_cost_usd_total" in metrics
@@ -190,22 +192,24 @@ async def live_get(live: LiveServer, path: str) -> aiohttp.ClientResponse:
 
 
 async def test_anthropic_model_is_translated_streaming_included(
-    live: LiveServer, user: Callable[..., Any], anthropic: FakeAnthropic
+    live_no_docker: LiveServer,
+    gateway_user: Callable[..., Any],
+    local_anthropic: FakeAnthropic,
 ) -> None:
-    alice = await user("alice")
+    alice = await gateway_user("alice")
     await alice.settings(
         llm_model="anthropic/claude-fake-1",
-        llm_base_url=anthropic.base_url,
+        llm_base_url=local_anthropic.base_url,
         llm_api_key=ANTHROPIC_KEY,
     )
     key = await alice.gateway_key()
-    anthropic.script(
+    local_anthropic.script(
         [
             anthropic_tool_use("terminal", {"command": "pwd"}, usage=(40, 12)),
             anthropic_text("the answer is 42", usage=(30, 7)),
         ]
     )
-    llm = client(live, key, timeout=120)  # the translator's first start imports LiteLLM
+    llm = client(live_no_docker, key, timeout=120)  # the translator's first start imports LiteLLM
     answer = await llm.chat.completions.create(
         model="anthropic/claude-fake-1",
         messages=[
@@ -216,6 +220,7 @@ async def test_anthropic_model_is_translated_streaming_included(
         max_tokens=100,
     )
     (call,) = answer.choices[0].message.tool_calls or []
+    assert isinstance(call, ChatCompletionMessageFunctionToolCall)
     assert (call.function.name, json.loads(call.function.arguments)) == (
         "terminal",
         {"command": "pwd"},
@@ -224,7 +229,7 @@ async def test_anthropic_model_is_translated_streaming_included(
     assert answer.usage is not None
     assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (40, 12)
     # What reached the provider is Anthropic's shape, with the real key.
-    first = anthropic.requests[0]
+    first = local_anthropic.requests[0]
     assert first.headers["x-api-key"] == ANTHROPIC_KEY
     assert first.body["model"] == "claude-fake-1"
     assert (
@@ -244,7 +249,7 @@ async def test_anthropic_model_is_translated_streaming_included(
     )
     chunks = [chunk async for chunk in stream]
     await llm.close()
-    assert anthropic.requests[1].body["stream"] is True
+    assert local_anthropic.requests[1].body["stream"] is True
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "the answer is 42"
     final = [c.usage for c in chunks if c.usage is not None]
@@ -258,12 +263,12 @@ async def test_anthropic_model_is_translated_streaming_included(
 
 
 async def test_revoked_or_replaced_key_loses_access_at_once(
-    live: LiveServer, user: Callable[..., Any], fake: FakeLLM
+    live_no_docker: LiveServer, gateway_user: Callable[..., Any], fake: FakeLLM
 ) -> None:
-    alice, bob = await user("alice"), await user("bob")
+    alice, bob = await gateway_user("alice"), await gateway_user("bob")
     await alice.settings(llm_model="fake-model", llm_base_url=fake.base_url, llm_api_key=LLM_KEY)
     key = await alice.gateway_key()
-    llm = client(live, key)
+    llm = client(live_no_docker, key)
     await llm.chat.completions.create(
         model="fake-model", messages=[{"role": "user", "content": "x"}]
     )
@@ -277,27 +282,27 @@ async def test_revoked_or_replaced_key_loses_access_at_once(
     assert (await alice.call("DELETE", "/api/keys/llm/byor"))[0] == 204
     for presented in (fresh["key"], key, "acs-llm.YWxpY2U.000000000000." + "x" * 43, "sk-anything"):
         with pytest.raises(openai.AuthenticationError):
-            await ask(live, presented)
+            await ask(live_no_docker, presented)
     # An API key of the control plane is not a gateway credential, nor the gateway key an API key.
     with pytest.raises(openai.AuthenticationError):
-        await ask(live, alice.headers["X-Session-API-Key"])
+        await ask(live_no_docker, alice.headers["X-Session-API-Key"])
     new = await alice.gateway_key()
     status, _ = await alice.call("GET", "/api/v1/users/me", headers={"X-Session-API-Key": new})
     assert status == 401
     # Bob's key calls bob's settings only: he has no model, and alice's is not his to name.
     bob_key = await bob.gateway_key()
     with pytest.raises(openai.BadRequestError):
-        await ask(live, bob_key)
+        await ask(live_no_docker, bob_key)
     await bob.settings(llm_model="other-model", llm_base_url=fake.base_url, llm_api_key="sk-b")
     with pytest.raises(openai.NotFoundError):
-        await ask(live, bob_key)
+        await ask(live_no_docker, bob_key)
     assert all(r.authorization != "Bearer sk-b" for r in fake.requests)
     await llm.close()
 
 
 async def test_a_call_waits_for_no_replica_while_changes_do(
-    live: LiveServer,
-    user: Callable[..., Any],
+    live_no_docker: LiveServer,
+    gateway_user: Callable[..., Any],
     fake: FakeLLM,
     make_config: Callable[..., ServiceConfig],
     raw_redis: aioredis.Redis,
@@ -305,7 +310,7 @@ async def test_a_call_waits_for_no_replica_while_changes_do(
     """With ACS_REDIS_WAIT_REPLICAS a change through the API waits for a replica; a model call's
     bookkeeping (the rate count before it, the usage after) does not. Here no replica exists:
     a setting is refused (503) while calls go through at once and are metered."""
-    alice = await user("alice")
+    alice = await gateway_user("alice")
     await alice.settings(llm_model="fake-model", llm_base_url=fake.base_url, llm_api_key=LLM_KEY)
     key = await alice.gateway_key()
     waiting = await start_live_server(
@@ -364,6 +369,7 @@ async def wait_count(redis: aioredis.Redis) -> int:
 
 async def test_budgets_and_rate_limit_refuse_before_forwarding(
     make_config: Callable[..., ServiceConfig],
+    redis_url: str,
     user_headers: Callable[..., Any],
     fake: FakeLLM,
 ) -> None:
@@ -405,7 +411,7 @@ async def test_budgets_and_rate_limit_refuse_before_forwarding(
             fake.script([reply_text("b", usage=(1, 1))] * 5)
             for i in range(4):
                 if i == 2:  # a Redis restarted from its data has none of the scripts loaded
-                    scripts = aioredis.Redis.from_url(config.redis_url)
+                    scripts = aioredis.Redis.from_url(redis_url)
                     await scripts.script_flush()
                     await scripts.aclose()
                 await ask(server, bob_key)
@@ -423,12 +429,12 @@ async def test_budgets_and_rate_limit_refuse_before_forwarding(
 
 
 async def test_provider_failures_retry_then_answer_an_error(
-    live: LiveServer, user: Callable[..., Any], fake: FakeLLM
+    live_no_docker: LiveServer, gateway_user: Callable[..., Any], fake: FakeLLM
 ) -> None:
-    alice = await user("alice")
+    alice = await gateway_user("alice")
     await alice.settings(llm_model="fake-model", llm_base_url=fake.base_url, llm_api_key=LLM_KEY)
-    llm = client(live, await alice.gateway_key())
-    ask = {"model": "fake-model", "messages": [{"role": "user", "content": "x"}]}
+    llm = client(live_no_docker, await alice.gateway_key())
+    ask: dict[str, Any] = {"model": "fake-model", "messages": [{"role": "user", "content": "x"}]}
     # 429 then 500: retried with backoff, the third attempt answers.
     fake.fail_next(1, status=429, retry_after=0.1)
     fake.fail_next(1, status=500)
@@ -479,7 +485,7 @@ async def test_provider_failures_retry_then_answer_an_error(
 
 
 async def test_gateway_never_calls_the_hosts_own_services_for_a_user(
-    live: LiveServer, user: Callable[..., Any]
+    live_no_docker: LiveServer, gateway_user: Callable[..., Any]
 ) -> None:
     """llm_base_url aimed at a service of this host (not in ACS_SANDBOX_HOST_PORTS), the API
     itself by name, or a metadata address: refused before any connection."""
@@ -495,9 +501,9 @@ async def test_gateway_never_calls_the_hosts_own_services_for_a_user(
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
-    alice = await user("alice")
+    alice = await gateway_user("alice")
     key = await alice.gateway_key()
-    api_port = int(live.url.rsplit(":", 1)[1])
+    api_port = int(live_no_docker.url.rsplit(":", 1)[1])
     try:
         for base in (
             f"http://127.0.0.1:{port}/v1",
@@ -508,7 +514,7 @@ async def test_gateway_never_calls_the_hosts_own_services_for_a_user(
         ):
             await alice.settings(llm_model="some-model", llm_base_url=base, llm_api_key="sk-x")
             with pytest.raises(openai.BadRequestError) as refused:
-                await ask(live, key, "some-model")
+                await ask(live_no_docker, key, "some-model")
             assert refused.value.code == "destination_refused", base
         assert hits == []
     finally:

@@ -12,9 +12,9 @@ from cryptography.fernet import Fernet
 from controlplane.crypto import SecretBox
 from controlplane.gateway.agent_llm import agent_llm
 from controlplane.gateway.credentials import SandboxTokens, UserGatewayKeys
-from controlplane.gateway.destinations import DestinationRefused, check_address
 from controlplane.gateway.metering import cost_of
 from controlplane.gateway.upstream import OPENAI_BASE_URL, UpstreamError, matches, resolve
+from controlplane.outbound.policy import DestinationRefused, OutboundPolicy, Rules
 from controlplane.specs.models import SandboxSpec
 
 KEY = "sk-unit-SECRET-5d1c"
@@ -134,6 +134,9 @@ def local_address() -> str:
 
 
 def test_the_gateway_calls_no_host_service_and_no_metadata_address() -> None:
+    def check_address(address: str, port: int, host_ports: list[int]) -> None:
+        OutboundPolicy(Rules(host_ports=frozenset(host_ports))).check(address, port)
+
     for address in ("169.254.169.254", "224.0.0.1", "0.0.0.0", "::", "fe80::1"):  # noqa: S104
         with pytest.raises(DestinationRefused):
             check_address(address, 80, [])
@@ -142,7 +145,8 @@ def test_the_gateway_calls_no_host_service_and_no_metadata_address() -> None:
             check_address(address, 6379, [11434])
         check_address(address, 11434, [11434])  # a model server on an allowed host port
     check_address("93.184.216.34", 443, [])  # the internet
-    check_address("192.0.2.55", 8000, [])  # another machine of the LAN (not this host)
+    with pytest.raises(DestinationRefused):
+        check_address("192.0.2.55", 8000, [])  # the LAN: only what ACS_OUTBOUND_ALLOW admits
 
 
 def test_a_token_holds_only_as_issued() -> None:

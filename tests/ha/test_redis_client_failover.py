@@ -59,14 +59,6 @@ def abandoned_sockets_collected() -> Iterator[None]:
         gc.collect()
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[SentinelCluster]:
-    started = SentinelCluster(tmp_path / "redis")
-    started.start()
-    yield started
-    started.stop()
-
-
 def ha_config(cluster: SentinelCluster, tmp_path: Path, **overrides: Any) -> ServiceConfig:
     return load_config(
         {},
@@ -141,24 +133,25 @@ class Writers:
 
 
 async def test_writes_scripts_transactions_and_groups_ride_through_a_failover(
-    cluster: SentinelCluster, tmp_path: Path
+    sentinel_cluster: SentinelCluster, tmp_path: Path
 ) -> None:
-    config = ha_config(cluster, tmp_path)
+    config = ha_config(sentinel_cluster, tmp_path)
     client = await open_redis(config)
     try:
         await client.xgroup_create("s", "g", id="0", mkstream=True)
         with durable_writes():
             for n in range(3):
                 await client.xadd("s", {"n": n})
-            handed = await client.xreadgroup("g", "c1", {"s": ">"}, count=3)
+            # Any, as the control plane reads streams (redis-py's reply type is a union).
+            handed: Any = await client.xreadgroup("g", "c1", {"s": ">"}, count=3)
         assert len(handed[0][1]) == 3  # three entries pending with c1
 
         ledger = Ledger()
         writers = Writers(client, ledger)
         running = asyncio.create_task(writers.run())
         await asyncio.sleep(0.5)
-        old = cluster.kill_master()
-        took = await asyncio.to_thread(cluster.wait_failover, old.port)
+        old = sentinel_cluster.kill_master()
+        took = await asyncio.to_thread(sentinel_cluster.wait_failover, old.port)
         writers.failed_over.set()
         await asyncio.sleep(1.5)  # writing on the new master
         writers.stop.set()
@@ -167,8 +160,11 @@ async def test_writes_scripts_transactions_and_groups_ride_through_a_failover(
         assert ledger.errors == []
         # Every acknowledged write is on the new master (WAIT); an increment whose connection
         # died after the old master applied and replicated it may have been sent again.
-        assert ledger.incrs <= int(await client.get("n")) <= ledger.incrs + 1
-        assert int(await client.get("v")) >= ledger.cas_won
+        counted, compared = await client.get("n"), await client.get("v")
+        assert counted is not None
+        assert compared is not None
+        assert ledger.incrs <= int(counted) <= ledger.incrs + 1
+        assert int(compared) >= ledger.cas_won
         assert ledger.cas_after_failover > 0  # the script, reloaded after NOSCRIPT
         stored = await client.mget([f"p:{n}" for n in ledger.pipelines])
         assert stored == [str(n).encode() for n in ledger.pipelines]
@@ -182,17 +178,17 @@ async def test_writes_scripts_transactions_and_groups_ride_through_a_failover(
 
 
 async def test_the_status_feed_subscribes_again_on_the_new_master(
-    cluster: SentinelCluster, tmp_path: Path
+    sentinel_cluster: SentinelCluster, tmp_path: Path
 ) -> None:
-    config = ha_config(cluster, tmp_path)
+    config = ha_config(sentinel_cluster, tmp_path)
     client, publisher = await open_redis(config), await open_redis(config)
     feed = StatusFeed(client)
     feed.start()
     try:
         with feed.watch("0123") as changed:
             await _until_delivered(publisher, changed, within=5)
-            old = cluster.kill_master()
-            await asyncio.to_thread(cluster.wait_failover, old.port)
+            old = sentinel_cluster.kill_master()
+            await asyncio.to_thread(sentinel_cluster.wait_failover, old.port)
             # Subscribed again on the new master (the feed wakes every waiter when it is, in
             # case a change was missed): from then on a change reaches the waiter.
             await _until_subscribed(publisher, within=15)
@@ -225,10 +221,10 @@ async def _until_delivered(client: aioredis.Redis, changed: asyncio.Event, withi
 
 
 async def test_an_event_stream_reader_follows_through_a_failover(
-    cluster: SentinelCluster, tmp_path: Path
+    sentinel_cluster: SentinelCluster, tmp_path: Path
 ) -> None:
     # A short socket timeout: the reader's blocking reads stay under it.
-    config = ha_config(cluster, tmp_path, redis_timeout=2)
+    config = ha_config(sentinel_cluster, tmp_path, redis_timeout=2)
     writer_client, reader = await open_redis(config), await open_redis(config)
     store = EventStore(writer_client)
     seen: list[str] = []
@@ -243,8 +239,8 @@ async def test_an_event_stream_reader_follows_through_a_failover(
         with durable_writes():
             await store.append("conv", [{"id": f"e{n}"} for n in range(5)])
         await _until(lambda: len(seen) == 5, 5)
-        old = cluster.kill_master()
-        await asyncio.to_thread(cluster.wait_failover, old.port)
+        old = sentinel_cluster.kill_master()
+        await asyncio.to_thread(sentinel_cluster.wait_failover, old.port)
         with durable_writes():
             await store.append("conv", [{"id": f"e{n}"} for n in range(5, 10)])
         await asyncio.sleep(3)  # quiet for longer than the socket timeout
@@ -268,11 +264,11 @@ async def _until(done: Any, within: float) -> None:
 
 
 async def test_a_write_no_replica_confirms_is_refused_not_acknowledged(
-    cluster: SentinelCluster, tmp_path: Path
+    sentinel_cluster: SentinelCluster, tmp_path: Path
 ) -> None:
-    client = await open_redis(ha_config(cluster, tmp_path, redis_wait_timeout=0.5))
-    master = cluster.master()
-    replicas = [s for s in cluster.servers if s is not master]
+    client = await open_redis(ha_config(sentinel_cluster, tmp_path, redis_wait_timeout=0.5))
+    master = sentinel_cluster.master()
+    replicas = [s for s in sentinel_cluster.servers if s is not master]
     try:
         for replica in replicas:
             replica.freeze()

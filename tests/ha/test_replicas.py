@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -25,15 +25,7 @@ pytestmark = [pytest.mark.ha, pytest.mark.slow, pytest.mark.chaos]
 
 
 @pytest.fixture
-def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("replicas-redis"))
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-async def replicas(
+async def replica_set(
     own_redis: RedisServer, test_prefix: str, tmp_path: Path
 ) -> AsyncIterator[tuple[ReplicaSet, Api]]:
     deployment = ReplicaSet(own_redis.url, test_prefix, tmp_path)
@@ -58,9 +50,9 @@ async def replicas(
 
 
 async def test_a_rolling_restart_under_load_fails_no_request_and_loses_no_start(
-    replicas: tuple[ReplicaSet, Api],
+    replica_set: tuple[ReplicaSet, Api],
 ) -> None:
-    deployment, api = replicas
+    deployment, api = replica_set
     sandbox, conversation = await ready_conversation(api)
     load = Load()
     traffic = Traffic(api, load, sandbox, conversation)
@@ -84,9 +76,9 @@ async def test_a_rolling_restart_under_load_fails_no_request_and_loses_no_start(
 
 
 async def test_a_replica_killed_under_load_loses_no_start(
-    replicas: tuple[ReplicaSet, Api],
+    replica_set: tuple[ReplicaSet, Api],
 ) -> None:
-    deployment, api = replicas
+    deployment, api = replica_set
     sandbox, conversation = await ready_conversation(api)
     load = Load()
     traffic = Traffic(api, load, sandbox, conversation)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -29,22 +29,14 @@ BURST = 6  # creates and starts sent at once, twice: just before the kill, and d
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[SentinelCluster]:
-    started = SentinelCluster(tmp_path / "redis")
-    started.start()
-    yield started
-    started.stop()
-
-
-@pytest.fixture
 async def served(
-    cluster: SentinelCluster, test_prefix: str, tmp_path: Path
+    sentinel_cluster: SentinelCluster, test_prefix: str, tmp_path: Path
 ) -> AsyncIterator[tuple[Serve, Api]]:
     env = serve_env("", test_prefix, tmp_path / "data")
     del env["ACS_REDIS_URL"]
     env.update(
         {
-            "ACS_REDIS_SENTINELS": cluster.sentinel_addresses,
+            "ACS_REDIS_SENTINELS": sentinel_cluster.sentinel_addresses,
             "ACS_REDIS_SENTINEL_MASTER": MASTER_NAME,
             "ACS_MAX_RUNNING_PER_USER": "0",
             "ACS_WARM_POOL": "0",
@@ -54,15 +46,15 @@ async def served(
     server = await launch_serve(free_port(), env)
     async with aiohttp.ClientSession() as http:
         try:
-            await server.wait_healthy(http, within=60)
-            async with _master(cluster) as redis:
+            await server.wait_healthy(http)
+            async with _master(sentinel_cluster) as redis:
                 key = (await ApiKeyService(redis, None).create("alice")).key
             api = Api(http, server.url, key)
             body = {"llm_model": "fake-model", "llm_base_url": "http://127.0.0.1:9/v1"}
             await api.ok("POST", "/api/settings", json=body)
             yield server, api
         except BaseException:
-            print(server.logs(), cluster.logs(), sep="\n")
+            print(server.logs(), sentinel_cluster.logs(), sep="\n")
             raise
         finally:
             await server.kill()
@@ -95,7 +87,7 @@ async def _burst(api: Api, load: Load) -> None:
 
 
 async def test_the_master_killed_during_creates_and_starts_loses_nothing(
-    cluster: SentinelCluster, served: tuple[Serve, Api]
+    sentinel_cluster: SentinelCluster, served: tuple[Serve, Api]
 ) -> None:
     server, api = served
     sandbox, conversation = await ready_conversation(api)
@@ -103,10 +95,10 @@ async def test_the_master_killed_during_creates_and_starts_loses_nothing(
     traffic = Traffic(api, load, sandbox, conversation, starts=False)
     await asyncio.sleep(1)
     await _burst(api, load)  # their launches and start tasks are in flight at the kill
-    old = cluster.kill_master()
+    old = sentinel_cluster.kill_master()
     killed_at = time.monotonic()
     during = asyncio.create_task(_burst(api, load))  # sent while no master answers
-    failover = await asyncio.to_thread(cluster.wait_failover, old.port)
+    failover = await asyncio.to_thread(sentinel_cluster.wait_failover, old.port)
     await during
     await asyncio.sleep(3)
     await traffic.stop()
@@ -116,7 +108,7 @@ async def test_the_master_killed_during_creates_and_starts_loses_nothing(
     await settled(api, load, within=120)
     assert load.reattached == 0  # the one socket stayed open and kept delivering
     # The status feed subscribed again, on the new master.
-    async with _master(cluster) as redis:
+    async with _master(sentinel_cluster) as redis:
         assert (await redis.pubsub_numsub(keyspace.SANDBOX_STATUS_CHANNEL))[0][1] >= 1
     slowest = max(o.took for o in load.outcomes if o.sent >= killed_at - 1)
     print(

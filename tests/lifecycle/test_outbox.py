@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
@@ -28,8 +27,10 @@ from controlplane.lifecycle.outbox import GROUP, Outbox, url_id
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.lifecycle.webhooks import DeliveryHooks, RetryPolicy, WebhookDeliverer
 from controlplane.metrics import Metrics
+from controlplane.outbound.client import OutboundClient
+from controlplane.outbound.policy import OutboundPolicy
 from controlplane.store import keyspace
-from tests.support.live_server import free_port
+from tests.support.hook_server import HookServer
 from tests.support.records import NO_ENGINE
 
 SECRET = "outbox-test-secret-0123456789"
@@ -37,18 +38,16 @@ REPO = Path(__file__).resolve().parents[2]
 FAST = RetryPolicy(base=0.1, cap=1.0, dead_after=3600, timeout=0.5, margin=0.2)
 
 
-class Receiver:
-    """A webhook receiver on a fixed port that can go down (port closed) and come back, answer
-    503 to the first `refusals` attempts of each event, and record every attempt it sees."""
+class Receiver(HookServer):
+    """A webhook receiver (tests/support/hook_server.py) that can answer 503 to the first
+    `refusals` attempts of each event, and records every attempt it sees."""
 
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}/hook"
+    def __init__(self) -> None:
+        super().__init__()
         self.refusals = 0
         self.seen: list[dict[str, str]] = []  # every attempt that reached it
         self.accepted: list[tuple[str, dict[str, Any]]] = []  # (delivery id, event)
         self.delay = 0.0
-        self._runner: web.AppRunner | None = None
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -64,25 +63,11 @@ class Receiver:
         self.accepted.append((delivery, json.loads(body)))
         return web.Response(status=204)
 
-    async def up(self) -> None:
-        app = web.Application()
-        app.router.add_post("/hook", self.handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-    async def down(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
 
 @pytest.fixture
 async def receiver() -> AsyncIterator[Receiver]:
-    hook = Receiver(free_port())
-    await hook.up()
-    yield hook
-    await hook.down()
+    async with Receiver() as hook:
+        yield hook
 
 
 def events(n: int) -> list[LifecycleEvent]:
@@ -98,6 +83,14 @@ async def publish(redis: aioredis.Redis, outbox: Outbox, batch: list[LifecycleEv
         await publisher.publish(event)
 
 
+@pytest.fixture
+async def outbound() -> AsyncIterator[OutboundClient]:
+    """The deliverer's client, as the wiring makes it: the operator's outbound policy."""
+    client = OutboundClient(OutboundPolicy(scope="operator"))
+    yield client
+    await client.close()
+
+
 async def until(check: Callable[[], bool], seconds: float, what: Any) -> None:
     deadline = time.monotonic() + seconds
     while not check():
@@ -106,7 +99,7 @@ async def until(check: Callable[[], bool], seconds: float, what: Any) -> None:
 
 
 async def test_a_receiver_down_then_up_gets_every_event_with_its_delivery_id(
-    raw_redis: aioredis.Redis, http: aiohttp.ClientSession, receiver: Receiver
+    raw_redis: aioredis.Redis, outbound: OutboundClient, receiver: Receiver
 ) -> None:
     counts: Counter[str] = Counter()
     hooks = DeliveryHooks(
@@ -115,7 +108,7 @@ async def test_a_receiver_down_then_up_gets_every_event_with_its_delivery_id(
         dead_lettered=lambda: counts.update(["dead"]),
     )
     outbox = Outbox(raw_redis, [receiver.url])
-    deliverer = WebhookDeliverer(outbox, http, SECRET, FAST, hooks=hooks, poll=0.1)
+    deliverer = WebhookDeliverer(outbox, outbound, SECRET, FAST, hooks=hooks, poll=0.1)
     deliverer.start()
     try:
         await receiver.down()
@@ -232,7 +225,7 @@ async def test_two_replicas_never_deliver_the_same_event_twice(
 
 
 async def test_failing_deliveries_are_dead_lettered_and_counted(
-    raw_redis: aioredis.Redis, http: aiohttp.ClientSession, receiver: Receiver
+    raw_redis: aioredis.Redis, outbound: OutboundClient, receiver: Receiver
 ) -> None:
     receiver.refusals = 10**6  # a receiver that always answers 503
     metrics = Metrics()
@@ -247,10 +240,10 @@ async def test_failing_deliveries_are_dead_lettered_and_counted(
     await publish(raw_redis, outbox, batch)
     await gauges.refresh(metrics, raw_redis, outbox)
     assert _sample(metrics, "acs_lifecycle_webhooks_pending") == 3
-    deliverer = WebhookDeliverer(outbox, http, SECRET, policy, hooks=hooks, poll=0.1)
+    deliverer = WebhookDeliverer(outbox, outbound, SECRET, policy, hooks=hooks, poll=0.1)
     deliverer.start()
     try:
-        await until(lambda: receiver.seen and len(receiver.seen) >= 3, 10, receiver.seen)
+        await until(lambda: len(receiver.seen) >= 3, 10, receiver.seen)
         dead = await _wait_dead(outbox, receiver.url, 3)
     finally:
         await deliverer.close()

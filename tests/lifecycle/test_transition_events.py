@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from typing import Any
 
-import docker
 import pytest
 import redis.asyncio as aioredis
 
@@ -24,9 +24,8 @@ from controlplane.sandboxes.lifecycle import SandboxLifecycle
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.store import keyspace
-from drivers import docker_names
 from tests.support.records import sandbox_record
-from tests.support.sandbox_helpers import lifecycle, start, wait_status
+from tests.support.sandbox_helpers import OwnDocker, lifecycle, start_running, wait_status
 from tests.support.types import ClientFactory
 
 S = SandboxStatus
@@ -43,7 +42,9 @@ Docker resume's, published once the engine has unpaused the container)."""
 
 
 async def bodies(redis: aioredis.Redis, key: str) -> list[dict[str, object]]:
-    return [json.loads(fields[b"e"]) for _id, fields in await redis.xrange(key)]
+    # Any, as the control plane reads streams: redis-py types a reply of XRANGE as maybe None.
+    entries: Any = await redis.xrange(key)
+    return [json.loads(fields[b"e"]) for _id, fields in entries]
 
 
 async def test_the_event_is_stored_with_the_change_and_only_then(
@@ -61,9 +62,10 @@ async def test_the_event_is_stored_with_the_change_and_only_then(
 
     pending = notes.pending(LifecycleType.SANDBOX_PAUSED, record, "idle", automatic=True)
     assert pending is not None
-    assert [key for key, _ in pending.entry.streams] == streams
+    (adds,) = pending.entry.groups
+    assert [add.key for add in adds] == streams
     # The two history streams are trimmed as publish() trims them; the outboxes never are.
-    assert [limit for _, limit in pending.entry.streams] == [STREAM_MAXLEN] * 2 + [None] * 2
+    assert [add.maxlen for add in adds] == [STREAM_MAXLEN] * 2 + [None] * 2
     done = await store.transition(record, [S.RUNNING], S.PAUSED, reason="idle", entry=pending.entry)
     assert done.outcome == "ok"
     stored = await store.get(record.id)
@@ -155,8 +157,7 @@ async def test_a_create_and_a_delete_store_their_events_with_them(
 async def test_every_event_of_a_sandbox_is_stored_by_its_change(
     make_sandbox_client: ClientFactory,
     user_headers: Callable[..., Awaitable[dict[str, str]]],
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Created, running, a change the reconciler saw (a container stopped outside: PAUSED), a
@@ -171,9 +172,8 @@ async def test_every_event_of_a_sandbox_is_stored_by_its_change(
     monkeypatch.setattr(LifecyclePublisher, "publish", publish_others)
     client = await make_sandbox_client(reconcile_interval=1.0)
     alice = await user_headers("alice")
-    sandbox_id = (await start(client, alice))["id"]
-    await wait_status(client, alice, sandbox_id, "RUNNING")
-    container = docker_client.containers.get(docker_names.container_name(test_prefix, sandbox_id))
+    sandbox_id = (await start_running(client, alice))["id"]
+    container = own_docker.container(sandbox_id)
     await asyncio.to_thread(container.stop, timeout=2)
     await wait_status(client, alice, sandbox_id, "PAUSED", within=30)
     resp = await client.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from tests.support.hook_server import HookServer
 from tests.support.sandbox_helpers import start, wait_status
 from tests.support.types import Client, ClientFactory
 
@@ -63,15 +64,15 @@ async def test_host_capacity_counts_paused_memory(
     await wait_status(client, bob, second["id"], "RUNNING")
 
 
-class Receiver:
-    """A local webhook receiver that fails the first `failures` deliveries with 503."""
+class Receiver(HookServer):
+    """A webhook receiver (tests/support/hook_server.py) that fails the first `failures`
+    deliveries with 503."""
 
     def __init__(self, failures: int) -> None:
+        super().__init__()
         self.failures = failures
         self.attempts = 0
         self.accepted: list[tuple[dict[str, str], bytes]] = []
-        self.runner: web.AppRunner | None = None
-        self.url = ""
 
     async def handle(self, request: web.Request) -> web.Response:
         self.attempts += 1
@@ -82,33 +83,21 @@ class Receiver:
         self.accepted.append((dict(request.headers), body))
         return web.Response(status=204)
 
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/hook", self.handle)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/hook"
-
 
 @pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    hook = Receiver(failures=2)
-    await hook.start()
-    yield hook
-    assert hook.runner is not None
-    await hook.runner.cleanup()
+async def receiver_failing_twice() -> AsyncIterator[Receiver]:
+    async with Receiver(failures=2) as hook:
+        yield hook
 
 
 async def test_lifecycle_webhooks_signed_and_retried(
     make_sandbox_client: ClientFactory,
     user_headers: Any,
     admin_headers: dict[str, str],
-    receiver: Receiver,
+    receiver_failing_twice: Receiver,
 ) -> None:
     client: Client = await make_sandbox_client(
-        lifecycle_webhook_urls=[receiver.url],
+        lifecycle_webhook_urls=[receiver_failing_twice.url],
         lifecycle_webhook_secret=SECRET,
         lifecycle_webhook_timeout=0.5,  # retries come one attempt time (+2 s) after the last
     )
@@ -121,12 +110,14 @@ async def test_lifecycle_webhooks_signed_and_retried(
     assert (await client.delete(f"/api/v1/sandboxes/{sandbox['id']}", headers=alice)).status == 200
 
     deadline = time.monotonic() + 30
-    while len(receiver.accepted) < 4:
-        assert time.monotonic() < deadline, receiver.accepted
+    while len(receiver_failing_twice.accepted) < 4:
+        assert time.monotonic() < deadline, receiver_failing_twice.accepted
         await asyncio.sleep(0.05)
-    assert receiver.attempts == len(receiver.accepted) + 2, "two 503s were retried"
+    assert receiver_failing_twice.attempts == len(receiver_failing_twice.accepted) + 2, (
+        "two 503s were retried"
+    )
     types = []
-    for headers, body in receiver.accepted:
+    for headers, body in receiver_failing_twice.accepted:
         expected = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
         assert hmac.compare_digest(headers["X-ACS-Signature"], expected)
         event = json.loads(body)

@@ -17,7 +17,7 @@ from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
 from controlplane.store import keyspace
 from controlplane.store.leader import LeaderLock
-from tests.support.sandbox_helpers import lifecycle, start, wait_status
+from tests.support.sandbox_helpers import lifecycle, start, start_running, wait_status
 from tests.support.types import Client, ClientFactory
 
 Headers = Any
@@ -80,8 +80,7 @@ async def test_zero_timeout_disables_and_global_overrides(
     client: Client = await make_sandbox_client(reaper_interval=3600.0)
     alice = await user_headers("alice")
     await client.post("/api/settings", json={"sandbox_idle_timeout": 0}, headers=alice)
-    sandbox_id = (await start(client, alice))["id"]
-    await wait_status(client, alice, sandbox_id, "RUNNING")
+    sandbox_id = (await start_running(client, alice))["id"]
     await backdate(raw_redis, sandbox_id, 10 * 86400, "last_activity_at")
     assert await client.app[keys.REAPER].sweep() == ([], [])
     await client.close()
@@ -98,8 +97,7 @@ async def test_deadline_survives_a_restart(
     first: Client = await make_sandbox_client(reaper_interval=3600.0)
     alice = await user_headers("alice")
     await first.post("/api/settings", json={"sandbox_idle_timeout": 60}, headers=alice)
-    sandbox_id = (await start(first, alice))["id"]
-    await wait_status(first, alice, sandbox_id, "RUNNING")
+    sandbox_id = (await start_running(first, alice))["id"]
     await backdate(raw_redis, sandbox_id, 120, "last_activity_at")
     await first.close()
 

@@ -18,8 +18,6 @@ from typing import Any
 import aiohttp
 import pytest
 import redis.asyncio as aioredis
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
@@ -27,6 +25,7 @@ from controlplane.ops.durations import format_duration, parse_duration
 from controlplane.store import keyspace
 from tests.conftest import BOOTSTRAP_KEY
 from tests.support.live_server import Api, LiveServer, start_live_server
+from tests.support.types import Client
 
 CONTROLPLANE = Path(sys.executable).parent / "controlplane"
 UNKNOWN_ID = "0123456789abcdef012345"
@@ -164,7 +163,7 @@ def test_format_duration() -> None:
 # -- usage and API errors without Docker ----------------------------------------------------------
 
 
-async def test_usage_errors_exit_2(client: TestClient[web.Request, web.Application]) -> None:
+async def test_usage_errors_exit_2(client: Client) -> None:
     url = str(client.make_url("")).rstrip("/")
 
     missing = await cli("list", url=url, key=None)
@@ -200,7 +199,7 @@ async def test_usage_errors_exit_2(client: TestClient[web.Request, web.Applicati
     assert "http://" in scheme.err
 
 
-async def test_api_errors_exit_1(client: TestClient[web.Request, web.Application]) -> None:
+async def test_api_errors_exit_1(client: Client) -> None:
     url = str(client.make_url("")).rstrip("/")
 
     wrong_key = await cli("list", url=url, key="acs_nope_nope")

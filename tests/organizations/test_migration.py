@@ -46,7 +46,9 @@ async def old_sandbox(redis: aioredis.Redis, data_dir: Path, owner: str) -> str:
     record = record.model_copy(update={"status": SandboxStatus.PAUSED})
     fields = SandboxStore(redis, load_secret_box(None, data_dir)).encode(record)
     del fields["org"]
-    await redis.hset(keyspace.sandbox(record.id), mapping=fields)
+    await redis.hset(
+        keyspace.sandbox(record.id), items=[part for pair in fields.items() for part in pair]
+    )
     await redis.zadd(keyspace.ALL_SANDBOXES, {record.id: 0})
     await redis.zadd(keyspace.user_sandboxes(owner), {record.id: 0})
     await redis.set(keyspace.sandbox_by_key(hash_api_key(record.session_api_key)), record.id)

@@ -79,7 +79,7 @@ async def test_each_role_on_another_members_things(
     )
     assert await call(sbx, "GET", f"/api/v1/app-conversations/{conversation}", target) == 200
 
-    listed = {}
+    listed: dict[str, bool | int] = {}
     for role in ROLES:
         who = people[role]
         status = await call(sbx, "GET", "/api/v1/sandboxes/search?all_users=true", who)

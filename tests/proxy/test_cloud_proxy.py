@@ -19,6 +19,7 @@ from tests.support.conversation_helpers import (
     start_and_wait,
     status_is,
     wait_events,
+    wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.live_server import Api
@@ -31,7 +32,7 @@ async def conversation_with_a_file(api: Api, fake_llm: FakeLLM) -> dict[str, Any
     fake_llm.script([reply_tool_call("terminal", {"command": MAKE_REPO}), reply_finish("done")])
     task = await start_and_wait(api, initial_message=message("make a file"))
     assert task["status"] == "READY", task
-    await wait_events(api, task["app_conversation_id"], status_is("finished"))
+    await wait_finished(api, task["app_conversation_id"])
     conversation: dict[str, Any] = await api.ok(
         "GET", f"/api/v1/app-conversations/{task['app_conversation_id']}"
     )

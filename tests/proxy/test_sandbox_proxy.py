@@ -11,7 +11,7 @@ import hashlib
 import io
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,66 +19,47 @@ import aiohttp
 import docker
 import pytest
 import redis.asyncio as aioredis
-from aiohttp import web
 
-from controlplane.app import create_app
 from controlplane.auth.service import ApiKeyService
-from controlplane.config import ServiceConfig
 from tests.conftest import BOOTSTRAP_KEY
-from tests.support.conversation_helpers import PRICES, UserFactory, message, status_is, wait_events
+from tests.support.conversation_helpers import (
+    UserFactory,
+    run_on_agent_socket,
+    wait_finished,
+)
 from tests.support.fake_llm import FakeLLM, reply_finish
-from tests.support.live_server import Api, LiveServer, free_port
+from tests.support.live_server import Api, LiveServer, free_port, running_sandbox
 from tests.support.proxy_app import PROXIED_SPEC, serve_app
-from tests.support.sandbox_helpers import spec_dir
-
-pytestmark = [pytest.mark.ha, pytest.mark.slow, pytest.mark.usefixtures("sandbox_images")]
+from tests.support.sandbox_helpers import OwnDocker, spec_dir
 
 MIB = 1024 * 1024
 PROXY_MAX_BODY = 2 * MIB  # above the API's own 1 MiB (ACS_MAX_BODY_BYTES): the proxy's applies
 READ_TIMEOUT = 2.0
 UI = "http://ui.example"
 
-
-@pytest.fixture
-async def live(
-    test_prefix: str,
-    make_config: Callable[..., ServiceConfig],
-    fake_llm_port: int,
-    tmp_path: Path,
-) -> AsyncIterator[LiveServer]:
-    """The control plane, its links pointing at its own proxy (it is its own balancer here)."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    config = make_config(
-        container_prefix=test_prefix,
-        reconcile_interval=1.0,
-        llm_prices=PRICES,
-        sandbox_host_ports=[fake_llm_port],
-        spec_dir=spec_dir(tmp_path, {"proxied": PROXIED_SPEC}),
-        proxy_url=url,
+pytestmark = [
+    pytest.mark.ha,
+    pytest.mark.slow,
+    pytest.mark.usefixtures("sandbox_images"),
+    pytest.mark.live_config(
+        "its_own_proxy",
         proxy_max_body_bytes=PROXY_MAX_BODY,
         proxy_read_timeout=READ_TIMEOUT,
         cors_origins=[UI],
-    )
-    app = create_app(config)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    server = LiveServer(runner=runner, url=url, app=app)
-    yield server
-    await server.close()
+    ),
+]
 
 
-async def _running(api: Api, spec: str = "proxied") -> dict[str, Any]:
-    created = await api.ok("POST", "/api/v1/sandboxes", json={"sandbox_spec_id": spec})
-    deadline = time.monotonic() + 90
-    while True:
-        sandbox = await api.ok("GET", f"/api/v1/sandboxes/{created['id']}")
-        if sandbox["status"] == "RUNNING":
-            return dict(sandbox)
-        assert sandbox["status"] == "STARTING", sandbox
-        assert time.monotonic() < deadline, sandbox
-        await asyncio.sleep(0.1)
+@pytest.fixture
+def its_own_proxy(tmp_path: Path) -> dict[str, Any]:
+    """The live server's settings: its links point at its own proxy (it is its own balancer
+    here), on a port chosen first; the `proxied` spec stands beside the default."""
+    port = free_port()
+    return {
+        "port": port,
+        "proxy_url": f"http://127.0.0.1:{port}",
+        "spec_dir": spec_dir(tmp_path, {"proxied": PROXIED_SPEC}),
+    }
 
 
 async def _serve_app(
@@ -104,18 +85,17 @@ async def test_the_proxy_serves_its_owner_and_nobody_else(
     live: LiveServer,
     http: aiohttp.ClientSession,
     raw_redis: aioredis.Redis,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     alice_key = (await ApiKeyService(raw_redis, None).create("alice")).key
     bob_key = (await ApiKeyService(raw_redis, None).create("bob")).key
     alice, bob = Api(http, live.url, alice_key), Api(http, live.url, bob_key)
     admin = Api(http, live.url, BOOTSTRAP_KEY)
-    sandbox = await _running(alice)
+    sandbox = await running_sandbox(alice, "proxied")
     sid, session_key = sandbox["id"], sandbox["session_api_key"]
     agent = next(u["url"] for u in sandbox["exposed_urls"] if u["name"] == "AGENT_SERVER")
     assert agent == f"{live.url}/sandboxes/{sid}/proxy/agent"  # the link is the proxy's
-    worker = await _serve_app(docker_client, test_prefix, alice, sandbox)
+    worker = await _serve_app(own_docker.client, own_docker.prefix, alice, sandbox)
     assert worker == f"{live.url}/sandboxes/{sid}/proxy/WORKER_1/"
     health = _path(agent, live.url) + "/health"
 
@@ -136,7 +116,7 @@ async def test_the_proxy_serves_its_owner_and_nobody_else(
     assert await status(health, **{"X-Session-API-Key": "acs_wrong-key-wrong-key"}) == 401
     assert (await bob.call("GET", _path(health, live.url)))[0] == 404
     assert (await admin.call("GET", _path(health, live.url)))[0] == 404
-    bobs = await _running(bob, spec="default")
+    bobs = await running_sandbox(bob)
     assert await status(health, **{"X-Session-API-Key": bobs["session_api_key"]}) == 401
     # Only the ports the spec exposes, by name, any case, or by number.
     for port in ("worker_1", "9000"):
@@ -188,13 +168,12 @@ async def test_the_proxy_streams_both_ways_within_its_limits(
     live: LiveServer,
     http: aiohttp.ClientSession,
     raw_redis: aioredis.Redis,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     key = (await ApiKeyService(raw_redis, None).create("alice")).key
     alice = Api(http, live.url, key)
-    sandbox = await _running(alice)
-    worker = await _serve_app(docker_client, test_prefix, alice, sandbox)
+    sandbox = await running_sandbox(alice, "proxied")
+    worker = await _serve_app(own_docker.client, own_docker.prefix, alice, sandbox)
     auth = {"X-Session-API-Key": key}
 
     # A large download, streamed: every byte, in order.
@@ -278,24 +257,8 @@ async def test_an_agent_conversation_followed_through_the_proxy(
     assert base == f"{live.url}/sandboxes/{conversation['sandbox_id']}/proxy/agent"
     assert task["agent_server_url"] == base
     key = conversation["session_api_key"]
-    socket = f"{base.replace('http', 'ws', 1)}/sockets/events/{cid}"
-    async with http.ws_connect(socket, params={"resend_all": "true", "session_api_key": key}) as ws:
-        async with http.post(
-            f"{base}/api/conversations/{cid}/events",
-            json={**message("hello through the proxy"), "run": True},
-            headers={"X-Session-API-Key": key},
-        ) as resp:
-            assert resp.status in (200, 201), await resp.text()
-        frames: list[dict[str, Any]] = []
-        deadline = time.monotonic() + 60
-        while not status_is("finished")(frames):
-            left = deadline - time.monotonic()
-            assert left > 0, [(f["kind"], f.get("key"), f.get("value")) for f in frames]
-            try:
-                frames.append(json.loads(await asyncio.wait_for(ws.receive_str(), left)))
-            except TimeoutError:
-                continue
+    frames = await run_on_agent_socket(http, base, cid, key, "hello through the proxy")
     said = [f for f in frames if f["kind"] == "MessageEvent" and f.get("source") == "user"]
     assert said, [f["kind"] for f in frames]
     # The same events reached the control plane (the agent's webhooks), as without the proxy.
-    await wait_events(alice, cid, status_is("finished"))
+    await wait_finished(alice, cid)

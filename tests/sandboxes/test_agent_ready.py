@@ -10,7 +10,6 @@ import json
 from collections.abc import AsyncIterator
 
 import aiohttp
-import docker
 import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
@@ -20,9 +19,9 @@ from controlplane.sandboxes import readiness
 from controlplane.sandboxes.readiness import ReadinessProbe
 from controlplane.sandboxes.status_feed import StatusFeed
 from drivers.base import Endpoint
-from drivers.docker import DockerDriver
+from drivers.docker.driver import DockerDriver
 from tests.support.log_capture import capture_logs
-from tests.support.sandbox_helpers import containers, exec_as_agent, start, wait_status
+from tests.support.sandbox_helpers import OwnDocker, exec_as_agent, start, wait_status
 from tests.support.types import Client, UserHeaders
 
 
@@ -197,7 +196,9 @@ print(json.dumps(out))
 
 
 async def test_sandboxes_announce_themselves_with_their_own_key_only(
-    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+    sbx: Client,
+    user_headers: UserHeaders,
+    own_docker: OwnDocker,
 ) -> None:
     alice, bob = await user_headers("alice"), await user_headers("bob")
     with capture_logs("info") as logs:
@@ -218,12 +219,20 @@ async def test_sandboxes_announce_themselves_with_their_own_key_only(
             for r in logs.events("lifecycle")
             if r["sandbox_id"] == sandbox_id and r["type"] == "sandbox.running"
         ]
+        # The announcement is what the start waited for: heard before the sandbox is RUNNING
+        # (the request's own log line comes after its handler and its durable write, so it
+        # may follow the RUNNING the handler woke).
         records = logs.records()
-        assert records.index(announced[0]) < records.index(running[0])
+        (heard,) = [
+            r
+            for r in records
+            if r.get("event") == "sandbox_agent_listening" and r.get("sandbox_id") == sandbox_id
+        ]
+        assert records.index(heard) < records.index(running[0])
 
     # From inside alice's sandbox, as its agent user: her own key on bob's sandbox, no key on
     # hers; both refused. Her own, on hers, is taken.
-    (box,) = [c for c in containers(docker_client, test_prefix) if c.name.endswith(mine["id"])]
+    (box,) = [c for c in own_docker.containers() if c.name.endswith(mine["id"])]
     targets = [[theirs["id"], True], [mine["id"], False], [mine["id"], True]]
     code, out = await asyncio.to_thread(
         exec_as_agent, box, "python3", "-c", _POST_READY, json.dumps(targets)

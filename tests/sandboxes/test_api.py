@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import secrets
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 
 from controlplane import keys
@@ -19,12 +17,11 @@ from tests.support.sandbox_helpers import (
     DEFAULT_IMAGE,
     HANGING_SPEC,
     REPO,
-    Client,
-    containers,
-    spec_dir,
+    OwnDocker,
+    start_running,
     wait_status,
 )
-from tests.support.types import ClientFactory, UserHeaders
+from tests.support.types import Client, ClientFactory, UserHeaders
 
 ALT_SPEC = (
     (REPO / "specs" / "default.yaml")
@@ -32,15 +29,7 @@ ALT_SPEC = (
     .replace("id: default", "id: alt")
     .replace("default: true", "default: false")
 )
-
-
-@pytest.fixture
-async def sbx(make_sandbox_client: ClientFactory, tmp_path: Path) -> Client:
-    client: Client = await make_sandbox_client(
-        reconcile_interval=1.0,
-        spec_dir=spec_dir(tmp_path, {"alt": ALT_SPEC, "hanging": HANGING_SPEC}),
-    )
-    return client
+pytestmark = pytest.mark.sbx_specs({"alt": ALT_SPEC, "hanging": HANGING_SPEC})
 
 
 async def start(client: Client, headers: dict[str, str], **query: str) -> dict[str, Any]:
@@ -100,11 +89,13 @@ def assert_422(body: Any, loc: list[str]) -> None:
 
 
 async def test_other_users_get_404_never_403_and_cannot_touch(
-    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+    sbx_with_specs: Client,
+    user_headers: UserHeaders,
+    own_docker: OwnDocker,
 ) -> None:
     alice, bob = await user_headers("alice"), await user_headers("bob")
-    sandbox_id = (await start(sbx, alice))["id"]
-    running = await wait_status(sbx, alice, sandbox_id, "RUNNING")
+    running = await start_running(sbx_with_specs, alice)
+    sandbox_id = running["id"]
 
     for method, path in (
         ("GET", f"/api/v1/sandboxes/{sandbox_id}"),
@@ -112,44 +103,46 @@ async def test_other_users_get_404_never_403_and_cannot_touch(
         ("POST", f"/api/v1/sandboxes/{sandbox_id}/resume"),
         ("DELETE", f"/api/v1/sandboxes/{sandbox_id}"),
     ):
-        resp = await sbx.request(method, path, headers=bob)
+        resp = await sbx_with_specs.request(method, path, headers=bob)
         body = await resp.json()
         assert resp.status == 404, (method, path, body)
         assert body == {"detail": f"sandbox {sandbox_id} not found"}
 
-    assert await search(sbx, bob) == {"items": [], "next_page_id": None}
-    assert await batch(sbx, bob, [sandbox_id]) == [None]
+    assert await search(sbx_with_specs, bob) == {"items": [], "next_page_id": None}
+    assert await batch(sbx_with_specs, bob, [sandbox_id]) == [None]
     # Nothing bob tried changed alice's sandbox.
-    (container,) = containers(docker_client, test_prefix)
+    (container,) = own_docker.containers()
     assert container.status == "running"
-    still = await wait_status(sbx, alice, sandbox_id, "RUNNING", within=1)
+    still = await wait_status(sbx_with_specs, alice, sandbox_id, "RUNNING", within=1)
     assert still["session_api_key"] == running["session_api_key"]
-    (mine,) = (await search(sbx, alice))["items"]
+    (mine,) = (await search(sbx_with_specs, alice))["items"]
     assert mine["id"] == sandbox_id
 
     # A non-admin asking for everybody's sandboxes is refused outright.
-    resp = await sbx.get("/api/v1/sandboxes/search", params={"all_users": "true"}, headers=bob)
+    resp = await sbx_with_specs.get(
+        "/api/v1/sandboxes/search", params={"all_users": "true"}, headers=bob
+    )
     assert resp.status == 403
     assert "admin" in (await resp.json())["detail"]
 
 
 async def test_admin_lists_all_users_without_their_session_keys(
-    sbx: Client, user_headers: UserHeaders, admin_headers: dict[str, str]
+    sbx_with_specs: Client, user_headers: UserHeaders, admin_headers: dict[str, str]
 ) -> None:
     alice, bob = await user_headers("alice"), await user_headers("bob")
     ops = await user_headers("ops", admin=True)
-    a = (await start(sbx, alice))["id"]
-    b = (await start(sbx, bob))["id"]
-    o = (await start(sbx, ops, sandbox_spec_id="alt"))["id"]
+    a = (await start(sbx_with_specs, alice))["id"]
+    b = (await start(sbx_with_specs, bob))["id"]
+    o = (await start(sbx_with_specs, ops, sandbox_spec_id="alt"))["id"]
     keys_of = {
-        a: (await wait_status(sbx, alice, a, "RUNNING"))["session_api_key"],
-        b: (await wait_status(sbx, bob, b, "RUNNING"))["session_api_key"],
-        o: (await wait_status(sbx, ops, o, "RUNNING"))["session_api_key"],
+        a: (await wait_status(sbx_with_specs, alice, a, "RUNNING"))["session_api_key"],
+        b: (await wait_status(sbx_with_specs, bob, b, "RUNNING"))["session_api_key"],
+        o: (await wait_status(sbx_with_specs, ops, o, "RUNNING"))["session_api_key"],
     }
     assert all(keys_of.values())
 
     for headers, me in ((ops, o), (admin_headers, None)):
-        page = await search(sbx, headers, all_users="true")
+        page = await search(sbx_with_specs, headers, all_users="true")
         # Newest first: ids are time-ordered, so that is descending id order (o, b, a).
         assert [i["id"] for i in page["items"]] == sorted([a, b, o], reverse=True)
         assert page["next_page_id"] is None
@@ -162,45 +155,52 @@ async def test_admin_lists_all_users_without_their_session_keys(
         assert owners == {a: "alice", b: "bob", o: "ops"}
 
     # Without all_users an admin sees only their own; by id they may read anyone's.
-    assert [i["id"] for i in (await search(sbx, ops))["items"]] == [o]
-    assert (await search(sbx, admin_headers))["items"] == []
-    seen = await batch(sbx, ops, [a, o])
+    assert [i["id"] for i in (await search(sbx_with_specs, ops))["items"]] == [o]
+    assert (await search(sbx_with_specs, admin_headers))["items"] == []
+    seen = await batch(sbx_with_specs, ops, [a, o])
     assert [s["id"] for s in seen] == [a, o]
     assert seen[0]["session_api_key"] is None
     assert seen[1]["session_api_key"] == keys_of[o]
-    resp = await sbx.get(f"/api/v1/sandboxes/{b}", headers=ops)
+    resp = await sbx_with_specs.get(f"/api/v1/sandboxes/{b}", headers=ops)
     assert resp.status == 200
     assert (await resp.json())["session_api_key"] is None
 
     # Filters apply across users too.
-    page = await search(sbx, ops, all_users="true", sandbox_spec_id="alt")
+    page = await search(sbx_with_specs, ops, all_users="true", sandbox_spec_id="alt")
     assert [i["id"] for i in page["items"]] == [o]
 
 
 async def test_batch_get_keeps_order_and_nulls_the_rest(
-    sbx: Client, user_headers: UserHeaders
+    sbx_with_specs: Client, user_headers: UserHeaders
 ) -> None:
     alice, bob = await user_headers("alice"), await user_headers("bob")
-    store = sbx.app[keys.SANDBOXES].store
+    store = sbx_with_specs.app[keys.SANDBOXES].store
     mine = [await put(store, "alice", SandboxStatus.ERROR) for _ in range(3)]
     theirs = await put(store, "bob", SandboxStatus.MISSING)
     unknown = new_sandbox_id()
 
     ids = [mine[2], unknown, mine[0], theirs, "not-an-id", mine[2], mine[1]]
-    got = await batch(sbx, alice, ids)
+    got = await batch(sbx_with_specs, alice, ids)
     assert [g and g["id"] for g in got] == [mine[2], None, mine[0], None, None, mine[2], mine[1]]
     assert got[0]["status"] == "ERROR"
     assert got[0]["reason"] == "test record"
-    assert (await batch(sbx, bob, [mine[0], theirs])) == [None, await one(sbx, bob, theirs)]
+    assert (await batch(sbx_with_specs, bob, [mine[0], theirs])) == [
+        None,
+        await one(sbx_with_specs, bob, theirs),
+    ]
 
-    resp = await sbx.get("/api/v1/sandboxes", headers=alice)
+    resp = await sbx_with_specs.get("/api/v1/sandboxes", headers=alice)
     assert resp.status == 422
     assert_422(await resp.json(), ["query", "id"])
-    resp = await sbx.get("/api/v1/sandboxes", params=[("id", mine[0])] * 101, headers=alice)
+    resp = await sbx_with_specs.get(
+        "/api/v1/sandboxes", params=[("id", mine[0])] * 101, headers=alice
+    )
     assert resp.status == 422
     assert_422(await resp.json(), ["query", "id"])
-    assert len(await batch(sbx, alice, [mine[0]] * 100)) == 100
-    resp = await sbx.get("/api/v1/sandboxes", params={"id": mine[0], "x": "1"}, headers=alice)
+    assert len(await batch(sbx_with_specs, alice, [mine[0]] * 100)) == 100
+    resp = await sbx_with_specs.get(
+        "/api/v1/sandboxes", params={"id": mine[0], "x": "1"}, headers=alice
+    )
     assert resp.status == 422
 
 
@@ -208,7 +208,9 @@ async def test_batch_get_keeps_order_and_nulls_the_rest(
 
 
 async def test_unknown_spec_is_404_and_creates_nothing(
-    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+    sbx_with_specs: Client,
+    user_headers: UserHeaders,
+    own_docker: OwnDocker,
 ) -> None:
     alice = await user_headers("alice")
     unknown: list[dict[str, Any]] = [
@@ -216,13 +218,13 @@ async def test_unknown_spec_is_404_and_creates_nothing(
         {"params": {"sandbox_spec_id": "no-such-spec"}},
     ]
     for kwargs in unknown:
-        resp = await sbx.post("/api/v1/sandboxes", headers=alice, **kwargs)
+        resp = await sbx_with_specs.post("/api/v1/sandboxes", headers=alice, **kwargs)
         body = await resp.json()
         assert resp.status == 404, body
         assert body == {"detail": "sandbox spec 'no-such-spec' not found"}
-    assert containers(docker_client, test_prefix) == []
-    assert await search(sbx, alice) == {"items": [], "next_page_id": None}
-    assert await sbx.app[keys.SANDBOXES].store.count_active("alice") == 0
+    assert own_docker.containers() == []
+    assert await search(sbx_with_specs, alice) == {"items": [], "next_page_id": None}
+    assert await sbx_with_specs.app[keys.SANDBOXES].store.count_active("alice") == 0
 
     # Bad shapes are 422s, also with nothing created.
     bad_shapes: list[dict[str, Any]] = [
@@ -232,28 +234,32 @@ async def test_unknown_spec_is_404_and_creates_nothing(
         {"params": {"spec": "default"}},
     ]
     for kwargs in bad_shapes:
-        resp = await sbx.post("/api/v1/sandboxes", headers=alice, **kwargs)
+        resp = await sbx_with_specs.post("/api/v1/sandboxes", headers=alice, **kwargs)
         assert resp.status == 422, (kwargs, await resp.text())
-    assert await search(sbx, alice) == {"items": [], "next_page_id": None}
-    assert containers(docker_client, test_prefix) == []
+    assert await search(sbx_with_specs, alice) == {"items": [], "next_page_id": None}
+    assert own_docker.containers() == []
 
 
-async def test_spec_in_query_string_and_in_body(sbx: Client, user_headers: UserHeaders) -> None:
+async def test_spec_in_query_string_and_in_body(
+    sbx_with_specs: Client, user_headers: UserHeaders
+) -> None:
     alice = await user_headers("alice")
-    from_query = await start(sbx, alice, sandbox_spec_id="alt")
+    from_query = await start(sbx_with_specs, alice, sandbox_spec_id="alt")
     assert from_query["sandbox_spec_id"] == "alt"
-    resp = await sbx.post("/api/v1/sandboxes", json={}, headers=alice)
+    resp = await sbx_with_specs.post("/api/v1/sandboxes", json={}, headers=alice)
     assert resp.status == 200
     from_default = await resp.json()
     assert from_default["sandbox_spec_id"] == "default"
-    running = await wait_status(sbx, alice, from_query["id"], "RUNNING")
+    running = await wait_status(sbx_with_specs, alice, from_query["id"], "RUNNING")
     assert running["sandbox_spec_id"] == "alt"
-    await wait_status(sbx, alice, from_default["id"], "RUNNING")
-    page = await search(sbx, alice, sandbox_spec_id="alt")
+    await wait_status(sbx_with_specs, alice, from_default["id"], "RUNNING")
+    page = await search(sbx_with_specs, alice, sandbox_spec_id="alt")
     assert [i["id"] for i in page["items"]] == [from_query["id"]]
 
 
-async def test_malformed_and_unknown_ids_are_404(sbx: Client, user_headers: UserHeaders) -> None:
+async def test_malformed_and_unknown_ids_are_404(
+    sbx_with_specs: Client, user_headers: UserHeaders
+) -> None:
     alice = await user_headers("alice")
     for bad in ("not-an-id", "0" * 21, "0" * 23, "A" * 22, "g" * 22, new_sandbox_id()):
         for method, suffix in (
@@ -262,7 +268,9 @@ async def test_malformed_and_unknown_ids_are_404(sbx: Client, user_headers: User
             ("POST", "/resume"),
             ("DELETE", ""),
         ):
-            resp = await sbx.request(method, f"/api/v1/sandboxes/{bad}{suffix}", headers=alice)
+            resp = await sbx_with_specs.request(
+                method, f"/api/v1/sandboxes/{bad}{suffix}", headers=alice
+            )
             assert resp.status == 404, (method, bad, await resp.text())
             assert "not found" in (await resp.json())["detail"]
 
@@ -359,9 +367,11 @@ async def test_search_pages_newest_first_without_gaps_or_duplicates(
 # -- sandbox specs ------------------------------------------------------------------------------
 
 
-async def test_spec_search_batch_and_paging(sbx: Client, user_headers: UserHeaders) -> None:
+async def test_spec_search_batch_and_paging(
+    sbx_with_specs: Client, user_headers: UserHeaders
+) -> None:
     alice = await user_headers("alice")
-    resp = await sbx.get("/api/v1/sandbox-specs/search", headers=alice)
+    resp = await sbx_with_specs.get("/api/v1/sandbox-specs/search", headers=alice)
     assert resp.status == 200
     page = await resp.json()
     assert [s["id"] for s in page["items"]] == ["alt", "default", "hanging"]
@@ -382,7 +392,9 @@ async def test_spec_search_batch_and_paging(sbx: Client, user_headers: UserHeade
     ids, page_id, pages = [], None, 0
     while True:
         params = {"limit": "1"} | ({"page_id": page_id} if page_id else {})
-        resp = await sbx.get("/api/v1/sandbox-specs/search", params=params, headers=alice)
+        resp = await sbx_with_specs.get(
+            "/api/v1/sandbox-specs/search", params=params, headers=alice
+        )
         assert resp.status == 200
         body = await resp.json()
         assert len(body["items"]) == 1
@@ -392,17 +404,19 @@ async def test_spec_search_batch_and_paging(sbx: Client, user_headers: UserHeade
         if page_id is None:
             break
     assert (ids, pages) == (["alt", "default", "hanging"], 3)
-    resp = await sbx.get("/api/v1/sandbox-specs/search", params={"limit": 2}, headers=alice)
+    resp = await sbx_with_specs.get(
+        "/api/v1/sandbox-specs/search", params={"limit": 2}, headers=alice
+    )
     two = await resp.json()
     assert [s["id"] for s in two["items"]] == ["alt", "default"]
-    resp = await sbx.get(
+    resp = await sbx_with_specs.get(
         "/api/v1/sandbox-specs/search",
         params={"limit": 2, "page_id": two["next_page_id"]},
         headers=alice,
     )
     assert [s["id"] for s in (await resp.json())["items"]] == ["hanging"]
 
-    resp = await sbx.get(
+    resp = await sbx_with_specs.get(
         "/api/v1/sandbox-specs",
         params=[("id", "hanging"), ("id", "nope"), ("id", "default"), ("id", "")],
         headers=alice,
@@ -412,12 +426,14 @@ async def test_spec_search_batch_and_paging(sbx: Client, user_headers: UserHeade
     assert [g and g["id"] for g in got] == ["hanging", None, "default", None]
     assert got[0]["command"] == ["sleep", "1000"]
 
-    resp = await sbx.get("/api/v1/sandbox-specs", headers=alice)
+    resp = await sbx_with_specs.get("/api/v1/sandbox-specs", headers=alice)
     assert resp.status == 422
-    resp = await sbx.get("/api/v1/sandbox-specs", params=[("id", "a")] * 101, headers=alice)
+    resp = await sbx_with_specs.get(
+        "/api/v1/sandbox-specs", params=[("id", "a")] * 101, headers=alice
+    )
     assert resp.status == 422
     for bad in ({"limit": "0"}, {"limit": "101"}, {"page_id": "ZZZZ"}):
-        resp = await sbx.get("/api/v1/sandbox-specs/search", params=bad, headers=alice)
+        resp = await sbx_with_specs.get("/api/v1/sandbox-specs/search", params=bad, headers=alice)
         assert resp.status == 422, bad
-    resp = await sbx.get("/api/v1/sandbox-specs/search")
+    resp = await sbx_with_specs.get("/api/v1/sandbox-specs/search")
     assert resp.status == 401

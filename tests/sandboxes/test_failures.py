@@ -20,23 +20,18 @@ from tests.support.sandbox_helpers import (
     HANGING_SPEC,
     NO_IMAGE_SPEC,
     REPO,
-    Client,
+    OwnDocker,
     containers,
     spec_dir,
     volumes,
     wait_status,
 )
-from tests.support.types import ClientFactory, UserHeaders
+from tests.support.types import Client, UserHeaders
 
-
-@pytest.fixture
-async def sbx(make_sandbox_client: ClientFactory, tmp_path: Path) -> Client:
-    client: Client = await make_sandbox_client(
-        reconcile_interval=1.0,
-        spec_dir=spec_dir(tmp_path, {"hanging": HANGING_SPEC, "no-image": NO_IMAGE_SPEC}),
-        start_timeout=3,
-    )
-    return client
+# A sandbox that does not answer /health fails in 3 s, not a minute.
+pytestmark = pytest.mark.sbx_specs(
+    {"hanging": HANGING_SPEC, "no-image": NO_IMAGE_SPEC}, start_timeout=3
+)
 
 
 async def start_spec(client: Client, headers: dict[str, str], spec: str) -> dict[str, Any]:
@@ -61,89 +56,97 @@ async def wait_gone(docker_client: docker.DockerClient, prefix: str, within: flo
 
 
 async def test_hanging_agent_cannot_be_paused_and_ends_in_error_cleaned_up(
-    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+    sbx_with_specs: Client,
+    user_headers: UserHeaders,
+    own_docker: OwnDocker,
 ) -> None:
     alice = await user_headers("alice")
-    sandbox_id = (await start_spec(sbx, alice, "hanging"))["id"]
+    sandbox_id = (await start_spec(sbx_with_specs, alice, "hanging"))["id"]
 
     # The container comes up but its agent never answers: the sandbox stays STARTING.
     deadline = time.monotonic() + 10
-    while not containers(docker_client, test_prefix):
+    while not own_docker.containers():
         assert time.monotonic() < deadline, "the hanging sandbox's container never appeared"
         await asyncio.sleep(0.05)
-    resp = await sbx.post(f"/api/v1/sandboxes/{sandbox_id}/pause", headers=alice)
+    resp = await sbx_with_specs.post(f"/api/v1/sandboxes/{sandbox_id}/pause", headers=alice)
     body = await resp.json()
     assert resp.status == 409, body
     assert "STARTING" in body["detail"]
     assert sandbox_id in body["detail"]
 
-    failed = await wait_status(sbx, alice, sandbox_id, "ERROR", within=20)
+    failed = await wait_status(sbx_with_specs, alice, sandbox_id, "ERROR", within=20)
     assert "/health" in failed["reason"], failed
     assert failed["reason"].startswith("start failed:"), failed
     assert failed["session_api_key"] is None
     assert failed["exposed_urls"] is None
     # A failed first start removes everything it made.
-    assert containers(docker_client, test_prefix) == []
-    assert volumes(docker_client, test_prefix) == []
+    assert own_docker.containers() == []
+    assert own_docker.volumes() == []
 
     # ERROR is not a dead end: resume tries again (here it hangs again, and fails again).
-    resp = await sbx.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)
+    resp = await sbx_with_specs.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)
     assert (resp.status, await resp.json()) == (200, {"success": True})
-    again = await (await sbx.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)).json()
+    again = await (
+        await sbx_with_specs.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
+    ).json()
     assert again["status"] == "STARTING", again
-    again = await wait_status(sbx, alice, sandbox_id, "ERROR", within=20)
+    again = await wait_status(sbx_with_specs, alice, sandbox_id, "ERROR", within=20)
     assert "/health" in again["reason"], again
-    resp = await sbx.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
+    resp = await sbx_with_specs.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
     assert (resp.status, await resp.json()) == (200, {"success": True})
-    resp = await sbx.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
+    resp = await sbx_with_specs.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
     assert resp.status == 404
-    search = await (await sbx.get("/api/v1/sandboxes/search", headers=alice)).json()
+    search = await (await sbx_with_specs.get("/api/v1/sandboxes/search", headers=alice)).json()
     assert search == {"items": [], "next_page_id": None}
 
 
 async def test_missing_image_is_error_naming_the_image_with_nothing_left(
-    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+    sbx_with_specs: Client,
+    user_headers: UserHeaders,
+    own_docker: OwnDocker,
 ) -> None:
     alice = await user_headers("alice")
-    sandbox_id = (await start_spec(sbx, alice, "no-image"))["id"]
-    failed = await wait_status(sbx, alice, sandbox_id, "ERROR", within=15)
+    sandbox_id = (await start_spec(sbx_with_specs, alice, "no-image"))["id"]
+    failed = await wait_status(sbx_with_specs, alice, sandbox_id, "ERROR", within=15)
     assert "acs-no-such-image:latest" in failed["reason"], failed
     assert "make images" in failed["reason"], failed
-    assert containers(docker_client, test_prefix) == []
-    assert volumes(docker_client, test_prefix) == []
+    assert own_docker.containers() == []
+    assert own_docker.volumes() == []
 
-    resp = await sbx.post(f"/api/v1/sandboxes/{sandbox_id}/pause", headers=alice)
+    resp = await sbx_with_specs.post(f"/api/v1/sandboxes/{sandbox_id}/pause", headers=alice)
     assert resp.status == 409
     # A resume tries again, and fails again for the same reason: no half-made container.
-    resp = await sbx.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)
+    resp = await sbx_with_specs.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)
     assert resp.status == 200
-    again = await wait_status(sbx, alice, sandbox_id, "ERROR", within=15)
+    again = await wait_status(sbx_with_specs, alice, sandbox_id, "ERROR", within=15)
     assert "make images" in again["reason"], again
-    assert containers(docker_client, test_prefix) == []
-    resp = await sbx.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
+    assert own_docker.containers() == []
+    resp = await sbx_with_specs.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
     assert resp.status == 200
-    resp = await sbx.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
+    resp = await sbx_with_specs.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
     assert resp.status == 404
 
 
 async def test_delete_while_starting_leaves_nothing_behind(
-    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+    sbx_with_specs: Client,
+    user_headers: UserHeaders,
+    own_docker: OwnDocker,
 ) -> None:
     """A delete that lands while the engine is still creating the container must still win."""
     alice = await user_headers("alice")
     for _ in range(3):
-        sandbox_id = (await start_spec(sbx, alice, "hanging"))["id"]
-        resp = await sbx.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
+        sandbox_id = (await start_spec(sbx_with_specs, alice, "hanging"))["id"]
+        resp = await sbx_with_specs.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
         assert (resp.status, await resp.json()) == (200, {"success": True})
-        resp = await sbx.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
+        resp = await sbx_with_specs.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
         assert resp.status == 404
     # Give a container created late (after the delete's removal) time to show up.
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
-        assert containers(docker_client, test_prefix) == []
-        assert volumes(docker_client, test_prefix) == []
+        assert own_docker.containers() == []
+        assert own_docker.volumes() == []
         await asyncio.sleep(0.2)
-    search = await (await sbx.get("/api/v1/sandboxes/search", headers=alice)).json()
+    search = await (await sbx_with_specs.get("/api/v1/sandboxes/search", headers=alice)).json()
     assert search["items"] == []
 
 

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import docker
-import pytest
-
-from tests.support.sandbox_helpers import agent_call, containers, start, volumes, wait_status
-from tests.support.types import Client, ClientFactory, UserHeaders
-
-
-@pytest.fixture
-async def sbx(make_sandbox_client: ClientFactory) -> Client:
-    client: Client = await make_sandbox_client(reconcile_interval=1.0)
-    return client
+from tests.support.sandbox_helpers import (
+    OwnDocker,
+    agent_call,
+    start,
+    start_running,
+    wait_status,
+)
+from tests.support.types import ClientFactory, UserHeaders
 
 
 async def test_start_pause_resume_delete(
-    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+    sbx_factory: ClientFactory,
+    user_headers: UserHeaders,
+    own_docker: OwnDocker,
 ) -> None:
+    sbx = await sbx_factory()  # a reconciler every second
     alice = await user_headers("alice")
     started = await start(sbx, alice)
     assert started["session_api_key"] is None
@@ -34,8 +34,8 @@ async def test_start_pause_resume_delete(
     assert result["exit_code"] == 0
     assert result["stdout"].split() == ["/workspace", "hello"]
 
-    (container,) = containers(docker_client, test_prefix)
-    assert container.name == f"{test_prefix}{sandbox_id}"
+    (container,) = own_docker.containers()
+    assert container.name == f"{own_docker.prefix}{sandbox_id}"
     assert container.labels["acs.sandbox_id"] == sandbox_id
     assert container.labels["acs.owner"] == "alice"
     assert container.labels["acs.spec_id"] == "default"
@@ -47,7 +47,7 @@ async def test_start_pause_resume_delete(
     assert host["CapDrop"] == ["ALL"]
     assert not host["CapAdd"]
     assert container.attrs["Config"]["User"] == "1000:1000"
-    assert host["NetworkMode"] == f"{test_prefix}net"
+    assert host["NetworkMode"] == f"{own_docker.prefix}net"
     (network,) = container.attrs["NetworkSettings"]["Networks"].values()
     assert host["ExtraHosts"] == [f"host.docker.internal:{network['Gateway']}"]
     assert host["PortBindings"]["8000/tcp"][0]["HostIp"] == "127.0.0.1"
@@ -77,8 +77,8 @@ async def test_start_pause_resume_delete(
 
     resp = await sbx.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
     assert (resp.status, await resp.json()) == (200, {"success": True})
-    assert containers(docker_client, test_prefix) == []
-    assert volumes(docker_client, test_prefix) == []
+    assert own_docker.containers() == []
+    assert own_docker.volumes() == []
     resp = await sbx.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
     assert resp.status == 404
     resp = await sbx.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
@@ -86,15 +86,18 @@ async def test_start_pause_resume_delete(
 
 
 async def test_stopped_container_restarts_on_resume_with_files(
-    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+    sbx_factory: ClientFactory,
+    user_headers: UserHeaders,
+    own_docker: OwnDocker,
 ) -> None:
+    sbx = await sbx_factory()  # a reconciler every second
     alice = await user_headers("alice")
-    sandbox_id = (await start(sbx, alice))["id"]
-    running = await wait_status(sbx, alice, sandbox_id, "RUNNING")
+    running = await start_running(sbx, alice)
+    sandbox_id = running["id"]
     url = running["exposed_urls"][0]["url"]
     await agent_call(url, running["session_api_key"], "echo kept > kept.txt")
 
-    (container,) = containers(docker_client, test_prefix)
+    (container,) = own_docker.containers()
     container.stop(timeout=2)  # as after a host reboot
     stopped = await wait_status(sbx, alice, sandbox_id, "PAUSED", within=15)
     assert "stopped outside the control plane" in stopped["reason"]
@@ -108,15 +111,18 @@ async def test_stopped_container_restarts_on_resume_with_files(
 
 
 async def test_removed_container_is_missing_and_resume_recreates_it(
-    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+    sbx_factory: ClientFactory,
+    user_headers: UserHeaders,
+    own_docker: OwnDocker,
 ) -> None:
+    sbx = await sbx_factory()  # a reconciler every second
     alice = await user_headers("alice")
-    sandbox_id = (await start(sbx, alice))["id"]
-    running = await wait_status(sbx, alice, sandbox_id, "RUNNING")
+    running = await start_running(sbx, alice)
+    sandbox_id = running["id"]
     await agent_call(
         running["exposed_urls"][0]["url"], running["session_api_key"], "echo survives > s.txt"
     )
-    (container,) = containers(docker_client, test_prefix)
+    (container,) = own_docker.containers()
     container.remove(force=True)  # volume stays: only the container is gone
     missing = await wait_status(sbx, alice, sandbox_id, "MISSING", within=15)
     assert "removed outside the control plane" in missing["reason"]
@@ -131,12 +137,14 @@ async def test_removed_container_is_missing_and_resume_recreates_it(
 
 
 async def test_paused_and_unpaused_behind_our_back(
-    sbx: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+    sbx_factory: ClientFactory,
+    user_headers: UserHeaders,
+    own_docker: OwnDocker,
 ) -> None:
+    sbx = await sbx_factory()  # a reconciler every second
     alice = await user_headers("alice")
-    sandbox_id = (await start(sbx, alice))["id"]
-    await wait_status(sbx, alice, sandbox_id, "RUNNING")
-    (container,) = containers(docker_client, test_prefix)
+    sandbox_id = (await start_running(sbx, alice))["id"]
+    (container,) = own_docker.containers()
     container.pause()
     await wait_status(sbx, alice, sandbox_id, "PAUSED", within=10)
     container.unpause()

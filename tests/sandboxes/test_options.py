@@ -7,7 +7,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 from aiohttp import web
 
@@ -16,13 +15,13 @@ from controlplane.config import ServiceConfig
 from controlplane.sandboxes.launcher import network_policy
 from controlplane.sandboxes.webhook_listener import WebhookListener
 from controlplane.specs.catalog import SpecCatalog
-from drivers.docker import DockerDriver
+from drivers.docker.driver import DockerDriver
+from drivers.docker.firewall import Iptables
 from drivers.errors import FirewallRequired, NetworkUnavailable
-from drivers.firewall import Iptables
 from tests.support.live_server import attachment
 from tests.support.sandbox_helpers import (
     DEFAULT_IMAGE,
-    Client,
+    OwnDocker,
     agent_call,
     exec_as_agent,
     probe_from,
@@ -30,9 +29,7 @@ from tests.support.sandbox_helpers import (
     start,
     wait_status,
 )
-from tests.support.types import ClientFactory
-
-pytestmark = pytest.mark.usefixtures("sandbox_images")
+from tests.support.types import Client
 
 COMMAND = '["/opt/agent/bin/python", "-P", "-m", "agent", "--port", "8000"]'
 GVISOR = f"""
@@ -51,6 +48,11 @@ command: {COMMAND}
 exposed_ports: {{AGENT_SERVER: 8000}}
 read_only_root: true
 """
+pytestmark = [
+    pytest.mark.usefixtures("sandbox_images"),
+    pytest.mark.sbx_specs({"gvisor": GVISOR, "read-only": READ_ONLY}),
+]
+
 CLOSED = f"""
 id: closed
 image: {DEFAULT_IMAGE}
@@ -75,31 +77,24 @@ except urllib.error.HTTPError as exc:
 """
 
 
-@pytest.fixture
-async def sbx(make_sandbox_client: ClientFactory, tmp_path: Path) -> Client:
-    client: Client = await make_sandbox_client(
-        reconcile_interval=1.0,
-        spec_dir=spec_dir(tmp_path, {"gvisor": GVISOR, "read-only": READ_ONLY}),
-    )
-    return client
-
-
 async def running(sbx: Client, headers: dict[str, str], spec: str) -> dict[str, Any]:
     started = await start(sbx, headers, spec)
     return await wait_status(sbx, headers, started["id"], "RUNNING", within=90)
 
 
 async def test_the_default_image_runs_under_gvisor(
-    sbx: Client, user_headers: Any, docker_client: docker.DockerClient, test_prefix: str
+    sbx_with_specs: Client,
+    user_headers: Any,
+    own_docker: OwnDocker,
 ) -> None:
-    if "runsc" not in (docker_client.info().get("Runtimes") or {}):
+    if "runsc" not in (own_docker.client.info().get("Runtimes") or {}):
         pytest.skip(
             "the Docker engine has no runsc runtime: scripts/install-gvisor.sh (run by `make "
             "test` as root) installs Debian's runsc and registers it; it could not here"
         )
     alice = await user_headers("alice")
-    sandbox = await running(sbx, alice, "gvisor")
-    container = docker_client.containers.get(f"{test_prefix}{sandbox['id']}")
+    sandbox = await running(sbx_with_specs, alice, "gvisor")
+    container = own_docker.container(sandbox["id"])
     assert container.attrs["HostConfig"]["Runtime"] == "runsc"
     agent = sandbox["exposed_urls"][0]
     result = await agent_call(agent["url"], sandbox["session_api_key"], "uname -r; id -u")
@@ -109,24 +104,26 @@ async def test_the_default_image_runs_under_gvisor(
     # host does not answer.
     code, out = await asyncio.to_thread(exec_as_agent, container, "python3", "-c", WEBHOOK)
     assert (code, out.splitlines()[-1]) == (0, "200"), out
-    gateway = await attachment(sbx.app, sbx.app[keys.SPECS].get("gvisor"))
+    gateway = await attachment(sbx_with_specs.app, sbx_with_specs.app[keys.SPECS].get("gvisor"))
     assert (await probe_from(container, [(gateway.gateway, 22)]))[(gateway.gateway, 22)] != "open"
 
-    resp = await sbx.post(f"/api/v1/sandboxes/{sandbox['id']}/pause", headers=alice)
+    resp = await sbx_with_specs.post(f"/api/v1/sandboxes/{sandbox['id']}/pause", headers=alice)
     assert resp.status == 200
-    resp = await sbx.post(f"/api/v1/sandboxes/{sandbox['id']}/resume", headers=alice)
+    resp = await sbx_with_specs.post(f"/api/v1/sandboxes/{sandbox['id']}/resume", headers=alice)
     assert resp.status == 200
-    resumed = await wait_status(sbx, alice, sandbox["id"], "RUNNING")
+    resumed = await wait_status(sbx_with_specs, alice, sandbox["id"], "RUNNING")
     result = await agent_call(resumed["exposed_urls"][0]["url"], resumed["session_api_key"], "pwd")
     assert result["stdout"].strip() == "/workspace"
 
 
 async def test_read_only_root_keeps_the_workspace_home_and_tmp_writable(
-    sbx: Client, user_headers: Any, docker_client: docker.DockerClient, test_prefix: str
+    sbx_with_specs: Client,
+    user_headers: Any,
+    own_docker: OwnDocker,
 ) -> None:
     alice = await user_headers("alice")
-    sandbox = await running(sbx, alice, "read-only")
-    container = docker_client.containers.get(f"{test_prefix}{sandbox['id']}")
+    sandbox = await running(sbx_with_specs, alice, "read-only")
+    container = own_docker.container(sandbox["id"])
     host = container.attrs["HostConfig"]
     assert host["ReadonlyRootfs"] is True
     assert set(host["Tmpfs"]) == {"/tmp", "/home/agent", "/var/lib/acs-agent"}

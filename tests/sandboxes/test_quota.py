@@ -5,24 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import docker
-import pytest
-
 from controlplane import keys
-from tests.support.sandbox_helpers import containers, start, wait_status
+from tests.support.sandbox_helpers import OwnDocker, start, start_running, wait_status
 from tests.support.types import Client, ClientFactory, UserHeaders
-
-
-@pytest.fixture
-def sbx_factory(make_sandbox_client: ClientFactory) -> ClientFactory:
-    async def make(**overrides: Any) -> Client:
-        client: Client = await make_sandbox_client(
-            reconcile_interval=1.0,
-            **overrides,
-        )
-        return client
-
-    return make
 
 
 async def post_start(client: Client, headers: dict[str, str]) -> tuple[int, Any, Any]:
@@ -48,8 +33,7 @@ async def ids_of(client: Client, headers: dict[str, str]) -> list[str]:
 async def test_cap_refuses_a_third_start_and_a_resume_over_the_cap(
     sbx_factory: ClientFactory,
     user_headers: UserHeaders,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     sbx = await sbx_factory(max_running_per_user=2)
     alice, bob = await user_headers("alice"), await user_headers("bob")
@@ -62,7 +46,7 @@ async def test_cap_refuses_a_third_start_and_a_resume_over_the_cap(
     await wait_status(sbx, alice, second, "RUNNING")
     assert_quota(*await post_start(sbx, alice), "alice", 2)
     assert sorted(await ids_of(sbx, alice)) == sorted([first, second])
-    assert len(containers(docker_client, test_prefix)) == 2
+    assert len(own_docker.containers()) == 2
     assert await sbx.app[keys.SANDBOXES].store.count_active("alice") == 2
 
     # The cap is per user.
@@ -70,15 +54,14 @@ async def test_cap_refuses_a_third_start_and_a_resume_over_the_cap(
 
     resp = await sbx.post(f"/api/v1/sandboxes/{first}/pause", headers=alice)
     assert resp.status == 200
-    third = (await start(sbx, alice))["id"]
-    await wait_status(sbx, alice, third, "RUNNING")
+    third = (await start_running(sbx, alice))["id"]
 
     # Resuming the paused one would make three: refused, and it stays PAUSED and frozen.
     resp = await sbx.post(f"/api/v1/sandboxes/{first}/resume", headers=alice)
     assert_quota(resp.status, await resp.json(), resp.headers, "alice", 2)
     paused = await wait_status(sbx, alice, first, "PAUSED", within=1)
     assert paused["reason"] is None
-    (container,) = [c for c in containers(docker_client, test_prefix) if first in c.name]
+    (container,) = [c for c in own_docker.containers() if first in c.name]
     assert container.status == "paused"
 
     # Deleting one frees a slot for the resume.
@@ -89,24 +72,21 @@ async def test_cap_refuses_a_third_start_and_a_resume_over_the_cap(
     await wait_status(sbx, alice, first, "RUNNING", within=10)
     assert sorted(await ids_of(sbx, alice)) == sorted([first, third])
     await wait_status(sbx, bob, other, "RUNNING")
-    assert len(containers(docker_client, test_prefix)) == 3
+    assert len(own_docker.containers()) == 3
 
 
 async def test_error_and_missing_do_not_count(
     sbx_factory: ClientFactory,
     user_headers: UserHeaders,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     sbx = await sbx_factory(max_running_per_user=1)
     alice = await user_headers("alice")
-    first = (await start(sbx, alice))["id"]
-    await wait_status(sbx, alice, first, "RUNNING")
-    (container,) = containers(docker_client, test_prefix)
+    first = (await start_running(sbx, alice))["id"]
+    (container,) = own_docker.containers()
     container.remove(force=True)
     await wait_status(sbx, alice, first, "MISSING", within=15)
-    second = (await start(sbx, alice))["id"]
-    await wait_status(sbx, alice, second, "RUNNING")
+    await start_running(sbx, alice)  # a second one
     # Re-creating the MISSING one would make two.
     resp = await sbx.post(f"/api/v1/sandboxes/{first}/resume", headers=alice)
     assert resp.status == 429
@@ -116,8 +96,7 @@ async def test_error_and_missing_do_not_count(
 async def test_concurrent_starts_respect_the_cap_atomically(
     sbx_factory: ClientFactory,
     user_headers: UserHeaders,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     sbx = await sbx_factory(max_running_per_user=5)
     alice = await user_headers("alice")
@@ -148,5 +127,5 @@ async def test_concurrent_starts_respect_the_cap_atomically(
     (winner,) = [body["id"] for status, body, _ in results if status == 200]
     await wait_status(sbx, alice, winner, "RUNNING", within=60)
     assert sorted(await ids_of(sbx, alice)) == sorted([*ids, winner])
-    assert len(containers(docker_client, test_prefix)) == 6
+    assert len(own_docker.containers()) == 6
     assert await sbx.app[keys.SANDBOXES].store.count_active("alice") == 6

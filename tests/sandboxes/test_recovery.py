@@ -25,20 +25,12 @@ from controlplane.sandboxes import naming
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.store import Limits
 from controlplane.store import keyspace
-from drivers import docker_names
+from drivers.docker import names as docker_names
 from tests.support.sandbox_helpers import DEFAULT_IMAGE as IMAGE
-from tests.support.sandbox_helpers import Client, containers, start, volumes, wait_status
+from tests.support.sandbox_helpers import OwnDocker, start_running, wait_status
 from tests.support.types import ClientFactory, UserHeaders
 
 DOCKER_SOCK = "/var/run/docker.sock"
-
-
-@pytest.fixture
-def sbx_factory(make_sandbox_client: ClientFactory) -> ClientFactory:
-    async def make(**overrides: Any) -> Client:
-        return await make_sandbox_client(**({"reconcile_interval": 1.0} | overrides))
-
-    return make
 
 
 async def agent_echo(running: dict[str, Any], text: str) -> str:
@@ -94,8 +86,8 @@ async def test_restart_keeps_running_sandboxes(
 ) -> None:
     alice = await user_headers("alice")
     first = await sbx_factory()
-    sandbox_id = (await start(first, alice))["id"]
-    running = await wait_status(first, alice, sandbox_id, "RUNNING")
+    running = await start_running(first, alice)
+    sandbox_id = running["id"]
     assert await agent_echo(running, "before") == "before"
     await first.close()
 
@@ -118,8 +110,8 @@ async def test_interrupted_start_with_a_healthy_agent_becomes_running(
 ) -> None:
     alice = await user_headers("alice")
     first = await sbx_factory()
-    sandbox_id = (await start(first, alice))["id"]
-    running = await wait_status(first, alice, sandbox_id, "RUNNING")
+    running = await start_running(first, alice)
+    sandbox_id = running["id"]
     await first.close()
 
     second = await sbx_factory()
@@ -142,8 +134,7 @@ async def test_interrupted_start_with_a_healthy_agent_becomes_running(
 async def test_interrupted_start_without_container_is_taken_over_and_finished(
     sbx_factory: ClientFactory,
     user_headers: UserHeaders,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     """A start recorded (STARTING) by a process that died before making anything: the sweep
     takes it over and creates the container; the change is an automatic lifecycle event."""
@@ -166,8 +157,8 @@ async def test_interrupted_start_without_container_is_taken_over_and_finished(
     running = await wait_status(client, alice, record.id, "RUNNING", within=30)
     assert running["session_api_key"] == record.session_api_key
     assert await agent_echo(running, "finished") == "finished"
-    assert [c.name for c in containers(docker_client, test_prefix)] == [
-        docker_names.container_name(test_prefix, record.id)
+    assert [c.name for c in own_docker.containers()] == [
+        docker_names.container_name(own_docker.prefix, record.id)
     ]
     events = await (await client.get("/api/v1/lifecycle-events/search", headers=alice)).json()
     taken = [e for e in events["items"] if e["sandbox_id"] == record.id]
@@ -177,28 +168,24 @@ async def test_interrupted_start_without_container_is_taken_over_and_finished(
 async def test_a_delete_cut_off_is_finished_not_turned_into_missing(
     sbx_factory: ClientFactory,
     user_headers: UserHeaders,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     alice = await user_headers("alice")
     first = await sbx_factory()
-    sandbox_id = (await start(first, alice))["id"]
-    await wait_status(first, alice, sandbox_id, "RUNNING")
+    sandbox_id = (await start_running(first, alice))["id"]
     await first.close()
     second = await sbx_factory()
     service = second.app[keys.SANDBOXES]
     # As if a process recorded the delete, removed the container, then died.
     assert await service.store.mark_deleting(sandbox_id)
-    docker_client.containers.get(docker_names.container_name(test_prefix, sandbox_id)).remove(
-        force=True
-    )
+    own_docker.container(sandbox_id).remove(force=True)
 
     async def gone() -> bool:
         return (await second.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)).status == 404
 
     await poll(gone, 10, "the delete was not finished")
-    assert containers(docker_client, test_prefix) == []
-    assert volumes(docker_client, test_prefix) == []
+    assert own_docker.containers() == []
+    assert own_docker.volumes() == []
     events = await (await second.get("/api/v1/lifecycle-events/search", headers=alice)).json()
     kinds = [(e["type"], e["automatic"]) for e in events["items"] if e["sandbox_id"] == sandbox_id]
     assert kinds[0] == ("sandbox.deleted", True), kinds
@@ -208,15 +195,14 @@ async def test_a_delete_cut_off_is_finished_not_turned_into_missing(
 async def test_a_sandbox_in_error_resumes_on_its_kept_workspace(
     sbx_factory: ClientFactory,
     user_headers: UserHeaders,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     alice = await user_headers("alice")
     client = await sbx_factory()
     service = client.app[keys.SANDBOXES]
-    sandbox_id = (await start(client, alice))["id"]
-    running = await wait_status(client, alice, sandbox_id, "RUNNING")
-    container = docker_client.containers.get(docker_names.container_name(test_prefix, sandbox_id))
+    running = await start_running(client, alice)
+    sandbox_id = running["id"]
+    container = own_docker.container(sandbox_id)
     assert container.exec_run(["sh", "-c", "echo kept > /workspace/note"]).exit_code == 0
     # An ERROR from an earlier failure, with the container gone.
     record = await service.store.get(sandbox_id)
@@ -242,13 +228,12 @@ async def test_container_without_record_is_adopted(
     sbx_factory: ClientFactory,
     user_headers: UserHeaders,
     raw_redis: aioredis.Redis,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     alice = await user_headers("alice")
     client = await sbx_factory()
-    sandbox_id = (await start(client, alice))["id"]
-    running = await wait_status(client, alice, sandbox_id, "RUNNING")
+    running = await start_running(client, alice)
+    sandbox_id = running["id"]
     key = running["session_api_key"]
 
     # Lose the record as a Redis without persistence would, with no tombstone.
@@ -267,7 +252,7 @@ async def test_container_without_record_is_adopted(
     assert adopted["sandbox_spec_id"] == "default"
     assert adopted["session_api_key"] == key
     assert adopted["exposed_urls"] == running["exposed_urls"]
-    (container,) = containers(docker_client, test_prefix)
+    (container,) = own_docker.containers()
     assert (
         abs(
             datetime.fromisoformat(adopted["created_at"]).timestamp()
@@ -286,36 +271,33 @@ async def test_container_without_record_is_adopted(
     # An adopted sandbox is a normal one: it can be deleted, and stays deleted.
     resp = await client.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
     assert resp.status == 200
-    assert containers(docker_client, test_prefix) == []
+    assert own_docker.containers() == []
 
 
 async def test_deleted_sandbox_container_is_removed_never_adopted(
     sbx_factory: ClientFactory,
     user_headers: UserHeaders,
     raw_redis: aioredis.Redis,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     alice = await user_headers("alice")
     client = await sbx_factory()
-    sandbox_id = (await start(client, alice))["id"]
-    running = await wait_status(client, alice, sandbox_id, "RUNNING")
+    running = await start_running(client, alice)
+    sandbox_id = running["id"]
     resp = await client.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
     assert resp.status == 200
     assert await raw_redis.exists(keyspace.sandbox_tombstone(sandbox_id))
-    assert containers(docker_client, test_prefix) == []
+    assert own_docker.containers() == []
 
     # Its container shows up again (a launch elsewhere that finished after the delete).
     env = {"OH_SESSION_API_KEYS_0": running["session_api_key"]}
-    fake_container(docker_client, test_prefix, sandbox_id, env)
+    fake_container(own_docker.client, own_docker.prefix, sandbox_id, env)
     reconciler = client.app[keys.RECONCILER]
 
     async def gone() -> bool:
         resp = await client.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
         assert resp.status == 404, await resp.text()
-        return not containers(docker_client, test_prefix) and not volumes(
-            docker_client, test_prefix
-        )
+        return not own_docker.containers() and not own_docker.volumes()
 
     await poll(gone, within=10, what="the deleted sandbox's container was not removed")
     assert await reconciler.sweep() == 0
@@ -327,16 +309,15 @@ async def test_deleted_sandbox_container_is_removed_never_adopted(
 async def test_labelled_container_without_session_key_is_removed(
     sbx_factory: ClientFactory,
     user_headers: UserHeaders,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     alice = await user_headers("alice")
     client = await sbx_factory()
     sandbox_id = naming.new_sandbox_id()
-    fake_container(docker_client, test_prefix, sandbox_id, env={})
+    fake_container(own_docker.client, own_docker.prefix, sandbox_id, env={})
 
     async def removed() -> bool:
-        return not containers(docker_client, test_prefix)
+        return not own_docker.containers()
 
     await poll(removed, within=10, what="the keyless container was not removed")
     resp = await client.get(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)
@@ -433,13 +414,12 @@ async def test_engine_outage_is_503_then_recovers_without_restart(
     docker_proxy: DockerProxy,  # first, so that it outlives the app
     sbx_factory: ClientFactory,
     user_headers: UserHeaders,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
     alice = await user_headers("alice")
     client = await sbx_factory(docker_url=f"unix://{docker_proxy.path}")
-    sandbox_id = (await start(client, alice))["id"]
-    running = await wait_status(client, alice, sandbox_id, "RUNNING")
+    running = await start_running(client, alice)
+    sandbox_id = running["id"]
     assert docker_proxy.connections > 0, "the app did not talk to Docker through the proxy"
 
     await docker_proxy.stop()
@@ -456,7 +436,7 @@ async def test_engine_outage_is_503_then_recovers_without_restart(
     same = await wait_status(client, alice, sandbox_id, "RUNNING", within=1)
     assert same["session_api_key"] == running["session_api_key"]
     assert same["reason"] is None
-    (container,) = containers(docker_client, test_prefix)
+    (container,) = own_docker.containers()
     assert container.status == "running", "the failed pause must not have paused it"
     assert await client.app[keys.SANDBOXES].store.count_active("alice") == 1
 
@@ -471,12 +451,11 @@ async def test_engine_outage_is_503_then_recovers_without_restart(
     assert resp.status == 200, await resp.text()
     await wait_status(client, alice, sandbox_id, "RUNNING", within=10)
     assert await reconciler.sweep() == 0
-    second = (await start(client, alice))["id"]
-    await wait_status(client, alice, second, "RUNNING")
+    second = (await start_running(client, alice))["id"]
     resp = await client.delete(f"/api/v1/sandboxes/{second}", headers=alice)
     assert resp.status == 200
-    assert [c.name for c in containers(docker_client, test_prefix)] == [
-        docker_names.container_name(test_prefix, sandbox_id)
+    assert [c.name for c in own_docker.containers()] == [
+        docker_names.container_name(own_docker.prefix, sandbox_id)
     ]
 
 
@@ -498,6 +477,5 @@ async def test_engine_down_at_start_up_then_up(
 
     await docker_proxy.start()
     assert await reconciler.sweep() == 0
-    sandbox_id = (await start(client, alice))["id"]
-    running = await wait_status(client, alice, sandbox_id, "RUNNING")
+    running = await start_running(client, alice)
     assert await agent_echo(running, "up") == "up"

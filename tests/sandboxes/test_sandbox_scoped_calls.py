@@ -7,29 +7,15 @@ rules are attacked from every side."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-from typing import Any
 
 import aiohttp
 import pytest
 
 from tests.support.conversation_helpers import LLM_KEY, UserFactory
-from tests.support.live_server import Api, LiveServer
+from tests.support.live_server import LiveServer, running_sandbox
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
-
-
-async def running(api: Api, within: float = 90) -> dict[str, Any]:
-    created = await api.ok("POST", "/api/v1/sandboxes", json={})
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        body: dict[str, Any] = await api.ok("GET", f"/api/v1/sandboxes/{created['id']}")
-        if body["status"] == "RUNNING":
-            return body
-        await asyncio.sleep(0.1)
-    raise AssertionError("the sandbox never ran")
 
 
 async def get(
@@ -49,7 +35,7 @@ async def test_a_users_key_with_their_sandboxs_key_and_nothing_else(
     await alice.ok(
         "POST", "/api/add-git-providers", json={"provider_tokens": {"github": {"token": "ghp_A"}}}
     )
-    sandbox, other = await running(alice), await running(bob)
+    sandbox, other = await running_sandbox(alice), await running_sandbox(bob)
     key, bobs = sandbox["session_api_key"], other["session_api_key"]
     me = f"{live.url}/api/v1/users/me"
     http = alice.http
@@ -90,7 +76,7 @@ async def test_sandbox_secrets_answer_the_sandbox_of_the_key_only(
     await alice.ok(
         "POST", "/api/add-git-providers", json={"provider_tokens": {"github": {"token": "ghp_A"}}}
     )
-    sandbox, other = await running(alice), await running(bob)
+    sandbox, other = await running_sandbox(alice), await running_sandbox(bob)
     key, sid = sandbox["session_api_key"], sandbox["id"]
     base = f"{live.url}/api/v1/sandboxes/{sid}/settings/secrets"
     http = alice.http
@@ -133,7 +119,7 @@ async def test_sandboxes_look_secrets_up_on_the_webhook_listener(
     pointing there resolves from inside the sandbox."""
     alice = await user("alice")
     await alice.ok("POST", "/api/secrets", json={"name": "DEPLOY_TOKEN", "value": "v-1"})
-    sandbox = await running(alice)
+    sandbox = await running_sandbox(alice)
     gateway = await live.sandbox_gateway()
     url = (
         f"http://{gateway}:{live.webhook_port}/api/v1/sandboxes/{sandbox['id']}"

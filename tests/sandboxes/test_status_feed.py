@@ -26,7 +26,7 @@ S = SandboxStatus
 
 
 @pytest.fixture
-async def replicas(
+async def two_replicas(
     config: ServiceConfig, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[SandboxStore, SandboxReads]]:
     """Replica A's store (it makes the changes) and replica B's reads (it waits), each with its
@@ -62,9 +62,9 @@ async def _starting(store: SandboxStore) -> SandboxRecord:
 
 
 async def test_a_waiter_on_another_replica_wakes_on_running(
-    replicas: tuple[SandboxStore, SandboxReads],
+    two_replicas: tuple[SandboxStore, SandboxReads],
 ) -> None:
-    store, waiter = replicas
+    store, waiter = two_replicas
     record = await _starting(store)
     wait = asyncio.create_task(waiter.wait_running(record.id, 300))
     await asyncio.sleep(0.3)
@@ -77,9 +77,9 @@ async def test_a_waiter_on_another_replica_wakes_on_running(
 
 
 async def test_a_waiter_on_another_replica_hears_of_error_and_delete(
-    replicas: tuple[SandboxStore, SandboxReads],
+    two_replicas: tuple[SandboxStore, SandboxReads],
 ) -> None:
-    store, waiter = replicas
+    store, waiter = two_replicas
     failed = await _starting(store)
     wait = asyncio.create_task(waiter.wait_running(failed.id, 300))
     await asyncio.sleep(0.3)

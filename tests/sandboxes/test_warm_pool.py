@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import docker
 import redis.asyncio as aioredis
 from cryptography.fernet import Fernet
 
@@ -21,10 +20,16 @@ from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.pool import fingerprint
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.specs.catalog import SpecCatalog
-from drivers import docker_names
-from drivers.host_memory import HostMemory
+from drivers.docker import names as docker_names
+from drivers.docker.host_memory import HostMemory
 from tests.conftest import BOOTSTRAP_KEY
-from tests.support.sandbox_helpers import REPO, containers, spec_dir, wait_status
+from tests.support.sandbox_helpers import (
+    REPO,
+    OwnDocker,
+    exec_as_agent,
+    spec_dir,
+    wait_status,
+)
 from tests.support.types import Client, ClientFactory
 
 ADMIN = {"X-Session-API-Key": BOOTSTRAP_KEY}
@@ -55,15 +60,17 @@ async def wait_ready(
 
 async def create(client: Client, headers: dict[str, str]) -> dict[str, Any]:
     resp = await client.post("/api/v1/sandboxes", json={}, headers=headers)
-    body = await resp.json()
+    body: dict[str, Any] = await resp.json()
     assert resp.status == 200, body
     return body
 
 
 async def test_claims_hand_out_each_member_once_across_two_replicas(
-    test_prefix: str, make_client: Any, user_headers: Any, docker_client: docker.DockerClient
+    own_docker: OwnDocker,
+    make_client: Any,
+    user_headers: Any,
 ) -> None:
-    settings = {"with_sandboxes": True, "container_prefix": test_prefix, "warm_pool": "2"}
+    settings = {"with_sandboxes": True, "container_prefix": own_docker.prefix, "warm_pool": "2"}
     one: Client = await make_client(**settings, **FAST)
     two: Client = await make_client(**settings, **FAST)
     members = await wait_ready(one, 2)
@@ -118,7 +125,7 @@ async def test_claims_hand_out_each_member_once_across_two_replicas(
     # keeps them (Redis says who owns them).
     labelled = {
         c.labels[docker_names.LABEL_ID]: c.labels[docker_names.LABEL_OWNER]
-        for c in containers(docker_client, test_prefix)
+        for c in own_docker.containers()
     }
     assert {labelled.get(m) for m in members} == {naming.POOL_OWNER}
 
@@ -128,10 +135,9 @@ async def test_claims_hand_out_each_member_once_across_two_replicas(
 
 
 async def test_claimed_member_keeps_nothing_of_another_user(
-    test_prefix: str,
+    own_docker: OwnDocker,
     make_sandbox_client: ClientFactory,
     user_headers: Any,
-    docker_client: docker.DockerClient,
 ) -> None:
     client: Client = await make_sandbox_client(warm_pool="1", **FAST)
     alice, bob = await user_headers("alice"), await user_headers("bob")
@@ -147,7 +153,7 @@ async def test_claimed_member_keeps_nothing_of_another_user(
     ]
     every = (await (await client.get(f"{url}?all_users=true", headers=ADMIN)).json())["items"]
     assert {e["user_id"] for e in every} == {"alice"}
-    container = docker_client.containers.get(docker_names.container_name(test_prefix, first))
+    container = own_docker.container(first)
     code, _ = await asyncio.to_thread(
         container.exec_run, ["sh", "-c", "echo alice-secret > /workspace/alice.txt"], user="agent"
     )
@@ -158,14 +164,14 @@ async def test_claimed_member_keeps_nothing_of_another_user(
     assert second != first, "a claimed sandbox never goes back to the pool"
     theirs = await create(client, bob)
     assert theirs["id"] == second
-    other = docker_client.containers.get(docker_names.container_name(test_prefix, second))
-    code, out = await asyncio.to_thread(other.exec_run, ["ls", "-A", "/workspace"], user="agent")
+    other = own_docker.container(second)
+    code, out = await asyncio.to_thread(exec_as_agent, other, "ls", "-A", "/workspace")
     assert code == 0
-    assert "alice.txt" not in out.decode()
+    assert "alice.txt" not in out
     # Alice's sandbox is gone with its workspace; nobody else sees hers or bob's.
     assert (await client.get(f"/api/v1/sandboxes/{second}", headers=alice)).status == 404
-    assert docker_names.volume_name(test_prefix, first) not in {
-        v.name for v in docker_client.volumes.list(filters={"name": test_prefix})
+    assert docker_names.volume_name(own_docker.prefix, first) not in {
+        v.name for v in own_docker.client.volumes.list(filters={"name": own_docker.prefix})
     }
 
 
@@ -192,18 +198,17 @@ def paused_spec(tmp: Path, extra: str = "") -> Path:
 
 
 async def test_paused_member_is_unpaused_on_claim_and_stale_ones_are_replaced(
-    test_prefix: str,
+    own_docker: OwnDocker,
     make_client: Any,
     user_headers: Any,
-    docker_client: docker.DockerClient,
     tmp_path: Path,
 ) -> None:
     specs = paused_spec(tmp_path)
-    settings = {"with_sandboxes": True, "container_prefix": test_prefix, "spec_dir": specs}
+    settings = {"with_sandboxes": True, "container_prefix": own_docker.prefix, "spec_dir": specs}
     old: Client = await make_client(**settings, warm_pool=None, **FAST)
     first = next(iter(await wait_ready(old, 1, "pooled")))
-    name = docker_names.container_name(test_prefix, first)
-    assert docker_client.containers.get(name).status == "paused"
+    name = docker_names.container_name(own_docker.prefix, first)
+    assert own_docker.client.containers.get(name).status == "paused"
     await old.close()
 
     # The spec changes while no control plane runs: the next one drops the stale member.
@@ -212,7 +217,7 @@ async def test_paused_member_is_unpaused_on_claim_and_stale_ones_are_replaced(
     second = next(iter(await wait_ready(new, 1, "pooled")))
     assert second != first
     deadline = time.monotonic() + 30
-    while name in {c.name for c in containers(docker_client, test_prefix)}:
+    while name in {c.name for c in own_docker.containers()}:
         assert time.monotonic() < deadline, "the stale member's container was not removed"
         await asyncio.sleep(0.2)
 
@@ -221,9 +226,7 @@ async def test_paused_member_is_unpaused_on_claim_and_stale_ones_are_replaced(
     body = await resp.json()
     assert body["id"] == second
     assert body["status"] == "RUNNING"
-    assert docker_client.containers.get(
-        docker_names.container_name(test_prefix, second)
-    ).status == ("running")
+    assert own_docker.container(second).status == ("running")
     await wait_status(new, alice, second, "RUNNING")
 
 
@@ -236,10 +239,9 @@ def test_fingerprint_follows_spec_content_and_image() -> None:
 
 
 async def test_pool_stays_within_capacity_and_refusals_come_before_the_engine(
-    test_prefix: str,
+    own_docker: OwnDocker,
     make_sandbox_client: ClientFactory,
     user_headers: Any,
-    docker_client: docker.DockerClient,
     tmp_path: Path,
 ) -> None:
     mib = 1024**2
@@ -253,13 +255,13 @@ async def test_pool_stays_within_capacity_and_refusals_come_before_the_engine(
     members = await wait_ready(client, 3)
     await asyncio.sleep(1.0)  # a few more refill passes: still three
     assert len((await pool_of(client))["members"]) == 3
-    assert len(containers(docker_client, test_prefix)) == 3
+    assert len(own_docker.containers()) == 3
 
     alice = await user_headers("alice")
     claimed = await create(client, alice)  # the member's reservation passes to alice
     assert claimed["id"] in members
     await asyncio.sleep(1.0)
-    assert len(containers(docker_client, test_prefix)) == 3, "no room for a fourth"
+    assert len(own_docker.containers()) == 3, "no room for a fourth"
     assert len((await pool_of(client))["members"]) == 2
 
     # The pool is drained of ready members: the next creates claim the rest, then the host
@@ -269,7 +271,7 @@ async def test_pool_stays_within_capacity_and_refusals_come_before_the_engine(
     resp = await client.post("/api/v1/sandboxes", json={}, headers=alice)
     assert resp.status == 429
     assert "memory" in (await resp.json())["detail"]
-    assert len(containers(docker_client, test_prefix)) == 3
+    assert len(own_docker.containers()) == 3
 
 
 async def test_default_reservation_admits_300_idle_sandboxes_on_24_gib(
@@ -300,10 +302,9 @@ async def test_default_reservation_admits_300_idle_sandboxes_on_24_gib(
 
 
 async def test_host_short_of_memory_refuses_before_the_engine(
-    test_prefix: str,
+    own_docker: OwnDocker,
     make_sandbox_client: ClientFactory,
     user_headers: Any,
-    docker_client: docker.DockerClient,
 ) -> None:
     """Reservations overcommit the limits: the live guard refuses (429, nothing created) while
     the host has less available than ACS_HOST_MEMORY_FLOOR, and the pool does not refill."""
@@ -318,7 +319,7 @@ async def test_host_short_of_memory_refuses_before_the_engine(
     assert "memory" in (await resp.json())["detail"]
     await asyncio.sleep(1.0)  # several refill passes
     assert (await pool_of(client))["members"] == []
-    assert containers(docker_client, test_prefix) == []
+    assert own_docker.containers() == []
 
 
 def test_host_memory_reads_meminfo_and_ignores_a_remote_engine(tmp_path: Path) -> None:

@@ -5,37 +5,31 @@ filesystem. Each must fail, and the webhook path must still work (docs/security.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import shutil
-import subprocess
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import docker
 import pytest
-import redis
 import redis.asyncio as aioredis
 from aiohttp import web
 
 from controlplane.auth.service import ApiKeyService
-from controlplane.config import ServiceConfig
 from controlplane.store import keyspace
-from tests.support.live_server import Api, LiveServer, free_port, start_live_server
-from tests.support.sandbox_helpers import exec_as_agent, probe_from
+from tests.support.live_server import Api, LiveServer, LiveServerFactory, running_sandbox
+from tests.support.redis_server import redis_on_tcp
+from tests.support.sandbox_helpers import OwnDocker, exec_as_agent, probe_from
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 
 
 @pytest.fixture
-async def live(
-    test_prefix: str, make_config: Callable[..., ServiceConfig]
-) -> AsyncIterator[LiveServer]:
-    server = await start_live_server(make_config(container_prefix=test_prefix))
-    yield server
-    await server.close()
+async def plain_live(make_plain_live: LiveServerFactory) -> LiveServer:
+    """The control plane over HTTP with the default configuration: no host port is open to
+    sandboxes (the `live` of the conversation tests opens the fake LLM's)."""
+    return await make_plain_live()
 
 
 async def new_user(live: LiveServer, http: aiohttp.ClientSession, redis_: Any, name: str) -> Api:
@@ -43,47 +37,16 @@ async def new_user(live: LiveServer, http: aiohttp.ClientSession, redis_: Any, n
     return Api(http, live.url, created.key)
 
 
-async def running_sandbox(api: Api, within: float = 60) -> dict[str, Any]:
-    started = await api.ok("POST", "/api/v1/sandboxes")
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        body: dict[str, Any] = await api.ok("GET", f"/api/v1/sandboxes/{started['id']}")
-        if body["status"] == "RUNNING":
-            return body
-        assert body["status"] == "STARTING", body
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"sandbox {started['id']} not RUNNING in {within} s")
-
-
 @pytest.fixture
-def host_redis(tmp_path: Path) -> Iterator[Callable[[list[str]], int]]:
+def careless_redis(tmp_path: Path) -> Iterator[Callable[[list[str]], int]]:
     """Starts a redis-server without protected mode on the given addresses (a careless host
     service); returns its port."""
-    processes: list[subprocess.Popen[bytes]] = []
+    with contextlib.ExitStack() as servers:
 
-    def start(addresses: list[str]) -> int:
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is not installed (make test installs it)"
-        port = free_port(addresses[0])
-        argv = [binary, "--port", str(port), "--bind", *addresses, "--protected-mode", "no"]
-        argv += ["--save", "", "--appendonly", "no", "--dir", str(tmp_path)]
-        processes.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL))
-        client = redis.Redis(host=addresses[0], port=port)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                assert client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                assert time.monotonic() < deadline, "redis-server did not answer in 10 s"
-                time.sleep(0.05)
-        client.close()
-        return port
+        def start(addresses: list[str]) -> int:
+            return servers.enter_context(redis_on_tcp(addresses, tmp_path, protected=False))
 
-    yield start
-    for process in processes:
-        process.terminate()
-        process.wait(timeout=10)
+        yield start
 
 
 def network_address(container: Any) -> str:
@@ -93,29 +56,28 @@ def network_address(container: Any) -> str:
 
 async def test_a_sandbox_reaches_no_neighbour_and_no_host_service_but_the_webhooks(
     *,
-    live: LiveServer,
+    plain_live: LiveServer,
     http: aiohttp.ClientSession,
     raw_redis: aioredis.Redis,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
-    host_redis: Callable[[list[str]], int],
+    own_docker: OwnDocker,
+    careless_redis: Callable[[list[str]], int],
 ) -> None:
-    alice = await new_user(live, http, raw_redis, "alice")
-    bob = await new_user(live, http, raw_redis, "bob")
+    alice = await new_user(plain_live, http, raw_redis, "alice")
+    bob = await new_user(plain_live, http, raw_redis, "bob")
     mine, theirs = await asyncio.gather(running_sandbox(alice), running_sandbox(bob))
-    gateway = await live.sandbox_gateway()
-    attacker = docker_client.containers.get(f"{test_prefix}{mine['id']}")
-    victim = docker_client.containers.get(f"{test_prefix}{theirs['id']}")
+    gateway = await plain_live.sandbox_gateway()
+    attacker = own_docker.client.containers.get(f"{own_docker.prefix}{mine['id']}")
+    victim = own_docker.client.containers.get(f"{own_docker.prefix}{theirs['id']}")
     victim_port = theirs["exposed_urls"][0]["port"]
 
     # The API on the gateway too, as `serve --host 0.0.0.0` would have it; a host Redis on the
     # gateway and on docker0. All of them answer the host.
-    api_port = int(live.url.rsplit(":", 1)[1])
-    await web.TCPSite(live.runner, gateway, api_port).start()
+    api_port = int(plain_live.url.rsplit(":", 1)[1])
+    await web.TCPSite(plain_live.runner, gateway, api_port).start()
     async with http.get(f"http://{gateway}:{api_port}/health") as resp:
         assert resp.status == 200
-    redis_port = host_redis([gateway, "172.17.0.1"])
-    webhook_port = live.webhook_port
+    redis_port = careless_redis([gateway, "172.17.0.1"])
+    webhook_port = plain_live.webhook_port
 
     targets = [
         (network_address(victim), 8000),  # the neighbour's agent server, on the bridge
@@ -174,15 +136,14 @@ print(json.dumps({
 
 
 async def test_inside_a_sandbox_the_agent_has_no_privilege(
-    live: LiveServer,
+    plain_live: LiveServer,
     http: aiohttp.ClientSession,
     raw_redis: aioredis.Redis,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
 ) -> None:
-    alice = await new_user(live, http, raw_redis, "alice")
+    alice = await new_user(plain_live, http, raw_redis, "alice")
     sandbox = await running_sandbox(alice)
-    container = docker_client.containers.get(f"{test_prefix}{sandbox['id']}")
+    container = own_docker.client.containers.get(f"{own_docker.prefix}{sandbox['id']}")
 
     def run(command: str) -> tuple[int, str]:
         return exec_as_agent(container, "bash", "-c", command)

@@ -29,11 +29,10 @@ from tests.support.conversation_helpers import (
     UserFactory,
     message,
     start_and_wait,
-    status_is,
-    wait_events,
+    wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
-from tests.support.live_server import Api
+from tests.support.live_server import Api, running_sandbox
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 
@@ -107,6 +106,8 @@ def _chat_body(ids: Ids, _b: str) -> list[tuple[str, Any]]:
     """A model call carries no ids: bob's API key is no gateway credential either way."""
     return [("-", {"model": "fake-model", "messages": [{"role": "user", "content": "x"}]})]
 
+
+PROFILE_BODY = {"llm": {"model": "bob-model", "api_key": "bob-key"}, "include_secrets": True}
 
 BODIES: dict[tuple[str, str], BodyVariants] = {
     ("POST", "/api/v1/llm-gateway/v1/chat/completions"): _chat_body,
@@ -182,7 +183,6 @@ BODIES: dict[tuple[str, str], BodyVariants] = {
     # Keys carry no id of another's: bob makes one of his own.
     ("POST", "/api/v1/keys"): lambda ids, _b: [("-", {"name": "bob's"})],
 }
-PROFILE_BODY = {"llm": {"model": "bob-model", "api_key": "bob-key"}, "include_secrets": True}
 
 # The documented difference: an existing client-chosen conversation id is refused with 409,
 # a fresh one starts a conversation.
@@ -378,17 +378,6 @@ async def snapshot(alice: Alice) -> dict[str, Any]:
     }
 
 
-async def running_sandbox(api: Api, within: float = 60) -> dict[str, Any]:
-    created = await api.ok("POST", "/api/v1/sandboxes", json={})
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        body: dict[str, Any] = await api.ok("GET", f"/api/v1/sandboxes/{created['id']}")
-        if body["status"] == "RUNNING":
-            return body
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"sandbox {created['id']} never RUNNING")
-
-
 async def settle(api: Api, within: float = 90) -> None:
     """Wait until none of the caller's start tasks is still running."""
     deadline = time.monotonic() + within
@@ -409,7 +398,7 @@ async def make_alice(user: UserFactory, fake_llm: FakeLLM) -> Alice:
     task = await start_and_wait(api, initial_message=message(PRIVATE_TEXT), title=TITLE)
     assert task["status"] == "READY", task
     cid = task["app_conversation_id"]
-    events = await wait_events(api, cid, status_is("finished"))
+    events = await wait_finished(api, cid)
     sandbox = await api.ok("GET", f"/api/v1/sandboxes/{task['sandbox_id']}")
     ids = Ids(
         sandbox=task["sandbox_id"],
@@ -530,8 +519,8 @@ async def test_an_agent_cannot_squat_or_remove_another_conversations_event_ids(
     mine = await start_and_wait(alice, initial_message=message("hello"))
     theirs = await start_and_wait(bob, initial_message=message("hello"))
     cid, bob_cid = mine["app_conversation_id"], theirs["app_conversation_id"]
-    events = await wait_events(alice, cid, status_is("finished"))
-    await wait_events(bob, bob_cid, status_is("finished"))
+    events = await wait_finished(alice, cid)
+    await wait_finished(bob, bob_cid)
     target = events[0]
     bob_box = await bob.ok("GET", f"/api/v1/sandboxes/{theirs['sandbox_id']}")
 

@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 from joserfc import jwt
 from joserfc.jwk import OctKey, RSAKey
+from yarl import URL
 
 from controlplane.auth.oidc import OidcClient, OidcSettings, SignInFailed
 from tests.support.oidc_provider import CLIENT_ID, OTHER_CLIENT_ID, new_signing_key
@@ -29,14 +30,15 @@ async def _stop_before_callback(browser: aiohttp.ClientSession, live: OidcLive, 
     async with browser.get(live.url + "/auth/oidc/start") as login_page:
         html = await login_page.text()
         action = html.split('action="', 1)[1].split('"', 1)[0].replace("&amp;", "&")
-        target = str(login_page.url.join(aiohttp.client.URL(action)))
+        target = str(login_page.url.join(URL(action)))
     url = target
+    data: dict[str, str] | None
     method, data = "POST", {"prompt": "login", "login": user, "password": "any"}
     for _ in range(10):
         async with browser.request(method, url, data=data, allow_redirects=False) as hop:
             location = hop.headers.get("Location")
             assert location, await hop.text()
-            url = str(hop.url.join(aiohttp.client.URL(location)))
+            url = str(hop.url.join(URL(location)))
         if url.startswith(live.url + "/auth/oidc/callback"):
             return url
         method, data = "GET", None

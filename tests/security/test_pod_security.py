@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from drivers.base import NetworkPolicy, SandboxRequest
-from drivers.kube_objects import pod_manifest
-from drivers.kube_options import KubeOptions
+from drivers.kubernetes.objects import pod_manifest
+from drivers.kubernetes.settings import KubernetesSettings
 from tests.support.pod_security import profile, violations
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,23 +47,23 @@ def _request(**overrides: Any) -> SandboxRequest:
 
 
 PODS = {
-    "the default spec": (_request(), KubeOptions(), None),
-    "the image's own USER": (_request(user=None), KubeOptions(), None),
+    "the default spec": (_request(), KubernetesSettings(), None),
+    "the image's own USER": (_request(user=None), KubernetesSettings(), None),
     "a read-only root with tmpfs and kept state": (
         _request(
             read_only=True,
             tmpfs={"/tmp": "size=64m", "/home/agent": "", "/var/lib/acs-agent": ""},
             kept_paths=("/var/lib/acs-agent",),
         ),
-        KubeOptions(),
+        KubernetesSettings(),
         None,
     ),
     "gVisor, a registry, pull secrets, a node selector": (
         _request(),
-        KubeOptions(
-            image_registry="registry.example.com/acs",
-            image_pull_secrets=("regcred",),
-            node_selector={"pool": "sandboxes"},
+        KubernetesSettings(
+            kube_image_registry="registry.example.com/acs",
+            kube_image_pull_secrets=["regcred"],
+            kube_node_selector={"pool": "sandboxes"},
         ),
         "gvisor",
     ),
@@ -86,7 +86,7 @@ def test_the_rules_are_read_and_not_blind() -> None:
     assert {"Running as Non-root", "Seccomp (v1.19+)", "Capabilities (v1.22+)"} <= controls
     assert len(controls) == 18, controls  # 12 Baseline controls, 6 more in Restricted
     assert all(rule.fields and (rule.allowed or rule.one_of) for rule in restricted)
-    good = pod_manifest(_request(), KubeOptions(), "acs-", aliases=[], runtime_class=None)
+    good = pod_manifest(_request(), KubernetesSettings(), "acs-", aliases=[], runtime_class=None)
 
     def broken(change: Any) -> dict[str, Any]:
         pod = copy.deepcopy(good)

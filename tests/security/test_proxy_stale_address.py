@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 from cryptography.fernet import Fernet
 
 from controlplane.auth.service import ApiKeyService
-from drivers import docker_names
+from drivers.docker import names as docker_names
 from tests.support.live_server import Api, free_port
 from tests.support.redis_server import RedisServer
 from tests.support.sandbox_helpers import DEFAULT_IMAGE
@@ -84,7 +84,7 @@ async def deployment(
         for environment in (env, env_b):
             server = await launch_serve(free_port(), environment)
             servers.append(server)
-            await server.wait_healthy(http, within=60)
+            await server.wait_healthy(http)
         setup = aioredis.Redis.from_url(redis_server.url)
         key = (await ApiKeyService(setup, None).create("alice")).key
         await setup.aclose()

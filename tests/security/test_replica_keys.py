@@ -6,7 +6,6 @@ refuses to start, naming the setting. Real `controlplane serve` processes on one
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -20,14 +19,6 @@ from tests.support.redis_server import RedisServer
 from tests.support.serve_process import Serve, launch_serve, serve_env
 
 pytestmark = [pytest.mark.ha, pytest.mark.slow]
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
 
 
 async def _refused(server: Serve) -> str:

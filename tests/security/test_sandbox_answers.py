@@ -15,8 +15,6 @@ import asyncio
 import secrets
 import textwrap
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -25,11 +23,10 @@ import redis.asyncio as aioredis
 from multidict import CIMultiDictProxy
 
 from controlplane.auth.service import ApiKeyService
-from controlplane.config import ServiceConfig
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
-from tests.support.live_server import Api, LiveServer, start_live_server
-from tests.support.sandbox_helpers import DEFAULT_IMAGE, spec_dir
+from tests.support.live_server import Api, LiveServer, LiveServerFactory
+from tests.support.sandbox_helpers import DEFAULT_IMAGE
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("sandbox_images")]
 
@@ -89,17 +86,9 @@ resources: {{cpus: 1.0, memory: 512m, pids: 256}}
 
 
 @pytest.fixture
-async def live(
-    test_prefix: str, make_config: Callable[..., ServiceConfig], tmp_path: Path
-) -> AsyncIterator[LiveServer]:
-    config = make_config(
-        container_prefix=test_prefix,
-        reconcile_interval=1.0,
-        spec_dir=spec_dir(tmp_path, {"hostile": HOSTILE_SPEC}),
-    )
-    server = await start_live_server(config)
-    yield server
-    await server.close()
+async def hostile_live(make_plain_live: LiveServerFactory) -> LiveServer:
+    """The control plane over HTTP with the `hostile` spec beside the default."""
+    return await make_plain_live(specs={"hostile": HOSTILE_SPEC}, reconcile_interval=1.0)
 
 
 REPLACED = {"content-security-policy", "cache-control", "referrer-policy"}
@@ -139,10 +128,10 @@ async def _running(api: Api) -> dict[str, Any]:
 
 
 async def test_a_hostile_sandbox_answer_cannot_act_on_our_origin(
-    live: LiveServer, http: aiohttp.ClientSession, raw_redis: aioredis.Redis
+    hostile_live: LiveServer, http: aiohttp.ClientSession, raw_redis: aioredis.Redis
 ) -> None:
     key = (await ApiKeyService(raw_redis, None).create("alice")).key
-    alice = Api(http, live.url, key)
+    alice = Api(http, hostile_live.url, key)
     sandbox = await _running(alice)
     sid, session_key = sandbox["id"], sandbox["session_api_key"]
     agent = next(u["url"] for u in sandbox["exposed_urls"] if u["name"] == "AGENT_SERVER")
@@ -152,7 +141,9 @@ async def test_a_hostile_sandbox_answer_cannot_act_on_our_origin(
         assert len(_acts_on_our_origin(resp.headers)) >= len(HOSTILE_HEADERS) - 1
 
     # The sandbox proxy (the owner's browser session would see this page on our origin).
-    async with http.get(f"{live.url}/sandboxes/{sid}/proxy/agent/page", headers=alice.headers) as r:
+    async with http.get(
+        f"{hostile_live.url}/sandboxes/{sid}/proxy/agent/page", headers=alice.headers
+    ) as r:
         assert r.status == 200
         assert await r.text() == PAGE
         _confined(r.headers)
@@ -164,7 +155,7 @@ async def test_a_hostile_sandbox_answer_cannot_act_on_our_origin(
         "path": "/api/anything",
         "headers": {"X-Session-API-Key": session_key},
     }
-    async with http.post(f"{live.url}/api/cloud-proxy", json=envelope) as r:
+    async with http.post(f"{hostile_live.url}/api/cloud-proxy", json=envelope) as r:
         assert r.status == 200, await r.text()
         _confined(r.headers)
 
@@ -174,7 +165,7 @@ async def test_a_hostile_sandbox_answer_cannot_act_on_our_origin(
         AppConversationInfo(id=conversation_id, created_by_user_id="alice", sandbox_id=sid)
     )
     async with http.get(
-        f"{live.url}/api/v1/app-conversations/{conversation_id}/file",
+        f"{hostile_live.url}/api/v1/app-conversations/{conversation_id}/file",
         params={"file_path": "/workspace/page.html"},
         headers=alice.headers,
     ) as r:

@@ -14,24 +14,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 from aiohttp import web
 
 from controlplane import keys
-from drivers.docker_networks import bridge_name
-from drivers.firewall import Iptables, chain_names
+from drivers.docker.firewall import Iptables, chain_names
+from drivers.docker.networks import bridge_name
 from tests.support.live_server import attachment, free_port
 from tests.support.run_id import RUN_ID
 from tests.support.sandbox_helpers import (
     DEFAULT_IMAGE,
-    Client,
+    OwnDocker,
     probe_from,
     spec_dir,
     start,
     wait_status,
 )
-from tests.support.types import ClientFactory
+from tests.support.types import Client, ClientFactory
 
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 
@@ -115,9 +114,11 @@ def host_port() -> int:
 
 
 @pytest.fixture
-async def sbx(
+async def egress_sbx(
     make_sandbox_client: ClientFactory, tmp_path: Path, outside: Outside, host_port: int
 ) -> Client:
+    """A client of an app with sandboxes whose specs `closed` and `listed` (egress none, and
+    a list naming the outside server and this host's port) stand beside the default."""
     specs = {
         "closed": CLOSED.format(image=DEFAULT_IMAGE),
         "listed": LISTED.format(
@@ -129,11 +130,11 @@ async def sbx(
 
 
 @pytest.fixture
-async def host_service(sbx: Client, host_port: int) -> AsyncIterator[dict[str, str]]:
+async def host_service(egress_sbx: Client, host_port: int) -> AsyncIterator[dict[str, str]]:
     """An HTTP server on the host, on every sandbox network's gateway at host_port: open only to
     the spec that lists it. Returns the gateways by spec."""
-    catalog = sbx.app[keys.SPECS]
-    gateways = {s.id: (await attachment(sbx.app, s)).gateway for s in catalog.all()}
+    catalog = egress_sbx.app[keys.SPECS]
+    gateways = {s.id: (await attachment(egress_sbx.app, s)).gateway for s in catalog.all()}
     runner = web.AppRunner(web.Application())
     await runner.setup()
     for gateway in gateways.values():
@@ -144,24 +145,23 @@ async def host_service(sbx: Client, host_port: int) -> AsyncIterator[dict[str, s
 
 async def test_egress_internet_none_and_allow_list(
     *,
-    sbx: Client,
+    egress_sbx: Client,
     user_headers: Any,
-    docker_client: docker.DockerClient,
-    test_prefix: str,
+    own_docker: OwnDocker,
     outside: Outside,
     host_service: dict[str, str],
     host_port: int,
 ) -> None:
     alice = await user_headers("alice")
     specs = ("default", "closed", "listed")
-    started = [await start(sbx, alice, spec) for spec in specs]
-    await asyncio.gather(*(wait_status(sbx, alice, s["id"], "RUNNING") for s in started))
-    webhook = sbx.app[keys.WEBHOOK_LISTENER].port
+    started = [await start(egress_sbx, alice, spec) for spec in specs]
+    await asyncio.gather(*(wait_status(egress_sbx, alice, s["id"], "RUNNING") for s in started))
+    webhook = egress_sbx.app[keys.WEBHOOK_LISTENER].port
     far, metadata = outside.address, outside.link_local
 
     seen: dict[str, dict[tuple[str, int], str]] = {}
     for spec, sandbox in zip(specs, started, strict=True):
-        container = docker_client.containers.get(f"{test_prefix}{sandbox['id']}")
+        container = own_docker.client.containers.get(f"{own_docker.prefix}{sandbox['id']}")
         gateway = host_service[spec]
         seen[spec] = await probe_from(
             container,
@@ -182,36 +182,36 @@ async def test_egress_internet_none_and_allow_list(
     # Each restricted spec has its own network; internet specs share the deployment's.
     nets = {}
     for spec, sandbox in zip(specs, started, strict=True):
-        attrs = docker_client.containers.get(f"{test_prefix}{sandbox['id']}").attrs
+        attrs = own_docker.client.containers.get(f"{own_docker.prefix}{sandbox['id']}").attrs
         (nets[spec],) = attrs["NetworkSettings"]["Networks"]
     assert nets == {
-        "default": f"{test_prefix}net",
-        "closed": f"{test_prefix}net-closed",
-        "listed": f"{test_prefix}net-listed",
+        "default": f"{own_docker.prefix}net",
+        "closed": f"{own_docker.prefix}net-closed",
+        "listed": f"{own_docker.prefix}net-listed",
     }
 
     # `controlplane networks remove` takes the networks and their firewall chains away, but not
     # a network that still has sandboxes.
     for sandbox in started[1:]:
-        resp = await sbx.delete(f"/api/v1/sandboxes/{sandbox['id']}", headers=alice)
+        resp = await egress_sbx.delete(f"/api/v1/sandboxes/{sandbox['id']}", headers=alice)
         assert resp.status == 200
-    code, _out, err = await remove_networks_cli(test_prefix)
+    code, _out, err = await remove_networks_cli(own_docker.prefix)
     assert code == 1, err
     assert "1 network(s) still have containers" in err
-    left = [n["Name"] for n in docker_client.api.networks(filters={"name": test_prefix})]
-    assert left == [f"{test_prefix}net"]
+    left = [n["Name"] for n in own_docker.client.api.networks(filters={"name": own_docker.prefix})]
+    assert left == [f"{own_docker.prefix}net"]
     firewall = Iptables()
     chains = set(firewall.chains())
-    assert set(chain_names(bridge_name(f"{test_prefix}net"))) <= chains
+    assert set(chain_names(bridge_name(f"{own_docker.prefix}net"))) <= chains
     for name in ("closed", "listed"):
-        assert not set(chain_names(bridge_name(f"{test_prefix}net-{name}"))) & chains
+        assert not set(chain_names(bridge_name(f"{own_docker.prefix}net-{name}"))) & chains
 
-    resp = await sbx.delete(f"/api/v1/sandboxes/{started[0]['id']}", headers=alice)
+    resp = await egress_sbx.delete(f"/api/v1/sandboxes/{started[0]['id']}", headers=alice)
     assert resp.status == 200
-    code, out, err = await remove_networks_cli(test_prefix)
-    assert (code, out.strip()) == (0, f"removed the sandbox networks of {test_prefix!r}"), err
-    assert not docker_client.api.networks(filters={"name": test_prefix})
-    assert not set(chain_names(bridge_name(f"{test_prefix}net"))) & set(firewall.chains())
+    code, out, err = await remove_networks_cli(own_docker.prefix)
+    assert (code, out.strip()) == (0, f"removed the sandbox networks of {own_docker.prefix!r}"), err
+    assert not own_docker.client.api.networks(filters={"name": own_docker.prefix})
+    assert not set(chain_names(bridge_name(f"{own_docker.prefix}net"))) & set(firewall.chains())
 
 
 async def remove_networks_cli(prefix: str) -> tuple[int, str, str]:

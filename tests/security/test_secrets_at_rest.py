@@ -14,37 +14,13 @@ import structlog
 
 from controlplane.logging import configure_logging
 from tests.support.log_capture import LogCapture, capture_logs
+from tests.support.redis_dump import dump_redis
 from tests.support.redis_server import RedisServer
 from tests.support.types import Client, UserHeaders
 
 
 def _marker(kind: str) -> str:
     return f"MARK{kind}{secrets.token_hex(6)}"
-
-
-async def _dump_redis(redis: aioredis.Redis) -> bytes:
-    """Every key and every value, whatever the type."""
-    out = bytearray()
-    async for name in redis.scan_iter(count=500):
-        out += name + b"\n"
-        kind = (await redis.type(name)).decode()
-        if kind == "string":
-            out += await redis.get(name) or b""
-        elif kind == "hash":
-            for field, value in (await redis.hgetall(name)).items():
-                out += field + b"=" + value + b"\n"
-        elif kind == "zset":
-            for member, _score in await redis.zrange(name, 0, -1, withscores=True):
-                out += member + b"\n"
-        elif kind == "set":
-            for member in await redis.smembers(name):
-                out += member + b"\n"
-        elif kind == "list":
-            for item in await redis.lrange(name, 0, -1):
-                out += item + b"\n"
-        else:
-            raise AssertionError(f"no dump for Redis type {kind} ({name!r})")
-    return bytes(out)
 
 
 def _aof_bytes(server: RedisServer) -> bytes:
@@ -140,7 +116,7 @@ async def test_no_secret_in_redis_responses_or_logs(
         )
         await call("GET", "/api/settings")
 
-    stored = await _dump_redis(raw_redis)
+    stored = await dump_redis(raw_redis)
     key_id = api_key.split("_")[1]
     # Positive controls: the dumps are real (the key id is stored in the clear, on purpose).
     assert f"acs:apikey:{key_id}".encode() in stored

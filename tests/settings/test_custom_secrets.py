@@ -7,15 +7,9 @@ from typing import Any
 
 import pytest
 
-from controlplane import keys
-from controlplane.settings.models import UserRecord
-from controlplane.settings.store import UserRecordStore
+from controlplane.settings.models import ProviderType
+from tests.support.records import stored_user_record
 from tests.support.types import Client, UserHeaders
-
-
-async def _record(client: Client, user: str) -> UserRecord:
-    store = UserRecordStore(client.app[keys.REDIS], client.app[keys.SECRET_BOX])
-    return await store.get(user)
 
 
 async def _call(
@@ -75,7 +69,7 @@ async def test_create_then_list_names_and_descriptions_only(
     for value in created:
         assert value not in text
         assert value not in settings_text
-    record = await _record(client, "alice")
+    record = await stored_user_record(client, "alice")
     assert record.custom_secrets["OPENAI_KEY"].value == "value-one-xyz"
     assert record.custom_secrets["_private"].value == "value-two-xyz"
 
@@ -90,7 +84,7 @@ async def test_duplicate_name_is_409_and_keeps_the_first_value(
     )
     assert status == 409
     assert reply == {"detail": "Secret TOKEN already exists"}
-    assert (await _record(client, "alice")).custom_secrets["TOKEN"].value == "first"
+    assert (await stored_user_record(client, "alice")).custom_secrets["TOKEN"].value == "first"
 
 
 async def test_rename_keeps_the_value(client: Client, alice: dict[str, str]) -> None:
@@ -99,7 +93,7 @@ async def test_rename_keeps_the_value(client: Client, alice: dict[str, str]) -> 
 
     status, reply, _ = await _call(client, "PUT", "/api/secrets/OLD", alice, {"name": "NEW"})
     assert (status, reply) == (200, {"message": "Secret updated successfully"})
-    record = await _record(client, "alice")
+    record = await stored_user_record(client, "alice")
     assert set(record.custom_secrets) == {"NEW"}
     assert record.custom_secrets["NEW"].value == "the-value"
     assert record.custom_secrets["NEW"].description == "d1"  # description absent: kept
@@ -110,7 +104,7 @@ async def test_rename_keeps_the_value(client: Client, alice: dict[str, str]) -> 
     assert status == 200  # renaming onto itself is no conflict
     listed = (await _call(client, "GET", "/api/secrets", alice))[1]
     assert listed == {"custom_secrets": [{"name": "NEW", "description": "d2"}]}
-    assert (await _record(client, "alice")).custom_secrets["NEW"].value == "the-value"
+    assert (await stored_user_record(client, "alice")).custom_secrets["NEW"].value == "the-value"
 
     status, _, _ = await _call(client, "PUT", "/api/secrets/NEW", alice, {"description": None})
     assert status == 200
@@ -125,7 +119,7 @@ async def test_rename_onto_an_existing_name_is_409(client: Client, alice: dict[s
     status, reply, _ = await _call(client, "PUT", "/api/secrets/A", alice, {"name": "B"})
     assert status == 409
     assert reply == {"detail": "Secret B already exists"}
-    record = await _record(client, "alice")
+    record = await stored_user_record(client, "alice")
     assert {n: s.value for n, s in record.custom_secrets.items()} == {
         "A": "value-A",
         "B": "value-B",
@@ -150,7 +144,7 @@ async def test_delete(client: Client, alice: dict[str, str]) -> None:
         assert (await _call(client, "POST", "/api/secrets", alice, body))[0] == 201
     status, reply, _ = await _call(client, "DELETE", "/api/secrets/DROP", alice)
     assert (status, reply) == (200, {"message": "Secret deleted successfully"})
-    assert set((await _record(client, "alice")).custom_secrets) == {"KEEP"}
+    assert set((await stored_user_record(client, "alice")).custom_secrets) == {"KEEP"}
     assert (await _call(client, "DELETE", "/api/secrets/DROP", alice))[0] == 404
 
 
@@ -214,10 +208,10 @@ async def test_concurrent_writes_of_one_user_lose_nothing(
     )
     responses = await asyncio.gather(*writes)
     assert sorted(r.status for r in responses) == [200] * 3 + [201] * 12
-    record = await _record(client, "alice")
+    record = await stored_user_record(client, "alice")
     assert {n: s.value for n, s in record.custom_secrets.items()} == {
         f"S{i}": f"v{i}" for i in range(12)
     }
     assert record.settings.language == "nl"
     assert record.llm_api_key == "k"
-    assert record.provider_tokens["github"].token == "g"
+    assert record.provider_tokens[ProviderType.GITHUB].token == "g"

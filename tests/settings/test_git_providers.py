@@ -6,10 +6,9 @@ from typing import Any
 
 import pytest
 
-from controlplane import keys
 from controlplane.settings.mcp import MASK
-from controlplane.settings.models import ProviderType, UserRecord
-from controlplane.settings.store import UserRecordStore
+from controlplane.settings.models import ProviderType
+from tests.support.records import stored_user_record
 from tests.support.types import Client, UserHeaders
 
 
@@ -23,12 +22,6 @@ async def _settings(client: Client, headers: dict[str, str]) -> dict[str, Any]:
     assert response.status == 200
     body: dict[str, Any] = await response.json()
     return body
-
-
-async def _record(client: Client, user: str) -> UserRecord:
-    """The stored record, decrypted with the app's own SecretBox."""
-    store = UserRecordStore(client.app[keys.REDIS], client.app[keys.SECRET_BOX])
-    return await store.get(user)
 
 
 async def test_round_trip_and_provider_tokens_set(
@@ -52,7 +45,7 @@ async def test_round_trip_and_provider_tokens_set(
         "github": {"token": None, "host": None, "user_id": None},
         "gitlab": {"token": None, "host": "gitlab.example.com", "user_id": None},
     }
-    record = await _record(client, "alice")
+    record = await stored_user_record(client, "alice")
     assert record.provider_tokens[ProviderType.GITHUB].token == "ghp_one"
     assert record.provider_tokens[ProviderType.GITLAB].token == "glpat_two"
 
@@ -81,7 +74,7 @@ async def test_omitted_token_keeps_the_token_and_changes_the_host(
         assert status == 200
         settings = await _settings(client, headers)
         assert settings["provider_tokens_set"] == {"gitlab": sent["host"]}
-        stored = (await _record(client, "alice")).provider_tokens[ProviderType.GITLAB]
+        stored = (await stored_user_record(client, "alice")).provider_tokens[ProviderType.GITLAB]
         assert stored.token == "glpat_keep"
         assert stored.host == sent["host"]
         assert stored.user_id == "u1"
@@ -105,7 +98,7 @@ async def test_empty_token_removes_that_provider_and_omitted_providers_are_kept(
     ] == 200
     settings = await _settings(client, headers)
     assert settings["provider_tokens_set"] == {"github": None, "azure_devops": None}
-    record = await _record(client, "alice")
+    record = await stored_user_record(client, "alice")
     assert {p.value: t.token for p, t in record.provider_tokens.items()} == {
         "github": "ghp_a",
         "azure_devops": "az_c",
@@ -161,7 +154,7 @@ async def test_unset_provider_tokens_keeps_custom_secrets(
     assert settings["secrets_store"]["custom_secrets"] == {
         "KEEP_ME": {"secret": None, "description": None}
     }
-    record = await _record(client, "alice")
+    record = await stored_user_record(client, "alice")
     assert record.provider_tokens == {}
     assert record.custom_secrets["KEEP_ME"].value == "kept"
 
@@ -293,7 +286,7 @@ async def test_mcp_config_is_stored_and_returned_masked(
     assert (await _providers(client, headers, {"mcp_config": config}))[0] == 200
     response = await client.post("/api/settings", headers=headers, json={"mcp_config": config})
     assert response.status == 200
-    stored = (await _record(client, "alice")).settings.mcp_config
+    stored = (await stored_user_record(client, "alice")).settings.mcp_config
     assert stored is not None
     assert stored.sse_servers[0].api_key is None
     assert stored.sse_servers[1].api_key == "sse-secret"
@@ -303,7 +296,7 @@ async def test_mcp_config_is_stored_and_returned_masked(
     # A new value replaces the stored one; the rest stays.
     config["shttp_servers"][0]["api_key"] = "shttp-rotated"
     assert (await _providers(client, headers, {"mcp_config": config}))[0] == 200
-    stored = (await _record(client, "alice")).settings.mcp_config
+    stored = (await stored_user_record(client, "alice")).settings.mcp_config
     assert stored is not None
     assert stored.shttp_servers[0].api_key == "shttp-rotated"
     assert stored.sse_servers[1].api_key == "sse-secret"
@@ -320,4 +313,4 @@ async def test_mcp_config_omitted_keeps_it_and_null_in_settings_clears_it(
     response = await client.post("/api/settings", headers=headers, json={"mcp_config": None})
     assert response.status == 200
     assert (await _settings(client, headers))["mcp_config"] is None
-    assert (await _record(client, "alice")).settings.mcp_config is None
+    assert (await stored_user_record(client, "alice")).settings.mcp_config is None

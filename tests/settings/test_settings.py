@@ -6,9 +6,8 @@ from typing import Any
 
 import pytest
 
-from controlplane import keys
-from controlplane.settings.models import UserRecord
-from controlplane.settings.store import UserRecordStore
+from controlplane.settings.models import ProviderType
+from tests.support.records import stored_user_record
 from tests.support.settings_fields import EVERY_FIELD, NULL, SECRET_FIELDS, SPEC_FIELDS
 from tests.support.types import Client, UserHeaders
 
@@ -23,11 +22,6 @@ async def _get(client: Client, headers: dict[str, str]) -> dict[str, Any]:
 async def _post(client: Client, headers: dict[str, str], body: Any) -> tuple[int, Any]:
     response = await client.post("/api/settings", headers=headers, json=body)
     return response.status, await response.json()
-
-
-async def _record(client: Client, user: str) -> UserRecord:
-    store = UserRecordStore(client.app[keys.REDIS], client.app[keys.SECRET_BOX])
-    return await store.get(user)
 
 
 async def test_fresh_user_gets_every_spec_field_with_defaults(
@@ -102,22 +96,22 @@ async def test_secret_merge_absent_or_null_keeps_and_empty_clears(
     indicator = f"{secret}_set"
     assert (await _post(client, headers, {secret: "first-value"}))[0] == 200
     assert (await _get(client, headers))[indicator] is True
-    assert getattr(await _record(client, "alice"), secret) == "first-value"
+    assert getattr(await stored_user_record(client, "alice"), secret) == "first-value"
 
     for body in ({"language": "fr"}, {secret: None}, {}):
         assert (await _post(client, headers, body))[0] == 200
         got = await _get(client, headers)
         assert got[indicator] is True, body
         assert got[secret] is None
-        assert getattr(await _record(client, "alice"), secret) == "first-value", body
+        assert getattr(await stored_user_record(client, "alice"), secret) == "first-value", body
 
     assert (await _post(client, headers, {secret: "second-value"}))[0] == 200
-    assert getattr(await _record(client, "alice"), secret) == "second-value"
+    assert getattr(await stored_user_record(client, "alice"), secret) == "second-value"
 
     assert (await _post(client, headers, {secret: ""}))[0] == 200
     got = await _get(client, headers)
     assert got[indicator] is False
-    assert getattr(await _record(client, "alice"), secret) is None
+    assert getattr(await stored_user_record(client, "alice"), secret) is None
     assert got["language"] == "fr"
 
 
@@ -244,10 +238,10 @@ async def test_echoing_a_get_body_back_is_accepted_and_changes_nothing(
     status, body = await _post(client, headers, before)
     assert status == 200, body
     assert await _get(client, headers) == before
-    record = await _record(client, "alice")
+    record = await stored_user_record(client, "alice")
     for name in SECRET_FIELDS:
         assert getattr(record, name) == f"v-{name}"
-    assert record.provider_tokens["gitlab"].token == "glpat"
+    assert record.provider_tokens[ProviderType.GITLAB].token == "glpat"
     assert record.custom_secrets["A"].value == "b"
     assert record.settings.mcp_config is not None
     assert record.settings.mcp_config.sse_servers[0].api_key == "sse-key"

@@ -4,26 +4,14 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 import redis.asyncio as aioredis
 
 from controlplane.auth.service import ApiKeyService
 from tests.support.redis_server import RedisServer
 from tests.support.types import Client
-
-
-@pytest.fixture
-def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """A redis-server of this test alone (AOF on), so it can be stopped and started."""
-    server = RedisServer(tmp_path_factory.mktemp("outage"))
-    server.start()
-    yield server
-    if server.process is not None and server.process.poll() is None:
-        server.process.send_signal(signal.SIGCONT)  # in case a test left it stopped
-    server.stop()
 
 
 async def _expect_503(client: Client, method: str, path: str, **kwargs: Any) -> None:
@@ -69,7 +57,12 @@ async def test_requests_fail_fast_while_redis_is_down_and_recover(
     assert (await client.get("/health")).status == 200
     response = await client.get("/ready")
     assert response.status == 503
-    assert await response.json() == {"status": "degraded", "redis": False, "docker": None}
+    assert await response.json() == {
+        "status": "degraded",
+        "redis": False,
+        "runtime": None,
+        "driver": None,
+    }
 
     own_redis.start()  # same directory and socket; the AOF brings the data back
 

@@ -66,4 +66,4 @@ def agent_canvas() -> Path:
 
 
 if __name__ == "__main__":
-    print(install(*sys.argv[1:2]))
+    print(install(sys.argv[1] if len(sys.argv) > 1 else VERSION))

@@ -11,8 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.support import processes
 from tests.support.live_server import free_port
-from tests.support.processes import end
 
 CONFIG = """\
 global
@@ -135,5 +135,5 @@ class Balancer:
 
     def stop(self) -> None:
         if self.process is not None:
-            end(self.process)
+            processes.stop(self.process)
             self.process = None

@@ -36,12 +36,14 @@ class BrowserNet:
     executable_path); its control pipes pass through nsenter."""
 
 
-def _ip(*args: str, netns_pid: int | None = None) -> None:
+def run_ip(*args: str, netns_pid: int | None = None) -> None:
+    """`ip ARGS`, in the namespace of process `netns_pid` when given."""
     prefix = ["nsenter", f"--net=/proc/{netns_pid}/ns/net", "--"] if netns_pid else []
     subprocess.run([*prefix, "ip", *args], check=True, capture_output=True)
 
 
-def _free_subnet() -> ipaddress.IPv4Network:
+def free_subnet(pool: ipaddress.IPv4Network = POOL) -> ipaddress.IPv4Network:
+    """A /30 of `pool` that overlaps no address of this host."""
     used = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True, check=True)
     taken = [
         ipaddress.IPv4Interface(word).network
@@ -50,10 +52,12 @@ def _free_subnet() -> ipaddress.IPv4Network:
         if "/" in word and word[0].isdigit()
     ]
     for _ in range(100):
-        candidate = list(POOL.subnets(new_prefix=30))[secrets.randbelow(2**14)]
+        size = 2 ** (30 - pool.prefixlen)
+        start = int(pool.network_address) + 4 * secrets.randbelow(size)
+        candidate = ipaddress.IPv4Network((start, 30))
         if not any(candidate.overlaps(t) for t in taken):
             return candidate
-    raise RuntimeError("no free /30 for the browser's network")
+    raise RuntimeError(f"no free /30 in {pool}")
 
 
 def create(workdir: Path) -> BrowserNet:
@@ -62,26 +66,26 @@ def create(workdir: Path) -> BrowserNet:
         raise RuntimeError("no `chromium` on PATH: `make test` installs Debian's chromium")
     holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"])
     try:
-        subnet = _free_subnet()
+        subnet = free_subnet()
         host, browser = (str(a) for a in list(subnet.hosts())[:2])
         tag = secrets.token_hex(4)
         outside, inside = f"acsb{tag}h", f"acsb{tag}n"
-        _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+        run_ip("link", "add", outside, "type", "veth", "peer", "name", inside)
         # No IPv6 on our end: its link-local address would be a change other browsers see.
         Path(f"/proc/sys/net/ipv6/conf/{outside}/disable_ipv6").write_text("1")
-        _ip("link", "set", inside, "netns", str(holder.pid))
-        _ip("addr", "add", f"{host}/30", "dev", outside)
-        _ip("link", "set", outside, "up")
+        run_ip("link", "set", inside, "netns", str(holder.pid))
+        run_ip("addr", "add", f"{host}/30", "dev", outside)
+        run_ip("link", "set", outside, "up")
         ns = f"/proc/{holder.pid}/ns/net"
         subprocess.run(
             ["nsenter", f"--net={ns}", "--", "sysctl", "-q", "-w",
              "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"],
             check=True, capture_output=True,
         )  # fmt: skip
-        _ip("link", "set", "lo", "up", netns_pid=holder.pid)
-        _ip("addr", "add", f"{browser}/30", "dev", inside, netns_pid=holder.pid)
-        _ip("link", "set", inside, "up", netns_pid=holder.pid)
-        _ip("route", "add", "default", "via", host, netns_pid=holder.pid)
+        run_ip("link", "set", "lo", "up", netns_pid=holder.pid)
+        run_ip("addr", "add", f"{browser}/30", "dev", inside, netns_pid=holder.pid)
+        run_ip("link", "set", inside, "up", netns_pid=holder.pid)
+        run_ip("route", "add", "default", "via", host, netns_pid=holder.pid)
         wrapper = workdir / "chromium-in-netns"
         wrapper.write_text(f'#!/bin/sh\nexec nsenter --net={ns} -- {executable} "$@"\n')
         wrapper.chmod(0o755)

@@ -5,6 +5,7 @@ users with settings, and bounded polling of tasks and events."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -30,6 +31,8 @@ def fake_llm_port() -> int:
 
 @pytest.fixture
 async def fake_llm(live: LiveServer, fake_llm_port: int) -> AsyncIterator[FakeLLM]:
+    """The scripted model on `live`'s sandbox network gateway, where sandboxes reach this host
+    (as host.docker.internal)."""
     gateway = await live.sandbox_gateway()
     fake = FakeLLM(host=gateway, port=fake_llm_port, model="fake-model", api_key=LLM_KEY)
     await fake.start()
@@ -37,30 +40,38 @@ async def fake_llm(live: LiveServer, fake_llm_port: int) -> AsyncIterator[FakeLL
     await fake.close()
 
 
-async def conversation_server(
-    make_config: Callable[..., ServiceConfig],
-    test_prefix: str,
-    fake_llm_port: int,
-    **overrides: Any,
-) -> LiveServer:
-    """The live server conversation tests run against: prices set, the fake LLM's port open to
-    sandboxes, a quick reconciler; `overrides` go to the configuration."""
-    return await start_live_server(
-        make_config(
-            container_prefix=test_prefix,
-            reconcile_interval=1.0,
-            llm_prices=PRICES,
-            sandbox_host_ports=[fake_llm_port],
-            **overrides,
-        )
-    )
+LIVE_CONFIG = "live_config"
 
 
 @pytest.fixture
 async def live(
-    test_prefix: str, make_config: Callable[..., ServiceConfig], fake_llm_port: int
+    request: pytest.FixtureRequest,
+    test_prefix: str,
+    make_config: Callable[..., ServiceConfig],
+    fake_llm_port: int,
 ) -> AsyncIterator[LiveServer]:
-    server = await conversation_server(make_config, test_prefix, fake_llm_port)
+    """The control plane over HTTP on loopback, its sandboxes on Docker under this test's prefix:
+    prices set, the fake LLM's port open to sandboxes, a reconciler every second. One server for
+    every test that talks to a live control plane, so that `user` and `fake_llm` serve them all.
+
+    A module changes it in its pytestmark (a test, in its own marker, which wins) with
+    `pytest.mark.live_config(*fixtures, **settings)`: `settings` go to the configuration, and
+    each fixture named in `fixtures` returns more of them (values that come from other fixtures:
+    ports chosen first, a spec dir, the browser's link). Two keys are not configuration but
+    where the server listens: `host` and `port`."""
+    settings: dict[str, Any] = {
+        "container_prefix": test_prefix,
+        "reconcile_interval": 1.0,
+        "llm_prices": PRICES,
+        "sandbox_host_ports": [fake_llm_port],
+    }
+    # The module's marker first, then the test's: the closer one wins.
+    for marker in reversed(list(request.node.iter_markers(LIVE_CONFIG))):
+        for name in marker.args:
+            settings.update(request.getfixturevalue(name))
+        settings.update(marker.kwargs)
+    host, port = settings.pop("host", "127.0.0.1"), settings.pop("port", 0)
+    server = await start_live_server(make_config(**settings), host=host, port=port)
     yield server
     await server.close()
 
@@ -74,23 +85,36 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 UserFactory = Callable[..., Awaitable[Api]]
 
 
+async def new_user(
+    http: aiohttp.ClientSession,
+    url: str,
+    raw_redis: aioredis.Redis,
+    fake: FakeLLM,
+    name: str = "alice",
+    **settings: Any,
+) -> Api:
+    """A user of the control plane at `url` with an API key and LLM settings pointing at `fake`
+    (as sandboxes reach it); `settings` add to or change them."""
+    created = await ApiKeyService(raw_redis, None).create(name)
+    api = Api(http, url, created.key)
+    body = {
+        "llm_model": "fake-model",
+        "llm_base_url": fake.container_base_url,
+        "llm_api_key": LLM_KEY,
+        **settings,
+    }
+    await api.ok("POST", "/api/settings", json=body)
+    return api
+
+
 @pytest.fixture
 def user(
     live: LiveServer, http: aiohttp.ClientSession, raw_redis: aioredis.Redis, fake_llm: FakeLLM
 ) -> UserFactory:
-    """A user with an API key and LLM settings pointing at the fake LLM."""
+    """A user of `live` with an API key and LLM settings pointing at the fake LLM."""
 
     async def make(name: str = "alice", **settings: Any) -> Api:
-        created = await ApiKeyService(raw_redis, None).create(name)
-        api = Api(http, live.url, created.key)
-        body = {
-            "llm_model": "fake-model",
-            "llm_base_url": fake_llm.container_base_url,
-            "llm_api_key": LLM_KEY,
-            **settings,
-        }
-        await api.ok("POST", "/api/settings", json=body)
-        return api
+        return await new_user(http, live.url, raw_redis, fake_llm, name, **settings)
 
     return make
 
@@ -143,6 +167,11 @@ async def wait_events(
     raise AssertionError(f"events of {conversation_id} never matched; got {kinds}")
 
 
+async def wait_finished(api: Api, conversation_id: str, within: float = 60) -> list[dict[str, Any]]:
+    """The conversation's events once its last execution status is `finished`."""
+    return await wait_events(api, conversation_id, status_is("finished"), within)
+
+
 def of_kind(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [e for e in events if e["kind"] == kind]
 
@@ -170,3 +199,36 @@ async def wait_conversation(
             return body
         await asyncio.sleep(0.05)
     raise AssertionError(f"conversation {field} never became {value}: {body}")
+
+
+async def run_on_agent_socket(
+    http: aiohttp.ClientSession,
+    agent_url: str,
+    conversation_id: str,
+    key: str,
+    text: str,
+    *,
+    within: float = 60,
+) -> list[dict[str, Any]]:
+    """Sends `text` to the conversation on its agent server (`agent_url`, reached as a client
+    reaches it) and runs it, following its events socket from the start: the frames up to
+    the run's `finished`."""
+    socket = f"{agent_url.replace('http', 'ws', 1)}/sockets/events/{conversation_id}"
+    frames: list[dict[str, Any]] = []
+    params = {"resend_all": "true", "session_api_key": key}
+    async with http.ws_connect(socket, params=params) as ws:
+        async with http.post(
+            f"{agent_url}/api/conversations/{conversation_id}/events",
+            json={**message(text), "run": True},
+            headers={"X-Session-API-Key": key},
+        ) as resp:
+            assert resp.status in (200, 201), await resp.text()
+        deadline = time.monotonic() + within
+        while not status_is("finished")(frames):
+            left = deadline - time.monotonic()
+            assert left > 0, [(f["kind"], f.get("key"), f.get("value")) for f in frames]
+            try:
+                frames.append(json.loads(await asyncio.wait_for(ws.receive_str(), left)))
+            except TimeoutError:
+                continue
+    return frames

@@ -16,10 +16,10 @@ import docker
 import pytest
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
-from drivers import docker_networks
-from drivers.docker_names import LABEL_PREFIX
+from drivers.docker import networks as docker_networks
+from drivers.docker.firewall import Iptables
+from drivers.docker.names import LABEL_PREFIX
 from drivers.errors import DriverError
-from drivers.firewall import Iptables
 from tests.support.run_id import RUN_ID
 from tests.support.sandbox_helpers import DEFAULT_IMAGE, OPENHANDS_IMAGE, REPO
 

@@ -3,7 +3,10 @@ its webhooks through the webhook listener on their network's gateway (any free p
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,8 +18,8 @@ from controlplane.app import create_app
 from controlplane.config import ServiceConfig
 from controlplane.sandboxes.launcher import network_policy
 from controlplane.specs.models import SandboxSpec
-from drivers.docker import DockerDriver
-from drivers.docker_egress import Attachment, SandboxNetworks
+from drivers.docker.driver import DockerDriver
+from drivers.docker.egress import Attachment, SandboxNetworks
 
 
 def free_port(address: str = "127.0.0.1") -> int:
@@ -59,14 +62,21 @@ class LiveServer:
             await self.runner.cleanup()
 
 
-async def start_live_server(config: ServiceConfig, *, with_sandboxes: bool = True) -> LiveServer:
+LiveServerFactory = Callable[..., Awaitable[LiveServer]]
+"""make_plain_live (tests/security/conftest.py): a live server made with settings of its own."""
+
+
+async def start_live_server(
+    config: ServiceConfig, *, with_sandboxes: bool = True, host: str = "127.0.0.1", port: int = 0
+) -> LiveServer:
+    """The app of `config` served on `host`:`port` (any free port by default)."""
     app = create_app(config, with_sandboxes=with_sandboxes)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, host, port)
     await site.start()
     port = next(int(a[1]) for a in runner.addresses if isinstance(a, tuple))
-    return LiveServer(runner=runner, url=f"http://127.0.0.1:{port}", app=app)
+    return LiveServer(runner=runner, url=f"http://{host}:{port}", app=app)
 
 
 class Api:
@@ -89,3 +99,18 @@ class Api:
         status, body = await self.call(method, path, **kwargs)
         assert 200 <= status < 300, (method, path, status, body)
         return body
+
+
+async def running_sandbox(api: Api, spec: str | None = None, within: float = 90) -> dict[str, Any]:
+    """A new sandbox of `api`'s user (`spec`, else the default) once RUNNING: its body then. It
+    may be STARTING meanwhile, nothing else."""
+    body: dict[str, Any] = {"sandbox_spec_id": spec} if spec else {}
+    created = await api.ok("POST", "/api/v1/sandboxes", json=body)
+    deadline = time.monotonic() + within
+    while True:
+        body = await api.ok("GET", f"/api/v1/sandboxes/{created['id']}")
+        if body["status"] == "RUNNING":
+            return body
+        assert body["status"] == "STARTING", body
+        assert time.monotonic() < deadline, f"sandbox {created['id']} not RUNNING in {within} s"
+        await asyncio.sleep(0.1)

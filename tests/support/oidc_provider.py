@@ -28,10 +28,10 @@ from typing import Any
 import pytest
 from joserfc.jwk import RSAKey
 
+from tests.support import processes
 from tests.support.live_server import free_port
 from tests.support.npm_cache import cached
 from tests.support.openhands_clients import build_dir
-from tests.support.processes import end
 
 PACKAGE = "oidc-provider"
 VERSION = "9.13.3"
@@ -164,7 +164,7 @@ class OidcProvider:
 
     def stop(self) -> None:
         if self.process is not None:
-            end(self.process)
+            processes.stop(self.process)
             if self.process.stdout is not None:
                 self.process.stdout.close()
             self.process = None

@@ -13,6 +13,7 @@ import asyncio
 import fcntl
 import glob
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -21,12 +22,14 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-LOCK = REPO / "tests" / "clients" / "requirements.lock"
+CLIENTS = REPO / "tests" / "clients"
+LOCK = CLIENTS / "requirements.lock"
 SDK158_LOCK = REPO / "tests" / "clients" / "requirements-sdk158.lock"
 """The newest SDK and workspace (1.58.2), beside the CLI's pins (which hold SDK 1.21)."""
 PYTHON_VERSION = "3.12"
@@ -69,10 +72,8 @@ def find_python(version: str = PYTHON_VERSION) -> Path | None:
                 return candidate
     roots = [os.environ.get("PYENV_ROOT", ""), str(Path.home() / ".pyenv")]
     for root in filter(None, roots):
-        for found_python in sorted(
-            glob.glob(f"{root}/versions/{version}.*/bin/python"), reverse=True
-        ):
-            return Path(found_python)
+        for installed in sorted(glob.glob(f"{root}/versions/{version}.*/bin/python"), reverse=True):
+            return Path(installed)
     on_path = shutil.which(f"python{version}")
     return Path(on_path) if on_path else None
 
@@ -126,7 +127,7 @@ def _client_venv(lock: Path) -> OpenHandsVenv:
     if python is None:
         pytest.fail(
             f"no Python {PYTHON_VERSION} found (pyenv or python{PYTHON_VERSION} on PATH);"
-            " the real OpenHands clients need it",
+            " the real OpenHands clients need it: scripts/bootstrap-host.sh --clients",
             pytrace=False,
         )
     try:
@@ -176,9 +177,8 @@ def build_official_sdk_venv(python: Path, build: Path) -> Path:
         shutil.rmtree(venv, ignore_errors=True)
         _run([python, "-m", "venv", venv], log, 120)
         pip = venv / "bin" / "pip"
-        args: list[str | Path] = [
-            "install", "-q", "--no-index", "--find-links", wheels[0], "-r", OFFICIAL_LOCK,
-        ]  # fmt: skip
+        args: list[str | Path] = ["install", "-q", "--no-index", "--find-links", wheels[0]]
+        args += ["-r", OFFICIAL_LOCK]
         _run([pip, *args], log, 1200)
         (venv / ".complete").touch()
         return venv
@@ -189,7 +189,11 @@ def official_sdk_venv(openhands_image: str) -> OpenHandsVenv:
     """The SDK at the official agent server's version, in a Python 3.13 venv of its own."""
     python = find_python(OFFICIAL_PYTHON)
     if python is None:
-        pytest.fail(f"no Python {OFFICIAL_PYTHON} found (pyenv)", pytrace=False)
+        pytest.fail(
+            f"no Python {OFFICIAL_PYTHON} found (pyenv or python{OFFICIAL_PYTHON} on PATH): "
+            "scripts/bootstrap-host.sh --clients",
+            pytrace=False,
+        )
     try:
         return OpenHandsVenv(build_official_sdk_venv(python, build_dir()))
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
@@ -235,18 +239,39 @@ async def run(
     return proc.returncode, out.decode(errors="replace")
 
 
+async def run_client_script(
+    venv: OpenHandsVenv, script: str, *args: str, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """tests/clients/`script` run by the venv's Python with `args`, in `env` (else this
+    process's environment): the JSON report it prints last, once it has exited 0."""
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [str(venv.python), str(CLIENTS / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
+    lines = result.stdout.strip().splitlines()
+    assert lines, f"{script} printed nothing; stderr:\n{result.stderr[-4000:]}"
+    report: dict[str, Any] = json.loads(lines[-1])
+    assert result.returncode == 0, f"{report}\nstderr:\n{result.stderr[-4000:]}"
+    return report
+
+
 if __name__ == "__main__":
     # `python -m tests.support.openhands_clients` (make test-prep) prepares both venvs ahead of
     # time; the official SDK's needs the openhands image's wheelhouse (scripts/build-images.sh
     # openhands).
     found = find_python()
     if found is None:
-        sys.exit(f"no Python {PYTHON_VERSION} found")
+        sys.exit(f"no Python {PYTHON_VERSION} found: scripts/bootstrap-host.sh --clients says how")
     print(build_venv(found, build_dir()))
     print(build_venv(found, build_dir(), SDK158_LOCK))
     official = find_python(OFFICIAL_PYTHON)
     if official is None:
-        sys.exit(f"no Python {OFFICIAL_PYTHON} found")
+        sys.exit(f"no Python {OFFICIAL_PYTHON} found: scripts/bootstrap-host.sh --clients says how")
     print(build_official_sdk_venv(official, build_dir()))
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import sys
 
-import aiohttp
 import redis.asyncio as aioredis
 
 from controlplane.lifecycle.outbox import Outbox
 from controlplane.lifecycle.webhooks import RetryPolicy, WebhookDeliverer
+from controlplane.outbound.client import OutboundClient
+from controlplane.outbound.policy import OutboundPolicy
 
 # Fast retries for tests: an attempt may take 0.5 s, a retry comes 0.7 s after it at the soonest.
 POLICY = RetryPolicy(base=0.1, cap=1.0, dead_after=3600, timeout=0.5, margin=0.2)
@@ -23,11 +24,11 @@ POLICY = RetryPolicy(base=0.1, cap=1.0, dead_after=3600, timeout=0.5, margin=0.2
 
 async def main(redis_url: str, url: str, secret: str) -> None:
     redis = aioredis.Redis.from_url(redis_url)
-    async with aiohttp.ClientSession() as http:
-        deliverer = WebhookDeliverer(Outbox(redis, [url]), http, secret, POLICY, poll=0.1)
-        deliverer.start()
-        print("ready", flush=True)
-        await asyncio.Event().wait()
+    http = OutboundClient(OutboundPolicy(scope="operator"))
+    deliverer = WebhookDeliverer(Outbox(redis, [url]), http, secret, POLICY, poll=0.1)
+    deliverer.start()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ def profile(name: str) -> list[Rule]:
         for caption, body in re.findall(r"<caption[^>]*>(.*?)</caption>(.*?)</table>", text, re.S)
     }
     names = ["baseline"] if name == "baseline" else ["baseline", "restricted"]
-    rules = []
+    rules: list[Rule] = []
     for table in names:
         for row in re.findall(r"<tr>(.*?)</tr>", tables[table], re.S):
             cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
@@ -95,11 +95,13 @@ def _predicate(item: str) -> Allowed | None:
     if lowered == "any list of capabilities that includes all":
         return lambda v: isinstance(v, list) and "ALL" in v
     if lowered in ("true", "false"):
-        return lambda v, want=lowered == "true": v is want
+        flag = lowered == "true"
+        return lambda v: v is flag
     if re.fullmatch(r"[0-9]+", words):
-        return lambda v, want=int(words): v == want and not isinstance(v, bool)
+        number = int(words)
+        return lambda v: v == number and not isinstance(v, bool)
     if re.fullmatch(r"[A-Za-z0-9_./*-]+", words):
-        return lambda v, want=words: isinstance(v, str) and fnmatch.fnmatchcase(v, want)
+        return lambda v: isinstance(v, str) and fnmatch.fnmatchcase(v, words)
     raise ValueError(f"an allowed value this reader does not know: {item!r}")
 
 

@@ -1,4 +1,4 @@
-"""Ending the server processes tests start (redis-server aside: it has its own shutdown)."""
+"""Ending the servers the tests start as subprocesses (redis-server, haproxy)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,17 @@ import subprocess
 from typing import Any
 
 
-def end(process: subprocess.Popen[Any], timeout: float = 10) -> None:
-    """SIGTERM, then SIGKILL if it is still there after `timeout` seconds; waited for."""
+def stop(process: subprocess.Popen[Any], within: float = 10) -> None:
+    """SIGTERM, then SIGKILL if it has not exited `within` seconds later; reaped either way."""
     process.terminate()
     try:
-        process.wait(timeout=timeout)
+        process.wait(timeout=within)
     except subprocess.TimeoutExpired:
         process.kill()
-        process.wait(timeout=timeout)
+        process.wait(timeout=within)
+
+
+def kill(process: subprocess.Popen[Any]) -> None:
+    """SIGKILL (no shutdown, no last word to anyone), reaped."""
+    process.kill()
+    process.wait(timeout=10)

@@ -8,7 +8,7 @@ import asyncio
 
 import docker
 
-from drivers import docker_names
+from drivers.docker import names as docker_names
 from tests.support.sandbox_helpers import DEFAULT_IMAGE
 
 PROXIED_SPEC = f"""

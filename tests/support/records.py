@@ -1,6 +1,7 @@
 """Sandbox and conversation records written straight to Redis, and the events agents post: for
 tests of the webhooks, metrics and lifecycle that need no container (the app's engine is one
-that does not answer, NO_ENGINE)."""
+that does not answer, NO_ENGINE); a user's record as stored. A plugin of tests/conftest.py: the
+`recorded` fixture."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from controlplane import keys
@@ -17,10 +19,17 @@ from controlplane.conversations.store import ConversationStore
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
+from controlplane.settings.models import UserRecord
+from controlplane.settings.store import UserRecordStore
 from tests.support.types import Client, UserHeaders
 
 NO_ENGINE = "tcp://127.0.0.1:1"
 """A Docker URL nothing answers: an app with sandboxes that never reaches an engine."""
+
+
+async def stored_user_record(client: Client, user: str) -> UserRecord:
+    """The user's record as stored, decrypted with the app's own SecretBox."""
+    return await UserRecordStore(client.app[keys.REDIS], client.app[keys.SECRET_BOX]).get(user)
 
 
 def sandbox_record(owner: str, status: SandboxStatus, key: str | None = None) -> SandboxRecord:
@@ -71,16 +80,18 @@ def event(
     }
 
 
-Setup = tuple[Client, str, str, dict[str, str], dict[str, str]]
+RecordedSandbox = tuple[Client, str, str, dict[str, str], dict[str, str]]
 
 
-async def recorded_sandbox(
+@pytest.fixture
+async def recorded(
     make_client: Callable[..., Awaitable[Client]],
     raw_redis: aioredis.Redis,
     user_headers: UserHeaders,
-) -> Setup:
-    """(client, sandbox id, conversation id, the sandbox's headers, the owner's headers): a
-    sandbox record without a container (no engine needed to reach the webhooks)."""
+) -> RecordedSandbox:
+    """(client, sandbox id, conversation id, the sandbox's headers, the owner's headers): alice's
+    running sandbox as a record without a container, with one conversation (no engine needed to
+    reach the webhooks)."""
     client = await make_client(with_sandboxes=True, docker_url=NO_ENGINE)
     key = secrets.token_urlsafe(32)
     record = sandbox_record("alice", SandboxStatus.RUNNING, key)

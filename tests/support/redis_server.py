@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import redis
+
+from tests.support import processes
+from tests.support.live_server import free_port
 
 
 class RedisServer:
@@ -59,14 +64,12 @@ class RedisServer:
     def kill(self) -> None:
         """SIGKILL: no shutdown, no final fsync."""
         if self.process is not None:
-            self.process.kill()
-            self.process.wait(timeout=10)
+            processes.kill(self.process)
             self.process = None
 
     def stop(self) -> None:
         if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
+            processes.stop(self.process)
             self.process = None
 
 
@@ -84,3 +87,33 @@ def wait_answering(
             assert process.poll() is None, f"redis-server exited ({process.returncode})"
             assert time.monotonic() < deadline, f"redis-server did not answer in {within:g} s"
             time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def redis_on_tcp(
+    addresses: Sequence[str],
+    directory: Path,
+    *,
+    password: str | None = None,
+    protected: bool = True,
+) -> Iterator[int]:
+    """A redis-server on TCP, bound to `addresses` on a free port of the first, with no
+    persistence, until the block ends: its port. `protected=False` turns protected mode off (a
+    careless host service)."""
+    binary = shutil.which("redis-server")
+    assert binary, "redis-server is not installed (make test installs it)"
+    port = free_port(addresses[0])
+    argv = [binary, "--port", str(port), "--bind", *addresses, "--save", "", "--appendonly", "no"]
+    argv += ["--dir", str(directory)]
+    if password is not None:
+        argv += ["--requirepass", password]
+    if not protected:
+        argv += ["--protected-mode", "no"]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(host=addresses[0], port=port, password=password)
+    try:
+        wait_answering(process, client)
+        yield port
+    finally:
+        client.close()
+        processes.stop(process)

@@ -66,7 +66,7 @@ class ReplicaSet:
     async def start_replica(self, n: int, http: aiohttp.ClientSession) -> Serve:
         server = await launch_serve(self.ports[n], self.env)
         self.replicas[n] = server
-        await server.wait_healthy(http, within=60)
+        await server.wait_healthy(http)
         return server
 
     async def roll(self, n: int, http: aiohttp.ClientSession) -> tuple[float, float]:

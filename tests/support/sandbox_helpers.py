@@ -1,4 +1,5 @@
-"""Helpers for sandbox tests: polling with a deadline, spec directories, Docker look-ups."""
+"""Helpers for sandbox tests: polling with a deadline, spec directories, Docker look-ups; a
+plugin of tests/conftest.py for `own_docker`."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import docker
+import pytest
 
-from drivers.docker_names import LABEL_PREFIX
+from drivers.docker.names import LABEL_PREFIX, container_name
 from tests.support.types import Client
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,6 +49,14 @@ async def start(client: Client, headers: dict[str, str], spec: str | None = None
     return body
 
 
+async def start_running(
+    client: Client, headers: dict[str, str], spec: str | None = None, within: float = 45
+) -> dict[str, Any]:
+    """A new sandbox (`spec`, else the default), once RUNNING: its body then."""
+    started = await start(client, headers, spec)
+    return await wait_status(client, headers, started["id"], "RUNNING", within)
+
+
 async def agent_call(url: str, key: str, command: str) -> dict[str, Any]:
     """A shell command in a sandbox through its agent server's bash API (`url`: its
     AGENT_SERVER endpoint, `key`: the session key)."""
@@ -70,6 +81,19 @@ def spec_dir(tmp: Path, extra: dict[str, str]) -> Path:
     for name, text in extra.items():
         (target / f"{name}.yaml").write_text(text)
     return target
+
+
+def agent_spec(spec_id: str, description: str, more: str = "") -> str:
+    """A spec file's YAML: our agent server on the default image, in /workspace, on port 8000
+    (AGENT_SERVER); `more` (YAML lines) after."""
+    return f"""id: {spec_id}
+description: {description}
+image: {DEFAULT_IMAGE}
+command: ["/opt/agent/bin/python", "-P", "-m", "agent", "--port", "8000"]
+working_dir: /workspace
+exposed_ports:
+  AGENT_SERVER: 8000
+{more}"""
 
 
 HANGING_SPEC = f"""
@@ -104,6 +128,30 @@ def containers(docker_client: docker.DockerClient, prefix: str) -> list[Any]:
 
 def volumes(docker_client: docker.DockerClient, prefix: str) -> list[Any]:
     return docker_client.volumes.list(filters={"name": prefix})
+
+
+@dataclass(frozen=True)
+class OwnDocker:
+    """The Docker objects under one test's container prefix, as the engine has them now."""
+
+    client: docker.DockerClient
+    prefix: str
+
+    def containers(self) -> list[Any]:
+        return containers(self.client, self.prefix)
+
+    def volumes(self) -> list[Any]:
+        return volumes(self.client, self.prefix)
+
+    def container(self, sandbox_id: str) -> Any:
+        """The sandbox's container (docker.errors.NotFound if it has none)."""
+        return self.client.containers.get(container_name(self.prefix, sandbox_id))
+
+
+@pytest.fixture
+def own_docker(docker_client: docker.DockerClient, test_prefix: str) -> OwnDocker:
+    """This test's containers, volumes and their engine (tests/support/sandbox_helpers.py)."""
+    return OwnDocker(docker_client, test_prefix)
 
 
 # Runs inside a sandbox: one TCP connect per (host, port), "open" or why not.
@@ -151,3 +199,33 @@ async def lifecycle(client: Client, headers: dict[str, str], **query: str) -> li
     resp = await client.get(f"/api/v1/lifecycle-events/search?{params}", headers=headers)
     assert resp.status == 200, await resp.text()
     return list((await resp.json())["items"])
+
+
+# One call to the LLM gateway, made by python3 in a sandbox: url, token, model, stream (1/0).
+GATEWAY_CALL = r"""
+import json, sys, urllib.request, urllib.error
+url, token, model, stream = sys.argv[1:5]
+body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream == "1"}
+request = urllib.request.Request(
+    url, data=json.dumps(body).encode(),
+    headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"},
+)
+try:
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        print(json.dumps({"status": resp.status, "body": resp.read().decode()}))
+except urllib.error.HTTPError as exc:
+    print(json.dumps({"status": exc.code, "body": exc.read().decode()}))
+"""
+
+
+async def call_from(container: Any, url: str, token: str, model: str, stream: bool = False) -> Any:
+    """A call to the gateway made inside the sandbox, as the agent user."""
+    argv = ("python3", "-c", GATEWAY_CALL, url, token, model, "1" if stream else "0")
+    code, out = await asyncio.to_thread(exec_as_agent, container, *argv)
+    assert code == 0, out
+    return json.loads(out.splitlines()[-1])
+
+
+def sandbox_of(docker_client: docker.DockerClient, prefix: str, sandbox_id: str) -> Any:
+    (container,) = [c for c in containers(docker_client, prefix) if sandbox_id in c.name]
+    return container

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import redis
 
+from tests.support import processes
 from tests.support.live_server import free_port
-from tests.support.processes import end
 
 MASTER_NAME = "acs-test"
 DOWN_AFTER_MS = 1500
@@ -57,8 +57,7 @@ class Node:
     def kill(self) -> None:
         """SIGKILL: no shutdown, no last word to its replicas or Sentinels."""
         if self.process is not None:
-            self.process.kill()
-            self.process.wait(timeout=10)
+            processes.kill(self.process)
             self.process = None
 
     def freeze(self) -> None:
@@ -73,7 +72,7 @@ class Node:
         if self.process is not None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(signal.SIGCONT)
-            end(self.process)
+            processes.stop(self.process)
             self.process = None
 
 

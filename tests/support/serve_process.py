@@ -53,7 +53,9 @@ class Serve:
             assert time.monotonic() < deadline, f"no {event!r} log in {within} s:\n{self.logs()}"
             await asyncio.sleep(0.02)
 
-    async def wait_healthy(self, http: aiohttp.ClientSession, within: float = 30) -> None:
+    async def wait_healthy(self, http: aiohttp.ClientSession, within: float = 60) -> None:
+        """/health answers 200 within `within` seconds (a bound, not a wait: a start on a busy
+        2-core host, the Kubernetes driver's first list of the cluster included)."""
         deadline = time.monotonic() + within
         while True:
             assert self.process.returncode is None, f"serve exited:\n{self.logs()}"

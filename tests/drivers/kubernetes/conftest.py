@@ -28,6 +28,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client, config
 
+from tests.support.conversation_helpers import LLM_KEY
+from tests.support.fake_llm import FakeLLM
 from tests.support.run_id import RUN_ID
 from tests.support.sandbox_helpers import DEFAULT_IMAGE
 
@@ -212,3 +214,15 @@ def kube_overrides(
         "container_prefix": kube_prefix,
         "kube_pod_start_timeout": 60.0,
     }
+
+
+@pytest.fixture
+async def kube_fake_llm(kube_cluster: KubeCluster, fake_llm_port: int) -> AsyncIterator[FakeLLM]:
+    """The scripted model on the host's cluster address, where pods reach this host (the
+    control plane's firewall opens `fake_llm_port` to sandboxes)."""
+    fake = FakeLLM(
+        host=kube_cluster.host_address, port=fake_llm_port, model="fake-model", api_key=LLM_KEY
+    )
+    await fake.start()
+    yield fake
+    await fake.close()

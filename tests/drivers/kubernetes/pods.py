@@ -107,7 +107,7 @@ async def pod_log(core: client.CoreV1Api, namespace: str, name: str, within: flo
     deadline = time.monotonic() + within
     while True:
         response = await core.read_namespaced_pod_log(name, namespace, _preload_content=False)
-        text = (await response.read()).decode()
+        text: str = (await response.read()).decode()
         if response.status == 200 or time.monotonic() > deadline:
             assert response.status == 200, f"log of {namespace}/{name}: {response.status} {text}"
             return text

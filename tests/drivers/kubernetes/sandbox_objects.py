@@ -14,8 +14,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from kubernetes_asyncio import client
 
-from controlplane.store import keyspace
-from drivers.kube_names import ANNOTATION_DETACHED, LABEL_ID, selector
+from controlplane.store import keyspace, text
+from drivers.kubernetes.names import ANNOTATION_DETACHED, LABEL_ID, selector
 
 Json = dict[str, Any]
 KINDS = {
@@ -70,12 +70,12 @@ async def records(redis: aioredis.Redis) -> dict[str, str]:
     """Every sandbox record (pool members included): id -> status."""
     out: dict[str, str] = {}
     async for key in redis.scan_iter(match=keyspace.sandbox("*")):
-        name = key.decode() if isinstance(key, bytes) else str(key)
+        name = text(key)
         if name.count(":") != 2:  # acs:sandbox:<id> only
             continue
         status = await redis.hget(name, "status")
         if status is not None:
-            out[name.rsplit(":", 1)[1]] = status.decode()
+            out[name.rsplit(":", 1)[1]] = text(status)
     return out
 
 

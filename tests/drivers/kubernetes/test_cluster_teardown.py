@@ -70,11 +70,11 @@ def footprint(slot: int, namespace: str) -> dict[str, list[str]]:
         if not proc.name.isdigit():
             continue
         try:
-            cgroups = (proc / "cgroup").read_text()
+            membership = (proc / "cgroup").read_text()
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if names.search(cgroups) or names.search(cmdline):
+        if names.search(membership) or names.search(cmdline):
             processes.append(f"{proc.name} {cmdline[:120]}")
     cgroups = [
         str(path)

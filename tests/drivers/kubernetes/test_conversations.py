@@ -10,11 +10,12 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import aiohttp
 import pytest
+import redis.asyncio as aioredis
 from kubernetes_asyncio import client
 
 from controlplane.config import ServiceConfig
-from tests.drivers.kubernetes.conftest import KubeCluster
 from tests.drivers.kubernetes.sandbox_objects import objects
 from tests.support.conversation_helpers import (
     LLM_KEY,
@@ -22,23 +23,24 @@ from tests.support.conversation_helpers import (
     UserFactory,
     events_of,
     message,
+    new_user,
     of_kind,
     start_and_wait,
-    status_is,
     wait_events,
+    wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
-from tests.support.live_server import LiveServer, start_live_server
+from tests.support.live_server import Api, LiveServer, start_live_server
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 
 
 @pytest.fixture
-async def live(
+async def kube_live(
     make_config: Callable[..., ServiceConfig], kube_overrides: dict[str, Any], fake_llm_port: int
 ) -> AsyncIterator[LiveServer]:
     """The conversation tests' live server (tests/support/conversation_helpers.py), its
-    sandboxes on the cluster, the fake model's port open to them."""
+    sandboxes on the cluster (no Docker), the fake model's port open to them."""
     config = make_config(
         reconcile_interval=1.0, llm_prices=PRICES, sandbox_host_ports=[fake_llm_port],
         **kube_overrides,
@@ -49,14 +51,19 @@ async def live(
 
 
 @pytest.fixture
-async def fake_llm(kube_cluster: KubeCluster, fake_llm_port: int) -> AsyncIterator[FakeLLM]:
-    """The scripted model where pods reach this host."""
-    fake = FakeLLM(
-        host=kube_cluster.host_address, port=fake_llm_port, model="fake-model", api_key=LLM_KEY
-    )
-    await fake.start()
-    yield fake
-    await fake.close()
+def kube_user(
+    kube_live: LiveServer,
+    http: aiohttp.ClientSession,
+    raw_redis: aioredis.Redis,
+    kube_fake_llm: FakeLLM,
+) -> UserFactory:
+    """A user of `kube_live` whose LLM settings point at the fake model (pods reach this host as
+    host.docker.internal)."""
+
+    async def make(name: str = "alice", **settings: Any) -> Api:
+        return await new_user(http, kube_live.url, raw_redis, kube_fake_llm, name, **settings)
+
+    return make
 
 
 def agent_said(text: str) -> Callable[[list[dict[str, Any]]], bool]:
@@ -70,24 +77,24 @@ def agent_said(text: str) -> Callable[[list[dict[str, Any]]], bool]:
 
 
 async def test_a_conversation_runs_a_command_in_its_pod(
-    user: UserFactory,
-    fake_llm: FakeLLM,
+    kube_user: UserFactory,
+    kube_fake_llm: FakeLLM,
     kube_overrides: dict[str, Any],
     kube_api: client.ApiClient,
 ) -> None:
     ns, prefix = kube_overrides["kube_namespace"], kube_overrides["container_prefix"]
-    fake_llm.script(
+    kube_fake_llm.script(
         [
             reply_tool_call("terminal", {"command": "echo hello from $(hostname) > out.txt"}),
             reply_tool_call("terminal", {"command": "cat /workspace/out.txt"}),
             reply_finish("wrote it"),
         ]
     )
-    alice = await user("alice")
+    alice = await kube_user("alice")
     task = await start_and_wait(alice, initial_message=message("write hello to out.txt"))
     assert task["status"] == "READY", task
     cid, sandbox_id = task["app_conversation_id"], task["sandbox_id"]
-    events = await wait_events(alice, cid, status_is("finished"))
+    events = await wait_finished(alice, cid)
 
     pod = (await objects(kube_api, ns, prefix)).pod(sandbox_id)
     actions = [a for a in of_kind(events, "ActionEvent") if a["tool_name"] == "terminal"]
@@ -109,20 +116,20 @@ async def test_a_conversation_runs_a_command_in_its_pod(
     assert conversation["execution_status"] == "finished"
     assert conversation["sandbox_id"] == sandbox_id
     # The model was called with the user's key; the key is not in the pod's definition.
-    assert fake_llm.requests[0].authorization == f"Bearer {LLM_KEY}"
+    assert kube_fake_llm.requests[0].authorization == f"Bearer {LLM_KEY}"
     assert LLM_KEY not in json.dumps(pod)
     assert LLM_KEY not in json.dumps(events)
 
 
 async def test_a_conversation_goes_on_after_its_pod_was_paused_away(
-    user: UserFactory,
-    fake_llm: FakeLLM,
+    kube_user: UserFactory,
+    kube_fake_llm: FakeLLM,
     kube_overrides: dict[str, Any],
     kube_api: client.ApiClient,
 ) -> None:
     ns, prefix = kube_overrides["kube_namespace"], kube_overrides["container_prefix"]
-    fake_llm.script([reply_text("first answer"), reply_text("second answer")])
-    alice = await user("alice")
+    kube_fake_llm.script([reply_text("first answer"), reply_text("second answer")])
+    alice = await kube_user("alice")
     task = await start_and_wait(alice, initial_message=message("first question"))
     cid, sandbox_id = task["app_conversation_id"], task["sandbox_id"]
     await wait_events(alice, cid, agent_said("first answer"))
@@ -149,7 +156,7 @@ async def test_a_conversation_goes_on_after_its_pod_was_paused_away(
         "second answer" in texts[3],
     ] == [True, True, True, True]
     # The agent in the new pod knew the conversation so far: it sent the model all of it.
-    sent = json.dumps(fake_llm.requests[-1].body["messages"])
+    sent = json.dumps(kube_fake_llm.requests[-1].body["messages"])
     assert all(t in sent for t in ("first question", "first answer", "second question")), sent
     second_pod = (await objects(kube_api, ns, prefix)).pod(sandbox_id)
     assert second_pod["metadata"]["uid"] != first_pod["metadata"]["uid"]

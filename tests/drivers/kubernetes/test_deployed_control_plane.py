@@ -24,16 +24,14 @@ import ipaddress
 import json
 import secrets
 import shutil
-import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import redis
 import redis.asyncio as aioredis
 import yaml
 from cryptography.fernet import Fernet
@@ -43,10 +41,14 @@ from tests.drivers.kubernetes.conftest import KubeCluster
 from tests.drivers.kubernetes.sandbox_objects import api_get, eventually, objects, orphans
 from tests.drivers.kubernetes.test_shipped_manifests import MANIFESTS, Kubectl, uninstall
 from tests.support.control_plane_image import control_plane_image
-from tests.support.conversation_helpers import LLM_KEY, message, status_is, wait_events
+from tests.support.conversation_helpers import (
+    LLM_KEY,
+    run_on_agent_socket,
+    wait_finished,
+)
 from tests.support.fake_llm import FakeLLM, reply_text
-from tests.support.live_server import Api, free_port
-from tests.support.redis_server import wait_answering
+from tests.support.live_server import Api
+from tests.support.redis_server import redis_on_tcp
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 
@@ -69,38 +71,14 @@ class Install:
 
 
 @pytest.fixture
-def host_redis(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[str]:
+def external_redis(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[str]:
     """The "external" Redis: a redis-server with a password on the cluster's host address,
     where the control plane's pods reach this host."""
-    binary = shutil.which("redis-server")
-    assert binary, "redis-server is not installed (make test installs it)"
     address, password = kube_cluster.host_address, secrets.token_hex(16)
-    port = free_port(address)
     data = tmp_path / "redis"
     data.mkdir()
-    process = subprocess.Popen(
-        [binary, "--bind", address, "--port", str(port), "--requirepass", password,
-         "--save", "", "--appendonly", "no", "--dir", str(data)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    probe = redis.Redis(host=address, port=port, password=password)
-    try:
-        wait_answering(process, probe)
+    with redis_on_tcp([address], data, password=password) as port:
         yield f"redis://:{password}@{address}:{port}/0"
-    finally:
-        probe.close()
-        process.terminate()
-        process.wait(timeout=10)
-
-
-@pytest.fixture
-async def fake_llm(kube_cluster: KubeCluster) -> AsyncIterator[FakeLLM]:
-    """The scripted model on the host's cluster address: the control plane's pods call it."""
-    fake = FakeLLM(host=kube_cluster.host_address, model="fake-model", api_key=LLM_KEY)
-    await fake.start()
-    yield fake
-    await fake.close()
 
 
 def api_address(cluster: KubeCluster) -> str:
@@ -109,9 +87,12 @@ def api_address(cluster: KubeCluster) -> str:
     return str(ipaddress.ip_network(cluster.service_cidr)[-20])
 
 
-def overlay_for(copy: Path, tag: str, api_ip: str) -> Path:
+def overlay_for(copy: Path, tag: str, api_ip: str, cluster: KubeCluster) -> Path:
     """The test's kustomization on top of the shipped external-redis variant (kubectl 1.20's
-    kustomize: `bases`, strategic-merge patches)."""
+    kustomize: `bases`, strategic-merge patches). The scripted model is on this host, a machine
+    of the pods' LAN: the operator names the cluster's ranges and admits that address
+    (docs/deployment.md, "The cluster's ranges")."""
+    ranges = ",".join([*(node.pod_cidr for node in cluster.nodes), cluster.service_cidr])
     overlay = copy / "test-overlay"
     overlay.mkdir()
     patches = [
@@ -126,7 +107,9 @@ def overlay_for(copy: Path, tag: str, api_ip: str) -> Path:
          "data": {"ACS_PROXY_URL": f"http://{api_ip}", "ACS_IMAGE_TAG": tag,
                   # No warm pools: the create below makes its pod (a claim from the pool is
                   # test_kube_pool.py's), and the openhands spec's image is not on the nodes.
-                  "ACS_WARM_POOL": "0"}},
+                  "ACS_WARM_POOL": "0",
+                  "ACS_KUBE_CLUSTER_CIDRS": ranges,
+                  "ACS_OUTBOUND_ALLOW": f"{cluster.host_address}/32"}},
     ]  # fmt: skip
     (overlay / "patches.yaml").write_text(yaml.safe_dump_all(patches))
     kustomization = {
@@ -141,7 +124,7 @@ def overlay_for(copy: Path, tag: str, api_ip: str) -> Path:
 
 
 @pytest.fixture
-def installed(kube_cluster: KubeCluster, host_redis: str, tmp_path: Path) -> Iterator[Install]:
+def installed(kube_cluster: KubeCluster, external_redis: str, tmp_path: Path) -> Iterator[Install]:
     kubectl = Kubectl(kube_cluster)
     started = time.monotonic()
     image = control_plane_image()
@@ -154,12 +137,12 @@ def installed(kube_cluster: KubeCluster, host_redis: str, tmp_path: Path) -> Ite
     made_up = {
         "secret-key": Fernet.generate_key().decode(),
         "bootstrap-api-key": bootstrap_key,
-        "redis-url": host_redis,
+        "redis-url": external_redis,
     }
     for name, value in made_up.items():
         (copy / "external-redis" / name).write_text(value)
     api_ip = api_address(kube_cluster)
-    overlay = overlay_for(copy, image.rsplit(":", 1)[1], api_ip)
+    overlay = overlay_for(copy, image.rsplit(":", 1)[1], api_ip, kube_cluster)
     docs = [d for d in yaml.safe_load_all(kubectl("kustomize", str(overlay))) if d]
     # Kubernetes 1.20 has no policy/v1 (test_manifests.py checks the PodDisruptionBudget).
     applied = [d for d in docs if d["kind"] != "PodDisruptionBudget"]
@@ -171,7 +154,7 @@ def installed(kube_cluster: KubeCluster, host_redis: str, tmp_path: Path) -> Ite
             f"image {built - started:.1f}s, loaded onto the nodes {loaded - built:.1f}s, "
             f"applied and Ready {time.monotonic() - loaded:.1f}s"
         )
-        yield Install(f"http://{api_ip}", bootstrap_key, host_redis, kubectl)
+        yield Install(f"http://{api_ip}", bootstrap_key, external_redis, kubectl)
     except BaseException:
         print(kubectl("get", "pods", "-A", "-o", "wide", check=False))
         print(kubectl("logs", "-n", "acs", "-l", APP, "--tail=60", check=False))
@@ -197,7 +180,7 @@ async def test_the_shipped_manifests_run_sandboxes_and_conversations(
     installed: Install,
     kube_cluster: KubeCluster,
     kube_api: client.ApiClient,
-    fake_llm: FakeLLM,
+    kube_fake_llm: FakeLLM,
 ) -> None:
     started = time.monotonic()
     pods = installed.control_plane_pods()
@@ -214,7 +197,8 @@ async def test_the_shipped_manifests_run_sandboxes_and_conversations(
             assert resp.status == 200, await resp.text()
             ready = await resp.json()
         assert ready["redis"] is True  # the "external" Redis on this host
-        assert ready["docker"] is True  # the runtime: the Kubernetes API, in-cluster credentials
+        # The runtime: the Kubernetes API, reached with in-cluster credentials.
+        assert (ready["runtime"], ready["driver"]) == (True, "kubernetes")
         admin = Api(http, installed.url, installed.bootstrap_key)
         me = await admin.ok("GET", "/api/v1/users/me")
         assert me["is_admin"] is True, me
@@ -228,7 +212,8 @@ async def test_the_shipped_manifests_run_sandboxes_and_conversations(
             "/api/settings",
             json={
                 "llm_model": "fake-model",
-                "llm_base_url": fake_llm.base_url,  # this host, as the control plane pods reach it
+                # This host, as the control plane's pods reach it.
+                "llm_base_url": kube_fake_llm.base_url,
                 "llm_api_key": LLM_KEY,
             },
         )
@@ -264,7 +249,7 @@ async def test_the_shipped_manifests_run_sandboxes_and_conversations(
         assert any(u["url"] == agent_url for u in sandbox["exposed_urls"]), sandbox
 
         # A conversation in it, followed as a remote client follows it: through the proxy.
-        fake_llm.script([reply_text(REPLY)])
+        kube_fake_llm.script([reply_text(REPLY)])
         task = await alice.ok("POST", "/api/v1/app-conversations", json={"sandbox_id": sid})
         deadline = time.monotonic() + 90
         while task["status"] not in ("READY", "ERROR"):
@@ -280,40 +265,22 @@ async def test_the_shipped_manifests_run_sandboxes_and_conversations(
         base = conversation["conversation_url"].split("/api/conversations")[0]
         assert base == agent_url
         key = conversation["session_api_key"]
-        socket = f"{base.replace('http', 'ws', 1)}/sockets/events/{cid}"
-        frames: list[dict[str, Any]] = []
-        async with http.ws_connect(
-            socket, params={"resend_all": "true", "session_api_key": key}
-        ) as ws:
-            async with http.post(
-                f"{base}/api/conversations/{cid}/events",
-                json={**message("say hello"), "run": True},
-                headers={"X-Session-API-Key": key},
-            ) as resp:
-                assert resp.status in (200, 201), await resp.text()
-            deadline = time.monotonic() + 60
-            while not status_is("finished")(frames):
-                left = deadline - time.monotonic()
-                assert left > 0, [(f["kind"], f.get("key"), f.get("value")) for f in frames]
-                try:
-                    frames.append(json.loads(await asyncio.wait_for(ws.receive_str(), left)))
-                except TimeoutError:
-                    continue
+        frames = await run_on_agent_socket(http, base, cid, key, "say hello")
         said = [f for f in frames if f["kind"] == "MessageEvent" and f.get("source") == "agent"]
         assert said, [f["kind"] for f in frames]
         assert REPLY in json.dumps(said[-1]), said
         # The same events reached the control plane: the agent's webhooks, through the
         # acs-webhooks Service, stored in Redis by whichever replica answered.
-        events = await wait_events(alice, cid, status_is("finished"))
+        events = await wait_finished(alice, cid)
         assert any(
             e["kind"] == "MessageEvent" and e["source"] == "agent" and REPLY in json.dumps(e)
             for e in events
         )
         # The model was called by a control plane pod's gateway, with the user's key, which
         # is nowhere in the sandbox's pod.
-        assert fake_llm.requests, "the scripted model was never called"
-        assert {r.peer for r in fake_llm.requests} <= control_plane_ips, fake_llm.requests
-        assert fake_llm.requests[0].authorization == f"Bearer {LLM_KEY}"
+        assert kube_fake_llm.requests, "the scripted model was never called"
+        assert {r.peer for r in kube_fake_llm.requests} <= control_plane_ips, kube_fake_llm.requests
+        assert kube_fake_llm.requests[0].authorization == f"Bearer {LLM_KEY}"
         assert LLM_KEY not in json.dumps((await objects(kube_api, SANDBOXES, PREFIX)).pod(sid))
 
         # Deleted: pod, claim and policy gone, no record left behind.

@@ -10,8 +10,8 @@ import pytest
 
 from controlplane.sandboxes.webhook_listener import WebhookListener
 from drivers.base import SandboxDriver
-from drivers.kube_options import Credentials, KubeOptions
-from drivers.kubernetes import KubernetesDriver
+from drivers.kubernetes.driver import KubernetesDriver
+from drivers.kubernetes.settings import KubernetesSettings
 from tests.drivers.contract import *  # noqa: F403 (the shared tests, with the fixtures below)
 from tests.drivers.contract import Hooks
 from tests.drivers.kubernetes.conftest import KubeCluster
@@ -19,6 +19,9 @@ from tests.drivers.kubernetes.conftest import KubeCluster
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 
 
+# `test_prefix` and `driver`: the runtime's side of the shared contract tests, defined here on
+# purpose (the documented exception of tests/test_fixture_names.py): `test_prefix` replaces the
+# Docker fixtures' own, whose clean-up is of Docker objects.
 @pytest.fixture
 def test_prefix(kube_prefix: str) -> str:
     """The contract's deployment prefix, without the Docker fixtures' clean-up (the namespace
@@ -32,25 +35,22 @@ async def driver(
 ) -> AsyncIterator[SandboxDriver]:
     listener = WebhookListener(0)
     listener.attach(hooks.app)
-    options = KubeOptions(
-        namespace=kube_namespace,
-        webhook_address=kube_cluster.host_address,
-        image_pull_policy="Never",
-        storage_class=kube_cluster.storage_class,
-        start_timeout=60.0,
+    settings = KubernetesSettings(
+        kubeconfig=kube_cluster.kubeconfig,
+        kube_namespace=kube_namespace,
+        kube_webhook_address=kube_cluster.host_address,
+        kube_image_pull_policy="Never",
+        kube_storage_class=kube_cluster.storage_class,
+        kube_pod_start_timeout=60.0,
     )
-    made = KubernetesDriver(
-        options,
-        prefix=test_prefix,
-        credentials=Credentials(kubeconfig=str(kube_cluster.kubeconfig)),
-        listener=listener,
-    )
+    made = KubernetesDriver(settings, prefix=test_prefix, listener=listener)
     yield made
     await made.close()
     await listener.close()
 
 
-async def test_egress_none_admits_the_webhook_listener_alone() -> None:
+# Replaces the shared test of that name: this runtime cannot show what it checks.
+async def test_egress_none_admits_the_webhook_listener_alone() -> None:  # type: ignore[no-redef]
     pytest.skip(
         "the test cluster's network enforces no NetworkPolicy (no policy-aware CNI); "
         "tests/drivers/kubernetes/test_policies.py checks the policy objects the driver makes"

@@ -12,6 +12,7 @@ SIGKILL) and the control plane killed with SIGKILL in the middle of creates.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -24,8 +25,8 @@ import redis.asyncio as aioredis
 from kubernetes_asyncio import client
 
 from controlplane.auth.service import ApiKeyService
-from drivers.kube_names import selector
-from drivers.kube_state import parse_time
+from drivers.kubernetes.names import selector
+from drivers.kubernetes.state import parse_time
 from tests.drivers.kubernetes.conftest import KubeCluster, KubeNode
 from tests.drivers.kubernetes.sandbox_objects import (
     KINDS,
@@ -66,7 +67,7 @@ async def restarts_nodes(
         await asyncio.to_thread(kube_cluster.start_node, node)
     for node in killed:
         await eventually(
-            lambda n=node: _is_ready(kube_api, n.name), 90, f"{node.name} Ready again", 0.5
+            functools.partial(_is_ready, kube_api, node.name), 90, f"{node.name} Ready again", 0.5
         )
 
 

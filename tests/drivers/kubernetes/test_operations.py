@@ -17,23 +17,26 @@ from tests.conftest import BOOTSTRAP_KEY
 from tests.drivers.kubernetes.sandbox_objects import api_get, objects, orphans
 from tests.drivers.kubernetes.test_sandboxes import Headers
 from tests.ops.test_reaper import backdate
-from tests.support.sandbox_helpers import DEFAULT_IMAGE, lifecycle, spec_dir, start, wait_status
+from tests.support.sandbox_helpers import (
+    agent_spec,
+    lifecycle,
+    spec_dir,
+    start_running,
+    wait_status,
+)
 from tests.support.types import ClientFactory
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 
-HUGE = f"""id: huge
-description: more memory than any node has
-image: {DEFAULT_IMAGE}
-command: ["/opt/agent/bin/python", "-P", "-m", "agent", "--port", "8000"]
-working_dir: /workspace
-exposed_ports:
-  AGENT_SERVER: 8000
-resources:
+HUGE = agent_spec(
+    "huge",
+    "more memory than any node has",
+    """resources:
   memory: 4000g
   memory_reservation: 4000g
 warm_pool: 0
-"""
+""",
+)
 
 
 async def test_admission_reaper_and_metrics(
@@ -67,8 +70,7 @@ async def test_admission_reaper_and_metrics(
     # The idle reaper pauses an idle sandbox: its pod goes, its claim stays.
     resp = await api.post("/api/settings", json={"sandbox_idle_timeout": 60}, headers=alice)
     assert resp.status == 200
-    sandbox_id = (await start(api, alice))["id"]
-    await wait_status(api, alice, sandbox_id, "RUNNING", within=60)
+    sandbox_id = (await start_running(api, alice, within=60))["id"]
     await backdate(raw_redis, sandbox_id, 120, "last_activity_at")
     paused, retired = await api.app[keys.REAPER].sweep()
     assert (paused, retired) == ([sandbox_id], [])

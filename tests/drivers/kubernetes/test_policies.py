@@ -21,36 +21,30 @@ from kubernetes_asyncio import client
 from controlplane import keys
 from tests.drivers.kubernetes.sandbox_objects import objects
 from tests.drivers.kubernetes.test_sandboxes import Headers, run
-from tests.support.sandbox_helpers import DEFAULT_IMAGE, spec_dir, start, wait_status
+from tests.support.sandbox_helpers import agent_spec, spec_dir, start, wait_status
 from tests.support.types import ClientFactory
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 
-LOCKED = f"""id: locked
-description: no egress, a read-only root, gVisor
-image: {DEFAULT_IMAGE}
-command: ["/opt/agent/bin/python", "-P", "-m", "agent", "--port", "8000"]
-working_dir: /workspace
-exposed_ports:
-  AGENT_SERVER: 8000
-resources:
+LOCKED = agent_spec(
+    "locked",
+    "no egress, a read-only root, gVisor",
+    """resources:
   memory: 512m
   memory_reservation: 256m
 read_only_root: true
 runtime: gvisor
 egress: none
 warm_pool: 0
-"""
-LISTED = f"""id: listed
-description: an allow-list
-image: {DEFAULT_IMAGE}
-command: ["/opt/agent/bin/python", "-P", "-m", "agent", "--port", "8000"]
-working_dir: /workspace
-exposed_ports:
-  AGENT_SERVER: 8000
-egress: ["192.0.2.7:443", "198.51.100.0/24:80", "host.docker.internal:5005"]
+""",
+)
+LISTED = agent_spec(
+    "listed",
+    "an allow-list",
+    """egress: ["192.0.2.7:443", "198.51.100.0/24:80", "host.docker.internal:5005"]
 warm_pool: 0
-"""
+""",
+)
 
 
 @pytest.fixture
@@ -122,7 +116,7 @@ async def test_pods_and_policies_carry_the_specs_isolation(
     assert policy["ingress"] == [
         {"from": control_plane, "ports": [{"protocol": "TCP", "port": 8000}]}
     ]
-    listener = api.server.app[keys.WEBHOOK_LISTENER].port
+    listener = api.app[keys.WEBHOOK_LISTENER].port
     # `none`: the control plane's webhook listener, nothing else.
     assert policy["egress"] == [
         {"to": control_plane, "ports": [{"protocol": "TCP", "port": listener}]}

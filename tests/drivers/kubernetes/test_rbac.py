@@ -20,7 +20,7 @@ from kubernetes_asyncio import client
 from tests.drivers.kubernetes.conftest import REPO, api_client, wait_service_account
 from tests.drivers.kubernetes.sandbox_objects import eventually, objects, orphans
 from tests.drivers.kubernetes.test_sandboxes import Headers, run
-from tests.support.sandbox_helpers import start, wait_status
+from tests.support.sandbox_helpers import start_running, wait_status
 from tests.support.types import ClientFactory
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
@@ -136,8 +136,8 @@ async def test_the_documented_role_is_all_the_control_plane_needs(
 
     api = await make_client(with_sandboxes=True, **(kube_overrides | {"kubeconfig": kubeconfig}))
     alice = await user_headers("alice")
-    sandbox_id = (await start(api, alice))["id"]
-    running = await wait_status(api, alice, sandbox_id, "RUNNING", within=60)
+    running = await start_running(api, alice, within=60)
+    sandbox_id = running["id"]
     await run(running, "echo kept > /workspace/mark")
     assert (await api.post(f"/api/v1/sandboxes/{sandbox_id}/pause", headers=alice)).status == 200
     assert (await api.post(f"/api/v1/sandboxes/{sandbox_id}/resume", headers=alice)).status == 200

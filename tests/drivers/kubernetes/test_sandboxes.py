@@ -18,7 +18,7 @@ from kubernetes_asyncio import client
 from controlplane.store import keyspace
 from tests.drivers.kubernetes.conftest import KubeCluster
 from tests.drivers.kubernetes.sandbox_objects import api_get, eventually, objects, orphans
-from tests.support.sandbox_helpers import agent_call, lifecycle, start, wait_status
+from tests.support.sandbox_helpers import agent_call, lifecycle, start, start_running, wait_status
 from tests.support.types import ClientFactory
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
@@ -52,8 +52,8 @@ async def test_create_pause_resume_delete_through_the_api(
     ns, prefix = kube_overrides["kube_namespace"], kube_overrides["container_prefix"]
     api = await make_client(with_sandboxes=True, **kube_overrides)
     alice = await user_headers("alice")
-    sandbox_id = (await start(api, alice))["id"]
-    running = await wait_status(api, alice, sandbox_id, "RUNNING", within=60)
+    running = await start_running(api, alice, within=60)
+    sandbox_id = running["id"]
     wrote = await run(running, "echo kept > /workspace/mark && id -u")
     assert wrote["stdout"].split() == ["1000"], wrote
 
@@ -141,8 +141,8 @@ async def test_a_per_sandbox_service_keeps_its_address_across_a_pause(
     ns, prefix = kube_overrides["kube_namespace"], kube_overrides["container_prefix"]
     api = await make_client(with_sandboxes=True, kube_endpoint="service", **kube_overrides)
     alice = await user_headers("alice")
-    sandbox_id = (await start(api, alice))["id"]
-    running = await wait_status(api, alice, sandbox_id, "RUNNING", within=60)
+    running = await start_running(api, alice, within=60)
+    sandbox_id = running["id"]
     service = (await objects(kube_api, ns, prefix)).of("services")[sandbox_id]
     address = service["spec"]["clusterIP"]
     assert urlsplit(await agent_url(running)).hostname == address

@@ -16,10 +16,10 @@ from cryptography.fernet import Fernet
 
 from controlplane.config import ConfigError, load_config
 from drivers.base import NetworkPolicy, RunState, SandboxRequest
-from drivers.kube_names import label_value, labels, selector
-from drivers.kube_objects import image_reference, pod_manifest
-from drivers.kube_options import KubeOptions
-from drivers.kube_state import capacity_verdict, state_of
+from drivers.kubernetes.names import label_value, labels, selector
+from drivers.kubernetes.objects import image_reference, pod_manifest
+from drivers.kubernetes.settings import KubernetesSettings
+from drivers.kubernetes.state import capacity_verdict, state_of
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -46,11 +46,11 @@ def request(**overrides: Any) -> SandboxRequest:
 
 
 def test_images_come_from_the_configured_registry_with_pull_secrets() -> None:
-    options = KubeOptions(
-        image_registry="registry.example.com/acs/",
-        image_pull_secrets=("regcred",),
-        image_pull_policy="Always",
-        node_selector={"pool": "sandboxes"},
+    options = KubernetesSettings(
+        kube_image_registry="registry.example.com/acs/",
+        kube_image_pull_secrets=["regcred"],
+        kube_image_pull_policy="Always",
+        kube_node_selector={"pool": "sandboxes"},
     )
     pod = pod_manifest(request(), options, "acs-", aliases=[], runtime_class=None)
     (container,) = pod["spec"]["containers"]
@@ -80,7 +80,7 @@ def test_owners_that_are_no_label_values_get_distinct_stand_ins() -> None:
 
 
 def pod(status: dict[str, Any], **spec: Any) -> dict[str, Any]:
-    made = pod_manifest(request(), KubeOptions(), "acs-", aliases=[], runtime_class=None)
+    made = pod_manifest(request(), KubernetesSettings(), "acs-", aliases=[], runtime_class=None)
     made["spec"].update(spec)
     made["status"] = status
     return made
@@ -147,11 +147,13 @@ def shipped_environment(service_host: str | None) -> dict[str, str]:
 def test_the_shipped_configuration_runs_sandboxes_on_kubernetes() -> None:
     config = load_config(shipped_environment("10.96.0.50"))
     assert config.driver == "kubernetes"
-    assert config.kube_namespace == "acs-sandboxes"
-    assert config.kubeconfig is None  # the pod's service account
-    assert config.kube_control_plane_url == "http://10.96.0.50:3001"
-    assert config.kube_control_plane_namespace == "acs"
-    assert config.kube_control_plane_labels == {"app.kubernetes.io/name": "acs-control-plane"}
+    kube = config.runtime
+    assert isinstance(kube, KubernetesSettings)
+    assert kube.kube_namespace == "acs-sandboxes"
+    assert kube.kubeconfig is None  # the pod's service account
+    assert kube.kube_control_plane_url == "http://10.96.0.50:3001"
+    assert kube.kube_control_plane_namespace == "acs"
+    assert kube.kube_control_plane_labels == {"app.kubernetes.io/name": "acs-control-plane"}
     assert config.webhook_port == 3001
 
 

@@ -1,0 +1,2 @@
+"""Snapshots of sandboxes, above sandboxes/: their records, quotas, retention and collection
+(docs/sandboxes.md#snapshots)."""

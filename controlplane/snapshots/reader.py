@@ -1,0 +1,82 @@
+"""Reading a snapshot back: its index opened, its packs fetched from the store (a few ahead of
+need, each dropped after the last chunk that needs it), every chunk authenticated and checked
+against its digest, the files streamed as a runtime imports them (drivers/base.py:
+FileSource)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from controlplane.snapshots.index import SnapshotIndex
+from controlplane.snapshots.registry import Registry
+from controlplane.snapshots.sealing import UserKeys
+from drivers.base import SYSTEM, WORKSPACE, FileItem, FileKind
+
+PREFETCH = 3
+RESTORED = {WORKSPACE, SYSTEM}
+"""What a new sandbox gets: not the state tree, whose agent state holds credentials scoped to
+the sandbox it was taken of (docs/sandboxes.md#snapshots)."""
+
+
+class SnapshotSource:
+    """A snapshot as a FileSource. `index` loads (and opens) its index when first needed."""
+
+    def __init__(
+        self,
+        snapshot_id: str,
+        keys: UserKeys,
+        registry: Registry,
+        repository: str,
+        index: Callable[[], Awaitable[SnapshotIndex]],
+    ) -> None:
+        self._id = snapshot_id
+        self._keys = keys
+        self._registry = registry
+        self._repo = repository
+        self._index = index
+
+    @property
+    def key(self) -> str:
+        return self._id
+
+    async def items(self) -> AsyncIterator[FileItem]:
+        index = await self._index()
+        rows = list(index.of_trees(RESTORED))
+        uses = [ref.pack for entry, refs in rows for ref in refs if entry.kind == FileKind.FILE]
+        last_use = {pack: n for n, pack in enumerate(uses)}
+        order = list(dict.fromkeys(uses))
+        fetches: dict[str, asyncio.Task[bytes]] = {}
+        ahead = 0
+
+        def prefetch() -> None:
+            nonlocal ahead
+            while ahead < len(order) and len(fetches) < PREFETCH:
+                digest = order[ahead]
+                fetches[digest] = asyncio.create_task(self._registry.get_blob(self._repo, digest))
+                ahead += 1
+
+        held: dict[str, bytes] = {}
+        position = 0
+        where = f"snapshot {self._id}"
+        try:
+            for entry, refs in rows:
+                yield entry
+                if entry.kind != FileKind.FILE:
+                    continue
+                for ref in refs:
+                    pack = held.get(ref.pack)
+                    if pack is None:
+                        prefetch()
+                        pack = await fetches.pop(ref.pack)
+                        held[ref.pack] = pack
+                        prefetch()
+                    sealed = pack[ref.offset : ref.offset + ref.length]
+                    yield self._keys.open(ref.id, sealed, where)
+                    if last_use[ref.pack] == position:
+                        del held[ref.pack]
+                    position += 1
+        finally:
+            for task in fetches.values():
+                task.cancel()
+            await asyncio.gather(*fetches.values(), return_exceptions=True)

@@ -1,0 +1,257 @@
+"""Snapshots of sandboxes, per user: take, read, search, delete, and fork (a snapshot and N
+sandboxes made from it). The mechanics of taking one are in taker.py; the records and counts in
+store.py; what is deleted from the store is deleted by the collector (collector.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+import structlog
+
+from controlplane.api.pagination import decode_cursor, encode_cursor
+from controlplane.auth.models import Principal
+from controlplane.background import stop_tasks
+from controlplane.config import ServiceConfig
+from controlplane.errors import Conflict, ControlPlaneError, QuotaExceeded, StoreUnavailable
+from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.sandboxes.service import SandboxService
+from controlplane.snapshots.models import (
+    SNAPSHOT_ID_PATTERN,
+    ForkResult,
+    SnapshotInfo,
+    SnapshotPage,
+    SnapshotRecord,
+    SnapshotSearchQuery,
+)
+from controlplane.snapshots.sources import SnapshotData
+from controlplane.snapshots.store import SnapshotLimits
+from controlplane.snapshots.taker import Stale, Taker
+from controlplane.store import keyspace
+from drivers.base import SandboxFiles
+
+log = structlog.get_logger(__name__)
+S = SandboxStatus
+LOCK_TTL = 15_000  # ms; renewed by the taker's lease while a snapshot is taken
+
+
+class NotSupported(ControlPlaneError):
+    code = "not_supported"
+    status = 501
+
+
+def info(record: SnapshotRecord) -> SnapshotInfo:
+    return SnapshotInfo(
+        id=record.id,
+        name=record.name,
+        sandbox_id=record.sandbox_id,
+        sandbox_spec_id=record.spec_id,
+        parent_id=record.parent,
+        created_at=record.created_at,
+        size_bytes=record.size,
+        stored_bytes=record.stored,
+        files=record.files,
+        held_still_seconds=record.held_still,
+    )
+
+
+class SnapshotService:
+    def __init__(
+        self,
+        config: ServiceConfig,
+        data: SnapshotData,
+        sandboxes: SandboxService,
+        taker: Taker,
+        files: SandboxFiles | None,
+    ) -> None:
+        self._config = config
+        self._data = data
+        self._sandboxes = sandboxes
+        self._taker = taker
+        self._files = files
+        self._taking: set[asyncio.Task[SnapshotRecord]] = set()
+
+    def limits(self) -> SnapshotLimits:
+        return SnapshotLimits(
+            count=self._config.snapshot_max_per_user or None,
+            bytes=self._config.snapshot_max_bytes_per_user or None,
+        )
+
+    async def take(
+        self, principal: Principal, sandbox_id: str, name: str | None = None
+    ) -> SnapshotInfo:
+        """A consistent snapshot of the caller's sandbox (RUNNING or PAUSED). Raises
+        SandboxNotFound, Conflict (another state, or a snapshot of it already being taken),
+        QuotaExceeded, StoreUnavailable, NotSupported (a runtime without the capability)."""
+        sandbox = await self._sandboxes.owned(principal, sandbox_id)
+        if sandbox.owner != principal.user_id:
+            # An admin may see another user's sandbox, not take its files as their own.
+            raise Conflict("only the owner of a sandbox may snapshot it")
+        return info(await self._carried(sandbox, name))
+
+    async def _carried(self, sandbox: SandboxRecord, name: str | None) -> SnapshotRecord:
+        """Take it in a task of its own that the request waits for: a request that ends
+        first (its time limit, a client gone) does not abandon the snapshot, which is listed
+        when done. The service's close cancels what is left (abandoned, then collected)."""
+        task = asyncio.create_task(self._take(sandbox, name), name=f"snapshot-of-{sandbox.id}")
+        self._taking.add(task)
+        task.add_done_callback(self._taken)
+        return await asyncio.shield(task)
+
+    def _taken(self, task: asyncio.Task[SnapshotRecord]) -> None:
+        self._taking.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # retrieved: logged once
+            log.info("snapshot_not_taken", error=str(task.exception()))
+
+    async def close(self) -> None:
+        await stop_tasks(list(self._taking))
+
+    async def _take(self, sandbox: SandboxRecord, name: str | None) -> SnapshotRecord:
+        files = self._capability()
+        if sandbox.status not in (S.RUNNING, S.PAUSED) or sandbox.deleting_at is not None:
+            raise Conflict(
+                f"cannot snapshot sandbox {sandbox.id}: it is {sandbox.status.value}; "
+                "snapshots are of RUNNING or PAUSED sandboxes"
+            )
+        spec = self._sandboxes.catalog.find(sandbox.spec_id)
+        if spec is None:
+            raise Conflict(f"sandbox {sandbox.id}'s spec {sandbox.spec_id!r} no longer exists")
+        await self._check_quota(sandbox.owner)
+        if not await self._data.registry.ping():
+            raise StoreUnavailable(
+                f"the snapshot store at {self._data.registry.base_url} does not answer; the "
+                "sandbox was not touched"
+            )
+        # One at a time across replicas; pause, resume, delete and the reaper wait for it (the
+        # sandbox's own lock).
+        async with self._one_at_a_time(sandbox.id), self._sandboxes.lock(sandbox.id):
+            current = await self._sandboxes.record(sandbox.id)
+            if current is None or current.status not in (S.RUNNING, S.PAUSED):
+                raise Conflict(f"sandbox {sandbox.id} changed while its snapshot began")
+            for attempt in (1, 2):
+                try:
+                    record = await self._taker.take(
+                        files, current, spec.working_dir, name, self.limits()
+                    )
+                    break
+                except Stale:
+                    if attempt == 2:
+                        raise Conflict(
+                            "data this snapshot reuses was collected meanwhile; retry"
+                        ) from None
+        log.info(
+            "snapshot_taken",
+            snapshot_id=record.id,
+            sandbox_id=sandbox.id,
+            held_still=record.held_still,
+            size=record.size,
+            stored=record.stored,
+        )
+        return record
+
+    def _capability(self) -> SandboxFiles:
+        if self._files is None:
+            raise NotSupported("this runtime does not take snapshots (yet): use the Docker driver")
+        return self._files
+
+    async def _check_quota(self, owner: str) -> None:
+        limits = self.limits()
+        store = self._data.store
+        if limits.count is not None and await store.count(owner) >= limits.count:
+            raise QuotaExceeded(
+                f"you have {limits.count} snapshots (the per-user limit); delete some, then retry",
+                retry_after=60,
+            )
+        if limits.bytes is not None and await store.bytes_used(owner) >= limits.bytes:
+            raise QuotaExceeded(
+                f"your snapshots take {limits.bytes} bytes of the store (the per-user limit); "
+                "delete some, then retry",
+                retry_after=60,
+            )
+
+    def _one_at_a_time(self, sandbox_id: str) -> _SnapshotLock:
+        return _SnapshotLock(self._data, sandbox_id)
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    async def get(self, principal: Principal, snapshot_id: str) -> SnapshotInfo:
+        return info(await self._data.owned(principal, snapshot_id))
+
+    async def search(self, principal: Principal, query: SnapshotSearchQuery) -> SnapshotPage:
+        """The caller's snapshots, newest first (of one sandbox when asked)."""
+        after = decode_cursor(query.page_id, SNAPSHOT_ID_PATTERN.strip("^$"))
+        store = self._data.store
+        key = keyspace.user_snapshots(principal.user_id)
+        if query.sandbox_id is not None:
+            key = keyspace.sandbox_snapshots(query.sandbox_id)
+        ids = await store.page_ids(key, after, query.limit + 1)
+        records = [
+            r
+            for r in await store.get_many(ids[: query.limit])
+            if r is not None and r.owner == principal.user_id
+        ]
+        more = len(ids) > query.limit
+        next_page = encode_cursor(ids[query.limit - 1]) if more else None
+        return SnapshotPage(items=[info(r) for r in records], next_page_id=next_page)
+
+    # -- changes --------------------------------------------------------------------------------
+
+    async def delete(self, principal: Principal, snapshot_id: str) -> None:
+        """Unlisted at once; its blobs no other snapshot uses are deleted from the store by
+        the collector. Sandboxes made from it keep running. Raises SnapshotNotFound."""
+        record = await self._data.owned(principal, snapshot_id)
+        await self.remove(record)
+
+    async def remove(self, record: SnapshotRecord) -> None:
+        """Delete a snapshot (an API delete, or retention)."""
+        if await self._data.store.delete(record):
+            self._data.forget(record.id)
+            if self._files is not None:
+                await self._files.forget(record.id)
+
+    async def fork(self, principal: Principal, sandbox_id: str, count: int) -> ForkResult:
+        """A snapshot of the caller's sandbox and `count` new sandboxes started from it, all
+        from that one consistent state, each with its own id, key and identity. Raises as
+        `take`, and QuotaExceeded when the caps refuse the sandboxes (then none is started;
+        the snapshot stays)."""
+        sandbox = await self._sandboxes.owned(principal, sandbox_id)
+        if sandbox.owner != principal.user_id:
+            raise Conflict("only the owner of a sandbox may fork it")
+        limits = await self._sandboxes.limits()
+        if limits.running is not None:
+            active = await self._sandboxes.store.count_active(principal.user_id)
+            if active + count > limits.running:
+                raise self._sandboxes.admission.refused(principal)
+        record = await self._carried(sandbox, None)
+        started = await self._sandboxes.start_from(principal, record.id, count)
+        log.info("sandbox_forked", sandbox_id=sandbox_id, snapshot_id=record.id, count=count)
+        return ForkResult(snapshot=info(record), sandboxes=started)
+
+
+class _SnapshotLock:
+    """One snapshot of a sandbox at a time, across replicas (a Redis key with a TTL, renewed
+    while held): a second one meanwhile is a 409."""
+
+    def __init__(self, data: SnapshotData, sandbox_id: str) -> None:
+        self._redis = data.store.redis
+        self._key = keyspace.snapshot_lock(sandbox_id)
+        self._token = ""
+        self._renewing: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> None:
+        self._token = secrets.token_hex(8)
+        if not await self._redis.set(self._key, self._token, nx=True, px=LOCK_TTL):
+            raise Conflict("a snapshot of this sandbox is being taken; retry when it is done")
+        self._renewing = asyncio.create_task(self._renew())
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(LOCK_TTL / 3000)
+            await self._redis.set(self._key, self._token, xx=True, px=LOCK_TTL)
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._renewing is not None:
+            self._renewing.cancel()
+            await asyncio.gather(self._renewing, return_exceptions=True)
+        if await self._redis.get(self._key) in (self._token, self._token.encode()):
+            await self._redis.delete(self._key)

@@ -1,0 +1,244 @@
+"""Taking one snapshot, as steps: record it PENDING (its lease renewed while it is taken), read
+the sandbox's files through the runtime (held still for a moment, told to the sandbox's record
+so that the reconciler knows), write what changed since the parent, send its index and its
+manifest, and commit it READY in one script; or, on any failure, abandon it (what it sent is
+collected).
+
+The manifest is an OCI image manifest (artifactType application/vnd.acs.snapshot.v1): its config
+is the sealed index and its layers the packs it uses, so the registry's own tools (garbage
+collection, replication) see what belongs to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from controlplane.agent_protocol.kinds import STATE_DIR
+from controlplane.errors import Conflict, QuotaExceeded
+from controlplane.ids import uuid7_hex
+from controlplane.sandboxes.models import SandboxRecord
+from controlplane.sandboxes.store import SandboxStore
+from controlplane.snapshots.index import SnapshotIndex
+from controlplane.snapshots.models import SnapshotRecord, SnapshotStatus
+from controlplane.snapshots.registry import MANIFEST_TYPE, digest_of, manifest_bytes
+from controlplane.snapshots.sources import SnapshotData
+from controlplane.snapshots.store import SnapshotLimits
+from controlplane.snapshots.writer import SnapshotWriter, Written
+from drivers.base import SandboxFiles
+
+log = structlog.get_logger(__name__)
+ARTIFACT = "application/vnd.acs.snapshot.v1"
+INDEX_TYPE = "application/vnd.acs.snapshot.index.v1+sealed"
+PACK_TYPE = "application/vnd.acs.snapshot.pack.v1+sealed"
+HOLD_FOR = 6.0
+"""A sandbox frozen by a snapshot is marked held until now + this, pushed while it lasts; the
+reconciler thaws one found frozen past its mark (the control plane holding it died)."""
+
+
+class Stale(Exception):
+    """A pack the snapshot reuses was collected meanwhile: take it again."""
+
+
+class _Hold:
+    """The drivers' Hold: the sandbox's record says it is held still, and until when (pushed
+    on every HOLD_FOR / 3 while it lasts)."""
+
+    def __init__(self, sandboxes: SandboxStore, sandbox_id: str) -> None:
+        self._sandboxes = sandboxes
+        self._id = sandbox_id
+        self._renewing: asyncio.Task[None] | None = None
+
+    async def begin(self) -> None:
+        await self._sandboxes.hold(self._id, time.time() + HOLD_FOR)
+        self._renewing = asyncio.create_task(self._renew(), name=f"hold-{self._id}")
+        log.info("snapshot_freeze", sandbox_id=self._id)
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(HOLD_FOR / 3)
+            await self._sandboxes.hold(self._id, time.time() + HOLD_FOR)
+
+    async def end(self) -> None:
+        if self._renewing is not None:
+            self._renewing.cancel()
+            await asyncio.gather(self._renewing, return_exceptions=True)
+        await asyncio.shield(self._sandboxes.hold(self._id, None))
+
+
+class Taker:
+    def __init__(
+        self,
+        data: SnapshotData,
+        sandboxes: SandboxStore,
+        *,
+        lease: float,
+        pack_bytes: int,
+    ) -> None:
+        self._data = data
+        self._sandboxes = sandboxes
+        self._lease = lease
+        self._pack_bytes = pack_bytes
+
+    async def take(
+        self,
+        files: SandboxFiles,
+        sandbox: SandboxRecord,
+        working_dir: str,
+        name: str | None,
+        limits: SnapshotLimits,
+    ) -> SnapshotRecord:
+        """The new READY snapshot. Raises QuotaExceeded, Stale, StoreUnavailable, what the
+        runtime raises; nothing is left listed, and what was sent is collected."""
+        store = self._data.store
+        started = time.monotonic()
+        parent = await store.latest(sandbox.id) or sandbox.origin
+        previous = await self._previous(parent)
+        snapshot_id = uuid7_hex()
+        record = SnapshotRecord(
+            id=snapshot_id,
+            owner=sandbox.owner,
+            sandbox_id=sandbox.id,
+            spec_id=sandbox.spec_id,
+            status=SnapshotStatus.PENDING,
+            name=name,
+            parent=parent if previous is not None else None,
+            created_at=datetime.now(UTC),
+            repository=self._data.repository(sandbox.owner),
+        )
+        marks = [("begin", started), ("prepare", time.monotonic())]
+        async with self._pending(record):
+            writer = SnapshotWriter(
+                self._data.keys(sandbox.owner),
+                self._data.registry,
+                record.repository,
+                lookup=lambda ids: store.chunk_locations(sandbox.owner, ids),
+                record=lambda digest: store.uploading(snapshot_id, "blob", digest),
+                previous=previous,
+                pack_bytes=self._pack_bytes,
+            )
+            hold = _Hold(self._sandboxes, sandbox.id)
+            async with files.export(
+                sandbox.id,
+                previous.known() if previous is not None else {},
+                working_dir=working_dir,
+                state_paths=(STATE_DIR,),
+                hold=hold,
+            ) as export:
+                marks.append(("export", time.monotonic()))
+                log.info("snapshot_thawed", sandbox_id=sandbox.id, held=export.held_still)
+                written = await writer.write(export.items)
+            marks.append(("write", time.monotonic()))
+            record = await self._finish(record, written, export.held_still)
+            marks.append(("finish", time.monotonic()))
+            outcome = await store.commit(record, written.new_packs, written.new_chunks, limits)
+            marks.append(("commit", time.monotonic()))
+            log.info(
+                "snapshot_phases",
+                snapshot_id=snapshot_id,
+                **{f"{b[0]}_s": round(b[1] - a[1], 3) for a, b in itertools.pairwise(marks)},
+            )
+            if outcome == "stale":
+                raise Stale()
+            if outcome in ("count", "bytes"):
+                raise _quota(outcome, limits)
+            if outcome != "ok":
+                raise Conflict(f"snapshot {snapshot_id} was abandoned while it was taken")
+        self._data.remember(snapshot_id, written.index)
+        committed = await store.get(snapshot_id)  # with what the commit counted
+        return committed or record
+
+    async def _previous(self, parent: str | None) -> SnapshotIndex | None:
+        """The parent's index, against which only changes are sent; None (everything is
+        read again) when it is gone or cannot be read."""
+        if parent is None:
+            return None
+        record = await self._data.store.get(parent)
+        if record is None or record.status != SnapshotStatus.READY:
+            return None
+        try:
+            return await self._data.index(record)
+        except Exception as exc:  # a damaged parent only costs a full read
+            log.warning("snapshot_parent_unreadable", snapshot_id=parent, error=str(exc))
+            return None
+
+    @asynccontextmanager
+    async def _pending(self, record: SnapshotRecord) -> AsyncIterator[None]:
+        """PENDING while inside, its lease renewed; abandoned unless committed."""
+        store = self._data.store
+        await store.begin(record, self._lease)
+
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(self._lease / 3)
+                await store.renew(record.id, self._lease)
+
+        renewing = asyncio.create_task(renew(), name=f"snapshot-lease-{record.id}")
+        try:
+            yield
+        except BaseException:
+            await asyncio.shield(store.abandon(record))
+            raise
+        finally:
+            renewing.cancel()
+            await asyncio.gather(renewing, return_exceptions=True)
+
+    async def _finish(
+        self, record: SnapshotRecord, written: Written, held: float
+    ) -> SnapshotRecord:
+        """Send the sealed index and the manifest; the record with what they are."""
+        store, registry = self._data.store, self._data.registry
+        index = written.index
+        sealed = self._data.keys(record.owner).seal_index(record.id, index.encode())
+        index_digest = digest_of(sealed)
+        await store.uploading(record.id, "blob", index_digest)
+        await registry.put_blob(record.repository, sealed)
+        packs = index.packs()
+        sizes = {p.digest: p.size for p in written.new_packs}
+        sizes.update(await store.pack_sizes(record.owner, [p for p in packs if p not in sizes]))
+        manifest = _manifest(index_digest, len(sealed), [(p, sizes.get(p, 0)) for p in packs])
+        await store.uploading(record.id, "manifest", digest_of(manifest_bytes(manifest)))
+        manifest_digest = await registry.put_manifest(record.repository, record.id, manifest)
+        record = record.model_copy(
+            update={
+                "size": index.size,
+                "files": len(index.entries),
+                "index_digest": index_digest,
+                "index_size": len(sealed),
+                "manifest_digest": manifest_digest,
+                "packs": packs,
+                "held_still": round(held, 4),
+            }
+        )
+        await store.fill(record.id, store.encode(record))
+        return record
+
+
+def _quota(outcome: str, limits: SnapshotLimits) -> QuotaExceeded:
+    if outcome == "count":
+        return QuotaExceeded(
+            f"you have {limits.count} snapshots (the per-user limit); delete some, then retry",
+            retry_after=60,
+        )
+    return QuotaExceeded(
+        f"your snapshots would take more than {limits.bytes} bytes of the store (the "
+        "per-user limit); delete some, then retry",
+        retry_after=60,
+    )
+
+
+def _manifest(index: str, index_size: int, packs: list[tuple[str, int]]) -> dict[str, Any]:
+    return {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_TYPE,
+        "artifactType": ARTIFACT,
+        "config": {"mediaType": INDEX_TYPE, "digest": index, "size": index_size},
+        "layers": [{"mediaType": PACK_TYPE, "digest": d, "size": s} for d, s in packs],
+    }

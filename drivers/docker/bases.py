@@ -1,0 +1,364 @@
+"""Sandboxes made from a snapshot on Docker, sharing its files copy-on-write.
+
+The first sandbox made from a snapshot (on an engine, for an image) builds its *base*: a volume
+holding the snapshot's workspace under `lower/`, and an image, the spec's image with the
+snapshot's system tree committed on top (a container of the image, never started, gets the tree
+in its writable layer, whiteouts included, and is committed). Every sandbox made from it then
+runs that image (overlay2 shares its layers) and gets a workspace volume of the local driver's
+`overlay` type: the base's `lower/` below, an upper and a work directory of its own under the
+base's `forks/<sandbox id>/` above. So N forks cost one restore plus N small directories, and
+each writes only what it changes.
+
+The base goes when the last sandbox made from it goes (its forks' upper directories with it).
+Docker does not know that an overlay volume depends on the base, so the driver keeps that count
+(by label) and serialises a base's build and release per process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import docker
+import structlog
+from docker.errors import APIError, ImageNotFound, NotFound
+from docker.types import Mount
+
+from drivers.base import SYSTEM, WORKSPACE, FileEntry, FileItem, FileKind, SandboxRequest
+from drivers.docker import names as docker_names
+from drivers.docker.files import LABEL_SNAPSHOT, Lane
+from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE
+from drivers.docker.tar import Feed, archive
+from drivers.errors import DriverError, ImageMissing
+
+log = structlog.get_logger(__name__)
+
+LABEL_BASE = "acs.base"
+"""On a restored sandbox's workspace volume: the base volume it stands on."""
+LABEL_BASE_IMAGE = "acs.base_image"
+"""On the same volume: the image its container runs (the base's)."""
+LABEL_ROOT = "acs.workspace_root"
+"""On a base image: its workspace root's "uid:gid:mode" (overlay's merged root is the upper
+directory, which must have them)."""
+
+
+@dataclass(frozen=True)
+class Base:
+    volume: str
+    mountpoint: str
+    image: str
+    root: str  # the workspace root's "uid:gid:mode": each fork's upper directory gets them
+
+
+def _image_name(prefix: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", prefix.lower()).strip("-") + "-base"
+
+
+class DockerBases:
+    def __init__(self, lane: Lane, *, prefix: str, image: str) -> None:
+        self._lane = lane
+        self._prefix = prefix
+        self._image = image  # the helper's
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._queued: dict[str, list[tuple[str, asyncio.Future[None]]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def workspace(self, request: SandboxRequest, volume: str, labels: dict[str, str]) -> str:
+        """Make the restored sandbox's workspace volume unless it exists; the image its
+        container runs."""
+        assert request.restore is not None
+        found = await self._lane.run(lambda c: _volume(c, volume))
+        if found is not None:
+            return str((found.get("Labels") or {}).get(LABEL_BASE_IMAGE) or request.image)
+        base = await self._ensure(request)
+        async with self._lock(base.volume):
+            await self._fork_dirs(base, request.sandbox_id)
+            work = f"{base.mountpoint}/forks/{request.sandbox_id}"
+            options = {
+                "type": "overlay",
+                "device": "overlay",
+                "o": f"lowerdir={base.mountpoint}/lower,upperdir={work}/up,workdir={work}/work",
+            }
+            marks = labels | {LABEL_BASE: base.volume, LABEL_BASE_IMAGE: base.image}
+            await self._lane.run(
+                lambda c: c.api.create_volume(
+                    name=volume, driver="local", driver_opts=options, labels=marks
+                )
+            )
+        return base.image
+
+    async def base_of(self, volume: str) -> str | None:
+        """The base volume a workspace volume stands on; None for a plain one (or none)."""
+        found = await self._lane.run(lambda c: _volume(c, volume))
+        return None if found is None else (found.get("Labels") or {}).get(LABEL_BASE)
+
+    async def release(self, base_volume: str) -> None:
+        """Remove the base (volume and image) when no workspace stands on it any more."""
+        async with self._lock(base_volume):
+            await self._lane.run(lambda c: self._drop_unused(c, base_volume))
+
+    async def forget(self, key: str) -> None:
+        """Remove the unused bases of a snapshot."""
+        labels = [f"{LABEL_OWNER}={self._prefix}", f"{LABEL_SNAPSHOT}={key}"]
+        listed = await self._lane.run(lambda c: c.api.volumes(filters={"label": labels}))
+        for volume in listed.get("Volumes") or []:
+            await self.release(volume["Name"])
+
+    def sweep(self, client: docker.DockerClient, older_than: float) -> int:
+        """What interrupted operations left (DockerFiles.sweep). Blocking."""
+        owned = {"label": [f"{LABEL_OWNER}={self._prefix}"]}
+        cutoff = time.time() - older_than
+        removed = 0
+        for summary in client.api.containers(all=True, filters=owned):
+            # A running helper is in use; a helper whose control plane died has exited (its
+            # stdin closed), a loader or a holder was never started.
+            if (summary.get("Labels") or {}).get(docker_names.LABEL_PREFIX):
+                continue  # a sandbox's container: never the sweep's
+            if summary.get("State") != "running" and summary.get("Created", 0) < cutoff:
+                with contextlib.suppress(NotFound):
+                    client.api.remove_container(summary["Id"], force=True, v=True)
+                    removed += 1
+        for volume in client.api.volumes(filters=owned).get("Volumes") or []:
+            made = _created(volume)
+            if made is None or made > cutoff or self._locks.get(volume["Name"], _FREE).locked():
+                continue
+            image = (volume.get("Labels") or {}).get(LABEL_BASE_IMAGE)
+            if image is None or _image_label(client, image, LABEL_ROOT) is None:
+                with contextlib.suppress(NotFound):
+                    client.api.remove_volume(volume["Name"], force=True)
+                    removed += 1
+            else:
+                self._drop_unused(client, volume["Name"])
+        return removed
+
+    def _drop_unused(self, client: docker.DockerClient, base_volume: str) -> None:
+        users = client.api.volumes(filters={"label": [f"{LABEL_BASE}={base_volume}"]})
+        if users.get("Volumes"):
+            return
+        found = _volume(client, base_volume)
+        if found is None:
+            return
+        image = (found.get("Labels") or {}).get(LABEL_BASE_IMAGE)
+        if image:
+            try:
+                client.api.remove_image(image, force=False, noprune=False)
+            except (ImageNotFound, NotFound):
+                pass
+            except APIError as exc:
+                if exc.status_code != 409:  # a container still runs it: kept for now
+                    raise
+        with contextlib.suppress(NotFound):
+            client.api.remove_volume(base_volume, force=True)
+
+    # -- building a base ------------------------------------------------------------------------
+
+    async def _ensure(self, request: SandboxRequest) -> Base:
+        source = request.restore
+        assert source is not None
+        image_id = await self._lane.run(lambda c: _image_id(c, request.image))
+        name = f"{self._prefix}base-{source.key}-{image_id[7:19]}"
+        image = f"{_image_name(self._prefix)}:{source.key}-{image_id[7:19]}"
+        async with self._lock(name):
+            found = await self._lane.run(lambda c: _volume(c, name))
+            root = await self._lane.run(lambda c: _image_label(c, image, LABEL_ROOT))
+            if found is not None and root is not None:
+                return Base(name, str(found["Mountpoint"]), image, root)
+            if found is not None:  # an earlier build that did not finish
+                await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
+            labels = {
+                LABEL_OWNER: self._prefix,
+                LABEL_SNAPSHOT: source.key,
+                LABEL_BASE_IMAGE: image,
+                LABEL_ROLE: "base",
+            }
+            log.info("snapshot_base_building", snapshot=source.key, sandbox_id=request.sandbox_id)
+            made = await self._lane.run(lambda c: c.api.create_volume(name=name, labels=labels))
+            holder = ""
+            try:
+                # The image's own command and settings: the commit keeps the container's.
+                holder = await self._lane.run(
+                    lambda c: _create(c, request.image, labels=labels, network_disabled=True)
+                )
+                upper = await self._lane.run(lambda c: _upper(c, holder))
+                root = await self._fill(request, name, upper)
+                repository, _, tag = image.partition(":")
+                # The image's labels pass to every container of it: only what they need. A
+                # commit merges the holder's own labels in, so those are blanked (a label
+                # that would make the sweep take a sandbox for a leftover).
+                marks = {key: "" for key in labels} | {LABEL_SNAPSHOT: source.key, LABEL_ROOT: root}
+                await self._lane.run(
+                    lambda c: c.api.commit(
+                        holder, repository=repository, tag=tag, conf={"Labels": marks}, pause=False
+                    )
+                )
+            except BaseException:
+                await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
+                raise
+            finally:
+                if holder:
+                    await self._lane.run(
+                        lambda c: c.api.remove_container(holder, force=True, v=True)
+                    )
+            return Base(name, str(made["Mountpoint"]), image, root)
+
+    async def _fill(self, request: SandboxRequest, volume: str, upper: str) -> str:
+        """The source's workspace tree into the base volume's lower/ and its system tree into
+        the holder's writable layer, extracted by the engine from one archive (a container that
+        never starts holds the mounts); the workspace root's "uid:gid:mode"."""
+        assert request.restore is not None
+        root = "0:0:493"
+
+        def name_of(entry: FileEntry) -> str | None:
+            nonlocal root
+            if entry.tree == WORKSPACE:
+                if entry.path == "":
+                    root = f"{entry.uid}:{entry.gid}:{entry.mode}"
+                return f"acs/ws/lower/{entry.path}".rstrip("/")
+            if entry.tree == SYSTEM:
+                return f"acs/upper/{entry.path}"
+            return None  # the state tree never goes into another sandbox (docs)
+
+        mounts = [Mount("/acs/ws", volume, type="volume"), Mount("/acs/upper", upper, type="bind")]
+        await self._extract(mounts, archive(request.restore.items(), name_of))
+        return root
+
+    async def _extract(self, mounts: list[Mount], pieces: AsyncIterator[bytes]) -> None:
+        """Have the engine extract an archive at / of a container holding `mounts` (made for
+        it, never started, removed after)."""
+        loader = await self._lane.run(
+            lambda c: _create(
+                c,
+                self._image,
+                ["true"],
+                labels={LABEL_OWNER: self._prefix, LABEL_ROLE: "files"},
+                network_disabled=True,
+                host_config=c.api.create_host_config(mounts=mounts, network_mode="none"),
+            )
+        )
+        feed = Feed()
+        upload = asyncio.create_task(
+            self._lane.run(lambda c: c.api.put_archive(loader, "/", feed.pieces()))
+        )
+        try:
+            try:
+                async for piece in pieces:
+                    await feed.put(piece)
+            except BaseException as exc:
+                await feed.put(DriverError(f"the files to restore failed: {exc}"))
+                raise
+            await feed.put(None)
+            if not await upload:
+                raise DriverError("the engine did not extract the restored files")
+        finally:
+            if not upload.done():
+                feed.stopped.set()
+            await asyncio.gather(upload, return_exceptions=True)
+            await self._lane.run(lambda c: c.api.remove_container(loader, force=True))
+
+    async def _fork_dirs(self, base: Base, sandbox_id: str) -> None:
+        """The sandbox's upper and work directories in the base: made at once for every
+        sandbox asking meanwhile (a fork of many costs one engine extraction, not one each)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue = self._queued.setdefault(base.volume, [])
+        queue.append((sandbox_id, future))
+        if len(queue) == 1:
+            task = asyncio.create_task(self._make_dirs(base), name=f"fork-dirs-{base.volume}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        await future
+
+    async def _make_dirs(self, base: Base) -> None:
+        await asyncio.sleep(0)  # let the others of a fork queue up
+        queue = self._queued.pop(base.volume, [])
+        uid, gid, mode = (int(x) for x in base.root.split(":"))
+        now = time.time_ns()
+        entries = [FileEntry(WORKSPACE, "forks", FileKind.DIR, 0o755, mtime_ns=now)]
+        for sandbox_id, _ in queue:
+            top = f"forks/{sandbox_id}"
+            entries += [
+                FileEntry(WORKSPACE, top, FileKind.DIR, 0o700, mtime_ns=now),
+                FileEntry(WORKSPACE, f"{top}/up", FileKind.DIR, mode, uid, gid, mtime_ns=now),
+                FileEntry(WORKSPACE, f"{top}/work", FileKind.DIR, 0o700, mtime_ns=now),
+            ]
+
+        async def listed() -> AsyncIterator[FileItem]:
+            for entry in entries:
+                yield entry
+
+        try:
+            mounts = [Mount("/acs/ws", base.volume, type="volume")]
+            await self._extract(mounts, archive(listed(), lambda e: f"acs/ws/{e.path}"))
+        except Exception as exc:
+            for _, future in queue:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        except BaseException:
+            for _, future in queue:
+                future.cancel()
+            raise
+        for _, future in queue:
+            if not future.done():
+                future.set_result(None)
+
+
+_FREE = asyncio.Lock()
+
+
+def _created(volume: dict[str, Any]) -> float | None:
+    """A volume's creation time (Unix seconds); None when the engine does not say."""
+    text = str(volume.get("CreatedAt") or "")
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _volume(client: docker.DockerClient, name: str) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = client.api.inspect_volume(name)
+    except NotFound:
+        return None
+    return found
+
+
+def _image_id(client: docker.DockerClient, image: str) -> str:
+    try:
+        return str(client.images.get(image).id)
+    except (ImageNotFound, NotFound):
+        raise ImageMissing(
+            f"image {image} is not on this host; run `make images` to build it"
+        ) from None
+
+
+def _image_label(client: docker.DockerClient, image: str, label: str) -> str | None:
+    """A label of the image; None when the image (or the label) is absent."""
+    try:
+        labels = client.images.get(image).labels or {}
+    except (ImageNotFound, NotFound):
+        return None
+    value = labels.get(label)
+    return str(value) if value is not None else None
+
+
+def _create(client: docker.DockerClient, image: str, command: Any = None, **options: Any) -> str:
+    return str(client.api.create_container(image, command, **options)["Id"])
+
+
+def _upper(client: docker.DockerClient, container: str) -> str:
+    driver = client.api.inspect_container(container).get("GraphDriver") or {}
+    upper = (driver.get("Data") or {}).get("UpperDir")
+    if driver.get("Name") != "overlay2" or not upper:
+        raise DriverError(
+            f"the engine's storage driver is {driver.get('Name')!r}: snapshots need overlay2"
+        )
+    return str(upper)

@@ -1,0 +1,379 @@
+"""Snapshots on Docker (drivers/base.py: SandboxFiles): a sandbox's files read consistently, and
+new sandboxes made from a snapshot's files (drivers/docker/bases.py).
+
+An export runs drivers/docker/files_helper.py in a helper container that mounts the sandbox's
+workspace volume and its container's writable layer (overlay2's "upper" directory: what changed
+outside the workspace, whiteouts included), both read-only. While the sandbox still runs the
+helper copies what changed since the last snapshot to a staging directory of its own; then the
+sandbox is frozen (`docker pause`, the cgroup freezer), the helper looks again and copies only
+what changed meanwhile, and the sandbox is thawed: it is held still for one scan of its trees
+and those few files. The staged files stream to the control plane after the thaw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import tarfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import docker
+import structlog
+from docker.errors import APIError, DockerException, NotFound
+from docker.types import Mount
+from requests.exceptions import ConnectionError as RequestsConnectionError
+from requests.exceptions import ReadTimeout
+
+from drivers.base import (
+    FileEntry,
+    FileExport,
+    FileItem,
+    FileKind,
+    Hold,
+)
+from drivers.docker import names as docker_names
+from drivers.docker.engine import DockerEngine
+from drivers.docker.helper import Helper
+from drivers.errors import DriverError, RuntimeUnavailable
+
+T = TypeVar("T")
+log = structlog.get_logger(__name__)
+LABEL_SNAPSHOT = "acs.snapshot"
+"""On a base image (and so on the containers that run it): the snapshot whose files it holds
+(drivers/docker/bases.py)."""
+FREEZE_ATTEMPTS = 8
+BATCH_BYTES = 8 << 20
+PIECE = 1 << 20
+READY = "/acs/ready"  # files_helper.py's
+LISTING = "-listing.json"  # files_helper.py's
+KNOWN = "acs-known.json"
+"""What one read from the helper collects before handing it to the event loop."""
+
+
+def entry_from(raw: dict[str, Any]) -> FileEntry:
+    """An entry as files_helper.py describes it."""
+    return FileEntry(
+        tree=raw["t"],
+        path=raw["p"],
+        kind=FileKind(raw["k"]),
+        mode=raw["m"],
+        uid=raw["u"],
+        gid=raw["g"],
+        size=raw["s"],
+        mtime_ns=raw["mt"],
+        target=raw.get("l", ""),
+        opaque=bool(raw.get("o", False)),
+        stamp=(raw["ct"], raw["i"]),
+        changed=bool(raw.get("c", True)),
+        name=raw.get("n", ""),
+    )
+
+
+def entry_json(entry: FileEntry) -> bytes:
+    """An entry as files_helper.py reads it."""
+    raw: dict[str, Any] = {
+        "t": entry.tree,
+        "p": entry.path,
+        "k": entry.kind.value,
+        "m": entry.mode,
+        "u": entry.uid,
+        "g": entry.gid,
+        "mt": entry.mtime_ns,
+    }
+    if entry.target:
+        raw["l"] = entry.target
+    if entry.opaque:
+        raw["o"] = True
+    return json.dumps(raw).encode()
+
+
+class _Staged:
+    """The helper's staged copies (/acs/ready), as the engine streams them in one tar archive
+    (GET /containers/{id}/archive): sorted by name, which is the listing's order. Blocking."""
+
+    def __init__(self, client: docker.DockerClient, container_id: str) -> None:
+        stream, _ = client.api.get_archive(container_id, READY, chunk_size=PIECE)
+        self._stream = stream
+        self._tar = tarfile.open(  # noqa: SIM115 (closed by close())
+            fileobj=_Chunks(stream), mode="r|", bufsize=PIECE
+        )
+        self._members = iter(self._tar)
+
+    def listing(self) -> list[FileEntry]:
+        """The export's entries (the archive's first file)."""
+        for member in self._members:
+            if member.isfile():
+                if member.name.rsplit("/", 1)[-1] != LISTING:
+                    raise DriverError("the helper's archive does not begin with its listing")
+                handle = self._tar.extractfile(member)
+                assert handle is not None
+                return [entry_from(raw) for raw in json.loads(handle.read())]
+        raise DriverError("the helper's archive has no listing")
+
+    def read(self, entry: FileEntry) -> list[bytes]:
+        """The bytes of the next staged file, which must be `entry`'s."""
+        for member in self._members:
+            if not member.isfile():
+                continue
+            if member.name.rsplit("/", 1)[-1] != entry.name or member.size != entry.size:
+                raise DriverError(f"the staged copy of {entry.path!r} is not the one announced")
+            handle = self._tar.extractfile(member)
+            assert handle is not None
+            pieces = []
+            while piece := handle.read(PIECE):
+                pieces.append(piece)
+            return pieces
+        raise DriverError(f"the staged copy of {entry.path!r} is missing")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._tar.close()
+        with contextlib.suppress(Exception):
+            self._stream.close()
+
+
+class _Chunks(io.RawIOBase):
+    """A file over an iterator of byte chunks (the engine's response), read without copying
+    what is left of a chunk at each read (tarfile reads in small records)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._chunk = memoryview(b"")
+        self._at = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while self._at >= len(self._chunk):
+            try:
+                self._chunk, self._at = memoryview(next(self._chunks)), 0
+            except StopIteration:
+                return 0
+        size = min(len(buffer), len(self._chunk) - self._at)
+        buffer[:size] = self._chunk[self._at : self._at + size]
+        self._at += size
+        return size
+
+
+def _relative(path: str) -> str:
+    return path.strip("/")
+
+
+class Lane:
+    """A thread pool of its own for the helpers' conversations, which hold a thread for as
+    long as files stream (the engine's lanes stay free for the sandboxes' calls)."""
+
+    def __init__(self, engine: DockerEngine, threads: int) -> None:
+        self.engine = engine
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="docker-files")
+
+    async def run(self, fn: Callable[[docker.DockerClient], T]) -> T:
+        loop = asyncio.get_running_loop()
+
+        def call() -> T:
+            try:
+                return fn(self.engine.client())
+            except (RequestsConnectionError, ReadTimeout) as exc:
+                raise RuntimeUnavailable(f"Docker engine unreachable: {exc}") from None
+            except DockerException as exc:
+                if isinstance(exc, APIError):
+                    raise DriverError(f"Docker error: {exc.explanation or exc}") from None
+                raise RuntimeUnavailable(f"Docker engine unreachable: {exc}") from None
+
+        return await loop.run_in_executor(self._pool, call)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class DockerExports:
+    """The export half of the snapshot capability on one engine."""
+
+    def __init__(self, lane: Lane, *, prefix: str, image: str) -> None:
+        self._lane = lane
+        self._engine = lane.engine
+        self._prefix = prefix
+        self._image = image
+        self._closing: set[asyncio.Task[None]] = set()
+
+    @asynccontextmanager
+    async def export(
+        self,
+        sandbox_id: str,
+        known: Mapping[tuple[str, str], tuple[object, ...]],
+        *,
+        working_dir: str,
+        state_paths: Sequence[str],
+        hold: Hold,
+    ) -> AsyncIterator[FileExport]:
+        name = docker_names.container_name(self._prefix, sandbox_id)
+        attrs = await self._inspect(name)
+        mounts = self._mounts(attrs, name, working_dir)
+        state = attrs.get("State") or {}
+        running = bool(state.get("Running")) and not state.get("Paused")
+        by_tree: dict[str, dict[str, list[object]]] = {}
+        for (tree, path), signature in known.items():
+            by_tree.setdefault(tree, {})[path] = list(signature)
+        known_file = {KNOWN: json.dumps(by_tree, separators=(",", ":")).encode()}
+        helper = await self._lane.run(
+            lambda c: Helper.start(
+                c,
+                image=self._image,
+                prefix=self._prefix,
+                sandbox_id=sandbox_id,
+                mounts=mounts,
+                files=known_file,
+            )
+        )
+        try:
+            request = {
+                "op": "export",
+                "known_file": f"/tmp/{KNOWN}",  # noqa: S108 (the helper's own)
+                "state": [_relative(p) for p in state_paths],
+                "skip": [_relative(working_dir)],
+                "precopy": running,
+            }
+            ready = await self._lane.run(lambda _: helper.ask(request))
+            log.debug("snapshot_helper_ready", **ready)
+            held = await self._still(name, helper, hold) if running else await self._go(helper)
+            yield FileExport(held_still=held, items=self._items(helper))
+        finally:
+            # Its work is done (or abandoned): removed without holding the caller up; a removal
+            # that never happens (the control plane dying) is left to the sweep.
+            task = asyncio.create_task(self._lane.run(lambda _: helper.close()))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _go(self, helper: Helper) -> float:
+        done = await self._lane.run(lambda _: helper.ask({"op": "go"}))
+        log.debug("snapshot_helper_done", **done)
+        return 0.0
+
+    async def _still(self, name: str, helper: Helper, hold: Hold) -> float:
+        """Freeze the container for the helper's second look; the seconds it was frozen. The
+        container is thawed whatever happens (`hold` keeps the record of the moment in between,
+        for a control plane that dies inside it)."""
+        await hold.begin()
+        try:
+            started = time.monotonic()
+            froze = await self._freeze(name)
+            try:
+                await self._go(helper)
+            finally:
+                if froze:
+                    await self._engine.call(lambda c: c.api.unpause(name), "unpause")
+            held = time.monotonic() - started
+        finally:
+            await hold.end()
+        return held
+
+    async def _freeze(self, name: str) -> bool:
+        """`docker pause`; False when it was paused already (by someone else: leave it so).
+        The freezer gives up on processes it cannot stop in time (in the middle of heavy I/O on
+        a busy host: "unable to freeze"), and thaws them: that is tried again a few times."""
+
+        def run(client: docker.DockerClient) -> bool:
+            try:
+                client.api.pause(name)
+            except APIError as exc:
+                if exc.status_code == 409 and "already paused" in str(exc.explanation):
+                    return False
+                raise DriverError(f"Docker could not freeze {name}: {exc.explanation}") from None
+            return True
+
+        attempt = 0
+        while True:
+            try:
+                return await self._engine.call(run, "pause")
+            except DriverError as exc:
+                attempt += 1
+                if "unable to freeze" not in str(exc) or attempt >= FREEZE_ATTEMPTS:
+                    raise
+                log.warning("snapshot_freeze_retry", container=name, error=str(exc))
+                await asyncio.sleep(0.25 * attempt)
+
+    async def _items(self, helper: Helper) -> AsyncIterator[FileItem]:
+        """The listing, then each changed file's bytes after its entry: all from the archive of
+        the helper's /acs/ready, which the engine streams (the listing first)."""
+        await self._lane.run(lambda _: list(helper.frames()))  # until the helper's Z
+        archive: _Staged | None = None
+        staged: Iterator[FileEntry] = iter(())
+
+        def batch(client: docker.DockerClient) -> list[FileItem]:
+            nonlocal archive, staged
+            if archive is None:
+                archive = _Staged(client, helper.container_id)
+                staged = iter(archive.listing())
+            items: list[FileItem] = []
+            size = 0
+            for entry in staged:
+                items.append(entry)
+                if entry.kind == FileKind.FILE and entry.changed:
+                    items.extend(archive.read(entry))
+                    size += entry.size
+                size += 128
+                if size >= BATCH_BYTES:
+                    break
+            return items
+
+        try:
+            while True:
+                items = await self._lane.run(batch)
+                if not items:
+                    return
+                for item in items:
+                    yield item
+        finally:
+            if archive is not None:
+                await self._lane.run(lambda _: archive.close() if archive else None)
+
+    async def _inspect(self, name: str) -> dict[str, Any]:
+        def run(client: docker.DockerClient) -> dict[str, Any]:
+            try:
+                attrs: dict[str, Any] = client.api.inspect_container(name)
+            except NotFound:
+                raise DriverError(
+                    f"sandbox container {name} does not exist: nothing to read"
+                ) from None
+            return attrs
+
+        return await self._engine.call(run, "inspect")
+
+    @staticmethod
+    def _mounts(attrs: dict[str, Any], name: str, working_dir: str) -> list[Mount]:
+        driver = attrs.get("GraphDriver") or {}
+        upper = (driver.get("Data") or {}).get("UpperDir")
+        if driver.get("Name") != "overlay2" or not upper:
+            raise DriverError(
+                f"the engine's storage driver is {driver.get('Name')!r}: snapshots need overlay2"
+            )
+        volume = next(
+            (
+                m.get("Name")
+                for m in attrs.get("Mounts") or []
+                if m.get("Destination") == working_dir and m.get("Type") == "volume"
+            ),
+            None,
+        )
+        if not volume:
+            raise DriverError(f"sandbox container {name} has no workspace volume")
+        mounts = [
+            Mount("/acs/ws", volume, type="volume", read_only=True),
+            Mount("/acs/upper", upper, type="bind", read_only=True),
+        ]
+        labels = (attrs.get("Config") or {}).get("Labels") or {}
+        if labels.get(LABEL_SNAPSHOT):
+            # Made from a snapshot: its image's top layer (below the engine's init layer) is
+            # the snapshot's system tree, which the export merges under the container's own.
+            lower = str((driver.get("Data") or {}).get("LowerDir") or "").split(":")
+            if len(lower) < 2 or not lower[0].endswith("-init/diff"):
+                raise DriverError(f"cannot find the base layer of {name}")
+            mounts.append(Mount("/acs/base", lower[1], type="bind", read_only=True))
+        return mounts

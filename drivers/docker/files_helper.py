@@ -1,0 +1,364 @@
+"""The program the Docker driver runs in a short-lived helper container to read a sandbox's
+files consistently (drivers/docker/files.py). It is sent as `python3 -I -S -c <this file>` and
+must run on any Python 3.9+ with the standard library alone, since it runs in the helper image
+(ACS_SNAPSHOT_HELPER_IMAGE), not in the control plane.
+
+Mounts (read-only): /acs/ws (the workspace volume), /acs/upper (the container's own writable
+layer, the overlay "upper" directory: what changed outside the workspace, with whiteouts for
+what was deleted from the image) and, for a sandbox made from a snapshot, /acs/base (the base
+image's top layer, which holds that snapshot's changes: the two are merged as overlay does).
+Nothing is ever followed through a symbolic link: every path is walked from a directory
+descriptor with O_NOFOLLOW, so a tree the agent shaped cannot send a read elsewhere.
+
+Messages both ways are frames: one type byte, a 4-byte big-endian length, the payload.
+J: a JSON object; Z: the end.
+
+{"op": "export", "known_file": path, "state": [dirs], "skip": [dirs], "precopy": bool}, the
+file holding `known`, {tree: {path: signature}} (put there by the engine before the helper
+started): scan the trees and, with `precopy`, copy what changed since `known` to a staging
+directory while the sandbox still runs, then say {"ready": ...}. The control plane
+holds the sandbox still and answers {"op": "go"}: the trees are scanned again and only what
+changed meanwhile is copied, then {"done": ...}; the control plane lets the sandbox go on. The
+listing (a JSON array; each changed file named, "n", by its staged copy) is written beside the
+copies in /acs/ready, and Z says so: the control plane reads that directory as one archive from
+the engine (far faster than this stream).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import struct
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+Entry = dict[str, Any]
+Staged = dict[tuple[str, str], tuple[list[Any], str, bool]]
+
+PIECE = 1 << 20
+OPAQUE = ("trusted.overlay.opaque", "user.overlay.opaque")
+STAGING = "/acs/staging"
+READY = "/acs/ready"
+LISTING = "-listing.json"
+ROOTS = {"ws": "/acs/ws", "upper": "/acs/upper", "base": "/acs/base"}
+NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+SYSTEM_SKIP = {".dockerenv", "etc/hostname", "etc/hosts", "etc/resolv.conf", "proc", "sys", "dev"}
+
+inp = sys.stdin.buffer
+out = sys.stdout.buffer
+
+
+def send(kind: bytes, payload: bytes) -> None:
+    out.write(kind + struct.pack(">I", len(payload)) + payload)
+
+
+def send_json(kind: bytes, obj: dict[str, Any]) -> None:
+    send(kind, json.dumps(obj).encode())
+
+
+def read_frame() -> tuple[bytes, bytes]:
+    head = inp.read(5)
+    if len(head) < 5:
+        raise SystemExit("input ended early")
+    size = struct.unpack(">I", head[1:])[0]
+    payload = inp.read(size)
+    if len(payload) < size:
+        raise SystemExit("input ended early")
+    return head[:1], payload
+
+
+def opaque(path: str) -> bool:
+    for attr in OPAQUE:
+        try:
+            if os.getxattr(path, attr, follow_symlinks=False) == b"y":
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def entry_of(
+    tree: str, path: str, st: os.stat_result, parent_fd: int | None, name: str, *, layer: bool
+) -> Entry | None:
+    mode = st.st_mode
+    if stat.S_ISREG(mode):
+        kind = "file"
+    elif stat.S_ISDIR(mode):
+        kind = "dir"
+    elif stat.S_ISLNK(mode):
+        kind = "symlink"
+    elif stat.S_ISCHR(mode) and st.st_rdev == 0:
+        kind = "deleted"  # an overlay whiteout: removed from the image
+    else:
+        return None  # sockets, fifos, devices: not kept
+    entry = {
+        "t": tree,
+        "p": path,
+        "k": kind,
+        "m": stat.S_IMODE(mode),
+        "u": st.st_uid,
+        "g": st.st_gid,
+        "s": st.st_size if kind == "file" else 0,
+        "mt": st.st_mtime_ns,
+        "ct": st.st_ctime_ns,
+        "i": st.st_ino,
+    }
+    if kind == "symlink":
+        entry["l"] = os.readlink(name, dir_fd=parent_fd)
+    if kind == "dir" and parent_fd is not None and layer:  # an overlay layer's, not a volume's
+        entry["o"] = opaque(f"/proc/self/fd/{parent_fd}/{name}")
+    return entry
+
+
+def signature(entry: Entry) -> list[Any]:
+    return [
+        entry["k"],
+        entry["m"],
+        entry["u"],
+        entry["g"],
+        entry["s"],
+        entry["mt"],
+        entry["ct"],
+        entry["i"],
+        entry.get("l", ""),
+        entry.get("o", False),
+    ]
+
+
+SEEN: dict[tuple[str, str], tuple[tuple[int, ...], Entry]] = {}
+"""What the last walk found, by (root, path): the next walk (the one while the sandbox is held
+still) reuses an entry whose stat did not change instead of making it again."""
+
+
+def walk(src: str, tree_of: Callable[[str], str | None], skip: set[str]) -> list[Entry]:
+    """Every entry under the root `src` names, parents before children (tagged with `src`,
+    where its bytes are read)."""
+    try:
+        root_fd = os.open(ROOTS[src], NOFOLLOW_DIR)
+    except FileNotFoundError:
+        return []
+    found: list[Entry] = []
+    try:
+        base = tree_of("")
+        top = (
+            entry_of(base, "", os.fstat(root_fd), None, "", layer=False)
+            if base is not None
+            else None
+        )
+        if top is not None:
+            top["src"] = src
+            found.append(top)
+        _walk(root_fd, src, "", tree_of=tree_of, skip=skip, found=found)
+    finally:
+        os.close(root_fd)
+    return found
+
+
+def _walk(
+    dir_fd: int,
+    src: str,
+    prefix: str,
+    *,
+    tree_of: Callable[[str], str | None],
+    skip: set[str],
+    found: list[Entry],
+) -> None:
+    with os.scandir(dir_fd) as listing:
+        names = sorted(item.name for item in listing)
+    layer = src != "ws"
+    for name in names:
+        path = prefix + name
+        if path in skip:
+            continue
+        tree = tree_of(path)
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if tree:
+            mark = (st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns,
+                    st.st_ctime_ns, st.st_ino)  # fmt: skip
+            seen = SEEN.get((src, path))
+            if seen is not None and seen[0] == mark:
+                entry: Entry | None = seen[1]
+            else:
+                entry = entry_of(tree, path, st, dir_fd, name, layer=layer)
+                if entry is not None:
+                    entry["src"] = src
+                    SEEN[(src, path)] = (mark, entry)
+            if entry is not None:
+                found.append(entry)
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                child = os.open(name, NOFOLLOW_DIR, dir_fd=dir_fd)
+            except OSError:
+                continue
+            try:
+                _walk(child, src, path + "/", tree_of=tree_of, skip=skip, found=found)
+            finally:
+                os.close(child)
+
+
+def under(path: str, dirs: list[str]) -> bool:
+    return any(path == d or path.startswith(d + "/") for d in dirs)
+
+
+def merge(lower: list[Entry], upper: list[Entry]) -> list[Entry]:
+    """Overlay's view of two layers: what `upper` has replaces `lower`'s, and a whiteout or an
+    opaque directory of `upper` hides everything of `lower` beneath it."""
+    mine = {entry["p"] for entry in upper}
+    hiding = {entry["p"] for entry in upper if entry["k"] == "deleted" or entry.get("o")}
+
+    def hidden(path: str) -> bool:
+        parts = path.split("/")
+        return any("/".join(parts[:n]) in hiding for n in range(1, len(parts)))
+
+    kept = [e for e in lower if e["p"] not in mine and not hidden(e["p"])]
+    return sorted(kept + upper, key=lambda e: e["p"].split("/"))
+
+
+def scan(state: list[str], skip: list[str]) -> list[Entry]:
+    """The workspace tree, then what changed outside it (the container's upper directory, over
+    the base layer of a sandbox made from a snapshot) split into `state` and `system`."""
+
+    def outside(path: str) -> str | None:
+        if path == "":
+            return None
+        return "state" if under(path, state) else "system"
+
+    entries = walk("ws", lambda p: "workspace", set())
+    skipped = set(skip) | SYSTEM_SKIP
+    changes = walk("upper", outside, skipped)
+    if os.path.isdir(ROOTS["base"]):
+        changes = merge(walk("base", outside, skipped), changes)
+    return entries + changes
+
+
+def locate(src: str, path: str) -> tuple[int, str]:
+    """The open directory holding `path` under root `src`, and its name (never through a
+    link; nothing is made)."""
+    parts = path.split("/")
+    fd = os.open(ROOTS[src], NOFOLLOW_DIR)
+    try:
+        for part in parts[:-1]:
+            child = os.open(part, NOFOLLOW_DIR, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except OSError:
+        os.close(fd)
+        raise FileNotFoundError(path) from None
+    return fd, parts[-1]
+
+
+def copy_out(entry: Entry, target: str) -> tuple[os.stat_result, os.stat_result]:
+    """Copy a file (never through a link) to the staging path; its stat before and after."""
+    fd, name = locate(entry["src"], entry["p"])
+    try:
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+    finally:
+        os.close(fd)
+    try:
+        before = os.fstat(src)
+        with open(target, "wb") as dst:
+            while True:
+                data = os.read(src, PIECE)
+                if not data:
+                    break
+                dst.write(data)
+        after = os.fstat(src)
+    finally:
+        os.close(src)
+    return before, after
+
+
+def marks(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def stage(entries: list[Entry], known: dict[str, dict[str, list[Any]]], staged: Staged) -> int:
+    """Copy every file whose signature differs from `known` and from its staged copy.
+    `staged`: (tree, path) -> (signature, staging file, clean: unchanged while copied and
+    since it was listed). Returns the bytes copied."""
+    copied = 0
+    for entry in entries:
+        if entry["k"] != "file":
+            continue
+        key = (entry["t"], entry["p"])
+        sig = signature(entry)
+        if known.get(entry["t"], {}).get(entry["p"]) == sig:
+            continue
+        held = staged.get(key)
+        if held is not None and held[0] == sig and held[2]:
+            continue
+        target = held[1] if held else f"{STAGING}/{len(staged)}"
+        try:
+            before, after = copy_out(entry, target)
+        except FileNotFoundError:
+            staged.pop(key, None)
+            continue
+        clean = marks(before) == marks(after) == sig[4:8]
+        staged[key] = (sig, target, clean)
+        copied += before.st_size
+    return copied
+
+
+def export(request: dict[str, Any]) -> None:
+    began = time.monotonic()
+    known: dict[str, dict[str, list[Any]]] = {}
+    if request.get("known_file"):
+        with open(request["known_file"]) as known_file:
+            known = json.loads(known_file.read())
+    state = request.get("state") or []
+    skip = request.get("skip") or []
+    os.makedirs(STAGING, exist_ok=True)
+    staged: Staged = {}
+    precopied = 0
+    if request.get("precopy"):
+        precopied = stage(scan(state, skip), known, staged)
+    send_json(b"J", {"ready": True, "precopied": precopied, "took": time.monotonic() - began})
+    out.flush()
+    kind, payload = read_frame()
+    if kind != b"J" or json.loads(payload).get("op") != "go":
+        raise SystemExit("expected go")
+    began = time.monotonic()
+    listed = scan(state, skip)
+    frozen = stage(listed, known, staged)
+    send_json(b"J", {"done": True, "copied": frozen, "took": time.monotonic() - began})
+    out.flush()
+    # The sandbox goes on. The staged copies are renamed in the listing's order into the
+    # directory the control plane then reads as one archive (sorted by name: that order).
+    os.makedirs(READY, exist_ok=True)
+    entries: list[Entry] = []
+    for entry in listed:
+        entry["c"] = known.get(entry["t"], {}).get(entry["p"]) != signature(entry)
+        if entry["k"] == "file" and entry["c"]:
+            held = staged.pop((entry["t"], entry["p"]), None)
+            if held is None:
+                continue  # gone while it was copied: not in this export
+            entry["n"] = f"{len(entries):09d}"
+            os.rename(held[1], f"{READY}/{entry['n']}")
+            entry["s"] = os.path.getsize(f"{READY}/{entry['n']}")  # exactly what is sent
+        entry.pop("src", None)
+        entries.append(entry)
+    # The listing goes with the copies, first in the archive's order ("-" sorts before digits).
+    with open(f"{READY}/{LISTING}", "w") as listing:
+        listing.write(json.dumps(entries, separators=(",", ":")))  # dumps: the C encoder
+    send(b"Z", b"")
+    out.flush()
+
+
+def main() -> None:
+    _, payload = read_frame()
+    request = json.loads(payload)
+    op = request.get("op")
+    if op == "export":
+        export(request)
+    else:
+        raise SystemExit(f"unknown op {op!r}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The snapshot capability of the Docker driver (drivers/base.py: SandboxFiles): exports
+(drivers/docker/files.py) and sandboxes made from a snapshot, copy-on-write
+(drivers/docker/bases.py), on a thread lane of their own."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+
+from drivers.base import FileExport, Hold, SandboxRequest
+from drivers.docker.bases import DockerBases
+from drivers.docker.engine import DockerEngine
+from drivers.docker.files import DockerExports, Lane
+
+
+class DockerFiles:
+    """`image`: the helper containers' image (any with python3 3.9+)."""
+
+    def __init__(self, engine: DockerEngine, *, prefix: str, image: str, threads: int = 4) -> None:
+        self.lane = Lane(engine, threads)
+        self.exports = DockerExports(self.lane, prefix=prefix, image=image)
+        self.bases = DockerBases(self.lane, prefix=prefix, image=image)
+
+    def export(
+        self,
+        sandbox_id: str,
+        known: Mapping[tuple[str, str], tuple[object, ...]],
+        *,
+        working_dir: str,
+        state_paths: Sequence[str],
+        hold: Hold,
+    ) -> AbstractAsyncContextManager[FileExport]:
+        return self.exports.export(
+            sandbox_id, known, working_dir=working_dir, state_paths=state_paths, hold=hold
+        )
+
+    async def forget(self, key: str) -> None:
+        await self.bases.forget(key)
+
+    async def restored_workspace(
+        self, request: SandboxRequest, volume: str, labels: dict[str, str]
+    ) -> str:
+        """The workspace volume of a sandbox made from `request.restore` (made unless it
+        exists); the image its container runs."""
+        return await self.bases.workspace(request, volume, labels)
+
+    async def sweep(self, older_than: float) -> int:
+        """Helper and loader containers, and the containers base images are committed from,
+        older than `older_than` seconds (their operation is over: it died); base volumes that
+        never got their image, or that no workspace uses any more."""
+        return await self.lane.run(lambda c: self.bases.sweep(c, older_than))
+
+    def close(self) -> None:
+        self.lane.close()

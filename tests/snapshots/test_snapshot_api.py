@@ -1,0 +1,118 @@
+"""Snapshots through the API on real Docker and a real registry: take, read, search, restore
+(workspace and what the agent changed outside it), incremental and deduplicated storage, fork,
+delete; a snapshot of a deleted sandbox still restores."""
+
+from __future__ import annotations
+
+import docker
+
+from tests.support.sandbox_helpers import wait_status
+from tests.support.snapshot_helpers import running, sh, snapshot
+from tests.support.types import Client, UserHeaders
+
+WRITE = (
+    "mkdir -p /workspace/src && printf 'print(42)\\n' > /workspace/src/main.py"
+    " && head -c 3000000 /dev/urandom > /workspace/blob.bin"
+    " && ln -s src/main.py /workspace/link && mkdir -p /home/agent/.local"
+    " && echo installed > /home/agent/.local/tool && chmod 600 /workspace/src/main.py"
+)
+
+
+async def test_take_restore_and_delete(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    alice = await user_headers("alice")
+    source = await running(snap, alice)
+    await sh(docker_client, test_prefix, source["id"], WRITE)
+    await sh(docker_client, test_prefix, source["id"], "rm /etc/issue", user="root")
+
+    first = await snapshot(snap, alice, source["id"], name="before")
+    assert first["sandbox_id"] == source["id"]
+    assert first["sandbox_spec_id"] == "default"
+    assert first["parent_id"] is None
+    assert first["name"] == "before"
+    assert first["size_bytes"] >= 3_000_000
+    assert 0 < first["held_still_seconds"] < 2
+    got = await snap.get(f"/api/v1/snapshots/{first['id']}", headers=alice)
+    assert got.status == 200
+    assert await got.json() == first
+
+    # A small change: the next snapshot stores about that change, against the first.
+    await sh(docker_client, test_prefix, source["id"], "echo more >> /workspace/src/main.py")
+    second = await snapshot(snap, alice, source["id"])
+    assert second["parent_id"] == first["id"]
+    assert second["stored_bytes"] < first["stored_bytes"] / 10, (first, second)
+
+    page = await (await snap.get("/api/v1/snapshots/search", headers=alice)).json()
+    assert [s["id"] for s in page["items"]] == [second["id"], first["id"]]
+    assert page["next_page_id"] is None
+    one = await (await snap.get("/api/v1/snapshots/search?limit=1", headers=alice)).json()
+    assert [s["id"] for s in one["items"]] == [second["id"]]
+    rest = await snap.get(
+        f"/api/v1/snapshots/search?limit=1&page_id={one['next_page_id']}", headers=alice
+    )
+    assert [s["id"] for s in (await rest.json())["items"]] == [first["id"]]
+
+    # The source goes; its first snapshot still makes a sandbox with its files.
+    assert (await snap.delete(f"/api/v1/sandboxes/{source['id']}", headers=alice)).status == 200
+    restored = await running(snap, alice, snapshot_id=first["id"])
+    assert restored["snapshot_id"] == first["id"]
+    assert restored["session_api_key"] not in (None, source["session_api_key"])
+    listing = await sh(
+        docker_client,
+        test_prefix,
+        restored["id"],
+        "cat /workspace/src/main.py; readlink /workspace/link; stat -c '%a %U' "
+        "/workspace/src/main.py; cat /home/agent/.local/tool; test ! -e /etc/issue && echo gone;"
+        " wc -c < /workspace/blob.bin; touch /workspace/new && echo writable",
+    )
+    assert listing.split() == [
+        "print(42)",
+        "src/main.py",
+        "600",
+        "agent",
+        "installed",
+        "gone",
+        "3000000",
+        "writable",
+    ]
+
+    assert (await snap.delete(f"/api/v1/snapshots/{first['id']}", headers=alice)).status == 200
+    assert (await snap.get(f"/api/v1/snapshots/{first['id']}", headers=alice)).status == 404
+    page = await (await snap.get("/api/v1/snapshots/search", headers=alice)).json()
+    assert [s["id"] for s in page["items"]] == [second["id"]]
+    # The restored sandbox does not need the snapshot any more.
+    await sh(docker_client, test_prefix, restored["id"], "test -s /workspace/blob.bin")
+
+
+async def test_fork_starts_each_with_its_own_identity(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    alice = await user_headers("alice")
+    source = await running(snap, alice)
+    await sh(docker_client, test_prefix, source["id"], "echo shared > /workspace/state")
+    resp = await snap.post(
+        f"/api/v1/sandboxes/{source['id']}/fork", json={"count": 3}, headers=alice
+    )
+    forked = await resp.json()
+    assert resp.status == 200, forked
+    assert len(forked["sandboxes"]) == 3
+    ids = [s["id"] for s in forked["sandboxes"]]
+    keys = set()
+    for sandbox_id in ids:
+        body = await wait_status(snap, alice, sandbox_id, "RUNNING", within=90)
+        keys.add(body["session_api_key"])
+        assert body["snapshot_id"] == forked["snapshot"]["id"]
+    assert len(keys) == 3
+    assert source["session_api_key"] not in keys
+
+    # Each writes its own copy: a change in one is seen in no other, nor in the source.
+    await sh(docker_client, test_prefix, ids[0], "echo mine > /workspace/state")
+    for other in (ids[1], ids[2], source["id"]):
+        assert (await sh(docker_client, test_prefix, other, "cat /workspace/state")) == "shared\n"
+    assert (await sh(docker_client, test_prefix, ids[0], "cat /workspace/state")) == "mine\n"
+
+    over = await snap.post(
+        f"/api/v1/sandboxes/{source['id']}/fork", json={"count": 101}, headers=alice
+    )
+    assert over.status == 422
