@@ -13,10 +13,10 @@ lifecycle events. An action whose outcome is only known after the call (a refusa
 sign-in, an action forwarded to a sandbox) is written once, afterwards, with its result (`record`).
 
 Storage (names in keyspace): the entry in `acs:audit`, and an index entry with the *same stream
-id* in the organization's, the user's, the organization's per-action and each target id's
-stream; all are trimmed by age (MINID) at every addition and expire one retention after their
-last, so an index nobody writes to goes away by itself. The sinks' outbox streams get the entry
-as JSON (the deliverer of controlplane/lifecycle/webhooks.py sends it).
+id* in the organization's, the action's, the organization's per-action, the user's and each
+target id's stream; all are trimmed by age (MINID) at every addition and expire one retention
+after their last, so an index nobody writes to goes away by itself. The sinks' outbox streams
+get the entry as JSON (the deliverer of controlplane/lifecycle/webhooks.py sends it).
 """
 
 from __future__ import annotations
@@ -87,6 +87,9 @@ class AuditAction(StrEnum):
     AGENT_PROFILE_CHANGE = "agent_profile.change"
     GATEWAY_KEY_REFRESH = "gateway_key.refresh"
     GATEWAY_KEY_REVOKE = "gateway_key.revoke"
+    SNAPSHOT_CREATE = "snapshot.create"
+    SNAPSHOT_DELETE = "snapshot.delete"
+    SANDBOX_FORK = "sandbox.fork"
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,11 @@ class AuditLog:
                 same_id=True,
             ),
         ]
+        adds.append(
+            StreamAdd(
+                keyspace.audit_action(record.action), ref, minid=minid, ttl_ms=ttl, same_id=True
+            )
+        )
         if record.user_id:
             adds.append(
                 StreamAdd(
@@ -183,7 +191,7 @@ class AuditLog:
     async def write(self, entry: StreamEntry) -> None:
         """Store `entry` on its own (one script). Raises what Redis raises."""
         keys, args = entry.script_args()
-        await self.redis.eval(APPEND_SCRIPT, len(keys), *keys, *args)  # type: ignore[misc]
+        await self.redis.eval(APPEND_SCRIPT, len(keys), *keys, *args)
         entry.stored()
 
 
@@ -231,7 +239,7 @@ def current() -> Scope | None:
     return _SCOPE.get()
 
 
-def note(**details: str) -> None:
+def note(**details: str | None) -> None:
     """Add named details to the request's own entry (a new role, the fields changed). Values are
     names, never what a field holds."""
     scope = _SCOPE.get()
@@ -255,6 +263,29 @@ def entry(
     whose path ids and noted details it then carries; `targets` add to them (LATE_ID for an id
     the script chooses). The organization is `org`, else the target `org_id`, else the
     caller's."""
+    return _entry(
+        action,
+        actor=actor,
+        org=org,
+        outcome=outcome,
+        status=status,
+        reason=reason,
+        details=details,
+        targets=targets,
+    )
+
+
+def _entry(
+    action: AuditAction | None,
+    *,
+    actor: Actor | None,
+    org: str | None,
+    outcome: Outcome,
+    status: int | None,
+    reason: str | None,
+    details: dict[str, str] | None,
+    targets: dict[str, str | None],
+) -> StreamEntry | None:
     scope = _SCOPE.get()
     if scope is None:
         return None
@@ -381,4 +412,13 @@ def route_entry(*actions: AuditAction, **targets: str | None) -> StreamEntry | N
     scope = _SCOPE.get()
     if scope is None or scope.action not in actions:
         return None
-    return entry(**targets)
+    return _entry(
+        None,
+        actor=None,
+        org=None,
+        outcome="success",
+        status=None,
+        reason=None,
+        details=None,
+        targets=targets,
+    )
