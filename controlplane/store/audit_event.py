@@ -211,8 +211,9 @@ class AuditEvent(BaseModel):
         )
 
     def line(self) -> str:
-        """One line of JSON (no newline inside, whatever a client sent: JSON escapes it)."""
-        return self.model_dump_json(exclude_none=True)
+        """One line of JSON (no newline inside, whatever a client sent: JSON escapes it), as the
+        search answers it."""
+        return self.model_dump_json()
 
 
 class AuditEventPage(BaseModel):
