@@ -4,8 +4,8 @@ JSON-lines export, and that no key or secret the test used appears anywhere in w
 
 from __future__ import annotations
 
+import asyncio
 import json
-import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -184,7 +184,7 @@ async def test_filters_paging_and_export(
         await ok(client, "PUT", f"/api/organizations/eng/members/{user}", ada,
                  json={"role": "member"})  # fmt: skip
     middle = datetime.now(UTC)
-    time.sleep(0.01)
+    await asyncio.sleep(0.01)
     await ok(client, "DELETE", "/api/organizations/eng/members/u2", ada)
 
     by_ada = await search(client, org["olivia"], user_id="ada")
