@@ -379,7 +379,8 @@ def _record(
         key_id=who.key_id,
         via=who.via,
         admin=who.admin,
-        org_id=org or named.get("org_id") or who.org_id,
+        # A refusal is in the caller's organization's log: a path may name any organization.
+        org_id=org or (named.get("org_id") if outcome == "success" else None) or who.org_id,
         role=who.role,
         status=status,
         reason=reason,
