@@ -35,7 +35,7 @@ from redis.exceptions import ResponseError
 
 from controlplane.background import stop_tasks
 from controlplane.lifecycle.outbox import DEAD_MAXLEN, GROUP, Outbox, url_id
-from controlplane.outbound.client import OutboundClient
+from controlplane.outbound.client import OutboundClient, refusal_of
 from controlplane.store import text
 from controlplane.store.redis import REDIS_DOWN
 
@@ -223,4 +223,5 @@ class WebhookDeliverer:
             ) as resp:
                 return None if 200 <= resp.status < 300 else f"HTTP {resp.status}"
         except (aiohttp.ClientError, TimeoutError) as exc:
-            return type(exc).__name__
+            refused = refusal_of(exc)  # the outbound policy's: say so, it will not change
+            return f"DestinationRefused: {refused}" if refused else type(exc).__name__

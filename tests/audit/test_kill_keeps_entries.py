@@ -62,10 +62,7 @@ async def _disagreements(redis: aioredis.Redis) -> list[str]:
     records = [r for r in await _records(redis) if r.outcome == "success"]
     created = {r.targets["key_id"] for r in records if r.action == "key.create"}
     revoked = {r.targets["key_id"] for r in records if r.action == "key.revoke"}
-    existing = {
-        text(k)
-        for k in await redis.zrange(keyspace.user_api_keys("admin"), 0, -1)
-    }
+    existing = {text(k) for k in await redis.zrange(keyspace.user_api_keys("admin"), 0, -1)}
     problems = []
     if existing - created:
         problems.append(f"keys without their key.create entry: {sorted(existing - created)}")
@@ -73,7 +70,9 @@ async def _disagreements(redis: aioredis.Redis) -> list[str]:
         problems.append(f"keys revoked in the log but still there: {sorted(revoked & existing)}")
     if created - existing - revoked:
         problems.append(f"keys made and gone without key.revoke: {created - existing - revoked}")
-    roles = {text(k): text(v) for k, v in (await redis.hgetall(keyspace.org_members("eng"))).items()}
+    roles = {
+        text(k): text(v) for k, v in (await redis.hgetall(keyspace.org_members("eng"))).items()
+    }
     last: dict[str, str] = {}
     for r in records:
         if r.action == "member.set" and r.targets.get("org_id") == "eng":
