@@ -27,6 +27,7 @@ from controlplane.errors import Forbidden, NotFound
 from controlplane.organizations.roles import Action, may
 from controlplane.store import keyspace, text
 from controlplane.store.audit_event import AuditEvent, AuditEventPage, AuditRecord
+from controlplane.store.streams import lex_member, stream_id_of
 
 MAX_SCANNED = 2000
 """Index entries one page may read past the filters it could not use as its index."""
@@ -40,6 +41,9 @@ class Plan:
     """Entries of this organization only (None: any)."""
     low: str
     high: str
+    """Stream ids, as XREVRANGE takes them (`(` before one: exclusive)."""
+    lex: bool = False
+    """The index is a sorted set of lex_member ids (a target's), not a stream."""
 
 
 class AuditSearch:
@@ -59,6 +63,7 @@ class AuditSearch:
         return principal.org_id
 
     def _plan(self, org_id: str | None, query: AuditQuery) -> Plan:
+        lex = bool(query.target)
         if query.target:
             index = keyspace.audit_target(query.target)
         elif query.user_id:
@@ -73,11 +78,12 @@ class AuditSearch:
             index = keyspace.audit_org(org_id)
         else:
             index = keyspace.AUDIT
-        low = str(int(query.since.timestamp() * 1000)) if query.since else "-"
-        high = f"({int(query.until.timestamp() * 1000)}" if query.until else "+"
+        # Whole milliseconds: since inclusive, until exclusive, in streams and sorted sets alike.
+        low = f"{int(query.since.timestamp() * 1000)}-0" if query.since else "-"
+        high = f"({int(query.until.timestamp() * 1000)}-0" if query.until else "+"
         if query.page_id:
             high = f"({query.page_id}"
-        return Plan(index, org_id, low, high)
+        return Plan(index, org_id, low, high, lex)
 
     async def search(self, principal: Principal, query: AuditQuery) -> AuditEventPage:
         """One page, newest first. Raises NotFound (another organization) or Forbidden (a role
@@ -88,7 +94,7 @@ class AuditSearch:
         last: str | None = None
         while len(items) < query.limit and scanned < MAX_SCANNED:
             want = min(max(query.limit - len(items), 16), MAX_SCANNED - scanned)
-            ids: Any = await self._redis.xrevrange(plan.index, high, plan.low, count=want)
+            ids = await self._ids(plan, high, want)
             if not ids:
                 return AuditEventPage(items=items, next_page_id=None)
             scanned += len(ids)
@@ -111,6 +117,17 @@ class AuditSearch:
                 return AuditEventPage(items=items, next_page_id=None)
             high = f"({last}"
         return AuditEventPage(items=items, next_page_id=last)
+
+    async def _ids(self, plan: Plan, high: str, count: int) -> list[tuple[Any, Any]]:
+        """(id, fields or None) of the index's newest `count` entries between plan.low and
+        `high`."""
+        if not plan.lex:
+            found: Any = await self._redis.xrevrange(plan.index, high, plan.low, count=count)
+            return list(found)
+        members: Any = await self._redis.zrange(
+            plan.index, _lex(high), _lex(plan.low), desc=True, bylex=True, offset=0, num=count
+        )
+        return [(stream_id_of(text(m)), None) for m in members]
 
     async def export(self, principal: Principal, query: AuditQuery) -> AsyncIterator[str]:
         """Every matching entry, newest first, one JSON line each (the rights checked first)."""
@@ -136,6 +153,15 @@ class AuditSearch:
                 pipe.xrange(keyspace.AUDIT, stream_id, stream_id, count=1)
             found = await pipe.execute()
         return [rows[0][1] if rows else None for rows in found]
+
+
+def _lex(bound: str) -> str:
+    """A stream id bound as a bound of the lex_member sorted set."""
+    if bound in ("-", "+"):
+        return bound
+    if bound.startswith("("):
+        return "(" + lex_member(bound[1:])
+    return "[" + lex_member(bound)
 
 
 def _matches(record: AuditRecord, org_id: str | None, query: AuditQuery) -> bool:

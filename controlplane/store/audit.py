@@ -13,9 +13,10 @@ lifecycle events. An action whose outcome is only known after the call (a refusa
 sign-in, an action forwarded to a sandbox) is written once, afterwards, with its result (`record`).
 
 Storage (names in keyspace): the entry in `acs:audit`, and an index entry with the *same stream
-id* in the organization's, the action's, the organization's per-action, the user's and each
-target id's stream; all are trimmed by age (MINID) at every addition and expire one retention
-after their last, so an index nobody writes to goes away by itself. The sinks' outbox streams
+id* in the organization's, the action's, the organization's per-action and the user's stream and
+in each target id's sorted set (streams.lex_member); all are trimmed by age (MINID) at every
+addition, and the indexes expire one retention after their last, so one nobody writes to goes
+away by itself. The sinks' outbox streams
 get the entry as JSON (the deliverer of controlplane/lifecycle/webhooks.py sends it).
 """
 
@@ -156,7 +157,8 @@ class AuditLog:
         ref = ("r", "")
         org = record.org_id or keyspace.AUDIT_NO_ORG
         adds = [
-            StreamAdd(keyspace.AUDIT, record.fields(), minid=minid, ttl_ms=ttl),
+            # The log itself is written to all the time: trimmed by age, never expired.
+            StreamAdd(keyspace.AUDIT, record.fields(), minid=minid),
             StreamAdd(keyspace.audit_org(org), ref, minid=minid, ttl_ms=ttl, same_id=True),
             StreamAdd(
                 keyspace.audit_org_action(org, record.action),
@@ -178,8 +180,16 @@ class AuditLog:
                 )
             )
         for target in indexed_targets(record.targets):
+            # Most targets (a sandbox, a key) have a few entries: a sorted set each.
             adds.append(
-                StreamAdd(keyspace.audit_target(target), ref, minid=minid, ttl_ms=ttl, same_id=True)
+                StreamAdd(
+                    keyspace.audit_target(target),
+                    (),
+                    minid=minid,
+                    ttl_ms=ttl,
+                    same_id=True,
+                    lex_index=True,
+                )
             )
         if self.sink_streams:
             line = AuditEvent.of(record).line()
@@ -196,8 +206,9 @@ class AuditLog:
 
 
 def indexed_targets(targets: dict[str, str]) -> list[str]:
-    """The target ids with an index of their own (ids, not names such as a secret's)."""
-    return sorted({v for k, v in targets.items() if k.endswith("_id") and v})
+    """The target ids with an index of their own: ids, not names such as a secret's, and not an
+    organization's (its own index has its entries)."""
+    return sorted({v for k, v in targets.items() if k.endswith("_id") and k != "org_id" and v})
 
 
 @dataclass

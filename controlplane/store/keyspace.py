@@ -397,8 +397,9 @@ def audit_user(user_id: str) -> str:
 
 
 def audit_target(target_id: str) -> str:
-    """Stream: the audit entries naming one id (a sandbox, conversation, key, user, …) among
-    their targets (index)."""
+    """Sorted set, every score 0: the stream ids (streams.lex_member) of the audit entries
+    naming one id (a sandbox, conversation, key, user, …) among their targets (index; a sorted
+    set because most hold a few entries, where a stream would cost 4 kB)."""
     return f"{PREFIX}:audit:target:{target_id}"
 
 

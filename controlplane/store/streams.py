@@ -33,6 +33,11 @@ class StreamAdd:
     """Expire the stream this long after this addition."""
     same_id: bool = False
     """The id of its group's first addition (never the first itself)."""
+    lex_index: bool = False
+    """With `same_id`: a sorted set instead of a stream, holding that id as a member of score 0,
+    zero-padded so that members sort by it (`lex_member`); `minid` trims it too. For indexes
+    that stay small: a stream costs about 4 kB however few entries it holds (Redis allocates
+    its first node whole), a small sorted set some 30 bytes an entry."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ class StreamEntry:
             for add in group:
                 keys.append(add.key)
                 args += [
-                    "1" if add.same_id else "",
+                    ("z" if add.lex_index else "1") if add.same_id else "",
                     _opt(add.maxlen),
                     _opt(add.minid),
                     _opt(add.ttl_ms),
@@ -130,23 +135,30 @@ local function append_entry(first_key, first_arg, late_id)
       local n = tonumber(ARGV[a + 4])
       a = a + 5
       local key = late(KEYS[k])
-      local cmd = {'XADD', key}
-      if maxlen ~= '' then
-        cmd[#cmd + 1] = 'MAXLEN'; cmd[#cmd + 1] = '~'; cmd[#cmd + 1] = maxlen
-      elseif minid ~= '' then
-        cmd[#cmd + 1] = 'MINID'; cmd[#cmd + 1] = '~'; cmd[#cmd + 1] = minid
-      end
-      cmd[#cmd + 1] = (same == '1' and first_id) or '*'
-      for i = a, a + n - 1 do cmd[#cmd + 1] = late(ARGV[i]) end
-      a = a + n
-      if same == '1' then
-        -- An index: its failure (it cannot, short of a clock gone back past a whole stream's
-        -- life) must not undo what the script changed before it; the record stands.
-        redis.pcall(unpack(cmd))
+      if same == 'z' then
+        -- A sorted-set index: the id, its sequence zero-padded (lex_member), trimmed by age.
+        local ms, seq = string.match(first_id, '^(%d+)-(%d+)$')
+        redis.pcall('ZADD', key, 0, ms .. '-' .. string.rep('0', 10 - #seq) .. seq)
+        if minid ~= '' then redis.pcall('ZREMRANGEBYLEX', key, '-', '(' .. minid) end
       else
-        local id = redis.call(unpack(cmd))
-        if first_id == nil then first_id = id end
+        local cmd = {'XADD', key}
+        if maxlen ~= '' then
+          cmd[#cmd + 1] = 'MAXLEN'; cmd[#cmd + 1] = '~'; cmd[#cmd + 1] = maxlen
+        elseif minid ~= '' then
+          cmd[#cmd + 1] = 'MINID'; cmd[#cmd + 1] = '~'; cmd[#cmd + 1] = minid
+        end
+        cmd[#cmd + 1] = (same == '1' and first_id) or '*'
+        for i = a, a + n - 1 do cmd[#cmd + 1] = late(ARGV[i]) end
+        if same == '1' then
+          -- An index: its failure (it cannot, short of a clock gone back past a whole stream's
+          -- life) must not undo what the script changed before it; the record stands.
+          redis.pcall(unpack(cmd))
+        else
+          local id = redis.call(unpack(cmd))
+          if first_id == nil then first_id = id end
+        end
       end
+      a = a + n
       if ttl ~= '' then redis.call('PEXPIRE', key, ttl) end
       k = k + 1
     end
@@ -156,6 +168,19 @@ end
 
 APPEND_SCRIPT = APPEND_ENTRY + "\nappend_entry(1, 1)\nreturn 1\n"
 """An entry alone (inside a MULTI, or on its own)."""
+
+
+def lex_member(stream_id: str) -> str:
+    """A stream id as a sorted-set index holds it: `<ms>-<seq, 10 digits>`, so that members of
+    score 0 sort as the ids do (milliseconds have 13 digits until the year 2286)."""
+    ms, _, seq = stream_id.partition("-")
+    return f"{ms}-{int(seq or 0):010d}"
+
+
+def stream_id_of(member: str) -> str:
+    """The stream id a sorted-set index member stands for."""
+    ms, _, seq = member.partition("-")
+    return f"{ms}-{int(seq)}"
 
 
 def flat(fields: Sequence[tuple[str, str]]) -> tuple[str, ...]:

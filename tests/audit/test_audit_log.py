@@ -76,8 +76,13 @@ async def stored_text(redis: aioredis.Redis) -> str:
     """Everything the audit log holds in Redis (entries, indexes, sink outboxes), as text."""
     parts = []
     async for key in redis.scan_iter(match=f"{keyspace.PREFIX}:audit*"):
-        for entry_id, fields in await redis.xrange(key):
-            parts.append(text(key) + " " + text(entry_id))
+        parts.append(text(key))
+        if text(await redis.type(key)) == "zset":  # a target's index
+            parts += [text(m) for m in await redis.zrange(key, 0, -1)]
+            continue
+        rows: Any = await redis.xrange(key)
+        for entry_id, fields in rows:
+            parts.append(text(entry_id))
             parts += [text(k) + "=" + text(v) for k, v in fields.items()]
     return "\n".join(parts)
 

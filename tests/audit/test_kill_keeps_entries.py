@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import random
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -54,7 +55,7 @@ async def _client(http: aiohttp.ClientSession, url: str, rng: random.Random) -> 
 
 
 async def _records(redis: aioredis.Redis) -> list[AuditRecord]:
-    rows = await redis.xrange(keyspace.AUDIT)
+    rows: Any = await redis.xrange(keyspace.AUDIT)
     return [AuditRecord.from_fields({text(k): text(v) for k, v in f.items()}) for _, f in rows]
 
 

@@ -107,7 +107,8 @@ async def test_a_sink_at_a_link_local_address_is_never_connected_to(
         return int(await raw_redis.xlen(dead)) >= len(entries)
 
     await until(all_dead, 30, "not dead-lettered")
-    for _, fields in await raw_redis.xrange(dead):
+    rows: Any = await raw_redis.xrange(dead)
+    for _, fields in rows:
         error = text(fields[b"error"])
         assert error.startswith("DestinationRefused: 169.254.169.254"), error  # never connected
         assert json.loads(text(fields[b"e"]))["event"]["id"]

@@ -111,7 +111,8 @@ async def test_a_transition_without_an_event_or_outbox_stores_no_event(
     notes = SandboxLifecycle(LifecyclePublisher(raw_redis, None))
     pending = notes.pending(LifecycleType.SANDBOX_RUNNING, record)
     assert pending is not None
-    assert len(pending.entry.streams) == 2
+    (adds,) = pending.entry.groups
+    assert len(adds) == 2
     done = await store.transition(record, [S.PAUSED], S.RUNNING, entry=pending.entry)
     assert done.outcome == "ok"
     assert len(await bodies(raw_redis, keyspace.user_lifecycle("bob"))) == 1
