@@ -1,6 +1,6 @@
-"""Which action each state-changing route is, for the audit log: one table, so that a route
-added without its action fails a test (tests/audit/test_route_actions.py) instead of going
-unrecorded.
+"""Which action each state-changing route is (and the OpenID provider's callback, a GET that
+signs in), for the audit log: one table, so that a route added without its action fails a test
+(tests/audit/test_route_actions.py) instead of going unrecorded.
 
 Keys are (method, canonical path): the route's path with its patterns left out, as aiohttp
 names a resource (`/api/v1/sandboxes/{sandbox_id}/pause`). A route's entry carries the ids in
@@ -18,6 +18,7 @@ A = AuditAction
 
 ROUTE_ACTIONS: dict[tuple[str, str], AuditAction] = {
     ("POST", "/auth/sign-in"): A.SIGN_IN,
+    ("GET", "/auth/oidc/callback"): A.SIGN_IN,
     ("POST", "/auth/sign-out"): A.SIGN_OUT,
     ("POST", "/oauth/device/verify"): A.DEVICE_DECIDE,
     ("POST", "/api/settings"): A.SETTINGS_UPDATE,

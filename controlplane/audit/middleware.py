@@ -5,7 +5,8 @@ its entry). What no store recorded is recorded here once the outcome is known:
 
 - a refusal or failure of an authenticated caller (403, 404, 409, 422, 429, 5xx…), with the
   error's code as its reason;
-- a failed sign-in (`auth.sign_in`, failure), whoever sent it;
+- a failed sign-in (`auth.sign_in`, failure), whoever sent it (but its 429s: the sign-in rate
+  limit's refusals are in the request log);
 - a success whose change happened outside this service's Redis (a message forwarded to the
   sandbox's agent, a no-op such as pausing a paused sandbox): written after the answer is known.
 
@@ -48,6 +49,13 @@ def _targets(request: web.Request) -> dict[str, str]:
     }
 
 
+def _request_id(request: web.Request) -> str | None:
+    """The client's X-Request-ID as the context middleware keeps it (else it makes its own,
+    which the entry then lacks)."""
+    given = request.headers.get(REQUEST_ID_HEADER)
+    return given if given and len(given) <= 64 and given.isprintable() else None
+
+
 def _reason(status: int) -> str:
     try:
         return HTTPStatus(status).phrase.lower().replace(" ", "_").replace("-", "_")
@@ -61,9 +69,10 @@ async def audit_middleware(request: web.Request, handler: Handler) -> web.Stream
     resource = request.match_info.route.resource
     if log is None or resource is None or request.match_info.http_exception is not None:
         return await handler(request)
+    # Every request has a scope, audited route or not: what a read can set off is recorded
+    # with its own action (the provider refusing a signed-in user at a session check ends the
+    # session and suspends their keys; a device's poll makes the key its user approved).
     action = action_of(request.method, resource.canonical)
-    if action is None:
-        return await handler(request)
 
     def actor() -> Actor | None:
         principal = request.get(PRINCIPAL)
@@ -74,11 +83,13 @@ async def audit_middleware(request: web.Request, handler: Handler) -> web.Stream
         actor=actor,
         ip=request.remote,
         user_agent=request.headers.get("User-Agent"),
-        request_id=request.headers.get(REQUEST_ID_HEADER),
+        request_id=_request_id(request),
         action=action,
         targets=_targets(request),
     )
     with audit.acting(scope):
+        if action is None:
+            return await handler(request)
         try:
             response = await handler(request)
         except ControlPlaneError as exc:
@@ -104,6 +115,6 @@ async def audit_middleware(request: web.Request, handler: Handler) -> web.Stream
 async def _failed(request: web.Request, scope: audit.Scope, status: int, reason: str) -> None:
     if scope.action is None or scope.has_recorded(scope.action.value):
         return
-    if request.get(PRINCIPAL) is None and scope.action not in ALWAYS:
-        return
+    if request.get(PRINCIPAL) is None and (scope.action not in ALWAYS or status == 429):
+        return  # anyone may send these, as many as they like: the request log has them
     await audit.record(outcome="failure", status=status, reason=reason)

@@ -14,12 +14,12 @@ from controlplane.audit.actions import (
 READS = {"GET", "HEAD", "OPTIONS"}
 
 
-def served() -> set[tuple[str, str]]:
+def served(*, reads: bool = False) -> set[tuple[str, str]]:
     return {
         (ep.method, canonical(ep.path))
         for table in route_tables()
         for ep in table.endpoints
-        if ep.method not in READS
+        if reads or ep.method not in READS
     }
 
 
@@ -35,7 +35,7 @@ def test_every_state_changing_route_has_an_action_or_a_reason() -> None:
 
 
 def test_the_table_names_only_served_routes() -> None:
-    routes = served()
+    routes = served(reads=True)  # a read that signs in (the OpenID callback) has one too
     assert not set(ROUTE_ACTIONS) - routes, sorted(set(ROUTE_ACTIONS) - routes)
     assert not set(NOT_AUDITED) - routes, sorted(set(NOT_AUDITED) - routes)
     assert not set(ROUTE_ACTIONS) & set(NOT_AUDITED)
