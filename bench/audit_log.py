@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import random
 import subprocess
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,19 +27,16 @@ from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
-from aiohttp import web
 
-from bench.common import REPO, BenchError, Samples, Served, main_of, ms, server_timing
+from bench.common import REPO, BenchError, Samples, main_of, ms, serve
 from controlplane import keys
-from controlplane.app import create_app
 from controlplane.audit.middleware import audit_middleware
 from controlplane.auth.service import ApiKeyService
-from controlplane.config import ServiceConfig, load_config
+from controlplane.config import load_config
 from controlplane.store import keyspace
 from controlplane.store.audit import AuditLog, new_id
 from controlplane.store.audit_event import AuditRecord
 from controlplane.store.streams import lex_member
-from tests.support.live_server import free_port
 
 WRITE_TARGET = 0.0003
 SEARCH_TARGET = 0.100
@@ -89,25 +84,6 @@ def parse(argv: list[str] | None) -> Options:
     )
 
 
-@contextlib.asynccontextmanager
-async def serve(config: ServiceConfig, samples: Samples, *, audited: bool) -> AsyncIterator[Served]:
-    """create_app(config) over HTTP on loopback (bench.common.serve, without sandboxes), with or
-    without the audit middleware: without it no request has an audit scope, so no store adds an
-    entry: the service as it was before the audit log."""
-    app = create_app(config, with_sandboxes=False)
-    if not audited:
-        app.middlewares.remove(audit_middleware)
-    app.middlewares.insert(0, server_timing(samples))
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=10)
-    await runner.setup()
-    try:
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        yield Served(app, f"http://127.0.0.1:{port}", config)
-    finally:
-        await runner.cleanup()
-
-
 class AuditBench:
     def __init__(self, options: Options, tmp: Path, redis_url: str) -> None:
         self.options = options
@@ -129,8 +105,10 @@ class AuditBench:
             audit_retention=(SPAN_DAYS + 10) * 86400,
         )
         async with (
-            serve(config, self.samples, audited=True) as audited,
-            serve(config, self.samples, audited=False) as plain,
+            # Without the audit middleware no request has an audit scope, so no store adds an
+            # entry: the service as it was before the audit log.
+            serve(config, self.samples, with_sandboxes=False) as audited,
+            serve(config, self.samples, with_sandboxes=False, without=[audit_middleware]) as plain,
             aiohttp.ClientSession() as http,
         ):
             redis = audited.app[keys.REDIS]

@@ -10,11 +10,19 @@ from controlplane import keys
 from controlplane.api.parsing import json_response, parse_query
 from controlplane.api.routing import RouteTable
 from controlplane.audit.models import AuditQuery
+from controlplane.audit.search import AuditSearch
 from controlplane.auth.identity import principal_of
 from controlplane.errors import RuntimeUnavailable
 from controlplane.store.audit_event import AuditEventPage
 
 routes = RouteTable(tag="audit")
+
+
+def _search(request: web.Request) -> tuple[AuditSearch, AuditQuery]:
+    search = request.app.get(keys.AUDIT_SEARCH)
+    if search is None:
+        raise RuntimeUnavailable("the audit log is not enabled on this server")
+    return search, parse_query(request, AuditQuery)
 
 
 @routes.route(
@@ -26,10 +34,7 @@ routes = RouteTable(tag="audit")
     errors=(403, 404),
 )
 async def search_audit(request: web.Request) -> web.Response:
-    query = parse_query(request, AuditQuery)
-    search = request.app.get(keys.AUDIT_SEARCH)
-    if search is None:
-        raise RuntimeUnavailable("the audit log is not enabled on this server")
+    search, query = _search(request)
     return json_response(await search.search(principal_of(request), query))
 
 
@@ -42,10 +47,7 @@ async def search_audit(request: web.Request) -> web.Response:
     errors=(403, 404),
 )
 async def export_audit(request: web.Request) -> web.StreamResponse:
-    query = parse_query(request, AuditQuery)
-    search = request.app.get(keys.AUDIT_SEARCH)
-    if search is None:
-        raise RuntimeUnavailable("the audit log is not enabled on this server")
+    search, query = _search(request)
     lines = await search.export(principal_of(request), query)
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)

@@ -72,6 +72,7 @@ async def test_the_event_is_stored_with_the_change_and_only_then(
     assert stored is not None
     assert stored.status == S.PAUSED
     assert stored.reason == "idle"
+    assert pending.event is not None
     for key in streams:
         (event,) = await bodies(raw_redis, key)
         assert event["id"] == pending.event.id
@@ -146,6 +147,8 @@ async def test_a_create_and_a_delete_store_their_events_with_them(
     assert deleted is not None
     await store.delete(record, entry=deleted.entry)
     assert await store.get(record.id) is None
+    assert created.event is not None
+    assert deleted.event is not None
     for key in (keyspace.LIFECYCLE, keyspace.user_lifecycle("carol"), outbox):
         events = await bodies(raw_redis, key)
         assert [(e["type"], e["id"]) for e in events] == [
