@@ -155,12 +155,19 @@ def server_timing(samples: Samples) -> Middleware:
 
 @contextlib.asynccontextmanager
 async def serve(
-    config: ServiceConfig, samples: Samples, *, with_sandboxes: bool = True
+    config: ServiceConfig,
+    samples: Samples,
+    *,
+    with_sandboxes: bool = True,
+    without: Iterable[Middleware] = (),
 ) -> AsyncIterator[Served]:
     """create_app(config) over real HTTP on 127.0.0.1 and a free port, as `controlplane serve`
     serves it (webhooks on the sandbox networks' gateways), with the timing middleware
-    outermost; `with_sandboxes=False`: without the sandbox services (no Docker)."""
+    outermost; `with_sandboxes=False`: without the sandbox services (no Docker); `without`:
+    middlewares left out (what one costs, measured against the app without it)."""
     app = create_app(config, with_sandboxes=with_sandboxes)
+    for middleware in without:
+        app.middlewares.remove(middleware)
     app.middlewares.insert(0, server_timing(samples))
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=10)
     await runner.setup()

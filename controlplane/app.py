@@ -15,6 +15,8 @@ from controlplane.api.durability import durable_middleware
 from controlplane.api.openapi import build_openapi
 from controlplane.api.pacing import Pacer
 from controlplane.api.routing import RouteTable
+from controlplane.audit.middleware import audit_middleware
+from controlplane.audit.routes import routes as audit_routes
 from controlplane.auth.oauth import routes as oauth_routes
 from controlplane.auth.web import routes as sign_in_routes
 from controlplane.checkpoints.routes import routes as checkpoint_routes
@@ -88,6 +90,7 @@ def route_tables() -> list[RouteTable]:
         ticket_routes,
         *webhook_route_tables(),
         lifecycle_routes,
+        audit_routes,
         web_client_routes,
         gateway_routes,
         # OpenHands' current clients (Agent Canvas, SDK 1.58): docs/api.md#openhands-clients.
@@ -129,6 +132,7 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
             pacing_middleware,
             error_middleware,
             size_limit_middleware(config.max_body_bytes),
+            audit_middleware,
             auth_middleware,
             webhook_auth_middleware,
             rate_limit_middleware,

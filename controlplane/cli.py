@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 
 import structlog
 from aiohttp import web
 
+from controlplane.audit.sinks import audit_log
 from controlplane.auth.identity import is_loopback_host
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ConfigError, ServiceConfig, load_config
@@ -19,6 +22,7 @@ from controlplane.keys import DRAIN
 from controlplane.logging import configure_logging
 from controlplane.ops import sandboxes as ops_sandboxes
 from controlplane.shutdown import begin_drain
+from controlplane.store import audit
 from controlplane.store.failover import open_redis
 from controlplane.store.redis import wait_for_redis
 from drivers.runtime import RuntimeHost
@@ -130,23 +134,35 @@ async def _keys(config: ServiceConfig, args: argparse.Namespace) -> None:
     try:
         await wait_for_redis(client, attempts=3)
         service = ApiKeyService(client, None)
-        if args.keys_command == "create":
-            created = await service.create(args.user, admin=args.admin)
-            role = "admin" if created.is_admin else "user"
-            print(f"created key {created.key_id} for {created.user_id} ({role})", file=sys.stderr)
-            print(created.key)
-        elif args.keys_command == "list":
-            print("KEY_ID\tUSER\tADMIN\tCREATED_AT")
-            for info in await service.list():
-                print(
-                    f"{info.key_id}\t{info.user_id}\t{str(info.is_admin).lower()}\t"
-                    f"{info.created_at.isoformat()}"
-                )
-        else:
-            await service.revoke(args.key_id)
-            print(f"revoked {args.key_id}")
+        # Keys made or revoked here are in the audit log, by the operator at this host.
+        operator = audit.Actor(via="cli", admin=True)
+        scope = audit.Scope(
+            log=audit_log(config, client),
+            actor=lambda: operator,
+            user_agent=f"controlplane-cli ({getpass.getuser()}@{socket.gethostname()})",
+        )
+        with audit.acting(scope):
+            await _key_command(service, args)
     finally:
         await client.aclose()
+
+
+async def _key_command(service: ApiKeyService, args: argparse.Namespace) -> None:
+    if args.keys_command == "create":
+        created = await service.create(args.user, admin=args.admin)
+        role = "admin" if created.is_admin else "user"
+        print(f"created key {created.key_id} for {created.user_id} ({role})", file=sys.stderr)
+        print(created.key)
+    elif args.keys_command == "list":
+        print("KEY_ID\tUSER\tADMIN\tCREATED_AT")
+        for info in await service.list():
+            print(
+                f"{info.key_id}\t{info.user_id}\t{str(info.is_admin).lower()}\t"
+                f"{info.created_at.isoformat()}"
+            )
+    else:
+        await service.revoke(args.key_id)
+        print(f"revoked {args.key_id}")
 
 
 async def _remove_networks(config: ServiceConfig) -> int:

@@ -775,6 +775,42 @@ class Snapshots(BaseModel):
         return value.rstrip("/")
 
 
+class AuditLogSettings(BaseModel):
+    """Audit log"""
+
+    audit_retention: float = Field(
+        default=30 * 86400,
+        ge=3600,
+        le=400 * 86400,
+        description="seconds audit entries are kept in Redis (searchable); the sinks keep the "
+        "long-term copy. Default 30 days: about 410 bytes an entry with its indexes, so 10,000 "
+        "entries a day take about 125 MB ([operations.md](operations.md#the-audit-log))",
+    )
+    audit_sink_urls: CommaList[str] = Field(
+        default_factory=list,
+        description="comma-separated URLs receiving every audit entry (a JSON POST each, signed "
+        "as lifecycle webhooks are, at least once, through the outbound policy)",
+    )
+    audit_sink_secret: str | None = Field(
+        default=None,
+        min_length=16,
+        description="HMAC-SHA256 key of the audit sinks' `X-ACS-Signature` (16+ characters)",
+    )
+    audit_stdout: bool = Field(
+        default=False,
+        description="also write every audit entry to standard output, one JSON line each (the "
+        "Elastic Common Schema a SIEM's log shipper takes as it is)",
+    )
+
+    @field_validator("audit_sink_urls")
+    @classmethod
+    def _sink_urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is not an http(s) URL")
+        return value
+
+
 class LifecycleWebhooks(BaseModel):
     """Lifecycle webhooks"""
 
@@ -925,6 +961,7 @@ GROUPS: tuple[type[BaseModel], ...] = (
     Upkeep,
     Snapshots,
     LifecycleWebhooks,
+    AuditLogSettings,
     Models,
     LlmGateway,
 )
@@ -940,6 +977,7 @@ class ServiceConfig(
     LlmGateway,
     Models,
     LifecycleWebhooks,
+    AuditLogSettings,
     Snapshots,
     Upkeep,
     Capacity,

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from controlplane.api.pacing import Pacer
     from controlplane.api.ratelimit import RateLimiter
+    from controlplane.audit.search import AuditSearch
     from controlplane.auth.device import DeviceFlowService
     from controlplane.auth.oidc_flow import SignInFlow
     from controlplane.auth.service import ApiKeyService
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from controlplane.snapshots.service import SnapshotService
     from controlplane.snapshots.sources import SnapshotData
     from controlplane.specs.catalog import SpecCatalog
+    from controlplane.store.audit import AuditLog
     from drivers.base import SandboxDriver
 
 # -- always (create_app and the Redis context) -------------------------------------------------
@@ -99,6 +101,9 @@ RUNTIME_HTTP: web.AppKey[RuntimeHttp] = web.AppKey("runtime_http")
 """Requests browser clients have the control plane send to a sandbox's agent server
 (POST /api/cloud-proxy, a conversation's git and file reads): bounded answers, own pool."""
 LIFECYCLE: web.AppKey[LifecyclePublisher] = web.AppKey("lifecycle")
+AUDIT_LOG: web.AppKey[AuditLog] = web.AppKey("audit_log")
+"""The audit log's writer (store/audit.py), handed to every request's audit scope."""
+AUDIT_SEARCH: web.AppKey[AuditSearch] = web.AppKey("audit_search")
 OUTBOUND: web.AppKey[OutboundSources] = web.AppKey("outbound")
 """The outbound policies (for users, for the operator's URLs) and what keeps them current
 (controlplane/outbound)."""

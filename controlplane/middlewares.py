@@ -1,8 +1,8 @@
 """Request context, canonical log line and HTTP metrics, error mapping, body size limit,
 authentication, per-key rate limit and the request time limit.
 
-Order (outermost first): context → pacing → errors → size limit → auth → webhook auth →
-rate limit → time limit → handler.
+Order (outermost first): context → pacing → errors → size limit → audit
+(controlplane/audit/middleware.py) → auth → webhook auth → rate limit → time limit → handler.
 
 Nothing before the handler reads the request body (aiohttp reads it lazily), so a request refused
 by a middleware costs no body read; and a refusal whose body is still arriving closes the

@@ -48,6 +48,8 @@ from aiohttp import web
 from controlplane import keys
 from controlplane.agent_protocol.client import AgentClient
 from controlplane.api.ratelimit import RateLimiter
+from controlplane.audit.search import AuditSearch
+from controlplane.audit.sinks import StdoutSink, audit_log, sink_outbox
 from controlplane.auth.device import DeviceFlowConfig, DeviceFlowService
 from controlplane.auth.oidc import OidcClient, OidcSettings
 from controlplane.auth.oidc_flow import SignInFlow
@@ -127,13 +129,14 @@ def contexts(
     """The cleanup contexts of an app, in the order they open. `webhook_app(app)` makes the
     webhook listener's application (create_webhook_app); without sandboxes only Redis."""
     if not with_sandboxes:
-        return [redis_ctx(config), outbound_ctx(config), gateway_ctx(config)]
+        return [redis_ctx(config), outbound_ctx(config), audit_ctx(config), gateway_ctx(config)]
     return [
         redis_ctx(config),
         runtime_ctx(config),
         http_ctx(),
         runtime_http_ctx(),
         outbound_ctx(config),
+        audit_ctx(config),
         lifecycle_ctx(config),
         snapshot_store_ctx(config),
         sandboxes_ctx(config),
@@ -290,6 +293,43 @@ def outbound_ctx(config: ServiceConfig) -> Context:
         app[keys.OUTBOUND] = sources
         yield
         await sources.stop()
+
+    return ctx
+
+
+def audit_ctx(config: ServiceConfig) -> Context:
+    """The audit log (written through the scope the audit middleware opens), its search, and
+    this replica's deliverers to the sinks (ACS_AUDIT_SINK_URLS through the outbound policy of
+    the operator's URLs; ACS_AUDIT_STDOUT)."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        redis = app[keys.REDIS]
+        app[keys.AUDIT_LOG] = audit_log(config, redis)
+        app[keys.AUDIT_SEARCH] = AuditSearch(redis)
+        http = OutboundClient(app[keys.OUTBOUND].operator)
+        deliverer: WebhookDeliverer | None = None
+        if config.audit_sink_urls:
+            deliverer = WebhookDeliverer(
+                sink_outbox(redis, config.audit_sink_urls),
+                http,
+                config.audit_sink_secret,
+                RetryPolicy(
+                    base=config.lifecycle_webhook_retry_base,
+                    cap=config.lifecycle_webhook_retry_max,
+                    dead_after=config.lifecycle_webhook_dead_after,
+                    timeout=config.lifecycle_webhook_timeout,
+                ),
+            )
+            deliverer.start()
+        printer = StdoutSink(redis) if config.audit_stdout else None
+        if printer is not None:
+            printer.start()
+        yield
+        if printer is not None:
+            await printer.close()
+        if deliverer is not None:
+            await deliverer.close()
+        await http.close()
 
     return ctx
 

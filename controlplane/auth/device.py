@@ -21,7 +21,9 @@ from pydantic import BaseModel
 from controlplane.auth.models import CreatedApiKey, Principal
 from controlplane.auth.service import ApiKeyService
 from controlplane.errors import Conflict, ControlPlaneError, NotFound
-from controlplane.store import keyspace, text
+from controlplane.store import audit, keyspace, text
+from controlplane.store.audit import AuditAction
+from controlplane.store.streams import APPEND_ENTRY, script_args, stored
 
 GRANT_TYPE = "urn:ietf:params:oauth:grant-type:device_code"
 # RFC 8628 §6.1: consonants only (no words can form, no 0/O or 1/I look-alikes); 20^8 codes.
@@ -32,7 +34,10 @@ EXPIRED_GRACE = 600
 invalid_grant."""
 SLOW_DOWN_STEP = 5
 
-_DECIDE = """
+# The decision's audit entry (KEYS[2..], ARGV[4..]) with it.
+_DECIDE = (
+    APPEND_ENTRY
+    + """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return 'missing' end
 if tonumber(redis.call('HGET', KEYS[1], 'expires_at')) <= tonumber(ARGV[3]) then
@@ -40,8 +45,10 @@ if tonumber(redis.call('HGET', KEYS[1], 'expires_at')) <= tonumber(ARGV[3]) then
 end
 if status ~= 'pending' then return status end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'user_id', ARGV[2])
+append_entry(2, 4)
 return 'ok'
 """
+)
 
 # A poll: the first caller to see 'approved' deletes the record, so a device code yields one key.
 _POLL = """
@@ -204,16 +211,23 @@ class DeviceFlowService:
         Returns the code as displayed. Raises NotFound (unknown or expired) or Conflict (already
         decided)."""
         code, code_hash = await self._code_hash(user_code)
+        decision = "approved" if approve else "denied"
+        # Never the user code: while it is pending it is what approves a device.
+        made = audit.entry(
+            AuditAction.DEVICE_DECIDE, actor=principal.actor(), details={"decision": decision}
+        )
+        streams, entry_args = script_args(made)
         outcome = text(
             await self._decide(
-                keys=[keyspace.device_code(code_hash)],
-                args=["approved" if approve else "denied", principal.user_id, repr(time.time())],
+                keys=[keyspace.device_code(code_hash), *streams],
+                args=[decision, principal.user_id, repr(time.time()), *entry_args],
             )
         )
         if outcome in ("missing", "expired"):
             raise NotFound("unknown or expired code: start again with `openhands login`")
         if outcome != "ok":
             raise Conflict(f"this code was already {outcome}")
+        stored(made)
         return display_user_code(code)
 
     async def exchange(self, device_code: str) -> DeviceToken:
@@ -227,7 +241,9 @@ class DeviceFlowService:
             )
         )
         if outcome == "approved":
-            created: CreatedApiKey = await self._api_keys.create(user_id)
+            # The key is the approving user's, made for their device.
+            with audit.as_actor(audit.Actor(user_id=user_id, via="device")):
+                created: CreatedApiKey = await self._api_keys.create(user_id)
             return DeviceToken(access_token=created.key)
         descriptions = {
             "authorization_pending": "the user has not approved this code yet",

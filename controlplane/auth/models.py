@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from controlplane.store.audit import Actor
+
 USER_ID_PATTERN = r"^[A-Za-z0-9_.@-]{1,64}$"
 RoleName = Literal["owner", "admin", "member", "auditor"]
 """A member's role in an organization (organizations/roles.py says what each may do)."""
@@ -32,6 +34,17 @@ class Principal(BaseModel):
     key_org_id: str | None = Field(
         default=None, description="The organization the API key was made in, if it names one"
     )
+
+    def actor(self) -> Actor:
+        """The caller as the audit log names them."""
+        return Actor(
+            user_id=self.user_id,
+            key_id=self.key_id,
+            via=self.via,
+            admin=self.is_admin,
+            org_id=self.org_id,
+            role=self.org_role,
+        )
 
 
 class ApiKeyInfo(BaseModel):

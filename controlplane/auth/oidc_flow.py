@@ -25,7 +25,9 @@ from controlplane.auth.oidc import Identity, OidcClient, SignInFailed
 from controlplane.auth.service import ApiKeyService
 from controlplane.auth.sessions import NewSession, SessionService
 from controlplane.crypto import SecretBox
-from controlplane.store import keyspace, text
+from controlplane.errors import RuntimeUnavailable
+from controlplane.store import audit, keyspace, text
+from controlplane.store.audit import AuditAction
 
 log = structlog.get_logger(__name__)
 
@@ -118,21 +120,42 @@ class SignInFlow:
     async def finish(self, state: str, code: str, binding: str | None) -> Finished:
         """Redeem the provider's answer. Raises SignInFailed (unknown, used or expired state; a
         browser that did not start it; a code or ID token the provider or we refuse; a user
-        with no organization) or RuntimeUnavailable (provider unreachable)."""
-        raw = await self._take(keys=[keyspace.oidc_state(_sha(state))], args=[_sha(binding or "")])
-        if raw == b"foreign":
-            raise SignInFailed("this sign-in was started in another browser: start again")
-        if not isinstance(raw, list) or not raw:
-            raise SignInFailed("this sign-in is unknown, expired or already used: start again")
-        row = {text(k): text(v) for k, v in zip(raw[::2], raw[1::2], strict=True)}
-        identity = await self._client.redeem(
-            code,
-            code_verifier=self._box.decrypt(row["verifier_enc"].encode()).decode(),
-            redirect_uri=row["redirect_uri"],
-            nonce=row["nonce"],
-        )
-        if not await self._memberships.signed_in(identity.user_id, identity.groups):
-            raise SignInFailed(f"{identity.user_id} belongs to no organization here")
+        with no organization) or RuntimeUnavailable (provider unreachable). A failure is in the
+        audit log with its reason (a code: `state_unknown`, `state_foreign`, `refused`,
+        `no_organization`, `provider_unavailable`), a success with the session it opens."""
+        who: str | None = None
+        reason = "refused"
+        try:
+            raw = await self._take(
+                keys=[keyspace.oidc_state(_sha(state))], args=[_sha(binding or "")]
+            )
+            if raw == b"foreign":
+                reason = "state_foreign"
+                raise SignInFailed("this sign-in was started in another browser: start again")
+            if not isinstance(raw, list) or not raw:
+                reason = "state_unknown"
+                raise SignInFailed("this sign-in is unknown, expired or already used: start again")
+            row = {text(k): text(v) for k, v in zip(raw[::2], raw[1::2], strict=True)}
+            identity = await self._client.redeem(
+                code,
+                code_verifier=self._box.decrypt(row["verifier_enc"].encode()).decode(),
+                redirect_uri=row["redirect_uri"],
+                nonce=row["nonce"],
+            )
+            who = identity.user_id
+            if not await self._memberships.signed_in(identity.user_id, identity.groups):
+                reason = "no_organization"
+                raise SignInFailed(f"{identity.user_id} belongs to no organization here")
+        except (SignInFailed, RuntimeUnavailable) as exc:
+            failed = "provider_unavailable" if isinstance(exc, RuntimeUnavailable) else reason
+            await audit.record(
+                AuditAction.SIGN_IN,
+                actor=audit.Actor(user_id=who, via="oidc"),
+                outcome="failure",
+                status=exc.status,
+                reason=failed,
+            )
+            raise
         await self._api_keys.set_suspended(identity.user_id, False)
         session = await self._sessions.open(self._fields(identity))
         log.info("oidc_signed_in", user_id=identity.user_id, groups=len(identity.groups))

@@ -21,7 +21,9 @@ from controlplane.auth.oidc_flow import Memberships
 from controlplane.auth.service import ApiKeyService
 from controlplane.crypto import SecretBox
 from controlplane.errors import RuntimeUnavailable
-from controlplane.store import keyspace, text
+from controlplane.store import audit, keyspace, text
+from controlplane.store.audit import AuditAction
+from controlplane.store.streams import stored
 
 log = structlog.get_logger(__name__)
 
@@ -72,7 +74,7 @@ class SessionRecheck:
         refresh_enc = row.get(b"refresh_enc")
         if refresh_enc is None:
             # No refresh token from this provider: the session lasts one interval.
-            await self._end(record_key, user_id, "no refresh token")
+            await self._end(record_key, user_id, "no refresh token", "no_refresh_token")
             return False
         refresh_token = self._box.decrypt(refresh_enc).decode()
         try:
@@ -84,7 +86,7 @@ class SessionRecheck:
             ):
                 raise SignInFailed("the user belongs to no organization any more")
         except SignInFailed as exc:
-            await self._end(record_key, user_id, exc.message)
+            await self._end(record_key, user_id, exc.message, "provider_refused")
             await self._api_keys.set_suspended(user_id, True)
             return False
         except RuntimeUnavailable as exc:
@@ -100,6 +102,16 @@ class SessionRecheck:
         )
         return bool(updated)
 
-    async def _end(self, record_key: str, user_id: str, reason: str) -> None:
-        await self._redis.delete(record_key)
+    async def _end(self, record_key: str, user_id: str, reason: str, code: str) -> None:
+        """End the session; its audit entry (the control plane acting on the provider's answer,
+        `code` why) in the same transaction."""
+        made = audit.entry(
+            AuditAction.SESSION_END, actor=audit.SYSTEM, details={"reason": code}, user_id=user_id
+        )
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(record_key)
+            if made is not None:
+                made.queue(pipe)
+            await pipe.execute()
+        stored(made)
         log.info("oidc_session_ended", user_id=user_id, reason=reason)

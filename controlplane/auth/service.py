@@ -17,21 +17,40 @@ import redis.asyncio as aioredis
 from controlplane.auth.models import USER_ID_PATTERN, ApiKeyInfo, CreatedApiKey, Principal
 from controlplane.crypto import hash_api_key
 from controlplane.errors import InvalidInput, NotFound, Unauthorized
-from controlplane.store import keyspace, text
+from controlplane.store import audit, keyspace, text
+from controlplane.store.audit import AuditAction
+from controlplane.store.streams import APPEND_ENTRY, script_args, stored
 
 _KEY_RE = re.compile(r"^acs_([0-9a-f]{12})_[A-Za-z0-9_-]{43}$")
 _KEY_ID_RE = re.compile(r"[0-9a-f]{12}")
 BOOTSTRAP_KEY_ID = "bootstrap"
-# Only keys that still exist: a key revoked meanwhile must not come back as a husk.
-_SUSPEND = """
-for _, key in ipairs(KEYS) do
-  if redis.call('EXISTS', key) == 1 then
-    if ARGV[1] == '1' then redis.call('HSET', key, 'suspended', '1')
-    else redis.call('HDEL', key, 'suspended') end
+# Only keys that still exist: a key revoked meanwhile must not come back as a husk. The audit
+# entry (KEYS[n + 1..], ARGV[3..]) only when a key changed.
+_SUSPEND = (
+    APPEND_ENTRY
+    + """
+local n, changed = tonumber(ARGV[2]), 0
+for i = 1, n do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    if ARGV[1] == '1' then changed = changed + redis.call('HSET', KEYS[i], 'suspended', '1')
+    else changed = changed + redis.call('HDEL', KEYS[i], 'suspended') end
   end
 end
+if changed > 0 then append_entry(n + 1, 3) end
+return changed
+"""
+)
+# The key and its indexes, and its audit entry (KEYS[4..]), only if it was still there.
+_REVOKE = (
+    APPEND_ENTRY
+    + """
+if redis.call('DEL', KEYS[1]) == 0 then return 0 end
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+append_entry(4, 2)
 return 1
 """
+)
 
 
 class ApiKeyService:
@@ -42,6 +61,7 @@ class ApiKeyService:
         self._bootstrap_hash = hash_api_key(bootstrap_key) if bootstrap_key else None
         self._bootstrap_user = bootstrap_user
         self._suspend = redis.register_script(_SUSPEND)
+        self._revoke = redis.register_script(_REVOKE)
 
     async def create(
         self,
@@ -71,11 +91,21 @@ class ApiKeyService:
             fields["name"] = name
         if org_id:
             fields["org_id"] = org_id
+        made = audit.entry(
+            AuditAction.KEY_CREATE,
+            org=org_id,
+            details={"admin": "1"} if admin else None,
+            key_id=key_id,
+            user_id=user_id,
+        )
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(keyspace.api_key(key_id), mapping=fields)
             pipe.zadd(keyspace.API_KEYS, {key_id: now.timestamp()})
             pipe.zadd(keyspace.user_api_keys(user_id), {key_id: now.timestamp()})
+            if made is not None:
+                made.queue(pipe)
             await pipe.execute()
+        stored(made)
         return CreatedApiKey(
             key_id=key_id,
             user_id=user_id,
@@ -109,13 +139,22 @@ class ApiKeyService:
         info = await self.get(key_id)
         if info is None:
             raise NotFound(f"no API key with id {key_id}")
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(keyspace.api_key(key_id))
-            pipe.zrem(keyspace.API_KEYS, key_id)
-            pipe.zrem(keyspace.user_api_keys(info.user_id), key_id)
-            deleted, *_ = await pipe.execute()
+        made = audit.entry(
+            AuditAction.KEY_REVOKE, org=info.org_id, key_id=key_id, user_id=info.user_id
+        )
+        streams, entry_args = script_args(made)
+        deleted = await self._revoke(
+            keys=[
+                keyspace.api_key(key_id),
+                keyspace.API_KEYS,
+                keyspace.user_api_keys(info.user_id),
+                *streams,
+            ],
+            args=[key_id, *entry_args],
+        )
         if not deleted:
             raise NotFound(f"no API key with id {key_id}")
+        stored(made)
 
     async def set_suspended(self, user_id: str, suspended: bool) -> None:
         """Refuse (or accept again) every key of `user_id`: the provider refused the user
@@ -123,7 +162,19 @@ class ApiKeyService:
         ids = [text(i) for i in await self._redis.zrange(keyspace.user_api_keys(user_id), 0, -1)]
         if not ids:
             return
-        await self._suspend(keys=[keyspace.api_key(k) for k in ids], args=[int(suspended)])
+        # The control plane acts, on what the provider said (the request is the user's).
+        made = audit.entry(
+            AuditAction.KEY_SUSPEND if suspended else AuditAction.KEY_RESTORE,
+            actor=audit.SYSTEM,
+            user_id=user_id,
+        )
+        streams, entry_args = script_args(made)
+        changed = await self._suspend(
+            keys=[*(keyspace.api_key(k) for k in ids), *streams],
+            args=[int(suspended), len(ids), *entry_args],
+        )
+        if changed:
+            stored(made)
 
     async def is_live(self, key_id: str) -> bool:
         """True while the key exists (the bootstrap key: while it is configured)."""

@@ -25,10 +25,21 @@ import redis.asyncio as aioredis
 
 from controlplane.auth.models import Principal
 from controlplane.auth.service import ApiKeyService
-from controlplane.store import keyspace, text
+from controlplane.store import audit, keyspace, text
+from controlplane.store.audit import AuditAction
+from controlplane.store.streams import APPEND_ENTRY, script_args, stored
 
 COOKIE_NAME = "acs_session"
 SIGNING_PURPOSE = "acs browser session cookie v1"
+# A sign-out's audit entry (KEYS[2..]) only when it ended a session.
+_END = (
+    APPEND_ENTRY
+    + """
+if redis.call('DEL', KEYS[1]) == 0 then return 0 end
+append_entry(2, 1)
+return 1
+"""
+)
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,7 @@ class SessionService:
         self._key = signing_key
         self.ttl = ttl
         self._recheck = recheck
+        self._end = redis.register_script(_END)
 
     def _sign(self, session_id: str, expires_at: int) -> str:
         mac = hmac.new(self._key, f"{session_id}.{expires_at}".encode(), hashlib.sha256)
@@ -88,10 +100,15 @@ class SessionService:
         session_id = secrets.token_urlsafe(32)
         expires_at = int(time.time()) + (ttl or self.ttl)
         record = self._record_key(session_id)
+        # The sign-in's audit entry, with the session it opens.
+        made = audit.entry(AuditAction.SIGN_IN, actor=_actor(fields, "api_key"))
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(record, mapping=fields)
             pipe.expireat(record, expires_at)
+            if made is not None:
+                made.queue(pipe)
             await pipe.execute()
+        stored(made)
         cookie = f"{session_id}.{expires_at}.{self._sign(session_id, expires_at)}"
         return NewSession(cookie=cookie, expires_at=expires_at)
 
@@ -140,4 +157,22 @@ class SessionService:
         session_id = self._verified_id(cookie)
         if session_id is None:
             return False
-        return bool(await self._redis.delete(self._record_key(session_id)))
+        record = self._record_key(session_id)
+        row = await self._redis.hgetall(record)
+        made = audit.entry(AuditAction.SIGN_OUT, actor=_actor(row, "session")) if row else None
+        streams, entry_args = script_args(made)
+        ended = bool(await self._end(keys=[record, *streams], args=entry_args))
+        if ended:
+            stored(made)
+        return ended
+
+
+def _actor(fields: dict[Any, Any], via: str) -> audit.Actor:
+    """Who a session's record says signed in (`via`: how, when the record does not say)."""
+    row = {text(k): text(v) for k, v in fields.items()}
+    return audit.Actor(
+        user_id=row.get("user_id"),
+        key_id=row.get("key_id"),
+        via=row.get("via") or via,
+        admin=row.get("is_admin") == "1",
+    )

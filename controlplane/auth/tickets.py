@@ -22,7 +22,9 @@ import redis.asyncio as aioredis
 from pydantic import BaseModel, Field
 
 from controlplane.auth.models import Principal
-from controlplane.store import keyspace
+from controlplane.store import audit, keyspace
+from controlplane.store.audit import AuditAction
+from controlplane.store.streams import stored
 
 TICKET_TTL = 30
 """Seconds: long enough for a page to open its socket, short enough that a ticket seen in a log
@@ -57,7 +59,14 @@ class TicketService:
             "scope": scope,
             "target": target,
         }
-        await self._redis.set(_key(ticket), json.dumps(body), ex=TICKET_TTL)
+        # Its audit entry names what it opens, never the ticket.
+        made = audit.route_entry(AuditAction.TICKET_CREATE, **{f"{scope}_id": target})
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(_key(ticket), json.dumps(body), ex=TICKET_TTL)
+            if made is not None:
+                made.queue(pipe)
+            await pipe.execute()
+        stored(made)
         expires = datetime.now(UTC) + timedelta(seconds=TICKET_TTL)
         return Ticket(ticket=ticket, expires_at=expires, expires_in=TICKET_TTL)
 

@@ -18,7 +18,9 @@ from controlplane.errors import ControlPlaneError, QuotaExceeded
 from controlplane.ids import uuid7_hex
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.service import SandboxService
-from controlplane.store import keyspace, text
+from controlplane.store import audit, keyspace, text
+from controlplane.store.audit import AuditAction
+from controlplane.store.streams import APPEND_ENTRY, script_args, stored
 
 log = structlog.get_logger(__name__)
 MAX_PENDING = 10
@@ -55,10 +57,16 @@ class DeliveryResult(BaseModel):
 
 
 # KEYS: the queue. ARGV: message JSON, limit. The new length, or -1 when full.
-_PUSH = """
+# KEYS: the queue, then the audit entry's streams. ARGV: the message, the limit, the entry.
+_PUSH = (
+    APPEND_ENTRY
+    + """
 if redis.call('LLEN', KEYS[1]) >= tonumber(ARGV[2]) then return -1 end
-return redis.call('RPUSH', KEYS[1], ARGV[1])
+local length = redis.call('RPUSH', KEYS[1], ARGV[1])
+append_entry(2, 3)
+return length
 """
+)
 # KEYS: the queue. ARGV: the message sent. Drop it only if it is still the head.
 _DROP_HEAD = """
 if redis.call('LINDEX', KEYS[1], 0) == ARGV[1] then redis.call('LPOP', KEYS[1]) return 1 end
@@ -98,9 +106,14 @@ class PendingMessages:
         message = PendingMessage(
             id=uuid7_hex(), conversation_id=owner, role=body.role, content=body.content
         )
+        made = audit.route_entry(AuditAction.PENDING_QUEUE)
+        streams, entry_args = script_args(made)
         length = await self._push(
-            keys=[keyspace.pending_messages(owner)], args=[message.model_dump_json(), MAX_PENDING]
+            keys=[keyspace.pending_messages(owner), *streams],
+            args=[message.model_dump_json(), MAX_PENDING, *entry_args],
         )
+        if length >= 0:
+            stored(made)
         if length < 0:
             raise QuotaExceeded(
                 f"too many pending messages: at most {MAX_PENDING} per conversation",

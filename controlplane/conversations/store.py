@@ -16,8 +16,10 @@ from controlplane.conversations.models import (
     now,
 )
 from controlplane.errors import Conflict
-from controlplane.store import keyspace, text
+from controlplane.store import audit, keyspace, text
+from controlplane.store.audit import AuditAction
 from controlplane.store.paging import page_ids
+from controlplane.store.streams import stored
 
 BUSY = frozenset({ExecutionStatus.RUNNING})
 """Execution statuses that keep a sandbox from being paused as idle."""
@@ -127,6 +129,7 @@ class ConversationStore:
     ) -> AppConversationInfo | None:
         """Apply `change` atomically (optimistic lock); None when the record does not exist."""
         key = keyspace.conversation(conversation_id)
+        entry = audit.route_entry(AuditAction.CONVERSATION_UPDATE)
         for _ in range(20):
             async with self._redis.pipeline(transaction=True) as pipe:
                 try:
@@ -139,19 +142,26 @@ class ConversationStore:
                     info.updated_at = now()
                     pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
                     pipe.set(key, info.model_dump_json())
+                    if entry is not None:
+                        entry.queue(pipe)
                     await pipe.execute()
+                    stored(entry)
                     return info
                 except WatchError:
                     continue
         raise Conflict(f"conversation {conversation_id} changed concurrently too often; retry")
 
     async def delete(self, info: AppConversationInfo) -> None:
+        entry = audit.route_entry(AuditAction.CONVERSATION_DELETE, sandbox_id=info.sandbox_id)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(keyspace.conversation(info.id))
             if info.created_by_user_id is not None:
                 pipe.zrem(keyspace.user_conversations(info.created_by_user_id), info.id)
             pipe.srem(keyspace.sandbox_conversations(info.sandbox_id), info.id)
+            if entry is not None:
+                entry.queue(pipe)
             await pipe.execute()
+        stored(entry)
 
     async def page_ids(self, owner: str, after: str | None, count: int, desc: bool) -> list[str]:
         return await page_ids(
@@ -181,7 +191,11 @@ class ConversationStore:
         """`lease`: (owner, ttl) of a new task's lease, written with it, so that no replica
         takes the task for one whose replica died before it first renewed its lease."""
         task.updated_at = now()
+        # A start's entry with its task's first save (later saves are the task's own steps).
+        entry = audit.route_entry(AuditAction.CONVERSATION_START, task_id=task.id)
         async with self._redis.pipeline(transaction=True) as pipe:
+            if entry is not None:
+                entry.queue(pipe)
             pipe.set(keyspace.start_task(task.id), task.model_dump_json())
             if lease is not None:
                 pipe.set(keyspace.start_task_lease(task.id), lease[0], px=int(lease[1] * 1000))
@@ -192,6 +206,7 @@ class ConversationStore:
             else:
                 pipe.sadd(keyspace.ACTIVE_START_TASKS, task.id)
             await pipe.execute()
+        stored(entry)
 
     async def get_task(self, task_id: str) -> AppConversationStartTask | None:
         raw = await self._redis.get(keyspace.start_task(task_id))

@@ -32,7 +32,9 @@ import redis.asyncio as aioredis
 
 from controlplane.crypto import SecretBox, hash_api_key
 from controlplane.sandboxes.models import SandboxStatus
-from controlplane.store import keyspace, text
+from controlplane.store import audit, keyspace, text
+from controlplane.store.audit import AuditAction
+from controlplane.store.streams import APPEND_ENTRY, script_args, stored
 
 TOKEN_PURPOSE = "llm-gateway-sandbox-token"  # noqa: S105 (a derivation label, not a secret)
 _TOKEN_RE = re.compile(
@@ -147,10 +149,25 @@ def check_scope(
 SANDBOX_FIELDS = ["owner", "status", "deleting_at"]
 
 
+# The user's key and its pointer, and the revoke's audit entry (KEYS[2..], ARGV[2..]), if there
+# was a key.
+_REVOKE = (
+    APPEND_ENTRY
+    + """
+local current = redis.call('GETDEL', KEYS[1])
+if not current then return 0 end
+redis.call('DEL', ARGV[1] .. current)
+append_entry(2, 2)
+return 1
+"""
+)
+
+
 class UserGatewayKeys:
     def __init__(self, redis: aioredis.Redis, box: SecretBox) -> None:
         self._redis = redis
         self._box = box
+        self._revoke = redis.register_script(_REVOKE)
 
     async def get_or_create(self, user_id: str) -> str:
         """The user's current key, made on first use. Two concurrent first calls may each make
@@ -167,6 +184,7 @@ class UserGatewayKeys:
         key_id = secrets.token_hex(6)
         key = f"acs-llm.{_b64(user_id)}.{key_id}.{secrets.token_urlsafe(32)}"
         pointer = keyspace.user_llm_gateway_key(user_id)
+        made = audit.route_entry(AuditAction.GATEWAY_KEY_REFRESH)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.get(pointer)
             pipe.hset(
@@ -179,19 +197,25 @@ class UserGatewayKeys:
                 },
             )
             pipe.set(pointer, key_id)
+            if made is not None:
+                made.queue(pipe)
             previous, *_ = await pipe.execute()
+        stored(made)
         if previous is not None and text(previous) != key_id:
             await self._redis.delete(keyspace.llm_gateway_key(text(previous)))
         return key
 
     async def revoke(self, user_id: str) -> bool:
         """Delete the user's key; False when there was none."""
-        pointer = keyspace.user_llm_gateway_key(user_id)
-        current = await self._redis.getdel(pointer)
-        if current is None:
-            return False
-        await self._redis.delete(keyspace.llm_gateway_key(text(current)))
-        return True
+        made = audit.route_entry(AuditAction.GATEWAY_KEY_REVOKE)
+        streams, entry_args = script_args(made)
+        revoked = await self._revoke(
+            keys=[keyspace.user_llm_gateway_key(user_id), *streams],
+            args=[keyspace.llm_gateway_key(""), *entry_args],
+        )
+        if revoked:
+            stored(made)
+        return bool(revoked)
 
     @staticmethod
     def parse(presented: str) -> UserKeyClaim | None:

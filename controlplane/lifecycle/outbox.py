@@ -10,6 +10,7 @@ a replica that died) is claimed again with XCLAIM, which succeeds for one replic
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,21 +30,39 @@ def url_id(url: str) -> str:
 
 
 class Outbox:
-    def __init__(self, redis: aioredis.Redis, urls: list[str]) -> None:
+    """The outbox of `urls`. The audit log's sinks use one too (kind "audit", their own
+    streams: keyspace.audit_outbox and audit_dead), delivered by the same deliverer."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        urls: list[str],
+        *,
+        kind: str = "lifecycle",
+        stream_of: Callable[[str], str] = keyspace.webhook_outbox,
+        dead_of: Callable[[str], str] = keyspace.webhook_dead,
+    ) -> None:
         self.redis = redis
         self.urls = list(urls)
+        self.kind = kind
+        self._stream_of = stream_of
+        self._dead_of = dead_of
+
+    def stream(self, url: str) -> str:
+        return self._stream_of(url_id(url))
+
+    def dead_stream(self, url: str) -> str:
+        return self._dead_of(url_id(url))
 
     def streams(self) -> list[str]:
         """The stream of every URL: an event is queued by adding it to each (untrimmed)."""
-        return [keyspace.webhook_outbox(url_id(url)) for url in self.urls]
+        return [self.stream(url) for url in self.urls]
 
     async def ensure_group(self, url: str) -> None:
         """The stream and its consumer group, from the stream's start: entries written before
         the group existed are delivered too."""
         try:
-            await self.redis.xgroup_create(
-                keyspace.webhook_outbox(url_id(url)), GROUP, id="0", mkstream=True
-            )
+            await self.redis.xgroup_create(self.stream(url), GROUP, id="0", mkstream=True)
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
@@ -52,14 +71,12 @@ class Outbox:
         """Events not yet delivered (nor dead-lettered), summed over the URLs."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for url in self.urls:
-                pipe.xlen(keyspace.webhook_outbox(url_id(url)))
+                pipe.xlen(self.stream(url))
             return sum(int(n) for n in await pipe.execute())
 
     async def dead(self, url: str, count: int = 100) -> list[dict[str, str]]:
         """The newest dead-lettered deliveries of one URL, newest first."""
-        entries: Any = await self.redis.xrevrange(
-            keyspace.webhook_dead(url_id(url)), "+", "-", count=count
-        )
+        entries: Any = await self.redis.xrevrange(self.dead_stream(url), "+", "-", count=count)
         return [
             {_text(k): _text(v) for k, v in fields.items()} | {"entry_id": _text(entry_id)}
             for entry_id, fields in entries

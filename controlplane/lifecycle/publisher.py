@@ -16,7 +16,7 @@ from controlplane.lifecycle.models import LifecycleEvent, LifecycleEventPage
 from controlplane.lifecycle.outbox import Outbox
 from controlplane.store import keyspace, text
 from controlplane.store.redis import REDIS_DOWN
-from controlplane.store.streams import StreamEntry
+from controlplane.store.streams import StreamAdd, StreamEntry
 
 log = structlog.get_logger("controlplane.lifecycle")
 
@@ -44,13 +44,14 @@ class LifecyclePublisher:
         """The event as stored: in the global and the user's streams and the webhook outbox.
         A write that stores it itself (a sandbox's compare-and-set, sandboxes/store.py) calls
         `logged` once it has."""
-        streams: list[tuple[str, int | None]] = [
-            (keyspace.LIFECYCLE, STREAM_MAXLEN),
-            (keyspace.user_lifecycle(event.user_id), STREAM_MAXLEN),
+        fields = ("e", event.model_dump_json())
+        adds = [
+            StreamAdd(keyspace.LIFECYCLE, fields, maxlen=STREAM_MAXLEN),
+            StreamAdd(keyspace.user_lifecycle(event.user_id), fields, maxlen=STREAM_MAXLEN),
         ]
         if self._outbox is not None:
-            streams += [(key, None) for key in self._outbox.streams()]
-        return StreamEntry(event.model_dump_json(), tuple(streams))
+            adds += [StreamAdd(key, fields) for key in self._outbox.streams()]
+        return StreamEntry((tuple(adds),))
 
     def logged(self, event: LifecycleEvent) -> None:
         """The event's log line."""

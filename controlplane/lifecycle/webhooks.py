@@ -35,8 +35,8 @@ from redis.exceptions import ResponseError
 
 from controlplane.background import stop_tasks
 from controlplane.lifecycle.outbox import DEAD_MAXLEN, GROUP, Outbox, url_id
-from controlplane.outbound.client import OutboundClient
-from controlplane.store import keyspace, text
+from controlplane.outbound.client import OutboundClient, refusal_of
+from controlplane.store import text
 from controlplane.store.redis import REDIS_DOWN
 
 log = structlog.get_logger(__name__)
@@ -48,6 +48,12 @@ DELIVERY_HEADER = "X-ACS-Delivery"
 """The event id: the same on every attempt, so receivers de-duplicate on it."""
 ATTEMPT_HEADER = "X-ACS-Attempt"
 BATCH = 16
+
+
+def _nested_id(event: dict[str, Any]) -> str:
+    """An audit entry's id (ECS: `event.id`)."""
+    inner = event.get("event")
+    return str(inner.get("id")) if isinstance(inner, dict) else ""
 
 
 def sign(secret: str, body: bytes) -> str:
@@ -128,7 +134,7 @@ class WebhookDeliverer:
                 await asyncio.sleep(self._poll)
 
     async def _read_new(self, url: str) -> None:
-        key = keyspace.webhook_outbox(url_id(url))
+        key = self._outbox.stream(url)
         found: Any = await self._redis.xreadgroup(
             GROUP, self.consumer, {key: ">"}, count=BATCH, block=int(self._poll * 1000)
         )
@@ -137,7 +143,7 @@ class WebhookDeliverer:
                 await self._attempt(url, text(entry_id), fields, attempt=1)
 
     async def _retry_due(self, url: str) -> None:
-        key = keyspace.webhook_outbox(url_id(url))
+        key = self._outbox.stream(url)
         waiting: Any = await self._redis.xpending_range(
             key, GROUP, "-", "+", 100, idle=self._policy.backoff_ms(1)
         )
@@ -157,7 +163,7 @@ class WebhookDeliverer:
         body = text(fields.get(b"e", fields.get("e"))).encode()
         event = json.loads(body)
         error = await self._post(url, body, event, attempt)
-        key = keyspace.webhook_outbox(url_id(url))
+        key = self._outbox.stream(url)
         if error is None:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.xack(key, GROUP, entry_id)
@@ -179,7 +185,7 @@ class WebhookDeliverer:
             return
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.xadd(
-                keyspace.webhook_dead(url_id(url)),
+                self._outbox.dead_stream(url),
                 {"e": body, "attempts": attempt, "error": error, "dead_at": int(time.time())},
                 maxlen=DEAD_MAXLEN,
                 approximate=True,
@@ -201,8 +207,8 @@ class WebhookDeliverer:
         answering 4xx during a deploy should not lose events."""
         headers = {
             "Content-Type": "application/json",
-            "X-ACS-Event": str(event.get("type")),
-            DELIVERY_HEADER: str(event.get("id")),
+            "X-ACS-Event": str(event.get("type") or self._outbox.kind),
+            DELIVERY_HEADER: str(event.get("id") or _nested_id(event)),
             ATTEMPT_HEADER: str(attempt),
             TIMESTAMP_HEADER: str(int(time.time())),
         }
@@ -217,4 +223,5 @@ class WebhookDeliverer:
             ) as resp:
                 return None if 200 <= resp.status < 300 else f"HTTP {resp.status}"
         except (aiohttp.ClientError, TimeoutError) as exc:
-            return type(exc).__name__
+            refused = refusal_of(exc)  # the outbound policy's: say so, it will not change
+            return f"DestinationRefused: {refused}" if refused else type(exc).__name__

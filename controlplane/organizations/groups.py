@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from controlplane.organizations.roles import RANK, Role
 from controlplane.organizations.service import OrganizationService
+from controlplane.store import audit
+
+GROUPS_ACTOR = audit.Actor(via="oidc_groups")
+"""Who changes roles from the provider's groups: the control plane, on the provider's word."""
 
 
 class GroupRoles:
@@ -36,6 +40,10 @@ class GroupRoles:
         return roles
 
     async def signed_in(self, user_id: str, groups: tuple[str, ...]) -> bool:
+        with audit.as_actor(GROUPS_ACTOR):
+            return await self._apply(user_id, groups)
+
+    async def _apply(self, user_id: str, groups: tuple[str, ...]) -> bool:
         roles = self.roles_for(groups)
         for org_id in roles:
             await self._orgs.store.create(org_id, org_id, "oidc-groups")

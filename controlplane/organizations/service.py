@@ -25,7 +25,7 @@ from controlplane.organizations.models import (
 )
 from controlplane.organizations.roles import GRANTS, RANK, Action, Role, may
 from controlplane.organizations.store import CURRENT, KNOWN, OrganizationStore
-from controlplane.store import keyspace
+from controlplane.store import audit, keyspace
 
 DEFAULT_NAME = "Agent Conversation Service"
 CANVAS_PERMISSIONS = ["edit_org_settings"]
@@ -181,6 +181,7 @@ class OrganizationService:
     ) -> Organization:
         role = await self._role_in(principal, org_id)
         self._check(principal, role, Action.MEMBERS_CHANGE)
+        audit.note(changed=",".join(sorted(body.model_fields_set)))
         if body.name is not None:
             await self.store.rename(org_id, body.name)
         if body.limits is not None:
@@ -207,6 +208,9 @@ class OrganizationService:
                 raise Forbidden("nobody grants a role above their own")
         if before == Role.OWNER and body.role != Role.OWNER:
             self._keep_an_owner(members, user_id)
+        audit.note(previous=before.value if before else None)
+        if body.limits is not None:
+            audit.note(limits="set")
         await self.store.set_role(org_id, user_id, body.role)
         if body.limits is not None:
             await self.store.set_limits(keyspace.org_member_limits(org_id, user_id), body.limits)

@@ -14,19 +14,26 @@ import redis.asyncio as aioredis
 
 from controlplane.organizations.models import OrgLimits
 from controlplane.organizations.roles import Role
-from controlplane.store import keyspace, text
+from controlplane.store import audit, keyspace, text
+from controlplane.store.audit import AuditAction
+from controlplane.store.streams import APPEND_ENTRY, StreamEntry, script_args, stored
 
 CURRENT = "~current"
 KNOWN = "~known"
 _LIMIT_FIELDS = ("max_running_sandboxes", "max_sandboxes")
 
-# Create only once: an existing organization keeps its name, members and limits.
-_CREATE = """
+# Create only once: an existing organization keeps its name, members and limits. The audit
+# entry (KEYS[3..], ARGV[5..]) with the creation.
+_CREATE = (
+    APPEND_ENTRY
+    + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'name', ARGV[1], 'created_at', ARGV[2], 'created_by', ARGV[3])
 redis.call('ZADD', KEYS[2], 0, ARGV[4])
+append_entry(3, 5)
 return 1
 """
+)
 
 
 def _limits(row: dict[Any, Any]) -> OrgLimits:
@@ -41,10 +48,14 @@ class OrganizationStore:
 
     async def create(self, org_id: str, name: str, created_by: str) -> bool:
         """False when it exists already (nothing changed)."""
+        entry = audit.entry(AuditAction.ORG_CREATE, org_id=org_id)
+        streams, entry_args = script_args(entry)
         made = await self._create(
-            keys=[keyspace.organization(org_id), keyspace.ORGANIZATIONS],
-            args=[name, datetime.now(UTC).isoformat(), created_by, org_id],
+            keys=[keyspace.organization(org_id), keyspace.ORGANIZATIONS, *streams],
+            args=[name, datetime.now(UTC).isoformat(), created_by, org_id, *entry_args],
         )
+        if made:
+            stored(entry)
         return bool(made)
 
     async def get(self, org_id: str) -> dict[str, Any] | None:
@@ -62,7 +73,9 @@ class OrganizationStore:
         return bool(await self._redis.exists(keyspace.organization(org_id)))
 
     async def rename(self, org_id: str, name: str) -> None:
-        await self._redis.hset(keyspace.organization(org_id), "name", name)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(keyspace.organization(org_id), "name", name)
+            await _execute(pipe, audit.entry())
 
     async def set_limits(self, key: str, limits: OrgLimits) -> None:
         """Write the limits that are set, clear those that are None (in `key`'s hash)."""
@@ -73,7 +86,7 @@ class OrganizationStore:
                     pipe.hdel(key, field)
                 else:
                     pipe.hset(key, field, str(values[field]))
-            await pipe.execute()
+            await _execute(pipe, audit.entry())
 
     async def member_limits(self, org_id: str, user_id: str) -> OrgLimits:
         return _limits(await self._redis.hgetall(keyspace.org_member_limits(org_id, user_id)))
@@ -94,33 +107,71 @@ class OrganizationStore:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(keyspace.org_members(org_id), user_id, role.value)
             pipe.hset(keyspace.user_orgs(user_id), mapping={org_id: role.value, KNOWN: "1"})
-            await pipe.execute()
+            await _execute(pipe, _member_entry(AuditAction.MEMBER_SET, org_id, user_id, role))
 
     async def remove(self, org_id: str, user_id: str) -> bool:
         """False when the user was no member."""
+        entry = _member_entry(AuditAction.MEMBER_REMOVE, org_id, user_id)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hdel(keyspace.org_members(org_id), user_id)
             pipe.hdel(keyspace.user_orgs(user_id), org_id)
             pipe.hset(keyspace.user_orgs(user_id), KNOWN, "1")
             pipe.delete(keyspace.org_member_limits(org_id, user_id))
+            if entry is not None:
+                entry.queue(pipe)
             removed, *_ = await pipe.execute()
+        stored(entry)
         return bool(removed)
 
     async def apply_roles(self, user_id: str, managed: set[str], roles: dict[str, Role]) -> None:
         """The user's roles in the `managed` organizations become `roles` (absent: removed),
         in one transaction; organizations outside `managed` are left as they are."""
         current = await self.memberships(user_id)
+        entries: list[StreamEntry | None] = []
         async with self._redis.pipeline(transaction=True) as pipe:
-            for org_id in managed:
+            for org_id in sorted(managed):
                 role = roles.get(org_id)
                 if role is None and org_id in current:
                     pipe.hdel(keyspace.org_members(org_id), user_id)
                     pipe.hdel(keyspace.user_orgs(user_id), org_id)
+                    entries.append(_member_entry(AuditAction.MEMBER_REMOVE, org_id, user_id))
                 elif role is not None and current.get(org_id) != role.value:
                     pipe.hset(keyspace.org_members(org_id), user_id, role.value)
                     pipe.hset(keyspace.user_orgs(user_id), org_id, role.value)
+                    previous = current.get(org_id)
+                    entries.append(
+                        _member_entry(AuditAction.MEMBER_SET, org_id, user_id, role, previous)
+                    )
             pipe.hset(keyspace.user_orgs(user_id), KNOWN, "1")
+            for entry in entries:
+                if entry is not None:
+                    entry.queue(pipe)
             await pipe.execute()
+        for entry in entries:
+            stored(entry)
 
     async def set_current(self, user_id: str, org_id: str) -> None:
-        await self._redis.hset(keyspace.user_orgs(user_id), CURRENT, org_id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(keyspace.user_orgs(user_id), CURRENT, org_id)
+            await _execute(pipe, audit.entry())
+
+
+def _member_entry(
+    action: AuditAction,
+    org_id: str,
+    user_id: str,
+    role: Role | None = None,
+    previous: str | None = None,
+) -> StreamEntry | None:
+    details = {"role": role.value} if role is not None else {}
+    if previous:
+        details["previous"] = previous
+    return audit.entry(action, details=details, org_id=org_id, user_id=user_id)
+
+
+async def _execute(pipe: Any, entry: StreamEntry | None) -> None:
+    """Run a transaction with the audit entry of what it does."""
+    if entry is not None:
+        entry.queue(pipe)
+    await pipe.execute()
+    stored(entry)

@@ -1,5 +1,6 @@
 """A sandbox's lifecycle events, as the service, the launcher and the reconciler publish them
-(none for an unclaimed warm pool member: nobody owns it yet)."""
+(none for an unclaimed warm pool member: nobody owns it yet), and the audit entry of the request
+that made the change, stored by the same write."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
 from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
-from controlplane.store.streams import StreamEntry
+from controlplane.store import audit
+from controlplane.store.audit import AuditAction
+from controlplane.store.streams import StreamEntry, join
 
 S = SandboxStatus
 OBSERVED = {
@@ -22,9 +25,10 @@ OBSERVED = {
 
 @dataclass(frozen=True)
 class Pending:
-    """An event for a compare-and-set to store (`entry`), then logged (SandboxLifecycle.done)."""
+    """An event (and the request's audit entry) for a compare-and-set to store (`entry`), then
+    logged (SandboxLifecycle.done)."""
 
-    event: LifecycleEvent
+    event: LifecycleEvent | None
     entry: StreamEntry
 
 
@@ -56,17 +60,31 @@ class SandboxLifecycle:
         reason: str | None = None,
         *,
         automatic: bool = False,
+        action: AuditAction | None = None,
     ) -> Pending | None:
         """The event of a change, for the transition that makes it to store (`entry=`):
-        the two are stored together or not at all. None when there is nothing to publish."""
+        the two are stored together or not at all; with `action`, the request's audit entry
+        too. None when there is nothing to store."""
         event = self._event(kind, record, reason, automatic)
-        if self.publisher is None or event is None:
-            return None
-        return Pending(event, self.publisher.entry(event))
+        if self.publisher is None:
+            event = None
+        return self.with_audit(event, record, action)
+
+    def with_audit(
+        self, event: LifecycleEvent | None, record: SandboxRecord, action: AuditAction | None
+    ) -> Pending | None:
+        """`event` (if any) and the request's `action` on `record` (if in a request), as one
+        entry."""
+        made = None
+        if action is not None:
+            made = audit.entry(action, org=record.org_id, sandbox_id=record.id)
+        published = self.publisher.entry(event) if self.publisher and event else None
+        entry = join(published, made)
+        return Pending(event, entry) if entry is not None else None
 
     def done(self, pending: Pending | None) -> None:
         """After the transition stored `pending`: its log line."""
-        if self.publisher is not None and pending is not None:
+        if self.publisher is not None and pending is not None and pending.event is not None:
             self.publisher.logged(pending.event)
 
     @staticmethod

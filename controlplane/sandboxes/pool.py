@@ -33,7 +33,10 @@ from controlplane.sandboxes.pool_store import PoolStore
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import SandboxSpec
+from controlplane.store import audit
+from controlplane.store.audit import AuditAction
 from controlplane.store.leader import LeaderLock
+from controlplane.store.streams import LATE_ID
 from drivers.base import RunState, SandboxDriver, SandboxState
 from drivers.errors import DriverError
 
@@ -128,6 +131,8 @@ class WarmPool:
     ) -> SandboxRecord | None:
         if self.size(spec) <= 0:
             return None
+        # The create's audit entry goes with the claim, which picks the sandbox (LATE_ID).
+        made = audit.entry(AuditAction.SANDBOX_CREATE, org=principal.org_id, sandbox_id=LATE_ID)
         claim = await self.store.claim(
             spec.id,
             fingerprint(spec, image_id),
@@ -135,6 +140,7 @@ class WarmPool:
             running_cap=limits.running,
             total_cap=limits.total,
             org_id=principal.org_id,
+            entry=made,
         )
         self._wake.set()
         if claim.outcome in ("running", "total"):

@@ -21,6 +21,7 @@ from controlplane.sandboxes.models import SandboxRecord
 from controlplane.sandboxes.naming import POOL_OWNER
 from controlplane.sandboxes.store import TOMBSTONE_TTL, SandboxStore
 from controlplane.store import keyspace, text
+from controlplane.store.streams import APPEND_ENTRY, StreamEntry, script_args, stored
 
 _CREATE = """
 local memory, memory_cap, id = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
@@ -37,7 +38,9 @@ redis.call('SADD', KEYS[5], id)
 return 'ok'
 """
 
-_CLAIM = """
+_CLAIM = (
+    APPEND_ENTRY
+    + """
 local running_cap, total_cap = tonumber(ARGV[1]), tonumber(ARGV[2])
 local fp, owner, now, spec, prefix = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 if running_cap >= 0 and redis.call('SCARD', KEYS[5]) >= running_cap then return {'running'} end
@@ -64,10 +67,13 @@ while true do
     redis.call('SADD', KEYS[5], id)
     redis.call('HINCRBY', KEYS[7], 'claims:' .. spec, 1)
     redis.call('PUBLISH', ARGV[9], id .. ' ' .. status)
+    -- The create's audit entry (KEYS[8..], ARGV[11..]), naming the member claimed.
+    append_entry(8, 11, id)
     return {'ok', id, f[2]}
   end
 end
 """
+)
 
 _DROP = """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[2] then return 0 end
@@ -124,7 +130,11 @@ class PoolStore:
         running_cap: int | None,
         total_cap: int | None,
         org_id: str | None = None,
+        entry: StreamEntry | None = None,
     ) -> Claim:
+        """Claim a ready member for `owner`; `entry` (the create's audit entry, its sandbox id
+        streams.LATE_ID) is added with the claim, naming the member."""
+        streams, entry_args = script_args(entry)
         result = await self._claim(
             keys=[
                 keyspace.pool_ready(spec_id),
@@ -134,6 +144,7 @@ class PoolStore:
                 keyspace.user_active_sandboxes(owner),
                 keyspace.user_active_sandboxes(POOL_OWNER),
                 keyspace.POOL_STATS,
+                *streams,
             ],
             args=[
                 -1 if running_cap is None else running_cap,
@@ -146,11 +157,13 @@ class PoolStore:
                 POOL_OWNER,
                 keyspace.SANDBOX_STATUS_CHANNEL,
                 org_id or "",
+                *entry_args,
             ],
         )
         outcome = text(result[0])
         if outcome != "ok":
             return Claim(outcome)
+        stored(entry)
         return Claim(outcome, text(result[1]), text(result[2]) == "PAUSED")
 
     async def mark_ready(self, spec_id: str, sandbox_id: str) -> None:

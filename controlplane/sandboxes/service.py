@@ -40,6 +40,7 @@ from controlplane.sandboxes.status_feed import StatusFeed
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import SandboxSpec
+from controlplane.store.audit import AuditAction
 from drivers.base import SandboxDriver
 from drivers.errors import DriverError
 
@@ -179,7 +180,9 @@ class SandboxService(SandboxReads):
         )
         if not self.admission.room_for(spec.resources.reservation_bytes):
             raise self.admission.refused(principal, "memory")
-        event = self.notes.pending(LifecycleType.SANDBOX_CREATED, record)
+        event = self.notes.pending(
+            LifecycleType.SANDBOX_CREATED, record, action=AuditAction.SANDBOX_CREATE
+        )
         outcome = await self.store.create(
             record, spec.resources.reservation_bytes, limits, entry=entry_of(event)
         )
@@ -292,7 +295,8 @@ class SandboxService(SandboxReads):
     async def pause(self, principal: Principal, sandbox_id: str) -> None:
         """Freeze a RUNNING sandbox; pausing a PAUSED one succeeds. Raises Conflict otherwise."""
         async with self.lock(sandbox_id):
-            await self._pause(await self.owned(principal, sandbox_id, Action.SANDBOX_OPERATE))
+            record = await self.owned(principal, sandbox_id, Action.SANDBOX_OPERATE)
+            await self._pause(record, action=AuditAction.SANDBOX_PAUSE)
 
     async def pause_idle(self, sandbox_id: str, reason: str) -> bool:
         """The reaper's pause: only a sandbox still RUNNING, and not one being operated on."""
@@ -329,7 +333,12 @@ class SandboxService(SandboxReads):
         return True
 
     async def _pause(
-        self, record: SandboxRecord, *, reason: str | None = None, automatic: bool = False
+        self,
+        record: SandboxRecord,
+        *,
+        reason: str | None = None,
+        automatic: bool = False,
+        action: AuditAction | None = None,
     ) -> None:
         if record.status == S.PAUSED:
             return
@@ -337,7 +346,7 @@ class SandboxService(SandboxReads):
             raise Conflict(f"cannot pause sandbox {record.id}: it is {record.status.value}")
         await self.driver.pause(record.id)
         event = self.notes.pending(
-            LifecycleType.SANDBOX_PAUSED, record, reason, automatic=automatic
+            LifecycleType.SANDBOX_PAUSED, record, reason, automatic=automatic, action=action
         )
         # An automatic pause keeps last_activity_at, so the idle time stays visible. The event
         # is stored by the compare-and-set itself: one Redis round trip, and no PAUSED without
@@ -382,7 +391,9 @@ class SandboxService(SandboxReads):
                 await self.notes(LifecycleType.SANDBOX_RESUMED, record)
                 return
             # The event is stored with the change (one script): none without the other.
-            event = self.notes.pending(LifecycleType.SANDBOX_RESUMED, record)
+            event = self.notes.pending(
+                LifecycleType.SANDBOX_RESUMED, record, action=AuditAction.SANDBOX_RESUME
+            )
             result = await self.store.transition(
                 record,
                 [record.status],
@@ -411,8 +422,16 @@ class SandboxService(SandboxReads):
         False (with the record back to PAUSED) when the sandbox is not simply paused, e.g.
         stopped by a host reboot; the caller then inspects and restarts or re-creates it.
         """
+        # The resume's audit entry with the change that makes it (its event follows the unpause).
+        made = self.notes.with_audit(None, record, AuditAction.SANDBOX_RESUME)
         result = await self.store.transition(
-            record, [S.PAUSED], S.RUNNING, limits=limits, reason=None, touch=True
+            record,
+            [S.PAUSED],
+            S.RUNNING,
+            limits=limits,
+            reason=None,
+            touch=True,
+            entry=entry_of(made),
         )
         self._check_resume(result.outcome, result.previous, principal, record.id)
         try:
@@ -425,7 +444,8 @@ class SandboxService(SandboxReads):
     async def delete(self, principal: Principal, sandbox_id: str) -> None:
         """Remove the container, its workspace volume and the record. Raises SandboxNotFound."""
         async with self.lock(sandbox_id):
-            await self._delete(await self.owned(principal, sandbox_id, Action.SANDBOX_OPERATE))
+            record = await self.owned(principal, sandbox_id, Action.SANDBOX_OPERATE)
+            await self._delete(record, action=AuditAction.SANDBOX_DELETE)
         self.locks.forget(sandbox_id)
 
     async def retire(self, sandbox_id: str, reason: str) -> bool:
@@ -442,10 +462,17 @@ class SandboxService(SandboxReads):
         return True
 
     async def _delete(
-        self, record: SandboxRecord, *, reason: str | None = None, automatic: bool = False
+        self,
+        record: SandboxRecord,
+        *,
+        reason: str | None = None,
+        automatic: bool = False,
+        action: AuditAction | None = None,
     ) -> None:
-        # The intent first: if this process dies below, the reconciler finishes the delete.
-        if not await self.store.mark_deleting(record.id):
+        # The intent first: if this process dies below, the reconciler finishes the delete. The
+        # request's audit entry goes with it: the delete is decided there.
+        made = self.notes.with_audit(None, record, action)
+        if not await self.store.mark_deleting(record.id, entry=entry_of(made)):
             return  # already gone
         if self.leases is not None:
             self.leases.hold(record.id)

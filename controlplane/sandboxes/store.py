@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from controlplane.crypto import SecretBox, hash_api_key
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.store import keyspace, text
-from controlplane.store.streams import APPEND_ENTRY, StreamEntry
+from controlplane.store.streams import APPEND_ENTRY, StreamEntry, script_args, stored
 
 TOMBSTONE_TTL = 3600
 """A deleted id is remembered for an hour so that a sweep that listed its container just before
@@ -54,8 +54,9 @@ if status ~= 'ERROR' and status ~= 'MISSING' and (status ~= 'PAUSED' or paused_h
 end
 redis.call('SET', KEYS[5], id)
 redis.call('PUBLISH', ARGV[9 + fields], id .. ' ' .. status)
--- The creation's lifecycle event (KEYS[7..]: its streams), stored with it or not at all.
-if #KEYS > 6 then append_entry(7, 10 + fields) end
+-- The creation's lifecycle event and audit entry (KEYS[7..]: their streams), stored with it or
+-- not at all.
+append_entry(7, 10 + fields)
 return 'ok'
 """
 )
@@ -97,19 +98,26 @@ if to ~= 'PAUSED' then redis.call('HDEL', KEYS[1], 'hibernated_at') end
 redis.call('PUBLISH', ARGV[6], id .. ' ' .. to)
 if active_to then redis.call('SADD', KEYS[2], id) else redis.call('SREM', KEYS[2], id) end
 if holds then redis.call('HSET', KEYS[3], id, memory) else redis.call('HDEL', KEYS[3], id) end
--- The change's lifecycle event (KEYS[4..]: its streams), stored with it or not at all.
-if #KEYS > 3 then append_entry(4, 9 + fields) end
+-- The change's lifecycle event and audit entry (KEYS[4..]: their streams), stored with it or
+-- not at all.
+append_entry(4, 9 + fields)
 return {'ok', cur}
 """
 )
 
-_MARK_DELETING = """
+_MARK_DELETING = (
+    APPEND_ENTRY
+    + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if redis.call('HEXISTS', KEYS[1], 'deleting_at') == 0 then
   redis.call('HSET', KEYS[1], 'deleting_at', ARGV[1])
 end
+-- The delete's audit entry (KEYS[2..]): the intent is the action; whoever finishes it, it has
+-- its entry.
+append_entry(2, 2)
 return 1
 """
+)
 
 _HIBERNATE = """
 if redis.call('HGET', KEYS[1], 'status') ~= 'PAUSED' then return 0 end
@@ -247,7 +255,7 @@ class SandboxStore:
         """
         fields = self._encode(record)
         flat = [item for pair in fields.items() for item in pair]
-        streams, entry_args = entry.script_args() if entry is not None else ([], [])
+        streams, entry_args = script_args(entry)
         outcome = await self._create(
             keys=[
                 keyspace.sandbox(record.id),
@@ -274,6 +282,7 @@ class SandboxStore:
         )
         if text(outcome) == "ok":
             self._changed(record.id)
+            stored(entry)
         return text(outcome)
 
     async def get(self, sandbox_id: str) -> SandboxRecord | None:
@@ -321,7 +330,7 @@ class SandboxStore:
         if origin is not None:
             fields["origin"] = origin
         flat = [item for pair in fields.items() for item in pair]
-        streams, entry_args = entry.script_args() if entry is not None else ([], [])
+        streams, entry_args = script_args(entry)
         outcome, previous = await self._transition(
             keys=[
                 keyspace.sandbox(record.id),
@@ -344,6 +353,7 @@ class SandboxStore:
         )
         if text(outcome) == "ok":
             self._changed(record.id)
+            stored(entry)
         prev = text(previous) if previous else ""
         return TransitionResult(text(outcome), SandboxStatus(prev) if prev else None)
 
@@ -368,13 +378,18 @@ class SandboxStore:
                 entry.queue(pipe)
             await pipe.execute()
         self._changed(record.id)
+        stored(entry)
 
-    async def mark_deleting(self, sandbox_id: str) -> bool:
+    async def mark_deleting(self, sandbox_id: str, *, entry: StreamEntry | None = None) -> bool:
         """Record the intent to delete before acting on it, so that whoever finds the record
-        next (the reconciler, after a restart) finishes the delete. False: no such record."""
+        next (the reconciler, after a restart) finishes the delete; `entry` (the request's audit
+        entry) is added with it. False: no such record (and no entry)."""
+        streams, entry_args = script_args(entry)
         found = await self._mark_deleting(
-            keys=[keyspace.sandbox(sandbox_id)], args=[_now().isoformat()]
+            keys=[keyspace.sandbox(sandbox_id), *streams], args=[_now().isoformat(), *entry_args]
         )
+        if found:
+            stored(entry)
         return bool(found)
 
     async def hibernated(self, sandbox_id: str, reason: str) -> bool:

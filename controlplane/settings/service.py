@@ -23,6 +23,7 @@ from controlplane.settings.models import (
 from controlplane.settings.profiles import LlmProfilesView, view_of
 from controlplane.settings.store import UserRecordStore
 from controlplane.settings.v1 import SettingsV1Update, flatten
+from controlplane.store import audit
 
 _INDICATORS = {
     "llm_api_key_set",
@@ -64,6 +65,7 @@ class SettingsService:
     async def update(self, user_id: str, update: SettingsUpdate) -> None:
         """Change only the fields present in `update` (see SettingsUpdate for secrets)."""
         present = update.model_fields_set - _INDICATORS
+        audit.note(fields=",".join(sorted(present)))  # the names: never what they hold
 
         def change(record: UserRecord) -> None:
             for name in present:
@@ -85,6 +87,7 @@ class SettingsService:
 
     async def add_git_providers(self, user_id: str, update: GitProvidersUpdate) -> None:
         """Merge provider tokens (token omitted keeps, "" removes); replace mcp_config if sent."""
+        audit.note(providers=",".join(sorted(p.value for p in update.provider_tokens)))
 
         def change(record: UserRecord) -> None:
             for provider, incoming in update.provider_tokens.items():

@@ -10,7 +10,8 @@ from redis.exceptions import WatchError
 from controlplane.crypto import SecretBox
 from controlplane.errors import Conflict
 from controlplane.settings.models import UserRecord
-from controlplane.store import keyspace, text
+from controlplane.store import audit, keyspace, text
+from controlplane.store.streams import stored
 
 _MAX_ATTEMPTS = 20
 
@@ -33,9 +34,11 @@ class UserRecordStore:
         """Apply `change` to the current record and write it back atomically.
 
         `change` mutates the record in place and may raise a ControlPlaneError to abort. Concurrent
-        writers are retried (WATCH/MULTI), so no update is lost.
+        writers are retried (WATCH/MULTI), so no update is lost. The request's audit entry is
+        written with it.
         """
         key = keyspace.user_settings(user_id)
+        entry = audit.entry()
         for _ in range(_MAX_ATTEMPTS):
             async with self._redis.pipeline(transaction=True) as pipe:
                 try:
@@ -45,7 +48,10 @@ class UserRecordStore:
                     record.stored = True
                     pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
                     pipe.set(key, self._box.encrypt(record.model_dump_json().encode()))
+                    if entry is not None:
+                        entry.queue(pipe)
                     await pipe.execute()
+                    stored(entry)
                     return record
                 except WatchError:
                     continue

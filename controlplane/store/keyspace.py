@@ -376,3 +376,50 @@ change that orphaned them, removed once the store confirms (at least once)."""
 ORPHANED_SANDBOXES = f"{PREFIX}:snapshots:orphaned"
 """Hash: sandbox id -> when the retention pass first found it deleted (Unix seconds): its
 unnamed snapshots are kept ACS_SNAPSHOT_ORPHAN_RETENTION from then."""
+
+
+AUDIT = f"{PREFIX}:audit"
+"""Stream: every audit entry (controlplane/store/audit.py), trimmed by age (ACS_AUDIT_RETENTION);
+the indexes below hold an empty entry with the same stream id."""
+
+AUDIT_NO_ORG = "~"
+"""The organization of entries that have none (a sign-in, a failed one)."""
+
+
+def audit_org(org_id: str) -> str:
+    """Stream: the organization's audit entries (index: same ids as AUDIT, no fields of its own).
+    Every audit index is trimmed by age and expires one retention after its last entry."""
+    return f"{PREFIX}:audit:org:{org_id}"
+
+
+def audit_org_action(org_id: str, action: str) -> str:
+    """Stream: the organization's audit entries of one action (index)."""
+    return f"{PREFIX}:audit:org:{org_id}:action:{action}"
+
+
+def audit_action(action: str) -> str:
+    """Stream: the audit entries of one action, in every organization (index)."""
+    return f"{PREFIX}:audit:action:{action}"
+
+
+def audit_user(user_id: str) -> str:
+    """Stream: the audit entries of what one user did, in every organization (index)."""
+    return f"{PREFIX}:audit:user:{user_id}"
+
+
+def audit_target(target_id: str) -> str:
+    """Sorted set, every score 0: the stream ids (streams.lex_member) of the audit entries
+    naming one id (a sandbox, conversation, key, user, …) among their targets (index; a sorted
+    set because most hold a few entries, where a stream would cost 4 kB)."""
+    return f"{PREFIX}:audit:target:{target_id}"
+
+
+def audit_outbox(url_id: str) -> str:
+    """Stream + consumer group `deliverers`: audit entries (JSON) not yet delivered to one sink
+    (ACS_AUDIT_SINKS; url id as for webhook_outbox)."""
+    return f"{PREFIX}:audit:outbox:{url_id}"
+
+
+def audit_dead(url_id: str) -> str:
+    """Stream, newest ~10,000: audit deliveries given up (as webhook_dead)."""
+    return f"{PREFIX}:audit:dead:{url_id}"

@@ -1,45 +1,188 @@
-"""Entries a Redis write adds to streams in the same step (a Lua script, or a pipeline), so that
-the change and its record in the streams are stored together or not at all."""
+"""Entries a Redis write adds to streams in the same step (a Lua script, or a MULTI), so that the
+change and its records in the streams are stored together or not at all.
+
+An entry is one or more groups of additions. Each addition puts fields into one stream, trimmed
+by length (`maxlen`) or by age (`minid`, a Unix time in milliseconds), and may renew the
+stream's expiry (`ttl_ms`: an index nobody adds to any more goes away by itself). Within a group,
+an addition marked `same_id` takes the id Redis gave the group's first one: an index entry
+that names its record by sharing its id (the audit log's indexes, controlplane/store/audit.py).
+A lifecycle event and the request's audit entry made by one change are two groups of one entry.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+LATE_ID = "\x00"
+"""Stands, in an entry's fields and stream names, for an id the script chooses as it runs (a
+warm pool claim picks its sandbox there): `append_entry`'s `late_id` replaces it."""
+
+
+@dataclass(frozen=True)
+class StreamAdd:
+    key: str
+    fields: tuple[str, ...]
+    """Field, value, field, value, …"""
+    maxlen: int | None = None
+    """Trim to about this many entries."""
+    minid: int | None = None
+    """Trim the entries older than this (Unix milliseconds), about; never with `maxlen`."""
+    ttl_ms: int | None = None
+    """Expire the stream this long after this addition."""
+    same_id: bool = False
+    """The id of its group's first addition (never the first itself)."""
+    lex_index: bool = False
+    """With `same_id`: a sorted set instead of a stream, holding that id as a member of score 0,
+    zero-padded so that members sort by it (`lex_member`); `minid` trims it too. For indexes
+    that stay small: a stream costs about 4 kB however few entries it holds (Redis allocates
+    its first node whole), a small sorted set some 30 bytes an entry."""
 
 
 @dataclass(frozen=True)
 class StreamEntry:
-    """`{"e": body}` added to every stream of `streams`: (key, approximate maximum length, or
-    None for no trimming)."""
+    groups: tuple[tuple[StreamAdd, ...], ...]
+    on_stored: tuple[Callable[[], None], ...] = field(default=(), compare=False)
+    """Called by `stored`: whoever made a group learns that it is in Redis."""
 
-    body: str
-    streams: tuple[tuple[str, int | None], ...]
+    def __add__(self, other: StreamEntry) -> StreamEntry:
+        return StreamEntry(self.groups + other.groups, self.on_stored + other.on_stored)
 
     def script_args(self) -> tuple[list[str], list[str]]:
-        """(KEYS, ARGV) for `append_entry` below: the stream keys, then the body and each
-        stream's maximum length ('' for none)."""
-        keys = [key for key, _ in self.streams]
-        args = [self.body, *("" if limit is None else str(limit) for _, limit in self.streams)]
+        """(KEYS, ARGV) for `append_entry` below: every addition's stream, then the groups."""
+        keys: list[str] = []
+        args: list[str] = [str(len(self.groups))]
+        for group in self.groups:
+            args.append(str(len(group)))
+            for add in group:
+                keys.append(add.key)
+                args += [
+                    ("z" if add.lex_index else "1") if add.same_id else "",
+                    _opt(add.maxlen),
+                    _opt(add.minid),
+                    _opt(add.ttl_ms),
+                    str(len(add.fields)),
+                    *add.fields,
+                ]
         return keys, args
 
     def queue(self, pipe: Any) -> None:
-        """The same additions queued on a pipeline (or MULTI) the caller executes."""
-        for key, limit in self.streams:
-            pipe.xadd(key, {"e": self.body}, maxlen=limit, approximate=limit is not None)
+        """The same additions queued on a pipeline (or MULTI) the caller executes: plain XADDs,
+        or the script for a group whose indexes share its first addition's id."""
+        for group in self.groups:
+            if any(add.same_id for add in group):
+                keys, args = StreamEntry((group,)).script_args()
+                pipe.eval(APPEND_SCRIPT, len(keys), *keys, *args)
+                continue
+            for add in group:
+                pairs = dict(zip(add.fields[::2], add.fields[1::2], strict=True))
+                if add.minid is not None:
+                    pipe.xadd(add.key, pairs, minid=add.minid, approximate=True)
+                else:
+                    pipe.xadd(add.key, pairs, maxlen=add.maxlen, approximate=add.maxlen is not None)
+                if add.ttl_ms is not None:
+                    pipe.pexpire(add.key, add.ttl_ms)
+
+    def stored(self) -> None:
+        """The write that carried this entry succeeded (and added it)."""
+        for hook in self.on_stored:
+            hook()
+
+
+def join(*entries: StreamEntry | None) -> StreamEntry | None:
+    """The entries as one (None when there are none)."""
+    present = [e for e in entries if e is not None]
+    if not present:
+        return None
+    joined = present[0]
+    for entry in present[1:]:
+        joined = joined + entry
+    return joined
+
+
+def script_args(entry: StreamEntry | None) -> tuple[list[str], list[str]]:
+    """`entry.script_args()`, or the arguments of no entry at all."""
+    return entry.script_args() if entry is not None else ([], ["0"])
+
+
+def stored(entry: StreamEntry | None) -> None:
+    if entry is not None:
+        entry.stored()
+
+
+def _opt(value: int | None) -> str:
+    return "" if value is None else str(value)
 
 
 APPEND_ENTRY = """
--- XADD `body` to each of the streams KEYS[first_key..], their maximum lengths in
--- ARGV[first_arg + 1..] ('' for none), the body at ARGV[first_arg].
-local function append_entry(first_key, first_arg)
-  local body = ARGV[first_arg]
-  for i = first_key, #KEYS do
-    local limit = ARGV[first_arg + 1 + i - first_key]
-    if limit == '' then
-      redis.call('XADD', KEYS[i], '*', 'e', body)
-    else
-      redis.call('XADD', KEYS[i], 'MAXLEN', '~', limit, '*', 'e', body)
+-- The additions of an entry (controlplane/store/streams.py): their streams are KEYS[first_key..],
+-- the groups ARGV[first_arg..]. `late_id` (optional) replaces every NUL in names and fields.
+local function append_entry(first_key, first_arg, late_id)
+  local function late(s)
+    if late_id then return (string.gsub(s, '%z', late_id)) end
+    return s
+  end
+  local k, a = first_key, first_arg
+  local groups = tonumber(ARGV[a])
+  a = a + 1
+  for _ = 1, groups do
+    local adds = tonumber(ARGV[a])
+    a = a + 1
+    local first_id = nil
+    for _ = 1, adds do
+      local same, maxlen, minid, ttl = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+      local n = tonumber(ARGV[a + 4])
+      a = a + 5
+      local key = late(KEYS[k])
+      if same == 'z' then
+        -- A sorted-set index: the id, its sequence zero-padded (lex_member), trimmed by age.
+        local ms, seq = string.match(first_id, '^(%d+)-(%d+)$')
+        redis.pcall('ZADD', key, 0, ms .. '-' .. string.rep('0', 10 - #seq) .. seq)
+        if minid ~= '' then redis.pcall('ZREMRANGEBYLEX', key, '-', '(' .. minid) end
+      else
+        local cmd = {'XADD', key}
+        if maxlen ~= '' then
+          cmd[#cmd + 1] = 'MAXLEN'; cmd[#cmd + 1] = '~'; cmd[#cmd + 1] = maxlen
+        elseif minid ~= '' then
+          cmd[#cmd + 1] = 'MINID'; cmd[#cmd + 1] = '~'; cmd[#cmd + 1] = minid
+        end
+        cmd[#cmd + 1] = (same == '1' and first_id) or '*'
+        for i = a, a + n - 1 do cmd[#cmd + 1] = late(ARGV[i]) end
+        if same == '1' then
+          -- An index: its failure (it cannot, short of a clock gone back past a whole stream's
+          -- life) must not undo what the script changed before it; the record stands.
+          redis.pcall(unpack(cmd))
+        else
+          local id = redis.call(unpack(cmd))
+          if first_id == nil then first_id = id end
+        end
+      end
+      a = a + n
+      if ttl ~= '' then redis.call('PEXPIRE', key, ttl) end
+      k = k + 1
     end
   end
 end
 """
+
+APPEND_SCRIPT = APPEND_ENTRY + "\nappend_entry(1, 1)\nreturn 1\n"
+"""An entry alone (inside a MULTI, or on its own)."""
+
+
+def lex_member(stream_id: str) -> str:
+    """A stream id as a sorted-set index holds it: `<ms>-<seq, 10 digits>`, so that members of
+    score 0 sort as the ids do (milliseconds have 13 digits until the year 2286)."""
+    ms, _, seq = stream_id.partition("-")
+    return f"{ms}-{int(seq or 0):010d}"
+
+
+def stream_id_of(member: str) -> str:
+    """The stream id a sorted-set index member stands for."""
+    ms, _, seq = member.partition("-")
+    return f"{ms}-{int(seq)}"
+
+
+def flat(fields: Sequence[tuple[str, str]]) -> tuple[str, ...]:
+    """[(name, value), …] as the flat tuple of StreamAdd.fields."""
+    return tuple(item for pair in fields for item in pair)

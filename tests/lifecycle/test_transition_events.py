@@ -62,15 +62,17 @@ async def test_the_event_is_stored_with_the_change_and_only_then(
 
     pending = notes.pending(LifecycleType.SANDBOX_PAUSED, record, "idle", automatic=True)
     assert pending is not None
-    assert [key for key, _ in pending.entry.streams] == streams
+    (adds,) = pending.entry.groups
+    assert [add.key for add in adds] == streams
     # The two history streams are trimmed as publish() trims them; the outboxes never are.
-    assert [limit for _, limit in pending.entry.streams] == [STREAM_MAXLEN] * 2 + [None] * 2
+    assert [add.maxlen for add in adds] == [STREAM_MAXLEN] * 2 + [None] * 2
     done = await store.transition(record, [S.RUNNING], S.PAUSED, reason="idle", entry=pending.entry)
     assert done.outcome == "ok"
     stored = await store.get(record.id)
     assert stored is not None
     assert stored.status == S.PAUSED
     assert stored.reason == "idle"
+    assert pending.event is not None
     for key in streams:
         (event,) = await bodies(raw_redis, key)
         assert event["id"] == pending.event.id
@@ -110,7 +112,8 @@ async def test_a_transition_without_an_event_or_outbox_stores_no_event(
     notes = SandboxLifecycle(LifecyclePublisher(raw_redis, None))
     pending = notes.pending(LifecycleType.SANDBOX_RUNNING, record)
     assert pending is not None
-    assert len(pending.entry.streams) == 2
+    (adds,) = pending.entry.groups
+    assert len(adds) == 2
     done = await store.transition(record, [S.PAUSED], S.RUNNING, entry=pending.entry)
     assert done.outcome == "ok"
     assert len(await bodies(raw_redis, keyspace.user_lifecycle("bob"))) == 1
@@ -144,6 +147,8 @@ async def test_a_create_and_a_delete_store_their_events_with_them(
     assert deleted is not None
     await store.delete(record, entry=deleted.entry)
     assert await store.get(record.id) is None
+    assert created.event is not None
+    assert deleted.event is not None
     for key in (keyspace.LIFECYCLE, keyspace.user_lifecycle("carol"), outbox):
         events = await bodies(raw_redis, key)
         assert [(e["type"], e["id"]) for e in events] == [

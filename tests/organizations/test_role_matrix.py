@@ -5,7 +5,9 @@ the status docs/api.md states: 404 where the caller may not see the thing (anoth
 sandbox for a member, anything of another organization, anyone's conversation), 403 where they
 see it but their role may not do that (an auditor's pause, a member's member change).
 
-The audit search of issue 29 comes with its phase 2.
+Every action walked has its audit entry, refusals included (who, the outcome, the status), and
+the audit search answers each role as docs/api.md says: the organization's owners, admins and
+auditors read its entries, members 403, another organization's 404.
 """
 
 from __future__ import annotations
@@ -26,6 +28,24 @@ from tests.support.types import Client
 pytestmark = pytest.mark.timeout(240)
 ADMIN_KEY = {"X-Session-API-Key": BOOTSTRAP_KEY}
 ROLES = ("owner", "admin", "member", "auditor", "outsider")
+AUDIT = "/api/v1/audit-events/search"
+USERS = {"owner": "olivia", "admin": "ada", "member": "bob", "auditor": "aud", "outsider": "sam"}
+
+
+async def audited(client: Client, **filters: str) -> list[tuple[str, str | None, str, int | None]]:
+    """(action, who, outcome, status) of the entries matching `filters`, oldest first, as the
+    deployment admin reads them."""
+    page = await ok(client, "GET", AUDIT, ADMIN_KEY, params=filters)
+    assert page["next_page_id"] is None
+    return [
+        (
+            e["event"]["action"],
+            e["user"]["id"],
+            e["event"]["outcome"],
+            (e["http"] or {}).get("response", {}).get("status_code") if e["http"] else None,
+        )
+        for e in reversed(page["items"])
+    ]
 
 
 async def call(client: Client, method: str, path: str, who: dict[str, str], **kw: Any) -> int:
@@ -130,6 +150,35 @@ async def test_each_role_on_another_members_things(
     assert await call(sbx, "DELETE", delete, people["admin"]) == 200
     assert await call(sbx, "GET", delete, target) == 404
 
+    # Each action on the sandbox has its entry, each refusal too (the outsider's is in their
+    # own organization's log: what they reached for is not theirs to see).
+    assert await audited(sbx, target=sandbox) == [
+        ("sandbox.create", "mia", "success", None),
+        ("sandbox.pause", "bob", "failure", 404),
+        ("sandbox.pause", "aud", "failure", 403),
+        ("sandbox.pause", "sam", "failure", 404),
+        ("sandbox.pause", "ada", "success", None),
+        ("sandbox.resume", "olivia", "success", None),
+        ("sandbox.delete", "bob", "failure", 404),
+        ("sandbox.delete", "aud", "failure", 403),
+        ("sandbox.delete", "sam", "failure", 404),
+        ("sandbox.delete", "ada", "success", None),
+    ]
+    searched = {r: await call(sbx, "GET", f"{AUDIT}?target={sandbox}", people[r]) for r in ROLES}
+    assert searched == {"owner": 200, "admin": 200, "member": 403, "auditor": 200,
+                        "outsider": 200}  # fmt: skip
+    seen_by = {}
+    for role in ("owner", "admin", "auditor", "outsider"):
+        page = await ok(sbx, "GET", f"{AUDIT}?target={sandbox}", people[role])
+        seen_by[role] = {(e["event"]["action"], e["user"]["id"]) for e in page["items"]}
+    assert seen_by["owner"] == seen_by["admin"] == seen_by["auditor"]
+    assert ("sandbox.delete", "ada") in seen_by["auditor"]
+    assert ("sandbox.pause", "sam") not in seen_by["auditor"]  # sales' entry, not eng's
+    assert seen_by["outsider"] == {("sandbox.pause", "sam"), ("sandbox.delete", "sam")}
+    other = {r: await call(sbx, "GET", f"{AUDIT}?org_id=sales", people[r]) for r in ROLES}
+    assert other == {"owner": 404, "admin": 404, "member": 404, "auditor": 404,
+                     "outsider": 200}  # fmt: skip
+
 
 async def test_each_role_on_its_own_sandboxes(
     sbx: Client, people: dict[str, dict[str, str]]
@@ -179,11 +228,34 @@ async def test_member_changes_by_role_and_no_self_escalation(
     assert await call(sbx, "PUT", ada, people["owner"], json={"role": "owner"}) == 200
     assert await call(sbx, "DELETE", olivia, people["admin"]) == 200  # ada is an owner now
 
+    # Every change walked, made or refused, is in the log (a refusal in the caller's own
+    # organization's: the outsider's is sales').
+    assert (await audited(sbx, org_id="eng", action="member.set"))[-9:] == [
+        ("member.set", "olivia", "success", None),
+        ("member.set", "ada", "success", None),
+        ("member.set", "bob", "failure", 403),
+        ("member.set", "aud", "failure", 403),
+        ("member.set", "bob", "failure", 403),
+        ("member.set", "ada", "failure", 403),
+        ("member.set", "ada", "failure", 403),
+        ("member.set", "aud", "failure", 403),
+        ("member.set", "olivia", "success", None),
+    ]
+    assert await audited(sbx, org_id="sales", action="member.set", user_id="sam") == [
+        ("member.set", "sam", "failure", 404),
+    ]
+
     # An admin of eng reaching sales: 404, however it is asked.
     assert await call(sbx, "GET", "/api/organizations/sales/members", people["admin"]) == 404
     put = await call(sbx, "PUT", "/api/organizations/sales/members/bob", people["admin"],
                      json={"role": "owner"})  # fmt: skip
     assert put == 404
+    assert (await audited(sbx, action="member.set", user_id="ada"))[-1] == (
+        "member.set",
+        "ada",
+        "failure",
+        404,
+    )
     in_sales = {**people["admin"], "X-Org-Id": "sales"}
     assert await call(sbx, "GET", "/api/v1/sandboxes/search", in_sales) == 404
     assert await call(sbx, "GET", "/api/organizations/sales/me", people["admin"]) == 404

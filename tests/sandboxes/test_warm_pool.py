@@ -153,6 +153,13 @@ async def test_claimed_member_keeps_nothing_of_another_user(
     ]
     every = (await (await client.get(f"{url}?all_users=true", headers=ADMIN)).json())["items"]
     assert {e["user_id"] for e in every} == {"alice"}
+    # Its audit entry, written by the claim's script, names the member the claim picked.
+    audit = f"/api/v1/audit-events/search?target={first}"
+    entries = (await (await client.get(audit, headers=ADMIN)).json())["items"]
+    assert [(e["event"]["action"], e["user"]["id"]) for e in entries] == [
+        ("sandbox.create", "alice")
+    ]
+    assert entries[0]["acs"]["targets"] == {"sandbox_id": first}
     container = own_docker.container(first)
     code, _ = await asyncio.to_thread(
         container.exec_run, ["sh", "-c", "echo alice-secret > /workspace/alice.txt"], user="agent"

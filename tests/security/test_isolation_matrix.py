@@ -29,12 +29,18 @@ from tests.support.conversation_helpers import (
     UserFactory,
     message,
     start_and_wait,
+    wait_events,
     wait_finished,
 )
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_tool_call
 from tests.support.live_server import Api, running_sandbox
 
-pytestmark = pytest.mark.usefixtures("sandbox_images")
+# Snapshots on (the registry of the session, a repository of the test's own): the snapshot and
+# checkpoint routes are attacked on alice's real snapshot and checkpoint.
+pytestmark = [
+    pytest.mark.usefixtures("sandbox_images", "base_images"),
+    pytest.mark.live_config("snapshot_settings"),
+]
 
 PRIVATE_TEXT = "alice-private-" + secrets.token_hex(6)
 SECRET_VALUE = "alice-secret-value-" + secrets.token_hex(6)
@@ -54,6 +60,8 @@ class Ids:
     user: str
     key: str
     """An API key's id."""
+    snapshot: str
+    checkpoint: str
 
 
 @dataclass
@@ -73,6 +81,8 @@ def random_ids() -> Ids:
         secret="S_" + secrets.token_hex(4).upper(),
         user="user-" + secrets.token_hex(4),
         key=secrets.token_hex(6),
+        snapshot=uuid.uuid4().hex,
+        checkpoint=uuid.uuid4().hex,
     )
 
 
@@ -126,7 +136,21 @@ BODIES: dict[tuple[str, str], BodyVariants] = {
         ("name", {"name": ids.secret + "_BOB", "value": "bob's"})
     ],
     ("PUT", "/api/secrets/{name}"): lambda ids, _b: [("-", {"description": "changed by bob"})],
-    ("POST", "/api/v1/sandboxes"): lambda ids, _b: [("-", {})],
+    ("POST", "/api/v1/sandboxes"): lambda ids, _b: [
+        ("-", {}),
+        ("snapshot_id", {"snapshot_id": ids.snapshot}),
+    ],
+    # Snapshots and checkpoints: bob names alice's sandbox, snapshot or checkpoint.
+    ("POST", "/api/v1/sandboxes/{sandbox_id}/snapshots"): lambda ids, _b: [
+        ("-", {"name": "by bob"})
+    ],
+    ("POST", "/api/v1/sandboxes/{sandbox_id}/fork"): lambda ids, _b: [("-", {"count": 1})],
+    ("POST", "/api/v1/app-conversations/{conversation_id}/rewind"): lambda ids, _b: [
+        ("checkpoint_id", {"checkpoint_id": ids.checkpoint})
+    ],
+    ("POST", "/api/v1/app-conversations/{conversation_id}/fork"): lambda ids, _b: [
+        ("checkpoint_id", {"checkpoint_id": ids.checkpoint})
+    ],
     ("POST", "/api/v1/app-conversations"): _start_bodies,
     ("POST", "/api/v1/app-conversations/stream-start"): _start_bodies,
     ("PATCH", "/api/v1/app-conversations/{conversation_id}"): lambda ids, _b: [
@@ -201,6 +225,7 @@ PATH_IDS: dict[str, Callable[[Ids], str]] = {
     "org_id": lambda _i: "deployment",  # the default organization: alice's and bob's
     "user_id": lambda i: i.user,
     "key_id": lambda i: i.key,
+    "snapshot_id": lambda i: i.snapshot,
     # The sandbox proxy: the agent server's port and a path it serves.
     "port": lambda _i: "agent",
     "path": lambda _i: "api/conversations/search",
@@ -333,6 +358,8 @@ def masked(text: str, ids: Ids) -> str:
         ids.secret,
         ids.user,
         ids.key,
+        ids.snapshot,
+        ids.checkpoint,
     ):
         text = text.replace(value, "<id>")
     return text
@@ -375,6 +402,16 @@ async def snapshot(alice: Alice) -> dict[str, Any]:
         "conversations": (await api.ok("GET", "/api/v1/app-conversations/search"))["items"][0][
             "id"
         ],
+        "snapshots": [
+            {k: s[k] for k in ("id", "name", "sandbox_id")}
+            for s in (await api.ok("GET", "/api/v1/snapshots/search"))["items"]
+        ],
+        "checkpoints": [
+            c["id"]
+            for c in (
+                await api.ok("GET", f"/api/v1/app-conversations/{ids.conversation}/checkpoints")
+            )["items"]
+        ],
     }
 
 
@@ -389,6 +426,28 @@ async def settle(api: Api, within: float = 90) -> None:
     raise AssertionError("bob's start tasks never finished")
 
 
+def runs_finished(events: list[dict[str, Any]]) -> int:
+    return sum(
+        1
+        for e in events
+        if e["kind"] == "ConversationStateUpdateEvent"
+        and e.get("key") == "execution_status"
+        and e.get("value") == "finished"
+    )
+
+
+async def first_checkpoint(api: Api, cid: str, within: float = 120) -> str:
+    """The id of the conversation's first checkpoint, once it is listed (stored in the
+    background after its message went on)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        page = await api.ok("GET", f"/api/v1/app-conversations/{cid}/checkpoints")
+        if page["items"]:
+            return str(page["items"][-1]["id"])
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"no checkpoint of {cid} listed in {within} s")
+
+
 async def make_alice(user: UserFactory, fake_llm: FakeLLM) -> Alice:
     api = await user("alice")
     await api.ok("POST", "/api/secrets", json={"name": "ALICE_TOKEN", "value": SECRET_VALUE})
@@ -398,7 +457,15 @@ async def make_alice(user: UserFactory, fake_llm: FakeLLM) -> Alice:
     task = await start_and_wait(api, initial_message=message(PRIVATE_TEXT), title=TITLE)
     assert task["status"] == "READY", task
     cid = task["app_conversation_id"]
-    events = await wait_finished(api, cid)
+    await wait_finished(api, cid)
+    # A second message: its checkpoint (taken before it goes to the agent) is alice's.
+    fake_llm.script([reply_finish()])
+    await api.ok("POST", f"/api/v1/app-conversations/{cid}/events", json=message("again"))
+    checkpoint = await first_checkpoint(api, cid)
+    events = await wait_events(api, cid, lambda found: runs_finished(found) == 2)
+    named = await api.ok(
+        "POST", f"/api/v1/sandboxes/{task['sandbox_id']}/snapshots", json={"name": "alice's"}
+    )
     sandbox = await api.ok("GET", f"/api/v1/sandboxes/{task['sandbox_id']}")
     ids = Ids(
         sandbox=task["sandbox_id"],
@@ -408,6 +475,8 @@ async def make_alice(user: UserFactory, fake_llm: FakeLLM) -> Alice:
         secret="ALICE_TOKEN",
         user="alice",
         key=api.key.split("_")[1],
+        snapshot=named["id"],
+        checkpoint=checkpoint,
     )
     private = [PRIVATE_TEXT, SECRET_VALUE, TITLE, api.key, sandbox["session_api_key"]]
     private += [e["id"] for e in events]

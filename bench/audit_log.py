@@ -1,0 +1,365 @@
+"""The audit log: what writing an entry adds to a state-changing request, what searching a
+million entries costs, and what an entry takes in Redis.
+
+Run with `.venv/bin/python -m bench.audit_log [--quick] [--entries N]`. bench/README.md says
+what is measured. Targets (issue 29):
+
+- the audit write adds at most 0.3 ms p50 to a state-changing request: the same request on two
+  apps over one Redis, one with the audit middleware and one without it (so no store adds an
+  entry), alternating in the same run, timed inside the server;
+- a search over 1,000,000 entries answers in at most 100 ms p95, for a one-day window and for
+  one user (client round trip over HTTP on loopback).
+
+Exit status: 0 when the table was printed (a missed target is marked in it), 1 on an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import subprocess
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import redis.asyncio as aioredis
+
+from bench.common import REPO, BenchError, Samples, main_of, ms, serve
+from controlplane import keys
+from controlplane.audit.middleware import audit_middleware
+from controlplane.auth.service import ApiKeyService
+from controlplane.config import load_config
+from controlplane.store import keyspace
+from controlplane.store.audit import AuditLog, new_id
+from controlplane.store.audit_event import AuditRecord
+from controlplane.store.streams import lex_member
+
+WRITE_TARGET = 0.0003
+SEARCH_TARGET = 0.100
+DAY_MS = 86_400_000
+SPAN_DAYS = 30
+ORGS = 20
+USERS = 2_000
+SANDBOXES = 50_000
+ACTIONS = (
+    ("sandbox.create", "sandbox_id"),
+    ("sandbox.pause", "sandbox_id"),
+    ("sandbox.resume", "sandbox_id"),
+    ("sandbox.delete", "sandbox_id"),
+    ("conversation.start", "task_id"),
+    ("conversation.message", "conversation_id"),
+    ("settings.update", None),
+    ("key.create", "key_id"),
+    ("auth.sign_in", None),
+)
+AGENT = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0"
+
+
+@dataclass
+class Options:
+    quick: bool
+    entries: int
+    requests: int
+    searches: int
+    json_path: Path | None
+
+
+def parse(argv: list[str] | None) -> Options:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="100,000 entries, fewer requests")
+    parser.add_argument("--entries", type=int, default=None, help="entries to search (1,000,000)")
+    parser.add_argument("--json", dest="json_path", type=Path, default=None)
+    args = parser.parse_args(argv)
+    entries = args.entries or (100_000 if args.quick else 1_000_000)
+    return Options(
+        quick=args.quick,
+        entries=entries,
+        requests=500 if args.quick else 2_000,
+        searches=100 if args.quick else 300,
+        json_path=args.json_path,
+    )
+
+
+class AuditBench:
+    def __init__(self, options: Options, tmp: Path, redis_url: str) -> None:
+        self.options = options
+        self.tmp = tmp
+        self.redis_url = redis_url
+        self.notes: list[str] = []
+        self.samples = Samples()
+        self.summary: dict[str, Any] = {}
+        self.redis: aioredis.Redis | None = None
+
+    async def measure(self) -> tuple[list[str], list[str]]:
+        config = load_config(
+            {},
+            redis_url=self.redis_url,
+            data_dir=self.tmp / "data",
+            spec_dir=REPO / "specs",
+            log_format="json",
+            log_level="warning",
+            rate_limit_per_minute=0,
+            audit_retention=(SPAN_DAYS + 10) * 86400,
+        )
+        async with (
+            # Without the audit middleware no request has an audit scope, so no store adds an
+            # entry: the service as it was before the audit log.
+            serve(config, self.samples, with_sandboxes=False) as audited,
+            serve(config, self.samples, with_sandboxes=False, without=[audit_middleware]) as plain,
+            aiohttp.ClientSession() as http,
+        ):
+            redis = audited.app[keys.REDIS]
+            admin = {"X-Session-API-Key": (await _admin_key(redis))}
+            await self._writes(http, admin, {"with": audited.url, "without": plain.url})
+            await redis.flushdb()
+            admin = {"X-Session-API-Key": (await _admin_key(redis))}
+            await self._load(redis, audited.app[keys.AUDIT_LOG])
+            self.redis = redis
+            await self._searches(http, admin, audited.url)
+        return self._table()
+
+    async def _writes(
+        self, http: aiohttp.ClientSession, admin: dict[str, str], urls: dict[str, str]
+    ) -> None:
+        """PUT /api/organizations/eng/members/{user}: one transaction (two HSETs) and, with the
+        audit log, its entry in the same MULTI."""
+        org = {"id": "eng", "name": "Eng", "owner": "olivia"}
+        async with http.post(urls["with"] + "/api/organizations", headers=admin, json=org) as resp:
+            if resp.status != 201:
+                raise BenchError(f"organization: {resp.status} {await resp.text()}")
+        route = "server:PUT /api/organizations/{org_id}/members/{user_id}"
+        warm = 100
+        for i in range(warm + self.options.requests):
+            order = ("with", "without") if i % 2 == 0 else ("without", "with")
+            for kind in order:
+                path = f"/api/organizations/eng/members/u{i % 50}"
+                role = "admin" if i % 3 == 0 else "member"
+                async with http.put(urls[kind] + path, headers=admin, json={"role": role}) as resp:
+                    if resp.status != 200:
+                        raise BenchError(f"PUT member: {resp.status} {await resp.text()}")
+                timed = self.samples.values[route].pop()
+                if i >= warm:
+                    self.samples.add(f"write.{kind}", timed)
+
+    async def _load(self, redis: aioredis.Redis, log: AuditLog) -> None:
+        """`entries` entries over the last SPAN_DAYS days, as the writer stores them (its own
+        keys and fields: AuditLog.adds; what its script does with each addition, at stream ids
+        spread over that time), sent with `redis-cli --pipe` (a Python client's per-command cost
+        would make the load take most of the run); the memory they take is INFO's
+        used_memory after less before."""
+        n = self.options.entries
+        rng = random.Random(20261128)
+        before = int((await redis.info("memory"))["used_memory"])
+        now_ms = int(time.time() * 1000)
+        start_ms = now_ms - SPAN_DAYS * DAY_MS
+        step = (now_ms - start_ms) / n
+        started = time.perf_counter()
+        socket_path = self.redis_url.removeprefix("unix://")
+        batch = 50_000
+        for first in range(0, n, batch):
+            commands = bytearray()
+            for i in range(first, min(first + batch, n)):
+                t = start_ms + int(i * step)
+                for add in log.adds(_record(rng, t)):
+                    if add.lex_index:
+                        member = lex_member(f"{t}-0")
+                        commands += _resp(("ZADD", add.key, "0", member))
+                    else:
+                        commands += _resp(("XADD", add.key, f"{t}-0", *add.fields))
+                    if add.ttl_ms is not None and i == n - 1:
+                        commands += _resp(("PEXPIRE", add.key, str(add.ttl_ms)))
+            done = await asyncio.to_thread(
+                subprocess.run,
+                ["redis-cli", "-s", socket_path, "--pipe"],
+                input=bytes(commands),
+                capture_output=True,
+                check=False,
+            )
+            if done.returncode != 0 or b"errors: 0," not in done.stdout:
+                raise BenchError(f"loading: {done.stdout[-300:]!r} {done.stderr[-300:]!r}")
+        self.samples.add("load.seconds", time.perf_counter() - started)
+        after = int((await redis.info("memory"))["used_memory"])
+        main = int(await redis.memory_usage(keyspace.AUDIT, samples=0) or 0)
+        self.summary |= {
+            "entries": n,
+            "bytes_per_entry": (after - before) / n,
+            "log_bytes_per_entry": main / n,
+            "used_memory_mib": after / 2**20,
+        }
+
+    async def _searches(self, http: aiohttp.ClientSession, admin: dict[str, str], url: str) -> None:
+        rng = random.Random(7)
+        now = time.time()
+        cases: list[tuple[str, dict[str, str]]] = []
+        for _ in range(self.options.searches):
+            day_start = now - rng.uniform(1, SPAN_DAYS - 1) * 86400
+            window = {
+                "since": datetime.fromtimestamp(day_start, UTC).isoformat(),
+                "until": datetime.fromtimestamp(day_start + 86400, UTC).isoformat(),
+            }
+            cases.append(("day", window))
+            cases.append(("day_org", window | {"org_id": f"org{rng.randrange(ORGS)}"}))
+            cases.append(("user", {"user_id": f"user{rng.randrange(USERS)}"}))
+            cases.append(("user_day", window | {"user_id": f"user{rng.randrange(USERS)}"}))
+        for name, params in cases[:40]:  # warm-up
+            await self._search(http, admin, url, name, params, record=False)
+        for name, params in cases:
+            await self._search(http, admin, url, name, params, record=True)
+
+    async def _search(
+        self,
+        http: aiohttp.ClientSession,
+        admin: dict[str, str],
+        url: str,
+        name: str,
+        params: dict[str, str],
+        *,
+        record: bool,
+    ) -> None:
+        started = time.perf_counter()
+        async with http.get(url + "/api/v1/audit-events/search", headers=admin,
+                            params=params | {"limit": "100"}) as resp:  # fmt: skip
+            body = await resp.json()
+            if resp.status != 200:
+                raise BenchError(f"search {params}: {resp.status} {body}")
+        elapsed = time.perf_counter() - started
+        server = self.samples.values["server:GET /api/v1/audit-events/search"].pop()
+        raw = await self._raw(name, params)
+        if record:
+            self.samples.add(f"search.{name}", elapsed)
+            self.samples.add(f"server.{name}", server)
+            self.samples.add(f"raw.{name}", raw)
+            self.samples.add(f"found.{name}", len(body["items"]))
+            if name.startswith("day") and len(body["items"]) < 100:
+                self.notes.append(f"a {name} search found {len(body['items'])} < 100 entries")
+
+    async def _raw(self, name: str, params: dict[str, str]) -> float:
+        """The Redis work of the same search, timed from this client: the index's newest 100
+        ids in the window (XREVRANGE), then the entries (one pipeline of XRANGEs) unless the
+        index is the log itself."""
+        if "user_id" in params:
+            index = keyspace.audit_user(params["user_id"])
+        elif "org_id" in params:
+            index = keyspace.audit_org(params["org_id"])
+        else:
+            index = keyspace.AUDIT
+        low, high = "-", "+"
+        if "since" in params:
+            low = f"{int(datetime.fromisoformat(params['since']).timestamp() * 1000)}-0"
+            high = f"({int(datetime.fromisoformat(params['until']).timestamp() * 1000)}-0"
+        redis = self.redis
+        assert redis is not None
+        started = time.perf_counter()
+        ids: Any = await redis.xrevrange(index, high, low, count=100)
+        if index != keyspace.AUDIT and ids:
+            async with redis.pipeline(transaction=False) as pipe:
+                for stream_id, _ in ids:
+                    pipe.xrange(keyspace.AUDIT, stream_id, stream_id, count=1)
+                await pipe.execute()
+        return time.perf_counter() - started
+
+    def _table(self) -> tuple[list[str], list[str]]:
+        s = self.samples
+        missed: list[str] = []
+        added = s.p("write.with", 50) - s.p("write.without", 50)
+        lines = [
+            "write: PUT /api/organizations/eng/members/{user}, "
+            f"{s.count('write.with')} of each kind, alternating, server time",
+            "| measure | without audit | with audit | added |",
+            "| --- | --- | --- | --- |",
+            f"| p50 (ms) | {ms(s.p('write.without', 50))} | {ms(s.p('write.with', 50))} "
+            f"| {added * 1000:.3f} |",
+            f"| p95 (ms) | {ms(s.p('write.without', 95))} | {ms(s.p('write.with', 95))} "
+            f"| {(s.p('write.with', 95) - s.p('write.without', 95)) * 1000:.3f} |",
+            "",
+            f"search over {self.options.entries:,} entries ({SPAN_DAYS} days, {ORGS} "
+            f"organizations, {USERS:,} users), limit 100, client round trip, deployment admin",
+            "| query | p50 (ms) | p95 (ms) | in the server p50 / p95 | raw Redis p50 / p95 "
+            "| server / raw p50 | entries found p50 |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for name, label in (
+            ("day", "one-day window"),
+            ("day_org", "one-day window, one organization"),
+            ("user", "one user"),
+            ("user_day", "one user, one-day window"),
+        ):
+            lines.append(
+                f"| {label} | {ms(s.p(f'search.{name}', 50))} | {ms(s.p(f'search.{name}', 95))} "
+                f"| {ms(s.p(f'server.{name}', 50))} / {ms(s.p(f'server.{name}', 95))} "
+                f"| {ms(s.p(f'raw.{name}', 50))} / {ms(s.p(f'raw.{name}', 95))} "
+                f"| {s.p(f'server.{name}', 50) / s.p(f'raw.{name}', 50):.1f} "
+                f"| {s.p(f'found.{name}', 50):.0f} |"
+            )
+            if s.p(f"search.{name}", 95) > SEARCH_TARGET:
+                missed.append(f"search {label} p95 {ms(s.p(f'search.{name}', 95))} ms > 100 ms")
+        lines += [
+            "",
+            f"Redis: {self.summary['bytes_per_entry']:.0f} bytes per entry with its indexes "
+            f"({self.summary['log_bytes_per_entry']:.0f} in the log stream itself), "
+            f"used_memory {self.summary['used_memory_mib']:.0f} MiB; loaded in "
+            f"{s.p('load.seconds', 50):.0f} s",
+        ]
+        if added > WRITE_TARGET:
+            missed.append(f"audit write adds {added * 1000:.3f} ms p50 > 0.3 ms")
+        self.summary |= {
+            "write_added_p50_ms": added * 1000,
+            "search_day_p95_ms": s.p("search.day", 95) * 1000,
+            "search_user_p95_ms": s.p("search.user", 95) * 1000,
+        }
+        return lines, missed
+
+    def remove_everything(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        return None
+
+    def results(self) -> Any:
+        return {"summary": self.summary, "samples": self.samples.values}
+
+
+async def _admin_key(redis: aioredis.Redis) -> str:
+    return (await ApiKeyService(redis, None).create("bench-admin", admin=True)).key
+
+
+def _resp(parts: tuple[str, ...]) -> bytes:
+    """One command in the Redis protocol."""
+    out = [f"*{len(parts)}\r\n".encode()]
+    for part in parts:
+        raw = part.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
+    return b"".join(out)
+
+
+def _record(rng: random.Random, t: int) -> AuditRecord:
+    """An entry like the service writes: a user of an organization acting on one target."""
+    user = rng.randrange(USERS)
+    action, target = ACTIONS[rng.randrange(len(ACTIONS))]
+    targets = {target: f"{rng.randrange(SANDBOXES):032x}"} if target else {}
+    return AuditRecord(
+        id=new_id(t),
+        time_ms=t,
+        action=action,
+        outcome="success" if rng.random() < 0.97 else "failure",
+        user_id=f"user{user}",
+        key_id=f"{user:012x}",
+        via="api_key",
+        admin=False,
+        org_id=f"org{user % ORGS}",
+        role="member",
+        targets=targets,
+        ip=f"10.{user % 256}.{rng.randrange(256)}.{rng.randrange(1, 255)}",
+        user_agent=AGENT,
+        request_id=f"{rng.getrandbits(64):016x}",
+    )
+
+
+main = main_of(parse, AuditBench, "acs-bench-audit-")
+
+if __name__ == "__main__":
+    raise SystemExit(main(None))

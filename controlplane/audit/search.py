@@ -1,0 +1,174 @@
+"""Reading the audit log: search (newest first, paged by stream id) and the JSON-lines export.
+
+Every entry has an index entry with its own stream id in the streams of its organization, its
+action (global and per organization), its user and each target id (controlplane/store/audit.py).
+A search reads the most selective index its filters allow (target, then user, then action, then
+organization), between the stream ids of its time window (XREVRANGE: O(log n) to the window's
+end, then what it returns), fetches the entries in one round trip and checks the other filters
+on them. Nothing scans the log: a page reads at most MAX_SCANNED index entries, and a page cut
+short by that still carries a cursor where it stopped.
+
+Who reads what (docs/api.md#audit-events): a deployment admin every entry; an organization's
+owners, admins and auditors that organization's (the one they act in: another one is a 404, as
+for everything of another organization); members nobody's (403).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from controlplane.audit.models import AuditQuery
+from controlplane.auth.models import Principal
+from controlplane.errors import Forbidden, NotFound
+from controlplane.organizations.roles import Action, may
+from controlplane.store import keyspace, text
+from controlplane.store.audit_event import AuditEvent, AuditEventPage, AuditRecord
+from controlplane.store.streams import lex_member, stream_id_of
+
+MAX_SCANNED = 2000
+"""Index entries one page may read past the filters it could not use as its index."""
+EXPORT_PAGE = 100
+
+
+@dataclass(frozen=True)
+class Plan:
+    index: str
+    org_id: str | None
+    """Entries of this organization only (None: any)."""
+    low: str
+    high: str
+    """Stream ids, as XREVRANGE takes them (`(` before one: exclusive)."""
+    lex: bool = False
+    """The index is a sorted set of lex_member ids (a target's), not a stream."""
+
+
+class AuditSearch:
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._redis = redis
+
+    def _org_of(self, principal: Principal, query: AuditQuery) -> str | None:
+        """The organization the caller may read and asked for (None: every one, admins)."""
+        if principal.is_admin:
+            return query.org_id
+        if principal.org_id is None or (query.org_id and query.org_id != principal.org_id):
+            raise NotFound(f"organization {query.org_id or ''} not found".strip())
+        if not may(principal, Action.AUDIT_READ):
+            raise Forbidden(
+                f"your role ({principal.org_role}) may not read this organization's audit log"
+            )
+        return principal.org_id
+
+    def _plan(self, org_id: str | None, query: AuditQuery) -> Plan:
+        lex = bool(query.target)
+        if query.target:
+            index = keyspace.audit_target(query.target)
+        elif query.user_id:
+            index = keyspace.audit_user(query.user_id)
+        elif query.action:
+            index = (
+                keyspace.audit_org_action(org_id, query.action)
+                if org_id
+                else keyspace.audit_action(query.action)
+            )
+        elif org_id:
+            index = keyspace.audit_org(org_id)
+        else:
+            index = keyspace.AUDIT
+        # Whole milliseconds: since inclusive, until exclusive, in streams and sorted sets alike.
+        low = f"{int(query.since.timestamp() * 1000)}-0" if query.since else "-"
+        high = f"({int(query.until.timestamp() * 1000)}-0" if query.until else "+"
+        if query.page_id:
+            high = f"({query.page_id}"
+        return Plan(index, org_id, low, high, lex)
+
+    async def search(self, principal: Principal, query: AuditQuery) -> AuditEventPage:
+        """One page, newest first. Raises NotFound (another organization) or Forbidden (a role
+        that may not read the log)."""
+        plan = self._plan(self._org_of(principal, query), query)
+        items: list[AuditEvent] = []
+        high, scanned = plan.high, 0
+        last: str | None = None
+        while len(items) < query.limit and scanned < MAX_SCANNED:
+            want = min(max(query.limit - len(items), 16), MAX_SCANNED - scanned)
+            ids = await self._ids(plan, high, want)
+            if not ids:
+                return AuditEventPage(items=items, next_page_id=None)
+            scanned += len(ids)
+            stream_ids = [text(i) for i, _ in ids]
+            rows = (
+                [fields for _, fields in ids]
+                if plan.index == keyspace.AUDIT
+                else await self._entries(stream_ids)
+            )
+            for stream_id, row in zip(stream_ids, rows, strict=True):
+                last = stream_id
+                if row is None:
+                    continue  # trimmed from the log before its index entry
+                record = AuditRecord.from_fields({text(k): text(v) for k, v in row.items()})
+                if _matches(record, plan.org_id, query):
+                    items.append(AuditEvent.of(record))
+                    if len(items) == query.limit:
+                        break
+            if len(ids) < want and last == stream_ids[-1]:
+                return AuditEventPage(items=items, next_page_id=None)
+            high = f"({last}"
+        return AuditEventPage(items=items, next_page_id=last)
+
+    async def _ids(self, plan: Plan, high: str, count: int) -> list[tuple[Any, Any]]:
+        """(id, fields or None) of the index's newest `count` entries between plan.low and
+        `high`."""
+        if not plan.lex:
+            found: Any = await self._redis.xrevrange(plan.index, high, plan.low, count=count)
+            return list(found)
+        members: Any = await self._redis.zrange(
+            plan.index, _lex(high), _lex(plan.low), desc=True, bylex=True, offset=0, num=count
+        )
+        return [(stream_id_of(text(m)), None) for m in members]
+
+    async def export(self, principal: Principal, query: AuditQuery) -> AsyncIterator[str]:
+        """Every matching entry, newest first, one JSON line each (the rights checked first)."""
+        page = await self.search(principal, query.model_copy(update={"limit": EXPORT_PAGE}))
+        return self._lines(principal, query, page)
+
+    async def _lines(
+        self, principal: Principal, query: AuditQuery, page: AuditEventPage
+    ) -> AsyncIterator[str]:
+        while True:
+            for item in page.items:
+                yield item.line() + "\n"
+            if page.next_page_id is None:
+                return
+            page = await self.search(
+                principal,
+                query.model_copy(update={"limit": EXPORT_PAGE, "page_id": page.next_page_id}),
+            )
+
+    async def _entries(self, stream_ids: list[str]) -> list[dict[Any, Any] | None]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for stream_id in stream_ids:
+                pipe.xrange(keyspace.AUDIT, stream_id, stream_id, count=1)
+            found = await pipe.execute()
+        return [rows[0][1] if rows else None for rows in found]
+
+
+def _lex(bound: str) -> str:
+    """A stream id bound as a bound of the lex_member sorted set."""
+    if bound in ("-", "+"):
+        return bound
+    if bound.startswith("("):
+        return "(" + lex_member(bound[1:])
+    return "[" + lex_member(bound)
+
+
+def _matches(record: AuditRecord, org_id: str | None, query: AuditQuery) -> bool:
+    if org_id is not None and (record.org_id or keyspace.AUDIT_NO_ORG) != org_id:
+        return False
+    if query.user_id and record.user_id != query.user_id:
+        return False
+    if query.action and record.action != query.action:
+        return False
+    return not query.target or query.target in record.targets.values()

@@ -1,0 +1,436 @@
+"""Writing the audit log: who did what, to what, when, from where, and how it ended.
+
+An entry is written by the same atomic write as the action it records (a store's MULTI or Lua
+script takes it, as it takes a lifecycle event: controlplane/store/streams.py), so an action that
+happened has its entry and a kill between the two cannot separate them. What the write does not
+know comes with the request: its **scope** (the caller, their address and user agent, the
+request id, the action the route stands for and the ids in its path), set by the audit
+middleware and carried in a context variable as the request's durable-write flag is
+(store/durable.py), so that stores deep below the handlers add the request's entry to their own
+write without every signature in between carrying it. Outside a request (the reaper, the
+reconciler, a start task resumed after a restart) there is no scope and no entry: those are
+lifecycle events. An action whose outcome is only known after the call (a refusal, a failed
+sign-in, an action forwarded to a sandbox) is written once, afterwards, with its result (`record`).
+
+Storage (names in keyspace): the entry in `acs:audit`, and an index entry with the *same stream
+id* in the organization's, the action's, the organization's per-action and the user's stream and
+in each target id's sorted set (streams.lex_member); all are trimmed by age (MINID) at every
+addition, and the indexes expire one retention after their last, so one nobody writes to goes
+away by itself. The sinks' outbox streams
+get the entry as JSON (the deliverer of controlplane/lifecycle/webhooks.py sends it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+import redis.asyncio as aioredis
+import structlog
+
+from controlplane.store import keyspace
+from controlplane.store.audit_event import AuditEvent, AuditRecord, Outcome
+from controlplane.store.redis import REDIS_DOWN
+from controlplane.store.streams import APPEND_SCRIPT, LATE_ID, StreamAdd, StreamEntry
+
+log = structlog.get_logger(__name__)
+
+
+class AuditAction(StrEnum):
+    """Every action the audit log records (docs/operations.md#the-audit-log)."""
+
+    SIGN_IN = "auth.sign_in"
+    SIGN_OUT = "auth.sign_out"
+    SESSION_END = "auth.session_end"
+    """The provider refused a signed-in user at a session check: the session ended."""
+    DEVICE_DECIDE = "auth.device_decide"
+    KEY_CREATE = "key.create"
+    KEY_REVOKE = "key.revoke"
+    KEY_SUSPEND = "key.suspend"
+    KEY_RESTORE = "key.restore"
+    ORG_CREATE = "org.create"
+    ORG_UPDATE = "org.update"
+    ORG_SWITCH = "org.switch"
+    MEMBER_SET = "member.set"
+    MEMBER_REMOVE = "member.remove"
+    SANDBOX_CREATE = "sandbox.create"
+    SANDBOX_PAUSE = "sandbox.pause"
+    SANDBOX_RESUME = "sandbox.resume"
+    SANDBOX_DELETE = "sandbox.delete"
+    CONVERSATION_START = "conversation.start"
+    CONVERSATION_UPDATE = "conversation.update"
+    CONVERSATION_DELETE = "conversation.delete"
+    CONVERSATION_MESSAGE = "conversation.message"
+    CONVERSATION_CONFIRM = "conversation.confirm"
+    CONVERSATION_AGENT_PAUSE = "conversation.agent_pause"
+    CONVERSATION_AGENT_RUN = "conversation.agent_run"
+    PENDING_QUEUE = "conversation.pending_queue"
+    PENDING_DELIVER = "conversation.pending_deliver"
+    SANDBOX_CALL = "sandbox.call"
+    """A call forwarded to the caller's sandbox's agent server (Agent Canvas's cloud proxy)."""
+    TICKET_CREATE = "ticket.create"
+    SETTINGS_UPDATE = "settings.update"
+    PROVIDERS_UPDATE = "settings.providers_update"
+    PROVIDERS_UNSET = "settings.providers_unset"
+    SECRET_CREATE = "secret.create"  # noqa: S105 (an action's name)
+    SECRET_UPDATE = "secret.update"  # noqa: S105 (an action's name)
+    SECRET_DELETE = "secret.delete"  # noqa: S105 (an action's name)
+    PROFILE_SAVE = "profile.save"
+    PROFILE_DELETE = "profile.delete"
+    PROFILE_RENAME = "profile.rename"
+    PROFILE_ACTIVATE = "profile.activate"
+    AGENT_PROFILE_CHANGE = "agent_profile.change"
+    GATEWAY_KEY_REFRESH = "gateway_key.refresh"
+    GATEWAY_KEY_REVOKE = "gateway_key.revoke"
+    SNAPSHOT_CREATE = "snapshot.create"
+    SNAPSHOT_DELETE = "snapshot.delete"
+    SANDBOX_FORK = "sandbox.fork"
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who acted: `via` api_key, session, oidc, single_user, ticket, device, cli or system (the
+    control plane itself, on what the provider said)."""
+
+    user_id: str | None = None
+    key_id: str | None = None
+    via: str = "system"
+    admin: bool = False
+    org_id: str | None = None
+    role: str | None = None
+
+
+SYSTEM = Actor()
+
+# Shapes of the secrets this service hands out or accepts, and of common bearer tokens: a value
+# a client put where an id or a user agent goes is replaced before it is stored.
+_SECRET_SHAPES = re.compile(
+    r"acs_[0-9a-f]{12}_[A-Za-z0-9_-]+|acs-llm\.\S+|acsgw\.\S+|wst_[A-Za-z0-9_-]+"
+    r"|eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*|gAAAAA[A-Za-z0-9_=-]+"
+    r"|sk-[A-Za-z0-9_-]{16,}|(?i:bearer|basic)\s+\S+"
+)
+# In free text (a user agent, a request id): any long run of token characters (random tokens of
+# 32 bytes are 43 of them; a UUID is 36, a browser's longest word about 20).
+_LONG_RUN = re.compile(r"[A-Za-z0-9_\-+/=.~]{40,}")
+REDACTED = "[redacted]"
+AGENT_MAX = 256
+
+
+class AuditLog:
+    """The audit log's writer, made once by the wiring (and by the CLI): where entries go, how
+    long they are kept, and which exact values (the deployment's own secrets) never go in."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        *,
+        retention: float,
+        sink_streams: Iterable[str] = (),
+        secrets_: Iterable[str | None] = (),
+    ) -> None:
+        """`retention`: seconds entries are kept; `sink_streams`: the outbox stream of each
+        sink (each gets every entry as JSON); `secrets_`: values to redact wherever they
+        appear (the bootstrap key, the client secret, webhook secrets)."""
+        self.redis = redis
+        self.retention_ms = int(retention * 1000)
+        self.sink_streams = tuple(sink_streams)
+        self._exact = tuple(s for s in secrets_ if s and len(s) >= 8)
+
+    def redact(self, value: str, *, free: bool = False) -> str:
+        """`value` with every secret-shaped part replaced (`free`: text a client chose, where
+        any long token counts)."""
+        for secret in self._exact:
+            value = value.replace(secret, REDACTED)
+        value = _SECRET_SHAPES.sub(REDACTED, value)
+        return _LONG_RUN.sub(REDACTED, value) if free else value
+
+    def adds(self, record: AuditRecord) -> tuple[StreamAdd, ...]:
+        """The additions that store `record`: the entry, its indexes (same id), the sinks."""
+        minid = record.time_ms - self.retention_ms
+        ttl = self.retention_ms
+        ref = ("r", "")
+        org = record.org_id or keyspace.AUDIT_NO_ORG
+        adds = [
+            # The log itself is written to all the time: trimmed by age, never expired.
+            StreamAdd(keyspace.AUDIT, record.fields(), minid=minid),
+            StreamAdd(keyspace.audit_org(org), ref, minid=minid, ttl_ms=ttl, same_id=True),
+            StreamAdd(
+                keyspace.audit_org_action(org, record.action),
+                ref,
+                minid=minid,
+                ttl_ms=ttl,
+                same_id=True,
+            ),
+        ]
+        adds.append(
+            StreamAdd(
+                keyspace.audit_action(record.action), ref, minid=minid, ttl_ms=ttl, same_id=True
+            )
+        )
+        if record.user_id:
+            adds.append(
+                StreamAdd(
+                    keyspace.audit_user(record.user_id), ref, minid=minid, ttl_ms=ttl, same_id=True
+                )
+            )
+        for target in indexed_targets(record.targets):
+            # Most targets (a sandbox, a key) have a few entries: a sorted set each.
+            adds.append(
+                StreamAdd(
+                    keyspace.audit_target(target),
+                    (),
+                    minid=minid,
+                    ttl_ms=ttl,
+                    same_id=True,
+                    lex_index=True,
+                )
+            )
+        if self.sink_streams:
+            line = AuditEvent.of(record).line()
+            if LATE_ID in record.targets.values():
+                line = line.replace('"\\u0000"', f'"{LATE_ID}"')  # for the script to fill in
+            adds += [StreamAdd(key, ("e", line)) for key in self.sink_streams]
+        return tuple(adds)
+
+    async def write(self, entry: StreamEntry) -> None:
+        """Store `entry` on its own (one script). Raises what Redis raises."""
+        keys, args = entry.script_args()
+        await self.redis.eval(APPEND_SCRIPT, len(keys), *keys, *args)
+        entry.stored()
+
+
+def indexed_targets(targets: dict[str, str]) -> list[str]:
+    """The target ids with an index of their own: ids, not names such as a secret's, and not an
+    organization's (its own index has its entries)."""
+    return sorted({v for k, v in targets.items() if k.endswith("_id") and k != "org_id" and v})
+
+
+@dataclass
+class Scope:
+    """The request an entry belongs to (or the CLI's command)."""
+
+    log: AuditLog
+    actor: Callable[[], Actor | None]
+    """Read when an entry is made: authentication runs inside the audit middleware."""
+    ip: str | None = None
+    user_agent: str | None = None
+    request_id: str | None = None
+    action: AuditAction | None = None
+    """The action of the request's route (controlplane/audit/actions.py), if it has one."""
+    targets: dict[str, str] = field(default_factory=dict)
+    """The ids in the route's path (and query) the action is done to."""
+    details: dict[str, str] = field(default_factory=dict)
+    recorded: set[tuple[str, str]] = field(default_factory=set)
+    """(action, targets) of the entries stored for this request: each once."""
+
+    def has_recorded(self, action: str) -> bool:
+        return any(a == action for a, _ in self.recorded)
+
+
+_SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("acs_audit", default=None)
+
+
+@contextlib.contextmanager
+def acting(scope: Scope) -> Iterator[Scope]:
+    """Entries made inside (and in tasks started inside) belong to `scope`."""
+    token = _SCOPE.set(scope)
+    try:
+        yield scope
+    finally:
+        _SCOPE.reset(token)
+
+
+def current() -> Scope | None:
+    return _SCOPE.get()
+
+
+def note(**details: str | None) -> None:
+    """Add named details to the request's own entry (a new role, the fields changed). Values are
+    names, never what a field holds."""
+    scope = _SCOPE.get()
+    if scope is not None:
+        scope.details.update({k: v for k, v in details.items() if v is not None})
+
+
+def entry(
+    action: AuditAction | None = None,
+    *,
+    actor: Actor | None = None,
+    org: str | None = None,
+    outcome: Outcome = "success",
+    status: int | None = None,
+    reason: str | None = None,
+    details: dict[str, str] | None = None,
+    **targets: str | None,
+) -> StreamEntry | None:
+    """The request's entry for a store write to add (None outside a request, for an action it
+    made already, or with no action: a route without one). `action` defaults to the route's,
+    whose path ids and noted details it then carries; `targets` add to them (LATE_ID for an id
+    the script chooses). The organization is `org`, else the target `org_id`, else the
+    caller's."""
+    return _entry(
+        action,
+        actor=actor,
+        org=org,
+        outcome=outcome,
+        status=status,
+        reason=reason,
+        details=details,
+        targets=targets,
+    )
+
+
+def _entry(
+    action: AuditAction | None,
+    *,
+    actor: Actor | None,
+    org: str | None,
+    outcome: Outcome,
+    status: int | None,
+    reason: str | None,
+    details: dict[str, str] | None,
+    targets: dict[str, str | None],
+) -> StreamEntry | None:
+    scope = _SCOPE.get()
+    if scope is None:
+        return None
+    own = action is None or action == scope.action
+    action = action or scope.action
+    if action is None:
+        return None
+    named = {k: v for k, v in targets.items() if v}
+    if own:
+        named = scope.targets | named
+    done = (action.value, "&".join(f"{k}={v}" for k, v in sorted(named.items())))
+    if done in scope.recorded:
+        return None
+    record = _record(
+        scope,
+        action=action,
+        actor=actor,
+        org=org,
+        outcome=outcome,
+        status=status,
+        reason=reason,
+        targets=named,
+        details=details,
+        own=own,
+    )
+    return StreamEntry((scope.log.adds(record),), on_stored=(lambda: scope.recorded.add(done),))
+
+
+async def record(
+    action: AuditAction | None = None,
+    *,
+    actor: Actor | None = None,
+    org: str | None = None,
+    outcome: Outcome = "success",
+    status: int | None = None,
+    reason: str | None = None,
+    details: dict[str, str] | None = None,
+    **targets: str | None,
+) -> None:
+    """Write the request's entry on its own, once the outcome is known (a refusal, a failed
+    sign-in, an action done elsewhere). Never raises: Redis down leaves a log line."""
+    made = entry(
+        action,
+        actor=actor,
+        org=org,
+        outcome=outcome,
+        status=status,
+        reason=reason,
+        details=details,
+        **targets,
+    )
+    scope = _SCOPE.get()
+    if made is None or scope is None:
+        return
+    try:
+        await scope.log.write(made)
+    except REDIS_DOWN as exc:
+        log.warning("audit_not_stored", action=str(action or scope.action), error=str(exc))
+
+
+def new_id(now_ms: int) -> str:
+    """Time-ordered and unique: 12 hex digits of milliseconds, 8 random."""
+    return f"{now_ms:012x}{secrets.token_hex(4)}"
+
+
+def _record(
+    scope: Scope,
+    *,
+    action: AuditAction,
+    actor: Actor | None,
+    org: str | None,
+    outcome: Outcome,
+    status: int | None,
+    reason: str | None,
+    targets: dict[str, str],
+    details: dict[str, str] | None,
+    own: bool,
+) -> AuditRecord:
+    redact = scope.log.redact
+    who = actor or scope.actor() or SYSTEM
+    named = {k: redact(v) for k, v in targets.items()}
+    noted = (scope.details if own else {}) | (details or {})
+    now_ms = int(time.time() * 1000)
+    agent = redact(scope.user_agent[:AGENT_MAX], free=True) if scope.user_agent else None
+    return AuditRecord(
+        id=new_id(now_ms),
+        time_ms=now_ms,
+        action=action.value,
+        outcome=outcome,
+        user_id=who.user_id,
+        key_id=who.key_id,
+        via=who.via,
+        admin=who.admin,
+        # A refusal is in the caller's organization's log: a path may name any organization.
+        org_id=org or (named.get("org_id") if outcome == "success" else None) or who.org_id,
+        role=who.role,
+        status=status,
+        reason=reason,
+        targets=named,
+        ip=scope.ip,
+        user_agent=agent,
+        request_id=redact(scope.request_id, free=True) if scope.request_id else None,
+        details={k: redact(v) for k, v in noted.items()},
+    )
+
+
+@contextlib.contextmanager
+def as_actor(actor: Actor) -> Iterator[None]:
+    """Entries made inside name `actor` as who acted (a public route whose caller is known only
+    to its service: the device whose user approved it). Nothing outside a request."""
+    scope = _SCOPE.get()
+    if scope is None:
+        yield
+        return
+    token = _SCOPE.set(replace(scope, actor=lambda: actor))
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
+def route_entry(*actions: AuditAction, **targets: str | None) -> StreamEntry | None:
+    """The request's own entry (as `entry()`), if its route is one of `actions`: for a store
+    whose write is one of those actions when a route asks for it, and bookkeeping otherwise."""
+    scope = _SCOPE.get()
+    if scope is None or scope.action not in actions:
+        return None
+    return _entry(
+        None,
+        actor=None,
+        org=None,
+        outcome="success",
+        status=None,
+        reason=None,
+        details=None,
+        targets=targets,
+    )
