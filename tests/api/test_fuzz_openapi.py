@@ -21,6 +21,7 @@ import re
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,11 +37,15 @@ EXAMPLES_PER_OPERATION = 30
 MIN_CASES = 2000
 
 
-@pytest.mark.timeout(900)
+# Its own server, snapshots on (the session's registry): the snapshot, fork and checkpoint
+# routes are fuzzed as served, not as a 503 "not enabled".
+@pytest.mark.usefixtures("base_images")
+@pytest.mark.timeout(1500)
 async def test_schemathesis_finds_no_5xx_and_nothing_undocumented(
     make_config: Callable[..., ServiceConfig],
     test_prefix: str,
     user_headers: Callable[..., Awaitable[dict[str, str]]],
+    snapshot_settings: dict[str, Any],
     tmp_path: Path,
 ) -> None:
     live = await start_live_server(
@@ -49,6 +54,7 @@ async def test_schemathesis_finds_no_5xx_and_nothing_undocumented(
             max_sandboxes_per_user=2,
             max_running_per_user=1,
             unauthenticated_rate=0,
+            **snapshot_settings,
         )
     )
     key = (await user_headers("fuzzer"))["X-Session-API-Key"]
@@ -83,7 +89,7 @@ async def test_schemathesis_finds_no_5xx_and_nothing_undocumented(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout=840)
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=1440)
     finally:
         await live.close()
     report = out.decode(errors="replace")

@@ -150,7 +150,8 @@ async def test_sigterm_drains_and_the_next_start_adopts_the_sandboxes(
         code, took = await first.exited(signalled)
         assert code == 0, first.logs()
         # The launch in flight finishes or is handed over within the shutdown timeout.
-        assert took < SHUTDOWN_TIMEOUT + 2.5, f"exit took {took:.1f} s:\n{first.logs()}"
+        # Bounded by the timeout, plus what a loaded 2-core host adds to closing (seconds).
+        assert took < SHUTDOWN_TIMEOUT + 8, f"exit took {took:.1f} s:\n{first.logs()}"
         levels = {e.get("level") for e in first.events()}
         assert "error" not in levels, first.logs()
         assert "critical" not in levels, first.logs()

@@ -241,6 +241,8 @@ QUERY_IDS: dict[str, Callable[[Ids], str]] = {
     "user_id": lambda i: i.user,
     "after": lambda i: i.event,
     "all_users": lambda _i: "true",  # the admin-only switch, tried as bob
+    "target": lambda i: i.sandbox,  # the audit log's: entries about alice's sandbox
+    "org_id": lambda _i: "deployment",  # alice's and bob's organization
     "path": lambda _i: "/workspace/project",  # a place in a sandbox: no id of its own
     "file_path": lambda _i: "/workspace/project",
 }
@@ -272,6 +274,7 @@ NEUTRAL_QUERY = {
     "last_activity_at__gte", "resend_all", "session_api_key", "query", "verified__eq",
     "provider__eq", "selected_repository", "conversation_trigger", "expose_secrets",
     "agent_profile_id", "returnTo", "path", "ref", "file_path", "acs_ticket",
+    "action", "since", "until",
 }  # fmt: skip
 
 
