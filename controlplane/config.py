@@ -711,6 +711,14 @@ class Snapshots(BaseModel):
         description="bytes a user's snapshots may take in the store (after deduplication and "
         "compression); `0` = no limit",
     )
+    snapshot_max_changed_bytes: int = Field(
+        default=16 * 1024**3,
+        ge=0,
+        description="bytes of changed files one snapshot may copy out of a sandbox (their "
+        "listed sizes, a sparse file's whole length included), checked before anything is "
+        "copied: over it, 413 `snapshot_too_large`. It bounds the helper's staging on the "
+        "engine's disk; `0` = no limit",
+    )
     snapshot_keep_last: int = Field(
         default=10,
         ge=0,

@@ -511,6 +511,7 @@ def snapshots_ctx(config: ServiceConfig) -> Context:
             sandboxes.store,
             lease=config.snapshot_lease,
             pack_bytes=config.snapshot_pack_bytes,
+            max_changed_bytes=config.snapshot_max_changed_bytes or None,
         )
         service = SnapshotService(config, data, sandboxes, taker, app[keys.DRIVER].files)
         collector = Collector(

@@ -240,13 +240,17 @@ class SandboxFiles(Protocol):
         working_dir: str,
         state_paths: Sequence[str],
         hold: Hold,
+        max_bytes: int | None = None,
     ) -> AbstractAsyncContextManager[FileExport]:
         """The sandbox's workspace, system and state trees as they were at one moment. A
         running sandbox is held still (told to `hold`) only while the files that changed
         since a copy made before are copied again; bytes are sent only for files whose
         signature is not `known` ((tree, path) -> signature). The runtime is left as it was
         found, also on failure. Raises DriverError when the sandbox has no instance to read
-        (or its files cannot be read), RuntimeUnavailable."""
+        (or its files cannot be read), RuntimeUnavailable.
+        With `max_bytes`, an export whose changed files add up to more is refused with
+        FilesTooLarge before anything is copied (a sparse file counts at its full size).
+        """
 
     async def forget(self, key: str) -> None:
         """Drop what the runtime keeps of a FileSource's content (when no sandbox uses it);

@@ -61,3 +61,10 @@ class FirewallRequired(ServiceError):
 
     code = "host_firewall_unavailable"
     status = 500
+
+
+class FilesTooLarge(DriverError):
+    """A sandbox's changed files are over what one export may copy (nothing was copied)."""
+
+    code = "snapshot_too_large"
+    status = 413

@@ -51,6 +51,13 @@ def translator_env(directory: Path, environ: dict[str, str] | None = None) -> di
         TMPDIR=str(tmp),
         # No network at import: LiteLLM would otherwise fetch its price list (and retry offline).
         LITELLM_LOCAL_MODEL_COST_MAP="True",
+        # No ambient cloud credentials: boto3's chain would ask the instance metadata service
+        # (through sockets the guarded event loop never sees) and sign with the host's role.
+        AWS_EC2_METADATA_DISABLED="true",
+        AWS_CONFIG_FILE=os.devnull,
+        AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+        GOOGLE_APPLICATION_CREDENTIALS=os.devnull,
+        NO_GCE_CHECK="True",
     )
     return env
 

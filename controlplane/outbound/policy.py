@@ -40,6 +40,11 @@ Scope = Literal["user", "operator"]
 
 THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
 """Linux connects 0.0.0.0 to itself; nothing else of 0.0.0.0/8 is an address of anything."""
+NEVER_NETWORKS = (
+    ipaddress.ip_network("192.0.0.0/24"),  # IETF protocol assignments (a cloud's metadata)
+    ipaddress.ip_network("fec0::/10"),  # site-local, deprecated but routed on some networks
+)
+"""Not global, yet not caught by Python 3.11's flags (is_reserved, is_link_local, ...)."""
 CACHE_SIZE = 4096
 """Addresses whose decision is kept (a user's resolver could hand out any number of them)."""
 
@@ -147,8 +152,9 @@ def never_reason(address: IPAddress) -> str | None:
             or one.is_unspecified
             or one.is_reserved
             or (isinstance(one, ipaddress.IPv4Address) and one in THIS_NETWORK)
+            or any(one.version == n.version and one in n for n in NEVER_NETWORKS)
         ):
-            return f"{address} is link-local, multicast, reserved or unspecified"
+            return f"{address} is link-local, multicast, reserved, unspecified or special-purpose"
         if one is not address and not one.is_global:
             return f"{address} stands for {one}, which is not a global address"
     return None

@@ -81,11 +81,13 @@ class Taker:
         *,
         lease: float,
         pack_bytes: int,
+        max_changed_bytes: int | None = None,
     ) -> None:
         self._data = data
         self._sandboxes = sandboxes
         self._lease = lease
         self._pack_bytes = pack_bytes
+        self._max_changed_bytes = max_changed_bytes
 
     async def take(
         self,
@@ -135,6 +137,7 @@ class Taker:
                 working_dir=working_dir,
                 state_paths=(STATE_DIR,),
                 hold=hold,
+                max_bytes=self._max_changed_bytes,
             ) as export:
                 marks.append(("export", time.monotonic()))
                 if captured is not None:

@@ -217,9 +217,18 @@ class DockerBases:
         "uid:gid:mode"."""
         assert request.restore is not None
         root = "0:0:493"
+        # Paths (per destination) that are not directories: nothing is extracted beneath one,
+        # which the engine would otherwise write through a link (entries come parents first).
+        leaves: set[tuple[bool, str]] = set()
 
         def name_of(entry: FileEntry) -> str | None:
             nonlocal root
+            where = (entry.tree == WORKSPACE, entry.path)
+            parts = entry.path.split("/")
+            if any((where[0], "/".join(parts[:n])) in leaves for n in range(1, len(parts))):
+                return None
+            if entry.kind != FileKind.DIR and entry.path:
+                leaves.add(where)
             if entry.tree == WORKSPACE:
                 if entry.path == "":
                     root = f"{entry.uid}:{entry.gid}:{entry.mode}"

@@ -40,7 +40,7 @@ from drivers.base import (
 from drivers.docker import names as docker_names
 from drivers.docker.engine import DockerEngine
 from drivers.docker.helper import Helper
-from drivers.errors import DriverError, RuntimeUnavailable
+from drivers.errors import DriverError, FilesTooLarge, RuntimeUnavailable
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
@@ -212,6 +212,7 @@ class DockerExports:
         working_dir: str,
         state_paths: Sequence[str],
         hold: Hold,
+        max_bytes: int | None = None,
     ) -> AsyncIterator[FileExport]:
         name = docker_names.container_name(self._prefix, sandbox_id)
         attrs = await self._inspect(name)
@@ -239,8 +240,9 @@ class DockerExports:
                 "state": [_relative(p) for p in state_paths],
                 "skip": [_relative(working_dir)],
                 "precopy": running,
+                "max_bytes": max_bytes or 0,
             }
-            ready = await self._lane.run(lambda _: helper.ask(request))
+            ready = _checked(await self._lane.run(lambda _: helper.ask(request)))
             log.debug("snapshot_helper_ready", **ready)
             held = await self._still(name, helper, hold) if running else await self._go(helper)
             yield FileExport(held_still=held, items=self._items(helper))
@@ -252,7 +254,7 @@ class DockerExports:
             task.add_done_callback(self._closing.discard)
 
     async def _go(self, helper: Helper) -> float:
-        done = await self._lane.run(lambda _: helper.ask({"op": "go"}))
+        done = _checked(await self._lane.run(lambda _: helper.ask({"op": "go"})))
         log.debug("snapshot_helper_done", **done)
         return 0.0
 
@@ -377,3 +379,14 @@ class DockerExports:
                 raise DriverError(f"cannot find the base layer of {name}")
             mounts.append(Mount("/acs/base", lower[1], type="bind", read_only=True))
         return mounts
+
+
+def _checked(answer: dict[str, Any]) -> dict[str, Any]:
+    """The helper's answer, unless it refused the export as too large (before copying)."""
+    if "too_large" in answer:
+        raise FilesTooLarge(
+            f"the sandbox's changed files are {answer['too_large']} bytes, more than a snapshot "
+            f"may copy ({answer['limit']} bytes, ACS_SNAPSHOT_MAX_CHANGED_BYTES); remove some, "
+            "then retry"
+        )
+    return answer

@@ -39,7 +39,9 @@ Entry = dict[str, Any]
 Staged = dict[tuple[str, str], tuple[list[Any], str, bool]]
 
 PIECE = 1 << 20
-OPAQUE = ("trusted.overlay.opaque", "user.overlay.opaque")
+# Only the trusted.* attribute, which the engine's overlayfs sets and the agent cannot: an
+# unprivileged user may set user.overlay.opaque on its own directories.
+OPAQUE = ("trusted.overlay.opaque",)
 STAGING = "/acs/staging"
 READY = "/acs/ready"
 LISTING = "-listing.json"
@@ -207,10 +209,12 @@ def under(path: str, dirs: list[str]) -> bool:
 
 
 def merge(lower: list[Entry], upper: list[Entry]) -> list[Entry]:
-    """Overlay's view of two layers: what `upper` has replaces `lower`'s, and a whiteout or an
-    opaque directory of `upper` hides everything of `lower` beneath it."""
+    """Overlay's view of two layers: what `upper` has replaces `lower`'s, and a whiteout, an
+    opaque directory or anything but a directory (a link, a file) of `upper` hides everything
+    of `lower` beneath it: a link the agent put where the image had a directory must never
+    carry that directory's children, which a restore would write through the link."""
     mine = {entry["p"] for entry in upper}
-    hiding = {entry["p"] for entry in upper if entry["k"] == "deleted" or entry.get("o")}
+    hiding = {entry["p"] for entry in upper if entry["k"] != "dir" or entry.get("o")}
 
     def hidden(path: str) -> bool:
         parts = path.split("/")
@@ -305,6 +309,28 @@ def stage(entries: list[Entry], known: dict[str, dict[str, list[Any]]], staged: 
     return copied
 
 
+def changed_bytes(entries: list[Entry], known: dict[str, dict[str, list[Any]]]) -> int:
+    """What copying the files that changed would take (their sizes as listed)."""
+    return sum(
+        entry["s"]
+        for entry in entries
+        if entry["k"] == "file" and known.get(entry["t"], {}).get(entry["p"]) != signature(entry)
+    )
+
+
+def refuse_if_large(
+    entries: list[Entry], known: dict[str, dict[str, list[Any]]], limit: int
+) -> bool:
+    """Before anything is copied: a sandbox whose changed files (a sparse file of any size
+    included) are over `limit` bytes is refused, and the caller told so."""
+    total = changed_bytes(entries, known) if limit else 0
+    if total <= limit or not limit:
+        return False
+    send_json(b"J", {"too_large": total, "limit": limit})
+    out.flush()
+    return True
+
+
 def export(request: dict[str, Any]) -> None:
     began = time.monotonic()
     known: dict[str, dict[str, list[Any]]] = {}
@@ -316,8 +342,12 @@ def export(request: dict[str, Any]) -> None:
     os.makedirs(STAGING, exist_ok=True)
     staged: Staged = {}
     precopied = 0
+    limit = int(request.get("max_bytes") or 0)
     if request.get("precopy"):
-        precopied = stage(scan(state, skip), known, staged)
+        first = scan(state, skip)
+        if refuse_if_large(first, known, limit):
+            return
+        precopied = stage(first, known, staged)
     send_json(b"J", {"ready": True, "precopied": precopied, "took": time.monotonic() - began})
     out.flush()
     kind, payload = read_frame()
@@ -325,6 +355,8 @@ def export(request: dict[str, Any]) -> None:
         raise SystemExit("expected go")
     began = time.monotonic()
     listed = scan(state, skip)
+    if refuse_if_large(listed, known, limit):
+        return
     frozen = stage(listed, known, staged)
     send_json(b"J", {"done": True, "copied": frozen, "took": time.monotonic() - began})
     out.flush()

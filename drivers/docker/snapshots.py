@@ -29,9 +29,15 @@ class DockerFiles:
         working_dir: str,
         state_paths: Sequence[str],
         hold: Hold,
+        max_bytes: int | None = None,
     ) -> AbstractAsyncContextManager[FileExport]:
         return self.exports.export(
-            sandbox_id, known, working_dir=working_dir, state_paths=state_paths, hold=hold
+            sandbox_id,
+            known,
+            working_dir=working_dir,
+            state_paths=state_paths,
+            hold=hold,
+            max_bytes=max_bytes,
         )
 
     async def forget(self, key: str) -> None:

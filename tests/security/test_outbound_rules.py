@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -69,6 +70,8 @@ def this_hosts_address() -> str:
         "255.255.255.255",
         "fe80::1",
         "fe80::1%eth0",
+        "192.0.0.192",  # a cloud's legacy metadata service (IETF assignments, 192.0.0.0/24)
+        "fec0::1",  # site-local
     ],
 )
 def test_what_no_setting_opens(address: str) -> None:
@@ -190,6 +193,12 @@ def test_the_translator_inherits_nothing_secret(tmp_path: Path) -> None:
         "HOME": str(tmp_path / "home"),
         "TMPDIR": str(tmp_path / "tmp"),
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        # The cloud SDKs' credential chains find nothing: no metadata service, no files.
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "GOOGLE_APPLICATION_CREDENTIALS": os.devnull,
+        "NO_GCE_CHECK": "True",
     }
     assert not any((tmp_path / "home").iterdir())
 

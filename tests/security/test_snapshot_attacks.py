@@ -1,0 +1,107 @@
+"""Snapshots attacked from inside a sandbox, as the agent's user: a link put where the image (or
+the snapshot the sandbox came from) had a directory must not let a restore write through it,
+and a huge sparse file must not have the snapshot copy it (the host's disk, the control plane's
+memory): refused before anything is copied, with a clear 413, and the sandbox left running."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import docker
+import pytest
+
+from drivers.docker.files_helper import merge
+from tests.support.snapshot_helpers import running, sh, snapshot
+from tests.support.types import Client, ClientFactory, UserHeaders
+
+
+def _entry(path: str, kind: str, **more: Any) -> dict[str, Any]:
+    return {"p": path, "k": kind, "t": "system", **more}
+
+
+def test_nothing_of_a_lower_layer_stays_beneath_an_upper_link_or_file() -> None:
+    lower = [
+        _entry("home/agent/d", "dir"),
+        _entry("home/agent/d/etc", "dir"),
+        _entry("home/agent/d/etc/passwd", "file"),
+        _entry("home/agent/f", "dir"),
+        _entry("home/agent/f/x", "file"),
+        _entry("home/agent/keep", "dir"),
+        _entry("home/agent/keep/y", "file"),
+    ]
+    upper = [
+        _entry("home/agent/d", "symlink", l="/acs/upper"),
+        _entry("home/agent/f", "file"),
+    ]
+    paths = [entry["p"] for entry in merge(lower, upper)]
+    assert paths == [
+        "home/agent/d",
+        "home/agent/f",
+        "home/agent/keep",
+        "home/agent/keep/y",
+    ]
+
+
+async def test_a_link_over_a_restored_directory_writes_nothing_through_it(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    alice = await user_headers("alice")
+    first = await running(snap, alice)
+    # Outside the workspace: files the agent wrote under a directory of its own.
+    await sh(
+        docker_client,
+        test_prefix,
+        first["id"],
+        "mkdir -p /home/agent/d/etc && echo 'planted:x:0:0::/:/bin/sh' > /home/agent/d/etc/passwd",
+    )
+    taken = await snapshot(snap, alice, first["id"])
+    second = await running(snap, alice, snapshot_id=taken["id"])
+    # In the sandbox made from it, the directory becomes a link to where the restore writes
+    # the system tree; the next snapshot (and a sandbox from it) must not follow it.
+    await sh(
+        docker_client,
+        test_prefix,
+        second["id"],
+        "rm -rf /home/agent/d && ln -s /acs/upper /home/agent/d",
+    )
+    again = await snapshot(snap, alice, second["id"])
+    third = await running(snap, alice, snapshot_id=again["id"])
+    seen = await sh(
+        docker_client,
+        test_prefix,
+        third["id"],
+        "readlink /home/agent/d; grep -c planted /etc/passwd || true; "
+        "test -e /acs/upper/etc/passwd && echo leaked || echo clean",
+    )
+    assert seen.split() == ["/acs/upper", "0", "clean"], seen
+
+
+@pytest.fixture
+async def small_quota_snap(make_snap_client: ClientFactory) -> Client:
+    """Snapshots on, at most 50 MiB of changed files copied by one snapshot."""
+    return await make_snap_client(snapshot_max_changed_bytes=50 * 1024 * 1024)
+
+
+async def test_a_huge_sparse_file_is_refused_before_anything_is_copied(
+    small_quota_snap: Client,
+    user_headers: UserHeaders,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
+) -> None:
+    alice = await user_headers("alice")
+    source = await running(small_quota_snap, alice)
+    # 100 GiB that cost no disk: copying it would fill the host's.
+    await sh(docker_client, test_prefix, source["id"], "truncate -s 100G /workspace/huge")
+    resp = await small_quota_snap.post(
+        f"/api/v1/sandboxes/{source['id']}/snapshots", json={}, headers=alice
+    )
+    body = await resp.json()
+    assert resp.status == 413, body
+    assert "107374182400 bytes" in body["detail"], body
+    page = await (await small_quota_snap.get("/api/v1/snapshots/search", headers=alice)).json()
+    assert page["items"] == []
+    state = await small_quota_snap.get(f"/api/v1/sandboxes/{source['id']}", headers=alice)
+    assert (await state.json())["status"] == "RUNNING"
+    # Once it is gone, the same sandbox snapshots as usual.
+    await sh(docker_client, test_prefix, source["id"], "rm /workspace/huge")
+    assert (await snapshot(small_quota_snap, alice, source["id"]))["sandbox_id"] == source["id"]
