@@ -36,6 +36,8 @@ ROUTE_ACTIONS: dict[tuple[str, str], AuditAction] = {
     ("POST", "/api/v1/sandboxes/{sandbox_id}/snapshots"): A.SNAPSHOT_CREATE,
     ("DELETE", "/api/v1/snapshots/{snapshot_id}"): A.SNAPSHOT_DELETE,
     ("POST", "/api/v1/sandboxes/{sandbox_id}/fork"): A.SANDBOX_FORK,
+    ("POST", "/api/v1/app-conversations/{conversation_id}/rewind"): A.CONVERSATION_REWIND,
+    ("POST", "/api/v1/app-conversations/{conversation_id}/fork"): A.CONVERSATION_FORK,
     ("POST", "/api/v1/app-conversations"): A.CONVERSATION_START,
     ("POST", "/api/v1/app-conversations/stream-start"): A.CONVERSATION_START,
     ("POST", "/api/conversations"): A.CONVERSATION_START,

@@ -91,6 +91,8 @@ class AuditAction(StrEnum):
     SNAPSHOT_CREATE = "snapshot.create"
     SNAPSHOT_DELETE = "snapshot.delete"
     SANDBOX_FORK = "sandbox.fork"
+    CONVERSATION_REWIND = "conversation.rewind"
+    CONVERSATION_FORK = "conversation.fork"
 
 
 @dataclass(frozen=True)

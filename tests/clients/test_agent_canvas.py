@@ -156,7 +156,8 @@ async def reopen_and_read_files(browser: Browser, origin: str) -> None:
     card = page.get_by_test_id("conversation-card").first
     await expect(card).to_be_visible(timeout=STEP)
     await card.click()
-    await expect(page.get_by_text("Write notes.txt")).to_be_visible(timeout=STEP)
+    # The title shows twice once the conversation is open (its card and its header).
+    await expect(page.get_by_text("Write notes.txt").first).to_be_visible(timeout=STEP)
     await expect(page.get_by_text("done again")).to_be_visible(timeout=STEP)
     await page.get_by_test_id("right-panel-toggle").click()
     await page.get_by_test_id("files-tab-diff-toggle-option-on").click()
