@@ -4,6 +4,9 @@ its webhooks through the webhook listener on their network's gateway (any free p
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
+import random
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -22,10 +25,29 @@ from drivers.docker.driver import DockerDriver
 from drivers.docker.egress import Attachment, SandboxNetworks
 
 
+# Ports for servers a test starts come from below the kernel's ephemeral range (32768-60999),
+# one block per xdist worker. A port the kernel hands out (bind to 0) can be taken again, before
+# the server binds it, by any outgoing connection or by Docker publishing a port: CI saw
+# "address already in use" that way. Below the ephemeral range only these blocks compete.
+_PORT_BLOCK = 1500
+_PORTS_FROM = 20000
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % 8
+_next_port = itertools.count(random.randrange(_PORT_BLOCK))
+
+
 def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket() as probe:
-        probe.bind((address, 0))
-        return int(probe.getsockname()[1])
+    """A port free on `address` now, in this worker's own block (never another worker's)."""
+    base = _PORTS_FROM + _WORKER * _PORT_BLOCK
+    for _ in range(_PORT_BLOCK):
+        port = base + next(_next_port) % _PORT_BLOCK
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((address, port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port in {base}-{base + _PORT_BLOCK - 1} on {address}")
 
 
 def docker_networks(app: web.Application) -> SandboxNetworks:
