@@ -9,6 +9,10 @@ BIN    := $(VENV)/bin
 # mypy's cache), so that a fresh clone of a machine that ran the tests before starts warm.
 export ACS_CACHE_DIR ?= $(HOME)/.cache/acs
 export MYPY_CACHE_DIR ?= $(ACS_CACHE_DIR)/mypy
+# Bytecode is cached: a shell that sets PYTHONDONTWRITEBYTECODE would otherwise make every
+# pytest worker rewrite and compile every test module (about 10 s of CPU each) and every
+# `controlplane` process the suite starts compile the project again.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: all host browser install images image run test test-unit test-prep test-quick chaos ha lint format mypy bench bench-official bench-kube clean kube-binaries
 
