@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from controlplane.snapshots.index import SnapshotIndex
 from controlplane.snapshots.registry import Registry
 from controlplane.snapshots.sealing import UserKeys
-from drivers.base import STATE, SYSTEM, WORKSPACE, FileItem, FileKind
+from drivers.base import STATE, SYSTEM, WORKSPACE, FileEntry, FileItem, FileKind
 
 PREFETCH = 3
 RESTORED = frozenset({WORKSPACE, SYSTEM})
@@ -20,6 +20,12 @@ the sandbox it was taken of (docs/sandboxes.md#snapshots)."""
 REWOUND = frozenset({WORKSPACE, SYSTEM, STATE})
 """What the sandbox a snapshot was taken of gets back when a conversation is rewound to it:
 its agent's state too (docs/sandboxes.md#checkpoints)."""
+OWNER_MARKS = frozenset({"owner_lease.json", ".owner_lease.lock"})
+"""Files of the state tree that say which running server owns a conversation: the official
+agent server's leases (openhands/agent_server/conversation_lease.py). They are never restored:
+their owner died with the sandbox's instance, but the lease names a host the rebuilt one is not,
+so it would refuse to load the conversation ("Conversation not found") until it expired, up to
+45 s after the checkpoint."""
 
 
 def state_key(snapshot_id: str) -> str:
@@ -55,7 +61,9 @@ class SnapshotSource:
 
     async def items(self) -> AsyncIterator[FileItem]:
         index = await self._index()
-        rows = list(index.of_trees(self._trees))
+        rows = [
+            (entry, refs) for entry, refs in index.of_trees(self._trees) if not _owner_mark(entry)
+        ]
         uses = [ref.pack for entry, refs in rows for ref in refs if entry.kind == FileKind.FILE]
         last_use = {pack: n for n, pack in enumerate(uses)}
         order = list(dict.fromkeys(uses))
@@ -93,3 +101,7 @@ class SnapshotSource:
             for task in fetches.values():
                 task.cancel()
             await asyncio.gather(*fetches.values(), return_exceptions=True)
+
+
+def _owner_mark(entry: FileEntry) -> bool:
+    return entry.tree == STATE and entry.path.rsplit("/", 1)[-1] in OWNER_MARKS

@@ -28,6 +28,7 @@ pytestmark = [
     pytest.mark.live_config("snapshot_settings"),
 ]
 STATE = "/var/lib/acs-agent/conversations"
+LEASE = f"for d in {STATE}/*/; do echo held > $d/owner_lease.json; done"
 LOADED = 180  # seconds: a boot or a turn on a 2-core host other suites load too
 
 
@@ -73,7 +74,8 @@ async def two_turns(user: UserFactory, fake_llm: FakeLLM) -> tuple[Api, str, str
     events as they were before message 2."""
     fake_llm.script(
         [
-            reply_tool_call("terminal", {"command": "echo one > /workspace/a.txt"}),
+            # The official server's lease mark (its owner's, which a rewind must not restore).
+            reply_tool_call("terminal", {"command": f"echo one > /workspace/a.txt; {LEASE}"}),
             reply_finish("wrote one"),
             reply_tool_call(
                 "terminal", {"command": "echo two > /workspace/a.txt; echo b > /workspace/b.txt"}
@@ -123,6 +125,9 @@ async def test_rewind_brings_files_and_agent_state_back_and_marks_later_events(
     assert read(own_docker, sandbox_id, "cat /workspace/a.txt") == "one"
     assert read(own_docker, sandbox_id, "test -e /workspace/b.txt || echo absent") == "absent"
     assert read(own_docker, sandbox_id, f"ls {STATE}") == cid
+    kept = read(own_docker, sandbox_id, f"ls -A {STATE}/{cid}").split()
+    assert kept
+    assert "owner_lease.json" not in kept  # its owner is gone with the old instance
 
     # Kept, and marked: every event after the checkpoint's, none before.
     events = await events_of(alice, cid)

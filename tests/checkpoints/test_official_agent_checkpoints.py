@@ -1,6 +1,9 @@
 """A rewind with the official OpenHands agent server (acs-sandbox-openhands): it restores its
 conversation from the state on disk that the checkpoint brought back (its secrets sealed with
-the sandbox's session key, which a rewind keeps), and goes on from the checkpoint."""
+the sandbox's session key, which a rewind keeps), and goes on from the checkpoint. The
+checkpoint holds the old server's lease on the conversation, which a rewind must not restore:
+the rebuilt server would answer the next message 404 "Conversation not found" until it expired
+(45 s after the checkpoint)."""
 
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ pytestmark = [
     pytest.mark.live_config("snapshot_settings", enable_specs=["openhands"], start_timeout=600),
 ]
 MODEL = "openai/fake-model"
+STATE = "/var/lib/acs-agent/conversations"
 
 
 def finished_after(text: str) -> Callable[[list[dict[str, Any]]], bool]:
@@ -57,14 +61,6 @@ async def turn(api: Api, cid: str, text: str) -> list[dict[str, Any]]:
     return await wait_events(api, cid, finished_after(text), within=300)
 
 
-# A known defect, not a flaky check: in one of three full runs the official agent server, rebuilt
-# from the checkpoint, answered the next message 404 "Conversation not found" (its conversation
-# not yet loaded from the restored state when the message came). Issue 28 stays open for it;
-# the test still runs and reports XPASS when the rewind works.
-@pytest.mark.xfail(
-    reason="the official agent may not have loaded its restored conversation yet (issue 28)",
-    strict=False,
-)
 async def test_official_agent_rewinds_to_its_state_on_disk(
     user: UserFactory, fake_llm: FakeLLM, own_docker: OwnDocker
 ) -> None:
@@ -97,6 +93,10 @@ async def test_official_agent_rewinds_to_its_state_on_disk(
     except AssertionError as exc:  # what the restored server said
         logs = own_docker.container(sandbox_id).logs(tail=60).decode(errors="replace")
         raise AssertionError(f"{exc}\n--- the sandbox's log:\n{logs}") from None
+    # No lease of the old server came back: one there now is the rebuilt server's own.
+    lease = read(own_docker, sandbox_id, f"cat {STATE}/*/owner_lease.json 2>/dev/null || true")
+    host = read(own_docker, sandbox_id, "cat /etc/hostname")
+    assert not lease or json.loads(lease)["owner_host"] == host, (lease, host)
     assert read(own_docker, sandbox_id, "cat /workspace/a.txt") == "one"
     events = await events_of(alice, cid)
     second = [e for e in events if e["kind"] == "MessageEvent" and "SECOND" in json.dumps(e)]
