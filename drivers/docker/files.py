@@ -265,16 +265,35 @@ class DockerExports:
         await hold.begin()
         try:
             started = time.monotonic()
-            froze = await self._freeze(name)
+            freezing = asyncio.ensure_future(self._freeze(name))
+            try:
+                froze = await asyncio.shield(freezing)
+            except asyncio.CancelledError:
+                # Given up while the engine freezes it (a checkpoint that took too long): that
+                # freeze still lands, so wait for it and undo it before the cancel goes on.
+                await asyncio.wait({freezing})
+                if not freezing.cancelled() and freezing.exception() is None and freezing.result():
+                    await self._thaw(name)
+                raise
             try:
                 await self._go(helper)
             finally:
                 if froze:
-                    await self._engine.call(lambda c: c.api.unpause(name), "unpause")
+                    await self._thaw(name)
             held = time.monotonic() - started
         finally:
             await hold.end()
         return held
+
+    async def _thaw(self, name: str) -> None:
+        """`docker unpause`, carried to its end even when the export is cancelled meanwhile:
+        whoever waits for the cancelled export then meets a sandbox that runs."""
+        thawing = asyncio.ensure_future(self._engine.call(lambda c: c.api.unpause(name), "unpause"))
+        try:
+            await asyncio.shield(thawing)
+        except asyncio.CancelledError:
+            await asyncio.wait({thawing})
+            raise
 
     async def _freeze(self, name: str) -> bool:
         """`docker pause`; False when it was paused already (by someone else: leave it so).
