@@ -1,21 +1,25 @@
 """The Docker export's edges: a snapshot given up while it holds the sandbox still (a checkpoint
 that took longer than ACS_CHECKPOINT_CAPTURE_WAIT) leaves the sandbox running once the cancel
 returns, and no freeze lands after it, so the user's message that goes next never meets a
-frozen agent."""
+frozen agent; a large file streams to the control plane in pieces, never held whole."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
+import tracemalloc
 
 import docker
 
 from controlplane import keys
+from drivers.base import FileEntry, FileKind
+from drivers.docker.driver import DockerDriver
 from tests.support.snapshot_helpers import container, running, sh
 from tests.support.types import Client, UserHeaders
 
-MANY = "mkdir /workspace/many && cd /workspace/many && seq 1 6000 | xargs touch"
-"""Files enough that the look under the freeze lasts a while (about 0.1 s per 1,000)."""
+MANY = "mkdir /workspace/many && cd /workspace/many && seq 1 1500 | xargs touch"
+"""Files enough that the look under the freeze lasts a moment (about 0.1 s per 1,000)."""
 
 
 def paused(docker_client: docker.DockerClient, prefix: str, sandbox_id: str) -> bool:
@@ -61,3 +65,52 @@ async def test_a_snapshot_cancelled_while_it_freezes_leaves_the_sandbox_running(
     assert await sh(docker_client, test_prefix, sandbox_id, "echo alive") == "alive\n"
     listed = await (await snap.get("/api/v1/snapshots/search", headers=alice)).json()
     assert listed["items"] == []  # nothing half-taken is listed
+
+
+class _Unrecorded:
+    """The export's Hold, with no record to keep (the control plane's is the taker's)."""
+
+    async def begin(self) -> None:
+        return None
+
+    async def end(self) -> None:
+        return None
+
+
+async def test_a_large_file_streams_in_pieces(
+    snap: Client,
+    user_headers: UserHeaders,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
+) -> None:
+    alice = await user_headers("alice")
+    sandbox_id = (await running(snap, alice))["id"]
+    size = 64 << 20
+    await sh(
+        docker_client, test_prefix, sandbox_id, f"head -c {size} /dev/urandom > /workspace/big"
+    )
+    expected = (await sh(docker_client, test_prefix, sandbox_id, "sha256sum /workspace/big"))[:64]
+    driver = snap.app[keys.DRIVER]
+    assert isinstance(driver, DockerDriver)
+
+    digest = hashlib.sha256()
+    got = 0
+    inside = False
+    tracemalloc.start()
+    try:
+        export = driver.files.export(
+            sandbox_id, {}, working_dir="/workspace", state_paths=(), hold=_Unrecorded()
+        )
+        async with export as files:
+            async for item in files.items:
+                if isinstance(item, FileEntry):
+                    inside = item.kind == FileKind.FILE and item.path == "big"
+                elif inside:
+                    digest.update(item)
+                    got += len(item)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got == size
+    assert digest.hexdigest() == expected
+    assert peak < size // 2, f"{peak} bytes held at once for a {size}-byte file"
