@@ -25,6 +25,15 @@ log = structlog.get_logger(__name__)
 #: the agent user for its state (a tmpfs under a read-only root), where ours keeps its own too.
 #: A runtime that makes a new instance at each resume (Kubernetes) keeps it with the workspace.
 STATE_DIR = "/var/lib/acs-agent"
+#: Where both kinds keep their conversations, a directory each, named by the conversation's id.
+CONVERSATIONS_DIR = f"{STATE_DIR}/conversations"
+#: What a conversation's fork carries of our agent's stored conversation into the new sandbox,
+#: under the new id (agent/conversations/persistence.py): its events and the model's history,
+#: both masked by the agent (no credential in them). Not meta.json, which holds the source
+#: sandbox's gateway token and the user's secrets: the new conversation gets its own. The
+#: official server's conversations are not carried: their state is sealed with the source
+#: sandbox's session key, which no other sandbox gets (docs/sandboxes.md#checkpoints).
+CARRIED_FILES = frozenset({"events.jsonl", "history.jsonl"})
 #: A batch is flushed this long after its first event (the server's default is 30 s).
 FLUSH_DELAY_S = 0.05
 #: Events a batch may hold before it is posted at once, even within the flush delay.
@@ -54,7 +63,7 @@ def agent_env(spec: SandboxSpec, *, max_body_bytes: int, webhooks: bool) -> dict
     env = {
         "TZ": "UTC",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        "OH_CONVERSATIONS_PATH": f"{STATE_DIR}/conversations",
+        "OH_CONVERSATIONS_PATH": CONVERSATIONS_DIR,
         "OH_BASH_EVENTS_DIR": f"{STATE_DIR}/bash_events",
         "OH_ENABLE_VSCODE": _flag(options.vscode),
         "OH_ENABLE_BROWSER": _flag(options.browser),

@@ -1,7 +1,8 @@
 """The Docker export's edges: a snapshot given up while it holds the sandbox still (a checkpoint
 that took longer than ACS_CHECKPOINT_CAPTURE_WAIT) leaves the sandbox running once the cancel
 returns, and no freeze lands after it, so the user's message that goes next never meets a
-frozen agent; a large file streams to the control plane in pieces, never held whole."""
+frozen agent; a large file streams to the control plane in pieces, never held whole; of the
+state tree, a conversation's fork gets only that conversation's history, under its new id."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import time
 import tracemalloc
 
 import docker
+import pytest
 
 from controlplane import keys
-from drivers.base import FileEntry, FileKind
+from controlplane.snapshots.reader import Carried
+from drivers.base import STATE, FileEntry, FileKind
 from drivers.docker.driver import DockerDriver
 from tests.support.snapshot_helpers import container, running, sh
 from tests.support.types import Client, UserHeaders
@@ -26,15 +29,20 @@ def paused(docker_client: docker.DockerClient, prefix: str, sandbox_id: str) -> 
     return bool(container(docker_client, prefix, sandbox_id).attrs["State"]["Paused"])
 
 
+@pytest.fixture
+async def alices(snap: Client, user_headers: UserHeaders) -> tuple[dict[str, str], str]:
+    """Alice's headers and a RUNNING sandbox of hers."""
+    alice = await user_headers("alice")
+    return alice, (await running(snap, alice))["id"]
+
+
 async def test_a_snapshot_cancelled_while_it_freezes_leaves_the_sandbox_running(
     snap: Client,
-    user_headers: UserHeaders,
+    alices: tuple[dict[str, str], str],
     docker_client: docker.DockerClient,
     test_prefix: str,
 ) -> None:
-    alice = await user_headers("alice")
-    source = await running(snap, alice)
-    sandbox_id = source["id"]
+    alice, sandbox_id = alices
     await sh(docker_client, test_prefix, sandbox_id, MANY)
     sandboxes = snap.app[keys.SANDBOXES].store
     snapshots = snap.app[keys.SNAPSHOTS]
@@ -79,12 +87,11 @@ class _Unrecorded:
 
 async def test_a_large_file_streams_in_pieces(
     snap: Client,
-    user_headers: UserHeaders,
+    alices: tuple[dict[str, str], str],
     docker_client: docker.DockerClient,
     test_prefix: str,
 ) -> None:
-    alice = await user_headers("alice")
-    sandbox_id = (await running(snap, alice))["id"]
+    _, sandbox_id = alices
     size = 64 << 20
     await sh(
         docker_client, test_prefix, sandbox_id, f"head -c {size} /dev/urandom > /workspace/big"
@@ -114,3 +121,30 @@ async def test_a_large_file_streams_in_pieces(
     assert got == size
     assert digest.hexdigest() == expected
     assert peak < size // 2, f"{peak} bytes held at once for a {size}-byte file"
+
+
+def test_a_fork_carries_only_the_conversations_history_under_its_new_id() -> None:
+    root = "var/lib/acs-agent/conversations"
+    source, new, other = "a" * 32, "b" * 32, "c" * 32
+    dirs = ["var", "var/lib", "var/lib/acs-agent", root, f"{root}/{source}", f"{root}/{other}"]
+    files = [
+        f"{root}/{source}/events.jsonl",
+        f"{root}/{source}/history.jsonl",
+        f"{root}/{source}/meta.json",  # the source's gateway token and the user's secrets
+        f"{root}/{source}/owner_lease.json",
+        f"{root}/{other}/history.jsonl",
+        "var/lib/acs-agent/bash_events/x.json",
+    ]
+    entries = [FileEntry(STATE, p, FileKind.DIR) for p in dirs]
+    entries += [FileEntry(STATE, p, FileKind.FILE) for p in files]
+    carried = Carried(source, new)
+    kept = [e.path for e in map(carried.of, entries) if e is not None]
+    assert kept == [
+        "var",
+        "var/lib",
+        "var/lib/acs-agent",
+        root,
+        f"{root}/{new}",
+        f"{root}/{new}/events.jsonl",
+        f"{root}/{new}/history.jsonl",
+    ]
