@@ -27,13 +27,14 @@ log = structlog.get_logger(__name__)
 STATE_DIR = "/var/lib/acs-agent"
 #: Where both kinds keep their conversations, a directory each, named by the conversation's id.
 CONVERSATIONS_DIR = f"{STATE_DIR}/conversations"
-#: What a conversation's fork carries of our agent's stored conversation into the new sandbox,
-#: under the new id (agent/conversations/persistence.py): its events and the model's history,
-#: both masked by the agent (no credential in them). Not meta.json, which holds the source
-#: sandbox's gateway token and the user's secrets: the new conversation gets its own. The
-#: official server's conversations are not carried: their state is sealed with the source
-#: sandbox's session key, which no other sandbox gets (docs/sandboxes.md#checkpoints).
-CARRIED_FILES = frozenset({"events.jsonl", "history.jsonl"})
+#: What a conversation's fork carries of the agent's stored conversation into the new sandbox,
+#: under the new id: its events, from which both kinds make the model's context, and nothing
+#: else. Ours (agent/conversations/persistence.py): events.jsonl and history.jsonl, masked by the
+#: agent; the official server: its events/ directory (one JSON file an event). Not meta.json
+#: (ours: the source's gateway token and the user's secrets) nor base_state.json (the official
+#: server's agent and secrets, sealed with the source sandbox's session key): the new
+#: conversation is started with its own (docs/sandboxes.md#checkpoints).
+CARRIED_FILES = frozenset({"events.jsonl", "history.jsonl", "events"})
 #: A batch is flushed this long after its first event (the server's default is 30 s).
 FLUSH_DELAY_S = 0.05
 #: Events a batch may hold before it is posted at once, even within the flush delay.

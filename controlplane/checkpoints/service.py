@@ -120,19 +120,15 @@ class CheckpointService:
     ) -> ForkConversationResult:
         """A new conversation of the caller's, in a new sandbox made from the checkpoint (its
         own id, session key and gateway token), with the conversation's history up to there;
-        our agent goes on from the source's stored conversation at the checkpoint (its events
-        and the model's history, carried under the new id; not its credentials). Raises as
+        the agent goes on from the source's stored conversation at the checkpoint (its events,
+        carried under the new id; not its credentials). Raises as
         `rewind`, and QuotaExceeded when the caps refuse a sandbox (then nothing is made)."""
         conversation, checkpoint = await self._checkpoint(
             principal, conversation_id, body.checkpoint_id
         )
         fork_id = uuid7_hex()
-        snapshot = await self._snapshots.get(principal, checkpoint.snapshot_id)
-        spec = self._sandboxes.catalog.find(snapshot.sandbox_spec_id)
-        # Only ours: the official server's state is sealed with the source sandbox's key.
-        carried = f"{conversation.id}:{fork_id}" if spec and spec.agent_kind == "acs" else None
         (sandbox,) = await self._sandboxes.start_from(
-            principal, checkpoint.snapshot_id, 1, carried=carried
+            principal, checkpoint.snapshot_id, 1, carried=f"{conversation.id}:{fork_id}"
         )
         try:
             copied = await self._events.copy(conversation.id, fork_id, checkpoint.stream_id)

@@ -57,8 +57,8 @@ class SandboxRecord(BaseModel):
     sandbox."""
     carried: str | None = None
     """A conversation's fork (`<source conversation id>:<new conversation id>`): the source's
-    conversation as our agent stored it at the snapshot is restored under the new id
-    (docs/sandboxes.md#checkpoints)."""
+    conversation as the agent stored it at the snapshot (its events, no credential) is restored
+    under the new id (docs/sandboxes.md#checkpoints)."""
     held_until: float | None = None
     """While a snapshot holds it still (frozen): until when, Unix seconds. A RUNNING sandbox
     found frozen past that time was left so by a dead control plane and is thawed."""

@@ -38,8 +38,9 @@ def state_key(snapshot_id: str) -> str:
 
 class Carried:
     """Of the state tree, what a conversation's fork carries into its new sandbox: the
-    directories down to the conversations', and the source conversation's CARRIED_FILES
-    moved to the new conversation's directory."""
+    directories down to the conversations', and what the source conversation's directory holds
+    under CARRIED_FILES (a file, or a directory with what it holds), moved to the new
+    conversation's directory."""
 
     def __init__(self, source: str, new: str) -> None:
         self._root = CONVERSATIONS_DIR.strip("/")
@@ -55,7 +56,7 @@ class Carried:
         if entry.kind == FileKind.DIR and path == self._from:
             return dataclasses.replace(entry, path=self._to)
         name = path.removeprefix(self._from + "/")
-        if entry.kind == FileKind.FILE and name != path and name in CARRIED_FILES:
+        if name != path and name.split("/", 1)[0] in CARRIED_FILES:
             return dataclasses.replace(entry, path=f"{self._to}/{name}")
         return None
 

@@ -93,7 +93,7 @@ class SnapshotData:
         is the sandbox the snapshot was taken of (a conversation rewound in place: the state's
         credentials are that sandbox's own), else the workspace and system trees alone, and,
         with `carried` ("<source conversation id>:<new conversation id>", a conversation's
-        fork), that conversation's stored history under the new id (no credential in it)."""
+        fork), that conversation's stored events under the new id (no credential in them)."""
         taken = await self.store.get(snapshot_id) if _ID.match(snapshot_id) else None
         own = taken is not None and taken.owner == owner and taken.sandbox_id == sandbox_id
 

@@ -3,11 +3,14 @@ conversation from the state on disk that the checkpoint brought back (its secret
 the sandbox's session key, which a rewind keeps), and goes on from the checkpoint. The
 checkpoint holds the old server's lease on the conversation, which a rewind must not restore:
 the rebuilt server would answer the next message 404 "Conversation not found" until it expired
-(45 s after the checkpoint)."""
+(45 s after the checkpoint). A fork at the checkpoint carries the stored conversation's events
+(not its sealed state) into a new sandbox, whose server goes on from them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -113,3 +116,30 @@ async def test_official_agent_rewinds_to_its_state_on_disk(
     assert "FIRST write one" in sent
     assert "THIRD" in sent
     assert "SECOND write two" not in sent
+
+    # A fork at the same checkpoint: a new sandbox whose server goes on from the source's
+    # events there (carried under the new id), without the source's credentials.
+    forked = await alice.ok(
+        "POST",
+        f"/api/v1/app-conversations/{cid}/fork",
+        json={"checkpoint_id": checkpoint["id"]},
+    )
+    fork_id, fork_sandbox = forked["conversation_id"], forked["sandbox_id"]
+    task, deadline = forked["start_task"], time.monotonic() + 600
+    while task["status"] not in ("READY", "ERROR") and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        (task,) = await alice.ok("GET", f"/api/v1/app-conversations/start-tasks?ids={task['id']}")
+    assert task["status"] == "READY", task
+    assert read(own_docker, fork_sandbox, "cat /workspace/a.txt") == "one"
+    tokens = read(own_docker, fork_sandbox, f"grep -rho 'acsgw[.][^\"]*' {STATE} | sort -u")
+    assert sandbox_id not in tokens
+    fake_llm.script([reply_text("FORK seen"), reply_finish("ok")])
+    asked = len(fake_llm.requests)
+    await turn(alice, fork_id, "IN THE FORK")
+    tooled = [r for r in fake_llm.requests[asked:] if r.body.get("tools")]
+    assert tooled, [r.body for r in fake_llm.requests[asked:]]
+    sent = json.dumps(tooled[0].body["messages"])
+    assert "FIRST write one" in sent
+    assert "IN THE FORK" in sent
+    assert "SECOND write two" not in sent
+    assert "THIRD" not in sent

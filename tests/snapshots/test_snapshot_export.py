@@ -128,13 +128,16 @@ def test_a_fork_carries_only_the_conversations_history_under_its_new_id() -> Non
     source, new, other = "a" * 32, "b" * 32, "c" * 32
     dirs = ["var", "var/lib", "var/lib/acs-agent", root, f"{root}/{source}", f"{root}/{other}"]
     files = [
-        f"{root}/{source}/events.jsonl",
+        f"{root}/{source}/events.jsonl",  # ours
         f"{root}/{source}/history.jsonl",
         f"{root}/{source}/meta.json",  # the source's gateway token and the user's secrets
+        f"{root}/{source}/base_state.json",  # the official server's, sealed
+        f"{root}/{source}/events/event-00000-x.json",  # the official server's events
         f"{root}/{source}/owner_lease.json",
         f"{root}/{other}/history.jsonl",
         "var/lib/acs-agent/bash_events/x.json",
     ]
+    dirs.insert(5, f"{root}/{source}/events")
     entries = [FileEntry(STATE, p, FileKind.DIR) for p in dirs]
     entries += [FileEntry(STATE, p, FileKind.FILE) for p in files]
     carried = Carried(source, new)
@@ -145,6 +148,8 @@ def test_a_fork_carries_only_the_conversations_history_under_its_new_id() -> Non
         "var/lib/acs-agent",
         root,
         f"{root}/{new}",
+        f"{root}/{new}/events",
         f"{root}/{new}/events.jsonl",
         f"{root}/{new}/history.jsonl",
+        f"{root}/{new}/events/event-00000-x.json",
     ]
