@@ -265,8 +265,9 @@ class DockerExports:
         """Freeze the container for the helper's second look; the seconds it was frozen. The
         container is thawed whatever happens (`hold` keeps the record of the moment in between,
         for a control plane that dies inside it)."""
-        await hold.begin()
         try:
+            # Inside: a cancel that lands while the mark is being written still clears it.
+            await hold.begin()
             started = time.monotonic()
             freezing = asyncio.ensure_future(self._freeze(name))
             try:
