@@ -64,6 +64,16 @@ async def turn(api: Api, cid: str, text: str) -> list[dict[str, Any]]:
     return await wait_events(api, cid, finished_after(text), within=300)
 
 
+async def context_of_turn(api: Api, fake_llm: FakeLLM, cid: str, text: str) -> str:
+    """The messages the model was sent (JSON) at a turn of `text`, answered with a finish."""
+    fake_llm.script([reply_text(f"{text} seen"), reply_finish("ok")])
+    asked = len(fake_llm.requests)
+    await turn(api, cid, text)
+    tooled = [r for r in fake_llm.requests[asked:] if r.body.get("tools")]
+    assert tooled, [r.body for r in fake_llm.requests[asked:]]
+    return json.dumps(tooled[0].body["messages"])
+
+
 async def test_official_agent_rewinds_to_its_state_on_disk(
     user: UserFactory, fake_llm: FakeLLM, own_docker: OwnDocker
 ) -> None:
@@ -107,12 +117,7 @@ async def test_official_agent_rewinds_to_its_state_on_disk(
     assert all(e["rewound_by"] == checkpoint["id"] for e in second)
 
     # The restored server goes on from its conversation as it was: turn 1, not turn 2.
-    fake_llm.script([reply_text("THIRD seen"), reply_finish("ok")])
-    asked = len(fake_llm.requests)
-    await turn(alice, cid, "THIRD")
-    tooled = [r for r in fake_llm.requests[asked:] if r.body.get("tools")]
-    assert tooled, [r.body for r in fake_llm.requests[asked:]]
-    sent = json.dumps(tooled[0].body["messages"])
+    sent = await context_of_turn(alice, fake_llm, cid, "THIRD")
     assert "FIRST write one" in sent
     assert "THIRD" in sent
     assert "SECOND write two" not in sent
@@ -133,12 +138,7 @@ async def test_official_agent_rewinds_to_its_state_on_disk(
     assert read(own_docker, fork_sandbox, "cat /workspace/a.txt") == "one"
     tokens = read(own_docker, fork_sandbox, f"grep -rho 'acsgw[.][^\"]*' {STATE} | sort -u")
     assert sandbox_id not in tokens
-    fake_llm.script([reply_text("FORK seen"), reply_finish("ok")])
-    asked = len(fake_llm.requests)
-    await turn(alice, fork_id, "IN THE FORK")
-    tooled = [r for r in fake_llm.requests[asked:] if r.body.get("tools")]
-    assert tooled, [r.body for r in fake_llm.requests[asked:]]
-    sent = json.dumps(tooled[0].body["messages"])
+    sent = await context_of_turn(alice, fake_llm, fork_id, "IN THE FORK")
     assert "FIRST write one" in sent
     assert "IN THE FORK" in sent
     assert "SECOND write two" not in sent
