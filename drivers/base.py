@@ -212,7 +212,8 @@ class FileSource(Protocol):
 
 class Hold(Protocol):
     """Told around the moment a running sandbox is held still for an export, so that the
-    control plane can tell a sandbox frozen by a snapshot from one paused by someone."""
+    control plane can tell a sandbox frozen by a snapshot from one paused by someone. `end`
+    comes after every `begin`, one that was cancelled half-way included."""
 
     async def begin(self) -> None: ...
 

@@ -2,7 +2,9 @@
 
 ``meta.json`` (the start request, secrets included, and the mutable state; mode 0600),
 ``events.jsonl`` (the masked events, one per line) and ``history.jsonl`` (the messages
-sent to the LLM, masked). The directory is outside the workspace. A write error
+sent to the LLM, masked). The directory is outside the workspace. A fork of a conversation
+finds the events and history of the conversation it was forked from there (no meta.json),
+and goes on from them. A write error
 disables persistence for that conversation with one log line; it never stops the agent.
 """
 
@@ -96,6 +98,17 @@ class ConversationFiles:
         if not isinstance(meta, dict):
             raise ValueError("meta.json is not an object")
         return meta, _read_jsonl(self.directory / EVENTS), _read_jsonl(self.directory / HISTORY)
+
+    def carried(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        """(events, history) a fork left in a new conversation's directory: the control plane
+        restores them there, under the new id, from a checkpoint of another conversation
+        (docs/sandboxes.md#checkpoints), without ``meta.json`` (the source's credentials).
+        None when the directory holds no such thing."""
+        if self.directory is None or (self.directory / META).exists():
+            return None
+        events = _read_jsonl(self.directory / EVENTS)
+        history = _read_jsonl(self.directory / HISTORY)
+        return (events, history) if events or history else None
 
     def close(self) -> None:
         for handle in self._handles.values():

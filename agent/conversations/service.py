@@ -22,7 +22,7 @@ from .llm import LLMClient
 from .loop import emit_system_prompt, run_agent, tool_message
 from .masking import Masker
 from .models import ExecutionStatus, SendMessageRequest, StartConversationRequest
-from .persistence import ConversationFiles, conversations_root
+from .persistence import META, ConversationFiles, conversations_root
 from .secrets import static_values
 from .tools import TOOL_ALIASES, Toolbox, ToolContext
 from .webhooks import WebhookSender
@@ -184,6 +184,12 @@ class ConversationService:
                 conv = self._build(conversation_id, request, State())
             except OSError as exc:
                 raise ApiError(400, f"Cannot use the workspace's working_dir: {exc}") from exc
+            carried = conv.files.carried()
+            if carried is not None:  # a fork: the model goes on from the source's turns
+                conv.load_events(*carried)
+                log.info(
+                    "conversation %s goes on from %d carried messages", conv.id, len(carried[1])
+                )
             self.conversations[conversation_id] = conv
         if conv.webhooks is not None:
             conv.webhooks.start()
@@ -278,6 +284,8 @@ class ConversationService:
         if not root.is_dir():
             return
         for directory in sorted(root.iterdir()):
+            if not (directory / META).exists():
+                continue  # a fork's carried history, whose conversation is not started yet
             try:
                 self._restore_one(directory)
             except Exception as exc:

@@ -25,6 +25,16 @@ log = structlog.get_logger(__name__)
 #: the agent user for its state (a tmpfs under a read-only root), where ours keeps its own too.
 #: A runtime that makes a new instance at each resume (Kubernetes) keeps it with the workspace.
 STATE_DIR = "/var/lib/acs-agent"
+#: Where both kinds keep their conversations, a directory each, named by the conversation's id.
+CONVERSATIONS_DIR = f"{STATE_DIR}/conversations"
+#: What a conversation's fork carries of the agent's stored conversation into the new sandbox,
+#: under the new id: its events, from which both kinds make the model's context, and nothing
+#: else. Ours (agent/conversations/persistence.py): events.jsonl and history.jsonl, masked by the
+#: agent; the official server: its events/ directory (one JSON file an event). Not meta.json
+#: (ours: the source's gateway token and the user's secrets) nor base_state.json (the official
+#: server's agent and secrets, sealed with the source sandbox's session key): the new
+#: conversation is started with its own (docs/sandboxes.md#checkpoints).
+CARRIED_FILES = frozenset({"events.jsonl", "history.jsonl", "events"})
 #: A batch is flushed this long after its first event (the server's default is 30 s).
 FLUSH_DELAY_S = 0.05
 #: Events a batch may hold before it is posted at once, even within the flush delay.
@@ -54,7 +64,7 @@ def agent_env(spec: SandboxSpec, *, max_body_bytes: int, webhooks: bool) -> dict
     env = {
         "TZ": "UTC",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        "OH_CONVERSATIONS_PATH": f"{STATE_DIR}/conversations",
+        "OH_CONVERSATIONS_PATH": CONVERSATIONS_DIR,
         "OH_BASH_EVENTS_DIR": f"{STATE_DIR}/bash_events",
         "OH_ENABLE_VSCODE": _flag(options.vscode),
         "OH_ENABLE_BROWSER": _flag(options.browser),

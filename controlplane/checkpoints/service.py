@@ -119,14 +119,17 @@ class CheckpointService:
         self, principal: Principal, conversation_id: str, body: ForkConversationRequest
     ) -> ForkConversationResult:
         """A new conversation of the caller's, in a new sandbox made from the checkpoint (its
-        own id, session key and gateway token: the agent's state of the source is not carried
-        over), with the conversation's history up to there. Raises as `rewind`, and
-        QuotaExceeded when the caps refuse a sandbox (then nothing is made)."""
+        own id, session key and gateway token), with the conversation's history up to there;
+        the agent goes on from the source's stored conversation at the checkpoint (its events,
+        carried under the new id; not its credentials). Raises as
+        `rewind`, and QuotaExceeded when the caps refuse a sandbox (then nothing is made)."""
         conversation, checkpoint = await self._checkpoint(
             principal, conversation_id, body.checkpoint_id
         )
-        (sandbox,) = await self._sandboxes.start_from(principal, checkpoint.snapshot_id, 1)
         fork_id = uuid7_hex()
+        (sandbox,) = await self._sandboxes.start_from(
+            principal, checkpoint.snapshot_id, 1, carried=f"{conversation.id}:{fork_id}"
+        )
         try:
             copied = await self._events.copy(conversation.id, fork_id, checkpoint.stream_id)
             task = await self._conversations.start(

@@ -93,14 +93,16 @@ class Checkpointer:
         finally:
             waiting.cancel()
         if not captured.is_set():
-            # Failed (logged by the snapshot service) or too slow: the message goes without.
-            taking.cancel()
+            # Failed (logged by the snapshot service) or too slow: the message goes without,
+            # once the sandbox is thawed (its agent would time out on the message meanwhile).
+            failed = taking.done()
+            await self._snapshots.cancel(taking)
             log.warning(
                 "checkpoint_given_up",
                 conversation_id=info.id,
                 sandbox_id=sandbox.id,
                 waited=round(time.monotonic() - started, 3),
-                failed=taking.done() and not taking.cancelled(),
+                failed=failed,
             )
             return
         log.info(

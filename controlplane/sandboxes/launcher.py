@@ -316,7 +316,9 @@ class Launcher:
         if record.origin is not None:
             if self._restores is None:
                 raise StartFailed("snapshots are not enabled (ACS_SNAPSHOT_STORE_URL is unset)")
-            source = await self._restores.source(record.owner, record.origin, record.id)
+            source = await self._restores.source(
+                record.owner, record.origin, record.id, carried=record.carried
+            )
             request = dataclasses.replace(request, restore=source)
         return request
 

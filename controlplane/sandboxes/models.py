@@ -55,6 +55,10 @@ class SandboxRecord(BaseModel):
     origin: str | None = None
     """The snapshot it was started from (its files came from there), None for a spec's new
     sandbox."""
+    carried: str | None = None
+    """A conversation's fork (`<source conversation id>:<new conversation id>`): the source's
+    conversation as the agent stored it at the snapshot (its events, no credential) is restored
+    under the new id (docs/sandboxes.md#checkpoints)."""
     held_until: float | None = None
     """While a snapshot holds it still (frozen): until when, Unix seconds. A RUNNING sandbox
     found frozen past that time was left so by a dead control plane and is thawed."""
@@ -77,10 +81,12 @@ class SandboxRecord(BaseModel):
         owner: str,
         spec_id: str,
         org_id: str | None = None,
+        *,
         origin: str | None = None,
+        carried: str | None = None,
     ) -> SandboxRecord:
         """A new sandbox's first record: STARTING, with a fresh session key, all times now
-        (`origin`: the snapshot its files come from)."""
+        (`origin`: the snapshot its files come from; `carried`: a conversation's fork)."""
         now = datetime.now(UTC)
         return cls(
             id=sandbox_id,
@@ -93,6 +99,7 @@ class SandboxRecord(BaseModel):
             updated_at=now,
             last_activity_at=now,
             origin=origin,
+            carried=carried,
         )
 
 

@@ -14,7 +14,10 @@ class Restores(Protocol):
         """The spec of the caller's snapshot, which the new sandbox runs. Raises
         SnapshotNotFound (someone else's too)."""
 
-    async def source(self, owner: str, snapshot_id: str, sandbox_id: str) -> FileSource:
+    async def source(
+        self, owner: str, snapshot_id: str, sandbox_id: str, *, carried: str | None = None
+    ) -> FileSource:
         """The snapshot's files for sandbox `sandbox_id`, read when the runtime needs them (a
         missing or damaged snapshot raises then); the agent's state too when it is the sandbox
-        the snapshot was taken of (a rewind)."""
+        the snapshot was taken of (a rewind); else, with `carried` (a conversation's fork,
+        SandboxRecord.carried), that conversation's stored history under its new id."""

@@ -199,10 +199,11 @@ class SandboxService(SandboxReads):
         count: int,
         *,
         spec_id: str | None = None,
+        carried: str | None = None,
     ) -> list[SandboxInfo]:
         """`count` new sandboxes made from a snapshot of the caller's, each with its own id,
         session key and records; all or none (a cap that refuses one refuses them all).
-        Raises as `start`."""
+        `carried`: a conversation's fork (SandboxRecord.carried). Raises as `start`."""
         may_start(principal)
         if self.restores is None:
             raise StoreUnavailable("snapshots are not enabled: ACS_SNAPSHOT_STORE_URL is unset")
@@ -229,6 +230,7 @@ class SandboxService(SandboxReads):
                     spec.id,
                     principal.org_id,
                     origin=snapshot_id,
+                    carried=carried,
                 )
                 event = self.notes.pending(LifecycleType.SANDBOX_CREATED, record)
                 outcome = await self.store.create(

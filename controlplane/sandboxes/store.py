@@ -208,6 +208,7 @@ class SandboxStore:
             "last_activity_at": record.last_activity_at.isoformat(),
             "org": record.org_id or "",
             "origin": record.origin or "",
+            "carried": record.carried or "",
         }
 
     def encode(self, record: SandboxRecord) -> dict[str, str]:
@@ -233,6 +234,7 @@ class SandboxStore:
             else None,
             org_id=row.get("org") or None,
             origin=row.get("origin") or None,
+            carried=row.get("carried") or None,
             held_until=float(row["held_until"]) if row.get("held_until") else None,
             hibernated_at=datetime.fromisoformat(row["hibernated_at"])
             if row.get("hibernated_at")

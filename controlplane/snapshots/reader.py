@@ -6,12 +6,14 @@ FileSource)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from controlplane.snapshots.index import SnapshotIndex
+from controlplane.agent_protocol.kinds import CARRIED_FILES, CONVERSATIONS_DIR
+from controlplane.snapshots.index import ChunkRef, SnapshotIndex
 from controlplane.snapshots.registry import Registry
 from controlplane.snapshots.sealing import UserKeys
-from drivers.base import STATE, SYSTEM, WORKSPACE, FileItem, FileKind
+from drivers.base import STATE, SYSTEM, WORKSPACE, FileEntry, FileItem, FileKind
 
 PREFETCH = 3
 RESTORED = frozenset({WORKSPACE, SYSTEM})
@@ -20,6 +22,12 @@ the sandbox it was taken of (docs/sandboxes.md#snapshots)."""
 REWOUND = frozenset({WORKSPACE, SYSTEM, STATE})
 """What the sandbox a snapshot was taken of gets back when a conversation is rewound to it:
 its agent's state too (docs/sandboxes.md#checkpoints)."""
+OWNER_MARKS = frozenset({"owner_lease.json", ".owner_lease.lock"})
+"""Files of the state tree that say which running server owns a conversation: the official
+agent server's leases (openhands/agent_server/conversation_lease.py). They are never restored:
+their owner died with the sandbox's instance, but the lease names a host the rebuilt one is not,
+so it would refuse to load the conversation ("Conversation not found") until it expired, up to
+45 s after the checkpoint."""
 
 
 def state_key(snapshot_id: str) -> str:
@@ -28,9 +36,35 @@ def state_key(snapshot_id: str) -> str:
     return f"{snapshot_id}-state"
 
 
+class Carried:
+    """Of the state tree, what a conversation's fork carries into its new sandbox: the
+    directories down to the conversations', and what the source conversation's directory holds
+    under CARRIED_FILES (a file, or a directory with what it holds), moved to the new
+    conversation's directory."""
+
+    def __init__(self, source: str, new: str) -> None:
+        self._root = CONVERSATIONS_DIR.strip("/")
+        self._from = f"{self._root}/{source}"
+        self._to = f"{self._root}/{new}"
+        self.new = new
+
+    def of(self, entry: FileEntry) -> FileEntry | None:
+        """The entry as the fork gets it, or None (not carried)."""
+        path = entry.path
+        if entry.kind == FileKind.DIR and (path == self._root or self._root.startswith(path + "/")):
+            return entry
+        if entry.kind == FileKind.DIR and path == self._from:
+            return dataclasses.replace(entry, path=self._to)
+        name = path.removeprefix(self._from + "/")
+        if name != path and name.split("/", 1)[0] in CARRIED_FILES:
+            return dataclasses.replace(entry, path=f"{self._to}/{name}")
+        return None
+
+
 class SnapshotSource:
     """A snapshot as a FileSource. `index` loads (and opens) its index when first needed;
-    `with_state`: the state tree too (REWOUND rather than RESTORED)."""
+    `with_state`: the state tree too (REWOUND rather than RESTORED); else `carried`: of the
+    state tree, a conversation's carried history (a fork)."""
 
     def __init__(
         self,
@@ -41,9 +75,11 @@ class SnapshotSource:
         index: Callable[[], Awaitable[SnapshotIndex]],
         *,
         with_state: bool = False,
+        carried: Carried | None = None,
     ) -> None:
         self._id = snapshot_id
         self._trees = REWOUND if with_state else RESTORED
+        self._carried = None if with_state else carried
         self._keys = keys
         self._registry = registry
         self._repo = repository
@@ -51,11 +87,27 @@ class SnapshotSource:
 
     @property
     def key(self) -> str:
+        if self._carried is not None:  # its own content: the fork's conversation id in it
+            return f"{self._id}-fork-{self._carried.new}"
         return state_key(self._id) if self._trees is REWOUND else self._id
+
+    def _rows(self, index: SnapshotIndex) -> list[tuple[FileEntry, list[ChunkRef]]]:
+        rows: list[tuple[FileEntry, list[ChunkRef]]] = []
+        for entry, refs in index.of_trees(REWOUND):
+            kept: FileEntry | None = entry
+            if entry.tree != STATE:
+                kept = entry if entry.tree in self._trees else None
+            elif self._trees is REWOUND:
+                kept = None if _owner_mark(entry) else entry
+            else:
+                kept = self._carried.of(entry) if self._carried is not None else None
+            if kept is not None:
+                rows.append((kept, refs))
+        return rows
 
     async def items(self) -> AsyncIterator[FileItem]:
         index = await self._index()
-        rows = list(index.of_trees(self._trees))
+        rows = self._rows(index)
         uses = [ref.pack for entry, refs in rows for ref in refs if entry.kind == FileKind.FILE]
         last_use = {pack: n for n, pack in enumerate(uses)}
         order = list(dict.fromkeys(uses))
@@ -93,3 +145,7 @@ class SnapshotSource:
             for task in fetches.values():
                 task.cancel()
             await asyncio.gather(*fetches.values(), return_exceptions=True)
+
+
+def _owner_mark(entry: FileEntry) -> bool:
+    return entry.tree == STATE and entry.path.rsplit("/", 1)[-1] in OWNER_MARKS

@@ -110,6 +110,14 @@ class SnapshotService:
         task.add_done_callback(self._taken)
         return task
 
+    async def cancel(self, task: asyncio.Task[SnapshotRecord]) -> None:
+        """Stop a snapshot `begin` started and wait until it has ended: when this returns, a
+        sandbox it froze is thawed (a freeze the engine was still making too) and nothing it
+        began goes on, so what the caller does next (a user's message) meets a running
+        sandbox."""
+        task.cancel()
+        await asyncio.wait({task})
+
     def _taken(self, task: asyncio.Task[SnapshotRecord]) -> None:
         self._taking.discard(task)
         if not task.cancelled() and task.exception() is not None:  # retrieved: logged once

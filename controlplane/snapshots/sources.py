@@ -12,7 +12,7 @@ from controlplane.crypto import SecretBox
 from controlplane.errors import SnapshotNotFound, StoreUnavailable
 from controlplane.snapshots.index import SnapshotIndex
 from controlplane.snapshots.models import SNAPSHOT_ID_PATTERN, SnapshotRecord, SnapshotStatus
-from controlplane.snapshots.reader import SnapshotSource
+from controlplane.snapshots.reader import Carried, SnapshotSource
 from controlplane.snapshots.registry import Registry
 from controlplane.snapshots.sealing import UserKeys, repository
 from controlplane.snapshots.store import SnapshotStore
@@ -86,10 +86,14 @@ class SnapshotData:
             )
         return record.spec_id
 
-    async def source(self, owner: str, snapshot_id: str, sandbox_id: str) -> FileSource:
+    async def source(
+        self, owner: str, snapshot_id: str, sandbox_id: str, *, carried: str | None = None
+    ) -> FileSource:
         """The snapshot's files for sandbox `sandbox_id`: with the agent's state tree when it
         is the sandbox the snapshot was taken of (a conversation rewound in place: the state's
-        credentials are that sandbox's own), else the workspace and system trees alone."""
+        credentials are that sandbox's own), else the workspace and system trees alone, and,
+        with `carried` ("<source conversation id>:<new conversation id>", a conversation's
+        fork), that conversation's stored events under the new id (no credential in them)."""
         taken = await self.store.get(snapshot_id) if _ID.match(snapshot_id) else None
         own = taken is not None and taken.owner == owner and taken.sandbox_id == sandbox_id
 
@@ -106,4 +110,5 @@ class SnapshotData:
             self.repository(owner),
             index,
             with_state=own,
+            carried=Carried(*carried.split(":", 1)) if carried else None,
         )

@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import docker
 import structlog
@@ -49,11 +49,12 @@ LABEL_SNAPSHOT = "acs.snapshot"
 (drivers/docker/bases.py)."""
 FREEZE_ATTEMPTS = 8
 BATCH_BYTES = 8 << 20
+"""What one read from the helper collects before handing it to the event loop (a file larger
+than that is handed over in several)."""
 PIECE = 1 << 20
 READY = "/acs/ready"  # files_helper.py's
 LISTING = "-listing.json"  # files_helper.py's
 KNOWN = "acs-known.json"
-"""What one read from the helper collects before handing it to the event loop."""
 
 
 def entry_from(raw: dict[str, Any]) -> FileEntry:
@@ -116,8 +117,9 @@ class _Staged:
                 return [entry_from(raw) for raw in json.loads(handle.read())]
         raise DriverError("the helper's archive has no listing")
 
-    def read(self, entry: FileEntry) -> list[bytes]:
-        """The bytes of the next staged file, which must be `entry`'s."""
+    def open(self, entry: FileEntry) -> IO[bytes]:
+        """The next staged file, which must be `entry`'s, to be read in pieces (a large file
+        is never held whole); valid until the next call."""
         for member in self._members:
             if not member.isfile():
                 continue
@@ -125,10 +127,7 @@ class _Staged:
                 raise DriverError(f"the staged copy of {entry.path!r} is not the one announced")
             handle = self._tar.extractfile(member)
             assert handle is not None
-            pieces = []
-            while piece := handle.read(PIECE):
-                pieces.append(piece)
-            return pieces
+            return handle
         raise DriverError(f"the staged copy of {entry.path!r} is missing")
 
     def close(self) -> None:
@@ -244,7 +243,9 @@ class DockerExports:
             }
             ready = _checked(await self._lane.run(lambda _: helper.ask(request)))
             log.debug("snapshot_helper_ready", **ready)
-            held = await self._still(name, helper, hold) if running else await self._go(helper)
+            held = (
+                await self._still(name, helper, hold) if running else await self._go(name, helper)
+            )
             yield FileExport(held_still=held, items=self._items(helper))
         finally:
             # Its work is done (or abandoned): removed without holding the caller up; a removal
@@ -253,28 +254,50 @@ class DockerExports:
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
 
-    async def _go(self, helper: Helper) -> float:
+    async def _go(self, name: str, helper: Helper) -> float:
         done = _checked(await self._lane.run(lambda _: helper.ask({"op": "go"})))
         log.debug("snapshot_helper_done", **done)
+        if done.get("skipped"):  # both looks': a fifo swapped in while the sandbox ran
+            log.warning("snapshot_files_not_regular", container=name, paths=done["skipped"])
         return 0.0
 
     async def _still(self, name: str, helper: Helper, hold: Hold) -> float:
         """Freeze the container for the helper's second look; the seconds it was frozen. The
         container is thawed whatever happens (`hold` keeps the record of the moment in between,
         for a control plane that dies inside it)."""
-        await hold.begin()
         try:
+            # Inside: a cancel that lands while the mark is being written still clears it.
+            await hold.begin()
             started = time.monotonic()
-            froze = await self._freeze(name)
+            freezing = asyncio.ensure_future(self._freeze(name))
             try:
-                await self._go(helper)
+                froze = await asyncio.shield(freezing)
+            except asyncio.CancelledError:
+                # Given up while the engine freezes it (a checkpoint that took too long): that
+                # freeze still lands, so wait for it and undo it before the cancel goes on.
+                await asyncio.wait({freezing})
+                if not freezing.cancelled() and freezing.exception() is None and freezing.result():
+                    await self._thaw(name)
+                raise
+            try:
+                await self._go(name, helper)
             finally:
                 if froze:
-                    await self._engine.call(lambda c: c.api.unpause(name), "unpause")
+                    await self._thaw(name)
             held = time.monotonic() - started
         finally:
             await hold.end()
         return held
+
+    async def _thaw(self, name: str) -> None:
+        """`docker unpause`, carried to its end even when the export is cancelled meanwhile:
+        whoever waits for the cancelled export then meets a sandbox that runs."""
+        thawing = asyncio.ensure_future(self._engine.call(lambda c: c.api.unpause(name), "unpause"))
+        try:
+            await asyncio.shield(thawing)
+        except asyncio.CancelledError:
+            await asyncio.wait({thawing})
+            raise
 
     async def _freeze(self, name: str) -> bool:
         """`docker pause`; False when it was paused already (by someone else: leave it so).
@@ -307,22 +330,30 @@ class DockerExports:
         await self._lane.run(lambda _: list(helper.frames()))  # until the helper's Z
         archive: _Staged | None = None
         staged: Iterator[FileEntry] = iter(())
+        reading: IO[bytes] | None = None  # the file whose pieces come next, across batches
 
         def batch(client: docker.DockerClient) -> list[FileItem]:
-            nonlocal archive, staged
+            nonlocal archive, staged, reading
             if archive is None:
                 archive = _Staged(client, helper.container_id)
                 staged = iter(archive.listing())
             items: list[FileItem] = []
             size = 0
-            for entry in staged:
-                items.append(entry)
-                if entry.kind == FileKind.FILE and entry.changed:
-                    items.extend(archive.read(entry))
-                    size += entry.size
-                size += 128
-                if size >= BATCH_BYTES:
+            while size < BATCH_BYTES:
+                if reading is not None:
+                    piece = reading.read(PIECE)
+                    if piece:
+                        items.append(piece)
+                        size += len(piece)
+                        continue
+                    reading = None
+                entry = next(staged, None)
+                if entry is None:
                     break
+                items.append(entry)
+                size += 128
+                if entry.kind == FileKind.FILE and entry.changed:
+                    reading = archive.open(entry)
             return items
 
         try:

@@ -26,6 +26,7 @@ the engine (far faster than this stream).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import stat
@@ -257,15 +258,24 @@ def locate(src: str, path: str) -> tuple[int, str]:
     return fd, parts[-1]
 
 
+class NotRegular(Exception):
+    """What was listed as a regular file is something else now (the agent swapped it)."""
+
+
 def copy_out(entry: Entry, target: str) -> tuple[os.stat_result, os.stat_result]:
-    """Copy a file (never through a link) to the staging path; its stat before and after."""
+    """Copy a file (never through a link) to the staging path; its stat before and after.
+    Raises NotRegular when it is no longer a regular file: a fifo swapped in while the sandbox
+    runs would block the open, then the reads, for as long as the agent likes (opened without
+    blocking, checked before anything is read)."""
     fd, name = locate(entry["src"], entry["p"])
     try:
-        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
     finally:
         os.close(fd)
     try:
         before = os.fstat(src)
+        if not stat.S_ISREG(before.st_mode):
+            raise NotRegular(entry["p"])
         with open(target, "wb") as dst:
             while True:
                 data = os.read(src, PIECE)
@@ -280,6 +290,14 @@ def copy_out(entry: Entry, target: str) -> tuple[os.stat_result, os.stat_result]
 
 def marks(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+NAMES = itertools.count()
+"""The staging copies' names: never one still in use (an entry popped from `staged` must
+not give its number to the next)."""
+SKIPPED: list[str] = []
+"""Files no longer regular when they were to be copied (reported: the export leaves them out
+unless a later look finds them regular again)."""
 
 
 def stage(entries: list[Entry], known: dict[str, dict[str, list[Any]]], staged: Staged) -> int:
@@ -297,11 +315,15 @@ def stage(entries: list[Entry], known: dict[str, dict[str, list[Any]]], staged: 
         held = staged.get(key)
         if held is not None and held[0] == sig and held[2]:
             continue
-        target = held[1] if held else f"{STAGING}/{len(staged)}"
+        target = held[1] if held else f"{STAGING}/{next(NAMES)}"
         try:
             before, after = copy_out(entry, target)
         except FileNotFoundError:
             staged.pop(key, None)
+            continue
+        except NotRegular:
+            staged.pop(key, None)
+            SKIPPED.append(entry["p"])
             continue
         clean = marks(before) == marks(after) == sig[4:8]
         staged[key] = (sig, target, clean)
@@ -348,7 +370,8 @@ def export(request: dict[str, Any]) -> None:
         if refuse_if_large(first, known, limit):
             return
         precopied = stage(first, known, staged)
-    send_json(b"J", {"ready": True, "precopied": precopied, "took": time.monotonic() - began})
+    ready = {"ready": True, "precopied": precopied, "skipped": SKIPPED[:20]}
+    send_json(b"J", {**ready, "took": time.monotonic() - began})
     out.flush()
     kind, payload = read_frame()
     if kind != b"J" or json.loads(payload).get("op") != "go":
@@ -358,7 +381,8 @@ def export(request: dict[str, Any]) -> None:
     if refuse_if_large(listed, known, limit):
         return
     frozen = stage(listed, known, staged)
-    send_json(b"J", {"done": True, "copied": frozen, "took": time.monotonic() - began})
+    done = {"done": True, "copied": frozen, "skipped": SKIPPED[:20]}
+    send_json(b"J", {**done, "took": time.monotonic() - began})
     out.flush()
     # The sandbox goes on. The staged copies are renamed in the listing's order into the
     # directory the control plane then reads as one archive (sorted by name: that order).

@@ -315,6 +315,37 @@ async def test_conversations_survive_a_restart(
     assert roles == ["system", "user", "assistant"]
 
 
+async def test_a_fork_goes_on_from_the_history_carried_under_its_id(
+    make_agent_client: ClientFactory, auth: dict[str, str], local_fake_llm: FakeLLM, state_dir: Path
+) -> None:
+    """A conversation's fork: the control plane restores the source's events and history (no
+    meta.json: not its credentials) in the new conversation's directory; the agent, told to
+    start that conversation, goes on from them."""
+    local_fake_llm.script([reply_text("first answer")])
+    client = await make_agent_client()
+    source = (await start(client, auth, local_fake_llm, "EARLIER question"))["id"]
+    await wait_status(client, auth, source)
+    earlier = await events(client, auth, source)
+    await client.close()
+    fork = "f" * 32
+    carried = state_dir / "conversations" / fork
+    carried.mkdir()
+    for name in ("events.jsonl", "history.jsonl"):
+        (carried / name).write_bytes(
+            (state_dir / "conversations" / source.replace("-", "") / name).read_bytes()
+        )
+
+    client = await make_agent_client()  # the fork's sandbox: its agent boots over them
+    local_fake_llm.script([reply_finish()])
+    await start(client, auth, local_fake_llm, "LATER question", conversation_id=fork)
+    await wait_status(client, auth, fork)
+    sent = json.dumps(local_fake_llm.requests[-1].body["messages"])
+    assert "EARLIER question" in sent
+    assert "first answer" in sent
+    assert "LATER question" in sent
+    assert (await events(client, auth, fork))[: len(earlier)] == earlier
+
+
 async def test_pause_while_waiting_for_confirmation_keeps_the_action(
     agent_client: Client, auth: dict[str, str], local_fake_llm: FakeLLM, workspace: Path
 ) -> None:

@@ -1,6 +1,7 @@
 """A conversation's checkpoints with our agent in a real sandbox, a real registry and a scripted
 LLM: one at each user message, rewind (workspace and the agent's state back, later events kept
-and marked) and fork (a new conversation in its own sandbox)."""
+and marked) and fork (a new conversation in its own sandbox, whose agent goes on from the
+source's stored conversation at the checkpoint)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ pytestmark = [
     pytest.mark.live_config("snapshot_settings"),
 ]
 STATE = "/var/lib/acs-agent/conversations"
+LEASE = f"for d in {STATE}/*/; do echo held > $d/owner_lease.json; done"
 LOADED = 180  # seconds: a boot or a turn on a 2-core host other suites load too
 
 
@@ -73,7 +75,8 @@ async def two_turns(user: UserFactory, fake_llm: FakeLLM) -> tuple[Api, str, str
     events as they were before message 2."""
     fake_llm.script(
         [
-            reply_tool_call("terminal", {"command": "echo one > /workspace/a.txt"}),
+            # The official server's lease mark (its owner's, which a rewind must not restore).
+            reply_tool_call("terminal", {"command": f"echo one > /workspace/a.txt; {LEASE}"}),
             reply_finish("wrote one"),
             reply_tool_call(
                 "terminal", {"command": "echo two > /workspace/a.txt; echo b > /workspace/b.txt"}
@@ -123,6 +126,9 @@ async def test_rewind_brings_files_and_agent_state_back_and_marks_later_events(
     assert read(own_docker, sandbox_id, "cat /workspace/a.txt") == "one"
     assert read(own_docker, sandbox_id, "test -e /workspace/b.txt || echo absent") == "absent"
     assert read(own_docker, sandbox_id, f"ls {STATE}") == cid
+    kept = read(own_docker, sandbox_id, f"ls -A {STATE}/{cid}").split()
+    assert kept
+    assert "owner_lease.json" not in kept  # its owner is gone with the old instance
 
     # Kept, and marked: every event after the checkpoint's, none before.
     events = await events_of(alice, cid)
@@ -210,13 +216,23 @@ async def test_fork_starts_a_new_conversation_in_its_own_sandbox(
     assert all("rewound_by" not in e for e in await events_of(alice, cid))
     assert read(own_docker, sandbox_id, "cat /workspace/a.txt") == "two"
 
-    # The fork's agent works in its own sandbox.
+    # The fork's agent works in its own sandbox, going on from the source's turns before the
+    # checkpoint (its stored conversation carried under the fork's id), not those after.
     fake_llm.script(
         [reply_tool_call("terminal", {"command": "echo fork > /workspace/c.txt"}), reply_finish()]
     )
+    asked = len(fake_llm.requests)
     await alice.ok(
         "POST", f"/api/v1/app-conversations/{fork_id}/events", json=message("in the fork")
     )
     await wait_turns(alice, fork_id, 2)  # the copied history holds turn 1
+    sent = json.dumps(fake_llm.requests[asked].body["messages"])
+    assert "FIRST write one" in sent
+    assert "wrote one" in sent
+    assert "in the fork" in sent
+    assert "SECOND write two" not in sent
     assert read(own_docker, fork_sandbox, "cat /workspace/c.txt") == "fork"
+    carried = read(own_docker, fork_sandbox, f"ls -A {STATE}/{fork_id}").split()
+    assert {"events.jsonl", "history.jsonl", "meta.json"} <= set(carried)
+    assert "owner_lease.json" not in carried
     assert read(own_docker, sandbox_id, "test -e /workspace/c.txt || echo absent") == "absent"

@@ -1,10 +1,16 @@
 """A rewind with the official OpenHands agent server (acs-sandbox-openhands): it restores its
 conversation from the state on disk that the checkpoint brought back (its secrets sealed with
-the sandbox's session key, which a rewind keeps), and goes on from the checkpoint."""
+the sandbox's session key, which a rewind keeps), and goes on from the checkpoint. The
+checkpoint holds the old server's lease on the conversation, which a rewind must not restore:
+the rebuilt server would answer the next message 404 "Conversation not found" until it expired
+(45 s after the checkpoint). A fork at the checkpoint carries the stored conversation's events
+(not its sealed state) into a new sandbox, whose server goes on from them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +37,7 @@ pytestmark = [
     pytest.mark.live_config("snapshot_settings", enable_specs=["openhands"], start_timeout=600),
 ]
 MODEL = "openai/fake-model"
+STATE = "/var/lib/acs-agent/conversations"
 
 
 def finished_after(text: str) -> Callable[[list[dict[str, Any]]], bool]:
@@ -57,14 +64,16 @@ async def turn(api: Api, cid: str, text: str) -> list[dict[str, Any]]:
     return await wait_events(api, cid, finished_after(text), within=300)
 
 
-# A known defect, not a flaky check: in one of three full runs the official agent server, rebuilt
-# from the checkpoint, answered the next message 404 "Conversation not found" (its conversation
-# not yet loaded from the restored state when the message came). Issue 28 stays open for it;
-# the test still runs and reports XPASS when the rewind works.
-@pytest.mark.xfail(
-    reason="the official agent may not have loaded its restored conversation yet (issue 28)",
-    strict=False,
-)
+async def context_of_turn(api: Api, fake_llm: FakeLLM, cid: str, text: str) -> str:
+    """The messages the model was sent (JSON) at a turn of `text`, answered with a finish."""
+    fake_llm.script([reply_text(f"{text} seen"), reply_finish("ok")])
+    asked = len(fake_llm.requests)
+    await turn(api, cid, text)
+    tooled = [r for r in fake_llm.requests[asked:] if r.body.get("tools")]
+    assert tooled, [r.body for r in fake_llm.requests[asked:]]
+    return json.dumps(tooled[0].body["messages"])
+
+
 async def test_official_agent_rewinds_to_its_state_on_disk(
     user: UserFactory, fake_llm: FakeLLM, own_docker: OwnDocker
 ) -> None:
@@ -97,6 +106,10 @@ async def test_official_agent_rewinds_to_its_state_on_disk(
     except AssertionError as exc:  # what the restored server said
         logs = own_docker.container(sandbox_id).logs(tail=60).decode(errors="replace")
         raise AssertionError(f"{exc}\n--- the sandbox's log:\n{logs}") from None
+    # No lease of the old server came back: one there now is the rebuilt server's own.
+    lease = read(own_docker, sandbox_id, f"cat {STATE}/*/owner_lease.json 2>/dev/null || true")
+    host = read(own_docker, sandbox_id, "cat /etc/hostname")
+    assert not lease or json.loads(lease)["owner_host"] == host, (lease, host)
     assert read(own_docker, sandbox_id, "cat /workspace/a.txt") == "one"
     events = await events_of(alice, cid)
     second = [e for e in events if e["kind"] == "MessageEvent" and "SECOND" in json.dumps(e)]
@@ -104,12 +117,29 @@ async def test_official_agent_rewinds_to_its_state_on_disk(
     assert all(e["rewound_by"] == checkpoint["id"] for e in second)
 
     # The restored server goes on from its conversation as it was: turn 1, not turn 2.
-    fake_llm.script([reply_text("THIRD seen"), reply_finish("ok")])
-    asked = len(fake_llm.requests)
-    await turn(alice, cid, "THIRD")
-    tooled = [r for r in fake_llm.requests[asked:] if r.body.get("tools")]
-    assert tooled, [r.body for r in fake_llm.requests[asked:]]
-    sent = json.dumps(tooled[0].body["messages"])
+    sent = await context_of_turn(alice, fake_llm, cid, "THIRD")
     assert "FIRST write one" in sent
     assert "THIRD" in sent
     assert "SECOND write two" not in sent
+
+    # A fork at the same checkpoint: a new sandbox whose server goes on from the source's
+    # events there (carried under the new id), without the source's credentials.
+    forked = await alice.ok(
+        "POST",
+        f"/api/v1/app-conversations/{cid}/fork",
+        json={"checkpoint_id": checkpoint["id"]},
+    )
+    fork_id, fork_sandbox = forked["conversation_id"], forked["sandbox_id"]
+    task, deadline = forked["start_task"], time.monotonic() + 600
+    while task["status"] not in ("READY", "ERROR") and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        (task,) = await alice.ok("GET", f"/api/v1/app-conversations/start-tasks?ids={task['id']}")
+    assert task["status"] == "READY", task
+    assert read(own_docker, fork_sandbox, "cat /workspace/a.txt") == "one"
+    tokens = read(own_docker, fork_sandbox, f"grep -rho 'acsgw[.][^\"]*' {STATE} | sort -u")
+    assert sandbox_id not in tokens
+    sent = await context_of_turn(alice, fake_llm, fork_id, "IN THE FORK")
+    assert "FIRST write one" in sent
+    assert "IN THE FORK" in sent
+    assert "SECOND write two" not in sent
+    assert "THIRD" not in sent

@@ -1,10 +1,12 @@
 """Snapshots attacked from inside a sandbox, as the agent's user: a link put where the image (or
 the snapshot the sandbox came from) had a directory must not let a restore write through it,
 and a huge sparse file must not have the snapshot copy it (the host's disk, the control plane's
-memory): refused before anything is copied, with a clear 413, and the sandbox left running."""
+memory): refused before anything is copied, with a clear 413, and the sandbox left running; a
+fifo swapped in for a file the helper listed must not hold its copy (nor the snapshot) up."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import docker
@@ -105,3 +107,46 @@ async def test_a_huge_sparse_file_is_refused_before_anything_is_copied(
     # Once it is gone, the same sandbox snapshots as usual.
     await sh(docker_client, test_prefix, source["id"], "rm /workspace/huge")
     assert (await snapshot(small_quota_snap, alice, source["id"]))["sandbox_id"] == source["id"]
+
+
+SWAPPER = r"""
+import os, random, time
+names = ["/workspace/z%d" % n for n in range(40)]
+for name in names:
+    open(name, "w").write("x")
+fifo = dict.fromkeys(names, False)
+while True:
+    name = random.choice(names)
+    if fifo[name]:
+        open(name + ".t", "w").write("x")
+    else:
+        os.mkfifo(name + ".t")
+    os.replace(name + ".t", name)
+    fifo[name] = not fifo[name]
+    time.sleep(0.002)
+"""
+"""Swaps 40 files between a regular file and a fifo, each at its own moments: some are listed
+as files by the helper's first look and are fifos by the time it opens them."""
+
+
+async def test_a_fifo_swapped_in_for_a_file_does_not_hold_the_snapshot(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    alice = await user_headers("alice")
+    source = await running(snap, alice)
+    # A large file first in the listing: the swaps go on while the helper copies it.
+    await sh(
+        docker_client, test_prefix, source["id"], "head -c 60000000 /dev/urandom > /workspace/a"
+    )
+    script = SWAPPER.replace("'", "'\\''")
+    await sh(
+        docker_client,
+        test_prefix,
+        source["id"],
+        f"nohup python3 -c '{script}' >/dev/null 2>&1 &",
+    )
+    for _ in range(3):  # each look races the swaps anew
+        taken = await asyncio.wait_for(snapshot(snap, alice, source["id"]), timeout=120)
+        assert taken["sandbox_id"] == source["id"]
+    state = await snap.get(f"/api/v1/sandboxes/{source['id']}", headers=alice)
+    assert (await state.json())["status"] == "RUNNING"
