@@ -1,7 +1,7 @@
 """Snapshots on Docker (drivers/base.py: SandboxFiles): a sandbox's files read consistently, and
 new sandboxes made from a snapshot's files (drivers/docker/bases.py).
 
-An export runs drivers/docker/files_helper.py in a helper container that mounts the sandbox's
+An export runs drivers/files_helper.py in a helper container that mounts the sandbox's
 workspace volume and its container's writable layer (overlay2's "upper" directory: what changed
 outside the workspace, whiteouts included), both read-only. While the sandbox still runs the
 helper copies what changed since the last snapshot to a staging directory of its own; then the
