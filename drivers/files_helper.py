@@ -249,7 +249,7 @@ def scan(state: list[str], skip: list[str], system: bool = True) -> list[Entry]:
     entries = walk("ws", lambda p: "workspace", set())
     skipped = set(skip) | SYSTEM_SKIP
     changes = walk("upper", outside, skipped)
-    if os.path.isdir(ROOTS["base"]):
+    if "base" in ROOTS and os.path.isdir(ROOTS["base"]):
         changes = merge(walk("base", outside, skipped), changes)
     return entries + changes
 

@@ -77,6 +77,8 @@ HOLD_SCRIPT = (
 pod's but init and this shell), continue them when told, when the stream ends (`read` meets
 its end) or after HOLD_LIMIT seconds."""
 STARTED_POLL = 0.1
+POD_GONE_MARGIN = 30.0
+"""Seconds past the pause's grace that an export waits for a paused sandbox's pod to go."""
 PIECE = 1 << 20
 
 
@@ -142,17 +144,17 @@ class KubeFiles:
         max_bytes: int | None = None,
     ) -> AsyncIterator[FileExport]:
         pod = await self._api.get(pods(self._ns, pod_name(self._prefix, sandbox_id)), "inspect")
+        if pod is not None and terminating(pod):
+            pod = await self._stopped(sandbox_id)
         claim = await self._api.get(
             claims(self._ns, claim_name(self._prefix, sandbox_id)), "inspect"
         )
         if claim is None or terminating(claim):
             raise DriverError(f"sandbox {sandbox_id} has no workspace claim: nothing to read")
         running = pod is not None and _running(pod)
-        if pod is not None and not running:
-            raise DriverError(
-                f"sandbox {sandbox_id}'s pod is starting or stopping: retry once it runs or "
-                "is paused"
-            )
+        if pod is not None and not running and not terminating(pod):
+            raise DriverError(f"sandbox {sandbox_id}'s pod is starting: retry once it runs")
+        # On the pod's node while it exists (a volume that attaches to one node at a time).
         node = str((pod or {}).get("spec", {}).get("nodeName") or "") or None
         run_as = _run_as(claim, pod)
         by_tree: dict[str, dict[str, list[object]]] = {}
@@ -179,6 +181,20 @@ class KubeFiles:
                 _checked(await helper.ask({"op": "go"}))
                 held = 0.0
             yield FileExport(held_still=held, items=self._items(helper, max_bytes))
+
+    async def _stopped(self, sandbox_id: str) -> Json | None:
+        """A paused sandbox's pod still stopping (its processes may still write): waited for
+        until its containers have all ended (the pod object itself may stay a while longer,
+        its volumes being torn down), for the pause's grace and a margin; the pod then, None
+        once gone, or a new one (the sandbox was resumed meanwhile)."""
+        path = pods(self._ns, pod_name(self._prefix, sandbox_id))
+        deadline = time.monotonic() + self._settings.kube_pause_grace + POD_GONE_MARGIN
+        while time.monotonic() < deadline:
+            pod = await self._api.get(path, "inspect")
+            if pod is None or not terminating(pod) or _ended(pod):
+                return pod
+            await asyncio.sleep(STARTED_POLL * 2)
+        raise DriverError(f"sandbox {sandbox_id}'s pod is still stopping: retry in a moment")
 
     async def _still(self, sandbox_id: str, helper: Exec, hold: Hold) -> float:
         """Stop the sandbox's processes for the helper's second look; the seconds they were
@@ -377,6 +393,13 @@ class KubeFiles:
 def _running(pod: Json) -> bool:
     status = pod.get("status") or {}
     return status.get("phase") == "Running" and not terminating(pod)
+
+
+def _ended(pod: Json) -> bool:
+    """Every container of the pod has ended (none runs or may start again: restartPolicy
+    Never)."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return bool(statuses) and all("terminated" in (c.get("state") or {}) for c in statuses)
 
 
 def _ids(user: str | None) -> tuple[int, int] | None:
