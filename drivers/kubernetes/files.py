@@ -120,6 +120,8 @@ class KubeFiles:
     """The snapshot capability of one deployment (`prefix`) in the sandbox namespace; `image`:
     the helper image (ACS_SNAPSHOT_HELPER_IMAGE)."""
 
+    keeps_system = False  # the container's writable layer is the node runtime's
+
     def __init__(
         self, api: KubeApi, settings: KubernetesSettings, *, prefix: str, image: str
     ) -> None:
@@ -189,11 +191,15 @@ class KubeFiles:
         once gone, or a new one (the sandbox was resumed meanwhile)."""
         path = pods(self._ns, pod_name(self._prefix, sandbox_id))
         deadline = time.monotonic() + self._settings.kube_pause_grace + POD_GONE_MARGIN
+        pod: Json | None = None
         while time.monotonic() < deadline:
             pod = await self._api.get(path, "inspect")
             if pod is None or not terminating(pod) or _ended(pod):
                 return pod
             await asyncio.sleep(STARTED_POLL * 2)
+        statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or []
+        states = [c.get("state") for c in statuses]
+        log.warning("kube_snapshot_pod_still_stopping", sandbox_id=sandbox_id, states=states)
         raise DriverError(f"sandbox {sandbox_id}'s pod is still stopping: retry in a moment")
 
     async def _still(self, sandbox_id: str, helper: Exec, hold: Hold) -> float:
@@ -215,7 +221,7 @@ class KubeFiles:
                     raise DriverError(f"sandbox {sandbox_id} could not be held still")
                 _checked(await helper.ask({"op": "go"}))
                 await stopper.write(b"go\n")
-                with contextlib.suppress(ExecFailed):
+                with contextlib.suppress(ExecFailed, TimeoutError):
                     await asyncio.wait_for(stopper.line(), 5)
             finally:
                 await stopper.close()

@@ -147,6 +147,12 @@ async def test_links_out_of_a_paused_workspace_restore_as_links(
     )
     assert (await api.post(f"/api/v1/sandboxes/{source['id']}/pause", headers=alice)).status == 200
     await wait_status(api, alice, source["id"], "PAUSED", within=30)
+    # Its pod gone (a snapshot waits for a stopping pod's containers to end, as its kubelet
+    # reports them: late on a busy test host).
+    for _ in range(120):
+        if source["id"] not in (await objects(kube_api, ns, prefix)).of("pods"):
+            break
+        await asyncio.sleep(0.5)
 
     taken = await snapshot(api, alice, source["id"])
     assert taken["held_still_seconds"] == 0  # no pod: nothing to hold
