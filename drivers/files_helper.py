@@ -506,7 +506,8 @@ def finish_dirs(root_fd: int, dirs: list[tuple[list[str], Entry]]) -> None:
         try:
             os.fchmod(child, int(entry["m"]) & 0o3777)
             ns = int(entry["mt"])
-            os.utime(child, ns=(ns, ns))
+            if ns:  # 0: a directory the driver adds (above a kept path) keeps its own time
+                os.utime(child, ns=(ns, ns))
         finally:
             os.close(child)
 

@@ -40,7 +40,8 @@ from drivers.base import (
 from drivers.docker import names as docker_names
 from drivers.docker.engine import DockerEngine
 from drivers.docker.helper import Helper
-from drivers.errors import DriverError, FilesTooLarge, RuntimeUnavailable
+from drivers.errors import DriverError, RuntimeUnavailable
+from drivers.helper_answers import checked, known_by_tree
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
@@ -219,9 +220,7 @@ class DockerExports:
         mounts = self._mounts(attrs, name, working_dir)
         state = attrs.get("State") or {}
         running = bool(state.get("Running")) and not state.get("Paused")
-        by_tree: dict[str, dict[str, list[object]]] = {}
-        for (tree, path), signature in known.items():
-            by_tree.setdefault(tree, {})[path] = list(signature)
+        by_tree = known_by_tree(known)
         known_file = {KNOWN: json.dumps(by_tree, separators=(",", ":")).encode()}
         helper = await self._lane.run(
             lambda c: Helper.start(
@@ -242,7 +241,7 @@ class DockerExports:
                 "precopy": running,
                 "max_bytes": max_bytes or 0,
             }
-            ready = _checked(await self._lane.run(lambda _: helper.ask(request)))
+            ready = checked(await self._lane.run(lambda _: helper.ask(request)))
             log.debug("snapshot_helper_ready", **ready)
             held = await self._still(name, helper, hold) if running else await self._go(helper)
             yield FileExport(held_still=held, items=self._items(helper))
@@ -254,7 +253,7 @@ class DockerExports:
             task.add_done_callback(self._closing.discard)
 
     async def _go(self, helper: Helper) -> float:
-        done = _checked(await self._lane.run(lambda _: helper.ask({"op": "go"})))
+        done = checked(await self._lane.run(lambda _: helper.ask({"op": "go"})))
         log.debug("snapshot_helper_done", **done)
         return 0.0
 
@@ -379,14 +378,3 @@ class DockerExports:
                 raise DriverError(f"cannot find the base layer of {name}")
             mounts.append(Mount("/acs/base", lower[1], type="bind", read_only=True))
         return mounts
-
-
-def _checked(answer: dict[str, Any]) -> dict[str, Any]:
-    """The helper's answer, unless it refused the export as too large (before copying)."""
-    if "too_large" in answer:
-        raise FilesTooLarge(
-            f"the sandbox's changed files are {answer['too_large']} bytes, more than a snapshot "
-            f"may copy ({answer['limit']} bytes, ACS_SNAPSHOT_MAX_CHANGED_BYTES); remove some, "
-            "then retry"
-        )
-    return answer

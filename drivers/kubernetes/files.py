@@ -48,6 +48,7 @@ from drivers.base import (
     SandboxRequest,
 )
 from drivers.errors import DriverError, FilesTooLarge, RuntimeUnavailable
+from drivers.helper_answers import checked, known_by_tree
 from drivers.kubernetes.api import KubeApi, claims, pods
 from drivers.kubernetes.exec import Exec, ExecFailed
 from drivers.kubernetes.names import (
@@ -159,9 +160,7 @@ class KubeFiles:
         # On the pod's node while it exists (a volume that attaches to one node at a time).
         node = str((pod or {}).get("spec", {}).get("nodeName") or "") or None
         run_as = _run_as(claim, pod)
-        by_tree: dict[str, dict[str, list[object]]] = {}
-        for (tree, path), signature in known.items():
-            by_tree.setdefault(tree, {})[path] = list(signature)
+        by_tree = known_by_tree(known)
         async with self._helper(sandbox_id, run_as, node=node, read_only=True) as helper:
             request = {
                 "op": "export",
@@ -175,12 +174,12 @@ class KubeFiles:
                 "precopy": running,
                 "max_bytes": max_bytes or 0,
             }
-            ready = _checked(await helper.ask(request))
+            ready = checked(await helper.ask(request))
             log.debug("kube_snapshot_helper_ready", sandbox_id=sandbox_id, **ready)
             if running:
                 held = await self._still(sandbox_id, helper, hold)
             else:
-                _checked(await helper.ask({"op": "go"}))
+                checked(await helper.ask({"op": "go"}))
                 held = 0.0
             yield FileExport(held_still=held, items=self._items(helper, max_bytes))
 
@@ -219,7 +218,7 @@ class KubeFiles:
             try:
                 if await stopper.line() != "held":
                     raise DriverError(f"sandbox {sandbox_id} could not be held still")
-                _checked(await helper.ask({"op": "go"}))
+                checked(await helper.ask({"op": "go"}))
                 await stopper.write(b"go\n")
                 with contextlib.suppress(ExecFailed, TimeoutError):
                     await asyncio.wait_for(stopper.line(), 5)
@@ -284,6 +283,7 @@ class KubeFiles:
         nothing beneath an entry that is not a directory (a link the agent made where a
         directory was must never carry what was beneath it). The count of entries sent."""
         leaves: set[tuple[str, str]] = set()
+        dirs: set[str] = set()
         keep = False
         sent = 0
         buffer = bytearray()
@@ -291,12 +291,24 @@ class KubeFiles:
             if isinstance(item, bytes):
                 if keep:
                     buffer += _frame(b"F", item)
-            else:
-                keep = _loadable(item, leaves)
-                if keep:
-                    where = "workspace" if item.tree == WORKSPACE else "state"
-                    buffer += _frame(b"E", _entry_json(item, f"{where}/{item.path}".rstrip("/")))
-                    sent += 1
+                continue
+            keep = _loadable(item, leaves)
+            if not keep:
+                continue
+            where = "workspace" if item.tree == WORKSPACE else "state"
+            destination = f"{where}/{item.path}".rstrip("/")
+            # The directories above a kept path are not in a snapshot (only what lies under
+            # it is): made plain, before it.
+            parts = destination.split("/")
+            for n in range(1, len(parts)):
+                parent = "/".join(parts[:n])
+                if parent not in dirs:
+                    dirs.add(parent)
+                    buffer += _frame(b"E", _entry_json(_PARENT, parent))
+            if item.kind == FileKind.DIR:
+                dirs.add(destination)
+            buffer += _frame(b"E", _entry_json(item, destination))
+            sent += 1
             if len(buffer) >= PIECE:
                 await helper.write(bytes(buffer))
                 buffer.clear()
@@ -445,6 +457,10 @@ def _loadable(entry: FileEntry, leaves: set[tuple[str, str]]) -> bool:
     return True
 
 
+_PARENT = FileEntry(STATE, "", FileKind.DIR, 0o755, mtime_ns=0)
+"""A directory above a kept path (its mtime: the loader's own, 0 reads as "now")."""
+
+
 def _entry_json(entry: FileEntry, destination: str) -> bytes:
     raw: dict[str, Any] = {
         "d": destination,
@@ -459,16 +475,6 @@ def _entry_json(entry: FileEntry, destination: str) -> bytes:
 
 def _frame(kind: bytes, payload: bytes) -> bytes:
     return kind + len(payload).to_bytes(4, "big") + payload
-
-
-def _checked(answer: dict[str, Any]) -> dict[str, Any]:
-    if "too_large" in answer:
-        raise FilesTooLarge(
-            f"the sandbox's changed files are {answer['too_large']} bytes, more than a snapshot "
-            f"may copy ({answer['limit']} bytes, ACS_SNAPSHOT_MAX_CHANGED_BYTES); remove some, "
-            "then retry"
-        )
-    return answer
 
 
 def _waiting(status: Json) -> str:
