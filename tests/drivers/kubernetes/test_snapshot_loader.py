@@ -1,7 +1,9 @@
 """The loader of drivers/files_helper.py (what fills a restored sandbox's claim on Kubernetes),
 run as the helper pod runs it (`python3 -I -S -c <program>`), fed a hostile stream directly: the
 driver checks paths before it sends them (drivers/kubernetes/files.py), and the loader must hold
-on its own too. Nothing may be written through a link, beneath a file, or outside its root."""
+on its own too. Nothing may be written through a link, beneath a file, or outside its root. And
+the helper pod itself, as the driver writes it, fits the Restricted Pod Security profile the
+sandbox namespace is labelled with (docs/security.md)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from drivers.kubernetes.files import SCRIPT
+from drivers.kubernetes.objects import helper_manifest
+from drivers.kubernetes.settings import KubernetesSettings
+from tests.support.pod_security import profile, violations
 
 
 def frame(kind: bytes, payload: bytes) -> bytes:
@@ -85,3 +90,23 @@ def test_a_setuid_bit_is_not_restored(tmp_path: Path) -> None:
     stream = entry("tool", "file", 0o4755) + frame(b"F", b"#!/bin/sh\n")
     assert load(tmp_path, stream) == {"loaded": 1, "skipped": 0}
     assert (tmp_path / "tool").stat().st_mode & 0o7777 == 0o755
+
+
+def test_the_helper_pods_fit_the_restricted_profile() -> None:
+    settings = KubernetesSettings(kube_control_plane_url="http://10.0.0.1:3001")
+    for node, read_only in ((None, False), ("node-1", True)):
+        pod = helper_manifest(
+            "acs-files-x",
+            "acs-1-workspace",
+            settings,
+            "acs-",
+            image="acs-base:bookworm",
+            run_as=(1000, 1000),
+            node=node,
+            read_only=read_only,
+        )
+        assert violations(pod, profile("restricted")) == []
+        (container,) = pod["spec"]["containers"]
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert pod["spec"]["automountServiceAccountToken"] is False
+        assert "acs/prefix" not in pod["metadata"]["labels"]  # never listed as a sandbox
