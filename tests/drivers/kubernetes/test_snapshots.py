@@ -1,8 +1,9 @@
 """Snapshots on the test cluster through the control plane's API (issue 28, item 5): a snapshot of
 a running sandbox on one node starts a sandbox on the other node (the first is cordoned, as a
 drained or lost node would be), and a fork of two; a sandbox's hostile workspace (links out of
-it, made by the agent inside the sandbox) restores as links, never followed. Files are written
-and read back through each sandbox's own agent server, as its user would."""
+it, made by the agent inside the sandbox) restores as links, never followed; a sandbox held
+still by a control plane that goes away is let go. Files are written and read back through each
+sandbox's own agent server, as its user would."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from drivers.kubernetes.names import LABEL_FILES, label_value
+from drivers.kubernetes.api import KubeApi
+from drivers.kubernetes.exec import Exec
+from drivers.kubernetes.files import HOLD_SCRIPT
+from drivers.kubernetes.names import LABEL_FILES, label_value, pod_name
+from drivers.kubernetes.objects import CONTAINER
+from drivers.kubernetes.settings import Credentials
 from tests.drivers.kubernetes.sandbox_objects import objects
 from tests.drivers.kubernetes.test_sandboxes import run
 from tests.support.sandbox_helpers import DEFAULT_IMAGE, start_running, wait_status
@@ -198,3 +204,30 @@ async def post_once_listed(
 async def start_running_from(api: Client, headers: dict[str, str], snapshot_id: str) -> Any:
     made = await post_once_listed(api, "/api/v1/sandboxes", {"snapshot_id": snapshot_id}, headers)
     return await wait_status(api, headers, made["id"], "RUNNING", within=120)
+
+
+async def test_a_hold_whose_control_plane_is_gone_lets_the_sandbox_go(
+    snap_kube: Client,
+    kube_overrides: dict[str, Any],
+    user_headers: Headers,
+) -> None:
+    """The hold as a snapshot runs it (files.py), its stream then dropped as a control plane
+    killed in the middle would drop it: the sandbox is stopped while held, and goes on at
+    once when the stream ends (the reconciler cannot thaw a Kubernetes sandbox)."""
+    ns, prefix = kube_overrides["kube_namespace"], kube_overrides["container_prefix"]
+    alice = await user_headers("alice")
+    source = await start_running(snap_kube, alice, within=90)
+    api = KubeApi(Credentials(kubeconfig=str(kube_overrides["kubeconfig"])))
+    try:
+        stopper = await Exec.open(
+            api, ns, pod_name(prefix, source["id"]), CONTAINER, ["sh", "-c", HOLD_SCRIPT],
+            what="a hold",
+        )  # fmt: skip
+        assert await stopper.line() == "held"
+        with pytest.raises(TimeoutError):  # its agent server is stopped
+            await asyncio.wait_for(run(source, "echo moving"), 3)
+        await stopper.close()  # dropped without a word
+        answered = await asyncio.wait_for(run(source, "echo moving"), 10)
+        assert answered["stdout"].strip() == "moving"
+    finally:
+        await api.close()
