@@ -59,7 +59,12 @@ from drivers.kubernetes.names import (
     label_value,
     pod_name,
 )
-from drivers.kubernetes.objects import CONTAINER, HELPER_CONTAINER, helper_manifest
+from drivers.kubernetes.objects import (
+    CONTAINER,
+    HELPER_CONTAINER,
+    HELPER_DEADLINE,
+    helper_manifest,
+)
 from drivers.kubernetes.settings import KubernetesSettings
 from drivers.kubernetes.state import parse_time, terminating
 
@@ -132,6 +137,7 @@ class KubeFiles:
         self._image = image
         self._ns = settings.kube_namespace
         self._closing: set[asyncio.Task[None]] = set()
+        self._in_use: set[str] = set()
 
     # -- export ---------------------------------------------------------------------------------
 
@@ -338,6 +344,7 @@ class KubeFiles:
         if await self._api.create(pods(self._ns), manifest, "snapshot") is None:
             raise DriverError(f"snapshot helper {name} exists already")
         helper: Exec | None = None
+        self._in_use.add(name)
         try:
             await self._started(name)
             helper = await Exec.open(
@@ -361,6 +368,8 @@ class KubeFiles:
             await self._api.delete(pods(self._ns, name), "snapshot", grace=0)
         except (DriverError, RuntimeUnavailable) as exc:
             log.warning("kube_snapshot_helper_left", pod=name, error=str(exc))  # the sweep's
+        finally:
+            self._in_use.discard(name)
 
     async def _started(self, name: str) -> None:
         """Wait until the helper pod runs. Raises DriverError when it fails or takes longer
@@ -388,19 +397,26 @@ class KubeFiles:
         """Nothing is kept of a snapshot on the cluster: each restore fills its own claim."""
 
     async def sweep(self, older_than: float) -> int:
-        """Helper pods older than `older_than` seconds (their operation is over: it died)."""
+        """Helper pods that ended (their `activeDeadlineSeconds` ended one whose control plane
+        died) more than `older_than` seconds after they were made, and any past that deadline.
+        A running helper may be another replica's, at work: it is left alone until then."""
         listed = await self._api.list(
             pods(self._ns), f"{LABEL_FILES}={label_value(self._prefix)}", "snapshot"
         )
-        cutoff = time.time() - older_than
+        now = time.time()
         removed = 0
         for pod in listed.get("items") or []:
             metadata = pod.get("metadata") or {}
+            name = str(metadata.get("name"))
             made = parse_time(metadata.get("creationTimestamp"))
-            if made is not None and made.timestamp() < cutoff:
-                name = str(metadata.get("name"))
-                if await self._api.delete(pods(self._ns, name), "snapshot", grace=0):
-                    removed += 1
+            if name in self._in_use or made is None:
+                continue
+            age = now - made.timestamp()
+            ended = ((pod.get("status") or {}).get("phase")) in ("Failed", "Succeeded")
+            if not ((ended and age > older_than) or age > HELPER_DEADLINE + older_than):
+                continue
+            if await self._api.delete(pods(self._ns, name), "snapshot", grace=0):
+                removed += 1
         return removed
 
     async def close(self) -> None:
