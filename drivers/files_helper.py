@@ -385,18 +385,13 @@ def export(request: dict[str, Any]) -> None:
     # The sandbox goes on. The staged copies are renamed in the listing's order into the
     # directory the control plane then reads as one archive (sorted by name: that order).
     os.makedirs(READY, exist_ok=True)
-    entries: list[Entry] = []
-    for entry in listed:
-        entry["c"] = known.get(entry["t"], {}).get(entry["p"]) != signature(entry)
-        if entry["k"] == "file" and entry["c"]:
-            held = staged.pop((entry["t"], entry["p"]), None)
-            if held is None:
-                continue  # gone while it was copied: not in this export
-            entry["n"] = f"{len(entries):09d}"
-            os.rename(held[1], f"{READY}/{entry['n']}")
-            entry["s"] = os.path.getsize(f"{READY}/{entry['n']}")  # exactly what is sent
-        entry.pop("src", None)
-        entries.append(entry)
+
+    def ready(entry: Entry, copy: str, index: int) -> str:
+        entry["n"] = f"{index:09d}"
+        os.rename(copy, f"{READY}/{entry['n']}")
+        return f"{READY}/{entry['n']}"
+
+    entries, _ = final_listing(listed, known, staged, ready)
     # The listing goes with the copies, first in the archive's order ("-" sorts before digits).
     with open(f"{READY}/{LISTING}", "w") as listing:
         listing.write(json.dumps(entries, separators=(",", ":")))  # dumps: the C encoder
@@ -404,9 +399,15 @@ def export(request: dict[str, Any]) -> None:
     out.flush()
 
 
-def stream(listed: list[Entry], known: dict[str, dict[str, list[Any]]], staged: Staged) -> None:
-    """The listing (L), then each changed file's staged bytes (F frames, exactly its listed
-    size), then Z: all on stdout (Kubernetes: through the API server's exec stream)."""
+def final_listing(
+    listed: list[Entry],
+    known: dict[str, dict[str, list[Any]]],
+    staged: Staged,
+    place: Callable[[Entry, str, int], str],
+) -> tuple[list[Entry], list[str]]:
+    """The export's entries, each marked changed or not ("c"), a changed file's size that of
+    its staged copy, which `place(entry, copy, index)` puts where it is sent from (the paths
+    returned, in order); a file gone while it was copied is left out."""
     entries: list[Entry] = []
     copies: list[str] = []
     for entry in listed:
@@ -415,10 +416,18 @@ def stream(listed: list[Entry], known: dict[str, dict[str, list[Any]]], staged: 
             held = staged.pop((entry["t"], entry["p"]), None)
             if held is None:
                 continue  # gone while it was copied: not in this export
-            entry["s"] = os.path.getsize(held[1])  # exactly what is sent
-            copies.append(held[1])
+            copy = place(entry, held[1], len(entries))
+            entry["s"] = os.path.getsize(copy)  # exactly what is sent
+            copies.append(copy)
         entry.pop("src", None)
         entries.append(entry)
+    return entries, copies
+
+
+def stream(listed: list[Entry], known: dict[str, dict[str, list[Any]]], staged: Staged) -> None:
+    """The listing (L), then each changed file's staged bytes (F frames, exactly its listed
+    size), then Z: all on stdout (Kubernetes: through the API server's exec stream)."""
+    entries, copies = final_listing(listed, known, staged, lambda _entry, copy, _index: copy)
     send(b"L", json.dumps(entries, separators=(",", ":")).encode())
     for copy in copies:
         with open(copy, "rb") as staged_file:
