@@ -233,6 +233,11 @@ class FileExport:
 class SandboxFiles(Protocol):
     """A runtime's way to read and write a sandbox's files: the snapshot capability."""
 
+    keeps_system: bool
+    """True when exports hold the system tree and restores apply it (Docker); False where the
+    container's own changes are out of reach (Kubernetes: only the claim's workspace and
+    state)."""
+
     def export(
         self,
         sandbox_id: str,

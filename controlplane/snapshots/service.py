@@ -173,7 +173,9 @@ class SnapshotService:
 
     def _capability(self) -> SandboxFiles:
         if self._files is None:
-            raise NotSupported("this runtime does not take snapshots (yet): use the Docker driver")
+            raise NotSupported(
+                "this runtime does not take snapshots: the Docker and Kubernetes drivers do"
+            )
         return self._files
 
     async def _check_quota(self, owner: str) -> None:

@@ -1,7 +1,7 @@
 """Snapshots on Docker (drivers/base.py: SandboxFiles): a sandbox's files read consistently, and
 new sandboxes made from a snapshot's files (drivers/docker/bases.py).
 
-An export runs drivers/docker/files_helper.py in a helper container that mounts the sandbox's
+An export runs drivers/files_helper.py in a helper container that mounts the sandbox's
 workspace volume and its container's writable layer (overlay2's "upper" directory: what changed
 outside the workspace, whiteouts included), both read-only. While the sandbox still runs the
 helper copies what changed since the last snapshot to a staging directory of its own; then the
@@ -40,7 +40,8 @@ from drivers.base import (
 from drivers.docker import names as docker_names
 from drivers.docker.engine import DockerEngine
 from drivers.docker.helper import Helper
-from drivers.errors import DriverError, FilesTooLarge, RuntimeUnavailable
+from drivers.errors import DriverError, RuntimeUnavailable
+from drivers.helper_answers import checked, known_by_tree
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
@@ -218,9 +219,7 @@ class DockerExports:
         mounts = self._mounts(attrs, name, working_dir)
         state = attrs.get("State") or {}
         running = bool(state.get("Running")) and not state.get("Paused")
-        by_tree: dict[str, dict[str, list[object]]] = {}
-        for (tree, path), signature in known.items():
-            by_tree.setdefault(tree, {})[path] = list(signature)
+        by_tree = known_by_tree(known)
         known_file = {KNOWN: json.dumps(by_tree, separators=(",", ":")).encode()}
         helper = await self._lane.run(
             lambda c: Helper.start(
@@ -241,7 +240,7 @@ class DockerExports:
                 "precopy": running,
                 "max_bytes": max_bytes or 0,
             }
-            ready = _checked(await self._lane.run(lambda _: helper.ask(request)))
+            ready = checked(await self._lane.run(lambda _: helper.ask(request)))
             log.debug("snapshot_helper_ready", **ready)
             held = (
                 await self._still(name, helper, hold) if running else await self._go(name, helper)
@@ -255,7 +254,7 @@ class DockerExports:
             task.add_done_callback(self._closing.discard)
 
     async def _go(self, name: str, helper: Helper) -> float:
-        done = _checked(await self._lane.run(lambda _: helper.ask({"op": "go"})))
+        done = checked(await self._lane.run(lambda _: helper.ask({"op": "go"})))
         log.debug("snapshot_helper_done", **done)
         if done.get("skipped"):  # both looks': a fifo swapped in while the sandbox ran
             log.warning("snapshot_files_not_regular", container=name, paths=done["skipped"])
@@ -410,14 +409,3 @@ class DockerExports:
                 raise DriverError(f"cannot find the base layer of {name}")
             mounts.append(Mount("/acs/base", lower[1], type="bind", read_only=True))
         return mounts
-
-
-def _checked(answer: dict[str, Any]) -> dict[str, Any]:
-    """The helper's answer, unless it refused the export as too large (before copying)."""
-    if "too_large" in answer:
-        raise FilesTooLarge(
-            f"the sandbox's changed files are {answer['too_large']} bytes, more than a snapshot "
-            f"may copy ({answer['limit']} bytes, ACS_SNAPSHOT_MAX_CHANGED_BYTES); remove some, "
-            "then retry"
-        )
-    return answer

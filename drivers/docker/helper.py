@@ -1,4 +1,4 @@
-"""One run of drivers/docker/files_helper.py in a helper container, and the conversation with it.
+"""One run of drivers/files_helper.py in a helper container, and the conversation with it.
 
 The helper is created with the mounts its work needs, attached (stdin, stdout, stderr) before
 it starts, and removed at the end whatever happened. Its frames (files_helper.py) travel inside
@@ -25,7 +25,7 @@ from docker.types import Mount
 
 from drivers.errors import DriverError, ImageMissing
 
-SCRIPT = (Path(__file__).parent / "files_helper.py").read_text()
+SCRIPT = (Path(__file__).parent.parent / "files_helper.py").read_text()
 LABEL_ROLE = "acs.role"
 """On what the snapshot capability makes besides sandboxes: `files` (a helper or a loader
 container), `base` (a base volume, or the container a base image is committed from)."""

@@ -16,6 +16,8 @@ from drivers.docker.files import DockerExports, Lane
 class DockerFiles:
     """`image`: the helper containers' image (any with python3 3.9+)."""
 
+    keeps_system = True
+
     def __init__(self, engine: DockerEngine, *, prefix: str, image: str, threads: int = 4) -> None:
         self.lane = Lane(engine, threads)
         self.exports = DockerExports(self.lane, prefix=prefix, image=image)

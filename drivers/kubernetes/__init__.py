@@ -35,6 +35,7 @@ def make_driver(settings: KubernetesSettings, host: RuntimeHost) -> SandboxDrive
             "because its resourceVersion had expired (`expired`, 410 Gone)",
             "reason",
         ),
+        helper_image=host.helper_image,
     )
 
 

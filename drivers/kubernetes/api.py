@@ -23,6 +23,7 @@ import structlog
 from kubernetes_asyncio import client as kclient
 from kubernetes_asyncio import config as kconfig
 from kubernetes_asyncio.config.config_exception import ConfigException
+from kubernetes_asyncio.stream import WsApiClient
 
 from drivers.errors import DriverError, RuntimeUnavailable
 from drivers.kubernetes.settings import Credentials
@@ -85,6 +86,7 @@ class KubeApi:
         self._credentials = credentials
         self._on_error = on_error
         self._client: Any = None
+        self._ws_client: Any = None
         self._lock = asyncio.Lock()
         self._closed = False
 
@@ -124,7 +126,18 @@ class KubeApi:
                 f"no Kubernetes credentials ({where}): {exc}; set ACS_KUBECONFIG, or run the "
                 "control plane in a pod with a service account"
             ) from None
+        self._configuration = configuration
         return kclient.ApiClient(configuration)
+
+    async def ws(self) -> Any:
+        """A websocket client with the same identity (exec streams: drivers/kubernetes/exec.py)."""
+        await self._api()
+        async with self._lock:
+            if self._closed:
+                raise RuntimeUnavailable("the Kubernetes client is closed")
+            if self._ws_client is None:
+                self._ws_client = WsApiClient(self._configuration)
+        return self._ws_client
 
     def _failed(self, operation: str) -> None:
         if self._on_error is not None:
@@ -299,6 +312,9 @@ class KubeApi:
     async def close(self) -> None:
         async with self._lock:
             self._closed = True
+            if self._ws_client is not None:
+                await self._ws_client.close()
+                self._ws_client = None
             if self._client is not None:
                 await self._client.close()
                 self._client = None

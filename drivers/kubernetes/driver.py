@@ -27,6 +27,7 @@ from drivers.base import (
 from drivers.errors import DriverError, RuntimeUnavailable
 from drivers.kubernetes.api import KubeApi
 from drivers.kubernetes.capacity import Capacity
+from drivers.kubernetes.files import KubeFiles
 from drivers.kubernetes.names import selector, uid_of
 from drivers.kubernetes.network import Network, peers_of
 from drivers.kubernetes.nodes import Nodes
@@ -54,7 +55,6 @@ class KubernetesDriver:
     """
 
     pause_releases = True
-    files: SandboxFiles | None = None  # snapshots on Kubernetes: not yet (issue 28, phase 2)
 
     def __init__(
         self,
@@ -66,6 +66,7 @@ class KubernetesDriver:
         listener: HostListener | None = None,
         on_error: Callable[[str], None] | None = None,
         on_watch_restart: Callable[[str], None] | None = None,
+        helper_image: str = "acs-base:bookworm",
     ) -> None:
         self.prefix = prefix
         self.settings = settings
@@ -85,6 +86,13 @@ class KubernetesDriver:
         self._network = Network(settings, peers, listener, tuple(host_ports))
         self._resources = Resources(api, settings, prefix, peers)
         self._waits = PodWaits(self._pods, self._resources, self._capacity, settings)
+        self._files = KubeFiles(api, settings, prefix=prefix, image=helper_image)
+
+    @property
+    def files(self) -> SandboxFiles:
+        """Snapshots: the workspace and the kept state paths, read from and written to the
+        claim by helper pods (files.py)."""
+        return self._files
 
     # -- the runtime --------------------------------------------------------------------------
 
@@ -143,7 +151,8 @@ class KubernetesDriver:
         for until it runs; what was made goes again if that fails."""
         self._pods.start()
         egress = await self._network.egress(request.network)
-        made = await self._resources.make(request, egress, new=new)
+        fill = self._files.fill if request.restore is not None else None
+        made = await self._resources.make(request, egress, new=new, fill=fill)
         try:
             return await self._resources.state(await self._waits.running(request.sandbox_id))
         except BaseException:
@@ -218,6 +227,7 @@ class KubernetesDriver:
         return self._pods.subscribe(sink)
 
     async def close(self) -> None:
+        await self._files.close()
         await self._pods.close()
         await self._nodes.close()
         await self._api.close()

@@ -26,6 +26,12 @@ ANNOTATION_PREFIX = "acs/prefix"
 ANNOTATION_DETACHED = "acs/detached-at"
 """On a claim whose sandbox was removed with its workspace kept (`remove(keep_workspace=True)`):
 the claim is left for an operator, and the sweeps no longer list it as a sandbox."""
+ANNOTATION_RUN_AS = "acs/run-as"
+"""On a workspace claim: the "uid:gid" its sandbox runs as, which the snapshot helpers that read
+or fill it run as too (drivers/kubernetes/files.py)."""
+LABEL_FILES = "acs/files-prefix"
+"""On a snapshot helper pod: the deployment's prefix. Not acs/prefix: no list or watch of
+sandboxes ever sees a helper."""
 COMMON_LABELS = {
     "app.kubernetes.io/name": "acs-sandbox",
     "app.kubernetes.io/managed-by": "acs-control-plane",
@@ -50,6 +56,10 @@ def label_value(value: str) -> str:
 
 def pod_name(prefix: str, sandbox_id: str) -> str:
     return f"{prefix}{sandbox_id}"
+
+
+def helper_name(prefix: str, token: str) -> str:
+    return f"{prefix}files-{token}"
 
 
 def claim_name(prefix: str, sandbox_id: str) -> str:

@@ -25,7 +25,12 @@ from drivers.base import SandboxRequest
 from drivers.errors import DriverError
 from drivers.kubernetes.egress import Egress, Peers, policy_spec
 from drivers.kubernetes.names import (
+    ANNOTATION_PREFIX,
+    ANNOTATION_RUN_AS,
+    COMMON_LABELS,
+    LABEL_FILES,
     claim_name,
+    label_value,
     labels,
     object_annotations,
     pod_name,
@@ -66,10 +71,107 @@ def claim_manifest(request: SandboxRequest, settings: KubernetesSettings, prefix
     }
     if settings.kube_storage_class:
         spec["storageClassName"] = settings.kube_storage_class
+    metadata = _metadata(claim_name(prefix, request.sandbox_id), request, prefix)
+    ids = _ids(request.user)
+    if ids is not None:
+        metadata["annotations"][ANNOTATION_RUN_AS] = f"{ids[0]}:{ids[1]}"
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _metadata(claim_name(prefix, request.sandbox_id), request, prefix),
+        "metadata": metadata,
+        "spec": spec,
+    }
+
+
+HELPER_CONTAINER = "files"
+HELPER_DEADLINE = 3600
+"""Seconds a snapshot helper pod may live at most (the sweep removes it sooner once idle)."""
+
+
+def helper_manifest(
+    name: str,
+    claim: str,
+    settings: KubernetesSettings,
+    prefix: str,
+    *,
+    image: str,
+    run_as: tuple[int, int],
+    node: str | None,
+    read_only: bool,
+) -> Json:
+    """A snapshot helper: the trusted helper image, idle (`sleep`) until the driver runs
+    drivers/files_helper.py in it through exec, with the workspace claim at /acs/claim (read-only
+    for an export) and a scratch directory at /acs/work. It runs as the sandbox's own uid and gid
+    (every file of the claim is theirs: the sandbox runs unprivileged), under the Restricted Pod
+    Security Standard like the sandbox, with no network need, no token, and on the sandbox's
+    node when it reads a running one (`node`)."""
+    uid, gid = run_as
+    security: Json = {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": gid,
+    }
+    spec: Json = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 0,
+        "activeDeadlineSeconds": HELPER_DEADLINE,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": uid,
+            "runAsGroup": gid,
+            "fsGroup": gid,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [
+            {
+                "name": HELPER_CONTAINER,
+                "image": image_reference(image, settings.kube_image_registry),
+                "imagePullPolicy": settings.kube_image_pull_policy,
+                "command": ["sleep", str(HELPER_DEADLINE)],
+                "resources": {
+                    "requests": {"memory": "64Mi", "cpu": "50m"},
+                    "limits": {"memory": "512Mi", "cpu": "1"},
+                },
+                "securityContext": security,
+                "volumeMounts": [
+                    {"name": "claim", "mountPath": "/acs/claim", "readOnly": read_only},
+                    {"name": "work", "mountPath": "/acs/work"},
+                ],
+            }
+        ],
+        "volumes": [
+            {
+                "name": "claim",
+                "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only},
+            },
+            {"name": "work", "emptyDir": {}},
+        ],
+    }
+    if node:
+        spec["nodeName"] = node
+    elif settings.kube_node_selector:
+        spec["nodeSelector"] = dict(settings.kube_node_selector)
+    if settings.kube_image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": n} for n in settings.kube_image_pull_secrets]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {
+                **COMMON_LABELS,
+                "app.kubernetes.io/name": "acs-files-helper",
+                LABEL_FILES: label_value(prefix),
+            },
+            "annotations": {ANNOTATION_PREFIX: prefix},
+        },
         "spec": spec,
     }
 

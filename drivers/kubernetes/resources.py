@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -84,14 +85,24 @@ class Resources:
 
     # -- making -------------------------------------------------------------------------------
 
-    async def make(self, request: SandboxRequest, egress: Egress, *, new: bool) -> list[str]:
-        """The sandbox's objects, its pod last; the paths of those made now (for `undo`). Raises
+    async def make(
+        self,
+        request: SandboxRequest,
+        egress: Egress,
+        *,
+        new: bool,
+        fill: Callable[[SandboxRequest], Awaitable[None]] | None = None,
+    ) -> list[str]:
+        """The sandbox's objects, its pod last; the paths of those made now (for `undo`). A
+        claim made now is handed to `fill` (a restore) before anything else is made. Raises
         ContainerExists (leaving things alone) when the sandbox exists (its pod; or its claim,
         for a `new` one); on any other failure removes what it made, then raises."""
         made: list[str] = []
         try:
             if await self._ensure_claim(request, new):
                 made.append(claims(self._ns, claim_name(self._prefix, request.sandbox_id)))
+                if fill is not None:
+                    await fill(request)
             if await self._ensure_policy(request, egress):
                 made.append(policies(self._ns, policy_name(self._prefix, request.sandbox_id)))
             if self._settings.kube_endpoint == "service" and await self._ensure_service(request):

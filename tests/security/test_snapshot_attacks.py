@@ -12,7 +12,7 @@ from typing import Any
 import docker
 import pytest
 
-from drivers.docker.files_helper import merge
+from drivers.files_helper import merge
 from tests.support.snapshot_helpers import running, sh, snapshot
 from tests.support.types import Client, ClientFactory, UserHeaders
 

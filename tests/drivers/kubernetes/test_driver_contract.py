@@ -15,6 +15,7 @@ from drivers.kubernetes.settings import KubernetesSettings
 from tests.drivers.contract import *  # noqa: F403 (the shared tests, with the fixtures below)
 from tests.drivers.contract import Hooks
 from tests.drivers.kubernetes.conftest import KubeCluster
+from tests.support.sandbox_helpers import DEFAULT_IMAGE
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 
@@ -43,7 +44,10 @@ async def driver(
         kube_storage_class=kube_cluster.storage_class,
         kube_pod_start_timeout=60.0,
     )
-    made = KubernetesDriver(settings, prefix=test_prefix, listener=listener)
+    # Snapshot helpers run the sandbox image, on the nodes already (a deployment runs acs-base).
+    made = KubernetesDriver(
+        settings, prefix=test_prefix, listener=listener, helper_image=DEFAULT_IMAGE
+    )
     yield made
     await made.close()
     await listener.close()

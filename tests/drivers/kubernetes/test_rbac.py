@@ -20,7 +20,9 @@ from kubernetes_asyncio import client
 from tests.drivers.kubernetes.conftest import REPO, api_client, wait_service_account
 from tests.drivers.kubernetes.sandbox_objects import eventually, objects, orphans
 from tests.drivers.kubernetes.test_sandboxes import Headers, run
-from tests.support.sandbox_helpers import start_running, wait_status
+from tests.drivers.kubernetes.test_snapshots import start_running_from
+from tests.support.sandbox_helpers import DEFAULT_IMAGE, start_running, wait_status
+from tests.support.snapshot_helpers import snapshot
 from tests.support.types import ClientFactory
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
@@ -105,6 +107,7 @@ async def test_the_documented_role_is_all_the_control_plane_needs(
     user_headers: Headers,
     raw_redis: aioredis.Redis,
     tmp_path: Path,
+    snapshot_settings: dict[str, Any],
 ) -> None:
     ns, prefix = kube_overrides["kube_namespace"], kube_overrides["container_prefix"]
     role, binding = documented_rbac()
@@ -134,7 +137,12 @@ async def test_the_documented_role_is_all_the_control_plane_needs(
         ):
             assert await status_of(limited, path) == 403, path
 
-    api = await make_client(with_sandboxes=True, **(kube_overrides | {"kubeconfig": kubeconfig}))
+    api = await make_client(
+        with_sandboxes=True,
+        **(kube_overrides | {"kubeconfig": kubeconfig}),
+        **snapshot_settings,
+        snapshot_helper_image=DEFAULT_IMAGE,  # on the nodes already (a deployment: acs-base)
+    )
     alice = await user_headers("alice")
     running = await start_running(api, alice, within=60)
     sandbox_id = running["id"]
@@ -144,6 +152,13 @@ async def test_the_documented_role_is_all_the_control_plane_needs(
     resumed = await wait_status(api, alice, sandbox_id, "RUNNING", within=60)
     read = await run(resumed, "cat /workspace/mark")
     assert read["stdout"].strip() == "kept", read
+    # Snapshots through exec (helper pods, the hold), with the Role's pods/exec alone.
+    taken = await snapshot(api, alice, sandbox_id)
+    assert taken["held_still_seconds"] > 0, taken
+    restored = await start_running_from(api, alice, taken["id"])
+    read = await run(restored, "cat /workspace/mark")
+    assert read["stdout"].strip() == "kept", read
+    assert (await api.delete(f"/api/v1/sandboxes/{restored['id']}", headers=alice)).status == 200
     assert await orphans(kube_api, ns, prefix, raw_redis, "pod_ip") == []
     assert (await api.delete(f"/api/v1/sandboxes/{sandbox_id}", headers=alice)).status == 200
     assert (await objects(kube_api, ns, prefix)).sandbox_ids() == set()

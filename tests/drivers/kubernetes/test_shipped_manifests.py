@@ -143,7 +143,9 @@ def test_the_manifests_apply_and_fence_the_control_plane(kubectl: Kubectl, tmp_p
     assert kubectl.can_i("get", "storageclasses.storage.k8s.io", "default")
     assert not kubectl.can_i("patch", "nodes", "default")
     assert not kubectl.can_i("get", "pods", "acs-sandboxes", subresource="log")
-    assert not kubectl.can_i("create", "pods", "acs-sandboxes", subresource="exec")
+    # Exec serves snapshots (helper pods, holding a sandbox still): in the sandbox namespace only.
+    assert kubectl.can_i("create", "pods", "acs-sandboxes", subresource="exec")
+    assert not kubectl.can_i("create", "pods", "acs", subresource="exec")
     assert not kubectl.can_i("get", "secrets", "acs-sandboxes")
     for namespace in ("acs", "default", "kube-system"):
         assert not kubectl.can_i("create", "pods", namespace), namespace

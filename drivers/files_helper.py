@@ -1,7 +1,8 @@
-"""The program the Docker driver runs in a short-lived helper container to read a sandbox's
-files consistently (drivers/docker/files.py). It is sent as `python3 -I -S -c <this file>` and
-must run on any Python 3.9+ with the standard library alone, since it runs in the helper image
-(ACS_SNAPSHOT_HELPER_IMAGE), not in the control plane.
+"""The program the drivers run in a short-lived helper (a container on Docker, a pod on
+Kubernetes) to read a sandbox's files consistently, and on Kubernetes to write a restored
+sandbox's files (drivers/docker/files.py, drivers/kubernetes/files.py). It is sent as
+`python3 -I -S -c <this file>` and must run on any Python 3.9+ with the standard library alone,
+since it runs in the helper image (ACS_SNAPSHOT_HELPER_IMAGE), not in the control plane.
 
 Mounts (read-only): /acs/ws (the workspace volume), /acs/upper (the container's own writable
 layer, the overlay "upper" directory: what changed outside the workspace, with whiteouts for
@@ -22,6 +23,15 @@ changed meanwhile is copied, then {"done": ...}; the control plane lets the sand
 listing (a JSON array; each changed file named, "n", by its staged copy) is written beside the
 copies in /acs/ready, and Z says so: the control plane reads that directory as one archive from
 the engine (far faster than this stream).
+
+Kubernetes (no engine, no overlay layer within reach) adds to the export request: "roots" (the
+claim's `workspace/` as "ws" and its `state/` as "upper"), "staging" (a directory of the
+helper's own), "system": false (only the state paths of "upper" are listed, nothing else of it)
+and "stream": true: after {"done": ...} the listing goes as one L frame, then each changed
+file's bytes as F frames (exactly its listed size), then Z. And the op "load" writes a restored
+sandbox's files under "root": E frames (an entry: "d", the path under root; "k", "m", "mt",
+"l"), each file's bytes as F frames, then Z; answered {"loaded": n, "skipped": m}. Nothing is
+written through a link, beneath anything but a directory, nor outside root.
 """
 
 from __future__ import annotations
@@ -43,7 +53,7 @@ PIECE = 1 << 20
 # Only the trusted.* attribute, which the engine's overlayfs sets and the agent cannot: an
 # unprivileged user may set user.overlay.opaque on its own directories.
 OPAQUE = ("trusted.overlay.opaque",)
-STAGING = "/acs/staging"
+STAGING = ["/acs/staging"]  # a list: an export request may name another
 READY = "/acs/ready"
 LISTING = "-listing.json"
 ROOTS = {"ws": "/acs/ws", "upper": "/acs/upper", "base": "/acs/base"}
@@ -225,19 +235,22 @@ def merge(lower: list[Entry], upper: list[Entry]) -> list[Entry]:
     return sorted(kept + upper, key=lambda e: e["p"].split("/"))
 
 
-def scan(state: list[str], skip: list[str]) -> list[Entry]:
+def scan(state: list[str], skip: list[str], system: bool = True) -> list[Entry]:
     """The workspace tree, then what changed outside it (the container's upper directory, over
-    the base layer of a sandbox made from a snapshot) split into `state` and `system`."""
+    the base layer of a sandbox made from a snapshot) split into `state` and `system` (or, with
+    `system` false, only what lies under the state paths)."""
 
     def outside(path: str) -> str | None:
         if path == "":
             return None
-        return "state" if under(path, state) else "system"
+        if under(path, state):
+            return "state"
+        return "system" if system else None
 
     entries = walk("ws", lambda p: "workspace", set())
     skipped = set(skip) | SYSTEM_SKIP
     changes = walk("upper", outside, skipped)
-    if os.path.isdir(ROOTS["base"]):
+    if "base" in ROOTS and os.path.isdir(ROOTS["base"]):
         changes = merge(walk("base", outside, skipped), changes)
     return entries + changes
 
@@ -315,7 +328,7 @@ def stage(entries: list[Entry], known: dict[str, dict[str, list[Any]]], staged: 
         held = staged.get(key)
         if held is not None and held[0] == sig and held[2]:
             continue
-        target = held[1] if held else f"{STAGING}/{next(NAMES)}"
+        target = held[1] if held else f"{STAGING[0]}/{next(NAMES)}"
         try:
             before, after = copy_out(entry, target)
         except FileNotFoundError:
@@ -355,18 +368,24 @@ def refuse_if_large(
 
 def export(request: dict[str, Any]) -> None:
     began = time.monotonic()
-    known: dict[str, dict[str, list[Any]]] = {}
+    known: dict[str, dict[str, list[Any]]] = request.get("known") or {}
     if request.get("known_file"):
         with open(request["known_file"]) as known_file:
             known = json.loads(known_file.read())
+    if request.get("roots"):
+        ROOTS.clear()
+        ROOTS.update(request["roots"])
+    if request.get("staging"):
+        STAGING[0] = request["staging"]
+    system = bool(request.get("system", True))
     state = request.get("state") or []
     skip = request.get("skip") or []
-    os.makedirs(STAGING, exist_ok=True)
+    os.makedirs(STAGING[0], exist_ok=True)
     staged: Staged = {}
     precopied = 0
     limit = int(request.get("max_bytes") or 0)
     if request.get("precopy"):
-        first = scan(state, skip)
+        first = scan(state, skip, system)
         if refuse_if_large(first, known, limit):
             return
         precopied = stage(first, known, staged)
@@ -377,32 +396,185 @@ def export(request: dict[str, Any]) -> None:
     if kind != b"J" or json.loads(payload).get("op") != "go":
         raise SystemExit("expected go")
     began = time.monotonic()
-    listed = scan(state, skip)
+    listed = scan(state, skip, system)
     if refuse_if_large(listed, known, limit):
         return
     frozen = stage(listed, known, staged)
     done = {"done": True, "copied": frozen, "skipped": SKIPPED[:20]}
     send_json(b"J", {**done, "took": time.monotonic() - began})
     out.flush()
+    if request.get("stream"):
+        stream(listed, known, staged)
+        return
     # The sandbox goes on. The staged copies are renamed in the listing's order into the
     # directory the control plane then reads as one archive (sorted by name: that order).
     os.makedirs(READY, exist_ok=True)
+
+    def ready(entry: Entry, copy: str, index: int) -> str:
+        entry["n"] = f"{index:09d}"
+        os.rename(copy, f"{READY}/{entry['n']}")
+        return f"{READY}/{entry['n']}"
+
+    entries, _ = final_listing(listed, known, staged, ready)
+    # The listing goes with the copies, first in the archive's order ("-" sorts before digits).
+    with open(f"{READY}/{LISTING}", "w") as listing:
+        listing.write(json.dumps(entries, separators=(",", ":")))  # dumps: the C encoder
+    send(b"Z", b"")
+    out.flush()
+
+
+def final_listing(
+    listed: list[Entry],
+    known: dict[str, dict[str, list[Any]]],
+    staged: Staged,
+    place: Callable[[Entry, str, int], str],
+) -> tuple[list[Entry], list[str]]:
+    """The export's entries, each marked changed or not ("c"), a changed file's size that of
+    its staged copy, which `place(entry, copy, index)` puts where it is sent from (the paths
+    returned, in order); a file gone while it was copied is left out."""
     entries: list[Entry] = []
+    copies: list[str] = []
     for entry in listed:
         entry["c"] = known.get(entry["t"], {}).get(entry["p"]) != signature(entry)
         if entry["k"] == "file" and entry["c"]:
             held = staged.pop((entry["t"], entry["p"]), None)
             if held is None:
                 continue  # gone while it was copied: not in this export
-            entry["n"] = f"{len(entries):09d}"
-            os.rename(held[1], f"{READY}/{entry['n']}")
-            entry["s"] = os.path.getsize(f"{READY}/{entry['n']}")  # exactly what is sent
+            copy = place(entry, held[1], len(entries))
+            entry["s"] = os.path.getsize(copy)  # exactly what is sent
+            copies.append(copy)
         entry.pop("src", None)
         entries.append(entry)
-    # The listing goes with the copies, first in the archive's order ("-" sorts before digits).
-    with open(f"{READY}/{LISTING}", "w") as listing:
-        listing.write(json.dumps(entries, separators=(",", ":")))  # dumps: the C encoder
+    return entries, copies
+
+
+def stream(listed: list[Entry], known: dict[str, dict[str, list[Any]]], staged: Staged) -> None:
+    """The listing (L), then each changed file's staged bytes (F frames, exactly its listed
+    size), then Z: all on stdout (Kubernetes: through the API server's exec stream)."""
+    entries, copies = final_listing(listed, known, staged, lambda _entry, copy, _index: copy)
+    send(b"L", json.dumps(entries, separators=(",", ":")).encode())
+    for copy in copies:
+        with open(copy, "rb") as staged_file:
+            while True:
+                data = staged_file.read(PIECE)
+                if not data:
+                    break
+                send(b"F", data)
+        os.unlink(copy)
     send(b"Z", b"")
+    out.flush()
+
+
+def parts_of(path: str) -> list[str] | None:
+    """A relative path's names; None for anything that could leave its root."""
+    parts = path.split("/")
+    if not path or "\0" in path or any(p in ("", ".", "..") for p in parts):
+        return None
+    return parts
+
+
+def parent_fd(root_fd: int, parts: list[str]) -> int | None:
+    """The directory holding the last of `parts`, opened from root without following a link
+    (None when a parent is missing or is not a directory: the entry is skipped)."""
+    fd = os.dup(root_fd)
+    for part in parts[:-1]:
+        try:
+            child = os.open(part, NOFOLLOW_DIR, dir_fd=fd)
+        except OSError:
+            os.close(fd)
+            return None
+        os.close(fd)
+        fd = child
+    return fd
+
+
+def load_entry(root_fd: int, entry: Entry, dirs: list[tuple[list[str], Entry]]) -> int | None:
+    """Make one entry (a file: opened, returned, for its bytes); directories get their mode and
+    time at the end (a read-only one would refuse its children). Raises OSError to skip it."""
+    parts = parts_of(entry["d"])
+    if parts is None:
+        raise OSError("a path that leaves the root")
+    fd = parent_fd(root_fd, parts)
+    if fd is None:
+        raise OSError("a parent that is missing or not a directory")
+    name = parts[-1]
+    mode = int(entry["m"]) & 0o3777 if entry["k"] == "dir" else int(entry["m"]) & 0o1777
+    try:
+        if entry["k"] == "dir":
+            try:
+                os.mkdir(name, 0o700, dir_fd=fd)
+            except FileExistsError:
+                if not stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    raise
+            dirs.append((parts, entry))
+            return None
+        if entry["k"] == "symlink":
+            os.symlink(entry.get("l", ""), name, dir_fd=fd)
+            ns = int(entry["mt"])
+            os.utime(name, ns=(ns, ns), dir_fd=fd, follow_symlinks=False)
+            return None
+        if entry["k"] != "file":
+            raise OSError("not kept here")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        file_fd = os.open(name, flags, 0o600, dir_fd=fd)
+        os.fchmod(file_fd, mode)
+        return file_fd
+    finally:
+        os.close(fd)
+
+
+def finish_dirs(root_fd: int, dirs: list[tuple[list[str], Entry]]) -> None:
+    """Directories' modes and times, deepest first (setting a time on a parent before its
+    children are done would be undone by them)."""
+    for parts, entry in sorted(dirs, key=lambda d: -len(d[0])):
+        fd = parent_fd(root_fd, parts)
+        if fd is None:
+            continue
+        try:
+            child = os.open(parts[-1], NOFOLLOW_DIR, dir_fd=fd)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        try:
+            os.fchmod(child, int(entry["m"]) & 0o3777)
+            ns = int(entry["mt"])
+            if ns:  # 0: a directory the driver adds (above a kept path) keeps its own time
+                os.utime(child, ns=(ns, ns))
+        finally:
+            os.close(child)
+
+
+def load(request: dict[str, Any]) -> None:
+    root_fd = os.open(request["root"], NOFOLLOW_DIR)
+    dirs: list[tuple[list[str], Entry]] = []
+    loaded = skipped = 0
+    file_fd: int | None = None
+    entry: Entry = {}
+    while True:
+        kind, payload = read_frame()
+        if kind == b"F":
+            if file_fd is not None:
+                os.write(file_fd, payload)
+            continue
+        if file_fd is not None:
+            ns = int(entry["mt"])
+            os.utime(file_fd, ns=(ns, ns))
+            os.close(file_fd)
+            file_fd = None
+        if kind == b"Z":
+            break
+        if kind != b"E":
+            raise SystemExit(f"unexpected frame {kind!r}")
+        entry = json.loads(payload)
+        try:
+            file_fd = load_entry(root_fd, entry, dirs)
+            loaded += 1
+        except OSError:
+            skipped += 1
+    finish_dirs(root_fd, dirs)
+    os.close(root_fd)
+    send_json(b"J", {"loaded": loaded, "skipped": skipped})
     out.flush()
 
 
@@ -412,6 +584,8 @@ def main() -> None:
     op = request.get("op")
     if op == "export":
         export(request)
+    elif op == "load":
+        load(request)
     else:
         raise SystemExit(f"unknown op {op!r}")
 

@@ -1,0 +1,30 @@
+"""What both runtimes make of their snapshot helpers' conversation (drivers/files_helper.py): the
+signatures an export already knows, as the helper reads them, and its answers checked."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from drivers.errors import FilesTooLarge
+
+
+def known_by_tree(
+    known: Mapping[tuple[str, str], tuple[object, ...]],
+) -> dict[str, dict[str, list[object]]]:
+    """{tree: {path: signature}}: `known` as the helper reads it."""
+    by_tree: dict[str, dict[str, list[object]]] = {}
+    for (tree, path), signature in known.items():
+        by_tree.setdefault(tree, {})[path] = list(signature)
+    return by_tree
+
+
+def checked(answer: dict[str, Any]) -> dict[str, Any]:
+    """The helper's answer, unless it refused the export as too large (before copying)."""
+    if "too_large" in answer:
+        raise FilesTooLarge(
+            f"the sandbox's changed files are {answer['too_large']} bytes, more than a snapshot "
+            f"may copy ({answer['limit']} bytes, ACS_SNAPSHOT_MAX_CHANGED_BYTES); remove some, "
+            "then retry"
+        )
+    return answer
