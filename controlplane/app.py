@@ -151,7 +151,7 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
         config, with_sandboxes=with_sandboxes, webhook_app=create_webhook_app
     ):
         app.cleanup_ctx.append(ctx)
-    track_sockets(app)
+    track_sockets(app, config.max_event_sockets_per_user)
     app.on_shutdown.append(end_streams)
     for table in route_tables():
         table.register(app)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from controlplane.conversations.service import ConversationService
     from controlplane.crypto import SecretBox
     from controlplane.events.service import EventService
+    from controlplane.events.socket_cap import SocketCap
     from controlplane.gateway.service import GatewayService
     from controlplane.lifecycle.outbox import Outbox
     from controlplane.lifecycle.publisher import LifecyclePublisher
@@ -65,6 +66,8 @@ OPENAPI_DOC: web.AppKey[dict[str, Any]] = web.AppKey("openapi_doc")
 OpenSockets = weakref.WeakSet[web.WebSocketResponse]
 OPEN_SOCKETS: web.AppKey[OpenSockets] = web.AppKey("open_sockets")
 """Live event sockets, closed at shutdown so that they do not hold it up."""
+SOCKET_CAP: web.AppKey[SocketCap] = web.AppKey("socket_cap")
+"""Live event sockets per user on this replica (events/socket_cap.py)."""
 PACER: web.AppKey[Pacer] = web.AppKey("pacer")
 """Only when ACS_UNAUTHENTICATED_RATE is set: paces requests without a principal."""
 REDIS: web.AppKey[aioredis.Redis] = web.AppKey("redis")
