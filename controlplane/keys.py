@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from controlplane.events.service import EventService
     from controlplane.events.socket_cap import SocketCap
     from controlplane.gateway.service import GatewayService
+    from controlplane.gauges import Refresher
     from controlplane.lifecycle.outbox import Outbox
     from controlplane.lifecycle.publisher import LifecyclePublisher
     from controlplane.metrics import Metrics
@@ -61,6 +62,8 @@ DRAIN: web.AppKey[Drain] = web.AppKey("drain")
 """This replica's shutdown (controlplane/shutdown.py): `/ready` answers 503 once it began."""
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
 """This app's Prometheus registry and metrics (controlplane/metrics.py)."""
+GAUGES: web.AppKey[Refresher] = web.AppKey("gauges")
+"""/metrics' gauges, refreshed one at a time on this replica (controlplane/gauges.py)."""
 SPECS: web.AppKey[SpecCatalog] = web.AppKey("specs")
 OPENAPI_DOC: web.AppKey[dict[str, Any]] = web.AppKey("openapi_doc")
 OpenSockets = weakref.WeakSet[web.WebSocketResponse]
