@@ -40,7 +40,7 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from agent.conversations.webhooks import WebhookSender
-from bench.burst import Server
+from bench.burst import Server, stop_server
 from bench.common import BenchError, Deployment, Samples, main_of, percentile
 from controlplane.auth.service import ApiKeyService
 from controlplane.conversations.models import AppConversationInfo
@@ -372,7 +372,11 @@ class EventsBench:
         self.mp = multiprocessing.get_context("spawn")
 
     def remove_everything(self) -> int:
-        return 0  # no container: the records live in the private Redis, removed with it
+        """No container (the records live in the private Redis, removed with it); the server
+        is stopped here too when the run was interrupted."""
+        if self.server is not None:
+            stop_server(self.server)
+        return 0
 
     def close(self) -> None:
         self.deploy.close()

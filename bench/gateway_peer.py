@@ -33,7 +33,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.burst import Server
+from bench.burst import Server, stop_server
 from bench.common import BenchError, Deployment, Samples, main_of, percentile
 from tests.support.fake_llm import FakeLLM, reply_text
 from tests.support.live_server import free_port
@@ -175,10 +175,13 @@ class PeerBench:
         self.rates: dict[str, float] = {}  # "<target>.<mode>.c<n>" -> calls a second
         self.cpu: dict[str, float] = {}  # the same -> server CPU seconds a call
         self.env_line = ""
+        self.ours: Server | None = None
 
     def remove_everything(self) -> int:
         for child in self.children:
             child.stop()
+        if self.ours is not None:
+            stop_server(self.ours)
         return 0
 
     def close(self) -> None:
@@ -250,9 +253,8 @@ class PeerBench:
                 "ACS_WARM_POOL": "0",
             },
         )
-        await ours.start(http)
-        assert ours.process is not None
         self.ours = ours
+        await ours.start(http)
         headers = {"X-Session-API-Key": await self.deploy.user_key(USER)}
         settings = {"llm_model": MODEL, "llm_base_url": base, "llm_api_key": LLM_KEY}
         async with http.post(f"{ours.url}/api/settings", json=settings, headers=headers) as r:
@@ -269,7 +271,7 @@ class PeerBench:
         )
 
     def server_cpu(self, target: str) -> float | None:
-        if target == "ours":
+        if target == "ours" and self.ours is not None:
             return self.ours.cpu()
         if target == "litellm":
             return self.litellm.cpu()
