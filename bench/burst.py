@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import math
 import os
+import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -163,6 +164,23 @@ class Server:
             except TimeoutError:
                 self.process.kill()
                 await self.process.wait()
+
+
+def stop_server(server: Server) -> None:
+    """`server.stop` without a loop (a run's last clean-up, also after an interruption)."""
+    process = server.process
+    if process is not None and process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGTERM)
+            for _ in range(300):
+                try:
+                    pid, _status = os.waitpid(process.pid, os.WNOHANG)
+                except ChildProcessError:
+                    return
+                if pid:
+                    return
+                time.sleep(0.1)
+            os.kill(process.pid, signal.SIGKILL)
 
 
 class UserPoller:

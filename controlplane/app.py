@@ -33,6 +33,7 @@ from controlplane.events.ticket_routes import routes as ticket_routes
 from controlplane.gateway.routes import end_streams
 from controlplane.gateway.routes import routes as gateway_routes
 from controlplane.gateway.routes import sandbox_routes as gateway_sandbox_routes
+from controlplane.gauges import Refresher
 from controlplane.health import routes as health_routes
 from controlplane.lifecycle.routes import routes as lifecycle_routes
 from controlplane.metrics import Metrics
@@ -145,13 +146,14 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
     app[keys.DRAIN] = Drain()
     _pace(app, config)
     app[keys.METRICS] = Metrics()
+    app[keys.GAUGES] = Refresher()
     # Specs are validated before anything else starts: a bad file stops start-up.
     app[keys.SPECS] = SpecCatalog.load(config.spec_dir, config.image_tag, config.enable_specs)
     for ctx in wiring.contexts(
         config, with_sandboxes=with_sandboxes, webhook_app=create_webhook_app
     ):
         app.cleanup_ctx.append(ctx)
-    track_sockets(app)
+    track_sockets(app, config.max_event_sockets_per_user)
     app.on_shutdown.append(end_streams)
     for table in route_tables():
         table.register(app)

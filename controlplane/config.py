@@ -576,6 +576,14 @@ class Capacity(BaseModel):
     max_sandboxes_per_user: int = Field(
         default=20, ge=0, le=100_000, description="sandboxes per user in any state; `0` = no limit"
     )
+    max_event_sockets_per_user: int = Field(
+        default=32,
+        ge=0,
+        le=10_000,
+        description="live events WebSockets one user may hold open on one replica (each blocks "
+        "on a connection of the events reader pool, `ACS_REDIS_MAX_CONNECTIONS`, which all users "
+        "share); past it a new socket answers 429 with `Retry-After`; `0` = no limit",
+    )
     host_memory_bytes: int | None = Field(
         default=None,
         ge=0,

@@ -1,8 +1,16 @@
 """The gauges of /metrics, computed from Redis at scrape time so that every replica reports the
 same totals: sandboxes by status, conversations by execution status, the warm pool, and the
-lifecycle webhook deliveries not yet made."""
+lifecycle webhook deliveries not yet made.
+
+The conversations' gauge walks every conversation record (there is no global index of them:
+SCAN), so a replica runs one refresh at a time: scrapes that arrive while one runs wait for it
+and answer its figures (`Refresher`), rather than each starting a walk of its own (a crowd of
+scrapes, or of unauthenticated ones with ACS_METRICS_PUBLIC, was that many walks at once).
+"""
 
 from __future__ import annotations
+
+import asyncio
 
 import redis.asyncio as aioredis
 
@@ -33,3 +41,19 @@ async def refresh(metrics: Metrics, redis: aioredis.Redis, outbox: Outbox | None
         metrics.conversations.labels(label).set(conversations.get(label, 0))
     if outbox is not None:
         metrics.webhook_pending.set(await outbox.pending())
+
+
+class Refresher:
+    """`refresh`, one at a time on this replica: a caller that finds one running waits for
+    that one (its figures are at most as old as that caller's request)."""
+
+    def __init__(self) -> None:
+        self._running: asyncio.Task[None] | None = None
+
+    async def refresh(
+        self, metrics: Metrics, redis: aioredis.Redis, outbox: Outbox | None = None
+    ) -> None:
+        if self._running is None or self._running.done():
+            self._running = asyncio.create_task(refresh(metrics, redis, outbox))
+        # Shielded: one scrape's client going away does not cancel the others' refresh.
+        await asyncio.shield(self._running)

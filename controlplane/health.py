@@ -7,7 +7,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from controlplane import gauges, keys
+from controlplane import keys
 from controlplane.api.parsing import json_response
 from controlplane.api.routing import RouteTable
 from controlplane.auth.identity import authenticate_request
@@ -83,7 +83,9 @@ async def metrics(request: web.Request) -> web.Response:
         if not principal.is_admin:
             raise Forbidden("metrics need an admin API key")
     collected = request.app[keys.METRICS]
-    await gauges.refresh(collected, request.app[keys.REDIS], request.app.get(keys.WEBHOOK_OUTBOX))
+    await request.app[keys.GAUGES].refresh(
+        collected, request.app[keys.REDIS], request.app.get(keys.WEBHOOK_OUTBOX)
+    )
     return web.Response(body=collected.render(), headers={"Content-Type": CONTENT_TYPE})
 
 

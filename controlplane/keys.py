@@ -30,7 +30,9 @@ if TYPE_CHECKING:
     from controlplane.conversations.service import ConversationService
     from controlplane.crypto import SecretBox
     from controlplane.events.service import EventService
+    from controlplane.events.socket_cap import SocketCap
     from controlplane.gateway.service import GatewayService
+    from controlplane.gauges import Refresher
     from controlplane.lifecycle.outbox import Outbox
     from controlplane.lifecycle.publisher import LifecyclePublisher
     from controlplane.metrics import Metrics
@@ -60,11 +62,15 @@ DRAIN: web.AppKey[Drain] = web.AppKey("drain")
 """This replica's shutdown (controlplane/shutdown.py): `/ready` answers 503 once it began."""
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
 """This app's Prometheus registry and metrics (controlplane/metrics.py)."""
+GAUGES: web.AppKey[Refresher] = web.AppKey("gauges")
+"""/metrics' gauges, refreshed one at a time on this replica (controlplane/gauges.py)."""
 SPECS: web.AppKey[SpecCatalog] = web.AppKey("specs")
 OPENAPI_DOC: web.AppKey[dict[str, Any]] = web.AppKey("openapi_doc")
 OpenSockets = weakref.WeakSet[web.WebSocketResponse]
 OPEN_SOCKETS: web.AppKey[OpenSockets] = web.AppKey("open_sockets")
 """Live event sockets, closed at shutdown so that they do not hold it up."""
+SOCKET_CAP: web.AppKey[SocketCap] = web.AppKey("socket_cap")
+"""Live event sockets per user on this replica (events/socket_cap.py)."""
 PACER: web.AppKey[Pacer] = web.AppKey("pacer")
 """Only when ACS_UNAUTHENTICATED_RATE is set: paces requests without a principal."""
 REDIS: web.AppKey[aioredis.Redis] = web.AppKey("redis")

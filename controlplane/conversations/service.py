@@ -61,6 +61,15 @@ def _task_matches(task: AppConversationStartTask, f: TaskFilters) -> bool:
     ) and (f.created_at__gte is None or task.created_at >= f.created_at__gte)
 
 
+def _ids_page(ids: list[str], after: str | None, count: int, desc: bool) -> list[str]:
+    """Up to `count` of sorted `ids` past `after` (exclusive): older ones when desc, as
+    store/paging.py pages the user's index."""
+    ordered = list(reversed(ids)) if desc else ids
+    if after is not None:
+        ordered = [i for i in ordered if (i < after if desc else i > after)]
+    return ordered[:count]
+
+
 _SORT_KEYS: dict[ConversationSortOrder, tuple[Callable[[AppConversationInfo], Any], bool]] = {
     ConversationSortOrder.UPDATED_AT: (lambda c: (c.updated_at, c.id), False),
     ConversationSortOrder.UPDATED_AT_DESC: (lambda c: (c.updated_at, c.id), True),
@@ -240,12 +249,17 @@ class ConversationService:
     ) -> AppConversationPage:
         """Newest first by default; created-at orders use a cursor, the others an opaque offset."""
         order = query.sort_order
+        in_sandbox = await self._in_sandbox(principal, query.sandbox_id__eq)
         if order in (ConversationSortOrder.CREATED_AT, ConversationSortOrder.CREATED_AT_DESC):
             desc = order == ConversationSortOrder.CREATED_AT_DESC
             after = decode_cursor(query.page_id, HEX32)
             found: list[AppConversationInfo] = []
             while len(found) <= query.limit:
-                ids = await self.store.page_ids(principal.user_id, after, query.limit + 1, desc)
+                ids = (
+                    _ids_page(in_sandbox, after, query.limit + 1, desc)
+                    if in_sandbox is not None
+                    else await self.store.page_ids(principal.user_id, after, query.limit + 1, desc)
+                )
                 for info in await self.store.get_many(ids):
                     if info and self._listed(info, query):
                         found.append(info)
@@ -255,15 +269,26 @@ class ConversationService:
             page = found[: query.limit]
             next_id = encode_cursor(page[-1].id) if len(found) > query.limit else None
         else:
-            infos = [
-                i
-                for i in await self.store.get_many(await self.store.all_ids(principal.user_id))
-                if i and self._listed(i, query)
-            ]
+            ids = (
+                in_sandbox
+                if in_sandbox is not None
+                else await self.store.all_ids(principal.user_id)
+            )
+            infos = [i for i in await self.store.get_many(ids) if i and self._listed(i, query)]
             key, reverse = _SORT_KEYS[order]
             infos.sort(key=key, reverse=reverse)
             page, next_id = _offset_page(infos, query.page_id, query.limit)
         return AppConversationPage(items=await self._live(principal, page), next_page_id=next_id)
+
+    async def _in_sandbox(self, principal: Principal, sandbox_id: str | None) -> list[str] | None:
+        """With a sandbox filter, the candidates are the conversations of that sandbox (its own
+        small set), not every conversation the user has: sorted ids (uuid7: creation order),
+        the caller's own only (as the user's index holds them). None without the filter."""
+        if sandbox_id is None:
+            return None
+        ids = sorted(await self.store.ids_in_sandbox(sandbox_id))
+        infos = await self.store.get_many(ids)
+        return [i.id for i in infos if i is not None and i.created_by_user_id == principal.user_id]
 
     @staticmethod
     def _listed(info: AppConversationInfo, query: ConversationSearchQuery) -> bool:
@@ -301,7 +326,10 @@ class ConversationService:
         return await workspace.read(self.runtime, self.sandboxes, info, agent_path, params)
 
     async def count(self, principal: Principal, filters: ConversationFilters) -> int:
-        infos = await self.store.get_many(await self.store.all_ids(principal.user_id))
+        ids = await self._in_sandbox(principal, filters.sandbox_id__eq)
+        infos = await self.store.get_many(
+            ids if ids is not None else await self.store.all_ids(principal.user_id)
+        )
         return sum(1 for i in infos if i and _matches(i, filters))
 
     # -- changing ----------------------------------------------------------------------------

@@ -35,6 +35,8 @@ from controlplane.events.models import (
     EventSocketQuery,
     WebSocketHandshake,
 )
+from controlplane.events.socket_cap import SocketCap
+from controlplane.events.tail import EventFeed
 from controlplane.sandboxes.models import Success
 
 routes = RouteTable(tag="events")
@@ -42,10 +44,12 @@ routes = RouteTable(tag="events")
 webhook_routes = RouteTable(tag="events")
 
 
-def track_sockets(app: web.Application) -> None:
-    """Live sockets are closed when the server shuts down, so they do not hold it up."""
+def track_sockets(app: web.Application, per_user: int) -> None:
+    """Live sockets are closed when the server shuts down, so they do not hold it up; each user
+    holds at most `per_user` of them on this replica (events/socket_cap.py)."""
     sockets: keys.OpenSockets = weakref.WeakSet()
     app[keys.OPEN_SOCKETS] = sockets
+    app[keys.SOCKET_CAP] = SocketCap(per_user)
 
     async def close_all(_app: web.Application) -> None:
         for ws in list(sockets):
@@ -126,7 +130,7 @@ async def batch_events(request: web.Request) -> web.Response:
     headers=WebSocketHandshake,
     public=True,  # authenticates itself: browsers cannot set headers on a WebSocket
     status=101,
-    errors=(400, 401, 404),  # 400: not a WebSocket handshake
+    errors=(400, 401, 404, 429),  # 400: not a WebSocket handshake; 429: the user's cap
 )
 async def event_socket(request: web.Request) -> web.StreamResponse:
     query = parse_query(request, EventSocketQuery)
@@ -142,8 +146,15 @@ async def event_socket(request: web.Request) -> web.StreamResponse:
         principal = await authenticate_request(request, presented)
     events = request.app[keys.EVENTS]
     feed = await events.feed(principal, query.conversation_id, query.after, query.resend_all)
-    await ws.prepare(request)
-    request.app[keys.OPEN_SOCKETS].add(ws)
+    with request.app[keys.SOCKET_CAP].hold(principal.user_id):  # 429 before the upgrade
+        await ws.prepare(request)
+        request.app[keys.OPEN_SOCKETS].add(ws)
+        await _pump(ws, feed)
+    return ws
+
+
+async def _pump(ws: web.WebSocketResponse, feed: EventFeed) -> None:
+    """The feed's events to the socket until the client closes it (or the server does)."""
 
     ended = asyncio.Event()
 
@@ -163,7 +174,6 @@ async def event_socket(request: web.Request) -> web.StreamResponse:
         pump.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionResetError):
             await pump
-    return ws
 
 
 async def _ticket_holder(request: web.Request, ticket: str, conversation_id: str) -> Principal:

@@ -1,0 +1,423 @@
+"""The LLM gateway beside LiteLLM's proxy (issue 30, item 3): both in front of the same scripted
+model in one run, at the same concurrencies, streamed and not; what each adds to a direct call
+(p50/p95/p99 of time to the first token and to the last), the ratio, and the calls a second.
+
+    .venv/bin/python -m bench.gateway_peer                     # 1, 16, 64 concurrent; 400 calls
+    .venv/bin/python -m bench.gateway_peer --calls 100 --concurrency 1,16
+
+Every server runs in a process of its own, the client in this one:
+- the scripted model, tests/support/fake_llm.py (`--fake-llm PORT`: this file, as a child);
+- LiteLLM's proxy (`litellm --config`, one worker, a master key, no database: its lightest
+  set-up), installed with `pip install 'litellm[proxy]'` into a venv of its own under
+  $ACS_CACHE_DIR/bench/litellm-venv (~/.cache/acs), never into the project's;
+- ours: `controlplane serve` on a private redis-server, called with the user's gateway key
+  (`GET /api/keys/llm/byor`), prices and the per-user model rate limit on (counted in Redis on
+  every call, never refusing the bench).
+Each concurrency level runs its calls in rounds, the three targets in turn (the order reversed
+every round), so host noise reaches all three. bench/README.md says what is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import secrets
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.burst import Server, stop_server
+from bench.common import BenchError, Deployment, Samples, main_of, percentile
+from tests.support.fake_llm import FakeLLM, reply_text
+from tests.support.live_server import free_port
+
+MODEL = "fake-model"
+LLM_KEY = "sk-bench-" + secrets.token_hex(8)
+MASTER_KEY = "sk-litellm-" + secrets.token_hex(8)
+USER = "bench-peer"
+TARGET_ADDED_RATIO = 0.15
+TARGET_THROUGHPUT_RATIO = 10.0
+CACHE = Path(os.environ.get("ACS_CACHE_DIR", Path.home() / ".cache" / "acs")) / "bench"
+LITELLM_SPEC = "litellm[proxy]"
+BODY = {
+    "model": MODEL,
+    "messages": [
+        {"role": "system", "content": "You are a coding agent. " * 40},
+        {"role": "user", "content": "List the files and say what they are. " * 5},
+    ],
+}
+TARGETS = ("direct", "litellm", "ours")
+QS = (50, 95, 99)
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Options:
+    calls: int
+    concurrency: list[int]
+    rounds: int
+    json_path: Path | None
+
+
+def litellm_binary() -> Path:
+    """LiteLLM's proxy in a venv of its own (made on first use: a few minutes)."""
+    venv = CACHE / "litellm-venv"
+    binary = venv / "bin" / "litellm"
+    if binary.exists():
+        return binary
+    log(f"installing {LITELLM_SPEC} into {venv} (once)")
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "pip"), "install", "-q", LITELLM_SPEC]
+    if subprocess.run(pip, check=False).returncode != 0 or not binary.exists():
+        raise BenchError(f"could not install {LITELLM_SPEC} into {venv}")
+    return binary
+
+
+def litellm_version(binary: Path) -> str:
+    out = subprocess.run(
+        [str(binary.parent / "python"), "-c", "import importlib.metadata as m;"
+         "print(m.version('litellm'))"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return out.stdout.strip() or "?"
+
+
+class Child:
+    """A server in a process of its own, ready when `url` + `probe` answers."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    async def start(self, http: aiohttp.ClientSession, probe: str, headers: dict[str, str],
+                    timeout: float = 180.0) -> None:  # fmt: skip
+        self.spawn()
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with http.get(probe, headers=headers) as resp:
+                    if resp.status == 200:
+                        return
+            if self.process.poll() is not None:
+                raise BenchError(f"{self.name} exited; see {self.log_path}")
+            await asyncio.sleep(0.3)
+        raise BenchError(f"{self.name} did not answer in {timeout:g} s; see {self.log_path}")
+
+    def spawn(self) -> None:
+        with self.log_path.open("ab") as out:
+            self.process = subprocess.Popen(
+                self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+            )
+
+    def cpu(self) -> float:
+        assert self.process is not None
+        stat = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+async def one_call(
+    http: aiohttp.ClientSession, url: str, key: str, stream: bool
+) -> tuple[float, float]:
+    """(time to the first token, time to the last): the first `data:` line of a stream, or the
+    whole answer without one (both the same then)."""
+    body = {**BODY, "stream": True} if stream else BODY
+    started = time.perf_counter()
+    async with http.post(url, json=body, headers={"Authorization": f"Bearer {key}"}) as resp:
+        if resp.status != 200:
+            raise BenchError(f"{url} answered {resp.status}: {(await resp.text())[:200]}")
+        if not stream:
+            await resp.read()
+            total = time.perf_counter() - started
+            return total, total
+        first = None
+        async for line in resp.content:
+            if first is None and line.startswith(b"data: "):
+                first = time.perf_counter() - started
+        total = time.perf_counter() - started
+        if first is None:
+            raise BenchError(f"{url}: a stream without a data line")
+        return first, total
+
+
+class PeerBench:
+    def __init__(self, opt: Options, tmp: Path, redis_url: str) -> None:
+        self.opt = opt
+        self.tmp = tmp
+        self.deploy = Deployment(tmp, redis_url, f"acs-bench-peer-{secrets.token_hex(3)}-")
+        self.samples = Samples()
+        self.notes: list[str] = []
+        self.children: list[Child] = []
+        self.urls: dict[str, tuple[str, str]] = {}  # target -> (chat completions URL, key)
+        self.rates: dict[str, float] = {}  # "<target>.<mode>.c<n>" -> calls a second
+        self.cpu: dict[str, float] = {}  # the same -> server CPU seconds a call
+        self.env_line = ""
+        self.ours: Server | None = None
+
+    def remove_everything(self) -> int:
+        for child in self.children:
+            child.stop()
+        if self.ours is not None:
+            stop_server(self.ours)
+        return 0
+
+    def close(self) -> None:
+        self.deploy.close()
+
+    def results(self) -> Any:
+        return {"samples": self.samples.values, "rates": self.rates, "cpu": self.cpu}
+
+    async def servers(self, http: aiohttp.ClientSession) -> None:
+        binary = litellm_binary()
+        base_env = {k: v for k, v in os.environ.items() if not k.startswith(("ACS_", "LITELLM"))}
+        fake_port = free_port()
+        fake = Child(
+            "the scripted model",
+            [sys.executable, "-m", "bench.gateway_peer", "--fake-llm", str(fake_port), LLM_KEY],
+            base_env,
+            self.tmp / "fake.log",
+        )
+        self.children.append(fake)
+        base = f"http://127.0.0.1:{fake_port}/v1"
+        await fake.start(http, f"{base}/models", {"Authorization": f"Bearer {LLM_KEY}"})
+        self.urls["direct"] = (f"{base}/chat/completions", LLM_KEY)
+
+        config = self.tmp / "litellm.yaml"
+        config.write_text(
+            "model_list:\n"
+            f"  - model_name: {MODEL}\n"
+            "    litellm_params:\n"
+            f"      model: openai/{MODEL}\n"
+            f"      api_base: {base}\n"
+            f"      api_key: {LLM_KEY}\n"
+            "general_settings:\n"
+            f"  master_key: {MASTER_KEY}\n"
+            "litellm_settings:\n"
+            "  drop_params: true\n"
+        )
+        port = free_port()
+        litellm = Child(
+            "LiteLLM's proxy",
+            [
+                str(binary),
+                "--config",
+                str(config),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--num_workers",
+                "1",
+            ],
+            {**base_env, "LITELLM_LOG": "ERROR"},
+            self.tmp / "litellm.log",
+        )
+        self.children.append(litellm)
+        await litellm.start(
+            http,
+            f"http://127.0.0.1:{port}/health/liveliness",
+            {"Authorization": f"Bearer {MASTER_KEY}"},
+        )
+        self.urls["litellm"] = (f"http://127.0.0.1:{port}/v1/chat/completions", MASTER_KEY)
+
+        ours = Server(
+            self.deploy,
+            self.tmp,
+            {
+                "ACS_SANDBOX_HOST_PORTS": str(fake_port),
+                "ACS_LLM_PRICES": f'{{"{MODEL}": [0.000001, 0.000002]}}',
+                "ACS_LLM_RATE_LIMIT_PER_MINUTE": "100000000",
+                "ACS_WARM_POOL": "0",
+            },
+        )
+        self.ours = ours
+        await ours.start(http)
+        headers = {"X-Session-API-Key": await self.deploy.user_key(USER)}
+        settings = {"llm_model": MODEL, "llm_base_url": base, "llm_api_key": LLM_KEY}
+        async with http.post(f"{ours.url}/api/settings", json=settings, headers=headers) as r:
+            if r.status != 200:
+                raise BenchError(f"settings: {r.status} {await r.text()}")
+        async with http.get(f"{ours.url}/api/keys/llm/byor", headers=headers) as r:
+            user_key = (await r.json())["key"]
+        self.urls["ours"] = (f"{ours.url}/api/v1/llm-gateway/v1/chat/completions", user_key)
+        self.litellm = litellm
+        self.env_line = (
+            f"env: {os.cpu_count()} cores | LiteLLM {litellm_version(binary)} (proxy, 1 worker, "
+            f"master key, no database) | Python {sys.version.split()[0]} | "
+            f"load avg {os.getloadavg()[0]:.2f}"
+        )
+
+    def server_cpu(self, target: str) -> float | None:
+        if target == "ours" and self.ours is not None:
+            return self.ours.cpu()
+        if target == "litellm":
+            return self.litellm.cpu()
+        return None
+
+    async def level(
+        self, http: aiohttp.ClientSession, target: str, stream: bool, conc: int, calls: int
+    ) -> tuple[float, int]:
+        """`calls` calls, `conc` at a time; (wall seconds, calls made)."""
+        url, key = self.urls[target]
+        name = f"{target}.{'stream' if stream else 'plain'}.c{conc}"
+        left = calls
+
+        async def worker() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                first, total = await one_call(http, url, key, stream)
+                self.samples.add(f"{name}.first", first)
+                self.samples.add(f"{name}.last", total)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(conc)))
+        return time.perf_counter() - t0, calls
+
+    async def measure(self) -> tuple[list[str], list[str]]:
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            try:
+                await self.servers(http)
+                log(self.env_line)
+                for target in TARGETS:  # warm-up: connections, caches, LiteLLM's first call
+                    for stream in (False, True):
+                        await self.level(http, target, stream, 4, 20)
+                self.samples = Samples()
+                for conc in self.opt.concurrency:
+                    await self.run_level(http, conc)
+            finally:
+                self.remove_everything()
+        return self.table()
+
+    async def run_level(self, http: aiohttp.ClientSession, conc: int) -> None:
+        per_round = max(conc, self.opt.calls // self.opt.rounds)
+        log(f"concurrency {conc}: {self.opt.rounds} rounds of {per_round} calls a target")
+        walls: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        cpus: dict[str, float] = {}
+        for r in range(self.opt.rounds):
+            order = TARGETS if r % 2 == 0 else tuple(reversed(TARGETS))
+            for stream in (False, True):
+                for target in order:
+                    name = f"{target}.{'stream' if stream else 'plain'}.c{conc}"
+                    cpu0 = self.server_cpu(target)
+                    wall, n = await self.level(http, target, stream, conc, per_round)
+                    cpu1 = self.server_cpu(target)
+                    walls[name] = walls.get(name, 0.0) + wall
+                    counts[name] = counts.get(name, 0) + n
+                    if cpu0 is not None and cpu1 is not None:
+                        cpus[name] = cpus.get(name, 0.0) + cpu1 - cpu0
+        for name, wall in walls.items():
+            self.rates[name] = counts[name] / wall
+            if name in cpus:
+                self.cpu[name] = cpus[name] / counts[name]
+        self.notes.append(f"load avg after concurrency {conc}: {os.getloadavg()[0]:.1f}")
+
+    def table(self) -> tuple[list[str], list[str]]:
+        lines = [
+            self.env_line,
+            "added = target's percentile - the direct call's at the same concurrency and mode; "
+            "plain: time to the whole answer; stream: to the first `data:` line (ttft) and to "
+            "the last",
+            "conc | mode   | what   | direct p50/p95/p99 ms | LiteLLM added p50/p95/p99 | "
+            "ours added p50/p95/p99 | ours/LiteLLM added p50, p99 | calls/s direct, LiteLLM, "
+            "ours | server CPU ms/call LiteLLM, ours",
+        ]
+        missed: list[str] = []
+        for conc in self.opt.concurrency:
+            for mode, what in (("plain", "last"), ("stream", "first"), ("stream", "last")):
+                key = f"{mode}.c{conc}.{what}"
+                direct = [self.p(f"direct.{key}", q) for q in QS]
+                lite = [self.p(f"litellm.{key}", q) - d for q, d in zip(QS, direct, strict=True)]
+                ours = [self.p(f"ours.{key}", q) - d for q, d in zip(QS, direct, strict=True)]
+                r50 = ours[0] / lite[0] if lite[0] > 0 else float("nan")
+                r99 = ours[2] / lite[2] if lite[2] > 0 else float("nan")
+                rates = [self.rates.get(f"{t}.{mode}.c{conc}", 0.0) for t in TARGETS]
+                cpu = [self.cpu.get(f"{t}.{mode}.c{conc}") for t in ("litellm", "ours")]
+                cpu_text = ", ".join(f"{c * 1000:.1f}" if c is not None else "-" for c in cpu)
+                lines.append(
+                    f"{conc:>4} | {mode:<6} | {'ttft' if what == 'first' else 'last':<6} | "
+                    f"{self.f3(direct):>21} | {self.f3(lite, '+'):>25} | "
+                    f"{self.f3(ours, '+'):>22} | "
+                    f"{r50:.2f}x, {r99:.2f}x{'':>14} | {rates[0]:,.0f}, {rates[1]:,.0f}, "
+                    f"{rates[2]:,.0f} | {cpu_text}"
+                )
+                if what != "first" and r50 > TARGET_ADDED_RATIO:
+                    missed.append(f"c{conc} {mode}: ours adds {r50:.2f}x LiteLLM's p50")
+            plain = [self.rates.get(f"{t}.plain.c{conc}", 0.0) for t in TARGETS]
+            if conc == max(self.opt.concurrency) and plain[1] > 0:
+                ratio = plain[2] / plain[1]
+                mark = "ok" if ratio >= TARGET_THROUGHPUT_RATIO else "MISSED"
+                lines.append(
+                    f"  throughput at {conc} concurrent (non-streaming): ours {plain[2]:,.0f} "
+                    f"calls/s, LiteLLM {plain[1]:,.0f}, direct {plain[0]:,.0f}: ours "
+                    f"{ratio:.1f}x LiteLLM's, {mark} (target >= {TARGET_THROUGHPUT_RATIO:g}x)"
+                )
+                if ratio < TARGET_THROUGHPUT_RATIO:
+                    missed.append(f"throughput {ratio:.1f}x LiteLLM's")
+        return lines, missed
+
+    def p(self, name: str, q: float) -> float:
+        values = self.samples.values.get(name, [])
+        return percentile(values, q) * 1000 if values else float("nan")
+
+    @staticmethod
+    def f3(values: list[float], sign: str = "") -> str:
+        return "/".join(f"{sign if v >= 0 else ''}{v:.1f}" for v in values)
+
+
+async def serve_fake_llm(port: int, key: str) -> None:
+    """The scripted model, alone in this process, until it is terminated (it answers 401 to
+    any other key than `key`)."""
+    fake = FakeLLM(port=port, when_exhausted=reply_text("ok"), model=MODEL, api_key=key)
+    await fake.start()
+    await asyncio.Event().wait()
+
+
+def parse(argv: list[str] | None) -> Options:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--calls", type=int, default=400, help="calls a target and level (400)")
+    parser.add_argument("--concurrency", default="1,16,64", help="levels (1,16,64)")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds the calls are split in (4)")
+    parser.add_argument("--json", dest="json_path", type=Path, default=None)
+    args = parser.parse_args(argv)
+    try:
+        levels = [int(c) for c in args.concurrency.split(",") if c]
+    except ValueError:
+        parser.error("--concurrency takes integers, comma-separated")
+    if not levels or min(levels) < 1 or args.calls < 1 or args.rounds < 1:
+        parser.error("--calls, --rounds and the levels must be positive")
+    return Options(args.calls, levels, args.rounds, args.json_path)
+
+
+main = main_of(parse, PeerBench, "acs-peer-")
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--fake-llm":
+        asyncio.run(serve_fake_llm(int(sys.argv[2]), sys.argv[3]))
+    else:
+        sys.exit(main(None))
