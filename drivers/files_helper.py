@@ -389,8 +389,8 @@ def export(request: dict[str, Any]) -> None:
         if refuse_if_large(first, known, limit):
             return
         precopied = stage(first, known, staged)
-    ready = {"ready": True, "precopied": precopied, "skipped": SKIPPED[:20]}
-    send_json(b"J", {**ready, "took": time.monotonic() - began})
+    answer = {"ready": True, "precopied": precopied, "skipped": SKIPPED[:20]}
+    send_json(b"J", {**answer, "took": time.monotonic() - began})
     out.flush()
     kind, payload = read_frame()
     if kind != b"J" or json.loads(payload).get("op") != "go":
