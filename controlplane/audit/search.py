@@ -1,12 +1,15 @@
 """Reading the audit log: search (newest first, paged by stream id) and the JSON-lines export.
 
 Every entry has an index entry with its own stream id in the streams of its organization, its
-action (global and per organization), its user and each target id (controlplane/store/audit.py).
-A search reads the most selective index its filters allow (target, then user, then action, then
-organization), between the stream ids of its time window (XREVRANGE: O(log n) to the window's
-end, then what it returns), fetches the entries in one round trip and checks the other filters
-on them. Nothing scans the log: a page reads at most MAX_SCANNED index entries, and a page cut
-short by that still carries a cursor where it stopped.
+action and its user (each deployment-wide and per organization) and in the sorted sets of each
+target id (the same two) (controlplane/store/audit.py). A search reads the most selective index
+its filters allow (target, then user, then action, then organization), an organization's own
+for a search within one: an auditor's search never reads, skips or stops at another
+organization's entry, whatever its filters, so neither its pages, its cursors nor its time
+depend on one. It reads between the stream ids of its time window (XREVRANGE: O(log n) to the
+window's end, then what it returns), fetches the entries in one round trip and checks the other
+filters on them. Nothing scans the log: a page reads at most MAX_SCANNED index entries, and a
+page cut short by that still carries a cursor where it stopped. Cursors are sealed (`Cursors`).
 
 Who reads what (docs/api.md#audit-events): a deployment admin every entry; an organization's
 owners, admins and auditors that organization's (the one they act in: another one is a 404, as
@@ -15,12 +18,17 @@ for everything of another organization); members nobody's (403).
 
 from __future__ import annotations
 
+import base64
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from controlplane.api.parsing import invalid
 from controlplane.audit.models import AuditQuery
 from controlplane.auth.models import Principal
 from controlplane.errors import Forbidden, NotFound
@@ -29,6 +37,7 @@ from controlplane.store import keyspace, text
 from controlplane.store.audit_event import AuditEvent, AuditEventPage, AuditRecord
 from controlplane.store.streams import lex_member, stream_id_of
 
+CURSOR_PURPOSE = "audit-search-cursors"
 MAX_SCANNED = 2000
 """Index entries one page may read past the filters it could not use as its index."""
 EXPORT_PAGE = 100
@@ -46,9 +55,40 @@ class Plan:
     """The index is a sorted set of lex_member ids (a target's), not a stream."""
 
 
+class Cursors:
+    """Sealed cursors: a position (a stream id) encrypted and authenticated (AES-GCM) with the
+    index it is a position in. A stream id's sequence counts every entry of the deployment
+    written in its millisecond, which is not a reader's to know; and a cursor only ever goes
+    on the search that made it."""
+
+    def __init__(self, key: bytes) -> None:
+        self._aead = AESGCM(key)
+
+    def seal(self, stream_id: str, index: str) -> str:
+        nonce = os.urandom(12)
+        sealed = self._aead.encrypt(nonce, lex_member(stream_id).encode(), index.encode())
+        return base64.urlsafe_b64encode(nonce + sealed).decode().rstrip("=")
+
+    def open(self, page_id: str, index: str) -> str:
+        """The stream id `page_id` stands for; raises a 422 for one this search did not make."""
+        try:
+            raw = base64.urlsafe_b64decode(page_id + "=" * (-len(page_id) % 4))
+            member = self._aead.decrypt(raw[:12], raw[12:], index.encode()).decode()
+        except (ValueError, InvalidTag):
+            raise invalid(
+                "query",
+                "page_id",
+                msg="page_id is not a cursor of this search",
+                error_type="value_error",
+            ) from None
+        return stream_id_of(member)
+
+
 class AuditSearch:
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(self, redis: aioredis.Redis, cursor_key: bytes) -> None:
+        """`cursor_key`: 32 bytes sealing the cursors (SecretBox.derive_key(CURSOR_PURPOSE))."""
         self._redis = redis
+        self._cursors = Cursors(cursor_key)
 
     def _org_of(self, principal: Principal, query: AuditQuery) -> str | None:
         """The organization the caller may read and asked for (None: every one, admins)."""
@@ -65,9 +105,17 @@ class AuditSearch:
     def _plan(self, org_id: str | None, query: AuditQuery) -> Plan:
         lex = bool(query.target)
         if query.target:
-            index = keyspace.audit_target(query.target)
+            index = (
+                keyspace.audit_org_target(org_id, query.target)
+                if org_id
+                else keyspace.audit_target(query.target)
+            )
         elif query.user_id:
-            index = keyspace.audit_user(query.user_id)
+            index = (
+                keyspace.audit_org_user(org_id, query.user_id)
+                if org_id
+                else keyspace.audit_user(query.user_id)
+            )
         elif query.action:
             index = (
                 keyspace.audit_org_action(org_id, query.action)
@@ -82,7 +130,7 @@ class AuditSearch:
         low = f"{int(query.since.timestamp() * 1000)}-0" if query.since else "-"
         high = f"({int(query.until.timestamp() * 1000)}-0" if query.until else "+"
         if query.page_id:
-            high = f"({query.page_id}"
+            high = f"({self._cursors.open(query.page_id, index)}"
         return Plan(index, org_id, low, high, lex)
 
     async def search(self, principal: Principal, query: AuditQuery) -> AuditEventPage:
@@ -116,7 +164,9 @@ class AuditSearch:
             if len(ids) < want and last == stream_ids[-1]:
                 return AuditEventPage(items=items, next_page_id=None)
             high = f"({last}"
-        return AuditEventPage(items=items, next_page_id=last)
+        return AuditEventPage(
+            items=items, next_page_id=self._cursors.seal(last, plan.index) if last else None
+        )
 
     async def _ids(self, plan: Plan, high: str, count: int) -> list[tuple[Any, Any]]:
         """(id, fields or None) of the index's newest `count` entries between plan.low and

@@ -407,11 +407,36 @@ def audit_user(user_id: str) -> str:
     return f"{PREFIX}:audit:user:{user_id}"
 
 
+def audit_org_user(org_id: str, user_id: str) -> str:
+    """Stream: the organization's audit entries of what one user did there (index). An
+    organization's own reader searches its per-organization indexes only, so that nothing it
+    reads (a page, a cursor, how long a search takes) depends on another organization's
+    entries; the deployment-wide indexes are for deployment admins."""
+    return f"{PREFIX}:audit:org:{org_id}:user:{user_id}"
+
+
+def audit_org_target(org_id: str, target_id: str) -> str:
+    """Sorted set as audit_target: the organization's entries naming one id (index)."""
+    return f"{PREFIX}:audit:org:{org_id}:target:{target_id}"
+
+
 def audit_target(target_id: str) -> str:
     """Sorted set, every score 0: the stream ids (streams.lex_member) of the audit entries
     naming one id (a sandbox, conversation, key, user, …) among their targets (index; a sorted
     set because most hold a few entries, where a stream would cost 4 kB)."""
     return f"{PREFIX}:audit:target:{target_id}"
+
+
+def audit_anonymous(window: int, part: str) -> str:
+    """The anonymous-failure gate's counters of one window (controlplane/store/audit_flood.py):
+    `all` (entries written), `src:<source>` (per source), `dropped` (entries not written) and
+    `sources` (HyperLogLog of the sources dropped); each expires after its window, but the
+    dropped ones, which live until their summary entry is written."""
+    return f"{PREFIX}:audit:anon:{window}:{part}"
+
+
+AUDIT_ANONYMOUS_PENDING = f"{PREFIX}:audit:anon:pending"
+"""Sorted set: the windows whose dropped anonymous failures await their summary entry."""
 
 
 def audit_outbox(url_id: str) -> str:
