@@ -244,6 +244,18 @@ def llm_usage_conversation(conversation_id: str) -> str:
     return f"{PREFIX}:llm_usage:conv:{conversation_id}"
 
 
+def llm_usage_org(org_id: str, month: str) -> str:
+    """Hash, TTL about 13 months: the organization's gateway usage in one calendar month, the
+    same fields; the organization's budget counts it."""
+    return f"{PREFIX}:llm_usage:org:{org_id}:{month}"
+
+
+def llm_usage_member(org_id: str, user_id: str, month: str) -> str:
+    """Hash, TTL about 13 months: one member's gateway usage in the organization in one month
+    (their calls charged to it), the same fields; the member's budget there counts it."""
+    return f"{PREFIX}:llm_usage:org:{org_id}:member:{user_id}:{month}"
+
+
 def llm_usage_user(user_id: str, month: str) -> str:
     """Hash, TTL about 13 months: the user's gateway usage in one calendar month (UTC,
     `YYYY-MM`), the same fields; the per-user budget counts it."""
