@@ -82,7 +82,8 @@ async def stored_text(redis: aioredis.Redis) -> str:
             parts += [text(m) for m in await redis.zrange(key, 0, -1)]
             continue
         if kind == "string":  # the anonymous-failure gate's counters (and its HyperLogLogs)
-            parts.append((await redis.get(key) or b"").decode(errors="replace"))
+            value: Any = await redis.get(key)
+            parts.append(bytes(value or b"").decode(errors="replace"))
             continue
         rows: Any = await redis.xrange(key)
         for entry_id, fields in rows:

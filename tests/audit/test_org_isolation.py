@@ -119,7 +119,8 @@ async def test_an_auditor_learns_nothing_of_another_organization(
     ]
     before = [seen(await pages(client, aud, **q)) for q in queries]
     # eng's own entries are found; nothing of sales is, however the auditor filters.
-    assert before[3] and before[3][0][0]
+    assert before[3]
+    assert before[3][0][0]
     for q, answer in zip(queries, before, strict=True):
         if q.get("user_id") in ("sam", "s1") or q.get("target") in ("s1", "u-sales"):
             assert answer == [([], False)], q
@@ -132,11 +133,13 @@ async def test_an_auditor_learns_nothing_of_another_organization(
     # one takes it.
     async def cursor_of(who: dict[str, str], **params: str) -> str:
         status, page = await call(client, who, params | {"limit": "1"})
-        assert status == 200 and page["next_page_id"], page
+        assert status == 200, page
+        assert page["next_page_id"], page
         return str(page["next_page_id"])
 
     cursor = await cursor_of(aud, user_id="x")
-    sales_ids = [text(i) for i, _ in await raw_redis.xrange(keyspace.audit_org("sales"))]
+    rows: Any = await raw_redis.xrange(keyspace.audit_org("sales"))
+    sales_ids = [text(i) for i, _ in rows]
     assert not any(i.split("-")[0] in cursor for i in sales_ids)
     for page_id, who, params in (
         (sales_ids[-1], aud, {"user_id": "x"}),  # a position chosen by the attacker

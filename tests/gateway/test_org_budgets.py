@@ -44,9 +44,7 @@ async def live(make_config: Callable[..., ServiceConfig], fake: FakeLLM) -> Asyn
 
 
 async def ask(live: LiveServer, key: str) -> None:
-    async with openai.AsyncOpenAI(
-        base_url=live.url + GATEWAY, api_key=key, max_retries=0
-    ) as llm:
+    async with openai.AsyncOpenAI(base_url=live.url + GATEWAY, api_key=key, max_retries=0) as llm:
         await llm.chat.completions.create(
             model="fake-model", messages=[{"role": "user", "content": "x"}]
         )
@@ -84,8 +82,13 @@ async def test_organization_and_member_budgets(
         keys = ApiKeyService(raw_redis, None)
         users = {
             name: User(http, live.url, (await keys.create(name, org_id=org)).key)
-            for name, org in (("olivia", "eng"), ("ann", "eng"), ("ben", "eng"), ("aud", "eng"),
-                              ("sam", "sales"))  # fmt: skip
+            for name, org in (
+                ("olivia", "eng"),
+                ("ann", "eng"),
+                ("ben", "eng"),
+                ("aud", "eng"),
+                ("sam", "sales"),
+            )
         }
         olivia, ann, ben, aud, sam = (users[n] for n in ("olivia", "ann", "ben", "aud", "sam"))
 
@@ -98,13 +101,15 @@ async def test_organization_and_member_budgets(
         status, org = await olivia.call(
             "PATCH", "/api/organizations/eng", json={"llm_monthly_budget": 0.5}
         )
-        assert status == 200 and org["llm_monthly_budget"] == 0.5, org
+        assert status == 200, org
+        assert org["llm_monthly_budget"] == 0.5
         status, member = await olivia.call(
             "PUT",
             "/api/organizations/eng/members/ann",
             json={"role": "member", "limits": {"llm_monthly_budget": 0.15}},
         )
-        assert status == 200 and member["limits"]["llm_monthly_budget"] == 0.15, member
+        assert status == 200, member
+        assert member["limits"]["llm_monthly_budget"] == 0.15
         assert (await olivia.call("PATCH", "/api/organizations/eng",
                                   json={"llm_monthly_budget": -1}))[0] == 422  # fmt: skip
 
@@ -119,12 +124,14 @@ async def test_organization_and_member_budgets(
         # ann: her first call starts under her $0.15 and runs; the next is refused.
         await ask(live, gateway_keys["ann"])
         message = await refused(live, gateway_keys["ann"], fake)
-        assert "in organization eng" in message and "budget there of $0.150000" in message
+        assert "in organization eng" in message
+        assert "budget there of $0.150000" in message
         # ben has no budget of his own: the organization's $0.50 stops him at $0.60.
         await ask(live, gateway_keys["ben"])
         await ask(live, gateway_keys["ben"])
         message = await refused(live, gateway_keys["ben"], fake)
-        assert "organization eng's LLM cost" in message and "$0.500000" in message
+        assert "organization eng's LLM cost" in message
+        assert "$0.500000" in message
 
         # ben acting in sales is charged to sales, which has no budget.
         assert (await ben.call("POST", "/api/organizations/sales/switch"))[0] == 200
@@ -135,15 +142,18 @@ async def test_organization_and_member_budgets(
         assert (await sam.call("GET", USAGE))[0] == 404
         status, usage = await aud.call("GET", USAGE)
         assert status == 200, usage
-        assert usage["org_id"] == "eng" and usage["monthly_budget"] == 0.5
-        assert usage["requests"] == 3 and usage["cost"] == pytest.approx(0.6)
+        assert usage["org_id"] == "eng"
+        assert usage["monthly_budget"] == 0.5
+        assert usage["requests"] == 3
+        assert usage["cost"] == pytest.approx(0.6)
         by_member = {m["user_id"]: m for m in usage["members"]}
         assert by_member["ann"]["cost"] == pytest.approx(0.2)
         assert by_member["ann"]["monthly_budget"] == 0.15
         assert by_member["ben"]["cost"] == pytest.approx(0.4)
         assert by_member["ben"]["monthly_budget"] is None
         status, sales = await sam.call("GET", "/api/organizations/sales/llm-usage")
-        assert status == 200 and sales["cost"] == pytest.approx(0.2), sales
+        assert status == 200, sales
+        assert sales["cost"] == pytest.approx(0.2)
 
         # The budget removed (null), ben's calls in eng run again; a budget for each member
         # set on the organization stops him at once.
@@ -151,7 +161,8 @@ async def test_organization_and_member_budgets(
         status, org = await olivia.call(
             "PATCH", "/api/organizations/eng", json={"llm_monthly_budget": None}
         )
-        assert status == 200 and org["llm_monthly_budget"] is None
+        assert status == 200
+        assert org["llm_monthly_budget"] is None
         await ask(live, gateway_keys["ben"])
         status, _ = await olivia.call(
             "PATCH", "/api/organizations/eng", json={"limits": {"llm_monthly_budget": 0.3}}
