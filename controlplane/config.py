@@ -633,6 +633,13 @@ class Upkeep(BaseModel):
         le=3600,
         description="seconds between the pool refiller's passes (it also runs right after a claim)",
     )
+    pool_share_window: float = Field(
+        default=60.0,
+        ge=1,
+        le=86400,
+        description="seconds of the windows in which an organization's `warm_pool_share` "
+        "(PATCH /api/organizations/{id}) counts its claims of each spec's warm pool",
+    )
 
     @field_validator("warm_pool", mode="before")
     @classmethod

@@ -169,16 +169,14 @@ class OrganizationService:
         """May `principal` do `action` in `org_id`? Raises NotFound (not theirs), Forbidden."""
         self._check(principal, await self._role_in(principal, org_id), action)
 
-    async def warm_pool_share(self, org_id: str | None) -> float | None:
-        """The organization's share of the warm pool (None: none set, or no organization)."""
-        found = await self.store.get(org_id) if org_id else None
-        return found["warm_pool_share"] if found else None
-
-    async def limits_for(self, org_id: str, user_id: str) -> tuple[OrgLimits, OrgLimits]:
-        """The organization's limits and the member's own in it."""
+    async def limits_for(
+        self, org_id: str, user_id: str
+    ) -> tuple[OrgLimits, OrgLimits, float | None]:
+        """The organization's limits, the member's own in it, and its warm-pool share."""
         found = await self.store.get(org_id)
         org = found["limits"] if found else OrgLimits()
-        return org, await self.store.member_limits(org_id, user_id)
+        share = found["warm_pool_share"] if found else None
+        return org, await self.store.member_limits(org_id, user_id), share
 
     # -- changing ---------------------------------------------------------------------------
 

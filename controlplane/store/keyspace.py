@@ -219,7 +219,14 @@ POOL_MEMBERS = f"{PREFIX}:pool:members"
 """Lexically ordered sorted set of unclaimed warm pool member ids (never in ALL_SANDBOXES)."""
 
 POOL_STATS = f"{PREFIX}:pool:stats"
-"""Hash: `claims:<spec>` and `misses:<spec>` counters (every replica's claims)."""
+"""Hash: `claims:<spec>`, `misses:<spec>` and `share_misses:<spec>` counters (every replica's
+claims)."""
+
+
+def pool_org_claims(spec_id: str, org_id: str, window: int) -> str:
+    """String, TTL one window (ACS_POOL_SHARE_WINDOW): the warm-pool members of one spec an
+    organization with a `warm_pool_share` claimed in the window."""
+    return f"{PREFIX}:pool:share:{spec_id}:{org_id}:{window}"
 
 
 def pool_ready(spec_id: str) -> str:
