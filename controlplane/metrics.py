@@ -66,8 +66,7 @@ class _PoolCounters:
         )
         shares = CounterMetricFamily(
             "acs_pool_share_misses",
-            "Creates that found members but whose organization had used its warm_pool_share "
-            "(started cold)",
+            "Creates whose organization had used its warm_pool_share this window (started cold)",
             labels=["spec"],
         )
         families = {"claims": claims, "misses": misses, "share_misses": shares}
