@@ -296,44 +296,30 @@ class GatewayService:
                 f"rate limit of {decision.limit} LLM calls per minute for this user reached",
                 retry_after=decision.reset_after,
             )
-        if budget_task is not None and conversation.cost >= budget_task:
-            self.metrics.refused.labels(reason="task_budget").inc()
-            raise GatewayError(
-                400,
-                "budget_exceeded",
-                f"BudgetExceeded: this conversation's LLM cost ${conversation.cost:.6f} reached "
-                f"its budget of ${budget_task:.6f} (max_budget_per_task)",
-            )
-        if budget_user is not None and user.cost >= budget_user:
-            self.metrics.refused.labels(reason="user_budget").inc()
-            raise GatewayError(
-                400,
-                "budget_exceeded",
-                f"BudgetExceeded: the user's LLM cost this month ${user.cost:.6f} reached the "
-                f"monthly budget of ${budget_user:.6f}",
-            )
         org = loaded.org
-        if org is not None and org.budget is not None and org.spent.cost >= org.budget:
-            self.metrics.refused.labels(reason="org_budget").inc()
-            raise GatewayError(
-                400,
-                "budget_exceeded",
-                f"BudgetExceeded: organization {org.org_id}'s LLM cost this month "
-                f"${org.spent.cost:.6f} reached its monthly budget of ${org.budget:.6f}",
-            )
-        if (
-            org is not None
-            and org.member_budget is not None
-            and org.member_spent.cost >= org.member_budget
-        ):
-            self.metrics.refused.labels(reason="member_budget").inc()
-            raise GatewayError(
-                400,
-                "budget_exceeded",
-                f"BudgetExceeded: the user's LLM cost this month in organization {org.org_id} "
-                f"${org.member_spent.cost:.6f} reached their budget there of "
-                f"${org.member_budget:.6f}",
-            )
+        # (spent, budget, the metric's reason, what the refusal says): the first reached refuses.
+        budgets = [
+            (conversation.cost, budget_task, "task_budget", "this conversation's LLM cost {} "
+             "reached its budget of {} (max_budget_per_task)"),
+            (user.cost, budget_user, "user_budget", "the user's LLM cost this month {} reached "
+             "the monthly budget of {}"),
+        ]  # fmt: skip
+        if org is not None:
+            budgets += [
+                (org.spent.cost, org.budget, "org_budget", f"organization {org.org_id}'s LLM "
+                 "cost this month {} reached its monthly budget of {}"),
+                (org.member_spent.cost, org.member_budget, "member_budget", "the user's LLM "
+                 f"cost this month in organization {org.org_id} {{}} reached their budget "
+                 "there of {}"),
+            ]  # fmt: skip
+        for spent, budget, reason, message in budgets:
+            if budget is not None and spent >= budget:
+                self.metrics.refused.labels(reason=reason).inc()
+                raise GatewayError(
+                    400,
+                    "budget_exceeded",
+                    "BudgetExceeded: " + message.format(f"${spent:.6f}", f"${budget:.6f}"),
+                )
 
     # --- after ------------------------------------------------------------------------
 
