@@ -40,9 +40,7 @@ async def test_redis_killed_during_concurrent_creates_fails_no_start(
     env = serve_env(durable_redis.url, test_prefix, tmp_path / "data")
     # A dozen agent servers booting at once on a 2-core host the rest of the suite loads too:
     # CI saw them take past the default 60 s. The outage, not the boot time, is under test.
-    env.update(
-        {"ACS_MAX_RUNNING_PER_USER": "0", "ACS_WARM_POOL": "0", "ACS_START_TIMEOUT": "180"}
-    )
+    env.update({"ACS_MAX_RUNNING_PER_USER": "0", "ACS_WARM_POOL": "0", "ACS_START_TIMEOUT": "180"})
     server: Serve = await launch_serve(free_port(), env)
     try:
         async with aiohttp.ClientSession() as http:

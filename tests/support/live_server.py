@@ -24,7 +24,6 @@ from controlplane.specs.models import SandboxSpec
 from drivers.docker.driver import DockerDriver
 from drivers.docker.egress import Attachment, SandboxNetworks
 
-
 # Ports for servers a test starts come from below the kernel's ephemeral range (32768-60999),
 # one block per xdist worker. A port the kernel hands out (bind to 0) can be taken again, before
 # the server binds it, by any outgoing connection or by Docker publishing a port: CI saw
