@@ -18,7 +18,8 @@ import redis.asyncio as aioredis
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
 from tests.conftest import BOOTSTRAP_KEY
-from tests.gateway.test_over_http import GATEWAY, LLM_KEY, PRICES, User
+from tests.gateway.conftest import LLM_KEY
+from tests.gateway.test_over_http import GATEWAY, PRICES, User
 from tests.support.fake_llm import FakeLLM, reply_text
 from tests.support.live_server import LiveServer, start_live_server
 
@@ -27,15 +28,9 @@ USAGE = "/api/organizations/eng/llm-usage"
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeLLM]:
-    server = FakeLLM(api_key=LLM_KEY, model="fake-model")
-    await server.start()
-    yield server
-    await server.close()
-
-
-@pytest.fixture
-async def live(make_config: Callable[..., ServiceConfig], fake: FakeLLM) -> AsyncIterator[Any]:
+async def budget_server(
+    make_config: Callable[..., ServiceConfig], fake: FakeLLM
+) -> AsyncIterator[Any]:
     server = await start_live_server(
         make_config(llm_prices=PRICES, sandbox_host_ports=[fake.port]), with_sandboxes=False
     )
@@ -64,8 +59,9 @@ async def refused(live: LiveServer, key: str, fake: FakeLLM) -> str:
 
 
 async def test_organization_and_member_budgets(
-    live: LiveServer, fake: FakeLLM, raw_redis: aioredis.Redis
+    budget_server: LiveServer, fake: FakeLLM, raw_redis: aioredis.Redis
 ) -> None:
+    live = budget_server
     async with aiohttp.ClientSession() as http:
         admin = User(http, live.url, BOOTSTRAP_KEY)
         for org, owner in (("eng", "olivia"), ("sales", "sam")):
