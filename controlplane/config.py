@@ -641,6 +641,13 @@ class Upkeep(BaseModel):
         le=3600,
         description="seconds between the pool refiller's passes (it also runs right after a claim)",
     )
+    pool_share_window: float = Field(
+        default=60.0,
+        ge=1,
+        le=86400,
+        description="seconds of the windows in which an organization's `warm_pool_share` "
+        "(PATCH /api/organizations/{id}) counts its claims of each spec's warm pool",
+    )
 
     @field_validator("warm_pool", mode="before")
     @classmethod
@@ -811,6 +818,28 @@ class AuditLogSettings(BaseModel):
         default=None,
         min_length=16,
         description="HMAC-SHA256 key of the audit sinks' `X-ACS-Signature` (16+ characters)",
+    )
+    audit_anonymous_per_source: int = Field(
+        default=10,
+        ge=1,
+        le=100_000,
+        description="anonymous failures (a failed sign-in nobody authenticated) one source "
+        "writes to the audit log a window; an IPv6 source is its /64. Past it, or past "
+        "ACS_AUDIT_ANONYMOUS_PER_WINDOW, they are counted, and one `audit.dropped` entry a "
+        "window says how many ([operations.md](operations.md#the-audit-log))",
+    )
+    audit_anonymous_per_window: int = Field(
+        default=100,
+        ge=1,
+        le=1_000_000,
+        description="anonymous failures written to the audit log a window, from every source "
+        "together: the log takes at most this + 1 of them a window, whatever the traffic",
+    )
+    audit_anonymous_window: float = Field(
+        default=60.0,
+        ge=1.0,
+        le=86400.0,
+        description="seconds of the windows of ACS_AUDIT_ANONYMOUS_PER_SOURCE and _PER_WINDOW",
     )
     audit_stdout: bool = Field(
         default=False,

@@ -42,7 +42,8 @@ class _CounterFromSource:
 
 
 class _PoolCounters:
-    """acs_pool_claims and acs_pool_misses per spec, as counted in Redis by every replica."""
+    """acs_pool_claims, acs_pool_misses and acs_pool_share_misses per spec, as counted in Redis
+    by every replica."""
 
     def __init__(self) -> None:
         self.values: dict[str, int] = {}
@@ -63,10 +64,17 @@ class _PoolCounters:
             "Creates of a spec with a warm pool that found it empty (started cold)",
             labels=["spec"],
         )
+        shares = CounterMetricFamily(
+            "acs_pool_share_misses",
+            "Creates whose organization had used its warm_pool_share this window (started cold)",
+            labels=["spec"],
+        )
+        families = {"claims": claims, "misses": misses, "share_misses": shares}
         for name, value in sorted(values.items()):
             kind, _, spec = name.partition(":")
-            (claims if kind == "claims" else misses).add_metric([spec], value)
-        return [claims, misses]
+            if kind in families:
+                families[kind].add_metric([spec], value)
+        return [claims, misses, shares]
 
 
 class Metrics:

@@ -37,6 +37,7 @@ Each object gets what it works with through its constructor; nothing is patched 
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable
@@ -48,8 +49,8 @@ from aiohttp import web
 from controlplane import keys
 from controlplane.agent_protocol.client import AgentClient
 from controlplane.api.ratelimit import RateLimiter
-from controlplane.audit.search import AuditSearch
-from controlplane.audit.sinks import StdoutSink, audit_log, sink_outbox
+from controlplane.audit.search import CURSOR_PURPOSE, AuditSearch
+from controlplane.audit.sinks import StdoutSink, audit_log, sink_outbox, summarize_dropped
 from controlplane.auth.device import DeviceFlowConfig, DeviceFlowService
 from controlplane.auth.oidc import OidcClient, OidcSettings
 from controlplane.auth.oidc_flow import SignInFlow
@@ -57,6 +58,7 @@ from controlplane.auth.oidc_recheck import SessionRecheck
 from controlplane.auth.service import ApiKeyService
 from controlplane.auth.sessions import SIGNING_PURPOSE, SessionService
 from controlplane.auth.tickets import TicketService
+from controlplane.background import stop_task
 from controlplane.checkpoints.service import CheckpointService
 from controlplane.checkpoints.store import CheckpointStore
 from controlplane.checkpoints.taking import Checkpointer
@@ -305,7 +307,7 @@ def audit_ctx(config: ServiceConfig) -> Context:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         redis = app[keys.REDIS]
         app[keys.AUDIT_LOG] = audit_log(config, redis)
-        app[keys.AUDIT_SEARCH] = AuditSearch(redis)
+        app[keys.AUDIT_SEARCH] = AuditSearch(redis, app[keys.SECRET_BOX].derive_key(CURSOR_PURPOSE))
         http = OutboundClient(app[keys.OUTBOUND].operator)
         deliverer: WebhookDeliverer | None = None
         if config.audit_sink_urls:
@@ -324,7 +326,11 @@ def audit_ctx(config: ServiceConfig) -> Context:
         printer = StdoutSink(redis) if config.audit_stdout else None
         if printer is not None:
             printer.start()
+        summaries = asyncio.create_task(
+            summarize_dropped(app[keys.AUDIT_LOG]), name="audit_dropped_summaries"
+        )
         yield
+        await stop_task(summaries)
         if printer is not None:
             await printer.close()
         if deliverer is not None:

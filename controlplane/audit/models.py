@@ -6,9 +6,12 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controlplane.api.pagination import MAX_LIMIT, STREAM_ID, cursor_field
+from controlplane.api.pagination import MAX_LIMIT, cursor_field
 
 _ID = r"^[A-Za-z0-9_.@:~-]{1,128}$"
+SEALED_CURSOR = r"[A-Za-z0-9_-]{70}"
+"""A sealed position (controlplane/audit/search.py, Cursors): 12 bytes of nonce, 24 of
+position, 16 of tag, in unpadded base64url."""
 
 
 class AuditQuery(BaseModel):
@@ -30,5 +33,5 @@ class AuditQuery(BaseModel):
     )
     since: datetime | None = Field(default=None, description="Entries at or after (ISO 8601)")
     until: datetime | None = Field(default=None, description="Entries before (ISO 8601)")
-    page_id: str | None = cursor_field(STREAM_ID)
+    page_id: str | None = cursor_field(SEALED_CURSOR)
     limit: int = Field(default=100, ge=1, le=MAX_LIMIT)

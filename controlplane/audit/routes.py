@@ -7,7 +7,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from controlplane import keys
-from controlplane.api.parsing import json_response, parse_query
+from controlplane.api.parsing import parse_query
 from controlplane.api.routing import RouteTable
 from controlplane.audit.models import AuditQuery
 from controlplane.audit.search import AuditSearch
@@ -35,7 +35,8 @@ def _search(request: web.Request) -> tuple[AuditSearch, AuditQuery]:
 )
 async def search_audit(request: web.Request) -> web.Response:
     search, query = _search(request)
-    return json_response(await search.search(principal_of(request), query))
+    page = await search.search(principal_of(request), query)
+    return web.Response(text=page.json(), content_type="application/json")
 
 
 @routes.route(

@@ -15,6 +15,7 @@ import os
 import secrets
 import socket
 import sys
+import time
 from typing import Any, TextIO
 
 import redis.asyncio as aioredis
@@ -26,6 +27,7 @@ from controlplane.config import ServiceConfig
 from controlplane.lifecycle.outbox import GROUP, Outbox
 from controlplane.store import keyspace, text
 from controlplane.store.audit import AuditLog
+from controlplane.store.audit_flood import AnonymousLimits
 from controlplane.store.redis import REDIS_DOWN
 
 log = structlog.get_logger(__name__)
@@ -59,6 +61,11 @@ def audit_log(config: ServiceConfig, redis: aioredis.Redis) -> AuditLog:
             config.oidc_client_secret,
             config.lifecycle_webhook_secret,
             config.audit_sink_secret,
+        ),
+        anonymous=AnonymousLimits(
+            per_source=config.audit_anonymous_per_source,
+            per_window=config.audit_anonymous_per_window,
+            window=config.audit_anonymous_window,
         ),
     )
 
@@ -126,3 +133,16 @@ class StdoutSink:
             pipe.xack(self.stream, GROUP, *done)
             pipe.xdel(self.stream, *done)
             await pipe.execute()
+
+
+async def summarize_dropped(audit: AuditLog) -> None:
+    """Write, at each window's end, the summary of the anonymous failures the window left out
+    (store/audit_flood.py): a flood that stops still has its count in the log. Every replica
+    runs it; each summary is written once."""
+    window = audit.anonymous.limits.window
+    while True:
+        await asyncio.sleep(window - time.time() % window + 0.05)
+        try:
+            await audit.anonymous.summarize()
+        except REDIS_DOWN as exc:
+            log.warning("audit_summary_not_stored", error=str(exc))

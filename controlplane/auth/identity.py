@@ -19,6 +19,7 @@ from controlplane.auth.models import Principal
 from controlplane.auth.sandbox_scope import bearer_of, check_sandbox_scope, paired_session_key
 from controlplane.auth.sessions import COOKIE_NAME
 from controlplane.errors import Forbidden, QuotaExceeded, Unauthorized
+from controlplane.store.audit_flood import source_of
 
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal")
 """The caller, set by the auth middleware on every route that is not public."""
@@ -147,7 +148,9 @@ async def limit_attempts(request: web.Request, bucket: str, who: str | None = No
     limiter = request.app.get(keys.AUTH_LIMITER)
     if limiter is None:
         return
-    decision = await limiter.hit(f"{bucket}:{who or request.remote or 'unknown'}")
+    # An address counts as the audit gate counts it: an IPv6 client by its /64, which one
+    # machine may rotate through (store/audit_flood.py).
+    decision = await limiter.hit(f"{bucket}:{who or source_of(request.remote)}")
     if not decision.allowed:
         raise QuotaExceeded(
             f"too many attempts; retry in {decision.reset_after} s",

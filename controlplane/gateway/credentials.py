@@ -67,6 +67,8 @@ class Caller:
     model: str | None = None
     """The model the conversation started with (a sandbox); None: the user's settings."""
     key_id: str | None = None
+    org_id: str | None = None
+    """The organization the call is charged to (set from the reads, gateway/service.py)."""
 
     @property
     def label(self) -> str:

@@ -7,9 +7,11 @@ own accounting), looked up by the configured model, then without its provider pr
 without a price there is priced by LiteLLM's table when the translator served it, else 0 (and
 counted in acs_llm_unpriced_calls_total: a budget cannot bound what it cannot price).
 
-A conversation's budget (`max_budget_per_task`) and the user's monthly budget
-(ACS_LLM_USER_MONTHLY_BUDGET) are checked against what was recorded before the call: a call
-that starts under budget runs to its end, the next one is refused.
+A conversation's budget (`max_budget_per_task`), the user's monthly budget
+(ACS_LLM_USER_MONTHLY_BUDGET), the organization's monthly budget and the member's there (set
+through the organizations API; the call is charged to the sandbox's organization, or for a
+user's own gateway key to the organization they act in) are checked against what was recorded
+before the call: a call that starts under budget runs to its end, the next one is refused.
 """
 
 from __future__ import annotations
@@ -82,8 +84,9 @@ def spent_of(row: list[bytes | str | None]) -> Spent:
 FIELDS = ["cost", "prompt_tokens", "completion_tokens", "requests"]
 
 
-# KEYS: the user's month, then the conversation's (optional). ARGV: cost, prompt tokens,
-# completion tokens, the month's TTL. One command: what a call cost, added everywhere at once.
+# KEYS: the user's month, the organization's and the member's there (optional), then the
+# conversation's (optional). ARGV: cost, prompt tokens, completion tokens, the months' TTL, how
+# many of the keys are months. One command: what a call cost, added everywhere at once.
 _RECORD = """
 for i, key in ipairs(KEYS) do
   redis.call('HINCRBYFLOAT', key, 'cost', ARGV[1])
@@ -91,7 +94,7 @@ for i, key in ipairs(KEYS) do
   redis.call('HINCRBY', key, 'completion_tokens', ARGV[3])
   redis.call('HINCRBY', key, 'requests', 1)
 end
-redis.call('EXPIRE', KEYS[1], ARGV[4])
+for i = 1, tonumber(ARGV[5]) do redis.call('EXPIRE', KEYS[i], ARGV[4]) end
 return 1
 """
 
@@ -112,11 +115,30 @@ class Meter:
         conversation = spent_of(rows[1]) if conversation_id is not None else Spent()
         return conversation, user
 
-    async def record(self, user_id: str, conversation_id: str | None, usage: Usage) -> None:
-        targets = [keyspace.llm_usage_user(user_id, month())]
+    async def record(
+        self,
+        user_id: str,
+        conversation_id: str | None,
+        usage: Usage,
+        *,
+        org_id: str | None = None,
+    ) -> None:
+        """Add `usage` to the user's month, the conversation's, and (`org_id`) the
+        organization's month and the member's month there, in one script."""
+        this_month = month()
+        targets = [keyspace.llm_usage_user(user_id, this_month)]
+        if org_id is not None:
+            targets.append(keyspace.llm_usage_org(org_id, this_month))
+            targets.append(keyspace.llm_usage_member(org_id, user_id, this_month))
         if conversation_id is not None:
             targets.append(keyspace.llm_usage_conversation(conversation_id))
         await self._record(
             keys=targets,
-            args=[repr(usage.cost), usage.prompt_tokens, usage.completion_tokens, USER_USAGE_TTL],
+            args=[
+                repr(usage.cost),
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                USER_USAGE_TTL,
+                3 if org_id is not None else 1,  # the months (a conversation's has no TTL)
+            ],
         )

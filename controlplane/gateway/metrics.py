@@ -47,7 +47,8 @@ class GatewayMetrics:
         )
         self.refused = Counter(
             "acs_llm_refused",
-            "Calls refused before forwarding: rate_limit, task_budget, user_budget",
+            "Calls refused before forwarding: rate_limit, task_budget, user_budget, org_budget, "
+            "member_budget",
             ["reason"],
             registry=registry,
         )

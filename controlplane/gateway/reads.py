@@ -19,6 +19,39 @@ from controlplane.api.ratelimit import HIT_FUNCTION, WINDOW_MS
 _READS = (
     HIT_FUNCTION
     + """
+-- The organization a call is charged to and its budgets and spend (Reads.org): `key` is the
+-- sandbox's hash (field `org`) or the user's organizations hash (where they act, in the order
+-- OrganizationService.scope takes: current, default, first).
+local function org_reads(key, op)
+  local p = {}
+  for part in string.gmatch(op, '[^\t]+') do p[#p + 1] = part end
+  local field, default = p[2], p[3]
+  local org
+  if field == 'org' then
+    org = redis.call('HGET', key, 'org')
+    if not org or org == '' then org = default end
+  else
+    org = redis.call('HGET', key, '~current')
+    if not org or redis.call('HEXISTS', key, org) == 0 then
+      org = nil
+      if redis.call('HEXISTS', key, default) == 1 or redis.call('HEXISTS', key, '~known') == 0 then
+        org = default
+      else
+        for _, k in ipairs(redis.call('HKEYS', key)) do
+          if string.sub(k, 1, 1) ~= '~' and (org == nil or k < org) then org = k end
+        end
+      end
+    end
+  end
+  if not org then return {} end
+  local function at(template) return (string.gsub(template, '%z', org)) end
+  local usage = {}
+  for f in string.gmatch(p[8], '[^,]+') do usage[#usage + 1] = f end
+  local budgets = redis.call('HMGET', at(p[4]), 'org_llm_monthly_budget', 'llm_monthly_budget')
+  return {org, budgets[1], budgets[2], redis.call('HGET', at(p[6]), 'llm_monthly_budget'),
+    redis.call('HMGET', at(p[5]), unpack(usage)), redis.call('HMGET', at(p[7]), unpack(usage))}
+end
+
 local out = {}
 for i, key in ipairs(KEYS) do
   local op = ARGV[i]
@@ -26,6 +59,8 @@ for i, key in ipairs(KEYS) do
     out[i] = redis.call('GET', key)
   elseif op == 'HIT' then
     out[i] = hit(key, ARGV[#KEYS + 1])
+  elseif string.sub(op, 1, 4) == 'ORG\t' then
+    out[i] = org_reads(key, op)
   else
     local fields = {}
     for field in string.gmatch(op, '[^,]+') do
@@ -54,6 +89,23 @@ class Reads:
         """Field names without commas (they are sent joined by commas)."""
         self.keys.append(key)
         self.ops.append(",".join(fields))
+
+    def org(
+        self,
+        key: str,
+        field: str,
+        default_org: str,
+        templates: tuple[str, str, str, str],
+        usage_fields: list[str],
+    ) -> None:
+        """The organization a call is charged to, read from `key` (`field` `org`: a sandbox's
+        hash; else the user's organizations hash), then its budgets and spend: [org, its own
+        budget, each member's, the member's own, the organization's usage (HMGET of
+        `usage_fields`), the member's there]; [] for none. `templates`: the keys of the
+        organization's hash, its usage, the member's limits and the member's usage, with NUL
+        for the organization."""
+        self.keys.append(key)
+        self.ops.append("\t".join(["ORG", field, default_org, *templates, ",".join(usage_fields)]))
 
     def hit(self, key: str) -> None:
         """A rate-limit count (RateLimiter.decision reads the reply)."""

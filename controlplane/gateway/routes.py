@@ -30,6 +30,7 @@ from controlplane.gateway.calls import AdmittedCall
 from controlplane.gateway.credentials import Caller
 from controlplane.gateway.forward import GatewayError
 from controlplane.gateway.service import GatewayService
+from controlplane.organizations.models import OrgLlmUsage
 from controlplane.organizations.roles import Action
 
 sandbox_routes = RouteTable(tag="llm-gateway")
@@ -334,6 +335,28 @@ async def usage(request: web.Request) -> web.Response:
             monthly_budget=this_month.budget,
         )
     )
+
+
+@routes.route(
+    "GET",
+    "/api/organizations/{org_id}/llm-usage",
+    summary="What the gateway metered for an organization this month, in all and by member, "
+    "with their budgets (owners, admins, auditors)",
+    response=OrgLlmUsage,
+    errors=(403, 404),
+)
+async def org_usage(request: web.Request) -> web.Response:
+    org_id = request.match_info["org_id"]
+    organizations = request.app[keys.ORGANIZATIONS]
+    await organizations.check_org(principal_of(request), org_id, Action.USAGE_READ)
+    found = await organizations.store.get(org_id)
+    if found is None:
+        raise NotFound(f"organization {org_id} not found")
+    members = sorted(await organizations.store.members(org_id))
+    usage = await request.app[keys.GATEWAY].org_usage(
+        org_id, members, found["llm_monthly_budget"], found["limits"].llm_monthly_budget
+    )
+    return json_response(usage)
 
 
 async def end_streams(app: web.Application) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -41,6 +41,7 @@ from controlplane.gateway.metering import Meter, Spent, Usage, cost_of, month, p
 from controlplane.gateway.metrics import GatewayMetrics
 from controlplane.gateway.reads import Reads, ReadsScript
 from controlplane.gateway.upstream import UpstreamError, matches, resolve
+from controlplane.organizations.models import MemberLlmUsage, OrgLlmUsage
 from controlplane.settings.models import UserRecord
 from controlplane.store import keyspace, text
 from controlplane.store.durable import bookkeeping
@@ -48,6 +49,8 @@ from controlplane.store.durable import bookkeeping
 log = structlog.get_logger(__name__)
 
 
+ORG = "\x00"
+"""Stands for the organization in the keys the reads script completes (Reads.org)."""
 RECORD_CACHE = 1000
 """Parsed settings kept, by ciphertext (oldest out first)."""
 
@@ -61,6 +64,33 @@ class Loaded:
     user_spent: Spent = field(default_factory=Spent)
     conversation_spent: Spent = field(default_factory=Spent)
     decision: Decision | None = None
+    org: OrgSpend | None = None
+    """The organization the call is charged to (None: the user is in none)."""
+
+
+@dataclass(frozen=True)
+class OrgSpend:
+    org_id: str
+    budget: float | None
+    """The organization's own monthly budget."""
+    member_budget: float | None
+    """The member's there: their own, else the organization's for each member."""
+    spent: Spent
+    member_spent: Spent
+
+    @classmethod
+    def of(cls, reply: Any) -> OrgSpend | None:
+        if not reply:
+            return None
+        org, budget, each, own, spent, member_spent = reply
+        member = own if own is not None else each
+        return cls(
+            text(org),
+            float(text(budget)) if budget is not None else None,
+            float(text(member)) if member is not None else None,
+            spent_of(spent),
+            spent_of(member_spent),
+        )
 
 
 @dataclass(frozen=True)
@@ -134,6 +164,21 @@ class GatewayService:
             reads.hmget(keyspace.llm_usage_user(claim.user_id, month()), USAGE_FIELDS)
             if isinstance(claim, SandboxClaim):
                 reads.hmget(keyspace.llm_usage_conversation(claim.conversation_id), USAGE_FIELDS)
+            this_month = month()
+            reads.org(
+                keyspace.sandbox(claim.sandbox_id)
+                if isinstance(claim, SandboxClaim)
+                else keyspace.user_orgs(claim.user_id),
+                "org" if isinstance(claim, SandboxClaim) else "~current",
+                self._config.default_organization,
+                (
+                    keyspace.organization(ORG),
+                    keyspace.llm_usage_org(ORG, this_month),
+                    keyspace.org_member_limits(ORG, claim.user_id),
+                    keyspace.llm_usage_member(ORG, claim.user_id, this_month),
+                ),
+                USAGE_FIELDS,
+            )
             if self._limiter is not None:
                 reads.hit(keyspace.rate_limit(f"llm:{claim.user_id}"))
 
@@ -170,6 +215,9 @@ class GatewayService:
             loaded.user_spent = spent_of(rows.pop(0))
             if caller.conversation_id is not None:
                 loaded.conversation_spent = spent_of(rows.pop(0))
+            loaded.org = OrgSpend.of(rows.pop(0))
+            if loaded.org is not None:
+                loaded.caller = replace(caller, org_id=loaded.org.org_id)
             if self._limiter is not None:
                 loaded.decision = self._limiter.decision(rows.pop(0))
         return loaded
@@ -248,31 +296,41 @@ class GatewayService:
                 f"rate limit of {decision.limit} LLM calls per minute for this user reached",
                 retry_after=decision.reset_after,
             )
-        if budget_task is not None and conversation.cost >= budget_task:
-            self.metrics.refused.labels(reason="task_budget").inc()
-            raise GatewayError(
-                400,
-                "budget_exceeded",
-                f"BudgetExceeded: this conversation's LLM cost ${conversation.cost:.6f} reached "
-                f"its budget of ${budget_task:.6f} (max_budget_per_task)",
-            )
-        if budget_user is not None and user.cost >= budget_user:
-            self.metrics.refused.labels(reason="user_budget").inc()
-            raise GatewayError(
-                400,
-                "budget_exceeded",
-                f"BudgetExceeded: the user's LLM cost this month ${user.cost:.6f} reached the "
-                f"monthly budget of ${budget_user:.6f}",
-            )
+        org = loaded.org
+        # (spent, budget, the metric's reason, what the refusal says): the first reached refuses.
+        budgets = [
+            (conversation.cost, budget_task, "task_budget", "this conversation's LLM cost {} "
+             "reached its budget of {} (max_budget_per_task)"),
+            (user.cost, budget_user, "user_budget", "the user's LLM cost this month {} reached "
+             "the monthly budget of {}"),
+        ]  # fmt: skip
+        if org is not None:
+            budgets += [
+                (org.spent.cost, org.budget, "org_budget", f"organization {org.org_id}'s LLM "
+                 "cost this month {} reached its monthly budget of {}"),
+                (org.member_spent.cost, org.member_budget, "member_budget", "the user's LLM "
+                 f"cost this month in organization {org.org_id} {{}} reached their budget "
+                 "there of {}"),
+            ]  # fmt: skip
+        for spent, budget, reason, message in budgets:
+            if budget is not None and spent >= budget:
+                self.metrics.refused.labels(reason=reason).inc()
+                raise GatewayError(
+                    400,
+                    "budget_exceeded",
+                    "BudgetExceeded: " + message.format(f"${spent:.6f}", f"${budget:.6f}"),
+                )
 
     # --- after ------------------------------------------------------------------------
 
-    async def _record(self, user_id: str, conversation_id: str | None, usage: Usage) -> None:
+    async def _record(
+        self, user_id: str, conversation_id: str | None, org_id: str | None, usage: Usage
+    ) -> None:
         try:
             # Not waited for by the caller, nor for a replica: a replica down would otherwise
             # hold a connection per call for the whole WAIT time-out (ACS_REDIS_WAIT_TIMEOUT).
             with bookkeeping():
-                await self._meter.record(user_id, conversation_id, usage)
+                await self._meter.record(user_id, conversation_id, usage, org_id=org_id)
         except Exception:
             log.exception("llm_usage_not_recorded", user_id=user_id, cost=usage.cost)
 
@@ -299,7 +357,9 @@ class GatewayService:
             # Sent now and not waited for: the answer goes out meanwhile; the client's next
             # call reaches Redis after this write (it is queued first), so budgets see it.
             task = asyncio.create_task(
-                self._record(call.caller.user_id, call.caller.conversation_id, usage)
+                self._record(
+                    call.caller.user_id, call.caller.conversation_id, call.caller.org_id, usage
+                )
             )
             self._recording.add(task)
             task.add_done_callback(self._recording.discard)
@@ -338,6 +398,37 @@ class GatewayService:
         """What the gateway metered for the user this month, and their budget."""
         _, spent = await self._meter.spent(user_id, None)
         return MonthUsage(month(), spent, self._config.llm_user_monthly_budget)
+
+    async def org_usage(
+        self, org_id: str, members: list[str], budget: float | None, each: float | None
+    ) -> OrgLlmUsage:
+        """What the gateway metered for `org_id` this month, in all and for each of `members`
+        (with their budget there: their own, else `each`)."""
+        this_month = month()
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(keyspace.llm_usage_org(org_id, this_month), USAGE_FIELDS)
+            for user_id in members:
+                pipe.hmget(keyspace.llm_usage_member(org_id, user_id, this_month), USAGE_FIELDS)
+                pipe.hget(keyspace.org_member_limits(org_id, user_id), "llm_monthly_budget")
+            rows = await pipe.execute()
+        total = spent_of(rows[0])
+        items = []
+        for n, user_id in enumerate(members):
+            spent, own = spent_of(rows[1 + 2 * n]), rows[2 + 2 * n]
+            items.append(
+                MemberLlmUsage(
+                    user_id=user_id,
+                    monthly_budget=float(text(own)) if own is not None else each,
+                    **asdict(spent),
+                )
+            )
+        return OrgLlmUsage(
+            org_id=org_id,
+            month=this_month,
+            monthly_budget=budget,
+            members=items,
+            **asdict(total),
+        )
 
     async def conversation_owner(self, conversation_id: str) -> str | None:
         """The user a conversation that exists belongs to, read from its record as a sandbox

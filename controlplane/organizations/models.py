@@ -25,6 +25,13 @@ class OrgLimits(BaseModel):
     max_sandboxes: int | None = Field(
         default=None, ge=0, le=1_000_000, description="sandboxes in any state; 0: no limit"
     )
+    llm_monthly_budget: float | None = Field(
+        default=None,
+        ge=0,
+        le=1e9,
+        description="USD a member may spend through the LLM gateway in the organization a "
+        "calendar month (UTC); 0: nothing (a budget, not a cap: 0 is not 'no limit')",
+    )
 
 
 class Organization(BaseModel):
@@ -37,6 +44,16 @@ class Organization(BaseModel):
     role: Role | None = Field(default=None, description="The caller's role in it")
     limits: OrgLimits = Field(
         default_factory=OrgLimits, description="Each member's caps here (unless their own)"
+    )
+    llm_monthly_budget: float | None = Field(
+        default=None,
+        description="USD the whole organization may spend through the LLM gateway a calendar "
+        "month (UTC); null: no budget of its own",
+    )
+    warm_pool_share: float | None = Field(
+        default=None,
+        description="The part of each spec's warm pool its members may claim within "
+        "ACS_POOL_SHARE_WINDOW; past it their creates start cold. null: no share (the whole pool)",
     )
 
 
@@ -75,10 +92,47 @@ class CreateOrganization(BaseModel):
 
 
 class UpdateOrganization(BaseModel):
+    """Absent: unchanged. `limits` replaces every member cap at once; `llm_monthly_budget` and
+    `warm_pool_share` set to null are removed."""
+
     model_config = ConfigDict(extra="forbid")
 
     name: str | None = Field(default=None, min_length=1, max_length=120)
     limits: OrgLimits | None = None
+    llm_monthly_budget: float | None = Field(
+        default=None, ge=0, le=1e9, description="USD a calendar month for the organization"
+    )
+    warm_pool_share: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="0 to 1: the part of each spec's warm pool (ACS_POOL_SIZE) its members may "
+        "claim within ACS_POOL_SHARE_WINDOW, rounded down; 0: none",
+    )
+
+
+class MemberLlmUsage(BaseModel):
+    user_id: str
+    cost: float
+    prompt_tokens: int
+    completion_tokens: int
+    requests: int
+    monthly_budget: float | None = Field(
+        description="Their budget here: their own, else the organization's `limits`; null: none"
+    )
+
+
+class OrgLlmUsage(BaseModel):
+    """What the LLM gateway metered for an organization this month, in all and by member."""
+
+    org_id: str
+    month: str
+    cost: float
+    prompt_tokens: int
+    completion_tokens: int
+    requests: int
+    monthly_budget: float | None = Field(description="The organization's; null: none")
+    members: list[MemberLlmUsage]
 
 
 class PutMember(BaseModel):

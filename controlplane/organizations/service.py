@@ -24,7 +24,13 @@ from controlplane.organizations.models import (
     UpdateOrganization,
 )
 from controlplane.organizations.roles import GRANTS, RANK, Action, Role, may
-from controlplane.organizations.store import CURRENT, KNOWN, OrganizationStore
+from controlplane.organizations.store import (
+    CURRENT,
+    KNOWN,
+    ORG_LLM_BUDGET,
+    WARM_POOL_SHARE,
+    OrganizationStore,
+)
 from controlplane.store import audit, keyspace
 
 DEFAULT_NAME = "Agent Conversation Service"
@@ -159,11 +165,18 @@ class OrganizationService:
                 raise NotFound(f"no member {user_id} visible to you")
             raise Forbidden(f"your role ({principal.org_role}) may not do {action.value}")
 
-    async def limits_for(self, org_id: str, user_id: str) -> tuple[OrgLimits, OrgLimits]:
-        """The organization's limits and the member's own in it."""
+    async def check_org(self, principal: Principal, org_id: str, action: Action) -> None:
+        """May `principal` do `action` in `org_id`? Raises NotFound (not theirs), Forbidden."""
+        self._check(principal, await self._role_in(principal, org_id), action)
+
+    async def limits_for(
+        self, org_id: str, user_id: str
+    ) -> tuple[OrgLimits, OrgLimits, float | None]:
+        """The organization's limits, the member's own in it, and its warm-pool share."""
         found = await self.store.get(org_id)
         org = found["limits"] if found else OrgLimits()
-        return org, await self.store.member_limits(org_id, user_id)
+        share = found["warm_pool_share"] if found else None
+        return org, await self.store.member_limits(org_id, user_id), share
 
     # -- changing ---------------------------------------------------------------------------
 
@@ -186,6 +199,16 @@ class OrganizationService:
             await self.store.rename(org_id, body.name)
         if body.limits is not None:
             await self.store.set_limits(keyspace.organization(org_id), body.limits)
+        own = {
+            stored: getattr(body, name)
+            for name, stored in (
+                ("llm_monthly_budget", ORG_LLM_BUDGET),
+                ("warm_pool_share", WARM_POOL_SHARE),
+            )
+            if name in body.model_fields_set
+        }
+        if own:
+            await self.store.set_values(org_id, own)
         return await self._organization(org_id, role)
 
     async def put_member(

@@ -20,7 +20,11 @@ from controlplane.store.streams import APPEND_ENTRY, StreamEntry, script_args, s
 
 CURRENT = "~current"
 KNOWN = "~known"
-_LIMIT_FIELDS = ("max_running_sandboxes", "max_sandboxes")
+_LIMIT_FIELDS = ("max_running_sandboxes", "max_sandboxes", "llm_monthly_budget")
+_FLOAT_FIELDS = frozenset({"llm_monthly_budget"})
+ORG_LLM_BUDGET = "org_llm_monthly_budget"
+"""The organization's own budget in its hash (`llm_monthly_budget` there is each member's)."""
+WARM_POOL_SHARE = "warm_pool_share"
 
 # Create only once: an existing organization keeps its name, members and limits. The audit
 # entry (KEYS[3..], ARGV[5..]) with the creation.
@@ -37,8 +41,17 @@ return 1
 
 
 def _limits(row: dict[Any, Any]) -> OrgLimits:
-    values = {f: int(text(row[f.encode()])) for f in _LIMIT_FIELDS if row.get(f.encode())}
+    values = {
+        f: (float if f in _FLOAT_FIELDS else int)(text(row[f.encode()]))
+        for f in _LIMIT_FIELDS
+        if row.get(f.encode())
+    }
     return OrgLimits(**values)
+
+
+def _float(row: dict[Any, Any], field: str) -> float | None:
+    value = row.get(field.encode())
+    return float(text(value)) if value else None
 
 
 class OrganizationStore:
@@ -67,6 +80,8 @@ class OrganizationStore:
             "name": text(row[b"name"]),
             "created_at": datetime.fromisoformat(text(row[b"created_at"])),
             "limits": _limits(row),
+            "llm_monthly_budget": _float(row, ORG_LLM_BUDGET),
+            "warm_pool_share": _float(row, WARM_POOL_SHARE),
         }
 
     async def exists(self, org_id: str) -> bool:
@@ -86,6 +101,17 @@ class OrganizationStore:
                     pipe.hdel(key, field)
                 else:
                     pipe.hset(key, field, str(values[field]))
+            await _execute(pipe, audit.entry())
+
+    async def set_values(self, org_id: str, values: dict[str, float | None]) -> None:
+        """Set the organization's own values (ORG_LLM_BUDGET, WARM_POOL_SHARE); None removes."""
+        key = keyspace.organization(org_id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            for field, value in values.items():
+                if value is None:
+                    pipe.hdel(key, field)
+                else:
+                    pipe.hset(key, field, repr(float(value)))
             await _execute(pipe, audit.entry())
 
     async def member_limits(self, org_id: str, user_id: str) -> OrgLimits:

@@ -47,13 +47,15 @@ class Admission:
     async def member_limits(self, org_id: str | None, user_id: str) -> Limits:
         """limits() with the per-user caps of `user_id` in `org_id`: the member's own
         (PUT …/members/{user}), else the organization's for its members (PATCH …/{org}), else
-        the deployment's (ACS_MAX_RUNNING_PER_USER, ACS_MAX_SANDBOXES_PER_USER); 0: no limit."""
+        the deployment's (ACS_MAX_RUNNING_PER_USER, ACS_MAX_SANDBOXES_PER_USER); 0: no limit.
+        With the organization's warm-pool share."""
         limits = await self.limits()
         if self._organizations is None:
             return limits
-        org, member = await self._organizations.limits_for(
+        org, member, share = await self._organizations.limits_for(
             org_id or self._config.default_organization, user_id
         )
+        limits = replace(limits, pool_share=share)
         running = _first(member.max_running_sandboxes, org.max_running_sandboxes)
         total = _first(member.max_sandboxes, org.max_sandboxes)
         if running is not None:

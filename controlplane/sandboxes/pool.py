@@ -133,6 +133,10 @@ class WarmPool:
             return None
         # The create's audit entry goes with the claim, which picks the sandbox (LATE_ID).
         made = audit.entry(AuditAction.SANDBOX_CREATE, org=principal.org_id, sandbox_id=LATE_ID)
+        share_cap = None
+        if limits.pool_share is not None and principal.org_id:
+            # Rounded down: a share of a pool of 3 that is under a third of it claims none.
+            share_cap = int(limits.pool_share * self.size(spec) + 1e-9)
         claim = await self.store.claim(
             spec.id,
             fingerprint(spec, image_id),
@@ -140,13 +144,17 @@ class WarmPool:
             running_cap=limits.running,
             total_cap=limits.total,
             org_id=principal.org_id,
+            share_cap=share_cap,
+            share_window=self._config.pool_share_window,
             entry=made,
         )
         self._wake.set()
         if claim.outcome in ("running", "total"):
             raise self._admission.refused(principal, claim.outcome, limits)
         if claim.sandbox_id is None:
-            return None
+            if claim.outcome == "share":
+                log.info("pool_share_used", org_id=principal.org_id, spec_id=spec.id)
+            return None  # empty, or the organization's share used: the create starts cold
         record = await self._sandboxes.get(claim.sandbox_id)
         if record is None:
             return None  # deleted by its new owner already

@@ -11,6 +11,7 @@ caps checked, all at once; two replicas can never hand out the same member.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -43,8 +44,14 @@ _CLAIM = (
     + """
 local running_cap, total_cap = tonumber(ARGV[1]), tonumber(ARGV[2])
 local fp, owner, now, spec, prefix = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local share_cap = tonumber(ARGV[11])
 if running_cap >= 0 and redis.call('SCARD', KEYS[5]) >= running_cap then return {'running'} end
 if total_cap >= 0 and redis.call('ZCARD', KEYS[4]) >= total_cap then return {'total'} end
+-- The organization's share of this spec's pool (KEYS[8]: its claims in the window).
+if share_cap >= 0 and tonumber(redis.call('GET', KEYS[8]) or '0') >= share_cap then
+  redis.call('HINCRBY', KEYS[7], 'share_misses:' .. spec, 1)
+  return {'share'}
+end
 while true do
   local popped = redis.call('ZPOPMIN', KEYS[1])
   if #popped == 0 then
@@ -66,9 +73,12 @@ while true do
     redis.call('ZADD', KEYS[4], 0, id)
     redis.call('SADD', KEYS[5], id)
     redis.call('HINCRBY', KEYS[7], 'claims:' .. spec, 1)
+    if share_cap >= 0 and redis.call('INCR', KEYS[8]) == 1 then
+      redis.call('PEXPIRE', KEYS[8], ARGV[12])
+    end
     redis.call('PUBLISH', ARGV[9], id .. ' ' .. status)
-    -- The create's audit entry (KEYS[8..], ARGV[11..]), naming the member claimed.
-    append_entry(8, 11, id)
+    -- The create's audit entry (KEYS[9..], ARGV[13..]), naming the member claimed.
+    append_entry(9, 13, id)
     return {'ok', id, f[2]}
   end
 end
@@ -88,9 +98,16 @@ return 1
 """
 
 
+def _window(seconds: float) -> int:
+    """The current window of `seconds` (fixed windows, as every replica counts them)."""
+    return int(time.time() // seconds)
+
+
 @dataclass(frozen=True)
 class Claim:
-    outcome: str  # ok, empty, running (the user's running cap), total (the user's total cap)
+    outcome: str
+    """ok, empty, running (the user's running cap), total (the user's total cap), share (the
+    organization's warm-pool share used)"""
     sandbox_id: str | None = None
     was_paused: bool = False
 
@@ -130,10 +147,14 @@ class PoolStore:
         running_cap: int | None,
         total_cap: int | None,
         org_id: str | None = None,
+        share_cap: int | None = None,
+        share_window: float = 60.0,
         entry: StreamEntry | None = None,
     ) -> Claim:
         """Claim a ready member for `owner`; `entry` (the create's audit entry, its sandbox id
-        streams.LATE_ID) is added with the claim, naming the member."""
+        streams.LATE_ID) is added with the claim, naming the member. `share_cap`: the claims
+        of this spec's members `org_id` may make in a window of `share_window` seconds (past
+        it: outcome `share`, the create starts cold)."""
         streams, entry_args = script_args(entry)
         result = await self._claim(
             keys=[
@@ -144,6 +165,7 @@ class PoolStore:
                 keyspace.user_active_sandboxes(owner),
                 keyspace.user_active_sandboxes(POOL_OWNER),
                 keyspace.POOL_STATS,
+                keyspace.pool_org_claims(spec_id, org_id or "", _window(share_window)),
                 *streams,
             ],
             args=[
@@ -157,6 +179,8 @@ class PoolStore:
                 POOL_OWNER,
                 keyspace.SANDBOX_STATUS_CHANNEL,
                 org_id or "",
+                -1 if share_cap is None else share_cap,
+                int(share_window * 1000),
                 *entry_args,
             ],
         )

@@ -155,6 +155,8 @@ class Limits:
     running: int | None = None
     total: int | None = None
     memory_capacity: int | None = None
+    pool_share: float | None = None
+    """The organization's part of each spec's warm pool (0 to 1) a window; None: no share."""
 
 
 def _n(value: int | None) -> int:

@@ -13,9 +13,11 @@ lifecycle events. An action whose outcome is only known after the call (a refusa
 sign-in, an action forwarded to a sandbox) is written once, afterwards, with its result (`record`).
 
 Storage (names in keyspace): the entry in `acs:audit`, and an index entry with the *same stream
-id* in the organization's, the action's, the organization's per-action and the user's stream and
-in each target id's sorted set (streams.lex_member); all are trimmed by age (MINID) at every
-addition, and the indexes expire one retention after their last, so one nobody writes to goes
+id* in the organization's, the action's, the organization's per-action, the user's and the
+organization's per-user stream and in each target id's sorted sets, deployment-wide and the
+organization's (streams.lex_member): an organization's readers search its own indexes only
+(controlplane/audit/search.py), deployment admins the others; all are trimmed by age (MINID) at
+every addition, and the indexes expire one retention after their last, so one nobody writes to goes
 away by itself. The sinks' outbox streams
 get the entry as JSON (the deliverer of controlplane/lifecycle/webhooks.py sends it).
 """
@@ -36,6 +38,7 @@ import structlog
 
 from controlplane.store import keyspace
 from controlplane.store.audit_event import AuditEvent, AuditRecord, Outcome
+from controlplane.store.audit_flood import DROPPED_ACTION, AnonymousGate, AnonymousLimits
 from controlplane.store.redis import REDIS_DOWN
 from controlplane.store.streams import APPEND_SCRIPT, LATE_ID, StreamAdd, StreamEntry
 
@@ -93,6 +96,8 @@ class AuditAction(StrEnum):
     SANDBOX_FORK = "sandbox.fork"
     CONVERSATION_REWIND = "conversation.rewind"
     CONVERSATION_FORK = "conversation.fork"
+    ANONYMOUS_DROPPED = DROPPED_ACTION
+    """The summary of a window's anonymous failures left out of the log (audit_flood.py)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,7 @@ class Actor:
 
 
 SYSTEM = Actor()
+ANONYMOUS_DEFAULTS = AnonymousLimits(per_source=10, per_window=100, window=60.0)
 
 # Shapes of the secrets this service hands out or accepts, and of common bearer tokens: a value
 # a client put where an id or a user agent goes is replaced before it is stored.
@@ -135,14 +141,17 @@ class AuditLog:
         retention: float,
         sink_streams: Iterable[str] = (),
         secrets_: Iterable[str | None] = (),
+        anonymous: AnonymousLimits | None = None,
     ) -> None:
         """`retention`: seconds entries are kept; `sink_streams`: the outbox stream of each
         sink (each gets every entry as JSON); `secrets_`: values to redact wherever they
-        appear (the bootstrap key, the client secret, webhook secrets)."""
+        appear (the bootstrap key, the client secret, webhook secrets); `anonymous`: the bounds
+        of anonymous failures (controlplane/store/audit_flood.py; None: the defaults)."""
         self.redis = redis
         self.retention_ms = int(retention * 1000)
         self.sink_streams = tuple(sink_streams)
         self._exact = tuple(s for s in secrets_ if s and len(s) >= 8)
+        self.anonymous = AnonymousGate(redis, anonymous or ANONYMOUS_DEFAULTS, self.adds)
 
     def redact(self, value: str, *, free: bool = False) -> str:
         """`value` with every secret-shaped part replaced (`free`: text a client chose, where
@@ -176,23 +185,17 @@ class AuditLog:
             )
         )
         if record.user_id:
-            adds.append(
-                StreamAdd(
-                    keyspace.audit_user(record.user_id), ref, minid=minid, ttl_ms=ttl, same_id=True
-                )
-            )
+            for key in (
+                keyspace.audit_user(record.user_id),
+                keyspace.audit_org_user(org, record.user_id),
+            ):
+                adds.append(StreamAdd(key, ref, minid=minid, ttl_ms=ttl, same_id=True))
         for target in indexed_targets(record.targets):
             # Most targets (a sandbox, a key) have a few entries: a sorted set each.
-            adds.append(
-                StreamAdd(
-                    keyspace.audit_target(target),
-                    (),
-                    minid=minid,
-                    ttl_ms=ttl,
-                    same_id=True,
-                    lex_index=True,
+            for key in (keyspace.audit_target(target), keyspace.audit_org_target(org, target)):
+                adds.append(
+                    StreamAdd(key, (), minid=minid, ttl_ms=ttl, same_id=True, lex_index=True)
                 )
-            )
         if self.sink_streams:
             line = AuditEvent.of(record).line()
             if LATE_ID in record.targets.values():
@@ -353,8 +356,13 @@ async def record(
     scope = _SCOPE.get()
     if made is None or scope is None:
         return
+    who = actor or scope.actor()
     try:
-        await scope.log.write(made)
+        if outcome == "failure" and (who is None or who.user_id is None):
+            # Nobody known sent it: bounded per source and per window (audit_flood.py).
+            await scope.log.anonymous.write(made, scope.ip)
+        else:
+            await scope.log.write(made)
     except REDIS_DOWN as exc:
         log.warning("audit_not_stored", action=str(action or scope.action), error=str(exc))
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -226,6 +226,48 @@ class AuditEvent(BaseModel):
         """One line of JSON (no newline inside, whatever a client sent: JSON escapes it), as the
         search answers it."""
         return self.model_dump_json()
+
+
+def event_json(record: AuditRecord) -> dict[str, Any]:
+    """AuditEvent.of(record) as its JSON (model_dump(mode="json")), built directly: a search
+    answers up to 100 entries, and validating ten small models for each cost most of its time.
+    tests/audit/test_event_json.py keeps the two the same."""
+    status, request_id = record.status, record.request_id
+    return {
+        "@timestamp": datetime.fromtimestamp(record.time_ms / 1000, UTC)
+        .isoformat()
+        .replace("+00:00", "Z"),
+        "event": {
+            "id": record.id,
+            "kind": "event",
+            "dataset": "acs.audit",
+            "action": record.action,
+            "outcome": record.outcome,
+            "reason": record.reason,
+        },
+        "user": {"id": record.user_id, "roles": [record.role] if record.role else []},
+        "organization": {"id": record.org_id} if record.org_id else None,
+        "source": {"ip": record.ip} if record.ip else None,
+        "user_agent": {"original": record.user_agent} if record.user_agent else None,
+        "http": {
+            "request": {"id": request_id} if request_id else None,
+            "response": {"status_code": status} if status is not None else None,
+        }
+        if request_id or status is not None
+        else None,
+        "acs": {
+            "key_id": record.key_id,
+            "auth": record.via,
+            "admin": record.admin,
+            "targets": dict(record.targets),
+            "details": dict(record.details),
+        },
+    }
+
+
+def json_line(event: dict[str, Any]) -> str:
+    """One entry's JSON on one line, as AuditEvent.line() writes it."""
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
 
 
 class AuditEventPage(BaseModel):

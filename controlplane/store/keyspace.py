@@ -219,7 +219,14 @@ POOL_MEMBERS = f"{PREFIX}:pool:members"
 """Lexically ordered sorted set of unclaimed warm pool member ids (never in ALL_SANDBOXES)."""
 
 POOL_STATS = f"{PREFIX}:pool:stats"
-"""Hash: `claims:<spec>` and `misses:<spec>` counters (every replica's claims)."""
+"""Hash: `claims:<spec>`, `misses:<spec>` and `share_misses:<spec>` counters (every replica's
+claims)."""
+
+
+def pool_org_claims(spec_id: str, org_id: str, window: int) -> str:
+    """String, TTL one window (ACS_POOL_SHARE_WINDOW): the warm-pool members of one spec an
+    organization with a `warm_pool_share` claimed in the window."""
+    return f"{PREFIX}:pool:share:{spec_id}:{org_id}:{window}"
 
 
 def pool_ready(spec_id: str) -> str:
@@ -242,6 +249,18 @@ def llm_usage_conversation(conversation_id: str) -> str:
     """Hash: what the LLM gateway metered for one conversation: cost (USD), prompt_tokens,
     completion_tokens, requests."""
     return f"{PREFIX}:llm_usage:conv:{conversation_id}"
+
+
+def llm_usage_org(org_id: str, month: str) -> str:
+    """Hash, TTL about 13 months: the organization's gateway usage in one calendar month, the
+    same fields; the organization's budget counts it."""
+    return f"{PREFIX}:llm_usage:org:{org_id}:{month}"
+
+
+def llm_usage_member(org_id: str, user_id: str, month: str) -> str:
+    """Hash, TTL about 13 months: one member's gateway usage in the organization in one month
+    (their calls charged to it), the same fields; the member's budget there counts it."""
+    return f"{PREFIX}:llm_usage:org:{org_id}:member:{user_id}:{month}"
 
 
 def llm_usage_user(user_id: str, month: str) -> str:
@@ -407,11 +426,36 @@ def audit_user(user_id: str) -> str:
     return f"{PREFIX}:audit:user:{user_id}"
 
 
+def audit_org_user(org_id: str, user_id: str) -> str:
+    """Stream: the organization's audit entries of what one user did there (index). An
+    organization's own reader searches its per-organization indexes only, so that nothing it
+    reads (a page, a cursor, how long a search takes) depends on another organization's
+    entries; the deployment-wide indexes are for deployment admins."""
+    return f"{PREFIX}:audit:org:{org_id}:user:{user_id}"
+
+
+def audit_org_target(org_id: str, target_id: str) -> str:
+    """Sorted set as audit_target: the organization's entries naming one id (index)."""
+    return f"{PREFIX}:audit:org:{org_id}:target:{target_id}"
+
+
 def audit_target(target_id: str) -> str:
     """Sorted set, every score 0: the stream ids (streams.lex_member) of the audit entries
     naming one id (a sandbox, conversation, key, user, …) among their targets (index; a sorted
     set because most hold a few entries, where a stream would cost 4 kB)."""
     return f"{PREFIX}:audit:target:{target_id}"
+
+
+def audit_anonymous(window: int, part: str) -> str:
+    """The anonymous-failure gate's counters of one window (controlplane/store/audit_flood.py):
+    `all` (entries written), `src:<source>` (per source), `dropped` (entries not written) and
+    `sources` (HyperLogLog of the sources dropped); each expires after its window, but the
+    dropped ones, which live until their summary entry is written."""
+    return f"{PREFIX}:audit:anon:{window}:{part}"
+
+
+AUDIT_ANONYMOUS_PENDING = f"{PREFIX}:audit:anon:pending"
+"""Sorted set: the windows whose dropped anonymous failures await their summary entry."""
 
 
 def audit_outbox(url_id: str) -> str:

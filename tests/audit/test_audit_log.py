@@ -77,8 +77,13 @@ async def stored_text(redis: aioredis.Redis) -> str:
     parts = []
     async for key in redis.scan_iter(match=f"{keyspace.PREFIX}:audit*"):
         parts.append(text(key))
-        if text(await redis.type(key)) == "zset":  # a target's index
+        kind = text(await redis.type(key))
+        if kind == "zset":  # a target's index, the windows awaiting a summary
             parts += [text(m) for m in await redis.zrange(key, 0, -1)]
+            continue
+        if kind == "string":  # the anonymous-failure gate's counters (and its HyperLogLogs)
+            value: Any = await redis.get(key)
+            parts.append(bytes(value or b"").decode(errors="replace"))
             continue
         rows: Any = await redis.xrange(key)
         for entry_id, fields in rows:

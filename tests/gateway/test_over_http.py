@@ -22,22 +22,14 @@ from openai.types.chat import ChatCompletionMessageFunctionToolCall, ChatComplet
 
 from controlplane.config import ServiceConfig
 from tests.conftest import BOOTSTRAP_KEY
+from tests.gateway.conftest import LLM_KEY
 from tests.support.fake_anthropic import FakeAnthropic, anthropic_text, anthropic_tool_use
 from tests.support.fake_llm import FakeLLM, reply_text, reply_tool_call
 from tests.support.live_server import LiveServer, free_port, start_live_server
 
-LLM_KEY = "sk-gw-SECRET-90f1e2"
 ANTHROPIC_KEY = "sk-ant-SECRET-77c3d4"
 PRICES = {"fake-model": (0.001, 0.002), "claude-fake-1": (0.003, 0.015)}
 GATEWAY = "/api/v1/llm-gateway/v1"
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeLLM]:
-    server = FakeLLM(api_key=LLM_KEY, model="fake-model")
-    await server.start()
-    yield server
-    await server.close()
 
 
 @pytest.fixture
