@@ -289,12 +289,17 @@ def copy_out(entry: Entry, target: str) -> tuple[os.stat_result, os.stat_result]
         before = os.fstat(src)
         if not stat.S_ISREG(before.st_mode):
             raise NotRegular(entry["p"])
+        # At most the listed size, which the size limit was checked against: a file the agent
+        # grows (or turns sparse and huge) meanwhile is cut here, its stat then differs from
+        # the listing and it is copied again while the sandbox is held still, listed anew.
+        left = int(entry["s"])
         with open(target, "wb") as dst:
-            while True:
-                data = os.read(src, PIECE)
+            while left > 0:
+                data = os.read(src, min(PIECE, left))
                 if not data:
                     break
                 dst.write(data)
+                left -= len(data)
         after = os.fstat(src)
     finally:
         os.close(src)
@@ -334,13 +339,13 @@ def stage(entries: list[Entry], known: dict[str, dict[str, list[Any]]], staged: 
         except FileNotFoundError:
             staged.pop(key, None)
             continue
-        except NotRegular:
+        except (NotRegular, OSError):  # swapped for a fifo, a link (ELOOP), ...: the agent's
             staged.pop(key, None)
             SKIPPED.append(entry["p"])
             continue
         clean = marks(before) == marks(after) == sig[4:8]
         staged[key] = (sig, target, clean)
-        copied += before.st_size
+        copied += min(before.st_size, int(entry["s"]))
     return copied
 
 

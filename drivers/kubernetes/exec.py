@@ -27,8 +27,9 @@ PIECE = 1 << 20
 STDERR_KEPT = 8192
 MESSAGE_MAX = 8 << 20
 """The largest websocket message taken from the API server (it sends far smaller ones)."""
-FRAME_MAX = 64 << 20
-"""The largest frame a helper may send (its listing of a large workspace fits)."""
+FRAME_MAX = 32 << 20
+"""The largest frame a helper may send: a listing of about 150,000 files. Bounded because
+the names are the agent's and a listing grows about tenfold once parsed."""
 
 
 class ExecFailed(DriverError):
@@ -104,8 +105,10 @@ class Exec:
         else:  # closed, closing or an error: the command has ended
             self._eof = True
             return
-        if not data or len(data) > MESSAGE_MAX:
+        if not data:
             return
+        if len(data) > MESSAGE_MAX:  # dropped, the stream would be read out of step
+            raise ExecFailed(f"the API server sent a message of {len(data)} bytes")
         channel, body = data[0], data[1:]
         if channel == STDOUT:
             self._stdout.extend(body)

@@ -30,7 +30,7 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,11 @@ HOLD_SCRIPT = (
 """Run as the sandbox's user in its container: stop every process it may signal (all of the
 pod's but init and this shell), continue them when told, when the stream ends (`read` meets
 its end) or after HOLD_LIMIT seconds."""
+HOLD_ANSWER_WITHIN = 10.0
+"""Seconds the stopping shell has to say it holds the sandbox (else the snapshot fails)."""
+HELPER_ANSWER_WITHIN = 600.0
+"""Seconds the helper has for each step of an export (a copy of up to the size limit): a
+helper that hangs never keeps the sandbox's lock."""
 STARTED_POLL = 0.1
 POD_GONE_MARGIN = 30.0
 """Seconds past the pause's grace that an export waits for a paused sandbox's pod to go."""
@@ -180,12 +185,12 @@ class KubeFiles:
                 "precopy": running,
                 "max_bytes": max_bytes or 0,
             }
-            ready = checked(await helper.ask(request))
+            ready = checked(await asyncio.wait_for(helper.ask(request), HELPER_ANSWER_WITHIN))
             log.debug("kube_snapshot_helper_ready", sandbox_id=sandbox_id, **ready)
             if running:
                 held = await self._still(sandbox_id, helper, hold)
             else:
-                checked(await helper.ask({"op": "go"}))
+                checked(await asyncio.wait_for(helper.ask({"op": "go"}), HELPER_ANSWER_WITHIN))
                 held = 0.0
             yield FileExport(held_still=held, items=self._items(helper, max_bytes))
 
@@ -222,9 +227,15 @@ class KubeFiles:
                 what=f"holding sandbox {sandbox_id} still",
             )
             try:
-                if await stopper.line() != "held":
+                # Bounded: the agent's own processes may stop the stopping shell before it
+                # answers (a loop of `kill -STOP -1`), and the hold keeps the sandbox's lock.
+                try:
+                    said = await asyncio.wait_for(stopper.line(), HOLD_ANSWER_WITHIN)
+                except TimeoutError:
+                    said = ""
+                if said != "held":
                     raise DriverError(f"sandbox {sandbox_id} could not be held still")
-                checked(await helper.ask({"op": "go"}))
+                checked(await asyncio.wait_for(helper.ask({"op": "go"}), HELPER_ANSWER_WITHIN))
                 await stopper.write(b"go\n")
                 with contextlib.suppress(ExecFailed, TimeoutError):
                     await asyncio.wait_for(stopper.line(), 5)
@@ -273,7 +284,7 @@ class KubeFiles:
             raise DriverError("a sandbox made from a snapshot needs a spec with a numeric user")
         async with self._helper(request.sandbox_id, run_as, node=None, read_only=False) as helper:
             await helper.send_json({"op": "load", "root": CLAIM})
-            sent = await self._send(helper, source.items())
+            sent = await send_items(helper.write, source.items())
             answer = await helper.read_json()
         log.info(
             "kube_snapshot_restored",
@@ -283,44 +294,6 @@ class KubeFiles:
             loaded=answer.get("loaded"),
             skipped=answer.get("skipped"),
         )
-
-    async def _send(self, helper: Exec, items: AsyncIterator[FileItem]) -> int:
-        """Every entry of the workspace and state trees whose path is sound, with its bytes;
-        nothing beneath an entry that is not a directory (a link the agent made where a
-        directory was must never carry what was beneath it). The count of entries sent."""
-        leaves: set[tuple[str, str]] = set()
-        dirs: set[str] = set()
-        keep = False
-        sent = 0
-        buffer = bytearray()
-        async for item in items:
-            if isinstance(item, bytes):
-                if keep:
-                    buffer += _frame(b"F", item)
-                continue
-            keep = _loadable(item, leaves)
-            if not keep:
-                continue
-            where = "workspace" if item.tree == WORKSPACE else "state"
-            destination = f"{where}/{item.path}".rstrip("/")
-            # The directories above a kept path are not in a snapshot (only what lies under
-            # it is): made plain, before it.
-            parts = destination.split("/")
-            for n in range(1, len(parts)):
-                parent = "/".join(parts[:n])
-                if parent not in dirs:
-                    dirs.add(parent)
-                    buffer += _frame(b"E", _entry_json(_PARENT, parent))
-            if item.kind == FileKind.DIR:
-                dirs.add(destination)
-            buffer += _frame(b"E", _entry_json(item, destination))
-            sent += 1
-            if len(buffer) >= PIECE:
-                await helper.write(bytes(buffer))
-                buffer.clear()
-        buffer += _frame(b"Z", b"")
-        await helper.write(bytes(buffer))
-        return sent
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -459,11 +432,57 @@ def _run_as(claim: Json, pod: Json | None) -> tuple[int, int]:
     raise DriverError("the sandbox's claim does not say which user it runs as: resume it first")
 
 
+async def send_items(
+    write: Callable[[bytes], Awaitable[None]], items: AsyncIterator[FileItem]
+) -> int:
+    """Every entry of the workspace and state trees whose path is sound, with its bytes;
+    nothing beneath an entry that is not a directory (a link the agent made where a
+    directory was must never carry what was beneath it). The count of entries sent."""
+    leaves: set[tuple[str, str]] = set()
+    dirs: set[str] = set()
+    keep = False
+    sent = 0
+    buffer = bytearray()
+    async for item in items:
+        if isinstance(item, bytes):
+            if keep:
+                buffer += _frame(b"F", item)
+                if len(buffer) >= PIECE:  # a file's bytes never pile up whole here
+                    await write(bytes(buffer))
+                    buffer.clear()
+            continue
+        keep = _loadable(item, leaves)
+        if not keep:
+            continue
+        where = "workspace" if item.tree == WORKSPACE else "state"
+        destination = f"{where}/{item.path}".rstrip("/")
+        # The directories above a kept path are not in a snapshot (only what lies under
+        # it is): made plain, before it.
+        parts = destination.split("/")
+        for n in range(1, len(parts)):
+            parent = "/".join(parts[:n])
+            if parent not in dirs:
+                dirs.add(parent)
+                buffer += _frame(b"E", _entry_json(_PARENT, parent))
+        if item.kind == FileKind.DIR:
+            dirs.add(destination)
+        buffer += _frame(b"E", _entry_json(item, destination))
+        sent += 1
+        if len(buffer) >= PIECE:
+            await write(bytes(buffer))
+            buffer.clear()
+    buffer += _frame(b"Z", b"")
+    await write(bytes(buffer))
+    return sent
+
+
 def _loadable(entry: FileEntry, leaves: set[tuple[str, str]]) -> bool:
     """Whether to send `entry` to the loader (and remember it when it is not a directory)."""
     if entry.tree not in (WORKSPACE, STATE) or not safe_path(entry.path, entry.tree):
         return False
     if entry.kind not in (FileKind.FILE, FileKind.DIR, FileKind.SYMLINK):
+        return False
+    if entry.path == "" and entry.kind != FileKind.DIR:  # a tree's root is a directory, ever
         return False
     parts = entry.path.split("/")
     if any((entry.tree, "/".join(parts[:n])) in leaves for n in range(1, len(parts))):

@@ -1,0 +1,86 @@
+"""Bounds of the snapshot helper and of the restore stream that a hostile workspace must not
+break (security review of the Kubernetes snapshots): a file the agent grows after it was
+listed is copied only up to its listed size (the size limit was checked against that, and the
+helper's scratch space is on a shared node); a file swapped for a link while it is copied is
+left out instead of ending the helper; and a large file goes to the loader in pieces, never
+whole in the control plane's memory."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import drivers.files_helper as helper
+from drivers.base import WORKSPACE, FileEntry, FileItem, FileKind
+from drivers.kubernetes.exec import PIECE
+from drivers.kubernetes.files import send_items
+
+
+def listed(root: Path, path: str) -> dict[str, Any]:
+    """The entry the helper's own scan makes of `root/path` now."""
+    st = os.lstat(root / path)
+    entry = helper.entry_of("w", path, st, None, str(root / path), layer=False)
+    assert entry is not None
+    entry["src"] = "ws"
+    return entry
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "ws"
+    root.mkdir()
+    monkeypatch.setitem(helper.ROOTS, "ws", str(root))
+    monkeypatch.setattr(helper, "STAGING", [str(tmp_path / "staging")])
+    (tmp_path / "staging").mkdir()
+    return root
+
+
+def test_a_file_grown_after_its_listing_is_copied_only_up_to_its_listed_size(
+    workspace: Path,
+) -> None:
+    (workspace / "grows").write_bytes(b"x" * 1000)
+    entry = listed(workspace, "grows")
+    with (workspace / "grows").open("ab") as grown:  # the agent, after the scan
+        grown.truncate(1 << 30)  # a sparse GiB: would be written out whole without the bound
+    staged: helper.Staged = {}
+    copied = helper.stage([entry], {}, staged)
+    assert copied == 1000
+    _, copy, clean = staged[("w", "grows")]
+    assert os.path.getsize(copy) == 1000
+    assert not clean  # copied again, listed anew, while the sandbox is held still
+
+
+def test_a_file_swapped_for_a_link_while_staged_is_left_out(workspace: Path) -> None:
+    (workspace / "secret").write_text("mine")
+    (workspace / "plain").write_text("kept")
+    entries = [listed(workspace, "secret"), listed(workspace, "plain")]
+    (workspace / "secret").unlink()
+    (workspace / "secret").symlink_to("/etc/shadow")  # O_NOFOLLOW: ELOOP, not a crash
+    staged: helper.Staged = {}
+    helper.stage(entries, {}, staged)
+    assert ("w", "secret") not in staged
+    assert "secret" in helper.SKIPPED
+    assert Path(staged[("w", "plain")][1]).read_text() == "kept"
+
+
+async def test_a_large_file_is_sent_in_pieces(tmp_path: Path) -> None:
+    size = 40 * PIECE
+
+    async def items() -> AsyncIterator[FileItem]:
+        yield FileEntry(WORKSPACE, "", FileKind.DIR, 0o755)
+        yield FileEntry(WORKSPACE, "big", FileKind.FILE, 0o644, size=size)
+        for _ in range(size // PIECE):
+            yield b"\0" * PIECE
+
+    writes: list[int] = []
+
+    async def write(data: bytes) -> None:
+        writes.append(len(data))
+
+    assert await send_items(write, items()) == 2
+    assert sum(writes) > size
+    assert max(writes) <= 2 * PIECE + 64  # a piece and its frame, plus what preceded it
