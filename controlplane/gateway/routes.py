@@ -347,15 +347,10 @@ async def usage(request: web.Request) -> web.Response:
 )
 async def org_usage(request: web.Request) -> web.Response:
     org_id = request.match_info["org_id"]
-    organizations = request.app[keys.ORGANIZATIONS]
-    await organizations.check_org(principal_of(request), org_id, Action.USAGE_READ)
-    found = await organizations.store.get(org_id)
-    if found is None:
-        raise NotFound(f"organization {org_id} not found")
-    members = sorted(await organizations.store.members(org_id))
-    usage = await request.app[keys.GATEWAY].org_usage(
-        org_id, members, found["llm_monthly_budget"], found["limits"].llm_monthly_budget
+    members, org_budget, member_budget = await request.app[keys.ORGANIZATIONS].budgets_for_usage(
+        principal_of(request), org_id
     )
+    usage = await request.app[keys.GATEWAY].org_usage(org_id, members, org_budget, member_budget)
     return json_response(usage)
 
 

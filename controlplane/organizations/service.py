@@ -178,6 +178,18 @@ class OrganizationService:
         share = found["warm_pool_share"] if found else None
         return org, await self.store.member_limits(org_id, user_id), share
 
+    async def budgets_for_usage(
+        self, principal: Principal, org_id: str
+    ) -> tuple[list[str], float | None, float | None]:
+        """For reading an organization's LLM usage (Action.USAGE_READ): its members, its
+        monthly budget and each member's. Raises NotFound (not theirs), Forbidden."""
+        await self.check_org(principal, org_id, Action.USAGE_READ)
+        found = await self.store.get(org_id)
+        if found is None:
+            raise NotFound(f"organization {org_id} not found")
+        members = sorted(await self.store.members(org_id))
+        return members, found["llm_monthly_budget"], found["limits"].llm_monthly_budget
+
     # -- changing ---------------------------------------------------------------------------
 
     async def create(self, principal: Principal, body: CreateOrganization) -> Organization:

@@ -51,7 +51,11 @@ async def test_onboarding_finds_one_organization_and_the_key(
         "role": "member",
         "status": "active",
         "permissions": ["edit_org_settings", "sandbox.create"],
-        "limits": {"max_running_sandboxes": None, "max_sandboxes": None},
+        "limits": {
+            "max_running_sandboxes": None,
+            "max_sandboxes": None,
+            "llm_monthly_budget": None,
+        },
     }
     admin = {"Authorization": f"Bearer {BOOTSTRAP_KEY}"}
     assert (await ok(client, "GET", f"/api/organizations/{org['id']}/me", admin))["role"] == "admin"

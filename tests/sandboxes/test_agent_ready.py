@@ -199,7 +199,11 @@ async def test_sandboxes_announce_themselves_with_their_own_key_only(
     sbx: Client,
     user_headers: UserHeaders,
     own_docker: OwnDocker,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # No fallback poll: on a loaded host it could find the agent up before its announcement
+    # is handled, and the start would not show that it waited for the announcement.
+    monkeypatch.setattr(readiness, "ANNOUNCED_FALLBACK", 600.0)
     alice, bob = await user_headers("alice"), await user_headers("bob")
     with capture_logs("info") as logs:
         mine = await start(sbx, alice)

@@ -169,6 +169,19 @@ async def _b_reaches_the_new_container(
 ) -> None:
     b = deployment.b
     health = f"{b.base}/sandboxes/{sandbox_id}/proxy/agent/health"
+    # B may first refuse (409: its own engine watch saw the container go while Redis was out
+    # of its reach) until its feed has re-read Redis; refusing is safe, forwarding is the
+    # fault: never the canary's answer, and the new container's within a bound.
+    deadline = time.monotonic() + 30
+    while True:
+        async with b.http.get(health, headers=b.headers) as resp:
+            body = await resp.text()
+        assert body != "canary", "replica B forwarded to the old address"
+        if resp.status == 200:
+            break
+        assert resp.status == 409, body
+        assert time.monotonic() < deadline, f"B still refuses after 30 s: {body}"
+        await asyncio.sleep(0.1)
     for _ in range(20):
         async with b.http.get(health, headers=b.headers) as resp:
             body = await resp.text()
