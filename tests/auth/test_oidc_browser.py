@@ -5,7 +5,9 @@ session cookie."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -59,8 +61,9 @@ async def test_agent_canvas_and_the_classic_api_through_the_provider(
         # Back through our callback to the app, which now onboards the signed-in user.
         await page.wait_for_url(live.url + "/", timeout=STEP)
         await expect(page.get_by_text("Choose your agent")).to_be_visible(timeout=STEP)
-        assert ("/api/organizations", 200) in calls
-        assert ("/api/authenticate", 200) in calls
+        # Playwright hands the page's response events over after the page drew them: wait.
+        await _until_in(calls, ("/api/organizations", 200))
+        await _until_in(calls, ("/api/authenticate", 200))
 
         # Canvas's organization calls answer alice's real organization and role.
         orgs = await page.evaluate("fetch('/api/organizations').then(r => r.json())")
@@ -85,3 +88,10 @@ async def test_agent_canvas_and_the_classic_api_through_the_provider(
         await page.screenshot(path=str(tmp_path / "page.png"))
         (tmp_path / "calls.txt").write_text("\n".join(f"{s} {p}" for p, s in calls))
         await context.close()
+
+
+async def _until_in(calls: list[tuple[str, int]], call: tuple[str, int]) -> None:
+    deadline = time.monotonic() + STEP / 1000
+    while call not in calls:
+        assert time.monotonic() < deadline, f"{call} not among the page's responses: {calls}"
+        await asyncio.sleep(0.1)

@@ -30,7 +30,7 @@ def listed(root: Path, path: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def helper_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "ws"
     root.mkdir()
     monkeypatch.setitem(helper.ROOTS, "ws", str(root))
@@ -40,11 +40,11 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_a_file_grown_after_its_listing_is_copied_only_up_to_its_listed_size(
-    workspace: Path,
+    helper_roots: Path,
 ) -> None:
-    (workspace / "grows").write_bytes(b"x" * 1000)
-    entry = listed(workspace, "grows")
-    with (workspace / "grows").open("ab") as grown:  # the agent, after the scan
+    (helper_roots / "grows").write_bytes(b"x" * 1000)
+    entry = listed(helper_roots, "grows")
+    with (helper_roots / "grows").open("ab") as grown:  # the agent, after the scan
         grown.truncate(1 << 30)  # a sparse GiB: would be written out whole without the bound
     staged: helper.Staged = {}
     copied = helper.stage([entry], {}, staged)
@@ -54,12 +54,12 @@ def test_a_file_grown_after_its_listing_is_copied_only_up_to_its_listed_size(
     assert not clean  # copied again, listed anew, while the sandbox is held still
 
 
-def test_a_file_swapped_for_a_link_while_staged_is_left_out(workspace: Path) -> None:
-    (workspace / "secret").write_text("mine")
-    (workspace / "plain").write_text("kept")
-    entries = [listed(workspace, "secret"), listed(workspace, "plain")]
-    (workspace / "secret").unlink()
-    (workspace / "secret").symlink_to("/etc/shadow")  # O_NOFOLLOW: ELOOP, not a crash
+def test_a_file_swapped_for_a_link_while_staged_is_left_out(helper_roots: Path) -> None:
+    (helper_roots / "secret").write_text("mine")
+    (helper_roots / "plain").write_text("kept")
+    entries = [listed(helper_roots, "secret"), listed(helper_roots, "plain")]
+    (helper_roots / "secret").unlink()
+    (helper_roots / "secret").symlink_to("/etc/shadow")  # O_NOFOLLOW: ELOOP, not a crash
     staged: helper.Staged = {}
     helper.stage(entries, {}, staged)
     assert ("w", "secret") not in staged
