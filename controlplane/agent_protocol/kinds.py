@@ -35,6 +35,12 @@ CONVERSATIONS_DIR = f"{STATE_DIR}/conversations"
 #: server's agent and secrets, sealed with the source sandbox's session key): the new
 #: conversation is started with its own (docs/sandboxes.md#checkpoints).
 CARRIED_FILES = frozenset({"events.jsonl", "history.jsonl", "events"})
+#: Files of a stored conversation that say which running server owns it: the official server's
+#: leases (openhands/agent_server/conversation_lease.py). Never restored by a rewind: the owner
+#: died with the sandbox's instance, but the lease names a host the rebuilt one is not, so the
+#: server would refuse the conversation ("Conversation not found") until the lease expired, up
+#: to 45 s after the checkpoint.
+OWNER_MARKS = frozenset({"owner_lease.json", ".owner_lease.lock"})
 #: A batch is flushed this long after its first event (the server's default is 30 s).
 FLUSH_DELAY_S = 0.05
 #: Events a batch may hold before it is posted at once, even within the flush delay.

@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from controlplane.agent_protocol.kinds import CARRIED_FILES, CONVERSATIONS_DIR
+from controlplane.agent_protocol.kinds import CARRIED_FILES, CONVERSATIONS_DIR, OWNER_MARKS
 from controlplane.snapshots.index import ChunkRef, SnapshotIndex
 from controlplane.snapshots.registry import Registry
 from controlplane.snapshots.sealing import UserKeys
@@ -22,12 +22,6 @@ the sandbox it was taken of (docs/sandboxes.md#snapshots)."""
 REWOUND = frozenset({WORKSPACE, SYSTEM, STATE})
 """What the sandbox a snapshot was taken of gets back when a conversation is rewound to it:
 its agent's state too (docs/sandboxes.md#checkpoints)."""
-OWNER_MARKS = frozenset({"owner_lease.json", ".owner_lease.lock"})
-"""Files of the state tree that say which running server owns a conversation: the official
-agent server's leases (openhands/agent_server/conversation_lease.py). They are never restored:
-their owner died with the sandbox's instance, but the lease names a host the rebuilt one is not,
-so it would refuse to load the conversation ("Conversation not found") until it expired, up to
-45 s after the checkpoint."""
 
 
 def state_key(snapshot_id: str) -> str:
