@@ -1,12 +1,17 @@
 """What both runtimes make of their snapshot helpers' conversation (drivers/files_helper.py): the
-signatures an export already knows, as the helper reads them, and its answers checked."""
+program itself, the signatures an export already knows, as the helper reads them, and its
+answers checked."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from drivers.errors import FilesTooLarge
+
+SCRIPT = (Path(__file__).parent / "files_helper.py").read_text()
+"""The helper's program, run by each runtime's helper with `python3 -I -S -c`."""
 
 
 def known_by_tree(

@@ -16,7 +16,6 @@ import socket
 import struct
 import tarfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import docker
@@ -24,8 +23,8 @@ from docker.errors import APIError, ImageNotFound, NotFound
 from docker.types import Mount
 
 from drivers.errors import DriverError, ImageMissing
+from drivers.helper_answers import SCRIPT
 
-SCRIPT = (Path(__file__).parent.parent / "files_helper.py").read_text()
 LABEL_ROLE = "acs.role"
 """On what the snapshot capability makes besides sandboxes: `files` (a helper or a loader
 container), `base` (a base volume, or the container a base image is committed from)."""

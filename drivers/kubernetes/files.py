@@ -32,7 +32,6 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -48,7 +47,7 @@ from drivers.base import (
     SandboxRequest,
 )
 from drivers.errors import DriverError, FilesTooLarge, RuntimeUnavailable
-from drivers.helper_answers import checked, known_by_tree
+from drivers.helper_answers import SCRIPT, checked, known_by_tree
 from drivers.kubernetes.api import KubeApi, claims, pods
 from drivers.kubernetes.exec import Exec, ExecFailed
 from drivers.kubernetes.names import (
@@ -70,7 +69,6 @@ from drivers.kubernetes.state import parse_time, terminating
 
 log = structlog.get_logger(__name__)
 Json = dict[str, Any]
-SCRIPT = (Path(__file__).parent.parent / "files_helper.py").read_text()
 CLAIM = "/acs/claim"
 HOLD_LIMIT = 30
 """Seconds after which a stopped sandbox continues on its own (the control plane died)."""

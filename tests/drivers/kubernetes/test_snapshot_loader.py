@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from drivers.kubernetes.files import SCRIPT
+from drivers.helper_answers import SCRIPT
 from drivers.kubernetes.objects import helper_manifest
 from drivers.kubernetes.settings import KubernetesSettings
 from tests.support.pod_security import profile, violations
