@@ -8,6 +8,7 @@ sandbox's own agent server, as its user would."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -154,10 +155,10 @@ async def test_links_out_of_a_paused_workspace_restore_as_links(
     assert (await api.post(f"/api/v1/sandboxes/{source['id']}/pause", headers=alice)).status == 200
     await wait_status(api, alice, source["id"], "PAUSED", within=30)
     # Its pod gone (a snapshot waits for a stopping pod's containers to end, as its kubelet
-    # reports them: late on a busy test host).
-    for _ in range(120):
-        if source["id"] not in (await objects(kube_api, ns, prefix)).of("pods"):
-            break
+    # reports them: late on a busy test host, past a minute in CI, hence the long wait).
+    deadline = time.monotonic() + 240
+    while source["id"] in (await objects(kube_api, ns, prefix)).of("pods"):
+        assert time.monotonic() < deadline, "the paused sandbox's pod never went"
         await asyncio.sleep(0.5)
 
     taken = await snapshot(api, alice, source["id"])
