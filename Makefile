@@ -14,7 +14,7 @@ export MYPY_CACHE_DIR ?= $(ACS_CACHE_DIR)/mypy
 # `controlplane` process the suite starts compile the project again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: all host browser install images image run test test-unit test-prep test-quick chaos ha lint format mypy bench bench-official bench-kube clean kube-binaries
+.PHONY: all host browser install images image run test test-deep test-unit test-prep test-quick chaos ha lint format mypy bench bench-official bench-kube clean kube-binaries
 
 all: lint test
 
@@ -53,9 +53,15 @@ run: install host images
 TEST_WORKERS ?= 4
 PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 
-# Everything, slow tiers included (what CI runs).
+# Everything, slow tiers included (what CI runs), but the deep fuzz runs (`test-deep`).
 test: install host images browser test-prep
-	$(BIN)/pytest $(PARALLEL)
+	@scripts/run-suite.sh $(BIN) $(PARALLEL) -m "not deep"
+
+# The long fuzz runs alone (marker `deep`): 10,000 hostile provider answers and schemathesis at
+# 30 examples an operation, about 30 minutes; `make test` runs the same fuzzers at a tenth and a
+# third of that (docs/development.md, "The fuzzer").
+test-deep: install host images
+	$(BIN)/pytest -m deep
 
 # What the slow tiers need, made before pytest so that no test's time limit covers a build from
 # nothing: the official agent server's image (minutes the first time, cached), the pinned
