@@ -58,8 +58,8 @@ test: install host images browser test-prep
 	@scripts/run-suite.sh $(BIN) $(PARALLEL) -m "not deep"
 
 # The long fuzz runs alone (marker `deep`): 10,000 hostile provider answers and schemathesis at
-# 30 examples an operation, about 30 minutes; `make test` runs the same fuzzers at a tenth and a
-# third of that (docs/development.md, "The fuzzer").
+# 50 examples an operation, about 45 minutes; `make test` runs the same fuzzers at 1,000 answers
+# and 20 examples (docs/development.md, "The fuzzer").
 test-deep: install host images
 	$(BIN)/pytest -m deep
 
