@@ -401,10 +401,16 @@ def _running(pod: Json) -> bool:
 
 
 def _ended(pod: Json) -> bool:
-    """Every container of the pod has ended (none runs or may start again: restartPolicy
-    Never)."""
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    return bool(statuses) and all("terminated" in (c.get("state") or {}) for c in statuses)
+    """No container of the terminating pod runs, and none will: restartPolicy Never, and the
+    kubelet starts nothing in a pod being deleted. A container is `terminated`, or `waiting`:
+    the state the kubelet reports for one it no longer finds once it has removed it (reason
+    "ContainerCreating", seen in CI while the pod object lingered for over a minute)."""
+    status = pod.get("status") or {}
+    statuses = [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]
+    return bool(statuses) and all("running" not in (c.get("state") or {}) for c in statuses)
 
 
 def _ids(user: str | None) -> tuple[int, int] | None:

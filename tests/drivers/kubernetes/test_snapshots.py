@@ -19,10 +19,10 @@ from kubernetes_asyncio import client
 from drivers.kubernetes.api import KubeApi
 from drivers.kubernetes.exec import Exec
 from drivers.kubernetes.files import HOLD_SCRIPT
-from drivers.kubernetes.names import LABEL_FILES, label_value, pod_name
+from drivers.kubernetes.names import LABEL_FILES, label_value, pod_name, selector
 from drivers.kubernetes.objects import CONTAINER
 from drivers.kubernetes.settings import Credentials
-from tests.drivers.kubernetes.sandbox_objects import objects
+from tests.drivers.kubernetes.sandbox_objects import KINDS, api_get, objects
 from tests.drivers.kubernetes.test_sandboxes import run
 from tests.support.sandbox_helpers import DEFAULT_IMAGE, start_running, wait_status
 from tests.support.snapshot_helpers import snapshot
@@ -154,11 +154,23 @@ async def test_links_out_of_a_paused_workspace_restore_as_links(
     )
     assert (await api.post(f"/api/v1/sandboxes/{source['id']}/pause", headers=alice)).status == 200
     await wait_status(api, alice, source["id"], "PAUSED", within=30)
-    # Its pod gone (a snapshot waits for a stopping pod's containers to end, as its kubelet
-    # reports them: late on a busy test host, past a minute in CI, hence the long wait).
+    # Its pod's containers ended (a snapshot of a paused sandbox waits for that, as its kubelet
+    # reports them: late on a busy test host, past a minute in CI, hence the long wait; the pod
+    # object itself may linger while its volumes are torn down).
+    path = KINDS["pods"].format(ns=ns)
     deadline = time.monotonic() + 240
-    while source["id"] in (await objects(kube_api, ns, prefix)).of("pods"):
-        assert time.monotonic() < deadline, "the paused sandbox's pod never went"
+    while True:
+        listed = await api_get(kube_api, path, labelSelector=selector(prefix))
+        name = pod_name(prefix, source["id"])
+        pods = [p for p in listed.get("items") or [] if p["metadata"]["name"] == name]
+        states = [
+            c.get("state") or {}
+            for p in pods
+            for c in (p.get("status") or {}).get("containerStatuses") or []
+        ]
+        if not any("running" in state for state in states):
+            break
+        assert time.monotonic() < deadline, f"the paused sandbox's pod still runs: {states}"
         await asyncio.sleep(0.5)
 
     taken = await snapshot(api, alice, source["id"])
