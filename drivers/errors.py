@@ -42,6 +42,14 @@ class ImageMissing(DriverError):
     code = "image_missing"
 
 
+class SandboxBusy(DriverError):
+    """The runtime could not hold a sandbox still for now (Docker's freezer, stopped by processes
+    waiting on I/O, after its retries): transient, retry later."""
+
+    code = "sandbox_busy"
+    status = 503
+
+
 class ContainerExists(DriverError):
     """A container of that name exists already (made by a concurrent or earlier attempt)."""
 
