@@ -76,3 +76,11 @@ class FilesTooLarge(DriverError):
 
     code = "snapshot_too_large"
     status = 413
+
+
+class FilesTooDeep(DriverError):
+    """A sandbox's directories nest deeper than an export walks (drivers/files_helper.py:
+    MAX_DEPTH; nothing was copied)."""
+
+    code = "snapshot_too_deep"
+    status = 413

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from drivers.errors import FilesTooLarge
+from drivers.errors import FilesTooDeep, FilesTooLarge
 
 SCRIPT = (Path(__file__).parent / "files_helper.py").read_text()
 """The helper's program, run by each runtime's helper with `python3 -I -S -c`."""
@@ -25,7 +25,14 @@ def known_by_tree(
 
 
 def checked(answer: dict[str, Any]) -> dict[str, Any]:
-    """The helper's answer, unless it refused the export as too large (before copying)."""
+    """The helper's answer, unless it refused the export (before copying) as too large or as
+    nested too deep."""
+    if "too_deep" in answer:
+        raise FilesTooDeep(
+            f"the sandbox's {answer.get('tree')} tree has directories nested more than "
+            f"{answer['too_deep']} levels deep ({answer.get('path')}), deeper than a snapshot "
+            "goes; flatten or remove them, then retry"
+        )
     if "too_large" in answer:
         raise FilesTooLarge(
             f"the sandbox's changed files are {answer['too_large']} bytes, more than a snapshot "
