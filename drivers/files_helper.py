@@ -24,7 +24,8 @@ listing (a JSON array; each changed file named, "n", by its staged copy) is writ
 copies in /acs/ready, and Z says so: the control plane reads that directory as one archive from
 the engine (far faster than this stream).
 Either look may refuse instead, before anything is copied: {"too_large": bytes, "limit": n}
-(the changed files are over "max_bytes") or {"too_deep": MAX_DEPTH, "tree": t, "path": p} (a
+(the changed files are over "max_bytes"; with "scratch": true, they need more than the
+"scratch_bytes" the staging directory may hold) or {"too_deep": MAX_DEPTH, "tree": t, "path": p} (a
 path nests deeper than the walk goes).
 
 Kubernetes (no engine, no overlay layer within reach) adds to the export request: "roots" (the
@@ -39,6 +40,7 @@ written through a link, beneath anything but a directory, nor outside root.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -53,6 +55,7 @@ Entry = dict[str, Any]
 Staged = dict[tuple[str, str], tuple[list[Any], str, bool]]
 
 PIECE = 1 << 20
+BLOCK = 4096
 # Only the trusted.* attribute, which the engine's overlayfs sets and the agent cannot: an
 # unprivileged user may set user.overlay.opaque on its own directories.
 OPAQUE = ("trusted.overlay.opaque",)
@@ -381,17 +384,47 @@ def changed_bytes(entries: list[Entry], known: dict[str, dict[str, list[Any]]]) 
     )
 
 
+def staging_bytes(entries: list[Entry], known: dict[str, dict[str, list[Any]]]) -> int:
+    """What staging the files that changed takes on disk: each rounded up to whole blocks, as
+    a volume's usage is counted (a Kubernetes emptyDir's against its sizeLimit)."""
+    return sum(
+        -(-int(entry["s"]) // BLOCK) * BLOCK
+        for entry in entries
+        if entry["k"] == "file" and known.get(entry["t"], {}).get(entry["p"]) != signature(entry)
+    )
+
+
 def refuse_if_large(
-    entries: list[Entry], known: dict[str, dict[str, list[Any]]], limit: int
+    entries: list[Entry], known: dict[str, dict[str, list[Any]]], limit: int, scratch: int = 0
 ) -> bool:
     """Before anything is copied: a sandbox whose changed files (a sparse file of any size
-    included) are over `limit` bytes is refused, and the caller told so."""
+    included) are over `limit` bytes, or need more than the `scratch` bytes the staging
+    directory may hold, is refused, and the caller told so."""
     total = changed_bytes(entries, known) if limit else 0
-    if total <= limit or not limit:
-        return False
-    send_json(b"J", {"too_large": total, "limit": limit})
-    out.flush()
-    return True
+    if limit and total > limit:
+        send_json(b"J", {"too_large": total, "limit": limit})
+        out.flush()
+        return True
+    need = staging_bytes(entries, known) if scratch else 0
+    if scratch and need > scratch:
+        send_json(b"J", {"too_large": need, "limit": scratch, "scratch": True})
+        out.flush()
+        return True
+    return False
+
+
+def prune(listed: list[Entry], known: dict[str, dict[str, list[Any]]], staged: Staged) -> None:
+    """Staged copies the last look no longer wants (the file gone, or back as it was known)
+    removed: the staging directory then never holds more than that look's changed files,
+    which the scratch limit was checked against."""
+    wanted = {
+        (entry["t"], entry["p"])
+        for entry in listed
+        if entry["k"] == "file" and known.get(entry["t"], {}).get(entry["p"]) != signature(entry)
+    }
+    for key in [key for key in staged if key not in wanted]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staged.pop(key)[1])
 
 
 def looked(state: list[str], skip: list[str], system: bool) -> list[Entry] | None:
@@ -424,9 +457,10 @@ def export(request: dict[str, Any]) -> None:
     staged: Staged = {}
     precopied = 0
     limit = int(request.get("max_bytes") or 0)
+    scratch = int(request.get("scratch_bytes") or 0)
     if request.get("precopy"):
         first = looked(state, skip, system)
-        if first is None or refuse_if_large(first, known, limit):
+        if first is None or refuse_if_large(first, known, limit, scratch):
             return
         precopied = stage(first, known, staged)
     answer = {"ready": True, "precopied": precopied, "skipped": SKIPPED[:20]}
@@ -437,8 +471,9 @@ def export(request: dict[str, Any]) -> None:
         raise SystemExit("expected go")
     began = time.monotonic()
     listed = looked(state, skip, system)
-    if listed is None or refuse_if_large(listed, known, limit):
+    if listed is None or refuse_if_large(listed, known, limit, scratch):
         return
+    prune(listed, known, staged)
     frozen = stage(listed, known, staged)
     done = {"done": True, "copied": frozen, "skipped": SKIPPED[:20]}
     send_json(b"J", {**done, "took": time.monotonic() - began})

@@ -120,3 +120,21 @@ def test_a_tree_nested_thousands_deep_is_refused_not_a_crash(helper_roots: Path)
     tree, path = refused.value.args
     assert tree == "workspace"
     assert len(path.split("/")) == helper.MAX_DEPTH + 1
+
+
+def test_the_second_look_stages_no_more_than_its_own_changed_files(helper_roots: Path) -> None:
+    """A file staged by the first look and deleted before the second leaves no copy behind:
+    the scratch limit, checked against the second look's changed files, bounds the staging."""
+    (helper_roots / "first").write_bytes(b"x" * 10_000)
+    staged: helper.Staged = {}
+    helper.stage([listed(helper_roots, "first")], {}, staged)
+    copy = staged[("w", "first")][1]
+    assert os.path.getsize(copy) == 10_000
+    (helper_roots / "first").unlink()  # the agent, between the two looks
+    (helper_roots / "second").write_bytes(b"y" * 5_000)
+    second = [listed(helper_roots, "second")]
+    assert helper.staging_bytes(second, {}) == 8192  # whole blocks, as the volume counts them
+    helper.prune(second, {}, staged)
+    helper.stage(second, {}, staged)
+    assert not os.path.exists(copy)
+    assert list(staged) == [("w", "second")]
