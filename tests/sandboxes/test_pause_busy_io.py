@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -144,6 +146,39 @@ async def slow_direct_write(
         await asyncio.sleep(0.05)
 
 
+Writing = tuple[Client, dict[str, str], dict[str, Any]]
+
+
+@pytest.fixture
+def writing_slowly(
+    make_sandbox_client: ClientFactory,
+    user_headers: UserHeaders,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
+) -> Callable[[int], Awaitable[Writing]]:
+    """`await writing_slowly(mib)`: an app, Alice, and a RUNNING sandbox of hers whose agent is
+    in a throttled direct write of `mib` MiB."""
+
+    async def make(mib: int) -> Writing:
+        client = await make_sandbox_client()
+        alice = await user_headers("alice")
+        sandbox = await start_running(client, alice, within=90)
+        await asyncio.to_thread(throttle, docker_client, test_prefix, sandbox["id"])
+        await slow_direct_write(sandbox, docker_client, test_prefix, mib=mib)
+        return client, alice, sandbox
+
+    return make
+
+
+async def write_ended(sandbox: dict[str, Any], within: float) -> str:
+    """The slow write's log, once it says the write ended."""
+    deadline = time.monotonic() + within
+    while "ended" not in (log := await run(sandbox, "cat /workspace/slow.log")):
+        assert time.monotonic() < deadline, log
+        await asyncio.sleep(0.2)
+    return log
+
+
 def freezer_can_refuse() -> bool:
     """cgroup v1 with blkio and freezer hierarchies we may write (root): where the freezer gives
     up on a process in disk sleep. cgroup v2 freezes it where it sleeps."""
@@ -162,16 +197,11 @@ needs_v1_freezer = pytest.mark.skipif(
 
 @needs_v1_freezer
 async def test_a_pause_the_freezer_refuses_is_retried_until_it_lands(
-    make_sandbox_client: ClientFactory,
-    user_headers: UserHeaders,
+    writing_slowly: Callable[[int], Awaitable[Writing]],
     docker_client: docker.DockerClient,
     test_prefix: str,
 ) -> None:
-    client = await make_sandbox_client()
-    alice = await user_headers("alice")
-    sandbox = await start_running(client, alice, within=90)
-    await asyncio.to_thread(throttle, docker_client, test_prefix, sandbox["id"])
-    await slow_direct_write(sandbox, docker_client, test_prefix, mib=4)
+    client, alice, sandbox = await writing_slowly(4)
 
     # The engine's own pause fails now: the condition is real, not assumed.
     name = container(docker_client, test_prefix, sandbox["id"]).name
@@ -188,26 +218,17 @@ async def test_a_pause_the_freezer_refuses_is_retried_until_it_lands(
     assert (await wait_status(client, alice, sandbox["id"], "PAUSED"))["status"] == "PAUSED"
 
     sandbox = await resume(client, alice, sandbox["id"])
-    deadline = time.monotonic() + 30
-    while "ended" not in (log := await run(sandbox, "cat /workspace/slow.log")):
-        assert time.monotonic() < deadline, log
-        await asyncio.sleep(0.2)
+    log = await write_ended(sandbox, within=30)
     assert f"{4 * MIB} bytes" in log, log  # the write completed whole
 
 
 @needs_v1_freezer
 async def test_a_pause_the_freezer_keeps_refusing_is_a_clear_503(
-    make_sandbox_client: ClientFactory,
-    user_headers: UserHeaders,
+    writing_slowly: Callable[[int], Awaitable[Writing]],
     docker_client: docker.DockerClient,
     test_prefix: str,
 ) -> None:
-    client = await make_sandbox_client()
-    alice = await user_headers("alice")
-    sandbox = await start_running(client, alice, within=90)
-    await asyncio.to_thread(throttle, docker_client, test_prefix, sandbox["id"])
-    # Longer than all the retries take (about 9 s).
-    await slow_direct_write(sandbox, docker_client, test_prefix, mib=25)
+    client, alice, sandbox = await writing_slowly(25)  # longer than the retries (about 9 s)
 
     status, body = await pause(client, alice, sandbox["id"])
     assert status == 503, body
@@ -217,9 +238,6 @@ async def test_a_pause_the_freezer_keeps_refusing_is_a_clear_503(
     assert not await asyncio.to_thread(frozen, docker_client, test_prefix, sandbox["id"])
     got = await client.get(f"/api/v1/sandboxes/{sandbox['id']}", headers=alice)
     assert (await got.json())["status"] == "RUNNING"
-    deadline = time.monotonic() + 60
-    while "ended" not in await run(sandbox, "cat /workspace/slow.log"):
-        assert time.monotonic() < deadline, "the direct write never ended"
-        await asyncio.sleep(0.5)
+    await write_ended(sandbox, within=60)
     status, body = await pause(client, alice, sandbox["id"])
     assert status == 200, body
