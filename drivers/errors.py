@@ -42,6 +42,14 @@ class ImageMissing(DriverError):
     code = "image_missing"
 
 
+class SandboxBusy(DriverError):
+    """The runtime could not hold a sandbox still for now (Docker's freezer, stopped by processes
+    waiting on I/O, after its retries): transient, retry later."""
+
+    code = "sandbox_busy"
+    status = 503
+
+
 class ContainerExists(DriverError):
     """A container of that name exists already (made by a concurrent or earlier attempt)."""
 
@@ -67,4 +75,12 @@ class FilesTooLarge(DriverError):
     """A sandbox's changed files are over what one export may copy (nothing was copied)."""
 
     code = "snapshot_too_large"
+    status = 413
+
+
+class FilesTooDeep(DriverError):
+    """A sandbox's directories nest deeper than an export walks (drivers/files_helper.py:
+    MAX_DEPTH; nothing was copied)."""
+
+    code = "snapshot_too_deep"
     status = 413

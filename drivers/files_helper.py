@@ -23,6 +23,10 @@ changed meanwhile is copied, then {"done": ...}; the control plane lets the sand
 listing (a JSON array; each changed file named, "n", by its staged copy) is written beside the
 copies in /acs/ready, and Z says so: the control plane reads that directory as one archive from
 the engine (far faster than this stream).
+Either look may refuse instead, before anything is copied: {"too_large": bytes, "limit": n}
+(the changed files are over "max_bytes"; with "scratch": true, they need more than the
+"scratch_bytes" the staging directory may hold) or {"too_deep": MAX_DEPTH, "tree": t, "path": p} (a
+path nests deeper than the walk goes).
 
 Kubernetes (no engine, no overlay layer within reach) adds to the export request: "roots" (the
 claim's `workspace/` as "ws" and its `state/` as "upper"), "staging" (a directory of the
@@ -36,6 +40,7 @@ written through a link, beneath anything but a directory, nor outside root.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -50,6 +55,7 @@ Entry = dict[str, Any]
 Staged = dict[tuple[str, str], tuple[list[Any], str, bool]]
 
 PIECE = 1 << 20
+BLOCK = 4096
 # Only the trusted.* attribute, which the engine's overlayfs sets and the agent cannot: an
 # unprivileged user may set user.overlay.opaque on its own directories.
 OPAQUE = ("trusted.overlay.opaque",)
@@ -59,6 +65,11 @@ LISTING = "-listing.json"
 ROOTS = {"ws": "/acs/ws", "upper": "/acs/upper", "base": "/acs/base"}
 NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 SYSTEM_SKIP = {".dockerenv", "etc/hostname", "etc/hosts", "etc/resolv.conf", "proc", "sys", "dev"}
+MAX_DEPTH = 256
+"""A path of more than this many names below a tree's root stops the export (answered
+{"too_deep": ...}): the walk holds one open directory and one Python frame per level, and a tree
+the agent nests thousands deep would otherwise end the helper (RecursionError, EMFILE) with no
+clear word. Real trees (node_modules, build outputs) stay far below it."""
 
 inp = sys.stdin.buffer
 out = sys.stdout.buffer
@@ -146,9 +157,13 @@ SEEN: dict[tuple[str, str], tuple[tuple[int, ...], Entry]] = {}
 still) reuses an entry whose stat did not change instead of making it again."""
 
 
+class TooDeep(Exception):
+    """A directory nested deeper than MAX_DEPTH below its tree's root (args: tree, path)."""
+
+
 def walk(src: str, tree_of: Callable[[str], str | None], skip: set[str]) -> list[Entry]:
     """Every entry under the root `src` names, parents before children (tagged with `src`,
-    where its bytes are read)."""
+    where its bytes are read). Raises TooDeep past MAX_DEPTH levels."""
     try:
         root_fd = os.open(ROOTS[src], NOFOLLOW_DIR)
     except FileNotFoundError:
@@ -178,9 +193,12 @@ def _walk(
     tree_of: Callable[[str], str | None],
     skip: set[str],
     found: list[Entry],
+    depth: int = 1,
 ) -> None:
     with os.scandir(dir_fd) as listing:
         names = sorted(item.name for item in listing)
+    if names and depth > MAX_DEPTH:
+        raise TooDeep(tree_of(prefix + names[0]) or "system", prefix + names[0])
     layer = src != "ws"
     for name in names:
         path = prefix + name
@@ -210,7 +228,15 @@ def _walk(
             except OSError:
                 continue
             try:
-                _walk(child, src, path + "/", tree_of=tree_of, skip=skip, found=found)
+                _walk(
+                    child,
+                    src,
+                    path + "/",
+                    tree_of=tree_of,
+                    skip=skip,
+                    found=found,
+                    depth=depth + 1,
+                )
             finally:
                 os.close(child)
 
@@ -358,17 +384,59 @@ def changed_bytes(entries: list[Entry], known: dict[str, dict[str, list[Any]]]) 
     )
 
 
+def staging_bytes(entries: list[Entry], known: dict[str, dict[str, list[Any]]]) -> int:
+    """What staging the files that changed takes on disk: each rounded up to whole blocks, as
+    a volume's usage is counted (a Kubernetes emptyDir's against its sizeLimit)."""
+    return sum(
+        -(-int(entry["s"]) // BLOCK) * BLOCK
+        for entry in entries
+        if entry["k"] == "file" and known.get(entry["t"], {}).get(entry["p"]) != signature(entry)
+    )
+
+
 def refuse_if_large(
-    entries: list[Entry], known: dict[str, dict[str, list[Any]]], limit: int
+    entries: list[Entry], known: dict[str, dict[str, list[Any]]], limit: int, scratch: int = 0
 ) -> bool:
     """Before anything is copied: a sandbox whose changed files (a sparse file of any size
-    included) are over `limit` bytes is refused, and the caller told so."""
+    included) are over `limit` bytes, or need more than the `scratch` bytes the staging
+    directory may hold, is refused, and the caller told so."""
     total = changed_bytes(entries, known) if limit else 0
-    if total <= limit or not limit:
-        return False
-    send_json(b"J", {"too_large": total, "limit": limit})
-    out.flush()
-    return True
+    if limit and total > limit:
+        send_json(b"J", {"too_large": total, "limit": limit})
+        out.flush()
+        return True
+    need = staging_bytes(entries, known) if scratch else 0
+    if scratch and need > scratch:
+        send_json(b"J", {"too_large": need, "limit": scratch, "scratch": True})
+        out.flush()
+        return True
+    return False
+
+
+def prune(listed: list[Entry], known: dict[str, dict[str, list[Any]]], staged: Staged) -> None:
+    """Staged copies the last look no longer wants (the file gone, or back as it was known)
+    removed: the staging directory then never holds more than that look's changed files,
+    which the scratch limit was checked against."""
+    wanted = {
+        (entry["t"], entry["p"])
+        for entry in listed
+        if entry["k"] == "file" and known.get(entry["t"], {}).get(entry["p"]) != signature(entry)
+    }
+    for key in [key for key in staged if key not in wanted]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staged.pop(key)[1])
+
+
+def looked(state: list[str], skip: list[str], system: bool) -> list[Entry] | None:
+    """`scan`, or None once the caller is told the trees nest too deep (nothing is copied)."""
+    try:
+        return scan(state, skip, system)
+    except TooDeep as exc:
+        tree, path = exc.args
+        shown = path if len(path) <= 120 else path[:120] + "..."
+        send_json(b"J", {"too_deep": MAX_DEPTH, "tree": tree, "path": shown})
+        out.flush()
+        return None
 
 
 def export(request: dict[str, Any]) -> None:
@@ -389,9 +457,10 @@ def export(request: dict[str, Any]) -> None:
     staged: Staged = {}
     precopied = 0
     limit = int(request.get("max_bytes") or 0)
+    scratch = int(request.get("scratch_bytes") or 0)
     if request.get("precopy"):
-        first = scan(state, skip, system)
-        if refuse_if_large(first, known, limit):
+        first = looked(state, skip, system)
+        if first is None or refuse_if_large(first, known, limit, scratch):
             return
         precopied = stage(first, known, staged)
     answer = {"ready": True, "precopied": precopied, "skipped": SKIPPED[:20]}
@@ -401,9 +470,10 @@ def export(request: dict[str, Any]) -> None:
     if kind != b"J" or json.loads(payload).get("op") != "go":
         raise SystemExit("expected go")
     began = time.monotonic()
-    listed = scan(state, skip, system)
-    if refuse_if_large(listed, known, limit):
+    listed = looked(state, skip, system)
+    if listed is None or refuse_if_large(listed, known, limit, scratch):
         return
+    prune(listed, known, staged)
     frozen = stage(listed, known, staged)
     done = {"done": True, "copied": frozen, "skipped": SKIPPED[:20]}
     send_json(b"J", {**done, "took": time.monotonic() - began})

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from drivers.errors import FilesTooLarge
+from drivers.errors import FilesTooDeep, FilesTooLarge
 
 SCRIPT = (Path(__file__).parent / "files_helper.py").read_text()
 """The helper's program, run by each runtime's helper with `python3 -I -S -c`."""
@@ -24,8 +24,22 @@ def known_by_tree(
     return by_tree
 
 
-def checked(answer: dict[str, Any]) -> dict[str, Any]:
-    """The helper's answer, unless it refused the export as too large (before copying)."""
+def checked(answer: dict[str, Any], *, scratch_setting: str = "") -> dict[str, Any]:
+    """The helper's answer, unless it refused the export (before copying) as too large (for
+    the export, or for the helper's scratch space, which `scratch_setting` sizes) or as nested
+    too deep."""
+    if "too_deep" in answer:
+        raise FilesTooDeep(
+            f"the sandbox's {answer.get('tree')} tree has directories nested more than "
+            f"{answer['too_deep']} levels deep ({answer.get('path')}), deeper than a snapshot "
+            "goes; flatten or remove them, then retry"
+        )
+    if "too_large" in answer and answer.get("scratch"):
+        raise FilesTooLarge(
+            f"the sandbox's changed files need {answer['too_large']} bytes of the snapshot "
+            f"helper's scratch space, more than it has ({answer['limit']} bytes, "
+            f"{scratch_setting}); remove some, then retry"
+        )
     if "too_large" in answer:
         raise FilesTooLarge(
             f"the sandbox's changed files are {answer['too_large']} bytes, more than a snapshot "

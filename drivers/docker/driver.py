@@ -46,6 +46,7 @@ from drivers.docker.egress import (
 )
 from drivers.docker.engine import QUICK, SLOW, DockerEngine
 from drivers.docker.firewall import Iptables
+from drivers.docker.freezer import freeze
 from drivers.docker.host_memory import HostMemory
 from drivers.docker.images import ImageIdCache
 from drivers.docker.snapshots import DockerFiles
@@ -355,8 +356,8 @@ class DockerDriver:
         await self.engine.call(run, operation, lane)
 
     async def pause(self, sandbox_id: str) -> None:
-        name = self._name(sandbox_id)
-        await self._act("pause", name, lambda api: api.pause(name), benign="already paused")
+        # Paused already: the intent is met. A busy host's freezer is retried (freezer.py).
+        await freeze(self.engine, self._name(sandbox_id))
 
     async def unpause(self, sandbox_id: str) -> None:
         # Strict: "is not paused" may mean stopped, which the caller must handle (restart).

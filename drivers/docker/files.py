@@ -5,9 +5,9 @@ An export runs drivers/files_helper.py in a helper container that mounts the san
 workspace volume and its container's writable layer (overlay2's "upper" directory: what changed
 outside the workspace, whiteouts included), both read-only. While the sandbox still runs the
 helper copies what changed since the last snapshot to a staging directory of its own; then the
-sandbox is frozen (`docker pause`, the cgroup freezer), the helper looks again and copies only
-what changed meanwhile, and the sandbox is thawed: it is held still for one scan of its trees
-and those few files. The staged files stream to the control plane after the thaw.
+sandbox is frozen (`docker pause`, the cgroup freezer: freezer.py), the helper looks again and
+copies only what changed meanwhile, and the sandbox is thawed: it is held still for one scan of
+its trees and those few files. The staged files stream to the control plane after the thaw.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from drivers.base import (
 )
 from drivers.docker import names as docker_names
 from drivers.docker.engine import DockerEngine
+from drivers.docker.freezer import freeze
 from drivers.docker.helper import Helper
 from drivers.errors import DriverError, RuntimeUnavailable
 from drivers.helper_answers import checked, known_by_tree
@@ -48,7 +49,6 @@ log = structlog.get_logger(__name__)
 LABEL_SNAPSHOT = "acs.snapshot"
 """On a base image (and so on the containers that run it): the snapshot whose files it holds
 (drivers/docker/bases.py)."""
-FREEZE_ATTEMPTS = 8
 BATCH_BYTES = 8 << 20
 """What one read from the helper collects before handing it to the event loop (a file larger
 than that is handed over in several)."""
@@ -268,7 +268,7 @@ class DockerExports:
             # Inside: a cancel that lands while the mark is being written still clears it.
             await hold.begin()
             started = time.monotonic()
-            freezing = asyncio.ensure_future(self._freeze(name))
+            freezing = asyncio.ensure_future(freeze(self._engine, name))
             try:
                 froze = await asyncio.shield(freezing)
             except asyncio.CancelledError:
@@ -297,31 +297,6 @@ class DockerExports:
         except asyncio.CancelledError:
             await asyncio.wait({thawing})
             raise
-
-    async def _freeze(self, name: str) -> bool:
-        """`docker pause`; False when it was paused already (by someone else: leave it so).
-        The freezer gives up on processes it cannot stop in time (in the middle of heavy I/O on
-        a busy host: "unable to freeze"), and thaws them: that is tried again a few times."""
-
-        def run(client: docker.DockerClient) -> bool:
-            try:
-                client.api.pause(name)
-            except APIError as exc:
-                if exc.status_code == 409 and "already paused" in str(exc.explanation):
-                    return False
-                raise DriverError(f"Docker could not freeze {name}: {exc.explanation}") from None
-            return True
-
-        attempt = 0
-        while True:
-            try:
-                return await self._engine.call(run, "pause")
-            except DriverError as exc:
-                attempt += 1
-                if "unable to freeze" not in str(exc) or attempt >= FREEZE_ATTEMPTS:
-                    raise
-                log.warning("snapshot_freeze_retry", container=name, error=str(exc))
-                await asyncio.sleep(0.25 * attempt)
 
     async def _items(self, helper: Helper) -> AsyncIterator[FileItem]:
         """The listing, then each changed file's bytes after its entry: all from the archive of

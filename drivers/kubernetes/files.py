@@ -58,6 +58,7 @@ from drivers.kubernetes.names import (
     label_value,
     pod_name,
 )
+from drivers.kubernetes.nodes import quantity
 from drivers.kubernetes.objects import (
     CONTAINER,
     HELPER_CONTAINER,
@@ -182,13 +183,14 @@ class KubeFiles:
                 "skip": [],
                 "precopy": running,
                 "max_bytes": max_bytes or 0,
+                "scratch_bytes": int(quantity(self._settings.kube_snapshot_scratch_size)),
             }
-            ready = checked(await asyncio.wait_for(helper.ask(request), HELPER_ANSWER_WITHIN))
+            ready = _checked(await asyncio.wait_for(helper.ask(request), HELPER_ANSWER_WITHIN))
             log.debug("kube_snapshot_helper_ready", sandbox_id=sandbox_id, **ready)
             if running:
                 held = await self._still(sandbox_id, helper, hold)
             else:
-                checked(await asyncio.wait_for(helper.ask({"op": "go"}), HELPER_ANSWER_WITHIN))
+                _checked(await asyncio.wait_for(helper.ask({"op": "go"}), HELPER_ANSWER_WITHIN))
                 held = 0.0
             yield FileExport(held_still=held, items=self._items(helper, max_bytes))
 
@@ -233,7 +235,7 @@ class KubeFiles:
                     said = ""
                 if said != "held":
                     raise DriverError(f"sandbox {sandbox_id} could not be held still")
-                checked(await asyncio.wait_for(helper.ask({"op": "go"}), HELPER_ANSWER_WITHIN))
+                _checked(await asyncio.wait_for(helper.ask({"op": "go"}), HELPER_ANSWER_WITHIN))
                 await stopper.write(b"go\n")
                 with contextlib.suppress(ExecFailed, TimeoutError):
                     await asyncio.wait_for(stopper.line(), 5)
@@ -393,6 +395,11 @@ class KubeFiles:
     async def close(self) -> None:
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+def _checked(answer: Json) -> Json:
+    """The helper's answer, unless it refused the export (helper_answers.py)."""
+    return checked(answer, scratch_setting="ACS_KUBE_SNAPSHOT_SCRATCH_SIZE")
 
 
 def _running(pod: Json) -> bool:

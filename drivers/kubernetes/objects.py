@@ -151,7 +151,9 @@ def helper_manifest(
                 "name": "claim",
                 "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only},
             },
-            {"name": "work", "emptyDir": {}},
+            # Bounded: the export stages changed files here, on the node's disk (files.py
+            # refuses a snapshot that needs more before anything is copied).
+            {"name": "work", "emptyDir": {"sizeLimit": settings.kube_snapshot_scratch_size}},
         ],
     }
     if node:

@@ -94,6 +94,13 @@ class KubernetesSettings(RuntimeSettings):
         pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$",
         description="the size each workspace claim requests",
     )
+    kube_snapshot_scratch_size: str = Field(
+        default="10Gi",
+        pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$",
+        description="the scratch space a snapshot helper pod may use on its node's disk (its "
+        "`emptyDir`'s `sizeLimit`), where an export stages the changed files: a snapshot whose "
+        "changed files need more is refused with 413 before anything is copied",
+    )
     kube_image_registry: str | None = Field(
         default=None,
         description="registry (and path) the specs' images are pulled from, e.g. "

@@ -8,6 +8,7 @@ whole in the control plane's memory."""
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -84,3 +85,56 @@ async def test_a_large_file_is_sent_in_pieces(tmp_path: Path) -> None:
     assert await send_items(write, items()) == 2
     assert sum(writes) > size
     assert max(writes) <= 2 * PIECE + 64  # a piece and its frame, plus what preceded it
+
+
+def nest(root: Path, levels: int) -> None:
+    """`levels` directories, each in the last (relative steps: past PATH_MAX, as a shell's
+    `mkdir d; cd d` loop makes them)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(levels):
+            os.mkdir("d", dir_fd=fd)
+            child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+
+
+def test_a_tree_as_deep_as_the_limit_is_walked_whole(helper_roots: Path) -> None:
+    nest(helper_roots, helper.MAX_DEPTH)
+    found = helper.walk("ws", lambda _path: "workspace", set())
+    deepest = max(len(entry["p"].split("/")) for entry in found)
+    assert deepest == helper.MAX_DEPTH
+
+
+def test_a_tree_nested_thousands_deep_is_refused_not_a_crash(helper_roots: Path) -> None:
+    try:
+        nest(helper_roots, 5000)  # deeper than Python's recursion limit and PATH_MAX
+        with pytest.raises(helper.TooDeep) as refused:
+            helper.walk("ws", lambda _path: "workspace", set())
+    finally:
+        # pytest's own clean-up of old temporary directories (shutil.rmtree) would meet the
+        # same recursion limit, in every later session: removed here, by a tool that can.
+        subprocess.run(["rm", "-rf", str(helper_roots / "d")], check=True)
+    tree, path = refused.value.args
+    assert tree == "workspace"
+    assert len(path.split("/")) == helper.MAX_DEPTH + 1
+
+
+def test_the_second_look_stages_no_more_than_its_own_changed_files(helper_roots: Path) -> None:
+    """A file staged by the first look and deleted before the second leaves no copy behind:
+    the scratch limit, checked against the second look's changed files, bounds the staging."""
+    (helper_roots / "first").write_bytes(b"x" * 10_000)
+    staged: helper.Staged = {}
+    helper.stage([listed(helper_roots, "first")], {}, staged)
+    copy = staged[("w", "first")][1]
+    assert os.path.getsize(copy) == 10_000
+    (helper_roots / "first").unlink()  # the agent, between the two looks
+    (helper_roots / "second").write_bytes(b"y" * 5_000)
+    second = [listed(helper_roots, "second")]
+    assert helper.staging_bytes(second, {}) == 8192  # whole blocks, as the volume counts them
+    helper.prune(second, {}, staged)
+    helper.stage(second, {}, staged)
+    assert not os.path.exists(copy)
+    assert list(staged) == [("w", "second")]

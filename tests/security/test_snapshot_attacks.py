@@ -2,7 +2,9 @@
 the snapshot the sandbox came from) had a directory must not let a restore write through it,
 and a huge sparse file must not have the snapshot copy it (the host's disk, the control plane's
 memory): refused before anything is copied, with a clear 413, and the sandbox left running; a
-fifo swapped in for a file the helper listed must not hold its copy (nor the snapshot) up."""
+fifo swapped in for a file the helper listed must not hold its copy (nor the snapshot) up; a
+workspace nested thousands of directories deep must not end the helper (its walk holds a frame
+and a directory per level): a clear 413 as well."""
 
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ from typing import Any
 import docker
 import pytest
 
-from drivers.files_helper import merge
-from tests.support.snapshot_helpers import running, sh, snapshot
+from drivers.files_helper import MAX_DEPTH, merge
+from tests.support.snapshot_helpers import container, running, sh, snapshot
 from tests.support.types import Client, ClientFactory, UserHeaders
 
 
@@ -150,3 +152,48 @@ async def test_a_fifo_swapped_in_for_a_file_does_not_hold_the_snapshot(
         assert taken["sandbox_id"] == source["id"]
     state = await snap.get(f"/api/v1/sandboxes/{source['id']}", headers=alice)
     assert (await state.json())["status"] == "RUNNING"
+
+
+NEST = """python3 -c '
+import os
+os.chdir("/workspace")
+for _ in range(5000):
+    os.mkdir("d")
+    os.chdir("d")
+'"""
+"""5000 directories, each in the last (past PATH_MAX and Python's recursion limit)."""
+
+
+async def test_a_workspace_nested_thousands_deep_is_refused_clearly(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    alice = await user_headers("alice")
+    source = await running(snap, alice)
+    await sh(docker_client, test_prefix, source["id"], NEST)
+    resp = await snap.post(f"/api/v1/sandboxes/{source['id']}/snapshots", json={}, headers=alice)
+    body = await resp.json()
+    assert resp.status == 413, body
+    assert f"nested more than {MAX_DEPTH} levels deep (d/d/d/" in body["detail"], body
+    assert "workspace tree" in body["detail"], body
+    page = await (await snap.get("/api/v1/snapshots/search", headers=alice)).json()
+    assert page["items"] == []
+    state = await snap.get(f"/api/v1/sandboxes/{source['id']}", headers=alice)
+    assert (await state.json())["status"] == "RUNNING"
+    assert not container(docker_client, test_prefix, source["id"]).attrs["State"]["Paused"]
+    # As deep as the limit is kept whole.
+    await sh(docker_client, test_prefix, source["id"], "rm -rf /workspace/d")
+    await sh(
+        docker_client,
+        test_prefix,
+        source["id"],
+        f"cd /workspace && mkdir -p $(seq -s/ {MAX_DEPTH} | tr -d 0-9 | sed 's,/,d/,g')d",
+    )
+    taken = await snapshot(snap, alice, source["id"])
+    restored = await running(snap, alice, snapshot_id=taken["id"])
+    deepest = await sh(
+        docker_client,
+        test_prefix,
+        restored["id"],
+        "cd /workspace && find . -type d | awk -F/ '{print NF-1}' | sort -n | tail -1",
+    )
+    assert int(deepest) == MAX_DEPTH
