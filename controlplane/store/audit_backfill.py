@@ -299,4 +299,8 @@ async def backfill_in_background(backfill: AuditBackfill, retry: float = RETRY) 
                 return
         except REDIS_DOWN as exc:
             log.warning("audit_backfill_interrupted", error=str(exc))
+        except Exception:
+            # A failover's read-only replica, or a bug: said, and tried again from where the
+            # progress stands (the lock expires by itself if its release failed too).
+            log.exception("audit_backfill_failed")
         await asyncio.sleep(retry)

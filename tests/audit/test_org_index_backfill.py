@@ -13,7 +13,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis.asyncio as aioredis
 
 from controlplane.auth.service import ApiKeyService
@@ -227,7 +226,6 @@ async def test_an_upgraded_deployment_finds_its_old_entries_in_an_organization_s
     } == newest_first
 
 
-@pytest.mark.slow
 async def test_the_backfill_resumes_runs_once_and_keeps_what_is_written_meanwhile(
     raw_redis: aioredis.Redis,
 ) -> None:
