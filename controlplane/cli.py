@@ -23,6 +23,8 @@ from controlplane.logging import configure_logging
 from controlplane.ops import sandboxes as ops_sandboxes
 from controlplane.shutdown import begin_drain
 from controlplane.store import audit
+from controlplane.store.audit_backfill import RETRY as BACKFILL_RETRY
+from controlplane.store.audit_backfill import AuditBackfill
 from controlplane.store.failover import open_redis
 from controlplane.store.redis import wait_for_redis
 from drivers.runtime import RuntimeHost
@@ -54,6 +56,15 @@ def _parser() -> argparse.ArgumentParser:
         "remove",
         help="remove this deployment's sandbox networks and their firewall rules "
         "(refused for a network that still has sandboxes)",
+    )
+
+    audit_log_ = sub.add_parser("audit", help="the audit log kept in Redis")
+    audit_sub = audit_log_.add_subparsers(dest="audit_command", required=True)
+    audit_sub.add_parser(
+        "backfill",
+        help="give every entry of the log its per-organization index entries, again (the "
+        "server does it once after an upgrade; run this after a rolling upgrade from a "
+        "version without them); prints the counts",
     )
 
     sandboxes = sub.add_parser(
@@ -165,6 +176,25 @@ async def _key_command(service: ApiKeyService, args: argparse.Namespace) -> None
         print(f"revoked {args.key_id}")
 
 
+async def _audit_backfill(config: ServiceConfig) -> None:
+    """`controlplane audit backfill`: the per-organization indexes of every entry of the log
+    (controlplane/store/audit_backfill.py), now, waiting for a replica running it first."""
+    client = await open_redis(config)
+    try:
+        await wait_for_redis(client, attempts=3)
+        backfill = AuditBackfill(client, retention=config.audit_retention)
+        while (done := await backfill.run(again=True)) is None:
+            print("controlplane: a replica is running the backfill; waiting", file=sys.stderr)
+            await asyncio.sleep(BACKFILL_RETRY)
+        print(
+            f"read {done.entries} audit entries: {done.user_entries} in "
+            f"{done.indexes} per-organization user indexes, {done.target_entries} in "
+            "per-organization target indexes"
+        )
+    finally:
+        await client.aclose()
+
+
 async def _remove_networks(config: ServiceConfig) -> int:
     """`controlplane networks remove`: for uninstalling (the server never removes them: its
     sandboxes outlive it); what the runtime keeps outside its sandboxes, if anything."""
@@ -192,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(
             config.log_format,
             config.log_level,
-            stream=sys.stderr if args.command in ("keys", "networks") else None,
+            stream=sys.stderr if args.command in ("keys", "networks", "audit") else None,
         )
         if args.command == "serve":
             check_bind(config, args.host)
@@ -201,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(_serve(config, args.host, args.port))
         elif args.command == "networks":
             return asyncio.run(_remove_networks(config))
+        elif args.command == "audit":
+            asyncio.run(_audit_backfill(config))
         else:
             asyncio.run(_keys(config, args))
     except ConfigError as exc:

@@ -314,7 +314,8 @@ def org_member_limits(org_id: str, user_id: str) -> str:
 
 
 MIGRATIONS = f"{PREFIX}:migrations"
-"""Set of the data migrations applied (organizations.migration): each runs once."""
+"""Set of the data migrations applied (organizations.migration, store/audit_backfill.py): each
+runs once."""
 
 
 REPLICA_ADDRESSES = f"{PREFIX}:replica_addresses"
@@ -444,6 +445,22 @@ def audit_target(target_id: str) -> str:
     naming one id (a sandbox, conversation, key, user, …) among their targets (index; a sorted
     set because most hold a few entries, where a stream would cost 4 kB)."""
     return f"{PREFIX}:audit:target:{target_id}"
+
+
+AUDIT_BACKFILL = f"{PREFIX}:migrations:audit-org-indexes"
+"""Hash: the backfill of the per-organization indexes in progress (store/audit_backfill.py):
+`high` (the newest entry it covers) and `at` (the last one it read). Gone once it is done. Its
+keys are the migrations', not the audit log's (`acs:audit*` is the log alone)."""
+AUDIT_BACKFILL_LOCK = f"{AUDIT_BACKFILL}:lock"
+"""The replica running the backfill (a LeaderLock: it expires with a dead holder)."""
+AUDIT_BACKFILL_STAGED = f"{AUDIT_BACKFILL}:staged"
+"""Set: the per-organization user indexes rebuilt in a staging stream, not yet put in place."""
+
+
+def audit_backfill_stage(index: str) -> str:
+    """Stream: the per-organization user index `index` as the backfill rebuilds it from the log
+    (renamed to `index` when complete); expires as the index would."""
+    return f"{AUDIT_BACKFILL}:stage:{index}"
 
 
 def audit_anonymous(window: int, part: str) -> str:
