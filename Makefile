@@ -79,10 +79,12 @@ test-prep: install host images image browser kube-binaries
 	$(BIN)/python -m tests.support.oidc_provider
 
 # Everything that needs no more than redis-server: tests that use a Docker fixture or drive
-# Chromium are marked by tests/conftest.py and left out, as are the slow tiers (about 1.5 min).
+# Chromium are marked by tests/conftest.py and left out, as are the slow tiers. On the same
+# workers as `test` (TEST_WORKERS=0: one process): a third of its time is spent waiting on
+# subprocesses, servers and time-outs (docs/development.md, "Measured").
 test-unit: install
 	@scripts/bootstrap-host.sh --unit
-	$(BIN)/pytest -m "not docker and not browser and not slow"
+	$(BIN)/pytest $(PARALLEL) -m "not docker and not browser and not slow"
 
 # The Kubernetes test cluster's binaries (docs/test-cluster.md), built from Debian's source package
 # the first time (about 10 minutes on 2 cores) and cached outside the clone

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import copy
 import functools
+import json
 from typing import Any
 
 from aiohttp import web
@@ -157,7 +157,7 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
     app.on_shutdown.append(end_streams)
     for table in route_tables():
         table.register(app)
-    app[keys.OPENAPI_DOC] = copy.deepcopy(openapi_document())
+    app[keys.OPENAPI_DOC] = openapi_json()
     if config.web_app_dir is not None:
         register_web_app(app, config.web_app_dir)  # last: it takes every GET nothing else does
     return app
@@ -168,6 +168,13 @@ def openapi_document() -> dict[str, Any]:
     """The OpenAPI document of route_tables(), built once per process: it is the same for every
     app, and building it (pydantic's schemas of every model) takes a few hundred milliseconds."""
     return build_openapi((ep for t in route_tables() for ep in t.endpoints), VERSION)
+
+
+@functools.cache
+def openapi_json() -> bytes:
+    """The document as /api/openapi.json serves it, serialised once per process: immutable, so
+    every app shares it (a deep copy per app was most of the cost of making one)."""
+    return json.dumps(openapi_document()).encode()
 
 
 def create_webhook_app(main: web.Application) -> web.Application:

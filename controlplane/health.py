@@ -97,4 +97,4 @@ async def metrics(request: web.Request) -> web.Response:
     response=dict[str, Any],
 )
 async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(request.app[keys.OPENAPI_DOC])
+    return web.Response(body=request.app[keys.OPENAPI_DOC], content_type="application/json")

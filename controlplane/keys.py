@@ -8,7 +8,7 @@ any layer may read a key (the layer contract, pyproject.toml, ignores these type
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -65,7 +65,9 @@ METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
 GAUGES: web.AppKey[Refresher] = web.AppKey("gauges")
 """/metrics' gauges, refreshed one at a time on this replica (controlplane/gauges.py)."""
 SPECS: web.AppKey[SpecCatalog] = web.AppKey("specs")
-OPENAPI_DOC: web.AppKey[dict[str, Any]] = web.AppKey("openapi_doc")
+OPENAPI_DOC: web.AppKey[bytes] = web.AppKey("openapi_doc")
+"""The OpenAPI document as served (JSON), the same bytes for every app of a process
+(controlplane/app.py): bytes, so that no app can change what another serves."""
 OpenSockets = weakref.WeakSet[web.WebSocketResponse]
 OPEN_SOCKETS: web.AppKey[OpenSockets] = web.AppKey("open_sockets")
 """Live event sockets, closed at shutdown so that they do not hold it up."""

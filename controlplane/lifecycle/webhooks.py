@@ -47,7 +47,6 @@ TIMESTAMP_HEADER = "X-ACS-Timestamp"
 DELIVERY_HEADER = "X-ACS-Delivery"
 """The event id: the same on every attempt, so receivers de-duplicate on it."""
 ATTEMPT_HEADER = "X-ACS-Attempt"
-BATCH = 16
 
 
 def _nested_id(event: dict[str, Any]) -> str:
@@ -134,9 +133,13 @@ class WebhookDeliverer:
                 await asyncio.sleep(self._poll)
 
     async def _read_new(self, url: str) -> None:
+        """One new entry at a time: Redis counts an entry's idle time from the read, and other
+        replicas may claim it once that passes the first backoff. A read of several, sent one
+        after another to a slow receiver, left the last ones idle past it before their first
+        attempt, and two replicas delivered them (tests/lifecycle/test_outbox.py)."""
         key = self._outbox.stream(url)
         found: Any = await self._redis.xreadgroup(
-            GROUP, self.consumer, {key: ">"}, count=BATCH, block=int(self._poll * 1000)
+            GROUP, self.consumer, {key: ">"}, count=1, block=int(self._poll * 1000)
         )
         for _stream, entries in found or []:
             for entry_id, fields in entries:

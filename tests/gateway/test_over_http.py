@@ -30,6 +30,8 @@ from tests.support.live_server import LiveServer, free_port, start_live_server
 ANTHROPIC_KEY = "sk-ant-SECRET-77c3d4"
 PRICES = {"fake-model": (0.001, 0.002), "claude-fake-1": (0.003, 0.015)}
 GATEWAY = "/api/v1/llm-gateway/v1"
+SHORT_TIMEOUT = 2.0
+"""The gateway's time-out where a test waits for it: three attempts of it are waited out."""
 
 
 @pytest.fixture
@@ -42,16 +44,24 @@ async def local_anthropic() -> AsyncIterator[FakeAnthropic]:
 
 @pytest.fixture
 async def live_no_docker(
-    make_config: Callable[..., ServiceConfig], fake: FakeLLM, local_anthropic: FakeAnthropic
+    request: pytest.FixtureRequest,
+    make_config: Callable[..., ServiceConfig],
+    fake: FakeLLM,
+    local_anthropic: FakeAnthropic,
 ) -> AsyncIterator[LiveServer]:
     """A control plane without Docker services; the fakes live on this host, so their ports
-    are the host ports the gateway may call (ACS_SANDBOX_HOST_PORTS)."""
-    config = make_config(
-        llm_prices=PRICES,
-        sandbox_host_ports=[fake.port, local_anthropic.port],
-        llm_gateway_backoff=0.05,
-        llm_gateway_timeout=5,
-    )
+    are the host ports the gateway may call (ACS_SANDBOX_HOST_PORTS). A test's
+    `pytest.mark.live_config(**settings)` changes its configuration."""
+    marker = request.node.get_closest_marker("live_config")
+    settings: dict[str, Any] = {
+        "llm_prices": PRICES,
+        "sandbox_host_ports": [fake.port, local_anthropic.port],
+        "llm_gateway_backoff": 0.05,
+        # Long enough for LiteLLM's first call in the translator on a loaded host (5 s timed
+        # out there); the test of the time-out sets a short one.
+        "llm_gateway_timeout": 30,
+    }
+    config = make_config(**settings | (marker.kwargs if marker else {}))
     app_server = await start_live_server(config, with_sandboxes=False)
     yield app_server
     await app_server.close()
@@ -420,6 +430,7 @@ async def test_budgets_and_rate_limit_refuse_before_forwarding(
         await server.close()
 
 
+@pytest.mark.live_config(llm_gateway_timeout=SHORT_TIMEOUT)
 async def test_provider_failures_retry_then_answer_an_error(
     live_no_docker: LiveServer, gateway_user: Callable[..., Any], fake: FakeLLM
 ) -> None:
@@ -458,14 +469,14 @@ async def test_provider_failures_retry_then_answer_an_error(
         await llm.chat.completions.create(**ask)
     assert LLM_KEY not in echoed.value.response.text
     assert "Incorrect API key provided: ***" in echoed.value.response.text
-    # Slow: the call ends at the gateway's time-out (5 s here) with a 504, nothing hangs.
+    # Slow: the call ends at the gateway's time-out (2 s here) with a 504, nothing hangs.
     fake.hold()
     started = time.monotonic()
     with pytest.raises(openai.APIStatusError) as slow:
         await llm.chat.completions.create(**ask)
     fake.release()
     assert slow.value.status_code == 504
-    assert time.monotonic() - started < 5 * 3 + 3  # three attempts at most
+    assert time.monotonic() - started < SHORT_TIMEOUT * 3 + 3  # three attempts at most
     # Unreachable.
     port = fake.port
     await fake.close()

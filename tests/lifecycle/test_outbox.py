@@ -202,18 +202,35 @@ async def test_a_deliverer_killed_mid_backlog_leaves_the_rest_to_the_next(
 async def test_two_replicas_never_deliver_the_same_event_twice(
     redis_url: str, raw_redis: aioredis.Redis, receiver: Receiver
 ) -> None:
-    receiver.delay = 0.01
+    # Both replicas wait on the stream when a burst arrives in one write: Redis hands the
+    # first up to a read's worth (16), the other the rest. The receiver is slow enough that
+    # sending 16 one after another takes longer than the wait after which a pending entry may
+    # be claimed (the worker's timeout + margin, 2.5 s), and the other replica is idle by then:
+    # still one delivery per event.
+    receiver.delay = 0.25
     outbox = Outbox(raw_redis, [receiver.url])
     await outbox.ensure_group(receiver.url)
+    key = keyspace.webhook_outbox(url_id(receiver.url))
     replicas = [await _worker(redis_url, receiver.url) for _ in range(2)]
     try:
-        batch = events(120)
-        await publish(raw_redis, outbox, batch)
-        await until(lambda: len(receiver.accepted) >= 120, 60, lambda: len(receiver.accepted))
+        deadline = time.monotonic() + 30
+        while sum(c["cmd"] == "xreadgroup" for c in await raw_redis.client_list()) < 2:
+            assert time.monotonic() < deadline, "the replicas never read the outbox"
+            await asyncio.sleep(0.02)
+        batch = events(24)
+        publisher = LifecyclePublisher(raw_redis, outbox)
+        async with raw_redis.pipeline(transaction=True) as pipe:
+            for event in batch:
+                publisher.entry(event).queue(pipe)
+            await pipe.execute()
+        await until(lambda: len(receiver.accepted) >= 24, 60, lambda: len(receiver.accepted))
+        # Every acceptance acknowledged (a loaded host may take a while after the last 204).
+        deadline = time.monotonic() + 30
+        while await outbox.pending():
+            assert time.monotonic() < deadline, await outbox.pending()
+            await asyncio.sleep(0.05)
         await asyncio.sleep(1.0)  # time for a duplicate to show up, if there were one
-        consumers: Any = await raw_redis.xinfo_consumers(
-            keyspace.webhook_outbox(url_id(receiver.url)), GROUP
-        )
+        consumers: Any = await raw_redis.xinfo_consumers(key, GROUP)
     finally:
         for proc in replicas:
             await _stop(proc)
