@@ -211,6 +211,12 @@ class Reconciler:
             if record.status == S.STARTING:
                 await self._interrupted_start(record)
                 return
+            if observed_status(record, state) is not None or record.held_until is not None:
+                # A sweep lists the runtime before it reads the records, so `state` may be
+                # older than `record`: a re-create by another replica in between read as "gone"
+                # and turned a RUNNING sandbox MISSING (seen in CI). What is done is judged on
+                # the runtime as it is after the record was read.
+                state = await self._driver.inspect(sandbox_id)
             if await self._held_still(record, state):
                 return
             change = observed_status(record, state)

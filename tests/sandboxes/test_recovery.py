@@ -105,6 +105,25 @@ async def test_restart_keeps_running_sandboxes(
     await wait_status(second, alice, sandbox_id, "PAUSED", within=1)
 
 
+async def test_a_listing_older_than_the_record_does_not_make_it_missing(
+    sbx_factory: ClientFactory, user_headers: UserHeaders
+) -> None:
+    # A sweep lists the runtime, then reads the records: a sandbox re-created by another
+    # replica in between is absent from the listing but RUNNING in its record. Applied as is,
+    # that stale "gone" turned a healthy sandbox MISSING (seen in CI, under load).
+    alice = await user_headers("alice")
+    client = await sbx_factory()
+    running = await start_running(client, alice)
+    sandbox_id = running["id"]
+    reconciler = client.app[keys.RECONCILER]
+    before = reconciler.fixes
+    await reconciler._apply(sandbox_id, None)  # the listing's stale view: no container
+    again = await wait_status(client, alice, sandbox_id, "RUNNING", within=1)
+    assert again["reason"] is None
+    assert reconciler.fixes == before
+    assert await agent_echo(again, "still here") == "still here"
+
+
 async def test_interrupted_start_with_a_healthy_agent_becomes_running(
     sbx_factory: ClientFactory, user_headers: UserHeaders
 ) -> None:
