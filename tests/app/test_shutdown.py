@@ -178,5 +178,6 @@ async def test_sigterm_drains_and_the_next_start_adopts_the_sandboxes(
 
         code, took = await second.terminate()
         assert code == 0, second.logs()
-        assert took < 5, f"exit took {took:.1f} s:\n{second.logs()}"
+        # Nothing in flight: far below the 30 s shutdown time-out (5.4 s seen on a loaded host).
+        assert took < 10, f"exit took {took:.1f} s:\n{second.logs()}"
         assert await asyncio.to_thread(container_status, docker_client, name) == "running"

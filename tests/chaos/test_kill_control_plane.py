@@ -29,6 +29,8 @@ from tests.support.serve_process import Serve, launch_serve, serve_env
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
 ROUNDS = 6
+MAX_ROUNDS = 12
+MIN_OPS = 100
 CLIENTS = 4
 PER_CLIENT = 3  # sandboxes a client keeps at most
 RECONCILE_INTERVAL = 20.0
@@ -173,7 +175,7 @@ async def _problems(
     return found
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 async def test_sigkill_at_random_points_of_lifecycle_operations_converges(
     redis_url: str, test_prefix: str, tmp_path: Path, docker_client: docker.DockerClient
 ) -> None:
@@ -194,10 +196,12 @@ async def test_sigkill_at_random_points_of_lifecycle_operations_converges(
     store = redis.Redis.from_url(redis_url)
     try:
         async with aiohttp.ClientSession() as http:
-            for _ in range(ROUNDS):
+            # At least ROUNDS kills and MIN_OPS operations: a loaded host does fewer a round
+            # (93 in 6 rounds seen in CI), so rounds go on, up to MAX_ROUNDS.
+            while len(servers) < ROUNDS or (ledger.ops < MIN_OPS and len(servers) < MAX_ROUNDS):
                 servers.append(await launch_serve(port, env))
                 await _round(servers[-1], http, ledger, rng, owned)
-            assert ledger.ops >= 100, f"only {ledger.ops} lifecycle operations"
+            assert ledger.ops >= MIN_OPS, f"only {ledger.ops} lifecycle operations"
             assert ledger.acked_creates, "no create was acknowledged"
 
             servers.append(await launch_serve(port, env))
@@ -209,7 +213,7 @@ async def test_sigkill_at_random_points_of_lifecycle_operations_converges(
             while problems := await _problems(http, store, docker_client, test_prefix, ledger):
                 assert time.monotonic() < deadline, (
                     f"not converged {within:g} s after the restart "
-                    f"({ledger.ops} operations, {ROUNDS} kills):\n"
+                    f"({ledger.ops} operations, {len(servers) - 1} kills):\n"
                     + "\n".join(problems)
                     + "\n-- the restarted server's log --\n"
                     + servers[-1].logs()
@@ -223,7 +227,8 @@ async def test_sigkill_at_random_points_of_lifecycle_operations_converges(
                 if "start_taken_over" in line or "reconciled" in line
             )
             print(
-                f"chaos: {ledger.ops} operations, {ROUNDS} kills, {len(ledger.acked_creates)} "
+                f"chaos: {ledger.ops} operations, {len(servers) - 1} kills, "
+                f"{len(ledger.acked_creates)} "
                 f"creates acknowledged, {len(survivors)} sandboxes left "
                 f"({sorted(r['status'] for r in survivors.values())}), {finished} repairs after "
                 "the last restart"
