@@ -78,7 +78,9 @@ async def test_a_flood_of_failed_sign_ins_leaves_a_bounded_log(
     assert all(e["outcome"] == "failure" and not e["user"] for e in failures)
     assert 0 < len(failures) <= PER_WINDOW * windows
     from_flooder = [e for e in failures if e["ip"] == FLOODER]
-    assert 0 < len(from_flooder) <= PER_SOURCE * windows
+    # At most its own share; none at all when the crowd's requests came first and filled the
+    # window's global bound (seen in a loaded run), which is the bound working too.
+    assert len(from_flooder) <= PER_SOURCE * windows
 
     # Each window that left entries out gets one summary when it is over, counting them all.
     deadline = time.monotonic() + WINDOW * 2 + 5
