@@ -205,12 +205,12 @@ async def test_a_deliverer_killed_mid_backlog_leaves_the_rest_to_the_next(
 async def test_two_replicas_never_deliver_the_same_event_twice(
     redis_url: str, raw_redis: aioredis.Redis, receiver: Receiver
 ) -> None:
-    # Both replicas wait on the stream when a burst arrives in one write: Redis hands the
-    # first up to a read's worth (16), the other the rest. The receiver is slow enough that
-    # sending 16 one after another takes longer than the wait after which a pending entry may
-    # be claimed (the worker's timeout + margin, 2.5 s), and the other replica is idle by then:
-    # still one delivery per event.
-    receiver.delay = 0.25
+    # Both replicas wait on the stream when a burst arrives in one write: Redis handed the
+    # first up to a read's worth (16 before the fix), the other the rest. The receiver is slow
+    # enough that sending 16 one after another takes longer than the wait after which a
+    # pending entry may be claimed (the worker's timeout + margin, 4 s), and the other replica
+    # is idle by then: still one delivery per event.
+    receiver.delay = 0.4
     outbox = Outbox(raw_redis, [receiver.url])
     await outbox.ensure_group(receiver.url)
     key = keyspace.webhook_outbox(url_id(receiver.url))
