@@ -184,15 +184,13 @@ class AuditLog:
                 keyspace.audit_action(record.action), ref, minid=minid, ttl_ms=ttl, same_id=True
             )
         )
-        if record.user_id:
-            for key in (
-                keyspace.audit_user(record.user_id),
-                keyspace.audit_org_user(org, record.user_id),
-            ):
+        org_user, org_targets = org_index_keys(record)
+        if record.user_id and org_user:
+            for key in (keyspace.audit_user(record.user_id), org_user):
                 adds.append(StreamAdd(key, ref, minid=minid, ttl_ms=ttl, same_id=True))
-        for target in indexed_targets(record.targets):
+        for target, org_target in org_targets.items():
             # Most targets (a sandbox, a key) have a few entries: a sorted set each.
-            for key in (keyspace.audit_target(target), keyspace.audit_org_target(org, target)):
+            for key in (keyspace.audit_target(target), org_target):
                 adds.append(
                     StreamAdd(key, (), minid=minid, ttl_ms=ttl, same_id=True, lex_index=True)
                 )
@@ -208,6 +206,16 @@ class AuditLog:
         keys, args = entry.script_args()
         await self.redis.eval(APPEND_SCRIPT, len(keys), *keys, *args)
         entry.stored()
+
+
+def org_index_keys(record: AuditRecord) -> tuple[str | None, dict[str, str]]:
+    """The per-organization indexes of `record`: its user's stream (None without a user) and,
+    by target id, its targets' sorted sets. AuditLog.adds writes them with the entry;
+    store/audit_backfill.py fills them for entries older than them."""
+    org = record.org_id or keyspace.AUDIT_NO_ORG
+    user = keyspace.audit_org_user(org, record.user_id) if record.user_id else None
+    targets = indexed_targets(record.targets)
+    return user, {target: keyspace.audit_org_target(org, target) for target in targets}
 
 
 def indexed_targets(targets: dict[str, str]) -> list[str]:

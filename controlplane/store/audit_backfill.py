@@ -38,7 +38,7 @@ import redis.asyncio as aioredis
 import structlog
 
 from controlplane.store import keyspace, text
-from controlplane.store.audit import indexed_targets
+from controlplane.store.audit import org_index_keys
 from controlplane.store.audit_event import AuditRecord
 from controlplane.store.leader import LeaderLock
 from controlplane.store.redis import REDIS_DOWN
@@ -247,16 +247,14 @@ class AuditBackfill:
             if expiry <= now_ms:
                 continue  # past the retention: the log drops it at its next trim
             stream_id = text(raw_id)
-            org = record.org_id or keyspace.AUDIT_NO_ORG
-            if record.user_id:
-                index = keyspace.audit_org_user(org, record.user_id)
+            index, targets = org_index_keys(record)
+            if index is not None:
                 stage = keyspace.audit_backfill_stage(index)
                 keys.append(stage)
                 args += ["x", stream_id]
                 expiries[stage] = (expiry, index)
                 result.user_entries += 1
-            for target in indexed_targets(record.targets):
-                key = keyspace.audit_org_target(org, target)
+            for key in targets.values():
                 keys.append(key)
                 args += ["z", lex_member(stream_id)]
                 expiries[key] = (expiry, "")
