@@ -375,22 +375,21 @@ def stage(entries: list[Entry], known: dict[str, dict[str, list[Any]]], staged: 
     return copied
 
 
+def changed_file(entry: Entry, known: dict[str, dict[str, list[Any]]]) -> bool:
+    """A file whose signature is not the one the export already knows: its bytes are copied."""
+    return entry["k"] == "file" and known.get(entry["t"], {}).get(entry["p"]) != signature(entry)
+
+
 def changed_bytes(entries: list[Entry], known: dict[str, dict[str, list[Any]]]) -> int:
     """What copying the files that changed would take (their sizes as listed)."""
-    return sum(
-        entry["s"]
-        for entry in entries
-        if entry["k"] == "file" and known.get(entry["t"], {}).get(entry["p"]) != signature(entry)
-    )
+    return sum(entry["s"] for entry in entries if changed_file(entry, known))
 
 
 def staging_bytes(entries: list[Entry], known: dict[str, dict[str, list[Any]]]) -> int:
     """What staging the files that changed takes on disk: each rounded up to whole blocks, as
     a volume's usage is counted (a Kubernetes emptyDir's against its sizeLimit)."""
     return sum(
-        -(-int(entry["s"]) // BLOCK) * BLOCK
-        for entry in entries
-        if entry["k"] == "file" and known.get(entry["t"], {}).get(entry["p"]) != signature(entry)
+        -(-int(entry["s"]) // BLOCK) * BLOCK for entry in entries if changed_file(entry, known)
     )
 
 
@@ -417,11 +416,7 @@ def prune(listed: list[Entry], known: dict[str, dict[str, list[Any]]], staged: S
     """Staged copies the last look no longer wants (the file gone, or back as it was known)
     removed: the staging directory then never holds more than that look's changed files,
     which the scratch limit was checked against."""
-    wanted = {
-        (entry["t"], entry["p"])
-        for entry in listed
-        if entry["k"] == "file" and known.get(entry["t"], {}).get(entry["p"]) != signature(entry)
-    }
+    wanted = {(entry["t"], entry["p"]) for entry in listed if changed_file(entry, known)}
     for key in [key for key in staged if key not in wanted]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(staged.pop(key)[1])
