@@ -5,7 +5,13 @@ measured in the same run:
   files rewritten) a snapshot through the API (POST /api/v1/sandboxes/{id}/snapshots), its
   wall time, how long the sandbox was frozen, and the bytes it added to the store, against the
   raw copy of the same changed bytes out of the sandbox (`tar` through `docker exec`) into the
-  store (one blob). Targets: p50 <= 1.5 s, stored <= 1.2x the changed bytes.
+  store (one blob). Targets: p50 <= 1.5 s, stored <= 1.2x the changed bytes. Then, in the same
+  phase, rewind: after each checkpoint the agent writes a file and the sandbox is rewound to that
+  checkpoint (SandboxService.rewind, what a conversation's rewind calls, until RUNNING; the file
+  must be gone and a changed file's bytes those of the checkpoint), against a raw copy of the
+  same bytes out of the store: every pack the snapshot's manifest lists fetched from the
+  registry and written into the workspace of a raw container of the spec started to /health.
+  Target: <= 1.2x the raw.
 - fork: a sandbox with a 100 MiB workspace forked into 1, 5, 10 and 20 (POST .../fork) until
   all are RUNNING, against N raw containers of the same spec started at once (empty
   workspaces) until their /health answers. Target: 10 in <= 5 s p50.
@@ -31,6 +37,7 @@ import io
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +59,8 @@ TARGET_STORED_RATIO = 1.2
 TARGET_FORK10_S = 5.0
 TARGET_HIBERNATED_SHARE = 0.05
 TARGET_RESUME_RATIO = 1.2
+TARGET_REWIND_RATIO = 1.2
+PACK_FETCHES = 4  # packs fetched at once by the raw restore, as the restore's prefetch does
 PHASES = ("checkpoint", "fork", "message", "hibernate")
 MESSAGE_FILES = 1000
 
@@ -221,7 +230,75 @@ class SnapshotBench:
             self.samples.add(
                 "raw copy to the store", await self.raw_copy(sandbox_id, names, registry)
             )
+            await self.rewind(sandbox_id, taken["id"], names[0], registry)
         await self.call("DELETE", f"/api/v1/sandboxes/{sandbox_id}")
+
+    async def rewind(
+        self, sandbox_id: str, snapshot_id: str, changed: str, registry: Registry
+    ) -> None:
+        """The sandbox rewound to `snapshot_id` (taken just now) after the agent wrote a file,
+        checked, against the raw restore of the same bytes."""
+        target = f"/workspace/data/{changed}"
+        before = await self.run_in(sandbox_id, "md5sum", target)
+        await self.run_in(
+            sandbox_id, "sh", "-c",
+            f"echo later > /workspace/later.txt && head -c 1000 /dev/urandom > {target}",
+        )  # fmt: skip
+        sandboxes = self.app[keys.SANDBOXES]
+        principal = await self.app[keys.API_KEYS].authenticate(self.headers["X-Session-API-Key"])
+        record = await sandboxes.record(sandbox_id)
+        principal = principal.model_copy(update={"org_id": record.org_id})
+        started = time.perf_counter()
+        await sandboxes.rewind(principal, sandbox_id, snapshot_id)
+        await self.running(sandbox_id)
+        self.samples.add("rewind", time.perf_counter() - started)
+        after = await self.run_in(
+            sandbox_id, "sh", "-c", f"test ! -e /workspace/later.txt && md5sum {target}"
+        )
+        if after != before:
+            raise BenchError(f"the rewind did not bring {changed} back")
+        self.samples.add(
+            "raw restore from the store", await self.raw_restore(snapshot_id, registry)
+        )
+
+    async def raw_restore(self, snapshot_id: str, registry: Registry) -> float:
+        """Every pack of the snapshot (its manifest's layers: the whole workspace's bytes, sealed)
+        fetched from the registry, PACK_FETCHES at once, and written into the workspace of a raw
+        container of the spec, started until its /health answers: the bytes a rewind moves and
+        the start it makes, without the control plane (nothing is unsealed or unpacked)."""
+        record = await self.app[keys.SNAPSHOT_DATA].store.get(snapshot_id)
+        if record is None:
+            raise BenchError(f"snapshot {snapshot_id} is not in the store")
+        started = time.perf_counter()
+        manifest = await registry.get_manifest(record.repository, record.manifest_digest)
+        if manifest is None:
+            raise BenchError(f"snapshot {snapshot_id}: no manifest in the registry")
+        digests = [layer["digest"] for layer in manifest["layers"]]
+        gate = asyncio.Semaphore(PACK_FETCHES)
+
+        async def fetch(digest: str) -> bytes:
+            async with gate:
+                return await registry.get_blob(record.repository, digest)
+
+        packs = await asyncio.gather(*(fetch(d) for d in digests))
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            for digest, data in zip(digests, packs, strict=True):
+                info = tarfile.TarInfo(digest.replace(":", "-"))
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        req = self.raw.raw_request()
+        volume, container, _, port = await asyncio.to_thread(self.raw.raw_create_start, req)
+        try:
+            if not await asyncio.to_thread(container.put_archive, "/workspace", archive.getvalue()):
+                raise BenchError("the raw restore's archive was refused")
+            await self.raw.health(port)
+            took = time.perf_counter() - started
+        finally:
+            await asyncio.to_thread(container.remove, force=True)
+            await asyncio.to_thread(volume.remove, force=True)
+        self.figures["raw restore bytes"] = sum(len(data) for data in packs)
+        return took
 
     # -- a checkpoint on the message path -------------------------------------------------------
 
@@ -361,6 +438,38 @@ class SnapshotBench:
 
     # -- the table ------------------------------------------------------------------------------
 
+    def checkpoint_lines(self, p50: Callable[[str], float], missed: list[str]) -> list[str]:
+        v = self.samples.values
+        lines = [
+            f"checkpoint ({self.options.files} files, "
+            f"{self.options.files * FILE / MIB:.0f} MiB; first snapshot "
+            f"{self.figures['first_snapshot_s']:.1f} s, "
+            f"{self.figures['first_snapshot_stored'] / MIB:.0f} MiB stored)",
+            f"  after 10 MiB changed: p50 {ms(p50('checkpoint'))} ms (target <= "
+            f"{TARGET_CHECKPOINT_S} s), held still p50 {ms(p50('checkpoint held still'))} ms, "
+            f"max {ms(max(v['checkpoint held still']))} ms",
+            f"  stored / changed bytes: p50 {p50('checkpoint stored ratio'):.3f} (target <= "
+            f"{TARGET_STORED_RATIO})",
+            f"  raw copy of the changed bytes into the store: p50 "
+            f"{ms(p50('raw copy to the store'))} ms; ratio "
+            f"{p50('checkpoint') / p50('raw copy to the store'):.2f}x",
+        ]
+        if "rewind" in v:
+            rewind, raw = p50("rewind"), p50("raw restore from the store")
+            lines.append(
+                f"  rewind to the checkpoint until RUNNING: p50 {ms(rewind)} ms vs raw restore "
+                f"of its {self.figures['raw restore bytes'] / MIB:.0f} MiB of packs from the "
+                f"store + start + /health {ms(raw)} ms: {rewind / raw:.2f}x (target <= "
+                f"{TARGET_REWIND_RATIO}x)"
+            )
+            if rewind > TARGET_REWIND_RATIO * raw:
+                missed.append("rewind")
+        if p50("checkpoint") > TARGET_CHECKPOINT_S:
+            missed.append("checkpoint p50")
+        if p50("checkpoint stored ratio") > TARGET_STORED_RATIO:
+            missed.append("checkpoint stored ratio")
+        return lines
+
     def table(self) -> tuple[list[str], list[str]]:
         v = self.samples.values
 
@@ -370,24 +479,7 @@ class SnapshotBench:
         missed: list[str] = []
         lines: list[str] = []
         if "checkpoint" in v:
-            lines += [
-                f"checkpoint ({self.options.files} files, "
-                f"{self.options.files * FILE / MIB:.0f} MiB; first snapshot "
-                f"{self.figures['first_snapshot_s']:.1f} s, "
-                f"{self.figures['first_snapshot_stored'] / MIB:.0f} MiB stored)",
-                f"  after 10 MiB changed: p50 {ms(p50('checkpoint'))} ms (target <= "
-                f"{TARGET_CHECKPOINT_S} s), held still p50 {ms(p50('checkpoint held still'))} ms, "
-                f"max {ms(max(v['checkpoint held still']))} ms",
-                f"  stored / changed bytes: p50 {p50('checkpoint stored ratio'):.3f} (target <= "
-                f"{TARGET_STORED_RATIO})",
-                f"  raw copy of the changed bytes into the store: p50 "
-                f"{ms(p50('raw copy to the store'))} ms; ratio "
-                f"{p50('checkpoint') / p50('raw copy to the store'):.2f}x",
-            ]
-            if p50("checkpoint") > TARGET_CHECKPOINT_S:
-                missed.append("checkpoint p50")
-            if p50("checkpoint stored ratio") > TARGET_STORED_RATIO:
-                missed.append("checkpoint stored ratio")
+            lines += self.checkpoint_lines(p50, missed)
         forks = [c for c in self.options.counts if f"fork {c}" in v]
         if forks:
             lines.append("fork (100 MiB workspace) until all RUNNING, p50 | raw N starts | ratio")
