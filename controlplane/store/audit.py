@@ -128,6 +128,8 @@ _SECRET_SHAPES = re.compile(
 _LONG_RUN = re.compile(r"[A-Za-z0-9_\-+/=.~]{40,}")
 REDACTED = "[redacted]"
 AGENT_MAX = 256
+_REF = ("r", "")
+"""An index entry's fields: it names its entry by sharing its stream id."""
 
 
 class AuditLog:
@@ -165,35 +167,24 @@ class AuditLog:
         """The additions that store `record`: the entry, its indexes (same id), the sinks."""
         minid = record.time_ms - self.retention_ms
         ttl = self.retention_ms
-        ref = ("r", "")
         org = record.org_id or keyspace.AUDIT_NO_ORG
-        adds = [
-            # The log itself is written to all the time: trimmed by age, never expired.
-            StreamAdd(keyspace.AUDIT, record.fields(), minid=minid),
-            StreamAdd(keyspace.audit_org(org), ref, minid=minid, ttl_ms=ttl, same_id=True),
-            StreamAdd(
-                keyspace.audit_org_action(org, record.action),
-                ref,
-                minid=minid,
-                ttl_ms=ttl,
-                same_id=True,
-            ),
+        # The log itself is written to all the time: trimmed by age, never expired.
+        adds = [StreamAdd(keyspace.AUDIT, record.fields(), minid=minid)]
+        streams = [
+            keyspace.audit_org(org),
+            keyspace.audit_org_action(org, record.action),
+            keyspace.audit_action(record.action),
         ]
-        adds.append(
-            StreamAdd(
-                keyspace.audit_action(record.action), ref, minid=minid, ttl_ms=ttl, same_id=True
-            )
-        )
         org_user, org_targets = org_index_keys(record)
         if record.user_id and org_user:
-            for key in (keyspace.audit_user(record.user_id), org_user):
-                adds.append(StreamAdd(key, ref, minid=minid, ttl_ms=ttl, same_id=True))
+            streams += (keyspace.audit_user(record.user_id), org_user)
+        adds += [StreamAdd(key, _REF, minid=minid, ttl_ms=ttl, same_id=True) for key in streams]
         for target, org_target in org_targets.items():
             # Most targets (a sandbox, a key) have a few entries: a sorted set each.
-            for key in (keyspace.audit_target(target), org_target):
-                adds.append(
-                    StreamAdd(key, (), minid=minid, ttl_ms=ttl, same_id=True, lex_index=True)
-                )
+            adds += [
+                StreamAdd(key, (), minid=minid, ttl_ms=ttl, same_id=True, lex_index=True)
+                for key in (keyspace.audit_target(target), org_target)
+            ]
         if self.sink_streams:
             line = AuditEvent.of(record).line()
             if LATE_ID in record.targets.values():
