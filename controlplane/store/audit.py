@@ -366,6 +366,17 @@ async def record(
         log.warning("audit_not_stored", action=str(action or scope.action), error=str(exc))
 
 
+def _utf8(value: str) -> str:
+    """`value` with what UTF-8 cannot hold replaced (U+FFFD): aiohttp keeps a header's bytes
+    that are not UTF-8 as lone surrogates, which Redis's client refuses to encode, and a user
+    agent such as `caf\\xe9` would otherwise fail the action its entry is written with."""
+    try:
+        raw = value.encode("utf-8", "surrogateescape")  # the client's bytes, as they came
+    except UnicodeEncodeError:
+        raw = value.encode("utf-8", "surrogatepass")  # a surrogate no byte stands for
+    return raw.decode("utf-8", "replace")
+
+
 def new_id(now_ms: int) -> str:
     """Time-ordered and unique: 12 hex digits of milliseconds, 8 random."""
     return f"{now_ms:012x}{secrets.token_hex(4)}"
@@ -389,7 +400,7 @@ def _record(
     named = {k: redact(v) for k, v in targets.items()}
     noted = (scope.details if own else {}) | (details or {})
     now_ms = int(time.time() * 1000)
-    agent = redact(scope.user_agent[:AGENT_MAX], free=True) if scope.user_agent else None
+    agent = redact(_utf8(scope.user_agent[:AGENT_MAX]), free=True) if scope.user_agent else None
     return AuditRecord(
         id=new_id(now_ms),
         time_ms=now_ms,
