@@ -18,6 +18,7 @@ import structlog
 from controlplane.organizations.roles import Role
 from controlplane.organizations.service import OrganizationService
 from controlplane.store import keyspace, text
+from controlplane.store.leader import LeaderLock
 
 log = structlog.get_logger(__name__)
 
@@ -31,8 +32,10 @@ async def migrate(redis: aioredis.Redis, organizations: OrganizationService) -> 
     await organizations.ensure_default()
     if await redis.sismember(keyspace.MIGRATIONS, NAME):
         return False
-    lock = f"{keyspace.MIGRATIONS}:lock"
-    if not await redis.set(lock, "1", nx=True, ex=LOCK_TTL):
+    # Owner-checked (a LeaderLock: only its own token extends or frees it): a replica whose
+    # lock expired while it worked must not, finishing, free the lock another replica took.
+    lock = LeaderLock(redis, keyspace.MIGRATIONS_LOCK, LOCK_TTL)
+    if not await lock.hold():
         return False  # another replica is at it; its result is the same
     try:
         users = await _key_users(redis)
@@ -40,7 +43,11 @@ async def migrate(redis: aioredis.Redis, organizations: OrganizationService) -> 
         for user in owners:
             users.setdefault(user, False)
         store = organizations.store
-        for user, admin in sorted(users.items()):
+        for n, (user, admin) in enumerate(sorted(users.items())):
+            if n % BATCH == 0 and not await lock.hold():
+                # The lock expired and another replica has it: it does the same (idempotent).
+                log.warning("migration_lock_lost", name=NAME, done=n, users=len(users))
+                return False
             known = await redis.hexists(keyspace.user_orgs(user), "~known")
             if not known:
                 role = Role.OWNER if admin else Role.MEMBER
@@ -49,7 +56,7 @@ async def migrate(redis: aioredis.Redis, organizations: OrganizationService) -> 
         log.info("migration_applied", name=NAME, users=len(users), sandboxes=len(owners))
         return True
     finally:
-        await redis.delete(lock)
+        await lock.release()
 
 
 async def _key_users(redis: aioredis.Redis) -> dict[str, bool]:

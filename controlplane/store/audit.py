@@ -128,6 +128,8 @@ _SECRET_SHAPES = re.compile(
 _LONG_RUN = re.compile(r"[A-Za-z0-9_\-+/=.~]{40,}")
 REDACTED = "[redacted]"
 AGENT_MAX = 256
+_REF = ("r", "")
+"""An index entry's fields: it names its entry by sharing its stream id."""
 
 
 class AuditLog:
@@ -165,35 +167,24 @@ class AuditLog:
         """The additions that store `record`: the entry, its indexes (same id), the sinks."""
         minid = record.time_ms - self.retention_ms
         ttl = self.retention_ms
-        ref = ("r", "")
         org = record.org_id or keyspace.AUDIT_NO_ORG
-        adds = [
-            # The log itself is written to all the time: trimmed by age, never expired.
-            StreamAdd(keyspace.AUDIT, record.fields(), minid=minid),
-            StreamAdd(keyspace.audit_org(org), ref, minid=minid, ttl_ms=ttl, same_id=True),
-            StreamAdd(
-                keyspace.audit_org_action(org, record.action),
-                ref,
-                minid=minid,
-                ttl_ms=ttl,
-                same_id=True,
-            ),
+        # The log itself is written to all the time: trimmed by age, never expired.
+        adds = [StreamAdd(keyspace.AUDIT, record.fields(), minid=minid)]
+        streams = [
+            keyspace.audit_org(org),
+            keyspace.audit_org_action(org, record.action),
+            keyspace.audit_action(record.action),
         ]
-        adds.append(
-            StreamAdd(
-                keyspace.audit_action(record.action), ref, minid=minid, ttl_ms=ttl, same_id=True
-            )
-        )
         org_user, org_targets = org_index_keys(record)
         if record.user_id and org_user:
-            for key in (keyspace.audit_user(record.user_id), org_user):
-                adds.append(StreamAdd(key, ref, minid=minid, ttl_ms=ttl, same_id=True))
+            streams += (keyspace.audit_user(record.user_id), org_user)
+        adds += [StreamAdd(key, _REF, minid=minid, ttl_ms=ttl, same_id=True) for key in streams]
         for target, org_target in org_targets.items():
             # Most targets (a sandbox, a key) have a few entries: a sorted set each.
-            for key in (keyspace.audit_target(target), org_target):
-                adds.append(
-                    StreamAdd(key, (), minid=minid, ttl_ms=ttl, same_id=True, lex_index=True)
-                )
+            adds += [
+                StreamAdd(key, (), minid=minid, ttl_ms=ttl, same_id=True, lex_index=True)
+                for key in (keyspace.audit_target(target), org_target)
+            ]
         if self.sink_streams:
             line = AuditEvent.of(record).line()
             if LATE_ID in record.targets.values():
@@ -375,6 +366,17 @@ async def record(
         log.warning("audit_not_stored", action=str(action or scope.action), error=str(exc))
 
 
+def _utf8(value: str) -> str:
+    """`value` with what UTF-8 cannot hold replaced (U+FFFD): aiohttp keeps a header's bytes
+    that are not UTF-8 as lone surrogates, which Redis's client refuses to encode, and a user
+    agent such as `caf\\xe9` would otherwise fail the action its entry is written with."""
+    try:
+        raw = value.encode("utf-8", "surrogateescape")  # the client's bytes, as they came
+    except UnicodeEncodeError:
+        raw = value.encode("utf-8", "surrogatepass")  # a surrogate no byte stands for
+    return raw.decode("utf-8", "replace")
+
+
 def new_id(now_ms: int) -> str:
     """Time-ordered and unique: 12 hex digits of milliseconds, 8 random."""
     return f"{now_ms:012x}{secrets.token_hex(4)}"
@@ -398,7 +400,7 @@ def _record(
     named = {k: redact(v) for k, v in targets.items()}
     noted = (scope.details if own else {}) | (details or {})
     now_ms = int(time.time() * 1000)
-    agent = redact(scope.user_agent[:AGENT_MAX], free=True) if scope.user_agent else None
+    agent = redact(_utf8(scope.user_agent[:AGENT_MAX]), free=True) if scope.user_agent else None
     return AuditRecord(
         id=new_id(now_ms),
         time_ms=now_ms,

@@ -41,6 +41,7 @@ FIELDS = (
 )
 """The stream fields of an entry, always all of them and in this order (so that Redis stores
 their names once per node of the stream, not once per entry)."""
+_NAMED = tuple(item for name in FIELDS for item in (name, ""))
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,9 @@ class AuditRecord:
             self.request_id or "",
             _compact(self.details),
         )
-        return tuple(item for pair in zip(FIELDS, values, strict=True) for item in pair)
+        flat = list(_NAMED)  # the names at the even places, the values at the odd
+        flat[1::2] = values
+        return tuple(flat)
 
     @classmethod
     def from_fields(cls, row: dict[str, str]) -> AuditRecord:
@@ -111,8 +114,12 @@ class AuditRecord:
         )
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+"""Made once: json.dumps with arguments makes a new encoder at every call."""
+
+
 def _compact(values: dict[str, str]) -> str:
-    return json.dumps(values, separators=(",", ":"), ensure_ascii=False) if values else ""
+    return _ENCODE(values) if values else ""
 
 
 def _mapping(stored: str | None) -> dict[str, str]:

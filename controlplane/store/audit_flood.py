@@ -22,7 +22,7 @@ import ipaddress
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import redis.asyncio as aioredis
@@ -70,10 +70,9 @@ local dropped = redis.call('GET', KEYS[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 if not dropped then return 0 end
 local sources = tostring(redis.call('PFCOUNT', KEYS[2]))
-for i = 2, #ARGV do
-  ARGV[i] = string.gsub(string.gsub(ARGV[i], '%z', dropped), '\\1', sources)
-end
-append_entry(4, 2)
+append_entry(4, 2, function(s)
+  return (string.gsub(string.gsub(s, '%z', dropped), '\\1', sources))
+end)
 redis.call('DEL', KEYS[1], KEYS[2])
 return tonumber(dropped)
 """
@@ -199,8 +198,7 @@ class AnonymousGate:
         )
         # JSON writes the stand-ins as escapes: back to the bytes the script replaces.
         return tuple(
-            replace(
-                add,
+            add._replace(
                 fields=tuple(
                     f.replace("\\u0000", _COUNT).replace("\\u0001", _SOURCES) for f in add.fields
                 ),

@@ -316,6 +316,9 @@ def org_member_limits(org_id: str, user_id: str) -> str:
 MIGRATIONS = f"{PREFIX}:migrations"
 """Set of the data migrations applied (organizations.migration, store/audit_backfill.py): each
 runs once."""
+MIGRATIONS_LOCK = f"{MIGRATIONS}:lock"
+"""The replica applying the organizations migration (organizations/migration.py; a LeaderLock:
+it expires with a dead holder, and only its holder's token frees it)."""
 
 
 REPLICA_ADDRESSES = f"{PREFIX}:replica_addresses"

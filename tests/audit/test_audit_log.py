@@ -269,3 +269,28 @@ async def test_no_secret_is_ever_in_the_log(
         assert value not in stored
         assert value not in exported
         assert value[-24:] not in stored  # nor a recognisable part of it
+
+
+async def test_a_user_agent_that_is_not_utf8_neither_fails_the_action_nor_its_entry(
+    client: Client, raw_redis: aioredis.Redis
+) -> None:
+    """A header's bytes that are not UTF-8 (aiohttp keeps them as lone surrogates) are stored
+    as U+FFFD: the action and its entry are written, not refused with a 500."""
+    made = await ApiKeyService(raw_redis, None).create("olga", admin=False)
+    body = b'{"name": "ci"}'
+    request = (
+        b"POST /api/v1/keys HTTP/1.1\r\nHost: test\r\nConnection: close\r\n"
+        b"X-Session-API-Key: " + made.key.encode() + b"\r\nUser-Agent: caf\xe9 \xff/1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
+    reader, writer = await asyncio.open_connection(client.server.host, client.server.port)
+    writer.write(request)
+    answer = await reader.read()
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 201"), answer[:300]
+    entries = [
+        e
+        for e in await search(client, ADMIN, user_id="olga")
+        if e["event"]["action"] == "key.create"
+    ]
+    assert [e["user_agent"]["original"] for e in entries] == ["caf\ufffd \ufffd/1"]

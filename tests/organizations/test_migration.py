@@ -2,20 +2,27 @@
 no organization and no per-user index, a sandbox record with no organization, a conversation),
 then the new code starts: every user and key is a member of the default organization (admin
 keys' users its owners), nothing owned is lost or changes owner, and a second start changes
-nothing."""
+nothing. The migration's lock is its holder's: a replica whose lock expired as it worked leaves
+the one another replica took."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
 from controlplane.crypto import hash_api_key, load_secret_box
+from controlplane.organizations import migration
+from controlplane.organizations.roles import Role
+from controlplane.organizations.service import OrganizationService
+from controlplane.organizations.store import OrganizationStore
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.store import keyspace
@@ -132,3 +139,35 @@ async def test_old_records_read_as_the_default_organizations_and_their_owners(
     ) as response:
         listed = await response.json()
     assert [s["id"] for s in listed["items"]] == [sandbox]
+
+
+async def test_a_late_release_leaves_the_lock_another_replica_took(
+    raw_redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replica A's lock expires while it reads the old records and replica B takes it: A stops
+    (B does the same work) and its release, in its `finally`, must not free B's lock (a third
+    replica would run the migration beside B)."""
+    await old_key(raw_redis, "alice", admin=False)
+    organizations = OrganizationService(OrganizationStore(raw_redis), "deployment")
+    b_token = "replica-b"
+    read_owners = migration._sandbox_owners
+
+    async def while_a_reads(redis: aioredis.Redis) -> set[str]:
+        owners = await read_owners(redis)
+        assert await raw_redis.pexpire(keyspace.MIGRATIONS_LOCK, 1)  # A's TTL goes by
+        await asyncio.sleep(0.05)
+        assert await raw_redis.set(keyspace.MIGRATIONS_LOCK, b_token, nx=True, px=120_000)
+        return owners
+
+    monkeypatch.setattr(migration, "_sandbox_owners", while_a_reads)
+    applied = await migration.migrate(raw_redis, organizations)
+    assert await raw_redis.get(keyspace.MIGRATIONS_LOCK) == b_token.encode()
+    assert applied is False
+    assert not await raw_redis.sismember(keyspace.MIGRATIONS, migration.NAME)
+
+    # With the lock free again, the migration runs to its end and frees its own lock.
+    await raw_redis.delete(keyspace.MIGRATIONS_LOCK)
+    monkeypatch.setattr(migration, "_sandbox_owners", read_owners)
+    assert await migration.migrate(raw_redis, organizations) is True
+    assert await raw_redis.get(keyspace.MIGRATIONS_LOCK) is None
+    assert await organizations.store.members("deployment") == {"alice": Role.MEMBER}
