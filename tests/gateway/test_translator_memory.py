@@ -24,6 +24,7 @@ import pytest
 from controlplane.config import ServiceConfig
 from tests.support.hostile_llm import CANARY, Answer, HostileUpstream
 from tests.support.live_server import LiveServer, start_live_server
+from tests.support.processes import translators
 
 GATEWAY = "/api/v1/llm-gateway/v1"
 CAP = 768 << 20
@@ -51,24 +52,13 @@ def _gf2_square(matrix: list[int]) -> list[int]:
 def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
     """zlib's crc32_combine: the CRC-32 of A+B from those of A and B and B's length (so that
     the bomb's trailer is right without 10 GiB passing through crc32)."""
-    if len2 == 0:
-        return crc1
-    odd = [0xEDB88320] + [1 << n for n in range(31)]
-    even = _gf2_square(odd)
-    odd = _gf2_square(even)
-    while True:
-        even = _gf2_square(odd)
+    one_bit = [0xEDB88320] + [1 << n for n in range(31)]  # a zero bit, as a GF(2) matrix
+    zeros = _gf2_square(_gf2_square(_gf2_square(one_bit)))  # a zero byte
+    while len2:
         if len2 & 1:
-            crc1 = _gf2_times(even, crc1)
+            crc1 = _gf2_times(zeros, crc1)
         len2 >>= 1
-        if not len2:
-            break
-        odd = _gf2_square(even)
-        if len2 & 1:
-            crc1 = _gf2_times(odd, crc1)
-        len2 >>= 1
-        if not len2:
-            break
+        zeros = _gf2_square(zeros)  # twice as many zero bytes
     return crc1 ^ crc2
 
 
@@ -105,22 +95,6 @@ def test_the_bomb_is_a_well_formed_gzip() -> None:
     small = b"".join(gzip_bomb(5 * BLOCK))
     assert zlib.decompress(small, 31) == bytes(5 * BLOCK)
     assert len(b"".join(gzip_bomb(INFLATED))) < 11 << 20
-
-
-def translators() -> list[int]:
-    """This process's translator children (the live server runs in the test's process)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == os.getpid() and b"controlplane.gateway.translator" in cmdline:
-            found.append(int(entry.name))
-    return found
 
 
 def resident(pid: int) -> int:
@@ -166,16 +140,12 @@ class Watchdog:
 
 
 @pytest.fixture
-async def hostile() -> AsyncIterator[HostileUpstream]:
-    upstream = await HostileUpstream().start()
-    yield upstream
-    await upstream.close()
-
-
-@pytest.fixture
-async def live(
-    make_config: Callable[..., ServiceConfig], hostile: HostileUpstream
-) -> AsyncIterator[LiveServer]:
+async def live_and_hostile(
+    make_config: Callable[..., ServiceConfig],
+) -> AsyncIterator[tuple[LiveServer, HostileUpstream]]:
+    """A control plane that calls every model through the translator, and a provider on this
+    host that its users may name."""
+    hostile = await HostileUpstream().start()
     config = make_config(
         llm_gateway_direct=False,  # every call through LiteLLM
         llm_translator_memory_bytes=CAP,
@@ -184,8 +154,9 @@ async def live(
         llm_gateway_timeout=120,  # the translator's first start imports LiteLLM
     )
     server = await start_live_server(config, with_sandboxes=False)
-    yield server
+    yield server, hostile
     await server.close()
+    await hostile.close()
 
 
 async def call(
@@ -213,8 +184,9 @@ async def served(
 
 
 async def test_a_gzip_bomb_from_the_provider_stays_within_the_translators_cap(
-    live: LiveServer, hostile: HostileUpstream, user_headers: Callable[..., Any]
+    live_and_hostile: tuple[LiveServer, HostileUpstream], user_headers: Callable[..., Any]
 ) -> None:
+    live, hostile = live_and_hostile
     headers = await user_headers("mallory")
     async with aiohttp.ClientSession(headers=headers) as http:
         async with http.post(
