@@ -977,6 +977,16 @@ class LlmGateway(BaseModel):
         "to the gateway's routes: a long conversation is larger)",
         json_schema_extra={"shown_default": "`33554432` (32 MiB)"},
     )
+    llm_translator_memory_bytes: int = Field(
+        default=4 * 1024 * 1024 * 1024,
+        ge=0,
+        le=1 << 40,
+        description="address space (RLIMIT_AS) of the LiteLLM translator process: past it an "
+        "allocation fails and the call answers 502, or the process dies and the next call starts "
+        "another, whatever a provider answers (a gzip bomb); `0`: no limit "
+        "([llm-gateway.md](llm-gateway.md#answers-the-gateway-does-not-trust))",
+        json_schema_extra={"shown_default": "`4294967296` (4 GiB)"},
+    )
     llm_rate_limit_per_minute: int = Field(
         default=600,
         ge=0,

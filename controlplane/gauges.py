@@ -2,6 +2,8 @@
 same totals: sandboxes by status, conversations by execution status, the warm pool, and the
 lifecycle webhook deliveries not yet made.
 
+The sandboxes' gauge reads one set per status (kept with each change of status by the store's
+scripts, sandboxes/store.py `count_by_status`): a few commands whatever the number of sandboxes.
 The conversations' gauge walks every conversation record (there is no global index of them:
 SCAN), so a replica runs one refresh at a time: scrapes that arrive while one runs wait for it
 and answer its figures (`Refresher`), rather than each starting a walk of its own (a crowd of
@@ -24,8 +26,8 @@ from controlplane.sandboxes.store import count_by_status
 
 
 async def refresh(metrics: Metrics, redis: aioredis.Redis, outbox: Outbox | None = None) -> None:
-    """Recompute the gauges: every sandbox and conversation (in pages), the warm pool, and the
-    lifecycle webhook `outbox` when there is one."""
+    """Recompute the gauges: sandboxes by status, every conversation (in pages), the warm pool,
+    and the lifecycle webhook `outbox` when there is one."""
     sandboxes = await count_by_status(redis)
     for status in SandboxStatus:
         metrics.sandboxes.labels(status.value).set(sandboxes.get(status.value, 0))

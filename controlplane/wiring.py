@@ -564,7 +564,7 @@ def gateway_ctx(config: ServiceConfig) -> Context:
             return await driver.host_address(network_policy(app[keys.SPECS].default))
 
         run_dir = Path(tempfile.mkdtemp(prefix="acs-llm-"))
-        translator = TranslatorProcess(run_dir)
+        translator = TranslatorProcess(run_dir, config.llm_translator_memory_bytes)
         forwarder = Forwarder(
             Destinations(app[keys.OUTBOUND], host_address),
             translator,

@@ -20,6 +20,32 @@ class PageQuery(BaseModel):
     limit: int = Field(default=100, ge=1, le=MAX_LIMIT)
 
 
+class OptionalPageQuery(BaseModel):
+    """Paging for a list that answered everything at once before it had pages: without `limit`
+    and `page_id` it still does (its clients read that shape), with either it answers a page
+    and the `next_page_id` to follow (each route sets its `page_id`'s pattern)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_LIMIT,
+        description=f"Items per page (1-{MAX_LIMIT}); without it and without page_id, every item "
+        f"in one answer",
+    )
+    page_id: str | None = Field(default=None, max_length=512, description="Opaque cursor")
+
+    def page_size(self) -> int | None:
+        """None: no page asked for (everything); else the page's size (a page_id alone: 100)."""
+        if self.limit is None and not self.page_id:
+            return None
+        return self.limit or DEFAULT_LIMIT
+
+
+DEFAULT_LIMIT = 100
+
+
 def cursor_field(pattern: str) -> Any:
     """A route's page_id: the shape of its positions is in the OpenAPI document, so a client (or
     a fuzzer) knows which values can be a cursor at all. Clients still treat it as opaque."""

@@ -23,6 +23,8 @@ from controlplane.store.streams import APPEND_ENTRY, script_args, stored
 
 _KEY_RE = re.compile(r"^acs_([0-9a-f]{12})_[A-Za-z0-9_-]{43}$")
 _KEY_ID_RE = re.compile(r"[0-9a-f]{12}")
+KeyPage = tuple[list[ApiKeyInfo], int | None]
+"""Keys, and the offset of the next page (None: none after)."""
 BOOTSTRAP_KEY_ID = "bootstrap"
 # Only keys that still exist: a key revoked meanwhile must not come back as a husk. The audit
 # entry (KEYS[n + 1..], ARGV[3..]) only when a key changed.
@@ -119,13 +121,23 @@ class ApiKeyService:
     async def list(self, user_id: str | None = None) -> list[ApiKeyInfo]:
         """Every stored key (or `user_id`'s), oldest first (the bootstrap key is configuration,
         not listed)."""
+        return (await self.page(user_id, 0, None))[0]
+
+    async def page(self, user_id: str | None, offset: int, count: int | None) -> KeyPage:
+        """`list`'s keys from `offset`, `count` of them (None: to the end), with the offset of
+        the next page (None: none after)."""
         index = keyspace.API_KEYS if user_id is None else keyspace.user_api_keys(user_id)
-        ids = [text(i) for i in await self._redis.zrange(index, 0, -1)]
+        last = -1 if count is None else offset + count  # one more: is there a next page?
+        ids = [text(i) for i in await self._redis.zrange(index, offset, last)]
+        following = None
+        if count is not None and len(ids) > count:
+            ids, following = ids[:count], offset + count
         async with self._redis.pipeline(transaction=False) as pipe:
             for key_id in ids:
                 pipe.hgetall(keyspace.api_key(key_id))
             rows = await pipe.execute()
-        return [_info(key_id, row) for key_id, row in zip(ids, rows, strict=True) if row]
+        found = [_info(key_id, row) for key_id, row in zip(ids, rows, strict=True) if row]
+        return found, following
 
     async def get(self, key_id: str) -> ApiKeyInfo | None:
         """One key's record (no secret), None when there is no such key."""

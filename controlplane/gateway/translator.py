@@ -31,6 +31,7 @@ import contextlib
 import json
 import logging
 import os
+import resource
 import signal
 from typing import Any
 
@@ -194,7 +195,14 @@ async def serve(socket_path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--socket", required=True)
+    parser.add_argument("--memory-limit", type=int, default=0, help="RLIMIT_AS in bytes; 0: none")
     args = parser.parse_args()
+    if args.memory_limit > 0:
+        # Before LiteLLM is imported and before any provider answers: a hard limit that this
+        # process cannot raise again. An allocation past it fails (MemoryError, the call
+        # answers 502) or the process dies (the gateway starts another); the host's memory is
+        # never at stake (a provider's gzip bomb, an endless body).
+        resource.setrlimit(resource.RLIMIT_AS, (args.memory_limit, args.memory_limit))
     logging.basicConfig(level=logging.WARNING)
     # No network at import: LiteLLM would otherwise fetch its price list (and retry offline).
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # translator_env sets it too

@@ -58,6 +58,10 @@ def translator_env(directory: Path, environ: dict[str, str] | None = None) -> di
         AWS_SHARED_CREDENTIALS_FILE=os.devnull,
         GOOGLE_APPLICATION_CREDENTIALS=os.devnull,
         NO_GCE_CHECK="True",
+        # Its memory limit is on address space (RLIMIT_AS): glibc would reserve 64 MiB of it
+        # per thread that allocates (up to 8 per core) without using it; two arenas are enough
+        # for one event loop and LiteLLM's logging threads.
+        MALLOC_ARENA_MAX="2",
     )
     return env
 
@@ -67,9 +71,12 @@ class TranslatorUnavailable(Exception):
 
 
 class TranslatorProcess:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, memory_limit: int = 0) -> None:
+        """`memory_limit`: the process's address space in bytes (RLIMIT_AS, set by the
+        translator on itself before it imports LiteLLM); 0: none."""
         directory.mkdir(parents=True, exist_ok=True)
         self._directory = directory
+        self._memory_limit = memory_limit
         self.socket_path = str(directory / f"llm-translator-{os.getpid()}.sock")
         self._proc: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
@@ -93,6 +100,14 @@ class TranslatorProcess:
         async with self._lock:
             if self.running:
                 return
+            if self._proc is not None:
+                # Died since its last call: a crash, or an allocation past its memory limit.
+                log.warning(
+                    "llm_translator_exited",
+                    pid=self._proc.pid,
+                    returncode=self._proc.returncode,
+                    memory_limit=self._memory_limit,
+                )
             await self._start()
 
     async def _start(self) -> None:
@@ -106,6 +121,8 @@ class TranslatorProcess:
             "controlplane.gateway.translator",
             "--socket",
             self.socket_path,
+            "--memory-limit",
+            str(self._memory_limit),
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
         )

@@ -5,7 +5,7 @@ owner or admin of the organization a key was made in (roles.py: KEYS_MANAGE)."""
 from __future__ import annotations
 
 from controlplane.auth.models import ApiKeyInfo, CreatedApiKey, Principal
-from controlplane.auth.service import ApiKeyService
+from controlplane.auth.service import ApiKeyService, KeyPage
 from controlplane.errors import NotFound
 from controlplane.organizations.roles import Action, may
 
@@ -25,10 +25,14 @@ class MemberKeys:
         in. Returned once with its secret."""
         return await self._keys.create(principal.user_id, name=name, org_id=principal.org_id)
 
-    async def list(self, principal: Principal, user_id: str | None) -> list[ApiKeyInfo]:
-        """The caller's keys, or `user_id`'s that the caller manages (none: an empty list)."""
-        found = await self._keys.list(user_id or principal.user_id)
-        return [k for k in found if self._manages(principal, k)]
+    async def list(
+        self, principal: Principal, user_id: str | None, offset: int = 0, count: int | None = None
+    ) -> KeyPage:
+        """The caller's keys, or `user_id`'s that the caller manages (none: an empty list),
+        oldest first: every one, or those of the `count` from `offset` (a page may so hold fewer
+        than `count`), with the offset of the next page (None: the last)."""
+        found, following = await self._keys.page(user_id or principal.user_id, offset, count)
+        return [k for k in found if self._manages(principal, k)], following
 
     async def revoke(self, principal: Principal, key_id: str) -> None:
         """Raises NotFound for a key that does not exist or that the caller does not manage."""

@@ -62,6 +62,9 @@ class OrganizationPage(BaseModel):
     current_org_id: str | None = Field(
         description="The organization the caller acts in when a request names none"
     )
+    next_page_id: str | None = Field(
+        default=None, description="The page after this one (only when `limit` was given)"
+    )
 
 
 class OrganizationMember(BaseModel):
@@ -79,6 +82,9 @@ class OrganizationMember(BaseModel):
 
 class MemberPage(BaseModel):
     items: list[OrganizationMember]
+    next_page_id: str | None = Field(
+        default=None, description="The page after this one (only when `limit` was given)"
+    )
 
 
 class CreateOrganization(BaseModel):

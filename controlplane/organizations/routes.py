@@ -16,10 +16,18 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane import keys
+from controlplane.api.pagination import (
+    OFFSET,
+    OptionalPageQuery,
+    cursor_field,
+    decode_cursor,
+    encode_cursor,
+)
 from controlplane.api.parsing import json_response, parse_body, parse_query
 from controlplane.api.routing import RouteTable
 from controlplane.auth.identity import principal_of
 from controlplane.auth.models import USER_ID_PATTERN, ApiKeyInfo, CreatedApiKey
+from controlplane.config import ORG_ID_PATTERN
 from controlplane.organizations.keys import MemberKeys
 from controlplane.organizations.models import (
     CreateOrganization,
@@ -54,9 +62,20 @@ class NewKey(BaseModel):
     name: str | None = Field(default=None, max_length=80)
 
 
-class KeyQuery(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+ORG_CURSOR = ORG_ID_PATTERN.strip("^$")
+USER_CURSOR = USER_ID_PATTERN.strip("^$")
 
+
+class OrganizationQuery(OptionalPageQuery):
+    page_id: str | None = cursor_field(ORG_CURSOR)
+
+
+class MemberQuery(OptionalPageQuery):
+    page_id: str | None = cursor_field(USER_CURSOR)
+
+
+class KeyQuery(OptionalPageQuery):
+    page_id: str | None = cursor_field(OFFSET)
     user_id: str | None = Field(
         default=None,
         pattern=USER_ID_PATTERN,
@@ -67,6 +86,11 @@ class KeyQuery(BaseModel):
 
 class KeyList(BaseModel):
     items: list[ApiKeyInfo]
+    next_page_id: str | None = Field(
+        default=None,
+        description="The page after this one (only when `limit` was given); a page holds fewer "
+        "than `limit` keys where some are not the caller's to see",
+    )
 
 
 class Done(BaseModel):
@@ -85,11 +109,16 @@ def _keys(request: web.Request) -> MemberKeys:
 @routes.route(
     "GET",
     "/api/organizations",
-    summary="The caller's organizations (every one for an admin key) and the current one",
+    summary="The caller's organizations (every one for an admin key) and the current one; "
+    "every one at once unless `limit` or `page_id` asks for a page",
+    query=OrganizationQuery,
     response=OrganizationPage,
 )
 async def list_organizations(request: web.Request) -> web.Response:
-    return json_response(await _orgs(request).list_for(principal_of(request)))
+    query = parse_query(request, OrganizationQuery)
+    after = decode_cursor(query.page_id, ORG_CURSOR)
+    page = await _orgs(request).list_for(principal_of(request), after, query.page_size())
+    return json_response(page)
 
 
 @routes.route(
@@ -136,13 +165,18 @@ async def organization_me(request: web.Request) -> web.Response:
 @routes.route(
     "GET",
     ORG + "/members",
-    summary="The organization's members and roles (owners, admins, auditors)",
+    summary="The organization's members and roles (owners, admins, auditors); every one at "
+    "once unless `limit` or `page_id` asks for a page",
+    query=MemberQuery,
     response=MemberPage,
     errors=(403, 404),
 )
 async def list_members(request: web.Request) -> web.Response:
+    query = parse_query(request, MemberQuery)
+    after = decode_cursor(query.page_id, USER_CURSOR)
     org_id = request.match_info["org_id"]
-    return json_response(await _orgs(request).members(principal_of(request), org_id))
+    page = await _orgs(request).members(principal_of(request), org_id, after, query.page_size())
+    return json_response(page)
 
 
 @routes.route(
@@ -214,8 +248,12 @@ async def current_key(request: web.Request) -> web.Response:
 )
 async def list_keys(request: web.Request) -> web.Response:
     query = parse_query(request, KeyQuery)
-    found = await _keys(request).list(principal_of(request), query.user_id)
-    return json_response(KeyList(items=found))
+    offset = int(decode_cursor(query.page_id, OFFSET) or 0)
+    found, following = await _keys(request).list(
+        principal_of(request), query.user_id, offset, query.page_size()
+    )
+    cursor = None if following is None else encode_cursor(str(following))
+    return json_response(KeyList(items=found, next_page_id=cursor))
 
 
 @routes.route(

@@ -112,16 +112,30 @@ class OrganizationService:
             raise NotFound(f"organization {org_id} not found")
         return Organization(id=org_id, role=role, **found)
 
-    async def list_for(self, principal: Principal) -> OrganizationPage:
-        """The caller's organizations (every one for a deployment admin) and the current one."""
+    async def list_for(
+        self, principal: Principal, after: str | None = None, limit: int | None = None
+    ) -> OrganizationPage:
+        """The caller's organizations (every one for a deployment admin) and the current one,
+        in id order: all of them, or `limit` after the id `after` and the cursor of the next."""
         roles, _ = await self.roles_of(principal.user_id)
-        ids = await self.store.all_ids() if principal.is_admin else sorted(roles)
+        if limit is None:
+            ids = await self.store.all_ids() if principal.is_admin else sorted(roles)
+        elif principal.is_admin:  # every organization: read a page of the index, not all of it
+            ids = await self.store.ids_after(after, limit + 1)
+        else:
+            ids = [i for i in sorted(roles) if after is None or i > after][: limit + 1]
+        following = None
+        if limit is not None and len(ids) > limit:
+            ids = ids[:limit]
+            following = ids[-1]
         items = []
         for org_id in ids:
             found = await self.store.get(org_id)
             if found is not None:
                 items.append(Organization(id=org_id, role=roles.get(org_id), **found))
-        return OrganizationPage(items=items, current_org_id=principal.org_id)
+        return OrganizationPage(
+            items=items, current_org_id=principal.org_id, next_page_id=following
+        )
 
     def _member(
         self, org_id: str, user_id: str, role: Role, limits: OrgLimits
@@ -143,14 +157,25 @@ class OrganizationService:
         limits = await self.store.member_limits(org_id, principal.user_id)
         return self._member(org_id, principal.user_id, shown, limits)
 
-    async def members(self, principal: Principal, org_id: str) -> MemberPage:
+    async def members(
+        self, principal: Principal, org_id: str, after: str | None = None, limit: int | None = None
+    ) -> MemberPage:
+        """The organization's members in user id order: all of them, or `limit` after the user
+        id `after` and the cursor of the next page. (The roles are one hash, read whole; each
+        member's limits are read for the page only.)"""
         self._check(principal, await self._role_in(principal, org_id), Action.MEMBERS_READ)
-        members = await self.store.members(org_id)
+        members = sorted((await self.store.members(org_id)).items())
+        following = None
+        if limit is not None:
+            members = [m for m in members if after is None or m[0] > after]
+            if len(members) > limit:
+                members = members[:limit]
+                following = members[-1][0]
         items = [
             self._member(org_id, user, role, await self.store.member_limits(org_id, user))
-            for user, role in sorted(members.items())
+            for user, role in members
         ]
-        return MemberPage(items=items)
+        return MemberPage(items=items, next_page_id=following)
 
     async def check_member(self, principal: Principal, user_id: str, action: Action) -> None:
         """May `principal` do `action` to `user_id`'s things? Raises NotFound when `user_id` is no

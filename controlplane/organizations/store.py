@@ -120,6 +120,14 @@ class OrganizationStore:
     async def all_ids(self) -> list[str]:
         return [text(i) for i in await self._redis.zrange(keyspace.ORGANIZATIONS, 0, -1)]
 
+    async def ids_after(self, after: str | None, count: int) -> list[str]:
+        """Up to `count` organization ids after `after`, in id order (the index is lexical)."""
+        start = f"({after}" if after else "-"
+        raw = await self._redis.zrange(
+            keyspace.ORGANIZATIONS, start, "+", bylex=True, offset=0, num=count
+        )
+        return [text(i) for i in raw]
+
     async def memberships(self, user_id: str) -> dict[str, str]:
         """The user's hash: organization -> role, plus `~current` and `~known` when set."""
         row = await self._redis.hgetall(keyspace.user_orgs(user_id))

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from controlplane.crypto import hash_api_key
 from controlplane.sandboxes.models import SandboxRecord
 from controlplane.sandboxes.naming import POOL_OWNER
-from controlplane.sandboxes.store import TOMBSTONE_TTL, SandboxStore
+from controlplane.sandboxes.store import STATUS_INDEX, TOMBSTONE_TTL, SandboxStore
 from controlplane.store import keyspace, text
 from controlplane.store.streams import APPEND_ENTRY, StreamEntry, script_args, stored
 
@@ -41,6 +41,7 @@ return 'ok'
 
 _CLAIM = (
     APPEND_ENTRY
+    + STATUS_INDEX
     + """
 local running_cap, total_cap = tonumber(ARGV[1]), tonumber(ARGV[2])
 local fp, owner, now, spec, prefix = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
@@ -70,6 +71,7 @@ while true do
     redis.call('ZREM', KEYS[2], id)
     redis.call('SREM', KEYS[6], id)
     redis.call('ZADD', KEYS[3], 0, id)
+    index_status(id, nil, status)
     redis.call('ZADD', KEYS[4], 0, id)
     redis.call('SADD', KEYS[5], id)
     redis.call('HINCRBY', KEYS[7], 'claims:' .. spec, 1)

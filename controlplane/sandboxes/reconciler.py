@@ -173,8 +173,12 @@ class Reconciler:
         containers = {c.sandbox_id: c for c in await self._driver.list_sandboxes()}
         after: str | None = None
         seen: set[str] = set()
+        repaired = 0
         while True:
             ids = await self._store.page_ids(None, after, 500)
+            # The /metrics gauge's status sets, repaired where a writer without them left
+            # them wrong (store.count_by_status); nothing to do when they are right.
+            repaired += await self._store.reindex_status(ids)
             for sandbox_id, record in zip(ids, await self._store.get_many(ids), strict=True):
                 seen.add(sandbox_id)
                 state = containers.get(sandbox_id)
@@ -187,6 +191,9 @@ class Reconciler:
             if len(ids) < 500:
                 break
             after = ids[-1]
+        repaired += await self._store.reindex_strays()
+        if repaired:
+            log.warning("sandbox_status_sets_repaired", memberships=repaired)
         for sandbox_id, state in containers.items():
             if sandbox_id and sandbox_id not in seen:
                 await self._apply(sandbox_id, state)

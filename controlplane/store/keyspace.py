@@ -40,6 +40,12 @@ ALL_SANDBOXES = f"{PREFIX}:sandboxes"
 """Lexically ordered sorted set of every sandbox id: admin listing and the sweep."""
 
 
+def sandboxes_in_status(status: str) -> str:
+    """Set of the ids of every sandbox in ALL_SANDBOXES whose status is `status` (the /metrics
+    gauge's counts, kept by the store's scripts with each change; never a pool member)."""
+    return f"{PREFIX}:sandboxes:status:{status}"
+
+
 def sandbox_by_key(key_hash: str) -> str:
     """String: sandbox id for the sha256 of its session API key (webhook authentication)."""
     return f"{PREFIX}:sandbox_key:{key_hash}"

@@ -199,6 +199,7 @@ def test_the_translator_inherits_nothing_secret(tmp_path: Path) -> None:
         "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
         "GOOGLE_APPLICATION_CREDENTIALS": os.devnull,
         "NO_GCE_CHECK": "True",
+        "MALLOC_ARENA_MAX": "2",
     }
     assert not any((tmp_path / "home").iterdir())
 

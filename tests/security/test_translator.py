@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,6 +25,7 @@ import pytest
 from tests.security.conftest import GATEWAY, PROVIDER_KEY, MemberFactory
 from tests.support.hostile_llm import Canary, HostileUpstream, contains_canary
 from tests.support.live_server import LiveServer, free_port
+from tests.support.processes import translators
 from tests.support.rebinding_dns import RebindingDns
 from tests.support.serve_process import Serve, serve_env
 
@@ -40,22 +40,6 @@ AMBIENT = {
     "ACS_SECRET_KEY": "ambient-acs-" + secrets.token_hex(8),
 }
 MODELS = ("m", "anthropic/claude-x", "bedrock/anthropic.claude-3-haiku-20240307-v1:0")
-
-
-def translators() -> list[int]:
-    """This process's translator children."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == os.getpid() and b"controlplane.gateway.translator" in cmdline:
-            found.append(int(entry.name))
-    return found
 
 
 def environ_of(pid: int) -> dict[str, str]:

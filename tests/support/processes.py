@@ -1,8 +1,11 @@
-"""Ending the servers the tests start as subprocesses (redis-server, haproxy)."""
+"""Ending the servers the tests start as subprocesses (redis-server, haproxy), and finding the
+children the control plane starts in the test's process (the LLM translator)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+from pathlib import Path
 from typing import Any
 
 
@@ -20,3 +23,20 @@ def kill(process: subprocess.Popen[Any]) -> None:
     """SIGKILL (no shutdown, no last word to anyone), reaped."""
     process.kill()
     process.wait(timeout=10)
+
+
+def translators() -> list[int]:
+    """The LLM translators this process started (a control plane served in the test's process
+    starts its own)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and b"controlplane.gateway.translator" in cmdline:
+            found.append(int(entry.name))
+    return found

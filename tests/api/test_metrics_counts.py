@@ -1,0 +1,144 @@
+"""`acs_sandboxes` without a walk: the counts are sets per status in Redis, changed with each
+status (sandboxes/store.py `count_by_status`). Checked against the records themselves (every
+listed id's status, read the way the old walk did) after creates, pauses and deletes made on two
+replicas, a warm pool claim, and a writer that did not know the sets (repaired by the sweep).
+A scrape's cost is counted with Redis's own command statistics."""
+
+from __future__ import annotations
+
+import secrets
+from collections import Counter
+
+import docker
+import redis.asyncio as aioredis
+
+from controlplane import keys
+from controlplane.sandboxes.models import SandboxStatus
+from controlplane.sandboxes.naming import POOL_OWNER
+from controlplane.sandboxes.pool_store import PoolStore
+from controlplane.sandboxes.store import Limits, SandboxStore
+from controlplane.store import keyspace, text
+from tests.api.test_metrics import scrape, value
+from tests.support.docker_fixtures import run_prefix
+from tests.support.records import sandbox_record
+from tests.support.types import ClientFactory
+
+S = SandboxStatus
+
+
+async def truth(redis: aioredis.Redis) -> Counter[str]:
+    """Every listed sandbox's status, from its record."""
+    ids = [text(i) for i in await redis.zrange(keyspace.ALL_SANDBOXES, 0, -1)]
+    statuses = [await redis.hget(keyspace.sandbox(i), "status") for i in ids]
+    return Counter(text(s) for s in statuses if s is not None)
+
+
+async def gauge(client: object, headers: dict[str, str]) -> Counter[str]:
+    samples = await scrape(client, headers)  # type: ignore[arg-type]
+    counts: Counter[str] = Counter()
+    for status in S:
+        n = int(value(samples, "acs_sandboxes", status=status.value))
+        if n:
+            counts[status.value] = n
+    return counts
+
+
+async def test_counts_follow_creates_pauses_and_deletes_on_two_replicas(
+    make_client: ClientFactory, admin_headers: dict[str, str], raw_redis: aioredis.Redis
+) -> None:
+    one, two = await make_client(), await make_client()
+    here = SandboxStore(raw_redis, one.app[keys.SECRET_BOX])
+    there = SandboxStore(raw_redis, two.app[keys.SECRET_BOX])
+    records = [sandbox_record(f"user{i % 3}", S.RUNNING) for i in range(6)]
+    for record in records:
+        assert await here.create(record, 0, Limits()) == "ok"
+    starting = sandbox_record("user0", S.STARTING)
+    assert await here.create(starting, 0, Limits()) == "ok"
+    assert await gauge(one, admin_headers) == Counter({"RUNNING": 6, "STARTING": 1})
+
+    # Another replica pauses two, starts one, loses one, deletes one; the first one's scrape
+    # sees all of it.
+    for record in records[:2]:
+        assert (await there.transition(record, [S.RUNNING], S.PAUSED)).outcome == "ok"
+    assert (await there.transition(starting, [S.STARTING], S.RUNNING)).outcome == "ok"
+    assert (await there.transition(records[2], [S.RUNNING], S.MISSING)).outcome == "ok"
+    await there.delete(records[3])
+    # A refused compare-and-set changes nothing.
+    assert (await there.transition(records[4], [S.PAUSED], S.RUNNING)).outcome == "conflict"
+    expected = Counter({"RUNNING": 3, "PAUSED": 2, "MISSING": 1})
+    assert await truth(raw_redis) == expected
+    assert await gauge(one, admin_headers) == expected
+    assert await gauge(two, admin_headers) == expected
+
+    # A delete made from a stale copy of the record (it says RUNNING, Redis says PAUSED).
+    await here.delete(records[0])
+    expected = Counter({"RUNNING": 3, "PAUSED": 1, "MISSING": 1})
+    assert await gauge(two, admin_headers) == expected == await truth(raw_redis)
+
+    # A warm pool member is not counted until a user claims it; then it is, as RUNNING.
+    pool = PoolStore(raw_redis, there)
+    member = sandbox_record(POOL_OWNER, S.STARTING)
+    assert await pool.create(member, "fp", 0, None)
+    assert (await there.transition(member, [S.STARTING], S.RUNNING)).outcome == "ok"
+    await pool.mark_ready(member.spec_id, member.id)
+    assert await gauge(one, admin_headers) == expected
+    claim = await pool.claim(member.spec_id, "fp", "user9", running_cap=None, total_cap=None)
+    assert claim.outcome == "ok"
+    assert claim.sandbox_id == member.id
+    expected = Counter({"RUNNING": 4, "PAUSED": 1, "MISSING": 1})
+    assert await gauge(one, admin_headers) == expected == await truth(raw_redis)
+
+
+async def cmdstats(redis: aioredis.Redis) -> Counter[str]:
+    stats = await redis.info("commandstats")
+    return Counter({name: int(row.get("calls", 0)) for name, row in stats.items()})
+
+
+async def test_a_scrape_reads_no_sandbox_record(
+    make_client: ClientFactory, admin_headers: dict[str, str], raw_redis: aioredis.Redis
+) -> None:
+    client = await make_client()
+    store = SandboxStore(raw_redis, client.app[keys.SECRET_BOX])
+    for i in range(300):
+        assert await store.create(sandbox_record(f"u{i % 7}", S.PAUSED), 0, Limits()) == "ok"
+    before = await cmdstats(raw_redis)
+    assert (await gauge(client, admin_headers))["PAUSED"] == 300
+    used = await cmdstats(raw_redis) - before
+    assert used["cmdstat_scard"] == len(S)
+    assert used["cmdstat_hget"] == 0, used  # no record read, whatever their number
+    assert used["cmdstat_zrange"] <= 1, used  # the pool's members (none), not the sandboxes
+
+
+async def test_the_sweep_repairs_what_a_writer_without_the_sets_left(
+    make_client: ClientFactory,
+    admin_headers: dict[str, str],
+    raw_redis: aioredis.Redis,
+    docker_client: docker.DockerClient,
+) -> None:
+    """An older replica (or a hand edit) changes a status, deletes a record and leaves an id
+    behind without touching the sets; the reconciler's next sweep puts them right."""
+    prefix = f"{run_prefix()}counts-{secrets.token_hex(3)}-"
+    client = await make_client(with_sandboxes=True, container_prefix=prefix)
+    reconciler = client.app[keys.RECONCILER]
+    store = SandboxStore(raw_redis, client.app[keys.SECRET_BOX])
+    # ERROR and MISSING: statuses the sweep leaves as they are (no container to compare with).
+    records = [sandbox_record("alice", S.ERROR) for _ in range(3)]
+    records += [sandbox_record("bob", S.MISSING) for _ in range(2)]
+    for record in records:
+        assert await store.create(record, 0, Limits()) == "ok"
+    await reconciler.sweep()
+    assert await gauge(client, admin_headers) == Counter({"ERROR": 3, "MISSING": 2})
+
+    # The old writer: a status changed by hand, a record deleted without its set, and an id
+    # missing from its set.
+    await raw_redis.hset(keyspace.sandbox(records[0].id), "status", "MISSING")
+    await raw_redis.delete(keyspace.sandbox(records[1].id))
+    await raw_redis.zrem(keyspace.ALL_SANDBOXES, records[1].id)
+    await raw_redis.srem(keyspace.sandboxes_in_status("MISSING"), records[3].id)
+    await raw_redis.sadd(keyspace.sandboxes_in_status("RUNNING"), "gone" + secrets.token_hex(8))
+    assert await gauge(client, admin_headers) != await truth(raw_redis)
+
+    await reconciler.sweep()
+    expected = Counter({"ERROR": 1, "MISSING": 3})
+    assert await truth(raw_redis) == expected
+    assert await gauge(client, admin_headers) == expected
