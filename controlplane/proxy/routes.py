@@ -66,6 +66,10 @@ class SandboxStarting(ControlPlaneError):
     status = 503
 
 
+PORT_DIGITS = 5
+"""A port number's most digits (65535)."""
+
+
 def _port_name(service: SandboxService, record: SandboxRecord, port: str) -> str:
     """The exposed port's name for the path segment: `agent`, a name (any case) or a number."""
     if port == links.AGENT_PORT:
@@ -74,7 +78,9 @@ def _port_name(service: SandboxService, record: SandboxRecord, port: str) -> str
     if port.upper() in by_upper:
         return by_upper[port.upper()]
     spec = service.spec_of(record)
-    if port.isdigit() and spec is not None:
+    # ASCII digits only, and few: "³" is a digit to str.isdigit() but not to int(), and int()
+    # refuses a string of over 4,300 digits; either would be a 500 instead of this 404.
+    if port.isascii() and port.isdigit() and len(port) <= PORT_DIGITS and spec is not None:
         for name, number in spec.exposed_ports.items():
             if number == int(port) and name in record.ports:
                 return name
