@@ -115,7 +115,9 @@ class SessionService:
     def _verified_id(self, cookie: str) -> str | None:
         """The session id of a well-formed, correctly signed, unexpired cookie; else None."""
         parts = cookie.split(".")
-        if len(parts) != 3 or not parts[1].isdigit() or len(cookie) > 200:
+        # ASCII digits: int() refuses others that str.isdigit() accepts ("³"), a 500 otherwise.
+        expiry_ok = parts[1].isascii() and parts[1].isdigit() if len(parts) == 3 else False
+        if not expiry_ok or len(cookie) > 200:
             return None
         session_id, expiry, signature = parts
         if not hmac.compare_digest(signature, self._sign(session_id, int(expiry))):

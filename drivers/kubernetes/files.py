@@ -424,7 +424,7 @@ def _ids(user: str | None) -> tuple[int, int] | None:
     if user is None:
         return None
     uid, _, gid = user.partition(":")
-    if not uid.isdigit() or (gid and not gid.isdigit()):
+    if not (uid.isascii() and uid.isdigit()) or (gid and not (gid.isascii() and gid.isdigit())):
         return None
     return int(uid), int(gid or uid)
 

@@ -214,7 +214,7 @@ def _ids(user: str | None) -> tuple[int, int] | None:
     if user is None:
         return None
     uid, _sep, gid = user.partition(":")
-    if not uid.isdigit() or (gid and not gid.isdigit()):
+    if not (uid.isascii() and uid.isdigit()) or (gid and not (gid.isascii() and gid.isdigit())):
         raise DriverError(f"user {user!r}: on Kubernetes a spec's user must be uid[:gid] numbers")
     return int(uid), int(gid or uid)
 

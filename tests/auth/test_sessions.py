@@ -123,6 +123,7 @@ async def test_bad_keys_and_forged_cookies_are_refused(
         f"{session_id}.{int(expiry) + 3600}.{signature}",  # a longer life
         f"{_changed(session_id)}.{expiry}.{signature}",  # another id
         f"{session_id}.{expiry}.{_changed(signature)}",  # another signature
+        f"{session_id}.\u00b3.{signature}",  # a digit to str.isdigit(), not to int(): was a 500
         "garbage",
         "",
     ]
