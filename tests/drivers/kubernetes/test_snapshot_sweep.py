@@ -19,22 +19,10 @@ from drivers.kubernetes.names import LABEL_FILES, claim_name, helper_name, label
 from drivers.kubernetes.objects import helper_manifest
 from drivers.kubernetes.settings import KubernetesSettings
 from tests.support.sandbox_helpers import DEFAULT_IMAGE, start_running
-from tests.support.types import Client, ClientFactory
+from tests.support.types import Client
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 Headers = Callable[..., Awaitable[dict[str, str]]]
-
-
-@pytest.fixture
-async def snap_kube(
-    make_client: ClientFactory, kube_overrides: dict[str, Any], snapshot_settings: dict[str, Any]
-) -> Client:
-    return await make_client(
-        with_sandboxes=True,
-        **kube_overrides,
-        **snapshot_settings,
-        snapshot_helper_image=DEFAULT_IMAGE,
-    )
 
 
 def left_helper(kube_overrides: dict[str, Any], sandbox_id: str, deadline: int) -> dict[str, Any]:
