@@ -241,7 +241,7 @@ class SandboxFiles(Protocol):
     def export(
         self,
         sandbox_id: str,
-        known: Mapping[tuple[str, str], tuple[object, ...]],
+        known: Mapping[tuple[str, str], FileEntry],
         *,
         working_dir: str,
         state_paths: Sequence[str],
@@ -251,9 +251,11 @@ class SandboxFiles(Protocol):
         """The sandbox's workspace, system and state trees as they were at one moment. A
         running sandbox is held still (told to `hold`) only while the files that changed
         since a copy made before are copied again; bytes are sent only for files whose
-        signature is not `known` ((tree, path) -> signature). The runtime is left as it was
-        found, also on failure. Raises DriverError when the sandbox has no instance to read
-        (or its files cannot be read), RuntimeUnavailable.
+        signature is not that of their entry in `known` ((tree, path) -> the entry the caller
+        holds, e.g. the parent snapshot's). An entry whose signature is the known one is
+        yielded as that very object (changed=False): nothing is built again for it. The
+        runtime is left as it was found, also on failure. Raises DriverError when the
+        sandbox has no instance to read (or its files cannot be read), RuntimeUnavailable.
         With `max_bytes`, an export whose changed files add up to more is refused with
         FilesTooLarge before anything is copied (a sparse file counts at its full size).
         """

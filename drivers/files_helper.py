@@ -20,9 +20,10 @@ started): scan the trees and, with `precopy`, copy what changed since `known` to
 directory while the sandbox still runs, then say {"ready": ...}. The control plane
 holds the sandbox still and answers {"op": "go"}: the trees are scanned again and only what
 changed meanwhile is copied, then {"done": ...}; the control plane lets the sandbox go on. The
-listing (a JSON array; each changed file named, "n", by its staged copy) is written beside the
-copies in /acs/ready, and Z says so: the control plane reads that directory as one archive from
-the engine (far faster than this stream).
+listing (a JSON array; each changed file named, "n", by its staged copy; an entry whose
+signature is the known one only as {"t", "p", "c": false}, since the control plane holds it) is
+written beside the copies in /acs/ready, and Z says so: the control plane reads that directory
+as one archive from the engine (far faster than this stream).
 Either look may refuse instead, before anything is copied: {"too_large": bytes, "limit": n}
 (the changed files are over "max_bytes"; with "scratch": true, they need more than the
 "scratch_bytes" the staging directory may hold) or {"too_deep": MAX_DEPTH, "tree": t, "path": p} (a
@@ -352,10 +353,10 @@ def stage(entries: list[Entry], known: dict[str, dict[str, list[Any]]], staged: 
     for entry in entries:
         if entry["k"] != "file":
             continue
+        if is_known(entry, known):
+            continue
         key = (entry["t"], entry["p"])
         sig = signature(entry)
-        if known.get(entry["t"], {}).get(entry["p"]) == sig:
-            continue
         held = staged.get(key)
         if held is not None and held[0] == sig and held[2]:
             continue
@@ -375,9 +376,18 @@ def stage(entries: list[Entry], known: dict[str, dict[str, list[Any]]], staged: 
     return copied
 
 
+def is_known(entry: Entry, known: dict[str, dict[str, list[Any]]]) -> bool:
+    """Its signature is the one the export already knows. Kept on the entry ("_k"), which a
+    later look reuses while its stat is the same (SEEN): each look asks several times."""
+    found = entry.get("_k")
+    if found is None:
+        found = entry["_k"] = known.get(entry["t"], {}).get(entry["p"]) == signature(entry)
+    return bool(found)
+
+
 def changed_file(entry: Entry, known: dict[str, dict[str, list[Any]]]) -> bool:
     """A file whose signature is not the one the export already knows: its bytes are copied."""
-    return entry["k"] == "file" and known.get(entry["t"], {}).get(entry["p"]) != signature(entry)
+    return entry["k"] == "file" and not is_known(entry, known)
 
 
 def changed_bytes(entries: list[Entry], known: dict[str, dict[str, list[Any]]]) -> int:
@@ -505,8 +515,13 @@ def final_listing(
     entries: list[Entry] = []
     copies: list[str] = []
     for entry in listed:
-        entry["c"] = known.get(entry["t"], {}).get(entry["p"]) != signature(entry)
-        if entry["k"] == "file" and entry["c"]:
+        if is_known(entry, known):
+            # Unchanged: the control plane holds this very entry (it sent its signature), so
+            # it is named, not described again (far less listing to write, send and read).
+            entries.append({"t": entry["t"], "p": entry["p"], "c": False})
+            continue
+        entry["c"] = True
+        if entry["k"] == "file":
             held = staged.pop((entry["t"], entry["p"]), None)
             if held is None:
                 continue  # gone while it was copied: not in this export
@@ -514,6 +529,7 @@ def final_listing(
             entry["s"] = os.path.getsize(copy)  # exactly what is sent
             copies.append(copy)
         entry.pop("src", None)
+        entry.pop("_k", None)
         entries.append(entry)
     return entries, copies
 

@@ -5,23 +5,32 @@ answers checked."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from drivers.errors import FilesTooDeep, FilesTooLarge
+from drivers.base import FileEntry
+from drivers.errors import DriverError, FilesTooDeep, FilesTooLarge
 
 SCRIPT = (Path(__file__).parent / "files_helper.py").read_text()
 """The helper's program, run by each runtime's helper with `python3 -I -S -c`."""
 
 
-def known_by_tree(
-    known: Mapping[tuple[str, str], tuple[object, ...]],
-) -> dict[str, dict[str, list[object]]]:
+def known_by_tree(known: Mapping[tuple[str, str], FileEntry]) -> dict[str, dict[str, list[object]]]:
     """{tree: {path: signature}}: `known` as the helper reads it."""
     by_tree: dict[str, dict[str, list[object]]] = {}
-    for (tree, path), signature in known.items():
-        by_tree.setdefault(tree, {})[path] = list(signature)
+    for (tree, path), entry in known.items():
+        by_tree.setdefault(tree, {})[path] = list(entry.signature())
     return by_tree
+
+
+def unchanged(known: Mapping[tuple[str, str], FileEntry], raw: dict[str, Any]) -> FileEntry:
+    """The entry a listing names as unchanged ({"t", "p", "c": false}): the caller's own,
+    marked so. Raises DriverError for a name the caller never gave (a listing not ours)."""
+    entry = known.get((str(raw.get("t")), str(raw.get("p"))))
+    if entry is None:
+        raise DriverError(f"the snapshot helper named an entry it was not given: {raw!r:.200}")
+    return entry if not entry.changed else replace(entry, changed=False, name="")
 
 
 def checked(answer: dict[str, Any], *, scratch_setting: str = "") -> dict[str, Any]:

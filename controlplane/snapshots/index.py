@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from drivers.base import FileEntry, FileKind
 
@@ -15,6 +16,9 @@ CHUNK = 1 << 20
 """Files are cut into chunks of 1 MiB (the last one shorter): an edit stores the chunks it
 touched; an insertion shifts the rest of its file (no content-defined cutting)."""
 FORMAT = 1
+_ROW = attrgetter(
+    "tree", "path", "kind", "mode", "uid", "gid", "size", "mtime_ns", "stamp", "target", "opaque"
+)
 
 
 @dataclass(frozen=True)
@@ -38,9 +42,10 @@ class SnapshotIndex:
         """Every pack its files' chunks are in, each once."""
         return list(dict.fromkeys(ref.pack for _, refs in self.entries for ref in refs))
 
-    def known(self) -> dict[tuple[str, str], tuple[object, ...]]:
-        """(tree, path) -> signature: what an export needs to send only what changed."""
-        return {(e.tree, e.path): e.signature() for e, _ in self.entries}
+    def known(self) -> dict[tuple[str, str], FileEntry]:
+        """(tree, path) -> entry: what an export needs to send only what changed (an
+        unchanged entry comes back as the same object)."""
+        return {(e.tree, e.path): e for e, _ in self.entries}
 
     def chunks_of(self) -> dict[tuple[str, str], list[ChunkRef]]:
         return {(e.tree, e.path): refs for e, refs in self.entries}
@@ -51,24 +56,14 @@ class SnapshotIndex:
     def encode(self) -> bytes:
         packs = self.packs()
         slot = {digest: n for n, digest in enumerate(packs)}
+        # One C call per entry for its fields (kind a str, stamp a tuple: JSON as they are);
+        # a checkpoint writes its whole index every time, 10,000 rows and more.
         rows = [
-            [
-                e.tree,
-                e.path,
-                e.kind.value,
-                e.mode,
-                e.uid,
-                e.gid,
-                e.size,
-                e.mtime_ns,
-                list(e.stamp),
-                e.target,
-                e.opaque,
-                [[r.id, slot[r.pack], r.offset, r.length] for r in refs],
-            ]
+            [*_ROW(e), [[r.id, slot[r.pack], r.offset, r.length] for r in refs]]
             for e, refs in self.entries
         ]
-        return json.dumps({"v": FORMAT, "packs": packs, "entries": rows}).encode()
+        doc = {"v": FORMAT, "packs": packs, "entries": rows}
+        return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> SnapshotIndex:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from controlplane.errors import StoreUnavailable
 from controlplane.snapshots.index import CHUNK, ChunkRef, SnapshotIndex
@@ -126,7 +126,8 @@ class SnapshotWriter:
     async def write(self, items: AsyncIterator[FileItem]) -> Written:
         """Consume an export. Raises StoreUnavailable (the store), or what the export raises;
         what it sent is recorded for collection either way."""
-        rows: list[tuple[FileEntry, list[_Slot] | list[ChunkRef]]] = []
+        rows: list[tuple[FileEntry, list[ChunkRef]]] = []
+        filled: list[tuple[int, list[_Slot]]] = []  # the rows of changed files, placed at the end
         slots: list[_Slot] = []
         entry: FileEntry | None = None
         buffer = bytearray()
@@ -148,9 +149,11 @@ class SnapshotWriter:
                 entry, buffer = item, bytearray()
                 if item.kind == FileKind.FILE and item.changed:
                     left, slots = item.size, []
-                    rows.append((item, slots))
-                elif item.kind == FileKind.FILE:
-                    rows.append((item, list(self._previous.get((item.tree, item.path), []))))
+                    # Kept unchanged-marked: the next export hands it back as it is.
+                    filled.append((len(rows), slots))
+                    rows.append((replace(item, changed=False, name=""), []))
+                elif item.kind == FileKind.FILE:  # the previous index's refs, shared as they are
+                    rows.append((item, self._previous.get((item.tree, item.path)) or []))
                 else:
                     rows.append((item, []))
             if left:
@@ -160,9 +163,9 @@ class SnapshotWriter:
         except BaseException:
             await self._packer.cancel()
             raise
-        index = SnapshotIndex(
-            [(e, [r.ref() if isinstance(r, _Slot) else r for r in refs]) for e, refs in rows]
-        )
+        for at, placed_slots in filled:
+            rows[at] = (rows[at][0], [slot.ref() for slot in placed_slots])
+        index = SnapshotIndex(rows)
         placed = {s.id: f"{s.pack} {s.offset} {s.length}" for s in self._packer.placed}
         return Written(index, self._packer.packs, placed)
 

@@ -42,7 +42,7 @@ from drivers.docker.engine import DockerEngine
 from drivers.docker.freezer import freeze
 from drivers.docker.helper import Helper
 from drivers.errors import DriverError, RuntimeUnavailable
-from drivers.helper_answers import checked, known_by_tree
+from drivers.helper_answers import checked, known_by_tree, unchanged
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
@@ -58,8 +58,10 @@ LISTING = "-listing.json"  # files_helper.py's
 KNOWN = "acs-known.json"
 
 
-def entry_from(raw: dict[str, Any]) -> FileEntry:
-    """An entry as files_helper.py describes it."""
+def entry_from(raw: dict[str, Any], known: Mapping[tuple[str, str], FileEntry]) -> FileEntry:
+    """An entry as files_helper.py describes it (an unchanged one: the caller's own)."""
+    if raw.get("c") is False:
+        return unchanged(known, raw)
     return FileEntry(
         tree=raw["t"],
         path=raw["p"],
@@ -107,7 +109,7 @@ class _Staged:
         )
         self._members = iter(self._tar)
 
-    def listing(self) -> list[FileEntry]:
+    def listing(self, known: Mapping[tuple[str, str], FileEntry]) -> list[FileEntry]:
         """The export's entries (the archive's first file)."""
         for member in self._members:
             if member.isfile():
@@ -115,7 +117,7 @@ class _Staged:
                     raise DriverError("the helper's archive does not begin with its listing")
                 handle = self._tar.extractfile(member)
                 assert handle is not None
-                return [entry_from(raw) for raw in json.loads(handle.read())]
+                return [entry_from(raw, known) for raw in json.loads(handle.read())]
         raise DriverError("the helper's archive has no listing")
 
     def open(self, entry: FileEntry) -> IO[bytes]:
@@ -175,6 +177,10 @@ class Lane:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="docker-files")
 
     async def run(self, fn: Callable[[docker.DockerClient], T]) -> T:
+        return await self.start(fn)
+
+    def start(self, fn: Callable[[docker.DockerClient], T]) -> asyncio.Future[T]:
+        """`fn` handed to a thread at once (the caller goes on meanwhile): its future."""
         loop = asyncio.get_running_loop()
 
         def call() -> T:
@@ -187,7 +193,7 @@ class Lane:
                     raise DriverError(f"Docker error: {exc.explanation or exc}") from None
                 raise RuntimeUnavailable(f"Docker engine unreachable: {exc}") from None
 
-        return await loop.run_in_executor(self._pool, call)
+        return loop.run_in_executor(self._pool, call)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -207,7 +213,7 @@ class DockerExports:
     async def export(
         self,
         sandbox_id: str,
-        known: Mapping[tuple[str, str], tuple[object, ...]],
+        known: Mapping[tuple[str, str], FileEntry],
         *,
         working_dir: str,
         state_paths: Sequence[str],
@@ -219,19 +225,17 @@ class DockerExports:
         mounts = self._mounts(attrs, name, working_dir)
         state = attrs.get("State") or {}
         running = bool(state.get("Running")) and not state.get("Paused")
-        by_tree = known_by_tree(known)
-        known_file = {KNOWN: json.dumps(by_tree, separators=(",", ":")).encode()}
-        helper = await self._lane.run(
+        starting = self._lane.start(
             lambda c: Helper.start(
-                c,
-                image=self._image,
-                prefix=self._prefix,
-                sandbox_id=sandbox_id,
-                mounts=mounts,
-                files=known_file,
+                c, image=self._image, prefix=self._prefix, sandbox_id=sandbox_id, mounts=mounts
             )
         )
+        # What the export knows, written while the engine makes and starts the helper (which
+        # waits for its request before it reads the file).
+        known_file = {KNOWN: json.dumps(known_by_tree(known), separators=(",", ":")).encode()}
+        helper = await starting
         try:
+            await self._lane.run(lambda c: helper.put_files(known_file))
             request = {
                 "op": "export",
                 "known_file": f"/tmp/{KNOWN}",  # noqa: S108 (the helper's own)
@@ -245,7 +249,7 @@ class DockerExports:
             held = (
                 await self._still(name, helper, hold) if running else await self._go(name, helper)
             )
-            yield FileExport(held_still=held, items=self._items(helper))
+            yield FileExport(held_still=held, items=self._items(helper, known))
         finally:
             # Its work is done (or abandoned): removed without holding the caller up; a removal
             # that never happens (the control plane dying) is left to the sweep.
@@ -298,7 +302,9 @@ class DockerExports:
             await asyncio.wait({thawing})
             raise
 
-    async def _items(self, helper: Helper) -> AsyncIterator[FileItem]:
+    async def _items(
+        self, helper: Helper, known: Mapping[tuple[str, str], FileEntry]
+    ) -> AsyncIterator[FileItem]:
         """The listing, then each changed file's bytes after its entry: all from the archive of
         the helper's /acs/ready, which the engine streams (the listing first)."""
         await self._lane.run(lambda _: list(helper.frames()))  # until the helper's Z
@@ -310,7 +316,7 @@ class DockerExports:
             nonlocal archive, staged, reading
             if archive is None:
                 archive = _Staged(client, helper.container_id)
-                staged = iter(archive.listing())
+                staged = iter(archive.listing(known))
             items: list[FileItem] = []
             size = 0
             while size < BATCH_BYTES:

@@ -115,6 +115,10 @@ class Helper:
             raise
         return cls(client, container_id, sock)
 
+    def put_files(self, files: dict[str, bytes]) -> None:
+        """`files` (name -> bytes) put in the started helper's /tmp by the engine."""
+        self._client.api.put_archive(self.container_id, "/tmp", _archive(files))  # noqa: S108 (its own)
+
     # -- frames ---------------------------------------------------------------------------------
 
     def send(self, kind: bytes, payload: bytes) -> None:

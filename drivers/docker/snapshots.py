@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 
-from drivers.base import FileExport, Hold, SandboxRequest
+from drivers.base import FileEntry, FileExport, Hold, SandboxRequest
 from drivers.docker.bases import DockerBases
 from drivers.docker.engine import DockerEngine
 from drivers.docker.files import DockerExports, Lane
@@ -26,7 +26,7 @@ class DockerFiles:
     def export(
         self,
         sandbox_id: str,
-        known: Mapping[tuple[str, str], tuple[object, ...]],
+        known: Mapping[tuple[str, str], FileEntry],
         *,
         working_dir: str,
         state_paths: Sequence[str],

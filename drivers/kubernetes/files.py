@@ -47,7 +47,7 @@ from drivers.base import (
     SandboxRequest,
 )
 from drivers.errors import DriverError, FilesTooLarge, RuntimeUnavailable
-from drivers.helper_answers import SCRIPT, checked, known_by_tree
+from drivers.helper_answers import SCRIPT, checked, known_by_tree, unchanged
 from drivers.kubernetes.api import KubeApi, claims, pods
 from drivers.kubernetes.exec import Exec, ExecFailed
 from drivers.kubernetes.names import (
@@ -92,9 +92,12 @@ POD_GONE_MARGIN = 30.0
 PIECE = 1 << 20
 
 
-def entry_from(raw: dict[str, Any]) -> FileEntry:
+def entry_from(raw: dict[str, Any], known: Mapping[tuple[str, str], FileEntry]) -> FileEntry:
     """An entry as files_helper.py lists it, checked: a tree of ours, a relative path that
-    stays beneath its root, a known kind, sizes that make sense."""
+    stays beneath its root, a known kind, sizes that make sense; an unchanged one is the
+    caller's own (checked when it was listed)."""
+    if raw.get("c") is False:
+        return unchanged(known, raw)
     tree, path, kind = raw.get("t"), raw.get("p"), raw.get("k")
     if tree not in (WORKSPACE, STATE) or not isinstance(path, str) or not safe_path(path, tree):
         raise DriverError(f"the snapshot helper listed an entry it should not have: {raw!r:.200}")
@@ -149,7 +152,7 @@ class KubeFiles:
     async def export(
         self,
         sandbox_id: str,
-        known: Mapping[tuple[str, str], tuple[object, ...]],
+        known: Mapping[tuple[str, str], FileEntry],
         *,
         working_dir: str,
         state_paths: Sequence[str],
@@ -192,7 +195,7 @@ class KubeFiles:
             else:
                 _checked(await asyncio.wait_for(helper.ask({"op": "go"}), HELPER_ANSWER_WITHIN))
                 held = 0.0
-            yield FileExport(held_still=held, items=self._items(helper, max_bytes))
+            yield FileExport(held_still=held, items=self._items(helper, known, max_bytes))
 
     async def _stopped(self, sandbox_id: str) -> Json | None:
         """A paused sandbox's pod still stopping (its processes may still write): waited for
@@ -246,12 +249,14 @@ class KubeFiles:
             await hold.end()
         return held
 
-    async def _items(self, helper: Exec, max_bytes: int | None) -> AsyncIterator[FileItem]:
+    async def _items(
+        self, helper: Exec, known: Mapping[tuple[str, str], FileEntry], max_bytes: int | None
+    ) -> AsyncIterator[FileItem]:
         """The listing, then each changed file's bytes after its entry, exactly its size."""
         kind, payload = await helper.read()
         if kind != b"L":
             raise DriverError(f"the snapshot helper sent {kind!r} instead of its listing")
-        listing = [entry_from(raw) for raw in json.loads(payload)]
+        listing = [entry_from(raw, known) for raw in json.loads(payload)]
         total = 0
         for entry in listing:
             yield entry

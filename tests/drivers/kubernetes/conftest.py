@@ -32,6 +32,7 @@ from tests.support.conversation_helpers import LLM_KEY
 from tests.support.fake_llm import FakeLLM
 from tests.support.run_id import RUN_ID
 from tests.support.sandbox_helpers import DEFAULT_IMAGE
+from tests.support.types import Client, ClientFactory
 
 REPO = Path(__file__).resolve().parents[3]
 CLUSTER_SCRIPT = REPO / "scripts" / "kube-cluster.sh"
@@ -226,3 +227,18 @@ async def kube_fake_llm(kube_cluster: KubeCluster, fake_llm_port: int) -> AsyncI
     await fake.start()
     yield fake
     await fake.close()
+
+
+@pytest.fixture
+async def snap_kube(
+    make_client: ClientFactory, kube_overrides: dict[str, Any], snapshot_settings: dict[str, Any]
+) -> Client:
+    """A control plane whose sandboxes run on the cluster and whose snapshots go to the test's
+    registry, which only it reaches. The helper pods run the sandbox image (it has python3 and
+    is on the nodes already; a deployment runs acs-base there)."""
+    return await make_client(
+        with_sandboxes=True,
+        **kube_overrides,
+        **snapshot_settings,
+        snapshot_helper_image=DEFAULT_IMAGE,
+    )

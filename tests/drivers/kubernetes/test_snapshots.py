@@ -24,27 +24,12 @@ from drivers.kubernetes.objects import CONTAINER
 from drivers.kubernetes.settings import Credentials
 from tests.drivers.kubernetes.sandbox_objects import KINDS, api_get, objects
 from tests.drivers.kubernetes.test_sandboxes import run
-from tests.support.sandbox_helpers import DEFAULT_IMAGE, start_running, wait_status
+from tests.support.sandbox_helpers import start_running, wait_status
 from tests.support.snapshot_helpers import snapshot
-from tests.support.types import Client, ClientFactory
+from tests.support.types import Client
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 Headers = Callable[..., Awaitable[dict[str, str]]]
-
-
-@pytest.fixture
-async def snap_kube(
-    make_client: ClientFactory, kube_overrides: dict[str, Any], snapshot_settings: dict[str, Any]
-) -> Client:
-    """A control plane whose sandboxes run on the cluster and whose snapshots go to the test's
-    registry, which only it reaches. The helper pods run the sandbox image (it has python3 and
-    is on the nodes already; a deployment runs acs-base there)."""
-    return await make_client(
-        with_sandboxes=True,
-        **kube_overrides,
-        **snapshot_settings,
-        snapshot_helper_image=DEFAULT_IMAGE,
-    )
 
 
 async def node_of(kube_api: client.ApiClient, namespace: str, prefix: str, sandbox_id: str) -> str:
