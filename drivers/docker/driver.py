@@ -47,6 +47,7 @@ from drivers.docker.egress import (
 from drivers.docker.engine import QUICK, SLOW, DockerEngine
 from drivers.docker.firewall import Iptables
 from drivers.docker.freezer import freeze
+from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE, ROLE
 from drivers.docker.host_memory import HostMemory
 from drivers.docker.images import ImageIdCache
 from drivers.docker.snapshots import DockerFiles
@@ -302,7 +303,7 @@ class DockerDriver:
         except ContainerExists:
             raise  # not ours: leave it alone
         except BaseException as exc:
-            self._remove(client, req.name, req.volume if made_volume else None)
+            self._remove(client, req.name, req.volume if made_volume else None, self.prefix)
             if isinstance(exc, ImageNotFound):
                 raise ImageMissing(
                     f"image {req.image} is not on this host; run `make images` to build it"
@@ -382,7 +383,8 @@ class DockerDriver:
         name = self._name(sandbox_id)
         volume = None if keep_workspace else names.volume_name(self.prefix, sandbox_id)
         base = await self.files.bases.base_of(volume) if volume else None
-        await self.engine.call(lambda c: self._remove(c, name, volume), "remove", SLOW)
+        prefix = self.prefix
+        await self.engine.call(lambda c: self._remove(c, name, volume, prefix), "remove", SLOW)
         if base is not None:  # a sandbox made from a snapshot: its base may be unused now
             await self.files.bases.release(base)
 
@@ -394,7 +396,7 @@ class DockerDriver:
         await self._act("stop", name, lambda api: api.stop(name, timeout=5), lane=SLOW)
 
     @staticmethod
-    def _remove(client: docker.DockerClient, name: str, volume: str | None) -> None:
+    def _remove(client: docker.DockerClient, name: str, volume: str | None, prefix: str) -> None:
         try:
             client.api.remove_container(name, force=True, v=True)
         except NotFound:
@@ -404,13 +406,21 @@ class DockerDriver:
                 raise DriverError(f"Docker could not remove {name}: {exc.explanation}") from None
         if volume:
             try:
-                client.api.remove_volume(volume, force=True)
-            except NotFound:
-                pass
+                _remove_volume(client, volume)
             except APIError as exc:
-                raise DriverError(
-                    f"Docker could not remove volume {volume}: {exc.explanation}"
-                ) from None
+                # 409 "in use": a snapshot helper that read this workspace may still hold it, its
+                # removal being left to the background (drivers/docker/files.py) so that the
+                # snapshot's caller is not held up. Whatever it was doing ends with the sandbox.
+                if exc.status_code != 409 or not remove_helpers_of(client, volume, prefix):
+                    raise DriverError(
+                        f"Docker could not remove volume {volume}: {exc.explanation}"
+                    ) from None
+                try:
+                    _remove_volume(client, volume)
+                except APIError as again:
+                    raise DriverError(
+                        f"Docker could not remove volume {volume}: {again.explanation}"
+                    ) from None
 
     async def list_sandboxes(self, owner: str | None = None) -> list[SandboxState]:
         labels = {names.LABEL_PREFIX: self.prefix}
@@ -469,3 +479,19 @@ class DockerDriver:
         self._images.close()
         self.files.close()
         await self.engine.close()
+
+
+def _remove_volume(client: docker.DockerClient, volume: str) -> None:
+    with contextlib.suppress(NotFound):
+        client.api.remove_volume(volume, force=True)
+
+
+def remove_helpers_of(client: docker.DockerClient, volume: str, prefix: str) -> int:
+    """Removes this deployment's snapshot helper and loader containers that mount `volume`;
+    how many there were."""
+    filters = {"volume": volume, "label": [f"{LABEL_OWNER}={prefix}", f"{LABEL_ROLE}={ROLE}"]}
+    found = client.api.containers(all=True, filters=filters)
+    for container in found:
+        with contextlib.suppress(NotFound):
+            client.api.remove_container(container["Id"], force=True)
+    return len(found)
