@@ -47,6 +47,7 @@ from drivers.docker.egress import (
 from drivers.docker.engine import QUICK, SLOW, DockerEngine
 from drivers.docker.firewall import Iptables
 from drivers.docker.freezer import freeze
+from drivers.docker.helper import LABEL_ROLE
 from drivers.docker.host_memory import HostMemory
 from drivers.docker.images import ImageIdCache
 from drivers.docker.snapshots import DockerFiles
@@ -279,6 +280,11 @@ class DockerDriver:
             self._forget(request.network)
             raise
 
+    async def stage(self, request: SandboxRequest) -> None:
+        """The snapshot's base (volume and image), built unless it exists."""
+        if request.restore is not None:
+            await self.files.bases.stage(request)
+
     def _create_and_start(
         self, client: docker.DockerClient, req: ContainerRequest, new: bool
     ) -> SandboxState:
@@ -404,7 +410,15 @@ class DockerDriver:
                 raise DriverError(f"Docker could not remove {name}: {exc.explanation}") from None
         if volume:
             try:
-                client.api.remove_volume(volume, force=True)
+                try:
+                    client.api.remove_volume(volume, force=True)
+                except APIError as exc:
+                    # In use: by a snapshot's helper whose removal, left in the background
+                    # when its export ended, has not come yet (a rewind or a delete right
+                    # after a checkpoint). It only ever read the volume: it goes first.
+                    if exc.status_code != 409 or not _remove_helpers(client, volume):
+                        raise
+                    client.api.remove_volume(volume, force=True)
             except NotFound:
                 pass
             except APIError as exc:
@@ -469,3 +483,15 @@ class DockerDriver:
         self._images.close()
         self.files.close()
         await self.engine.close()
+
+
+def _remove_helpers(client: docker.DockerClient, volume: str) -> bool:
+    """Force-remove the snapshot helpers (never a sandbox) that mount `volume`; whether there
+    were any."""
+    found = client.api.containers(
+        all=True, filters={"volume": volume, "label": [f"{LABEL_ROLE}=files"]}
+    )
+    for summary in found:
+        with contextlib.suppress(NotFound):
+            client.api.remove_container(summary["Id"], force=True, v=True)
+    return bool(found)
