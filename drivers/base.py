@@ -337,6 +337,13 @@ class SandboxDriver(Protocol):
         ContainerExists (touching nothing) when the sandbox exists already, ImageMissing,
         NetworkUnavailable, DriverError, RuntimeUnavailable, or what the source raises."""
 
+    async def stage(self, request: SandboxRequest) -> None:
+        """Make ready, ahead of `create`, what a restoring request's workspace is made from
+        and does not depend on the sandbox's present instance or workspace (Docker: the
+        snapshot's base), so that a replacement does it while the old instance is removed.
+        Nothing for a request without `restore`, or on a runtime that has nothing to stage.
+        Raises as `create`."""
+
     async def inspect(self, sandbox_id: str) -> SandboxState | None:
         """None when the runtime has no instance of it (its workspace may still exist)."""
 

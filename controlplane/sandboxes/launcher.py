@@ -280,8 +280,17 @@ class Launcher:
         if mode == Mode.FRESH:
             return await self._driver.create(await self._request(record, spec), new=True)
         if mode == Mode.REPLACE:
-            await self._driver.remove(record.id)
-            return await self._driver.create(await self._request(record, spec))
+            # The old instance and workspace go while what the new workspace is made from
+            # (the snapshot's files) is fetched and laid out; nothing is created in their
+            # place before they are gone.
+            request = await self._request(record, spec)
+            removal = asyncio.ensure_future(self._driver.remove(record.id))
+            try:
+                await self._driver.stage(request)
+            finally:
+                await asyncio.gather(removal, return_exceptions=True)  # no orphan on a failure
+            await removal  # its failure, if any, is the attempt's
+            return await self._driver.create(request)
         state = await self._driver.inspect(record.id)
         if state is not None and state.status == RunState.PAUSED:
             await self._driver.unpause(record.id)

@@ -1,7 +1,8 @@
 """Reading a snapshot back: its index opened, its packs fetched from the store (a few ahead of
 need, each dropped after the last chunk that needs it), every chunk authenticated and checked
 against its digest, the files streamed as a runtime imports them (drivers/base.py:
-FileSource)."""
+FileSource). A pack's chunks are opened together in a worker thread as soon as it arrives, so
+that fetching, opening and the runtime's import of what comes before overlap."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from controlplane.snapshots.registry import Registry
 from controlplane.snapshots.sealing import UserKeys
 from drivers.base import STATE, SYSTEM, WORKSPACE, FileEntry, FileItem, FileKind
 
-PREFETCH = 3
+PREFETCH = 4
 RESTORED = frozenset({WORKSPACE, SYSTEM})
 """What a new sandbox gets: not the state tree, whose agent state holds credentials scoped to
 the sandbox it was taken of (docs/sandboxes.md#snapshots)."""
@@ -102,22 +103,29 @@ class SnapshotSource:
     async def items(self) -> AsyncIterator[FileItem]:
         index = await self._index()
         rows = self._rows(index)
-        uses = [ref.pack for entry, refs in rows for ref in refs if entry.kind == FileKind.FILE]
-        last_use = {pack: n for n, pack in enumerate(uses)}
-        order = list(dict.fromkeys(uses))
-        fetches: dict[str, asyncio.Task[bytes]] = {}
+        used = [ref for entry, refs in rows for ref in refs if entry.kind == FileKind.FILE]
+        last_use = {ref.pack: n for n, ref in enumerate(used)}
+        wanted: dict[str, set[ChunkRef]] = {}
+        for ref in used:
+            wanted.setdefault(ref.pack, set()).add(ref)
+        order = list(wanted)
+        fetches: dict[str, asyncio.Task[dict[ChunkRef, bytes]]] = {}
         ahead = 0
+        where = f"snapshot {self._id}"
+
+        async def load(digest: str) -> dict[ChunkRef, bytes]:
+            sealed = await self._registry.get_blob(self._repo, digest)
+            return await asyncio.to_thread(self._open_pack, sealed, wanted[digest], where)
 
         def prefetch() -> None:
             nonlocal ahead
             while ahead < len(order) and len(fetches) < PREFETCH:
                 digest = order[ahead]
-                fetches[digest] = asyncio.create_task(self._registry.get_blob(self._repo, digest))
+                fetches[digest] = asyncio.create_task(load(digest))
                 ahead += 1
 
-        held: dict[str, bytes] = {}
+        held: dict[str, dict[ChunkRef, bytes]] = {}
         position = 0
-        where = f"snapshot {self._id}"
         try:
             for entry, refs in rows:
                 yield entry
@@ -130,8 +138,7 @@ class SnapshotSource:
                         pack = await fetches.pop(ref.pack)
                         held[ref.pack] = pack
                         prefetch()
-                    sealed = pack[ref.offset : ref.offset + ref.length]
-                    yield self._keys.open(ref.id, sealed, where)
+                    yield pack[ref]
                     if last_use[ref.pack] == position:
                         del held[ref.pack]
                     position += 1
@@ -139,6 +146,15 @@ class SnapshotSource:
             for task in fetches.values():
                 task.cancel()
             await asyncio.gather(*fetches.values(), return_exceptions=True)
+
+    def _open_pack(self, sealed: bytes, refs: set[ChunkRef], where: str) -> dict[ChunkRef, bytes]:
+        """The chunks of one pack that the files need (each once), authenticated and checked
+        against their digests (SnapshotDamaged otherwise). Blocking."""
+        view = memoryview(sealed)
+        return {
+            ref: self._keys.open(ref.id, bytes(view[ref.offset : ref.offset + ref.length]), where)
+            for ref in refs
+        }
 
 
 def _owner_mark(entry: FileEntry) -> bool:

@@ -68,6 +68,10 @@ class DockerBases:
         self._locks: dict[str, asyncio.Lock] = {}
         self._queued: dict[str, list[tuple[str, asyncio.Future[None]]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # (base volume, sandbox id): the sandbox's fork directories were made with the base
+        # (its build's archive), so its workspace needs no extraction of its own for them.
+        self._dirs_made: set[tuple[str, str]] = set()
+        self._staged: dict[str, Base] = {}  # sandbox id -> the base `stage` found or built
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -79,9 +83,13 @@ class DockerBases:
         found = await self._lane.run(lambda c: _volume(c, volume))
         if found is not None:
             return str((found.get("Labels") or {}).get(LABEL_BASE_IMAGE) or request.image)
-        base = await self._ensure(request)
+        base = self._staged.pop(request.sandbox_id, None) or await self._ensure(request)
         async with self._lock(base.volume):
-            await self._fork_dirs(base, request.sandbox_id)
+            made = (base.volume, request.sandbox_id)
+            if made in self._dirs_made:
+                self._dirs_made.discard(made)
+            else:
+                await self._fork_dirs(base, request.sandbox_id)
             work = f"{base.mountpoint}/forks/{request.sandbox_id}"
             options = {
                 "type": "overlay",
@@ -96,6 +104,11 @@ class DockerBases:
             )
         return base.image
 
+    async def stage(self, request: SandboxRequest) -> None:
+        """Build the restoring request's base unless it exists; `workspace` then takes it
+        without looking it up again (unless a release dropped it meanwhile)."""
+        self._staged[request.sandbox_id] = await self._ensure(request)
+
     async def base_of(self, volume: str) -> str | None:
         """The base volume a workspace volume stands on; None for a plain one (or none)."""
         found = await self._lane.run(lambda c: _volume(c, volume))
@@ -105,6 +118,9 @@ class DockerBases:
         """Remove the base (volume and image) when no workspace stands on it any more."""
         async with self._lock(base_volume):
             await self._lane.run(lambda c: self._drop_unused(c, base_volume))
+            if await self._lane.run(lambda c: _volume(c, base_volume)) is None:
+                self._dirs_made = {made for made in self._dirs_made if made[0] != base_volume}
+                self._staged = {s: b for s, b in self._staged.items() if b.volume != base_volume}
 
     async def forget(self, key: str) -> None:
         """Remove the unused bases of a snapshot."""
@@ -200,6 +216,7 @@ class DockerBases:
                         holder, repository=repository, tag=tag, conf={"Labels": marks}, pause=False
                     )
                 )
+                self._dirs_made.add((name, request.sandbox_id))
             except BaseException:
                 await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
                 raise
@@ -239,8 +256,23 @@ class DockerBases:
                 return f"acs/upper/{entry.path}"
             return None
 
+        forks: set[FileEntry] = set()
+
+        async def items() -> AsyncIterator[FileItem]:
+            assert request.restore is not None
+            async for item in request.restore.items():
+                yield item
+            # The sandbox's own fork directories, with the root's owner and mode now known.
+            made = _fork_entries(root, [request.sandbox_id])
+            forks.update(made)
+            for entry in made:
+                yield entry
+
+        def named(entry: FileEntry) -> str | None:
+            return f"acs/ws/{entry.path}" if forks and entry in forks else name_of(entry)
+
         mounts = [Mount("/acs/ws", volume, type="volume"), Mount("/acs/upper", upper, type="bind")]
-        await self._extract(mounts, archive(request.restore.items(), name_of))
+        await self._extract(mounts, archive(items(), named))
         return root
 
     async def _extract(self, mounts: list[Mount], pieces: AsyncIterator[bytes]) -> None:
@@ -291,16 +323,7 @@ class DockerBases:
     async def _make_dirs(self, base: Base) -> None:
         await asyncio.sleep(0)  # let the others of a fork queue up
         queue = self._queued.pop(base.volume, [])
-        uid, gid, mode = (int(x) for x in base.root.split(":"))
-        now = time.time_ns()
-        entries = [FileEntry(WORKSPACE, "forks", FileKind.DIR, 0o755, mtime_ns=now)]
-        for sandbox_id, _ in queue:
-            top = f"forks/{sandbox_id}"
-            entries += [
-                FileEntry(WORKSPACE, top, FileKind.DIR, 0o700, mtime_ns=now),
-                FileEntry(WORKSPACE, f"{top}/up", FileKind.DIR, mode, uid, gid, mtime_ns=now),
-                FileEntry(WORKSPACE, f"{top}/work", FileKind.DIR, 0o700, mtime_ns=now),
-            ]
+        entries = _fork_entries(base.root, [sandbox_id for sandbox_id, _ in queue])
 
         async def listed() -> AsyncIterator[FileItem]:
             for entry in entries:
@@ -324,6 +347,22 @@ class DockerBases:
 
 
 _FREE = asyncio.Lock()
+
+
+def _fork_entries(root: str, sandbox_ids: list[str]) -> list[FileEntry]:
+    """The `forks/` directory of a base and, per sandbox, its upper directory (owner and mode
+    those of the workspace root, "uid:gid:mode") and its overlay work directory, parents first."""
+    uid, gid, mode = (int(x) for x in root.split(":"))
+    now = time.time_ns()
+    entries = [FileEntry(WORKSPACE, "forks", FileKind.DIR, 0o755, mtime_ns=now)]
+    for sandbox_id in sandbox_ids:
+        top = f"forks/{sandbox_id}"
+        entries += [
+            FileEntry(WORKSPACE, top, FileKind.DIR, 0o700, mtime_ns=now),
+            FileEntry(WORKSPACE, f"{top}/up", FileKind.DIR, mode, uid, gid, mtime_ns=now),
+            FileEntry(WORKSPACE, f"{top}/work", FileKind.DIR, 0o700, mtime_ns=now),
+        ]
+    return entries
 
 
 def _created(volume: dict[str, Any]) -> float | None:

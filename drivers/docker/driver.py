@@ -280,6 +280,11 @@ class DockerDriver:
             self._forget(request.network)
             raise
 
+    async def stage(self, request: SandboxRequest) -> None:
+        """The snapshot's base (volume and image), built unless it exists."""
+        if request.restore is not None:
+            await self.files.bases.stage(request)
+
     def _create_and_start(
         self, client: docker.DockerClient, req: ContainerRequest, new: bool
     ) -> SandboxState:

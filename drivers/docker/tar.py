@@ -50,7 +50,12 @@ async def archive(
     padding = 0
     async for item in items:
         if isinstance(item, bytes):
-            if keep:
+            if keep and len(item) >= CHUNK:  # a large piece as it is: not copied once more
+                if buffer:
+                    yield bytes(buffer)
+                    buffer.clear()
+                yield item
+            elif keep:
                 buffer += item
         else:
             buffer += b"\0" * padding

@@ -206,6 +206,9 @@ class KubernetesDriver:
     async def hibernate(self, sandbox_id: str) -> None:
         """Nothing more to give back: a pause deleted the pod already."""
 
+    async def stage(self, request: SandboxRequest) -> None:
+        """Nothing: a pod's claim is filled from the snapshot when it is made."""
+
     async def remove(self, sandbox_id: str, *, keep_workspace: bool = False) -> None:
         """Pod (at once), Service, NetworkPolicy, then the claim, or with `keep_workspace` the
         claim marked detached (left for an operator, no longer listed as a sandbox)."""
