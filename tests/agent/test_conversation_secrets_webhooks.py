@@ -192,6 +192,9 @@ async def test_webhook_latency_is_immediate(
         f"{BASE}/{cid}/events", json=user_message("hi", run=False), headers=auth
     )
     assert resp.status == 200
-    await rec.wait_for(lambda: len(rec.events) == 2, timeout=2)
-    assert loop.time() - began < 0.5
+    await rec.wait_for(lambda: len(rec.events) == 2, timeout=5)
+    # Sent as it was queued, on no timer: well under 0.1 s on a quiet host. The bound only has
+    # to tell that from a sender that batches on an interval; 0.5 s failed once at load ~20
+    # (0.525 s), so it is 2 s.
+    assert loop.time() - began < 2
     assert rec.events[1]["kind"] == "MessageEvent"
