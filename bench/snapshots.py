@@ -217,6 +217,7 @@ class SnapshotBench:
         self.figures["first_snapshot_stored"] = first["stored_bytes"]
         registry = Registry(self.http, self.registry_server.url)  # type: ignore[arg-type]
         changed = max(1, 10 * MIB // FILE)
+        taken_ids: list[tuple[str, str, str]] = []
         for run in range(self.options.runs):
             names = (await self.run_in(
                 sandbox_id, "python3", "-c", CHANGE, "/workspace/data", str(files), str(FILE),
@@ -230,16 +231,22 @@ class SnapshotBench:
             self.samples.add(
                 "raw copy to the store", await self.raw_copy(sandbox_id, names, registry)
             )
-            await self.rewind(sandbox_id, taken["id"], names[0], registry)
+            # What the rewind to this checkpoint must bring back (read after it was taken).
+            digest = await self.run_in(sandbox_id, "md5sum", f"/workspace/data/{names[0]}")
+            taken_ids.append((taken["id"], names[0], digest))
+        # The rewinds after every checkpoint run: a rewind re-creates the workspace's files (new
+        # inodes and times), so a checkpoint taken after one reads every file again.
+        for snapshot_id, changed_file, digest in reversed(taken_ids):
+            await self.rewind(sandbox_id, snapshot_id, changed_file, digest, registry)
         await self.call("DELETE", f"/api/v1/sandboxes/{sandbox_id}")
 
     async def rewind(
-        self, sandbox_id: str, snapshot_id: str, changed: str, registry: Registry
+        self, sandbox_id: str, snapshot_id: str, changed: str, before: str, registry: Registry
     ) -> None:
-        """The sandbox rewound to `snapshot_id` (taken just now) after the agent wrote a file,
-        checked, against the raw restore of the same bytes."""
+        """The sandbox rewound to `snapshot_id` after the agent wrote a file, checked (the file
+        gone, `changed` back to the md5sum line `before`), against the raw restore of the
+        same bytes."""
         target = f"/workspace/data/{changed}"
-        before = await self.run_in(sandbox_id, "md5sum", target)
         await self.run_in(
             sandbox_id, "sh", "-c",
             f"echo later > /workspace/later.txt && head -c 1000 /dev/urandom > {target}",
