@@ -66,7 +66,9 @@ async def test_engine_killed_and_restarted_leaves_sandboxes_resumable(
     test_prefix: str,
     user_headers: Callable[..., Awaitable[dict[str, str]]],
 ) -> None:
-    second_engine.load(second_engine_client.app[keys.SPECS].default.image)
+    # In a thread: `docker save | docker load` of the image takes seconds to tens of seconds,
+    # and the app's loop (its watch, its reconciler, their Redis reads) must not stall for it.
+    await asyncio.to_thread(second_engine.load, second_engine_client.app[keys.SPECS].default.image)
     alice = await user_headers("alice")
     sandbox = await start(second_engine_client, alice)
     sandbox_id = sandbox["id"]
