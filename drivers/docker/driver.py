@@ -388,8 +388,7 @@ class DockerDriver:
         name = self._name(sandbox_id)
         volume = None if keep_workspace else names.volume_name(self.prefix, sandbox_id)
         base = await self.files.bases.base_of(volume) if volume else None
-        prefix = self.prefix
-        await self.engine.call(lambda c: self._remove(c, name, volume, prefix), "remove", SLOW)
+        await self.engine.call(lambda c: self._remove(c, name, volume, self.prefix), "remove", SLOW)
         if base is not None:  # a sandbox made from a snapshot: its base may be unused now
             await self.files.bases.release(base)
 
@@ -410,22 +409,7 @@ class DockerDriver:
             if exc.status_code != 409:  # 409: removal already in progress
                 raise DriverError(f"Docker could not remove {name}: {exc.explanation}") from None
         if volume:
-            try:
-                _remove_volume(client, volume)
-            except APIError as exc:
-                # 409 "in use": a snapshot helper that read this workspace may still hold it, its
-                # removal being left to the background (drivers/docker/files.py) so that the
-                # snapshot's caller is not held up. Whatever it was doing ends with the sandbox.
-                if exc.status_code != 409 or not remove_helpers_of(client, volume, prefix):
-                    raise DriverError(
-                        f"Docker could not remove volume {volume}: {exc.explanation}"
-                    ) from None
-                try:
-                    _remove_volume(client, volume)
-                except APIError as again:
-                    raise DriverError(
-                        f"Docker could not remove volume {volume}: {again.explanation}"
-                    ) from None
+            _remove_volume(client, volume, prefix)
 
     async def list_sandboxes(self, owner: str | None = None) -> list[SandboxState]:
         labels = {names.LABEL_PREFIX: self.prefix}
@@ -486,12 +470,29 @@ class DockerDriver:
         await self.engine.close()
 
 
-def _remove_volume(client: docker.DockerClient, volume: str) -> None:
-    with contextlib.suppress(NotFound):
-        client.api.remove_volume(volume, force=True)
+def _remove_volume(client: docker.DockerClient, volume: str, prefix: str) -> None:
+    """Removes a workspace volume (gone already: nothing to do). Held by a snapshot helper ("in
+    use", 409), whose removal is left to the background once its export is read (files.py) so
+    that the snapshot's caller is not held up: that helper goes first, then the volume."""
+    for attempt in (1, 2):
+        try:
+            client.api.remove_volume(volume, force=True)
+            return
+        except NotFound:
+            return
+        except APIError as exc:
+            if (
+                attempt == 1
+                and exc.status_code == 409
+                and _remove_helpers_of(client, volume, prefix)
+            ):
+                continue
+            raise DriverError(
+                f"Docker could not remove volume {volume}: {exc.explanation}"
+            ) from None
 
 
-def remove_helpers_of(client: docker.DockerClient, volume: str, prefix: str) -> int:
+def _remove_helpers_of(client: docker.DockerClient, volume: str, prefix: str) -> int:
     """Removes this deployment's snapshot helper and loader containers that mount `volume`;
     how many there were."""
     filters = {"volume": volume, "label": [f"{LABEL_OWNER}={prefix}", f"{LABEL_ROLE}={ROLE}"]}
