@@ -2,12 +2,12 @@
 same totals: sandboxes by status, conversations by execution status, the warm pool, and the
 lifecycle webhook deliveries not yet made.
 
-The sandboxes' gauge reads one set per status (kept with each change of status by the store's
-scripts, sandboxes/store.py `count_by_status`): a few commands whatever the number of sandboxes.
-The conversations' gauge walks every conversation record (there is no global index of them:
-SCAN), so a replica runs one refresh at a time: scrapes that arrive while one runs wait for it
-and answer its figures (`Refresher`), rather than each starting a walk of its own (a crowd of
-scrapes, or of unauthenticated ones with ACS_METRICS_PUBLIC, was that many walks at once).
+The sandboxes' and the conversations' gauges read one set per status (kept with each change
+of a record by the stores' scripts and transactions: sandboxes/store.py `count_by_status`,
+conversations/store.py `count_by_execution_status`): a few commands whatever the number of
+sandboxes and conversations. A replica still runs one refresh at a time (`Refresher`): scrapes
+that arrive while one runs wait for it and answer its figures, so a crowd of scrapes (or of
+unauthenticated ones with ACS_METRICS_PUBLIC) costs Redis one refresh, not one each.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from controlplane.sandboxes.store import count_by_status
 
 
 async def refresh(metrics: Metrics, redis: aioredis.Redis, outbox: Outbox | None = None) -> None:
-    """Recompute the gauges: sandboxes by status, every conversation (in pages), the warm pool,
+    """Recompute the gauges: sandboxes and conversations by status, the warm pool,
     and the lifecycle webhook `outbox` when there is one."""
     sandboxes = await count_by_status(redis)
     for status in SandboxStatus:

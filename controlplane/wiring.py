@@ -67,7 +67,7 @@ from controlplane.conversations.handover import StartTaskHandover
 from controlplane.conversations.pending import PendingMessages
 from controlplane.conversations.service import ConversationService
 from controlplane.conversations.starter import StartTaskRunner
-from controlplane.conversations.store import ConversationStore
+from controlplane.conversations.store import ConversationStore, reindex_in_background
 from controlplane.crypto import check_shared_key, key_source, load_secret_box
 from controlplane.events.service import EventService
 from controlplane.events.store import EventStore
@@ -658,6 +658,8 @@ def conversations_ctx(config: ServiceConfig) -> Context:
         )
         app[keys.CONVERSATIONS] = conversations
         app[keys.EVENTS] = event_service
+        # The /metrics gauge's status sets, built or put right once per start (see there).
+        reindex = asyncio.create_task(reindex_in_background(store), name="conversation_statuses")
         if checkpointer is not None and snapshots is not None:
             app[keys.CHECKPOINTER] = checkpointer
             app[keys.CHECKPOINTS] = CheckpointService(
@@ -669,6 +671,7 @@ def conversations_ctx(config: ServiceConfig) -> Context:
                 snapshots=snapshots,
             )
         yield
+        await stop_task(reindex)
         await event_service.close()
         await conversations.close()
         if checkpointer is not None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import json
+import asyncio
 from collections.abc import Callable, Iterable
 
 import redis.asyncio as aioredis
+import structlog
+from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
 from controlplane.agent_protocol.models import ExecutionStatus
@@ -19,7 +21,10 @@ from controlplane.errors import Conflict
 from controlplane.store import audit, keyspace, text
 from controlplane.store.audit import AuditAction
 from controlplane.store.paging import page_ids
+from controlplane.store.redis import REDIS_DOWN
 from controlplane.store.streams import stored
+
+log = structlog.get_logger(__name__)
 
 BUSY = frozenset({ExecutionStatus.RUNNING})
 """Execution statuses that keep a sandbox from being paused as idle."""
@@ -35,7 +40,8 @@ if not owner then redis.call('SET', KEYS[1], ARGV[1]) end
 return 1
 """
 
-# KEYS: owner key, record key, user's index, sandbox's index. ARGV: user id, id, record JSON.
+# KEYS: owner key, record key, user's index, sandbox's index, status set. ARGV: user id, id,
+# record JSON.
 _CREATE = """
 local owner = redis.call('GET', KEYS[1])
 if (owner and owner ~= ARGV[1]) or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
@@ -43,8 +49,49 @@ redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[3])
 redis.call('ZADD', KEYS[3], 0, ARGV[2])
 redis.call('SADD', KEYS[4], ARGV[2])
+redis.call('SADD', KEYS[5], ARGV[2])
 return 1
 """
+
+STATUS_SETS = [keyspace.conversations_in_status(None)] + [
+    keyspace.conversations_in_status(s.value) for s in ExecutionStatus
+]
+"""Every status set of the /metrics gauge, None's first (count_by_execution_status)."""
+
+# ARGV: conversation ids. Each id is put in the status set its record names ('-': none yet) and
+# removed from every other (from all when the record is gone). A record that does not decode is
+# counted as without a status: the gauge never fails on one.
+_REINDEX = (
+    """
+local fixed = 0
+local sets = {"""
+    + ", ".join(f"'{key}'" for key in STATUS_SETS)
+    + """}
+for _, id in ipairs(ARGV) do
+  local raw = redis.pcall('GET', '"""
+    + keyspace.conversation("")
+    + """' .. id)
+  local want = nil
+  if type(raw) == 'string' then
+    want = sets[1]
+    local ok, record = pcall(cjson.decode, raw)
+    if ok and type(record) == 'table' and type(record['execution_status']) == 'string' then
+      want = '"""
+    + keyspace.CONVERSATIONS_IN_STATUS
+    + """' .. record['execution_status']
+    end
+  end
+  for _, key in ipairs(sets) do
+    if key == want then
+      fixed = fixed + redis.call('SADD', key, id)
+    else
+      fixed = fixed + redis.call('SREM', key, id)
+    end
+  end
+end
+return fixed
+"""
+)
 
 
 # KEYS: a start task's lease. ARGV: owner, ttl in ms. Taken or renewed unless another holds it.
@@ -72,6 +119,7 @@ class ConversationStore:
         self._create = redis.register_script(_CREATE)
         self._hold = redis.register_script(_HOLD)
         self._drop = redis.register_script(_DROP)
+        self._reindex = redis.register_script(_REINDEX)
 
     async def reserve(self, conversation_id: str, user_id: str) -> None:
         """Claim a client-chosen id for `user_id`. Raises ConversationIdTaken when it is another
@@ -97,6 +145,7 @@ class ConversationStore:
                 keyspace.conversation(info.id),
                 keyspace.user_conversations(info.created_by_user_id),
                 keyspace.sandbox_conversations(info.sandbox_id),
+                _status_set(info.execution_status),
             ],
             args=[info.created_by_user_id, info.id, info.model_dump_json()],
         )
@@ -111,6 +160,7 @@ class ConversationStore:
             if info.created_by_user_id is not None:
                 pipe.zadd(keyspace.user_conversations(info.created_by_user_id), {info.id: 0})
             pipe.sadd(keyspace.sandbox_conversations(info.sandbox_id), info.id)
+            _move_status(pipe, info.id, None, info.execution_status)
             await pipe.execute()
 
     async def get(self, conversation_id: str) -> AppConversationInfo | None:
@@ -138,10 +188,12 @@ class ConversationStore:
                     if raw is None:
                         return None
                     info = AppConversationInfo.model_validate_json(text(raw))
+                    before = info.execution_status
                     change(info)
                     info.updated_at = now()
                     pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
                     pipe.set(key, info.model_dump_json())
+                    _move_status(pipe, conversation_id, before, info.execution_status)
                     if entry is not None:
                         entry.queue(pipe)
                     await pipe.execute()
@@ -158,10 +210,42 @@ class ConversationStore:
             if info.created_by_user_id is not None:
                 pipe.zrem(keyspace.user_conversations(info.created_by_user_id), info.id)
             pipe.srem(keyspace.sandbox_conversations(info.sandbox_id), info.id)
+            for status_set in STATUS_SETS:  # `info` may be older than the record: every set
+                pipe.srem(status_set, info.id)
             if entry is not None:
                 entry.queue(pipe)
             await pipe.execute()
         stored(entry)
+
+    async def reindex_statuses(self) -> int:
+        """Put every record in the status set it names and in no other, and drop from the sets
+        the ids whose record is gone; returns how many memberships were wrong. Walks every
+        record (SCAN) and every set (SSCAN) in pages, each page one atomic script: safe beside
+        any write. Run once at each start of a replica (conversations_ctx), which builds the
+        sets of a deployment upgraded from a version without them and puts right what such a
+        version's writers left once the last of them is gone."""
+        fixed = 0
+        batch: list[str] = []
+        prefix = keyspace.conversation("")
+        async for key in self._redis.scan_iter(match=prefix + "*", count=COUNT_PAGE):
+            conversation_id = text(key).removeprefix(prefix)
+            if ":" in conversation_id:
+                continue  # a key below a conversation's (its checkpoints), not a record
+            batch.append(conversation_id)
+            if len(batch) >= COUNT_PAGE:
+                fixed += int(await self._reindex(args=batch))
+                batch = []
+        if batch:
+            fixed += int(await self._reindex(args=batch))
+        for status_set in STATUS_SETS:
+            cursor = 0
+            while True:
+                cursor, raw = await self._redis.sscan(status_set, cursor, count=COUNT_PAGE)
+                if raw:
+                    fixed += int(await self._reindex(args=[text(i) for i in raw]))
+                if not cursor:
+                    break
+        return fixed
 
     async def page_ids(self, owner: str, after: str | None, count: int, desc: bool) -> list[str]:
         return await page_ids(
@@ -266,29 +350,56 @@ class ConversationStore:
                 await pipe.execute()
 
 
+def _status_set(status: ExecutionStatus | None) -> str:
+    return keyspace.conversations_in_status(status.value if status is not None else None)
+
+
+def _move_status(
+    pipe: Pipeline,
+    conversation_id: str,
+    before: ExecutionStatus | None,
+    after: ExecutionStatus | None,
+) -> None:
+    """Queue the gauge's set change of a record written in `pipe`'s transaction. The new set is
+    always added to: a record written before the sets existed joins them at its next write."""
+    if before != after:
+        pipe.srem(_status_set(before), conversation_id)
+    pipe.sadd(_status_set(after), conversation_id)
+
+
 COUNT_PAGE = 500
-"""Records read per Redis round trip by count_by_execution_status."""
+"""Records read per Redis round trip by reindex_statuses."""
 
 
 async def count_by_execution_status(redis: aioredis.Redis) -> dict[str | None, int]:
-    """Every conversation record by the execution status its agent last reported (None: none
-    yet), for the /metrics gauge. There is no global conversation index: SCAN the record keys,
-    MGET them in pages."""
-    counts: dict[str | None, int] = {}
-    batch: list[str] = []
+    """Every conversation by the execution status its agent last reported (None: none yet), for
+    the /metrics gauge: the size of each status set, one round trip whatever the number of
+    conversations. Every write of a record changes its set in the same transaction or script
+    (create, save, update, delete); `ConversationStore.reindex_statuses` builds and repairs them."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for status_set in STATUS_SETS:
+            pipe.scard(status_set)
+        sizes = await pipe.execute()
+    statuses: list[str | None] = [None, *(s.value for s in ExecutionStatus)]
+    return {status: int(n) for status, n in zip(statuses, sizes, strict=True) if n}
 
-    async def flush() -> None:
-        for raw in await redis.mget(batch):
-            if raw is None:
-                continue  # deleted between SCAN and MGET
-            status = json.loads(text(raw)).get("execution_status") or None
-            counts[status] = counts.get(status, 0) + 1
-        batch.clear()
 
-    async for key in redis.scan_iter(match=keyspace.conversation("*"), count=COUNT_PAGE):
-        batch.append(text(key))
-        if len(batch) >= COUNT_PAGE:
-            await flush()
-    if batch:
-        await flush()
-    return counts
+REINDEX_RETRY = 15.0
+"""Seconds between tries of a start's re-index that Redis interrupted."""
+
+
+async def reindex_in_background(store: ConversationStore, retry: float = REINDEX_RETRY) -> None:
+    """`store.reindex_statuses()` until it has run through once (every replica runs it at its
+    start, conversations_ctx); a failed try is logged and tried again."""
+    while True:
+        try:
+            fixed = await store.reindex_statuses()
+        except REDIS_DOWN as exc:
+            log.warning("conversation_status_sets_interrupted", error=str(exc))
+        except Exception:
+            log.exception("conversation_status_sets_failed")  # a read-only replica, or a bug
+        else:
+            if fixed:
+                log.info("conversation_status_sets_repaired", memberships=fixed)
+            return
+        await asyncio.sleep(retry)

@@ -66,6 +66,17 @@ def conversation(conversation_id: str) -> str:
     return f"{PREFIX}:conv:{conversation_id}"
 
 
+CONVERSATIONS_IN_STATUS = f"{PREFIX}:convs:status:"
+"""Prefix of conversations_in_status's keys (for the scripts that build them from a record)."""
+
+
+def conversations_in_status(status: str | None) -> str:
+    """Set of the ids of every conversation whose record's `execution_status` is `status` (None:
+    none reported yet): the /metrics gauge's counts, kept with each write of the record
+    (conversations/store.py `count_by_execution_status`)."""
+    return CONVERSATIONS_IN_STATUS + (status or "-")
+
+
 def conversation_owner(conversation_id: str) -> str:
     """String: the user a conversation id belongs to, from the first request that named or made
     it. Kept after the conversation is deleted, so an id is never handed to another user."""

@@ -1,6 +1,6 @@
-"""/metrics walks every conversation record (SCAN): scrapes that arrive together share one walk
-instead of starting one each (controlplane/gauges.py, Refresher). Counted with Redis's own
-command statistics, not with a hook in the code."""
+"""/metrics reads the gauges from Redis at scrape time: scrapes that arrive together share one
+refresh instead of starting one each (controlplane/gauges.py, Refresher). Counted with Redis's
+own command statistics (a refresh's SCARDs of the status sets), not with a hook in the code."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from tests.support.types import ClientFactory
 SCRAPES = 20
 
 
-async def scans(raw_redis: aioredis.Redis) -> int:
+async def refreshes(raw_redis: aioredis.Redis) -> int:
+    """SCARD calls so far: a refresh makes one per status set."""
     stats = await raw_redis.info("commandstats")
-    return int(stats.get("cmdstat_scan", {}).get("calls", 0))
+    return int(stats.get("cmdstat_scard", {}).get("calls", 0))
 
 
 async def test_scrapes_at_once_share_one_walk_and_all_get_the_figures(
@@ -32,15 +33,15 @@ async def test_scrapes_at_once_share_one_walk_and_all_get_the_figures(
                 id=secrets.token_hex(16), created_by_user_id="alice", sandbox_id="s1"
             )
         )
-    before = await scans(raw_redis)
+    before = await refreshes(raw_redis)
     assert (await client.get("/metrics")).status == 200
-    one_walk = await scans(raw_redis) - before
+    one_walk = await refreshes(raw_redis) - before
     assert one_walk >= 1
 
-    before = await scans(raw_redis)
+    before = await refreshes(raw_redis)
     answers = await asyncio.gather(*(client.get("/metrics") for _ in range(SCRAPES)))
     texts = [await a.text() for a in answers]
-    walked = await scans(raw_redis) - before
+    walked = await refreshes(raw_redis) - before
     assert all(a.status == 200 for a in answers)
     assert all('acs_conversations{execution_status="unknown"} 30.0' in t for t in texts), texts[0]
     # One walk in flight at a time: the crowd costs a few walks, not one each.
