@@ -20,24 +20,23 @@ import redis.asyncio as aioredis
 from controlplane.crypto import hash_api_key
 from controlplane.sandboxes.models import SandboxRecord
 from controlplane.sandboxes.naming import POOL_OWNER
-from controlplane.sandboxes.store import STATUS_INDEX, TOMBSTONE_TTL, SandboxStore
+from controlplane.sandboxes.store import RESERVATIONS, STATUS_INDEX, TOMBSTONE_TTL, SandboxStore
 from controlplane.store import keyspace, text
 from controlplane.store.streams import APPEND_ENTRY, StreamEntry, script_args, stored
 
-_CREATE = """
+_CREATE = (
+    RESERVATIONS
+    + """
 local memory, memory_cap, id = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-if memory_cap >= 0 then
-  local used = 0
-  for _, v in ipairs(redis.call('HVALS', KEYS[3])) do used = used + tonumber(v) end
-  if used + memory > memory_cap then return 'memory' end
-end
+if memory_cap >= 0 and reserved(KEYS[3]) + memory > memory_cap then return 'memory' end
 redis.call('HSET', KEYS[1], 'memory', ARGV[1], unpack(ARGV, 4))
 redis.call('ZADD', KEYS[2], 0, id)
-redis.call('HSET', KEYS[3], id, memory)
+reserve(KEYS[3], id, memory)
 redis.call('SET', KEYS[4], id)
 redis.call('SADD', KEYS[5], id)
 return 'ok'
 """
+)
 
 _CLAIM = (
     APPEND_ENTRY
@@ -87,17 +86,20 @@ end
 """
 )
 
-_DROP = """
+_DROP = (
+    RESERVATIONS
+    + """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
+release(KEYS[4], ARGV[1])
 redis.call('DEL', KEYS[5])
 redis.call('SREM', KEYS[6], ARGV[1])
 redis.call('SET', KEYS[7], '1', 'EX', ARGV[3])
 return 1
 """
+)
 
 
 def _window(seconds: float) -> int:

@@ -194,6 +194,10 @@ class Reconciler:
         repaired += await self._store.reindex_strays()
         if repaired:
             log.warning("sandbox_status_sets_repaired", memberships=repaired)
+        # Admission's sum of the reservations, made again from them (store.RESERVATIONS).
+        total_before, total = await self._store.recount_reserved()
+        if total_before is not None and total_before != total:
+            log.warning("memory_reserved_total_repaired", before=total_before, after=total)
         for sandbox_id, state in containers.items():
             if sandbox_id and sandbox_id not in seen:
                 await self._apply(sandbox_id, state)

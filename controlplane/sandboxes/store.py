@@ -26,13 +26,60 @@ TOMBSTONE_TTL = 3600
 """A deleted id is remembered for an hour so that a sweep that listed its container just before
 the delete does not adopt it back."""
 
-_SUM_RESERVED = """
+RESERVATIONS = (
+    """
+-- The host's reservations (the hash `key`, keyspace.MEMORY_RESERVED) and their sum, kept beside
+-- them so that admission reads one number: summing every sandbox's at each create made a burst
+-- of n creates cost Redis n times the number of sandboxes. A sum that is not there yet (an
+-- upgrade, or the sweep's recount) is made from the hash first, then kept with each change.
+local RESERVED_TOTAL = '"""
+    + keyspace.MEMORY_RESERVED_TOTAL
+    + """'
 local function reserved(key)
+  local total = redis.call('GET', RESERVED_TOTAL)
+  if total then return tonumber(total) end
   local used = 0
   for _, v in ipairs(redis.call('HVALS', key)) do used = used + tonumber(v) end
+  redis.call('SET', RESERVED_TOTAL, string.format('%d', used))
   return used
 end
+local function reserve(key, id, memory)
+  local before = tonumber(redis.call('HGET', key, id) or '0')
+  reserved(key)
+  redis.call('HSET', key, id, memory)
+  redis.call('INCRBY', RESERVED_TOTAL, string.format('%d', memory - before))
+end
+local function release(key, id)
+  local before = redis.call('HGET', key, id)
+  if not before then return end
+  reserved(key)
+  redis.call('HDEL', key, id)
+  redis.call('DECRBY', RESERVED_TOTAL, before)
+end
 """
+)
+"""Lua: `reserved(key)`, `reserve(key, id, memory)` and `release(key, id)`: every change of
+MEMORY_RESERVED goes through these two, which keep MEMORY_RESERVED_TOTAL with it."""
+
+_RELEASE = (
+    RESERVATIONS
+    + """
+release(KEYS[1], ARGV[1])
+return 1
+"""
+)
+
+# KEYS: the reservations. The sum made again from them (the reconciler's sweep: a writer that did
+# not keep it, an older replica or a hand edit, cannot leave it wrong for longer than a sweep).
+# Returns the sum before and after.
+_RECOUNT = (
+    RESERVATIONS
+    + """
+local before = redis.call('GET', RESERVED_TOTAL)
+redis.call('DEL', RESERVED_TOTAL)
+return {before or '', reserved(KEYS[1])}
+"""
+)
 
 _STATUS_SETS = keyspace.sandboxes_in_status("")
 _STATUSES = " ".join(s.value for s in SandboxStatus)
@@ -84,7 +131,7 @@ return fixed
 listed in ALL_SANDBOXES, KEYS[1]); returns how many memberships it changed."""
 
 _CREATE = (
-    _SUM_RESERVED
+    RESERVATIONS
     + APPEND_ENTRY
     + STATUS_INDEX
     + """
@@ -100,7 +147,7 @@ redis.call('ZADD', KEYS[2], 0, id)
 redis.call('ZADD', KEYS[3], 0, id)
 if status == 'STARTING' or status == 'RUNNING' then redis.call('SADD', KEYS[4], id) end
 if status ~= 'ERROR' and status ~= 'MISSING' and (status ~= 'PAUSED' or paused_holds) then
-  redis.call('HSET', KEYS[6], id, memory)
+  reserve(KEYS[6], id, memory)
 end
 redis.call('SET', KEYS[5], id)
 index_status(id, nil, status)
@@ -113,7 +160,7 @@ return 'ok'
 )
 
 _TRANSITION = (
-    _SUM_RESERVED
+    RESERVATIONS
     + APPEND_ENTRY
     + STATUS_INDEX
     + """
@@ -151,7 +198,7 @@ if to ~= 'PAUSED' then redis.call('HDEL', KEYS[1], 'hibernated_at') end
 if redis.call('ZSCORE', KEYS[4], id) then index_status(id, cur, to) end
 redis.call('PUBLISH', ARGV[6], id .. ' ' .. to)
 if active_to then redis.call('SADD', KEYS[2], id) else redis.call('SREM', KEYS[2], id) end
-if holds then redis.call('HSET', KEYS[3], id, memory) else redis.call('HDEL', KEYS[3], id) end
+if holds then reserve(KEYS[3], id, memory) else release(KEYS[3], id) end
 -- The change's lifecycle event and audit entry (KEYS[5..]: their streams), stored with it or
 -- not at all.
 append_entry(5, 9 + fields)
@@ -173,13 +220,16 @@ return 1
 """
 )
 
-_HIBERNATE = """
+_HIBERNATE = (
+    RESERVATIONS
+    + """
 if redis.call('HGET', KEYS[1], 'status') ~= 'PAUSED' then return 0 end
 if redis.call('HEXISTS', KEYS[1], 'deleting_at') == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'hibernated_at', ARGV[1], 'reason', ARGV[3])
-redis.call('HDEL', KEYS[2], ARGV[2])
+release(KEYS[2], ARGV[2])
 return 1
 """
+)
 
 _HOLD = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -244,6 +294,7 @@ class SandboxStore:
         self._hibernate = redis.register_script(_HIBERNATE)
         self._hold = redis.register_script(_HOLD)
         self._reindex = redis.register_script(_REINDEX)
+        self._recount = redis.register_script(_RECOUNT)
         self._on_change = on_change
 
     def _changed(self, sandbox_id: str) -> None:
@@ -429,7 +480,7 @@ class SandboxStore:
             pipe.zrem(keyspace.ALL_SANDBOXES, record.id)
             pipe.zrem(keyspace.user_sandboxes(record.owner), record.id)
             pipe.srem(keyspace.user_active_sandboxes(record.owner), record.id)
-            pipe.hdel(keyspace.MEMORY_RESERVED, record.id)
+            pipe.eval(_RELEASE, 1, keyspace.MEMORY_RESERVED, record.id)
             for status in SandboxStatus:  # whichever it is in now (the record may be stale)
                 pipe.srem(keyspace.sandboxes_in_status(status), record.id)
             pipe.delete(keyspace.sandbox_by_key(hash_api_key(record.session_api_key)))
@@ -483,7 +534,16 @@ class SandboxStore:
 
     async def memory_reserved(self) -> int:
         """Bytes reserved by every STARTING, RUNNING and PAUSED sandbox."""
+        raw = await self._redis.get(keyspace.MEMORY_RESERVED_TOTAL)
+        if raw is not None:
+            return int(raw)
         return sum(int(v) for v in await self._redis.hvals(keyspace.MEMORY_RESERVED))
+
+    async def recount_reserved(self) -> tuple[int | None, int]:
+        """Make the reservations' sum again from the reservations (the reconciler's sweep);
+        returns the sum before (None: there was none) and after."""
+        before, after = await self._recount(keys=[keyspace.MEMORY_RESERVED])
+        return (int(before) if before else None), int(after)
 
     async def count_active(self, owner: str) -> int:
         return int(await self._redis.scard(keyspace.user_active_sandboxes(owner)))

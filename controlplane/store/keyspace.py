@@ -137,6 +137,10 @@ MEMORY_RESERVED = f"{PREFIX}:memory_reserved"
 """Hash: sandbox id -> bytes of memory it reserves while STARTING, RUNNING or PAUSED (a paused
 container keeps its memory), summed for the host capacity guard."""
 
+MEMORY_RESERVED_TOTAL = f"{PREFIX}:memory_reserved_total"
+"""String: the sum of MEMORY_RESERVED's values, changed with it by the same scripts
+(sandboxes/store.py RESERVATIONS), so that admission reads one number, not every sandbox's."""
+
 
 LIFECYCLE = f"{PREFIX}:lifecycle"
 """Stream of every lifecycle event (admin view), trimmed to lifecycle.publisher.STREAM_MAXLEN."""
