@@ -37,6 +37,11 @@ file's bytes as F frames (exactly its listed size), then Z. And the op "load" wr
 sandbox's files under "root": E frames (an entry: "d", the path under root; "k", "m", "mt",
 "l"), each file's bytes as F frames, then Z; answered {"loaded": n, "skipped": m}. Nothing is
 written through a link, beneath anything but a directory, nor outside root.
+
+Across a restore (Docker): the op "stamp" records, once a snapshot's files are laid down, each
+file's signature as laid down beside its signature in the snapshot; an export request's
+"carried_file" names that record, so that the first export after a restore, a rewind or a fork
+reads only what changed since (`carry`), not every file again.
 """
 
 from __future__ import annotations
@@ -453,6 +458,8 @@ def export(request: dict[str, Any]) -> None:
     if request.get("roots"):
         ROOTS.clear()
         ROOTS.update(request["roots"])
+    if request.get("carried_file"):
+        carry(known, request["carried_file"])
     if request.get("staging"):
         STAGING[0] = request["staging"]
     system = bool(request.get("system", True))
@@ -500,6 +507,71 @@ def export(request: dict[str, Any]) -> None:
     with open(f"{READY}/{LISTING}", "w") as listing:
         listing.write(json.dumps(entries, separators=(",", ":")))  # dumps: the C encoder
     send(b"Z", b"")
+    out.flush()
+
+
+def carry(known: dict[str, dict[str, list[Any]]], carried_file: str) -> None:
+    """Known signatures carried across a restore: the file (written by "stamp" when the
+    restored files were laid down) maps {tree: {path: [signature in the snapshot, signature as
+    laid down]}}; a known entry whose signature is the snapshot's is compared with the one as
+    laid down instead, so a restored file untouched since is not read again. One changed after
+    the restore has another ctime (any write, chmod or `touch -d` sets it to now): read again.
+    No file (a restore made before this existed): nothing is carried."""
+    try:
+        with open(carried_file) as handle:
+            carried = json.loads(handle.read())
+    except (OSError, ValueError):
+        return
+    for tree, paths in carried.items():
+        mine = known.get(tree)
+        if not mine:
+            continue
+        for path, (was, laid) in paths.items():
+            if mine.get(path) == was:
+                mine[path] = laid
+
+
+def stamp(request: dict[str, Any]) -> None:
+    """{"op": "stamp", "entries_file": path ({tree: {path: signature in the snapshot}}),
+    "roots": {tree: dir}, "out": path}: once restored files are laid down (and before any
+    sandbox runs on them), each file's signature as it now is, written to "out" beside its
+    snapshot signature for `carry`, when nothing but the runtime's change marks differ (same
+    kind, mode, owner, size, mtime: it is the snapshot's file as it was); answered
+    {"stamped": n, "missed": m}."""
+    with open(request["entries_file"]) as handle:
+        wanted: dict[str, dict[str, list[Any]]] = json.loads(handle.read())
+    ROOTS.clear()
+    ROOTS.update(request["roots"])
+    carried: dict[str, dict[str, list[Any]]] = {}
+    stamped = missed = 0
+    for tree, paths in wanted.items():
+        if tree not in ROOTS:
+            continue
+        for path, was in paths.items():
+            try:
+                fd, name = locate(tree, path)
+            except OSError:
+                missed += 1
+                continue
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                entry = entry_of(tree, path, st, fd, name, layer=False)
+            except OSError:
+                entry = None
+            finally:
+                os.close(fd)
+            laid = signature(entry) if entry is not None else None
+            # The change marks (ctime, inode) sit between mtime and the link target.
+            if laid is None or laid[:6] != was[:6] or laid[-2:] != was[-2:]:
+                missed += 1
+                continue
+            carried.setdefault(tree, {})[path] = [was, laid]
+            stamped += 1
+    written = request["out"] + ".part"
+    with open(written, "w") as handle:
+        handle.write(json.dumps(carried, separators=(",", ":")))
+    os.rename(written, request["out"])
+    send_json(b"J", {"stamped": stamped, "missed": missed})
     out.flush()
 
 
@@ -672,6 +744,8 @@ def main() -> None:
         export(request)
     elif op == "load":
         load(request)
+    elif op == "stamp":
+        stamp(request)
     else:
         raise SystemExit(f"unknown op {op!r}")
 

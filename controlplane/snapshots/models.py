@@ -42,6 +42,7 @@ class SnapshotRecord(BaseModel):
     manifest_digest: str = ""
     packs: list[str] = Field(default_factory=list)
     held_still: float = 0.0  # seconds the sandbox was frozen while it was taken
+    read: int = 0  # bytes of the files read again: changed since the parent, or not known
 
 
 class SnapshotInfo(BaseModel):
@@ -61,6 +62,11 @@ class SnapshotInfo(BaseModel):
     files: int
     held_still_seconds: float = Field(
         description="How long the sandbox was frozen while this snapshot was taken"
+    )
+    read_bytes: int = Field(
+        default=0,
+        description="Bytes of the files read to take it: those that changed since its parent "
+        "(the others' contents are known)",
     )
 
 

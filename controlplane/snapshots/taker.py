@@ -224,6 +224,7 @@ class Taker:
                 "manifest_digest": manifest_digest,
                 "packs": packs,
                 "held_still": round(held, 4),
+                "read": written.read,
             }
         )
         await store.fill(record.id, store.encode(record))
