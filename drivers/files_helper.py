@@ -35,13 +35,16 @@ helper's own), "system": false (only the state paths of "upper" are listed, noth
 and "stream": true: after {"done": ...} the listing goes as one L frame, then each changed
 file's bytes as F frames (exactly its listed size), then Z. And the op "load" writes a restored
 sandbox's files under "root": E frames (an entry: "d", the path under root; "k", "m", "mt",
-"l"), each file's bytes as F frames, then Z; answered {"loaded": n, "skipped": m}. Nothing is
-written through a link, beneath anything but a directory, nor outside root.
+"l"; for a file, "t", "p" and "w": its tree, path and signature in the snapshot), each file's
+bytes as F frames, then Z; answered {"loaded": n, "skipped": m, "carried": c}, and each file
+laid down as the snapshot had it is recorded, its signature as laid down beside "w", in
+"carried.json" under root for the exports that follow (`carry`). Nothing is written through a
+link, beneath anything but a directory, nor outside root.
 
-Across a restore (Docker): the op "stamp" records, once a snapshot's files are laid down, each
-file's signature as laid down beside its signature in the snapshot; an export request's
-"carried_file" names that record, so that the first export after a restore, a rewind or a fork
-reads only what changed since (`carry`), not every file again.
+Across a restore on Docker, where the engine lays the files down: the op "stamp" records
+each file's signature as laid down beside its signature in the snapshot; an export request's
+"carried_file" names that record (or the loader's, on Kubernetes), so that the first export
+after a restore, a rewind or a fork reads only what changed since (`carry`), not every file.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ BLOCK = 4096
 OPAQUE = ("trusted.overlay.opaque",)
 STAGING = ["/acs/staging"]  # a list: an export request may name another
 READY = "/acs/ready"
+CARRIED_NAME = "carried.json"
 LISTING = "-listing.json"
 ROOTS = {"ws": "/acs/ws", "upper": "/acs/upper", "base": "/acs/base"}
 NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
@@ -561,8 +565,7 @@ def stamp(request: dict[str, Any]) -> None:
             finally:
                 os.close(fd)
             laid = signature(entry) if entry is not None else None
-            # The change marks (ctime, inode) sit between mtime and the link target.
-            if laid is None or laid[:6] != was[:6] or laid[-2:] != was[-2:]:
+            if laid is None or not carriable(was, laid):
                 missed += 1
                 continue
             carried.setdefault(tree, {})[path] = [was, laid]
@@ -703,12 +706,31 @@ def finish_dirs(root_fd: int, dirs: list[tuple[list[str], Entry]]) -> None:
             os.close(child)
 
 
+def carriable(was: list[Any], laid: list[Any], *, owners: bool = True) -> bool:
+    """Whether a file laid down (its signature `laid`) is the snapshot's (`was`) in all but
+    the runtime's change marks (ctime, inode, between mtime and the link target); `owners`
+    false: whatever its owner (Kubernetes gives every file to the sandbox's user)."""
+    same = laid[:2] + laid[4:6] + laid[-2:] == was[:2] + was[4:6] + was[-2:]
+    return same and (not owners or laid[2:4] == was[2:4])
+
+
+def write_carried(root_fd: int, carried: dict[str, dict[str, list[Any]]]) -> None:
+    """The record `carry` reads, CARRIED_NAME in the root, whole or not at all."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+    part = CARRIED_NAME + ".part"
+    fd = os.open(part, flags, 0o600, dir_fd=root_fd)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(json.dumps(carried, separators=(",", ":")))
+    os.rename(part, CARRIED_NAME, src_dir_fd=root_fd, dst_dir_fd=root_fd)
+
+
 def load(request: dict[str, Any]) -> None:
     root_fd = os.open(request["root"], NOFOLLOW_DIR)
     dirs: list[tuple[list[str], Entry]] = []
     loaded = skipped = 0
     file_fd: int | None = None
     entry: Entry = {}
+    carried: dict[str, dict[str, list[Any]]] = {}
     while True:
         kind, payload = read_frame()
         if kind == b"F":
@@ -718,6 +740,11 @@ def load(request: dict[str, Any]) -> None:
         if file_fd is not None:
             ns = int(entry["mt"])
             os.utime(file_fd, ns=(ns, ns))
+            if entry.get("w"):  # its signature in the snapshot: carried when it is the same
+                made = entry_of(entry["t"], entry["p"], os.fstat(file_fd), None, "", layer=False)
+                laid = signature(made) if made is not None else None
+                if laid is not None and carriable(entry["w"], laid, owners=False):
+                    carried.setdefault(entry["t"], {})[entry["p"]] = [entry["w"], laid]
             os.close(file_fd)
             file_fd = None
         if kind == b"Z":
@@ -731,8 +758,11 @@ def load(request: dict[str, Any]) -> None:
         except OSError:
             skipped += 1
     finish_dirs(root_fd, dirs)
+    if carried:
+        write_carried(root_fd, carried)
     os.close(root_fd)
-    send_json(b"J", {"loaded": loaded, "skipped": skipped})
+    counted = sum(len(paths) for paths in carried.values())
+    send_json(b"J", {"loaded": loaded, "skipped": skipped, "carried": counted})
     out.flush()
 
 

@@ -72,6 +72,7 @@ class DockerBases:
         # (its build's archive), so its workspace needs no extraction of its own for them.
         self._dirs_made: set[tuple[str, str]] = set()
         self._staged: dict[str, Base] = {}  # sandbox id -> the base `stage` found or built
+        self._stamping: dict[str, asyncio.Task[None]] = {}  # base volume -> its `_stamp`
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -117,6 +118,9 @@ class DockerBases:
     async def release(self, base_volume: str) -> None:
         """Remove the base (volume and image) when no workspace stands on it any more."""
         async with self._lock(base_volume):
+            stamping = self._stamping.get(base_volume)
+            if stamping is not None:  # its helper holds the volume: removal would fail
+                await asyncio.gather(stamping, return_exceptions=True)
             await self._lane.run(lambda c: self._drop_unused(c, base_volume))
             if await self._lane.run(lambda c: _volume(c, base_volume)) is None:
                 self._dirs_made = {made for made in self._dirs_made if made[0] != base_volume}
@@ -216,7 +220,13 @@ class DockerBases:
                         holder, repository=repository, tag=tag, conf={"Labels": marks}, pause=False
                     )
                 )
-                await self._stamp(name, image, signatures, request.sandbox_id)
+                # Off the start's path: the layers it reads never change, whatever the sandbox
+                # does meanwhile (an export before it is done reads every file, as before).
+                stamping = asyncio.create_task(
+                    self._stamp(name, image, signatures, request.sandbox_id), name=f"stamp-{name}"
+                )
+                self._stamping[name] = stamping
+                stamping.add_done_callback(lambda _: self._stamping.pop(name, None))
                 self._dirs_made.add((name, request.sandbox_id))
             except BaseException:
                 await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
@@ -297,7 +307,8 @@ class DockerBases:
         fork's untouched workspace files with their lower/ inode and ctime (a write, a chmod
         or a `touch -d` copies the file up with a new ctime), and the system and state trees
         are the base image's top layer itself. A failure costs only speed: the first
-        snapshot then reads every file, as before."""
+        snapshot then reads every file, as before. Never raises (but a cancel)."""
+        started = time.monotonic()
         try:
             top = await self._lane.run(
                 lambda c: str(c.images.get(image).attrs["GraphDriver"]["Data"]["UpperDir"])
@@ -327,8 +338,9 @@ class DockerBases:
                 answer = await self._lane.run(lambda _: helper.ask(request))
             finally:
                 await self._lane.run(lambda _: helper.close())
-            log.info("snapshot_base_stamped", volume=volume, **answer)
-        except (DriverError, APIError, KeyError, TypeError) as exc:
+            took = round(time.monotonic() - started, 3)
+            log.info("snapshot_base_stamped", volume=volume, took=took, **answer)
+        except Exception as exc:  # a background task's: costs only the first snapshot's speed
             log.warning("snapshot_base_not_stamped", volume=volume, error=str(exc))
 
     async def _extract(self, mounts: list[Mount], pieces: AsyncIterator[bytes]) -> None:
