@@ -30,8 +30,8 @@ class SnapshotRecord(BaseModel):
     status: SnapshotStatus
     name: str | None = None
     parent: str | None = None
-    """The snapshot the next was taken against: the sandbox's previous one, or for a sandbox's
-    first snapshot the one it was started from."""
+    """The snapshot this one was taken against: the sandbox's previous one, or the one its files
+    came from when that is later (the sandbox's first snapshot, or the first after a rewind)."""
     created_at: datetime
     repository: str
     size: int = 0  # bytes of its files
@@ -52,7 +52,7 @@ class SnapshotInfo(BaseModel):
     sandbox_spec_id: str
     parent_id: str | None = Field(
         description="The snapshot this one is incremental to: the sandbox's previous one, or "
-        "the one the sandbox was started from"
+        "the one the sandbox was started or rewound from, when that came later"
     )
     created_at: datetime
     size_bytes: int = Field(description="Bytes of the files it holds")
