@@ -226,7 +226,7 @@ class DockerBases:
                     self._stamp(name, image, signatures, request.sandbox_id), name=f"stamp-{name}"
                 )
                 self._stamping[name] = stamping
-                stamping.add_done_callback(lambda _: self._stamping.pop(name, None))
+                stamping.add_done_callback(lambda done: self._stamped(name, done))
                 self._dirs_made.add((name, request.sandbox_id))
             except BaseException:
                 await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
@@ -291,6 +291,17 @@ class DockerBases:
         mounts = [Mount("/acs/ws", volume, type="volume"), Mount("/acs/upper", upper, type="bind")]
         await self._extract(mounts, archive(items(), named))
         return root, signatures
+
+    async def stamped(self, volume: str) -> None:
+        """Once the record of the base `volume` is written, when this process writes it now
+        (an export right after a restore waits for it rather than read every file)."""
+        stamping = self._stamping.get(volume)
+        if stamping is not None:
+            await asyncio.gather(asyncio.shield(stamping), return_exceptions=True)
+
+    def _stamped(self, volume: str, done: asyncio.Task[None]) -> None:
+        if self._stamping.get(volume) is done:
+            del self._stamping[volume]
 
     async def _stamp(
         self,

@@ -18,7 +18,7 @@ import io
 import json
 import tarfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import IO, Any, TypeVar
@@ -207,8 +207,18 @@ class Lane:
 class DockerExports:
     """The export half of the snapshot capability on one engine."""
 
-    def __init__(self, lane: Lane, *, prefix: str, image: str) -> None:
+    def __init__(
+        self,
+        lane: Lane,
+        *,
+        prefix: str,
+        image: str,
+        stamped: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        """`stamped(base volume)`: returns once the base's record of its files is written
+        (bases.py: DockerBases.stamped)."""
         self._lane = lane
+        self._stamped = stamped
         self._engine = lane.engine
         self._prefix = prefix
         self._image = image
@@ -385,6 +395,8 @@ class DockerExports:
         base = await self._engine.call(base_of, "inspect")
         if not base:
             return False
+        if self._stamped is not None:
+            await self._stamped(base)
         mounts.append(Mount("/acs/carried", base, type="volume", read_only=True))
         return True
 
