@@ -35,8 +35,16 @@ helper's own), "system": false (only the state paths of "upper" are listed, noth
 and "stream": true: after {"done": ...} the listing goes as one L frame, then each changed
 file's bytes as F frames (exactly its listed size), then Z. And the op "load" writes a restored
 sandbox's files under "root": E frames (an entry: "d", the path under root; "k", "m", "mt",
-"l"), each file's bytes as F frames, then Z; answered {"loaded": n, "skipped": m}. Nothing is
-written through a link, beneath anything but a directory, nor outside root.
+"l"; for a file, "t", "p" and "w": its tree, path and signature in the snapshot), each file's
+bytes as F frames, then Z; answered {"loaded": n, "skipped": m, "carried": c}, and each file
+laid down as the snapshot had it is recorded, its signature as laid down beside "w", in
+"carried.json" under root for the exports that follow (`carry`). Nothing is written through a
+link, beneath anything but a directory, nor outside root.
+
+Across a restore on Docker, where the engine lays the files down: the op "stamp" records
+each file's signature as laid down beside its signature in the snapshot; an export request's
+"carried_file" names that record (or the loader's, on Kubernetes), so that the first export
+after a restore, a rewind or a fork reads only what changed since (`carry`), not every file.
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ BLOCK = 4096
 OPAQUE = ("trusted.overlay.opaque",)
 STAGING = ["/acs/staging"]  # a list: an export request may name another
 READY = "/acs/ready"
+CARRIED_NAME = "carried.json"
 LISTING = "-listing.json"
 ROOTS = {"ws": "/acs/ws", "upper": "/acs/upper", "base": "/acs/base"}
 NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
@@ -453,6 +462,8 @@ def export(request: dict[str, Any]) -> None:
     if request.get("roots"):
         ROOTS.clear()
         ROOTS.update(request["roots"])
+    if request.get("carried_file"):
+        carry(known, request["carried_file"])
     if request.get("staging"):
         STAGING[0] = request["staging"]
     system = bool(request.get("system", True))
@@ -500,6 +511,70 @@ def export(request: dict[str, Any]) -> None:
     with open(f"{READY}/{LISTING}", "w") as listing:
         listing.write(json.dumps(entries, separators=(",", ":")))  # dumps: the C encoder
     send(b"Z", b"")
+    out.flush()
+
+
+def carry(known: dict[str, dict[str, list[Any]]], carried_file: str) -> None:
+    """Known signatures carried across a restore: the file (written by "stamp" when the
+    restored files were laid down) maps {tree: {path: [signature in the snapshot, signature as
+    laid down]}}; a known entry whose signature is the snapshot's is compared with the one as
+    laid down instead, so a restored file untouched since is not read again. One changed after
+    the restore has another ctime (any write, chmod or `touch -d` sets it to now): read again.
+    No file (a restore made before this existed): nothing is carried."""
+    try:
+        with open(carried_file) as handle:
+            carried = json.loads(handle.read())
+    except (OSError, ValueError):
+        return
+    for tree, paths in carried.items():
+        mine = known.get(tree)
+        if not mine:
+            continue
+        for path, (was, laid) in paths.items():
+            if mine.get(path) == was:
+                mine[path] = laid
+
+
+def stamp(request: dict[str, Any]) -> None:
+    """{"op": "stamp", "entries_file": path ({tree: {path: signature in the snapshot}}),
+    "roots": {tree: dir}, "out": path}: once restored files are laid down (and before any
+    sandbox runs on them), each file's signature as it now is, written to "out" beside its
+    snapshot signature for `carry`, when nothing but the runtime's change marks differ (same
+    kind, mode, owner, size, mtime: it is the snapshot's file as it was); answered
+    {"stamped": n, "missed": m}."""
+    with open(request["entries_file"]) as handle:
+        wanted: dict[str, dict[str, list[Any]]] = json.loads(handle.read())
+    ROOTS.clear()
+    ROOTS.update(request["roots"])
+    carried: dict[str, dict[str, list[Any]]] = {}
+    stamped = missed = 0
+    for tree, paths in wanted.items():
+        if tree not in ROOTS:
+            continue
+        for path, was in paths.items():
+            try:
+                fd, name = locate(tree, path)
+            except OSError:
+                missed += 1
+                continue
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                entry = entry_of(tree, path, st, fd, name, layer=False)
+            except OSError:
+                entry = None
+            finally:
+                os.close(fd)
+            laid = signature(entry) if entry is not None else None
+            if laid is None or not carriable(was, laid):
+                missed += 1
+                continue
+            carried.setdefault(tree, {})[path] = [was, laid]
+            stamped += 1
+    written = request["out"] + ".part"
+    with open(written, "w") as handle:
+        handle.write(json.dumps(carried, separators=(",", ":")))
+    os.rename(written, request["out"])
+    send_json(b"J", {"stamped": stamped, "missed": missed})
     out.flush()
 
 
@@ -631,12 +706,31 @@ def finish_dirs(root_fd: int, dirs: list[tuple[list[str], Entry]]) -> None:
             os.close(child)
 
 
+def carriable(was: list[Any], laid: list[Any], *, owners: bool = True) -> bool:
+    """Whether a file laid down (its signature `laid`) is the snapshot's (`was`) in all but
+    the runtime's change marks (ctime, inode, between mtime and the link target); `owners`
+    false: whatever its owner (Kubernetes gives every file to the sandbox's user)."""
+    same = laid[:2] + laid[4:6] + laid[-2:] == was[:2] + was[4:6] + was[-2:]
+    return same and (not owners or laid[2:4] == was[2:4])
+
+
+def write_carried(root_fd: int, carried: dict[str, dict[str, list[Any]]]) -> None:
+    """The record `carry` reads, CARRIED_NAME in the root, whole or not at all."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+    part = CARRIED_NAME + ".part"
+    fd = os.open(part, flags, 0o600, dir_fd=root_fd)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(json.dumps(carried, separators=(",", ":")))
+    os.rename(part, CARRIED_NAME, src_dir_fd=root_fd, dst_dir_fd=root_fd)
+
+
 def load(request: dict[str, Any]) -> None:
     root_fd = os.open(request["root"], NOFOLLOW_DIR)
     dirs: list[tuple[list[str], Entry]] = []
     loaded = skipped = 0
     file_fd: int | None = None
     entry: Entry = {}
+    carried: dict[str, dict[str, list[Any]]] = {}
     while True:
         kind, payload = read_frame()
         if kind == b"F":
@@ -646,6 +740,11 @@ def load(request: dict[str, Any]) -> None:
         if file_fd is not None:
             ns = int(entry["mt"])
             os.utime(file_fd, ns=(ns, ns))
+            if entry.get("w"):  # its signature in the snapshot: carried when it is the same
+                made = entry_of(entry["t"], entry["p"], os.fstat(file_fd), None, "", layer=False)
+                laid = signature(made) if made is not None else None
+                if laid is not None and carriable(entry["w"], laid, owners=False):
+                    carried.setdefault(entry["t"], {})[entry["p"]] = [entry["w"], laid]
             os.close(file_fd)
             file_fd = None
         if kind == b"Z":
@@ -659,8 +758,11 @@ def load(request: dict[str, Any]) -> None:
         except OSError:
             skipped += 1
     finish_dirs(root_fd, dirs)
+    if carried:
+        write_carried(root_fd, carried)
     os.close(root_fd)
-    send_json(b"J", {"loaded": loaded, "skipped": skipped})
+    counted = sum(len(paths) for paths in carried.values())
+    send_json(b"J", {"loaded": loaded, "skipped": skipped, "carried": counted})
     out.flush()
 
 
@@ -672,6 +774,8 @@ def main() -> None:
         export(request)
     elif op == "load":
         load(request)
+    elif op == "stamp":
+        stamp(request)
     else:
         raise SystemExit(f"unknown op {op!r}")
 

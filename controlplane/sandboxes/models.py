@@ -55,6 +55,8 @@ class SandboxRecord(BaseModel):
     origin: str | None = None
     """The snapshot it was started from (its files came from there), None for a spec's new
     sandbox."""
+    origin_at: datetime | None = None
+    """When its files last came from `origin`: made from it, or a rewind to it."""
     carried: str | None = None
     """A conversation's fork (`<source conversation id>:<new conversation id>`): the source's
     conversation as the agent stored it at the snapshot (its events, no credential) is restored
@@ -99,6 +101,7 @@ class SandboxRecord(BaseModel):
             updated_at=now,
             last_activity_at=now,
             origin=origin,
+            origin_at=now if origin is not None else None,
             carried=carried,
         )
 

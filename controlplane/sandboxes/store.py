@@ -316,6 +316,7 @@ class SandboxStore:
             "last_activity_at": record.last_activity_at.isoformat(),
             "org": record.org_id or "",
             "origin": record.origin or "",
+            "origin_at": record.origin_at.isoformat() if record.origin_at else "",
             "carried": record.carried or "",
         }
 
@@ -342,6 +343,7 @@ class SandboxStore:
             else None,
             org_id=row.get("org") or None,
             origin=row.get("origin") or None,
+            origin_at=datetime.fromisoformat(row["origin_at"]) if row.get("origin_at") else None,
             carried=row.get("carried") or None,
             held_until=float(row["held_until"]) if row.get("held_until") else None,
             hibernated_at=datetime.fromisoformat(row["hibernated_at"])
@@ -439,6 +441,7 @@ class SandboxStore:
             fields["last_activity_at"] = now.isoformat()
         if origin is not None:
             fields["origin"] = origin
+            fields["origin_at"] = now.isoformat()
         flat = [item for pair in fields.items() for item in pair]
         streams, entry_args = script_args(entry)
         outcome, previous = await self._transition(

@@ -30,8 +30,8 @@ class SnapshotRecord(BaseModel):
     status: SnapshotStatus
     name: str | None = None
     parent: str | None = None
-    """The snapshot the next was taken against: the sandbox's previous one, or for a sandbox's
-    first snapshot the one it was started from."""
+    """The snapshot this one was taken against: the sandbox's previous one, or the one its files
+    came from when that is later (the sandbox's first snapshot, or the first after a rewind)."""
     created_at: datetime
     repository: str
     size: int = 0  # bytes of its files
@@ -42,6 +42,7 @@ class SnapshotRecord(BaseModel):
     manifest_digest: str = ""
     packs: list[str] = Field(default_factory=list)
     held_still: float = 0.0  # seconds the sandbox was frozen while it was taken
+    read: int = 0  # bytes of the files read again: changed since the parent, or not known
 
 
 class SnapshotInfo(BaseModel):
@@ -51,7 +52,7 @@ class SnapshotInfo(BaseModel):
     sandbox_spec_id: str
     parent_id: str | None = Field(
         description="The snapshot this one is incremental to: the sandbox's previous one, or "
-        "the one the sandbox was started from"
+        "the one the sandbox was started or rewound from, when that came later"
     )
     created_at: datetime
     size_bytes: int = Field(description="Bytes of the files it holds")
@@ -61,6 +62,11 @@ class SnapshotInfo(BaseModel):
     files: int
     held_still_seconds: float = Field(
         description="How long the sandbox was frozen while this snapshot was taken"
+    )
+    read_bytes: int = Field(
+        default=0,
+        description="Bytes of the files read to take it: those that changed since its parent "
+        "(the others' contents are known)",
     )
 
 

@@ -53,6 +53,7 @@ def info(record: SnapshotRecord) -> SnapshotInfo:
         stored_bytes=record.stored,
         files=record.files,
         held_still_seconds=record.held_still,
+        read_bytes=record.read,
     )
 
 
@@ -168,6 +169,7 @@ class SnapshotService:
             held_still=record.held_still,
             size=record.size,
             stored=record.stored,
+            read=record.read,
         )
         return record
 

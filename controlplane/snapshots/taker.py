@@ -105,8 +105,7 @@ class Taker:
         they are sent: from then on the sandbox may change without changing the snapshot."""
         store = self._data.store
         started = time.monotonic()
-        parent = await store.latest(sandbox.id) or sandbox.origin
-        previous = await self._previous(parent)
+        parent, previous = await self._parent(sandbox)
         snapshot_id = uuid7_hex()
         record = SnapshotRecord(
             id=snapshot_id,
@@ -163,6 +162,24 @@ class Taker:
         self._data.remember(snapshot_id, written.index)
         committed = await store.get(snapshot_id)  # with what the commit counted
         return committed or record
+
+    async def _parent(self, sandbox: SandboxRecord) -> tuple[str | None, SnapshotIndex | None]:
+        """The snapshot to take this one against, and its index: the sandbox's latest, unless
+        its files came from `origin` since (a rewind: the files that changed between the two
+        are the origin's, whose signatures the restore carried, and need no reading); for a
+        sandbox's first, the one it was made from. Either is correct (an export reads whatever
+        its known signatures do not match): the choice is only what it has to read."""
+        latest = await self._data.store.latest(sandbox.id)
+        candidates = [latest, sandbox.origin]
+        if latest is not None and sandbox.origin is not None and sandbox.origin_at is not None:
+            record = await self._data.store.get(latest)
+            if record is not None and record.created_at < sandbox.origin_at:
+                candidates.reverse()
+        for candidate in candidates:
+            previous = await self._previous(candidate)
+            if previous is not None:
+                return candidate, previous
+        return None, None
 
     async def _previous(self, parent: str | None) -> SnapshotIndex | None:
         """The parent's index, against which only changes are sent; None (everything is
@@ -224,6 +241,7 @@ class Taker:
                 "manifest_digest": manifest_digest,
                 "packs": packs,
                 "held_still": round(held, 4),
+                "read": written.read,
             }
         )
         await store.fill(record.id, store.encode(record))

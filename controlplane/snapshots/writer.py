@@ -46,6 +46,7 @@ class Written:
     index: SnapshotIndex
     new_packs: list[NewPack] = field(default_factory=list)
     new_chunks: dict[str, str] = field(default_factory=dict)  # id -> "<pack> <offset> <length>"
+    read: int = 0  # bytes of the changed files the export sent
 
 
 class _Packer:
@@ -131,7 +132,7 @@ class SnapshotWriter:
         slots: list[_Slot] = []
         entry: FileEntry | None = None
         buffer = bytearray()
-        left = 0
+        left = read = 0
         try:
             async for item in items:
                 if isinstance(item, bytes):
@@ -149,6 +150,7 @@ class SnapshotWriter:
                 entry, buffer = item, bytearray()
                 if item.kind == FileKind.FILE and item.changed:
                     left, slots = item.size, []
+                    read += item.size
                     # Kept unchanged-marked: the next export hands it back as it is.
                     filled.append((len(rows), slots))
                     rows.append((replace(item, changed=False, name=""), []))
@@ -167,7 +169,7 @@ class SnapshotWriter:
             rows[at] = (rows[at][0], [slot.ref() for slot in placed_slots])
         index = SnapshotIndex(rows)
         placed = {s.id: f"{s.pack} {s.offset} {s.length}" for s in self._packer.placed}
-        return Written(index, self._packer.packs, placed)
+        return Written(index, self._packer.packs, placed, read)
 
     async def _place(self, data: bytes) -> _Slot:
         """A slot for one chunk, filled once its place is known (reused, or packed)."""

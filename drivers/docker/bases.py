@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import time
 from collections.abc import AsyncIterator
@@ -32,17 +33,16 @@ from docker.types import Mount
 
 from drivers.base import STATE, SYSTEM, WORKSPACE, FileEntry, FileItem, FileKind, SandboxRequest
 from drivers.docker import names as docker_names
-from drivers.docker.files import LABEL_SNAPSHOT, Lane
-from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE
+from drivers.docker.files import CARRIED, LABEL_BASE, LABEL_SNAPSHOT, Lane
+from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE, Helper
 from drivers.docker.tar import Feed, archive
 from drivers.errors import DriverError, ImageMissing
 
 log = structlog.get_logger(__name__)
 
-LABEL_BASE = "acs.base"
-"""On a restored sandbox's workspace volume: the base volume it stands on."""
 LABEL_BASE_IMAGE = "acs.base_image"
 """On the same volume: the image its container runs (the base's)."""
+SIGNATURES = "acs-signatures.json"
 LABEL_ROOT = "acs.workspace_root"
 """On a base image: its workspace root's "uid:gid:mode" (overlay's merged root is the upper
 directory, which must have them)."""
@@ -72,6 +72,7 @@ class DockerBases:
         # (its build's archive), so its workspace needs no extraction of its own for them.
         self._dirs_made: set[tuple[str, str]] = set()
         self._staged: dict[str, Base] = {}  # sandbox id -> the base `stage` found or built
+        self._stamping: dict[str, asyncio.Task[None]] = {}  # base volume -> its `_stamp`
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -117,6 +118,9 @@ class DockerBases:
     async def release(self, base_volume: str) -> None:
         """Remove the base (volume and image) when no workspace stands on it any more."""
         async with self._lock(base_volume):
+            stamping = self._stamping.get(base_volume)
+            if stamping is not None:  # its helper holds the volume: removal would fail
+                await asyncio.gather(stamping, return_exceptions=True)
             await self._lane.run(lambda c: self._drop_unused(c, base_volume))
             if await self._lane.run(lambda c: _volume(c, base_volume)) is None:
                 self._dirs_made = {made for made in self._dirs_made if made[0] != base_volume}
@@ -205,7 +209,7 @@ class DockerBases:
                     lambda c: _create(c, request.image, labels=labels, network_disabled=True)
                 )
                 upper = await self._lane.run(lambda c: _upper(c, holder))
-                root = await self._fill(request, name, upper)
+                root, signatures = await self._fill(request, name, upper)
                 repository, _, tag = image.partition(":")
                 # The image's labels pass to every container of it: only what they need. A
                 # commit merges the holder's own labels in, so those are blanked (a label
@@ -216,6 +220,13 @@ class DockerBases:
                         holder, repository=repository, tag=tag, conf={"Labels": marks}, pause=False
                     )
                 )
+                # Off the start's path: the layers it reads never change, whatever the sandbox
+                # does meanwhile (an export before it is done reads every file, as before).
+                stamping = asyncio.create_task(
+                    self._stamp(name, image, signatures, request.sandbox_id), name=f"stamp-{name}"
+                )
+                self._stamping[name] = stamping
+                stamping.add_done_callback(lambda done: self._stamped(name, done))
                 self._dirs_made.add((name, request.sandbox_id))
             except BaseException:
                 await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
@@ -227,13 +238,17 @@ class DockerBases:
                     )
             return Base(name, str(made["Mountpoint"]), image, root)
 
-    async def _fill(self, request: SandboxRequest, volume: str, upper: str) -> str:
+    async def _fill(
+        self, request: SandboxRequest, volume: str, upper: str
+    ) -> tuple[str, dict[str, dict[str, list[object]]]]:
         """The source's workspace tree into the base volume's lower/ and its system (and
         state) trees into the holder's writable layer, extracted by the engine from one
         archive (a container that never starts holds the mounts); the workspace root's
-        "uid:gid:mode"."""
+        "uid:gid:mode", and the signature in the snapshot of each file laid down ({tree:
+        {path: signature}}, for `_stamp`)."""
         assert request.restore is not None
         root = "0:0:493"
+        signatures: dict[str, dict[str, list[object]]] = {}
         # Paths (per destination) that are not directories: nothing is extracted beneath one,
         # which the engine would otherwise write through a link (entries come parents first).
         leaves: set[tuple[bool, str]] = set()
@@ -246,6 +261,8 @@ class DockerBases:
                 return None
             if entry.kind != FileKind.DIR and entry.path:
                 leaves.add(where)
+            if entry.kind == FileKind.FILE:
+                signatures.setdefault(entry.tree, {})[entry.path] = list(entry.signature())
             if entry.tree == WORKSPACE:
                 if entry.path == "":
                     root = f"{entry.uid}:{entry.gid}:{entry.mode}"
@@ -273,7 +290,69 @@ class DockerBases:
 
         mounts = [Mount("/acs/ws", volume, type="volume"), Mount("/acs/upper", upper, type="bind")]
         await self._extract(mounts, archive(items(), named))
-        return root
+        return root, signatures
+
+    async def stamped(self, volume: str) -> None:
+        """Once the record of the base `volume` is written, when this process writes it now
+        (an export right after a restore waits for it rather than read every file)."""
+        stamping = self._stamping.get(volume)
+        if stamping is not None:
+            await asyncio.gather(asyncio.shield(stamping), return_exceptions=True)
+
+    def _stamped(self, volume: str, done: asyncio.Task[None]) -> None:
+        if self._stamping.get(volume) is done:
+            del self._stamping[volume]
+
+    async def _stamp(
+        self,
+        volume: str,
+        image: str,
+        signatures: dict[str, dict[str, list[object]]],
+        sandbox_id: str,
+    ) -> None:
+        """Record in the base volume (CARRIED) each file's signature as laid down beside its
+        signature in the snapshot (files_helper.py: stamp), so that the first snapshot of a
+        sandbox made from the base reads only what changed since. Nothing has run on the base
+        yet, and nothing ever writes to it: what an export later finds with the same
+        signature is the snapshot's file. Taken from where exports see them: overlay shows a
+        fork's untouched workspace files with their lower/ inode and ctime (a write, a chmod
+        or a `touch -d` copies the file up with a new ctime), and the system and state trees
+        are the base image's top layer itself. A failure costs only speed: the first
+        snapshot then reads every file, as before. Never raises (but a cancel)."""
+        started = time.monotonic()
+        try:
+            top = await self._lane.run(
+                lambda c: str(c.images.get(image).attrs["GraphDriver"]["Data"]["UpperDir"])
+            )
+            mounts = [
+                Mount("/acs/ws", volume, type="volume"),
+                Mount("/acs/base", top, type="bind", read_only=True),
+            ]
+            named = json.dumps(signatures, separators=(",", ":")).encode()
+            helper = await self._lane.run(
+                lambda c: Helper.start(
+                    c,
+                    image=self._image,
+                    prefix=self._prefix,
+                    sandbox_id=sandbox_id,
+                    mounts=mounts,
+                    files={SIGNATURES: named},
+                )
+            )
+            try:
+                request = {
+                    "op": "stamp",
+                    "entries_file": f"/tmp/{SIGNATURES}",  # noqa: S108 (the helper's own)
+                    "roots": {WORKSPACE: "/acs/ws/lower", SYSTEM: "/acs/base", STATE: "/acs/base"},
+                    "out": f"/acs/ws/{CARRIED}",
+                }
+                answer = await self._lane.run(lambda _: helper.ask(request))
+            finally:
+                await self._lane.run(lambda _: helper.close())
+            took = round(time.monotonic() - started, 3)
+            log.info("snapshot_base_stamped", volume=volume, took=took, **answer)
+        except Exception as exc:  # a background task's: costs only the first snapshot's speed
+            log.warning("snapshot_base_not_stamped", volume=volume, error=str(exc))
 
     async def _extract(self, mounts: list[Mount], pieces: AsyncIterator[bytes]) -> None:
         """Have the engine extract an archive at / of a container holding `mounts` (made for

@@ -18,7 +18,7 @@ import io
 import json
 import tarfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import IO, Any, TypeVar
@@ -53,6 +53,11 @@ BATCH_BYTES = 8 << 20
 """What one read from the helper collects before handing it to the event loop (a file larger
 than that is handed over in several)."""
 PIECE = 1 << 20
+LABEL_BASE = "acs.base"
+"""On a restored sandbox's workspace volume: the base volume it stands on (bases.py)."""
+CARRIED = "carried.json"
+"""In a base volume, beside lower/: its files' signatures as laid down, carried into the first
+export of a sandbox made from it (files_helper.py: carry)."""
 READY = "/acs/ready"  # files_helper.py's
 LISTING = "-listing.json"  # files_helper.py's
 KNOWN = "acs-known.json"
@@ -202,8 +207,18 @@ class Lane:
 class DockerExports:
     """The export half of the snapshot capability on one engine."""
 
-    def __init__(self, lane: Lane, *, prefix: str, image: str) -> None:
+    def __init__(
+        self,
+        lane: Lane,
+        *,
+        prefix: str,
+        image: str,
+        stamped: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        """`stamped(base volume)`: returns once the base's record of its files is written
+        (bases.py: DockerBases.stamped)."""
         self._lane = lane
+        self._stamped = stamped
         self._engine = lane.engine
         self._prefix = prefix
         self._image = image
@@ -223,6 +238,7 @@ class DockerExports:
         name = docker_names.container_name(self._prefix, sandbox_id)
         attrs = await self._inspect(name)
         mounts = self._mounts(attrs, name, working_dir)
+        carried = await self._carried(mounts)
         state = attrs.get("State") or {}
         running = bool(state.get("Running")) and not state.get("Paused")
         starting = self._lane.start(
@@ -244,6 +260,8 @@ class DockerExports:
                 "precopy": running,
                 "max_bytes": max_bytes or 0,
             }
+            if carried:
+                request["carried_file"] = f"/acs/carried/{CARRIED}"
             ready = checked(await self._lane.run(lambda _: helper.ask(request)))
             log.debug("snapshot_helper_ready", **ready)
             held = (
@@ -358,6 +376,29 @@ class DockerExports:
             return attrs
 
         return await self._engine.call(run, "inspect")
+
+    async def _carried(self, mounts: list[Mount]) -> bool:
+        """For a sandbox made from a snapshot: its base volume, where the signatures of the
+        files as laid down are (CARRIED), mounted read-only at /acs/carried. False for any
+        other sandbox."""
+        if not any(m["Target"] == "/acs/base" for m in mounts):
+            return False
+        volume = next(m["Source"] for m in mounts if m["Target"] == "/acs/ws")
+
+        def base_of(client: docker.DockerClient) -> str | None:
+            try:
+                found = client.api.inspect_volume(volume)
+            except NotFound:
+                return None
+            return (found.get("Labels") or {}).get(LABEL_BASE)
+
+        base = await self._engine.call(base_of, "inspect")
+        if not base:
+            return False
+        if self._stamped is not None:
+            await self._stamped(base)
+        mounts.append(Mount("/acs/carried", base, type="volume", read_only=True))
+        return True
 
     @staticmethod
     def _mounts(attrs: dict[str, Any], name: str, working_dir: str) -> list[Mount]:

@@ -20,8 +20,10 @@ class DockerFiles:
 
     def __init__(self, engine: DockerEngine, *, prefix: str, image: str, threads: int = 4) -> None:
         self.lane = Lane(engine, threads)
-        self.exports = DockerExports(self.lane, prefix=prefix, image=image)
         self.bases = DockerBases(self.lane, prefix=prefix, image=image)
+        self.exports = DockerExports(
+            self.lane, prefix=prefix, image=image, stamped=self.bases.stamped
+        )
 
     def export(
         self,

@@ -71,6 +71,11 @@ from drivers.kubernetes.state import parse_time, terminating
 log = structlog.get_logger(__name__)
 Json = dict[str, Any]
 CLAIM = "/acs/claim"
+CARRIED = "carried.json"
+"""At the claim's root (out of the sandbox's reach: it mounts workspace/ and state/): the
+signatures of the files a restore laid down, beside theirs in the snapshot; an export compares
+a known entry with them (drivers/files_helper.py: carry), so the first snapshot after a restore
+reads only what changed since."""
 HOLD_LIMIT = 30
 """Seconds after which a stopped sandbox continues on its own (the control plane died)."""
 HOLD_SCRIPT = (
@@ -179,6 +184,7 @@ class KubeFiles:
                 "op": "export",
                 "known": by_tree,
                 "roots": {"ws": f"{CLAIM}/workspace", "upper": f"{CLAIM}/state"},
+                "carried_file": f"{CLAIM}/{CARRIED}",
                 "staging": "/acs/work/staging",
                 "system": False,
                 "stream": True,
@@ -298,6 +304,7 @@ class KubeFiles:
             sent=sent,
             loaded=answer.get("loaded"),
             skipped=answer.get("skipped"),
+            carried=answer.get("carried"),
         )
 
     # -- helpers --------------------------------------------------------------------------------
@@ -521,6 +528,8 @@ def _entry_json(entry: FileEntry, destination: str) -> bytes:
     }
     if entry.kind == FileKind.SYMLINK:
         raw["l"] = entry.target
+    if entry.kind == FileKind.FILE:  # what the loader records for the first export after it
+        raw.update(t=entry.tree, p=entry.path, w=list(entry.signature()))
     return json.dumps(raw, separators=(",", ":")).encode()
 
 

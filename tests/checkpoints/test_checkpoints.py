@@ -31,6 +31,9 @@ pytestmark = [
 STATE = "/var/lib/acs-agent/conversations"
 LEASE = f"for d in {STATE}/*/; do echo held > $d/owner_lease.json; done"
 LOADED = 180  # seconds: a boot or a turn on a 2-core host other suites load too
+AFTER_REWIND = (
+    'cd /workspace && m="$(stat -c %y a.txt)" && printf "ONE\\n" > a.txt && touch -d "$m" a.txt'
+)
 
 
 def finished_turns(events: list[dict[str, Any]]) -> int:
@@ -129,6 +132,9 @@ async def test_rewind_brings_files_and_agent_state_back_and_marks_later_events(
     kept = read(own_docker, sandbox_id, f"ls -A {STATE}/{cid}").split()
     assert kept
     assert "owner_lease.json" not in kept  # its owner is gone with the old instance
+    # Changed right after the rewind, at the same size, its mtime set back: the next checkpoint
+    # (whose export knows the rewound files' signatures) must read it again.
+    read(own_docker, sandbox_id, AFTER_REWIND)
 
     # Kept, and marked: every event after the checkpoint's, none before.
     events = await events_of(alice, cid)
@@ -162,7 +168,7 @@ async def test_rewind_brings_files_and_agent_state_back_and_marks_later_events(
         "POST", f"/api/v1/app-conversations/{cid}/rewind", json={"checkpoint_id": newest["id"]}
     )
     await wait_conversation(alice, cid, "sandbox_status", "RUNNING", within=LOADED)
-    assert read(own_docker, sandbox_id, "cat /workspace/a.txt") == "one"
+    assert read(own_docker, sandbox_id, "cat /workspace/a.txt") == "ONE"
     fake_llm.script([reply_text("FOURTH seen"), reply_finish("ok")])
     asked = len(fake_llm.requests)
     await alice.ok("POST", f"/api/v1/app-conversations/{cid}/events", json=message("FOURTH"))

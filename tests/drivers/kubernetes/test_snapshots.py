@@ -119,6 +119,20 @@ async def test_a_snapshot_taken_on_one_node_starts_sandboxes_on_the_other(
     assert len(keys) == 4
     await no_helpers_left(kube_api, ns, prefix)
 
+    # The restored files' signatures were carried (the loader's record): the restored
+    # sandbox's first snapshot reads only what changed since, however it hides (the same size,
+    # its mtime set back), and holds it.
+    await run(
+        restored,
+        'cd /workspace && m="$(stat -c %y mark)" && echo TRAVELLED > mark && touch -d "$m" mark',
+    )
+    again = await snapshot(api, alice, restored["id"])
+    assert again["parent_id"] == taken["id"]
+    assert 10 <= again["read_bytes"] < 3_000_000, again
+    later = await start_running_from(api, alice, again["id"])
+    out = await run(later, "cat /workspace/mark && md5sum /workspace/blob")
+    assert out["stdout"].split() == ["TRAVELLED", blob_sum, "/workspace/blob"], out
+
 
 async def test_links_out_of_a_paused_workspace_restore_as_links(
     snap_kube: Client,
