@@ -16,10 +16,13 @@ Storage (names in keyspace): the entry in `acs:audit`, and an index entry with t
 id* in the organization's, the action's, the organization's per-action, the user's and the
 organization's per-user stream and in each target id's sorted sets, deployment-wide and the
 organization's (streams.lex_member): an organization's readers search its own indexes only
-(controlplane/audit/search.py), deployment admins the others; all are trimmed by age (MINID) at
-every addition, and the indexes expire one retention after their last, so one nobody writes to goes
-away by itself. The sinks' outbox streams
-get the entry as JSON (the deliverer of controlplane/lifecycle/webhooks.py sends it).
+(controlplane/audit/search.py), deployment admins the others; the streams are trimmed by age
+(MINID ~) at every addition, the sorted sets at least once a minute (UPKEEP), and the indexes
+expire between one retention and one retention plus UPKEEP after their last entry, so one
+nobody writes to goes away by itself: a writer renews an index's expiry (and trims a sorted set)
+at most once per UPKEEP, which saves nine of an entry's seventeen Redis calls. The sinks'
+outbox streams get the entry as JSON (the deliverer of controlplane/lifecycle/webhooks.py
+sends it).
 """
 
 from __future__ import annotations
@@ -128,6 +131,15 @@ _SECRET_SHAPES = re.compile(
 _LONG_RUN = re.compile(r"[A-Za-z0-9_\-+/=.~]{40,}")
 REDACTED = "[redacted]"
 AGENT_MAX = 256
+UPKEEP = 60.0
+"""Seconds: how often one writer renews an index's expiry and trims a sorted-set index. The
+expiry it sets is the retention plus this, so an index never expires sooner than one retention
+after its last entry, whichever writer added it (streams.StreamAdd.renew)."""
+_RENEWED_MAX = 20_000
+"""Index keys whose renewal a writer remembers; past it, it forgets them all (and renews each
+at its next entry)."""
+_AGENTS_MAX = 1_000
+"""User agents whose redacted form a writer remembers: few clients send most requests."""
 _REF = ("r", "")
 """An index entry's fields: it names its entry by sharing its stream id."""
 
@@ -144,16 +156,22 @@ class AuditLog:
         sink_streams: Iterable[str] = (),
         secrets_: Iterable[str | None] = (),
         anonymous: AnonymousLimits | None = None,
+        upkeep: float = UPKEEP,
     ) -> None:
         """`retention`: seconds entries are kept; `sink_streams`: the outbox stream of each
         sink (each gets every entry as JSON); `secrets_`: values to redact wherever they
         appear (the bootstrap key, the client secret, webhook secrets); `anonymous`: the bounds
-        of anonymous failures (controlplane/store/audit_flood.py; None: the defaults)."""
+        of anonymous failures (controlplane/store/audit_flood.py; None: the defaults);
+        `upkeep`: seconds between two renewals of an index's expiry by this writer (UPKEEP)."""
         self.redis = redis
         self.retention_ms = int(retention * 1000)
+        self.upkeep = upkeep
         self.sink_streams = tuple(sink_streams)
         self._exact = tuple(s for s in secrets_ if s and len(s) >= 8)
         self.anonymous = AnonymousGate(redis, anonymous or ANONYMOUS_DEFAULTS, self.adds)
+        self._renewed: dict[str, float] = {}
+        """Index key -> time.monotonic() before the write that last renewed it, stored."""
+        self._agents: dict[str, str] = {}
 
     def redact(self, value: str, *, free: bool = False) -> str:
         """`value` with every secret-shaped part replaced (`free`: text a client chose, where
@@ -163,10 +181,46 @@ class AuditLog:
         value = _SECRET_SHAPES.sub(REDACTED, value)
         return _LONG_RUN.sub(REDACTED, value) if free else value
 
-    def adds(self, record: AuditRecord) -> tuple[StreamAdd, ...]:
-        """The additions that store `record`: the entry, its indexes (same id), the sinks."""
+    def agent(self, user_agent: str) -> str:
+        """A client's user agent as an entry keeps it: cut, valid UTF-8, redacted (remembered:
+        the same few agents send most requests, and redaction is regular expressions)."""
+        kept = self._agents.get(user_agent)
+        if kept is None:
+            if len(self._agents) >= _AGENTS_MAX:
+                self._agents.clear()
+            kept = self.redact(_utf8(user_agent[:AGENT_MAX]), free=True)
+            self._agents[user_agent] = kept
+        return kept
+
+    def entry(self, record: AuditRecord) -> StreamEntry:
+        """The entry that stores `record`; once stored, this writer knows which indexes it
+        renewed (and leaves them be for UPKEEP)."""
+        started = time.monotonic()
+        adds = self.adds(record, now=started)
+        return StreamEntry((adds,), on_stored=(lambda: self._renew(adds, started),))
+
+    def _renew(self, adds: tuple[StreamAdd, ...], started: float) -> None:
+        if len(self._renewed) >= _RENEWED_MAX:
+            self._renewed.clear()
+        for add in adds:
+            if add.renew and add.ttl_ms is not None:
+                self._renewed[add.key] = started
+
+    def adds(self, record: AuditRecord, *, now: float | None = None) -> tuple[StreamAdd, ...]:
+        """The additions that store `record`: the entry, its indexes (same id), the sinks.
+        `now` (time.monotonic()): the indexes this writer renewed less than UPKEEP before it
+        are not renewed again (`renew=False`); None: every index is."""
         minid = record.time_ms - self.retention_ms
-        ttl = self.retention_ms
+        ttl = self.retention_ms + int(self.upkeep * 1000)
+        renewed = self._renewed
+        fresh = now - self.upkeep if now is not None else None
+
+        def renew(key: str) -> bool:
+            if fresh is None:
+                return True
+            last = renewed.get(key)
+            return last is None or last <= fresh
+
         org = record.org_id or keyspace.AUDIT_NO_ORG
         # The log itself is written to all the time: trimmed by age, never expired.
         adds = [StreamAdd(keyspace.AUDIT, record.fields(), minid=minid)]
@@ -178,11 +232,16 @@ class AuditLog:
         org_user, org_targets = org_index_keys(record)
         if record.user_id and org_user:
             streams += (keyspace.audit_user(record.user_id), org_user)
-        adds += [StreamAdd(key, _REF, minid=minid, ttl_ms=ttl, same_id=True) for key in streams]
+        adds += [
+            StreamAdd(key, _REF, minid=minid, ttl_ms=ttl, same_id=True, renew=renew(key))
+            for key in streams
+        ]
         for target, org_target in org_targets.items():
             # Most targets (a sandbox, a key) have a few entries: a sorted set each.
             adds += [
-                StreamAdd(key, (), minid=minid, ttl_ms=ttl, same_id=True, lex_index=True)
+                StreamAdd(
+                    key, (), minid=minid, ttl_ms=ttl, same_id=True, lex_index=True, renew=renew(key)
+                )
                 for key in (keyspace.audit_target(target), org_target)
             ]
         if self.sink_streams:
@@ -326,7 +385,8 @@ def _entry(
         details=details,
         own=own,
     )
-    return StreamEntry((scope.log.adds(record),), on_stored=(lambda: scope.recorded.add(done),))
+    made = scope.log.entry(record)
+    return StreamEntry(made.groups, on_stored=(*made.on_stored, lambda: scope.recorded.add(done)))
 
 
 async def record(
@@ -400,7 +460,7 @@ def _record(
     named = {k: redact(v) for k, v in targets.items()}
     noted = (scope.details if own else {}) | (details or {})
     now_ms = int(time.time() * 1000)
-    agent = redact(_utf8(scope.user_agent[:AGENT_MAX]), free=True) if scope.user_agent else None
+    agent = scope.log.agent(scope.user_agent) if scope.user_agent else None
     return AuditRecord(
         id=new_id(now_ms),
         time_ms=now_ms,

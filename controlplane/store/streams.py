@@ -36,6 +36,12 @@ class StreamAdd(NamedTuple):
     """Expire the stream this long after this addition."""
     same_id: bool = False
     """The id of its group's first addition (never the first itself)."""
+    renew: bool = True
+    """With `same_id` and `ttl_ms`: False when this writer renewed the key's expiry (and trimmed
+    a sorted set) lately enough that it need not again (controlplane/store/audit.py, UPKEEP):
+    the script then only adds, unless the key is gone (an index stream's `XADD … NOMKSTREAM`
+    says so; a sorted set follows the streams before it in its group), when it adds, trims
+    and renews as for True. Saves nine of an audit entry's seventeen Redis calls."""
     lex_index: bool = False
     """With `same_id`: a sorted set instead of a stream, holding that id as a member of score 0,
     zero-padded so that members sort by it (`lex_member`); `minid` trims it too. For indexes
@@ -54,12 +60,13 @@ class StreamEntry:
 
     def script_args(self) -> tuple[list[str], list[str]]:
         """(KEYS, ARGV) for `append_entry` below: every addition's stream, then one argument,
-        the groups in JSON (`[[[kind, maxlen, minid, ttl, [field, value, …]], …], …]`). One
+        the groups in JSON (`[[[kind, maxlen, minid, ttl, [field, value, …], lazy], …], …]`,
+        lazy "1" for `renew=False`). One
         argument, not one per field: redis-py packs a command by copying what it packed so far
         at each argument, so behind a script's text 90 arguments cost more than the script's
         work; Redis's Lua decodes the JSON in C (cjson)."""
         keys: list[str] = []
-        groups: list[list[tuple[str, str, str, str, tuple[str, ...]]]] = []
+        groups: list[list[tuple[str, str, str, str, tuple[str, ...], str]]] = []
         for group in self.groups:
             adds = []
             for add in group:
@@ -71,6 +78,7 @@ class StreamEntry:
                         "" if add.minid is None else str(add.minid),
                         "" if add.ttl_ms is None else str(add.ttl_ms),
                         add.fields,
+                        "" if add.renew else "1",
                     )
                 )
             groups.append(adds)
@@ -124,7 +132,7 @@ _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 """json's C encoder (NUL, as LATE_ID, comes out as \\u0000 and cjson decodes it back)."""
 
 
-APPEND_ENTRY = """
+APPEND_ENTRY_SOURCE = """
 -- The additions of an entry (controlplane/store/streams.py): their streams are KEYS[first_key..],
 -- the groups the JSON in ARGV[first_arg]. `late` (optional) replaces every NUL in names and
 -- fields: an id (a string), or a function of the text.
@@ -135,28 +143,49 @@ local function append_entry(first_key, first_arg, late)
   end
   local k = first_key
   for _, group in ipairs(cjson.decode(ARGV[first_arg])) do
-    local first_id = nil
+    -- `gone`: a lazy index stream of this group was missing (deleted, flushed): the sorted
+    -- sets after it get their trim and expiry too.
+    local first_id, member, gone = nil, nil, false
     for _, add in ipairs(group) do
-      local same, maxlen, minid, ttl, fields = add[1], add[2], add[3], add[4], add[5]
+      local same, maxlen, minid, ttl, fields, lazy = add[1], add[2], add[3], add[4], add[5], add[6]
       local key = KEYS[k]
       if late then
         key = late(key)
         for i = 1, #fields do fields[i] = late(fields[i]) end
       end
+      local upkeep = lazy ~= '1'
       if same == 'z' then
         -- A sorted-set index: the id, its sequence zero-padded (lex_member), trimmed by age.
-        local ms, seq = string.match(first_id, '^(%d+)-(%d+)$')
-        redis.pcall('ZADD', key, 0, ms .. '-' .. string.rep('0', 10 - #seq) .. seq)
-        if minid ~= '' then redis.pcall('ZREMRANGEBYLEX', key, '-', '(' .. minid) end
+        if member == nil then
+          local ms, seq = string.match(first_id, '^(%d+)-(%d+)$')
+          member = ms .. '-' .. string.rep('0', 10 - #seq) .. seq
+        end
+        redis.pcall('ZADD', key, 0, member)
+        upkeep = upkeep or gone
+        if upkeep and minid ~= '' then redis.pcall('ZREMRANGEBYLEX', key, '-', '(' .. minid) end
       elseif same == '1' then
         -- An index: its failure (it cannot, short of a clock gone back past a whole stream's
         -- life) must not undo what the script changed before it; the record stands.
-        if maxlen ~= '' then
-          redis.pcall('XADD', key, 'MAXLEN', '~', maxlen, first_id, unpack(fields))
-        elseif minid ~= '' then
-          redis.pcall('XADD', key, 'MINID', '~', minid, first_id, unpack(fields))
-        else
-          redis.pcall('XADD', key, first_id, unpack(fields))
+        local added = false
+        if not upkeep then
+          -- Lazy: a stream that is gone is not made here (NOMKSTREAM answers nil) but below,
+          -- with its expiry.
+          if minid ~= '' then
+            added = redis.pcall('XADD', key, 'NOMKSTREAM', 'MINID', '~', minid, first_id,
+              unpack(fields))
+          else
+            added = redis.pcall('XADD', key, 'NOMKSTREAM', first_id, unpack(fields))
+          end
+          if not added then upkeep, gone = true, true end
+        end
+        if not added then
+          if maxlen ~= '' then
+            redis.pcall('XADD', key, 'MAXLEN', '~', maxlen, first_id, unpack(fields))
+          elseif minid ~= '' then
+            redis.pcall('XADD', key, 'MINID', '~', minid, first_id, unpack(fields))
+          else
+            redis.pcall('XADD', key, first_id, unpack(fields))
+          end
         end
       else
         local id
@@ -169,12 +198,24 @@ local function append_entry(first_key, first_arg, late)
         end
         if first_id == nil then first_id = id end
       end
-      if ttl ~= '' then redis.call('PEXPIRE', key, ttl) end
+      if upkeep and ttl ~= '' then redis.call('PEXPIRE', key, ttl) end
       k = k + 1
     end
   end
 end
 """
+"""The source, with its comments (APPEND_ENTRY is what the scripts send)."""
+
+
+def compact(lua: str) -> str:
+    """Lua source without its comment lines and indentation: every EVAL sends its script's
+    text, which redis-py packs and Redis hashes (SHA1) at each call."""
+    kept = (line.strip() for line in lua.splitlines())
+    return "\n".join(line for line in kept if line and not line.startswith("--")) + "\n"
+
+
+APPEND_ENTRY = compact(APPEND_ENTRY_SOURCE)
+"""`append_entry` as the scripts that write entries embed it (compact: no comments)."""
 
 APPEND_SCRIPT = APPEND_ENTRY + "\nappend_entry(1, 1)\nreturn 1\n"
 """An entry alone (inside a MULTI, or on its own)."""
