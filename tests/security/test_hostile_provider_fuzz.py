@@ -119,6 +119,20 @@ message_lists = st.lists(messages, max_size=2)
 completion_shapes = st.sampled_from(["choices"] * 6 + ["none", "string", "items"])
 
 
+def is_strict_json(raw: bytes) -> bool:
+    """Whether `raw` is JSON without NaN or Infinity: the tokens, not those words in a string
+    (a message saying "Infinity" is a well-formed completion)."""
+
+    def refuse(token: str) -> Any:
+        raise ValueError(token)
+
+    try:
+        json.loads(raw, parse_constant=refuse)
+    except ValueError:
+        return False
+    return True
+
+
 @st.composite
 def completions(draw: st.DrawFn) -> tuple[bytes, str]:
     """A completion's bytes and what it is: "ok", or "malformed"."""
@@ -134,7 +148,7 @@ def completions(draw: st.DrawFn) -> tuple[bytes, str]:
     if usage is not None or draw(st.booleans()):
         body["usage"] = usage
     raw = json.dumps(body, allow_nan=True).encode()
-    strict = b"NaN" not in raw and b"Infinity" not in raw
+    strict = is_strict_json(raw)
     verdict = usage_verdict(body.get("usage"))
     ok = shape == "choices" and strict and verdict != "malformed"
     return raw, "ok" if ok else "malformed"
