@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("sandbox_images")]
 ST = Path(sys.executable).with_name("st")
 CONFIG = Path(__file__).parent / "fuzz" / "schemathesis.toml"
 SEED = 20261124
-# Examples an operation: `make test` runs 20 (about 7,000 cases over the ~110 operations and the
+# Examples an operation: `make test` runs 20 (about 9,900 cases over the ~150 operations and the
 # stateful phase; with snapshots on, positive cases take real snapshots and forks, and this is
 # the longest test of the suite, 5 to 12 min), `make test-deep` 50. The least number of cases
 # generated, an operation's worth.
