@@ -176,18 +176,19 @@ class Taker:
             if record is not None and record.created_at < sandbox.origin_at:
                 candidates.reverse()
         for candidate in candidates:
-            previous = await self._previous(candidate)
+            previous = await self._previous(candidate, sandbox.owner)
             if previous is not None:
                 return candidate, previous
         return None, None
 
-    async def _previous(self, parent: str | None) -> SnapshotIndex | None:
+    async def _previous(self, parent: str | None, owner: str) -> SnapshotIndex | None:
         """The parent's index, against which only changes are sent; None (everything is
-        read again) when it is gone or cannot be read."""
+        read again) when it is gone, cannot be read or is not `owner`'s (unchanged files are
+        stored as references to the parent's packs: never to another user's)."""
         if parent is None:
             return None
         record = await self._data.store.get(parent)
-        if record is None or record.status != SnapshotStatus.READY:
+        if record is None or record.status != SnapshotStatus.READY or record.owner != owner:
             return None
         try:
             return await self._data.index(record)

@@ -43,6 +43,8 @@ log = structlog.get_logger(__name__)
 LABEL_BASE_IMAGE = "acs.base_image"
 """On the same volume: the image its container runs (the base's)."""
 SIGNATURES = "acs-signatures.json"
+STAMP_WAIT = 120.0
+"""Seconds an export waits for its base's stamp (10,000 files take about a second)."""
 LABEL_ROOT = "acs.workspace_root"
 """On a base image: its workspace root's "uid:gid:mode" (overlay's merged root is the upper
 directory, which must have them)."""
@@ -120,7 +122,9 @@ class DockerBases:
         async with self._lock(base_volume):
             stamping = self._stamping.get(base_volume)
             if stamping is not None:  # its helper holds the volume: removal would fail
-                await asyncio.gather(stamping, return_exceptions=True)
+                # Shielded: a cancelled release does not cancel the stamp (the base would stay
+                # without its record).
+                await asyncio.gather(asyncio.shield(stamping), return_exceptions=True)
             await self._lane.run(lambda c: self._drop_unused(c, base_volume))
             if await self._lane.run(lambda c: _volume(c, base_volume)) is None:
                 self._dirs_made = {made for made in self._dirs_made if made[0] != base_volume}
@@ -294,10 +298,15 @@ class DockerBases:
 
     async def stamped(self, volume: str) -> None:
         """Once the record of the base `volume` is written, when this process writes it now
-        (an export right after a restore waits for it rather than read every file)."""
+        (an export right after a restore waits for it rather than read every file); at most
+        STAMP_WAIT seconds: a stamp that hangs costs the export a full read, never the export
+        (the record is written whole or not at all)."""
         stamping = self._stamping.get(volume)
         if stamping is not None:
-            await asyncio.gather(asyncio.shield(stamping), return_exceptions=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.gather(asyncio.shield(stamping), return_exceptions=True), STAMP_WAIT
+                )
 
     def _stamped(self, volume: str, done: asyncio.Task[None]) -> None:
         if self._stamping.get(volume) is done:
