@@ -82,7 +82,7 @@ _own = threading.local()
 """The streams of the command running in this thread, if one is."""
 
 
-class _ThreadStream(io.TextIOBase):
+class _ThreadStream:
     """sys.stdin, sys.stdout or sys.stderr while a command runs: the command's thread reads and
     writes its own, every other thread (the event loop serving the command, an app's logs)
     the process's."""
