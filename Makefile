@@ -79,12 +79,13 @@ test-prep: install host images image browser kube-binaries
 	$(BIN)/python -m tests.support.oidc_provider
 
 # Everything that needs no more than redis-server: tests that use a Docker fixture or drive
-# Chromium are marked by tests/conftest.py and left out, as are the slow tiers. On the same
-# workers as `test` (TEST_WORKERS=0: one process): a third of its time is spent waiting on
-# subprocesses, servers and time-outs (docs/development.md, "Measured").
+# Chromium are marked by tests/conftest.py and left out, as are the slow tiers. On 3 workers
+# (UNIT_WORKERS; 0: one process), not 4: this tier waits less, and each worker collects the
+# whole suite again (about 9 CPU-s); 3 were faster and cheaper (docs/development.md, "Measured").
+UNIT_WORKERS ?= 3
 test-unit: install
 	@scripts/bootstrap-host.sh --unit
-	$(BIN)/pytest $(PARALLEL) -m "not docker and not browser and not slow"
+	$(BIN)/pytest -n $(UNIT_WORKERS) --dist loadgroup -m "not docker and not browser and not slow"
 
 # The Kubernetes test cluster's binaries (docs/test-cluster.md), built from Debian's source package
 # the first time (about 10 minutes on 2 cores) and cached outside the clone

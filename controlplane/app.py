@@ -33,6 +33,7 @@ from controlplane.events.ticket_routes import routes as ticket_routes
 from controlplane.gateway.routes import end_streams
 from controlplane.gateway.routes import routes as gateway_routes
 from controlplane.gateway.routes import sandbox_routes as gateway_sandbox_routes
+from controlplane.gateway.translator_process import TranslatorProcess
 from controlplane.gauges import Refresher
 from controlplane.health import routes as health_routes
 from controlplane.lifecycle.routes import routes as lifecycle_routes
@@ -118,11 +119,18 @@ def webhook_route_tables() -> list[RouteTable]:
     ]
 
 
-def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.Application:
+def create_app(
+    config: ServiceConfig,
+    *,
+    with_sandboxes: bool = True,
+    translator: TranslatorProcess | None = None,
+) -> web.Application:
     """Build the application. Reads nothing from argv or the environment.
 
     with_sandboxes=False leaves out the services that need the sandbox runtime (for settings-only
-    tests and hosts without one); their routes then answer 503.
+    tests and hosts without one); their routes then answer 503. `translator`: an LLM translator
+    shared with other apps of this process, which its owner stops (by default the app starts
+    its own when a call first needs it).
     """
     parser_errors.install()
     app = web.Application(
@@ -150,7 +158,7 @@ def create_app(config: ServiceConfig, *, with_sandboxes: bool = True) -> web.App
     # Specs are validated before anything else starts: a bad file stops start-up.
     app[keys.SPECS] = SpecCatalog.load(config.spec_dir, config.image_tag, config.enable_specs)
     for ctx in wiring.contexts(
-        config, with_sandboxes=with_sandboxes, webhook_app=create_webhook_app
+        config, with_sandboxes=with_sandboxes, webhook_app=create_webhook_app, translator=translator
     ):
         app.cleanup_ctx.append(ctx)
     track_sockets(app, config.max_event_sockets_per_user)

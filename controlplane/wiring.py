@@ -128,11 +128,18 @@ def contexts(
     *,
     with_sandboxes: bool,
     webhook_app: Callable[[web.Application], web.Application],
+    translator: TranslatorProcess | None = None,
 ) -> list[Context]:
     """The cleanup contexts of an app, in the order they open. `webhook_app(app)` makes the
-    webhook listener's application (create_webhook_app); without sandboxes only Redis."""
+    webhook listener's application (create_webhook_app); without sandboxes only Redis.
+    `translator`: see gateway_ctx."""
     if not with_sandboxes:
-        return [redis_ctx(config), outbound_ctx(config), audit_ctx(config), gateway_ctx(config)]
+        return [
+            redis_ctx(config),
+            outbound_ctx(config),
+            audit_ctx(config),
+            gateway_ctx(config, translator),
+        ]
     return [
         redis_ctx(config),
         runtime_ctx(config),
@@ -144,7 +151,7 @@ def contexts(
         snapshot_store_ctx(config),
         sandboxes_ctx(config),
         snapshots_ctx(config),
-        gateway_ctx(config),
+        gateway_ctx(config, translator),
         conversations_ctx(config),
         proxy_ctx(),
         webhooks_ctx(webhook_app),
@@ -550,9 +557,11 @@ def snapshots_ctx(config: ServiceConfig) -> Context:
     return ctx
 
 
-def gateway_ctx(config: ServiceConfig) -> Context:
+def gateway_ctx(config: ServiceConfig, shared: TranslatorProcess | None = None) -> Context:
     """The LLM gateway. Its translator's socket lives in a private directory (0700) of its
-    own, short enough for AF_UNIX; the process starts on the first call that needs LiteLLM."""
+    own, short enough for AF_UNIX; the process starts on the first call that needs LiteLLM.
+    `shared`: a translator its owner started for several apps of one process (the test
+    suite's workers, which would otherwise import LiteLLM once per app) and stops itself."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         driver = app.get(keys.DRIVER)
@@ -564,7 +573,7 @@ def gateway_ctx(config: ServiceConfig) -> Context:
             return await driver.host_address(network_policy(app[keys.SPECS].default))
 
         run_dir = Path(tempfile.mkdtemp(prefix="acs-llm-"))
-        translator = TranslatorProcess(run_dir, config.llm_translator_memory_bytes)
+        translator = shared or TranslatorProcess(run_dir, config.llm_translator_memory_bytes)
         forwarder = Forwarder(
             Destinations(app[keys.OUTBOUND], host_address),
             translator,
@@ -586,7 +595,8 @@ def gateway_ctx(config: ServiceConfig) -> Context:
         yield
         await gateway.close()
         await forwarder.close()
-        await translator.close()
+        if shared is None:
+            await translator.close()
         shutil.rmtree(run_dir, ignore_errors=True)
 
     return ctx

@@ -40,6 +40,7 @@ pytest_plugins = [
     "tests.support.oidc_sign_in",
     "tests.support.snapshot_fixtures",
     "tests.support.second_engine",
+    "tests.support.shared_translator",
 ]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,10 +51,11 @@ test_prefix, sandbox_images or a live server with sandboxes, depends on docker_c
 marker: `make test-unit` leaves them out."""
 
 
-GROUPS_BY_FIXTURE = {"kube_cluster": "kube"}
+GROUPS_BY_FIXTURE = {"kube_cluster": "kube", "worker_translator": "translator"}
 """Tests that share an expensive set-up they may not each make: under pytest-xdist
 (`--dist loadgroup`, as `make test` runs) a group runs on one worker, which makes that set-up once
-(the test cluster is package-scoped: up before the first of its tests, down after the last)."""
+(the test cluster is package-scoped: up before the first of its tests, down after the last; the
+LLM translator, tests/support/shared_translator.py, once per worker)."""
 
 
 # First: pytest-xdist's own hook on each worker reads the xdist_group marks (making a group's

@@ -110,12 +110,9 @@ class TranslatorProcess:
                 )
             await self._start()
 
-    async def _start(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
-        env = translator_env(self._directory)
-        started = time.monotonic()
-        self._proc = await asyncio.create_subprocess_exec(
+    def command(self) -> list[str]:
+        """The translator's command line (its environment: translator_env)."""
+        return [
             sys.executable,
             "-m",
             "controlplane.gateway.translator",
@@ -123,14 +120,31 @@ class TranslatorProcess:
             self.socket_path,
             "--memory-limit",
             str(self._memory_limit),
-            env=env,
+        ]
+
+    def exit_status(self) -> int | None:
+        """The process's exit status once it has exited (None: running, or never started)."""
+        return None if self._proc is None else self._proc.returncode
+
+    async def _start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        started = time.monotonic()
+        self._proc = await asyncio.create_subprocess_exec(
+            *self.command(),
+            env=translator_env(self._directory),
             stdin=asyncio.subprocess.DEVNULL,
         )
+        await self.until_ready(started, self._proc.pid)
+
+    async def until_ready(self, started: float, pid: int) -> None:
+        """Waits for the process started at `started` to answer /health; raises
+        TranslatorUnavailable (and closes) if it exits or does not answer in START_TIMEOUT."""
         deadline = started + START_TIMEOUT
         while time.monotonic() < deadline:
-            if self._proc.returncode is not None:
+            if (status := self.exit_status()) is not None:
                 raise TranslatorUnavailable(
-                    f"the LLM translator exited with {self._proc.returncode} while starting"
+                    f"the LLM translator exited with {status} while starting"
                 )
             if await asyncio.to_thread(os.path.exists, self.socket_path):
                 try:
@@ -140,7 +154,7 @@ class TranslatorProcess:
                         if resp.status == 200:
                             log.info(
                                 "llm_translator_started",
-                                pid=self._proc.pid,
+                                pid=pid,
                                 seconds=round(time.monotonic() - started, 2),
                             )
                             return

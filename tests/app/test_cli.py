@@ -1,12 +1,11 @@
-"""The `controlplane` console script: keys create/list/revoke, bad configuration, embedded Redis."""
+"""The `controlplane` command: keys create/list/revoke, bad configuration, embedded Redis.
+
+The commands run in the test's process (tests/support/cli.py); the embedded Redis and an
+unreachable one run the installed console script, as an operator does."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,47 +14,13 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from tests.support.cli import environment, run_in_process, run_process
 from tests.support.types import Client
-
-CONTROLPLANE = Path(sys.executable).parent / "controlplane"
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-
-def _env(**values: str | Path) -> dict[str, str]:
-    """The test process's environment without any ACS_* variable, plus `values`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ACS_")}
-    env.update({k: str(v) for k, v in values.items()})
-    return env
-
-
-async def _run(*args: str, env: dict[str, str]) -> Result:
-    proc = await asyncio.create_subprocess_exec(
-        str(CONTROLPLANE),
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        async with asyncio.timeout(60):
-            out, err = await proc.communicate()
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    assert proc.returncode is not None
-    return Result(proc.returncode, out.decode(), err.decode())
 
 
 @pytest.fixture
 def cli_env(redis_url: str, tmp_path: Path) -> dict[str, str]:
-    return _env(ACS_REDIS_URL=redis_url, ACS_DATA_DIR=tmp_path / "data")
+    return {"ACS_REDIS_URL": redis_url, "ACS_DATA_DIR": str(tmp_path / "data")}
 
 
 def _last_line(text: str) -> str:
@@ -65,7 +30,7 @@ def _last_line(text: str) -> str:
 async def test_keys_create_prints_a_working_key_last(
     cli_env: dict[str, str], client: Client
 ) -> None:
-    result = await _run("keys", "create", "--user", "bob", env=cli_env)
+    result = await run_in_process("keys", "create", "--user", "bob", env=cli_env)
     assert result.code == 0, result.err
     key = _last_line(result.out)
     assert key.startswith("acs_")
@@ -79,7 +44,7 @@ async def test_keys_create_prints_a_working_key_last(
 
 
 async def test_keys_create_admin(cli_env: dict[str, str], raw_redis: aioredis.Redis) -> None:
-    result = await _run("keys", "create", "--user", "bob", "--admin", env=cli_env)
+    result = await run_in_process("keys", "create", "--user", "bob", "--admin", env=cli_env)
     assert result.code == 0, result.err
     key = _last_line(result.out)
     key_id = key.split("_")[1]
@@ -90,7 +55,7 @@ async def test_keys_create_admin(cli_env: dict[str, str], raw_redis: aioredis.Re
 
 
 async def test_keys_create_rejects_a_bad_user_name(cli_env: dict[str, str]) -> None:
-    result = await _run("keys", "create", "--user", "not a user", env=cli_env)
+    result = await run_in_process("keys", "create", "--user", "not a user", env=cli_env)
     assert result.code == 1
     assert result.out == ""
     assert "user names" in result.err
@@ -99,11 +64,11 @@ async def test_keys_create_rejects_a_bad_user_name(cli_env: dict[str, str]) -> N
 async def test_keys_list_shows_ids_and_users_never_keys(cli_env: dict[str, str]) -> None:
     created = {}
     for user, extra in (("bob", ()), ("carol", ("--admin",))):
-        result = await _run("keys", "create", "--user", user, *extra, env=cli_env)
+        result = await run_in_process("keys", "create", "--user", user, *extra, env=cli_env)
         assert result.code == 0, result.err
         created[user] = _last_line(result.out)
 
-    result = await _run("keys", "list", env=cli_env)
+    result = await run_in_process("keys", "list", env=cli_env)
     assert result.code == 0, result.err
     lines = result.out.splitlines()
     assert lines[0].split("\t") == ["KEY_ID", "USER", "ADMIN", "CREATED_AT"]
@@ -118,22 +83,22 @@ async def test_keys_list_shows_ids_and_users_never_keys(cli_env: dict[str, str])
 
 
 async def test_keys_revoke_then_the_key_is_401(cli_env: dict[str, str], client: Client) -> None:
-    result = await _run("keys", "create", "--user", "bob", env=cli_env)
+    result = await run_in_process("keys", "create", "--user", "bob", env=cli_env)
     key = _last_line(result.out)
     key_id = key.split("_")[1]
     headers = {"X-Session-API-Key": key}
     assert (await client.get("/api/settings", headers=headers)).status == 200
 
-    result = await _run("keys", "revoke", key_id, env=cli_env)
+    result = await run_in_process("keys", "revoke", key_id, env=cli_env)
     assert result.code == 0, result.err
     assert key_id in result.out
     assert (await client.get("/api/settings", headers=headers)).status == 401
-    listed = await _run("keys", "list", env=cli_env)
+    listed = await run_in_process("keys", "list", env=cli_env)
     assert key_id not in listed.out
 
 
 async def test_revoke_of_an_unknown_id_fails_clearly(cli_env: dict[str, str]) -> None:
-    result = await _run("keys", "revoke", "0123456789ab", env=cli_env)
+    result = await run_in_process("keys", "revoke", "0123456789ab", env=cli_env)
     assert result.code != 0
     assert result.out == ""
     assert result.err.strip() == "controlplane: no API key with id 0123456789ab"
@@ -157,7 +122,7 @@ async def test_revoke_of_an_unknown_id_fails_clearly(cli_env: dict[str, str]) ->
 async def test_bad_configuration_exits_2_naming_the_variable(
     cli_env: dict[str, str], variable: str, value: str
 ) -> None:
-    result = await _run("keys", "list", env={**cli_env, variable: value})
+    result = await run_in_process("keys", "list", env={**cli_env, variable: value})
     assert result.code == 2
     assert result.out == ""
     lines = result.err.strip().splitlines()
@@ -169,7 +134,7 @@ async def test_bad_configuration_exits_2_naming_the_variable(
 async def test_serve_on_every_address_needs_its_own_webhook_port(cli_env: dict[str, str]) -> None:
     """`--host 0.0.0.0` also covers the sandbox gateways: the webhook listener cannot share the
     API's port there, and the API must not be where sandboxes post."""
-    result = await _run("serve", "--host", "0.0.0.0", "--port", "1", env=cli_env)  # noqa: S104 - the refusal is the test
+    result = await run_in_process("serve", "--host", "0.0.0.0", "--port", "1", env=cli_env)  # noqa: S104 - the refusal is the test
     assert result.code == 2, result.err
     (line,) = result.err.strip().splitlines()[-1:]
     assert line.startswith("controlplane: configuration error: ACS_WEBHOOK_PORT:"), line
@@ -177,8 +142,9 @@ async def test_serve_on_every_address_needs_its_own_webhook_port(cli_env: dict[s
 
 
 async def test_unreachable_redis_url_exits_2(tmp_path: Path) -> None:
-    env = _env(ACS_REDIS_URL=f"unix://{tmp_path}/none.sock", ACS_DATA_DIR=tmp_path / "data")
-    result = await _run("keys", "list", env=env)
+    """A subprocess, as an operator runs it: the installed console script's exit path."""
+    env = environment(ACS_REDIS_URL=f"unix://{tmp_path}/none.sock", ACS_DATA_DIR=tmp_path / "data")
+    result = await run_process("keys", "list", env=env)
     assert result.code == 2
     assert "ACS_REDIS_URL" in result.err.strip().splitlines()[-1]
     assert "Traceback" not in result.err
@@ -197,9 +163,9 @@ async def test_embedded_redis_by_default(tmp_path: Path, make_client: Callable[.
     data_dir = tmp_path / "data"
     redis_dir = data_dir / "redis"
     sock = redis_dir / "redis.sock"
-    env = _env(ACS_DATA_DIR=data_dir)
+    env = environment(ACS_DATA_DIR=data_dir)
     try:
-        result = await _run("keys", "create", "--user", "bob", env=env)
+        result = await run_process("keys", "create", "--user", "bob", env=env)
         assert result.code == 0, result.err
         key = _last_line(result.out)
         assert sock.is_socket()
@@ -212,7 +178,7 @@ async def test_embedded_redis_by_default(tmp_path: Path, make_client: Callable[.
             await probe.aclose()
 
         # The next invocation reuses the running server and sees the key.
-        listed = await _run("keys", "list", env=env)
+        listed = await run_process("keys", "list", env=env)
         assert listed.code == 0, listed.err
         assert key.split("_")[1] in listed.out
 

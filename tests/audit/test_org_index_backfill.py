@@ -21,9 +21,8 @@ from controlplane.store.audit import AuditLog, new_id
 from controlplane.store.audit_backfill import NAME, AuditBackfill, Backfilled
 from controlplane.store.audit_event import AuditRecord
 from controlplane.store.streams import APPEND_SCRIPT, StreamAdd, StreamEntry, lex_member
-from tests.app.test_cli import _env as env_of
-from tests.app.test_cli import _run as run_cli
 from tests.conftest import BOOTSTRAP_KEY
+from tests.support.cli import run_in_process
 from tests.support.types import Client, ClientFactory
 
 ADMIN = {"X-Session-API-Key": BOOTSTRAP_KEY}
@@ -284,9 +283,9 @@ async def test_the_command_runs_it_again_on_demand(
     old = [record(0, "ann", "eng", sandbox_id="sb1"), record(1, "ben", None, user_id="ann")]
     await write_old(raw_redis, old)
     wanted = await expected(raw_redis, old)
-    env = env_of(ACS_REDIS_URL=redis_url, ACS_DATA_DIR=tmp_path / "data")
+    env = {"ACS_REDIS_URL": redis_url, "ACS_DATA_DIR": str(tmp_path / "data")}
     for _ in range(2):
-        result = await run_cli("audit", "backfill", env=env)
+        result = await run_in_process("audit", "backfill", env=env)
         assert result.code == 0, result.err
         assert result.out.strip() == (
             "read 2 audit entries: 2 in 2 per-organization user indexes, "

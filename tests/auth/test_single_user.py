@@ -3,9 +3,6 @@ does (other addresses, proxies, rebound DNS names, other sites), and it serves l
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from controlplane.app import create_app
 from controlplane.config import ServiceConfig
+from tests.support.cli import run_in_process
 from tests.support.types import Client, ClientFactory, UserHeaders
 
 
@@ -78,27 +76,16 @@ async def test_default_mode_has_no_local_user(client: Client) -> None:
     assert (await client.get("/api/v1/users/me")).status == 401
 
 
-def test_serve_refuses_to_start_off_loopback(tmp_path: Path) -> None:
-    env = {**os.environ, "ACS_AUTH_MODE": "none", "ACS_DATA_DIR": str(tmp_path)}
+async def test_serve_refuses_to_start_off_loopback(tmp_path: Path) -> None:
+    env = {"ACS_AUTH_MODE": "none", "ACS_DATA_DIR": str(tmp_path)}
     for host in ("0.0.0.0", "::", "192.0.2.1"):  # noqa: S104 (what is refused)
-        result = subprocess.run(
-            [sys.executable, "-m", "controlplane", "serve", "--host", host, "--port", "1"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert result.returncode == 2, result.stderr
-        assert "ACS_AUTH_MODE" in result.stderr
-        assert "loopback" in result.stderr
-    result = subprocess.run(
-        [sys.executable, "-m", "controlplane", "serve", "--host", "0.0.0.0", "--port", "1"],  # noqa: S104 - the refusal is the test
+        result = await run_in_process("serve", "--host", host, "--port", "1", env=env)
+        assert result.code == 2, result.err
+        assert "ACS_AUTH_MODE" in result.err
+        assert "loopback" in result.err
+    result = await run_in_process(
+        "serve", "--host", "0.0.0.0", "--port", "1",  # noqa: S104 - the refusal is the test
         env={**env, "ACS_AUTH_MODE": "bogus"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 2
-    assert "ACS_AUTH_MODE" in result.stderr
+    )  # fmt: skip
+    assert result.code == 2
+    assert "ACS_AUTH_MODE" in result.err

@@ -21,6 +21,7 @@ from aiohttp import web
 from openai.types.chat import ChatCompletionMessageFunctionToolCall, ChatCompletionToolParam
 
 from controlplane.config import ServiceConfig
+from controlplane.gateway.translator_process import TranslatorProcess
 from tests.conftest import BOOTSTRAP_KEY
 from tests.gateway.conftest import LLM_KEY
 from tests.support.fake_anthropic import FakeAnthropic, anthropic_text, anthropic_tool_use
@@ -48,10 +49,12 @@ async def live_no_docker(
     make_config: Callable[..., ServiceConfig],
     fake: FakeLLM,
     local_anthropic: FakeAnthropic,
+    shared_translator: TranslatorProcess,
 ) -> AsyncIterator[LiveServer]:
     """A control plane without Docker services; the fakes live on this host, so their ports
     are the host ports the gateway may call (ACS_SANDBOX_HOST_PORTS). A test's
-    `pytest.mark.live_config(**settings)` changes its configuration."""
+    `pytest.mark.live_config(**settings)` changes its configuration. Its LLM translator is the
+    worker's (tests/support/shared_translator.py), started on the first call through it."""
     marker = request.node.get_closest_marker("live_config")
     settings: dict[str, Any] = {
         "llm_prices": PRICES,
@@ -62,7 +65,7 @@ async def live_no_docker(
         "llm_gateway_timeout": 30,
     }
     config = make_config(**settings | (marker.kwargs if marker else {}))
-    app_server = await start_live_server(config, with_sandboxes=False)
+    app_server = await start_live_server(config, with_sandboxes=False, translator=shared_translator)
     yield app_server
     await app_server.close()
 

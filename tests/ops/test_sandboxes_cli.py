@@ -1,5 +1,6 @@
-"""`controlplane sandboxes …` run as a subprocess against a live server over real HTTP, with real
-Docker sandboxes and Redis: list, pause/resume/delete by id, pause-idle, admin scopes, errors."""
+"""`controlplane sandboxes …` (in the test's process, tests/support/cli.py, and once as the
+installed console script) against a live server over real HTTP, with real Docker sandboxes and
+Redis: list, pause/resume/delete by id, pause-idle, admin scopes, errors."""
 
 from __future__ import annotations
 
@@ -7,12 +8,9 @@ import asyncio
 import json
 import os
 import pty
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,61 +22,42 @@ from controlplane.config import ServiceConfig
 from controlplane.ops.durations import format_duration, parse_duration
 from controlplane.store import keyspace
 from tests.conftest import BOOTSTRAP_KEY
+from tests.support.cli import Result, environment, run_in_process, run_process
 from tests.support.live_server import Api, LiveServer, start_live_server
 from tests.support.types import Client
 
-CONTROLPLANE = Path(sys.executable).parent / "controlplane"
 UNKNOWN_ID = "0123456789abcdef012345"
 
 
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def lines(self) -> list[str]:
-        return self.out.splitlines()
-
-
 async def cli(
-    *args: str, url: str | None, key: str | None, stdin: bytes = b"", tty: bool = False
+    *args: str,
+    url: str | None,
+    key: str | None,
+    stdin: bytes = b"",
+    tty: bool = False,
+    process: bool = False,
 ) -> Result:
-    """Run `controlplane sandboxes ARGS` with ACS_URL / ACS_API_KEY (and nothing else ACS_*).
+    """Run `controlplane sandboxes ARGS` with ACS_URL / ACS_API_KEY (and nothing else ACS_*), in
+    this process (tests/support/cli.py) or, process=True, as the installed console script.
 
     tty=True gives it a pseudo-terminal as stdin, with `stdin` typed into it.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ACS_")}
+    env = {}
     if url is not None:
         env["ACS_URL"] = url
     if key is not None:
         env["ACS_API_KEY"] = key
-    terminal, typed = pty.openpty() if tty else (None, None)
-    proc = await asyncio.create_subprocess_exec(
-        str(CONTROLPLANE),
-        "sandboxes",
-        *args,
-        env=env,
-        stdin=typed if typed is not None else asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    if terminal is not None and typed is not None:
-        os.close(typed)
-        os.write(terminal, stdin)
+    if process:
+        return await run_process("sandboxes", *args, env=environment(**env), stdin=stdin)
+    if not tty:
+        return await run_in_process("sandboxes", *args, env=env, stdin=stdin.decode())
+    terminal, typed = pty.openpty()
     try:
-        async with asyncio.timeout(60):
-            out, err = await proc.communicate(None if tty else stdin)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
+        os.write(terminal, stdin)
+        with os.fdopen(typed, encoding="utf-8") as terminal_in:  # closes `typed`
+            return await run_in_process("sandboxes", *args, env=env, stdin=terminal_in)
     finally:
-        if terminal is not None:
-            os.close(terminal)
-    assert proc.returncode is not None
-    return Result(proc.returncode, out.decode(), err.decode())
+        os.close(terminal)
 
 
 @pytest.fixture
@@ -166,7 +145,8 @@ def test_format_duration() -> None:
 async def test_usage_errors_exit_2(client: Client) -> None:
     url = str(client.make_url("")).rstrip("/")
 
-    missing = await cli("list", url=url, key=None)
+    # The installed console script once: the rest run in this process.
+    missing = await cli("list", url=url, key=None, process=True)
     assert missing.code == 2
     assert "no API key" in missing.err
     assert "ACS_API_KEY" in missing.err

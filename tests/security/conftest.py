@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ServiceConfig
+from controlplane.gateway.translator_process import TranslatorProcess
 from tests.support.hostile_llm import Canary, HostileUpstream
 from tests.support.live_server import LiveServer, LiveServerFactory, start_live_server
 from tests.support.sandbox_helpers import spec_dir
@@ -88,10 +89,11 @@ async def gateway_server(
     make_config: Callable[..., ServiceConfig], hostile: HostileUpstream
 ) -> AsyncIterator[Callable[..., Awaitable[LiveServer]]]:
     """A control plane without sandboxes whose users may call the hostile provider (its port
-    is a host port, as a model server on this host's would be); closed after the test."""
+    is a host port, as a model server on this host's would be); closed after the test.
+    `translator`: the worker's (tests/support/shared_translator.py) instead of its own."""
     servers: list[LiveServer] = []
 
-    async def make(**overrides: Any) -> LiveServer:
+    async def make(translator: TranslatorProcess | None = None, **overrides: Any) -> LiveServer:
         values: dict[str, Any] = {
             "sandbox_host_ports": [hostile.port],
             "llm_gateway_backoff": 0.05,
@@ -100,7 +102,9 @@ async def gateway_server(
             "llm_prices": {"m": (0.001, 0.002)},
         }
         values.update(overrides)
-        server = await start_live_server(make_config(**values), with_sandboxes=False)
+        server = await start_live_server(
+            make_config(**values), with_sandboxes=False, translator=translator
+        )
         servers.append(server)
         return server
 

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from controlplane import keys
+from controlplane.gateway.translator_process import TranslatorProcess
 from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
 from tests.security.conftest import PROVIDER_KEY, MemberFactory
 from tests.support.hostile_llm import Answer, Canary, HostileUpstream, contains_canary
@@ -57,10 +58,14 @@ async def test_no_redirect_is_followed_through_litellm(
     member: MemberFactory,
     hostile: HostileUpstream,
     canary: Canary,
+    shared_translator: TranslatorProcess,
 ) -> None:
     """Every call through the translator (ACS_LLM_GATEWAY_DIRECT=false): LiteLLM's OpenAI
-    client follows redirects by itself; the translator's event loop refuses the hop."""
-    server = await gateway_server(llm_gateway_direct=False, llm_gateway_timeout=120)
+    client follows redirects by itself; the translator's event loop refuses the hop. The
+    translator is the worker's (tests/support/shared_translator.py): the redirect is the test."""
+    server = await gateway_server(
+        shared_translator, llm_gateway_direct=False, llm_gateway_timeout=120
+    )
     mallory = await member(server, "mallory")
     await mallory.settings(llm_model="m", llm_base_url=hostile.base_url, llm_api_key=PROVIDER_KEY)
     key = await mallory.gateway_key()

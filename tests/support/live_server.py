@@ -19,6 +19,7 @@ from aiohttp import web
 from controlplane import keys
 from controlplane.app import create_app
 from controlplane.config import ServiceConfig
+from controlplane.gateway.translator_process import TranslatorProcess
 from controlplane.sandboxes.launcher import network_policy
 from controlplane.specs.models import SandboxSpec
 from drivers.docker.driver import DockerDriver
@@ -88,10 +89,16 @@ LiveServerFactory = Callable[..., Awaitable[LiveServer]]
 
 
 async def start_live_server(
-    config: ServiceConfig, *, with_sandboxes: bool = True, host: str = "127.0.0.1", port: int = 0
+    config: ServiceConfig,
+    *,
+    with_sandboxes: bool = True,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    translator: TranslatorProcess | None = None,
 ) -> LiveServer:
-    """The app of `config` served on `host`:`port` (any free port by default)."""
-    app = create_app(config, with_sandboxes=with_sandboxes)
+    """The app of `config` served on `host`:`port` (any free port by default); `translator`:
+    the worker's (tests/support/shared_translator.py) instead of one of its own."""
+    app = create_app(config, with_sandboxes=with_sandboxes, translator=translator)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

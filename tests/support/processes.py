@@ -25,9 +25,14 @@ def kill(process: subprocess.Popen[Any]) -> None:
     process.wait(timeout=10)
 
 
+WORKER_TRANSLATORS: set[int] = set()
+"""The translator tests/support/shared_translator.py started for this worker: no test's app
+owns it, and translators() leaves it out."""
+
+
 def translators() -> list[int]:
     """The LLM translators this process started (a control plane served in the test's process
-    starts its own)."""
+    starts its own), but the worker's shared one."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -36,6 +41,8 @@ def translators() -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
             ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
+            continue
+        if int(entry.name) in WORKER_TRANSLATORS:
             continue
         if ppid == os.getpid() and b"controlplane.gateway.translator" in cmdline:
             found.append(int(entry.name))
