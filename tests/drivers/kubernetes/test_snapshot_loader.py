@@ -73,7 +73,7 @@ def test_a_hostile_stream_writes_nothing_outside_its_root(tmp_path: Path) -> Non
         ]
     )
     answer = load(root, stream)
-    assert answer == {"loaded": 5, "skipped": 8}, answer
+    assert answer == {"loaded": 5, "skipped": 8, "carried": 0}, answer
     assert os.listdir(outside) == []
     assert not (tmp_path / "escaped").exists()
     ws = root / "workspace"
@@ -88,7 +88,7 @@ def test_a_hostile_stream_writes_nothing_outside_its_root(tmp_path: Path) -> Non
 
 def test_a_setuid_bit_is_not_restored(tmp_path: Path) -> None:
     stream = entry("tool", "file", 0o4755) + frame(b"F", b"#!/bin/sh\n")
-    assert load(tmp_path, stream) == {"loaded": 1, "skipped": 0}
+    assert load(tmp_path, stream) == {"loaded": 1, "skipped": 0, "carried": 0}
     assert (tmp_path / "tool").stat().st_mode & 0o7777 == 0o755
 
 
