@@ -20,6 +20,7 @@ from tests.support.oidc_sign_in import OidcLive
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 STEP = 30_000  # ms
+FIRST_LOAD = 90_000  # ms: Agent Canvas's bundles, the first time, on a host loaded by the suite
 
 
 @pytest.fixture
@@ -54,7 +55,7 @@ async def test_agent_canvas_and_the_classic_api_through_the_provider(
     try:
         # Not signed in: Canvas's POST /api/authenticate is a 401, so it opens /login, which is
         # our sign-in page; it offers the provider.
-        await page.goto(live.url + "/")
+        await page.goto(live.url + "/", timeout=FIRST_LOAD)
         await page.wait_for_url(re.compile(r"/auth/sign-in\?next=%2F"), timeout=STEP)
         await page.click("#sign-in-oidc")
         await provider_login(page, "alice")
