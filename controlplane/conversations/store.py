@@ -160,7 +160,13 @@ class ConversationStore:
             if info.created_by_user_id is not None:
                 pipe.zadd(keyspace.user_conversations(info.created_by_user_id), {info.id: 0})
             pipe.sadd(keyspace.sandbox_conversations(info.sandbox_id), info.id)
-            _move_status(pipe, info.id, None, info.execution_status)
+            # Whatever status the record it overwrites had: in that set only.
+            wanted = _status_set(info.execution_status)
+            for status_set in STATUS_SETS:
+                if status_set == wanted:
+                    pipe.sadd(status_set, info.id)
+                else:
+                    pipe.srem(status_set, info.id)
             await pipe.execute()
 
     async def get(self, conversation_id: str) -> AppConversationInfo | None:

@@ -200,7 +200,10 @@ async def test_conversation_counts_follow_every_write_and_read_no_record(
     made = [conversation(f"user{i % 3}", None) for i in range(5)]
     for info in made:
         await here.create(info)
-    await there.save(conversation("user1", ExecutionStatus.FINISHED))
+    saved = conversation("user1", ExecutionStatus.RUNNING)
+    await there.save(saved)
+    # A save overwrites whatever record has the id, its status set with it.
+    await here.save(saved.model_copy(update={"execution_status": ExecutionStatus.FINISHED}))
     expected = Counter({NO_STATUS: 5, "finished": 1})
     assert await conversation_gauge(one, admin_headers) == expected
 
