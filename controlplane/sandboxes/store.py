@@ -483,6 +483,8 @@ class SandboxStore:
             pipe.zrem(keyspace.ALL_SANDBOXES, record.id)
             pipe.zrem(keyspace.user_sandboxes(record.owner), record.id)
             pipe.srem(keyspace.user_active_sandboxes(record.owner), record.id)
+            # EVAL, not EVALSHA: inside a MULTI a script Redis does not hold fails only at
+            # EXEC, after the rest applied.
             pipe.eval(_RELEASE, 1, keyspace.MEMORY_RESERVED, record.id)
             for status in SandboxStatus:  # whichever it is in now (the record may be stale)
                 pipe.srem(keyspace.sandboxes_in_status(status), record.id)
@@ -534,13 +536,6 @@ class SandboxStore:
     async def id_for_key(self, session_api_key: str) -> str | None:
         raw = await self._redis.get(keyspace.sandbox_by_key(hash_api_key(session_api_key)))
         return text(raw) if raw else None
-
-    async def memory_reserved(self) -> int:
-        """Bytes reserved by every STARTING, RUNNING and PAUSED sandbox."""
-        raw = await self._redis.get(keyspace.MEMORY_RESERVED_TOTAL)
-        if raw is not None:
-            return int(raw)
-        return sum(int(v) for v in await self._redis.hvals(keyspace.MEMORY_RESERVED))
 
     async def recount_reserved(self) -> tuple[int | None, int]:
         """Make the reservations' sum again from the reservations (the reconciler's sweep);
