@@ -33,13 +33,15 @@ from docker.types import Mount
 
 from drivers.base import STATE, SYSTEM, WORKSPACE, FileEntry, FileItem, FileKind, SandboxRequest
 from drivers.docker import names as docker_names
-from drivers.docker.files import CARRIED, LABEL_BASE, LABEL_SNAPSHOT, Lane
+from drivers.docker.files import CARRIED, LABEL_SNAPSHOT, Lane
 from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE, Helper
 from drivers.docker.tar import Feed, archive
 from drivers.errors import DriverError, ImageMissing
 
 log = structlog.get_logger(__name__)
 
+LABEL_BASE = "acs.base"
+"""On a restored sandbox's workspace volume: the base volume it stands on."""
 LABEL_BASE_IMAGE = "acs.base_image"
 """On the same volume: the image its container runs (the base's)."""
 SIGNATURES = "acs-signatures.json"
@@ -296,17 +298,20 @@ class DockerBases:
         await self._extract(mounts, archive(items(), named))
         return root, signatures
 
-    async def stamped(self, volume: str) -> None:
-        """Once the record of the base `volume` is written, when this process writes it now
-        (an export right after a restore waits for it rather than read every file); at most
-        STAMP_WAIT seconds: a stamp that hangs costs the export a full read, never the export
-        (the record is written whole or not at all)."""
-        stamping = self._stamping.get(volume)
+    async def stamped_base(self, volume: str) -> str | None:
+        """The base the workspace `volume` stands on (None for a plain one), once the base's
+        record of its files is written when this process writes it now (an export right after
+        a restore waits for it rather than read every file); at most STAMP_WAIT seconds: a
+        stamp that hangs costs the export a full read, never the export (the record is written
+        whole or not at all)."""
+        base = await self.base_of(volume)
+        stamping = None if base is None else self._stamping.get(base)
         if stamping is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
                     asyncio.gather(asyncio.shield(stamping), return_exceptions=True), STAMP_WAIT
                 )
+        return base
 
     def _stamped(self, volume: str, done: asyncio.Task[None]) -> None:
         if self._stamping.get(volume) is done:
@@ -321,13 +326,14 @@ class DockerBases:
     ) -> None:
         """Record in the base volume (CARRIED) each file's signature as laid down beside its
         signature in the snapshot (files_helper.py: stamp), so that the first snapshot of a
-        sandbox made from the base reads only what changed since. Nothing has run on the base
-        yet, and nothing ever writes to it: what an export later finds with the same
-        signature is the snapshot's file. Taken from where exports see them: overlay shows a
-        fork's untouched workspace files with their lower/ inode and ctime (a write, a chmod
-        or a `touch -d` copies the file up with a new ctime), and the system and state trees
-        are the base image's top layer itself. A failure costs only speed: the first
-        snapshot then reads every file, as before. Never raises (but a cancel)."""
+        sandbox made from the base reads only what changed since. Nothing ever writes to a
+        base once built (a sandbox writes to its own overlay upper directory): what an
+        export later finds with the same signature is the snapshot's file. Taken from where
+        exports see them: overlay shows a fork's untouched workspace files with their lower/
+        inode and ctime (a write, a chmod or a `touch -d` copies the file up with a new
+        ctime), and the system and state trees are the base image's top layer itself. A
+        failure costs only speed: the first snapshot then reads every file, as before. Never
+        raises (but a cancel)."""
         started = time.monotonic()
         try:
             top = await self._lane.run(

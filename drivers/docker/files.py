@@ -53,8 +53,6 @@ BATCH_BYTES = 8 << 20
 """What one read from the helper collects before handing it to the event loop (a file larger
 than that is handed over in several)."""
 PIECE = 1 << 20
-LABEL_BASE = "acs.base"
-"""On a restored sandbox's workspace volume: the base volume it stands on (bases.py)."""
 CARRIED = "carried.json"
 """In a base volume, beside lower/: its files' signatures as laid down, carried into the first
 export of a sandbox made from it (files_helper.py: carry)."""
@@ -213,12 +211,13 @@ class DockerExports:
         *,
         prefix: str,
         image: str,
-        stamped: Callable[[str], Awaitable[None]] | None = None,
+        stamped_base: Callable[[str], Awaitable[str | None]] | None = None,
     ) -> None:
-        """`stamped(base volume)`: returns once the base's record of its files is written
-        (bases.py: DockerBases.stamped)."""
+        """`stamped_base(workspace volume)`: the base it stands on once the base's record of
+        its files is written (bases.py: DockerBases.stamped_base); without it no export
+        compares with a base's record."""
         self._lane = lane
-        self._stamped = stamped
+        self._stamped_base = stamped_base
         self._engine = lane.engine
         self._prefix = prefix
         self._image = image
@@ -381,22 +380,12 @@ class DockerExports:
         """For a sandbox made from a snapshot: its base volume, where the signatures of the
         files as laid down are (CARRIED), mounted read-only at /acs/carried. False for any
         other sandbox."""
-        if not any(m["Target"] == "/acs/base" for m in mounts):
+        if self._stamped_base is None or not any(m["Target"] == "/acs/base" for m in mounts):
             return False
         volume = next(m["Source"] for m in mounts if m["Target"] == "/acs/ws")
-
-        def base_of(client: docker.DockerClient) -> str | None:
-            try:
-                found = client.api.inspect_volume(volume)
-            except NotFound:
-                return None
-            return (found.get("Labels") or {}).get(LABEL_BASE)
-
-        base = await self._engine.call(base_of, "inspect")
+        base = await self._stamped_base(volume)
         if not base:
             return False
-        if self._stamped is not None:
-            await self._stamped(base)
         mounts.append(Mount("/acs/carried", base, type="volume", read_only=True))
         return True
 

@@ -22,7 +22,7 @@ class DockerFiles:
         self.lane = Lane(engine, threads)
         self.bases = DockerBases(self.lane, prefix=prefix, image=image)
         self.exports = DockerExports(
-            self.lane, prefix=prefix, image=image, stamped=self.bases.stamped
+            self.lane, prefix=prefix, image=image, stamped_base=self.bases.stamped_base
         )
 
     def export(
