@@ -572,8 +572,12 @@ def gateway_ctx(config: ServiceConfig, shared: TranslatorProcess | None = None) 
                 return None
             return await driver.host_address(network_policy(app[keys.SPECS].default))
 
-        run_dir = Path(tempfile.mkdtemp(prefix="acs-llm-"))
-        translator = shared or TranslatorProcess(run_dir, config.llm_translator_memory_bytes)
+        own: Path | None = None  # the translator's directory, when the translator is its own
+        if shared is not None:
+            translator = shared
+        else:
+            own = Path(tempfile.mkdtemp(prefix="acs-llm-"))
+            translator = TranslatorProcess(own, config.llm_translator_memory_bytes)
         forwarder = Forwarder(
             Destinations(app[keys.OUTBOUND], host_address),
             translator,
@@ -595,9 +599,9 @@ def gateway_ctx(config: ServiceConfig, shared: TranslatorProcess | None = None) 
         yield
         await gateway.close()
         await forwarder.close()
-        if shared is None:
+        if own is not None:
             await translator.close()
-        shutil.rmtree(run_dir, ignore_errors=True)
+            shutil.rmtree(own, ignore_errors=True)
 
     return ctx
 
