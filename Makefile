@@ -59,7 +59,7 @@ test: install host images browser test-prep
 
 # The long fuzz runs alone (marker `deep`): 10,000 hostile provider answers and schemathesis at
 # 50 examples an operation, about 45 minutes; `make test` runs the same fuzzers at 1,000 answers
-# and 20 examples (docs/development.md, "The fuzzer").
+# and 10 examples (docs/development.md, "The fuzzer").
 test-deep: install host images
 	$(BIN)/pytest -m deep
 
