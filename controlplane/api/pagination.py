@@ -79,3 +79,4 @@ def decode_cursor(page_id: str | None, pattern: str) -> str | None:
 OFFSET = r"[0-9]{1,9}"
 HEX32 = r"[0-9a-f]{32}"
 STREAM_ID = r"[0-9]{1,19}-[0-9]{1,19}"  # 19 digits stay below 2**64, as Redis needs
+SCORED = rf"[0-9]{{1,17}}-{HEX32}"  # a sorted set's integer score and the id it belongs to

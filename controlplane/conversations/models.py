@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from controlplane.agent_protocol.models import ExecutionStatus, MetricsSnapshot
-from controlplane.api.pagination import HEX32, OFFSET, PageQuery, cursor_field
+from controlplane.api.pagination import HEX32, OFFSET, SCORED, PageQuery, cursor_field
 from controlplane.api.parsing import QueryTime
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.settings.models import ProviderType
@@ -229,8 +229,9 @@ class ConversationFilters(BaseModel):
 
 
 class ConversationSearchQuery(ConversationFilters, PageQuery):
-    # Created-at orders page by conversation id, the others by offset.
-    page_id: str | None = cursor_field(f"{HEX32}|{OFFSET}")
+    # Created-at orders page by conversation id, updated-at ones by (updated_at, id), the others
+    # by offset.
+    page_id: str | None = cursor_field(f"{HEX32}|{SCORED}|{OFFSET}")
     sort_order: ConversationSortOrder = ConversationSortOrder.CREATED_AT_DESC
     include_sub_conversations: bool = False
 
@@ -246,7 +247,7 @@ class LegacyConversationQuery(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    page_id: str | None = cursor_field(OFFSET)
+    page_id: str | None = cursor_field(HEX32)
     limit: int = Field(default=20, ge=1, le=100)
     selected_repository: str | None = Field(default=None, max_length=256)
     conversation_trigger: ConversationTrigger | None = None

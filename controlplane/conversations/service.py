@@ -10,7 +10,7 @@ import structlog
 
 from controlplane.agent_protocol.client import AgentClient, AgentUnavailable
 from controlplane.agent_protocol.models import ExecutionStatus
-from controlplane.api.pagination import HEX32, OFFSET, decode_cursor, encode_cursor
+from controlplane.api.pagination import HEX32, OFFSET, SCORED, decode_cursor, encode_cursor
 from controlplane.auth.models import Principal
 from controlplane.conversations import workspace
 from controlplane.conversations.models import (
@@ -247,27 +247,27 @@ class ConversationService:
     async def search(
         self, principal: Principal, query: ConversationSearchQuery
     ) -> AppConversationPage:
-        """Newest first by default; created-at orders use a cursor, the others an opaque offset."""
+        """Newest first by default. Created-at orders page by id and updated-at orders by
+        (updated_at, id), both reading about a page of records; title orders (and a search
+        within a sandbox's conversations) sort what they read, with an opaque offset."""
         order = query.sort_order
         in_sandbox = await self._in_sandbox(principal, query.sandbox_id__eq)
         if order in (ConversationSortOrder.CREATED_AT, ConversationSortOrder.CREATED_AT_DESC):
             desc = order == ConversationSortOrder.CREATED_AT_DESC
-            after = decode_cursor(query.page_id, HEX32)
-            found: list[AppConversationInfo] = []
-            while len(found) <= query.limit:
-                ids = (
-                    _ids_page(in_sandbox, after, query.limit + 1, desc)
-                    if in_sandbox is not None
-                    else await self.store.page_ids(principal.user_id, after, query.limit + 1, desc)
-                )
-                for info in await self.store.get_many(ids):
-                    if info and self._listed(info, query):
-                        found.append(info)
-                if len(ids) < query.limit + 1:
-                    break
-                after = ids[-1]
-            page = found[: query.limit]
-            next_id = encode_cursor(page[-1].id) if len(found) > query.limit else None
+            page, next_id = await self._created_page(
+                principal.user_id,
+                in_sandbox,
+                after=decode_cursor(query.page_id, HEX32),
+                limit=query.limit,
+                desc=desc,
+                listed=lambda info: self._listed(info, query),
+            )
+        elif (
+            order in (ConversationSortOrder.UPDATED_AT, ConversationSortOrder.UPDATED_AT_DESC)
+            and in_sandbox is None
+            and await self.store.by_update_built()
+        ):
+            page, next_id = await self._updated_page(principal.user_id, query)
         else:
             ids = (
                 in_sandbox
@@ -279,6 +279,59 @@ class ConversationService:
             infos.sort(key=key, reverse=reverse)
             page, next_id = _offset_page(infos, query.page_id, query.limit)
         return AppConversationPage(items=await self._live(principal, page), next_page_id=next_id)
+
+    async def _created_page(
+        self,
+        owner: str | None,
+        in_sandbox: list[str] | None,
+        *,
+        after: str | None,
+        limit: int,
+        desc: bool,
+        listed: Callable[[AppConversationInfo], bool],
+    ) -> tuple[list[AppConversationInfo], str | None]:
+        """A page in creation order (ids are uuid7) past `after`, of `in_sandbox`'s ids or of
+        the owner's index, and the next page's id: reads pages of ids until one is filled."""
+        found: list[AppConversationInfo] = []
+        while len(found) <= limit:
+            if in_sandbox is not None:
+                ids = _ids_page(in_sandbox, after, limit + 1, desc)
+            elif owner is not None:
+                ids = await self.store.page_ids(owner, after, limit + 1, desc)
+            else:
+                ids = []
+            found += [info for info in await self.store.get_many(ids) if info and listed(info)]
+            if len(ids) < limit + 1:
+                break
+            after = ids[-1]
+        page = found[:limit]
+        return page, encode_cursor(page[-1].id) if len(found) > limit else None
+
+    async def _updated_page(
+        self, owner: str | None, query: ConversationSearchQuery
+    ) -> tuple[list[AppConversationInfo], str | None]:
+        """A page in (updated_at, id) order from the owner's index by update, past the cursor
+        (`<score>-<id>`), and the next page's cursor: reads pages of ids until one is filled."""
+        desc = query.sort_order == ConversationSortOrder.UPDATED_AT_DESC
+        raw = decode_cursor(query.page_id, SCORED)
+        after = (int(raw.split("-")[0]), raw.split("-")[1]) if raw else None
+        found: list[tuple[AppConversationInfo, int]] = []
+        while owner is not None and len(found) <= query.limit:
+            rows = await self.store.page_by_update(owner, after, query.limit + 1, desc)
+            infos = await self.store.get_many([i for i, _ in rows])
+            found += [
+                (info, score)
+                for info, (_, score) in zip(infos, rows, strict=True)
+                if info and self._listed(info, query)
+            ]
+            if len(rows) < query.limit + 1:
+                break
+            after = (rows[-1][1], rows[-1][0])
+        page = found[: query.limit]
+        more = len(found) > query.limit
+        return [i for i, _ in page], (
+            encode_cursor(f"{page[-1][1]}-{page[-1][0].id}") if more else None
+        )
 
     async def _in_sandbox(self, principal: Principal, sandbox_id: str | None) -> list[str] | None:
         """With a sandbox filter, the candidates are the conversations of that sandbox (its own
@@ -299,18 +352,24 @@ class ConversationService:
     async def legacy_list(
         self, principal: Principal, query: LegacyConversationQuery
     ) -> tuple[list[AppConversation], str | None]:
-        """The V0 list: newest first, filtered by repository and trigger, offset-paged; the
-        page and the next page's id (None after the last)."""
-        infos = [
-            i
-            for i in await self.store.get_many(await self.store.all_ids(principal.user_id))
-            if i
-            and (query.include_sub_conversations or not i.parent_conversation_id)
-            and (query.selected_repository in (None, i.selected_repository))
-            and (query.conversation_trigger in (None, i.trigger))
-        ]
-        infos.sort(key=lambda i: (i.created_at, i.id), reverse=True)
-        page, next_id = _offset_page(infos, query.page_id, query.limit)
+        """The V0 list: newest first, filtered by repository and trigger, paged by id as the
+        V1 search is; the page and the next page's id (None after the last)."""
+
+        def listed(info: AppConversationInfo) -> bool:
+            return (
+                (query.include_sub_conversations or not info.parent_conversation_id)
+                and query.selected_repository in (None, info.selected_repository)
+                and query.conversation_trigger in (None, info.trigger)
+            )
+
+        page, next_id = await self._created_page(
+            principal.user_id,
+            None,
+            after=decode_cursor(query.page_id, HEX32),
+            limit=query.limit,
+            desc=True,
+            listed=listed,
+        )
         return await self._live(principal, page), next_id
 
     async def read_workspace(
@@ -326,6 +385,9 @@ class ConversationService:
         return await workspace.read(self.runtime, self.sandboxes, info, agent_path, params)
 
     async def count(self, principal: Principal, filters: ConversationFilters) -> int:
+        """Without a filter, the size of the user's index; with one, the records that match."""
+        if principal.user_id is not None and filters == ConversationFilters():
+            return await self.store.count_of(principal.user_id)
         ids = await self._in_sandbox(principal, filters.sandbox_id__eq)
         infos = await self.store.get_many(
             ids if ids is not None else await self.store.all_ids(principal.user_id)

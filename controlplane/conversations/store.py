@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
@@ -40,8 +42,8 @@ if not owner then redis.call('SET', KEYS[1], ARGV[1]) end
 return 1
 """
 
-# KEYS: owner key, record key, user's index, sandbox's index, status set. ARGV: user id, id,
-# record JSON.
+# KEYS: owner key, record key, user's index, sandbox's index, status set, user's index by
+# update. ARGV: user id, id, record JSON, update score.
 _CREATE = """
 local owner = redis.call('GET', KEYS[1])
 if (owner and owner ~= ARGV[1]) or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
@@ -50,7 +52,59 @@ redis.call('SET', KEYS[2], ARGV[3])
 redis.call('ZADD', KEYS[3], 0, ARGV[2])
 redis.call('SADD', KEYS[4], ARGV[2])
 redis.call('SADD', KEYS[5], ARGV[2])
+redis.call('ZADD', KEYS[6], ARGV[4], ARGV[2])
 return 1
+"""
+
+# ARGV: (id, owner, update score) triples read from the records just before. Each id whose
+# record still exists joins its owner's index by update; GT: a write since (a later updated_at)
+# is never moved back by this older read. A record deleted meanwhile was taken out by its
+# delete and is not put back.
+_INDEX_BY_UPDATE = (
+    """
+for i = 1, #ARGV, 3 do
+  local id, key = ARGV[i], '"""
+    + keyspace.USER_CONVERSATIONS_BY_UPDATE[0]
+    + """' .. ARGV[i + 1] .. '"""
+    + keyspace.USER_CONVERSATIONS_BY_UPDATE[1]
+    + """'
+  if redis.call('EXISTS', '"""
+    + keyspace.conversation("")
+    + """' .. id) == 1 then
+    redis.call('ZADD', key, 'GT', ARGV[i + 2], id)
+  end
+end
+return 1
+"""
+)
+
+# KEYS: a user's index by update. ARGV: the last page's score and id, count, '1' for newest
+# first. Up to `count` (id, score) pairs past that one in (score, id) order: members of equal
+# score are in id order in a sorted set, so those up to the id are skipped.
+_PAGE_BY_UPDATE = """
+local score, id, n, desc = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1'
+local out, offset = {}, 0
+while #out < 2 * n do
+  local rows
+  if desc then
+    rows = redis.call('ZRANGE', KEYS[1], ARGV[1], '-inf', 'BYSCORE', 'REV', 'LIMIT', offset, n,
+      'WITHSCORES')
+  else
+    rows = redis.call('ZRANGE', KEYS[1], ARGV[1], '+inf', 'BYSCORE', 'LIMIT', offset, n,
+      'WITHSCORES')
+  end
+  if #rows == 0 then break end
+  for i = 1, #rows, 2 do
+    local past = tonumber(rows[i + 1]) ~= score or (desc and rows[i] < id)
+      or ((not desc) and rows[i] > id)
+    if past and #out < 2 * n then
+      out[#out + 1] = rows[i]
+      out[#out + 1] = rows[i + 1]
+    end
+  end
+  offset = offset + #rows / 2
+end
+return out
 """
 
 STATUS_SETS = [keyspace.conversations_in_status(None)] + [
@@ -120,6 +174,9 @@ class ConversationStore:
         self._hold = redis.register_script(_HOLD)
         self._drop = redis.register_script(_DROP)
         self._reindex = redis.register_script(_REINDEX)
+        self._index_by_update = redis.register_script(_INDEX_BY_UPDATE)
+        self._page_by_update = redis.register_script(_PAGE_BY_UPDATE)
+        self._by_update_built = False
 
     async def reserve(self, conversation_id: str, user_id: str) -> None:
         """Claim a client-chosen id for `user_id`. Raises ConversationIdTaken when it is another
@@ -146,8 +203,14 @@ class ConversationStore:
                 keyspace.user_conversations(info.created_by_user_id),
                 keyspace.sandbox_conversations(info.sandbox_id),
                 _status_set(info.execution_status),
+                keyspace.user_conversations_by_update(info.created_by_user_id),
             ],
-            args=[info.created_by_user_id, info.id, info.model_dump_json()],
+            args=[
+                info.created_by_user_id,
+                info.id,
+                info.model_dump_json(),
+                update_score(info.updated_at),
+            ],
         )
         if not created:
             raise ConversationIdTaken(f"conversation id {info.id} is already in use")
@@ -159,6 +222,10 @@ class ConversationStore:
             pipe.set(keyspace.conversation(info.id), info.model_dump_json())
             if info.created_by_user_id is not None:
                 pipe.zadd(keyspace.user_conversations(info.created_by_user_id), {info.id: 0})
+                pipe.zadd(
+                    keyspace.user_conversations_by_update(info.created_by_user_id),
+                    {info.id: update_score(info.updated_at)},
+                )
             pipe.sadd(keyspace.sandbox_conversations(info.sandbox_id), info.id)
             # Whatever status the record it overwrites had: in that set only.
             wanted = _status_set(info.execution_status)
@@ -200,6 +267,11 @@ class ConversationStore:
                     pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
                     pipe.set(key, info.model_dump_json())
                     _move_status(pipe, conversation_id, before, info.execution_status)
+                    if info.created_by_user_id is not None:
+                        pipe.zadd(
+                            keyspace.user_conversations_by_update(info.created_by_user_id),
+                            {conversation_id: update_score(info.updated_at)},
+                        )
                     if entry is not None:
                         entry.queue(pipe)
                     await pipe.execute()
@@ -215,6 +287,7 @@ class ConversationStore:
             pipe.delete(keyspace.conversation(info.id))
             if info.created_by_user_id is not None:
                 pipe.zrem(keyspace.user_conversations(info.created_by_user_id), info.id)
+                pipe.zrem(keyspace.user_conversations_by_update(info.created_by_user_id), info.id)
             pipe.srem(keyspace.sandbox_conversations(info.sandbox_id), info.id)
             for status_set in STATUS_SETS:  # `info` may be older than the record: every set
                 pipe.srem(status_set, info.id)
@@ -225,11 +298,13 @@ class ConversationStore:
 
     async def reindex_statuses(self) -> int:
         """Put every record in the status set it names and in no other, and drop from the sets
-        the ids whose record is gone; returns how many memberships were wrong. Walks every
-        record (SCAN) and every set (SSCAN) in pages, each page one atomic script: safe beside
-        any write. Run once at each start of a replica (conversations_ctx), which builds the
-        sets of a deployment upgraded from a version without them and puts right what such a
-        version's writers left once the last of them is gone."""
+        the ids whose record is gone; put every record in its user's index by update; returns
+        how many status memberships were wrong. Walks every record (SCAN) and every set (SSCAN)
+        in pages, each page one atomic script: safe beside any write. Run once at each start of
+        a replica (conversations_ctx), which builds the sets and indexes of a deployment
+        upgraded from a version without them and puts right what such a version's writers
+        left once the last of them is gone; the walk done, the updated-at orders use the
+        index (`CONVERSATIONS_BY_UPDATE_BUILT`)."""
         fixed = 0
         batch: list[str] = []
         prefix = keyspace.conversation("")
@@ -239,10 +314,11 @@ class ConversationStore:
                 continue  # a key below a conversation's (its checkpoints), not a record
             batch.append(conversation_id)
             if len(batch) >= COUNT_PAGE:
-                fixed += int(await self._reindex(args=batch))
+                fixed += await self._reindex_page(batch)
                 batch = []
         if batch:
-            fixed += int(await self._reindex(args=batch))
+            fixed += await self._reindex_page(batch)
+        await self._redis.set(keyspace.CONVERSATIONS_BY_UPDATE_BUILT, "1")
         for status_set in STATUS_SETS:
             cursor = 0
             while True:
@@ -252,6 +328,53 @@ class ConversationStore:
                 if not cursor:
                     break
         return fixed
+
+    async def _reindex_page(self, ids: list[str]) -> int:
+        fixed = int(await self._reindex(args=ids))
+        triples: list[str | int] = []
+        for info in await self._read_many(ids):
+            if info is not None and info.created_by_user_id is not None:
+                triples += [info.id, info.created_by_user_id, update_score(info.updated_at)]
+        if triples:
+            await self._index_by_update(args=triples)
+        return fixed
+
+    async def _read_many(self, ids: list[str]) -> list[AppConversationInfo | None]:
+        """get_many, with a record that does not decode read as none (the re-index goes on)."""
+        rows = await self._redis.mget([keyspace.conversation(i) for i in ids])
+        infos: list[AppConversationInfo | None] = []
+        for row in rows:
+            try:
+                infos.append(AppConversationInfo.model_validate_json(text(row)) if row else None)
+            except ValueError:
+                infos.append(None)
+        return infos
+
+    async def by_update_built(self) -> bool:
+        """Whether every user's index by update holds all their records (a replica's start
+        builds them once; remembered once true)."""
+        if not self._by_update_built:
+            built = await self._redis.exists(keyspace.CONVERSATIONS_BY_UPDATE_BUILT)
+            self._by_update_built = bool(built)
+        return self._by_update_built
+
+    async def page_by_update(
+        self, owner: str, after: tuple[int, str] | None, count: int, desc: bool
+    ) -> list[tuple[str, int]]:
+        """Up to `count` (id, update score) of the owner's conversations past `after` (a
+        score and id, exclusive) in (updated_at, id) order: newest first when desc."""
+        key = keyspace.user_conversations_by_update(owner)
+        if after is None:
+            rows: Any = await self._redis.zrange(key, 0, count - 1, desc=desc, withscores=True)
+            return [(text(m), int(score)) for m, score in rows]
+        flat = await self._page_by_update(
+            keys=[key], args=[after[0], after[1], count, "1" if desc else "0"]
+        )
+        return [(text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+    async def count_of(self, owner: str) -> int:
+        """How many conversations the owner has (their index's size)."""
+        return int(await self._redis.zcard(keyspace.user_conversations(owner)))
 
     async def page_ids(self, owner: str, after: str | None, count: int, desc: bool) -> list[str]:
         return await page_ids(
@@ -354,6 +477,18 @@ class ConversationStore:
                 pipe.zrem(keyspace.user_start_tasks(owner), *doomed)
                 pipe.srem(keyspace.ACTIVE_START_TASKS, *doomed)
                 await pipe.execute()
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def update_score(updated_at: datetime) -> int:
+    """A record's `updated_at` as its score in the user's index by update: whole microseconds
+    since the epoch (exact in a sorted set's double until the year 2255); a time without a zone
+    is UTC, as the records write it."""
+    if updated_at.tzinfo is None:
+        updated_at = updated_at.replace(tzinfo=UTC)
+    return (updated_at - _EPOCH) // timedelta(microseconds=1)
 
 
 def _status_set(status: ExecutionStatus | None) -> str:

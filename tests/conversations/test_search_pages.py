@@ -1,0 +1,182 @@
+"""Conversation pages read about a page of records, whatever the user's number of conversations
+(issue 30: no per-request read of everything): the updated-at orders page the user's index by
+update, the V0 list pages by id, an unfiltered count is the index's size. The records a page does
+not need are made unreadable here, so a request that read them would fail with a 500."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from controlplane.conversations.models import AppConversationInfo
+from controlplane.conversations.store import ConversationStore, update_score
+from controlplane.ids import uuid7_hex
+from controlplane.store import keyspace
+from tests.support.records import NO_ENGINE
+from tests.support.types import Client, ClientFactory, UserHeaders
+
+BASE = "/api/v1/app-conversations"
+START = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+async def seed(store: ConversationStore, user: str, n: int) -> list[AppConversationInfo]:
+    """`n` conversations of `user` in one sandbox, updated in an order unlike their creation's,
+    with every fourth one updated at the same instant as the one before (ties, broken by id)."""
+    sandbox = "s" + secrets.token_hex(8)
+    infos: list[AppConversationInfo] = []
+    for i in range(n):
+        at = START + timedelta(seconds=(i * 37) % n, microseconds=(i * 7919) % 1000)
+        if i % 4 == 3:
+            at = infos[-1].updated_at
+        info = AppConversationInfo(
+            id=uuid7_hex(), created_by_user_id=user, sandbox_id=sandbox, updated_at=at
+        )
+        await store.save(info)
+        infos.append(info)
+    return infos
+
+
+async def pages(client: Client, headers: dict[str, str], path: str, **params: str) -> list[str]:
+    """Every id across the pages of `path`, in order (V1 `items` or V0 `results`)."""
+    seen: list[str] = []
+    page: str | None = None
+    while True:
+        query = params | ({"page_id": page} if page else {})
+        resp = await client.get(path, params=query, headers=headers)
+        assert resp.status == 200, await resp.text()
+        body: Any = await resp.json()
+        items = body.get("items", body.get("results"))
+        assert len(items) <= int(params["limit"])
+        seen += [item.get("id") or item["conversation_id"] for item in items]
+        page = body["next_page_id"]
+        if page is None:
+            return seen
+
+
+def by_update(infos: list[AppConversationInfo], *, desc: bool) -> list[str]:
+    ordered = sorted(infos, key=lambda i: (i.updated_at, i.id), reverse=desc)
+    return [i.id for i in ordered]
+
+
+async def spoil_all_but(
+    redis: aioredis.Redis, infos: list[AppConversationInfo], keep: set[str]
+) -> None:
+    for info in infos:
+        if info.id not in keep:
+            await redis.set(keyspace.conversation(info.id), b"{not json")
+
+
+async def test_updated_at_orders_page_by_the_index_each_id_once_in_order(
+    make_client: ClientFactory, raw_redis: aioredis.Redis, user_headers: UserHeaders
+) -> None:
+    client = await make_client(with_sandboxes=True, docker_url=NO_ENGINE)
+    alice = await user_headers("alice")
+    store = ConversationStore(raw_redis)
+    infos = await seed(store, "alice", 60)
+    await store.save(  # another user's: never in alice's pages
+        AppConversationInfo(id=uuid7_hex(), created_by_user_id="bob", sandbox_id="s-bob")
+    )
+    await store.reindex_statuses()  # as a replica's start does: the index is known built
+    for order, desc in (("UPDATED_AT_DESC", True), ("UPDATED_AT", False)):
+        for limit in ("1", "7", "100"):
+            seen = await pages(client, alice, f"{BASE}/search", sort_order=order, limit=limit)
+            assert seen == by_update(infos, desc=desc), (order, limit)
+
+    # A rename moves a conversation to the front of the newest-first order.
+    moved = by_update(infos, desc=False)[0]
+    resp = await client.patch(f"{BASE}/{moved}", json={"title": "renamed"}, headers=alice)
+    assert resp.status == 200, await resp.text()
+    first = await client.get(
+        f"{BASE}/search", params={"sort_order": "UPDATED_AT_DESC", "limit": "1"}, headers=alice
+    )
+    assert [i["id"] for i in (await first.json())["items"]] == [moved]
+
+    # A deleted conversation leaves the index with its record.
+    resp = await client.delete(f"{BASE}/{moved}", headers=alice)
+    assert resp.status == 200, await resp.text()
+    assert await raw_redis.zscore(keyspace.user_conversations_by_update("alice"), moved) is None
+
+
+async def test_a_page_reads_about_a_page_of_records(
+    make_client: ClientFactory, raw_redis: aioredis.Redis, user_headers: UserHeaders
+) -> None:
+    client = await make_client(with_sandboxes=True, docker_url=NO_ENGINE)
+    alice = await user_headers("alice")
+    store = ConversationStore(raw_redis)
+    infos = await seed(store, "alice", 80)
+    await store.reindex_statuses()
+    newest = by_update(infos, desc=True)
+    # Updated-at order: the first page needs the first 3 records and reads at most one more.
+    await spoil_all_but(raw_redis, infos, set(newest[:4]))
+    params = {"sort_order": "UPDATED_AT_DESC", "limit": "3"}
+    resp = await client.get(f"{BASE}/search", params=params, headers=alice)
+    assert resp.status == 200, await resp.text()
+    body = await resp.json()
+    assert [i["id"] for i in body["items"]] == newest[:3]
+    third = next(i for i in infos if i.id == newest[2])
+    assert body["next_page_id"] == f"{update_score(third.updated_at)}-{third.id}"
+
+    # The V0 list (newest created first) and the unfiltered count read no more either.
+    for info in infos:
+        await store.save(info)  # readable again
+    created = sorted((i.id for i in infos), reverse=True)
+    await spoil_all_but(raw_redis, infos, set(created[:6]))
+    resp = await client.get("/api/conversations", params={"limit": "5"}, headers=alice)
+    assert resp.status == 200, await resp.text()
+    assert [c["conversation_id"] for c in (await resp.json())["results"]] == created[:5]
+    resp = await client.get(f"{BASE}/count", headers=alice)
+    assert resp.status == 200, await resp.text()
+    assert await resp.json() == 80
+    # A filter reads every record (the control): here it meets the unreadable ones.
+    resp = await client.get(f"{BASE}/count", params={"title__contains": "x"}, headers=alice)
+    assert resp.status == 500
+
+
+async def test_the_v0_list_pages_by_id_with_its_filters(
+    make_client: ClientFactory, raw_redis: aioredis.Redis, user_headers: UserHeaders
+) -> None:
+    client = await make_client(with_sandboxes=True, docker_url=NO_ENGINE)
+    alice = await user_headers("alice")
+    store = ConversationStore(raw_redis)
+    infos = await seed(store, "alice", 30)
+    for info in infos[::3]:
+        info.selected_repository = "acme/app"
+        await store.save(info)
+    everything = await pages(client, alice, "/api/conversations", limit="4")
+    assert everything == sorted((i.id for i in infos), reverse=True)
+    in_repo = await pages(
+        client, alice, "/api/conversations", limit="4", selected_repository="acme/app"
+    )
+    assert in_repo == sorted((i.id for i in infos[::3]), reverse=True)
+    resp = await client.get("/api/conversations", params={"page_id": "12"}, headers=alice)
+    assert resp.status == 422  # an offset is no cursor of this list
+
+
+async def test_a_replica_start_builds_the_index_of_records_written_without_it(
+    raw_redis: aioredis.Redis,
+) -> None:
+    """An upgrade: records written by a version without the index (no member, no marker) are
+    put in it by the start's walk, which never moves a score back nor brings back a deleted id;
+    until the walk ends the store says the index is not built (the service then reads the
+    records, as before)."""
+    store = ConversationStore(raw_redis)
+    infos = await seed(store, "carol", 12)
+    index = keyspace.user_conversations_by_update("carol")
+    await raw_redis.delete(index, keyspace.CONVERSATIONS_BY_UPDATE_BUILT)
+    assert not await ConversationStore(raw_redis).by_update_built()
+    # A write after the walk's read (a later updated_at in the index) is kept.
+    later = update_score(START + timedelta(days=3))
+    await raw_redis.zadd(index, {infos[0].id: later})
+    await store.reindex_statuses()
+    assert await ConversationStore(raw_redis).by_update_built()
+    rows = await store.page_by_update("carol", None, 100, desc=True)
+    assert rows[0] == (infos[0].id, later)
+    assert [i for i, _ in rows[1:]] == [i for i in by_update(infos, desc=True) if i != infos[0].id]
+    # A record deleted by hand stays out: the walk adds only ids whose record exists.
+    await raw_redis.delete(keyspace.conversation(infos[1].id))
+    await raw_redis.zrem(index, infos[1].id)
+    await store.reindex_statuses()
+    assert await raw_redis.zscore(index, infos[1].id) is None
