@@ -70,8 +70,8 @@ class StreamEntry:
         lazy]` (kind "" for a record, "1" for an index stream, "z" for a sorted-set index;
         lazy "1" for `renew=False`; fields `[field, value, …]`), with a 7th item, a key of
         NAMES, when fields holds only the values. An index whose minid, ttl and fields (a
-        sorted set's count for none) are those of the full index add before it in its group
-        goes as a string instead: its kind, then its lazy ("1", "11", "z", "z1"), so that an
+        sorted set has none to compare) are those of the full index add before it in its
+        group goes as a string instead: its kind, then its lazy ("1", "11", "z", "z1"), so that an
         audit entry's seven indexes are one list and six short strings, not seven lists of six.
         One argument, not one per field: redis-py packs a command by copying what it packed so
         far at each argument, so behind a script's text 90 arguments cost more than the
