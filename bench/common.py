@@ -160,14 +160,24 @@ async def serve(
     *,
     with_sandboxes: bool = True,
     without: Iterable[Middleware] = (),
+    on_startup: Callable[[web.Application], None] | None = None,
 ) -> AsyncIterator[Served]:
     """create_app(config) over real HTTP on 127.0.0.1 and a free port, as `controlplane serve`
     serves it (webhooks on the sandbox networks' gateways), with the timing middleware
     outermost; `with_sandboxes=False`: without the sandbox services (no Docker); `without`:
-    middlewares left out (what one costs, measured against the app without it)."""
+    middlewares left out (what one costs, measured against the app without it); `on_startup`:
+    called once the app's own start-up is done, before it serves (a variant of one of its
+    parts, set in its place)."""
     app = create_app(config, with_sandboxes=with_sandboxes)
     for middleware in without:
         app.middlewares.remove(middleware)
+    if on_startup is not None:
+        change = on_startup
+
+        async def started(app: web.Application) -> None:
+            change(app)
+
+        app.on_startup.append(started)
     app.middlewares.insert(0, server_timing(samples))
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=10)
     await runner.setup()
