@@ -34,6 +34,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -463,12 +464,15 @@ class BurstBench:
 
     async def raw_burst(self, http: aiohttp.ClientSession) -> None:
         await asyncio.to_thread(self.attach)
+        await self.timed_raw("containers", lambda: self.one_raw(http))
+        await asyncio.to_thread(self.raw_remove_all)
+
+    async def timed_raw(self, what: str, one: Callable[[], Awaitable[Outcome]]) -> None:
+        """`--count` of `one()` at once: the raw burst's outcomes, wall time and load."""
         result = ModeResult("raw", load_before=os.getloadavg()[0])
-        print(f"raw: {self.opt.count} containers at once", file=sys.stderr)
+        print(f"raw: {self.opt.count} {what} at once", file=sys.stderr)
         started = time.perf_counter()
-        made = await asyncio.gather(
-            *(self.one_raw(http) for _ in range(self.opt.count)), return_exceptions=True
-        )
+        made = await asyncio.gather(*(one() for _ in range(self.opt.count)), return_exceptions=True)
         result.wall = time.perf_counter() - started
         result.load_after = os.getloadavg()[0]
         for item in made:
@@ -477,7 +481,6 @@ class BurstBench:
             else:
                 result.outcomes.append(item)
         self.results_by_mode["raw"] = result
-        await asyncio.to_thread(self.raw_remove_all)
 
     async def one_raw(self, http: aiohttp.ClientSession) -> Outcome:
         req = self.deploy.raw_request()

@@ -34,7 +34,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client
 
-from bench.burst import EXPECTED, BurstBench, ModeResult, Options, Outcome
+from bench.burst import EXPECTED, BurstBench, Options, Outcome
 from bench.common import BenchError
 from bench.kube_sandboxes import kube_call
 from controlplane.config import ServiceConfig
@@ -158,21 +158,7 @@ class KubeBurstBench(BurstBench):
 
     async def raw_burst(self, http: aiohttp.ClientSession) -> None:
         config, settings = self.raw_config()
-        result = ModeResult("raw", load_before=os.getloadavg()[0])
-        print(f"raw: {self.opt.count} pods at once", file=sys.stderr)
-        started = time.perf_counter()
-        made = await asyncio.gather(
-            *(self.one_pod(http, config, settings) for _ in range(self.opt.count)),
-            return_exceptions=True,
-        )
-        result.wall = time.perf_counter() - started
-        result.load_after = os.getloadavg()[0]
-        for item in made:
-            if isinstance(item, BaseException):
-                result.outcomes.append(Outcome(error=f"{type(item).__name__}: {item}"))
-            else:
-                result.outcomes.append(item)
-        self.results_by_mode["raw"] = result
+        await self.timed_raw("pods", lambda: self.one_pod(http, config, settings))
         await self.remove_raw_pods()
 
     async def one_pod(

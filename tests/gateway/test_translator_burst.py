@@ -21,12 +21,12 @@ import pytest
 from controlplane.config import ServiceConfig
 from controlplane.gateway.translator_process import TranslatorProcess
 from tests.gateway.conftest import LLM_KEY
+from tests.gateway.test_translator_memory import call
 from tests.support.fake_llm import FakeLLM
 from tests.support.live_server import LiveServer, start_live_server
 from tests.support.log_capture import capture_logs
 from tests.support.processes import translators
 
-GATEWAY = "/api/v1/llm-gateway/v1"
 BURST = 48
 BROKEN_EXIT = 3
 
@@ -61,7 +61,7 @@ async def live_translated(
 
 
 async def _gateway_key(live: LiveServer, headers: dict[str, str], fake: FakeLLM) -> str:
-    settings = {"llm_model": "fake-model", "llm_base_url": fake.base_url, "llm_api_key": LLM_KEY}
+    settings = {"llm_model": "m", "llm_base_url": fake.base_url, "llm_api_key": LLM_KEY}
     async with aiohttp.ClientSession(headers=headers) as http:
         async with http.post(live.url + "/api/settings", json=settings) as resp:
             assert resp.status == 200, await resp.text()
@@ -71,17 +71,8 @@ async def _gateway_key(live: LiveServer, headers: dict[str, str], fake: FakeLLM)
 
 
 async def _burst(live: LiveServer, key: str, count: int) -> list[tuple[int, dict[str, Any]]]:
-    async def one(http: aiohttp.ClientSession) -> tuple[int, dict[str, Any]]:
-        async with http.post(
-            live.url + GATEWAY + "/chat/completions",
-            json={"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]},
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=aiohttp.ClientTimeout(total=300),
-        ) as resp:
-            return resp.status, await resp.json(content_type=None)
-
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        return await asyncio.gather(*(one(http) for _ in range(count)))
+        return await asyncio.gather(*(call(http, live, key) for _ in range(count)))
 
 
 def _code(body: dict[str, Any]) -> str | None:
