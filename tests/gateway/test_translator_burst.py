@@ -84,7 +84,7 @@ async def test_a_burst_at_a_translator_still_starting_waits_for_it_and_is_served
     live_translated: LiveServer, user_headers: Callable[..., Any], fake: FakeLLM
 ) -> None:
     key = await _gateway_key(live_translated, await user_headers("burst"), fake)
-    assert translators() == []  # nothing has needed it yet
+    assert translators() == [], "a translator of this process runs already"
     for _ in range(3):
         with capture_logs("info") as logs:
             answers = await _burst(live_translated, key, BURST)
@@ -99,8 +99,9 @@ async def test_a_burst_at_a_translator_still_starting_waits_for_it_and_is_served
     assert all(body["choices"][0]["message"]["content"] for _status, body in answers)
     assert len(fake.requests) >= BURST
     # One start served the whole burst.
-    assert len(logs.events("llm_translator_started")) == 1
-    assert len(translators()) == 1
+    started = logs.events("llm_translator_started")
+    assert len(started) == 1, started
+    assert len(translators()) == 1, translators()
 
 
 async def test_a_translator_that_cannot_start_fails_the_burst_from_one_start(
