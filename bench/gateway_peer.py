@@ -67,6 +67,7 @@ class Options:
     concurrency: list[int]
     rounds: int
     json_path: Path | None
+    translated: bool = False
 
 
 def litellm_binary() -> Path:
@@ -139,16 +140,27 @@ class Child:
                 self.process.wait()
 
 
+class Refused(Exception):
+    """A call answered other than 200: its status and body, kept for the table."""
+
+    def __init__(self, status: int, body: str, after: float) -> None:
+        super().__init__(f"{status}: {body}")
+        self.status = status
+        self.body = body
+        self.after = after
+
+
 async def one_call(
     http: aiohttp.ClientSession, url: str, key: str, stream: bool
 ) -> tuple[float, float]:
     """(time to the first token, time to the last): the first `data:` line of a stream, or the
-    whole answer without one (both the same then)."""
+    whole answer without one (both the same then). Refused for an answer other than 200."""
     body = {**BODY, "stream": True} if stream else BODY
     started = time.perf_counter()
     async with http.post(url, json=body, headers={"Authorization": f"Bearer {key}"}) as resp:
         if resp.status != 200:
-            raise BenchError(f"{url} answered {resp.status}: {(await resp.text())[:200]}")
+            text = (await resp.text())[:300]
+            raise Refused(resp.status, text, time.perf_counter() - started)
         if not stream:
             await resp.read()
             total = time.perf_counter() - started
@@ -174,6 +186,7 @@ class PeerBench:
         self.urls: dict[str, tuple[str, str]] = {}  # target -> (chat completions URL, key)
         self.rates: dict[str, float] = {}  # "<target>.<mode>.c<n>" -> calls a second
         self.cpu: dict[str, float] = {}  # the same -> server CPU seconds a call
+        self.refusals: dict[str, list[Refused]] = {}  # the same -> its answers other than 200
         self.env_line = ""
         self.ours: Server | None = None
 
@@ -188,7 +201,16 @@ class PeerBench:
         self.deploy.close()
 
     def results(self) -> Any:
-        return {"samples": self.samples.values, "rates": self.rates, "cpu": self.cpu}
+        refusals = {
+            name: [{"status": r.status, "body": r.body, "after": r.after} for r in refused]
+            for name, refused in self.refusals.items()
+        }
+        return {
+            "samples": self.samples.values,
+            "rates": self.rates,
+            "cpu": self.cpu,
+            "refusals": refusals,
+        }
 
     async def servers(self, http: aiohttp.ClientSession) -> None:
         binary = litellm_binary()
@@ -251,6 +273,8 @@ class PeerBench:
                 "ACS_LLM_PRICES": f'{{"{MODEL}": [0.000001, 0.000002]}}',
                 "ACS_LLM_RATE_LIMIT_PER_MINUTE": "100000000",
                 "ACS_WARM_POOL": "0",
+                # --translated: every call through the LiteLLM translator (translator.py).
+                **({"ACS_LLM_GATEWAY_DIRECT": "false"} if self.opt.translated else {}),
             },
         )
         self.ours = ours
@@ -269,6 +293,11 @@ class PeerBench:
             f"master key, no database) | Python {sys.version.split()[0]} | "
             f"load avg {os.getloadavg()[0]:.2f}"
         )
+        if self.opt.translated:
+            self.env_line += (
+                " | ours: every call through its LiteLLM translator (a child process whose CPU "
+                "the server CPU column leaves out)"
+            )
 
     def server_cpu(self, target: str) -> float | None:
         if target == "ours" and self.ours is not None:
@@ -289,7 +318,16 @@ class PeerBench:
             nonlocal left
             while left > 0:
                 left -= 1
-                first, total = await one_call(http, url, key, stream)
+                t = time.perf_counter()
+                try:
+                    first, total = await one_call(http, url, key, stream)
+                except Refused as refused:
+                    self.refusals.setdefault(name, []).append(refused)
+                    continue
+                except (aiohttp.ClientError, OSError) as exc:  # status 0: no HTTP answer
+                    lost = Refused(0, f"{type(exc).__name__}: {exc}", time.perf_counter() - t)
+                    self.refusals.setdefault(name, []).append(lost)
+                    continue
                 self.samples.add(f"{name}.first", first)
                 self.samples.add(f"{name}.last", total)
 
@@ -379,7 +417,25 @@ class PeerBench:
                 )
                 if ratio < TARGET_THROUGHPUT_RATIO:
                     missed.append(f"throughput {ratio:.1f}x LiteLLM's")
+        lines.extend(self.refusal_lines(missed))
         return lines, missed
+
+    def refusal_lines(self, missed: list[str]) -> list[str]:
+        """Every answer other than 200, by target, mode and level (the warm-up's, at c4, too):
+        how many of each status and body, and how long the slowest took to come."""
+        if not self.refusals:
+            return ["answers other than 200: none"]
+        lines = ["answers other than 200 (not in the percentiles above):"]
+        for name, refused in sorted(self.refusals.items()):
+            kinds: dict[tuple[int, str], int] = {}
+            for r in refused:
+                kinds[(r.status, r.body)] = kinds.get((r.status, r.body), 0) + 1
+            slowest = max(r.after for r in refused) * 1000
+            lines.append(f"  {name}: {len(refused)} (the slowest after {slowest:,.0f} ms)")
+            lines.extend(f"    {n} x {status} {body}" for (status, body), n in kinds.items())
+            if name.startswith("ours."):
+                missed.append(f"{name}: {len(refused)} calls answered other than 200")
+        return lines
 
     def p(self, name: str, q: float) -> float:
         values = self.samples.values.get(name, [])
@@ -404,6 +460,11 @@ def parse(argv: list[str] | None) -> Options:
     parser.add_argument("--concurrency", default="1,16,64", help="levels (1,16,64)")
     parser.add_argument("--rounds", type=int, default=4, help="rounds the calls are split in (4)")
     parser.add_argument("--json", dest="json_path", type=Path, default=None)
+    parser.add_argument(
+        "--translated",
+        action="store_true",
+        help="ours sends every call through its LiteLLM translator (ACS_LLM_GATEWAY_DIRECT=false)",
+    )
     args = parser.parse_args(argv)
     try:
         levels = [int(c) for c in args.concurrency.split(",") if c]
@@ -411,7 +472,7 @@ def parse(argv: list[str] | None) -> Options:
         parser.error("--concurrency takes integers, comma-separated")
     if not levels or min(levels) < 1 or args.calls < 1 or args.rounds < 1:
         parser.error("--calls, --rounds and the levels must be positive")
-    return Options(args.calls, levels, args.rounds, args.json_path)
+    return Options(args.calls, levels, args.rounds, args.json_path, args.translated)
 
 
 main = main_of(parse, PeerBench, "acs-peer-")

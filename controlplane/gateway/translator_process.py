@@ -79,7 +79,7 @@ class TranslatorProcess:
         self._memory_limit = memory_limit
         self.socket_path = str(directory / f"llm-translator-{os.getpid()}.sock")
         self._proc: asyncio.subprocess.Process | None = None
-        self._lock = asyncio.Lock()
+        self._starting: asyncio.Future[None] | None = None
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -94,10 +94,17 @@ class TranslatorProcess:
         return self._proc is not None and self._proc.returncode is None
 
     async def ensure(self) -> None:
-        """Running and answering, started if need be. Raises TranslatorUnavailable."""
-        if self.running:
-            return
-        async with self._lock:
+        """Running and answering, started if need be. Raises TranslatorUnavailable.
+
+        Every call that comes while a start is under way waits for that start (within its
+        START_TIMEOUT) and shares its outcome: the process runs from its spawn, but answers
+        only once LiteLLM is imported (seconds, a minute on a loaded host), and a burst of calls
+        sent to its socket meanwhile failed as `upstream_unreachable` (issue 30: 127 of 128
+        calls at once). A failed start is not made again by each of its waiters: the next call
+        after it starts anew. A waiter that goes away does not cancel the start for the others.
+        """
+        starting = self._starting
+        if starting is None or starting.done():
             if self.running:
                 return
             if self._proc is not None:
@@ -108,7 +115,10 @@ class TranslatorProcess:
                     returncode=self._proc.returncode,
                     memory_limit=self._memory_limit,
                 )
-            await self._start()
+            starting = self._starting = asyncio.ensure_future(self._start())
+            # Its failure is each waiter's to raise; retrieved here too, for when none is left.
+            starting.add_done_callback(lambda f: f.cancelled() or f.exception())
+        await asyncio.shield(starting)
 
     def command(self) -> list[str]:
         """The translator's command line (its environment: translator_env)."""
@@ -165,6 +175,9 @@ class TranslatorProcess:
         raise TranslatorUnavailable(f"the LLM translator did not start within {START_TIMEOUT} s")
 
     async def close(self) -> None:
+        starting, self._starting = self._starting, None
+        if starting is not None and not starting.done() and starting is not asyncio.current_task():
+            starting.cancel()
         if self._session is not None:
             await self._session.close()
             self._session = None
