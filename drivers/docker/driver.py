@@ -91,6 +91,7 @@ class DockerDriver:
     """
 
     pause_releases = False  # `docker pause` freezes the container, memory kept
+    stage_reads_workspace = True  # a rewind's base takes the old workspace's unchanged files
 
     def __init__(
         self,
@@ -281,9 +282,12 @@ class DockerDriver:
             raise
 
     async def stage(self, request: SandboxRequest) -> None:
-        """The snapshot's base (volume and image), built unless it exists."""
+        """The snapshot's base (volume and image), built unless it exists, from what the
+        sandbox's old workspace (when it is still there: a rewind) holds of it as it was, and
+        from the store for the rest."""
         if request.restore is not None:
-            await self.files.bases.stage(request)
+            old = names.volume_name(self.prefix, request.sandbox_id)
+            await self.files.bases.stage(request, old)
 
     def _create_and_start(
         self, client: docker.DockerClient, req: ContainerRequest, new: bool
