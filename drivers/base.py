@@ -282,8 +282,9 @@ class SandboxDriver(Protocol):
     new instance instead of unpausing. False when a pause freezes it in place (Docker)."""
     stage_reads_workspace: bool
     """True when `stage` (a rewind's) takes from the sandbox's old workspace what it still
-    holds of the snapshot (Docker): the old instance must be gone and its workspace still
-    there while it runs. False when a replacement's old workspace may go meanwhile."""
+    holds of the snapshot (Docker): it removes the old instance itself, and its workspace must
+    still be there when it starts (the caller removes it after). False when the caller may
+    remove the old instance and workspace while `stage` runs."""
 
     @property
     def files(self) -> SandboxFiles | None:

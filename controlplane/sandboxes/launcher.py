@@ -280,12 +280,10 @@ class Launcher:
         if mode == Mode.FRESH:
             return await self._driver.create(await self._request(record, spec), new=True)
         if mode == Mode.REPLACE and self._driver.stage_reads_workspace:
-            # The old instance goes first: nothing writes to the old workspace after. The
-            # workspace stays while the new one is made, partly from it (the snapshot's files
-            # it still holds unchanged), and goes whatever happened, before anything is
-            # created in its place.
+            # The stage removes the old instance itself and reads its workspace (taking the
+            # snapshot's files it still holds unchanged); the workspace goes whatever
+            # happened, before anything is created in its place.
             request = await self._request(record, spec)
-            await self._driver.remove(record.id, keep_workspace=True)
             try:
                 await self._driver.stage(request)
             finally:

@@ -22,7 +22,7 @@ import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -51,6 +51,15 @@ STAMP_WAIT = 120.0
 LABEL_ROOT = "acs.workspace_root"
 """On a base image: its workspace root's "uid:gid:mode" (overlay's merged root is the upper
 directory, which must have them)."""
+
+
+@dataclass(frozen=True)
+class OldWorkspace:
+    """A rewinding sandbox's own workspace, which its new base takes what it can from."""
+
+    volume: str
+    gone: Awaitable[None]  # its container removed: nothing writes to it any more
+    drop: Callable[[], Awaitable[None]]  # remove it (and its base, unless still used)
 
 
 @dataclass(frozen=True)
@@ -110,11 +119,11 @@ class DockerBases:
             )
         return base.image
 
-    async def stage(self, request: SandboxRequest, old: str | None = None) -> None:
+    async def stage(self, request: SandboxRequest, old: OldWorkspace | None = None) -> None:
         """Build the restoring request's base unless it exists; `workspace` then takes it
         without looking it up again (unless a release dropped it meanwhile). `old`: the
-        sandbox's own workspace volume, still there with no container on it (a rewind), whose
-        files the snapshot's are taken from where they are the same (`_reuse`)."""
+        sandbox's own workspace (a rewind), whose files the snapshot's are taken from where
+        they are the same (`_reuse`), dropped once they are."""
         self._staged[request.sandbox_id] = await self._ensure(request, old)
 
     async def base_of(self, volume: str) -> str | None:
@@ -190,7 +199,7 @@ class DockerBases:
 
     # -- building a base ------------------------------------------------------------------------
 
-    async def _ensure(self, request: SandboxRequest, old: str | None = None) -> Base:
+    async def _ensure(self, request: SandboxRequest, old: OldWorkspace | None = None) -> Base:
         source = request.restore
         assert source is not None
         image_id = await self._lane.run(lambda c: _image_id(c, request.image))
@@ -212,6 +221,7 @@ class DockerBases:
             log.info("snapshot_base_building", snapshot=source.key, sandbox_id=request.sandbox_id)
             made = await self._lane.run(lambda c: c.api.create_volume(name=name, labels=labels))
             holder = ""
+            dropping: asyncio.Future[None] | None = None
             try:
                 # The image's own command and settings: the commit keeps the container's.
                 holder = await self._lane.run(
@@ -219,6 +229,8 @@ class DockerBases:
                 )
                 upper = await self._lane.run(lambda c: _upper(c, holder))
                 held = await self._reuse(request, str(made["Mountpoint"]), old)
+                if old is not None:  # what it holds of the snapshot is linked: it may go
+                    dropping = asyncio.ensure_future(old.drop())
                 root, signatures = await self._fill(request, name, upper, held)
                 repository, _, tag = image.partition(":")
                 # The image's labels pass to every container of it: only what they need. A
@@ -242,6 +254,8 @@ class DockerBases:
                 await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
                 raise
             finally:
+                if dropping is not None:  # a failure: the caller removes it again, and says
+                    await asyncio.gather(dropping, return_exceptions=True)
                 if holder:
                     await self._lane.run(
                         lambda c: c.api.remove_container(holder, force=True, v=True)
@@ -304,9 +318,9 @@ class DockerBases:
         return root, signatures
 
     async def _reuse(
-        self, request: SandboxRequest, mountpoint: str, old: str | None
+        self, request: SandboxRequest, mountpoint: str, old: OldWorkspace | None
     ) -> frozenset[str]:
-        """For a rewind (`old`: the sandbox's workspace volume, its container gone): the
+        """For a rewind (`old`: the sandbox's workspace, read once its container is gone): the
         snapshot's workspace files that it still holds as they were when the snapshot was
         taken (the same signature, through the record `_stamp` left in the base it stands on
         when it was made from one), hard-linked into the new base's lower/ (`mountpoint` is
@@ -319,13 +333,13 @@ class DockerBases:
             return frozenset()
         started = time.monotonic()
         try:
-            found = await self._lane.run(lambda c: _volume(c, old))
+            found = await self._lane.run(lambda c: _volume(c, old.volume))
             if found is None:
                 return frozenset()
             under = (found.get("Labels") or {}).get(LABEL_BASE)
             carried = None
             if under is not None:  # an overlay: its upper, then its base's lower
-                await self.stamped_base(old)  # the record of what that base laid down
+                await self.stamped_base(old.volume)  # the record of what that base laid down
                 base = await self._lane.run(lambda c: _volume(c, under))
                 if base is None:
                     return frozenset()
@@ -363,6 +377,7 @@ class DockerBases:
                 )
             )
             try:
+                await old.gone
                 answer = await self._lane.run(lambda _: helper.ask(ask))
             finally:
                 await self._lane.run(lambda _: helper.close())
