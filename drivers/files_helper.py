@@ -636,12 +636,16 @@ def parts_of(path: str) -> list[str] | None:
     return parts
 
 
-def parent_fd(root_fd: int, parts: list[str]) -> int | None:
+def parent_fd(root_fd: int, parts: list[str], *, make: bool = False) -> int | None:
     """The directory holding the last of `parts`, opened from root without following a link
-    (None when a parent is missing or is not a directory: the entry is skipped)."""
+    (None when a parent is missing or is not a directory: the entry is skipped); with `make`,
+    missing parents are made (0700)."""
     fd = os.dup(root_fd)
     for part in parts[:-1]:
         try:
+            if make:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o700, dir_fd=fd)
             child = os.open(part, NOFOLLOW_DIR, dir_fd=fd)
         except OSError:
             os.close(fd)
@@ -761,7 +765,7 @@ def reuse(request: dict[str, Any]) -> None:
             continue
         fd, name = found
         try:
-            dst = made_parents(target_fd, parts)
+            dst = parent_fd(target_fd, parts, make=True)
             if dst is None:
                 continue
             try:
@@ -796,23 +800,6 @@ def held(layers: list[int], parts: list[str], want: list[Any]) -> tuple[int, str
             return fd, parts[-1]
         os.close(fd)
     return None
-
-
-def made_parents(root_fd: int, parts: list[str]) -> int | None:
-    """The directory that will hold the last of `parts` under root, made (0700) where missing,
-    never through a link; None when something on the way is not a directory."""
-    fd = os.dup(root_fd)
-    for part in parts[:-1]:
-        try:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o700, dir_fd=fd)
-            child = os.open(part, NOFOLLOW_DIR, dir_fd=fd)
-        except OSError:
-            os.close(fd)
-            return None
-        os.close(fd)
-        fd = child
-    return fd
 
 
 def load(request: dict[str, Any]) -> None:
