@@ -11,8 +11,11 @@ measured in the same run:
   must be gone and a changed file's bytes those of the checkpoint), against a raw copy of the
   same bytes out of the store: every pack the snapshot's manifest lists fetched from the
   registry and written into the workspace of a raw container of the spec started to /health.
-  Target: <= 1.2x the raw. After each rewind, the first checkpoint after 10 MiB of changes,
-  printed beside the checkpoint above (the files it read: what changed, not the workspace).
+  Target: <= 1.2x the raw. Beside it, the bytes the rewind read out of the store (on Docker
+  only the files changed since the checkpoint: the others come from the sandbox's old
+  workspace; the raw restore still copies every pack). After each rewind, the first
+  checkpoint after 10 MiB of changes, printed beside the checkpoint above (the files it read:
+  what changed, not the workspace).
 - fork: a sandbox with a 100 MiB workspace forked into 1, 5, 10 and 20 (POST .../fork) until
   all are RUNNING, against N raw containers of the same spec started at once (empty
   workspaces) until their /health answers. Target: 10 in <= 5 s p50.
