@@ -13,7 +13,7 @@ retries), DriverError (and its kinds) when it refuses; "already so" is never an 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -203,11 +203,17 @@ class FileSource(Protocol):
         """The identity of the content (a snapshot id): a runtime may keep one copy of it and
         share it, copy-on-write, between the sandboxes made from it."""
 
-    def items(self) -> AsyncIterator[FileItem]:
+    def items(self, held: Collection[str] = ()) -> AsyncIterator[FileItem]:
         """The workspace and system trees, parents before children, and the state tree when
         the source restores the agent's state too (a rewind into the sandbox it was taken
         of: its key then differs from a plain restore's). Raises the store's errors (a
-        damaged or missing blob) as it goes."""
+        damaged or missing blob) as it goes. The workspace files whose paths are in `held`
+        come without their bytes (the runtime holds them already: a rewind's unchanged
+        files), and nothing is fetched for them."""
+
+    async def workspace(self) -> list[FileEntry]:
+        """The workspace tree's entries, their signatures as taken (a rewind compares them
+        with the files the sandbox holds), without fetching any file."""
 
 
 class Hold(Protocol):
@@ -274,6 +280,11 @@ class SandboxDriver(Protocol):
     """True when a pause releases the instance and keeps only the workspace (Kubernetes deletes
     the pod, keeping its claim): a paused sandbox then holds no memory, and a resume starts a
     new instance instead of unpausing. False when a pause freezes it in place (Docker)."""
+    stage_reads_workspace: bool
+    """True when `stage` (a rewind's) takes from the sandbox's old workspace what it still
+    holds of the snapshot (Docker): it removes the old instance itself, and its workspace must
+    still be there when it starts (the caller removes it after). False when the caller may
+    remove the old instance and workspace while `stage` runs."""
 
     @property
     def files(self) -> SandboxFiles | None:

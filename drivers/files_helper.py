@@ -45,6 +45,8 @@ Across a restore on Docker, where the engine lays the files down: the op "stamp"
 each file's signature as laid down beside its signature in the snapshot; an export request's
 "carried_file" names that record (or the loader's, on Kubernetes), so that the first export
 after a restore, a rewind or a fork reads only what changed since (`carry`), not every file.
+And the op "reuse" lays a rewind's unchanged files into the new base from the old workspace
+(hard links), so that a rewind reads only what changed out of the store.
 """
 
 from __future__ import annotations
@@ -634,12 +636,16 @@ def parts_of(path: str) -> list[str] | None:
     return parts
 
 
-def parent_fd(root_fd: int, parts: list[str]) -> int | None:
+def parent_fd(root_fd: int, parts: list[str], *, make: bool = False) -> int | None:
     """The directory holding the last of `parts`, opened from root without following a link
-    (None when a parent is missing or is not a directory: the entry is skipped)."""
+    (None when a parent is missing or is not a directory: the entry is skipped); with `make`,
+    missing parents are made (0700)."""
     fd = os.dup(root_fd)
     for part in parts[:-1]:
         try:
+            if make:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o700, dir_fd=fd)
             child = os.open(part, NOFOLLOW_DIR, dir_fd=fd)
         except OSError:
             os.close(fd)
@@ -724,6 +730,78 @@ def write_carried(root_fd: int, carried: dict[str, dict[str, list[Any]]]) -> Non
     os.rename(part, CARRIED_NAME, src_dir_fd=root_fd, dst_dir_fd=root_fd)
 
 
+def reuse(request: dict[str, Any]) -> None:
+    """{"op": "reuse", "known_file": path ({"workspace": {path: signature}}: a snapshot's
+    files as the sandbox it was taken of held them), "carried_file": path (optional: the record
+    `carry` reads, of the base the old workspace stands on), "layers": [dirs] (the old
+    workspace's directories: its volume's, or its overlay's upper and lower), "target": dir
+    (the new base's lower/, empty)}: a rewind's files that the old workspace still holds, each
+    hard-linked into "target" at its path (parents made 0700: the archive that follows sets
+    them), so that only the others come out of the store; answered {"reused": [paths],
+    "bytes": n}. A file is taken only when one at its path in some layer has exactly its
+    signature (kind, mode, owner, size, mtime, ctime and inode): any write, chmod or rename
+    since gives a new ctime, and a layer below an overlay is never written, so it is the
+    snapshot's file whatever the overlay above now shows. Nothing is followed through a link,
+    nor made outside "target"."""
+    with open(request["known_file"]) as handle:
+        known: dict[str, dict[str, list[Any]]] = json.loads(handle.read())
+    if request.get("carried_file"):
+        carry(known, request["carried_file"])
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(request["target"], 0o700)
+    target_fd = os.open(request["target"], NOFOLLOW_DIR)
+    layers = []
+    for layer in request["layers"]:
+        with contextlib.suppress(OSError):  # a missing layer holds nothing
+            layers.append(os.open(layer, NOFOLLOW_DIR))
+    reused: list[str] = []
+    size = 0
+    for path, want in known.get("workspace", {}).items():
+        parts = parts_of(path)
+        if parts is None or want[0] != "file":
+            continue
+        found = held(layers, parts, want)
+        if found is None:
+            continue
+        fd, name = found
+        try:
+            dst = parent_fd(target_fd, parts, make=True)
+            if dst is None:
+                continue
+            try:
+                os.link(name, parts[-1], src_dir_fd=fd, dst_dir_fd=dst, follow_symlinks=False)
+            except OSError:
+                continue
+            finally:
+                os.close(dst)
+        finally:
+            os.close(fd)
+        reused.append(path)
+        size += int(want[4])
+    for fd in [target_fd, *layers]:
+        os.close(fd)
+    send_json(b"J", {"reused": reused, "bytes": size})
+    out.flush()
+
+
+def held(layers: list[int], parts: list[str], want: list[Any]) -> tuple[int, str] | None:
+    """The directory (opened) and name of a file at `parts` in one of `layers` whose signature
+    is `want`; None when no layer has it."""
+    for layer in layers:
+        fd = parent_fd(layer, parts)
+        if fd is None:
+            continue
+        try:
+            st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+            entry = entry_of("workspace", "", st, fd, parts[-1], layer=False)
+        except OSError:
+            entry = None
+        if entry is not None and signature(entry) == want:
+            return fd, parts[-1]
+        os.close(fd)
+    return None
+
+
 def load(request: dict[str, Any]) -> None:
     root_fd = os.open(request["root"], NOFOLLOW_DIR)
     dirs: list[tuple[list[str], Entry]] = []
@@ -776,6 +854,8 @@ def main() -> None:
         load(request)
     elif op == "stamp":
         stamp(request)
+    elif op == "reuse":
+        reuse(request)
     else:
         raise SystemExit(f"unknown op {op!r}")
 

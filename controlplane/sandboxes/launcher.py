@@ -279,6 +279,16 @@ class Launcher:
     async def _bring_up(self, record: SandboxRecord, spec: SandboxSpec, mode: Mode) -> SandboxState:
         if mode == Mode.FRESH:
             return await self._driver.create(await self._request(record, spec), new=True)
+        if mode == Mode.REPLACE and self._driver.stage_reads_workspace:
+            # The stage removes the old instance itself and reads its workspace (taking the
+            # snapshot's files it still holds unchanged); the workspace goes whatever
+            # happened, before anything is created in its place.
+            request = await self._request(record, spec)
+            try:
+                await self._driver.stage(request)
+            finally:
+                await self._driver.remove(record.id)
+            return await self._driver.create(request)
         if mode == Mode.REPLACE:
             # The old instance and workspace go while what the new workspace is made from
             # (the snapshot's files) is fetched and laid out; nothing is created in their

@@ -2,13 +2,15 @@
 need, each dropped after the last chunk that needs it), every chunk authenticated and checked
 against its digest, the files streamed as a runtime imports them (drivers/base.py:
 FileSource). A pack's chunks are opened together in a worker thread as soon as it arrives, so
-that fetching, opening and the runtime's import of what comes before overlap."""
+that fetching, opening and the runtime's import of what comes before overlap. Workspace files
+the runtime says it holds already (a rewind's, drivers/base.py: FileSource.items) come as
+entries alone: their packs are not fetched."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 
 from controlplane.agent_protocol.kinds import CARRIED_FILES, CONVERSATIONS_DIR, OWNER_MARKS
 from controlplane.snapshots.index import ChunkRef, SnapshotIndex
@@ -17,12 +19,22 @@ from controlplane.snapshots.sealing import UserKeys
 from drivers.base import STATE, SYSTEM, WORKSPACE, FileEntry, FileItem, FileKind
 
 PREFETCH = 4
+GAP = 256 * 1024
+"""Chunks of a pack less than this apart are read in one ranged request (when only some of a
+pack's chunks are needed: a rewind's changed files)."""
 RESTORED = frozenset({WORKSPACE, SYSTEM})
 """What a new sandbox gets: not the state tree, whose agent state holds credentials scoped to
 the sandbox it was taken of (docs/sandboxes.md#snapshots)."""
 REWOUND = frozenset({WORKSPACE, SYSTEM, STATE})
 """What the sandbox a snapshot was taken of gets back when a conversation is rewound to it:
 its agent's state too (docs/sandboxes.md#checkpoints)."""
+
+
+class Fetched:
+    """Bytes the restores of this process fetched from the store (the benchmark prints what a
+    rewind reads beside the raw copy of the whole snapshot)."""
+
+    total = 0
 
 
 def state_key(snapshot_id: str) -> str:
@@ -100,10 +112,22 @@ class SnapshotSource:
                 rows.append((kept, refs))
         return rows
 
-    async def items(self) -> AsyncIterator[FileItem]:
+    async def workspace(self) -> list[FileEntry]:
+        """The workspace tree's entries (their signatures as taken), nothing fetched but the
+        index."""
+        return [entry for entry, _ in self._rows(await self._index()) if entry.tree == WORKSPACE]
+
+    async def items(self, held: Collection[str] = ()) -> AsyncIterator[FileItem]:
         index = await self._index()
         rows = self._rows(index)
-        used = [ref for entry, refs in rows for ref in refs if entry.kind == FileKind.FILE]
+        have = frozenset(held)
+
+        def fetched(entry: FileEntry) -> bool:
+            return entry.kind == FileKind.FILE and not (
+                entry.tree == WORKSPACE and entry.path in have
+            )
+
+        used = [ref for entry, refs in rows for ref in refs if fetched(entry)]
         last_use = {ref.pack: n for n, ref in enumerate(used)}
         wanted: dict[str, set[ChunkRef]] = {}
         for ref in used:
@@ -114,8 +138,7 @@ class SnapshotSource:
         where = f"snapshot {self._id}"
 
         async def load(digest: str) -> dict[ChunkRef, bytes]:
-            sealed = await self._registry.get_blob(self._repo, digest)
-            return await asyncio.to_thread(self._open_pack, sealed, wanted[digest], where)
+            return await self._load(digest, wanted[digest], where, partial=bool(have))
 
         def prefetch() -> None:
             nonlocal ahead
@@ -124,28 +147,67 @@ class SnapshotSource:
                 fetches[digest] = asyncio.create_task(load(digest))
                 ahead += 1
 
-        held: dict[str, dict[ChunkRef, bytes]] = {}
+        opened: dict[str, dict[ChunkRef, bytes]] = {}
         position = 0
         try:
             for entry, refs in rows:
                 yield entry
-                if entry.kind != FileKind.FILE:
+                if not fetched(entry):
                     continue
                 for ref in refs:
-                    pack = held.get(ref.pack)
+                    pack = opened.get(ref.pack)
                     if pack is None:
                         prefetch()
                         pack = await fetches.pop(ref.pack)
-                        held[ref.pack] = pack
+                        opened[ref.pack] = pack
                         prefetch()
                     yield pack[ref]
                     if last_use[ref.pack] == position:
-                        del held[ref.pack]
+                        del opened[ref.pack]
                     position += 1
         finally:
             for task in fetches.values():
                 task.cancel()
             await asyncio.gather(*fetches.values(), return_exceptions=True)
+
+    async def _load(
+        self, digest: str, refs: set[ChunkRef], where: str, *, partial: bool
+    ) -> dict[ChunkRef, bytes]:
+        """The chunks `refs` of pack `digest`, opened; `partial`: only their bytes are read
+        (a rewind's few changed files), else the whole pack, its digest checked."""
+        if partial:
+            parts = await self._parts(digest, refs)
+            return await asyncio.to_thread(self._open_parts, parts, where)
+        sealed = await self._registry.get_blob(self._repo, digest)
+        Fetched.total += len(sealed)
+        return await asyncio.to_thread(self._open_pack, sealed, refs, where)
+
+    async def _parts(self, digest: str, refs: set[ChunkRef]) -> list[tuple[ChunkRef, bytes]]:
+        """The sealed bytes of `refs` out of pack `digest`, by ranged reads (neighbours within
+        GAP read together); each is authenticated and hashed when opened (the pack's own digest
+        covers only the whole pack)."""
+        spans: list[list[ChunkRef]] = []
+        for ref in sorted(refs, key=lambda r: r.offset):
+            last = spans[-1][-1] if spans else None
+            if last is not None and ref.offset - (last.offset + last.length) <= GAP:
+                spans[-1].append(ref)
+            else:
+                spans.append([ref])
+        parts: list[tuple[ChunkRef, bytes]] = []
+        for span in spans:
+            start = span[0].offset
+            end = max(ref.offset + ref.length for ref in span)
+            data = await self._registry.get_blob_range(self._repo, digest, start, end)
+            Fetched.total += len(data)
+            view = memoryview(data)
+            parts += [
+                (r, bytes(view[r.offset - start : r.offset - start + r.length])) for r in span
+            ]
+        return parts
+
+    def _open_parts(self, parts: list[tuple[ChunkRef, bytes]], where: str) -> dict[ChunkRef, bytes]:
+        """Blocking."""
+        return {ref: self._keys.open(ref.id, sealed, where) for ref, sealed in parts}
 
     def _open_pack(self, sealed: bytes, refs: set[ChunkRef], where: str) -> dict[ChunkRef, bytes]:
         """The chunks of one pack that the files need (each once), authenticated and checked

@@ -104,6 +104,31 @@ class Registry:
             )
         return body
 
+    async def get_blob_range(self, repo: str, digest: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the blob (a Range request; a store that answers with the whole
+        blob is sliced). Not checked against the blob's digest, which covers only the whole
+        blob: the caller checks what it reads (a pack's chunks are each authenticated and
+        hashed). Raises SnapshotDamaged when the blob is gone or shorter, StoreUnavailable
+        when the store does not answer."""
+        status, _, body = await self._call(
+            "GET",
+            f"/v2/{repo}/blobs/{digest}",
+            repo,
+            "pull",
+            headers={"Range": f"bytes={start}-{end - 1}"},
+        )
+        if status in (404, 416):
+            raise SnapshotDamaged(f"blob {digest} is missing from the snapshot store or short")
+        if status == 200:
+            body = body[start:end]
+        elif status != 206:
+            raise StoreUnavailable(f"the snapshot store did not give blob {digest} ({status})")
+        if len(body) != end - start:
+            raise SnapshotDamaged(
+                f"blob {digest} in the snapshot store is shorter than its index says"
+            )
+        return body
+
     async def blob_exists(self, repo: str, digest: str) -> bool:
         status, _, _ = await self._call("HEAD", f"/v2/{repo}/blobs/{digest}", repo, "pull")
         if status not in (200, 404):

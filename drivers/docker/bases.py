@@ -19,16 +19,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import docker
 import structlog
-from docker.errors import APIError, ImageNotFound, NotFound
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import Mount
 
 from drivers.base import STATE, SYSTEM, WORKSPACE, FileEntry, FileItem, FileKind, SandboxRequest
@@ -50,6 +51,15 @@ STAMP_WAIT = 120.0
 LABEL_ROOT = "acs.workspace_root"
 """On a base image: its workspace root's "uid:gid:mode" (overlay's merged root is the upper
 directory, which must have them)."""
+
+
+@dataclass(frozen=True)
+class OldWorkspace:
+    """A rewinding sandbox's own workspace, which its new base takes what it can from."""
+
+    volume: str
+    gone: Awaitable[None]  # its container removed: nothing writes to it any more
+    drop: Callable[[], Awaitable[None]]  # remove it (and its base, unless still used)
 
 
 @dataclass(frozen=True)
@@ -109,10 +119,12 @@ class DockerBases:
             )
         return base.image
 
-    async def stage(self, request: SandboxRequest) -> None:
+    async def stage(self, request: SandboxRequest, old: OldWorkspace | None = None) -> None:
         """Build the restoring request's base unless it exists; `workspace` then takes it
-        without looking it up again (unless a release dropped it meanwhile)."""
-        self._staged[request.sandbox_id] = await self._ensure(request)
+        without looking it up again (unless a release dropped it meanwhile). `old`: the
+        sandbox's own workspace (a rewind), whose files the snapshot's are taken from where
+        they are the same (`_reuse`), dropped once they are."""
+        self._staged[request.sandbox_id] = await self._ensure(request, old)
 
     async def base_of(self, volume: str) -> str | None:
         """The base volume a workspace volume stands on; None for a plain one (or none)."""
@@ -187,7 +199,7 @@ class DockerBases:
 
     # -- building a base ------------------------------------------------------------------------
 
-    async def _ensure(self, request: SandboxRequest) -> Base:
+    async def _ensure(self, request: SandboxRequest, old: OldWorkspace | None = None) -> Base:
         source = request.restore
         assert source is not None
         image_id = await self._lane.run(lambda c: _image_id(c, request.image))
@@ -209,13 +221,17 @@ class DockerBases:
             log.info("snapshot_base_building", snapshot=source.key, sandbox_id=request.sandbox_id)
             made = await self._lane.run(lambda c: c.api.create_volume(name=name, labels=labels))
             holder = ""
+            dropping: asyncio.Future[None] | None = None
             try:
                 # The image's own command and settings: the commit keeps the container's.
                 holder = await self._lane.run(
                     lambda c: _create(c, request.image, labels=labels, network_disabled=True)
                 )
                 upper = await self._lane.run(lambda c: _upper(c, holder))
-                root, signatures = await self._fill(request, name, upper)
+                held = await self._reuse(request, str(made["Mountpoint"]), old)
+                if old is not None:  # what it holds of the snapshot is linked: it may go
+                    dropping = asyncio.ensure_future(old.drop())
+                root, signatures = await self._fill(request, name, upper, held)
                 repository, _, tag = image.partition(":")
                 # The image's labels pass to every container of it: only what they need. A
                 # commit merges the holder's own labels in, so those are blanked (a label
@@ -238,6 +254,8 @@ class DockerBases:
                 await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
                 raise
             finally:
+                if dropping is not None:  # a failure: the caller removes it again, and says
+                    await asyncio.gather(dropping, return_exceptions=True)
                 if holder:
                     await self._lane.run(
                         lambda c: c.api.remove_container(holder, force=True, v=True)
@@ -245,13 +263,14 @@ class DockerBases:
             return Base(name, str(made["Mountpoint"]), image, root)
 
     async def _fill(
-        self, request: SandboxRequest, volume: str, upper: str
+        self, request: SandboxRequest, volume: str, upper: str, held: frozenset[str]
     ) -> tuple[str, dict[str, dict[str, list[object]]]]:
         """The source's workspace tree into the base volume's lower/ and its system (and
         state) trees into the holder's writable layer, extracted by the engine from one
         archive (a container that never starts holds the mounts); the workspace root's
         "uid:gid:mode", and the signature in the snapshot of each file laid down ({tree:
-        {path: signature}}, for `_stamp`)."""
+        {path: signature}}, for `_stamp`). The workspace files in `held` are in lower/
+        already (`_reuse`): left out of the archive, and not fetched."""
         assert request.restore is not None
         root = "0:0:493"
         signatures: dict[str, dict[str, list[object]]] = {}
@@ -272,7 +291,7 @@ class DockerBases:
             if entry.tree == WORKSPACE:
                 if entry.path == "":
                     root = f"{entry.uid}:{entry.gid}:{entry.mode}"
-                return f"acs/ws/lower/{entry.path}".rstrip("/")
+                return None if entry.path in held else f"acs/ws/lower/{entry.path}".rstrip("/")
             # The state tree comes only when the source gives it (a rewind of the sandbox it
             # was taken of); it lies in the same writable layer as the system tree.
             if entry.tree in (SYSTEM, STATE):
@@ -283,7 +302,7 @@ class DockerBases:
 
         async def items() -> AsyncIterator[FileItem]:
             assert request.restore is not None
-            async for item in request.restore.items():
+            async for item in request.restore.items(held):
                 yield item
             # The sandbox's own fork directories, with the root's owner and mode now known.
             made = _fork_entries(root, [request.sandbox_id])
@@ -297,6 +316,85 @@ class DockerBases:
         mounts = [Mount("/acs/ws", volume, type="volume"), Mount("/acs/upper", upper, type="bind")]
         await self._extract(mounts, archive(items(), named))
         return root, signatures
+
+    async def _reuse(
+        self, request: SandboxRequest, mountpoint: str, old: OldWorkspace | None
+    ) -> frozenset[str]:
+        """For a rewind (`old`: the sandbox's workspace, read once its container is gone): the
+        snapshot's workspace files that it still holds as they were when the snapshot was
+        taken (the same signature, through the record `_stamp` left in the base it stands on
+        when it was made from one), hard-linked into the new base's lower/ (`mountpoint` is
+        the new base volume's) by a helper (files_helper.py: reuse); their paths. Only the
+        others then come out of the store. Both volumes are on the engine's volume directory:
+        the helper gets that directory (a link cannot cross mounts), and touches nothing in
+        it but the layers and the new lower/. A failure costs only speed (every file then
+        comes out of the store; a link already made is replaced by the archive)."""
+        if old is None or request.restore is None:
+            return frozenset()
+        started = time.monotonic()
+        try:
+            found = await self._lane.run(lambda c: _volume(c, old.volume))
+            if found is None:
+                return frozenset()
+            under = (found.get("Labels") or {}).get(LABEL_BASE)
+            carried = None
+            if under is not None:  # an overlay: its upper, then its base's lower
+                await self.stamped_base(old.volume)  # the record of what that base laid down
+                base = await self._lane.run(lambda c: _volume(c, under))
+                if base is None:
+                    return frozenset()
+                top = str(base["Mountpoint"])
+                layers = [f"{top}/forks/{request.sandbox_id}/up", f"{top}/lower"]
+                carried = f"{top}/{CARRIED}"
+            else:
+                layers = [str(found["Mountpoint"])]
+            root = os.path.commonpath([mountpoint, *layers])
+
+            def inside(path: str) -> str:
+                return f"/acs/vols/{os.path.relpath(path, root)}"
+
+            files = await request.restore.workspace()
+            known = {
+                WORKSPACE: {e.path: list(e.signature()) for e in files if e.kind == FileKind.FILE}
+            }
+            ask: dict[str, Any] = {
+                "op": "reuse",
+                "known_file": f"/tmp/{SIGNATURES}",  # noqa: S108 (the helper's own)
+                "layers": [inside(layer) for layer in layers],
+                "target": inside(f"{mountpoint}/lower"),
+            }
+            if carried is not None:
+                ask["carried_file"] = inside(carried)
+            named = json.dumps(known, separators=(",", ":")).encode()
+            helper = await self._lane.run(
+                lambda c: Helper.start(
+                    c,
+                    image=self._image,
+                    prefix=self._prefix,
+                    sandbox_id=request.sandbox_id,
+                    mounts=[Mount("/acs/vols", root, type="bind")],
+                    files={SIGNATURES: named},
+                )
+            )
+            try:
+                await old.gone
+                answer = await self._lane.run(lambda _: helper.ask(ask))
+            finally:
+                await self._lane.run(lambda _: helper.close())
+        except (DriverError, DockerException) as exc:
+            log.warning(
+                "snapshot_rewind_reuse_failed", sandbox_id=request.sandbox_id, error=str(exc)
+            )
+            return frozenset()
+        reused = frozenset(str(path) for path in answer.get("reused") or [])
+        log.info(
+            "snapshot_rewind_reused",
+            sandbox_id=request.sandbox_id,
+            files=len(reused),
+            bytes=answer.get("bytes"),
+            took=round(time.monotonic() - started, 3),
+        )
+        return reused
 
     async def stamped_base(self, volume: str) -> str | None:
         """The base the workspace `volume` stands on (None for a plain one), once the base's

@@ -30,6 +30,7 @@ from drivers.base import (
     Watch,
 )
 from drivers.docker import names, networks
+from drivers.docker.bases import OldWorkspace
 from drivers.docker.containers import (
     ContainerRequest,
     container_request,
@@ -91,6 +92,7 @@ class DockerDriver:
     """
 
     pause_releases = False  # `docker pause` freezes the container, memory kept
+    stage_reads_workspace = True  # a rewind's base takes the old workspace's unchanged files
 
     def __init__(
         self,
@@ -281,9 +283,25 @@ class DockerDriver:
             raise
 
     async def stage(self, request: SandboxRequest) -> None:
-        """The snapshot's base (volume and image), built unless it exists."""
-        if request.restore is not None:
-            await self.files.bases.stage(request)
+        """The snapshot's base (volume and image), built unless it exists, from what the
+        sandbox's old workspace (a rewind's) holds of it as it was, and from the store for the
+        rest. The old container is removed here (`stage_reads_workspace`), the old workspace
+        too once the base has what it needs of it."""
+        if request.restore is None:
+            return
+        sandbox_id = request.sandbox_id
+        # The old container goes while the base is prepared; its workspace once the base has
+        # taken what it holds of the snapshot (the launcher removes it again, whatever
+        # happened: "already gone" succeeds).
+        gone = asyncio.ensure_future(self.remove(sandbox_id, keep_workspace=True))
+        old = OldWorkspace(
+            names.volume_name(self.prefix, sandbox_id), gone, lambda: self.remove(sandbox_id)
+        )
+        try:
+            await self.files.bases.stage(request, old)
+        finally:
+            await asyncio.gather(gone, return_exceptions=True)
+        await gone  # its failure, if any, is the stage's
 
     def _create_and_start(
         self, client: docker.DockerClient, req: ContainerRequest, new: bool

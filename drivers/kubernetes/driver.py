@@ -55,6 +55,7 @@ class KubernetesDriver:
     """
 
     pause_releases = True
+    stage_reads_workspace = False
 
     def __init__(
         self,

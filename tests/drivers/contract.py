@@ -20,7 +20,7 @@ import os
 import shlex
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -424,9 +424,18 @@ class _Files:
         self.key = key
         self._items = items
 
-    async def items(self) -> AsyncIterator[FileItem]:
+    async def items(self, held: Collection[str] = ()) -> AsyncIterator[FileItem]:
+        skipping = False
         for item in self._items:
+            if isinstance(item, bytes):
+                if not skipping:
+                    yield item
+                continue
+            skipping = item.tree == WORKSPACE and item.path in held
             yield item
+
+    async def workspace(self) -> list[FileEntry]:
+        return [i for i in self._items if isinstance(i, FileEntry) and i.tree == WORKSPACE]
 
 
 async def _exported(

@@ -1,0 +1,82 @@
+"""A rewind on real Docker and a real registry takes from the sandbox's old workspace the
+checkpoint's files it still holds unchanged (drivers/docker/bases.py: _reuse) and reads only the
+others out of the store: whatever the agent did since (writes, deletions, renames, a chmod, a
+file replaced by a directory and the reverse, a change hidden by `touch -d`), the workspace is
+the checkpoint's exactly, from a plain workspace and from one already rewound (an overlay on a
+base, through the record its base keeps of the files it laid down)."""
+
+from __future__ import annotations
+
+import docker
+
+from controlplane import keys
+from controlplane.snapshots.reader import Fetched
+from tests.support.sandbox_helpers import wait_status
+from tests.support.snapshot_helpers import running, sh, snapshot
+from tests.support.types import Client, UserHeaders
+
+BIG = 3_000_000
+WRITE = (
+    f"cd /workspace && head -c {BIG} /dev/urandom > big.bin && printf keep > keep.txt"
+    " && printf edit > edit.txt && printf gone > gone.txt && printf name > old-name.txt"
+    " && printf mode > mode.txt && printf leaf > leaf && mkdir -p tree/deep && printf d"
+    " > tree/deep/x.txt && ln -s keep.txt link && printf hush > hush.txt"
+)
+# After the checkpoint, every kind of change; hush.txt at the same size, its mtime set back.
+CHANGE = (
+    "cd /workspace && printf EDIT > edit.txt && rm gone.txt && mv old-name.txt new-name.txt"
+    " && chmod 600 mode.txt && rm leaf && mkdir leaf && printf in > leaf/inner"
+    " && rm -r tree && printf file > tree && rm link && ln -s gone.txt link"
+    ' && printf later > later.txt && m="$(stat -c %y hush.txt)" && printf HUSH > hush.txt'
+    ' && touch -d "$m" hush.txt'
+)
+# Everything below /workspace as `find` sees it (kind, mode, owner, size, mtime, link target)
+# with each file's sha256: the root itself aside (an overlay shows its upper directory's).
+TREE = (
+    "cd /workspace && find . -mindepth 1 -printf '%p %y %m %U %G %s %T@ %l\\n' | sort"
+    " && find . -type f -exec sha256sum {} + | sort -k2"
+)
+
+
+async def test_a_rewind_reads_only_what_changed_and_brings_the_tree_back_exactly(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    alice = await user_headers("alice")
+    sandbox_id = (await running(snap, alice))["id"]
+    await sh(docker_client, test_prefix, sandbox_id, WRITE)
+    tree = await sh(docker_client, test_prefix, sandbox_id, TREE)
+    first = await snapshot(snap, alice, sandbox_id)
+
+    async def rewind(snapshot_id: str) -> int:
+        """The sandbox rewound to `snapshot_id` (what a conversation's rewind calls) until
+        RUNNING; the bytes that took out of the store."""
+        service = snap.app[keys.SANDBOXES]
+        principal = await snap.app[keys.API_KEYS].authenticate(alice["X-Session-API-Key"])
+        record = await service.record(sandbox_id)
+        assert record is not None
+        before = Fetched.total
+        await service.rewind(
+            principal.model_copy(update={"org_id": record.org_id}), sandbox_id, snapshot_id
+        )
+        await wait_status(snap, alice, sandbox_id, "RUNNING", within=90)
+        return Fetched.total - before
+
+    # From the plain workspace the sandbox started with.
+    await sh(docker_client, test_prefix, sandbox_id, CHANGE)
+    read = await rewind(first["id"])
+    assert await sh(docker_client, test_prefix, sandbox_id, TREE) == tree
+    assert 0 < read < BIG, read  # the changed small files, not big.bin
+
+    # From a workspace that is itself a rewind's (an overlay on the first rewind's base): a
+    # second checkpoint, more changes, back to it; then back to the first across both.
+    await sh(docker_client, test_prefix, sandbox_id, "printf two > /workspace/keep.txt")
+    second_tree = await sh(docker_client, test_prefix, sandbox_id, TREE)
+    second = await snapshot(snap, alice, sandbox_id)
+    await sh(docker_client, test_prefix, sandbox_id, CHANGE)
+    read = await rewind(second["id"])
+    assert await sh(docker_client, test_prefix, sandbox_id, TREE) == second_tree
+    assert 0 < read < BIG, read
+    await sh(docker_client, test_prefix, sandbox_id, CHANGE)
+    read = await rewind(first["id"])
+    assert await sh(docker_client, test_prefix, sandbox_id, TREE) == tree
+    assert 0 < read < BIG, read
