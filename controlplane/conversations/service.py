@@ -61,6 +61,11 @@ def _task_matches(task: AppConversationStartTask, f: TaskFilters) -> bool:
     ) and (f.created_at__gte is None or task.created_at >= f.created_at__gte)
 
 
+READ_BATCH = 500
+"""Most ids a page reads per round trip once its first read (limit + 1) was not filled: a
+filter that few records match costs a round trip per READ_BATCH records, not per page."""
+
+
 def _ids_page(ids: list[str], after: str | None, count: int, desc: bool) -> list[str]:
     """Up to `count` of sorted `ids` past `after` (exclusive): older ones when desc, as
     store/paging.py pages the user's index."""
@@ -265,7 +270,6 @@ class ConversationService:
         elif (
             order in (ConversationSortOrder.UPDATED_AT, ConversationSortOrder.UPDATED_AT_DESC)
             and in_sandbox is None
-            and await self.store.by_update_built()
         ):
             page, next_id = await self._updated_page(principal.user_id, query)
         else:
@@ -293,17 +297,25 @@ class ConversationService:
         """A page in creation order (ids are uuid7) past `after`, of `in_sandbox`'s ids or of
         the owner's index, and the next page's id: reads pages of ids until one is filled."""
         found: list[AppConversationInfo] = []
+        batch = limit + 1
         while len(found) <= limit:
             if in_sandbox is not None:
-                ids = _ids_page(in_sandbox, after, limit + 1, desc)
+                ids = _ids_page(in_sandbox, after, batch, desc)
             elif owner is not None:
-                ids = await self.store.page_ids(owner, after, limit + 1, desc)
+                ids = await self.store.page_ids(owner, after, batch, desc)
             else:
                 ids = []
-            found += [info for info in await self.store.get_many(ids) if info and listed(info)]
-            if len(ids) < limit + 1:
+            found += [
+                info
+                for info in await self.store.get_many(ids)
+                if info
+                and (in_sandbox is not None or info.created_by_user_id == owner)
+                and listed(info)
+            ]
+            if len(ids) < batch:
                 break
             after = ids[-1]
+            batch = min(batch * 2, max(limit + 1, READ_BATCH))
         page = found[:limit]
         return page, encode_cursor(page[-1].id) if len(found) > limit else None
 
@@ -316,17 +328,26 @@ class ConversationService:
         raw = decode_cursor(query.page_id, SCORED)
         after = (int(raw.split("-")[0]), raw.split("-")[1]) if raw else None
         found: list[tuple[AppConversationInfo, int]] = []
+        if owner is not None and not await self.store.by_update_in_step(owner):
+            await self.store.rebuild_by_update(owner)
+        seen: set[str] = set()
+        batch = query.limit + 1
         while owner is not None and len(found) <= query.limit:
-            rows = await self.store.page_by_update(owner, after, query.limit + 1, desc)
+            rows = await self.store.page_by_update(owner, after, batch, desc)
             infos = await self.store.get_many([i for i, _ in rows])
-            found += [
-                (info, score)
-                for info, (_, score) in zip(infos, rows, strict=True)
-                if info and self._listed(info, query)
-            ]
-            if len(rows) < query.limit + 1:
+            for info, (_, score) in zip(infos, rows, strict=True):
+                if (
+                    info
+                    and info.created_by_user_id == owner
+                    and info.id not in seen
+                    and self._listed(info, query)
+                ):
+                    seen.add(info.id)  # moved past the cursor by an update mid-request
+                    found.append((info, score))
+            if len(rows) < batch:
                 break
             after = (rows[-1][1], rows[-1][0])
+            batch = min(batch * 2, max(query.limit + 1, READ_BATCH))
         page = found[: query.limit]
         more = len(found) > query.limit
         return [i for i, _ in page], (

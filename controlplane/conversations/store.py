@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -56,27 +57,43 @@ redis.call('ZADD', KEYS[6], ARGV[4], ARGV[2])
 return 1
 """
 
-# ARGV: (id, owner, update score) triples read from the records just before. Each id whose
-# record still exists joins its owner's index by update; GT: a write since (a later updated_at)
-# is never moved back by this older read. A record deleted meanwhile was taken out by its
-# delete and is not put back.
+# ARGV: (id, owner, update score, updated_at as read) quadruples read from the records just
+# before. Each id whose record still holds that updated_at gets that score in its owner's index
+# by update; a record written since (its writer set its score) or deleted since (its delete took
+# it out) is left alone, so an older read never undoes a newer write.
 _INDEX_BY_UPDATE = (
     """
-for i = 1, #ARGV, 3 do
-  local id, key = ARGV[i], '"""
+for i = 1, #ARGV, 4 do
+  local id = ARGV[i]
+  local raw = redis.call('GET', '"""
+    + keyspace.conversation("")
+    + """' .. id)
+  if raw then
+    local ok, record = pcall(cjson.decode, raw)
+    if ok and type(record) == 'table' and record['updated_at'] == ARGV[i + 3] then
+      redis.call('ZADD', '"""
     + keyspace.USER_CONVERSATIONS_BY_UPDATE[0]
     + """' .. ARGV[i + 1] .. '"""
     + keyspace.USER_CONVERSATIONS_BY_UPDATE[1]
-    + """'
-  if redis.call('EXISTS', '"""
-    + keyspace.conversation("")
-    + """' .. id) == 1 then
-    redis.call('ZADD', key, 'GT', ARGV[i + 2], id)
+    + """', ARGV[i + 2], id)
+    end
   end
 end
 return 1
 """
 )
+
+# KEYS: a user's index by update, the user's index. Drops from the first every id the second
+# does not hold (a conversation deleted by a writer that did not know the index by update).
+_DROP_STRAYS = """
+local dropped = 0
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  if not redis.call('ZSCORE', KEYS[2], id) then
+    dropped = dropped + redis.call('ZREM', KEYS[1], id)
+  end
+end
+return dropped
+"""
 
 # KEYS: a user's index by update. ARGV: the last page's score and id, count, '1' for newest
 # first. Up to `count` (id, score) pairs past that one in (score, id) order: members of equal
@@ -175,8 +192,8 @@ class ConversationStore:
         self._drop = redis.register_script(_DROP)
         self._reindex = redis.register_script(_REINDEX)
         self._index_by_update = redis.register_script(_INDEX_BY_UPDATE)
+        self._drop_strays = redis.register_script(_DROP_STRAYS)
         self._page_by_update = redis.register_script(_PAGE_BY_UPDATE)
-        self._by_update_built = False
 
     async def reserve(self, conversation_id: str, user_id: str) -> None:
         """Claim a client-chosen id for `user_id`. Raises ConversationIdTaken when it is another
@@ -303,8 +320,8 @@ class ConversationStore:
         in pages, each page one atomic script: safe beside any write. Run once at each start of
         a replica (conversations_ctx), which builds the sets and indexes of a deployment
         upgraded from a version without them and puts right what such a version's writers
-        left once the last of them is gone; the walk done, the updated-at orders use the
-        index (`CONVERSATIONS_BY_UPDATE_BUILT`)."""
+        left once the last of them is gone (a user's index by update is also put right by the
+        first updated-at search that finds it out of step: `by_update_in_step`)."""
         fixed = 0
         batch: list[str] = []
         prefix = keyspace.conversation("")
@@ -318,7 +335,6 @@ class ConversationStore:
                 batch = []
         if batch:
             fixed += await self._reindex_page(batch)
-        await self._redis.set(keyspace.CONVERSATIONS_BY_UPDATE_BUILT, "1")
         for status_set in STATUS_SETS:
             cursor = 0
             while True:
@@ -331,32 +347,46 @@ class ConversationStore:
 
     async def _reindex_page(self, ids: list[str]) -> int:
         fixed = int(await self._reindex(args=ids))
-        triples: list[str | int] = []
-        for info in await self._read_many(ids):
-            if info is not None and info.created_by_user_id is not None:
-                triples += [info.id, info.created_by_user_id, update_score(info.updated_at)]
-        if triples:
-            await self._index_by_update(args=triples)
+        await self._index_records(ids)
         return fixed
 
-    async def _read_many(self, ids: list[str]) -> list[AppConversationInfo | None]:
-        """get_many, with a record that does not decode read as none (the re-index goes on)."""
+    async def _index_records(self, ids: list[str]) -> None:
+        """Put the records of `ids` in their owners' indexes by update, as they are now."""
         rows = await self._redis.mget([keyspace.conversation(i) for i in ids])
-        infos: list[AppConversationInfo | None] = []
+        args: list[str | int] = []
         for row in rows:
+            if not row:
+                continue
             try:
-                infos.append(AppConversationInfo.model_validate_json(text(row)) if row else None)
-            except ValueError:
-                infos.append(None)
-        return infos
+                info = AppConversationInfo.model_validate_json(text(row))
+                stored_at = json.loads(row)["updated_at"]  # as the record's JSON holds it
+            except (ValueError, KeyError, TypeError):
+                continue  # a record that does not decode stays out of the orders' pages
+            if info.created_by_user_id is not None and isinstance(stored_at, str):
+                args += [info.id, info.created_by_user_id, update_score(info.updated_at), stored_at]
+        if args:
+            await self._index_by_update(args=args)
 
-    async def by_update_built(self) -> bool:
-        """Whether every user's index by update holds all their records (a replica's start
-        builds them once; remembered once true)."""
-        if not self._by_update_built:
-            built = await self._redis.exists(keyspace.CONVERSATIONS_BY_UPDATE_BUILT)
-            self._by_update_built = bool(built)
-        return self._by_update_built
+    async def by_update_in_step(self, owner: str) -> bool:
+        """Whether the owner's index by update holds as many ids as their index: every writer
+        of this version keeps both in one script or transaction; a difference is a writer that
+        did not know it (an older replica during a rolling upgrade, a restored backup)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zcard(keyspace.user_conversations(owner))
+            pipe.zcard(keyspace.user_conversations_by_update(owner))
+            ids, scored = await pipe.execute()
+        return bool(ids == scored)
+
+    async def rebuild_by_update(self, owner: str) -> None:
+        """Put every record of the owner in their index by update and drop the ids whose
+        record is gone (once, when `by_update_in_step` says it is out of step)."""
+        ids = await self.all_ids(owner)
+        for start in range(0, len(ids), COUNT_PAGE):
+            await self._index_records(ids[start : start + COUNT_PAGE])
+        await self._drop_strays(
+            keys=[keyspace.user_conversations_by_update(owner), keyspace.user_conversations(owner)]
+        )
+        log.info("conversation_update_index_rebuilt", user_id=owner, conversations=len(ids))
 
     async def page_by_update(
         self, owner: str, after: tuple[int, str] | None, count: int, desc: bool

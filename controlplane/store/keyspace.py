@@ -99,11 +99,6 @@ def user_conversations_by_update(user_id: str) -> str:
     return USER_CONVERSATIONS_BY_UPDATE[0] + user_id + USER_CONVERSATIONS_BY_UPDATE[1]
 
 
-CONVERSATIONS_BY_UPDATE_BUILT = f"{PREFIX}:convs:updated:built"
-"""Set once every record has been put in its user's user_conversations_by_update (a replica's
-start walks them): until then the updated-at orders read the user's records as before."""
-
-
 def sandbox_conversations(sandbox_id: str) -> str:
     """Set of conversation ids running in a sandbox: a delete keeps a shared sandbox."""
     return f"{PREFIX}:sandbox:{sandbox_id}:convs"

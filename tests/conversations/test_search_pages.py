@@ -155,28 +155,69 @@ async def test_the_v0_list_pages_by_id_with_its_filters(
     assert resp.status == 422  # an offset is no cursor of this list
 
 
-async def test_a_replica_start_builds_the_index_of_records_written_without_it(
-    raw_redis: aioredis.Redis,
+async def test_an_index_out_of_step_is_put_right_by_the_next_updated_search(
+    make_client: ClientFactory, raw_redis: aioredis.Redis, user_headers: UserHeaders
 ) -> None:
-    """An upgrade: records written by a version without the index (no member, no marker) are
-    put in it by the start's walk, which never moves a score back nor brings back a deleted id;
-    until the walk ends the store says the index is not built (the service then reads the
-    records, as before)."""
+    """A rolling upgrade: replicas of a version without the index by update create and delete
+    conversations meanwhile (their record and the user's index only). The next updated-at search
+    finds the two indexes' sizes apart and rebuilds the user's index before its page."""
+    client = await make_client(with_sandboxes=True, docker_url=NO_ENGINE)
+    carol = await user_headers("carol")
     store = ConversationStore(raw_redis)
     infos = await seed(store, "carol", 12)
     index = keyspace.user_conversations_by_update("carol")
-    await raw_redis.delete(index, keyspace.CONVERSATIONS_BY_UPDATE_BUILT)
-    assert not await ConversationStore(raw_redis).by_update_built()
-    # A write after the walk's read (a later updated_at in the index) is kept.
-    later = update_score(START + timedelta(days=3))
-    await raw_redis.zadd(index, {infos[0].id: later})
+    # An older replica's create: the record and the user's index, not the index by update.
+    old = AppConversationInfo(
+        id=uuid7_hex(), created_by_user_id="carol", sandbox_id="s-old", updated_at=START
+    )
+    await raw_redis.set(keyspace.conversation(old.id), old.model_dump_json())
+    await raw_redis.zadd(keyspace.user_conversations("carol"), {old.id: 0})
+    seen = await pages(client, carol, f"{BASE}/search", sort_order="UPDATED_AT", limit="5")
+    assert seen == by_update([*infos, old], desc=False)
+    # An older replica's delete: the record and the user's index, the index by update left.
+    gone = infos.pop(4)
+    await raw_redis.delete(keyspace.conversation(gone.id))
+    await raw_redis.zrem(keyspace.user_conversations("carol"), gone.id)
+    seen = await pages(client, carol, f"{BASE}/search", sort_order="UPDATED_AT_DESC", limit="5")
+    assert seen == by_update([*infos, old], desc=True)
+    assert await raw_redis.zscore(index, gone.id) is None
+
+
+async def test_a_start_walk_puts_records_in_the_index_and_never_undoes_a_newer_write(
+    raw_redis: aioredis.Redis,
+) -> None:
+    store = ConversationStore(raw_redis)
+    infos = await seed(store, "dan", 6)
+    index = keyspace.user_conversations_by_update("dan")
+    await raw_redis.delete(index)  # records of a version without the index
+    await raw_redis.zadd(index, {infos[0].id: 1})  # a score the record does not say
     await store.reindex_statuses()
-    assert await ConversationStore(raw_redis).by_update_built()
-    rows = await store.page_by_update("carol", None, 100, desc=True)
-    assert rows[0] == (infos[0].id, later)
-    assert [i for i, _ in rows[1:]] == [i for i in by_update(infos, desc=True) if i != infos[0].id]
-    # A record deleted by hand stays out: the walk adds only ids whose record exists.
-    await raw_redis.delete(keyspace.conversation(infos[1].id))
-    await raw_redis.zrem(index, infos[1].id)
-    await store.reindex_statuses()
-    assert await raw_redis.zscore(index, infos[1].id) is None
+    rows = await store.page_by_update("dan", None, 100, desc=True)
+    assert [i for i, _ in rows] == by_update(infos, desc=True)
+    assert dict(rows)[infos[0].id] == update_score(infos[0].updated_at)
+    # A read older than the record (it was written since): the walk's script leaves it alone.
+    await store._index_by_update(args=[infos[1].id, "dan", 7, "2001-01-01T00:00:00Z"])
+    assert await raw_redis.zscore(index, infos[1].id) == update_score(infos[1].updated_at)
+
+
+async def test_a_filter_few_records_match_reads_in_growing_batches(
+    make_client: ClientFactory, raw_redis: aioredis.Redis, user_headers: UserHeaders
+) -> None:
+    """No page is one round trip per `limit + 1` records when the filter matches nothing: after
+    its first read the batch doubles, up to 500."""
+    client = await make_client(with_sandboxes=True, docker_url=NO_ENGINE)
+    erin = await user_headers("erin")
+    infos = await seed(ConversationStore(raw_redis), "erin", 600)
+    assert infos
+    for path, params in (
+        (f"{BASE}/search", {"sort_order": "UPDATED_AT_DESC", "title__contains": "zzz"}),
+        (f"{BASE}/search", {"title__contains": "zzz"}),
+        ("/api/conversations", {"selected_repository": "nobody/none"}),
+    ):
+        await raw_redis.config_resetstat()
+        resp = await client.get(path, params=params | {"limit": "1"}, headers=erin)
+        assert resp.status == 200, await resp.text()
+        body: Any = await resp.json()
+        assert body.get("items", body.get("results")) == []
+        stats: Any = await raw_redis.info("commandstats")
+        assert stats["cmdstat_mget"]["calls"] <= 12, (path, stats["cmdstat_mget"])
