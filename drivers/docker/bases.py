@@ -29,7 +29,7 @@ from typing import Any
 
 import docker
 import structlog
-from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.errors import APIError, ImageNotFound, NotFound
 from docker.types import Mount
 
 from drivers.base import STATE, SYSTEM, WORKSPACE, FileEntry, FileItem, FileKind, SandboxRequest
@@ -321,14 +321,15 @@ class DockerBases:
         self, request: SandboxRequest, mountpoint: str, old: OldWorkspace | None
     ) -> frozenset[str]:
         """For a rewind (`old`: the sandbox's workspace, read once its container is gone): the
-        snapshot's workspace files that it still holds as they were when the snapshot was
-        taken (the same signature, through the record `_stamp` left in the base it stands on
-        when it was made from one), hard-linked into the new base's lower/ (`mountpoint` is
-        the new base volume's) by a helper (files_helper.py: reuse); their paths. Only the
-        others then come out of the store. Both volumes are on the engine's volume directory:
-        the helper gets that directory (a link cannot cross mounts), and touches nothing in
-        it but the layers and the new lower/. A failure costs only speed (every file then
-        comes out of the store; a link already made is replaced by the archive)."""
+        snapshot's workspace files that the lower directory of the base it stands on holds as
+        they were when the snapshot was taken (the same signature, through the record `_stamp`
+        left in that base; a plain workspace has none, and gives nothing), hard-linked into
+        the new base's lower/ (`mountpoint` is the new base volume's) by a helper
+        (files_helper.py: reuse); their paths. Only the others then come out of the store.
+        Both volumes are on the engine's volume directory: the helper gets that directory (a
+        link cannot cross mounts), and touches nothing in it but that lower directory and the
+        new lower/. A failure costs only speed (every file then comes out of the store; a link
+        already made is replaced by the archive)."""
         if old is None or request.restore is None:
             return frozenset()
         started = time.monotonic()
@@ -337,17 +338,21 @@ class DockerBases:
             if found is None:
                 return frozenset()
             under = (found.get("Labels") or {}).get(LABEL_BASE)
-            carried = None
-            if under is not None:  # an overlay: its upper, then its base's lower
-                await self.stamped_base(old.volume)  # the record of what that base laid down
-                base = await self._lane.run(lambda c: _volume(c, under))
-                if base is None:
-                    return frozenset()
-                top = str(base["Mountpoint"])
-                layers = [f"{top}/forks/{request.sandbox_id}/up", f"{top}/lower"]
-                carried = f"{top}/{CARRIED}"
-            else:
-                layers = [str(found["Mountpoint"])]
+            # Only an overlay's lower directory, never a layer the agent could write (a plain
+            # volume, the overlay's upper): a write through a shared memory mapping changes a
+            # file's bytes without its ctime, so a signature proves nothing of a file the agent
+            # could write, and its bytes would outlive the rewind. The agent cannot write the
+            # lower (any open for writing copies the file up), and it holds only files of the
+            # store's, checked, or linked from an earlier lower: so no agent byte enters it.
+            if under is None:
+                return frozenset()
+            await self.stamped_base(old.volume)  # the record of what that base laid down
+            base = await self._lane.run(lambda c: _volume(c, under))
+            if base is None:
+                return frozenset()
+            top = str(base["Mountpoint"])
+            layers = [f"{top}/lower"]
+            carried = f"{top}/{CARRIED}"
             root = os.path.commonpath([mountpoint, *layers])
 
             def inside(path: str) -> str:
@@ -363,8 +368,7 @@ class DockerBases:
                 "layers": [inside(layer) for layer in layers],
                 "target": inside(f"{mountpoint}/lower"),
             }
-            if carried is not None:
-                ask["carried_file"] = inside(carried)
+            ask["carried_file"] = inside(carried)
             named = json.dumps(known, separators=(",", ":")).encode()
             helper = await self._lane.run(
                 lambda c: Helper.start(
@@ -381,7 +385,7 @@ class DockerBases:
                 answer = await self._lane.run(lambda _: helper.ask(ask))
             finally:
                 await self._lane.run(lambda _: helper.close())
-        except (DriverError, DockerException) as exc:
+        except Exception as exc:  # any failure costs speed only, never the rewind
             log.warning(
                 "snapshot_rewind_reuse_failed", sandbox_id=request.sandbox_id, error=str(exc)
             )
