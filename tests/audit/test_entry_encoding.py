@@ -29,11 +29,6 @@ ADMIN = Actor(user_id="ana", key_id="k1", via="api_key", org_id="eng", role="own
 AGENT = "curl/8.5.0"
 
 
-@pytest.fixture
-def redis(raw_redis: aioredis.Redis) -> aioredis.Redis:
-    return raw_redis
-
-
 def member_set(log: AuditLog, user: str) -> StreamEntry:
     scope = audit.Scope(
         log=log,

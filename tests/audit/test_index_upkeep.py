@@ -22,11 +22,6 @@ UPKEEP = 60.0
 ADMIN = Actor(user_id="ana", key_id="k1", via="api_key", org_id="eng", role="owner")
 
 
-@pytest.fixture
-def redis(raw_redis: aioredis.Redis) -> aioredis.Redis:
-    return raw_redis
-
-
 def indexes(user: str) -> list[str]:
     """The indexes a member.set of `user` in eng by ana adds to (streams, then sorted sets)."""
     return [
