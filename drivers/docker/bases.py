@@ -35,7 +35,7 @@ from docker.types import Mount
 from drivers.base import STATE, SYSTEM, WORKSPACE, FileEntry, FileItem, FileKind, SandboxRequest
 from drivers.docker import names as docker_names
 from drivers.docker.files import CARRIED, LABEL_SNAPSHOT, Lane
-from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE, Helper
+from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE, LINK_CAPABILITIES, Helper
 from drivers.docker.tar import Feed, archive
 from drivers.errors import DriverError, ImageMissing
 
@@ -370,14 +370,19 @@ class DockerBases:
             }
             ask["carried_file"] = inside(carried)
             named = json.dumps(known, separators=(",", ":")).encode()
+            # Not recursive: the volume directory alone, none of the mounts below it (the
+            # overlays of running sandboxes, the old sandbox's own while it goes).
+            volumes = Mount("/acs/vols", root, type="bind")
+            volumes["BindOptions"] = {"NonRecursive": True}
             helper = await self._lane.run(
                 lambda c: Helper.start(
                     c,
                     image=self._image,
                     prefix=self._prefix,
                     sandbox_id=request.sandbox_id,
-                    mounts=[Mount("/acs/vols", root, type="bind")],
+                    mounts=[volumes],
                     files={SIGNATURES: named},
+                    capabilities=LINK_CAPABILITIES,
                 )
             )
             try:

@@ -37,6 +37,11 @@ ROLE = "files"
 # (CHOWN), making whiteouts (MKNOD), overlay's trusted.* attributes (SYS_ADMIN). No network, no
 # new privileges, and only our own program runs in it.
 CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "MKNOD", "SYS_ADMIN"]
+LINK_CAPABILITIES = ["DAC_READ_SEARCH", "FOWNER"]
+"""What linking files of the agent's user takes (the rewind's `reuse`, which sees the engine's
+whole volume directory): walking directories of any mode (DAC_READ_SEARCH) and hard-linking
+files it does not own under fs.protected_hardlinks (FOWNER). It writes only directories it
+makes itself, as root."""
 _HEADER = struct.Struct(">BxxxI")
 
 
@@ -66,10 +71,11 @@ class Helper:
         sandbox_id: str,
         mounts: list[Mount],
         files: dict[str, bytes] | None = None,
+        capabilities: list[str] = CAPABILITIES,
     ) -> Helper:
         """Create, attach and start a helper with `mounts` and `files` (name -> bytes, put in
-        its /tmp by the engine before it starts: faster than its stdin for anything large);
-        removed again on failure."""
+        its /tmp by the engine before it starts: faster than its stdin for anything large) and
+        `capabilities` (its only ones); removed again on failure."""
         name = f"{prefix}files-{secrets.token_hex(6)}"
         labels = {
             LABEL_OWNER: prefix,
@@ -79,7 +85,7 @@ class Helper:
             mounts=mounts,
             network_mode="none",
             cap_drop=["ALL"],
-            cap_add=CAPABILITIES,
+            cap_add=capabilities,
             security_opt=["no-new-privileges:true"],
             pids_limit=32,
             mem_limit=512 * 1024**2,
