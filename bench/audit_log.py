@@ -31,11 +31,10 @@ import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from bench.common import REPO, BenchError, Samples, main_of, ms, serve
+from bench.common import BenchError, Samples, main_of, ms, serve, served_config
 from controlplane import keys
 from controlplane.audit.middleware import audit_middleware
 from controlplane.auth.service import ApiKeyService
-from controlplane.config import load_config
 from controlplane.store import keyspace
 from controlplane.store.audit import AuditLog, new_id
 from controlplane.store.audit_event import AuditRecord
@@ -100,14 +99,9 @@ class AuditBench:
         self.redis: aioredis.Redis | None = None
 
     async def measure(self) -> tuple[list[str], list[str]]:
-        config = load_config(
-            {},
-            redis_url=self.redis_url,
-            data_dir=self.tmp / "data",
-            spec_dir=REPO / "specs",
-            log_format="json",
-            log_level="warning",
-            rate_limit_per_minute=0,
+        config = served_config(
+            self.redis_url,
+            self.tmp,
             audit_retention=(SPAN_DAYS + 10) * 86400,
         )
         async with (

@@ -153,6 +153,21 @@ def server_timing(samples: Samples) -> Middleware:
     return timing
 
 
+def served_config(redis_url: str, tmp: Path, **overrides: Any) -> ServiceConfig:
+    """What a bench that serves the app in its own process configures: its private Redis, its
+    data under `tmp`, JSON logs at warning (the figures are printed, not logged) and no rate
+    limit (the bench sends more than a user would); `overrides` on top."""
+    settings: dict[str, Any] = {
+        "redis_url": redis_url,
+        "data_dir": tmp / "data",
+        "spec_dir": REPO / "specs",
+        "log_format": "json",
+        "log_level": "warning",
+        "rate_limit_per_minute": 0,
+    }
+    return load_config({}, **(settings | overrides))
+
+
 @contextlib.asynccontextmanager
 async def serve(
     config: ServiceConfig,

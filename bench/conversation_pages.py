@@ -32,10 +32,9 @@ from typing import Any
 import aiohttp
 import redis.asyncio as aioredis
 
-from bench.common import REPO, BenchError, Samples, main_of, ms, serve
+from bench.common import BenchError, Samples, main_of, ms, serve, served_config
 from controlplane import keys
 from controlplane.auth.service import ApiKeyService
-from controlplane.config import load_config
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
 from controlplane.ids import uuid7_hex
@@ -84,14 +83,9 @@ class PagesBench:
         self.rows: dict[str, dict[str, float]] = {}
 
     async def measure(self) -> tuple[list[str], list[str]]:
-        config = load_config(
-            {},
-            redis_url=self.redis_url,
-            data_dir=self.tmp / "data",
-            spec_dir=REPO / "specs",
-            log_format="json",
-            log_level="warning",
-            rate_limit_per_minute=0,
+        config = served_config(
+            self.redis_url,
+            self.tmp,
             docker_url=NO_ENGINE,
         )
         async with (

@@ -27,10 +27,9 @@ from typing import Any
 import aiohttp
 import httpx
 
-from bench.common import REPO, BenchError, Samples, main_of, ms, serve
+from bench.common import BenchError, Samples, main_of, ms, serve, served_config
 from controlplane import keys
 from controlplane.auth.service import ApiKeyService
-from controlplane.config import load_config
 from tests.support.live_server import free_port
 from tests.support.oidc_provider import CLIENT_ID, OidcProvider, install, make_provider
 from tests.support.oidc_sign_in import GROUP_ROLES, browser_session, sign_in
@@ -87,14 +86,9 @@ class OidcBench:
 
     async def measure(self) -> tuple[list[str], list[str]]:
         provider_port = free_port()  # the app needs its issuer, the provider the app's callback
-        config = load_config(
-            {},
-            redis_url=self.redis_url,
-            data_dir=self.tmp / "data",
-            spec_dir=REPO / "specs",
-            log_format="json",
-            log_level="warning",
-            rate_limit_per_minute=0,
+        config = served_config(
+            self.redis_url,
+            self.tmp,
             # 40 sign-ins from one address in a minute: past the per-address limit of sign-ins.
             auth_rate_limit_per_minute=100_000,
             oidc_issuer=f"http://127.0.0.1:{provider_port}",
