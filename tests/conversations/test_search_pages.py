@@ -9,6 +9,7 @@ import secrets
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from controlplane.conversations.models import AppConversationInfo
@@ -20,6 +21,18 @@ from tests.support.types import Client, ClientFactory, UserHeaders
 
 BASE = "/api/v1/app-conversations"
 START = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+async def pages_client(make_client: ClientFactory) -> Client:
+    """An app serving conversations; its Docker engine an address nothing answers (the reads
+    under test never reach a sandbox)."""
+    return await make_client(with_sandboxes=True, docker_url=NO_ENGINE)
+
+
+@pytest.fixture
+def pages_store(raw_redis: aioredis.Redis) -> ConversationStore:
+    return ConversationStore(raw_redis)
 
 
 async def seed(store: ConversationStore, user: str, n: int) -> list[AppConversationInfo]:
@@ -70,11 +83,13 @@ async def spoil_all_but(
 
 
 async def test_updated_at_orders_page_by_the_index_each_id_once_in_order(
-    make_client: ClientFactory, raw_redis: aioredis.Redis, user_headers: UserHeaders
+    pages_client: Client,
+    pages_store: ConversationStore,
+    raw_redis: aioredis.Redis,
+    user_headers: UserHeaders,
 ) -> None:
-    client = await make_client(with_sandboxes=True, docker_url=NO_ENGINE)
+    client, store = pages_client, pages_store
     alice = await user_headers("alice")
-    store = ConversationStore(raw_redis)
     infos = await seed(store, "alice", 60)
     await store.save(  # another user's: never in alice's pages
         AppConversationInfo(id=uuid7_hex(), created_by_user_id="bob", sandbox_id="s-bob")
@@ -101,11 +116,13 @@ async def test_updated_at_orders_page_by_the_index_each_id_once_in_order(
 
 
 async def test_a_page_reads_about_a_page_of_records(
-    make_client: ClientFactory, raw_redis: aioredis.Redis, user_headers: UserHeaders
+    pages_client: Client,
+    pages_store: ConversationStore,
+    raw_redis: aioredis.Redis,
+    user_headers: UserHeaders,
 ) -> None:
-    client = await make_client(with_sandboxes=True, docker_url=NO_ENGINE)
+    client, store = pages_client, pages_store
     alice = await user_headers("alice")
-    store = ConversationStore(raw_redis)
     infos = await seed(store, "alice", 80)
     await store.reindex_statuses()
     newest = by_update(infos, desc=True)
@@ -136,11 +153,13 @@ async def test_a_page_reads_about_a_page_of_records(
 
 
 async def test_the_v0_list_pages_by_id_with_its_filters(
-    make_client: ClientFactory, raw_redis: aioredis.Redis, user_headers: UserHeaders
+    pages_client: Client,
+    pages_store: ConversationStore,
+    raw_redis: aioredis.Redis,
+    user_headers: UserHeaders,
 ) -> None:
-    client = await make_client(with_sandboxes=True, docker_url=NO_ENGINE)
+    client, store = pages_client, pages_store
     alice = await user_headers("alice")
-    store = ConversationStore(raw_redis)
     infos = await seed(store, "alice", 30)
     for info in infos[::3]:
         info.selected_repository = "acme/app"
@@ -156,14 +175,16 @@ async def test_the_v0_list_pages_by_id_with_its_filters(
 
 
 async def test_an_index_out_of_step_is_put_right_by_the_next_updated_search(
-    make_client: ClientFactory, raw_redis: aioredis.Redis, user_headers: UserHeaders
+    pages_client: Client,
+    pages_store: ConversationStore,
+    raw_redis: aioredis.Redis,
+    user_headers: UserHeaders,
 ) -> None:
     """A rolling upgrade: replicas of a version without the index by update create and delete
     conversations meanwhile (their record and the user's index only). The next updated-at search
     finds the two indexes' sizes apart and rebuilds the user's index before its page."""
-    client = await make_client(with_sandboxes=True, docker_url=NO_ENGINE)
+    client, store = pages_client, pages_store
     carol = await user_headers("carol")
-    store = ConversationStore(raw_redis)
     infos = await seed(store, "carol", 12)
     index = keyspace.user_conversations_by_update("carol")
     # An older replica's create: the record and the user's index, not the index by update.
@@ -184,9 +205,9 @@ async def test_an_index_out_of_step_is_put_right_by_the_next_updated_search(
 
 
 async def test_a_start_walk_puts_records_in_the_index_and_never_undoes_a_newer_write(
-    raw_redis: aioredis.Redis,
+    pages_store: ConversationStore, raw_redis: aioredis.Redis
 ) -> None:
-    store = ConversationStore(raw_redis)
+    store = pages_store
     infos = await seed(store, "dan", 6)
     index = keyspace.user_conversations_by_update("dan")
     await raw_redis.delete(index)  # records of a version without the index
@@ -201,13 +222,16 @@ async def test_a_start_walk_puts_records_in_the_index_and_never_undoes_a_newer_w
 
 
 async def test_a_filter_few_records_match_reads_in_growing_batches(
-    make_client: ClientFactory, raw_redis: aioredis.Redis, user_headers: UserHeaders
+    pages_client: Client,
+    pages_store: ConversationStore,
+    raw_redis: aioredis.Redis,
+    user_headers: UserHeaders,
 ) -> None:
     """No page is one round trip per `limit + 1` records when the filter matches nothing: after
     its first read the batch doubles, up to 500."""
-    client = await make_client(with_sandboxes=True, docker_url=NO_ENGINE)
+    client, store = pages_client, pages_store
     erin = await user_headers("erin")
-    infos = await seed(ConversationStore(raw_redis), "erin", 600)
+    infos = await seed(store, "erin", 600)
     assert infos
     for path, params in (
         (f"{BASE}/search", {"sort_order": "UPDATED_AT_DESC", "title__contains": "zzz"}),
