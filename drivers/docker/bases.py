@@ -334,26 +334,19 @@ class DockerBases:
             return frozenset()
         started = time.monotonic()
         try:
-            found = await self._lane.run(lambda c: _volume(c, old.volume))
-            if found is None:
-                return frozenset()
-            under = (found.get("Labels") or {}).get(LABEL_BASE)
-            # Only an overlay's lower directory, never a layer the agent could write (a plain
+            # Only the lower directory of the base the old workspace stands on (once its record
+            # of what it laid down is written), never a layer the agent could write (a plain
             # volume, the overlay's upper): a write through a shared memory mapping changes a
             # file's bytes without its ctime, so a signature proves nothing of a file the agent
             # could write, and its bytes would outlive the rewind. The agent cannot write the
             # lower (any open for writing copies the file up), and it holds only files of the
             # store's, checked, or linked from an earlier lower: so no agent byte enters it.
-            if under is None:
-                return frozenset()
-            await self.stamped_base(old.volume)  # the record of what that base laid down
-            base = await self._lane.run(lambda c: _volume(c, under))
+            under = await self.stamped_base(old.volume)
+            base = None if under is None else await self._lane.run(lambda c: _volume(c, under))
             if base is None:
                 return frozenset()
             top = str(base["Mountpoint"])
-            layers = [f"{top}/lower"]
-            carried = f"{top}/{CARRIED}"
-            root = os.path.commonpath([mountpoint, *layers])
+            root = os.path.commonpath([mountpoint, top])
 
             def inside(path: str) -> str:
                 return f"/acs/vols/{os.path.relpath(path, root)}"
@@ -365,10 +358,10 @@ class DockerBases:
             ask: dict[str, Any] = {
                 "op": "reuse",
                 "known_file": f"/tmp/{SIGNATURES}",  # noqa: S108 (the helper's own)
-                "layers": [inside(layer) for layer in layers],
+                "layers": [inside(f"{top}/lower")],
+                "carried_file": inside(f"{top}/{CARRIED}"),
                 "target": inside(f"{mountpoint}/lower"),
             }
-            ask["carried_file"] = inside(carried)
             named = json.dumps(known, separators=(",", ":")).encode()
             # Not recursive: the volume directory alone, none of the mounts below it (the
             # overlays of running sandboxes, the old sandbox's own while it goes).
