@@ -326,7 +326,8 @@ class ConversationService:
         (`<score>-<id>`), and the next page's cursor: reads pages of ids until one is filled."""
         desc = query.sort_order == ConversationSortOrder.UPDATED_AT_DESC
         raw = decode_cursor(query.page_id, SCORED)
-        after = (int(raw.split("-")[0]), raw.split("-")[1]) if raw else None
+        last_score, _, last_id = (raw or "").partition("-")
+        after = (int(last_score), last_id) if raw else None
         found: list[tuple[AppConversationInfo, int]] = []
         if owner is not None and not await self.store.by_update_in_step(owner):
             await self.store.rebuild_by_update(owner)
