@@ -358,8 +358,9 @@ class ConversationStore:
             if not row:
                 continue
             try:
-                info = AppConversationInfo.model_validate_json(text(row))
-                stored_at = json.loads(row)["updated_at"]  # as the record's JSON holds it
+                data = json.loads(row)
+                info = AppConversationInfo.model_validate(data)
+                stored_at = data["updated_at"]  # as the record's JSON holds it (the script's test)
             except (ValueError, KeyError, TypeError):
                 continue  # a record that does not decode stays out of the orders' pages
             if info.created_by_user_id is not None and isinstance(stored_at, str):
