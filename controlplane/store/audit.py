@@ -223,7 +223,7 @@ class AuditLog:
 
         org = record.org_id or keyspace.AUDIT_NO_ORG
         # The log itself is written to all the time: trimmed by age, never expired.
-        adds = [StreamAdd(keyspace.AUDIT, record.fields(), minid=minid, names="audit")]
+        adds = [StreamAdd(keyspace.AUDIT, record.fields(), minid=minid)]
         streams = [
             keyspace.audit_org(org),
             keyspace.audit_org_action(org, record.action),

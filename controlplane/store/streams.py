@@ -16,8 +16,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from controlplane.store.audit_event import FIELDS as AUDIT_FIELDS
-
 LATE_ID = "\x00"
 """Stands, in an entry's fields and stream names, for an id the script chooses as it runs (a
 warm pool claim picks its sandbox there): `append_entry`'s `late` replaces it."""
@@ -44,10 +42,6 @@ class StreamAdd(NamedTuple):
     the script then only adds, unless the key is gone (an index stream's `XADD … NOMKSTREAM`
     says so; a sorted set follows the streams before it in its group), when it adds, trims
     and renews as for True. Saves nine of an audit entry's seventeen Redis calls."""
-    names: str = ""
-    """A key of NAMES: `fields`' names are always that table's, in its order, and the script
-    knows them, so only the values are sent (the audit log's entry: its 17 names, which
-    Redis's Lua would otherwise decode at every call)."""
     lex_index: bool = False
     """With `same_id`: a sorted set instead of a stream, holding that id as a member of score 0,
     zero-padded so that members sort by it (`lex_member`); `minid` trims it too. For indexes
@@ -66,55 +60,27 @@ class StreamEntry:
 
     def script_args(self) -> tuple[list[str], list[str]]:
         """(KEYS, ARGV) for `append_entry` below: every addition's stream, then one argument,
-        the groups in JSON: `[[add, …], …]`, an add being `[kind, maxlen, minid, ttl, fields,
-        lazy]` (kind "" for a record, "1" for an index stream, "z" for a sorted-set index;
-        lazy "1" for `renew=False`; fields `[field, value, …]`), with a 7th item, a key of
-        NAMES, when fields holds only the values. An index whose minid, ttl and fields (a
-        sorted set has none to compare) are those of the full index add before it in its
-        group goes as a string instead: its kind, then its lazy ("1", "11", "z", "z1"), so that an
-        audit entry's seven indexes are one list and six short strings, not seven lists of six.
-        One argument, not one per field: redis-py packs a command by copying what it packed so
-        far at each argument, so behind a script's text 90 arguments cost more than the
-        script's work; Redis's Lua decodes the JSON in C (cjson), and what it decodes costs it
-        (every string and list a Lua object): hence NAMES and the short form."""
+        the groups in JSON (`[[[kind, maxlen, minid, ttl, [field, value, …], lazy], …], …]`,
+        lazy "1" for `renew=False`). One
+        argument, not one per field: redis-py packs a command by copying what it packed so far
+        at each argument, so behind a script's text 90 arguments cost more than the script's
+        work; Redis's Lua decodes the JSON in C (cjson)."""
         keys: list[str] = []
-        groups: list[list[Any]] = []
+        groups: list[list[tuple[str, str, str, str, tuple[str, ...], str]]] = []
         for group in self.groups:
-            adds: list[Any] = []
-            shared: tuple[int | None, int | None, tuple[str, ...]] | None = None
+            adds = []
             for add in group:
                 keys.append(add.key)
-                lazy = "" if add.renew else "1"
-                if add.same_id:
-                    kind = "z" if add.lex_index else "1"
-                    if (
-                        shared is not None
-                        and add.maxlen is None
-                        and shared[0] == add.minid
-                        and shared[1] == add.ttl_ms
-                        and (add.lex_index or shared[2] == add.fields)
-                    ):
-                        adds.append(kind + lazy)
-                        continue
-                    # The script takes every full index add as the one after it may share.
-                    plain = add.maxlen is None and not add.names
-                    shared = (add.minid, add.ttl_ms, add.fields) if plain else None
-                else:
-                    kind = ""
-                full: list[Any] = [
-                    kind,
-                    "" if add.maxlen is None else str(add.maxlen),
-                    "" if add.minid is None else str(add.minid),
-                    "" if add.ttl_ms is None else str(add.ttl_ms),
-                    add.fields,
-                    lazy,
-                ]
-                if add.names:
-                    if add.fields[::2] != NAMES[add.names]:
-                        raise ValueError(f"{add.key}: fields not named as NAMES[{add.names!r}]")
-                    full[4] = add.fields[1::2]
-                    full.append(add.names)
-                adds.append(full)
+                adds.append(
+                    (
+                        ("z" if add.lex_index else "1") if add.same_id else "",
+                        "" if add.maxlen is None else str(add.maxlen),
+                        "" if add.minid is None else str(add.minid),
+                        "" if add.ttl_ms is None else str(add.ttl_ms),
+                        add.fields,
+                        "" if add.renew else "1",
+                    )
+                )
             groups.append(adds)
         return keys, [_JSON(groups)]
 
@@ -162,24 +128,11 @@ def stored(entry: StreamEntry | None) -> None:
         entry.stored()
 
 
-NAMES: dict[str, tuple[str, ...]] = {"audit": AUDIT_FIELDS}
-"""Field names the script knows (StreamAdd.names): a table of `append_entry`'s each."""
-
-
-def _lua_names() -> str:
-    tables = (
-        f"{key} = {{{', '.join(repr(name) for name in names)}}}" for key, names in NAMES.items()
-    )
-    return f"local NAMES = {{{', '.join(tables)}}}"
-
-
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 """json's C encoder (NUL, as LATE_ID, comes out as \\u0000 and cjson decodes it back)."""
 
 
-APPEND_ENTRY_SOURCE = (
-    _lua_names()
-    + """
+APPEND_ENTRY_SOURCE = """
 -- The additions of an entry (controlplane/store/streams.py): their streams are KEYS[first_key..],
 -- the groups the JSON in ARGV[first_arg]. `late` (optional) replaces every NUL in names and
 -- fields: an id (a string), or a function of the text.
@@ -191,32 +144,14 @@ local function append_entry(first_key, first_arg, late)
   local k = first_key
   for _, group in ipairs(cjson.decode(ARGV[first_arg])) do
     -- `gone`: a lazy index stream of this group was missing (deleted, flushed): the sorted
-    -- sets after it get their trim and expiry too. `shared`: the group's last full index
-    -- add, whose minid, ttl and fields an index sent as a string takes.
-    local first_id, member, gone, shared = nil, nil, false, nil
+    -- sets after it get their trim and expiry too.
+    local first_id, member, gone = nil, nil, false
     for _, add in ipairs(group) do
-      local same, maxlen, minid, ttl, fields, lazy, named
-      if type(add) == 'string' then
-        same, lazy = string.sub(add, 1, 1), string.sub(add, 2)
-        maxlen, minid, ttl, fields = '', shared[3], shared[4], shared[5]
-      else
-        same, maxlen, minid, ttl, fields, lazy = add[1], add[2], add[3], add[4], add[5], add[6]
-        named = add[7]
-        if same ~= '' then shared = add end
-      end
+      local same, maxlen, minid, ttl, fields, lazy = add[1], add[2], add[3], add[4], add[5], add[6]
       local key = KEYS[k]
       if late then
         key = late(key)
         for i = 1, #fields do fields[i] = late(fields[i]) end
-      end
-      if named then
-        -- Values only: the names are the script's (NAMES), interleaved here.
-        local names, values = NAMES[named], fields
-        fields = {}
-        for i = 1, #names do
-          fields[2 * i - 1] = names[i]
-          fields[2 * i] = values[i]
-        end
       end
       local upkeep = lazy ~= '1'
       if same == 'z' then
@@ -269,7 +204,6 @@ local function append_entry(first_key, first_arg, late)
   end
 end
 """
-)
 """The source, with its comments (APPEND_ENTRY is what the scripts send)."""
 
 
