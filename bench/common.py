@@ -337,7 +337,7 @@ class Deployment:
 
     def remove_everything(self) -> int:
         """Remove every container and volume whose name holds the run's prefix, and the app's
-        sandbox networks with their firewall chains; how many containers and volumes."""
+        sandbox networks with their firewall rules; how many containers and volumes."""
         removed = 0
         for _ in range(2):  # a launch thread still running at shutdown may create one late
             found = remove_matching(self.docker, self.prefix)

@@ -377,7 +377,7 @@ async def bench_rolling(tmp: Path, prefix: str) -> list[Row]:
 
 
 def remove_everything(prefix: str) -> None:
-    """Every container, volume and sandbox network the run made (with its firewall chains)."""
+    """Every container, volume and sandbox network the run made (with its firewall rules)."""
     client = docker.from_env()
     try:
         remove_matching(client, prefix)

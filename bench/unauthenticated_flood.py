@@ -40,7 +40,7 @@ import redis.asyncio as aioredis
 from bench.common import REPO, percentile
 from controlplane.auth.service import ApiKeyService
 from drivers.docker import networks as docker_networks
-from drivers.docker.firewall import Iptables
+from drivers.docker.firewall import HostFirewall
 from drivers.errors import DriverError
 from tests.support.redis_server import RedisServer
 
@@ -206,9 +206,9 @@ def stop_server(server: Server) -> None:
         server.process.wait(timeout=40)
     except subprocess.TimeoutExpired:
         server.process.kill()
-    # Its sandbox network (made at start-up; no sandbox joined it) and firewall chains.
+    # Its sandbox network (made at start-up; no sandbox joined it) and firewall rules.
     client = docker.from_env()
-    firewall = Iptables()
+    firewall = HostFirewall()
     try:
         for network in client.api.networks(filters={"name": server.prefix}):
             with contextlib.suppress(DriverError):

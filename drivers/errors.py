@@ -65,7 +65,7 @@ class NetworkUnavailable(ServiceError):
 
 
 class FirewallRequired(ServiceError):
-    """ACS_HOST_FIREWALL=on, and iptables cannot be used here."""
+    """ACS_HOST_FIREWALL=on, and the host firewall (iptables, nftables) cannot be used here."""
 
     code = "host_firewall_unavailable"
     status = 500

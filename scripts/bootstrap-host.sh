@@ -45,6 +45,8 @@ if ! $python_only; then
     # (tests/support/registry_server.py) like redis-server; Debian's package would start a
     # service of its own on :5000, which nothing here uses.
     have docker-registry || need_apt+=(docker-registry)
+    # The host firewall's outbound fence of sandbox networks (drivers/docker/firewall.py).
+    have nft || need_apt+=(nftables)
 fi
 if $browser; then
     have chromium || need_apt+=(chromium)

@@ -47,7 +47,7 @@ if ! command -v dockerd >/dev/null 2>&1 || ! command -v docker >/dev/null 2>&1; 
     log "installing docker.io via apt-get"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q
-    apt-get install -y -q --no-install-recommends docker.io iptables ca-certificates
+    apt-get install -y -q --no-install-recommends docker.io iptables nftables ca-certificates
 fi
 
 if pgrep -x dockerd >/dev/null 2>&1; then

@@ -44,10 +44,10 @@ async def remove_networks(settings: DockerSettings, host: RuntimeHost) -> Remova
     """The deployment's sandbox networks and their firewall chains, removed where no container
     is left on them (`controlplane networks remove`)."""
     from drivers.docker.driver import DockerDriver  # noqa: PLC0415 (the SDK: see above)
-    from drivers.docker.firewall import Iptables  # noqa: PLC0415 (with the driver)
+    from drivers.docker.firewall import HostFirewall  # noqa: PLC0415 (with the driver)
 
     driver = DockerDriver(settings.docker_url, prefix=host.prefix)
-    firewall = Iptables()
+    firewall = HostFirewall()
     reason = firewall.unavailable()
     try:
         kept = await driver.remove_networks(firewall if not reason else None)

@@ -46,7 +46,7 @@ from drivers.docker.egress import (
     network_name,
 )
 from drivers.docker.engine import QUICK, SLOW, DockerEngine
-from drivers.docker.firewall import Iptables
+from drivers.docker.firewall import HostFirewall
 from drivers.docker.freezer import freeze
 from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE, ROLE
 from drivers.docker.host_memory import HostMemory
@@ -110,7 +110,7 @@ class DockerDriver:
         host_ports: Sequence[int] = (),
         subnet_pool: str = "10.213.0.0/16",
         subnet_size: int = 22,
-        firewall: Iptables | None = None,
+        firewall: HostFirewall | None = None,
         on_error: Callable[[str], None] | None = None,
         files_image: str = "acs-base:bookworm",
     ) -> None:
@@ -246,7 +246,7 @@ class DockerDriver:
         """Every network carrying all of `labels`."""
         return await self.engine.call(lambda c: networks.list_networks(c, labels), "network")
 
-    async def remove_networks(self, firewall: Iptables | None) -> int:
+    async def remove_networks(self, firewall: HostFirewall | None) -> int:
         """Remove the deployment's networks that have no containers, and their firewall chains
         (`controlplane networks remove`). Returns how many still have containers (kept)."""
         kept = 0

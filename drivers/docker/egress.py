@@ -22,7 +22,7 @@ from typing import Literal
 import structlog
 
 from drivers.base import HostListener, NetworkPolicy
-from drivers.docker.firewall import FirewallError, Iptables, NetworkRules
+from drivers.docker.firewall import FirewallError, HostFirewall, NetworkRules
 from drivers.docker.names import LABEL_NETWORK, LABEL_PREFIX
 from drivers.docker.networks import NetworkInfo
 from drivers.egress import HOST_GATEWAY, Destination, lookup
@@ -81,23 +81,23 @@ class SandboxNetworks:
         host_ports: Sequence[int] = (),
         subnet_pool: str = "10.213.0.0/16",
         subnet_size: int = 22,
-        firewall: Iptables | None = None,
+        firewall: HostFirewall | None = None,
     ) -> None:
         """`host_ports`: ports of the host every sandbox may reach on its gateway (besides the
-        listener's). Raises FirewallRequired when `firewall_mode` is on and iptables cannot be
-        used here."""
+        listener's). Raises FirewallRequired when `firewall_mode` is on and the host firewall
+        cannot be used here."""
         self._engine = engine
         self._prefix = prefix
         self.listener = listener
         self._host_ports = tuple(host_ports)
         self._subnet_pool = subnet_pool
         self._subnet_size = subnet_size
-        self._firewall: Iptables | None = None
+        self._firewall: HostFirewall | None = None
         self.firewall_off_reason: str | None = None
         if firewall_mode == "off":
             self.firewall_off_reason = "ACS_HOST_FIREWALL=off"
         else:
-            candidate = firewall or Iptables()
+            candidate = firewall or HostFirewall()
             self.firewall_off_reason = candidate.unavailable()
             if self.firewall_off_reason is None:
                 self._firewall = candidate

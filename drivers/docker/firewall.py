@@ -1,16 +1,23 @@
-"""Host firewall rules for one sandbox network (iptables, through the `iptables` commands).
+"""Host firewall rules for one sandbox network, named after its bridge interface.
 
-Per network two chains, named after its bridge interface and replaced atomically with
-`iptables-restore --noflush` (a declared chain is flushed and refilled in one commit):
-
-- `ACSIN-<id>`, jumped to from INPUT for packets arriving on the bridge: what a sandbox may reach
-  on the host itself. Replies to connections the host opened (health probes, API calls to the
-  agent) and the listed host ports on the gateway address are accepted; everything else is
-  rejected.
-- `ACSOUT-<id>`, jumped to from DOCKER-USER (which the engine consults first in FORWARD) for
-  packets leaving the bridge: where a sandbox may connect beyond the host. Link-local addresses
-  (cloud metadata services) are always rejected; then either everything returns to the engine's
-  own rules (internet) or only the allow-list does.
+- Inbound, the iptables chain `ACSIN-<id>`, jumped to from INPUT for packets arriving on the
+  bridge, replaced atomically with `iptables-restore --noflush` (a declared chain is flushed and
+  refilled in one commit): what a sandbox may reach on the host itself. Replies to connections
+  the host opened (health probes, API calls to the agent) and the listed host ports on the
+  gateway address are accepted; everything else is rejected. The engine never touches INPUT,
+  and an ACCEPT there is final, so a host whose own INPUT rules are strict still lets sandboxes
+  post their events.
+- Outbound, the nftables table `acs_out_<id>` (family inet), a base chain of its own on the
+  forward hook: where a sandbox may connect beyond the host. Link-local addresses (cloud
+  metadata services) are always rejected; then either everything goes on to the engine's own
+  rules (internet) or only the allow-list does. Not iptables' DOCKER-USER: the engine deletes
+  and re-inserts its jump to DOCKER-USER, and puts each new network's ACCEPT rules first in
+  FORWARD, whenever anyone makes a network on the host, and for that while forwarded packets
+  meet its ACCEPTs first (measured: 107 of 31,026 connects out of an `egress: none` sandbox got
+  through while 24 networks came and went). A reject in any nftables base chain is final
+  whatever the other chains say or in what order, and the engine never touches our table; one
+  transaction replaces it (`nft -f`). Both iptables backends (nf_tables and legacy) run beside
+  it.
 
 Blocking calls: run them in a thread.
 """
@@ -28,10 +35,11 @@ log = structlog.get_logger(__name__)
 
 LINK_LOCAL = "169.254.0.0/16"
 _TIMEOUT = 30
+_TABLE_PREFIX = "acs_out_"
 
 
 class FirewallError(Exception):
-    """iptables refused a change, or cannot be used here."""
+    """iptables or nft refused a change, or cannot be used here."""
 
 
 @dataclass(frozen=True)
@@ -42,101 +50,128 @@ class NetworkRules:
     allow: tuple[tuple[str, int], ...] | None  # (IPv4 network, TCP port); None: the internet
 
 
-def chain_names(bridge: str) -> tuple[str, str]:
+def rule_names(bridge: str) -> tuple[str, str]:
+    """The network's inbound iptables chain and outbound nftables table."""
     suffix = bridge.removeprefix("acs")
-    return f"ACSIN-{suffix}", f"ACSOUT-{suffix}"
+    return f"ACSIN-{suffix}", f"{_TABLE_PREFIX}{suffix}"
 
 
-def ruleset(rules: NetworkRules) -> str:
-    """The iptables-restore input that (re)defines both chains of one network."""
-    inbound, outbound = chain_names(rules.bridge)
-    lines = ["*filter", f":{inbound} - [0:0]", f":{outbound} - [0:0]"]
+def _legacy_outbound_chain(bridge: str) -> str:
+    """The outbound iptables chain of releases before the nftables table (removed on sight)."""
+    return f"ACSOUT-{bridge.removeprefix('acs')}"
+
+
+def inbound_ruleset(rules: NetworkRules) -> str:
+    """The iptables-restore input that (re)defines the network's inbound chain."""
+    inbound, _ = rule_names(rules.bridge)
+    lines = ["*filter", f":{inbound} - [0:0]"]
     lines.append(f"-A {inbound} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")
     for port in rules.host_ports:
         lines.append(f"-A {inbound} -d {rules.gateway}/32 -p tcp -m tcp --dport {port} -j ACCEPT")
     lines.append(f"-A {inbound} -p tcp -j REJECT --reject-with tcp-reset")
     lines.append(f"-A {inbound} -j REJECT --reject-with icmp-port-unreachable")
-    lines.append(f"-A {outbound} -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN")
-    lines.append(f"-A {outbound} -d {LINK_LOCAL} -j REJECT --reject-with icmp-net-prohibited")
-    if rules.allow is None:
-        lines.append(f"-A {outbound} -j RETURN")
-    else:
-        for network, port in rules.allow:
-            lines.append(f"-A {outbound} -d {network} -p tcp -m tcp --dport {port} -j RETURN")
-        lines.append(f"-A {outbound} -p tcp -j REJECT --reject-with tcp-reset")
-        lines.append(f"-A {outbound} -j REJECT --reject-with icmp-net-prohibited")
     lines.append("COMMIT")
     return "\n".join(lines) + "\n"
 
 
-class Iptables:
-    """The host's iptables (legacy or nf_tables: the same commands drive both)."""
+def outbound_ruleset(rules: NetworkRules) -> str:
+    """The `nft -f` input that replaces the network's outbound table in one transaction (made
+    first if missing, so that the delete always has something to delete)."""
+    _, table = rule_names(rules.bridge)
+    fence = [
+        "ct state established,related accept",
+        f"ip daddr {LINK_LOCAL} reject with icmp type net-prohibited",
+    ]
+    if rules.allow is None:
+        fence.append("accept")  # on to the engine's own rules
+    else:
+        fence += [f"ip daddr {net} tcp dport {port} accept" for net, port in rules.allow]
+        fence += [
+            "meta l4proto tcp reject with tcp reset",
+            "meta nfproto ipv4 reject with icmp type net-prohibited",
+            "reject with icmpx type admin-prohibited",
+        ]
+    body = "".join(f"\t\t{line}\n" for line in fence)
+    return (
+        f"table inet {table}\n"
+        f"delete table inet {table}\n"
+        f"table inet {table} {{\n"
+        "\tchain forward {\n"
+        "\t\ttype filter hook forward priority filter - 1; policy accept;\n"
+        f'\t\tiifname "{rules.bridge}" jump fence\n'
+        "\t}\n"
+        f"\tchain fence {{\n{body}\t}}\n"
+        "}\n"
+    )
 
-    def __init__(self, binary: str = "iptables") -> None:
-        self._binary = binary
+
+class HostFirewall:
+    """The host's iptables (legacy or nf_tables: the same commands drive both) for what sandboxes
+    reach on the host, and nftables for where they connect beyond it."""
+
+    def __init__(self, iptables: str = "iptables", nft: str = "nft") -> None:
+        self._iptables = iptables
+        self._nft = nft
 
     def unavailable(self) -> str | None:
         """Why rules cannot be managed here, or None when they can."""
         if os.geteuid() != 0:
             return "the control plane is not running as root"
-        if shutil.which(self._binary) is None or shutil.which(f"{self._binary}-restore") is None:
-            return f"{self._binary} is not installed"
-        probe = self._run("-S", "DOCKER-USER", check=False)
+        for binary in (self._iptables, f"{self._iptables}-restore", self._nft):
+            if shutil.which(binary) is None:
+                return f"{binary} is not installed"
+        probe = self._run(self._nft, "list", "tables", check=False)
         if probe.returncode != 0:
-            return (
-                "the DOCKER-USER chain is missing: the Docker engine does not manage iptables "
-                f"here ({probe.stderr.strip()})"
-            )
+            return f"nftables cannot be used here: {probe.stderr.strip()}"
         return None
 
     def apply(self, rules: NetworkRules) -> None:
-        """Replace the network's chains and make sure INPUT and DOCKER-USER jump to them."""
-        inbound, outbound = chain_names(rules.bridge)
-        result = subprocess.run(  # noqa: S603 (fixed binary, rules built from validated values)
-            [f"{self._binary}-restore", "-w", "--noflush"],
-            input=ruleset(rules),
-            capture_output=True,
-            text=True,
-            timeout=_TIMEOUT,
-            check=False,
-        )
-        if result.returncode != 0:
-            raise FirewallError(f"iptables-restore failed: {result.stderr.strip()}")
-        self._ensure_jump("INPUT", rules.bridge, inbound)
-        self._ensure_jump("DOCKER-USER", rules.bridge, outbound)
+        """Replace the network's outbound table and inbound chain, and make sure INPUT jumps to
+        the chain. An outbound chain of an older release goes once the table stands."""
+        inbound, _ = rule_names(rules.bridge)
+        self._restore([self._nft, "-f", "-"], outbound_ruleset(rules))
+        self._restore([f"{self._iptables}-restore", "-w", "--noflush"], inbound_ruleset(rules))
+        spec = ["INPUT", "-i", rules.bridge, "-j", inbound]
+        if self._iptables_run("-C", *spec, check=False).returncode != 0:
+            self._iptables_run("-I", "INPUT", "1", *spec[1:])  # before the host's own rules
+        self._remove_chain("DOCKER-USER", rules.bridge, _legacy_outbound_chain(rules.bridge))
 
     def remove(self, bridge: str) -> None:
-        """Remove both chains and the jumps to them; what is already gone is skipped."""
-        inbound, outbound = chain_names(bridge)
-        for parent, chain in (("INPUT", inbound), ("DOCKER-USER", outbound)):
-            while self._run("-D", parent, "-i", bridge, "-j", chain, check=False).returncode == 0:
-                pass
-            self._run("-F", chain, check=False)
-            self._run("-X", chain, check=False)
+        """Remove the network's chain, table and the jump; what is already gone is skipped."""
+        inbound, table = rule_names(bridge)
+        self._remove_chain("INPUT", bridge, inbound)
+        self._remove_chain("DOCKER-USER", bridge, _legacy_outbound_chain(bridge))
+        self._run(self._nft, "delete", "table", "inet", table, check=False)
 
-    def chains(self) -> list[str]:
-        """The ACSIN-/ACSOUT- chains that exist (for cleanup and tests)."""
-        listing = self._run("-S", check=False).stdout
+    def installed(self) -> list[str]:
+        """The ACSIN- chains and acs_out_ tables that exist (for clean-up and tests)."""
+        chains = self._iptables_run("-S", check=False).stdout.splitlines()
+        tables = self._run(self._nft, "list", "tables", "inet", check=False).stdout.splitlines()
         return [
-            line.split()[1]
-            for line in listing.splitlines()
-            if line.startswith("-N ACSIN-") or line.startswith("-N ACSOUT-")
-        ]
+            line.split()[1] for line in chains if line.startswith(("-N ACSIN-", "-N ACSOUT-"))
+        ] + [line.split()[2] for line in tables if line.startswith(f"table inet {_TABLE_PREFIX}")]
 
-    def _ensure_jump(self, parent: str, bridge: str, chain: str) -> None:
-        spec = [parent, "-i", bridge, "-j", chain]
-        if self._run("-C", *spec, check=False).returncode != 0:
-            # First: before the engine's own ACCEPT rules (DOCKER-USER ends with a RETURN).
-            self._run("-I", parent, "1", *spec[1:])
+    def _remove_chain(self, parent: str, bridge: str, chain: str) -> None:
+        jump = [parent, "-i", bridge, "-j", chain]
+        while self._iptables_run("-D", *jump, check=False).returncode == 0:
+            pass
+        self._iptables_run("-F", chain, check=False)
+        self._iptables_run("-X", chain, check=False)
 
-    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def _restore(self, argv: list[str], ruleset: str) -> None:
+        result = subprocess.run(  # noqa: S603 (fixed binary, rules built from validated values)
+            argv, input=ruleset, capture_output=True, text=True, timeout=_TIMEOUT, check=False
+        )
+        if result.returncode != 0:
+            raise FirewallError(f"{argv[0]} refused the rules: {result.stderr.strip()}")
+
+    def _iptables_run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self._run(self._iptables, "-w", *args, check=check)
+
+    def _run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(  # noqa: S603 - fixed binary, our own arguments
-            [self._binary, "-w", *args],
-            capture_output=True,
-            text=True,
-            timeout=_TIMEOUT,
-            check=False,
+            argv, capture_output=True, text=True, timeout=_TIMEOUT, check=False
         )
         if check and result.returncode != 0:
-            raise FirewallError(f"{self._binary} {' '.join(args)}: {result.stderr.strip()}")
+            raise FirewallError(f"{' '.join(argv)}: {result.stderr.strip()}")
         return result

@@ -55,10 +55,11 @@ class DockerSettings(RuntimeSettings):
     )
     host_firewall: FirewallMode = Field(
         default="auto",
-        description="iptables rules fencing the sandbox networks: `auto` manages them when "
-        "running as root with `iptables` (otherwise logs `host_firewall_unavailable` and "
-        "restricted-egress specs cannot start), `on` makes that a start-up error, `off` never "
-        "touches iptables ([security](security.md))",
+        description="host firewall rules fencing the sandbox networks (iptables inbound, "
+        "nftables outbound): `auto` manages them when running as root with `iptables` and "
+        "`nft` (otherwise logs `host_firewall_unavailable` and restricted-egress specs cannot "
+        "start), `on` makes that a start-up error, `off` never touches the host's rules "
+        "([security](security.md))",
     )
     host_memory_floor: int = Field(
         default=512 * 1024**2,

@@ -16,7 +16,7 @@ from controlplane.sandboxes.launcher import network_policy
 from controlplane.sandboxes.webhook_listener import WebhookListener
 from controlplane.specs.catalog import SpecCatalog
 from drivers.docker.driver import DockerDriver
-from drivers.docker.firewall import Iptables
+from drivers.docker.firewall import HostFirewall
 from drivers.errors import FirewallRequired, NetworkUnavailable
 from tests.support.live_server import attachment
 from tests.support.sandbox_helpers import (
@@ -142,7 +142,7 @@ async def test_without_a_host_firewall(
 ) -> None:
     """`on` refuses to start; `auto` starts, says so, and refuses restricted-egress specs."""
     catalog = SpecCatalog.load(spec_dir(tmp_path, {"closed": CLOSED}))
-    missing = Iptables("acs-no-such-iptables")
+    missing = HostFirewall("acs-no-such-iptables")
     listener = WebhookListener(0)
     with pytest.raises(FirewallRequired, match="acs-no-such-iptables is not installed"):
         DockerDriver(prefix=test_prefix, listener=listener, firewall_mode="on", firewall=missing)

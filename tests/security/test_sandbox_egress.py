@@ -6,9 +6,11 @@ address, and one on a link-local address standing for a cloud metadata service."
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,13 +20,14 @@ import pytest
 from aiohttp import web
 
 from controlplane import keys
-from drivers.docker.firewall import Iptables, chain_names
+from drivers.docker.firewall import HostFirewall, NetworkRules, rule_names
 from drivers.docker.networks import bridge_name
 from tests.support.live_server import attachment, free_port
 from tests.support.run_id import RUN_ID
 from tests.support.sandbox_helpers import (
     DEFAULT_IMAGE,
     OwnDocker,
+    exec_as_agent,
     probe_from,
     spec_dir,
     start,
@@ -200,18 +203,80 @@ async def test_egress_internet_none_and_allow_list(
     assert "1 network(s) still have containers" in err
     left = [n["Name"] for n in own_docker.client.api.networks(filters={"name": own_docker.prefix})]
     assert left == [f"{own_docker.prefix}net"]
-    firewall = Iptables()
-    chains = set(firewall.chains())
-    assert set(chain_names(bridge_name(f"{own_docker.prefix}net"))) <= chains
+    firewall = HostFirewall()
+    installed = set(firewall.installed())
+    assert set(rule_names(bridge_name(f"{own_docker.prefix}net"))) <= installed
     for name in ("closed", "listed"):
-        assert not set(chain_names(bridge_name(f"{own_docker.prefix}net-{name}"))) & chains
+        assert not set(rule_names(bridge_name(f"{own_docker.prefix}net-{name}"))) & installed
 
     resp = await egress_sbx.delete(f"/api/v1/sandboxes/{started[0]['id']}", headers=alice)
     assert resp.status == 200
     code, out, err = await remove_networks_cli(own_docker.prefix)
     assert (code, out.strip()) == (0, f"removed the sandbox networks of {own_docker.prefix!r}"), err
     assert not own_docker.client.api.networks(filters={"name": own_docker.prefix})
-    assert not set(chain_names(bridge_name(f"{own_docker.prefix}net"))) & set(firewall.chains())
+    assert not set(rule_names(bridge_name(f"{own_docker.prefix}net"))) & set(firewall.installed())
+
+
+# Connects from inside the sandbox for `seconds`, as fast as it can: how many connected, and
+# how many tries in all.
+_HAMMER = r"""
+import json, socket, sys, time
+host, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+opened = tries = 0
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    s = socket.socket()
+    s.settimeout(0.5)
+    try:
+        s.connect((host, port))
+        opened += 1
+    except OSError:
+        pass
+    finally:
+        s.close()
+    tries += 1
+print(json.dumps([opened, tries]))
+"""
+
+
+async def test_egress_holds_while_the_engine_rearranges_its_rules(
+    *, egress_sbx: Client, user_headers: Any, own_docker: OwnDocker, outside: Outside
+) -> None:
+    """The engine moves its own rules around whenever anyone makes a network on the host (it
+    deletes and re-inserts its jump to DOCKER-USER, and puts each new network's ACCEPT rules
+    first): for a while then, forwarded packets meet those ACCEPTs before DOCKER-USER. The
+    sandbox's fence must hold all the while: an attacker in an `egress: none` sandbox connects
+    in a loop while networks come and go, and never gets through."""
+    alice = await user_headers("alice")
+    sandbox = await start(egress_sbx, alice, "closed")
+    await wait_status(egress_sbx, alice, sandbox["id"], "RUNNING")
+    container = own_docker.client.containers.get(f"{own_docker.prefix}{sandbox['id']}")
+    stop = threading.Event()
+
+    def churn() -> int:
+        made = 0
+        while not stop.is_set():
+            network = own_docker.client.networks.create(f"{own_docker.prefix}churn{made}")
+            network.remove()
+            made += 1
+        return made
+
+    churning = asyncio.ensure_future(asyncio.to_thread(churn))
+    try:
+        code, out = await asyncio.to_thread(
+            exec_as_agent, container, "python3", "-c", _HAMMER, outside.address, str(ALLOWED), "8"
+        )
+    finally:
+        stop.set()
+        made = await churning
+    assert code == 0, out
+    opened, tries = json.loads(out.splitlines()[-1])
+    # The race was run, many times over.
+    assert made >= 5, made
+    assert tries >= 100, tries
+    assert opened == 0, (
+        f"{opened} of {tries} connections got out while {made} networks came and went"
+    )
 
 
 async def remove_networks_cli(prefix: str) -> tuple[int, str, str]:
@@ -225,3 +290,34 @@ async def remove_networks_cli(prefix: str) -> tuple[int, str, str]:
     out, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
+
+
+def test_rules_replace_an_older_releases_outbound_chain() -> None:
+    """An older release fenced outbound traffic with an ACSOUT- chain jumped to from
+    DOCKER-USER: the first apply after an upgrade leaves only the nftables table; a second
+    apply replaces the table's allow-list whole; removal leaves nothing."""
+    firewall = HostFirewall()
+    bridge = f"acs{RUN_ID}eg0ld"
+    inbound, table = rule_names(bridge)
+    legacy = f"ACSOUT-{bridge.removeprefix('acs')}"
+    subprocess.run(["iptables", "-w", "-N", legacy], check=True)
+    subprocess.run(
+        ["iptables", "-w", "-I", "DOCKER-USER", "1", "-i", bridge, "-j", legacy], check=True
+    )
+    try:
+        firewall.apply(NetworkRules(bridge, "10.250.0.1", (1234,), (("192.0.2.1/32", 443),)))
+        firewall.apply(NetworkRules(bridge, "10.250.0.1", (1234,), (("192.0.2.2/32", 443),)))
+        assert {inbound, table} <= set(firewall.installed())
+        assert legacy not in firewall.installed()
+        docker_user = subprocess.run(
+            ["iptables", "-w", "-S", "DOCKER-USER"], check=True, capture_output=True, text=True
+        )
+        assert bridge not in docker_user.stdout
+        listing = subprocess.run(
+            ["nft", "list", "table", "inet", table], check=True, capture_output=True, text=True
+        )
+        assert "192.0.2.2 tcp dport 443 accept" in listing.stdout, listing.stdout
+        assert "192.0.2.1" not in listing.stdout
+    finally:
+        firewall.remove(bridge)
+    assert not {inbound, table, legacy} & set(firewall.installed())

@@ -16,14 +16,14 @@ import pytest
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
 from drivers.docker import networks as docker_networks
-from drivers.docker.firewall import Iptables
+from drivers.docker.firewall import HostFirewall
 from drivers.docker.names import LABEL_PREFIX
 from drivers.errors import DriverError
 from tests.support.run_id import RUN_ID
 from tests.support.sandbox_helpers import DEFAULT_IMAGE, OPENHANDS_IMAGE, REPO
 
 _counter = itertools.count()
-FIREWALL = Iptables()
+FIREWALL = HostFirewall()
 _REMOVAL_ROUNDS = 10
 
 
