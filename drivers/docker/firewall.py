@@ -117,9 +117,17 @@ class HostFirewall:
         """Why rules cannot be managed here, or None when they can."""
         if os.geteuid() != 0:
             return "the control plane is not running as root"
-        for binary in (self._iptables, f"{self._iptables}-restore", self._nft):
+        for binary in (self._iptables, f"{self._iptables}-restore"):
             if shutil.which(binary) is None:
                 return f"{binary} is not installed"
+        return self.nftables_unavailable()
+
+    def nftables_unavailable(self) -> str | None:
+        """Why nft cannot be used here, or None when it can. Where iptables can (root, the
+        binaries), releases before the nftables table fenced the host with iptables alone: such
+        a host must not quietly lose its fence on upgrade (egress.py refuses to start)."""
+        if shutil.which(self._nft) is None:
+            return f"{self._nft} is not installed"
         probe = self._run(self._nft, "list", "tables", check=False)
         if probe.returncode != 0:
             return f"nftables cannot be used here: {probe.stderr.strip()}"
