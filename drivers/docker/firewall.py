@@ -17,7 +17,8 @@
   through while 24 networks came and went). A reject in any nftables base chain is final
   whatever the other chains say or in what order, and the engine never touches our table; one
   transaction replaces it (`nft -f`). Both iptables backends (nf_tables and legacy) run beside
-  it.
+  it. The same chain drops new connections forwarded into the bridge (but a published port's):
+  a peer beyond the host that could open one would make the sandbox's replies "established".
 
 Blocking calls: run them in a thread.
 """
@@ -99,6 +100,11 @@ def outbound_ruleset(rules: NetworkRules) -> str:
         "\tchain forward {\n"
         "\t\ttype filter hook forward priority filter - 1; policy accept;\n"
         f'\t\tiifname "{rules.bridge}" jump fence\n'
+        # Nothing beyond the host opens a connection to a sandbox (a published port's DNAT
+        # aside): else the peer's packets make the sandbox's replies "established", which the
+        # fence lets out (Docker before 28 forwards them when FORWARD's policy is ACCEPT).
+        f'\t\toifname "{rules.bridge}" ct status dnat accept\n'
+        f'\t\toifname "{rules.bridge}" ct state new drop\n'
         "\t}\n"
         f"\tchain fence {{\n{body}\t}}\n"
         "}\n"
