@@ -85,7 +85,7 @@ class SandboxNetworks:
     ) -> None:
         """`host_ports`: ports of the host every sandbox may reach on its gateway (besides the
         listener's). Raises FirewallRequired when `firewall_mode` is on and the host firewall
-        cannot be used here."""
+        cannot be used here, or when only nftables is missing (root, with iptables)."""
         self._engine = engine
         self._prefix = prefix
         self.listener = listener
@@ -105,6 +105,14 @@ class SandboxNetworks:
                 raise FirewallRequired(
                     f"ACS_HOST_FIREWALL=on but {self.firewall_off_reason}; run the control plane "
                     "as root on the Docker host, or set ACS_HOST_FIREWALL=auto"
+                )
+            elif self.firewall_off_reason == candidate.nftables_unavailable():
+                # Root with iptables: a host an older release fenced (iptables alone). Running
+                # on unfenced after an upgrade that lacks nft would open the host to sandboxes.
+                raise FirewallRequired(
+                    f"the host firewall needs nftables besides iptables, but "
+                    f"{self.firewall_off_reason}: install it (apt-get install nftables), or set "
+                    "ACS_HOST_FIREWALL=off to run without a host firewall"
                 )
         if self.firewall_off_reason is not None:
             log.warning(

@@ -17,7 +17,8 @@
   through while 24 networks came and went). A reject in any nftables base chain is final
   whatever the other chains say or in what order, and the engine never touches our table; one
   transaction replaces it (`nft -f`). Both iptables backends (nf_tables and legacy) run beside
-  it.
+  it. The same chain drops new connections forwarded into the bridge (but a published port's):
+  a peer beyond the host that could open one would make the sandbox's replies "established".
 
 Blocking calls: run them in a thread.
 """
@@ -99,6 +100,11 @@ def outbound_ruleset(rules: NetworkRules) -> str:
         "\tchain forward {\n"
         "\t\ttype filter hook forward priority filter - 1; policy accept;\n"
         f'\t\tiifname "{rules.bridge}" jump fence\n'
+        # Nothing beyond the host opens a connection to a sandbox (a published port's DNAT
+        # aside): else the peer's packets make the sandbox's replies "established", which the
+        # fence lets out (Docker before 28 forwards them when FORWARD's policy is ACCEPT).
+        f'\t\toifname "{rules.bridge}" ct status dnat accept\n'
+        f'\t\toifname "{rules.bridge}" ct state new drop\n'
         "\t}\n"
         f"\tchain fence {{\n{body}\t}}\n"
         "}\n"
@@ -117,9 +123,17 @@ class HostFirewall:
         """Why rules cannot be managed here, or None when they can."""
         if os.geteuid() != 0:
             return "the control plane is not running as root"
-        for binary in (self._iptables, f"{self._iptables}-restore", self._nft):
+        for binary in (self._iptables, f"{self._iptables}-restore"):
             if shutil.which(binary) is None:
                 return f"{binary} is not installed"
+        return self.nftables_unavailable()
+
+    def nftables_unavailable(self) -> str | None:
+        """Why nft cannot be used here, or None when it can. Where iptables can (root, the
+        binaries), releases before the nftables table fenced the host with iptables alone: such
+        a host must not quietly lose its fence on upgrade (egress.py refuses to start)."""
+        if shutil.which(self._nft) is None:
+            return f"{self._nft} is not installed"
         probe = self._run(self._nft, "list", "tables", check=False)
         if probe.returncode != 0:
             return f"nftables cannot be used here: {probe.stderr.strip()}"

@@ -57,8 +57,10 @@ class DockerSettings(RuntimeSettings):
         default="auto",
         description="host firewall rules fencing the sandbox networks (iptables inbound, "
         "nftables outbound): `auto` manages them when running as root with `iptables` and "
-        "`nft` (otherwise logs `host_firewall_unavailable` and restricted-egress specs cannot "
-        "start), `on` makes that a start-up error, `off` never touches the host's rules "
+        "`nft` (without root or `iptables` it logs `host_firewall_unavailable` and "
+        "restricted-egress specs cannot start; as root with `iptables` but no usable `nft` it "
+        "refuses to start, since releases before 2026-11-29 fenced such a host with iptables "
+        "alone), `on` makes any of these a start-up error, `off` never touches the host's rules "
         "([security](security.md))",
     )
     host_memory_floor: int = Field(

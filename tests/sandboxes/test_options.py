@@ -162,3 +162,13 @@ async def test_without_a_host_firewall(
         await listener.close()
     finally:
         await driver.close()
+
+
+async def test_iptables_without_nftables_refuses_to_start(test_prefix: str) -> None:
+    """Releases before the nftables table fenced a host with iptables alone: upgraded on such a
+    host without `nft`, `auto` refuses to start instead of leaving every sandbox unfenced (the
+    host's services, metadata addresses, and egress: none)."""
+    half = HostFirewall(nft="acs-no-such-nft")
+    assert half.unavailable() == "acs-no-such-nft is not installed"
+    with pytest.raises(FirewallRequired, match="acs-no-such-nft is not installed: install it"):
+        DockerDriver(prefix=test_prefix, listener=WebhookListener(0), firewall=half)

@@ -44,6 +44,7 @@ ALLOWED, OTHER = 8081, 8082  # the servers' ports in the namespace
 class Outside:
     address: str  # the namespace's address, beyond the host
     link_local: str  # also the namespace's, routed through the host
+    namespace: str  # its name, for `ip netns exec`
 
 
 def ip(*args: str, check: bool = True) -> None:
@@ -80,7 +81,7 @@ def outside() -> Iterator[Outside]:
                 # Every address of the namespace: its own two, nothing of the host's.
                 subprocess.Popen([*argv, "--bind", "0.0.0.0"], stderr=subprocess.DEVNULL)  # noqa: S104 - in its own netns
             )
-        yield Outside(address=ns_ip, link_local=link_local)
+        yield Outside(address=ns_ip, link_local=link_local, namespace=ns)
     finally:
         for server in servers:
             server.terminate()
@@ -277,6 +278,65 @@ async def test_egress_holds_while_the_engine_rearranges_its_rules(
     assert opened == 0, (
         f"{opened} of {tries} connections got out while {made} networks came and went"
     )
+
+
+_IN_NAMESPACE = ["ip", "netns", "exec"]
+
+# A TCP connect from where it runs: "open", "timeout" or the errno's name.
+_CONNECT = r"""
+import errno, socket, sys
+s = socket.socket()
+s.settimeout(3)
+try:
+    s.connect((sys.argv[1], int(sys.argv[2])))
+    print("open")
+except socket.timeout:
+    print("timeout")
+except OSError as exc:
+    print(errno.errorcode.get(exc.errno or 0, str(exc)))
+"""
+
+
+async def test_nothing_beyond_the_host_opens_a_connection_into_a_sandbox(
+    *, egress_sbx: Client, user_headers: Any, own_docker: OwnDocker, outside: Outside
+) -> None:
+    """A peer beyond the host that opens a connection to a sandbox makes the sandbox's replies
+    "established", which the fence lets out: an `egress: none` sandbox would have a channel to
+    it (and its agent server would be open to it). Docker before 28 forwards such connections
+    when FORWARD's policy is ACCEPT, which it leaves so where forwarding was on before the
+    engine started. This host's policy is DROP: the test accepts the peer's packets in
+    DOCKER-USER, for this bridge and this peer only, as such a host would. The fence holds."""
+    alice = await user_headers("alice")
+    sandbox = await start(egress_sbx, alice, "closed")
+    await wait_status(egress_sbx, alice, sandbox["id"], "RUNNING")
+    network = f"{own_docker.prefix}net-closed"
+    container = own_docker.client.containers.get(f"{own_docker.prefix}{sandbox['id']}")
+    address = container.attrs["NetworkSettings"]["Networks"][network]["IPAddress"]
+    # The host itself reaches the agent server (its own connections are not forwarded).
+    _, writer = await asyncio.wait_for(asyncio.open_connection(address, 8000), 10)
+    writer.close()
+    await writer.wait_closed()
+
+    peer = await asyncio.to_thread(connect_forwarded, outside, bridge_name(network), address)
+    assert peer == "timeout", peer
+
+
+def connect_forwarded(outside: Outside, bridge: str, address: str) -> str:
+    """A connect from the namespace to address:8000 while DOCKER-USER accepts the namespace's
+    packets into the bridge (as a FORWARD policy of ACCEPT would). Blocking."""
+    forward = ["-s", outside.address, "-o", bridge, "-j", "ACCEPT"]
+    subprocess.run(["iptables", "-w", "-I", "DOCKER-USER", "1", *forward], check=True)
+    try:
+        peer = subprocess.run(
+            [*_IN_NAMESPACE, outside.namespace, sys.executable, "-c", _CONNECT, address, "8000"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    finally:
+        subprocess.run(["iptables", "-w", "-D", "DOCKER-USER", *forward], check=True)
+    return peer.stdout.strip() or peer.stderr.strip()
 
 
 async def remove_networks_cli(prefix: str) -> tuple[int, str, str]:
