@@ -126,6 +126,14 @@ class HostFirewall:
         for binary in (self._iptables, f"{self._iptables}-restore"):
             if shutil.which(binary) is None:
                 return f"{binary} is not installed"
+        # An engine started with --iptables=false enforces neither its ban on traffic between
+        # sandboxes nor the isolation of its networks: our rules alone would not fence them.
+        probe = self._iptables_run("-S", "DOCKER-USER", check=False)
+        if probe.returncode != 0:
+            return (
+                "the DOCKER-USER chain is missing: the Docker engine does not manage iptables "
+                f"here ({probe.stderr.strip()})"
+            )
         return self.nftables_unavailable()
 
     def nftables_unavailable(self) -> str | None:
