@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from typing import Any
 
@@ -80,3 +82,25 @@ OFFSET = r"[0-9]{1,9}"
 HEX32 = r"[0-9a-f]{32}"
 STREAM_ID = r"[0-9]{1,19}-[0-9]{1,19}"  # 19 digits stay below 2**64, as Redis needs
 SCORED = rf"[0-9]{{1,17}}-{HEX32}"  # a sorted set's integer score and the id it belongs to
+TEXT = r"t[A-Za-z0-9_-]{2,500}"  # a position in a lexical index: its member, base64url
+
+
+def encode_text_cursor(value: str) -> str:
+    """A lexical index's member as a page_id (TEXT): the caller's own title and id."""
+    return "t" + base64.urlsafe_b64encode(value.encode()).decode().rstrip("=")
+
+
+def decode_text_cursor(page_id: str | None) -> str | None:
+    """The member a TEXT page_id stands for; a 422 for one this API cannot have issued."""
+    raw = decode_cursor(page_id, TEXT)
+    if raw is None:
+        return None
+    try:
+        return base64.urlsafe_b64decode(raw[1:] + "=" * (-len(raw[1:]) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        raise invalid(
+            "query",
+            "page_id",
+            msg="page_id is not a cursor this API issued",
+            error_type="value_error",
+        ) from None

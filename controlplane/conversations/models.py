@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from controlplane.agent_protocol.models import ExecutionStatus, MetricsSnapshot
-from controlplane.api.pagination import HEX32, OFFSET, SCORED, PageQuery, cursor_field
+from controlplane.api.pagination import HEX32, OFFSET, SCORED, TEXT, PageQuery, cursor_field
 from controlplane.api.parsing import QueryTime
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.settings.models import ProviderType
@@ -231,7 +231,7 @@ class ConversationFilters(BaseModel):
 class ConversationSearchQuery(ConversationFilters, PageQuery):
     # Created-at orders page by conversation id, updated-at ones by (updated_at, id), the others
     # by offset.
-    page_id: str | None = cursor_field(f"{HEX32}|{SCORED}|{OFFSET}")
+    page_id: str | None = cursor_field(f"{HEX32}|{SCORED}|{OFFSET}|{TEXT}")
     sort_order: ConversationSortOrder = ConversationSortOrder.CREATED_AT_DESC
     include_sub_conversations: bool = False
 

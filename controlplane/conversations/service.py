@@ -10,7 +10,15 @@ import structlog
 
 from controlplane.agent_protocol.client import AgentClient, AgentUnavailable
 from controlplane.agent_protocol.models import ExecutionStatus
-from controlplane.api.pagination import HEX32, OFFSET, SCORED, decode_cursor, encode_cursor
+from controlplane.api.pagination import (
+    HEX32,
+    OFFSET,
+    SCORED,
+    decode_cursor,
+    decode_text_cursor,
+    encode_cursor,
+    encode_text_cursor,
+)
 from controlplane.auth.models import Principal
 from controlplane.conversations import workspace
 from controlplane.conversations.models import (
@@ -32,7 +40,7 @@ from controlplane.conversations.models import (
 )
 from controlplane.conversations.pending import PendingMessages
 from controlplane.conversations.starter import StartTaskRunner
-from controlplane.conversations.store import ConversationStore
+from controlplane.conversations.store import ConversationStore, title_id, title_member
 from controlplane.errors import NotFound, RuntimeUnavailable
 from controlplane.ids import uuid7_hex
 from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
@@ -78,8 +86,8 @@ def _ids_page(ids: list[str], after: str | None, count: int, desc: bool) -> list
 _SORT_KEYS: dict[ConversationSortOrder, tuple[Callable[[AppConversationInfo], Any], bool]] = {
     ConversationSortOrder.UPDATED_AT: (lambda c: (c.updated_at, c.id), False),
     ConversationSortOrder.UPDATED_AT_DESC: (lambda c: (c.updated_at, c.id), True),
-    ConversationSortOrder.TITLE: (lambda c: ((c.title or "").lower(), c.id), False),
-    ConversationSortOrder.TITLE_DESC: (lambda c: ((c.title or "").lower(), c.id), True),
+    ConversationSortOrder.TITLE: (title_member, False),  # as the index by title orders them
+    ConversationSortOrder.TITLE_DESC: (title_member, True),
 }
 
 
@@ -252,9 +260,10 @@ class ConversationService:
     async def search(
         self, principal: Principal, query: ConversationSearchQuery
     ) -> AppConversationPage:
-        """Newest first by default. Created-at orders page by id and updated-at orders by
-        (updated_at, id), both reading about a page of records; title orders (and a search
-        within a sandbox's conversations) sort what they read, with an opaque offset."""
+        """Newest first by default. Created-at orders page by id, updated-at orders by
+        (updated_at, id) and title orders by (title, id), each reading about a page of records;
+        a search within a sandbox's conversations (their own small set) sorts what it reads,
+        with an opaque offset."""
         order = query.sort_order
         in_sandbox = await self._in_sandbox(principal, query.sandbox_id__eq)
         if order in (ConversationSortOrder.CREATED_AT, ConversationSortOrder.CREATED_AT_DESC):
@@ -272,6 +281,10 @@ class ConversationService:
             and in_sandbox is None
         ):
             page, next_id = await self._updated_page(principal.user_id, query)
+        elif order in (ConversationSortOrder.TITLE, ConversationSortOrder.TITLE_DESC) and (
+            in_sandbox is None
+        ):
+            page, next_id = await self._title_page(principal.user_id, query)
         else:
             ids = (
                 in_sandbox
@@ -354,6 +367,38 @@ class ConversationService:
         return [i for i, _ in page], (
             encode_cursor(f"{page[-1][1]}-{page[-1][0].id}") if more else None
         )
+
+    async def _title_page(
+        self, owner: str | None, query: ConversationSearchQuery
+    ) -> tuple[list[AppConversationInfo], str | None]:
+        """A page in (title, id) order from the owner's index by title, past the cursor (the
+        last member, TEXT), and the next page's cursor: reads pages of members until one is
+        filled. A member its record no longer matches (gone, renamed by a writer that did not
+        know the index, saved over) is skipped and put right after the page."""
+        desc = query.sort_order == ConversationSortOrder.TITLE_DESC
+        after = decode_text_cursor(query.page_id)
+        if owner is not None and not await self.store.by_title_in_step(owner):
+            await self.store.rebuild_by_title(owner)
+        found: list[tuple[AppConversationInfo, str]] = []
+        stale: list[str] = []
+        batch = query.limit + 1
+        while owner is not None and len(found) <= query.limit:
+            members = await self.store.page_by_title(owner, after, batch, desc)
+            infos = await self.store.get_many([title_id(m) for m in members])
+            for info, member in zip(infos, members, strict=True):
+                if info is None or title_member(info) != member:
+                    stale.append(member)
+                elif info.created_by_user_id == owner and self._listed(info, query):
+                    found.append((info, member))
+            if len(members) < batch:
+                break
+            after = members[-1]
+            batch = min(batch * 2, max(query.limit + 1, READ_BATCH))
+        if owner is not None and stale:
+            await self.store.fix_by_title(owner, stale)
+        page = found[: query.limit]
+        more = len(found) > query.limit
+        return [i for i, _ in page], encode_text_cursor(page[-1][1]) if more else None
 
     async def _in_sandbox(self, principal: Principal, sandbox_id: str | None) -> list[str] | None:
         """With a sandbox filter, the candidates are the conversations of that sandbox (its own

@@ -44,7 +44,7 @@ return 1
 """
 
 # KEYS: owner key, record key, user's index, sandbox's index, status set, user's index by
-# update. ARGV: user id, id, record JSON, update score.
+# update, user's index by title. ARGV: user id, id, record JSON, update score, title member.
 _CREATE = """
 local owner = redis.call('GET', KEYS[1])
 if (owner and owner ~= ARGV[1]) or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
@@ -54,6 +54,7 @@ redis.call('ZADD', KEYS[3], 0, ARGV[2])
 redis.call('SADD', KEYS[4], ARGV[2])
 redis.call('SADD', KEYS[5], ARGV[2])
 redis.call('ZADD', KEYS[6], ARGV[4], ARGV[2])
+redis.call('ZADD', KEYS[7], 0, ARGV[5])
 return 1
 """
 
@@ -94,6 +95,32 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
 end
 return dropped
 """
+
+# KEYS: a user's index by title. ARGV: (id, updated_at as read, member found, member wanted)
+# quadruples, each read from the record just before ('' where there is none). A member whose
+# record is gone leaves; where the record still holds that updated_at (nothing wrote it since),
+# the member found leaves unless it is the one wanted, and the one wanted is added. A record
+# written since is its writer's to index, so an older read never undoes a newer write.
+_FIX_BY_TITLE = (
+    """
+for i = 1, #ARGV, 4 do
+  local id, read, found, want = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local raw = redis.call('GET', '"""
+    + keyspace.conversation("")
+    + """' .. id)
+  if not raw then
+    if found ~= '' then redis.call('ZREM', KEYS[1], found) end
+  else
+    local ok, record = pcall(cjson.decode, raw)
+    if ok and type(record) == 'table' and read ~= '' and record['updated_at'] == read then
+      if found ~= '' and found ~= want then redis.call('ZREM', KEYS[1], found) end
+      if want ~= '' then redis.call('ZADD', KEYS[1], 0, want) end
+    end
+  end
+end
+return 1
+"""
+)
 
 # KEYS: a user's index by update. ARGV: the last page's score and id, count, '1' for newest
 # first. Up to `count` (id, score) pairs past that one in (score, id) order: members of equal
@@ -194,6 +221,7 @@ class ConversationStore:
         self._index_by_update = redis.register_script(_INDEX_BY_UPDATE)
         self._drop_strays = redis.register_script(_DROP_STRAYS)
         self._page_by_update = redis.register_script(_PAGE_BY_UPDATE)
+        self._fix_by_title = redis.register_script(_FIX_BY_TITLE)
 
     async def reserve(self, conversation_id: str, user_id: str) -> None:
         """Claim a client-chosen id for `user_id`. Raises ConversationIdTaken when it is another
@@ -221,12 +249,14 @@ class ConversationStore:
                 keyspace.sandbox_conversations(info.sandbox_id),
                 _status_set(info.execution_status),
                 keyspace.user_conversations_by_update(info.created_by_user_id),
+                keyspace.user_conversations_by_title(info.created_by_user_id),
             ],
             args=[
                 info.created_by_user_id,
                 info.id,
                 info.model_dump_json(),
                 update_score(info.updated_at),
+                title_member(info),
             ],
         )
         if not created:
@@ -242,6 +272,12 @@ class ConversationStore:
                 pipe.zadd(
                     keyspace.user_conversations_by_update(info.created_by_user_id),
                     {info.id: update_score(info.updated_at)},
+                )
+                # The record it overwrites may have had another title: that member stays until
+                # a title search finds it (`fix_by_title`).
+                pipe.zadd(
+                    keyspace.user_conversations_by_title(info.created_by_user_id),
+                    {title_member(info): 0},
                 )
             pipe.sadd(keyspace.sandbox_conversations(info.sandbox_id), info.id)
             # Whatever status the record it overwrites had: in that set only.
@@ -278,7 +314,7 @@ class ConversationStore:
                     if raw is None:
                         return None
                     info = AppConversationInfo.model_validate_json(text(raw))
-                    before = info.execution_status
+                    before, titled = info.execution_status, title_member(info)
                     change(info)
                     info.updated_at = now()
                     pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
@@ -289,6 +325,10 @@ class ConversationStore:
                             keyspace.user_conversations_by_update(info.created_by_user_id),
                             {conversation_id: update_score(info.updated_at)},
                         )
+                        by_title = keyspace.user_conversations_by_title(info.created_by_user_id)
+                        if title_member(info) != titled:
+                            pipe.zrem(by_title, titled)
+                        pipe.zadd(by_title, {title_member(info): 0})
                     if entry is not None:
                         entry.queue(pipe)
                     await pipe.execute()
@@ -305,6 +345,12 @@ class ConversationStore:
             if info.created_by_user_id is not None:
                 pipe.zrem(keyspace.user_conversations(info.created_by_user_id), info.id)
                 pipe.zrem(keyspace.user_conversations_by_update(info.created_by_user_id), info.id)
+                # `info` may be older than the record: a member of another title stays until a
+                # title search finds its record gone (`fix_by_title`).
+                pipe.zrem(
+                    keyspace.user_conversations_by_title(info.created_by_user_id),
+                    title_member(info),
+                )
             pipe.srem(keyspace.sandbox_conversations(info.sandbox_id), info.id)
             for status_set in STATUS_SETS:  # `info` may be older than the record: every set
                 pipe.srem(status_set, info.id)
@@ -402,6 +448,88 @@ class ConversationStore:
             keys=[key], args=[after[0], after[1], count, "1" if desc else "0"]
         )
         return [(text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+    async def by_title_in_step(self, owner: str) -> bool:
+        """Whether the owner's index by title holds as many members as their index holds ids
+        (as `by_update_in_step`): a difference is a writer that did not know it, or a member
+        left by a save or a delete of an older copy of the record."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zcard(keyspace.user_conversations(owner))
+            pipe.zcard(keyspace.user_conversations_by_title(owner))
+            ids, titled = await pipe.execute()
+        return bool(ids == titled)
+
+    async def rebuild_by_title(self, owner: str) -> None:
+        """Every record of the owner given its member in their index by title, then every
+        member that is not its record's current one dropped (once, when `by_title_in_step`
+        says the index is out of step)."""
+        key = keyspace.user_conversations_by_title(owner)
+        wanted: dict[str, str] = {}
+        ids = await self.all_ids(owner)
+        for start in range(0, len(ids), COUNT_PAGE):
+            fixes = await self._title_fixes(
+                owner, [(i, "") for i in ids[start : start + COUNT_PAGE]]
+            )
+            wanted.update((row[0], row[3]) for row in fixes)
+            await self._fix_by_title(keys=[key], args=[v for row in fixes for v in row])
+        members = [text(m) for m in await self._redis.zrange(key, 0, -1)]
+        strays = [m for m in members if wanted.get(title_id(m)) != m]
+        for start in range(0, len(strays), COUNT_PAGE):
+            await self.fix_by_title(owner, strays[start : start + COUNT_PAGE])
+        log.info("conversation_title_index_rebuilt", user_id=owner, conversations=len(ids))
+
+    async def fix_by_title(self, owner: str, members: list[str]) -> None:
+        """Members of the owner's index by title that a page found out of date (their record
+        gone, or under another title now): dropped, and each record's current member added."""
+        fixes = await self._title_fixes(owner, [(title_id(m), m) for m in members])
+        if fixes:
+            await self._fix_by_title(
+                keys=[keyspace.user_conversations_by_title(owner)],
+                args=[v for row in fixes for v in row],
+            )
+
+    async def _title_fixes(
+        self, owner: str, found: list[tuple[str, str]]
+    ) -> list[tuple[str, str, str, str]]:
+        """(id, updated_at as read, member found, member wanted) of each (id, member found),
+        from the records as they are now: the wanted member only for a record of `owner` that
+        decodes ('' otherwise: a found member is then dropped only if its record is gone)."""
+        if not found:
+            return []
+        rows = await self._redis.mget([keyspace.conversation(i) for i, _ in found])
+        fixes: list[tuple[str, str, str, str]] = []
+        for (conversation_id, member), row in zip(found, rows, strict=True):
+            read = wanted = ""
+            if row:
+                try:
+                    data = json.loads(row)
+                    info = AppConversationInfo.model_validate(data)
+                    if info.created_by_user_id == owner and isinstance(data["updated_at"], str):
+                        read, wanted = data["updated_at"], title_member(info)
+                except (ValueError, KeyError, TypeError):
+                    pass  # a record that does not decode stays out of the orders' pages
+            fixes.append((conversation_id, read, member, wanted))
+        return fixes
+
+    async def page_by_title(
+        self, owner: str, after: str | None, count: int, desc: bool
+    ) -> list[str]:
+        """Up to `count` members of the owner's index by title past `after` (a member,
+        exclusive) in lexical order, i.e. (title, id): the last first when desc."""
+        key = keyspace.user_conversations_by_title(owner)
+        low, high = ("(" + after, "+") if after is not None else ("-", "+")
+        if desc:
+            low, high = ("-", "(" + after) if after is not None else ("-", "+")
+        raw: Any = await self._redis.zrange(
+            key,
+            high if desc else low,
+            low if desc else high,
+            desc=desc,
+            bylex=True,
+            offset=0,
+            num=count,
+        )
+        return [text(m) for m in raw]
 
     async def count_of(self, owner: str) -> int:
         """How many conversations the owner has (their index's size)."""
@@ -511,6 +639,23 @@ class ConversationStore:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+TITLE_SORT_CHARS = 64
+"""Characters of a lowercased title its member in the index by title holds: titles alike in
+those are in id (creation) order, and a page's cursor, which holds a member, stays short."""
+
+
+def title_member(info: AppConversationInfo) -> str:
+    """The conversation's member in its owner's index by title: its lowercased title's first
+    TITLE_SORT_CHARS characters, NUL, its id. Lexical order (UTF-8 bytes, i.e. code points) is
+    (title, id) order."""
+    return (info.title or "").lower()[:TITLE_SORT_CHARS] + "\x00" + info.id
+
+
+def title_id(member: str) -> str:
+    """The conversation id a member of an index by title ends with."""
+    return member.rpartition("\x00")[2]
 
 
 def update_score(updated_at: datetime) -> int:

@@ -99,6 +99,13 @@ def user_conversations_by_update(user_id: str) -> str:
     return USER_CONVERSATIONS_BY_UPDATE[0] + user_id + USER_CONVERSATIONS_BY_UPDATE[1]
 
 
+def user_conversations_by_title(user_id: str) -> str:
+    """Sorted set of the user's conversations, every score 0, each member the conversation's
+    lowercased title (its first characters), NUL, its id: the title orders' pages in lexical
+    order (conversations/store.py `page_by_title`), kept with each write of the record."""
+    return f"{PREFIX}:user:{user_id}:convs:title"
+
+
 def sandbox_conversations(sandbox_id: str) -> str:
     """Set of conversation ids running in a sandbox: a delete keeps a shared sandbox."""
     return f"{PREFIX}:sandbox:{sandbox_id}:convs"

@@ -1,6 +1,7 @@
 """Conversation pages read about a page of records, whatever the user's number of conversations
 (issue 30: no per-request read of everything): the updated-at orders page the user's index by
-update, the V0 list pages by id, an unfiltered count is the index's size. The records a page does
+update, the title orders the user's index by title, the V0 list pages by id, an unfiltered count
+is the index's size. The records a page does
 not need are made unreadable here, so a request that read them would fail with a 500."""
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from controlplane.conversations.models import AppConversationInfo
-from controlplane.conversations.store import ConversationStore, update_score
+from controlplane.conversations.store import (
+    ConversationStore,
+    title_member,
+    update_score,
+)
 from controlplane.ids import uuid7_hex
 from controlplane.store import keyspace
 from tests.support.records import NO_ENGINE
@@ -245,3 +250,127 @@ async def test_a_filter_few_records_match_reads_in_growing_batches(
         assert body.get("items", body.get("results")) == []
         stats: Any = await raw_redis.info("commandstats")
         assert stats["cmdstat_mget"]["calls"] <= 12, (path, stats["cmdstat_mget"])
+
+
+TITLES = ["Fix the build", "fix the build", "Änderung", "zebra", "", "Écrire", "a" * 80, "b"]
+
+
+async def seed_titled(store: ConversationStore, user: str, n: int) -> list[AppConversationInfo]:
+    """`n` conversations of `user` with titles that tie (in case, and beyond the sorted
+    characters), begin alike, are empty or are not ASCII: written with their titles."""
+    infos = []
+    for i in range(n):
+        title = TITLES[i % len(TITLES)] + ("" if i < len(TITLES) else f" {i % 5}")
+        info = AppConversationInfo(
+            id=uuid7_hex(), created_by_user_id=user, sandbox_id="s-t", title=title or None
+        )
+        await store.create(info)
+        infos.append(info)
+    return infos
+
+
+def by_title(infos: list[AppConversationInfo], *, desc: bool) -> list[str]:
+    """(lowercased title, id) order, as Python compares strings (code points)."""
+    ordered = sorted(infos, key=lambda i: ((i.title or "").lower()[:64], i.id), reverse=desc)
+    return [i.id for i in ordered]
+
+
+async def test_title_orders_page_by_the_index_each_id_once_in_order(
+    pages_client: Client,
+    pages_store: ConversationStore,
+    raw_redis: aioredis.Redis,
+    user_headers: UserHeaders,
+) -> None:
+    client, store = pages_client, pages_store
+    alice = await user_headers("alice")
+    infos = await seed_titled(store, "alice", 40)
+    await store.create(  # another user's: never in alice's pages
+        AppConversationInfo(id=uuid7_hex(), created_by_user_id="bob", sandbox_id="s", title="a")
+    )
+    for order, desc in (("TITLE", False), ("TITLE_DESC", True)):
+        for limit in ("1", "7", "100"):
+            seen = await pages(client, alice, f"{BASE}/search", sort_order=order, limit=limit)
+            assert seen == by_title(infos, desc=desc), (order, limit)
+
+    # A rename moves the conversation to its new place; its old member leaves.
+    moved = by_title(infos, desc=True)[0]
+    resp = await client.patch(f"{BASE}/{moved}", json={"title": "AAA first"}, headers=alice)
+    assert resp.status == 200, await resp.text()
+    next(i for i in infos if i.id == moved).title = "AAA first"
+    seen = await pages(client, alice, f"{BASE}/search", sort_order="TITLE", limit="7")
+    assert seen == by_title(infos, desc=False)
+    assert seen.index(moved) < len(infos) // 4  # after the empty titles, before the rest
+    index = keyspace.user_conversations_by_title("alice")
+    assert await raw_redis.zcard(index) == len(infos)
+
+    # A deleted conversation leaves the index with its record.
+    resp = await client.delete(f"{BASE}/{moved}", headers=alice)
+    assert resp.status == 200, await resp.text()
+    members: Any = await raw_redis.zrange(index, 0, -1)
+    assert [m for m in members if m.endswith(moved.encode())] == []
+
+    # A cursor this API cannot have issued: not base64url, or not UTF-8 inside.
+    for bad in ("t!!!", "t_w"):
+        resp = await client.get(
+            f"{BASE}/search", params={"sort_order": "TITLE", "page_id": bad}, headers=alice
+        )
+        assert resp.status == 422, (bad, await resp.text())
+
+
+async def test_a_title_page_reads_about_a_page_of_records(
+    pages_client: Client,
+    pages_store: ConversationStore,
+    raw_redis: aioredis.Redis,
+    user_headers: UserHeaders,
+) -> None:
+    client, store = pages_client, pages_store
+    alice = await user_headers("alice")
+    infos = await seed_titled(store, "alice", 60)
+    ordered = by_title(infos, desc=False)
+    await spoil_all_but(raw_redis, infos, set(ordered[:4]))
+    resp = await client.get(
+        f"{BASE}/search", params={"sort_order": "TITLE", "limit": "3"}, headers=alice
+    )
+    assert resp.status == 200, await resp.text()
+    body = await resp.json()
+    assert [i["id"] for i in body["items"]] == ordered[:3]
+    assert body["next_page_id"].startswith("t")
+
+
+async def test_a_title_index_out_of_step_is_put_right_by_the_next_title_search(
+    pages_client: Client,
+    pages_store: ConversationStore,
+    raw_redis: aioredis.Redis,
+    user_headers: UserHeaders,
+) -> None:
+    """A rolling upgrade: replicas of a version without the index by title create, rename and
+    delete conversations meanwhile (the record and the user's index only). A create or a delete
+    puts the two indexes' sizes apart: the next title search rebuilds; a rename leaves a member
+    its record no longer matches: the search that meets it skips it and puts it right."""
+    client, store = pages_client, pages_store
+    carol = await user_headers("carol")
+    infos = await seed_titled(store, "carol", 12)
+    index = keyspace.user_conversations_by_title("carol")
+    old = AppConversationInfo(id=uuid7_hex(), created_by_user_id="carol", sandbox_id="s", title="m")
+    await raw_redis.set(keyspace.conversation(old.id), old.model_dump_json())
+    await raw_redis.zadd(keyspace.user_conversations("carol"), {old.id: 0})
+    infos.append(old)
+    seen = await pages(client, carol, f"{BASE}/search", sort_order="TITLE", limit="5")
+    assert seen == by_title(infos, desc=False)
+
+    gone = infos.pop(3)
+    await raw_redis.delete(keyspace.conversation(gone.id))
+    await raw_redis.zrem(keyspace.user_conversations("carol"), gone.id)
+    seen = await pages(client, carol, f"{BASE}/search", sort_order="TITLE_DESC", limit="5")
+    assert seen == by_title(infos, desc=True)
+    assert await raw_redis.zcard(index) == len(infos)
+
+    renamed = infos[5]
+    renamed.title = "zzz renamed"
+    await raw_redis.set(keyspace.conversation(renamed.id), renamed.model_dump_json())
+    seen = await pages(client, carol, f"{BASE}/search", sort_order="TITLE", limit="100")
+    assert seen == by_title([i for i in infos if i is not renamed], desc=False)  # skipped once
+    seen = await pages(client, carol, f"{BASE}/search", sort_order="TITLE", limit="100")
+    assert seen == by_title(infos, desc=False)  # and put right
+    assert title_member(renamed).encode() in await raw_redis.zrange(index, 0, -1)
+    assert await raw_redis.zcard(index) == len(infos)
