@@ -36,7 +36,7 @@ from controlplane import keys
 from controlplane.audit.middleware import audit_middleware
 from controlplane.auth.service import ApiKeyService
 from controlplane.store import keyspace
-from controlplane.store.audit import AuditLog, new_id
+from controlplane.store.audit import AuditLog, index_keys, new_id
 from controlplane.store.audit_event import AuditRecord
 from controlplane.store.streams import StreamAdd, StreamEntry, lex_member
 
@@ -160,11 +160,11 @@ class AuditBench:
             raise BenchError(f"the floor's entry is not the request's: {last[0][1]!r}")
 
     async def _load(self, redis: aioredis.Redis, log: AuditLog) -> None:
-        """`entries` entries over the last SPAN_DAYS days, as the writer stores them (its own
-        keys and fields: AuditLog.adds; what its script does with each addition, at stream ids
-        spread over that time), sent with `redis-cli --pipe` (a Python client's per-command cost
-        would make the load take most of the run); the memory they take is INFO's
-        used_memory after less before."""
+        """`entries` entries over the last SPAN_DAYS days, as the writer and the indexer store
+        them (AuditLog.adds, audit.index_keys; at stream ids spread over that time, all of them
+        indexed: the watermark at the newest), sent with `redis-cli --pipe` (a Python client's
+        per-command cost would make the load take most of the run); the memory they take is
+        INFO's used_memory after less before."""
         n = self.options.entries
         rng = random.Random(20261128)
         before = int((await redis.info("memory"))["used_memory"])
@@ -178,14 +178,18 @@ class AuditBench:
             commands = bytearray()
             for i in range(first, min(first + batch, n)):
                 t = start_ms + int(i * step)
-                for add in log.adds(_record(rng, t)):
-                    if add.lex_index:
-                        member = lex_member(f"{t}-0")
-                        commands += _resp(("ZADD", add.key, "0", member))
-                    else:
-                        commands += _resp(("XADD", add.key, f"{t}-0", *add.fields))
-                    if add.ttl_ms is not None and i == n - 1:
-                        commands += _resp(("PEXPIRE", add.key, str(add.ttl_ms)))
+                record = _record(rng, t)
+                for add in log.adds(record):
+                    commands += _resp(("XADD", add.key, f"{t}-0", *add.fields))
+                streams, sorted_sets = index_keys(record)
+                for key in streams:
+                    commands += _resp(("XADD", key, f"{t}-0", "r", ""))
+                for key in sorted_sets:
+                    commands += _resp(("ZADD", key, "0", lex_member(f"{t}-0")))
+                if i == n - 1:
+                    for key in streams + sorted_sets:
+                        commands += _resp(("PEXPIRE", key, str(log.retention_ms)))
+                    commands += _resp(("SET", keyspace.AUDIT_INDEXED, f"{t}-0"))
             done = await asyncio.to_thread(
                 subprocess.run,
                 ["redis-cli", "-s", socket_path, "--pipe"],
