@@ -15,8 +15,8 @@ import redis.asyncio as aioredis
 from controlplane.auth.service import ApiKeyService
 from controlplane.store import keyspace, text
 from controlplane.store.audit import AuditLog, new_id
-from controlplane.store.audit_index import AuditIndexer
 from controlplane.store.audit_event import AuditRecord
+from controlplane.store.audit_index import AuditIndexer
 from controlplane.store.streams import StreamEntry
 from tests.conftest import BOOTSTRAP_KEY
 from tests.support.types import Client
