@@ -36,8 +36,9 @@ from controlplane import keys
 from controlplane.audit.middleware import audit_middleware
 from controlplane.auth.service import ApiKeyService
 from controlplane.store import keyspace
-from controlplane.store.audit import AuditLog, new_id
+from controlplane.store.audit import AuditLog, index_keys, new_id
 from controlplane.store.audit_event import AuditRecord
+from controlplane.store.audit_index import AuditIndexer
 from controlplane.store.streams import StreamAdd, StreamEntry, lex_member
 
 WRITE_TARGET = 0.0003
@@ -117,6 +118,7 @@ class AuditBench:
             urls = {"with": audited.url, "floor": floor.url, "without": plain.url}
             await self._writes(http, admin, urls)
             await self._check_floor(redis)
+            await self._indexer(redis, audited.app[keys.AUDIT_LOG])
             await redis.flushdb()
             admin = {"X-Session-API-Key": (await _admin_key(redis))}
             await self._load(redis, audited.app[keys.AUDIT_LOG])
@@ -159,12 +161,30 @@ class AuditBench:
         if last[0][1].get(b"action") != b"member.set":
             raise BenchError(f"the floor's entry is not the request's: {last[0][1]!r}")
 
+    async def _indexer(self, redis: aioredis.Redis, log: AuditLog) -> None:
+        """What indexing costs, off the request path (store/audit_index.py): the entries the
+        writes made, their indexes and the watermark deleted, indexed again, timed until the
+        watermark is at the newest (whichever indexer, this one or an app's, did a batch)."""
+        entries = int(await redis.xlen(keyspace.AUDIT))
+        indexes = [k async for k in redis.scan_iter(match=f"{keyspace.AUDIT}:*")]
+        await redis.delete(*indexes)
+        started = time.perf_counter()
+        await AuditIndexer(redis, retention=log.retention_ms / 1000).catch_up()
+        elapsed = time.perf_counter() - started
+        newest: Any = await redis.xrevrange(keyspace.AUDIT, count=1)
+        if await redis.get(keyspace.AUDIT_INDEXED) != newest[0][0]:
+            raise BenchError("the indexer stopped before the newest entry")
+        self.summary |= {
+            "indexer_entries": entries,
+            "indexer_us_per_entry": elapsed / entries * 1e6,
+        }
+
     async def _load(self, redis: aioredis.Redis, log: AuditLog) -> None:
-        """`entries` entries over the last SPAN_DAYS days, as the writer stores them (its own
-        keys and fields: AuditLog.adds; what its script does with each addition, at stream ids
-        spread over that time), sent with `redis-cli --pipe` (a Python client's per-command cost
-        would make the load take most of the run); the memory they take is INFO's
-        used_memory after less before."""
+        """`entries` entries over the last SPAN_DAYS days, as the writer and the indexer store
+        them (AuditLog.adds, audit.index_keys; at stream ids spread over that time, all of them
+        indexed: the watermark at the newest), sent with `redis-cli --pipe` (a Python client's
+        per-command cost would make the load take most of the run); the memory they take is
+        INFO's used_memory after less before."""
         n = self.options.entries
         rng = random.Random(20261128)
         before = int((await redis.info("memory"))["used_memory"])
@@ -178,14 +198,18 @@ class AuditBench:
             commands = bytearray()
             for i in range(first, min(first + batch, n)):
                 t = start_ms + int(i * step)
-                for add in log.adds(_record(rng, t)):
-                    if add.lex_index:
-                        member = lex_member(f"{t}-0")
-                        commands += _resp(("ZADD", add.key, "0", member))
-                    else:
-                        commands += _resp(("XADD", add.key, f"{t}-0", *add.fields))
-                    if add.ttl_ms is not None and i == n - 1:
-                        commands += _resp(("PEXPIRE", add.key, str(add.ttl_ms)))
+                record = _record(rng, t)
+                for add in log.adds(record):
+                    commands += _resp(("XADD", add.key, f"{t}-0", *add.fields))
+                streams, sorted_sets = index_keys(record)
+                for key in streams:
+                    commands += _resp(("XADD", key, f"{t}-0", "r", ""))
+                for key in sorted_sets:
+                    commands += _resp(("ZADD", key, "0", lex_member(f"{t}-0")))
+                if i == n - 1:
+                    for key in streams + sorted_sets:
+                        commands += _resp(("PEXPIRE", key, str(log.retention_ms)))
+                    commands += _resp(("SET", keyspace.AUDIT_INDEXED, f"{t}-0"))
             done = await asyncio.to_thread(
                 subprocess.run,
                 ["redis-cli", "-s", socket_path, "--pipe"],
@@ -303,6 +327,8 @@ class AuditBench:
                 f"write_added_p{q}_ms": ours_added * 1000,
             }
         lines += [
+            f"indexer (off the request path): {self.summary['indexer_us_per_entry']:.0f} us per "
+            f"entry, {self.summary['indexer_entries']} entries indexed from scratch",
             "",
             f"search over {self.options.entries:,} entries ({SPAN_DAYS} days, {ORGS} "
             f"organizations, {USERS:,} users), limit 100, client round trip, deployment admin",

@@ -114,6 +114,7 @@ from controlplane.snapshots.store import SnapshotStore
 from controlplane.snapshots.taker import Taker
 from controlplane.store import keyspace
 from controlplane.store.audit_backfill import AuditBackfill, backfill_in_background
+from controlplane.store.audit_index import AuditIndexer
 from controlplane.store.failover import open_redis
 from controlplane.store.leader import LeaderLock
 from controlplane.store.redis import wait_for_redis
@@ -310,7 +311,8 @@ def outbound_ctx(config: ServiceConfig) -> Context:
 def audit_ctx(config: ServiceConfig) -> Context:
     """The audit log (written through the scope the audit middleware opens), its search, this
     replica's deliverers to the sinks (ACS_AUDIT_SINK_URLS through the outbound policy of the
-    operator's URLs; ACS_AUDIT_STDOUT), and the backfill of the per-organization indexes
+    operator's URLs; ACS_AUDIT_STDOUT), this replica's indexer (store/audit_index.py: every
+    replica runs one) and the backfill of the per-organization indexes
     (store/audit_backfill.py: in the background, until done by one replica)."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
@@ -338,6 +340,9 @@ def audit_ctx(config: ServiceConfig) -> Context:
         summaries = asyncio.create_task(
             summarize_dropped(app[keys.AUDIT_LOG]), name="audit_dropped_summaries"
         )
+        indexer = asyncio.create_task(
+            AuditIndexer(redis, retention=config.audit_retention).run(), name="audit_indexer"
+        )
         # Entries from before the per-organization indexes get theirs (once per deployment).
         backfill = asyncio.create_task(
             backfill_in_background(AuditBackfill(redis, retention=config.audit_retention)),
@@ -345,6 +350,7 @@ def audit_ctx(config: ServiceConfig) -> Context:
         )
         yield
         await stop_task(backfill)
+        await stop_task(indexer)
         await stop_task(summaries)
         if printer is not None:
             await printer.close()

@@ -2,14 +2,16 @@
 
 Every entry has an index entry with its own stream id in the streams of its organization, its
 action and its user (each deployment-wide and per organization) and in the sorted sets of each
-target id (the same two) (controlplane/store/audit.py). A search reads the most selective index
-its filters allow (target, then user, then action, then organization), an organization's own
-for a search within one: an auditor's search never reads, skips or stops at another
-organization's entry, whatever its filters, so neither its pages, its cursors nor its time
-depend on one. It reads between the stream ids of its time window (XREVRANGE: O(log n) to the
-window's end, then what it returns), fetches the entries in one script call and checks the other
-filters on them. Nothing scans the log: a page reads at most MAX_SCANNED index entries, and a
-page cut short by that still carries a cursor where it stopped. Cursors are sealed (`Cursors`).
+target id (the same two), written from the log by the indexer (controlplane/store/audit_index.py)
+up to its watermark. A search reads the log's entries past the watermark first (the newest, not
+indexed yet: every filter checked on them, so a search right after a write finds it), then the
+most selective index its filters allow (target, then user, then action, then organization), an
+organization's own for a search within one: an auditor's search never reads, skips or stops at
+another organization's entry in an index, whatever its filters. It reads between the stream ids
+of its time window (XREVRANGE: O(log n) to the window's end, then what it returns), fetches the
+entries in one script call and checks the other filters on them. Nothing scans the log but its
+un-indexed tail: a page reads at most MAX_SCANNED entries, and a page cut short by that still
+carries a cursor where it stopped. Cursors are sealed (`Cursors`).
 Entries are answered as JSON built straight from their fields (audit_event.event_json), not
 through the AuditEvent model: validating its ten parts for each of 100 entries cost more than
 the search (the model stays the shape the OpenAPI document and the sinks use).
@@ -25,7 +27,7 @@ import base64
 import json
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -38,6 +40,7 @@ from controlplane.auth.models import Principal
 from controlplane.errors import Forbidden, NotFound
 from controlplane.organizations.roles import Action, may
 from controlplane.store import keyspace, text
+from controlplane.store.audit import indexed_targets
 from controlplane.store.audit_event import AuditRecord, event_json, json_line
 from controlplane.store.streams import lex_member, stream_id_of
 
@@ -166,34 +169,39 @@ class AuditSearch:
         """One page, newest first (AuditEventPage's JSON). Raises NotFound (another
         organization) or Forbidden (a role that may not read the log)."""
         plan = self._plan(self._org_of(principal, query), query)
+        mark = await self._redis.get(keyspace.AUDIT_INDEXED)
         items: list[dict[str, Any]] = []
-        high, scanned = plan.high, 0
+        scanned = 0
         last: str | None = None
-        while len(items) < query.limit and scanned < MAX_SCANNED:
-            want = min(max(query.limit - len(items), 16), MAX_SCANNED - scanned)
-            ids = await self._ids(plan, high, want)
-            if not ids:
-                return EventPage(items, None)
-            scanned += len(ids)
-            stream_ids = [text(i) for i, _ in ids]
-            rows = (
-                [_decoded(fields) for _, fields in ids]
-                if plan.index == keyspace.AUDIT
-                else await self._entries(stream_ids)
-            )
-            for stream_id, row in zip(stream_ids, rows, strict=True):
-                last = stream_id
-                if row is None:
-                    continue  # trimmed from the log before its index entry
-                record = AuditRecord.from_fields(row)
-                if _matches(record, plan.org_id, query):
-                    items.append(event_json(record))
-                    if len(items) == query.limit:
-                        break
-            if len(ids) < want and last == stream_ids[-1]:
-                return EventPage(items, None)
-            high = f"({last}"
-        return EventPage(items, self._cursors.seal(last, plan.index) if last else None)
+        for source in _sources(plan, text(mark) if mark else None):
+            high = source.high
+            while True:
+                if len(items) >= query.limit or scanned >= MAX_SCANNED:
+                    return EventPage(items, self._cursors.seal(last, plan.index) if last else None)
+                want = min(max(query.limit - len(items), 16), MAX_SCANNED - scanned)
+                ids = await self._ids(source, high, want)
+                if not ids:
+                    break
+                scanned += len(ids)
+                stream_ids = [text(i) for i, _ in ids]
+                rows = (
+                    [_decoded(fields) for _, fields in ids]
+                    if source.index == keyspace.AUDIT
+                    else await self._entries(stream_ids)
+                )
+                for stream_id, row in zip(stream_ids, rows, strict=True):
+                    last = stream_id
+                    if row is None:
+                        continue  # trimmed from the log before its index entry
+                    record = AuditRecord.from_fields(row)
+                    if _matches(record, plan.org_id, query):
+                        items.append(event_json(record))
+                        if len(items) == query.limit:
+                            break
+                if len(ids) < want and last == stream_ids[-1]:
+                    break
+                high = f"({last}"
+        return EventPage(items, None)
 
     async def _ids(self, plan: Plan, high: str, count: int) -> list[tuple[Any, Any]]:
         """(id, fields or None) of the index's newest `count` entries between plan.low and
@@ -231,6 +239,25 @@ class AuditSearch:
         return [_decoded(_pairs(flat)) if flat else None for flat in found]
 
 
+def _sources(plan: Plan, mark: str | None) -> list[Plan]:
+    """Where `plan`'s entries are, newest first: the log itself past the indexer's watermark
+    `mark` (entries not indexed yet: every filter checked on them), then the index up to it."""
+    if mark is None:
+        return [replace(plan, index=keyspace.AUDIT, lex=False)]
+    if plan.high != "+" and _id(plan.high[1:]) <= _id(mark):
+        return [plan]  # the window (or the page) ends before the watermark
+    tail_low = plan.low if plan.low != "-" and _id(plan.low) > _id(mark) else f"({mark}"
+    tail = replace(plan, index=keyspace.AUDIT, lex=False, low=tail_low)
+    if tail_low == plan.low:
+        return [tail]  # the window starts past the watermark
+    return [tail, replace(plan, high=mark)]
+
+
+def _id(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 def _pairs(flat: list[Any]) -> dict[Any, Any]:
     return dict(zip(flat[::2], flat[1::2], strict=True))
 
@@ -255,4 +282,4 @@ def _matches(record: AuditRecord, org_id: str | None, query: AuditQuery) -> bool
         return False
     if query.action and record.action != query.action:
         return False
-    return not query.target or query.target in record.targets.values()
+    return not query.target or query.target in indexed_targets(record.targets)

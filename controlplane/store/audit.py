@@ -12,17 +12,15 @@ reconciler, a start task resumed after a restart) there is no scope and no entry
 lifecycle events. An action whose outcome is only known after the call (a refusal, a failed
 sign-in, an action forwarded to a sandbox) is written once, afterwards, with its result (`record`).
 
-Storage (names in keyspace): the entry in `acs:audit`, and an index entry with the *same stream
-id* in the organization's, the action's, the organization's per-action, the user's and the
-organization's per-user stream and in each target id's sorted sets, deployment-wide and the
-organization's (streams.lex_member): an organization's readers search its own indexes only
-(controlplane/audit/search.py), deployment admins the others; the streams are trimmed by age
-(MINID ~) at every addition, the sorted sets at least once a minute (UPKEEP), and the indexes
-expire between one retention and one retention plus UPKEEP after their last entry, so one
-nobody writes to goes away by itself: a writer renews an index's expiry (and trims a sorted set)
-at most once per UPKEEP, which saves nine of an entry's seventeen Redis calls. The sinks'
-outbox streams get the entry as JSON (the deliverer of controlplane/lifecycle/webhooks.py
-sends it).
+Storage (names in keyspace): the request writes the entry alone, to `acs:audit` (trimmed by age,
+MINID ~), in its action's own MULTI or script: as cheap as storing it at all can be. The indexes a
+search reads (an organization's, an action's, a user's, a target's: `index_keys`) are built from
+the log afterwards by the indexer (store/audit_index.py), which every replica runs: one script
+per batch, from a watermark forward, so that each index entry is written exactly once, and a
+search answers from the indexes up to the watermark and from the log past it
+(controlplane/audit/search.py): it never misses an entry that was written. The sinks' outbox
+streams get the entry as JSON in the same write (the deliverer of
+controlplane/lifecycle/webhooks.py sends it).
 """
 
 from __future__ import annotations
@@ -131,17 +129,8 @@ _SECRET_SHAPES = re.compile(
 _LONG_RUN = re.compile(r"[A-Za-z0-9_\-+/=.~]{40,}")
 REDACTED = "[redacted]"
 AGENT_MAX = 256
-UPKEEP = 60.0
-"""Seconds: how often one writer renews an index's expiry and trims a sorted-set index. The
-expiry it sets is the retention plus this, so an index never expires sooner than one retention
-after its last entry, whichever writer added it (streams.StreamAdd.renew)."""
-_RENEWED_MAX = 20_000
-"""Index keys whose renewal a writer remembers; past it, it forgets them all (and renews each
-at its next entry)."""
 _AGENTS_MAX = 1_000
 """User agents whose redacted form a writer remembers: few clients send most requests."""
-_REF = ("r", "")
-"""An index entry's fields: it names its entry by sharing its stream id."""
 
 
 class AuditLog:
@@ -156,21 +145,16 @@ class AuditLog:
         sink_streams: Iterable[str] = (),
         secrets_: Iterable[str | None] = (),
         anonymous: AnonymousLimits | None = None,
-        upkeep: float = UPKEEP,
     ) -> None:
         """`retention`: seconds entries are kept; `sink_streams`: the outbox stream of each
         sink (each gets every entry as JSON); `secrets_`: values to redact wherever they
         appear (the bootstrap key, the client secret, webhook secrets); `anonymous`: the bounds
-        of anonymous failures (controlplane/store/audit_flood.py; None: the defaults);
-        `upkeep`: seconds between two renewals of an index's expiry by this writer (UPKEEP)."""
+        of anonymous failures (controlplane/store/audit_flood.py; None: the defaults)."""
         self.redis = redis
         self.retention_ms = int(retention * 1000)
-        self.upkeep = upkeep
         self.sink_streams = tuple(sink_streams)
         self._exact = tuple(s for s in secrets_ if s and len(s) >= 8)
         self.anonymous = AnonymousGate(redis, anonymous or ANONYMOUS_DEFAULTS, self.adds)
-        self._renewed: dict[str, float] = {}
-        """Index key -> time.monotonic() before the write that last renewed it, stored."""
         self._agents: dict[str, str] = {}
 
     def redact(self, value: str, *, free: bool = False) -> str:
@@ -193,57 +177,16 @@ class AuditLog:
         return kept
 
     def entry(self, record: AuditRecord) -> StreamEntry:
-        """The entry that stores `record`; once stored, this writer knows which indexes it
-        renewed (and leaves them be for UPKEEP)."""
-        started = time.monotonic()
-        adds = self.adds(record, now=started)
-        return StreamEntry((adds,), on_stored=(lambda: self._renew(adds, started),))
+        """The entry that stores `record` (for its action's write to carry)."""
+        return StreamEntry((self.adds(record),))
 
-    def _renew(self, adds: tuple[StreamAdd, ...], started: float) -> None:
-        if len(self._renewed) >= _RENEWED_MAX:
-            self._renewed.clear()
-        for add in adds:
-            if add.renew and add.ttl_ms is not None:
-                self._renewed[add.key] = started
-
-    def adds(self, record: AuditRecord, *, now: float | None = None) -> tuple[StreamAdd, ...]:
-        """The additions that store `record`: the entry, its indexes (same id), the sinks.
-        `now` (time.monotonic()): the indexes this writer renewed less than UPKEEP before it
-        are not renewed again (`renew=False`); None: every index is."""
-        minid = record.time_ms - self.retention_ms
-        ttl = self.retention_ms + int(self.upkeep * 1000)
-        renewed = self._renewed
-        fresh = now - self.upkeep if now is not None else None
-
-        def renew(key: str) -> bool:
-            if fresh is None:
-                return True
-            last = renewed.get(key)
-            return last is None or last <= fresh
-
-        org = record.org_id or keyspace.AUDIT_NO_ORG
-        # The log itself is written to all the time: trimmed by age, never expired.
-        adds = [StreamAdd(keyspace.AUDIT, record.fields(), minid=minid)]
-        streams = [
-            keyspace.audit_org(org),
-            keyspace.audit_org_action(org, record.action),
-            keyspace.audit_action(record.action),
+    def adds(self, record: AuditRecord) -> tuple[StreamAdd, ...]:
+        """The additions that store `record`: the entry in the log (trimmed by age, never
+        expired: it is written to all the time) and, as JSON, in each sink's outbox. No index:
+        the indexer builds them from the log (store/audit_index.py)."""
+        adds = [
+            StreamAdd(keyspace.AUDIT, record.fields(), minid=record.time_ms - self.retention_ms)
         ]
-        org_user, org_targets = org_index_keys(record)
-        if record.user_id and org_user:
-            streams += (keyspace.audit_user(record.user_id), org_user)
-        adds += [
-            StreamAdd(key, _REF, minid=minid, ttl_ms=ttl, same_id=True, renew=renew(key))
-            for key in streams
-        ]
-        for target, org_target in org_targets.items():
-            # Most targets (a sandbox, a key) have a few entries: a sorted set each.
-            adds += [
-                StreamAdd(
-                    key, (), minid=minid, ttl_ms=ttl, same_id=True, lex_index=True, renew=renew(key)
-                )
-                for key in (keyspace.audit_target(target), org_target)
-            ]
         if self.sink_streams:
             line = AuditEvent.of(record).line()
             if LATE_ID in record.targets.values():
@@ -258,9 +201,32 @@ class AuditLog:
         entry.stored()
 
 
+def index_keys(record: AuditRecord) -> tuple[list[str], list[str]]:
+    """The indexes `record` belongs in, all holding its stream id: streams (its organization's,
+    its action's, the organization's per action, its user's and the organization's per user)
+    and sorted sets (each target id's, deployment-wide and the organization's; most targets have
+    a few entries, where a stream would cost 4 kB). The indexer writes them
+    (store/audit_index.py)."""
+    org = record.org_id or keyspace.AUDIT_NO_ORG
+    streams = [
+        keyspace.audit_org(org),
+        keyspace.audit_org_action(org, record.action),
+        keyspace.audit_action(record.action),
+    ]
+    org_user, org_targets = org_index_keys(record)
+    if record.user_id and org_user:
+        streams += (keyspace.audit_user(record.user_id), org_user)
+    sorted_sets = [
+        key
+        for target, org_target in org_targets.items()
+        for key in (keyspace.audit_target(target), org_target)
+    ]
+    return streams, sorted_sets
+
+
 def org_index_keys(record: AuditRecord) -> tuple[str | None, dict[str, str]]:
     """The per-organization indexes of `record`: its user's stream (None without a user) and,
-    by target id, its targets' sorted sets. AuditLog.adds writes them with the entry;
+    by target id, its targets' sorted sets. The indexer writes them (index_keys);
     store/audit_backfill.py fills them for entries older than them."""
     org = record.org_id or keyspace.AUDIT_NO_ORG
     user = keyspace.audit_org_user(org, record.user_id) if record.user_id else None

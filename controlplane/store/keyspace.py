@@ -442,7 +442,11 @@ unnamed snapshots are kept ACS_SNAPSHOT_ORPHAN_RETENTION from then."""
 
 AUDIT = f"{PREFIX}:audit"
 """Stream: every audit entry (controlplane/store/audit.py), trimmed by age (ACS_AUDIT_RETENTION);
-the indexes below hold an empty entry with the same stream id."""
+the indexes below hold an empty entry with the same stream id, written by the indexer
+(store/audit_index.py) up to AUDIT_INDEXED."""
+AUDIT_INDEXED = f"{PREFIX}:audit:indexed"
+"""String: the stream id of the newest entry of AUDIT the indexes hold (the indexer's watermark;
+a search reads the log itself past it)."""
 
 AUDIT_NO_ORG = "~"
 """The organization of entries that have none (a sign-in, a failed one)."""

@@ -5,7 +5,9 @@ An entry is one or more groups of additions. Each addition puts fields into one 
 by length (`maxlen`) or by age (`minid`, a Unix time in milliseconds), and may renew the
 stream's expiry (`ttl_ms`: an index nobody adds to any more goes away by itself). Within a group,
 an addition marked `same_id` takes the id Redis gave the group's first one: an index entry
-that names its record by sharing its id (the audit log's indexes, controlplane/store/audit.py).
+that names its record by sharing its id (how the audit log's indexes were written before its
+indexer, store/audit_index.py, wrote them; tests/audit/test_org_index_backfill.py writes such
+entries as an older version did).
 A lifecycle event and the request's audit entry made by one change are two groups of one entry.
 """
 
@@ -36,12 +38,6 @@ class StreamAdd(NamedTuple):
     """Expire the stream this long after this addition."""
     same_id: bool = False
     """The id of its group's first addition (never the first itself)."""
-    renew: bool = True
-    """With `same_id` and `ttl_ms`: False when this writer renewed the key's expiry (and trimmed
-    a sorted set) lately enough that it need not again (controlplane/store/audit.py, UPKEEP):
-    the script then only adds, unless the key is gone (an index stream's `XADD … NOMKSTREAM`
-    says so; a sorted set follows the streams before it in its group), when it adds, trims
-    and renews as for True. Saves nine of an audit entry's seventeen Redis calls."""
     lex_index: bool = False
     """With `same_id`: a sorted set instead of a stream, holding that id as a member of score 0,
     zero-padded so that members sort by it (`lex_member`); `minid` trims it too. For indexes
@@ -60,13 +56,12 @@ class StreamEntry:
 
     def script_args(self) -> tuple[list[str], list[str]]:
         """(KEYS, ARGV) for `append_entry` below: every addition's stream, then one argument,
-        the groups in JSON (`[[[kind, maxlen, minid, ttl, [field, value, …], lazy], …], …]`,
-        lazy "1" for `renew=False`). One
+        the groups in JSON (`[[[kind, maxlen, minid, ttl, [field, value, …]], …], …]`). One
         argument, not one per field: redis-py packs a command by copying what it packed so far
         at each argument, so behind a script's text 90 arguments cost more than the script's
         work; Redis's Lua decodes the JSON in C (cjson)."""
         keys: list[str] = []
-        groups: list[list[tuple[str, str, str, str, tuple[str, ...], str]]] = []
+        groups: list[list[tuple[str, str, str, str, tuple[str, ...]]]] = []
         for group in self.groups:
             adds = []
             for add in group:
@@ -78,7 +73,6 @@ class StreamEntry:
                         "" if add.minid is None else str(add.minid),
                         "" if add.ttl_ms is None else str(add.ttl_ms),
                         add.fields,
-                        "" if add.renew else "1",
                     )
                 )
             groups.append(adds)
@@ -143,17 +137,14 @@ local function append_entry(first_key, first_arg, late)
   end
   local k = first_key
   for _, group in ipairs(cjson.decode(ARGV[first_arg])) do
-    -- `gone`: a lazy index stream of this group was missing (deleted, flushed): the sorted
-    -- sets after it get their trim and expiry too.
-    local first_id, member, gone = nil, nil, false
+    local first_id, member = nil, nil
     for _, add in ipairs(group) do
-      local same, maxlen, minid, ttl, fields, lazy = add[1], add[2], add[3], add[4], add[5], add[6]
+      local same, maxlen, minid, ttl, fields = add[1], add[2], add[3], add[4], add[5]
       local key = KEYS[k]
       if late then
         key = late(key)
         for i = 1, #fields do fields[i] = late(fields[i]) end
       end
-      local upkeep = lazy ~= '1'
       if same == 'z' then
         -- A sorted-set index: the id, its sequence zero-padded (lex_member), trimmed by age.
         if member == nil then
@@ -161,31 +152,16 @@ local function append_entry(first_key, first_arg, late)
           member = ms .. '-' .. string.rep('0', 10 - #seq) .. seq
         end
         redis.pcall('ZADD', key, 0, member)
-        upkeep = upkeep or gone
-        if upkeep and minid ~= '' then redis.pcall('ZREMRANGEBYLEX', key, '-', '(' .. minid) end
+        if minid ~= '' then redis.pcall('ZREMRANGEBYLEX', key, '-', '(' .. minid) end
       elseif same == '1' then
         -- An index: its failure (it cannot, short of a clock gone back past a whole stream's
         -- life) must not undo what the script changed before it; the record stands.
-        local added = false
-        if not upkeep then
-          -- Lazy: a stream that is gone is not made here (NOMKSTREAM answers nil) but below,
-          -- with its expiry.
-          if minid ~= '' then
-            added = redis.pcall('XADD', key, 'NOMKSTREAM', 'MINID', '~', minid, first_id,
-              unpack(fields))
-          else
-            added = redis.pcall('XADD', key, 'NOMKSTREAM', first_id, unpack(fields))
-          end
-          if not added then upkeep, gone = true, true end
-        end
-        if not added then
-          if maxlen ~= '' then
-            redis.pcall('XADD', key, 'MAXLEN', '~', maxlen, first_id, unpack(fields))
-          elseif minid ~= '' then
-            redis.pcall('XADD', key, 'MINID', '~', minid, first_id, unpack(fields))
-          else
-            redis.pcall('XADD', key, first_id, unpack(fields))
-          end
+        if maxlen ~= '' then
+          redis.pcall('XADD', key, 'MAXLEN', '~', maxlen, first_id, unpack(fields))
+        elseif minid ~= '' then
+          redis.pcall('XADD', key, 'MINID', '~', minid, first_id, unpack(fields))
+        else
+          redis.pcall('XADD', key, first_id, unpack(fields))
         end
       else
         local id
@@ -198,7 +174,7 @@ local function append_entry(first_key, first_arg, late)
         end
         if first_id == nil then first_id = id end
       end
-      if upkeep and ttl ~= '' then redis.call('PEXPIRE', key, ttl) end
+      if ttl ~= '' then redis.call('PEXPIRE', key, ttl) end
       k = k + 1
     end
   end

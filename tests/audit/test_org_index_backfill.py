@@ -20,6 +20,7 @@ from controlplane.store import keyspace, text
 from controlplane.store.audit import AuditLog, new_id
 from controlplane.store.audit_backfill import NAME, AuditBackfill, Backfilled
 from controlplane.store.audit_event import AuditRecord
+from controlplane.store.audit_index import AuditIndexer
 from controlplane.store.streams import APPEND_SCRIPT, StreamAdd, StreamEntry, lex_member
 from tests.conftest import BOOTSTRAP_KEY
 from tests.support.cli import run_in_process
@@ -91,10 +92,14 @@ async def write_old(redis: aioredis.Redis, records: list[AuditRecord]) -> None:
 
 
 async def write_new(redis: aioredis.Redis, made: AuditRecord) -> None:
-    """An entry as the new code writes it (a replica already upgraded)."""
+    """An entry as the new code writes it (a replica already upgraded), and indexed by that
+    replica's indexer (which had indexed everything before it: its watermark)."""
     entry = StreamEntry((AuditLog(redis, retention=RETENTION).adds(made),))
     keys, args = entry.script_args()
     await redis.eval(APPEND_SCRIPT, len(keys), *keys, *args)
+    newest: Any = await redis.xrevrange(keyspace.AUDIT, count=1)
+    indexer = AuditIndexer(redis, retention=RETENTION)
+    assert await indexer.apply((await indexer.watermark()) or "", [(text(newest[0][0]), made)])
 
 
 async def expected(
@@ -210,6 +215,7 @@ async def test_an_upgraded_deployment_finds_its_old_entries_in_an_organization_s
     assert await search(client, ADMIN, user_id="ann") == [ids[6], ids[4], ids[3], ids[2], ids[0]]
 
     # Run again (a second start, then the command's run): nothing doubles, nothing is lost.
+    await AuditIndexer(raw_redis, retention=RETENTION).catch_up()  # the calls' entries above
     before = await per_org_indexes(raw_redis)
     await make_client(with_sandboxes=False)
     done = await AuditBackfill(raw_redis, retention=RETENTION).run(again=True)
