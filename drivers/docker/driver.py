@@ -483,6 +483,8 @@ class DockerDriver:
         return watch
 
     async def close(self) -> None:
+        if self.networks is not None:
+            await self.networks.close()
         self._images.close()
         self.files.close()
         await self.engine.close()

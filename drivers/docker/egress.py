@@ -15,6 +15,8 @@ deployment has no containers left (tests, `controlplane networks remove`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import subprocess
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -22,7 +24,7 @@ from typing import Literal
 import structlog
 
 from drivers.base import HostListener, NetworkPolicy
-from drivers.docker.firewall import FirewallError, HostFirewall, NetworkRules
+from drivers.docker.firewall import FirewallError, HostFirewall, NetworkRules, rule_names
 from drivers.docker.names import LABEL_NETWORK, LABEL_PREFIX
 from drivers.docker.networks import NetworkInfo
 from drivers.egress import HOST_GATEWAY, Destination, lookup
@@ -57,6 +59,13 @@ class _Prepared:
     info: NetworkInfo
     allowed: set[tuple[str, int]] = field(default_factory=set)
     names: dict[str, str] = field(default_factory=dict)
+    rules: NetworkRules | None = None  # as last applied (None: no host firewall here)
+
+
+FENCE_CHECK_SECONDS = 10.0
+"""How often the firewall rules of the networks prepared here are looked for, and put back where
+they are gone: `nft flush ruleset` (the first line of Debian's /etc/nftables.conf, run when
+someone enables nftables.service) removes our tables with everyone else's."""
 
 
 def network_name(prefix: str, policy: NetworkPolicy) -> str:
@@ -123,6 +132,7 @@ class SandboxNetworks:
             )
         self._prepared: dict[str, _Prepared] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._guard: asyncio.Task[None] | None = None
 
     @property
     def managed(self) -> bool:
@@ -183,6 +193,7 @@ class SandboxNetworks:
             raise NetworkUnavailable(
                 f"cannot listen for webhooks on {info.gateway}:{self.listener.port}: {exc}"
             ) from None
+        rules: NetworkRules | None = None
         if self._firewall is not None:
             host_ports = {port, *self._host_ports}
             host_ports |= {p for net, p in allowed if net == f"{info.gateway}/32"}
@@ -200,10 +211,47 @@ class SandboxNetworks:
                 await asyncio.to_thread(self._firewall.apply, rules)
             except (FirewallError, OSError) as exc:
                 raise NetworkUnavailable(f"host firewall rules for {info.name}: {exc}") from None
-        prepared = _Prepared(info=info, allowed=allowed)
+            if self._guard is None:
+                self._guard = asyncio.create_task(self._guard_fences(), name="firewall-guard")
+        prepared = _Prepared(info=info, allowed=allowed, rules=rules)
         self._prepared[info.name] = prepared
         log.info("sandbox_network_ready", network=info.name, gateway=info.gateway, webhooks=port)
         return prepared
+
+    async def keep_fenced(self) -> int:
+        """Put back the rules of every network prepared here whose chain or table is gone;
+        how many networks needed it."""
+        if self._firewall is None:
+            return 0
+        firewall = self._firewall
+        installed = set(await asyncio.to_thread(firewall.installed))
+        restored = 0
+        for name, prepared in list(self._prepared.items()):
+            rules = prepared.rules
+            if rules is None or set(rule_names(rules.bridge)) <= installed:
+                continue
+            async with self._locks.setdefault(name, asyncio.Lock()):
+                rules = self._prepared[name].rules if name in self._prepared else None
+                if rules is not None:
+                    await asyncio.to_thread(firewall.apply, rules)
+                    log.warning("host_firewall_rules_restored", network=name)
+                    restored += 1
+        return restored
+
+    async def _guard_fences(self) -> None:
+        while True:
+            await asyncio.sleep(FENCE_CHECK_SECONDS)
+            try:
+                await self.keep_fenced()
+            except (FirewallError, OSError, subprocess.SubprocessError) as exc:
+                log.error("host_firewall_check_failed", error=str(exc))
+
+    async def close(self) -> None:
+        task, self._guard = self._guard, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def forget(self, policy: NetworkPolicy) -> None:
         """Drop what is known about the policy's network (after a failed start: it may be gone)."""

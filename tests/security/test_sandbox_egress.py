@@ -20,6 +20,7 @@ import pytest
 from aiohttp import web
 
 from controlplane import keys
+from drivers.docker.driver import DockerDriver
 from drivers.docker.firewall import HostFirewall, NetworkRules, rule_names
 from drivers.docker.networks import bridge_name
 from tests.support.live_server import attachment, free_port
@@ -337,6 +338,30 @@ def connect_forwarded(outside: Outside, bridge: str, address: str) -> str:
     finally:
         subprocess.run(["iptables", "-w", "-D", "DOCKER-USER", *forward], check=True)
     return peer.stdout.strip() or peer.stderr.strip()
+
+
+async def test_a_fence_removed_behind_our_back_is_put_back(
+    *, egress_sbx: Client, user_headers: Any, own_docker: OwnDocker, outside: Outside
+) -> None:
+    """`nft flush ruleset` (the first line of Debian's /etc/nftables.conf) takes our tables
+    with everyone else's, and the engine's own rules then let an `egress: none` sandbox out.
+    The control plane's check (every FENCE_CHECK_SECONDS) puts the rules back."""
+    alice = await user_headers("alice")
+    sandbox = await start(egress_sbx, alice, "closed")
+    await wait_status(egress_sbx, alice, sandbox["id"], "RUNNING")
+    container = own_docker.client.containers.get(f"{own_docker.prefix}{sandbox['id']}")
+    target = [(outside.address, ALLOWED)]
+    assert list((await probe_from(container, target)).values()) == ["ECONNREFUSED"]
+    _, table = rule_names(bridge_name(f"{own_docker.prefix}net-closed"))
+    await asyncio.to_thread(subprocess.run, ["nft", "delete", "table", "inet", table], check=True)
+    assert list((await probe_from(container, target)).values()) == ["open"]  # the hole
+
+    driver = egress_sbx.app[keys.DRIVER]
+    assert isinstance(driver, DockerDriver)
+    assert driver.networks is not None
+    assert await driver.networks.keep_fenced() == 1
+    assert list((await probe_from(container, target)).values()) == ["ECONNREFUSED"]
+    assert await driver.networks.keep_fenced() == 0  # nothing missing: nothing done
 
 
 async def remove_networks_cli(prefix: str) -> tuple[int, str, str]:
