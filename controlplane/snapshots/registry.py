@@ -62,10 +62,11 @@ class Registry:
 
     # -- blobs ----------------------------------------------------------------------------------
 
-    async def put_blob(self, repo: str, data: bytes) -> str:
-        """Store `data`; its digest. A blob the registry holds already is stored again (cheap:
-        the registry keeps one copy per digest)."""
-        digest = digest_of(data)
+    async def put_blob(self, repo: str, data: bytes, *, digest: str | None = None) -> str:
+        """Store `data`; its digest (`digest`, when the caller has it: not hashed again; the
+        registry checks it against the bytes and refuses a wrong one). A blob the registry
+        holds already is stored again (cheap: the registry keeps one copy per digest)."""
+        digest = digest or digest_of(data)
         status, headers, _ = await self._call("POST", f"/v2/{repo}/blobs/uploads/", repo, "push")
         location = headers.get("Location", "")
         if status != 202 or not location:

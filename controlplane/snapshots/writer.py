@@ -85,7 +85,9 @@ class _Packer:
         while len(self._sending) >= UPLOADS_IN_FLIGHT:
             await self._first_done()
         await self._record(digest)  # before it is sent: an abandoned one is found
-        self._sending.add(asyncio.create_task(self._registry.put_blob(self._repo, data)))
+        self._sending.add(  # its digest is known: not hashed again
+            asyncio.create_task(self._registry.put_blob(self._repo, data, digest=digest))
+        )
 
     async def _first_done(self) -> None:
         done, _ = await asyncio.wait(self._sending, return_when=asyncio.FIRST_COMPLETED)

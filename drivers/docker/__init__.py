@@ -37,6 +37,7 @@ def make_driver(settings: DockerSettings, host: RuntimeHost) -> SandboxDriver:
             "operation",
         ),
         files_image=host.helper_image,
+        reuse_timeout=settings.docker_reuse_timeout,
     )
 
 

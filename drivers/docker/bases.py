@@ -75,8 +75,11 @@ def _image_name(prefix: str) -> str:
 
 
 class DockerBases:
-    def __init__(self, lane: Lane, *, prefix: str, image: str) -> None:
+    def __init__(self, lane: Lane, *, prefix: str, image: str, reuse_timeout: float = 60.0) -> None:
+        """`reuse_timeout`: seconds a rewind waits for the `reuse` helper's answer
+        (ACS_DOCKER_REUSE_TIMEOUT)."""
         self._lane = lane
+        self._reuse_timeout = reuse_timeout
         self._prefix = prefix
         self._image = image  # the helper's
         self._locks: dict[str, asyncio.Lock] = {}
@@ -380,7 +383,17 @@ class DockerBases:
             )
             try:
                 await old.gone
-                answer = await self._lane.run(lambda _: helper.ask(ask))
+                # A helper that hangs (a volume directory the engine cannot read, a stuck
+                # filesystem) costs this long at most; removing it ends the thread's wait.
+                try:
+                    answer = await asyncio.wait_for(
+                        self._lane.run(lambda _: helper.ask(ask)), self._reuse_timeout
+                    )
+                except TimeoutError:
+                    raise DriverError(
+                        f"the reuse helper did not answer in {self._reuse_timeout} s "
+                        "(ACS_DOCKER_REUSE_TIMEOUT)"
+                    ) from None
             finally:
                 await self._lane.run(lambda _: helper.close())
         except Exception as exc:  # any failure costs speed only, never the rewind

@@ -113,6 +113,7 @@ class DockerDriver:
         firewall: HostFirewall | None = None,
         on_error: Callable[[str], None] | None = None,
         files_image: str = "acs-base:bookworm",
+        reuse_timeout: float = 60.0,
     ) -> None:
         self.prefix = prefix
         self._subnet_pool = subnet_pool
@@ -141,7 +142,9 @@ class DockerDriver:
                 firewall=firewall,
             )
         self._attachments: dict[str, Attachment] = {}
-        self.files = DockerFiles(self.engine, prefix=prefix, image=files_image)
+        self.files = DockerFiles(
+            self.engine, prefix=prefix, image=files_image, reuse_timeout=reuse_timeout
+        )
 
     # -- the runtime --------------------------------------------------------------------------
 

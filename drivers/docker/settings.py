@@ -73,6 +73,15 @@ class DockerSettings(RuntimeSettings):
         json_schema_extra={"shown_default": "`536870912` (512 MiB)"},
     )
 
+    docker_reuse_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="seconds a Docker rewind waits for the helper that links the checkpoint's "
+        "unchanged files from the old workspace (`reuse`); past that the rewind reads every "
+        "file from the snapshot store instead (slower, never wrong)",
+    )
+
     @field_validator("sandbox_subnet_pool")
     @classmethod
     def _pool(cls, value: str) -> str:

@@ -18,9 +18,17 @@ class DockerFiles:
 
     keeps_system = True
 
-    def __init__(self, engine: DockerEngine, *, prefix: str, image: str, threads: int = 4) -> None:
+    def __init__(
+        self,
+        engine: DockerEngine,
+        *,
+        prefix: str,
+        image: str,
+        threads: int = 4,
+        reuse_timeout: float = 60.0,
+    ) -> None:
         self.lane = Lane(engine, threads)
-        self.bases = DockerBases(self.lane, prefix=prefix, image=image)
+        self.bases = DockerBases(self.lane, prefix=prefix, image=image, reuse_timeout=reuse_timeout)
         self.exports = DockerExports(
             self.lane, prefix=prefix, image=image, stamped_base=self.bases.stamped_base
         )

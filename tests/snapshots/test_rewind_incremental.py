@@ -4,9 +4,12 @@ others out of the store: whatever the agent did since (writes, deletions, rename
 file replaced by a directory and the reverse, a change hidden by `touch -d`), the workspace is
 the checkpoint's exactly, from a plain workspace (all of it read from the store) and from one
 already rewound (an overlay on a base: only its lower directory's files are taken, through the
-record its base keeps of the files it laid down)."""
+record its base keeps of the files it laid down); and a reuse past its time limit costs speed
+only."""
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
 
 import docker
 
@@ -14,7 +17,7 @@ from controlplane import keys
 from controlplane.snapshots.reader import Fetched
 from tests.support.sandbox_helpers import wait_status
 from tests.support.snapshot_helpers import running, sh, snapshot
-from tests.support.types import Client, UserHeaders
+from tests.support.types import Client, ClientFactory, UserHeaders
 
 BIG = 3_000_000
 WRITE = (
@@ -39,15 +42,9 @@ TREE = (
 )
 
 
-async def test_a_rewind_reads_only_what_changed_and_brings_the_tree_back_exactly(
-    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
-) -> None:
-    alice = await user_headers("alice")
-    sandbox_id = (await running(snap, alice))["id"]
-    await sh(docker_client, test_prefix, sandbox_id, WRITE)
-    tree = await sh(docker_client, test_prefix, sandbox_id, TREE)
-    first = await snapshot(snap, alice, sandbox_id)
-
+def rewinder(
+    snap: Client, alice: dict[str, str], sandbox_id: str
+) -> Callable[[str], Awaitable[int]]:
     async def rewind(snapshot_id: str) -> int:
         """The sandbox rewound to `snapshot_id` (what a conversation's rewind calls) until
         RUNNING; the bytes that took out of the store."""
@@ -61,6 +58,19 @@ async def test_a_rewind_reads_only_what_changed_and_brings_the_tree_back_exactly
         )
         await wait_status(snap, alice, sandbox_id, "RUNNING", within=90)
         return Fetched.total - before
+
+    return rewind
+
+
+async def test_a_rewind_reads_only_what_changed_and_brings_the_tree_back_exactly(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    alice = await user_headers("alice")
+    sandbox_id = (await running(snap, alice))["id"]
+    await sh(docker_client, test_prefix, sandbox_id, WRITE)
+    tree = await sh(docker_client, test_prefix, sandbox_id, TREE)
+    first = await snapshot(snap, alice, sandbox_id)
+    rewind = rewinder(snap, alice, sandbox_id)
 
     # From the plain workspace the sandbox started with: everything out of the store (a file
     # the agent could write proves nothing by its signature: bases.py, _reuse).
@@ -93,4 +103,31 @@ async def test_a_rewind_reads_only_what_changed_and_brings_the_tree_back_exactly
     third = await snapshot(snap, alice, sandbox_id)
     read = await rewind(third["id"])
     assert await sh(docker_client, test_prefix, sandbox_id, TREE) == upper_tree
+    assert read > BIG, read
+
+
+async def test_a_reuse_past_its_time_limit_costs_speed_only(
+    make_snap_client: ClientFactory,
+    user_headers: UserHeaders,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
+) -> None:
+    """ACS_DOCKER_REUSE_TIMEOUT: a rewind from a base whose `reuse` helper does not answer in
+    time (here 1 ms, which no helper meets) reads every file out of the store instead and
+    brings the tree back exactly (with the default, the same rewind reads less than the big
+    file: the test above)."""
+    snap = await make_snap_client(docker_reuse_timeout=0.001)
+    alice = await user_headers("alice")
+    sandbox_id = (await running(snap, alice))["id"]
+    await sh(docker_client, test_prefix, sandbox_id, WRITE)
+    first = await snapshot(snap, alice, sandbox_id)
+    rewind = rewinder(snap, alice, sandbox_id)
+    await rewind(first["id"])  # now on a base, whose lower directory a reuse would link from
+    tree = await sh(docker_client, test_prefix, sandbox_id, TREE)
+    second = await snapshot(snap, alice, sandbox_id)
+    await sh(docker_client, test_prefix, sandbox_id, CHANGE)
+
+    read = await rewind(second["id"])
+
+    assert await sh(docker_client, test_prefix, sandbox_id, TREE) == tree
     assert read > BIG, read

@@ -1,7 +1,7 @@
 """The store's rules on real Redis, Docker and registry: quotas (429), retention, collection
 (nothing the registry links that no snapshot uses, after a pass), one copy of identical content
-per user, a corrupted blob refused by its digest, a store that is down (503, no sandbox
-touched)."""
+per user, a corrupted blob refused by its digest, a store that is down or lost in the middle of
+an upload (503, no sandbox touched, nothing left behind)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from controlplane.store import keyspace, text
 from tests.support.registry_server import RegistryServer
 from tests.support.sandbox_helpers import wait_status
 from tests.support.snapshot_helpers import container, running, sh, snapshot
+from tests.support.tcp_relay import TcpRelay
 from tests.support.types import Client, ClientFactory, UserHeaders
 
 SAME = (
@@ -42,6 +43,13 @@ async def referenced(client: Client) -> tuple[set[str], set[str]]:
             blobs |= {record.index_digest, *record.packs}
             manifests.add(record.manifest_digest)
     return blobs, manifests
+
+
+def assert_running(docker_client: docker.DockerClient, prefix: str, sandbox_id: str) -> None:
+    """The sandbox's container runs, not left frozen."""
+    state = container(docker_client, prefix, sandbox_id).attrs["State"]
+    assert state["Running"]
+    assert not state["Paused"]
 
 
 async def assert_nothing_orphaned(client: Client, registry: RegistryServer) -> None:
@@ -182,9 +190,7 @@ async def test_a_store_that_is_down_is_a_503_and_touches_no_sandbox(
         down = await snap.post(f"/api/v1/sandboxes/{source['id']}/snapshots", headers=alice)
         assert down.status == 503, await down.text()
         assert "does not answer" in (await down.json())["detail"]
-        state = container(docker_client, test_prefix, source["id"]).attrs["State"]
-        assert state["Running"]
-        assert not state["Paused"]
+        assert_running(docker_client, test_prefix, source["id"])
         body = await (await snap.get(f"/api/v1/sandboxes/{source['id']}", headers=alice)).json()
         assert body["status"] == "RUNNING"
         restore = await snap.post(
@@ -198,3 +204,41 @@ async def test_a_store_that_is_down_is_a_503_and_touches_no_sandbox(
         await snapshot(snap, alice, source["id"])
     finally:
         own.stop()
+
+
+async def test_a_store_lost_in_the_middle_of_a_pack_leaves_nothing(
+    make_snap_client: ClientFactory,
+    user_headers: UserHeaders,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
+    registry: RegistryServer,
+) -> None:
+    """The store going away in the middle of a checkpoint's packs (one sent, the next cut
+    half-way) is a 503 that lists nothing, leaves the sandbox running and leaves nothing in
+    the store once collected; the next snapshot is taken as usual."""
+    host, port = registry.url.removeprefix("http://").rsplit(":", 1)
+    relay = TcpRelay(host, int(port))
+    await relay.start()
+    try:
+        snap = await make_snap_client(snapshot_store_url=relay.url, snapshot_store_timeout=5)
+        alice = await user_headers("alice")
+        source = await running(snap, alice)
+        first = await snapshot(snap, alice, source["id"])
+        # 24 MB of new bytes: a full pack (16 MiB) sent while the files are read, then the
+        # rest, cut in the middle.
+        await sh(docker_client, test_prefix, source["id"], random_file("/workspace/b", 24_000_000))
+        relay.cut_after(20_000_000)
+
+        lost = await snap.post(f"/api/v1/sandboxes/{source['id']}/snapshots", headers=alice)
+        assert lost.status == 503, await lost.text()
+        assert_running(docker_client, test_prefix, source["id"])
+        listed = await (await snap.get("/api/v1/snapshots/search", headers=alice)).json()
+        assert [s["id"] for s in listed["items"]] == [first["id"]]
+
+        relay.restore()
+        await assert_nothing_orphaned(snap, registry)
+        taken = await snapshot(snap, alice, source["id"])
+        assert taken["stored_bytes"] >= 24_000_000
+        await assert_nothing_orphaned(snap, registry)
+    finally:
+        await relay.close()

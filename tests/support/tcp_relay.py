@@ -1,7 +1,8 @@
 """A TCP relay to a unix socket that a test can cut and restore: every connection through it is
 closed at once and new ones are refused until restored. Stands for a network fault between one
 replica and Redis (the connection breaks, reconnects fail, then succeed again) while the other
-replicas keep their own connections."""
+replicas keep their own connections. TcpRelay: the same to a TCP server, which can also cut
+itself in the middle of what is sent (a snapshot store lost during an upload)."""
 
 from __future__ import annotations
 
@@ -50,11 +51,11 @@ class UnixRelay:
         if not self.open:
             writer.transport.abort()
             return
-        up_reader, up_writer = await asyncio.open_unix_connection(self.socket_path)
+        up_reader, up_writer = await self._connect()
         self._writers |= {writer, up_writer}
         pumps = [
-            asyncio.create_task(self._pump(reader, up_writer)),
-            asyncio.create_task(self._pump(up_reader, writer)),
+            asyncio.create_task(self._pump(reader, up_writer, upstream=True)),
+            asyncio.create_task(self._pump(up_reader, writer, upstream=False)),
         ]
         self._tasks.update(pumps)
         await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
@@ -65,8 +66,53 @@ class UnixRelay:
             self._writers.discard(each)
             each.transport.abort()
 
-    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_unix_connection(self.socket_path)
+
+    async def _pump(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, *, upstream: bool
+    ) -> None:
         with contextlib.suppress(ConnectionError, OSError):
             while chunk := await source.read(65536):
+                if upstream and not self._spend(len(chunk)):
+                    return
                 sink.write(chunk)
                 await sink.drain()
+
+    def _spend(self, size: int) -> bool:
+        """Whether `size` more bytes may go upstream (always, but for TcpRelay's budget)."""
+        return True
+
+
+class TcpRelay(UnixRelay):
+    """A relay to a TCP server (`host:port`) that can also cut itself once a budget of bytes
+    sent upstream is spent (`cut_after`): a store that goes away in the middle of an upload."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__("")
+        self._upstream = (host, port)
+        self._budget: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def cut_after(self, size: int) -> None:
+        """Cut every connection (and refuse new ones) once `size` more bytes went upstream."""
+        self._budget = size
+
+    def restore(self) -> None:
+        self._budget = None
+        super().restore()
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection(*self._upstream)
+
+    def _spend(self, size: int) -> bool:
+        if self._budget is None:
+            return True
+        self._budget -= size
+        if self._budget < 0:
+            self.cut()
+            return False
+        return True
