@@ -184,8 +184,7 @@ class SandboxService(SandboxReads):
         if not self.admission.room_for(spec.resources.reservation_bytes):
             raise self.admission.refused(principal, "memory")
         # A cold start: its place among the boots here, or 503 before anything is made.
-        (ticket,) = self.launcher.gate.admit()
-        try:
+        with self.launcher.gate.admitted() as (ticket,):
             event = self.notes.pending(
                 LifecycleType.SANDBOX_CREATED, record, action=AuditAction.SANDBOX_CREATE
             )
@@ -194,9 +193,6 @@ class SandboxService(SandboxReads):
             )
             if outcome != "ok":
                 raise self.admission.refused(principal, outcome, limits)
-        except BaseException:
-            ticket.release()
-            raise
         self.notes.done(event)
         self.launcher.launch(record, ticket)
         return self.view(record, principal)
@@ -412,8 +408,7 @@ class SandboxService(SandboxReads):
             event = self.notes.pending(
                 LifecycleType.SANDBOX_RESUMED, record, action=AuditAction.SANDBOX_RESUME
             )
-            (ticket,) = self.launcher.gate.admit()  # it boots: a place, or 503 now
-            try:
+            with self.launcher.gate.admitted() as (ticket,):  # it boots: a place, or 503 now
                 result = await self.store.transition(
                     record,
                     [record.status],
@@ -423,9 +418,6 @@ class SandboxService(SandboxReads):
                     entry=entry_of(event),
                 )
                 self._check_resume(result.outcome, result.previous, principal, sandbox_id)
-            except BaseException:
-                ticket.release()
-                raise
             self.notes.done(event)
             self.launcher.resume(record, ticket)
 

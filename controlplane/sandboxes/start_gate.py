@@ -4,7 +4,7 @@ A hundred agent servers booting at once on two cores each take ~90 s, past the s
 where the same hundred booted a few at a time each take a few seconds and the last is served no
 later (issue 30). So a replica boots at most `slots` at once (ACS_MAX_CONCURRENT_STARTS); the
 others wait in order, STARTING, and their start time-out counts from their turn. A user's start
-is admitted (`admit`, before anything is created) only while fewer than `slots + queue`
+(a create, or a resume or rewind that boots) is admitted (`admit`, before anything is recorded) only while fewer than `slots + queue`
 (ACS_MAX_QUEUED_STARTS) user starts are booting or waiting here; past that it is refused at once
 with 503 `start_queue_full` and a Retry-After from the recent boot times, never left to time out.
 Warm pool members booting ahead of demand take a free slot only when no user start waits.
@@ -19,7 +19,7 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from controlplane.config import ServiceConfig
 from controlplane.errors import QuotaExceeded
@@ -92,6 +92,18 @@ class StartGate:
             )
         self._admitted_users += count
         return [Ticket(self, user=True, counted=True) for _ in range(count)]
+
+    @contextlib.contextmanager
+    def admitted(self, count: int = 1) -> Iterator[list[Ticket]]:
+        """`admit(count)` for a body that records the starts: their places are given back if
+        it raises (nothing was launched)."""
+        tickets = self.admit(count)
+        try:
+            yield tickets
+        except BaseException:
+            for ticket in tickets:
+                ticket.release()
+            raise
 
     def place(self, *, user: bool) -> Ticket:
         """A place never refused: a start taken over from a replica that died (`user`), a
