@@ -7,7 +7,8 @@ machine, `--modes pool,half,cold` to choose. bench/README.md says what is measur
 
 Modes, each against a control plane of its own (`controlplane serve` in a process of its own,
 so the client's work is not on its event loop, on the run's private redis-server):
-- pool: ACS_WARM_POOL=N, the pool full before the burst;
+- pool: ACS_WARM_POOL=N, the pool full before the burst; then its floor: the same first command
+  sent at once straight to the N agent servers, all running (no control plane);
 - half: ACS_WARM_POOL=N/2 (half claimed, half started cold);
 - cold: no pool; and, with that server idle just before its burst, the raw burst: N containers
   made at once with the Docker driver's own engine calls (bench/common.py), each timed to the
