@@ -4,11 +4,12 @@ A hundred agent servers booting at once on two cores each take ~90 s, past the s
 where the same hundred booted a few at a time each take a few seconds and the last is served no
 later (issue 30). So a replica boots at most `slots` at once (ACS_MAX_CONCURRENT_STARTS); the
 others wait in order, STARTING, and their start time-out counts from their turn. A user's start
-(a create, or a resume or rewind that boots) is admitted (`admit`, before anything is recorded) only while fewer than `slots + queue`
-(ACS_MAX_QUEUED_STARTS) user starts are booting or waiting here; past that it is refused at once
-with 503 `start_queue_full` and a Retry-After from the recent boot times, never left to time out.
-Warm pool members booting ahead of demand take a free slot only when no user start waits.
-Claims from the pool never pass here. The bound is per replica (each counts its own starts).
+(a create, or a resume or rewind that boots) is admitted (`admit`, before anything is recorded)
+only while fewer than `slots + queue` (ACS_MAX_QUEUED_STARTS) user starts are booting or waiting
+here; past that it is refused at once with 503 `start_queue_full` and a Retry-After from the
+recent boot times, never left to time out. Warm pool members booting ahead of demand take a
+free slot only when no user start waits; claims from the pool never pass here. The bound is per
+replica (each counts its own starts).
 """
 
 from __future__ import annotations
@@ -125,8 +126,9 @@ class StartGate:
                     if waiter.done() and not waiter.cancelled():
                         self._booting -= 1  # handed a slot as it was cancelled: pass it on
                         self._wake()
-                    else:
-                        queue.remove(waiter)
+                    else:  # still queued, unless a wake skipped it once it was cancelled
+                        with contextlib.suppress(ValueError):
+                            queue.remove(waiter)
                     raise
             else:
                 self._booting += 1
