@@ -7,7 +7,8 @@ machine, `--modes pool,half,cold` to choose. bench/README.md says what is measur
 
 Modes, each against a control plane of its own (`controlplane serve` in a process of its own,
 so the client's work is not on its event loop, on the run's private redis-server):
-- pool: ACS_WARM_POOL=N, the pool full before the burst;
+- pool: ACS_WARM_POOL=N, the pool full before the burst; then its floor: the same first command
+  sent at once straight to the N agent servers, all running (no control plane);
 - half: ACS_WARM_POOL=N/2 (half claimed, half started cold);
 - cold: no pool; and, with that server idle just before its burst, the raw burst: N containers
   made at once with the Docker driver's own engine calls (bench/common.py), each timed to the
@@ -74,6 +75,7 @@ class Options:
     modes: list[str]
     json_path: Path | None
     runtime: str = "docker"
+    starts: int | None = None  # ACS_MAX_CONCURRENT_STARTS for the control plane; None: unset
 
 
 @dataclass
@@ -85,6 +87,7 @@ class Outcome:
     refused_after: float | None = None  # a 429/503: how long the refusal took
     claimed: bool = False
     running: float | None = None  # request -> RUNNING seen by the client
+    agent: tuple[str, str] | None = None  # its agent server's URL and session key
 
 
 @dataclass
@@ -273,6 +276,18 @@ class BurstBench:
         self.deploy.preflight()
         print(self.deploy.environment(), flush=True)
         print(f"prefix {self.deploy.prefix}", file=sys.stderr)
+        starts = self.opt.starts
+        self.notes.append(
+            "boots at once per control plane: "
+            + (
+                f"ACS_MAX_CONCURRENT_STARTS={starts}"
+                if starts is not None
+                else "ACS_MAX_CONCURRENT_STARTS unset (no bound on Kubernetes)"
+                if self.opt.runtime == "kubernetes"
+                else "ACS_MAX_CONCURRENT_STARTS unset (Docker: 2 per CPU of this host, "
+                f"{2 * (os.cpu_count() or 1)} here; 25 per slot may wait)"
+            )
+        )
 
     def runtime_env(self, mode: str) -> dict[str, str]:
         """The control plane's settings for the runtime of `mode` (Docker: the defaults)."""
@@ -313,6 +328,11 @@ class BurstBench:
                 "ACS_MAX_RUNNING_PER_USER": str(per_user),
                 "ACS_MAX_SANDBOXES_PER_USER": str(per_user),
                 **self.runtime_env(mode),
+                **(
+                    {"ACS_MAX_CONCURRENT_STARTS": str(self.opt.starts)}
+                    if self.opt.starts is not None
+                    else {}
+                ),
             },
         )
         print(f"{mode}: starting the control plane (pool {size})", file=sys.stderr)
@@ -370,6 +390,8 @@ class BurstBench:
         result.load_after = os.getloadavg()[0]
         result.outcomes = list(outcomes)
         result.log_events = server.events()
+        if mode == "pool":
+            await self.floor_burst(http, [o.agent for o in outcomes if o.agent is not None])
         for o in outcomes:
             if o.seconds is not None:
                 self.samples.add(f"{mode}.interactive", o.seconds)
@@ -380,6 +402,20 @@ class BurstBench:
                 poller.task.cancel()
         await self.delete_all(http, server.url, pollers)
         return result
+
+    async def floor_burst(self, http: aiohttp.ClientSession, agents: list[tuple[str, str]]) -> None:
+        """The pool mode's floor: the same first command sent at once straight to the burst's
+        agent servers, all running already (no control plane, no poll): what the host's cores
+        make of N agent servers answering at once."""
+        await asyncio.sleep(1.0)  # what the burst left running settles, as before each burst
+
+        async def one(url: str, key: str) -> None:
+            t0 = time.perf_counter()
+            output = await self.first_command(http, url, key)
+            if EXPECTED in output:
+                self.samples.add("pool.floor", time.perf_counter() - t0)
+
+        await asyncio.gather(*(one(url, key) for url, key in agents), return_exceptions=True)
 
     async def one_sandbox(
         self, http: aiohttp.ClientSession, url: str, poller: UserPoller
@@ -404,6 +440,7 @@ class BurstBench:
                         outcome.error = f"{body['status']}: {body.get('reason')}"
                         return outcome
                 outcome.running = time.perf_counter() - t0
+                outcome.agent = (body["exposed_urls"][0]["url"], body["session_api_key"])
                 output = await self.first_command(
                     http, body["exposed_urls"][0]["url"], body["session_api_key"]
                 )
@@ -579,6 +616,15 @@ class BurstBench:
             )
             if not ok:
                 missed.append(f"pool p95 {ms(p95)} ms > {self.TARGET_POOL * 1000:.0f} ms")
+            if self.samples.count("pool.floor"):
+                floor = self.samples.p("pool.floor", 95)
+                lines.append(
+                    f"floor: `{COMMAND}` sent at once straight to the "
+                    f"{self.samples.count('pool.floor')} running agent servers (no control "
+                    f"plane): p50 {ms(self.samples.p('pool.floor', 50))} ms, p95 {ms(floor)} ms, "
+                    f"max {ms(self.samples.p('pool.floor', 100))} ms; pool p95 / floor p95 "
+                    f"{p95 / floor:.2f}x"
+                )
         if "cold" in self.results_by_mode and "raw" in self.results_by_mode:
             for q in (50, 95):
                 cold, raw = self.samples.p("cold.interactive", q), self.samples.p(self.RAW_KEY, q)
@@ -603,6 +649,12 @@ def parse(argv: list[str] | None) -> Options:
     parser.add_argument("--modes", default="pool,half,cold", help="pool,half,cold")
     parser.add_argument("--json", dest="json_path", type=Path, default=None)
     parser.add_argument(
+        "--starts",
+        type=int,
+        default=None,
+        help="ACS_MAX_CONCURRENT_STARTS for the control plane (unset: its default; 0: no bound)",
+    )
+    parser.add_argument(
         "--runtime",
         choices=("docker", "kubernetes"),
         default="docker",
@@ -615,7 +667,14 @@ def parse(argv: list[str] | None) -> Options:
     if args.count < 1 or args.users < 1:
         parser.error("--count and --users must be positive")
     return Options(
-        args.count, args.users, args.poll, args.timeout, modes, args.json_path, args.runtime
+        args.count,
+        args.users,
+        args.poll,
+        args.timeout,
+        modes,
+        args.json_path,
+        args.runtime,
+        args.starts,
     )
 
 

@@ -598,6 +598,25 @@ class Capacity(BaseModel):
         description="the part of the engine's total memory sandboxes may reserve when "
         "`ACS_HOST_MEMORY_BYTES` is unset",
     )
+    max_concurrent_starts: int | None = Field(
+        default=None,
+        ge=0,
+        le=10_000,
+        description="sandboxes one replica boots at once (new ones from a cold start, resumes "
+        "that re-create or restart, rewinds, warm pool members); the others wait their turn "
+        "in order, STARTING, and `ACS_START_TIMEOUT` counts from their turn; unset: 2 per CPU "
+        "of this host on Docker, no bound on Kubernetes; `0` = no bound "
+        "([sandboxes](sandboxes.md#cold-starts-in-a-burst))",
+    )
+    max_queued_starts: int | None = Field(
+        default=None,
+        ge=0,
+        le=100_000,
+        description="user starts that may wait on one replica beyond the "
+        "`ACS_MAX_CONCURRENT_STARTS` booting; past them a create, resume or rewind that must "
+        "boot answers 503 `start_queue_full` with `Retry-After` at once, nothing created; "
+        "unset: 25 per concurrent start",
+    )
 
 
 class Upkeep(BaseModel):

@@ -100,6 +100,7 @@ from controlplane.sandboxes.reaper import IdleReaper
 from controlplane.sandboxes.reconciler import Reconciler
 from controlplane.sandboxes.runtime_http import RuntimeHttp
 from controlplane.sandboxes.service import SandboxService
+from controlplane.sandboxes.start_gate import StartGate
 from controlplane.sandboxes.status_feed import StatusFeed
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.sandboxes.webhook_listener import WebhookListener
@@ -429,6 +430,7 @@ def sandboxes_ctx(config: ServiceConfig) -> Context:
             leases=leases,
             webhooks=True,  # the driver binds the webhook listener where sandboxes reach it
             restores=app.get(keys.SNAPSHOT_DATA),
+            gate=StartGate.of(config),
         )
         pool = WarmPool(
             config,

@@ -26,6 +26,7 @@ from controlplane.sandboxes.lifecycle import SandboxLifecycle, entry_of
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.readiness import ReadinessProbe, StartFailed
 from controlplane.sandboxes.restores import Restores
+from controlplane.sandboxes.start_gate import StartGate, Ticket
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import AGENT_SERVER, SandboxSpec
@@ -139,9 +140,11 @@ class Launcher:
         leases: IntentLeases | None = None,
         webhooks: bool = False,
         restores: Restores | None = None,
+        gate: StartGate | None = None,
     ) -> None:
         """`webhooks`: the driver gives sandboxes a webhook listener to reach (so our agent
-        announces itself there), as ACS_PUBLIC_URL does."""
+        announces itself there), as ACS_PUBLIC_URL does. `gate`: how many boot at once here
+        (none: no bound)."""
         self._config = config
         self._store = store
         self._driver = driver
@@ -152,29 +155,32 @@ class Launcher:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._webhooks = webhooks or config.public_url is not None
         self._restores = restores
+        self.gate = gate or StartGate(None, None)
 
     def is_launching(self, sandbox_id: str) -> bool:
         return sandbox_id in self._tasks
 
-    def launch(self, record: SandboxRecord) -> None:
-        """Create a new sandbox's workspace and container, in the background."""
-        self._spawn(record, Mode.FRESH, automatic=False)
+    def launch(self, record: SandboxRecord, ticket: Ticket) -> None:
+        """Create a new sandbox's workspace and container, in the background, at its turn
+        (`ticket`: from the gate's `admit`, or `place` for a pool member)."""
+        self._spawn(record, Mode.FRESH, automatic=False, ticket=ticket)
 
-    def resume(self, record: SandboxRecord) -> None:
+    def resume(self, record: SandboxRecord, ticket: Ticket) -> None:
         """Bring a sandbox whose record is now STARTING back up, on its kept workspace:
         unpause, start a stopped container, or re-create a vanished or dead one."""
-        self._spawn(record, Mode.CONVERGE, automatic=False)
+        self._spawn(record, Mode.CONVERGE, automatic=False, ticket=ticket)
 
-    def replace(self, record: SandboxRecord) -> None:
+    def replace(self, record: SandboxRecord, ticket: Ticket) -> None:
         """Bring a sandbox whose record is now STARTING back up from its `origin` snapshot,
         its agent's state included (a conversation's rewind): its instance and workspace are
         removed first, at every attempt (a removal is idempotent), so that no attempt can
         continue on the files being replaced."""
-        self._spawn(record, Mode.REPLACE, automatic=False)
+        self._spawn(record, Mode.REPLACE, automatic=False, ticket=ticket)
 
     def take_over(self, record: SandboxRecord) -> None:
-        """Finish a start whose launcher is gone (the caller holds its lease)."""
-        self._spawn(record, Mode.CONVERGE, automatic=True)
+        """Finish a start whose launcher is gone (the caller holds its lease); never refused,
+        it waits its turn among the user starts."""
+        self._spawn(record, Mode.CONVERGE, automatic=True, ticket=self.gate.place(user=True))
 
     async def cancel(self, sandbox_id: str) -> None:
         """Stop the launch of this sandbox and wait until it has ended, with the effect of its
@@ -193,50 +199,61 @@ class Launcher:
     async def close(self) -> None:
         await stop_tasks(list(self._tasks.values()))
 
-    def _spawn(self, record: SandboxRecord, mode: Mode, *, automatic: bool) -> None:
+    def _spawn(self, record: SandboxRecord, mode: Mode, *, automatic: bool, ticket: Ticket) -> None:
         if self._leases is not None:
-            self._leases.hold(record.id)
-        task = asyncio.create_task(self._carry(record, mode, automatic), name=f"launch-{record.id}")
+            self._leases.hold(record.id)  # held while it waits its turn too: not abandoned
+        task = asyncio.create_task(
+            self._carry(record, mode, automatic, ticket), name=f"launch-{record.id}"
+        )
         self._tasks[record.id] = task
-        task.add_done_callback(lambda t: self._done(record.id, t))
+        task.add_done_callback(lambda t: self._done(record.id, t, ticket))
 
-    def _done(self, sandbox_id: str, task: asyncio.Task[None]) -> None:
+    def _done(self, sandbox_id: str, task: asyncio.Task[None], ticket: Ticket) -> None:
+        ticket.release()  # a task cancelled before it ran never reached its own release
         if self._tasks.get(sandbox_id) is task:
             del self._tasks[sandbox_id]
         if not task.cancelled() and task.exception() is not None:  # retrieved: never unlogged
             log.error("launch_task_failed", sandbox_id=sandbox_id, error=str(task.exception()))
 
-    async def _carry(self, record: SandboxRecord, mode: Mode, automatic: bool) -> None:
-        """Attempt until RUNNING or a real failure; a blip only costs a retry."""
+    async def _carry(
+        self, record: SandboxRecord, mode: Mode, automatic: bool, ticket: Ticket
+    ) -> None:
+        """At its turn, attempt until RUNNING or a real failure; a blip only costs a retry."""
+        try:
+            async with self.gate.turn(ticket):
+                await self._attempts(record, mode, automatic)
+        finally:
+            ticket.release()
+            if self._leases is not None:
+                await self._leases.release(record.id)
+
+    async def _attempts(self, record: SandboxRecord, mode: Mode, automatic: bool) -> None:
+        # The time-out counts from here: a start waiting for its turn is not failing.
         started = time.monotonic()
         new = mode == Mode.FRESH
         delay = RETRY_FIRST
-        try:
-            while True:
-                try:
-                    await self._attempt(record, mode, automatic)
-                    return
-                except asyncio.CancelledError:
-                    raise
-                except TRANSIENT as exc:
-                    redis_down = not isinstance(exc, ENGINE_BLIPS)
-                    # The engine may stay away: give up after the start timeout. Without
-                    # Redis nothing could record the failure anyway, so wait for it.
-                    if not redis_down and time.monotonic() - started > self._config.start_timeout:
-                        await self._fail(record, new, f"start failed: {exc}", automatic)
-                        return
-                    log.warning("sandbox_start_retry", sandbox_id=record.id, error=str(exc))
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, RETRY_MAX)
-                    # What the failed attempt left is unknown: look before acting (a
-                    # replacement removes it again).
-                    mode = Mode.REPLACE if mode == Mode.REPLACE else Mode.CONVERGE
-                except Exception as exc:
+        while True:
+            try:
+                await self._attempt(record, mode, automatic)
+                return
+            except asyncio.CancelledError:
+                raise
+            except TRANSIENT as exc:
+                redis_down = not isinstance(exc, ENGINE_BLIPS)
+                # The engine may stay away: give up after the start timeout. Without
+                # Redis nothing could record the failure anyway, so wait for it.
+                if not redis_down and time.monotonic() - started > self._config.start_timeout:
                     await self._fail(record, new, f"start failed: {exc}", automatic)
                     return
-        finally:
-            if self._leases is not None:
-                await self._leases.release(record.id)
+                log.warning("sandbox_start_retry", sandbox_id=record.id, error=str(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+                # What the failed attempt left is unknown: look before acting (a
+                # replacement removes it again).
+                mode = Mode.REPLACE if mode == Mode.REPLACE else Mode.CONVERGE
+            except Exception as exc:
+                await self._fail(record, new, f"start failed: {exc}", automatic)
+                return
 
     async def _attempt(self, record: SandboxRecord, mode: Mode, automatic: bool) -> None:
         spec = self._catalog.find(record.spec_id)

@@ -307,7 +307,7 @@ class WarmPool:
             ):
                 log.info("pool_refill_no_capacity", spec_id=spec.id)
                 break
-            self._launcher.launch(record)
+            self._launcher.launch(record, self._launcher.gate.place(user=False))
             launched += 1
         if launched:
             log.info("pool_refill", spec_id=spec.id, launched=launched)

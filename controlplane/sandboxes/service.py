@@ -36,6 +36,7 @@ from controlplane.sandboxes.models import (
 from controlplane.sandboxes.readiness import ReadinessProbe
 from controlplane.sandboxes.reads import SandboxReads
 from controlplane.sandboxes.restores import Restores
+from controlplane.sandboxes.start_gate import Ticket
 from controlplane.sandboxes.status_feed import StatusFeed
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.specs.catalog import SpecCatalog
@@ -126,7 +127,9 @@ class SandboxService(SandboxReads):
             await self.resume(principal, sandbox_id)
         else:
             await self.store.touch(sandbox_id)
-        return await self.wait_running(sandbox_id, self.config.start_timeout + 10)
+        # A start waiting for its turn (launcher.gate) has its whole time-out still ahead.
+        wait = self.config.start_timeout + 10 + self.launcher.gate.expected_wait()
+        return await self.wait_running(sandbox_id, wait)
 
     async def runtime_available(self) -> bool:
         return await self.driver.ping()
@@ -180,16 +183,18 @@ class SandboxService(SandboxReads):
         )
         if not self.admission.room_for(spec.resources.reservation_bytes):
             raise self.admission.refused(principal, "memory")
-        event = self.notes.pending(
-            LifecycleType.SANDBOX_CREATED, record, action=AuditAction.SANDBOX_CREATE
-        )
-        outcome = await self.store.create(
-            record, spec.resources.reservation_bytes, limits, entry=entry_of(event)
-        )
-        if outcome != "ok":
-            raise self.admission.refused(principal, outcome, limits)
+        # A cold start: its place among the boots here, or 503 before anything is made.
+        with self.launcher.gate.admitted() as (ticket,):
+            event = self.notes.pending(
+                LifecycleType.SANDBOX_CREATED, record, action=AuditAction.SANDBOX_CREATE
+            )
+            outcome = await self.store.create(
+                record, spec.resources.reservation_bytes, limits, entry=entry_of(event)
+            )
+            if outcome != "ok":
+                raise self.admission.refused(principal, outcome, limits)
         self.notes.done(event)
-        self.launcher.launch(record)
+        self.launcher.launch(record, ticket)
         return self.view(record, principal)
 
     async def start_from(
@@ -220,6 +225,7 @@ class SandboxService(SandboxReads):
         reservation = spec.resources.reservation_bytes
         limits = await self.admission.member_limits(principal.org_id, principal.user_id)
         records: list[SandboxRecord] = []
+        tickets = self.launcher.gate.admit(count)  # all or none, before anything is made
         try:
             for _ in range(count):
                 if not self.admission.room_for(reservation):
@@ -241,11 +247,13 @@ class SandboxService(SandboxReads):
                 self.notes.done(event)
                 records.append(record)
         except BaseException:
+            for ticket in tickets:
+                ticket.release()
             for record in records:  # none launched yet: the records are all there is
                 await self.store.delete(record)
             raise
-        for record in records:
-            self.launcher.launch(record)
+        for record, ticket in zip(records, tickets, strict=True):
+            self.launcher.launch(record, ticket)
         return [self.view(record, principal) for record in records]
 
     async def rewind(self, principal: Principal, sandbox_id: str, snapshot_id: str) -> None:
@@ -274,7 +282,9 @@ class SandboxService(SandboxReads):
                 await self.driver.pause(record.id)
             reason = f"rewound to snapshot {snapshot_id}"
             event = self.notes.pending(LifecycleType.SANDBOX_RESUMED, record, reason)
+            ticket: Ticket | None = None
             try:
+                (ticket,) = self.launcher.gate.admit()
                 result = await self.store.transition(
                     record,
                     [S.RUNNING, S.PAUSED, S.ERROR],  # the reconciler may have seen the freeze
@@ -287,12 +297,14 @@ class SandboxService(SandboxReads):
                 )
                 self._check_resume(result.outcome, result.previous, principal, sandbox_id)
             except BaseException:
+                if ticket is not None:
+                    ticket.release()
                 if froze:
                     await self.driver.unpause(record.id)
                 raise
             self.notes.done(event)
             log.info("sandbox_rewinding", sandbox_id=sandbox_id, snapshot_id=snapshot_id)
-            self.launcher.replace(record.model_copy(update={"origin": snapshot_id}))
+            self.launcher.replace(record.model_copy(update={"origin": snapshot_id}), ticket)
 
     async def pause(self, principal: Principal, sandbox_id: str) -> None:
         """Freeze a RUNNING sandbox; pausing a PAUSED one succeeds. Raises Conflict otherwise."""
@@ -396,17 +408,18 @@ class SandboxService(SandboxReads):
             event = self.notes.pending(
                 LifecycleType.SANDBOX_RESUMED, record, action=AuditAction.SANDBOX_RESUME
             )
-            result = await self.store.transition(
-                record,
-                [record.status],
-                S.STARTING,
-                limits=limits,
-                touch=True,
-                entry=entry_of(event),
-            )
-            self._check_resume(result.outcome, result.previous, principal, sandbox_id)
+            with self.launcher.gate.admitted() as (ticket,):  # it boots: a place, or 503 now
+                result = await self.store.transition(
+                    record,
+                    [record.status],
+                    S.STARTING,
+                    limits=limits,
+                    touch=True,
+                    entry=entry_of(event),
+                )
+                self._check_resume(result.outcome, result.previous, principal, sandbox_id)
             self.notes.done(event)
-            self.launcher.resume(record)
+            self.launcher.resume(record, ticket)
 
     def _check_resume(
         self, outcome: str, previous: S | None, principal: Principal, sandbox_id: str
