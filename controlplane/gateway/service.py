@@ -252,6 +252,7 @@ class GatewayService:
         ACS_LLM_GATEWAY_MAX_BODY_BYTES); then `_admit`. Raises GatewayError."""
         claim = self._claim(presented)  # once: its signature is checked here only
         body, raw = await read_body(self._config.llm_gateway_max_body_bytes)
+        await self._settled()
         call = await self._admit(claim, body.get("model"))
         return AdmittedCall(call, body, raw, self._forwarder, self.settle)
 
@@ -334,6 +335,15 @@ class GatewayService:
         except Exception:
             log.exception("llm_usage_not_recorded", user_id=user_id, cost=usage.cost)
 
+    async def _settled(self) -> None:
+        """Wait for the usage writes in flight, before budgets or usage are read: they then count
+        every call this replica answered. Without it a write still on its way (its script's
+        first run after a Redis start takes three round trips; a loaded host delays it) let a
+        caller's next call, or an org member's, start over the budget. Usually none is in
+        flight; one is a Redis round trip."""
+        if self._recording:
+            await self.recorded()
+
     async def recorded(self) -> None:
         """Wait for usage still being written (the calls answered so far are then in Redis)."""
         await asyncio.gather(*self._recording, return_exceptions=True)
@@ -354,8 +364,8 @@ class GatewayService:
         # A stream the client left (499) was still paid for, as far as it went.
         billable = status < 400 or (status == 499 and (metered.reported or metered.streamed_chars))
         if billable:
-            # Sent now and not waited for: the answer goes out meanwhile; the client's next
-            # call reaches Redis after this write (it is queued first), so budgets see it.
+            # Sent now and not waited for: the answer goes out meanwhile; the next call on this
+            # replica waits for it before its budgets are read (`call`).
             task = asyncio.create_task(
                 self._record(
                     call.caller.user_id, call.caller.conversation_id, call.caller.org_id, usage
@@ -388,6 +398,7 @@ class GatewayService:
     async def conversation_usage(self, principal: Principal, conversation_id: str) -> Spent:
         """What the gateway metered for one conversation of the caller's (any, for an admin).
         Raises NotFound for one that does not exist or is someone else's."""
+        await self._settled()
         owner = await self.conversation_owner(conversation_id)
         if owner is None or (owner != principal.user_id and not principal.is_admin):
             raise NotFound(f"no conversation {conversation_id}")
@@ -396,6 +407,7 @@ class GatewayService:
 
     async def month_usage(self, user_id: str) -> MonthUsage:
         """What the gateway metered for the user this month, and their budget."""
+        await self._settled()
         _, spent = await self._meter.spent(user_id, None)
         return MonthUsage(month(), spent, self._config.llm_user_monthly_budget)
 
@@ -404,6 +416,7 @@ class GatewayService:
     ) -> OrgLlmUsage:
         """What the gateway metered for `org_id` this month, in all and for each of `members`
         (with their budget there: their own, else `each`)."""
+        await self._settled()
         this_month = month()
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.hmget(keyspace.llm_usage_org(org_id, this_month), USAGE_FIELDS)
