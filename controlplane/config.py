@@ -825,8 +825,8 @@ class AuditLogSettings(BaseModel):
         ge=3600,
         le=400 * 86400,
         description="seconds audit entries are kept in Redis (searchable); the sinks keep the "
-        "long-term copy. Default 30 days: about 534 bytes an entry with its indexes, so 10,000 "
-        "entries a day take about 160 MB ([operations.md](operations.md#the-audit-log))",
+        "long-term copy. Default 30 days: about 551 bytes an entry with its indexes, so 10,000 "
+        "entries a day take about 165 MB ([operations.md](operations.md#the-audit-log))",
     )
     audit_sink_urls: CommaList[str] = Field(
         default_factory=list,
