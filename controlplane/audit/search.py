@@ -193,7 +193,9 @@ class AuditSearch:
                     last = stream_id
                     if row is None:
                         continue  # trimmed from the log before its index entry
-                    record = AuditRecord.from_fields(row)
+                    record = _record(row)
+                    if record is None:
+                        continue  # undecodable (the indexer logs it): not every search's 500
                     if _matches(record, plan.org_id, query):
                         items.append(event_json(record))
                         if len(items) == query.limit:
@@ -256,6 +258,13 @@ def _sources(plan: Plan, mark: str | None) -> list[Plan]:
 def _id(stream_id: str) -> tuple[int, int]:
     ms, _, seq = stream_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+def _record(row: dict[str, str]) -> AuditRecord | None:
+    try:
+        return AuditRecord.from_fields(row)
+    except (KeyError, ValueError):
+        return None
 
 
 def _pairs(flat: list[Any]) -> dict[Any, Any]:

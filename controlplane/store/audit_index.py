@@ -95,18 +95,15 @@ class AuditIndexer:
         mark = await self.redis.get(keyspace.AUDIT_INDEXED)
         return text(mark) if mark else None
 
-    async def read(self) -> tuple[str, list[tuple[str, AuditRecord]]]:
+    async def read(self) -> tuple[str, list[tuple[str, AuditRecord | None]]]:
         """(the watermark, the log's next entries after it, oldest first)."""
         mark = await self.watermark()
         rows: Any = await self.redis.xrange(
             keyspace.AUDIT, f"({mark}" if mark else "-", "+", count=self.batch
         )
-        return mark or _NO_MARK, [
-            (text(i), AuditRecord.from_fields({text(k): text(v) for k, v in fields.items()}))
-            for i, fields in rows
-        ]
+        return mark or _NO_MARK, [(text(i), _record(text(i), fields)) for i, fields in rows]
 
-    async def apply(self, mark: str, batch: list[tuple[str, AuditRecord]]) -> bool:
+    async def apply(self, mark: str, batch: list[tuple[str, AuditRecord | None]]) -> bool:
         """Index `batch` (read after `mark`) and move the watermark to its newest entry, unless
         the watermark is no longer `mark` (another pass did it): False then, nothing written."""
         if not batch:
@@ -115,6 +112,8 @@ class AuditIndexer:
         adds: list[tuple[int, str, str, int]] = []
         set_minids: dict[int, str] = {}
         for stream_id, record in batch:
+            if record is None:
+                continue  # undecodable: nothing to index, the watermark passes it
             minid = str(record.time_ms - self.retention_ms)
             streams, sorted_sets = index_keys(record)
             for key in streams:
@@ -159,3 +158,19 @@ class AuditIndexer:
             except REDIS_DOWN as exc:
                 log.warning("audit_indexer_redis_down", error=str(exc))
                 await asyncio.sleep(max(interval, 1.0))
+            except Exception:
+                # Any other error (an OOM or READONLY answer past the retry window, a key of the
+                # wrong type) must not end the task for good: every search would then read an
+                # ever longer un-indexed tail. Said, and tried again.
+                log.exception("audit_indexer_failed")
+                await asyncio.sleep(max(interval, 1.0))
+
+
+def _record(stream_id: str, fields: dict[Any, Any]) -> AuditRecord | None:
+    """The entry's record, or None for one that does not decode (logged): one bad entry must
+    not stop the indexing of every entry after it."""
+    try:
+        return AuditRecord.from_fields({text(k): text(v) for k, v in fields.items()})
+    except (KeyError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError included
+        log.error("audit_entry_undecodable", stream_id=stream_id, error=str(exc))
+        return None
