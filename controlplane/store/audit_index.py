@@ -23,9 +23,10 @@ written here, by the indexer every replica runs in the background:
   by itself, never sooner than one retention after its newest entry.
 
 A deployment whose indexes were written by the requests (before this indexer) has no watermark:
-the indexer then goes over the whole log once. It writes nothing twice even then: an index
-stream takes an id only above its last (XADD refuses the others), a sorted set holds a member
-once.
+the indexer then goes over the whole log once. It writes nothing twice even then: an id an
+index stream holds already is left, a sorted set holds a member once. During a rolling upgrade
+an older replica writes its entries' index entries itself, above ids the indexer has yet to
+add to the same stream: the script puts such an id in its place (_INDEX).
 """
 
 from __future__ import annotations
@@ -57,16 +58,37 @@ _NO_MARK = ""
 # ('' for none), ARGV[2]: the batch's newest entry, ARGV[3]: JSON
 # [[key#, stream id or sorted-set member, minid or '', is_set], ...], ARGV[4]: JSON
 # [[key#, expiry ms, minid of a sorted set or ''], ...] (each index of the batch once).
+#
+# An index stream takes an id only above its newest. One it refuses is either there already
+# (written twice: nothing to do) or below entries an older replica wrote with their index
+# entries meanwhile (a rolling upgrade from the version whose requests wrote the indexes):
+# those are taken out, the stream's last id lowered to what is left, the refused id added and
+# they are put back, in this one script.
 _INDEX = """
+local function stream_add(key, id, minid)
+  local added
+  if minid ~= '' then
+    added = redis.pcall('XADD', key, 'MINID', '~', minid, id, 'r', '')
+  else
+    added = redis.pcall('XADD', key, id, 'r', '')
+  end
+  if type(added) ~= 'table' or not added.err then return end
+  if #redis.call('XRANGE', key, id, id) > 0 then return end
+  local later = redis.call('XRANGE', key, '(' .. id, '+')
+  for _, row in ipairs(later) do redis.call('XDEL', key, row[1]) end
+  local top = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+  local last = (top[1] and top[1][1]) or '0-1'
+  redis.call('XSETID', key, last, 'MAXDELETEDID', last)
+  redis.call('XADD', key, id, 'r', '')
+  for _, row in ipairs(later) do redis.call('XADD', key, row[1], unpack(row[2])) end
+end
 if (redis.call('GET', KEYS[1]) or '') ~= ARGV[1] then return 0 end
 for _, add in ipairs(cjson.decode(ARGV[3])) do
   local key, id, minid = KEYS[add[1]], add[2], add[3]
   if add[4] == 1 then
     redis.call('ZADD', key, 0, id)
-  elseif minid ~= '' then
-    redis.pcall('XADD', key, 'MINID', '~', minid, id, 'r', '')
   else
-    redis.pcall('XADD', key, id, 'r', '')
+    stream_add(key, id, minid)
   end
 end
 for _, upkeep in ipairs(cjson.decode(ARGV[4])) do

@@ -217,3 +217,34 @@ async def test_the_indexes_are_trimmed_and_expire_with_the_retention(
         assert 0 < await redis.pttl(key) <= 1000, key
     await asyncio.sleep(0.6)
     assert not await redis.exists(*streams, *sorted_sets)
+
+
+async def test_an_older_replica_writing_its_own_index_entries_meanwhile_loses_none(
+    redis: aioredis.Redis,
+) -> None:
+    """A rolling upgrade from the version whose requests wrote the indexes: this version's
+    entries wait for the indexer while an older replica writes later entries with their index
+    entries itself. The indexer then adds ids below what those streams hold: each goes in its
+    place, and every index holds what the log calls for, in order (found by review: the
+    streams refused them, and a search by organization missed them for good)."""
+    await write(redis, [made(n) for n in range(6)])  # this version's: the log alone
+    for n in (6, 9):  # an older replica's: the entry and its index entries
+        record = made(n)
+        await write(redis, [record])
+        newest: Any = await redis.xrevrange(keyspace.AUDIT, count=1)
+        stream_id = text(newest[0][0])
+        streams, sorted_sets = index_keys(record)
+        for key in streams:
+            await redis.xadd(key, {"r": ""}, id=stream_id)
+        for key in sorted_sets:
+            await redis.zadd(key, {lex_member(stream_id): 0})
+    await write(redis, [made(n) for n in range(10, 13)])  # this version's again
+
+    await AuditIndexer(redis, retention=RETENTION).catch_up()
+    assert await held(redis) == await wanted(redis)
+    search = AuditSearch(redis, os.urandom(32))
+    rows: Any = await redis.xrevrange(keyspace.AUDIT)
+    records = [AuditRecord.from_fields({text(k): text(v) for k, v in f.items()}) for _, f in rows]
+    eng = [r.id for r in records if r.org_id == "eng"]
+    assert len(eng) == 5  # 0, 3, 6 (the older replica's), 9 (its), 12
+    assert await found(search, org_id="eng") == eng
