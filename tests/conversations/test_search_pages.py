@@ -74,6 +74,16 @@ async def pages(client: Client, headers: dict[str, str], path: str, **params: st
             return seen
 
 
+async def assert_orders(
+    client: Client, headers: dict[str, str], expected: dict[str, list[str]]
+) -> None:
+    """Each sort order's pages, at limits 1, 7 and 100, list exactly the expected ids in order."""
+    for order, ids in expected.items():
+        for limit in ("1", "7", "100"):
+            seen = await pages(client, headers, f"{BASE}/search", sort_order=order, limit=limit)
+            assert seen == ids, (order, limit)
+
+
 def by_update(infos: list[AppConversationInfo], *, desc: bool) -> list[str]:
     ordered = sorted(infos, key=lambda i: (i.updated_at, i.id), reverse=desc)
     return [i.id for i in ordered]
@@ -100,10 +110,14 @@ async def test_updated_at_orders_page_by_the_index_each_id_once_in_order(
         AppConversationInfo(id=uuid7_hex(), created_by_user_id="bob", sandbox_id="s-bob")
     )
     await store.reindex_statuses()  # as a replica's start does: the index is known built
-    for order, desc in (("UPDATED_AT_DESC", True), ("UPDATED_AT", False)):
-        for limit in ("1", "7", "100"):
-            seen = await pages(client, alice, f"{BASE}/search", sort_order=order, limit=limit)
-            assert seen == by_update(infos, desc=desc), (order, limit)
+    await assert_orders(
+        client,
+        alice,
+        {
+            "UPDATED_AT_DESC": by_update(infos, desc=True),
+            "UPDATED_AT": by_update(infos, desc=False),
+        },
+    )
 
     # A rename moves a conversation to the front of the newest-first order.
     moved = by_update(infos, desc=False)[0]
@@ -287,10 +301,11 @@ async def test_title_orders_page_by_the_index_each_id_once_in_order(
     await store.create(  # another user's: never in alice's pages
         AppConversationInfo(id=uuid7_hex(), created_by_user_id="bob", sandbox_id="s", title="a")
     )
-    for order, desc in (("TITLE", False), ("TITLE_DESC", True)):
-        for limit in ("1", "7", "100"):
-            seen = await pages(client, alice, f"{BASE}/search", sort_order=order, limit=limit)
-            assert seen == by_title(infos, desc=desc), (order, limit)
+    await assert_orders(
+        client,
+        alice,
+        {"TITLE": by_title(infos, desc=False), "TITLE_DESC": by_title(infos, desc=True)},
+    )
 
     # A rename moves the conversation to its new place; its old member leaves.
     moved = by_title(infos, desc=True)[0]
