@@ -28,9 +28,12 @@ MIB = 1024**2
 WRITER = (
     "nohup sh -c 'i=0; while :; do "
     "dd if=/dev/zero of=/workspace/io bs=1M count=8 conv=fsync 2>/dev/null; "
-    "i=$((i+1)); echo $i > /workspace/count; done' >/dev/null 2>&1 &"
+    "i=$((i+1)); echo $i > /workspace/count.new; mv /workspace/count.new /workspace/count; "
+    "done' >/dev/null 2>&1 &"
 )
-"""Writes and fsyncs 8 MiB in a loop, counting rounds: heavy I/O from the agent's own command."""
+"""Writes and fsyncs 8 MiB in a loop, counting rounds: heavy I/O from the agent's own command.
+The count is renamed into place, so a reader never meets it truncated (`>` empties the file
+before `echo` writes it: a read in between found '')."""
 
 
 def agent_of(sandbox: dict[str, object]) -> tuple[str, str]:
