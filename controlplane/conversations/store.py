@@ -401,15 +401,11 @@ class ConversationStore:
         rows = await self._redis.mget([keyspace.conversation(i) for i in ids])
         args: list[str | int] = []
         for row in rows:
-            if not row:
+            read = _as_read(row)
+            if read is None:
                 continue
-            try:
-                data = json.loads(row)
-                info = AppConversationInfo.model_validate(data)
-                stored_at = data["updated_at"]  # as the record's JSON holds it (the script's test)
-            except (ValueError, KeyError, TypeError):
-                continue  # a record that does not decode stays out of the orders' pages
-            if info.created_by_user_id is not None and isinstance(stored_at, str):
+            info, stored_at = read
+            if info.created_by_user_id is not None:
                 args += [info.id, info.created_by_user_id, update_score(info.updated_at), stored_at]
         if args:
             await self._index_by_update(args=args)
@@ -418,11 +414,15 @@ class ConversationStore:
         """Whether the owner's index by update holds as many ids as their index: every writer
         of this version keeps both in one script or transaction; a difference is a writer that
         did not know it (an older replica during a rolling upgrade, a restored backup)."""
+        return await self._as_many_as_ids(owner, keyspace.user_conversations_by_update(owner))
+
+    async def _as_many_as_ids(self, owner: str, index: str) -> bool:
+        """Whether `index` holds as many members as the owner's index holds ids."""
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.zcard(keyspace.user_conversations(owner))
-            pipe.zcard(keyspace.user_conversations_by_update(owner))
-            ids, scored = await pipe.execute()
-        return bool(ids == scored)
+            pipe.zcard(index)
+            ids, indexed = await pipe.execute()
+        return bool(ids == indexed)
 
     async def rebuild_by_update(self, owner: str) -> None:
         """Put every record of the owner in their index by update and drop the ids whose
@@ -453,29 +453,32 @@ class ConversationStore:
         """Whether the owner's index by title holds as many members as their index holds ids
         (as `by_update_in_step`): a difference is a writer that did not know it, or a member
         left by a save or a delete of an older copy of the record."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.zcard(keyspace.user_conversations(owner))
-            pipe.zcard(keyspace.user_conversations_by_title(owner))
-            ids, titled = await pipe.execute()
-        return bool(ids == titled)
+        return await self._as_many_as_ids(owner, keyspace.user_conversations_by_title(owner))
 
     async def rebuild_by_title(self, owner: str) -> None:
         """Every record of the owner given its member in their index by title, then every
         member that is not its record's current one dropped (once, when `by_title_in_step`
         says the index is out of step)."""
         key = keyspace.user_conversations_by_title(owner)
-        wanted: dict[str, str] = {}
+        known: dict[str, tuple[str, str]] = {}  # id: (updated_at as read, member wanted)
         ids = await self.all_ids(owner)
         for start in range(0, len(ids), COUNT_PAGE):
             fixes = await self._title_fixes(
                 owner, [(i, "") for i in ids[start : start + COUNT_PAGE]]
             )
-            wanted.update((row[0], row[3]) for row in fixes)
+            known.update((i, (read, want)) for i, read, _, want in fixes)
             await self._fix_by_title(keys=[key], args=[v for row in fixes for v in row])
-        members = [text(m) for m in await self._redis.zrange(key, 0, -1)]
-        strays = [m for m in members if wanted.get(title_id(m)) != m]
-        for start in range(0, len(strays), COUNT_PAGE):
-            await self.fix_by_title(owner, strays[start : start + COUNT_PAGE])
+        # Every other member goes, judged by the records as just read (the script skips one
+        # written since); a member of an id not read goes only if its record is gone.
+        strays: list[str] = []
+        for raw in await self._redis.zrange(key, 0, -1):
+            member = text(raw)
+            read, want = known.get(title_id(member), ("", ""))
+            if member != want:
+                strays += [title_id(member), read, member, want]
+        step = 4 * COUNT_PAGE
+        for start in range(0, len(strays), step):
+            await self._fix_by_title(keys=[key], args=strays[start : start + step])
         log.info("conversation_title_index_rebuilt", user_id=owner, conversations=len(ids))
 
     async def fix_by_title(self, owner: str, members: list[str]) -> None:
@@ -499,16 +502,11 @@ class ConversationStore:
         rows = await self._redis.mget([keyspace.conversation(i) for i, _ in found])
         fixes: list[tuple[str, str, str, str]] = []
         for (conversation_id, member), row in zip(found, rows, strict=True):
-            read = wanted = ""
-            if row:
-                try:
-                    data = json.loads(row)
-                    info = AppConversationInfo.model_validate(data)
-                    if info.created_by_user_id == owner and isinstance(data["updated_at"], str):
-                        read, wanted = data["updated_at"], title_member(info)
-                except (ValueError, KeyError, TypeError):
-                    pass  # a record that does not decode stays out of the orders' pages
-            fixes.append((conversation_id, read, member, wanted))
+            read = _as_read(row)
+            if read is not None and read[0].created_by_user_id == owner:
+                fixes.append((conversation_id, read[1], member, title_member(read[0])))
+            else:
+                fixes.append((conversation_id, "", member, ""))
         return fixes
 
     async def page_by_title(
@@ -639,6 +637,21 @@ class ConversationStore:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _as_read(row: Any) -> tuple[AppConversationInfo, str] | None:
+    """A stored record and its `updated_at` as its JSON holds it (what the index scripts compare
+    to decide that nothing wrote it since); None when there is none or it does not decode (such
+    a record stays out of the orders' pages)."""
+    if not row:
+        return None
+    try:
+        data = json.loads(row)
+        stored_at = data["updated_at"]
+        info = AppConversationInfo.model_validate(data)
+    except (ValueError, KeyError, TypeError):
+        return None
+    return (info, stored_at) if isinstance(stored_at, str) else None
 
 
 TITLE_SORT_CHARS = 64
