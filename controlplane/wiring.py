@@ -430,7 +430,7 @@ def sandboxes_ctx(config: ServiceConfig) -> Context:
             leases=leases,
             webhooks=True,  # the driver binds the webhook listener where sandboxes reach it
             restores=app.get(keys.SNAPSHOT_DATA),
-            gate=StartGate.of(config),
+            gate=StartGate.of(config, boots_here=RUNTIMES[config.driver].boots_here),
         )
         pool = WarmPool(
             config,

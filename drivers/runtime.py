@@ -118,6 +118,10 @@ class Runtime(Generic[S]):
     """Its settings model: read from the environment when it is chosen, documented always."""
     make: Callable[[S, RuntimeHost], SandboxDriver]
     """The driver, made once at start-up (may import the runtime's client library then)."""
+    boots_here: bool = False
+    """Its sandboxes boot on the control plane's own host (one engine beside it): the boots a
+    replica runs at once are then bounded by this host's CPUs unless set
+    (ACS_MAX_CONCURRENT_STARTS). False: they are placed elsewhere (a cluster's scheduler)."""
     remove_networks: Callable[[S, RuntimeHost], Awaitable[Removal]] | None = None
     """`controlplane networks remove` (uninstalling): what the runtime keeps of the deployment
     outside its sandboxes (Docker: networks and firewall chains), removed. None: it keeps

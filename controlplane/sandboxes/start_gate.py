@@ -68,8 +68,9 @@ class StartGate:
         self._boot_seconds = FIRST_BOOT_GUESS
 
     @classmethod
-    def of(cls, config: ServiceConfig) -> StartGate:
-        return cls(*bounds(config))
+    def of(cls, config: ServiceConfig, *, boots_here: bool) -> StartGate:
+        """`boots_here`: the runtime boots sandboxes on this host (drivers.runtime.Runtime)."""
+        return cls(*bounds(config, boots_here=boots_here))
 
     @property
     def waiting(self) -> int:
@@ -171,15 +172,16 @@ class StartGate:
         return max(1, math.ceil(self._boot_seconds * max(1, self.waiting) / slots))
 
 
-def bounds(config: ServiceConfig) -> tuple[int | None, int | None]:
+def bounds(config: ServiceConfig, *, boots_here: bool) -> tuple[int | None, int | None]:
     """(boots at once, user starts that may wait) on this replica; None: no bound.
 
-    Unset, the boots at once are STARTS_PER_CPU per CPU of this host for the Docker runtime
-    (whose engine is usually this host's) and unbounded on Kubernetes (the scheduler places
-    pods on many nodes and queues what does not fit); the queue is QUEUE_PER_SLOT per slot."""
+    Unset, the boots at once are STARTS_PER_CPU per CPU of this host for a runtime that boots
+    sandboxes here (Docker's engine beside the control plane) and unbounded otherwise (a
+    cluster's scheduler places pods on many nodes and queues what does not fit); the queue is
+    QUEUE_PER_SLOT per slot."""
     slots = config.max_concurrent_starts
     if slots is None:
-        slots = STARTS_PER_CPU * (os.cpu_count() or 1) if config.driver == "docker" else 0
+        slots = STARTS_PER_CPU * (os.cpu_count() or 1) if boots_here else 0
     if slots == 0:
         return None, None
     queue = config.max_queued_starts

@@ -63,4 +63,6 @@ async def remove_networks(settings: DockerSettings, host: RuntimeHost) -> Remova
     )
 
 
-RUNTIME = Runtime(settings=DockerSettings, make=make_driver, remove_networks=remove_networks)
+RUNTIME = Runtime(
+    settings=DockerSettings, make=make_driver, boots_here=True, remove_networks=remove_networks
+)
