@@ -252,7 +252,7 @@ class GatewayService:
         ACS_LLM_GATEWAY_MAX_BODY_BYTES); then `_admit`. Raises GatewayError."""
         claim = self._claim(presented)  # once: its signature is checked here only
         body, raw = await read_body(self._config.llm_gateway_max_body_bytes)
-        await self._settled()
+        await self.recorded()
         call = await self._admit(claim, body.get("model"))
         return AdmittedCall(call, body, raw, self._forwarder, self.settle)
 
@@ -335,18 +335,14 @@ class GatewayService:
         except Exception:
             log.exception("llm_usage_not_recorded", user_id=user_id, cost=usage.cost)
 
-    async def _settled(self) -> None:
-        """Wait for the usage writes in flight, before budgets or usage are read: they then count
-        every call this replica answered. Without it a write still on its way (its script's
+    async def recorded(self) -> None:
+        """Wait for usage still being written (the calls answered so far are then in Redis).
+        Before budgets or usage are read: without it a write still on its way (its script's
         first run after a Redis start takes three round trips; a loaded host delays it) let a
         caller's next call, or an org member's, start over the budget. Usually none is in
         flight; one is a Redis round trip."""
         if self._recording:
-            await self.recorded()
-
-    async def recorded(self) -> None:
-        """Wait for usage still being written (the calls answered so far are then in Redis)."""
-        await asyncio.gather(*self._recording, return_exceptions=True)
+            await asyncio.gather(*self._recording, return_exceptions=True)
 
     async def close(self) -> None:
         await self.recorded()
@@ -398,7 +394,7 @@ class GatewayService:
     async def conversation_usage(self, principal: Principal, conversation_id: str) -> Spent:
         """What the gateway metered for one conversation of the caller's (any, for an admin).
         Raises NotFound for one that does not exist or is someone else's."""
-        await self._settled()
+        await self.recorded()
         owner = await self.conversation_owner(conversation_id)
         if owner is None or (owner != principal.user_id and not principal.is_admin):
             raise NotFound(f"no conversation {conversation_id}")
@@ -407,7 +403,7 @@ class GatewayService:
 
     async def month_usage(self, user_id: str) -> MonthUsage:
         """What the gateway metered for the user this month, and their budget."""
-        await self._settled()
+        await self.recorded()
         _, spent = await self._meter.spent(user_id, None)
         return MonthUsage(month(), spent, self._config.llm_user_monthly_budget)
 
@@ -416,7 +412,7 @@ class GatewayService:
     ) -> OrgLlmUsage:
         """What the gateway metered for `org_id` this month, in all and for each of `members`
         (with their budget there: their own, else `each`)."""
-        await self._settled()
+        await self.recorded()
         this_month = month()
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.hmget(keyspace.llm_usage_org(org_id, this_month), USAGE_FIELDS)
