@@ -41,8 +41,8 @@ from controlplane.errors import Forbidden, NotFound
 from controlplane.organizations.roles import Action, may
 from controlplane.store import keyspace, text
 from controlplane.store.audit import indexed_targets
-from controlplane.store.audit_event import AuditRecord, event_json, json_line
-from controlplane.store.streams import lex_member, stream_id_of
+from controlplane.store.audit_event import AuditRecord, decoded_record, event_json, json_line
+from controlplane.store.streams import id_order, lex_member, stream_id_of
 
 # ARGV: stream ids of KEYS[1]: each one's fields (flat), or false for one no longer there.
 _FETCH = """
@@ -193,7 +193,7 @@ class AuditSearch:
                     last = stream_id
                     if row is None:
                         continue  # trimmed from the log before its index entry
-                    record = _record(row)
+                    record = decoded_record(row)
                     if record is None:
                         continue  # undecodable (the indexer logs it): not every search's 500
                     if _matches(record, plan.org_id, query):
@@ -246,25 +246,13 @@ def _sources(plan: Plan, mark: str | None) -> list[Plan]:
     `mark` (entries not indexed yet: every filter checked on them), then the index up to it."""
     if mark is None:
         return [replace(plan, index=keyspace.AUDIT, lex=False)]
-    if plan.high != "+" and _id(plan.high[1:]) <= _id(mark):
+    if plan.high != "+" and id_order(plan.high[1:]) <= id_order(mark):
         return [plan]  # the window (or the page) ends before the watermark
-    tail_low = plan.low if plan.low != "-" and _id(plan.low) > _id(mark) else f"({mark}"
+    tail_low = plan.low if plan.low != "-" and id_order(plan.low) > id_order(mark) else f"({mark}"
     tail = replace(plan, index=keyspace.AUDIT, lex=False, low=tail_low)
     if tail_low == plan.low:
         return [tail]  # the window starts past the watermark
     return [tail, replace(plan, high=mark)]
-
-
-def _id(stream_id: str) -> tuple[int, int]:
-    ms, _, seq = stream_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def _record(row: dict[str, str]) -> AuditRecord | None:
-    try:
-        return AuditRecord.from_fields(row)
-    except (KeyError, ValueError):
-        return None
 
 
 def _pairs(flat: list[Any]) -> dict[Any, Any]:

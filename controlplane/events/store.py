@@ -17,6 +17,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from controlplane.store import keyspace, text
+from controlplane.store.streams import id_order
 
 # KEYS: stream, the conversation's id hash, the global index. ARGV: conversation id, then pairs
 # of event id and JSON. An id in the global index under this conversation (stored before the
@@ -55,11 +56,6 @@ StoredEvent = tuple[str, dict[str, Any]]
 
 REWOUND_BY = "rewound_by"
 """The field a search adds to an event that a rewind superseded: that rewind's checkpoint."""
-
-
-def _sid(stream_id: str) -> tuple[int, int]:
-    millis, _, seq = stream_id.partition("-")
-    return int(millis), int(seq or 0)
 
 
 def _decode(entries: list[Any]) -> list[StoredEvent]:
@@ -150,7 +146,7 @@ class EventStore:
         """Record that a rewind to `checkpoint_id` superseded every event stored after stream
         id `after` ("0": all) up to now; the events stay. How many it covers."""
         newest = await self.newest(conversation_id)
-        if newest is None or _sid(newest[0]) <= _sid(after):
+        if newest is None or id_order(newest[0]) <= id_order(after):
             return 0
         entries: Any = await self._redis.xrange(keyspace.events(conversation_id), f"({after}", "+")
         covered = len(entries)
@@ -169,9 +165,13 @@ class EventStore:
         checkpoint); copies, the stored ones unchanged."""
         out: list[dict[str, Any]] = []
         for sid, event in stored:
-            at = _sid(sid)
+            at = id_order(sid)
             by = next(
-                (m["checkpoint"] for m in marks if _sid(m["after"]) < at <= _sid(m["upto"])),
+                (
+                    m["checkpoint"]
+                    for m in marks
+                    if id_order(m["after"]) < at <= id_order(m["upto"])
+                ),
                 None,
             )
             out.append(event if by is None else {**event, REWOUND_BY: by})
@@ -183,8 +183,8 @@ class EventStore:
         had superseded; how many."""
         if upto is None:
             return 0
-        end = _sid(upto)
-        earlier = [m for m in await self.rewound(source) if _sid(m["upto"]) <= end]
+        end = id_order(upto)
+        earlier = [m for m in await self.rewound(source) if id_order(m["upto"]) <= end]
         copied, cursor = 0, "-"
         while True:
             entries: Any = await self._redis.xrange(keyspace.events(source), cursor, upto, 500)

@@ -114,6 +114,15 @@ class AuditRecord:
         )
 
 
+def decoded_record(row: dict[str, str]) -> AuditRecord | None:
+    """`AuditRecord.from_fields`, or None for an entry that does not decode (a field missing,
+    bad JSON in its targets or details): one such entry must stop no search and no indexing."""
+    try:
+        return AuditRecord.from_fields(row)
+    except (KeyError, ValueError):  # JSONDecodeError and UnicodeDecodeError included
+        return None
+
+
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 """Made once: json.dumps with arguments makes a new encoder at every call."""
 

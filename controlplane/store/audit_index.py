@@ -41,7 +41,7 @@ import structlog
 
 from controlplane.store import keyspace, text
 from controlplane.store.audit import index_keys
-from controlplane.store.audit_event import AuditRecord
+from controlplane.store.audit_event import AuditRecord, decoded_record
 from controlplane.store.redis import REDIS_DOWN
 from controlplane.store.streams import lex_member
 
@@ -191,8 +191,7 @@ class AuditIndexer:
 def _record(stream_id: str, fields: dict[Any, Any]) -> AuditRecord | None:
     """The entry's record, or None for one that does not decode (logged): one bad entry must
     not stop the indexing of every entry after it."""
-    try:
-        return AuditRecord.from_fields({text(k): text(v) for k, v in fields.items()})
-    except (KeyError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError included
-        log.error("audit_entry_undecodable", stream_id=stream_id, error=str(exc))
-        return None
+    record = decoded_record({text(k): text(v) for k, v in fields.items()})
+    if record is None:
+        log.error("audit_entry_undecodable", stream_id=stream_id)
+    return record

@@ -204,6 +204,12 @@ def lex_member(stream_id: str) -> str:
     return f"{ms}-{int(seq or 0):010d}"
 
 
+def id_order(stream_id: str) -> tuple[int, int]:
+    """A stream id as (milliseconds, sequence): what compares as Redis orders ids."""
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 def stream_id_of(member: str) -> str:
     """The stream id a sorted-set index member stands for."""
     ms, _, seq = member.partition("-")
