@@ -514,14 +514,14 @@ class ConversationStore:
     ) -> list[str]:
         """Up to `count` members of the owner's index by title past `after` (a member,
         exclusive) in lexical order, i.e. (title, id): the last first when desc."""
-        key = keyspace.user_conversations_by_title(owner)
-        low, high = ("(" + after, "+") if after is not None else ("-", "+")
-        if desc:
-            low, high = ("-", "(" + after) if after is not None else ("-", "+")
+        # From the cursor (exclusive) on, towards the end the order runs to; REV takes its range
+        # as (max, min).
+        start = "(" + after if after is not None else ("+" if desc else "-")
+        end = "-" if desc else "+"
         raw: Any = await self._redis.zrange(
-            key,
-            high if desc else low,
-            low if desc else high,
+            keyspace.user_conversations_by_title(owner),
+            start,
+            end,
             desc=desc,
             bylex=True,
             offset=0,
