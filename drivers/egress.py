@@ -3,8 +3,8 @@
 `internet` (the default), `none`, or an allow-list of `host:port` entries, where host is an IPv4
 address, an IPv4 network (CIDR), a DNS name, or `host.docker.internal` (this host's gateway
 address on the sandbox network: a service on the host). Every policy forbids the rest of the host
-(only the webhook listener and ACS_SANDBOX_HOST_PORTS are open there) and link-local addresses
-(cloud metadata services).
+(only the webhook listener and ACS_SANDBOX_HOST_PORTS are open there) and the cloud metadata
+services (METADATA_V4, METADATA_V6: link-local and a few more).
 """
 
 from __future__ import annotations
@@ -17,6 +17,20 @@ from dataclasses import dataclass
 from typing import Literal
 
 HOST_GATEWAY = "host.docker.internal"
+METADATA_V4 = (
+    "169.254.0.0/16",  # link-local: the metadata services of AWS, GCP, Azure, OpenStack, Oracle
+    "100.100.100.200/32",  # Alibaba Cloud's metadata service
+    "168.63.129.16/32",  # Azure's WireServer (the VM agent's channel; AKS blocks it from pods)
+    "192.0.0.192/32",  # Oracle Cloud's legacy metadata address
+)
+METADATA_V6 = (
+    "fd00:ec2::254/128",  # AWS's metadata service on IPv6 (Nitro instances)
+    "fd20:ce::254/128",  # GCP's metadata server on IPv6
+)
+"""Cloud metadata services: no sandbox reaches them, whatever its egress (an instance's
+credentials are there), nor does the control plane connect to them for anyone
+(controlplane/outbound/policy.py). Outside link-local, they are addresses a spec's `internet`
+would otherwise reach (global, or private ranges the host routes)."""
 _NAME_RE = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*$"
 )

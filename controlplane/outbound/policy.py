@@ -3,9 +3,9 @@
 For a user (`scope="user"`: the LLM gateway's calls to `llm_base_url`, LiteLLM's calls for it),
 in this order:
 
-1. never: link-local (the cloud's metadata service), multicast, unspecified, reserved and
-   "this network" (0.0.0.0/8) addresses, nor an IPv6 address that stands for one (IPv4-mapped,
-   6to4, Teredo);
+1. never: link-local and the other cloud metadata services (drivers/egress.py), multicast,
+   unspecified, reserved and "this network" (0.0.0.0/8) addresses, nor an IPv6 address that
+   stands for one (IPv4-mapped, 6to4, Teredo);
 2. this host (loopback, any address a socket can bind here: its interfaces, the sandbox
    networks' gateways): only on the ports of ACS_SANDBOX_HOST_PORTS (a model server on the
    host);
@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from drivers.egress import METADATA_V4, METADATA_V6
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Scope = Literal["user", "operator"]
@@ -43,8 +45,11 @@ THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
 NEVER_NETWORKS = (
     ipaddress.ip_network("192.0.0.0/24"),  # IETF protocol assignments (a cloud's metadata)
     ipaddress.ip_network("fec0::/10"),  # site-local, deprecated but routed on some networks
+    # The cloud metadata services sandboxes never reach either (drivers/egress.py): global ones
+    # (Azure's WireServer) and private ones an allow-list (ACS_OUTBOUND_ALLOW) could admit.
+    *(ipaddress.ip_network(n) for n in (*METADATA_V4, *METADATA_V6)),
 )
-"""Not global, yet not caught by Python 3.11's flags (is_reserved, is_link_local, ...)."""
+"""Not caught by Python 3.11's flags (is_reserved, is_link_local, ...), yet never a destination."""
 CACHE_SIZE = 4096
 """Addresses whose decision is kept (a user's resolver could hand out any number of them)."""
 

@@ -7,18 +7,18 @@
   gateway address are accepted; everything else is rejected. The engine never touches INPUT,
   and an ACCEPT there is final, so a host whose own INPUT rules are strict still lets sandboxes
   post their events.
-- Outbound, the nftables table `acs_out_<id>` (family inet), a base chain of its own on the
-  forward hook: where a sandbox may connect beyond the host. Link-local addresses (cloud
-  metadata services) are always rejected; then either everything goes on to the engine's own
-  rules (internet) or only the allow-list does. Not iptables' DOCKER-USER: the engine deletes
-  and re-inserts its jump to DOCKER-USER, and puts each new network's ACCEPT rules first in
-  FORWARD, whenever anyone makes a network on the host, and for that while forwarded packets
-  meet its ACCEPTs first (measured: 107 of 31,026 connects out of an `egress: none` sandbox got
-  through while 24 networks came and went). A reject in any nftables base chain is final
-  whatever the other chains say or in what order, and the engine never touches our table; one
-  transaction replaces it (`nft -f`). Both iptables backends (nf_tables and legacy) run beside
-  it. The same chain drops new connections forwarded into the bridge (but a published port's):
-  a peer beyond the host that could open one would make the sandbox's replies "established".
+- Outbound, the nftables table `acs_out_<id>` (family inet), a base chain of its own on the forward
+  hook: where a sandbox may connect beyond the host. The cloud metadata services (link-local and the
+  few elsewhere: drivers/egress.py) are always rejected; then either everything goes on to the
+  engine's own rules (internet) or only the allow-list does. Not iptables' DOCKER-USER: the engine
+  deletes and re-inserts its jump to DOCKER-USER, and puts each new network's ACCEPT rules first in
+  FORWARD, whenever anyone makes a network on the host, and for that while forwarded packets meet
+  its ACCEPTs first (measured: 107 of 31,026 connects out of an `egress: none` sandbox got through
+  while 24 networks came and went). A reject in any nftables base chain is final whatever the other
+  chains say or in what order, and the engine never touches our table; one transaction replaces it
+  (`nft -f`). Both iptables backends (nf_tables and legacy) run beside it. The same chain drops new
+  connections forwarded into the bridge (but a published port's): a peer beyond the host that could
+  open one would make the sandbox's replies "established".
 
 Blocking calls: run them in a thread.
 """
@@ -32,9 +32,10 @@ from dataclasses import dataclass
 
 import structlog
 
+from drivers.egress import METADATA_V4, METADATA_V6
+
 log = structlog.get_logger(__name__)
 
-LINK_LOCAL = "169.254.0.0/16"
 _TIMEOUT = 30
 _TABLE_PREFIX = "acs_out_"
 
@@ -81,7 +82,8 @@ def outbound_ruleset(rules: NetworkRules) -> str:
     _, table = rule_names(rules.bridge)
     fence = [
         "ct state established,related accept",
-        f"ip daddr {LINK_LOCAL} reject with icmp type net-prohibited",
+        f"ip daddr {{ {', '.join(METADATA_V4)} }} reject with icmp type net-prohibited",
+        f"ip6 daddr {{ {', '.join(METADATA_V6)} }} reject with icmpv6 type admin-prohibited",
     ]
     if rules.allow is None:
         fence.append("accept")  # on to the engine's own rules

@@ -11,23 +11,22 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from drivers.egress import METADATA_V4
 from drivers.kubernetes.names import PREFIX_PATTERN
 from drivers.runtime import CommaList, KeyValues, RuntimeSettings
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
-PRIVATE_RANGES = (
-    "10.0.0.0/8",
-    "172.16.0.0/12",
-    "192.168.0.0/16",
-    "100.64.0.0/10",
-    "169.254.0.0/16",
-)
-"""What `egress: internet` leaves out by default: the cluster's own networks (pods, Services,
-nodes, the API server) and the cloud metadata service are not "the internet"."""
-CLUSTER_RANGES = tuple(r for r in PRIVATE_RANGES if r != "169.254.0.0/16")
+CLUSTER_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
 """Where a cluster's pods and Services are, when the operator does not say (ACS_KUBE_CLUSTER_
 CIDRS): every private range, as no cluster's ranges can be read through its API (v1.20)."""
+PRIVATE_RANGES = CLUSTER_RANGES + tuple(
+    m
+    for m in METADATA_V4
+    if not any(ipaddress.IPv4Network(m).subnet_of(ipaddress.IPv4Network(c)) for c in CLUSTER_RANGES)
+)
+"""What `egress: internet` leaves out by default: the cluster's own networks (pods, Services,
+nodes, the API server) and the cloud metadata services are not "the internet"."""
 ANY_ADDRESS = "0.0.0.0"  # noqa: S104 (in a pod: its own address, behind a Service)
 
 
@@ -155,7 +154,8 @@ class KubernetesSettings(RuntimeSettings):
     kube_internet_except: CommaList[str] = Field(
         default_factory=lambda: list(PRIVATE_RANGES),
         description="what `egress: internet` leaves out (CIDRs): by default the private and "
-        "link-local ranges, where the cluster's pods, Services, nodes and API server are",
+        "link-local ranges, where the cluster's pods, Services, nodes and API server are, and "
+        "the cloud metadata services outside them",
     )
     kube_cluster_cidrs: CommaList[str] = Field(
         default_factory=lambda: list(CLUSTER_RANGES),

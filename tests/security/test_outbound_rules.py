@@ -72,6 +72,10 @@ def this_hosts_address() -> str:
         "fe80::1%eth0",
         "192.0.0.192",  # a cloud's legacy metadata service (IETF assignments, 192.0.0.0/24)
         "fec0::1",  # site-local
+        "168.63.129.16",  # Azure's WireServer: global, yet no sandbox's business
+        "100.100.100.200",  # Alibaba's metadata service, inside CGNAT that an allow-list may admit
+        "fd00:ec2::254",  # AWS's metadata service on IPv6, inside ULA
+        "fd20:ce::254",  # GCP's on IPv6
     ],
 )
 def test_what_no_setting_opens(address: str) -> None:

@@ -39,12 +39,14 @@ from tests.support.types import Client, ClientFactory
 pytestmark = pytest.mark.usefixtures("sandbox_images")
 
 ALLOWED, OTHER = 8081, 8082  # the servers' ports in the namespace
+WIRE_SERVER = "168.63.129.16"  # a cloud metadata address outside link-local (drivers/egress.py)
 
 
 @dataclass(frozen=True)
 class Outside:
     address: str  # the namespace's address, beyond the host
     link_local: str  # also the namespace's, routed through the host
+    wire_server: str  # Azure's WireServer, a global metadata address: the namespace's too
     namespace: str  # its name, for `ip netns exec`
 
 
@@ -54,8 +56,9 @@ def ip(*args: str, check: bool = True) -> None:
 
 @pytest.fixture
 def outside() -> Iterator[Outside]:
-    """A namespace on a veth pair: 198.51.100.4k+2 (TEST-NET-2), and a link-local /32 routed to
-    it; HTTP servers on ALLOWED and OTHER. Removed afterwards, with the route."""
+    """A namespace on a veth pair: 198.51.100.4k+2 (TEST-NET-2), and a link-local /32 and Azure's
+    WireServer routed to it; HTTP servers on ALLOWED and OTHER. Removed afterwards, with the
+    routes."""
     k = int(RUN_ID, 16) % 60 + 1
     ns, host_if, ns_if = f"acs-eg-{RUN_ID}", f"acseg{RUN_ID}h", f"acseg{RUN_ID}n"
     host_ip, ns_ip, link_local = (
@@ -72,22 +75,26 @@ def outside() -> Iterator[Outside]:
         ip("link", "set", host_if, "up")
         ip("-n", ns, "addr", "add", f"{ns_ip}/30", "dev", ns_if)
         ip("-n", ns, "addr", "add", f"{link_local}/32", "dev", ns_if)
+        ip("-n", ns, "addr", "add", f"{WIRE_SERVER}/32", "dev", ns_if)
         ip("-n", ns, "link", "set", ns_if, "up")
         ip("-n", ns, "link", "set", "lo", "up")
         ip("-n", ns, "route", "add", "default", "via", host_ip)
         ip("route", "add", f"{link_local}/32", "via", ns_ip)
+        # One address for every run: `replace`, should another suite's namespace hold it now.
+        ip("route", "replace", f"{WIRE_SERVER}/32", "via", ns_ip)
         for port in (ALLOWED, OTHER):
             argv = ["ip", "netns", "exec", ns, sys.executable, "-m", "http.server", str(port)]
             servers.append(
                 # Every address of the namespace: its own two, nothing of the host's.
                 subprocess.Popen([*argv, "--bind", "0.0.0.0"], stderr=subprocess.DEVNULL)  # noqa: S104 - in its own netns
             )
-        yield Outside(address=ns_ip, link_local=link_local, namespace=ns)
+        yield Outside(address=ns_ip, link_local=link_local, wire_server=WIRE_SERVER, namespace=ns)
     finally:
         for server in servers:
             server.terminate()
             server.wait(timeout=10)
         ip("route", "del", f"{link_local}/32", check=False)
+        ip("route", "del", f"{WIRE_SERVER}/32", "via", ns_ip, check=False)
         ip("netns", "del", ns, check=False)  # takes the veth pair with it
         ip("link", "del", host_if, check=False)
 
@@ -174,15 +181,18 @@ async def test_egress_internet_none_and_allow_list(
                 (far, ALLOWED),
                 (far, OTHER),
                 (metadata, ALLOWED),
+                (outside.wire_server, ALLOWED),
                 (gateway, host_port),
                 (gateway, webhook),
             ],
         )
     # Rejected at once: a TCP reset, or an ICMP "prohibited" for link-local addresses.
     no, prohibited = "ECONNREFUSED", "ENETUNREACH"
-    assert list(seen["default"].values()) == ["open", "open", prohibited, no, "open"], seen
-    assert list(seen["closed"].values()) == [no, no, prohibited, no, "open"], seen
-    assert list(seen["listed"].values()) == ["open", no, prohibited, "open", "open"], seen
+    assert {spec: list(probes.values()) for spec, probes in seen.items()} == {
+        "default": ["open", "open", prohibited, prohibited, no, "open"],
+        "closed": [no, no, prohibited, prohibited, no, "open"],
+        "listed": ["open", no, prohibited, prohibited, "open", "open"],
+    }
 
     # Each restricted spec has its own network; internet specs share the deployment's.
     nets = {}
