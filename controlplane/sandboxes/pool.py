@@ -161,9 +161,9 @@ class WarmPool:
             if claim.outcome == "share":
                 log.info("pool_share_used", org_id=principal.org_id, spec_id=spec.id)
             return None  # empty, or the organization's share used: the create starts cold
-        record = await self._sandboxes.get(claim.sandbox_id)
+        record = claim.record
         if record is None:
-            return None  # deleted by its new owner already
+            return None
         if claim.was_paused:
             return await self._unpause(record)
         log.info("pool_claimed", sandbox_id=record.id, user_id=record.owner, spec_id=spec.id)

@@ -82,7 +82,8 @@ while true do
     if tonumber(ARGV[13]) > 0 then redis.call('SET', KEYS[9], '1', 'PX', ARGV[13]) end
     -- The create's audit entry (KEYS[10..], ARGV[14..]), naming the member claimed.
     append_entry(10, 14, id)
-    return {'ok', id, f[2]}
+    -- The record as claimed: the caller answers with it, no second read.
+    return {'ok', id, f[2], redis.call('HGETALL', key)}
   end
 end
 """
@@ -116,6 +117,8 @@ class Claim:
     organization's warm-pool share used)"""
     sandbox_id: str | None = None
     was_paused: bool = False
+    record: SandboxRecord | None = None
+    """The member's record as the claim left it (the user's, RUNNING or STARTING)."""
 
 
 class PoolStore:
@@ -198,7 +201,9 @@ class PoolStore:
         if outcome != "ok":
             return Claim(outcome)
         stored(entry)
-        return Claim(outcome, text(result[1]), text(result[2]) == "PAUSED")
+        flat = result[3]
+        record = self.sandboxes.decode(dict(zip(flat[::2], flat[1::2], strict=True)))
+        return Claim(outcome, text(result[1]), text(result[2]) == "PAUSED", record)
 
     async def claims_hold(self) -> float:
         """Seconds the refill still holds after the last claim of any replica (0: none)."""
