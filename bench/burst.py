@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import math
 import os
 import signal
@@ -76,6 +77,9 @@ class Options:
     json_path: Path | None
     runtime: str = "docker"
     starts: int | None = None  # ACS_MAX_CONCURRENT_STARTS for the control plane; None: unset
+    refill_delay: float | None = None  # ACS_POOL_REFILL_DELAY; None: unset (the default)
+    phases: bool = False  # the server logs its requests: each POST's time in its handler
+    profile: Path | None = None  # each mode's control plane under cProfile, its stats here
 
 
 @dataclass
@@ -87,6 +91,8 @@ class Outcome:
     refused_after: float | None = None  # a 429/503: how long the refusal took
     claimed: bool = False
     running: float | None = None  # request -> RUNNING seen by the client
+    answered: float | None = None  # request -> the POST's answer
+    request_id: str | None = None  # the POST's X-Request-ID (its server log line)
     agent: tuple[str, str] | None = None  # its agent server's URL and session key
 
 
@@ -99,6 +105,8 @@ class ModeResult:
     wall: float = 0.0
     log_events: dict[str, int] = field(default_factory=dict)
     server_cpu: float | None = None
+    server_waited: float | None = None  # seconds its threads were runnable but had no core
+    client_cpu: float | None = None  # this process's CPU over the burst (the clients' work)
 
 
 class Server:
@@ -110,6 +118,8 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"server-{self.port}.log"
         self.env = env
+        self.log_level = "warning"  # "info" (--phases): a `request` line per request
+        self.profile: Path | None = None  # where cProfile writes the server's stats (--profile)
         self.process: asyncio.subprocess.Process | None = None
 
     async def start(self, http: aiohttp.ClientSession) -> None:
@@ -122,17 +132,24 @@ class Server:
                 "ACS_CONTAINER_PREFIX": self.deploy.prefix,
                 "ACS_SPEC_DIR": str(REPO / "specs"),
                 "ACS_DATA_DIR": str(self.deploy.tmp / "data"),
-                "ACS_LOG_LEVEL": "warning",
+                "ACS_LOG_LEVEL": self.log_level,
                 "ACS_LOG_FORMAT": "json",
                 "ACS_RATE_LIMIT_PER_MINUTE": "0",
                 **({"ACS_IMAGE_TAG": self.deploy.image_tag} if self.deploy.image_tag else {}),
                 **self.env,
             }
         )
-        binary = Path(sys.executable).parent / "controlplane"
+        command = [str(Path(sys.executable).parent / "controlplane")]
+        if self.profile is not None:
+            # cProfile writes its stats when the server exits (SIGTERM: a clean stop).
+            code = (
+                "import cProfile; from controlplane.cli import main; "
+                f"cProfile.run('main()', {str(self.profile)!r})"
+            )
+            command = [sys.executable, "-c", code]
         with self.log.open("ab") as log:
             self.process = await asyncio.create_subprocess_exec(
-                str(binary),
+                *command,
                 *("serve", "--host", "127.0.0.1", "--port", str(self.port)),
                 env=env,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -155,6 +172,31 @@ class Server:
         assert self.process is not None
         stat = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+    def handler_seconds(self) -> dict[str, float]:
+        """Each POST /api/v1/sandboxes' time in the server's middlewares and handler (its
+        `request` log line, at log level info), by X-Request-ID."""
+        found: dict[str, float] = {}
+        if not self.log.exists():
+            return found
+        for line in self.log.read_text(errors="replace").splitlines():
+            if '"event": "request"' not in line or '"method": "POST"' not in line:
+                continue
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                row = json.loads(line)
+                if row["path"] == "/api/v1/sandboxes":
+                    found[row["request_id"]] = row["duration_ms"] / 1000
+        return found
+
+    def waited(self) -> float:
+        """Seconds the control plane's threads have waited runnable for a core
+        (/proc/<pid>/task/*/schedstat, second field, in ns)."""
+        assert self.process is not None
+        total = 0
+        for stat in Path(f"/proc/{self.process.pid}/task").glob("*/schedstat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += int(stat.read_text().split()[1])
+        return total / 1e9
 
     def events(self) -> dict[str, int]:
         """How many log lines of each LOG_EVENTS the server wrote."""
@@ -289,6 +331,16 @@ class BurstBench:
             )
         )
 
+        delay = self.opt.refill_delay
+        self.notes.append(
+            "the pool's refill after claims: "
+            + (
+                f"ACS_POOL_REFILL_DELAY={delay:g}"
+                if delay is not None
+                else "ACS_POOL_REFILL_DELAY unset (its default)"
+            )
+        )
+
     def runtime_env(self, mode: str) -> dict[str, str]:
         """The control plane's settings for the runtime of `mode` (Docker: the defaults)."""
         return {}
@@ -333,8 +385,18 @@ class BurstBench:
                     if self.opt.starts is not None
                     else {}
                 ),
+                **(
+                    {"ACS_POOL_REFILL_DELAY": f"{self.opt.refill_delay:g}"}
+                    if self.opt.refill_delay is not None
+                    else {}
+                ),
             },
         )
+        if self.opt.phases:
+            server.log_level = "info"
+        if self.opt.profile is not None:
+            self.opt.profile.mkdir(parents=True, exist_ok=True)
+            server.profile = self.opt.profile / f"{mode}.prof"
         print(f"{mode}: starting the control plane (pool {size})", file=sys.stderr)
         await server.start(http)
         try:
@@ -350,8 +412,10 @@ class BurstBench:
             await server.stop()
             await self.clean_mode(mode)
 
-    async def pool_full(self, http: aiohttp.ClientSession, url: str, size: int) -> None:
-        """Untimed: until `size` members of the default spec are ready to be claimed."""
+    async def pool_full(
+        self, http: aiohttp.ClientSession, url: str, size: int, what: str = "filled"
+    ) -> None:
+        """Until `size` members of the default spec are ready to be claimed (noted, untimed)."""
         headers = {"X-Session-API-Key": self.deploy.bootstrap_key}
         deadline = time.monotonic() + POOL_FILL_TIMEOUT
         started, last = time.monotonic(), -1
@@ -365,7 +429,7 @@ class BurstBench:
                 last = ready
             if ready >= size:
                 self.notes.append(
-                    f"the pool of {size} filled in {time.monotonic() - started:.0f} s (untimed)"
+                    f"the pool of {size} {what} in {time.monotonic() - started:.0f} s (untimed)"
                 )
                 return
             await asyncio.sleep(0.5)
@@ -376,7 +440,7 @@ class BurstBench:
     ) -> ModeResult:
         pollers = [UserPoller(http, server.url, key, self.opt.poll) for key in keys]
         result = ModeResult(mode, load_before=os.getloadavg()[0])
-        cpu = server.cpu()
+        cpu, waited, client = server.cpu(), server.waited(), time.process_time()
         print(f"{mode}: {self.opt.count} sandboxes at once", file=sys.stderr)
         started = time.perf_counter()
         outcomes = await asyncio.gather(
@@ -387,16 +451,31 @@ class BurstBench:
         )
         result.wall = time.perf_counter() - started
         result.server_cpu = server.cpu() - cpu
+        result.server_waited = server.waited() - waited
+        result.client_cpu = time.process_time() - client
         result.load_after = os.getloadavg()[0]
         result.outcomes = list(outcomes)
         result.log_events = server.events()
         if mode == "pool":
+            # The pool back to its size (its guarantee), then the floor on a settled host.
+            await self.pool_full(
+                http, server.url, self.pool_size(mode), what="refilled after the burst"
+            )
             await self.floor_burst(http, [o.agent for o in outcomes if o.agent is not None])
+        handled = server.handler_seconds() if self.opt.phases else {}
         for o in outcomes:
             if o.seconds is not None:
                 self.samples.add(f"{mode}.interactive", o.seconds)
             if o.running is not None:
                 self.samples.add(f"{mode}.running", o.running)
+            if o.answered is not None and o.error is None:
+                self.samples.add(f"{mode}.post", o.answered)
+            if o.seconds is not None and o.running is not None:
+                self.samples.add(f"{mode}.first", o.seconds - o.running)
+            inside = handled.get(o.request_id or "")
+            if inside is not None and o.answered is not None and o.error is None:
+                self.samples.add(f"{mode}.handler", inside)
+                self.samples.add(f"{mode}.outside", o.answered - inside)
         for poller in pollers:
             if poller.task is not None:
                 poller.task.cancel()
@@ -420,14 +499,15 @@ class BurstBench:
     async def one_sandbox(
         self, http: aiohttp.ClientSession, url: str, poller: UserPoller
     ) -> Outcome:
-        outcome = Outcome()
+        request_id = os.urandom(8).hex()
+        outcome = Outcome(request_id=request_id)
+        headers = {**poller.headers, "X-Request-ID": request_id}
         t0 = time.perf_counter()
         try:
             async with asyncio.timeout(self.opt.timeout):
-                async with http.post(
-                    f"{url}/api/v1/sandboxes", headers=poller.headers, json={}
-                ) as resp:
+                async with http.post(f"{url}/api/v1/sandboxes", headers=headers, json={}) as resp:
                     body = await resp.json(content_type=None)
+                    outcome.answered = time.perf_counter() - t0
                     if resp.status != 200:
                         outcome.error = f"POST {resp.status}: {body.get('detail')}"
                         if resp.status in (429, 503):
@@ -637,7 +717,35 @@ class BurstBench:
                     missed.append(f"cold p95 {ratio:.2f}x raw > {self.TARGET_COLD}x")
         for name, r in self.results_by_mode.items():
             lines.append(f"  {name}: the burst took {r.wall:.1f} s wall clock")
+            lines.extend(self.phases(name))
         return lines, missed
+
+    def phases(self, mode: str) -> list[str]:
+        """Where a sandbox's time went in `mode` (the handler's share with --phases); none for
+        the raw burst."""
+        phases = [
+            ("POST answered", "post"),
+            ("in the server's handler", "handler"),
+            ("outside it (HTTP, waiting for the loop)", "outside"),
+            ("RUNNING -> first command's output", "first"),
+        ]
+        shown = [
+            f"{label} {ms(self.samples.p(f'{mode}.{key}', 50))} / "
+            f"{ms(self.samples.p(f'{mode}.{key}', 95))}"
+            for label, key in phases
+            if self.samples.count(f"{mode}.{key}")
+        ]
+        if mode == "raw":
+            return []
+        r = self.results_by_mode[mode]
+        cpu = (
+            f"    CPU over the burst: the control plane {r.server_cpu:.2f} s, its threads "
+            f"waited {r.server_waited:.2f} s for a core; the clients (this process) "
+            f"{r.client_cpu:.2f} s"
+            if r.server_cpu is not None and r.server_waited is not None and r.client_cpu is not None
+            else ""
+        )
+        return [f"    phases p50 / p95 ms: {'; '.join(shown)}", *([cpu] if cpu else [])]
 
 
 def parse(argv: list[str] | None) -> Options:
@@ -660,6 +768,25 @@ def parse(argv: list[str] | None) -> Options:
         default="docker",
         help="docker (the local engine) or kubernetes (the two-node test cluster, as root)",
     )
+    parser.add_argument(
+        "--refill-delay",
+        type=float,
+        default=None,
+        help="ACS_POOL_REFILL_DELAY for the control planes (unset: its default; 0: the pool "
+        "refills at once after each claim, as before it existed)",
+    )
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="the servers log at info: each POST's time inside its handler is printed",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="run each control plane under cProfile; DIR/<mode>.prof (slower: for where the "
+        "time goes, not for the figures)",
+    )
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     if not modes or any(m not in ("pool", "half", "cold") for m in modes):
@@ -675,6 +802,9 @@ def parse(argv: list[str] | None) -> Options:
         args.json_path,
         args.runtime,
         args.starts,
+        args.refill_delay,
+        args.phases,
+        args.profile,
     )
 
 

@@ -660,6 +660,15 @@ class Upkeep(BaseModel):
         le=3600,
         description="seconds between the pool refiller's passes (it also runs right after a claim)",
     )
+    pool_refill_delay: float = Field(
+        default=2.0,
+        ge=0,
+        le=60,
+        description="seconds without a claim (on any replica) before the pool refiller boots "
+        "replacements: a burst of claims is served before its replacements boot on the same "
+        "cores (held at most ten times this during a steady stream of claims); `0` = at once "
+        "([sandboxes](sandboxes.md#warm-pool))",
+    )
     pool_share_window: float = Field(
         default=60.0,
         ge=1,

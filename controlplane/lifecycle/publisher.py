@@ -29,16 +29,19 @@ class LifecyclePublisher:
         self._redis = redis
         self._outbox = outbox
 
-    async def publish(self, event: LifecycleEvent) -> None:
-        self.logged(event)
-        entry = self.entry(event)
+    async def publish(self, *events: LifecycleEvent) -> None:
+        """The events in order, in one round trip."""
+        for event in events:
+            self.logged(event)
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                entry.queue(pipe)
+                for event in events:
+                    self.entry(event).queue(pipe)
                 await pipe.execute()
         except REDIS_DOWN as exc:
-            # Neither stored nor queued for the webhooks: the log line above is what remains.
-            log.warning("lifecycle_not_stored", event_id=event.id, error=str(exc))
+            # Neither stored nor queued for the webhooks: the log lines above are what remains.
+            for event in events:
+                log.warning("lifecycle_not_stored", event_id=event.id, error=str(exc))
 
     def entry(self, event: LifecycleEvent) -> StreamEntry:
         """The event as stored: in the global and the user's streams and the webhook outbox.

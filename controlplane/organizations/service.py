@@ -198,10 +198,10 @@ class OrganizationService:
         self, org_id: str, user_id: str
     ) -> tuple[OrgLimits, OrgLimits, float | None]:
         """The organization's limits, the member's own in it, and its warm-pool share."""
-        found = await self.store.get(org_id)
+        found, member = await self.store.with_member_limits(org_id, user_id)
         org = found["limits"] if found else OrgLimits()
         share = found["warm_pool_share"] if found else None
-        return org, await self.store.member_limits(org_id, user_id), share
+        return org, member, share
 
     async def budgets_for_usage(
         self, principal: Principal, org_id: str

@@ -40,6 +40,19 @@ return 1
 )
 
 
+def _organization(row: dict[Any, Any]) -> dict[str, Any] | None:
+    """An organization's hash as OrganizationStore.get returns it; None for no row."""
+    if not row:
+        return None
+    return {
+        "name": text(row[b"name"]),
+        "created_at": datetime.fromisoformat(text(row[b"created_at"])),
+        "limits": _limits(row),
+        "llm_monthly_budget": _float(row, ORG_LLM_BUDGET),
+        "warm_pool_share": _float(row, WARM_POOL_SHARE),
+    }
+
+
 def _limits(row: dict[Any, Any]) -> OrgLimits:
     values = {
         f: (float if f in _FLOAT_FIELDS else int)(text(row[f.encode()]))
@@ -73,16 +86,18 @@ class OrganizationStore:
 
     async def get(self, org_id: str) -> dict[str, Any] | None:
         """name, created_at, limits; None when there is no such organization."""
-        row = await self._redis.hgetall(keyspace.organization(org_id))
-        if not row:
-            return None
-        return {
-            "name": text(row[b"name"]),
-            "created_at": datetime.fromisoformat(text(row[b"created_at"])),
-            "limits": _limits(row),
-            "llm_monthly_budget": _float(row, ORG_LLM_BUDGET),
-            "warm_pool_share": _float(row, WARM_POOL_SHARE),
-        }
+        return _organization(await self._redis.hgetall(keyspace.organization(org_id)))
+
+    async def with_member_limits(
+        self, org_id: str, user_id: str
+    ) -> tuple[dict[str, Any] | None, OrgLimits]:
+        """`get(org_id)` and `member_limits(org_id, user_id)` in one round trip (every create
+        reads both)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(keyspace.organization(org_id))
+            pipe.hgetall(keyspace.org_member_limits(org_id, user_id))
+            org, member = await pipe.execute()
+        return _organization(org), _limits(member)
 
     async def exists(self, org_id: str) -> bool:
         return bool(await self._redis.exists(keyspace.organization(org_id)))

@@ -49,9 +49,21 @@ class SandboxLifecycle:
         *,
         automatic: bool = False,
     ) -> None:
-        event = self._event(kind, record, reason, automatic)
-        if self.publisher is not None and event is not None:
-            await self.publisher.publish(event)
+        await self.several((kind,), record, reason, automatic=automatic)
+
+    async def several(
+        self,
+        kinds: tuple[LifecycleType, ...],
+        record: SandboxRecord,
+        reason: str | None = None,
+        *,
+        automatic: bool = False,
+    ) -> None:
+        """The events of `kinds`, in order, in one round trip (a claim's created and running)."""
+        events = [self._event(kind, record, reason, automatic) for kind in kinds]
+        published = [event for event in events if event is not None]
+        if self.publisher is not None and published:
+            await self.publisher.publish(*published)
 
     def pending(
         self,

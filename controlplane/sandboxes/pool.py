@@ -5,6 +5,10 @@ refiller runs on one replica at a time (a Redis leader lock, as the idle reaper)
 ACS_POOL_INTERVAL seconds, and soon after a claim on its own replica, it drops members that are
 stale (their spec's content or image changed), broken or surplus, pauses members of specs that
 keep them paused, marks booted ones ready, and launches new ones within the host's capacity.
+While claims come it holds its passes and launches until they pause for ACS_POOL_REFILL_DELAY
+seconds (every replica's claims: a key with that TTL that each claim sets): a burst of claims is
+served first, its first commands included, and the replacements boot after it, on the cores the
+burst no longer needs (issue 30).
 Nothing user-specific is in a member: its session key is random and is first shown to the user
 who claims it; its idle deadline starts at the claim; a claimed member never returns to the pool.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
 from datetime import UTC, datetime, timedelta
 
 import structlog
@@ -146,6 +151,7 @@ class WarmPool:
             org_id=principal.org_id,
             share_cap=share_cap,
             share_window=self._config.pool_share_window,
+            hold=self._config.pool_refill_delay,
             entry=made,
         )
         self._wake.set()
@@ -155,9 +161,9 @@ class WarmPool:
             if claim.outcome == "share":
                 log.info("pool_share_used", org_id=principal.org_id, spec_id=spec.id)
             return None  # empty, or the organization's share used: the create starts cold
-        record = await self._sandboxes.get(claim.sandbox_id)
+        record = claim.record
         if record is None:
-            return None  # deleted by its new owner already
+            return None
         if claim.was_paused:
             return await self._unpause(record)
         log.info("pool_claimed", sandbox_id=record.id, user_id=record.owner, spec_id=spec.id)
@@ -197,8 +203,9 @@ class WarmPool:
         while not self._stopping:
             self._wake.clear()
             try:
+                quiet = await self._after_claims()
                 if await self._leader.hold():
-                    await self.refill()
+                    await self.refill(hold_launches=quiet)
             except RuntimeUnavailable as exc:
                 log.warning("pool_refill_skipped", error=str(exc))
             except Exception:
@@ -206,8 +213,29 @@ class WarmPool:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._config.pool_interval)
 
-    async def refill(self) -> int:
-        """One pass over every spec; returns how many members it launched."""
+    async def _after_claims(self) -> bool:
+        """Wait until no replica has claimed a member for ACS_POOL_REFILL_DELAY seconds, for at
+        most ten times that; False when that bound ended the wait. A pass during a burst of
+        claims would boot their replacements (agent servers: CPU-bound) and list the engine's
+        containers on the cores the claimed sandboxes' first commands need; held, it boots them
+        once the burst is served, and a steady stream of claims still gets its refills (then
+        every ten delays). The leader lock is kept meanwhile."""
+        delay = self._config.pool_refill_delay
+        held_until = time.monotonic() + 10 * delay
+        while not self._stopping:
+            left = await self.store.claims_hold()
+            if left <= 0:
+                return True
+            if time.monotonic() >= held_until:
+                return False
+            await asyncio.sleep(min(left, held_until - time.monotonic(), 1.0))
+            await self._leader.hold()
+        return True
+
+    async def refill(self, *, hold_launches: bool = False) -> int:
+        """One pass over every spec; returns how many members it launched. `hold_launches`: a
+        claim during the pass stops its launches (the next pass, which the claim woke, holds
+        until the claims pause)."""
         await self.store.forget_missing()
         members = await self.store.members()
         # Only members still in the pool need remembering (claimed and dropped ones leave it).
@@ -228,7 +256,7 @@ class WarmPool:
             for record in live[size:]:
                 await self._drop(record, "surplus")
             if current is not None and len(live) < size:
-                launched += await self._launch(spec, current, size - len(live))
+                launched += await self._launch(spec, current, size - len(live), hold_launches)
         known = {spec.id for spec in self.catalog.all()}
         for record, _fp in members:
             if record.spec_id not in known:
@@ -294,10 +322,12 @@ class WarmPool:
             result = await self._sandboxes.transition(record, [S.RUNNING], S.PAUSED)
         return result.outcome == "ok"  # else the reconciler saw the pause first: next pass
 
-    async def _launch(self, spec: SandboxSpec, current: str, count: int) -> int:
+    async def _launch(self, spec: SandboxSpec, current: str, count: int, hold: bool) -> int:
         capacity = (await self._admission.limits()).memory_capacity
         launched = 0
         for _ in range(count):
+            if hold and await self.store.claims_hold() > 0:
+                break  # a claim came during this pass: the burst goes first
             if not self._admission.room_for(spec.resources.reservation_bytes):
                 log.info("pool_refill_host_short", spec_id=spec.id)
                 break

@@ -78,9 +78,12 @@ while true do
       redis.call('PEXPIRE', KEYS[8], ARGV[12])
     end
     redis.call('PUBLISH', ARGV[9], id .. ' ' .. status)
-    -- The create's audit entry (KEYS[9..], ARGV[13..]), naming the member claimed.
-    append_entry(9, 13, id)
-    return {'ok', id, f[2]}
+    -- The refill holds while claims come (KEYS[9], for ARGV[13] ms; 0: no hold).
+    if tonumber(ARGV[13]) > 0 then redis.call('SET', KEYS[9], '1', 'PX', ARGV[13]) end
+    -- The create's audit entry (KEYS[10..], ARGV[14..]), naming the member claimed.
+    append_entry(10, 14, id)
+    -- The record as claimed: the caller answers with it, no second read.
+    return {'ok', id, f[2], redis.call('HGETALL', key)}
   end
 end
 """
@@ -114,6 +117,8 @@ class Claim:
     organization's warm-pool share used)"""
     sandbox_id: str | None = None
     was_paused: bool = False
+    record: SandboxRecord | None = None
+    """The member's record as the claim left it (the user's, RUNNING or STARTING)."""
 
 
 class PoolStore:
@@ -153,12 +158,14 @@ class PoolStore:
         org_id: str | None = None,
         share_cap: int | None = None,
         share_window: float = 60.0,
+        hold: float = 0.0,
         entry: StreamEntry | None = None,
     ) -> Claim:
         """Claim a ready member for `owner`; `entry` (the create's audit entry, its sandbox id
         streams.LATE_ID) is added with the claim, naming the member. `share_cap`: the claims
         of this spec's members `org_id` may make in a window of `share_window` seconds (past
-        it: outcome `share`, the create starts cold)."""
+        it: outcome `share`, the create starts cold). `hold`: seconds the refill holds its
+        launches after this claim (claims_hold)."""
         streams, entry_args = script_args(entry)
         result = await self._claim(
             keys=[
@@ -170,6 +177,7 @@ class PoolStore:
                 keyspace.user_active_sandboxes(POOL_OWNER),
                 keyspace.POOL_STATS,
                 keyspace.pool_org_claims(spec_id, org_id or "", _window(share_window)),
+                keyspace.POOL_CLAIMED,
                 *streams,
             ],
             args=[
@@ -185,6 +193,7 @@ class PoolStore:
                 org_id or "",
                 -1 if share_cap is None else share_cap,
                 int(share_window * 1000),
+                int(hold * 1000),
                 *entry_args,
             ],
         )
@@ -192,7 +201,14 @@ class PoolStore:
         if outcome != "ok":
             return Claim(outcome)
         stored(entry)
-        return Claim(outcome, text(result[1]), text(result[2]) == "PAUSED")
+        flat = result[3]
+        record = self.sandboxes.decode(dict(zip(flat[::2], flat[1::2], strict=True)))
+        return Claim(outcome, text(result[1]), text(result[2]) == "PAUSED", record)
+
+    async def claims_hold(self) -> float:
+        """Seconds the refill still holds after the last claim of any replica (0: none)."""
+        left = int(await self._redis.pttl(keyspace.POOL_CLAIMED))
+        return max(left, 0) / 1000
 
     async def mark_ready(self, spec_id: str, sandbox_id: str) -> None:
         await self._redis.zadd(keyspace.pool_ready(spec_id), {sandbox_id: 0}, nx=True)

@@ -161,7 +161,8 @@ class SandboxReads:
     async def batch_get(self, principal: Principal, ids: list[str]) -> list[SandboxInfo | None]:
         """In request order; None for ids that are unknown or not the caller's."""
         valid = [i if _ID_RE.match(i) else "" for i in ids]
-        records = await self.store.get_many(i for i in valid if i)
+        # Keys are shown only for RUNNING sandboxes (view): the others' are not decrypted.
+        records = await self.store.get_many((i for i in valid if i), keys=False)
         found = {r.id: r for r in records if r is not None}
         out: list[SandboxInfo | None] = []
         for sandbox_id in valid:
@@ -193,7 +194,7 @@ class SandboxReads:
         matches: list[SandboxRecord] = []
         while len(matches) <= query.limit:
             ids = await self.store.page_ids(owner, after, batch)
-            for record in await self.store.get_many(ids):
+            for record in await self.store.get_many(ids, keys=False):  # as batch_get
                 if record is None or (org is not None and (record.org_id or default) != org):
                     continue
                 if query.matches(record):

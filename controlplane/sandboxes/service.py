@@ -175,8 +175,9 @@ class SandboxService(SandboxReads):
             claimed = await self.pool.claim(principal, spec, image_id, limits)
             if claimed is not None:
                 # The user's sandbox begins here: its events, as for a cold start.
-                await self.notes(LifecycleType.SANDBOX_CREATED, claimed)
-                await self.notes(LifecycleType.SANDBOX_RUNNING, claimed)
+                await self.notes.several(
+                    (LifecycleType.SANDBOX_CREATED, LifecycleType.SANDBOX_RUNNING), claimed
+                )
                 return self.view(claimed, principal)
         record = SandboxRecord.starting(
             naming.new_sandbox_id(), principal.user_id, spec.id, principal.org_id

@@ -324,7 +324,12 @@ class SandboxStore:
         """The record's hash fields (session key encrypted), for stores that write records."""
         return self._encode(record)
 
-    def _decode(self, raw: dict[Any, Any]) -> SandboxRecord:
+    def decode(self, raw: dict[Any, Any]) -> SandboxRecord:
+        """A record from its hash fields (HGETALL), for stores whose scripts return one."""
+        return self._decode(raw)
+
+    def _decode(self, raw: dict[Any, Any], key: bool = True) -> SandboxRecord:
+        """`key` False: the session key only of a RUNNING sandbox (else "", not decrypted)."""
         row = {text(k): text(v) for k, v in raw.items()}
         return SandboxRecord(
             id=row["id"],
@@ -332,7 +337,9 @@ class SandboxStore:
             spec_id=row["spec_id"],
             status=SandboxStatus(row["status"]),
             reason=row.get("reason") or None,
-            session_api_key=self._box.decrypt(row["key_enc"].encode()).decode(),
+            session_api_key=self._box.decrypt(row["key_enc"].encode()).decode()
+            if key or row["status"] == SandboxStatus.RUNNING.value
+            else "",
             ports=json.loads(row.get("ports") or "{}"),
             host=row.get("host") or None,
             created_at=datetime.fromisoformat(row["created_at"]),
@@ -401,13 +408,18 @@ class SandboxStore:
         raw = await self._redis.hgetall(keyspace.sandbox(sandbox_id))
         return self._decode(raw) if raw else None
 
-    async def get_many(self, ids: Iterable[str]) -> list[SandboxRecord | None]:
+    async def get_many(
+        self, ids: Iterable[str], *, keys: bool = True
+    ) -> list[SandboxRecord | None]:
+        """`keys` False, for reads that show a session key only while the sandbox is RUNNING:
+        the others' keys are not decrypted ("" in their records). A decryption is ~25 us, a
+        good part of a batch GET that clients poll every few ms while their sandboxes start."""
         ids = list(ids)
         async with self._redis.pipeline(transaction=False) as pipe:
             for sandbox_id in ids:
                 pipe.hgetall(keyspace.sandbox(sandbox_id))
             rows = await pipe.execute()
-        return [self._decode(r) if r else None for r in rows]
+        return [self._decode(r, keys) if r else None for r in rows]
 
     async def transition(
         self,

@@ -261,6 +261,10 @@ POOL_STATS = f"{PREFIX}:pool:stats"
 """Hash: `claims:<spec>`, `misses:<spec>` and `share_misses:<spec>` counters (every replica's
 claims)."""
 
+POOL_CLAIMED = f"{PREFIX}:pool:claimed"
+"""String with a TTL of ACS_POOL_REFILL_DELAY, set by every claim on any replica: while it
+lives the pool's refiller holds its launches (a burst of claims is served first)."""
+
 
 def pool_org_claims(spec_id: str, org_id: str, window: int) -> str:
     """String, TTL one window (ACS_POOL_SHARE_WINDOW): the warm-pool members of one spec an

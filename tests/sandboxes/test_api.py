@@ -204,6 +204,25 @@ async def test_batch_get_keeps_order_and_nulls_the_rest(
     assert resp.status == 422
 
 
+async def test_reads_that_show_no_key_decrypt_only_running_ones(sbx_with_specs: Client) -> None:
+    """get_many(keys=False), as batch get and search read: a RUNNING record's session key is
+    decrypted (the view shows it to its owner), any other's is left out; keys=True (every
+    writer's read) decrypts them all."""
+    store = sbx_with_specs.app[keys.SANDBOXES].store
+    ids = [await put(store, "alice", status) for status in SandboxStatus]
+    full = await store.get_many(ids)
+    light = await store.get_many(ids, keys=False)
+    for record, seen in zip(full, light, strict=True):
+        assert record is not None
+        assert seen is not None
+        assert record.session_api_key
+        running = record.status == SandboxStatus.RUNNING
+        assert seen.session_api_key == (record.session_api_key if running else "")
+        assert seen.model_dump(exclude={"session_api_key"}) == record.model_dump(
+            exclude={"session_api_key"}
+        )
+
+
 # -- inputs -------------------------------------------------------------------------------------
 
 

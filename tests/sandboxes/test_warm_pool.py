@@ -33,7 +33,7 @@ from tests.support.sandbox_helpers import (
 from tests.support.types import Client, ClientFactory
 
 ADMIN = {"X-Session-API-Key": BOOTSTRAP_KEY}
-FAST = {"pool_interval": 0.2, "reconcile_interval": 1.0}
+FAST = {"pool_interval": 0.2, "pool_refill_delay": 0.2, "reconcile_interval": 1.0}
 
 
 async def pool_of(client: Client, spec: str = "default") -> dict[str, Any]:
@@ -132,6 +132,44 @@ async def test_claims_hand_out_each_member_once_across_two_replicas(
     # ...and the pool refills behind the claims.
     refilled = await wait_ready(two, 2)
     assert not refilled & set(got)
+
+
+async def test_refill_waits_for_the_claims_to_pause_then_fills_the_pool(
+    own_docker: OwnDocker,
+    make_client: Any,
+    user_headers: Any,
+) -> None:
+    """Claims on either replica hold the leader's refill (ACS_POOL_REFILL_DELAY): nothing boots
+    while they keep coming, the pool is full again once they pause."""
+    settings = {"with_sandboxes": True, "container_prefix": own_docker.prefix, "warm_pool": "3"}
+    delay = 1.5
+    one: Client = await make_client(**settings, pool_interval=0.2, pool_refill_delay=delay)
+    two: Client = await make_client(**settings, pool_interval=0.2, pool_refill_delay=delay)
+    first = await wait_ready(one, 3)
+    users = [await user_headers(f"user{n}") for n in range(3)]
+
+    async def members() -> set[str]:
+        return {m["id"] for m in (await pool_of(one))["members"]}
+
+    # Three claims 0.5 s apart, on both replicas (only one of them refills): each one's
+    # replacement waits until `delay` after the last claim.
+    claimed: list[str] = []
+    for n, headers in enumerate(users):
+        body = await create(one if n % 2 else two, headers)
+        assert body["status"] == "RUNNING"
+        claimed.append(body["id"])
+        last = time.monotonic()
+        while time.monotonic() < last + 0.5:
+            assert await members() == first - set(claimed), "a member booted during the claims"
+            await asyncio.sleep(0.05)
+    assert set(claimed) == first
+    while time.monotonic() < last + delay - 0.3:  # the hold's last moments: still none
+        assert await members() == set()
+        await asyncio.sleep(0.05)
+    # ...then the pool refills to its size.
+    refilled = await wait_ready(two, 3)
+    assert not refilled & first
+    assert len(await members()) == 3
 
 
 async def test_claimed_member_keeps_nothing_of_another_user(
