@@ -16,7 +16,7 @@ from tests.conftest import BOOTSTRAP_KEY
 from tests.support.oidc_sign_in import OidcLive, browser_session, sign_in
 
 ADMIN = {"X-Session-API-Key": BOOTSTRAP_KEY}
-RECHECK = 5
+RECHECK = 2  # seconds between a session's checks (oidc_live's recheck_interval)
 
 
 async def entries(live: OidcLive, **params: str) -> list[dict[str, Any]]:
@@ -73,7 +73,7 @@ async def test_a_refused_sign_in_has_its_reason(oidc_live: Any) -> None:
 
 
 async def test_a_user_disabled_at_the_provider(oidc_live: Any) -> None:
-    live: OidcLive = await oidc_live(oidc_recheck_interval=RECHECK)
+    live: OidcLive = await oidc_live(recheck_interval=RECHECK)
     async with browser_session() as browser:
         assert (await sign_in(browser, live.url, "bob"))[0] == 200
         own = {"Origin": live.url}

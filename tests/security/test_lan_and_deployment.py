@@ -94,14 +94,17 @@ async def test_a_lan_machine_is_refused_unless_the_operator_admits_it(
 
 
 async def test_redis_on_the_lan_is_refused_even_where_the_lan_is_admitted(
+    lan: Lan,
     gateway_server: Callable[..., Awaitable[LiveServer]],
     member: MemberFactory,
-    lan: Lan,
     tmp_path: Path,
 ) -> None:
     """The control plane's Redis on another machine: Mallory aims at it through the gateway
     (Redis logs any HTTP request it gets as a "SECURITY ATTACK"), by default and where the
-    operator admits that machine's network (whose other port, the canary, then answers)."""
+    operator admits that machine's network (whose other port, the canary, then answers).
+    `lan` comes first, so it goes last: the servers using its Redis close while it still
+    answers (closed after it, one reconnected to an address no longer routed, 15 s of
+    teardown)."""
     binary = shutil.which("redis-server")
     assert binary is not None, "redis-server is not installed (make test installs it)"
     port, log = 6390, tmp_path / "lan-redis.log"

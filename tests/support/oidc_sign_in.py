@@ -77,11 +77,18 @@ async def oidc_live(
 ) -> AsyncIterator[OidcLiveFactory]:
     """`await oidc_live(**config)`: a provider and a control plane (no sandboxes unless
     `with_sandboxes=True`), both on `host` (loopback by default), signing browsers in through
-    it; closed after the test."""
+    it; closed after the test. `recheck_interval`: seconds between a session's checks with the
+    provider, below the setting's 5 s minimum (ACS_OIDC_RECHECK_INTERVAL spares a real
+    provider): the recheck's code is the same at any interval, and the tests that wait for it
+    wait less."""
     made: list[OidcLive] = []
 
     async def make(
-        *, with_sandboxes: bool = False, host: str = "127.0.0.1", **overrides: Any
+        *,
+        with_sandboxes: bool = False,
+        host: str = "127.0.0.1",
+        recheck_interval: int | None = None,
+        **overrides: Any,
     ) -> OidcLive:
         port = free_port(host)
         base = f"http://{host}:{port}"
@@ -94,7 +101,11 @@ async def oidc_live(
             "oidc_group_roles": GROUP_ROLES,
         }
         values.update(overrides)
-        app = create_app(make_config(**values), with_sandboxes=with_sandboxes)
+        config = make_config(**values)
+        if recheck_interval is not None:
+            # After validation, which holds operators to the minimum.
+            config = config.model_copy(update={"oidc_recheck_interval": recheck_interval})
+        app = create_app(config, with_sandboxes=with_sandboxes)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
         await runner.setup()
         await web.TCPSite(runner, host, port).start()
