@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
 import structlog
@@ -21,6 +21,7 @@ from controlplane.conversations.store import ConversationStore
 from controlplane.conversations.titles import name_from_first_message
 from controlplane.errors import NotFound, SandboxNotFound, Unauthorized
 from controlplane.events.budget import ENFORCED_BY_AGENT, BudgetEnforcer, crossed
+from controlplane.events.fanout import Fanout, Subscription
 from controlplane.events.models import (
     Event,
     EventFilters,
@@ -29,12 +30,18 @@ from controlplane.events.models import (
     EventSortOrder,
 )
 from controlplane.events.store import EventStore, StoredEvent
-from controlplane.events.tail import EventFeed
 from controlplane.sandboxes.models import SandboxRecord
 from controlplane.sandboxes.reads import SandboxReads
 from controlplane.specs.catalog import SpecCatalog
 
 log = structlog.get_logger(__name__)
+
+
+class FeedStart(NamedTuple):
+    """Where a live socket starts: its conversation, and the stream id after which it reads."""
+
+    conversation_id: str
+    after: str
 
 
 def _utc(value: datetime) -> datetime:
@@ -90,7 +97,7 @@ class EventService:
         `on_lag(seconds)` is told, for each event of a stored webhook batch, how long after its
         timestamp it arrived (the event lag metric)."""
         self.store = store
-        self._reader = reader
+        self.fanout = Fanout(store, reader)
         self._tickets = tickets
         self._conversations = conversations
         self._records = records
@@ -101,6 +108,7 @@ class EventService:
         self._budget = BudgetEnforcer(agent, store)
 
     async def close(self) -> None:
+        await self.fanout.close()
         await self._budget.close()
 
     # -- webhooks ----------------------------------------------------------------------------
@@ -266,16 +274,21 @@ class EventService:
 
     async def feed(
         self, principal: Principal, conversation_id: str, after_event: str | None, resend_all: bool
-    ) -> EventFeed:
-        """The caller's conversation's events for a live socket: after `after_event`, else all
-        of them (`resend_all`) or only those stored from now on. Raises NotFound (the
+    ) -> FeedStart:
+        """Where a live socket on the caller's conversation starts: after `after_event`, else
+        at the first event (`resend_all`) or after those stored by now. Raises NotFound (the
         conversation is not the caller's, or the event not in it)."""
         info = await self._conversations.owned(principal, conversation_id)
         after = await self._start_point(info.id, after_event)
         if not resend_all and after_event is None:
             newest = await self.store.page(info.id, None, 1, True)
             after = newest[0][0] if newest else "0"
-        return EventFeed(self.store, self._reader, info.id, after)
+        return FeedStart(info.id, after)
+
+    def subscribe(self, start: FeedStart) -> Subscription:
+        """The conversation's events from `start` on, through this replica's one shared read
+        of it (events/fanout.py); close the subscription when the socket ends."""
+        return self.fanout.subscribe(start.conversation_id, start.after)
 
     async def conversation_ticket(self, principal: Principal, conversation_id: str) -> Ticket:
         """A single-use ticket for the events socket of the caller's conversation
