@@ -225,11 +225,13 @@ def _event_batch(raw: bytes) -> list[tuple[Event, dict[str, Any]]]:
 )
 async def events_webhook(request: web.Request) -> web.Response:
     batch = _event_batch(await request.read())
+    sandbox_id = request.match_info["sandbox_id"]
     await request.app[keys.EVENTS].ingest(
-        request.match_info["sandbox_id"],
+        sandbox_id,
         request.headers.get("X-Session-API-Key"),
         request.match_info["conversation_id"],
         batch,
+        verified=request.get(keys.WEBHOOK_SANDBOX) == sandbox_id,
     )
     return json_response(Success())
 
@@ -245,9 +247,11 @@ async def events_webhook(request: web.Request) -> web.Response:
 )
 async def conversation_webhook(request: web.Request) -> web.Response:
     body = await parse_body(request, ConversationInfoBody)
+    sandbox_id = request.match_info["sandbox_id"]
     await request.app[keys.EVENTS].ingest_info(
-        request.match_info["sandbox_id"],
+        sandbox_id,
         request.headers.get("X-Session-API-Key"),
         body.model_dump(mode="json"),
+        verified=request.get(keys.WEBHOOK_SANDBOX) == sandbox_id,
     )
     return json_response(Success())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -35,6 +36,10 @@ from controlplane.sandboxes.reads import SandboxReads
 from controlplane.specs.catalog import SpecCatalog
 
 log = structlog.get_logger(__name__)
+
+TOUCH_EVERY = 1.0
+"""Seconds between two touches of a sandbox's activity by the event webhook (per replica)."""
+TOUCHED_KEPT = 10_000
 
 
 class FeedStart(NamedTuple):
@@ -106,6 +111,7 @@ class EventService:
         self._url_host = url_host
         self._on_lag = on_lag
         self._budget = BudgetEnforcer(agent, store)
+        self._touched: dict[str, float] = {}  # sandbox id: when this replica last touched it
 
     async def close(self) -> None:
         await self.fanout.close()
@@ -141,10 +147,16 @@ class EventService:
         key: str | None,
         conversation_id: str,
         events: list[tuple[Event, dict[str, Any]]],
+        *,
+        verified: bool = False,
     ) -> int:
         """Append a batch, each event stored as the agent sent it (duplicates skipped), and note
-        the status and cost it reports. Returns how many events were new."""
-        sandbox = await self._sandbox(sandbox_id, key)
+        the status and cost it reports. Returns how many events were new.
+
+        `verified`: the webhook middleware has checked `key` against `sandbox_id` for this
+        request already; the sandbox's record is then read only when the batch reports a state
+        (most batches do not: one Redis read less, and the key's lookup not made twice)."""
+        sandbox = None if verified else await self._sandbox(sandbox_id, key)
         raw = [event for _checked, event in events]
         status, metrics = readable_state(raw)  # before storing: a 422 stores nothing
         info = await self._conversation(sandbox_id, conversation_id)
@@ -157,9 +169,24 @@ class EventService:
             for checked, _event in events:
                 self._on_lag((now - _utc(checked.timestamp)).total_seconds())
         if status is not None or metrics is not None:
-            await self._note_state(sandbox, info.id, status, metrics)
-        await self._sandboxes.touch(sandbox_id)
+            if sandbox is None:
+                sandbox = await self._sandboxes.record(sandbox_id)
+            if sandbox is not None:  # None: deleted since the key was checked, nothing to note
+                await self._note_state(sandbox, info.id, status, metrics)
+        await self._touch(sandbox_id)
         return added
+
+    async def _touch(self, sandbox_id: str) -> None:
+        """The sandbox's activity (its idle deadline), at most once a TOUCH_EVERY seconds per
+        sandbox from this replica: an agent posting many batches a second is as active after
+        the first as after all of them, and the idle timeouts are minutes."""
+        now = time.monotonic()
+        if now - self._touched.get(sandbox_id, -TOUCH_EVERY) < TOUCH_EVERY:
+            return
+        if len(self._touched) >= TOUCHED_KEPT:  # the ones not seen for a while go
+            self._touched = {s: t for s, t in self._touched.items() if now - t < TOUCH_EVERY}
+        self._touched[sandbox_id] = now
+        await self._sandboxes.touch(sandbox_id)
 
     async def _note_state(
         self,
@@ -206,10 +233,13 @@ class EventService:
             url = sandbox.agent_url(self._url_host)
             self._budget.enforce(url, sandbox, updated)
 
-    async def ingest_info(self, sandbox_id: str, key: str | None, body: dict[str, Any]) -> None:
+    async def ingest_info(
+        self, sandbox_id: str, key: str | None, body: dict[str, Any], *, verified: bool = False
+    ) -> None:
         """A ConversationInfo from the agent: keep its status and cost (from ``stats``; never
-        the title the user chose, never the creation time)."""
-        sandbox = await self._sandbox(sandbox_id, key)
+        the title the user chose, never the creation time). `verified`: as `ingest`'s."""
+        found = await self._sandboxes.record(sandbox_id) if verified else None
+        sandbox = found or await self._sandbox(sandbox_id, key)
         status = status_in(body.get("execution_status"))
         metrics = readable_metrics(body)
         info = await self._conversation(sandbox_id, str(body.get("id", "")))
