@@ -580,9 +580,10 @@ class Capacity(BaseModel):
         default=32,
         ge=0,
         le=10_000,
-        description="live events WebSockets one user may hold open on one replica (each blocks "
-        "on a connection of the events reader pool, `ACS_REDIS_MAX_CONNECTIONS`, which all users "
-        "share); past it a new socket answers 429 with `Retry-After`; `0` = no limit",
+        description="live events WebSockets one user may hold open on one replica (each "
+        "conversation watched on a replica blocks on a connection of the events reader pool, "
+        "`ACS_REDIS_MAX_CONNECTIONS`, which all users share; sockets on one conversation share "
+        "it); past it a new socket answers 429 with `Retry-After`; `0` = no limit",
     )
     host_memory_bytes: int | None = Field(
         default=None,

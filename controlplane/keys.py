@@ -137,5 +137,8 @@ CHECKPOINTS: web.AppKey[CheckpointService] = web.AppKey("checkpoints")
 SANDBOX_SCOPE: web.RequestKey[SandboxRecord] = web.RequestKey("sandbox_scope")
 """The caller's sandbox whose X-Session-API-Key came with their own key
 (controlplane/auth/sandbox_scope.py): what SDK code in that sandbox may be handed."""
+WEBHOOK_SANDBOX: web.RequestKey[str] = web.RequestKey("webhook_sandbox")
+"""The sandbox whose session key the webhook middleware checked for this request: the
+handler's service does not look the key up a second time."""
 PROXY: web.AppKey[ProxyState] = web.AppKey("sandbox_proxy")
 """The sandbox proxy's client, open sockets and access grants (controlplane/proxy/)."""

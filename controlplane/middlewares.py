@@ -219,7 +219,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 @web.middleware
 async def webhook_auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Sandbox webhooks (public to the API-key check) need the sandbox's own session key, checked
-    here before the handler reads the body; the handler's service checks it again. Then the
+    here before the handler reads the body, and noted on the request (keys.WEBHOOK_SANDBOX) for
+    the handler's service, which checks it itself when called without it. Then the
     per-sandbox rate limit (ACS_WEBHOOK_RATE_LIMIT_PER_MINUTE): a runaway agent cannot flood
     Redis, and its 429 never costs the body read either."""
     sandbox_id = request.match_info.get("sandbox_id")
@@ -233,6 +234,7 @@ async def webhook_auth_middleware(request: web.Request, handler: Handler) -> web
     sandboxes = request.app.get(keys.SANDBOXES)
     if sandboxes is None or await sandboxes.id_for_session_key(key, sandbox_id) is None:
         raise Unauthorized("invalid sandbox session key")
+    request[keys.WEBHOOK_SANDBOX] = sandbox_id
     limiter = request.app.get(keys.WEBHOOK_LIMITER)
     if limiter is not None:
         decision = await limiter.hit(f"sandbox:{sandbox_id}")

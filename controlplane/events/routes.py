@@ -24,6 +24,7 @@ from controlplane.api.routing import RouteTable
 from controlplane.auth.identity import PRINCIPAL, authenticate_request, principal_of
 from controlplane.auth.models import Principal
 from controlplane.errors import Unauthorized
+from controlplane.events.fanout import Subscription
 from controlplane.events.legacy_names import with_old_terminal_names
 from controlplane.events.models import (
     ConversationEventQuery,
@@ -36,7 +37,6 @@ from controlplane.events.models import (
     WebSocketHandshake,
 )
 from controlplane.events.socket_cap import SocketCap
-from controlplane.events.tail import EventFeed
 from controlplane.sandboxes.models import Success
 
 routes = RouteTable(tag="events")
@@ -145,24 +145,27 @@ async def event_socket(request: web.Request) -> web.StreamResponse:
         presented = request.headers.get("X-Session-API-Key") or query.session_api_key
         principal = await authenticate_request(request, presented)
     events = request.app[keys.EVENTS]
-    feed = await events.feed(principal, query.conversation_id, query.after, query.resend_all)
+    start = await events.feed(principal, query.conversation_id, query.after, query.resend_all)
     with request.app[keys.SOCKET_CAP].hold(principal.user_id):  # 429 before the upgrade
         await ws.prepare(request)
         request.app[keys.OPEN_SOCKETS].add(ws)
-        await _pump(ws, feed)
+        subscription = events.subscribe(start)
+        try:
+            await _pump(ws, subscription)
+        finally:
+            subscription.close()
     return ws
 
 
-async def _pump(ws: web.WebSocketResponse, feed: EventFeed) -> None:
-    """The feed's events to the socket until the client closes it (or the server does)."""
-
-    ended = asyncio.Event()
+async def _pump(ws: web.WebSocketResponse, subscription: Subscription) -> None:
+    """The conversation's events to the socket, each sent as it was stored (events/fanout.py),
+    until the client closes it (or the server does)."""
 
     async def follow() -> None:
-        async for _stream_id, event in feed.follow(until=lambda: ended.is_set() or ws.closed):
+        async for stored in subscription.texts():
             if ws.closed:
                 break
-            await ws.send_str(json.dumps(event))
+            await ws.send_str(stored)
 
     pump = asyncio.create_task(follow())
     try:
@@ -170,7 +173,7 @@ async def _pump(ws: web.WebSocketResponse, feed: EventFeed) -> None:
             if message.type in (WSMsgType.ERROR, WSMsgType.CLOSE):
                 break
     finally:
-        ended.set()
+        subscription.close()
         pump.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionResetError):
             await pump
@@ -222,11 +225,13 @@ def _event_batch(raw: bytes) -> list[tuple[Event, dict[str, Any]]]:
 )
 async def events_webhook(request: web.Request) -> web.Response:
     batch = _event_batch(await request.read())
+    sandbox_id = request.match_info["sandbox_id"]
     await request.app[keys.EVENTS].ingest(
-        request.match_info["sandbox_id"],
+        sandbox_id,
         request.headers.get("X-Session-API-Key"),
         request.match_info["conversation_id"],
         batch,
+        verified=request.get(keys.WEBHOOK_SANDBOX) == sandbox_id,
     )
     return json_response(Success())
 
@@ -242,9 +247,11 @@ async def events_webhook(request: web.Request) -> web.Response:
 )
 async def conversation_webhook(request: web.Request) -> web.Response:
     body = await parse_body(request, ConversationInfoBody)
+    sandbox_id = request.match_info["sandbox_id"]
     await request.app[keys.EVENTS].ingest_info(
-        request.match_info["sandbox_id"],
+        sandbox_id,
         request.headers.get("X-Session-API-Key"),
         body.model_dump(mode="json"),
+        verified=request.get(keys.WEBHOOK_SANDBOX) == sandbox_id,
     )
     return json_response(Success())

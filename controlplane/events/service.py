@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
 import structlog
@@ -21,6 +22,7 @@ from controlplane.conversations.store import ConversationStore
 from controlplane.conversations.titles import name_from_first_message
 from controlplane.errors import NotFound, SandboxNotFound, Unauthorized
 from controlplane.events.budget import ENFORCED_BY_AGENT, BudgetEnforcer, crossed
+from controlplane.events.fanout import Fanout, Subscription
 from controlplane.events.models import (
     Event,
     EventFilters,
@@ -29,12 +31,22 @@ from controlplane.events.models import (
     EventSortOrder,
 )
 from controlplane.events.store import EventStore, StoredEvent
-from controlplane.events.tail import EventFeed
 from controlplane.sandboxes.models import SandboxRecord
 from controlplane.sandboxes.reads import SandboxReads
 from controlplane.specs.catalog import SpecCatalog
 
 log = structlog.get_logger(__name__)
+
+TOUCH_EVERY = 1.0
+"""Seconds between two touches of a sandbox's activity by the event webhook (per replica)."""
+TOUCHED_KEPT = 10_000
+
+
+class FeedStart(NamedTuple):
+    """Where a live socket starts: its conversation, and the stream id after which it reads."""
+
+    conversation_id: str
+    after: str
 
 
 def _utc(value: datetime) -> datetime:
@@ -90,7 +102,7 @@ class EventService:
         `on_lag(seconds)` is told, for each event of a stored webhook batch, how long after its
         timestamp it arrived (the event lag metric)."""
         self.store = store
-        self._reader = reader
+        self.fanout = Fanout(store, reader)
         self._tickets = tickets
         self._conversations = conversations
         self._records = records
@@ -99,8 +111,10 @@ class EventService:
         self._url_host = url_host
         self._on_lag = on_lag
         self._budget = BudgetEnforcer(agent, store)
+        self._touched: dict[str, float] = {}  # sandbox id: when this replica last touched it
 
     async def close(self) -> None:
+        await self.fanout.close()
         await self._budget.close()
 
     # -- webhooks ----------------------------------------------------------------------------
@@ -133,10 +147,16 @@ class EventService:
         key: str | None,
         conversation_id: str,
         events: list[tuple[Event, dict[str, Any]]],
+        *,
+        verified: bool = False,
     ) -> int:
         """Append a batch, each event stored as the agent sent it (duplicates skipped), and note
-        the status and cost it reports. Returns how many events were new."""
-        sandbox = await self._sandbox(sandbox_id, key)
+        the status and cost it reports. Returns how many events were new.
+
+        `verified`: the webhook middleware has checked `key` against `sandbox_id` for this
+        request already; the sandbox's record is then read only when the batch reports a state
+        (most batches do not: one Redis read less, and the key's lookup not made twice)."""
+        sandbox = None if verified else await self._sandbox(sandbox_id, key)
         raw = [event for _checked, event in events]
         status, metrics = readable_state(raw)  # before storing: a 422 stores nothing
         info = await self._conversation(sandbox_id, conversation_id)
@@ -149,9 +169,24 @@ class EventService:
             for checked, _event in events:
                 self._on_lag((now - _utc(checked.timestamp)).total_seconds())
         if status is not None or metrics is not None:
-            await self._note_state(sandbox, info.id, status, metrics)
-        await self._sandboxes.touch(sandbox_id)
+            if sandbox is None:
+                sandbox = await self._sandboxes.record(sandbox_id)
+            if sandbox is not None:  # None: deleted since the key was checked, nothing to note
+                await self._note_state(sandbox, info.id, status, metrics)
+        await self._touch(sandbox_id)
         return added
+
+    async def _touch(self, sandbox_id: str) -> None:
+        """The sandbox's activity (its idle deadline), at most once a TOUCH_EVERY seconds per
+        sandbox from this replica: an agent posting many batches a second is as active after
+        the first as after all of them, and the idle timeouts are minutes."""
+        now = time.monotonic()
+        if now - self._touched.get(sandbox_id, -TOUCH_EVERY) < TOUCH_EVERY:
+            return
+        if len(self._touched) >= TOUCHED_KEPT:  # the ones not seen for a while go
+            self._touched = {s: t for s, t in self._touched.items() if now - t < TOUCH_EVERY}
+        self._touched[sandbox_id] = now
+        await self._sandboxes.touch(sandbox_id)
 
     async def _note_state(
         self,
@@ -198,10 +233,13 @@ class EventService:
             url = sandbox.agent_url(self._url_host)
             self._budget.enforce(url, sandbox, updated)
 
-    async def ingest_info(self, sandbox_id: str, key: str | None, body: dict[str, Any]) -> None:
+    async def ingest_info(
+        self, sandbox_id: str, key: str | None, body: dict[str, Any], *, verified: bool = False
+    ) -> None:
         """A ConversationInfo from the agent: keep its status and cost (from ``stats``; never
-        the title the user chose, never the creation time)."""
-        sandbox = await self._sandbox(sandbox_id, key)
+        the title the user chose, never the creation time). `verified`: as `ingest`'s."""
+        found = await self._sandboxes.record(sandbox_id) if verified else None
+        sandbox = found or await self._sandbox(sandbox_id, key)
         status = status_in(body.get("execution_status"))
         metrics = readable_metrics(body)
         info = await self._conversation(sandbox_id, str(body.get("id", "")))
@@ -266,16 +304,21 @@ class EventService:
 
     async def feed(
         self, principal: Principal, conversation_id: str, after_event: str | None, resend_all: bool
-    ) -> EventFeed:
-        """The caller's conversation's events for a live socket: after `after_event`, else all
-        of them (`resend_all`) or only those stored from now on. Raises NotFound (the
+    ) -> FeedStart:
+        """Where a live socket on the caller's conversation starts: after `after_event`, else
+        at the first event (`resend_all`) or after those stored by now. Raises NotFound (the
         conversation is not the caller's, or the event not in it)."""
         info = await self._conversations.owned(principal, conversation_id)
         after = await self._start_point(info.id, after_event)
         if not resend_all and after_event is None:
             newest = await self.store.page(info.id, None, 1, True)
             after = newest[0][0] if newest else "0"
-        return EventFeed(self.store, self._reader, info.id, after)
+        return FeedStart(info.id, after)
+
+    def subscribe(self, start: FeedStart) -> Subscription:
+        """The conversation's events from `start` on, through this replica's one shared read
+        of it (events/fanout.py); close the subscription when the socket ends."""
+        return self.fanout.subscribe(start.conversation_id, start.after)
 
     async def conversation_ticket(self, principal: Principal, conversation_id: str) -> Ticket:
         """A single-use ticket for the events socket of the caller's conversation

@@ -1,16 +1,17 @@
 """How many live event sockets one user may hold on this replica.
 
-Each events WebSocket blocks on the events reader pool (XREAD BLOCK holds a connection for the
-whole read, store/pool.py), which every user's sockets share: without a cap, one user opening a
-few hundred sockets (a script, a runaway tab) takes every reader connection, and everyone
-else's sockets stop receiving events while theirs wait for the pool. Past the cap a new socket
-is refused before the upgrade with 429 `too_many_sockets` (the project's JSON error format,
-Retry-After): the user closes one and opens it again, nothing of theirs is lost (a socket
-resumes from its last event id).
+Each conversation watched on a replica blocks on the events reader pool (XREAD BLOCK holds a
+connection for the whole read, store/pool.py; sockets on one conversation share that read,
+events/fanout.py), which every user's sockets share: without a cap, one user opening a few
+hundred sockets on as many conversations (a script, a runaway tab) takes every reader
+connection, and everyone else's sockets stop receiving events while theirs wait for the pool.
+Past the cap a new socket is refused before the upgrade with 429 `too_many_sockets` (the
+project's JSON error format, Retry-After): the user closes one and opens it again, nothing of
+theirs is lost (a socket resumes from its last event id).
 
-The count is this replica's own, like the pool it protects: a socket holds a connection of
-the replica that serves it, so counting across replicas would refuse sockets that starve no
-one."""
+The count is this replica's own, like the pool it protects: a socket's conversation holds a
+connection of the replica that serves it, so counting across replicas would refuse sockets
+that starve no one."""
 
 from __future__ import annotations
 

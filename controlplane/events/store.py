@@ -54,6 +54,9 @@ return 1
 StoredEvent = tuple[str, dict[str, Any]]
 """(stream id, event)"""
 
+StoredText = tuple[str, str]
+"""(stream id, the event's JSON as stored): what a live socket sends as it is."""
+
 REWOUND_BY = "rewound_by"
 """The field a search adds to an event that a rewind superseded: that rewind's checkpoint."""
 
@@ -63,6 +66,14 @@ def _decode(entries: list[Any]) -> list[StoredEvent]:
     for sid, fields in entries:
         raw = fields.get(b"e") if b"e" in fields else fields.get("e")
         out.append((text(sid), json.loads(text(raw))))
+    return out
+
+
+def _texts(entries: list[Any]) -> list[StoredText]:
+    out: list[StoredText] = []
+    for sid, fields in entries:
+        raw = fields.get(b"e") if b"e" in fields else fields.get("e")
+        out.append((text(sid), text(raw)))
     return out
 
 
@@ -97,6 +108,18 @@ class EventStore:
         else:
             entries = await self._redis.xrange(key, f"({after}" if after else "-", "+", count)
         return _decode(entries)
+
+    async def texts_after(self, conversation_id: str, after: str, count: int) -> list[StoredText]:
+        """Up to `count` events after stream id `after` ("0": from the first), as stored."""
+        entries: Any = await self._redis.xrange(
+            keyspace.events(conversation_id), "-" if after == "0" else f"({after}", "+", count
+        )
+        return _texts(entries)
+
+    async def newest_id(self, conversation_id: str) -> str:
+        """The stream id of the conversation's last stored event ("0": none yet)."""
+        entries: Any = await self._redis.xrevrange(keyspace.events(conversation_id), "+", "-", 1)
+        return text(entries[0][0]) if entries else "0"
 
     async def count(self, conversation_id: str) -> int:
         return int(await self._redis.xlen(keyspace.events(conversation_id)))
@@ -136,6 +159,15 @@ class EventStore:
             return []
         _key, entries = reply[0]
         return _decode(entries)
+
+    async def follow_texts(
+        self, reader: aioredis.Redis, conversation_id: str, last: str, block_ms: int
+    ) -> list[StoredText]:
+        """As `follow`, the events as stored (not decoded)."""
+        reply: Any = await reader.xread(
+            {keyspace.events(conversation_id): last}, count=500, block=block_ms
+        )
+        return _texts(reply[0][1]) if reply else []
 
     async def newest(self, conversation_id: str) -> StoredEvent | None:
         """The conversation's last stored event."""

@@ -1,5 +1,5 @@
 """Following a conversation's event stream for as long as a reader wants, through Redis outages
-and failovers: the events WebSocket's source.
+and failovers (events/fanout.py shares one such read per conversation among its sockets).
 
 Each read blocks (XREAD BLOCK) for less than the client's socket timeout, so a quiet
 conversation is never mistaken for a dead Redis. A failed read (Redis away past the client's
@@ -74,20 +74,3 @@ async def tail(
             if len(seen) > REMEMBERED:
                 del seen[next(iter(seen))]
             yield stream_id, event
-
-
-class EventFeed:
-    """One conversation's events from a start point on, for a live socket (EventService.feed):
-    the start is fixed when the feed is made, the events are read as the socket follows."""
-
-    def __init__(
-        self, store: EventStore, reader: aioredis.Redis, conversation_id: str, after: str
-    ) -> None:
-        self._store = store
-        self._reader = reader
-        self.conversation_id = conversation_id
-        self.after = after
-
-    def follow(self, until: Callable[[], bool]) -> AsyncIterator[StoredEvent]:
-        """As `tail`, from the feed's start."""
-        return tail(self._store, self._reader, self.conversation_id, self.after, until=until)

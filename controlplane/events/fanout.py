@@ -1,0 +1,264 @@
+"""One read per conversation per replica, shared by every live socket watching it.
+
+A conversation watched by any socket of this replica has one `Channel`: a task that blocks in
+XREAD on the conversation's stream (one connection of the events reader pool) and hands each
+new event, as the JSON text it was stored as, to every `Subscription` of it. A socket sends that
+text as it is: an event is read once and decoded once (for its id) per replica, however many
+sockets watch it, and never encoded again.
+
+A subscription starts from its own point (`after`, a stream id): it reads what it has not seen
+from the store itself (XRANGE pages, the catch-up), while the channel already queues the new
+events for it, then follows the queue. The catch-up always reaches the stream's end as of a
+moment after the queue started to fill, so the two overlap and never leave a gap; the overlap is
+skipped by stream id. The guarantees are `tail`'s (events/tail.py): nothing skipped through
+Redis outages (the channel retries from its last stream id), order kept, no repeat (an event a
+failover stored again under another stream id is skipped by its event id).
+
+A slow socket never holds up the others nor grows memory without bound: its queue holds at most
+`QUEUE_CAP` events; past that the queue is dropped and the subscription catches up from the
+store again from the last event it sent (the events are all kept in Redis), then rejoins the
+queue. The socket stays open; a client that cannot keep up gets its events later, in order,
+with none missing, and its heartbeat (30 s, events/routes.py) closes one that stopped reading.
+
+The channel ends when its last subscription closes (and a new one starts for the next socket).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import deque
+from collections.abc import AsyncIterator
+
+import redis.asyncio as aioredis
+import structlog
+
+from controlplane.events.store import EventStore
+from controlplane.events.tail import REMEMBERED, RETRY_FIRST, RETRY_MAX, block_ms
+from controlplane.store.redis import REDIS_DOWN
+from controlplane.store.retry import raise_if_cancelled
+from controlplane.store.streams import id_order
+
+log = structlog.get_logger(__name__)
+
+Frame = tuple[str, str, str]
+"""(stream id, event id, the event's JSON as stored)"""
+
+QUEUE_CAP = 1000
+"""Events queued for one socket before it is made to catch up from the store instead."""
+PAGE = 500
+"""Events a catch-up reads at a time."""
+
+
+def _event_id(stored: str) -> str:
+    try:
+        event = json.loads(stored)
+    except ValueError:
+        return ""
+    return str(event.get("id")) if isinstance(event, dict) else ""
+
+
+def _frames(texts: list[tuple[str, str]]) -> list[Frame]:
+    return [(sid, _event_id(stored), stored) for sid, stored in texts]
+
+
+class _Backoff:
+    def __init__(self) -> None:
+        self.delay = RETRY_FIRST
+
+    async def wait(self, what: str, conversation_id: str, exc: BaseException) -> None:
+        raise_if_cancelled()
+        log.warning(what, conversation_id=conversation_id, error=str(exc))
+        await asyncio.sleep(self.delay)
+        self.delay = min(self.delay * 2, RETRY_MAX)
+
+    def reset(self) -> None:
+        self.delay = RETRY_FIRST
+
+
+class Subscription:
+    """One socket's view of a conversation's events from stream id `after` on."""
+
+    def __init__(self, fanout: Fanout, channel: Channel, after: str) -> None:
+        self._fanout = fanout
+        self.channel = channel
+        self.position = after
+        """The stream id of the last event handed out."""
+        self._queue: deque[Frame] = deque()
+        self._woken = asyncio.Event()
+        self._behind = True  # catch up from the store before following the queue
+        self._seen: dict[str, None] = {}  # event ids handed out, insertion-ordered
+        self.closed = False
+
+    def offer(self, frames: list[Frame]) -> None:
+        """New events from the channel (called on the loop, never blocks)."""
+        if len(self._queue) + len(frames) > QUEUE_CAP:
+            # Too slow to keep up: drop what is queued, read it from the store instead.
+            self._queue.clear()
+            if not self._behind:
+                self._behind = True
+                self._fanout.fell_behind += 1
+        else:
+            self._queue.extend(frames)
+        self._woken.set()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._queue.clear()
+            self._woken.set()
+            self._fanout.leave(self)
+
+    def _fresh(self, frame: Frame) -> bool:
+        """Whether to hand `frame` out (and note it handed out)."""
+        sid, event_id, _stored = frame
+        if id_order(sid) <= id_order(self.position):
+            return False  # read by the catch-up already
+        self.position = sid
+        if not event_id:
+            return True  # not one of ours (each stored event has an id): nothing to match
+        if event_id in self._seen:
+            return False
+        self._seen[event_id] = None
+        if len(self._seen) > REMEMBERED:
+            del self._seen[next(iter(self._seen))]
+        return True
+
+    async def texts(self) -> AsyncIterator[str]:
+        """The events' stored JSON, in order, until the subscription is closed."""
+        await self.channel.ready.wait()
+        backoff, conversation_id = _Backoff(), self.channel.conversation_id
+        while not self.closed:
+            if self._behind:
+                # From here on the channel's events are queued; the store is read to its end.
+                self._behind = False
+                self._queue.clear()
+                while not self.closed:
+                    try:
+                        page = await self._fanout.store.texts_after(
+                            conversation_id, self.position, PAGE
+                        )
+                    except REDIS_DOWN as exc:
+                        await backoff.wait("event_catch_up_retry", conversation_id, exc)
+                        continue
+                    backoff.reset()
+                    for frame in _frames(page):
+                        if self._fresh(frame):
+                            yield frame[2]
+                    if len(page) < PAGE:
+                        break
+                continue
+            if not self._queue:
+                self._woken.clear()
+                await self._woken.wait()
+                continue
+            frame = self._queue.popleft()
+            if self._fresh(frame):
+                yield frame[2]
+
+
+class Channel:
+    """The one read of a conversation's new events on this replica."""
+
+    def __init__(self, fanout: Fanout, conversation_id: str) -> None:
+        self._fanout = fanout
+        self.conversation_id = conversation_id
+        self.subscriptions: set[Subscription] = set()
+        self.ready = asyncio.Event()
+        """Set once the channel's start (the stream's newest id) is fixed."""
+        self.closed = False
+        self.task = asyncio.create_task(self._run(), name=f"events:{conversation_id}")
+        self.task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "event_channel_failed",
+                conversation_id=self.conversation_id,
+                error=repr(task.exception()),
+            )
+
+    async def _run(self) -> None:
+        store, conversation_id = self._fanout.store, self.conversation_id
+        backoff = _Backoff()
+        while True:
+            try:
+                cursor = await store.newest_id(conversation_id)
+                break
+            except REDIS_DOWN as exc:
+                await backoff.wait("event_channel_retry", conversation_id, exc)
+        self.ready.set()
+        backoff.reset()
+        wait_ms = block_ms(self._fanout.reader)
+        seen: dict[str, None] = {}
+        # Asked after every read too: a cancellation lost inside redis-py (tail.py) ends it here.
+        while not self.closed:
+            try:
+                texts = await store.follow_texts(
+                    self._fanout.reader, conversation_id, cursor, wait_ms
+                )
+            except REDIS_DOWN as exc:
+                await backoff.wait("event_channel_retry", conversation_id, exc)
+                continue
+            backoff.reset()
+            if not texts:
+                continue
+            cursor = texts[-1][0]
+            frames: list[Frame] = []
+            for frame in _frames(texts):
+                if frame[1] and frame[1] in seen:
+                    continue  # stored again by its writer after a failover
+                seen[frame[1]] = None
+                if len(seen) > REMEMBERED:
+                    del seen[next(iter(seen))]
+                frames.append(frame)
+            for subscription in list(self.subscriptions):
+                subscription.offer(frames)
+
+    def close(self) -> None:
+        self.closed = True
+        self.task.cancel()
+
+
+class Fanout:
+    """The channels of this replica, one per watched conversation."""
+
+    def __init__(self, store: EventStore, reader: aioredis.Redis) -> None:
+        """`reader`: the client the channels block on (a connection of its own per read)."""
+        self.store = store
+        self.reader = reader
+        self._channels: dict[str, Channel] = {}
+        self.fell_behind = 0
+        """How many times a socket's queue overflowed (it caught up from the store then)."""
+
+    def subscribe(self, conversation_id: str, after: str) -> Subscription:
+        """A subscription to the conversation's events after stream id `after` ("0": all);
+        close it when done."""
+        channel = self._channels.get(conversation_id)
+        if channel is None:
+            channel = self._channels[conversation_id] = Channel(self, conversation_id)
+        subscription = Subscription(self, channel, after)
+        channel.subscriptions.add(subscription)
+        return subscription
+
+    def leave(self, subscription: Subscription) -> None:
+        channel = subscription.channel
+        channel.subscriptions.discard(subscription)
+        if not channel.subscriptions:
+            channel.close()
+            if self._channels.get(channel.conversation_id) is channel:
+                del self._channels[channel.conversation_id]
+
+    def watched(self) -> int:
+        """Conversations with a channel (a reader connection each, while it blocks)."""
+        return len(self._channels)
+
+    async def close(self) -> None:
+        channels = list(self._channels.values())
+        self._channels.clear()
+        for channel in channels:
+            channel.close()
+        for channel in channels:
+            with contextlib.suppress(asyncio.CancelledError, *REDIS_DOWN):
+                await channel.task
