@@ -14,6 +14,10 @@ skipped by stream id. The guarantees are `tail`'s (events/tail.py): nothing skip
 Redis outages (the channel retries from its last stream id), order kept, no repeat (an event a
 failover stored again under another stream id is skipped by its event id).
 
+A channel whose read fails with an error that is not an outage (a stream key of another type,
+say) ends: it leaves the fanout, and its subscriptions raise `FeedFailed`, which ends their
+sockets (events/routes.py closes them with 1011); the next socket starts a new channel.
+
 A slow socket never holds up the others nor grows memory without bound: its queue holds at most
 `QUEUE_CAP` events; past that the queue is dropped and the subscription catches up from the
 store again from the last event it sent (the events are all kept in Redis), then rejoins the
@@ -49,6 +53,10 @@ QUEUE_CAP = 1000
 """Events queued for one socket before it is made to catch up from the store instead."""
 PAGE = 500
 """Events a catch-up reads at a time."""
+
+
+class FeedFailed(Exception):
+    """The conversation's shared read failed with an error that is not an outage."""
 
 
 def _event_id(stored: str) -> str:
@@ -103,6 +111,10 @@ class Subscription:
             self._queue.extend(frames)
         self._woken.set()
 
+    def wake(self) -> None:
+        """Look at the channel again (it failed)."""
+        self._woken.set()
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
@@ -125,11 +137,19 @@ class Subscription:
             del self._seen[next(iter(self._seen))]
         return True
 
+    def _raise_if_failed(self) -> None:
+        failed = self.channel.failed
+        if failed is not None:
+            raise FeedFailed(f"the conversation's event read failed: {failed!r}") from failed
+
     async def texts(self) -> AsyncIterator[str]:
-        """The events' stored JSON, in order, until the subscription is closed."""
+        """The events' stored JSON, in order, until the subscription is closed. Raises
+        FeedFailed when the channel fails, and what the catch-up's read raises that is not an
+        outage."""
         await self.channel.ready.wait()
         backoff, conversation_id = _Backoff(), self.channel.conversation_id
         while not self.closed:
+            self._raise_if_failed()
             if self._behind:
                 # From here on the channel's events are queued; the store is read to its end.
                 self._behind = False
@@ -166,20 +186,26 @@ class Channel:
         self.conversation_id = conversation_id
         self.subscriptions: set[Subscription] = set()
         self.ready = asyncio.Event()
-        """Set once the channel's start (the stream's newest id) is fixed."""
+        """Set once the channel's start (the stream's newest id) is fixed, or it failed."""
         self.closed = False
+        self.failed: Exception | None = None
+        """What ended the read when it failed (not an outage: those are retried)."""
         self.task = asyncio.create_task(self._run(), name=f"events:{conversation_id}")
-        self.task.add_done_callback(self._ended)
-
-    def _ended(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error(
-                "event_channel_failed",
-                conversation_id=self.conversation_id,
-                error=repr(task.exception()),
-            )
 
     async def _run(self) -> None:
+        try:
+            await self._read()
+        except Exception as exc:  # any failure ends the sockets: none is left hanging
+            # The old per-socket read left its socket open with nothing more to come; here
+            # every socket of the conversation (and each new one) would share that fate.
+            log.error("event_channel_failed", conversation_id=self.conversation_id, error=repr(exc))
+            self.failed = exc
+            self._fanout.forget(self)
+            self.ready.set()
+            for subscription in list(self.subscriptions):
+                subscription.wake()
+
+    async def _read(self) -> None:
         store, conversation_id = self._fanout.store, self.conversation_id
         backoff = _Backoff()
         while True:
@@ -247,8 +273,12 @@ class Fanout:
         channel.subscriptions.discard(subscription)
         if not channel.subscriptions:
             channel.close()
-            if self._channels.get(channel.conversation_id) is channel:
-                del self._channels[channel.conversation_id]
+            self.forget(channel)
+
+    def forget(self, channel: Channel) -> None:
+        """`channel` is no longer the conversation's (it ended, or failed)."""
+        if self._channels.get(channel.conversation_id) is channel:
+            del self._channels[channel.conversation_id]
 
     def watched(self) -> int:
         """Conversations with a channel (a reader connection each, while it blocks)."""

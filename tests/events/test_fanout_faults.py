@@ -1,0 +1,158 @@
+"""The events WebSocket's shared read (events/fanout.py) when things go wrong: a read that fails
+with an error that is not an outage ends its sockets (and the next socket reads again), a
+killed reader connection loses and repeats nothing, and sockets joining and leaving together
+(some dropped without a close) leave no read behind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+
+from controlplane import keys
+from controlplane.events.tail import block_ms
+from controlplane.store import keyspace, text
+from tests.support.records import RecordedSandbox, event
+from tests.support.types import Client
+
+SOCKET = "/api/v1/events/socket"
+
+
+async def _post(client: Client, sandbox: str, cid: str, key: dict[str, str], n: int) -> list[str]:
+    posted = [event(n=i) for i in range(n)]
+    resp = await client.post(f"/api/v1/webhooks/{sandbox}/events/{cid}", json=posted, headers=key)
+    assert resp.status == 200, await resp.text()
+    return [e["id"] for e in posted]
+
+
+async def _ids(ws: aiohttp.ClientWebSocketResponse, n: int, timeout: float = 5) -> list[str]:
+    out: list[str] = []
+    for _ in range(n):
+        message = await ws.receive(timeout=timeout)
+        assert message.type == aiohttp.WSMsgType.TEXT, message
+        frame = json.loads(message.data)
+        assert isinstance(frame, dict), message.data
+        out.append(frame["id"])
+    return out
+
+
+async def _nothing_more(ws: aiohttp.ClientWebSocketResponse) -> None:
+    with pytest.raises(asyncio.TimeoutError):
+        await ws.receive(timeout=0.3)
+
+
+async def _until(check: Any, seconds: float = 4.0) -> None:
+    for _ in range(int(seconds / 0.02)):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    assert check()
+
+
+async def test_a_failed_shared_read_ends_its_sockets_and_the_next_socket_reads_again(
+    recorded: RecordedSandbox, raw_redis: aioredis.Redis
+) -> None:
+    """An error that is not an outage (here the stream's key holding a string: WRONGTYPE)
+    ends the read: its sockets are closed with 1011 rather than left open with nothing more
+    ever coming, and a socket opened once the key is right again gets its events."""
+    client, sandbox, cid, key, alice = recorded
+    events = client.app[keys.EVENTS]
+    first = await _post(client, sandbox, cid, key, 2)
+    base = f"{SOCKET}?conversation_id={cid}"
+    watchers = [await client.ws_connect(base, headers=alice) for _ in "ab"]
+    for ws in watchers:
+        assert await _ids(ws, 2) == first
+    await _until(lambda: events.fanout.watched() == 1)
+
+    stream = keyspace.events(cid)
+    kept: Any = await raw_redis.dump(stream)
+    await raw_redis.delete(stream)
+    await raw_redis.set(stream, "not a stream")
+    wait = block_ms(events.fanout.reader) / 1000 + 5  # the read blocked then may run out first
+    for ws in watchers:
+        message = await ws.receive(timeout=wait)
+        assert message.type == aiohttp.WSMsgType.CLOSE, message
+        assert ws.close_code == aiohttp.WSCloseCode.INTERNAL_ERROR
+    await _until(lambda: events.fanout.watched() == 0)
+
+    await raw_redis.delete(stream)
+    await raw_redis.restore(stream, 0, kept)
+    again = await client.ws_connect(f"{base}&after={first[-1]}", headers=alice)
+    later = await _post(client, sandbox, cid, key, 2)
+    assert await _ids(again, 2) == later
+    await again.close()
+
+
+async def _reader_clients(raw_redis: aioredis.Redis) -> list[str]:
+    """The ids of the Redis clients blocked in XREAD now."""
+    listed: Any = await raw_redis.client_list()
+    return [str(c["id"]) for c in listed if text(c.get("cmd", "")) == "xread"]
+
+
+async def test_a_killed_shared_read_connection_loses_and_repeats_nothing(
+    recorded: RecordedSandbox, raw_redis: aioredis.Redis
+) -> None:
+    client, sandbox, cid, key, alice = recorded
+    events = client.app[keys.EVENTS]
+    base = f"{SOCKET}?conversation_id={cid}"
+    sockets = [await client.ws_connect(f"{base}&resend_all=false", headers=alice) for _ in "ab"]
+    await _until(lambda: events.fanout.watched() == 1)
+    posted: list[str] = []
+    for _ in range(3):
+        for _ in range(20):  # the read is back in XREAD
+            blocked = await _reader_clients(raw_redis)
+            if blocked:
+                break
+            await asyncio.sleep(0.05)
+        assert len(blocked) == 1, blocked
+        await raw_redis.client_kill_filter(_id=blocked[0])
+        posted += await _post(client, sandbox, cid, key, 5)
+    for ws in sockets:
+        assert await _ids(ws, len(posted)) == posted
+        await _nothing_more(ws)
+        await ws.close()
+    await _until(lambda: events.fanout.watched() == 0)
+
+
+async def test_sockets_joining_and_leaving_together_leave_no_read_behind(
+    recorded: RecordedSandbox, raw_redis: aioredis.Redis
+) -> None:
+    """Twenty sockets join while events are posted, each gets all of them once and in order;
+    half close, the others are dropped without a close frame: no channel, no blocked read, no
+    reader connection in use remains."""
+    client, sandbox, cid, key, alice = recorded
+    events = client.app[keys.EVENTS]
+    base = f"{SOCKET}?conversation_id={cid}"
+    posted: list[str] = []
+
+    async def poster() -> None:
+        for _ in range(10):
+            posted.extend(await _post(client, sandbox, cid, key, 7))
+            await asyncio.sleep(0.01)
+
+    async def join() -> aiohttp.ClientWebSocketResponse:
+        return await client.ws_connect(base, headers=alice)
+
+    posting = asyncio.create_task(poster())
+    sockets = await asyncio.gather(*(join() for _ in range(20)))
+    await posting
+    for ws in sockets:
+        assert await _ids(ws, len(posted)) == posted
+    for ws in sockets:
+        await _nothing_more(ws)
+    for n, ws in enumerate(sockets):
+        if n % 2:
+            await ws.close()
+        else:
+            connection = ws._conn
+            assert connection is not None
+            assert connection.transport is not None
+            connection.transport.abort()
+    await _until(lambda: events.fanout.watched() == 0)
+    pool: Any = events.fanout.reader.connection_pool
+    await _until(lambda: not pool._in_use_connections)
+    assert await _reader_clients(raw_redis) == []
