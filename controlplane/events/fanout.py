@@ -12,7 +12,8 @@ events for it, then follows the queue. The catch-up always reaches the stream's 
 moment after the queue started to fill, so the two overlap and never leave a gap; the overlap is
 skipped by stream id. The guarantees are `tail`'s (events/tail.py): nothing skipped through
 Redis outages (the channel retries from its last stream id), order kept, no repeat (an event a
-failover stored again under another stream id is skipped by its event id).
+failover stored again under another stream id is skipped by its event id, by each subscription:
+one that joined after the failover never had it, and gets it).
 
 A channel whose read fails with an error that is not an outage (a stream key of another type,
 say) ends: it leaves the fanout, and its subscriptions raise `FeedFailed`, which ends their
@@ -217,7 +218,6 @@ class Channel:
         self.ready.set()
         backoff.reset()
         wait_ms = block_ms(self._fanout.reader)
-        seen: dict[str, None] = {}
         # Asked after every read too: a cancellation lost inside redis-py (tail.py) ends it here.
         while not self.closed:
             try:
@@ -231,14 +231,10 @@ class Channel:
             if not texts:
                 continue
             cursor = texts[-1][0]
-            frames: list[Frame] = []
-            for frame in _frames(texts):
-                if frame[1] and frame[1] in seen:
-                    continue  # stored again by its writer after a failover
-                seen[frame[1]] = None
-                if len(seen) > REMEMBERED:
-                    del seen[next(iter(seen))]
-                frames.append(frame)
+            # No repeat filter here: an event stored again after a failover is new to a
+            # subscription that joined since (its catch-up read the new master), and each
+            # subscription skips what it handed out itself.
+            frames = _frames(texts)
             for subscription in list(self.subscriptions):
                 subscription.offer(frames)
 

@@ -1,7 +1,8 @@
 """The events WebSocket's shared read (events/fanout.py) when things go wrong: a read that fails
-with an error that is not an outage ends its sockets (and the next socket reads again), a
-killed reader connection loses and repeats nothing, and sockets joining and leaving together
-(some dropped without a close) leave no read behind."""
+with an error that is not an outage ends its sockets (and the next socket reads again), an
+event a failover made its writer store again reaches a socket that never had it, a killed
+reader connection loses and repeats nothing, and sockets joining and leaving together (some
+dropped without a close) leave no read behind."""
 
 from __future__ import annotations
 
@@ -85,6 +86,41 @@ async def test_a_failed_shared_read_ends_its_sockets_and_the_next_socket_reads_a
     later = await _post(client, sandbox, cid, key, 2)
     assert await _ids(again, 2) == later
     await again.close()
+
+
+async def test_an_event_stored_again_after_a_failover_reaches_a_socket_that_lacked_it(
+    recorded: RecordedSandbox, raw_redis: aioredis.Redis
+) -> None:
+    """A master replaced before it replicated an event loses it; its writer stores it again on
+    the new master under a new stream id. A socket that had it skips it; one that joined in
+    between (its history read from the new master, without it) gets it, once."""
+    client, sandbox, cid, key, alice = recorded
+    events = client.app[keys.EVENTS]
+    base = f"{SOCKET}?conversation_id={cid}"
+    had_it = await client.ws_connect(f"{base}&resend_all=false", headers=alice)
+    await _until(lambda: events.fanout.watched() == 1)
+    await asyncio.sleep(0.2)  # the shared read's start is fixed
+    before = await _post(client, sandbox, cid, key, 1)
+    lost = [event()]
+    resp = await client.post(f"/api/v1/webhooks/{sandbox}/events/{cid}", json=lost, headers=key)
+    assert resp.status == 200
+    assert await _ids(had_it, 2) == [*before, lost[0]["id"]]
+
+    # The failover: the new master has neither the event nor its ids (the old one had both).
+    entries: Any = await raw_redis.xrevrange(keyspace.events(cid), "+", "-", 1)
+    await raw_redis.xdel(keyspace.events(cid), entries[0][0])
+    await raw_redis.hdel(keyspace.event_ids(cid), lost[0]["id"])
+    await raw_redis.hdel(keyspace.EVENT_INDEX, lost[0]["id"])
+
+    joined = await client.ws_connect(base, headers=alice)  # all of it: the one before
+    assert await _ids(joined, 1) == before
+    resp = await client.post(f"/api/v1/webhooks/{sandbox}/events/{cid}", json=lost, headers=key)
+    assert resp.status == 200  # the writer's retry stores it again
+    assert await _ids(joined, 1) == [lost[0]["id"]]
+    await _nothing_more(joined)
+    await _nothing_more(had_it)
+    for ws in (had_it, joined):
+        await ws.close()
 
 
 async def _reader_clients(raw_redis: aioredis.Redis) -> list[str]:
