@@ -13,7 +13,8 @@ moment after the queue started to fill, so the two overlap and never leave a gap
 skipped by stream id. The guarantees are `tail`'s (events/tail.py): nothing skipped through
 Redis outages (the channel retries from its last stream id), order kept, no repeat (an event a
 failover stored again under another stream id is skipped by its event id, by each subscription:
-one that joined after the failover never had it, and gets it).
+one that joined after the failover never had it, and gets it). A stream entry that is not an
+event (not a JSON object) is never handed out.
 
 A channel whose read fails with an error that is not an outage (a stream key of another type,
 say) ends: it leaves the fanout, and its subscriptions raise `FeedFailed`, which ends their
@@ -60,16 +61,26 @@ class FeedFailed(Exception):
     """The conversation's shared read failed with an error that is not an outage."""
 
 
-def _event_id(stored: str) -> str:
+def _event_id(stored: str) -> str | None:
+    """The event's id; None when `stored` is not an event (not a JSON object)."""
     try:
         event = json.loads(stored)
-    except ValueError:
-        return ""
-    return str(event.get("id")) if isinstance(event, dict) else ""
+    except (ValueError, RecursionError):
+        return None
+    return str(event.get("id")) if isinstance(event, dict) else None
 
 
-def _frames(texts: list[tuple[str, str]]) -> list[Frame]:
-    return [(sid, _event_id(stored), stored) for sid, stored in texts]
+def _frames(texts: list[tuple[str, str]], conversation_id: str) -> list[Frame]:
+    """The entries that are events, as frames; the others are logged and left out (the socket
+    sends one event's JSON per frame, and the old feed stopped at such an entry for good)."""
+    out: list[Frame] = []
+    for sid, stored in texts:
+        event_id = _event_id(stored)
+        if event_id is None:
+            log.warning("event_entry_not_an_event", conversation_id=conversation_id, stream_id=sid)
+            continue
+        out.append((sid, event_id, stored))
+    return out
 
 
 class _Backoff:
@@ -129,8 +140,6 @@ class Subscription:
         if id_order(sid) <= id_order(self.position):
             return False  # read by the catch-up already
         self.position = sid
-        if not event_id:
-            return True  # not one of ours (each stored event has an id): nothing to match
         if event_id in self._seen:
             return False
         self._seen[event_id] = None
@@ -164,9 +173,11 @@ class Subscription:
                         await backoff.wait("event_catch_up_retry", conversation_id, exc)
                         continue
                     backoff.reset()
-                    for frame in _frames(page):
+                    for frame in _frames(page, conversation_id):
                         if self._fresh(frame):
                             yield frame[2]
+                    if page and id_order(page[-1][0]) > id_order(self.position):
+                        self.position = page[-1][0]  # the page ended in entries left out
                     if len(page) < PAGE:
                         break
                 continue
@@ -234,7 +245,9 @@ class Channel:
             # No repeat filter here: an event stored again after a failover is new to a
             # subscription that joined since (its catch-up read the new master), and each
             # subscription skips what it handed out itself.
-            frames = _frames(texts)
+            frames = _frames(texts, conversation_id)
+            if not frames:
+                continue
             for subscription in list(self.subscriptions):
                 subscription.offer(frames)
 

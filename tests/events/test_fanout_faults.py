@@ -1,8 +1,8 @@
 """The events WebSocket's shared read (events/fanout.py) when things go wrong: a read that fails
 with an error that is not an outage ends its sockets (and the next socket reads again), an
-event a failover made its writer store again reaches a socket that never had it, a killed
-reader connection loses and repeats nothing, and sockets joining and leaving together (some
-dropped without a close) leave no read behind."""
+event a failover made its writer store again reaches a socket that never had it, entries that
+are not events are never sent, a killed reader connection loses and repeats nothing, and
+sockets joining and leaving together (some dropped without a close) leave no read behind."""
 
 from __future__ import annotations
 
@@ -121,6 +121,32 @@ async def test_an_event_stored_again_after_a_failover_reaches_a_socket_that_lack
     await _nothing_more(had_it)
     for ws in (had_it, joined):
         await ws.close()
+
+
+async def test_entries_that_are_not_events_are_never_sent(
+    recorded: RecordedSandbox, raw_redis: aioredis.Redis
+) -> None:
+    """Each frame is one event's JSON (docs/api.md): a stream entry that is not (not JSON, not
+    an object, no `e` field) is skipped by the history's read and by the shared one alike."""
+    client, sandbox, cid, key, alice = recorded
+    events = client.app[keys.EVENTS]
+    stream = keyspace.events(cid)
+    first = await _post(client, sandbox, cid, key, 1)
+    await raw_redis.xadd(stream, {"e": "{not json"})
+    await raw_redis.xadd(stream, {"e": "[1, 2]"})
+    await raw_redis.xadd(stream, {"x": "no e field"})
+    second = await _post(client, sandbox, cid, key, 1)
+    base = f"{SOCKET}?conversation_id={cid}"
+    ws = await client.ws_connect(base, headers=alice)
+    assert await _ids(ws, 2) == first + second  # the history's read
+    await _until(lambda: events.fanout.watched() == 1)
+    await asyncio.sleep(0.2)
+    await raw_redis.xadd(stream, {"e": "{not json"})
+    await raw_redis.xadd(stream, {"x": "no e field"})
+    third = await _post(client, sandbox, cid, key, 1)
+    assert await _ids(ws, 1) == third  # the shared read's
+    await _nothing_more(ws)
+    await ws.close()
 
 
 async def _reader_clients(raw_redis: aioredis.Redis) -> list[str]:
