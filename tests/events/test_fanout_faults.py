@@ -88,6 +88,21 @@ async def test_a_failed_shared_read_ends_its_sockets_and_the_next_socket_reads_a
     await again.close()
 
 
+async def test_a_socket_whose_shared_read_cannot_start_is_closed(
+    recorded: RecordedSandbox, raw_redis: aioredis.Redis
+) -> None:
+    """The read fails at its start (the stream's newest id): the socket, which waits for that
+    start before reading the history, is closed with 1011 too, and no channel is left."""
+    client, _sandbox, cid, _key, alice = recorded
+    events = client.app[keys.EVENTS]
+    await raw_redis.set(keyspace.events(cid), "not a stream")
+    ws = await client.ws_connect(f"{SOCKET}?conversation_id={cid}", headers=alice)
+    message = await ws.receive(timeout=5)
+    assert message.type == aiohttp.WSMsgType.CLOSE, message
+    assert ws.close_code == aiohttp.WSCloseCode.INTERNAL_ERROR
+    await _until(lambda: events.fanout.watched() == 0)
+
+
 async def test_an_event_stored_again_after_a_failover_reaches_a_socket_that_lacked_it(
     recorded: RecordedSandbox, raw_redis: aioredis.Redis
 ) -> None:
