@@ -1,8 +1,9 @@
 """The events WebSocket's shared read (events/fanout.py) when things go wrong: a read that fails
 with an error that is not an outage ends its sockets (and the next socket reads again), an
 event a failover made its writer store again reaches a socket that never had it, entries that
-are not events are never sent, a killed reader connection loses and repeats nothing, and
-sockets joining and leaving together (some dropped without a close) leave no read behind."""
+are not events are never sent, a killed reader connection loses and repeats nothing, a queue
+that overflows while its socket still reads the history loses nothing, and sockets joining and
+leaving together (some dropped without a close) leave no read behind."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from controlplane import keys
+from controlplane.events import fanout
 from controlplane.events.tail import block_ms
 from controlplane.store import keyspace, text
 from tests.support.records import RecordedSandbox, event
@@ -233,3 +235,38 @@ async def test_sockets_joining_and_leaving_together_leave_no_read_behind(
     pool: Any = events.fanout.reader.connection_pool
     await _until(lambda: not pool._in_use_connections)
     assert await _reader_clients(raw_redis) == []
+
+
+async def test_a_queue_that_overflows_during_its_own_catch_up_loses_nothing(
+    recorded: RecordedSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sockets join a long history in small pages while batches larger than their queues keep
+    coming: each queue overflows while its socket is still reading the history, and each
+    socket still gets every event once, in order."""
+    monkeypatch.setattr(fanout, "QUEUE_CAP", 10)
+    monkeypatch.setattr(fanout, "PAGE", 7)
+    client, sandbox, cid, key, alice = recorded
+    events = client.app[keys.EVENTS]
+    base = f"{SOCKET}?conversation_id={cid}"
+    posted = await _post(client, sandbox, cid, key, 150)
+    watching = await client.ws_connect(f"{base}&resend_all=false", headers=alice)
+    await _until(lambda: events.fanout.watched() == 1)
+    await asyncio.sleep(0.2)  # the shared read's start is fixed
+
+    async def poster() -> None:
+        for size in (30, 12, 40, 3, 25):
+            posted.extend(await _post(client, sandbox, cid, key, size))
+            await asyncio.sleep(0)
+
+    before = events.fanout.fell_behind
+    posting = asyncio.create_task(poster())
+    joined = [await client.ws_connect(base, headers=alice) for _ in range(3)]
+    await posting
+    for ws in joined:
+        assert await _ids(ws, len(posted)) == posted
+        await _nothing_more(ws)
+    assert await _ids(watching, len(posted) - 150) == posted[150:]
+    assert events.fanout.fell_behind > before  # the queues did overflow
+    for ws in [watching, *joined]:
+        await ws.close()
+    await _until(lambda: events.fanout.watched() == 0)
