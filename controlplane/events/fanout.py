@@ -12,7 +12,13 @@ events for it, then follows the queue. The catch-up always reaches the stream's 
 moment after the queue started to fill, so the two overlap and never leave a gap; the overlap is
 skipped by stream id. The guarantees are `tail`'s (events/tail.py): nothing skipped through
 Redis outages (the channel retries from its last stream id), order kept, no repeat (an event a
-failover stored again under another stream id is skipped by its event id).
+failover stored again under another stream id is skipped by its event id, by each subscription:
+one that joined after the failover never had it, and gets it). A stream entry that is not an
+event (not a JSON object) is never handed out.
+
+A channel whose read fails with an error that is not an outage (a stream key of another type,
+say) ends: it leaves the fanout, and its subscriptions raise `FeedFailed`, which ends their
+sockets (events/routes.py closes them with 1011); the next socket starts a new channel.
 
 A slow socket never holds up the others nor grows memory without bound: its queue holds at most
 `QUEUE_CAP` events; past that the queue is dropped and the subscription catches up from the
@@ -51,16 +57,30 @@ PAGE = 500
 """Events a catch-up reads at a time."""
 
 
-def _event_id(stored: str) -> str:
+class FeedFailed(Exception):
+    """The conversation's shared read failed with an error that is not an outage."""
+
+
+def _event_id(stored: str) -> str | None:
+    """The event's id; None when `stored` is not an event (not a JSON object)."""
     try:
         event = json.loads(stored)
-    except ValueError:
-        return ""
-    return str(event.get("id")) if isinstance(event, dict) else ""
+    except (ValueError, RecursionError):
+        return None
+    return str(event.get("id")) if isinstance(event, dict) else None
 
 
-def _frames(texts: list[tuple[str, str]]) -> list[Frame]:
-    return [(sid, _event_id(stored), stored) for sid, stored in texts]
+def _frames(texts: list[tuple[str, str]], conversation_id: str) -> list[Frame]:
+    """The entries that are events, as frames; the others are logged and left out (the socket
+    sends one event's JSON per frame, and the old feed stopped at such an entry for good)."""
+    out: list[Frame] = []
+    for sid, stored in texts:
+        event_id = _event_id(stored)
+        if event_id is None:
+            log.warning("event_entry_not_an_event", conversation_id=conversation_id, stream_id=sid)
+            continue
+        out.append((sid, event_id, stored))
+    return out
 
 
 class _Backoff:
@@ -103,6 +123,10 @@ class Subscription:
             self._queue.extend(frames)
         self._woken.set()
 
+    def wake(self) -> None:
+        """Look at the channel again (it failed)."""
+        self._woken.set()
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
@@ -116,8 +140,6 @@ class Subscription:
         if id_order(sid) <= id_order(self.position):
             return False  # read by the catch-up already
         self.position = sid
-        if not event_id:
-            return True  # not one of ours (each stored event has an id): nothing to match
         if event_id in self._seen:
             return False
         self._seen[event_id] = None
@@ -125,11 +147,19 @@ class Subscription:
             del self._seen[next(iter(self._seen))]
         return True
 
+    def _raise_if_failed(self) -> None:
+        failed = self.channel.failed
+        if failed is not None:
+            raise FeedFailed(f"the conversation's event read failed: {failed!r}") from failed
+
     async def texts(self) -> AsyncIterator[str]:
-        """The events' stored JSON, in order, until the subscription is closed."""
+        """The events' stored JSON, in order, until the subscription is closed. Raises
+        FeedFailed when the channel fails, and what the catch-up's read raises that is not an
+        outage."""
         await self.channel.ready.wait()
         backoff, conversation_id = _Backoff(), self.channel.conversation_id
         while not self.closed:
+            self._raise_if_failed()
             if self._behind:
                 # From here on the channel's events are queued; the store is read to its end.
                 self._behind = False
@@ -143,9 +173,11 @@ class Subscription:
                         await backoff.wait("event_catch_up_retry", conversation_id, exc)
                         continue
                     backoff.reset()
-                    for frame in _frames(page):
+                    for frame in _frames(page, conversation_id):
                         if self._fresh(frame):
                             yield frame[2]
+                    if page and id_order(page[-1][0]) > id_order(self.position):
+                        self.position = page[-1][0]  # the page ended in entries left out
                     if len(page) < PAGE:
                         break
                 continue
@@ -166,20 +198,26 @@ class Channel:
         self.conversation_id = conversation_id
         self.subscriptions: set[Subscription] = set()
         self.ready = asyncio.Event()
-        """Set once the channel's start (the stream's newest id) is fixed."""
+        """Set once the channel's start (the stream's newest id) is fixed, or it failed."""
         self.closed = False
+        self.failed: Exception | None = None
+        """What ended the read when it failed (not an outage: those are retried)."""
         self.task = asyncio.create_task(self._run(), name=f"events:{conversation_id}")
-        self.task.add_done_callback(self._ended)
-
-    def _ended(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error(
-                "event_channel_failed",
-                conversation_id=self.conversation_id,
-                error=repr(task.exception()),
-            )
 
     async def _run(self) -> None:
+        try:
+            await self._read()
+        except Exception as exc:  # any failure ends the sockets: none is left hanging
+            # The old per-socket read left its socket open with nothing more to come; here
+            # every socket of the conversation (and each new one) would share that fate.
+            log.error("event_channel_failed", conversation_id=self.conversation_id, error=repr(exc))
+            self.failed = exc
+            self._fanout.forget(self)
+            self.ready.set()
+            for subscription in list(self.subscriptions):
+                subscription.wake()
+
+    async def _read(self) -> None:
         store, conversation_id = self._fanout.store, self.conversation_id
         backoff = _Backoff()
         while True:
@@ -191,7 +229,6 @@ class Channel:
         self.ready.set()
         backoff.reset()
         wait_ms = block_ms(self._fanout.reader)
-        seen: dict[str, None] = {}
         # Asked after every read too: a cancellation lost inside redis-py (tail.py) ends it here.
         while not self.closed:
             try:
@@ -205,14 +242,12 @@ class Channel:
             if not texts:
                 continue
             cursor = texts[-1][0]
-            frames: list[Frame] = []
-            for frame in _frames(texts):
-                if frame[1] and frame[1] in seen:
-                    continue  # stored again by its writer after a failover
-                seen[frame[1]] = None
-                if len(seen) > REMEMBERED:
-                    del seen[next(iter(seen))]
-                frames.append(frame)
+            # No repeat filter here: an event stored again after a failover is new to a
+            # subscription that joined since (its catch-up read the new master), and each
+            # subscription skips what it handed out itself.
+            frames = _frames(texts, conversation_id)
+            if not frames:
+                continue
             for subscription in list(self.subscriptions):
                 subscription.offer(frames)
 
@@ -247,8 +282,12 @@ class Fanout:
         channel.subscriptions.discard(subscription)
         if not channel.subscriptions:
             channel.close()
-            if self._channels.get(channel.conversation_id) is channel:
-                del self._channels[channel.conversation_id]
+            self.forget(channel)
+
+    def forget(self, channel: Channel) -> None:
+        """`channel` is no longer the conversation's (it ended, or failed)."""
+        if self._channels.get(channel.conversation_id) is channel:
+            del self._channels[channel.conversation_id]
 
     def watched(self) -> int:
         """Conversations with a channel (a reader connection each, while it blocks)."""

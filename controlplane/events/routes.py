@@ -8,6 +8,7 @@ import json
 import weakref
 from typing import Any
 
+import structlog
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
@@ -38,6 +39,8 @@ from controlplane.events.models import (
 )
 from controlplane.events.socket_cap import SocketCap
 from controlplane.sandboxes.models import Success
+
+log = structlog.get_logger(__name__)
 
 routes = RouteTable(tag="events")
 # Served by the API and by the webhook listener on the sandbox networks' gateways (app.py).
@@ -161,11 +164,26 @@ async def _pump(ws: web.WebSocketResponse, subscription: Subscription) -> None:
     """The conversation's events to the socket, each sent as it was stored (events/fanout.py),
     until the client closes it (or the server does)."""
 
+    failed = False
+
     async def follow() -> None:
-        async for stored in subscription.texts():
-            if ws.closed:
-                break
-            await ws.send_str(stored)
+        nonlocal failed
+        try:
+            async for stored in subscription.texts():
+                if ws.closed:
+                    break
+                await ws.send_str(stored)
+        except ConnectionResetError:
+            return  # the client went away
+        except Exception as exc:  # the socket ends, never stays open and mute
+            # The client reconnects with after= its last event (1011: try again later).
+            log.error(
+                "event_socket_failed",
+                conversation_id=subscription.channel.conversation_id,
+                error=repr(exc),
+            )
+            failed = True
+            await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"event feed failed")
 
     pump = asyncio.create_task(follow())
     try:
@@ -174,7 +192,8 @@ async def _pump(ws: web.WebSocketResponse, subscription: Subscription) -> None:
                 break
     finally:
         subscription.close()
-        pump.cancel()
+        if not failed:  # else it is closing the socket: let it finish the handshake
+            pump.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionResetError):
             await pump
 
