@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 
 import structlog
 
@@ -91,21 +92,30 @@ class SnapshotService:
             raise Conflict("only the owner of a sandbox may snapshot it")
         return info(await self._carried(sandbox, name))
 
-    async def _carried(self, sandbox: SandboxRecord, name: str | None) -> SnapshotRecord:
+    async def _carried(
+        self, sandbox: SandboxRecord, name: str | None, *, fork: bool = False
+    ) -> SnapshotRecord:
         """Take it in a task of its own that the request waits for: a request that ends
         first (its time limit, a client gone) does not abandon the snapshot, which is listed
         when done. The service's close cancels what is left (abandoned, then collected)."""
-        return await asyncio.shield(self.begin(sandbox, name))
+        return await asyncio.shield(self.begin(sandbox, name, fork=fork))
 
     def begin(
-        self, sandbox: SandboxRecord, name: str | None, captured: asyncio.Event | None = None
+        self,
+        sandbox: SandboxRecord,
+        name: str | None,
+        captured: asyncio.Event | None = None,
+        *,
+        fork: bool = False,
     ) -> asyncio.Task[SnapshotRecord]:
         """Start taking a snapshot of `sandbox` (its owner's) in a task of the service's own
         (cancelled by its close); `captured` is set once its files are read at their
         consistent moment, before they are sent (a conversation's checkpoint lets the user's
-        message go then). The task raises as `take`."""
+        message go then); `fork`: sandboxes start from it on this runtime next (the runtime's
+        shared copy of its files is built as they are read: Taker.take's `local_image`).
+        The task raises as `take`."""
         task = asyncio.create_task(
-            self._take(sandbox, name, captured), name=f"snapshot-of-{sandbox.id}"
+            self._take(sandbox, name, captured, fork=fork), name=f"snapshot-of-{sandbox.id}"
         )
         self._taking.add(task)
         task.add_done_callback(self._taken)
@@ -128,7 +138,12 @@ class SnapshotService:
         await stop_tasks(list(self._taking))
 
     async def _take(
-        self, sandbox: SandboxRecord, name: str | None, captured: asyncio.Event | None = None
+        self,
+        sandbox: SandboxRecord,
+        name: str | None,
+        captured: asyncio.Event | None = None,
+        *,
+        fork: bool = False,
     ) -> SnapshotRecord:
         files = self._capability()
         if sandbox.status not in (S.RUNNING, S.PAUSED) or sandbox.deleting_at is not None:
@@ -154,7 +169,13 @@ class SnapshotService:
             for attempt in (1, 2):
                 try:
                     record = await self._taker.take(
-                        files, current, spec.working_dir, name, self.limits(), captured=captured
+                        files,
+                        current,
+                        spec.working_dir,
+                        name,
+                        self.limits(),
+                        captured=captured,
+                        local_image=spec.image if fork else None,
                     )
                     break
                 except Stale:
@@ -256,9 +277,18 @@ class SnapshotService:
             active = await self._sandboxes.store.count_active(principal.user_id)
             if active + count > limits.running:
                 raise self._sandboxes.admission.refused(principal)
-        record = await self._carried(sandbox, None)
+        began = time.monotonic()
+        record = await self._carried(sandbox, None, fork=True)
+        taken = time.monotonic()
         started = await self._sandboxes.start_from(principal, record.id, count)
-        log.info("sandbox_forked", sandbox_id=sandbox_id, snapshot_id=record.id, count=count)
+        log.info(
+            "sandbox_forked",
+            sandbox_id=sandbox_id,
+            snapshot_id=record.id,
+            count=count,
+            snapshot_s=round(taken - began, 3),
+            records_s=round(time.monotonic() - taken, 3),
+        )
         return ForkResult(snapshot=info(record), sandboxes=started)
 
 
