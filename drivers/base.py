@@ -272,11 +272,18 @@ class SandboxFiles(Protocol):
     Docker's base); False where each sandbox gets its own copy out of the store
     (Kubernetes)."""
 
-    async def build_local(self, key: str, image: str, items: AsyncIterator[FileItem]) -> None:
+    async def build_local(
+        self,
+        key: str,
+        image: str,
+        items: AsyncIterator[FileItem],
+        sandbox_ids: Sequence[str] = (),
+    ) -> None:
         """Build the shared copy of the content `key` (a snapshot id: FileSource.key of a
         plain restore) for sandboxes of `image` from `items` (the workspace and system trees,
         every file with its bytes, as FileSource.items streams them), unless it exists; the
-        sandboxes made from `key` here then start from it without reading the store. Raises
+        sandboxes made from `key` here then start from it without reading the store (those of
+        `sandbox_ids`, the forks to come, with what each needs of it made already). Raises
         what the runtime raises (nothing of a failed build is left); DriverError where
         `builds_locally` is False."""
 

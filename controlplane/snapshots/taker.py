@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -101,6 +101,7 @@ class Taker:
         *,
         captured: asyncio.Event | None = None,
         local_image: str | None = None,
+        fork_ids: Sequence[str] = (),
     ) -> SnapshotRecord:
         """The new READY snapshot. Raises QuotaExceeded, Stale, StoreUnavailable, what the
         runtime raises; nothing is left listed, and what was sent is collected. `captured` is
@@ -109,7 +110,8 @@ class Taker:
         `local_image` (a fork's: the spec's image), on a runtime that keeps a shared copy of a
         snapshot's files (SandboxFiles.builds_locally): that copy is built from the export as
         it streams, beside the writer, so that the forks start without reading the store (the
-        export then reads every file: the copy needs them all)."""
+        export then reads every file: the copy needs them all); `fork_ids`: the sandboxes to
+        be made from it, whose own directories in that copy are made with it."""
         if local_image is not None and not files.builds_locally:
             local_image = None
         store = self._data.store
@@ -161,7 +163,7 @@ class Taker:
                         # What a plain restore gets (never the state tree: reader.RESTORED).
                         tee = Tee(export.items, lambda entry: entry.tree in RESTORED)
                         building = asyncio.create_task(
-                            files.build_local(snapshot_id, local_image, tee.branch()),
+                            files.build_local(snapshot_id, local_image, tee.branch(), fork_ids),
                             name=f"local-base-{snapshot_id}",
                         )
                         try:

@@ -22,7 +22,7 @@ import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -211,14 +211,17 @@ class DockerBases:
 
     # -- building a base ------------------------------------------------------------------------
 
-    async def build(self, key: str, image: str, items: AsyncIterator[FileItem]) -> None:
+    async def build(
+        self, key: str, image: str, items: AsyncIterator[FileItem], sandbox_ids: Sequence[str]
+    ) -> None:
         """Build the base of `key` for `image` from `items` (a fork's export as it streams:
-        every workspace and system file with its bytes) unless it exists; the sandboxes made
+        every workspace and system file with its bytes) unless it exists, with the fork
+        directories of `sandbox_ids` (the forks to come) in its archive; the sandboxes made
         from `key` then find it (`workspace`). Nothing of a failed build is left. The stream
         is consumed to its end either way (its producer is not left waiting)."""
         streamed = _Streamed(key, items)
         try:
-            await self._ensure_of(streamed, image, None)
+            await self._ensure_of(streamed, image, None, sandbox_ids=sandbox_ids)
         finally:
             await streamed.drain()
 
@@ -232,11 +235,15 @@ class DockerBases:
         image_name: str,
         request: SandboxRequest | None,
         old: OldWorkspace | None = None,
+        *,
+        sandbox_ids: Sequence[str] = (),
     ) -> Base:
         """The base of `source` for `image_name`, built unless it exists; `request`: the
         sandbox it is built for (its fork directories come in the base's own archive, and a
-        rewind's old workspace is read for it), None for a base built ahead of its sandboxes."""
+        rewind's old workspace is read for it), None for a base built ahead of its sandboxes
+        (`sandbox_ids`: theirs, whose fork directories come in its archive)."""
         sandbox_id = request.sandbox_id if request is not None else ""
+        forks = [sandbox_id] if sandbox_id else list(sandbox_ids)
         image_id = await self._lane.run(lambda c: _image_id(c, image_name))
         name = f"{self._prefix}base-{source.key}-{image_id[7:19]}"
         image = f"{_image_name(self._prefix)}:{source.key}-{image_id[7:19]}"
@@ -270,7 +277,7 @@ class DockerBases:
                 if old is not None:  # what it holds of the snapshot is linked: it may go
                     dropping = asyncio.ensure_future(old.drop())
                 filling = time.monotonic()
-                root, signatures = await self._fill(source, sandbox_id, name, upper, held)
+                root, signatures = await self._fill(source, forks, name, upper, held)
                 filled = time.monotonic()
                 repository, _, tag = image.partition(":")
                 # The image's labels pass to every container of it: only what they need. A
@@ -296,8 +303,9 @@ class DockerBases:
                 )
                 self._stamping[name] = stamping
                 stamping.add_done_callback(lambda done: self._stamped(name, done))
-                if sandbox_id:
-                    self._dirs_made.add((name, sandbox_id))
+                # A base built again (one swept meanwhile) has only these forks' directories.
+                self._dirs_made = {made for made in self._dirs_made if made[0] != name}
+                self._dirs_made.update((name, fork) for fork in forks)
             except BaseException:
                 await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
                 raise
@@ -311,15 +319,20 @@ class DockerBases:
             return Base(name, str(made["Mountpoint"]), image, root)
 
     async def _fill(
-        self, source: FileSource, sandbox_id: str, volume: str, upper: str, held: frozenset[str]
+        self,
+        source: FileSource,
+        sandbox_ids: list[str],
+        volume: str,
+        upper: str,
+        held: frozenset[str],
     ) -> tuple[str, dict[str, dict[str, list[object]]]]:
         """The source's workspace tree into the base volume's lower/ and its system (and
         state) trees into the holder's writable layer, extracted by the engine from one
         archive (a container that never starts holds the mounts); the workspace root's
         "uid:gid:mode", and the signature in the snapshot of each file laid down ({tree:
         {path: signature}}, for `_stamp`). The workspace files in `held` are in lower/
-        already (`_reuse`): left out of the archive, and not fetched. `sandbox_id`: the
-        sandbox whose fork directories come in the same archive ("" for none)."""
+        already (`_reuse`): left out of the archive, and not fetched. `sandbox_ids`: the
+        sandboxes whose fork directories come in the same archive."""
         root = "0:0:493"
         signatures: dict[str, dict[str, list[object]]] = {}
         # Paths (per destination) that are not directories: nothing is extracted beneath one,
@@ -351,8 +364,8 @@ class DockerBases:
         async def items() -> AsyncIterator[FileItem]:
             async for item in source.items(held):
                 yield item
-            # The sandbox's own fork directories, with the root's owner and mode now known.
-            made = _fork_entries(root, [sandbox_id] if sandbox_id else [])
+            # The sandboxes' own fork directories, with the root's owner and mode now known.
+            made = _fork_entries(root, sandbox_ids)
             forks.update(made)
             for entry in made:
                 yield entry

@@ -54,9 +54,16 @@ class DockerFiles:
 
     builds_locally = True
 
-    async def build_local(self, key: str, image: str, items: AsyncIterator[FileItem]) -> None:
-        """The base of `key` for `image` (bases.py) from an export's stream."""
-        await self.bases.build(key, image, items)
+    async def build_local(
+        self,
+        key: str,
+        image: str,
+        items: AsyncIterator[FileItem],
+        sandbox_ids: Sequence[str] = (),
+    ) -> None:
+        """The base of `key` for `image` (bases.py) from an export's stream, with the fork
+        directories of `sandbox_ids` made in its archive."""
+        await self.bases.build(key, image, items, sandbox_ids)
 
     async def forget(self, key: str) -> None:
         await self.bases.forget(key)

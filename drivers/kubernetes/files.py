@@ -380,7 +380,13 @@ class KubeFiles:
 
     builds_locally = False  # each restore fills its own claim out of the store
 
-    async def build_local(self, key: str, image: str, items: AsyncIterator[FileItem]) -> None:
+    async def build_local(
+        self,
+        key: str,
+        image: str,
+        items: AsyncIterator[FileItem],
+        sandbox_ids: Sequence[str] = (),
+    ) -> None:
         raise DriverError("the Kubernetes runtime keeps no shared copy of a snapshot's files")
 
     async def forget(self, key: str) -> None:
