@@ -382,7 +382,8 @@ def run_main(
 ) -> int:
     """Run the benchmark `make(tmp, redis_url)` builds against a private redis-server; print
     its table, notes and targets; write its results to `json_path`. The exit status."""
-    configure_logging("json", "warning", stream=sys.stderr)
+    # ACS_BENCH_LOG_LEVEL=info: the services' timing events (phases) on stderr beside the table.
+    configure_logging("json", os.environ.get("ACS_BENCH_LOG_LEVEL", "warning"), stream=sys.stderr)
     with tempfile.TemporaryDirectory(prefix=tmp_prefix) as tmp:
         server = RedisServer(Path(tmp) / "redis")
         bench: Benchmark | None = None

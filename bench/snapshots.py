@@ -564,11 +564,17 @@ def parse(argv: list[str] | None) -> Options:
         action="append",
         help="run this phase (repeatable); default: all",
     )
+    parser.add_argument(
+        "--counts",
+        type=int,
+        nargs="+",
+        help="the fork's sizes (default 1 5 10 20; --quick 1 5)",
+    )
     args = parser.parse_args(argv)
     phases = args.only or list(PHASES)
     if args.quick:
-        return Options(2, 1000, 200, [1, 5], args.json_path, phases)
-    return Options(args.runs, 10_000, 1_000, [1, 5, 10, 20], args.json_path, phases)
+        return Options(2, 1000, 200, args.counts or [1, 5], args.json_path, phases)
+    return Options(args.runs, 10_000, 1_000, args.counts or [1, 5, 10, 20], args.json_path, phases)
 
 
 main = main_of(parse, SnapshotBench, "acs-bench-snap-")

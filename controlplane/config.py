@@ -761,7 +761,9 @@ class Snapshots(BaseModel):
         description="bytes of changed files one snapshot may copy out of a sandbox (their "
         "listed sizes, a sparse file's whole length included), checked before anything is "
         "copied: over it, 413 `snapshot_too_large`. It bounds the helper's staging on the "
-        "engine's disk; `0` = no limit",
+        "engine's disk; `0` = no limit. A fork's snapshot on Docker copies the whole "
+        "workspace (the forks' base is built from it); over this it copies what changed, "
+        "and the forks read the store",
     )
     snapshot_keep_last: int = Field(
         default=10,

@@ -266,6 +266,27 @@ class SandboxFiles(Protocol):
         FilesTooLarge before anything is copied (a sparse file counts at its full size).
         """
 
+    builds_locally: bool
+    """True when the runtime keeps one shared copy of a snapshot's files for the sandboxes
+    made from it on this host and can build it from an export as it streams (`build_local`:
+    Docker's base); False where each sandbox gets its own copy out of the store
+    (Kubernetes)."""
+
+    async def build_local(
+        self,
+        key: str,
+        image: str,
+        items: AsyncIterator[FileItem],
+        sandbox_ids: Sequence[str] = (),
+    ) -> None:
+        """Build the shared copy of the content `key` (a snapshot id: FileSource.key of a
+        plain restore) for sandboxes of `image` from `items` (the workspace and system trees,
+        every file with its bytes, as FileSource.items streams them), unless it exists; the
+        sandboxes made from `key` here then start from it without reading the store (those of
+        `sandbox_ids`, the forks to come, with what each needs of it made already). Raises
+        what the runtime raises (nothing of a failed build is left); DriverError where
+        `builds_locally` is False."""
+
     async def forget(self, key: str) -> None:
         """Drop what the runtime keeps of a FileSource's content (when no sandbox uses it);
         nothing kept succeeds."""

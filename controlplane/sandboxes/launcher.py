@@ -259,7 +259,9 @@ class Launcher:
         spec = self._catalog.find(record.spec_id)
         if spec is None:
             raise StartFailed(f"sandbox spec {record.spec_id!r} no longer exists")
+        began = time.monotonic()
         state = await self._bring_up(record, spec, mode)
+        up = time.monotonic()
         ports, host = reached(spec, state)
         result = await self._store.transition(
             record, [S.STARTING], S.STARTING, ports=ports, host=host
@@ -269,6 +271,12 @@ class Launcher:
             return
         agent = state.endpoints.get(spec.exposed_ports[AGENT_SERVER])
         await self._probe.wait(record.id, agent, announced=self._announces(spec))
+        log.info(
+            "sandbox_launch_phases",
+            sandbox_id=record.id,
+            bring_up_s=round(up - began, 3),
+            ready_s=round(time.monotonic() - up, 3),
+        )
         reason = "start finished by the reconciler after an interruption" if automatic else None
         event = self._notes.pending(
             LifecycleType.SANDBOX_RUNNING, record, reason, automatic=automatic

@@ -7,6 +7,7 @@ compare-and-set in the store, so two replicas (or a replica and the reconciler) 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Protocol
 
 import structlog
@@ -206,10 +207,15 @@ class SandboxService(SandboxReads):
         *,
         spec_id: str | None = None,
         carried: str | None = None,
+        ids: Sequence[str] = (),
     ) -> list[SandboxInfo]:
         """`count` new sandboxes made from a snapshot of the caller's, each with its own id,
         session key and records; all or none (a cap that refuses one refuses them all).
-        `carried`: a conversation's fork (SandboxRecord.carried). Raises as `start`."""
+        `carried`: a conversation's fork (SandboxRecord.carried); `ids`: their ids, chosen
+        ahead (a fork's: its base was made with their directories), else new ones. Raises as
+        `start`."""
+        if ids and len(ids) != count:
+            raise ValueError("one id per sandbox")
         may_start(principal)
         if self.restores is None:
             raise StoreUnavailable("snapshots are not enabled: ACS_SNAPSHOT_STORE_URL is unset")
@@ -228,11 +234,11 @@ class SandboxService(SandboxReads):
         records: list[SandboxRecord] = []
         tickets = self.launcher.gate.admit(count)  # all or none, before anything is made
         try:
-            for _ in range(count):
+            for n in range(count):
                 if not self.admission.room_for(reservation):
                     raise self.admission.refused(principal, "memory")
                 record = SandboxRecord.starting(
-                    naming.new_sandbox_id(),
+                    ids[n] if ids else naming.new_sandbox_id(),
                     principal.user_id,
                     spec.id,
                     principal.org_id,

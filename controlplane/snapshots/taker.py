@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -28,9 +28,11 @@ from controlplane.sandboxes.models import SandboxRecord
 from controlplane.sandboxes.store import SandboxStore
 from controlplane.snapshots.index import SnapshotIndex
 from controlplane.snapshots.models import SnapshotRecord, SnapshotStatus
+from controlplane.snapshots.reader import RESTORED
 from controlplane.snapshots.registry import MANIFEST_TYPE, digest_of, manifest_bytes
 from controlplane.snapshots.sources import SnapshotData
 from controlplane.snapshots.store import SnapshotLimits
+from controlplane.snapshots.tee import Tee
 from controlplane.snapshots.writer import SnapshotWriter, Written
 from drivers.base import SandboxFiles
 
@@ -98,11 +100,20 @@ class Taker:
         limits: SnapshotLimits,
         *,
         captured: asyncio.Event | None = None,
+        local_image: str | None = None,
+        fork_ids: Sequence[str] = (),
     ) -> SnapshotRecord:
         """The new READY snapshot. Raises QuotaExceeded, Stale, StoreUnavailable, what the
         runtime raises; nothing is left listed, and what was sent is collected. `captured` is
         set once the files are read at their consistent moment (the sandbox thawed), before
-        they are sent: from then on the sandbox may change without changing the snapshot."""
+        they are sent: from then on the sandbox may change without changing the snapshot.
+        `local_image` (a fork's: the spec's image), on a runtime that keeps a shared copy of a
+        snapshot's files (SandboxFiles.builds_locally): that copy is built from the export as
+        it streams, beside the writer, so that the forks start without reading the store (the
+        export then reads every file: the copy needs them all); `fork_ids`: the sandboxes to
+        be made from it, whose own directories in that copy are made with it."""
+        if local_image is not None and not files.builds_locally:
+            local_image = None
         store = self._data.store
         started = time.monotonic()
         parent, previous = await self._parent(sandbox)
@@ -130,35 +141,56 @@ class Taker:
                 pack_bytes=self._pack_bytes,
             )
             hold = _Hold(self._sandboxes, sandbox.id)
-            async with files.export(
-                sandbox.id,
-                previous.known() if previous is not None else {},
-                working_dir=working_dir,
-                state_paths=(STATE_DIR,),
-                hold=hold,
-                max_bytes=self._max_changed_bytes,
-            ) as export:
-                marks.append(("export", time.monotonic()))
-                if captured is not None:
-                    captured.set()
-                log.info("snapshot_thawed", sandbox_id=sandbox.id, held=export.held_still)
-                written = await writer.write(export.items)
-            marks.append(("write", time.monotonic()))
-            record = await self._finish(record, written, export.held_still)
-            marks.append(("finish", time.monotonic()))
-            outcome = await store.commit(record, written.new_packs, written.new_chunks, limits)
-            marks.append(("commit", time.monotonic()))
-            log.info(
-                "snapshot_phases",
-                snapshot_id=snapshot_id,
-                **{f"{b[0]}_s": round(b[1] - a[1], 3) for a, b in itertools.pairwise(marks)},
-            )
-            if outcome == "stale":
-                raise Stale()
-            if outcome in ("count", "bytes"):
-                raise _quota(outcome, limits)
-            if outcome != "ok":
-                raise Conflict(f"snapshot {snapshot_id} was abandoned while it was taken")
+            known = previous.known() if previous is not None and local_image is None else {}
+            building: asyncio.Task[None] | None = None
+            listed = False
+            try:
+                async with files.export(
+                    sandbox.id,
+                    known,
+                    working_dir=working_dir,
+                    state_paths=(STATE_DIR,),
+                    hold=hold,
+                    max_bytes=self._max_changed_bytes,
+                ) as export:
+                    marks.append(("export", time.monotonic()))
+                    if captured is not None:
+                        captured.set()
+                    log.info("snapshot_thawed", sandbox_id=sandbox.id, held=export.held_still)
+                    if local_image is None:
+                        written = await writer.write(export.items)
+                    else:
+                        # What a plain restore gets (never the state tree: reader.RESTORED).
+                        tee = Tee(export.items, lambda entry: entry.tree in RESTORED)
+                        building = asyncio.create_task(
+                            files.build_local(snapshot_id, local_image, tee.branch(), fork_ids),
+                            name=f"local-base-{snapshot_id}",
+                        )
+                        try:
+                            written = await writer.write(tee.main())
+                        finally:
+                            tee.close()
+                marks.append(("write", time.monotonic()))
+                record = await self._finish(record, written, export.held_still)
+                marks.append(("finish", time.monotonic()))
+                outcome = await store.commit(record, written.new_packs, written.new_chunks, limits)
+                marks.append(("commit", time.monotonic()))
+                if building is not None:
+                    await _built(building, snapshot_id)
+                    marks.append(("local", time.monotonic()))
+                log.info(
+                    "snapshot_phases",
+                    snapshot_id=snapshot_id,
+                    **{f"{b[0]}_s": round(b[1] - a[1], 3) for a, b in itertools.pairwise(marks)},
+                )
+                _check(outcome, snapshot_id, limits)
+                listed = True
+            finally:
+                if building is not None and not listed:
+                    # Never listed: the copy made of it goes too (nothing can start from it).
+                    building.cancel()
+                    await asyncio.gather(building, return_exceptions=True)
+                    await asyncio.shield(files.forget(snapshot_id))
         self._data.remember(snapshot_id, written.index)
         committed = await store.get(snapshot_id)  # with what the commit counted
         return committed or record
@@ -247,6 +279,25 @@ class Taker:
         )
         await store.fill(record.id, store.encode(record))
         return record
+
+
+def _check(outcome: str, snapshot_id: str, limits: SnapshotLimits) -> None:
+    """Raise unless the commit's outcome is "ok"."""
+    if outcome == "stale":
+        raise Stale()
+    if outcome in ("count", "bytes"):
+        raise _quota(outcome, limits)
+    if outcome != "ok":
+        raise Conflict(f"snapshot {snapshot_id} was abandoned while it was taken")
+
+
+async def _built(building: asyncio.Task[None], snapshot_id: str) -> None:
+    """Wait for the local copy's build; its failure costs only speed (the forks then read
+    the store, as any restore does), never the snapshot."""
+    try:
+        await building
+    except Exception as exc:
+        log.warning("snapshot_local_copy_failed", snapshot_id=snapshot_id, error=str(exc))
 
 
 def _quota(outcome: str, limits: SnapshotLimits) -> QuotaExceeded:

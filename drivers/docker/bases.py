@@ -22,7 +22,7 @@ import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -32,7 +32,16 @@ import structlog
 from docker.errors import APIError, ImageNotFound, NotFound
 from docker.types import Mount
 
-from drivers.base import STATE, SYSTEM, WORKSPACE, FileEntry, FileItem, FileKind, SandboxRequest
+from drivers.base import (
+    STATE,
+    SYSTEM,
+    WORKSPACE,
+    FileEntry,
+    FileItem,
+    FileKind,
+    FileSource,
+    SandboxRequest,
+)
 from drivers.docker import names as docker_names
 from drivers.docker.files import CARRIED, LABEL_SNAPSHOT, Lane
 from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE, LINK_CAPABILITIES, Helper
@@ -202,10 +211,40 @@ class DockerBases:
 
     # -- building a base ------------------------------------------------------------------------
 
+    async def build(
+        self, key: str, image: str, items: AsyncIterator[FileItem], sandbox_ids: Sequence[str]
+    ) -> None:
+        """Build the base of `key` for `image` from `items` (a fork's export as it streams:
+        every workspace and system file with its bytes) unless it exists, with the fork
+        directories of `sandbox_ids` (the forks to come) in its archive; the sandboxes made
+        from `key` then find it (`workspace`). Nothing of a failed build is left. The stream
+        is consumed to its end either way (its producer is not left waiting)."""
+        streamed = _Streamed(key, items)
+        try:
+            await self._ensure_of(streamed, image, None, sandbox_ids=sandbox_ids)
+        finally:
+            await streamed.drain()
+
     async def _ensure(self, request: SandboxRequest, old: OldWorkspace | None = None) -> Base:
-        source = request.restore
-        assert source is not None
-        image_id = await self._lane.run(lambda c: _image_id(c, request.image))
+        assert request.restore is not None
+        return await self._ensure_of(request.restore, request.image, request, old)
+
+    async def _ensure_of(
+        self,
+        source: FileSource,
+        image_name: str,
+        request: SandboxRequest | None,
+        old: OldWorkspace | None = None,
+        *,
+        sandbox_ids: Sequence[str] = (),
+    ) -> Base:
+        """The base of `source` for `image_name`, built unless it exists; `request`: the
+        sandbox it is built for (its fork directories come in the base's own archive, and a
+        rewind's old workspace is read for it), None for a base built ahead of its sandboxes
+        (`sandbox_ids`: theirs, whose fork directories come in its archive)."""
+        sandbox_id = request.sandbox_id if request is not None else ""
+        forks = [sandbox_id] if sandbox_id else list(sandbox_ids)
+        image_id = await self._lane.run(lambda c: _image_id(c, image_name))
         name = f"{self._prefix}base-{source.key}-{image_id[7:19]}"
         image = f"{_image_name(self._prefix)}:{source.key}-{image_id[7:19]}"
         async with self._lock(name):
@@ -221,20 +260,25 @@ class DockerBases:
                 LABEL_BASE_IMAGE: image,
                 LABEL_ROLE: "base",
             }
-            log.info("snapshot_base_building", snapshot=source.key, sandbox_id=request.sandbox_id)
+            log.info("snapshot_base_building", snapshot=source.key, sandbox_id=sandbox_id)
+            began = time.monotonic()
             made = await self._lane.run(lambda c: c.api.create_volume(name=name, labels=labels))
             holder = ""
             dropping: asyncio.Future[None] | None = None
             try:
                 # The image's own command and settings: the commit keeps the container's.
                 holder = await self._lane.run(
-                    lambda c: _create(c, request.image, labels=labels, network_disabled=True)
+                    lambda c: _create(c, image_name, labels=labels, network_disabled=True)
                 )
                 upper = await self._lane.run(lambda c: _upper(c, holder))
-                held = await self._reuse(request, str(made["Mountpoint"]), old)
+                held = frozenset[str]()
+                if request is not None:
+                    held = await self._reuse(request, str(made["Mountpoint"]), old)
                 if old is not None:  # what it holds of the snapshot is linked: it may go
                     dropping = asyncio.ensure_future(old.drop())
-                root, signatures = await self._fill(request, name, upper, held)
+                filling = time.monotonic()
+                root, signatures = await self._fill(source, forks, name, upper, held)
+                filled = time.monotonic()
                 repository, _, tag = image.partition(":")
                 # The image's labels pass to every container of it: only what they need. A
                 # commit merges the holder's own labels in, so those are blanked (a label
@@ -245,14 +289,23 @@ class DockerBases:
                         holder, repository=repository, tag=tag, conf={"Labels": marks}, pause=False
                     )
                 )
+                log.info(
+                    "snapshot_base_built",
+                    snapshot=source.key,
+                    prepare_s=round(filling - began, 3),
+                    fill_s=round(filled - filling, 3),
+                    commit_s=round(time.monotonic() - filled, 3),
+                )
                 # Off the start's path: the layers it reads never change, whatever the sandbox
                 # does meanwhile (an export before it is done reads every file, as before).
                 stamping = asyncio.create_task(
-                    self._stamp(name, image, signatures, request.sandbox_id), name=f"stamp-{name}"
+                    self._stamp(name, image, signatures, sandbox_id), name=f"stamp-{name}"
                 )
                 self._stamping[name] = stamping
                 stamping.add_done_callback(lambda done: self._stamped(name, done))
-                self._dirs_made.add((name, request.sandbox_id))
+                # A base built again (one swept meanwhile) has only these forks' directories.
+                self._dirs_made = {made for made in self._dirs_made if made[0] != name}
+                self._dirs_made.update((name, fork) for fork in forks)
             except BaseException:
                 await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
                 raise
@@ -266,15 +319,20 @@ class DockerBases:
             return Base(name, str(made["Mountpoint"]), image, root)
 
     async def _fill(
-        self, request: SandboxRequest, volume: str, upper: str, held: frozenset[str]
+        self,
+        source: FileSource,
+        sandbox_ids: list[str],
+        volume: str,
+        upper: str,
+        held: frozenset[str],
     ) -> tuple[str, dict[str, dict[str, list[object]]]]:
         """The source's workspace tree into the base volume's lower/ and its system (and
         state) trees into the holder's writable layer, extracted by the engine from one
         archive (a container that never starts holds the mounts); the workspace root's
         "uid:gid:mode", and the signature in the snapshot of each file laid down ({tree:
         {path: signature}}, for `_stamp`). The workspace files in `held` are in lower/
-        already (`_reuse`): left out of the archive, and not fetched."""
-        assert request.restore is not None
+        already (`_reuse`): left out of the archive, and not fetched. `sandbox_ids`: the
+        sandboxes whose fork directories come in the same archive."""
         root = "0:0:493"
         signatures: dict[str, dict[str, list[object]]] = {}
         # Paths (per destination) that are not directories: nothing is extracted beneath one,
@@ -304,11 +362,10 @@ class DockerBases:
         forks: set[FileEntry] = set()
 
         async def items() -> AsyncIterator[FileItem]:
-            assert request.restore is not None
-            async for item in request.restore.items(held):
+            async for item in source.items(held):
                 yield item
-            # The sandbox's own fork directories, with the root's owner and mode now known.
-            made = _fork_entries(root, [request.sandbox_id])
+            # The sandboxes' own fork directories, with the root's owner and mode now known.
+            made = _fork_entries(root, sandbox_ids)
             forks.update(made)
             for entry in made:
                 yield entry
@@ -554,6 +611,29 @@ class DockerBases:
 
 
 _FREE = asyncio.Lock()
+
+
+class _Streamed:
+    """An export's stream as the FileSource a base is built from (`DockerBases.build`)."""
+
+    def __init__(self, key: str, items: AsyncIterator[FileItem]) -> None:
+        self._key = key
+        self._items = items
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    def items(self, held: Collection[str] = ()) -> AsyncIterator[FileItem]:
+        return self._items
+
+    async def workspace(self) -> list[FileEntry]:
+        raise DriverError("a streamed base has no index to compare with")
+
+    async def drain(self) -> None:
+        """Read what is left of the stream (a base found already, a build that failed)."""
+        async for _ in self._items:
+            pass
 
 
 def _fork_entries(root: str, sandbox_ids: list[str]) -> list[FileEntry]:

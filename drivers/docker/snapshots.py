@@ -4,10 +4,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 
-from drivers.base import FileEntry, FileExport, Hold, SandboxRequest
+from drivers.base import FileEntry, FileExport, FileItem, Hold, SandboxRequest
 from drivers.docker.bases import DockerBases
 from drivers.docker.engine import DockerEngine
 from drivers.docker.files import DockerExports, Lane
@@ -51,6 +51,19 @@ class DockerFiles:
             hold=hold,
             max_bytes=max_bytes,
         )
+
+    builds_locally = True
+
+    async def build_local(
+        self,
+        key: str,
+        image: str,
+        items: AsyncIterator[FileItem],
+        sandbox_ids: Sequence[str] = (),
+    ) -> None:
+        """The base of `key` for `image` (bases.py) from an export's stream, with the fork
+        directories of `sandbox_ids` made in its archive."""
+        await self.bases.build(key, image, items, sandbox_ids)
 
     async def forget(self, key: str) -> None:
         await self.bases.forget(key)

@@ -378,6 +378,17 @@ class KubeFiles:
                 raise DriverError(f"snapshot helper {name} did not start in time: {_why(status)}")
             await asyncio.sleep(STARTED_POLL)
 
+    builds_locally = False  # each restore fills its own claim out of the store
+
+    async def build_local(
+        self,
+        key: str,
+        image: str,
+        items: AsyncIterator[FileItem],
+        sandbox_ids: Sequence[str] = (),
+    ) -> None:
+        raise DriverError("the Kubernetes runtime keeps no shared copy of a snapshot's files")
+
     async def forget(self, key: str) -> None:
         """Nothing is kept of a snapshot on the cluster: each restore fills its own claim."""
 

@@ -8,7 +8,7 @@ import docker
 
 from tests.support.sandbox_helpers import wait_status
 from tests.support.snapshot_helpers import running, sh, snapshot
-from tests.support.types import Client, UserHeaders
+from tests.support.types import Client, ClientFactory, UserHeaders
 
 WRITE = (
     "mkdir -p /workspace/src && printf 'print(42)\\n' > /workspace/src/main.py"
@@ -91,6 +91,15 @@ async def test_fork_starts_each_with_its_own_identity(
     alice = await user_headers("alice")
     source = await running(snap, alice)
     await sh(docker_client, test_prefix, source["id"], "echo shared > /workspace/state")
+    # Outside the workspace (the system tree: a file written, one of the image's deleted): the
+    # forks' base is built from the source's files as the snapshot reads them.
+    await sh(
+        docker_client,
+        test_prefix,
+        source["id"],
+        "mkdir -p /home/agent/.local && echo installed > /home/agent/.local/tool",
+    )
+    await sh(docker_client, test_prefix, source["id"], "rm /etc/issue", user="root")
     resp = await snap.post(
         f"/api/v1/sandboxes/{source['id']}/fork", json={"count": 3}, headers=alice
     )
@@ -105,6 +114,15 @@ async def test_fork_starts_each_with_its_own_identity(
         assert body["snapshot_id"] == forked["snapshot"]["id"]
     assert len(keys) == 3
     assert source["session_api_key"] not in keys
+    for sandbox_id in ids:
+        seen = await sh(
+            docker_client,
+            test_prefix,
+            sandbox_id,
+            "cat /workspace/state /home/agent/.local/tool;"
+            " test -e /etc/issue && echo issue || echo no-issue",
+        )
+        assert seen.split() == ["shared", "installed", "no-issue"], seen
 
     # Each writes its own copy: a change in one is seen in no other, nor in the source.
     await sh(docker_client, test_prefix, ids[0], "echo mine > /workspace/state")
@@ -116,3 +134,40 @@ async def test_fork_starts_each_with_its_own_identity(
         f"/api/v1/sandboxes/{source['id']}/fork", json={"count": 101}, headers=alice
     )
     assert over.status == 422
+
+
+async def test_a_fork_over_the_copy_bound_takes_what_changed(
+    make_snap_client: ClientFactory,
+    user_headers: UserHeaders,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
+) -> None:
+    """A fork's snapshot reads the whole workspace to build the forks' base beside it; a
+    workspace over ACS_SNAPSHOT_MAX_CHANGED_BYTES whose changes since the last snapshot are
+    under it still forks (an incremental snapshot, the base built from the store)."""
+    bounded = await make_snap_client(snapshot_max_changed_bytes=20 * 1024 * 1024)
+    alice = await user_headers("alice")
+    source = await running(bounded, alice)
+    for name in ("a", "b"):  # 24 MB in all, each snapshot copying 12
+        await sh(
+            docker_client,
+            test_prefix,
+            source["id"],
+            f"head -c 12000000 /dev/urandom > /workspace/{name}",
+        )
+        await snapshot(bounded, alice, source["id"])
+    await sh(docker_client, test_prefix, source["id"], "echo late > /workspace/late")
+    resp = await bounded.post(
+        f"/api/v1/sandboxes/{source['id']}/fork", json={"count": 1}, headers=alice
+    )
+    forked = await resp.json()
+    assert resp.status == 200, forked
+    (fork,) = [s["id"] for s in forked["sandboxes"]]
+    await wait_status(bounded, alice, fork, "RUNNING", within=90)
+    seen = await sh(
+        docker_client,
+        test_prefix,
+        fork,
+        "cat /workspace/late; stat -c %s /workspace/a /workspace/b",
+    )
+    assert seen.split() == ["late", "12000000", "12000000"], seen

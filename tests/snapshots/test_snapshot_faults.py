@@ -1,7 +1,8 @@
 """`controlplane serve` killed with SIGKILL in the middle of a snapshot (while the sandbox is
-frozen) and of a fork (while the forks' files are restored), then started again: no half
-snapshot is listed, nothing it sent stays in the store after a collection, the source sandbox
-is RUNNING and not left frozen, and the forks finish starting."""
+frozen), of a fork's snapshot (while the forks' shared copy of its files is built beside it)
+and of a fork (while the forks start), then started again: no half snapshot is listed, nothing
+it sent stays in the store after a collection, the source sandbox is RUNNING and not left
+frozen, the forks recorded finish starting, and a sweep removes what the engine was left."""
 
 from __future__ import annotations
 
@@ -213,7 +214,9 @@ async def test_killed_while_forks_are_restored(
         api.call("POST", f"/api/v1/sandboxes/{source}/fork", json={"count": 3})
     )
     assert faulty_server.process is not None
-    await faulty_server.process.wait_event("snapshot_base_building", within=90)
+    # The forks are recorded and their starts begin (their files are the snapshot's copy,
+    # built on this engine while the snapshot was taken).
+    await faulty_server.process.wait_event("sandbox_forked", within=90)
     await faulty_server.kill()
     await asyncio.gather(forking, return_exceptions=True)
     api = await faulty_server.start()
@@ -243,3 +246,59 @@ async def test_killed_while_forks_are_restored(
         assert leftovers == []
     finally:
         await driver.close()
+
+
+async def test_killed_while_a_forks_copy_is_built(
+    faulty_server: Server, clean: Check, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    api = await faulty_server.start()
+    source = await running(api)
+    await sh(
+        docker_client,
+        test_prefix,
+        source,
+        "echo kept > /workspace/mark; head -c 30000000 /dev/urandom > /workspace/big",
+    )
+    forking = asyncio.create_task(
+        api.call("POST", f"/api/v1/sandboxes/{source}/fork", json={"count": 3})
+    )
+    assert faulty_server.process is not None
+    # The base the forks would share is being built from the snapshot's export.
+    await faulty_server.process.wait_event("snapshot_base_building", within=90)
+    await faulty_server.kill()
+    await asyncio.gather(forking, return_exceptions=True)
+    api = await faulty_server.start()
+
+    # The snapshot was never committed: nothing listed, no fork recorded, the source as it was.
+    code, page = await api.call("GET", "/api/v1/snapshots/search")
+    assert code == 200
+    assert page["items"] == []
+    sandboxes = await api.ok("GET", "/api/v1/sandboxes/search")
+    assert [s["id"] for s in sandboxes["items"]] == [source]
+    assert await status_of(api, source) == "RUNNING"
+    assert not container(docker_client, test_prefix, source).attrs["State"]["Paused"]
+    await until("collected", clean, within=30)
+
+    # The half-built base (its volume, the container its image was to be committed from) goes
+    # with a sweep; then a fork succeeds.
+    driver = DockerDriver(prefix=test_prefix)
+    try:
+        await driver.files.sweep(0)
+        leftovers = docker_client.containers.list(
+            all=True, filters={"label": f"acs.files_prefix={test_prefix}"}
+        )
+        assert leftovers == []
+        volumes = docker_client.volumes.list(filters={"label": f"acs.files_prefix={test_prefix}"})
+        assert volumes == []
+    finally:
+        await driver.close()
+    await lock_lapsed(redis_url_of(faulty_server), source)
+    code, forked = await api.call("POST", f"/api/v1/sandboxes/{source}/fork", json={"count": 1})
+    assert code == 200, forked
+    (fork,) = [s["id"] for s in forked["sandboxes"]]
+
+    async def fork_running() -> bool:
+        return await status_of(api, fork) == "RUNNING"
+
+    await until("fork RUNNING", fork_running, within=120)
+    assert (await sh(docker_client, test_prefix, fork, "cat /workspace/mark")) == "kept\n"

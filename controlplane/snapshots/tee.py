@@ -1,0 +1,94 @@
+"""One export's stream read by two: the snapshot's writer (`main`, which drives it) and, for a
+fork on a runtime that keeps a shared copy of a snapshot's files (Docker's base), that copy's
+build (`branch`, given only the entries `keep` takes, with their bytes). The branch holds at
+most `depth` items: the writer waits for a build that lags, so the two go at the pace of the
+slower, side by side, and nothing is held whole. A branch that stops taking (its build failed,
+or found the copy made already) never holds the writer up; a stream that ends early (the
+export or the writer failed) ends the branch with `Interrupted`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+
+from drivers.base import FileEntry, FileItem
+
+DEPTH = 8
+
+
+class Interrupted(Exception):
+    """The export's stream ended before its end: what the branch got is not a snapshot."""
+
+
+class Tee:
+    def __init__(
+        self,
+        items: AsyncIterator[FileItem],
+        keep: Callable[[FileEntry], bool],
+        depth: int = DEPTH,
+    ) -> None:
+        self._items = items
+        self._keep = keep
+        self._depth = depth
+        self._pending: deque[FileItem] = deque()
+        self._ended = False
+        self._error: Exception | None = None
+        self._stopped = False  # the branch takes nothing more
+        self._room = asyncio.Event()
+        self._ready = asyncio.Event()
+
+    async def main(self) -> AsyncGenerator[FileItem]:
+        """Every item, as the export streams it (the writer's)."""
+        kept = False
+        finished = False
+        try:
+            async for item in self._items:
+                if not isinstance(item, bytes):
+                    kept = self._keep(item)
+                if kept:
+                    await self._put(item)
+                yield item
+            finished = True
+        finally:
+            self._ended = True
+            if not finished:
+                self._error = Interrupted("the export's stream ended early")
+            self._ready.set()
+
+    def close(self) -> None:
+        """The writer is done with the stream (whatever happened): a branch still reading
+        ends, with Interrupted unless the stream reached its end."""
+        if not self._ended:
+            self._ended = True
+            self._error = Interrupted("the export's stream was left before its end")
+        self._ready.set()
+
+    async def branch(self) -> AsyncGenerator[FileItem]:
+        """The kept entries and their bytes (the copy's build); raises Interrupted when the
+        stream did not reach its end."""
+        try:
+            while True:
+                while not self._pending:
+                    if self._ended:
+                        if self._error is not None:
+                            raise self._error
+                        return
+                    self._ready.clear()
+                    await self._ready.wait()
+                item = self._pending.popleft()
+                self._room.set()
+                yield item
+        finally:
+            self._stopped = True
+            self._pending.clear()
+            self._room.set()
+
+    async def _put(self, item: FileItem) -> None:
+        while len(self._pending) >= self._depth and not self._stopped:
+            self._room.clear()
+            await self._room.wait()
+        if not self._stopped:
+            self._pending.append(item)
+            self._ready.set()
