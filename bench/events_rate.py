@@ -372,11 +372,12 @@ class EventsBench:
         self.mp = multiprocessing.get_context("spawn")
 
     def remove_everything(self) -> int:
-        """No container (the records live in the private Redis, removed with it); the server
-        is stopped here too when the run was interrupted."""
+        """No container (the records live in the private Redis, removed with it), but the
+        sandbox network the server made for its webhook listener, with its firewall rules; the
+        server is stopped first (here too when the run was interrupted)."""
         if self.server is not None:
             stop_server(self.server)
-        return 0
+        return self.deploy.remove_everything()
 
     def close(self) -> None:
         self.deploy.close()
