@@ -84,10 +84,22 @@ def _image_name(prefix: str) -> str:
 
 
 class DockerBases:
-    def __init__(self, lane: Lane, *, prefix: str, image: str, reuse_timeout: float = 60.0) -> None:
-        """`reuse_timeout`: seconds a rewind waits for the `reuse` helper's answer
+    def __init__(
+        self,
+        lane: Lane,
+        uploads: Lane,
+        *,
+        prefix: str,
+        image: str,
+        reuse_timeout: float = 60.0,
+    ) -> None:
+        """`uploads`: the threads the archives' uploads to the engine hold while their files
+        stream (never `lane`'s: a fork's export, which feeds its base's upload, reads its
+        batches in `lane`, and uploads holding all of its threads would wait for it forever).
+        `reuse_timeout`: seconds a rewind waits for the `reuse` helper's answer
         (ACS_DOCKER_REUSE_TIMEOUT)."""
         self._lane = lane
+        self._uploads = uploads
         self._reuse_timeout = reuse_timeout
         self._prefix = prefix
         self._image = image  # the helper's
@@ -554,7 +566,7 @@ class DockerBases:
         )
         feed = Feed()
         upload = asyncio.create_task(
-            self._lane.run(lambda c: c.api.put_archive(loader, "/", feed.pieces()))
+            self._uploads.run(lambda c: c.api.put_archive(loader, "/", feed.pieces()))
         )
         try:
             try:
