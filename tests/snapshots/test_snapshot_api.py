@@ -10,7 +10,7 @@ import docker
 
 from controlplane import keys
 from drivers.docker.driver import DockerDriver
-from drivers.docker.files import Lane
+from drivers.docker.files import LABEL_SNAPSHOT, Lane
 from tests.support.sandbox_helpers import wait_status
 from tests.support.snapshot_helpers import running, sh, snapshot
 from tests.support.types import Client, ClientFactory, UserHeaders
@@ -208,3 +208,37 @@ async def test_a_fork_never_waits_on_the_lane_its_own_build_holds(
     await wait_status(snap, alice, fork, "RUNNING", within=90)
     seen = await sh(docker_client, test_prefix, fork, "stat -c %s /workspace/big")
     assert seen.split() == ["48000000"], seen
+
+
+async def test_a_forks_base_holds_nothing_of_the_agent_state(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    """The forks' base is built from the export the snapshot reads, which holds the agent's
+    state (credentials scoped to the source): a fork gets the restored trees only, as a
+    restore out of the store does, and none of the state tree through the base."""
+    alice = await user_headers("alice")
+    source = await running(snap, alice)
+    await sh(
+        docker_client,
+        test_prefix,
+        source["id"],
+        "mkdir -p /var/lib/acs-agent/keys && echo hush > /var/lib/acs-agent/keys/token"
+        " && echo kept > /workspace/kept",
+    )
+    resp = await snap.post(
+        f"/api/v1/sandboxes/{source['id']}/fork", json={"count": 1}, headers=alice
+    )
+    forked = await resp.json()
+    assert resp.status == 200, forked
+    (fork,) = [s["id"] for s in forked["sandboxes"]]
+    await wait_status(snap, alice, fork, "RUNNING", within=90)
+    # As the agent, whose directory it is (a failing `ls` fails the test).
+    seen = await sh(
+        docker_client, test_prefix, fork, "cat /workspace/kept; ls -A /var/lib/acs-agent"
+    )
+    assert seen.split()[0] == "kept", seen
+    assert "keys" not in seen.split(), seen
+    found = docker_client.volumes.list(
+        filters={"label": f"{LABEL_SNAPSHOT}={forked['snapshot']['id']}"}
+    )
+    assert found, "the fork did not start from a base built beside its snapshot"
