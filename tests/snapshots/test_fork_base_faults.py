@@ -5,6 +5,7 @@ is left on the engine, the image included, which no sweep removes."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator
 
 import docker
@@ -26,7 +27,7 @@ async def test_a_build_cancelled_while_its_image_is_committed_leaves_nothing(
     driver = snap.app[keys.SANDBOXES].driver
     assert isinstance(driver, DockerDriver)
     image = snap.app[keys.SPECS].default.image
-    key = "0" * 31 + "c"
+    key = secrets.token_hex(16)  # a snapshot id of its own
     streamed = asyncio.Event()
 
     async def items() -> AsyncIterator[FileItem]:
