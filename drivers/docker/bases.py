@@ -84,10 +84,22 @@ def _image_name(prefix: str) -> str:
 
 
 class DockerBases:
-    def __init__(self, lane: Lane, *, prefix: str, image: str, reuse_timeout: float = 60.0) -> None:
-        """`reuse_timeout`: seconds a rewind waits for the `reuse` helper's answer
+    def __init__(
+        self,
+        lane: Lane,
+        uploads: Lane,
+        *,
+        prefix: str,
+        image: str,
+        reuse_timeout: float = 60.0,
+    ) -> None:
+        """`uploads`: the threads the archives' uploads to the engine hold while their files
+        stream (never `lane`'s: a fork's export, which feeds its base's upload, reads its
+        batches in `lane`, and uploads holding all of its threads would wait for it forever).
+        `reuse_timeout`: seconds a rewind waits for the `reuse` helper's answer
         (ACS_DOCKER_REUSE_TIMEOUT)."""
         self._lane = lane
+        self._uploads = uploads
         self._reuse_timeout = reuse_timeout
         self._prefix = prefix
         self._image = image  # the helper's
@@ -265,6 +277,7 @@ class DockerBases:
             made = await self._lane.run(lambda c: c.api.create_volume(name=name, labels=labels))
             holder = ""
             dropping: asyncio.Future[None] | None = None
+            committing: asyncio.Future[Any] | None = None
             try:
                 # The image's own command and settings: the commit keeps the container's.
                 holder = await self._lane.run(
@@ -279,16 +292,12 @@ class DockerBases:
                 filling = time.monotonic()
                 root, signatures = await self._fill(source, forks, name, upper, held)
                 filled = time.monotonic()
-                repository, _, tag = image.partition(":")
                 # The image's labels pass to every container of it: only what they need. A
                 # commit merges the holder's own labels in, so those are blanked (a label
                 # that would make the sweep take a sandbox for a leftover).
                 marks = {key: "" for key in labels} | {LABEL_SNAPSHOT: source.key, LABEL_ROOT: root}
-                await self._lane.run(
-                    lambda c: c.api.commit(
-                        holder, repository=repository, tag=tag, conf={"Labels": marks}, pause=False
-                    )
-                )
+                committing = self._lane.start(lambda c: _commit(c, holder, image, marks))
+                await _landed(committing)
                 log.info(
                     "snapshot_base_built",
                     snapshot=source.key,
@@ -308,6 +317,8 @@ class DockerBases:
                 self._dirs_made.update((name, fork) for fork in forks)
             except BaseException:
                 await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
+                if committing is not None:  # it landed (`_landed`): no sweep finds an image
+                    await self._lane.run(lambda c: _drop_image(c, image))
                 raise
             finally:
                 if dropping is not None:  # a failure: the caller removes it again, and says
@@ -554,7 +565,7 @@ class DockerBases:
         )
         feed = Feed()
         upload = asyncio.create_task(
-            self._lane.run(lambda c: c.api.put_archive(loader, "/", feed.pieces()))
+            self._uploads.run(lambda c: c.api.put_archive(loader, "/", feed.pieces()))
         )
         try:
             try:
@@ -611,6 +622,33 @@ class DockerBases:
 
 
 _FREE = asyncio.Lock()
+
+
+async def _landed(call: asyncio.Future[Any]) -> None:
+    """Wait for an engine call already in a thread; a cancel waits for the call to land
+    before it goes on (the thread carries on regardless: what it makes is then there for the
+    caller's cleanup to remove, not made after it)."""
+    try:
+        await asyncio.shield(call)
+    except asyncio.CancelledError:
+        await asyncio.gather(call, return_exceptions=True)
+        raise
+
+
+def _commit(client: docker.DockerClient, holder: str, image: str, labels: dict[str, str]) -> None:
+    repository, _, tag = image.partition(":")
+    client.api.commit(holder, repository=repository, tag=tag, conf={"Labels": labels}, pause=False)
+
+
+def _drop_image(client: docker.DockerClient, image: str) -> None:
+    """Remove a failed build's image unless a container runs it (as `_drop_unused`)."""
+    try:
+        client.api.remove_image(image, force=False, noprune=False)
+    except (ImageNotFound, NotFound):
+        pass
+    except APIError as exc:
+        if exc.status_code != 409:
+            raise
 
 
 class _Streamed:

@@ -28,7 +28,10 @@ class DockerFiles:
         reuse_timeout: float = 60.0,
     ) -> None:
         self.lane = Lane(engine, threads)
-        self.bases = DockerBases(self.lane, prefix=prefix, image=image, reuse_timeout=reuse_timeout)
+        self.uploads = Lane(engine, threads)  # DockerBases: never the lane an export reads in
+        self.bases = DockerBases(
+            self.lane, self.uploads, prefix=prefix, image=image, reuse_timeout=reuse_timeout
+        )
         self.exports = DockerExports(
             self.lane, prefix=prefix, image=image, stamped_base=self.bases.stamped_base
         )
@@ -83,3 +86,4 @@ class DockerFiles:
 
     def close(self) -> None:
         self.lane.close()
+        self.uploads.close()

@@ -4,8 +4,13 @@ delete; a snapshot of a deleted sandbox still restores."""
 
 from __future__ import annotations
 
+import asyncio
+
 import docker
 
+from controlplane import keys
+from drivers.docker.driver import DockerDriver
+from drivers.docker.files import LABEL_SNAPSHOT, Lane
 from tests.support.sandbox_helpers import wait_status
 from tests.support.snapshot_helpers import running, sh, snapshot
 from tests.support.types import Client, ClientFactory, UserHeaders
@@ -171,3 +176,69 @@ async def test_a_fork_over_the_copy_bound_takes_what_changed(
         "cat /workspace/late; stat -c %s /workspace/a /workspace/b",
     )
     assert seen.split() == ["late", "12000000", "12000000"], seen
+
+
+async def test_a_fork_never_waits_on_the_lane_its_own_build_holds(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    """The forks' base is built beside the export: its upload to the engine waits for the
+    export's next bytes, which the export reads in a thread of the files' lane. With every
+    thread of that lane held by such uploads (here the lane has one; by default four forks at
+    once), a build that held one would wait for an export that can never get one."""
+    driver = snap.app[keys.SANDBOXES].driver
+    assert isinstance(driver, DockerDriver)
+    files = driver.files
+    old = files.lane
+    one = Lane(old.engine, 1)  # the app's close closes it
+    files.lane = files.bases._lane = files.exports._lane = one
+    old.close()  # what it runs now finishes
+    alice = await user_headers("alice")
+    source = await running(snap, alice)
+    # More than the tee's, the archive's and one batch's buffers hold together.
+    await sh(
+        docker_client, test_prefix, source["id"], "head -c 48000000 /dev/urandom > /workspace/big"
+    )
+    resp = await asyncio.wait_for(
+        snap.post(f"/api/v1/sandboxes/{source['id']}/fork", json={"count": 1}, headers=alice),
+        120,
+    )
+    forked = await resp.json()
+    assert resp.status == 200, forked
+    (fork,) = [s["id"] for s in forked["sandboxes"]]
+    await wait_status(snap, alice, fork, "RUNNING", within=90)
+    seen = await sh(docker_client, test_prefix, fork, "stat -c %s /workspace/big")
+    assert seen.split() == ["48000000"], seen
+
+
+async def test_a_forks_base_holds_nothing_of_the_agent_state(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    """The forks' base is built from the export the snapshot reads, which holds the agent's
+    state (credentials scoped to the source): a fork gets the restored trees only, as a
+    restore out of the store does, and none of the state tree through the base."""
+    alice = await user_headers("alice")
+    source = await running(snap, alice)
+    await sh(
+        docker_client,
+        test_prefix,
+        source["id"],
+        "mkdir -p /var/lib/acs-agent/keys && echo hush > /var/lib/acs-agent/keys/token"
+        " && echo kept > /workspace/kept",
+    )
+    resp = await snap.post(
+        f"/api/v1/sandboxes/{source['id']}/fork", json={"count": 1}, headers=alice
+    )
+    forked = await resp.json()
+    assert resp.status == 200, forked
+    (fork,) = [s["id"] for s in forked["sandboxes"]]
+    await wait_status(snap, alice, fork, "RUNNING", within=90)
+    # As the agent, whose directory it is (a failing `ls` fails the test).
+    seen = await sh(
+        docker_client, test_prefix, fork, "cat /workspace/kept; ls -A /var/lib/acs-agent"
+    )
+    assert seen.split()[0] == "kept", seen
+    assert "keys" not in seen.split(), seen
+    found = docker_client.volumes.list(
+        filters={"label": f"{LABEL_SNAPSHOT}={forked['snapshot']['id']}"}
+    )
+    assert found, "the fork did not start from a base built beside its snapshot"
