@@ -170,7 +170,8 @@ class SnapshotService:
             current = await self._sandboxes.record(sandbox.id)
             if current is None or current.status not in (S.RUNNING, S.PAUSED):
                 raise Conflict(f"sandbox {sandbox.id} changed while its snapshot began")
-            for attempt in (1, 2):
+            stale = 0
+            while True:  # at most three takes: over the bound once, stale once, then it stands
                 try:
                     record = await self._taker.take(
                         files,
@@ -184,14 +185,17 @@ class SnapshotService:
                     )
                     break
                 except FilesTooLarge:
-                    if not fork or attempt == 2:
+                    # Where the runtime builds no local copy the export was incremental
+                    # already: taking it again would be refused the same.
+                    if not fork or not files.builds_locally:
                         raise
                     # The whole workspace is over the bound where what changed may not be: an
                     # incremental snapshot, and the forks' base built from the store.
                     log.info("fork_copy_over_bound", sandbox_id=sandbox.id)
                     fork = ()
                 except Stale:
-                    if attempt == 2:
+                    stale += 1
+                    if stale == 2:
                         raise Conflict(
                             "data this snapshot reuses was collected meanwhile; retry"
                         ) from None
