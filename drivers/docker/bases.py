@@ -211,13 +211,7 @@ class DockerBases:
             return
         image = (found.get("Labels") or {}).get(LABEL_BASE_IMAGE)
         if image:
-            try:
-                client.api.remove_image(image, force=False, noprune=False)
-            except (ImageNotFound, NotFound):
-                pass
-            except APIError as exc:
-                if exc.status_code != 409:  # a container still runs it: kept for now
-                    raise
+            _drop_image(client, image)
         with contextlib.suppress(NotFound):
             client.api.remove_volume(base_volume, force=True)
 
@@ -641,14 +635,22 @@ def _commit(client: docker.DockerClient, holder: str, image: str, labels: dict[s
 
 
 def _drop_image(client: docker.DockerClient, image: str) -> None:
-    """Remove a failed build's image unless a container runs it (as `_drop_unused`)."""
+    """Remove a base's image (an unused base's, a failed build's) unless a container runs it
+    (409: kept for now). One that is gone is as good as removed, whatever the engine said: of
+    two removals at once the second is told "unrecognized image ID" (a 500, seen in a full
+    run as a sandbox's removal failing)."""
     try:
         client.api.remove_image(image, force=False, noprune=False)
     except (ImageNotFound, NotFound):
         pass
     except APIError as exc:
-        if exc.status_code != 409:
-            raise
+        if exc.status_code == 409:
+            return
+        try:
+            client.images.get(image)
+        except (ImageNotFound, NotFound):
+            return
+        raise
 
 
 class _Streamed:
