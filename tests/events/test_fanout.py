@@ -9,46 +9,14 @@ import asyncio
 import json
 from typing import Any
 
-import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
 from controlplane import keys
 from controlplane.events import fanout
 from controlplane.store import keyspace, text
-from tests.support.records import RecordedSandbox, event
-from tests.support.types import Client
-
-SOCKET = "/api/v1/events/socket"
-
-
-async def _post(client: Client, sandbox: str, cid: str, key: dict[str, str], n: int) -> list[str]:
-    posted = [event(n=i) for i in range(n)]
-    resp = await client.post(f"/api/v1/webhooks/{sandbox}/events/{cid}", json=posted, headers=key)
-    assert resp.status == 200, await resp.text()
-    return [e["id"] for e in posted]
-
-
-async def _frames(ws: aiohttp.ClientWebSocketResponse, n: int) -> list[str]:
-    out: list[str] = []
-    for _ in range(n):
-        message = await ws.receive(timeout=5)
-        assert message.type == aiohttp.WSMsgType.TEXT, message
-        out.append(message.data)
-    return out
-
-
-async def _nothing_more(ws: aiohttp.ClientWebSocketResponse) -> None:
-    with pytest.raises(asyncio.TimeoutError):
-        await ws.receive(timeout=0.3)
-
-
-async def _until(check: Any) -> None:
-    for _ in range(200):
-        if check():
-            return
-        await asyncio.sleep(0.02)
-    assert check()
+from tests.support.event_sockets import SOCKET, frames, nothing_more, post_events, until
+from tests.support.records import RecordedSandbox
 
 
 async def test_sockets_share_one_read_each_from_its_start(
@@ -56,33 +24,33 @@ async def test_sockets_share_one_read_each_from_its_start(
 ) -> None:
     client, sandbox, cid, key, alice = recorded
     events = client.app[keys.EVENTS]
-    first = await _post(client, sandbox, cid, key, 3)
+    first = await post_events(client, sandbox, cid, key, 3)
     base = f"{SOCKET}?conversation_id={cid}"
     everything = await client.ws_connect(base, headers=alice)  # resend_all: true by default
     after_one = await client.ws_connect(f"{base}&after={first[0]}", headers=alice)
     from_now = await client.ws_connect(f"{base}&resend_all=false", headers=alice)
-    assert [json.loads(f)["id"] for f in await _frames(everything, 3)] == first
-    assert [json.loads(f)["id"] for f in await _frames(after_one, 2)] == first[1:]
-    await _until(lambda: events.fanout.watched() == 1)  # one read for the three of them
+    assert [json.loads(f)["id"] for f in await frames(everything, 3)] == first
+    assert [json.loads(f)["id"] for f in await frames(after_one, 2)] == first[1:]
+    await until(lambda: events.fanout.watched() == 1)  # one read for the three of them
 
-    more = await _post(client, sandbox, cid, key, 40)
+    more = await post_events(client, sandbox, cid, key, 40)
     entries: Any = await raw_redis.xrange(keyspace.events(cid))
     stored = [text(fields[b"e"]) for _sid, fields in entries]
     for ws in (everything, after_one, from_now):
-        frames = await _frames(ws, 40)
-        assert [json.loads(f)["id"] for f in frames] == more  # each once, in order
-        assert frames == stored[3:]  # the stored text as it is
-        await _nothing_more(ws)
+        sent = await frames(ws, 40)
+        assert [json.loads(f)["id"] for f in sent] == more  # each once, in order
+        assert sent == stored[3:]  # the stored text as it is
+        await nothing_more(ws)
 
     for ws in (everything, after_one, from_now):
         await ws.close()
-    await _until(lambda: events.fanout.watched() == 0)  # the read ends with its last socket
+    await until(lambda: events.fanout.watched() == 0)  # the read ends with its last socket
 
     # A socket resumes after the last event it got: a new read, only what came since.
     again = await client.ws_connect(f"{base}&after={more[-1]}", headers=alice)
-    later = await _post(client, sandbox, cid, key, 2)
-    assert [json.loads(f)["id"] for f in await _frames(again, 2)] == later
-    await _nothing_more(again)
+    later = await post_events(client, sandbox, cid, key, 2)
+    assert [json.loads(f)["id"] for f in await frames(again, 2)] == later
+    await nothing_more(again)
     await again.close()
 
 
@@ -96,16 +64,16 @@ async def test_a_socket_whose_queue_overflows_catches_up_from_the_store(
     events = client.app[keys.EVENTS]
     base = f"{SOCKET}?conversation_id={cid}"
     sockets = [await client.ws_connect(f"{base}&resend_all=false", headers=alice) for _ in "abc"]
-    await _until(lambda: events.fanout.watched() == 1)
+    await until(lambda: events.fanout.watched() == 1)
     await asyncio.sleep(0.2)  # the channel's start is fixed
 
     posted: list[str] = []
     for size in (25, 5, 30, 3):
-        posted += await _post(client, sandbox, cid, key, size)
+        posted += await post_events(client, sandbox, cid, key, size)
     for ws in sockets:
-        assert [json.loads(f)["id"] for f in await _frames(ws, len(posted))] == posted
-        await _nothing_more(ws)
+        assert [json.loads(f)["id"] for f in await frames(ws, len(posted))] == posted
+        await nothing_more(ws)
     assert events.fanout.fell_behind >= 2 * len(sockets)  # the batches of 25 and 30
     for ws in sockets:
         await ws.close()
-    await _until(lambda: events.fanout.watched() == 0)
+    await until(lambda: events.fanout.watched() == 0)

@@ -8,7 +8,6 @@ leaving together (some dropped without a close) leave no read behind."""
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import aiohttp
@@ -19,41 +18,8 @@ from controlplane import keys
 from controlplane.events import fanout
 from controlplane.events.tail import block_ms
 from controlplane.store import keyspace, text
+from tests.support.event_sockets import SOCKET, event_ids, nothing_more, post_events, until
 from tests.support.records import RecordedSandbox, event
-from tests.support.types import Client
-
-SOCKET = "/api/v1/events/socket"
-
-
-async def _post(client: Client, sandbox: str, cid: str, key: dict[str, str], n: int) -> list[str]:
-    posted = [event(n=i) for i in range(n)]
-    resp = await client.post(f"/api/v1/webhooks/{sandbox}/events/{cid}", json=posted, headers=key)
-    assert resp.status == 200, await resp.text()
-    return [e["id"] for e in posted]
-
-
-async def _ids(ws: aiohttp.ClientWebSocketResponse, n: int, timeout: float = 5) -> list[str]:
-    out: list[str] = []
-    for _ in range(n):
-        message = await ws.receive(timeout=timeout)
-        assert message.type == aiohttp.WSMsgType.TEXT, message
-        frame = json.loads(message.data)
-        assert isinstance(frame, dict), message.data
-        out.append(frame["id"])
-    return out
-
-
-async def _nothing_more(ws: aiohttp.ClientWebSocketResponse) -> None:
-    with pytest.raises(asyncio.TimeoutError):
-        await ws.receive(timeout=0.3)
-
-
-async def _until(check: Any, seconds: float = 4.0) -> None:
-    for _ in range(int(seconds / 0.02)):
-        if check():
-            return
-        await asyncio.sleep(0.02)
-    assert check()
 
 
 async def test_a_failed_shared_read_ends_its_sockets_and_the_next_socket_reads_again(
@@ -64,12 +30,12 @@ async def test_a_failed_shared_read_ends_its_sockets_and_the_next_socket_reads_a
     ever coming, and a socket opened once the key is right again gets its events."""
     client, sandbox, cid, key, alice = recorded
     events = client.app[keys.EVENTS]
-    first = await _post(client, sandbox, cid, key, 2)
+    first = await post_events(client, sandbox, cid, key, 2)
     base = f"{SOCKET}?conversation_id={cid}"
     watchers = [await client.ws_connect(base, headers=alice) for _ in "ab"]
     for ws in watchers:
-        assert await _ids(ws, 2) == first
-    await _until(lambda: events.fanout.watched() == 1)
+        assert await event_ids(ws, 2) == first
+    await until(lambda: events.fanout.watched() == 1)
 
     stream = keyspace.events(cid)
     kept: Any = await raw_redis.dump(stream)
@@ -80,13 +46,13 @@ async def test_a_failed_shared_read_ends_its_sockets_and_the_next_socket_reads_a
         message = await ws.receive(timeout=wait)
         assert message.type == aiohttp.WSMsgType.CLOSE, message
         assert ws.close_code == aiohttp.WSCloseCode.INTERNAL_ERROR
-    await _until(lambda: events.fanout.watched() == 0)
+    await until(lambda: events.fanout.watched() == 0)
 
     await raw_redis.delete(stream)
     await raw_redis.restore(stream, 0, kept)
     again = await client.ws_connect(f"{base}&after={first[-1]}", headers=alice)
-    later = await _post(client, sandbox, cid, key, 2)
-    assert await _ids(again, 2) == later
+    later = await post_events(client, sandbox, cid, key, 2)
+    assert await event_ids(again, 2) == later
     await again.close()
 
 
@@ -102,7 +68,7 @@ async def test_a_socket_whose_shared_read_cannot_start_is_closed(
     message = await ws.receive(timeout=5)
     assert message.type == aiohttp.WSMsgType.CLOSE, message
     assert ws.close_code == aiohttp.WSCloseCode.INTERNAL_ERROR
-    await _until(lambda: events.fanout.watched() == 0)
+    await until(lambda: events.fanout.watched() == 0)
 
 
 async def test_an_event_stored_again_after_a_failover_reaches_a_socket_that_lacked_it(
@@ -115,13 +81,13 @@ async def test_an_event_stored_again_after_a_failover_reaches_a_socket_that_lack
     events = client.app[keys.EVENTS]
     base = f"{SOCKET}?conversation_id={cid}"
     had_it = await client.ws_connect(f"{base}&resend_all=false", headers=alice)
-    await _until(lambda: events.fanout.watched() == 1)
+    await until(lambda: events.fanout.watched() == 1)
     await asyncio.sleep(0.2)  # the shared read's start is fixed
-    before = await _post(client, sandbox, cid, key, 1)
+    before = await post_events(client, sandbox, cid, key, 1)
     lost = [event()]
     resp = await client.post(f"/api/v1/webhooks/{sandbox}/events/{cid}", json=lost, headers=key)
     assert resp.status == 200
-    assert await _ids(had_it, 2) == [*before, lost[0]["id"]]
+    assert await event_ids(had_it, 2) == [*before, lost[0]["id"]]
 
     # The failover: the new master has neither the event nor its ids (the old one had both).
     entries: Any = await raw_redis.xrevrange(keyspace.events(cid), "+", "-", 1)
@@ -130,12 +96,12 @@ async def test_an_event_stored_again_after_a_failover_reaches_a_socket_that_lack
     await raw_redis.hdel(keyspace.EVENT_INDEX, lost[0]["id"])
 
     joined = await client.ws_connect(base, headers=alice)  # all of it: the one before
-    assert await _ids(joined, 1) == before
+    assert await event_ids(joined, 1) == before
     resp = await client.post(f"/api/v1/webhooks/{sandbox}/events/{cid}", json=lost, headers=key)
     assert resp.status == 200  # the writer's retry stores it again
-    assert await _ids(joined, 1) == [lost[0]["id"]]
-    await _nothing_more(joined)
-    await _nothing_more(had_it)
+    assert await event_ids(joined, 1) == [lost[0]["id"]]
+    await nothing_more(joined)
+    await nothing_more(had_it)
     for ws in (had_it, joined):
         await ws.close()
 
@@ -148,21 +114,21 @@ async def test_entries_that_are_not_events_are_never_sent(
     client, sandbox, cid, key, alice = recorded
     events = client.app[keys.EVENTS]
     stream = keyspace.events(cid)
-    first = await _post(client, sandbox, cid, key, 1)
+    first = await post_events(client, sandbox, cid, key, 1)
     await raw_redis.xadd(stream, {"e": "{not json"})
     await raw_redis.xadd(stream, {"e": "[1, 2]"})
     await raw_redis.xadd(stream, {"x": "no e field"})
-    second = await _post(client, sandbox, cid, key, 1)
+    second = await post_events(client, sandbox, cid, key, 1)
     base = f"{SOCKET}?conversation_id={cid}"
     ws = await client.ws_connect(base, headers=alice)
-    assert await _ids(ws, 2) == first + second  # the history's read
-    await _until(lambda: events.fanout.watched() == 1)
+    assert await event_ids(ws, 2) == first + second  # the history's read
+    await until(lambda: events.fanout.watched() == 1)
     await asyncio.sleep(0.2)
     await raw_redis.xadd(stream, {"e": "{not json"})
     await raw_redis.xadd(stream, {"x": "no e field"})
-    third = await _post(client, sandbox, cid, key, 1)
-    assert await _ids(ws, 1) == third  # the shared read's
-    await _nothing_more(ws)
+    third = await post_events(client, sandbox, cid, key, 1)
+    assert await event_ids(ws, 1) == third  # the shared read's
+    await nothing_more(ws)
     await ws.close()
 
 
@@ -179,7 +145,7 @@ async def test_a_killed_shared_read_connection_loses_and_repeats_nothing(
     events = client.app[keys.EVENTS]
     base = f"{SOCKET}?conversation_id={cid}"
     sockets = [await client.ws_connect(f"{base}&resend_all=false", headers=alice) for _ in "ab"]
-    await _until(lambda: events.fanout.watched() == 1)
+    await until(lambda: events.fanout.watched() == 1)
     posted: list[str] = []
     for _ in range(3):
         for _ in range(20):  # the read is back in XREAD
@@ -189,12 +155,12 @@ async def test_a_killed_shared_read_connection_loses_and_repeats_nothing(
             await asyncio.sleep(0.05)
         assert len(blocked) == 1, blocked
         await raw_redis.client_kill_filter(_id=blocked[0])
-        posted += await _post(client, sandbox, cid, key, 5)
+        posted += await post_events(client, sandbox, cid, key, 5)
     for ws in sockets:
-        assert await _ids(ws, len(posted)) == posted
-        await _nothing_more(ws)
+        assert await event_ids(ws, len(posted)) == posted
+        await nothing_more(ws)
         await ws.close()
-    await _until(lambda: events.fanout.watched() == 0)
+    await until(lambda: events.fanout.watched() == 0)
 
 
 async def test_sockets_joining_and_leaving_together_leave_no_read_behind(
@@ -210,7 +176,7 @@ async def test_sockets_joining_and_leaving_together_leave_no_read_behind(
 
     async def poster() -> None:
         for _ in range(10):
-            posted.extend(await _post(client, sandbox, cid, key, 7))
+            posted.extend(await post_events(client, sandbox, cid, key, 7))
             await asyncio.sleep(0.01)
 
     async def join() -> aiohttp.ClientWebSocketResponse:
@@ -220,9 +186,9 @@ async def test_sockets_joining_and_leaving_together_leave_no_read_behind(
     sockets = await asyncio.gather(*(join() for _ in range(20)))
     await posting
     for ws in sockets:
-        assert await _ids(ws, len(posted)) == posted
+        assert await event_ids(ws, len(posted)) == posted
     for ws in sockets:
-        await _nothing_more(ws)
+        await nothing_more(ws)
     for n, ws in enumerate(sockets):
         if n % 2:
             await ws.close()
@@ -231,9 +197,9 @@ async def test_sockets_joining_and_leaving_together_leave_no_read_behind(
             assert connection is not None
             assert connection.transport is not None
             connection.transport.abort()
-    await _until(lambda: events.fanout.watched() == 0)
+    await until(lambda: events.fanout.watched() == 0)
     pool: Any = events.fanout.reader.connection_pool
-    await _until(lambda: not pool._in_use_connections)
+    await until(lambda: not pool._in_use_connections)
     assert await _reader_clients(raw_redis) == []
 
 
@@ -248,14 +214,14 @@ async def test_a_queue_that_overflows_during_its_own_catch_up_loses_nothing(
     client, sandbox, cid, key, alice = recorded
     events = client.app[keys.EVENTS]
     base = f"{SOCKET}?conversation_id={cid}"
-    posted = await _post(client, sandbox, cid, key, 150)
+    posted = await post_events(client, sandbox, cid, key, 150)
     watching = await client.ws_connect(f"{base}&resend_all=false", headers=alice)
-    await _until(lambda: events.fanout.watched() == 1)
+    await until(lambda: events.fanout.watched() == 1)
     await asyncio.sleep(0.2)  # the shared read's start is fixed
 
     async def poster() -> None:
         for size in (30, 12, 40, 3, 25):
-            posted.extend(await _post(client, sandbox, cid, key, size))
+            posted.extend(await post_events(client, sandbox, cid, key, size))
             await asyncio.sleep(0)
 
     before = events.fanout.fell_behind
@@ -263,10 +229,10 @@ async def test_a_queue_that_overflows_during_its_own_catch_up_loses_nothing(
     joined = [await client.ws_connect(base, headers=alice) for _ in range(3)]
     await posting
     for ws in joined:
-        assert await _ids(ws, len(posted)) == posted
-        await _nothing_more(ws)
-    assert await _ids(watching, len(posted) - 150) == posted[150:]
+        assert await event_ids(ws, len(posted)) == posted
+        await nothing_more(ws)
+    assert await event_ids(watching, len(posted) - 150) == posted[150:]
     assert events.fanout.fell_behind > before  # the queues did overflow
     for ws in [watching, *joined]:
         await ws.close()
-    await _until(lambda: events.fanout.watched() == 0)
+    await until(lambda: events.fanout.watched() == 0)
