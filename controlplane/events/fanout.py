@@ -10,10 +10,12 @@ A subscription starts from its own point (`after`, a stream id): it reads what i
 from the store itself (XRANGE pages, the catch-up), while the channel already queues the new
 events for it, then follows the queue. The catch-up always reaches the stream's end as of a
 moment after the queue started to fill, so the two overlap and never leave a gap; the overlap is
-skipped by stream id. The guarantees are `tail`'s (events/tail.py): nothing skipped through
-Redis outages (the channel retries from its last stream id), order kept, no repeat (an event a
-failover stored again under another stream id is skipped by its event id, by each subscription:
-one that joined after the failover never had it, and gets it). A stream entry that is not an
+skipped by stream id. Nothing is skipped through Redis outages and failovers (a read that fails
+is tried again with backoff from the last stream id, however long the outage; each blocking read
+stays under the socket timeout, `block_ms`), order is kept, and nothing is repeated: an event
+read from a master that then lost it comes again under another stream id once its writer
+stored it on the new master, and each subscription skips the event ids it handed out (one that
+joined after the failover never had it, and gets it). A stream entry that is not an
 event (not a JSON object) is never handed out.
 
 A channel whose read fails with an error that is not an outage (a stream key of another type,
@@ -41,7 +43,6 @@ import redis.asyncio as aioredis
 import structlog
 
 from controlplane.events.store import EventStore
-from controlplane.events.tail import REMEMBERED, RETRY_FIRST, RETRY_MAX, block_ms
 from controlplane.store.redis import REDIS_DOWN
 from controlplane.store.retry import raise_if_cancelled
 from controlplane.store.streams import id_order
@@ -55,6 +56,20 @@ QUEUE_CAP = 1000
 """Events queued for one socket before it is made to catch up from the store instead."""
 PAGE = 500
 """Events a catch-up reads at a time."""
+LONGEST_BLOCK_MS = 10_000
+REMEMBERED = 1000
+"""Event ids a subscription handed out that it remembers, to skip a repeat."""
+RETRY_FIRST, RETRY_MAX = 0.1, 2.0
+"""Seconds between tries of a read while Redis is away: doubling, up to the second."""
+
+
+def block_ms(reader: aioredis.Redis) -> int:
+    """How long one XREAD may block: under the reader's socket timeout (by a second, or by
+    half), so that a quiet conversation is never taken for a dead Redis."""
+    timeout = reader.connection_pool.connection_kwargs.get("socket_timeout")
+    if not timeout:
+        return LONGEST_BLOCK_MS
+    return max(100, min(LONGEST_BLOCK_MS, int(min(timeout - 1.0, timeout / 2) * 1000)))
 
 
 class FeedFailed(Exception):
@@ -229,7 +244,8 @@ class Channel:
         self.ready.set()
         backoff.reset()
         wait_ms = block_ms(self._fanout.reader)
-        # Asked after every read too: a cancellation lost inside redis-py (tail.py) ends it here.
+        # Asked after every read too: a cancellation that coincides with a socket timeout can
+        # be lost inside redis-py on Python 3.11, and this ends the read then.
         while not self.closed:
             try:
                 texts = await store.follow_texts(

@@ -145,25 +145,12 @@ class EventStore:
         decoded = _decode(entries)
         return decoded[0][1] if decoded else None
 
-    async def follow(
-        self, reader: aioredis.Redis, conversation_id: str, last: str, block_ms: int
-    ) -> list[StoredEvent]:
-        """Events after `last` ("0" for all), waiting up to block_ms for the first one.
-
-        `reader` must be a connection of its own: a blocking read holds it.
-        """
-        reply: Any = await reader.xread(
-            {keyspace.events(conversation_id): last}, count=500, block=block_ms
-        )
-        if not reply:
-            return []
-        _key, entries = reply[0]
-        return _decode(entries)
-
     async def follow_texts(
         self, reader: aioredis.Redis, conversation_id: str, last: str, block_ms: int
     ) -> list[StoredText]:
-        """As `follow`, the events as stored (not decoded)."""
+        """Events after `last` ("0" for all) as stored (not decoded), waiting up to block_ms
+        for the first one. `reader` must be a connection of its own: a blocking read holds
+        it."""
         reply: Any = await reader.xread(
             {keyspace.events(conversation_id): last}, count=500, block=block_ms
         )

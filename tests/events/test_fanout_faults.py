@@ -16,7 +16,6 @@ import redis.asyncio as aioredis
 
 from controlplane import keys
 from controlplane.events import fanout
-from controlplane.events.tail import block_ms
 from controlplane.store import keyspace, text
 from tests.support.event_sockets import SOCKET, event_ids, nothing_more, post_events, until
 from tests.support.records import RecordedSandbox, event
@@ -41,7 +40,9 @@ async def test_a_failed_shared_read_ends_its_sockets_and_the_next_socket_reads_a
     kept: Any = await raw_redis.dump(stream)
     await raw_redis.delete(stream)
     await raw_redis.set(stream, "not a stream")
-    wait = block_ms(events.fanout.reader) / 1000 + 5  # the read blocked then may run out first
+    wait = (
+        fanout.block_ms(events.fanout.reader) / 1000 + 5
+    )  # the read blocked then may run out first
     for ws in watchers:
         message = await ws.receive(timeout=wait)
         assert message.type == aiohttp.WSMsgType.CLOSE, message

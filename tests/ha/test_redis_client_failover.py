@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import time
 import warnings
 from collections.abc import Iterator
@@ -20,8 +21,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError
 
 from controlplane.config import ServiceConfig, load_config
+from controlplane.events.fanout import Fanout
 from controlplane.events.store import EventStore
-from controlplane.events.tail import tail
 from controlplane.sandboxes.status_feed import StatusFeed
 from controlplane.store import keyspace
 from controlplane.store.durable import NotReplicated, durable_writes
@@ -227,12 +228,13 @@ async def test_an_event_stream_reader_follows_through_a_failover(
     config = ha_config(sentinel_cluster, tmp_path, redis_timeout=2)
     writer_client, reader = await open_redis(config), await open_redis(config)
     store = EventStore(writer_client)
+    fanout = Fanout(store, reader)  # the events sockets' shared read (events/fanout.py)
+    subscription = fanout.subscribe("conv", "0")
     seen: list[str] = []
-    done = asyncio.Event()
 
     async def read() -> None:
-        async for _sid, event in tail(store, reader, "conv", "0", until=done.is_set):
-            seen.append(event["id"])
+        async for stored in subscription.texts():
+            seen.append(json.loads(stored)["id"])
 
     following = asyncio.create_task(read())
     try:
@@ -249,9 +251,10 @@ async def test_an_event_stream_reader_follows_through_a_failover(
         await _until(lambda: len(seen) == 11, 15)
         assert seen == [f"e{n}" for n in range(11)]
     finally:
-        done.set()
+        subscription.close()
         following.cancel()
         await asyncio.gather(following, return_exceptions=True)
+        await fanout.close()
         await writer_client.aclose()
         await reader.aclose()
 
