@@ -201,8 +201,12 @@ class SandboxReads:
             if owner is None and query.status is not None
             else None
         )
-        if in_status is not None and after is not None:
-            in_status = [i for i in in_status if i < after]
+        if in_status is not None:
+            # Its records are in that status: about a page of them fills the page (others'
+            # organizations, or a spec filter, read on).
+            batch = query.limit + 1
+            if after is not None:
+                in_status = [i for i in in_status if i < after]
         matches: list[SandboxRecord] = []
         while len(matches) <= query.limit:
             if in_status is not None:
@@ -216,9 +220,11 @@ class SandboxReads:
                     matches.append(record)
                     if len(matches) > query.limit:
                         break
-            if len(ids) < batch:
+            if len(ids) < batch or in_status == []:
                 break
             after = ids[-1]
+            if in_status is not None:  # sparse matches (others' organizations): read more
+                batch = min(2 * batch, max(query.limit + 1, 200))
         page = matches[: query.limit]
         next_page = encode_cursor(page[-1].id) if len(matches) > query.limit else None
         return SandboxPage(items=[self.view(r, principal) for r in page], next_page_id=next_page)

@@ -9,12 +9,14 @@ import pytest
 import redis.asyncio as aioredis
 
 from controlplane import keys
+from controlplane.auth.service import ApiKeyService
 from controlplane.sandboxes import reads
 from controlplane.sandboxes.models import SandboxStatus
-from controlplane.sandboxes.store import SandboxStore
+from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.store import keyspace
+from tests.conftest import BOOTSTRAP_KEY
 from tests.sandboxes.test_api import put, walk
-from tests.support.records import NO_ENGINE
+from tests.support.records import NO_ENGINE, sandbox_record
 from tests.support.types import Client, ClientFactory, UserHeaders
 
 
@@ -76,3 +78,34 @@ async def test_a_large_status_set_is_paged_through_the_index(
     alices = [i for i, r in owners.items() if r is not None and r.owner == "alice"]
     assert await walk(search_client, alice, 50, status="MISSING") == alices
     assert len(alices) == 150
+
+
+async def test_an_organization_owner_pages_its_few_among_many_in_the_status(
+    search_client: Client, raw_redis: aioredis.Redis
+) -> None:
+    """The status's set holds every organization's: an owner's page reads on, in doubling
+    batches, past the others' until it is filled, each of its own once and in order."""
+    resp = await search_client.post(
+        "/api/organizations",
+        json={"id": "eng", "name": "Eng", "owner": "olivia"},
+        headers={"X-Session-API-Key": BOOTSTRAP_KEY},
+    )
+    assert resp.status < 300, await resp.text()
+    olivia = {
+        "X-Session-API-Key": (
+            await ApiKeyService(raw_redis, None).create("olivia", org_id="eng")
+        ).key
+    }
+    store = search_client.app[keys.SANDBOXES].store
+    ours: list[str] = []
+    for n in range(300):
+        record = sandbox_record(("alice", "bob")[n % 2], SandboxStatus.ERROR)
+        if n % 37 == 5:
+            record.org_id = "eng"
+            ours.append(record.id)
+        assert await store.create(record, 0, Limits()) == "ok"
+    ours.sort(reverse=True)
+    assert len(ours) == 8
+    for limit in (1, 3, 100):
+        got = await walk(search_client, olivia, limit, all_users="true", status="ERROR")
+        assert got == ours, limit
