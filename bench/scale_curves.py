@@ -25,6 +25,9 @@ process is the clients and the raw baselines. Per level, in order:
   containers from C threads at once, then unpause (untimed).
 - the sandboxes are deleted (each DELETE timed) and their containers awaited gone.
 
+`--search-only`: the records and the searches alone, no container (a before/after of a
+search's cost, to larger record counts).
+
 The server's CPU time (user + system, from /proc) per phase is printed per request. Exit
 status: 0 when the table was printed, 1 on an error. No target: the curve is the result (what
 grows faster than the load says where the work is linear in something it should not be).
@@ -79,6 +82,7 @@ WITHIN = 300.0
 @dataclass
 class Options:
     levels: list[tuple[int, int]]
+    search_only: bool
     json_path: Path | None
 
 
@@ -86,6 +90,9 @@ def parse(argv: list[str] | None) -> Options:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--levels", default="10:1,100:10,1000:100", help="records:clients, comma separated"
+    )
+    parser.add_argument(
+        "--search-only", action="store_true", help="the searches alone (no container is made)"
     )
     parser.add_argument("--json", dest="json_path", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -97,7 +104,7 @@ def parse(argv: list[str] | None) -> Options:
         parser.error("--levels: positive records and clients")
     if any(b[0] < a[0] for a, b in itertools.pairwise(levels)):
         parser.error("--levels: records must not shrink from one level to the next")
-    return Options(levels=levels, json_path=args.json_path)
+    return Options(levels=levels, search_only=args.search_only, json_path=args.json_path)
 
 
 def server_cpu(pid: int) -> float:
@@ -284,12 +291,15 @@ class CurvesBench:
                 body = await self.call("POST", "/api/v1/sandboxes", keys[n], f"{tag}.create")
                 made[n].append(body["id"])
 
-        print(f"{tag}: create", file=sys.stderr)
-        await self.phase(f"{tag}.create", asyncio.gather(*(creates(n) for n in range(clients))))
-        await self.floor(f"{tag}.raw_ping", clients, self.ping)
-        ids = [i for own in made for i in own]
-        await self.wait_for(ids, "RUNNING")
-        await asyncio.sleep(1.0)
+        ids: list[str] = []
+        if not self.options.search_only:
+            print(f"{tag}: create", file=sys.stderr)
+            creating = asyncio.gather(*(creates(n) for n in range(clients)))
+            await self.phase(f"{tag}.create", creating)
+            await self.floor(f"{tag}.raw_ping", clients, self.ping)
+            ids = [i for own in made for i in own]
+            await self.wait_for(ids, "RUNNING")
+            await asyncio.sleep(1.0)
 
         print(f"{tag}: search", file=sys.stderr)
         rounds = math.ceil(SEARCH_REQUESTS / clients)
@@ -313,6 +323,8 @@ class CurvesBench:
                 f"{tag}.{variant}", asyncio.gather(*(searches(n) for n in range(clients)))
             )
         await self.floor(f"{tag}.raw_page", clients, self.raw_page, rounds)
+        if self.options.search_only:
+            return
 
         print(f"{tag}: pause", file=sys.stderr)
 
