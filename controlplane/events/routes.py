@@ -25,7 +25,7 @@ from controlplane.api.routing import RouteTable
 from controlplane.auth.identity import PRINCIPAL, authenticate_request, principal_of
 from controlplane.auth.models import Principal
 from controlplane.errors import Unauthorized
-from controlplane.events.fanout import Subscription
+from controlplane.events.fanout import ConversationGone, Subscription
 from controlplane.events.legacy_names import with_old_terminal_names
 from controlplane.events.models import (
     ConversationEventQuery,
@@ -62,6 +62,8 @@ def track_sockets(app: web.Application, per_user: int) -> None:
 
 
 _EVENT = TypeAdapter(Event)
+CONVERSATION_GONE = 4004
+"""The close code of a socket whose conversation was deleted (the agent server's 4004)."""
 
 
 class ConversationInfoBody(BaseModel):
@@ -164,10 +166,10 @@ async def _pump(ws: web.WebSocketResponse, subscription: Subscription) -> None:
     """The conversation's events to the socket, each sent as it was stored (events/fanout.py),
     until the client closes it (or the server does)."""
 
-    failed = False
+    closing = False
 
     async def follow() -> None:
-        nonlocal failed
+        nonlocal closing
         try:
             async for stored in subscription.texts():
                 if ws.closed:
@@ -175,6 +177,11 @@ async def _pump(ws: web.WebSocketResponse, subscription: Subscription) -> None:
                 await ws.send_str(stored)
         except ConnectionResetError:
             return  # the client went away
+        except ConversationGone:
+            # Nothing more will come: the agent server's own close for a conversation it does
+            # not have (docs/agent-protocol.md), so the client stops rather than reconnects.
+            closing = True
+            await ws.close(code=CONVERSATION_GONE, message=b"conversation deleted")
         except Exception as exc:  # the socket ends, never stays open and mute
             # The client reconnects with after= its last event (1011: try again later).
             log.error(
@@ -182,7 +189,7 @@ async def _pump(ws: web.WebSocketResponse, subscription: Subscription) -> None:
                 conversation_id=subscription.channel.conversation_id,
                 error=repr(exc),
             )
-            failed = True
+            closing = True
             await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"event feed failed")
 
     pump = asyncio.create_task(follow())
@@ -192,7 +199,7 @@ async def _pump(ws: web.WebSocketResponse, subscription: Subscription) -> None:
                 break
     finally:
         subscription.close()
-        if not failed:  # else it is closing the socket: let it finish the handshake
+        if not closing:  # else it is closing the socket: let it finish the handshake
             pump.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionResetError):
             await pump
@@ -241,6 +248,7 @@ def _event_batch(raw: bytes) -> list[tuple[Event, dict[str, Any]]]:
     body=list[Event] | Event,
     response=Success,
     errors=(401, 404),
+    own_key_check=True,  # the key, the rate and the append in one round trip (ingest)
 )
 async def events_webhook(request: web.Request) -> web.Response:
     batch = _event_batch(await request.read())
@@ -251,6 +259,7 @@ async def events_webhook(request: web.Request) -> web.Response:
         request.match_info["conversation_id"],
         batch,
         verified=request.get(keys.WEBHOOK_SANDBOX) == sandbox_id,
+        limiter=request.app.get(keys.WEBHOOK_LIMITER),
     )
     return json_response(Success())
 
