@@ -179,9 +179,17 @@ class Subscription:
             raise FeedFailed(f"the conversation's event read failed: {failed!r}") from failed
 
     async def texts(self) -> AsyncIterator[str]:
-        """The events' stored JSON, in order, until the subscription is closed. Raises
-        FeedFailed when the channel fails, ConversationGone once the conversation was deleted
-        (after what was queued), and what the catch-up's read raises that is not an outage."""
+        """The events' stored JSON, in order, one at a time: `batches`, flattened."""
+        async for batch in self.batches():
+            for stored in batch:
+                yield stored
+
+    async def batches(self) -> AsyncIterator[list[str]]:
+        """The events' stored JSON, in order, until the subscription is closed: each time
+        everything there is to send now (what was queued, or a page of the catch-up), so that a
+        socket writes it at once. Raises FeedFailed when the channel fails, ConversationGone
+        once the conversation was deleted (after what was queued), and what the catch-up's read
+        raises that is not an outage."""
         await self.channel.ready.wait()
         backoff, conversation_id = _Backoff(), self.channel.conversation_id
         while not self.closed:
@@ -199,11 +207,11 @@ class Subscription:
                         await backoff.wait("event_catch_up_retry", conversation_id, exc)
                         continue
                     backoff.reset()
-                    for frame in _frames(page, conversation_id):
-                        if self._fresh(frame):
-                            yield frame[2]
+                    fresh = [f[2] for f in _frames(page, conversation_id) if self._fresh(f)]
                     if page and id_order(page[-1][0]) > id_order(self.position):
                         self.position = page[-1][0]  # the page ended in entries left out
+                    if fresh:
+                        yield fresh
                     if len(page) < PAGE:
                         break
                 continue
@@ -213,9 +221,10 @@ class Subscription:
                 self._woken.clear()
                 await self._woken.wait()
                 continue
-            frame = self._queue.popleft()
-            if self._fresh(frame):
-                yield frame[2]
+            queued, self._queue = self._queue, deque()
+            fresh = [frame[2] for frame in queued if self._fresh(frame)]
+            if fresh:
+                yield fresh
 
 
 class Channel:

@@ -171,10 +171,10 @@ async def _pump(ws: web.WebSocketResponse, subscription: Subscription) -> None:
     async def follow() -> None:
         nonlocal closing
         try:
-            async for stored in subscription.texts():
+            async for batch in subscription.batches():
                 if ws.closed:
                     break
-                await ws.send_str(stored)
+                await _send_all(ws, batch)
         except ConnectionResetError:
             return  # the client went away
         except ConversationGone:
@@ -203,6 +203,51 @@ async def _pump(ws: web.WebSocketResponse, subscription: Subscription) -> None:
             pump.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionResetError):
             await pump
+
+
+class _Corked(asyncio.Transport):
+    """What a socket's frames are written to while a batch of them is framed: one write of
+    them all to the connection's transport at the end (`_send_all`), not one each."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        super().__init__()
+        self.transport = transport
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._parts.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def get_write_buffer_size(self) -> int:
+        return self.transport.get_write_buffer_size()
+
+    def flush(self) -> None:
+        if self._parts and not self.transport.is_closing():
+            self.transport.write(b"".join(self._parts))
+        self._parts.clear()
+
+
+async def _send_all(ws: web.WebSocketResponse, texts: list[str]) -> None:
+    """Each of `texts` as a frame of its own (one event's JSON per frame, as OpenHands' clients
+    read them), written to the connection at once: a socket that has several events to send
+    makes one write (one system call) instead of one per frame. aiohttp frames them (and
+    compresses them where the client asked) through its own writer, whose transport is the
+    cork meanwhile; its flow control still applies (it waits while the connection is paused)."""
+    writer = ws._writer
+    if len(texts) == 1 or writer is None:
+        for stored in texts:
+            await ws.send_str(stored)
+        return
+    cork = _Corked(writer.transport)
+    writer.transport = cork
+    try:
+        for stored in texts:
+            await ws.send_str(stored)
+    finally:
+        writer.transport = cork.transport
+        cork.flush()
 
 
 async def _ticket_holder(request: web.Request, ticket: str, conversation_id: str) -> Principal:
