@@ -25,6 +25,7 @@ from controlplane.api.ratelimit import webhook_refusal
 from controlplane.api.routing import Handler, has_own_key_check, has_own_limits, is_public
 from controlplane.auth.identity import PRINCIPAL, authenticate_request
 from controlplane.errors import ControlPlaneError, InvalidInput, QuotaExceeded, Unauthorized
+from controlplane.sandboxes.reads import MAX_SESSION_KEY
 from controlplane.store.pool import StoreBusy
 from controlplane.store.redis import REDIS_DOWN
 
@@ -225,11 +226,12 @@ async def webhook_auth_middleware(request: web.Request, handler: Handler) -> web
     per-sandbox rate limit (ACS_WEBHOOK_RATE_LIMIT_PER_MINUTE): a runaway agent cannot flood
     Redis, and its 429 never costs the body read either.
 
-    A route with `own_key_check` (the events webhook) and a body of at most SMALL_BODY bytes
-    (which a refusal reads anyway, `_drop_unread_body`) is left to its handler, which makes the
-    same checks in the Redis round trip that stores the events (one round trip a post instead of
-    four). The order of the answers stays: a body the handler refuses (422) before that round
-    trip is answered 401 or 429 first where the key or the rate says so."""
+    A route with `own_key_check` (the events webhook), a key of a key's length and a body of
+    at most SMALL_BODY bytes (which a refusal reads anyway, `_drop_unread_body`) is left to its
+    handler, which makes the same checks in the Redis round trip that stores the events (one
+    round trip a post instead of four). The order of the answers stays: a body the handler
+    refuses (422) before that round trip is answered 401 or 429 first where the key or the rate
+    says so."""
     sandbox_id = request.match_info.get("sandbox_id")
     if (
         sandbox_id is None
@@ -237,8 +239,14 @@ async def webhook_auth_middleware(request: web.Request, handler: Handler) -> web
         or request.match_info.http_exception is not None
     ):
         return await handler(request)
-    length = request.content_length
-    if has_own_key_check(request) and length is not None and length <= SMALL_BODY:
+    key, length = request.headers.get("X-Session-API-Key"), request.content_length
+    if (
+        has_own_key_check(request)
+        and key
+        and len(key) <= MAX_SESSION_KEY  # no key (of a key's length): refused before the body
+        and length is not None
+        and length <= SMALL_BODY
+    ):
         try:
             return await handler(request)
         except (RequestValidationError, InvalidInput):
