@@ -106,7 +106,7 @@ class KubernetesDriver:
 
     async def memory_capacity(self) -> int | None:
         if self._nodes.readable is None:
-            await self._nodes.refresh()
+            await self._nodes.first_read()
         return self._nodes.capacity()
 
     def has_room(self, reservation: int) -> bool:
@@ -119,7 +119,7 @@ class KubernetesDriver:
         reference = image_reference(image, self.settings.kube_image_registry)
         if self.settings.kube_image_pull_policy == "Never":
             if self._nodes.readable is None:
-                await self._nodes.refresh()
+                await self._nodes.first_read()
             if self._nodes.has_image(reference) is False:
                 return None
         return reference
