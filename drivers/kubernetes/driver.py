@@ -130,6 +130,10 @@ class KubernetesDriver:
         self._pods.start()
         for policy in policies:
             await self._network.prepare(policy)
+        # What the first creates would otherwise wait for, read while the control plane starts
+        # (a burst's first cold creates waited 0.6 s for the nodes on a busy API server).
+        await self._nodes.first_read()
+        await self._resources.binding_mode()
 
     async def prepare_network(self, policy: NetworkPolicy) -> str | None:
         self._pods.start()

@@ -42,9 +42,9 @@ def settings_of(cluster: KubeCluster, namespace: str) -> KubernetesSettings:
     )
 
 
-async def node_lists(kube_api: client.ApiClient) -> float:
-    """How many LISTs of nodes the API server has answered in JSON (this process's clients;
-    the cluster's own components ask in protobuf), from its metrics."""
+async def answered(kube_api: client.ApiClient, resource: str, verb: str) -> float:
+    """How many requests of `verb` on `resource` the API server has answered in JSON (this
+    process's clients; the cluster's own components ask in protobuf), from its metrics."""
     response = await kube_api.call_api(
         "/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False
     )
@@ -53,10 +53,18 @@ async def node_lists(kube_api: client.ApiClient) -> float:
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
         if line.startswith("apiserver_request_total{")
-        and 'resource="nodes"' in line
-        and 'verb="LIST"' in line
+        and f'resource="{resource}"' in line
+        and f'verb="{verb}"' in line
         and 'contentType="application/json"' in line
     )
+
+
+async def node_lists(kube_api: client.ApiClient) -> float:
+    return await answered(kube_api, "nodes", "LIST")
+
+
+async def class_reads(kube_api: client.ApiClient) -> float:
+    return await answered(kube_api, "storageclasses", "GET")
 
 
 async def test_starts_that_come_together_all_learn_the_binding_mode(
@@ -90,3 +98,24 @@ async def test_creates_that_come_together_read_the_nodes_once(
     assert await node_lists(kube_api) - before == 1
     assert len(set(capacities)) == 1
     assert capacities[0]
+
+
+async def test_the_driver_reads_them_as_the_control_plane_starts(
+    kube_cluster: KubeCluster, kube_namespace: str, kube_prefix: str, kube_api: client.ApiClient
+) -> None:
+    """prepare() (the control plane's start, in the background) reads both: the first creates
+    find them known and ask the API server nothing more."""
+    driver = KubernetesDriver(settings_of(kube_cluster, kube_namespace), prefix=kube_prefix)
+    before = (await node_lists(kube_api), await class_reads(kube_api))
+    try:
+        await driver.prepare([])
+        prepared = (await node_lists(kube_api), await class_reads(kube_api))
+        await asyncio.gather(
+            *(driver.image_id(DEFAULT_IMAGE) for _ in range(TOGETHER)),
+            *(driver.memory_capacity() for _ in range(TOGETHER)),
+        )
+        created = (await node_lists(kube_api), await class_reads(kube_api))
+    finally:
+        await driver.close()
+    assert prepared == (before[0] + 1, before[1] + 1)
+    assert created == prepared
