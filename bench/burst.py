@@ -318,6 +318,10 @@ class BurstBench:
         self.deploy.preflight()
         print(self.deploy.environment(), flush=True)
         print(f"prefix {self.deploy.prefix}", file=sys.stderr)
+        self.note_settings()
+
+    def note_settings(self) -> None:
+        """The start bound and the refill delay the control planes run with, in the notes."""
         starts = self.opt.starts
         self.notes.append(
             "boots at once per control plane: "

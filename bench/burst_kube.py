@@ -86,6 +86,7 @@ class KubeBurstBench(BurstBench):
             f"cluster up and image loaded in {time.monotonic() - started:.0f} s "
             f"(slot {self.cluster.slot}, {len(self.cluster.nodes)} nodes, untimed)"
         )
+        self.note_settings()
         self.kube = await api_client(self.cluster.kubeconfig)
         version = await client.VersionApi(self.kube).get_code()
         print(

@@ -106,7 +106,7 @@ class KubernetesDriver:
 
     async def memory_capacity(self) -> int | None:
         if self._nodes.readable is None:
-            await self._nodes.refresh()
+            await self._nodes.first_read()
         return self._nodes.capacity()
 
     def has_room(self, reservation: int) -> bool:
@@ -119,7 +119,7 @@ class KubernetesDriver:
         reference = image_reference(image, self.settings.kube_image_registry)
         if self.settings.kube_image_pull_policy == "Never":
             if self._nodes.readable is None:
-                await self._nodes.refresh()
+                await self._nodes.first_read()
             if self._nodes.has_image(reference) is False:
                 return None
         return reference
@@ -130,6 +130,10 @@ class KubernetesDriver:
         self._pods.start()
         for policy in policies:
             await self._network.prepare(policy)
+        # What the first creates would otherwise wait for, read while the control plane starts
+        # (a burst's first cold creates waited 0.6 s for the nodes on a busy API server).
+        await self._nodes.first_read()
+        await self._resources.binding_mode()
 
     async def prepare_network(self, policy: NetworkPolicy) -> str | None:
         self._pods.start()

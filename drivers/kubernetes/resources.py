@@ -81,6 +81,7 @@ class Resources:
         self._service_ips: dict[str, str] = {}
         self._binding: str | None = None
         self._binding_known = False
+        self._binding_lock = asyncio.Lock()
         self._debris_at = 0.0
 
     # -- making -------------------------------------------------------------------------------
@@ -167,7 +168,7 @@ class Resources:
     async def _bound(self, path: str) -> None:
         """Wait until a new claim is bound, unless its class binds at the first pod: a pod that
         meets an unbound claim is retried by the scheduler only after a back-off."""
-        mode = await self._binding_mode()
+        mode = await self.binding_mode()
         if mode == "WaitForFirstConsumer":
             return
         limit = UNKNOWN_BINDING_WAIT if mode is None else self._settings.kube_pod_start_timeout
@@ -179,11 +180,19 @@ class Resources:
             await asyncio.sleep(BIND_POLL)
         log.info("kube_claim_not_bound_yet", claim=path, waited_s=limit)
 
-    async def _binding_mode(self) -> str | None:
-        """The storage class's volumeBindingMode, read once; None when it cannot be read."""
+    async def binding_mode(self) -> str | None:
+        """The storage class's volumeBindingMode, read once; None when it cannot be read.
+        Starts that come together before it is known wait for the one read: answered None
+        meanwhile, they would wait for their claims at most UNKNOWN_BINDING_WAIT and make pods
+        the scheduler then backs off from (the first cold starts of a burst did, issue 30)."""
         if self._binding_known:
             return self._binding
-        self._binding_known = True
+        async with self._binding_lock:
+            if not self._binding_known:
+                await self._read_binding_mode()
+        return self._binding
+
+    async def _read_binding_mode(self) -> None:
         try:
             if self._settings.kube_storage_class:
                 found = await self._api.get(
@@ -202,10 +211,11 @@ class Resources:
                 ]
         except (Forbidden, RuntimeUnavailable, DriverError) as exc:
             log.info("kube_storage_class_unread", reason=str(exc))
+            # An API server that does not answer is asked again at the next start.
             self._binding_known = not isinstance(exc, RuntimeUnavailable)
-            return None
+            return
         self._binding = str(classes[0].get("volumeBindingMode") or "Immediate") if classes else None
-        return self._binding
+        self._binding_known = True
 
     async def _ensure_policy(self, request: SandboxRequest, egress: Egress) -> bool:
         manifest = policy_manifest(request, self._prefix, self._peers, egress, self._ns)
