@@ -9,8 +9,8 @@ loopback-published port Docker picks), start it, poll `GET /health` every 5 ms u
 first 200 minus the return of `start`; boot CPU = the container's cgroup CPU at that moment:
 tini and the agent server, far less moved by the host's load than the wall time), wait
 `--settle` seconds, then read the agent server's VmRSS from /proc inside the container (the
-largest process whose command line holds the image's command; tini is far smaller). Every container carries the run's label and is removed at the end,
-also after an error or Ctrl-C.
+largest process whose command line holds the image's command; tini is far smaller). Every
+container carries the run's label and is removed at the end, also after an error or Ctrl-C.
 """
 
 from __future__ import annotations
