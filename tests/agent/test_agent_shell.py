@@ -229,9 +229,18 @@ async def test_commands_start_no_thread_of_their_own(
     agent_client: Client, auth: dict[str, str]
 ) -> None:
     """Python 3.11's default child watcher waits for every command in a thread of its own
-    ("waitpid-N"); the server watches its children through pid file descriptors on its loop
+    ("asyncio-waitpid-N"); the server watches its children through pid file descriptors on its loop
     instead, and their exit codes, output and time limits are the same."""
-    before = {t.ident for t in threading.enumerate()}
+
+    async def threads_while_running() -> list[str]:
+        await asyncio.sleep(0.7)  # the command below has started and still runs
+        return [t.name for t in threading.enumerate()]
+
+    running, threads = await asyncio.gather(
+        execute(agent_client, auth, command="sleep 1.5; echo done"), threads_while_running()
+    )
+    assert running["stdout"] == "done\n"
+    assert not [name for name in threads if "waitpid" in name], threads
     results = await asyncio.gather(
         *(execute(agent_client, auth, command=f"echo {n}; exit {n}") for n in range(5))
     )
@@ -239,5 +248,3 @@ async def test_commands_start_no_thread_of_their_own(
     timed_out = await execute(agent_client, auth, command="sleep 30", timeout=1)
     assert timed_out["timed_out"] is True
     assert timed_out["exit_code"] == -1
-    started = [t.name for t in threading.enumerate() if t.ident not in before]
-    assert not [name for name in started if name.startswith("waitpid")], started
