@@ -1,9 +1,9 @@
 """The system's CA certificates, looked up when a TLS peer is verified rather than all read at
 boot.
 
-aiohttp makes its default client TLS context when it is imported, and that context reads the
-whole CA bundle (``/etc/ssl/certs/ca-certificates.crt``, some 140 certificates): 20-40 ms of
-CPU of a boot of ~300 here, for a server that may never call an HTTPS peer (the first command,
+aiohttp makes its two client TLS contexts (verified and not) when it is imported, and each reads
+the whole CA bundle (``/etc/ssl/certs/ca-certificates.crt``, some 140 certificates): ~50 ms of
+CPU of a boot of ~350 here, for a server that may never call an HTTPS peer (the first command,
 the webhooks to the control plane over HTTP). OpenSSL can instead find a certificate in the
 hashed directory of the same store (``/etc/ssl/certs/<subject hash>.0``, which Debian's
 ``update-ca-certificates`` keeps beside the bundle) when a chain needs it. Trust is the same:
