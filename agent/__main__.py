@@ -7,12 +7,17 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from aiohttp import web
+from .tls import import_aiohttp
 
-from . import __version__
-from .announce import announce_when_started, listening_socket
-from .app import create_app
-from .config import FALLBACK_API_KEY_ENV, WORKSPACE_ENV, AgentConfig
+# Before anything imports aiohttp: its default client TLS context is made then (agent/tls.py).
+import_aiohttp()
+
+from aiohttp import web  # noqa: E402
+
+from . import __version__  # noqa: E402
+from .announce import announce_when_started, listening_socket  # noqa: E402
+from .app import create_app  # noqa: E402
+from .config import FALLBACK_API_KEY_ENV, WORKSPACE_ENV, AgentConfig  # noqa: E402
 
 log = logging.getLogger("agent")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -16,6 +17,7 @@ from .conversations import routes as conversations
 from .conversations.tools import KINDS
 from .cors import cors_middleware
 from .errors import ApiError, error_response
+from .shell import pidfd_child_watcher
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,11 @@ async def vscode_status(_: web.Request) -> web.Response:
     return web.json_response({"running": False, "enabled": False})
 
 
+async def _child_watcher(_: web.Application) -> AsyncIterator[None]:
+    async with pidfd_child_watcher():
+        yield
+
+
 def create_app(config: AgentConfig) -> web.Application:
     # Auth runs inside the error middleware so a 401 is plain JSON too; CORS outside both so
     # that even a 401 reaches the browser's script.
@@ -104,6 +111,7 @@ def create_app(config: AgentConfig) -> web.Application:
         client_max_size=16 * 1024 * 1024,
     )
     app[CONFIG_KEY] = config
+    app.cleanup_ctx.append(_child_watcher)
     app[STARTED] = time.time()
     app[LAST_ACTIVITY] = [time.time()]
     router = app.router

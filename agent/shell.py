@@ -8,7 +8,9 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Mapping
+import sys
+import warnings
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +68,39 @@ def exit_status(returncode: int | None) -> int:
     if returncode is None:
         return -1
     return 128 - returncode if returncode < 0 else returncode
+
+
+def pidfds_available() -> bool:
+    """True when this kernel gives pid file descriptors (Linux 5.3+; not every sandbox runtime
+    does)."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
+@contextlib.asynccontextmanager
+async def pidfd_child_watcher() -> AsyncIterator[None]:
+    """While the server runs, its children's exits are watched through pid file descriptors on
+    its own loop. Python 3.11's default (ThreadedChildWatcher) starts a thread per command to
+    wait for it, CPU that every command paid (about 0.15 ms of 3 here); 3.12 and later use pidfds
+    by themselves. Where pidfds are missing, the default stays."""
+    if sys.version_info >= (3, 12) or not pidfds_available():
+        yield
+        return
+    with warnings.catch_warnings():  # the watcher API is deprecated from 3.12 (not used there)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        watcher = asyncio.PidfdChildWatcher()
+        watcher.attach_loop(asyncio.get_running_loop())
+        asyncio.set_child_watcher(watcher)
+    try:
+        yield
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            # Closes ours; the next use makes the default again.
+            asyncio.set_child_watcher(None)  # type: ignore[arg-type]
 
 
 class ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):

@@ -6,10 +6,11 @@ acs-sandbox-default:latest [--runs 10]`. bench/README.md says what it measures a
 For each run and each image (the order alternates per run, so background load hits both alike):
 create a container the way the driver does (no capabilities, no-new-privileges, memory limit, a
 loopback-published port Docker picks), start it, poll `GET /health` every 5 ms until 200 (boot =
-first 200 minus the return of `start`), wait `--settle` seconds, then read the agent server's
-VmRSS from /proc inside the container (the largest process whose command line holds the image's
-command; tini is far smaller). Every container carries the run's label and is removed at the end,
-also after an error or Ctrl-C.
+first 200 minus the return of `start`; boot CPU = the container's cgroup CPU at that moment:
+tini and the agent server, far less moved by the host's load than the wall time), wait
+`--settle` seconds, then read the agent server's VmRSS from /proc inside the container (the
+largest process whose command line holds the image's command; tini is far smaller). Every
+container carries the run's label and is removed at the end, also after an error or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -38,7 +40,24 @@ PORT = 8000
 @dataclass
 class Samples:
     boot: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
     rss: list[float] = field(default_factory=list)
+
+
+def container_cpu(container_id: str) -> float | None:
+    """CPU seconds the container's processes have used (its cgroup: v1 with the cgroupfs
+    driver, or v2), None where neither is found."""
+    v1 = Path(f"/sys/fs/cgroup/cpuacct/docker/{container_id}/cpuacct.usage")
+    with contextlib.suppress(OSError, ValueError):
+        return int(v1.read_text()) / 1e9
+    for v2 in (
+        Path(f"/sys/fs/cgroup/docker/{container_id}/cpu.stat"),
+        Path(f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/cpu.stat"),
+    ):
+        with contextlib.suppress(OSError, ValueError):
+            fields = dict(line.split() for line in v2.read_text().splitlines())
+            return int(fields["usage_usec"]) / 1e6
+    return None
 
 
 def wait_healthy(port: int) -> float:
@@ -68,7 +87,9 @@ def agent_rss_mib(container: Any, command: list[str]) -> float | None:
     return max(values) / 1024 if values else None
 
 
-def one_run(client: Any, image: str, label: str, settle: float) -> tuple[float, float | None]:
+def one_run(
+    client: Any, image: str, label: str, settle: float
+) -> tuple[float, float | None, float | None]:
     config = client.images.get(image).attrs["Config"]
     command = list(config.get("Cmd") or [])
     container = client.containers.create(
@@ -88,8 +109,9 @@ def one_run(client: Any, image: str, label: str, settle: float) -> tuple[float, 
         container.reload()
         port = int(container.attrs["NetworkSettings"]["Ports"][f"{PORT}/tcp"][0]["HostPort"])
         boot = wait_healthy(port) - started
+        cpu = container_cpu(container.id)  # tini and the agent server, up to its first 200
         time.sleep(settle)
-        return boot, agent_rss_mib(container, command)
+        return boot, cpu, agent_rss_mib(container, command)
     finally:
         container.remove(force=True, v=True)
 
@@ -107,24 +129,29 @@ def main() -> int:
         for run in range(opt.runs + 1):  # run 0 warms the page cache and is not recorded
             order = opt.image if run % 2 == 0 else list(reversed(opt.image))
             for image in order:
-                boot, rss = one_run(client, image, label, opt.settle)
+                boot, cpu, rss = one_run(client, image, label, opt.settle)
                 if run:
                     samples[image].boot.append(boot * 1000)
+                    if cpu is not None:
+                        samples[image].cpu.append(cpu * 1000)
                     if rss is not None:
                         samples[image].rss.append(rss)
     finally:
         for leftover in client.containers.list(all=True, filters={"label": f"acs.bench={label}"}):
             leftover.remove(force=True, v=True)
-    print(f"{'image':40} | boot p50 ms | boot p95 ms | idle RSS p50 MiB | runs")
+    print(f"{'image':40} | boot p50 ms | boot p95 ms | boot CPU p50 ms | idle RSS p50 MiB | runs")
     for image, s in samples.items():
         rss_text = f"{percentile(s.rss, 50):16.1f}" if s.rss else f"{'-':>16}"
+        cpu_text = f"{percentile(s.cpu, 50):15.0f}" if s.cpu else f"{'-':>15}"
         p50, p95 = percentile(s.boot, 50), percentile(s.boot, 95)
-        print(f"{image:40} | {p50:11.0f} | {p95:11.0f} | {rss_text} | {opt.runs}")
+        print(f"{image:40} | {p50:11.0f} | {p95:11.0f} | {cpu_text} | {rss_text} | {opt.runs}")
     first = samples[opt.image[0]]
     for image in opt.image[1:]:
         s = samples[image]
         ratio_boot = percentile(s.boot, 50) / percentile(first.boot, 50)
         line = f"{image} / {opt.image[0]}: boot p50 x{ratio_boot:.2f}"
+        if s.cpu and first.cpu:
+            line += f", boot CPU p50 x{percentile(s.cpu, 50) / percentile(first.cpu, 50):.2f}"
         if s.rss and first.rss:
             line += f", idle RSS x{statistics.median(s.rss) / statistics.median(first.rss):.2f}"
         print(line)

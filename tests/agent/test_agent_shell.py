@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.shell import run_command
+from agent.shell import pidfds_available, run_command
 from tests.support.types import Client, ClientFactory
 
 EXEC = "/api/bash/execute_bash_command"
@@ -217,3 +219,32 @@ async def test_malformed_body_is_422(
     assert detail
     assert detail[0]["loc"][0] == "body"
     assert {"loc", "msg", "type"} <= set(detail[0])
+
+
+@pytest.mark.skipif(
+    sys.version_info >= (3, 12) or not pidfds_available(),
+    reason="3.12+ watches children through pidfds by itself; needs a kernel with pidfds",
+)
+async def test_commands_start_no_thread_of_their_own(
+    agent_client: Client, auth: dict[str, str]
+) -> None:
+    """Python 3.11's default child watcher waits for every command in a thread of its own
+    ("asyncio-waitpid-N"); the server watches its children through pid file descriptors on its loop
+    instead, and their exit codes, output and time limits are the same."""
+
+    async def threads_while_running() -> list[str]:
+        await asyncio.sleep(0.7)  # the command below has started and still runs
+        return [t.name for t in threading.enumerate()]
+
+    running, threads = await asyncio.gather(
+        execute(agent_client, auth, command="sleep 1.5; echo done"), threads_while_running()
+    )
+    assert running["stdout"] == "done\n"
+    assert not [name for name in threads if "waitpid" in name], threads
+    results = await asyncio.gather(
+        *(execute(agent_client, auth, command=f"echo {n}; exit {n}") for n in range(5))
+    )
+    assert [(r["stdout"], r["exit_code"]) for r in results] == [(f"{n}\n", n) for n in range(5)]
+    timed_out = await execute(agent_client, auth, command="sleep 30", timeout=1)
+    assert timed_out["timed_out"] is True
+    assert timed_out["exit_code"] == -1
