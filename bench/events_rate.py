@@ -39,6 +39,7 @@ import multiprocessing
 import os
 import queue
 import random
+import resource
 import secrets
 import signal
 import sys
@@ -67,7 +68,8 @@ TICKS = {"tick": 0.01, "spread": 0.001}
 """The posters' loop period by phase: every conversation on one 10 ms tick (all of them post at
 the same instant), or each at its own phase in the period, sent within 1 ms of it."""
 DRAIN = 15.0
-"""Seconds the subscribers wait, after the last POST was answered, for the last frames."""
+"""Seconds the subscribers wait, after the last POST was answered, for the last frames
+(--drain): a frame not in by then counts as lost."""
 PER_SECOND = 1_000
 """Latency samples kept per second of posting (a uniform sample of that second's frames)."""
 WINDOW = 60.0
@@ -75,6 +77,12 @@ WINDOW = 60.0
 AFTER_KILL = 10.0
 """Seconds after the kill counted as its aftermath in the latency before/after."""
 PAYLOAD = "x" * 200  # an assistant message's text: events are a few hundred bytes, as agents'
+
+
+def cpu_seconds() -> float:
+    """CPU seconds this process has used (user + system)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def log(text: str) -> None:
@@ -96,6 +104,8 @@ class Options:
     reader_pool: int | None
     replicas: int
     kill_at: float | None
+    watchers: int
+    drain: float
     sample_every: float
     json_path: Path | None
 
@@ -133,6 +143,7 @@ class StepResult:
     wall: float = 0.0
     post_statuses: dict[str, int] = field(default_factory=dict)
     failovers: int = 0  # POSTs sent again to the other replica
+    cpu_by: dict[str, float] = field(default_factory=dict)  # CPU s of each part of the run
     cpu: float | None = None
     rss_mib: list[float] = field(default_factory=list)
     timeline: list[Sample] = field(default_factory=list)
@@ -175,6 +186,7 @@ class Job:
     duration: float = 0.0
     pagers: list[Conversation] = field(default_factory=list)
     interval: float = 1.0
+    drain: float = DRAIN
 
 
 class StampingSender(WebhookSender):
@@ -238,6 +250,7 @@ class Poster:
         # (when the conversation's next event is due, its index): the loop pops what is due.
         self.next_due = [(phase, i) for i, phase in enumerate(job.phases)]
         heapq.heapify(self.next_due)
+        self.cpu0 = cpu_seconds()
 
     def due(self, elapsed: float) -> list[tuple[Conversation, dict[str, Any]]]:
         out = []
@@ -251,7 +264,12 @@ class Poster:
 
     async def run(self) -> dict[str, Any]:
         failovers = await (self.raw() if self.job.mode == "raw" else self.webhooks())
-        return {"posted": self.posted, "statuses": self.statuses, "failovers": failovers}
+        return {
+            "posted": self.posted,
+            "statuses": self.statuses,
+            "failovers": failovers,
+            "cpu": cpu_seconds() - self.cpu0,
+        }
 
     async def raw(self) -> int:
         redis = aioredis.Redis.from_url(self.job.targets[0], max_connections=4)
@@ -475,10 +493,9 @@ class Watcher:
             tasks: list[asyncio.Task[None]] = []
             opened: list[asyncio.Event] = []
             raw = self.job.mode == "raw"
-            for i, (c, watch) in enumerate(zip(self.job.convs, self.watches, strict=True)):
+            for c, watch, at in zip(self.job.convs, self.watches, self.job.first, strict=True):
                 flag = asyncio.Event()
                 opened.append(flag)
-                at = i % len(self.job.targets)
                 job = (
                     self.raw_reader(c, watch, flag)
                     if raw
@@ -490,6 +507,7 @@ class Watcher:
             await asyncio.gather(*(f.wait() for f in opened))
             await asyncio.sleep(1.0)  # every socket's first read is blocking
             ready.set()
+            cpu0 = cpu_seconds()
             if not raw:
                 tasks += [
                     asyncio.create_task(self.pager(http, c, i % len(self.job.targets)))
@@ -499,7 +517,7 @@ class Watcher:
             self.expected = sum(posted[c.id] for c in self.job.convs)
             self.check_all_in()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.all_in.wait(), DRAIN)
+                await asyncio.wait_for(self.all_in.wait(), self.job.drain)
             self.done.set()
             await asyncio.gather(*tasks, return_exceptions=True)
         watched = zip(self.job.convs, self.watches, strict=True)
@@ -510,7 +528,25 @@ class Watcher:
             "search": self.search,
             "errors": self.errors,
             "reconnects": self.reconnects,
+            "cpu": cpu_seconds() - cpu0,
         }
+
+
+def merged(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The watchers' results as one."""
+    latencies: dict[int, list[float]] = {}
+    for part in parts:
+        for second, kept in part["latencies"].items():
+            latencies.setdefault(second, []).extend(kept)
+    return {
+        "latencies": latencies,
+        "seen": sum(p["seen"] for p in parts),
+        "watches": [w for p in parts for w in p["watches"]],
+        "search": [s for p in parts for s in p["search"]],
+        "errors": {k: sum(p["errors"][k] for p in parts) for k in ("search", "refused")},
+        "reconnects": [r for p in parts for r in p["reconnects"]],
+        "cpu": sum(p["cpu"] for p in parts),
+    }
 
 
 def watch_worker(job: Job, ready: Any, expect: Any, out: Any) -> None:
@@ -610,6 +646,11 @@ class EventsBench:
             "samples": self.samples.values,
         }
 
+    async def redis_cpu(self) -> float:
+        """CPU seconds the run's redis-server has used."""
+        info: Any = await self.deploy.redis.info("cpu")
+        return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
     def live(self) -> list[Server]:
         return [s for s in self.servers if s.process is not None and s.process.returncode is None]
 
@@ -645,17 +686,25 @@ class EventsBench:
         targets = [self.deploy.redis_url] if mode == "raw" else [s.url for s in self.servers]
         subs = [convs[i % len(convs)] for i in range(opt.subscribers)]
         pagers = [convs[i % len(convs)] for i in range(opt.searchers)]
-        job = Job(mode, targets, subs, pagers=pagers, interval=opt.search_interval)
-        ready, expect, out = self.mp.Event(), self.mp.Queue(), self.mp.Queue()
-        watcher = self.mp.Process(target=watch_worker, args=(job, ready, expect, out))
-        watcher.start()
+        first = [i % len(targets) for i in range(len(subs))]
+        out = self.mp.Queue()
+        watchers: list[tuple[Any, Any, Any]] = []  # (process, ready, expect)
+        for n in range(opt.watchers):
+            share = Job(
+                mode, targets, subs[n :: opt.watchers], first[n :: opt.watchers],
+                pagers=pagers[n :: opt.watchers], interval=opt.search_interval, drain=opt.drain,
+            )  # fmt: skip
+            ready, expect = self.mp.Event(), self.mp.Queue()
+            process = self.mp.Process(target=watch_worker, args=(share, ready, expect, out))
+            process.start()
+            watchers.append((process, ready, expect))
         deadline = time.monotonic() + 120
-        while not ready.is_set():
-            if time.monotonic() > deadline or not watcher.is_alive():
+        while not all(ready.is_set() for _p, ready, _e in watchers):
+            if time.monotonic() > deadline or not all(p.is_alive() for p, _r, _e in watchers):
                 raise BenchError(f"{result.name}: the subscribers did not connect")
             await asyncio.sleep(0.1)
         result.load = (os.getloadavg()[0], 0.0)
-        t0 = time.monotonic()
+        t0, redis0 = time.monotonic(), await self.redis_cpu()
         # Conversation i at phase i/C of its period (spread) or every one at 0 (tick); its
         # POSTs to replica i mod N.
         phases = [(i / len(convs)) / rate if phase == "spread" else 0.0 for i in range(len(convs))]
@@ -666,12 +715,17 @@ class EventsBench:
         posted = await self.post(result, posts)
         result.posted = sum(posted.values())
         result.expected = sum(posted[c.id] for c in subs)
-        expect.put(posted)  # the watcher reads until it has them all (at most DRAIN s)
-        watched = await asyncio.to_thread(out.get, True, DRAIN + 60)
-        watcher.join()
+        for _p, _r, expect in watchers:  # each reads until it has them all (at most --drain s)
+            expect.put(posted)
+        parts = [await asyncio.to_thread(out.get, True, opt.drain + 60) for _ in watchers]
+        for process, _r, _e in watchers:
+            process.join()
+        watched = merged(parts)
+        result.cpu_by["redis"] = await self.redis_cpu() - redis0
+        result.cpu_by["watchers"] = watched["cpu"]
         result.wall = time.monotonic() - t0
         if mode == "api":
-            result.cpu = result.timeline[-1].cpu
+            result.cpu = result.cpu_by["server"] = result.timeline[-1].cpu
             result.rss_mib = [rss_mib(s.process.pid) for s in self.live()]  # type: ignore[union-attr]
         result.load = (result.load[0], os.getloadavg()[0])
         self.tally(result, watched, posted)
@@ -712,6 +766,7 @@ class EventsBench:
                         await meter.tick()
             posted.update(answer["posted"])
             result.failovers += answer["failovers"]
+            result.cpu_by["posters"] = result.cpu_by.get("posters", 0.0) + answer["cpu"]
             for k, v in answer["statuses"].items():
                 result.post_statuses[k] = result.post_statuses.get(k, 0) + v
         for process in posters:
@@ -812,6 +867,11 @@ class EventsBench:
                 f"{r.received:>9} | {r.lost:>4} | {r.duplicated:>3} | {r.out_of_order:>12} | "
                 f"{self.ms(key, 50):>6} | {self.ms(key, 99):>6} | {self.ms(key, 100):>6} | "
                 f"{cpu:>18} | {rss:>18} | {r.load[0]:.1f}/{r.load[1]:.1f}"
+            )
+            parts = ", ".join(f"{k} {v:.0f}" for k, v in r.cpu_by.items())
+            lines.append(
+                f"  CPU s over {r.wall:.0f} s ({os.cpu_count()} cores): {parts}; per 1k events: "
+                + ", ".join(f"{k} {v * 1e6 / max(r.posted, 1):.0f} ms" for k, v in r.cpu_by.items())
             )
             if not r.name.startswith("api"):
                 continue
@@ -927,6 +987,12 @@ def parse(argv: list[str] | None) -> Options:
     parser.add_argument(
         "--sample-every", type=float, default=None, help="s between CPU/RSS samples (duration/10)"
     )
+    parser.add_argument(
+        "--watchers", type=int, default=1, help="processes holding the subscribers (1)"
+    )
+    parser.add_argument(
+        "--drain", type=float, default=DRAIN, help="s to wait for the last frames (15)"
+    )
     parser.add_argument("--json", dest="json_path", type=Path, default=None)
     args = parser.parse_args(argv)
     try:
@@ -946,8 +1012,8 @@ def parse(argv: list[str] | None) -> Options:
     return Options(
         args.conversations, rates, phases, args.subscribers, args.searchers, args.users,
         args.duration, args.raw_duration or args.duration, max(1, args.posters),
-        args.search_interval, args.reader_pool, args.replicas, args.kill_at, every,
-        args.json_path,
+        args.search_interval, args.reader_pool, args.replicas, args.kill_at,
+        max(1, args.watchers), args.drain, every, args.json_path,
     )  # fmt: skip
 
 
