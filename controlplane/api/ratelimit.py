@@ -14,6 +14,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from controlplane.errors import QuotaExceeded
 from controlplane.store import keyspace
 
 WINDOW_MS = 60_000
@@ -60,3 +61,13 @@ class RateLimiter:
             remaining=max(self.per_minute - count, 0),
             reset_after=max(math.ceil(ttl_ms / 1000), 1),
         )
+
+
+def webhook_refusal(decision: Decision) -> QuotaExceeded:
+    """The 429 of a sandbox past ACS_WEBHOOK_RATE_LIMIT_PER_MINUTE (the webhook middleware's,
+    and the events webhook's own when it counts in its one round trip)."""
+    return QuotaExceeded(
+        f"rate limit of {decision.limit} webhook requests per minute for this sandbox"
+        f" reached; retry in {decision.reset_after} s",
+        retry_after=decision.reset_after,
+    )

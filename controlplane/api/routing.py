@@ -40,6 +40,10 @@ class Endpoint:
     """The handler bounds its own body size and time (a model call through the LLM gateway,
     larger and longer than any other request): the API's body limit and request time limit do
     not apply to it."""
+    own_key_check: bool = False
+    """A sandbox webhook whose handler checks the session key and the per-sandbox rate itself,
+    in the same Redis round trip as its work (the events webhook): the webhook middleware leaves
+    a small body's request to it (middlewares.py)."""
 
 
 class RouteTable:
@@ -65,6 +69,7 @@ class RouteTable:
         errors: tuple[int, ...] = (),
         browser: bool = False,
         own_limits: bool = False,
+        own_key_check: bool = False,
     ) -> Callable[[Handler], Handler]:
         def decorate(handler: Handler) -> Handler:
             self.endpoints.append(
@@ -84,12 +89,15 @@ class RouteTable:
                     errors=errors,
                     browser=browser,
                     own_limits=own_limits,
+                    own_key_check=own_key_check,
                 )
             )
             if public:
                 handler.acs_public = True  # type: ignore[attr-defined]  # a mark on the function object
             if own_limits:
                 handler.acs_own_limits = True  # type: ignore[attr-defined]  # the same
+            if own_key_check:
+                handler.acs_own_key_check = True  # type: ignore[attr-defined]  # the same
             return handler
 
         return decorate
@@ -113,3 +121,11 @@ def has_own_limits(request: web.Request) -> bool:
     if match.http_exception is not None:
         return False
     return bool(getattr(match.handler, "acs_own_limits", False))
+
+
+def has_own_key_check(request: web.Request) -> bool:
+    """True for routes declared with `own_key_check` (Endpoint.own_key_check)."""
+    match = request.match_info
+    if match.http_exception is not None:
+        return False
+    return bool(getattr(match.handler, "acs_own_key_check", False))

@@ -269,7 +269,8 @@ class TaskFilters(BaseModel):
 
 
 class TaskSearchQuery(TaskFilters, PageQuery):
-    page_id: str | None = cursor_field(OFFSET)
+    # Created-at orders page by task id, updated-at ones by offset.
+    page_id: str | None = cursor_field(f"{HEX32}|{OFFSET}")
     sort_order: TaskSortOrder = TaskSortOrder.CREATED_AT_DESC
 
 

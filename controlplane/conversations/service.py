@@ -191,21 +191,54 @@ class ConversationService:
     async def search_tasks(
         self, principal: Principal, query: TaskSearchQuery
     ) -> AppConversationStartTaskPage:
+        """The created-at orders (the default) page the user's index of task ids (uuid7: the
+        creation order) from an id cursor, reading about a page of tasks; the updated-at
+        orders read every task of the user and sort them, with an offset as the cursor."""
+        order = query.sort_order
+        if order in (TaskSortOrder.CREATED_AT, TaskSortOrder.CREATED_AT_DESC):
+            return await self._created_tasks(principal, query)
         ids = await self.store.all_task_ids(principal.user_id)
         tasks = [t for t in await self.store.get_tasks(ids) if t and _task_matches(t, query)]
-        order = query.sort_order
-        if order in (TaskSortOrder.UPDATED_AT, TaskSortOrder.UPDATED_AT_DESC):
-            tasks.sort(key=lambda t: (t.updated_at, t.id))
-        else:
-            tasks.sort(key=lambda t: t.id)
-        if order in (TaskSortOrder.CREATED_AT_DESC, TaskSortOrder.UPDATED_AT_DESC):
-            tasks.reverse()
+        tasks.sort(
+            key=lambda t: (t.updated_at, t.id), reverse=order == TaskSortOrder.UPDATED_AT_DESC
+        )
         page, next_id = _offset_page(tasks, query.page_id, query.limit)
         return AppConversationStartTaskPage(items=page, next_page_id=next_id)
 
+    async def _created_tasks(
+        self, principal: Principal, query: TaskSearchQuery
+    ) -> AppConversationStartTaskPage:
+        """A page in id order past the cursor (an id, exclusive), read in batches that double
+        from `limit + 1` up to READ_BATCH tasks until the page is filled."""
+        desc = query.sort_order == TaskSortOrder.CREATED_AT_DESC
+        after = decode_cursor(query.page_id, HEX32)
+        owner = principal.user_id
+        found: list[AppConversationStartTask] = []
+        batch = query.limit + 1
+        while len(found) <= query.limit:
+            ids = await self.store.page_task_ids(owner, after, batch, desc)
+            found += [t for t in await self.store.get_tasks(ids) if t and _task_matches(t, query)]
+            if len(ids) < batch:
+                break
+            after = ids[-1]
+            batch = min(batch * 2, max(query.limit + 1, READ_BATCH))
+        page = found[: query.limit]
+        more = len(found) > query.limit
+        return AppConversationStartTaskPage(
+            items=page, next_page_id=encode_cursor(page[-1].id) if more else None
+        )
+
     async def count_tasks(self, principal: Principal, filters: TaskFilters) -> int:
+        """Without a filter, the size of the user's index of tasks; with one, every task of
+        the user that matches, READ_BATCH a round trip (linear in their tasks)."""
+        if filters == TaskFilters():
+            return await self.store.count_tasks(principal.user_id)
         ids = await self.store.all_task_ids(principal.user_id)
-        return sum(1 for t in await self.store.get_tasks(ids) if t and _task_matches(t, filters))
+        counted = 0
+        for start in range(0, len(ids), READ_BATCH):
+            tasks = await self.store.get_tasks(ids[start : start + READ_BATCH])
+            counted += sum(1 for t in tasks if t and _task_matches(t, filters))
+        return counted
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -452,14 +485,30 @@ class ConversationService:
         return await workspace.read(self.runtime, self.sandboxes, info, agent_path, params)
 
     async def count(self, principal: Principal, filters: ConversationFilters) -> int:
-        """Without a filter, the size of the user's index; with one, the records that match."""
-        if principal.user_id is not None and filters == ConversationFilters():
-            return await self.store.count_of(principal.user_id)
+        """Without a filter, the size of the user's index; with the updated-at bounds alone,
+        the number of their index by update within them (neither reads a record); within a
+        sandbox, its conversations that match; with a title or created-at filter, every
+        record of the user that matches, read READ_BATCH a round trip (no index answers
+        those: linear in the user's conversations)."""
+        owner = principal.user_id
+        if owner is not None and filters == ConversationFilters():
+            return await self.store.count_of(owner)
+        by_update = filters.model_copy(update={"updated_at__gte": None, "updated_at__lt": None})
+        by_update_only = by_update == ConversationFilters()
+        if owner is not None and by_update_only:
+            if not await self.store.by_update_in_step(owner):
+                await self.store.rebuild_by_update(owner)
+            return await self.store.count_by_update(
+                owner, filters.updated_at__gte, filters.updated_at__lt
+            )
         ids = await self._in_sandbox(principal, filters.sandbox_id__eq)
-        infos = await self.store.get_many(
-            ids if ids is not None else await self.store.all_ids(principal.user_id)
-        )
-        return sum(1 for i in infos if i and _matches(i, filters))
+        if ids is None:
+            ids = await self.store.all_ids(owner)
+        counted = 0
+        for start in range(0, len(ids), READ_BATCH):
+            infos = await self.store.get_many(ids[start : start + READ_BATCH])
+            counted += sum(1 for i in infos if i and _matches(i, filters))
+        return counted
 
     # -- changing ----------------------------------------------------------------------------
 

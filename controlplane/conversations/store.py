@@ -529,6 +529,15 @@ class ConversationStore:
         )
         return [text(m) for m in raw]
 
+    async def count_by_update(self, owner: str, gte: datetime | None, lt: datetime | None) -> int:
+        """How many of the owner's conversations were last updated in [gte, lt) (None: open),
+        from their index by update: one ZCOUNT, whatever their number."""
+        low = str(update_score(gte)) if gte is not None else "-inf"
+        high = f"({update_score(lt)}" if lt is not None else "+inf"
+        return int(
+            await self._redis.zcount(keyspace.user_conversations_by_update(owner), low, high)
+        )
+
     async def count_of(self, owner: str) -> int:
         """How many conversations the owner has (their index's size)."""
         return int(await self._redis.zcard(keyspace.user_conversations(owner)))
@@ -595,6 +604,10 @@ class ConversationStore:
         return await page_ids(
             self._redis, keyspace.user_start_tasks(owner), after, count, desc=desc
         )
+
+    async def count_tasks(self, owner: str) -> int:
+        """How many start tasks the owner has (their index's size)."""
+        return int(await self._redis.zcard(keyspace.user_start_tasks(owner)))
 
     async def all_task_ids(self, owner: str) -> list[str]:
         return [text(i) for i in await self._redis.zrange(keyspace.user_start_tasks(owner), 0, -1)]

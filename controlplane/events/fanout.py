@@ -28,6 +28,13 @@ store again from the last event it sent (the events are all kept in Redis), then
 queue. The socket stays open; a client that cannot keep up gets its events later, in order,
 with none missing, and its heartbeat (30 s, events/routes.py) closes one that stopped reading.
 
+A conversation deleted while watched ends its channel: its subscriptions raise
+`ConversationGone` once they have handed out what was queued, and events/routes.py closes their
+sockets with 4004 (as the agent server closes its own). The replica that deletes it ends the
+channel at once (EventStore.delete tells the fanout); every other replica notices at its
+channel's next quiet read (a deleted conversation gets no more events, so its read comes back
+empty within `block_ms`), when the channel asks whether the conversation still exists.
+
 The channel ends when its last subscription closes (and a new one starts for the next socket).
 """
 
@@ -37,7 +44,7 @@ import asyncio
 import contextlib
 import json
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import redis.asyncio as aioredis
 import structlog
@@ -74,6 +81,10 @@ def block_ms(reader: aioredis.Redis) -> int:
 
 class FeedFailed(Exception):
     """The conversation's shared read failed with an error that is not an outage."""
+
+
+class ConversationGone(Exception):
+    """The conversation was deleted: nothing more will come."""
 
 
 def _event_id(stored: str) -> str | None:
@@ -168,9 +179,17 @@ class Subscription:
             raise FeedFailed(f"the conversation's event read failed: {failed!r}") from failed
 
     async def texts(self) -> AsyncIterator[str]:
-        """The events' stored JSON, in order, until the subscription is closed. Raises
-        FeedFailed when the channel fails, and what the catch-up's read raises that is not an
-        outage."""
+        """The events' stored JSON, in order, one at a time: `batches`, flattened."""
+        async for batch in self.batches():
+            for stored in batch:
+                yield stored
+
+    async def batches(self) -> AsyncIterator[list[str]]:
+        """The events' stored JSON, in order, until the subscription is closed: each time
+        everything there is to send now (what was queued, or a page of the catch-up), so that a
+        socket writes it at once. Raises FeedFailed when the channel fails, ConversationGone
+        once the conversation was deleted (after what was queued), and what the catch-up's read
+        raises that is not an outage."""
         await self.channel.ready.wait()
         backoff, conversation_id = _Backoff(), self.channel.conversation_id
         while not self.closed:
@@ -188,21 +207,24 @@ class Subscription:
                         await backoff.wait("event_catch_up_retry", conversation_id, exc)
                         continue
                     backoff.reset()
-                    for frame in _frames(page, conversation_id):
-                        if self._fresh(frame):
-                            yield frame[2]
+                    fresh = [f[2] for f in _frames(page, conversation_id) if self._fresh(f)]
                     if page and id_order(page[-1][0]) > id_order(self.position):
                         self.position = page[-1][0]  # the page ended in entries left out
+                    if fresh:
+                        yield fresh
                     if len(page) < PAGE:
                         break
                 continue
             if not self._queue:
+                if self.channel.gone:
+                    raise ConversationGone(self.channel.conversation_id)
                 self._woken.clear()
                 await self._woken.wait()
                 continue
-            frame = self._queue.popleft()
-            if self._fresh(frame):
-                yield frame[2]
+            queued, self._queue = self._queue, deque()
+            fresh = [frame[2] for frame in queued if self._fresh(frame)]
+            if fresh:
+                yield fresh
 
 
 class Channel:
@@ -217,6 +239,8 @@ class Channel:
         self.closed = False
         self.failed: Exception | None = None
         """What ended the read when it failed (not an outage: those are retried)."""
+        self.gone = False
+        """The conversation was deleted."""
         self.task = asyncio.create_task(self._run(), name=f"events:{conversation_id}")
 
     async def _run(self) -> None:
@@ -256,6 +280,15 @@ class Channel:
                 continue
             backoff.reset()
             if not texts:
+                # Quiet for a whole read: still there? (Deleted, it never gets another event.)
+                try:
+                    exists = await self._fanout.exists(conversation_id)
+                except REDIS_DOWN as exc:
+                    await backoff.wait("event_channel_retry", conversation_id, exc)
+                    continue
+                if not exists:
+                    self.end_gone()
+                    return
                 continue
             cursor = texts[-1][0]
             # No repeat filter here: an event stored again after a failover is new to a
@@ -267,6 +300,16 @@ class Channel:
             for subscription in list(self.subscriptions):
                 subscription.offer(frames)
 
+    def end_gone(self) -> None:
+        """The conversation was deleted: its subscriptions end once they have sent what was
+        queued, and the next socket (if one gets past the conversation's check) reads anew."""
+        log.info("event_channel_conversation_gone", conversation_id=self.conversation_id)
+        self.gone = True
+        self.closed = True
+        self._fanout.forget(self)
+        for subscription in list(self.subscriptions):
+            subscription.wake()
+
     def close(self) -> None:
         self.closed = True
         self.task.cancel()
@@ -275,10 +318,19 @@ class Channel:
 class Fanout:
     """The channels of this replica, one per watched conversation."""
 
-    def __init__(self, store: EventStore, reader: aioredis.Redis) -> None:
-        """`reader`: the client the channels block on (a connection of its own per read)."""
+    def __init__(
+        self,
+        store: EventStore,
+        reader: aioredis.Redis,
+        exists: Callable[[str], Awaitable[bool]],
+    ) -> None:
+        """`reader`: the client the channels block on (a connection of its own per read);
+        `exists(conversation id)`: whether the conversation is still there (asked after a
+        quiet read)."""
         self.store = store
         self.reader = reader
+        self.exists = exists
+        store.on_delete.append(self.deleted)
         self._channels: dict[str, Channel] = {}
         self.fell_behind = 0
         """How many times a socket's queue overflowed (it caught up from the store then)."""
@@ -299,6 +351,13 @@ class Fanout:
         if not channel.subscriptions:
             channel.close()
             self.forget(channel)
+
+    def deleted(self, conversation_id: str) -> None:
+        """The conversation's events were deleted here: its sockets end now."""
+        channel = self._channels.get(conversation_id)
+        if channel is not None:
+            channel.task.cancel()
+            channel.end_gone()
 
     def forget(self, channel: Channel) -> None:
         """`channel` is no longer the conversation's (it ended, or failed)."""

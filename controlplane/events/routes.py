@@ -25,7 +25,7 @@ from controlplane.api.routing import RouteTable
 from controlplane.auth.identity import PRINCIPAL, authenticate_request, principal_of
 from controlplane.auth.models import Principal
 from controlplane.errors import Unauthorized
-from controlplane.events.fanout import Subscription
+from controlplane.events.fanout import ConversationGone, Subscription
 from controlplane.events.legacy_names import with_old_terminal_names
 from controlplane.events.models import (
     ConversationEventQuery,
@@ -62,6 +62,8 @@ def track_sockets(app: web.Application, per_user: int) -> None:
 
 
 _EVENT = TypeAdapter(Event)
+CONVERSATION_GONE = 4004
+"""The close code of a socket whose conversation was deleted (the agent server's 4004)."""
 
 
 class ConversationInfoBody(BaseModel):
@@ -164,17 +166,22 @@ async def _pump(ws: web.WebSocketResponse, subscription: Subscription) -> None:
     """The conversation's events to the socket, each sent as it was stored (events/fanout.py),
     until the client closes it (or the server does)."""
 
-    failed = False
+    closing = False
 
     async def follow() -> None:
-        nonlocal failed
+        nonlocal closing
         try:
-            async for stored in subscription.texts():
+            async for batch in subscription.batches():
                 if ws.closed:
                     break
-                await ws.send_str(stored)
+                await _send_all(ws, batch)
         except ConnectionResetError:
             return  # the client went away
+        except ConversationGone:
+            # Nothing more will come: the agent server's own close for a conversation it does
+            # not have (docs/agent-protocol.md), so the client stops rather than reconnects.
+            closing = True
+            await ws.close(code=CONVERSATION_GONE, message=b"conversation deleted")
         except Exception as exc:  # the socket ends, never stays open and mute
             # The client reconnects with after= its last event (1011: try again later).
             log.error(
@@ -182,7 +189,7 @@ async def _pump(ws: web.WebSocketResponse, subscription: Subscription) -> None:
                 conversation_id=subscription.channel.conversation_id,
                 error=repr(exc),
             )
-            failed = True
+            closing = True
             await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"event feed failed")
 
     pump = asyncio.create_task(follow())
@@ -192,10 +199,55 @@ async def _pump(ws: web.WebSocketResponse, subscription: Subscription) -> None:
                 break
     finally:
         subscription.close()
-        if not failed:  # else it is closing the socket: let it finish the handshake
+        if not closing:  # else it is closing the socket: let it finish the handshake
             pump.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionResetError):
             await pump
+
+
+class _Corked(asyncio.Transport):
+    """What a socket's frames are written to while a batch of them is framed: one write of
+    them all to the connection's transport at the end (`_send_all`), not one each."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        super().__init__()
+        self.transport = transport
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._parts.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def get_write_buffer_size(self) -> int:
+        return self.transport.get_write_buffer_size()
+
+    def flush(self) -> None:
+        if self._parts and not self.transport.is_closing():
+            self.transport.write(b"".join(self._parts))
+        self._parts.clear()
+
+
+async def _send_all(ws: web.WebSocketResponse, texts: list[str]) -> None:
+    """Each of `texts` as a frame of its own (one event's JSON per frame, as OpenHands' clients
+    read them), written to the connection at once: a socket that has several events to send
+    makes one write (one system call) instead of one per frame. aiohttp frames them (and
+    compresses them where the client asked) through its own writer, whose transport is the
+    cork meanwhile; its flow control still applies (it waits while the connection is paused)."""
+    writer = ws._writer
+    if len(texts) == 1 or writer is None:
+        for stored in texts:
+            await ws.send_str(stored)
+        return
+    cork = _Corked(writer.transport)
+    writer.transport = cork
+    try:
+        for stored in texts:
+            await ws.send_str(stored)
+    finally:
+        writer.transport = cork.transport
+        cork.flush()
 
 
 async def _ticket_holder(request: web.Request, ticket: str, conversation_id: str) -> Principal:
@@ -241,6 +293,7 @@ def _event_batch(raw: bytes) -> list[tuple[Event, dict[str, Any]]]:
     body=list[Event] | Event,
     response=Success,
     errors=(401, 404),
+    own_key_check=True,  # the key, the rate and the append in one round trip (ingest)
 )
 async def events_webhook(request: web.Request) -> web.Response:
     batch = _event_batch(await request.read())
@@ -251,6 +304,7 @@ async def events_webhook(request: web.Request) -> web.Response:
         request.match_info["conversation_id"],
         batch,
         verified=request.get(keys.WEBHOOK_SANDBOX) == sandbox_id,
+        limiter=request.app.get(keys.WEBHOOK_LIMITER),
     )
     return json_response(Success())
 

@@ -14,6 +14,7 @@ from controlplane.agent_protocol.client import AgentClient
 from controlplane.agent_protocol.models import ExecutionStatus, MetricsSnapshot
 from controlplane.agent_protocol.state import readable_metrics, readable_state, status_in
 from controlplane.api.pagination import STREAM_ID, decode_cursor, encode_cursor
+from controlplane.api.ratelimit import RateLimiter, webhook_refusal
 from controlplane.auth.models import Principal
 from controlplane.auth.tickets import Ticket, TicketService
 from controlplane.conversations.models import AppConversationInfo
@@ -32,7 +33,7 @@ from controlplane.events.models import (
 )
 from controlplane.events.store import EventStore, StoredEvent
 from controlplane.sandboxes.models import SandboxRecord
-from controlplane.sandboxes.reads import SandboxReads
+from controlplane.sandboxes.reads import MAX_SESSION_KEY, SandboxReads
 from controlplane.specs.catalog import SpecCatalog
 
 log = structlog.get_logger(__name__)
@@ -102,7 +103,7 @@ class EventService:
         `on_lag(seconds)` is told, for each event of a stored webhook batch, how long after its
         timestamp it arrived (the event lag metric)."""
         self.store = store
-        self.fanout = Fanout(store, reader)
+        self.fanout = Fanout(store, reader, self._exists)
         self._tickets = tickets
         self._conversations = conversations
         self._records = records
@@ -112,6 +113,9 @@ class EventService:
         self._on_lag = on_lag
         self._budget = BudgetEnforcer(agent, store)
         self._touched: dict[str, float] = {}  # sandbox id: when this replica last touched it
+
+    async def _exists(self, conversation_id: str) -> bool:
+        return await self._records.get(conversation_id) is not None
 
     async def close(self) -> None:
         await self.fanout.close()
@@ -135,11 +139,15 @@ class EventService:
         conversation's delete until they succeed), and there is no one to keep them for."""
         info = await self._records.get(conversation_id.replace("-", "").lower())
         if info is None or info.sandbox_id != sandbox_id:
-            log.info(
-                "webhook_conversation_unknown", sandbox_id=sandbox_id, conversation=conversation_id
-            )
+            self._unknown(sandbox_id, conversation_id)
             return None
         return info
+
+    @staticmethod
+    def _unknown(sandbox_id: str, conversation_id: str) -> None:
+        log.info(
+            "webhook_conversation_unknown", sandbox_id=sandbox_id, conversation=conversation_id
+        )
 
     async def ingest(
         self,
@@ -149,42 +157,77 @@ class EventService:
         events: list[tuple[Event, dict[str, Any]]],
         *,
         verified: bool = False,
+        limiter: RateLimiter | None = None,
     ) -> int:
         """Append a batch, each event stored as the agent sent it (duplicates skipped), and note
         the status and cost it reports. Returns how many events were new.
 
-        `verified`: the webhook middleware has checked `key` against `sandbox_id` for this
-        request already; the sandbox's record is then read only when the batch reports a state
-        (most batches do not: one Redis read less, and the key's lookup not made twice)."""
-        sandbox = None if verified else await self._sandbox(sandbox_id, key)
+        `verified`: the webhook middleware has checked `key` against `sandbox_id` and counted
+        the request against `ACS_WEBHOOK_RATE_LIMIT_PER_MINUTE` already. Otherwise the key is
+        checked (Unauthorized), the request counted against `limiter` (QuotaExceeded), the
+        conversation read and the events appended in one Redis round trip (EventStore.ingest).
+        Either way the sandbox's record is read only when the batch reports a state (most do
+        not)."""
         raw = [event for _checked, event in events]
         status, metrics = readable_state(raw)  # before storing: a 422 stores nothing
-        info = await self._conversation(sandbox_id, conversation_id)
-        if info is None:
-            return 0
-        added = await self.store.append(info.id, [e for e in raw if not _snapshot(e)])
+        plain = conversation_id.replace("-", "").lower()
+        kept = [e for e in raw if not _snapshot(e)]
+        if verified:
+            info = await self._conversation(sandbox_id, conversation_id)
+            if info is None:
+                return 0
+            added = await self.store.append(info.id, kept)
+            await self._touch(sandbox_id)
+        else:
+            if not key or len(key) > MAX_SESSION_KEY:
+                raise Unauthorized("invalid sandbox session key")
+            due = self._touch_due(sandbox_id, time.monotonic())
+            found = await self.store.ingest(
+                sandbox_id,
+                key,
+                plain,
+                kept,
+                limit=limiter.per_minute if limiter is not None else None,
+                touch_at=datetime.now(UTC).isoformat() if due is not None else None,
+            )
+            if found.refused == "key":
+                raise Unauthorized("invalid sandbox session key")
+            if found.refused == "rate":
+                assert limiter is not None  # counted only with a limit
+                raise webhook_refusal(limiter.decision(found.rate))
+            if found.refused:
+                self._unknown(sandbox_id, conversation_id)
+                return 0
+            if due is not None:
+                self._touched[sandbox_id] = due
+            info = AppConversationInfo.model_validate_json(found.record)
+            added = found.added
         await name_from_first_message(self._records, info, raw)
         if self._on_lag is not None:
             now = datetime.now(UTC)
             for checked, _event in events:
                 self._on_lag((now - _utc(checked.timestamp)).total_seconds())
         if status is not None or metrics is not None:
-            if sandbox is None:
-                sandbox = await self._sandboxes.record(sandbox_id)
+            sandbox = await self._sandboxes.record(sandbox_id)
             if sandbox is not None:  # None: deleted since the key was checked, nothing to note
                 await self._note_state(sandbox, info.id, status, metrics)
-        await self._touch(sandbox_id)
         return added
 
-    async def _touch(self, sandbox_id: str) -> None:
-        """The sandbox's activity (its idle deadline), at most once a TOUCH_EVERY seconds per
-        sandbox from this replica: an agent posting many batches a second is as active after
-        the first as after all of them, and the idle timeouts are minutes."""
-        now = time.monotonic()
+    def _touch_due(self, sandbox_id: str, now: float) -> float | None:
+        """`now` when this replica should touch the sandbox's activity (at most once a
+        TOUCH_EVERY seconds per sandbox: an agent posting many batches a second is as active
+        after the first as after all of them, and the idle timeouts are minutes), else None."""
         if now - self._touched.get(sandbox_id, -TOUCH_EVERY) < TOUCH_EVERY:
-            return
+            return None
         if len(self._touched) >= TOUCHED_KEPT:  # the ones not seen for a while go
             self._touched = {s: t for s, t in self._touched.items() if now - t < TOUCH_EVERY}
+        return now
+
+    async def _touch(self, sandbox_id: str) -> None:
+        """The sandbox's activity (its idle deadline), as `_touch_due` allows."""
+        now = self._touch_due(sandbox_id, time.monotonic())
+        if now is None:
+            return
         self._touched[sandbox_id] = now
         await self._sandboxes.touch(sandbox_id)
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
 import structlog
 
+from controlplane.api.ratelimit import HIT_FUNCTION, WINDOW_MS
+from controlplane.crypto import hash_api_key
 from controlplane.store import keyspace, text
 from controlplane.store.streams import id_order
 
@@ -42,6 +45,46 @@ end
 return out
 """
 
+# A webhook's batch in one round trip, every check in the order the middleware made them:
+# the session key (KEYS[1]: the sandbox id for its hash; Lua compares interned strings by
+# pointer, so the comparison takes the same time whatever the id), the per-sandbox rate count
+# (KEYS[2]; ARGV[2] '' = no limit), the conversation (KEYS[3]: its record names this sandbox),
+# the append (KEYS[4..6], as _APPEND) and the sandbox's activity (KEYS[7]; ARGV[4] '' = not
+# now). ARGV: sandbox id, the window in ms, the limit, the touch time, the conversation id,
+# then pairs of event id and JSON. Replies: {'key'}, {'rate', count, ttl ms}, {'none'} (not
+# this sandbox's conversation: nothing stored), or {'ok', the record, stream ids added...}.
+_INGEST = (
+    HIT_FUNCTION
+    + """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'key'} end
+if ARGV[2] ~= '' then
+  local counted = hit(KEYS[2], ARGV[2])
+  if counted[1] > tonumber(ARGV[3]) then return {'rate', counted[1], counted[2]} end
+end
+local record = redis.call('GET', KEYS[3])
+if not record then return {'none'} end
+local ok, info = pcall(cjson.decode, record)
+if not ok or type(info) ~= 'table' or info['sandbox_id'] ~= ARGV[1] then return {'none'} end
+local out = {'ok', record}
+local mine = ARGV[5] .. ' '
+for i = 6, #ARGV, 2 do
+  local id = ARGV[i]
+  local placed = redis.call('HGET', KEYS[6], id)
+  local legacy = placed and string.sub(placed, 1, #mine) == mine
+  if redis.call('HEXISTS', KEYS[5], id) == 0 and not legacy then
+    local sid = redis.call('XADD', KEYS[4], '*', 'e', ARGV[i + 1])
+    redis.call('HSET', KEYS[5], id, sid)
+    redis.call('HSETNX', KEYS[6], id, mine .. sid)
+    table.insert(out, sid)
+  end
+end
+if ARGV[4] ~= '' and redis.call('EXISTS', KEYS[7]) == 1 then
+  redis.call('HSET', KEYS[7], 'last_activity_at', ARGV[4])
+end
+return out
+"""
+)
+
 # KEYS: stream, the conversation's id hash, the global index. ARGV: conversation id, then the
 # event ids of the stream. Only index entries that point into this conversation are removed.
 _DELETE = """
@@ -53,6 +96,18 @@ end
 redis.call('DEL', KEYS[1], KEYS[2])
 return 1
 """
+
+
+class Ingested(NamedTuple):
+    """What `EventStore.ingest` found: `refused` 'key' (not this sandbox's session key), 'rate'
+    (over its limit: `rate` is the limiter's reply), 'none' (not a conversation of this sandbox:
+    nothing stored), else '' with the conversation's record (its JSON) and how many were new."""
+
+    refused: str
+    record: str = ""
+    added: int = 0
+    rate: tuple[int, int] = (0, 0)
+
 
 StoredEvent = tuple[str, dict[str, Any]]
 """(stream id, event)"""
@@ -115,6 +170,52 @@ class EventStore:
         self._redis = redis
         self._append = redis.register_script(_APPEND)
         self._delete = redis.register_script(_DELETE)
+        self._ingest = redis.register_script(_INGEST)
+        self.on_delete: list[Callable[[str], None]] = []
+        """Told each conversation id whose events `delete` dropped (the live sockets' fanout)."""
+
+    async def ingest(
+        self,
+        sandbox_id: str,
+        session_key: str,
+        conversation_id: str,
+        events: list[dict[str, Any]],
+        *,
+        limit: int | None,
+        touch_at: str | None,
+    ) -> Ingested:
+        """A webhook's batch in one round trip (_INGEST): the sandbox's session key checked (never
+        remembered: a deleted sandbox's key fails at its next post), one request counted against
+        `limit` a minute (None: no limit), the conversation's record read and checked to be this
+        sandbox's, the events appended as `append` does, and the sandbox's activity set to
+        `touch_at` (None: not this time)."""
+        args: list[str | int] = [
+            sandbox_id,
+            WINDOW_MS if limit is not None else "",
+            limit or 0,
+            touch_at or "",
+            conversation_id,
+        ]
+        for event in events:
+            args += [str(event["id"]), json.dumps(event, separators=(",", ":"))]
+        reply: Any = await self._ingest(
+            keys=[
+                keyspace.sandbox_by_key(hash_api_key(session_key)),
+                keyspace.rate_limit(f"sandbox:{sandbox_id}"),
+                keyspace.conversation(conversation_id),
+                keyspace.events(conversation_id),
+                keyspace.event_ids(conversation_id),
+                keyspace.EVENT_INDEX,
+                keyspace.sandbox(sandbox_id),
+            ],
+            args=args,
+        )
+        verdict = text(reply[0])
+        if verdict == "rate":
+            return Ingested("rate", rate=(int(reply[1]), int(reply[2])))
+        if verdict != "ok":
+            return Ingested(verdict)
+        return Ingested("", text(reply[1]), len(reply) - 2)
 
     async def append(self, conversation_id: str, events: list[dict[str, Any]]) -> int:
         """Store events in order, skipping ids already stored; returns how many were new."""
@@ -269,3 +370,5 @@ class EventStore:
             keys=[key, keyspace.event_ids(conversation_id), keyspace.EVENT_INDEX],
             args=[conversation_id, *ids],
         )
+        for told in self.on_delete:
+            told(conversation_id)

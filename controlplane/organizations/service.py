@@ -161,8 +161,8 @@ class OrganizationService:
         self, principal: Principal, org_id: str, after: str | None = None, limit: int | None = None
     ) -> MemberPage:
         """The organization's members in user id order: all of them, or `limit` after the user
-        id `after` and the cursor of the next page. (The roles are one hash, read whole; each
-        member's limits are read for the page only.)"""
+        id `after` and the cursor of the next page. (The roles are one hash, read whole; the
+        members' limits are read for the page only, in one round trip.)"""
         self._check(principal, await self._role_in(principal, org_id), Action.MEMBERS_READ)
         members = sorted((await self.store.members(org_id)).items())
         following = None
@@ -171,9 +171,10 @@ class OrganizationService:
             if len(members) > limit:
                 members = members[:limit]
                 following = members[-1][0]
+        limits = await self.store.members_limits(org_id, [user for user, _ in members])
         items = [
-            self._member(org_id, user, role, await self.store.member_limits(org_id, user))
-            for user, role in members
+            self._member(org_id, user, role, own)
+            for (user, role), own in zip(members, limits, strict=True)
         ]
         return MemberPage(items=items, next_page_id=following)
 

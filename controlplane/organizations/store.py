@@ -132,6 +132,17 @@ class OrganizationStore:
     async def member_limits(self, org_id: str, user_id: str) -> OrgLimits:
         return _limits(await self._redis.hgetall(keyspace.org_member_limits(org_id, user_id)))
 
+    async def members_limits(self, org_id: str, user_ids: list[str]) -> list[OrgLimits]:
+        """`member_limits` of each of `user_ids`, in order, in one round trip (a page of
+        members read them one round trip each: a list of every member made as many)."""
+        if not user_ids:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for user_id in user_ids:
+                pipe.hgetall(keyspace.org_member_limits(org_id, user_id))
+            rows = await pipe.execute()
+        return [_limits(row) for row in rows]
+
     async def all_ids(self) -> list[str]:
         return [text(i) for i in await self._redis.zrange(keyspace.ORGANIZATIONS, 0, -1)]
 

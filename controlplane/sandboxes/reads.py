@@ -32,6 +32,9 @@ from controlplane.specs.models import AGENT_SERVER, SandboxSpec
 
 S = SandboxStatus
 RECHECK = 1.0
+STATUS_SET_READ = 2000
+"""Most ids of a status's set a search of every user's sandboxes reads in place of paging the
+deployment's index; a larger set is paged through the index, where its matches are dense."""
 MAX_SESSION_KEY = 256
 """Longer than any session key we make (secrets.token_urlsafe(32)): not looked up."""
 _ID_RE = re.compile(SANDBOX_ID_PATTERN)
@@ -191,9 +194,25 @@ class SandboxReads:
         filtered = set(query.model_fields_set) - {"page_id", "limit", "all_users"} != set()
         filtered = filtered or (org is not None and owner is None)
         batch = max(query.limit + 1, 200) if filtered else query.limit + 1
+        # Every user's sandboxes in one status: that status's set, when it is small, instead of
+        # the deployment's index (a status few sandboxes are in would read every record).
+        in_status = (
+            await self.store.ids_in_status(query.status, STATUS_SET_READ)
+            if owner is None and query.status is not None
+            else None
+        )
+        if in_status is not None:
+            # Its records are in that status: about a page of them fills the page (others'
+            # organizations, or a spec filter, read on).
+            batch = query.limit + 1
+            if after is not None:
+                in_status = [i for i in in_status if i < after]
         matches: list[SandboxRecord] = []
         while len(matches) <= query.limit:
-            ids = await self.store.page_ids(owner, after, batch)
+            if in_status is not None:
+                ids, in_status = in_status[:batch], in_status[batch:]
+            else:
+                ids = await self.store.page_ids(owner, after, batch)
             for record in await self.store.get_many(ids, keys=False):  # as batch_get
                 if record is None or (org is not None and (record.org_id or default) != org):
                     continue
@@ -201,9 +220,11 @@ class SandboxReads:
                     matches.append(record)
                     if len(matches) > query.limit:
                         break
-            if len(ids) < batch:
+            if len(ids) < batch or in_status == []:
                 break
             after = ids[-1]
+            if in_status is not None:  # sparse matches (others' organizations): read more
+                batch = min(2 * batch, max(query.limit + 1, 200))
         page = matches[: query.limit]
         next_page = encode_cursor(page[-1].id) if len(matches) > query.limit else None
         return SandboxPage(items=[self.view(r, principal) for r in page], next_page_id=next_page)

@@ -81,6 +81,12 @@ return {before or '', reserved(KEYS[1])}
 """
 )
 
+# KEYS: a status set. ARGV: the most members wanted. Its members, or nil (false) past that.
+_IN_STATUS = """
+if redis.call('SCARD', KEYS[1]) > tonumber(ARGV[1]) then return false end
+return redis.call('SMEMBERS', KEYS[1])
+"""
+
 _STATUS_SETS = keyspace.sandboxes_in_status("")
 _STATUSES = " ".join(s.value for s in SandboxStatus)
 STATUS_INDEX = (
@@ -295,6 +301,7 @@ class SandboxStore:
         self._hold = redis.register_script(_HOLD)
         self._reindex = redis.register_script(_REINDEX)
         self._recount = redis.register_script(_RECOUNT)
+        self._in_status = redis.register_script(_IN_STATUS)
         self._on_change = on_change
 
     def _changed(self, sandbox_id: str) -> None:
@@ -564,6 +571,15 @@ class SandboxStore:
         start = f"({after}" if after else "+"
         raw = await self._redis.zrange(key, start, "-", desc=True, bylex=True, offset=0, num=count)
         return [text(i) for i in raw]
+
+    async def ids_in_status(self, status: SandboxStatus, most: int) -> list[str] | None:
+        """The ids of every listed sandbox in `status` (the /metrics gauge's set, kept with the
+        status by every writer), newest first; None when the set holds more than `most`, where
+        paging the index (page_ids) finds its matches sooner. One round trip."""
+        found = await self._in_status(keys=[keyspace.sandboxes_in_status(status)], args=[most])
+        if found is None:
+            return None
+        return sorted((text(i) for i in found), reverse=True)
 
     async def reindex_status(self, ids: list[str]) -> int:
         """Put each of `ids` in the status set of its record and in no other (in none when it

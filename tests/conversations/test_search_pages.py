@@ -13,7 +13,11 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from controlplane.conversations.models import AppConversationInfo
+from controlplane.conversations.models import (
+    AppConversationInfo,
+    AppConversationStartRequest,
+    AppConversationStartTask,
+)
 from controlplane.conversations.store import (
     ConversationStore,
     title_member,
@@ -166,7 +170,23 @@ async def test_a_page_reads_about_a_page_of_records(
     resp = await client.get(f"{BASE}/count", headers=alice)
     assert resp.status == 200, await resp.text()
     assert await resp.json() == 80
-    # A filter reads every record (the control): here it meets the unreadable ones.
+    # A count within updated-at bounds reads no record either: the index by update's ZCOUNT,
+    # each bound as the records' filter takes it (from inclusive, to exclusive).
+    ordered = sorted(infos, key=lambda i: (i.updated_at, i.id))
+    low, high = ordered[10].updated_at, ordered[50].updated_at
+    for params, expected in (
+        ({"updated_at__gte": low.isoformat()}, [i for i in infos if i.updated_at >= low]),
+        ({"updated_at__lt": high.isoformat()}, [i for i in infos if i.updated_at < high]),
+        (
+            {"updated_at__gte": low.isoformat(), "updated_at__lt": high.isoformat()},
+            [i for i in infos if low <= i.updated_at < high],
+        ),
+    ):
+        resp = await client.get(f"{BASE}/count", params=params, headers=alice)
+        assert resp.status == 200, await resp.text()
+        assert await resp.json() == len(expected), params
+        assert 0 < len(expected) < 80
+    # A title filter reads every record (the control): here it meets the unreadable ones.
     resp = await client.get(f"{BASE}/count", params={"title__contains": "x"}, headers=alice)
     assert resp.status == 500
 
@@ -389,3 +409,59 @@ async def test_a_title_index_out_of_step_is_put_right_by_the_next_title_search(
     assert seen == by_title(infos, desc=False)  # and put right
     assert title_member(renamed).encode() in await raw_redis.zrange(index, 0, -1)
     assert await raw_redis.zcard(index) == len(infos)
+
+
+async def test_start_task_pages_read_about_a_page_in_id_order(
+    pages_client: Client,
+    pages_store: ConversationStore,
+    raw_redis: aioredis.Redis,
+    user_headers: UserHeaders,
+) -> None:
+    """The created-at orders of start tasks (the default) page the user's index of task ids
+    from an id cursor; the updated-at orders, which sort every task, still page by offset; an
+    unfiltered count is the index's size."""
+    client, store = pages_client, pages_store
+    alice = await user_headers("alice")
+    conversation = uuid7_hex()
+    tasks: list[AppConversationStartTask] = []
+    for i in range(40):
+        task = AppConversationStartTask(
+            id=uuid7_hex(),
+            created_by_user_id="alice",
+            request=AppConversationStartRequest(),
+            app_conversation_id=conversation if i % 7 == 3 else None,
+        )
+        await store.save_task(task)
+        tasks.append(task)
+    await store.save_task(  # another user's: never in alice's pages
+        AppConversationStartTask(
+            id=uuid7_hex(), created_by_user_id="bob", request=AppConversationStartRequest()
+        )
+    )
+    path = f"{BASE}/start-tasks/search"
+    newest = sorted((t.id for t in tasks), reverse=True)
+    mine = sorted((t.id for t in tasks if t.app_conversation_id), reverse=True)
+    for limit in ("1", "7", "100"):
+        assert await pages(client, alice, path, limit=limit) == newest
+        asc = await pages(client, alice, path, limit=limit, sort_order="CREATED_AT")
+        assert asc == newest[::-1]
+        assert (
+            await pages(client, alice, path, limit=limit, conversation_id__eq=conversation) == mine
+        )
+        by_update = await pages(client, alice, path, limit=limit, sort_order="UPDATED_AT")
+        assert by_update == [t.id for t in tasks]  # saved (updated) in creation order
+    # The first page of 3 needs the newest 3 tasks and reads at most one more; the count none.
+    for task in tasks:
+        if task.id not in newest[:4]:
+            await raw_redis.set(keyspace.start_task(task.id), b"{not json")
+    resp = await client.get(path, params={"limit": "3"}, headers=alice)
+    assert resp.status == 200, await resp.text()
+    body = await resp.json()
+    assert [t["id"] for t in body["items"]] == newest[:3]
+    assert body["next_page_id"] == newest[2]
+    resp = await client.get(f"{BASE}/start-tasks/count", headers=alice)
+    assert resp.status == 200, await resp.text()
+    assert await resp.json() == 40
+    # The updated-at order reads every task (the control): here it meets the unreadable ones.
+    resp = await client.get(path, params={"sort_order": "UPDATED_AT"}, headers=alice)
+    assert resp.status == 500

@@ -77,3 +77,25 @@ async def test_a_socket_whose_queue_overflows_catches_up_from_the_store(
     for ws in sockets:
         await ws.close()
     await until(lambda: events.fanout.watched() == 0)
+
+
+@pytest.mark.parametrize("compress", [0, 15])
+async def test_a_batch_is_written_at_once_one_event_per_frame(
+    recorded: RecordedSandbox, raw_redis: aioredis.Redis, compress: int
+) -> None:
+    """What a socket has to send at once (a catch-up's page, a queue of several) is framed one
+    event per frame, in order, as stored, with or without the client's compression."""
+    client, sandbox, cid, key, alice = recorded
+    first = await post_events(client, sandbox, cid, key, 30)
+    ws = await client.ws_connect(
+        f"{SOCKET}?conversation_id={cid}", headers=alice, compress=compress
+    )
+    assert ws.compress == compress  # negotiated: aiohttp's compressor writes to the cork too
+    more = await post_events(client, sandbox, cid, key, 60)
+    entries: Any = await raw_redis.xrange(keyspace.events(cid))
+    stored = [text(fields[b"e"]) for _sid, fields in entries]
+    sent = await frames(ws, 90)
+    assert [json.loads(f)["id"] for f in sent] == first + more
+    assert sent == stored
+    await nothing_more(ws)
+    await ws.close()

@@ -221,6 +221,10 @@ async def _until_delivered(client: aioredis.Redis, changed: asyncio.Event, withi
         await asyncio.sleep(0.05)
 
 
+async def _always_there(_conversation_id: str) -> bool:
+    return True
+
+
 async def test_an_event_stream_reader_follows_through_a_failover(
     sentinel_cluster: SentinelCluster, tmp_path: Path
 ) -> None:
@@ -228,7 +232,8 @@ async def test_an_event_stream_reader_follows_through_a_failover(
     config = ha_config(sentinel_cluster, tmp_path, redis_timeout=2)
     writer_client, reader = await open_redis(config), await open_redis(config)
     store = EventStore(writer_client)
-    fanout = Fanout(store, reader)  # the events sockets' shared read (events/fanout.py)
+    # The events sockets' shared read (events/fanout.py); "conv" has no record: it stays.
+    fanout = Fanout(store, reader, _always_there)
     subscription = fanout.subscribe("conv", "0")
     seen: list[str] = []
 

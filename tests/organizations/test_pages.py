@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection
 
 from controlplane.auth.service import ApiKeyService
 from tests.conftest import BOOTSTRAP_KEY
@@ -137,3 +139,39 @@ async def test_bad_limits_and_cursors_are_422(make_client: ClientFactory) -> Non
         status, body = await call(client, path, ADMIN, page_id="")
         assert status == 200, (path, body)
         assert body["next_page_id"] is None
+
+
+async def test_a_members_page_reads_their_limits_in_one_round_trip(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30: a list of members read each one's limits in a round trip of its own, so a list
+    of every member made as many round trips as there are members. Now a page's limits are one
+    round trip: 4 members or 40 cost Redis the same number (counted at the connection)."""
+    client = await make_client()
+    await ok(client, "POST", "/api/organizations", {"id": "few", "name": "F", "owner": "olivia"})
+    await ok(client, "POST", "/api/organizations", {"id": "many", "name": "M", "owner": "olivia"})
+    for org, count in (("few", 3), ("many", 39)):
+        for i in range(count):
+            limits = {"max_running_sandboxes": i} if i % 5 == 1 else None
+            body: dict[str, Any] = {"role": "member"} | ({"limits": limits} if limits else {})
+            await ok(client, "PUT", f"/api/organizations/{org}/members/u{i:02d}", body)
+    sends = 0
+    send = AbstractConnection.send_packed_command
+
+    async def counted(self: AbstractConnection, *args: Any, **kwargs: Any) -> None:
+        nonlocal sends
+        sends += 1
+        await send(self, *args, **kwargs)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
+    trips: dict[str, int] = {}
+    for org in ("few", "many", "few", "many"):  # the second of each: warm (no first-use reads)
+        before = sends
+        status, page = await call(client, f"/api/organizations/{org}/members", ADMIN)
+        assert status == 200, page
+        trips[org] = sends - before
+    assert trips["many"] == trips["few"], trips
+    # Each member's own limits, where set, are theirs.
+    by_user = {m["user_id"]: m["limits"]["max_running_sandboxes"] for m in page["items"]}
+    assert len(by_user) == 40
+    assert all(by_user[f"u{i:02d}"] == (i if i % 5 == 1 else None) for i in range(39))

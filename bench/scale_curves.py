@@ -1,0 +1,487 @@
+"""The sandbox API's curve: create, search and pause at 1x, 10x and 100x (issue 30, item 4).
+
+Run with `.venv/bin/python -m bench.scale_curves [--levels 10:1,100:10,1000:100] [--json PATH]`.
+
+Each level is `records:clients`: that many sandbox records exist in Redis (written as the
+service writes them, spread over the clients' users, without containers: a search reads them,
+nothing else does) and that many clients call the API at once, each as a user of its own. The
+control plane runs as its own process (`controlplane serve` on a private redis-server, the
+reconciler's sweep and the idle reaper every hour: the records have no containers; the caps
+off, so that a create is refused by nothing), so the latencies are the server's own; this
+process is the clients and the raw baselines. Per level, in order:
+
+- **create**: each client POSTs `/api/v1/sandboxes` (cold: no warm pool) `max(1, 20 // C)`
+  times one after another: the API's answer (STARTING, the record written and the launch
+  queued); the containers then boot behind the start gate (untimed; waited for until RUNNING).
+  Raw beside it: a Redis PING from C clients at once (one round trip of the floor a create's
+  three to four Redis round trips stand on).
+- **search**: each client asks its own first page (`limit=20`) and, as the admin, the
+  deployment's first page (`all_users=true`) and a filtered one that few records match
+  (`all_users=true&status=ERROR`: 1 record in 100 is ERROR), `ceil(200 / C)` times each.
+  Raw beside it: the first page read by hand from C clients at once (ZRANGE of 21 ids, 21
+  HGETALL in one pipeline).
+- **pause**: each client pauses the sandboxes it made, one after another (a docker pause and a
+  compare-and-set); then resumes them (untimed). Raw beside it: `docker pause` of the same
+  containers from C threads at once, then unpause (untimed).
+- the sandboxes are deleted (each DELETE timed) and their containers awaited gone.
+
+`--search-only`: the records and the searches alone, no container (a before/after of a
+search's cost, to larger record counts).
+
+The server's CPU time (user + system, from /proc) per phase is printed per request. Exit
+status: 0 when the table was printed, 1 on an error. No target: the curve is the result (what
+grows faster than the load says where the work is linear in something it should not be).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import math
+import os
+import secrets
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import docker
+import redis.asyncio as aioredis
+from cryptography.fernet import Fernet
+from docker.errors import APIError, NotFound
+
+from bench.common import REPO, BenchError, Samples, main_of, ms
+from controlplane.auth.service import ApiKeyService
+from controlplane.crypto import SecretBox
+from controlplane.sandboxes import naming
+from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.sandboxes.store import Limits, SandboxStore
+from controlplane.specs.catalog import SpecCatalog
+from controlplane.specs.models import AGENT_SERVER
+from controlplane.store import keyspace, text
+from drivers.docker.names import LABEL_ID
+from tests.support.docker_fixtures import remove_matching
+from tests.support.live_server import free_port
+
+SEARCH_REQUESTS = 200
+"""Search requests per variant and level, spread over the clients."""
+CREATES = 20
+"""Creates per level at one client; at C clients each makes max(1, CREATES // C)."""
+ERROR_EVERY = 100
+"""One record in ERROR_EVERY is ERROR: the filtered admin search matches few."""
+WITHIN = 300.0
+
+
+@dataclass
+class Options:
+    levels: list[tuple[int, int]]
+    search_only: bool
+    json_path: Path | None
+
+
+def parse(argv: list[str] | None) -> Options:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--levels", default="10:1,100:10,1000:100", help="records:clients, comma separated"
+    )
+    parser.add_argument(
+        "--search-only", action="store_true", help="the searches alone (no container is made)"
+    )
+    parser.add_argument("--json", dest="json_path", type=Path, default=None)
+    args = parser.parse_args(argv)
+    try:
+        levels = [(int(r), int(c)) for r, c in (p.split(":") for p in args.levels.split(",") if p)]
+    except ValueError:
+        parser.error("--levels: records:clients pairs, e.g. 10:1,100:10")
+    if not levels or any(r < 1 or c < 1 for r, c in levels):
+        parser.error("--levels: positive records and clients")
+    if any(b[0] < a[0] for a, b in itertools.pairwise(levels)):
+        parser.error("--levels: records must not shrink from one level to the next")
+    return Options(levels=levels, search_only=args.search_only, json_path=args.json_path)
+
+
+def server_cpu(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CurvesBench:
+    def __init__(self, options: Options, tmp: Path, redis_url: str) -> None:
+        self.options = options
+        self.tmp = tmp
+        self.redis_url = redis_url
+        self.notes: list[str] = []
+        self.samples = Samples()
+        self.cpu: dict[str, float] = {}
+        self.prefix = f"acs-bench-curves-{secrets.token_hex(3)}-"
+        self.admin_key = "bench-" + secrets.token_hex(12)
+        self.secret_key = Fernet.generate_key().decode()
+        self.tag = os.environ.get("ACS_IMAGE_TAG") or None
+        self.spec = SpecCatalog.load(REPO / "specs", self.tag).default
+        self.docker = docker.from_env(timeout=120)
+        self.redis = aioredis.Redis.from_url(redis_url, max_connections=300)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: asyncio.subprocess.Process | None = None
+        self.http: aiohttp.ClientSession | None = None
+        self.user_keys: list[str] = []
+        self.written = 0
+        self.threads = ThreadPoolExecutor(max_workers=100, thread_name_prefix="raw")
+
+    # -- the server ----------------------------------------------------------------------
+
+    async def start_server(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ACS_")}
+        env.update(
+            {
+                "ACS_REDIS_URL": self.redis_url,
+                "ACS_BOOTSTRAP_API_KEY": self.admin_key,
+                "ACS_SECRET_KEY": self.secret_key,
+                "ACS_CONTAINER_PREFIX": self.prefix,
+                "ACS_SPEC_DIR": str(REPO / "specs"),
+                "ACS_DATA_DIR": str(self.tmp / "data"),
+                "ACS_LOG_LEVEL": "warning",
+                "ACS_LOG_FORMAT": "json",
+                "ACS_RATE_LIMIT_PER_MINUTE": "0",
+                "ACS_MAX_RUNNING_PER_USER": "0",
+                "ACS_MAX_SANDBOXES_PER_USER": "0",
+                "ACS_WARM_POOL": "0",
+                "ACS_START_TIMEOUT": "240",
+                # The records have no containers: no sweep may mark them MISSING mid-run.
+                "ACS_RECONCILE_INTERVAL": "3600",
+                "ACS_REAPER_INTERVAL": "3600",
+            }
+        )
+        if self.tag:
+            env["ACS_IMAGE_TAG"] = self.tag
+        binary = Path(sys.executable).parent / "controlplane"
+        self.process = await asyncio.create_subprocess_exec(
+            str(binary),
+            *("serve", "--host", "127.0.0.1", "--port", str(self.port)),
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with self.http.get(f"{self.url}/ready") as resp:
+                    if resp.status == 200:
+                        return
+            if self.process.returncode is not None:
+                raise BenchError("the control plane exited at start")
+            if time.monotonic() > deadline:
+                raise BenchError("the control plane did not start in 60 s")
+            await asyncio.sleep(0.2)
+
+    async def stop_server(self) -> None:
+        if self.http is not None:
+            await self.http.close()
+        if self.process is not None and self.process.returncode is None:
+            self.process.terminate()
+            await self.process.wait()
+        await self.redis.aclose()
+
+    # -- calls ---------------------------------------------------------------------------
+
+    async def call(self, method: str, path: str, key: str, name: str | None = None) -> Any:
+        assert self.http is not None
+        started = time.perf_counter()
+        async with self.http.request(
+            method, self.url + path, headers={"X-Session-API-Key": key}
+        ) as resp:
+            body = await resp.json(content_type=None)
+            took = time.perf_counter() - started
+            if resp.status != 200:
+                raise BenchError(f"{method} {path}: {resp.status} {body}")
+        if name is not None:
+            self.samples.add(name, took)
+        return body
+
+    async def statuses(self, ids: list[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for n in range(0, len(ids), 100):
+            query = "&".join(f"id={i}" for i in ids[n : n + 100])
+            body = await self.call("GET", f"/api/v1/sandboxes?{query}", self.admin_key)
+            chunk = ids[n : n + 100]
+            found.update(
+                {i: (b or {}).get("status", "GONE") for i, b in zip(chunk, body, strict=True)}
+            )
+        return found
+
+    async def wait_for(self, ids: list[str], want: str) -> None:
+        deadline = time.monotonic() + WITHIN
+        while True:
+            states = await self.statuses(ids)
+            bad = [s for s in states.values() if s in ("ERROR", "MISSING")]
+            if bad:
+                raise BenchError(f"{len(bad)} sandboxes {bad[0]}")
+            if all(s == want for s in states.values()):
+                return
+            if time.monotonic() > deadline:
+                raise BenchError(f"not all {want} in {WITHIN:g} s")
+            await asyncio.sleep(0.5)
+
+    async def phase(self, name: str, work: Awaitable[Any]) -> Any:
+        """`work`, with the server's CPU time over it kept as `name`."""
+        assert self.process is not None
+        before = server_cpu(self.process.pid)
+        try:
+            return await work
+        finally:
+            self.cpu[name] = server_cpu(self.process.pid) - before
+
+    # -- records -------------------------------------------------------------------------
+
+    async def users(self, count: int) -> None:
+        keys = ApiKeyService(self.redis, None)
+        while len(self.user_keys) < count:
+            self.user_keys.append((await keys.create(f"u{len(self.user_keys):03d}")).key)
+
+    async def write_records(self, want: int, users: int) -> None:
+        """Records up to `want`, each owned by one of the first `users` users in turn, newest
+        last, without containers: PAUSED mostly, one in ERROR_EVERY ERROR."""
+        store = SandboxStore(self.redis, SecretBox(self.secret_key.encode()))
+        start = datetime.now(UTC) - timedelta(days=1)
+        pending: list[Awaitable[str]] = []
+        for i in range(self.written, want):
+            error = i % ERROR_EVERY == ERROR_EVERY - 1
+            created = start + timedelta(seconds=i)
+            record = SandboxRecord(
+                id=naming.new_sandbox_id(),
+                owner=f"u{i % users:03d}",
+                spec_id=self.spec.id,
+                status=SandboxStatus.ERROR if error else SandboxStatus.PAUSED,
+                reason="benchmark record" if error else None,
+                session_api_key=secrets.token_urlsafe(32),
+                ports={AGENT_SERVER: 40000 + i % 20000},
+                created_at=created,
+                updated_at=created,
+                last_activity_at=created,
+            )
+            pending.append(store.create(record, 0, Limits()))
+            if len(pending) >= 200:
+                await asyncio.gather(*pending)
+                pending = []
+        await asyncio.gather(*pending)
+        self.written = max(self.written, want)
+
+    # -- a level -------------------------------------------------------------------------
+
+    async def level(self, records: int, clients: int) -> None:
+        tag = f"{records}:{clients}"
+        await self.users(clients)
+        await self.write_records(records, clients)
+        keys = self.user_keys[:clients]
+        each = max(1, CREATES // clients)
+        made: list[list[str]] = [[] for _ in keys]
+
+        async def creates(n: int) -> None:
+            for _ in range(each):
+                body = await self.call("POST", "/api/v1/sandboxes", keys[n], f"{tag}.create")
+                made[n].append(body["id"])
+
+        ids: list[str] = []
+        if not self.options.search_only:
+            print(f"{tag}: create", file=sys.stderr)
+            creating = asyncio.gather(*(creates(n) for n in range(clients)))
+            await self.phase(f"{tag}.create", creating)
+            await self.floor(f"{tag}.raw_ping", clients, self.ping)
+            ids = [i for own in made for i in own]
+            await self.wait_for(ids, "RUNNING")
+            await asyncio.sleep(1.0)
+
+        print(f"{tag}: search", file=sys.stderr)
+        rounds = math.ceil(SEARCH_REQUESTS / clients)
+        variants = {
+            "search_own": ("/api/v1/sandboxes/search?limit=20", None),
+            "search_all": ("/api/v1/sandboxes/search?limit=20&all_users=true", self.admin_key),
+            "search_rare": (
+                "/api/v1/sandboxes/search?limit=20&all_users=true&status=ERROR",
+                self.admin_key,
+            ),
+        }
+        for variant, (path, admin) in variants.items():
+
+            async def searches(
+                n: int, path: str = path, admin: str | None = admin, name: str = variant
+            ) -> None:
+                for _ in range(rounds):
+                    await self.call("GET", path, admin or keys[n], f"{tag}.{name}")
+
+            await self.phase(
+                f"{tag}.{variant}", asyncio.gather(*(searches(n) for n in range(clients)))
+            )
+        await self.floor(f"{tag}.raw_page", clients, self.raw_page, rounds)
+        if self.options.search_only:
+            return
+
+        print(f"{tag}: pause", file=sys.stderr)
+
+        async def pauses(n: int, verb: str, name: str | None) -> None:
+            for sandbox_id in made[n]:
+                await self.call("POST", f"/api/v1/sandboxes/{sandbox_id}/{verb}", keys[n], name)
+
+        await self.phase(
+            f"{tag}.pause",
+            asyncio.gather(*(pauses(n, "pause", f"{tag}.pause") for n in range(clients))),
+        )
+        await asyncio.gather(*(pauses(n, "resume", None) for n in range(clients)))
+        await self.wait_for(ids, "RUNNING")
+        await asyncio.sleep(1.0)
+        await self.raw_pauses(tag, made)
+        await asyncio.sleep(1.0)
+
+        print(f"{tag}: delete", file=sys.stderr)
+
+        async def deletes(n: int) -> None:
+            for sandbox_id in made[n]:
+                await self.call(
+                    "DELETE", f"/api/v1/sandboxes/{sandbox_id}", keys[n], f"{tag}.delete"
+                )
+
+        await self.phase(f"{tag}.delete", asyncio.gather(*(deletes(n) for n in range(clients))))
+        await self.gone()
+
+    async def ping(self, n: int) -> None:
+        await self.redis.ping()
+
+    async def raw_page(self, n: int) -> None:
+        """Client n's own first page, read by hand (its user's index, then the records)."""
+        ids: Any = await self.redis.zrange(
+            keyspace.user_sandboxes(f"u{n:03d}"), "+", "-", desc=True, bylex=True, offset=0, num=21
+        )
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for sandbox_id in ids:
+                pipe.hgetall(keyspace.sandbox(text(sandbox_id)))
+            await pipe.execute()
+
+    async def floor(
+        self, name: str, clients: int, op: Callable[[int], Awaitable[None]], rounds: int = 0
+    ) -> None:
+        """`op(n)` from clients n = 0.. at once, `rounds` times each (ceil(200 / clients) by
+        default)."""
+        rounds = rounds or math.ceil(SEARCH_REQUESTS / clients)
+
+        async def one(n: int) -> None:
+            for _ in range(rounds):
+                started = time.perf_counter()
+                await op(n)
+                self.samples.add(name, time.perf_counter() - started)
+
+        await asyncio.gather(*(one(n) for n in range(clients)))
+
+    async def raw_pauses(self, tag: str, made: list[list[str]]) -> None:
+        """docker pause of the same containers, one thread per client, each pausing its own
+        one after another; then unpause (untimed)."""
+        names = {
+            c.labels.get(LABEL_ID, ""): c.id
+            for c in await asyncio.to_thread(
+                self.docker.containers.list, filters={"name": self.prefix}
+            )
+        }
+
+        def pause_all(own: list[str], verb: str) -> None:
+            for sandbox_id in own:
+                container = names.get(sandbox_id)
+                if container is None:
+                    raise BenchError(f"no container for {sandbox_id}")
+                started = time.perf_counter()
+                getattr(self.docker.api, verb)(container)
+                if verb == "pause":
+                    self.samples.add(f"{tag}.raw_pause", time.perf_counter() - started)
+
+        loop = asyncio.get_running_loop()
+        for verb in ("pause", "unpause"):
+            await asyncio.gather(
+                *(loop.run_in_executor(self.threads, pause_all, own, verb) for own in made)
+            )
+
+    async def gone(self) -> None:
+        deadline = time.monotonic() + WITHIN
+        while await asyncio.to_thread(
+            self.docker.containers.list, all=True, filters={"name": self.prefix}
+        ):
+            if time.monotonic() > deadline:
+                raise BenchError("containers still there after their deletes")
+            await asyncio.sleep(0.5)
+
+    # -- the run -------------------------------------------------------------------------
+
+    async def measure(self) -> tuple[list[str], list[str]]:
+        load = os.getloadavg()[0]
+        await self.start_server()
+        try:
+            for records, clients in self.options.levels:
+                await self.level(records, clients)
+        finally:
+            await self.stop_server()
+        return self.table(load), []
+
+    def table(self, load: float) -> list[str]:
+        levels = [f"{r}:{c}" for r, c in self.options.levels]
+        lines = [
+            f"sandbox API by records:clients, client-observed p50 / p99 ms (raw beside); "
+            f"load avg {load:.2f} at the start",
+            f"{'operation':<34}" + "".join(f"{lv:>22}" for lv in levels),
+        ]
+        rows = [
+            ("POST /sandboxes (cold, answer)", "create"),
+            ("  raw: Redis PING", "raw_ping"),
+            ("search: own first page", "search_own"),
+            ("search: all users, first page", "search_all"),
+            ("search: all users, status=ERROR", "search_rare"),
+            ("  raw: ZRANGE 21 + 21 HGETALL", "raw_page"),
+            ("POST /sandboxes/{id}/pause", "pause"),
+            ("  raw: docker pause", "raw_pause"),
+            ("DELETE /sandboxes/{id}", "delete"),
+        ]
+        for label, name in rows:
+            cells = []
+            for lv in levels:
+                key = f"{lv}.{name}"
+                cells.append(f"{ms(self.samples.p(key, 50))} / {ms(self.samples.p(key, 99))}")
+            lines.append(f"{label:<34}" + "".join(f"{c:>22}" for c in cells))
+        lines.append("server CPU ms per request (user + system over the phase):")
+        for name in ("create", "search_own", "search_all", "search_rare", "pause", "delete"):
+            cells = []
+            for lv in levels:
+                n = self.samples.count(f"{lv}.{name}")
+                cpu = self.cpu.get(f"{lv}.{name}")
+                cells.append(f"{cpu * 1000 / n:.2f}" if n and cpu is not None else "-")
+            lines.append(f"  {name:<32}" + "".join(f"{c:>22}" for c in cells))
+        counts = ", ".join(
+            f"{lv}: {self.samples.count(f'{lv}.create')} creates, "
+            f"{self.samples.count(f'{lv}.search_own')} searches a variant"
+            for lv in levels
+        )
+        lines.append(counts)
+        return lines
+
+    def remove_everything(self) -> int:
+        with contextlib.suppress(NotFound, APIError):
+            return remove_matching(self.docker, self.prefix)
+        return 0
+
+    def close(self) -> None:
+        self.threads.shutdown(wait=False)
+        self.docker.close()
+
+    def results(self) -> Any:
+        return {"samples": self.samples.values, "cpu": self.cpu}
+
+
+main = main_of(parse, CurvesBench, "acs-bench-curves-")
+
+if __name__ == "__main__":
+    raise SystemExit(main(None))
