@@ -298,12 +298,14 @@ class EventService:
         desc = query.sort_order == EventSortOrder.TIMESTAMP_DESC
         after = decode_cursor(query.page_id, STREAM_ID)
         found: list[StoredEvent] = []
+        size = max(query.limit + 1, 200)
         while len(found) <= query.limit:
-            batch = await self.store.page(info.id, after, max(query.limit + 1, 200), desc)
-            found += [item for item in batch if _matches(item[1], query)]
-            if len(batch) < max(query.limit + 1, 200):
+            # Entries that are not events are left out by the store (a page may hold fewer).
+            batch = await self.store.page(info.id, after, size, desc)
+            found += [item for item in batch.events if _matches(item[1], query)]
+            if batch.read < size:
                 break
-            after = batch[-1][0]
+            after = batch.last
         page = found[: query.limit]
         next_id = encode_cursor(page[-1][0]) if len(found) > query.limit else None
         # Events a rewind superseded are kept, and carry `rewound_by` (its checkpoint).
@@ -321,10 +323,10 @@ class EventService:
         total, after = 0, None
         while True:
             batch = await self.store.page(info.id, after, 1000, False)
-            total += sum(1 for _sid, e in batch if _matches(e, filters))
-            if len(batch) < 1000:
+            total += sum(1 for _sid, e in batch.events if _matches(e, filters))
+            if batch.read < 1000:
                 return total
-            after = batch[-1][0]
+            after = batch.last
 
     async def batch(self, principal: Principal, ids: list[str]) -> list[dict[str, Any] | None]:
         out: list[dict[str, Any] | None] = []
@@ -354,8 +356,7 @@ class EventService:
         info = await self._conversations.owned(principal, conversation_id)
         after = await self._start_point(info.id, after_event)
         if not resend_all and after_event is None:
-            newest = await self.store.page(info.id, None, 1, True)
-            after = newest[0][0] if newest else "0"
+            after = await self.store.newest_id(info.id)  # an entry that is not an event too
         return FeedStart(info.id, after)
 
     def subscribe(self, start: FeedStart) -> Subscription:

@@ -16,11 +16,14 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
+import structlog
 
 from controlplane.api.ratelimit import HIT_FUNCTION, WINDOW_MS
 from controlplane.crypto import hash_api_key
 from controlplane.store import keyspace, text
 from controlplane.store.streams import id_order
+
+log = structlog.get_logger(__name__)
 
 # KEYS: stream, the conversation's id hash, the global index. ARGV: conversation id, then pairs
 # of event id and JSON. An id in the global index under this conversation (stored before the
@@ -116,11 +119,41 @@ REWOUND_BY = "rewound_by"
 """The field a search adds to an event that a rewind superseded: that rewind's checkpoint."""
 
 
-def _decode(entries: list[Any]) -> list[StoredEvent]:
+class Page(NamedTuple):
+    """A read of a stream's entries: the events among them, how many entries were read (events
+    or not) and the stream id of the last one (None: none), where the next read starts."""
+
+    events: list[StoredEvent]
+    read: int
+    last: str | None
+
+
+def _event(fields: dict[Any, Any]) -> dict[str, Any] | None:
+    """The entry's event: the JSON object in its `e` field; None when it has none."""
+    raw = fields.get(b"e") if b"e" in fields else fields.get("e")
+    if raw is None:
+        return None
+    try:
+        event = json.loads(text(raw))
+    except (ValueError, RecursionError):
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def _decode(entries: list[Any], conversation_id: str) -> list[StoredEvent]:
+    """The entries that are events, decoded. The others (only a hand, a script or another
+    program writing to the stream makes them: the webhook stores checked events) are logged
+    and left out, as the live socket leaves them out (events/fanout.py): every reader of a
+    conversation's history answers its events, never a 500 for an entry that is none."""
     out: list[StoredEvent] = []
     for sid, fields in entries:
-        raw = fields.get(b"e") if b"e" in fields else fields.get("e")
-        out.append((text(sid), json.loads(text(raw))))
+        event = _event(fields)
+        if event is None:
+            log.warning(
+                "event_entry_not_an_event", conversation_id=conversation_id, stream_id=text(sid)
+            )
+            continue
+        out.append((text(sid), event))
     return out
 
 
@@ -199,16 +232,17 @@ class EventStore:
         )
         return len(added)
 
-    async def page(
-        self, conversation_id: str, after: str | None, count: int, desc: bool
-    ) -> list[StoredEvent]:
+    async def page(self, conversation_id: str, after: str | None, count: int, desc: bool) -> Page:
+        """Up to `count` entries after stream id `after` (None: from the first, or the last
+        when `desc`); the events among them. Fewer than `count` read: the stream's end."""
         key = keyspace.events(conversation_id)
         entries: Any
         if desc:
             entries = await self._redis.xrevrange(key, f"({after}" if after else "+", "-", count)
         else:
             entries = await self._redis.xrange(key, f"({after}" if after else "-", "+", count)
-        return _decode(entries)
+        last = text(entries[-1][0]) if entries else None
+        return Page(_decode(entries, conversation_id), len(entries), last)
 
     async def texts_after(self, conversation_id: str, after: str, count: int) -> list[StoredText]:
         """Up to `count` events after stream id `after` ("0": from the first), as stored."""
@@ -243,7 +277,7 @@ class EventStore:
         entries: Any = await self._redis.xrange(
             keyspace.events(conversation_id), stream_id, stream_id, 1
         )
-        decoded = _decode(entries)
+        decoded = _decode(entries, conversation_id)
         return decoded[0][1] if decoded else None
 
     async def follow_texts(
@@ -258,19 +292,25 @@ class EventStore:
         return _texts(reply[0][1]) if reply else []
 
     async def newest(self, conversation_id: str) -> StoredEvent | None:
-        """The conversation's last stored event."""
-        last = await self.page(conversation_id, None, 1, True)
-        return last[0] if last else None
+        """The conversation's last stored event (past entries that are not events)."""
+        after: str | None = None
+        while True:
+            page = await self.page(conversation_id, after, 1 if after is None else 100, True)
+            if page.events:
+                return page.events[0]
+            if page.last is None:
+                return None
+            after = page.last
 
     async def mark_rewound(self, conversation_id: str, after: str, checkpoint_id: str) -> int:
         """Record that a rewind to `checkpoint_id` superseded every event stored after stream
         id `after` ("0": all) up to now; the events stay. How many it covers."""
-        newest = await self.newest(conversation_id)
-        if newest is None or id_order(newest[0]) <= id_order(after):
+        newest = await self.newest_id(conversation_id)
+        if newest == "0" or id_order(newest) <= id_order(after):
             return 0
         entries: Any = await self._redis.xrange(keyspace.events(conversation_id), f"({after}", "+")
-        covered = len(entries)
-        mark = {"after": after, "upto": newest[0], "checkpoint": checkpoint_id, "at": time.time()}
+        covered = len(_decode(entries, conversation_id))
+        mark = {"after": after, "upto": newest, "checkpoint": checkpoint_id, "at": time.time()}
         await self._redis.rpush(keyspace.events_rewound(conversation_id), json.dumps(mark))
         return covered
 
@@ -308,12 +348,12 @@ class EventStore:
         copied, cursor = 0, "-"
         while True:
             entries: Any = await self._redis.xrange(keyspace.events(source), cursor, upto, 500)
-            batch = _decode(entries)
-            if not batch:
+            if not entries:
                 return copied
+            batch = _decode(entries, source)
             kept = [e for e in self.marked(batch, earlier) if REWOUND_BY not in e]
             copied += await self.append(target, kept)
-            cursor = f"({batch[-1][0]}"
+            cursor = f"({text(entries[-1][0])}"
 
     async def delete(self, conversation_id: str) -> None:
         await self._redis.delete(keyspace.events_rewound(conversation_id))
@@ -324,7 +364,7 @@ class EventStore:
             batch = await self._redis.xrange(key, cursor, "+", 1000)
             if not batch:
                 break
-            ids += [str(event["id"]) for _sid, event in _decode(batch)]
+            ids += [str(event["id"]) for _sid, event in _decode(batch, conversation_id)]
             cursor = f"({text(batch[-1][0])}"
         await self._delete(
             keys=[key, keyspace.event_ids(conversation_id), keyspace.EVENT_INDEX],
