@@ -84,12 +84,16 @@ class Taker:
         lease: float,
         pack_bytes: int,
         max_changed_bytes: int | None = None,
+        settle: float = 0.0,
     ) -> None:
+        """`settle`: seconds after an abandon during which the store may still land what the
+        snapshot was sending (ACS_SNAPSHOT_UPLOAD_SETTLE; the collector's deletions)."""
         self._data = data
         self._sandboxes = sandboxes
         self._lease = lease
         self._pack_bytes = pack_bytes
         self._max_changed_bytes = max_changed_bytes
+        self._settle = settle
 
     async def take(
         self,
@@ -243,7 +247,7 @@ class Taker:
         try:
             yield
         except BaseException:
-            await asyncio.shield(store.abandon(record))
+            await asyncio.shield(store.abandon(record, self._settle))
             raise
         finally:
             renewing.cancel()
