@@ -10,6 +10,7 @@ export or the writer failed) ends the branch with `Interrupted`.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
@@ -38,13 +39,23 @@ class Tee:
         self._stopped = False  # the branch takes nothing more
         self._room = asyncio.Event()
         self._ready = asyncio.Event()
+        # Where the time went (the fork's timing event): seconds `main` waited for the
+        # export's next item, and for a branch that lagged.
+        self.stream_waited = 0.0
+        self.main_waited = 0.0
 
     async def main(self) -> AsyncGenerator[FileItem]:
         """Every item, as the export streams it (the writer's)."""
         kept = False
         finished = False
         try:
-            async for item in self._items:
+            while True:
+                began = time.monotonic()
+                try:
+                    item = await anext(self._items)
+                except StopAsyncIteration:
+                    break
+                self.stream_waited += time.monotonic() - began
                 if not isinstance(item, bytes):
                     kept = self._keep(item)
                 if kept:
@@ -88,7 +99,9 @@ class Tee:
     async def _put(self, item: FileItem) -> None:
         while len(self._pending) >= self._depth and not self._stopped:
             self._room.clear()
+            began = time.monotonic()
             await self._room.wait()
+            self.main_waited += time.monotonic() - began
         if not self._stopped:
             self._pending.append(item)
             self._ready.set()
