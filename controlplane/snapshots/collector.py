@@ -108,10 +108,13 @@ class Collector:
         sender gave up (a connection cut after the body, a cancel, a replica's death) may still
         land after this "not there", and would then be linked with nothing to delete it."""
         store, registry = self._data.store, self._data.registry
+        deletions = await store.deletions()
+        # Read after the deletions: an abandon writes both at once, so every deletion seen
+        # has its settle seen too (read before, an abandon landing in between would not).
         settling = await store.settling()
         now = time.time()
         count = 0
-        for repository, kind, digest in await store.deletions():
+        for repository, kind, digest in deletions:
             try:
                 if kind == "manifest":
                     found = await registry.delete_manifest(repository, digest)
