@@ -796,6 +796,15 @@ class Snapshots(BaseModel):
         description="seconds a blob no snapshot uses any more is kept before it is deleted "
         "(a snapshot being taken may still reuse it)",
     )
+    snapshot_upload_settle: float = Field(
+        default=300.0,
+        ge=0,
+        le=86400,
+        description="seconds after a snapshot is abandoned (a failure, a cancel, a replica's "
+        "death) during which the collector keeps asking the store to delete what it was "
+        "sending even when the store says it does not hold it: an upload whose bytes the "
+        "store had when the sender gave up may still land",
+    )
     checkpoint_keep_last: int = Field(
         default=20,
         ge=0,

@@ -541,6 +541,7 @@ def snapshots_ctx(config: ServiceConfig) -> Context:
             lease=config.snapshot_lease,
             pack_bytes=config.snapshot_pack_bytes,
             max_changed_bytes=config.snapshot_max_changed_bytes or None,
+            settle=config.snapshot_upload_settle,
         )
         service = SnapshotService(config, data, sandboxes, taker, app[keys.DRIVER].files)
         collector = Collector(

@@ -87,7 +87,7 @@ class Collector:
             if record is None or record.status != SnapshotStatus.PENDING:
                 await store.unlist_pending(snapshot_id)
                 continue
-            await store.abandon(record)
+            await store.abandon(record, self._config.snapshot_upload_settle)
             log.info("snapshot_abandoned", snapshot_id=snapshot_id, sandbox_id=record.sandbox_id)
             count += 1
         return count
@@ -102,18 +102,29 @@ class Collector:
 
     async def carry_out_deletions(self) -> int:
         """Delete from the registry what no snapshot uses; the count deleted. A registry that
-        does not answer leaves the rest for the next pass."""
+        does not answer leaves the rest for the next pass. What an abandoned snapshot was
+        sending and the store says it does not hold is asked again at the next passes until it
+        has settled (ACS_SNAPSHOT_UPLOAD_SETTLE): an upload whose bytes the store had when its
+        sender gave up (a connection cut after the body, a cancel, a replica's death) may still
+        land after this "not there", and would then be linked with nothing to delete it."""
         store, registry = self._data.store, self._data.registry
+        deletions = await store.deletions()
+        # Read after the deletions: an abandon writes both at once, so every deletion seen
+        # has its settle seen too (read before, an abandon landing in between would not).
+        settling = await store.settling()
+        now = time.time()
         count = 0
-        for repository, kind, digest in await store.deletions():
+        for repository, kind, digest in deletions:
             try:
                 if kind == "manifest":
-                    await registry.delete_manifest(repository, digest)
+                    found = await registry.delete_manifest(repository, digest)
                 else:
-                    await registry.delete_blob(repository, digest)
+                    found = await registry.delete_blob(repository, digest)
             except ControlPlaneError as exc:
                 log.warning("snapshot_store_delete_failed", digest=digest, error=str(exc))
                 break
+            if not found and settling.get((repository, kind, digest), 0.0) > now:
+                continue  # it may still land: asked again at the next pass
             await store.deleted(repository, kind, digest)
             count += 1
         return count

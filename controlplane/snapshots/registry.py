@@ -136,11 +136,12 @@ class Registry:
             raise StoreUnavailable(f"the snapshot store did not answer for {digest} ({status})")
         return status == 200
 
-    async def delete_blob(self, repo: str, digest: str) -> None:
-        """Gone from the repository; "already gone" succeeds."""
+    async def delete_blob(self, repo: str, digest: str) -> bool:
+        """Gone from the repository; "already gone" succeeds. False: it was not there."""
         status, _, _ = await self._call("DELETE", f"/v2/{repo}/blobs/{digest}", repo, "delete")
         if status not in (202, 404):
             raise StoreUnavailable(f"the snapshot store did not delete {digest} ({status})")
+        return status == 202
 
     # -- manifests ------------------------------------------------------------------------------
 
@@ -175,11 +176,13 @@ class Registry:
         manifest: dict[str, Any] = json.loads(body)
         return manifest
 
-    async def delete_manifest(self, repo: str, digest: str) -> None:
-        """The manifest (and so its tag) gone; "already gone" succeeds."""
+    async def delete_manifest(self, repo: str, digest: str) -> bool:
+        """The manifest (and so its tag) gone; "already gone" succeeds. False: it was not
+        there."""
         status, _, _ = await self._call("DELETE", f"/v2/{repo}/manifests/{digest}", repo, "delete")
         if status not in (202, 404):
             raise StoreUnavailable(f"the snapshot store did not delete {digest} ({status})")
+        return status == 202
 
     async def ping(self) -> bool:
         """True when the registry answers its API root (with our credentials); never raises."""

@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 
@@ -91,6 +91,7 @@ for _, d in ipairs(redis.call('SMEMBERS', KEYS[2])) do
   local kind, digest = string.match(d, '^(%S+) (%S+)$')
   if kind ~= 'blob' or redis.call('HEXISTS', KEYS[4], digest) == 0 then
     redis.call('SADD', KEYS[5], repo .. ' ' .. d)
+    redis.call('ZADD', KEYS[6], ARGV[3], repo .. ' ' .. d)
   end
 end
 redis.call('DEL', KEYS[1], KEYS[2])
@@ -241,9 +242,9 @@ class SnapshotStore:
         )
         return text(outcome)
 
-    async def abandon(self, record: SnapshotRecord) -> None:
+    async def abandon(self, record: SnapshotRecord, settle: float = 0.0) -> None:
         """Forget a PENDING snapshot; whatever it sent that no READY snapshot uses goes to the
-        store's deletions."""
+        store's deletions, settling for `settle` seconds (`settling`)."""
         await self._abandon(
             keys=[
                 keyspace.snapshot(record.id),
@@ -251,8 +252,9 @@ class SnapshotStore:
                 keyspace.PENDING_SNAPSHOTS,
                 keyspace.user_packs(record.owner),
                 keyspace.STORE_DELETIONS,
+                keyspace.STORE_SETTLING,
             ],
-            args=[record.repository, record.id],
+            args=[record.repository, record.id, time.time() + settle],
         )
 
     async def delete(self, record: SnapshotRecord) -> bool:
@@ -342,8 +344,22 @@ class SnapshotStore:
             out.append((repo, kind, digest))
         return out
 
+    async def settling(self) -> dict[tuple[str, str, str], float]:
+        """Deletions of what an abandoned snapshot was sending: when the store can no longer
+        land each (until then a "not there" is not final: the upload may still land)."""
+        raw = await self._redis.zrange(keyspace.STORE_SETTLING, 0, -1, withscores=True)
+        found: dict[tuple[str, str, str], float] = {}
+        for item, until in cast(list[tuple[Any, float]], raw):
+            repo, kind, digest = text(item).split(" ", 2)
+            found[(repo, kind, digest)] = float(until)
+        return found
+
     async def deleted(self, repository: str, kind: str, digest: str) -> None:
-        await self._redis.srem(keyspace.STORE_DELETIONS, f"{repository} {kind} {digest}")
+        entry = f"{repository} {kind} {digest}"
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.srem(keyspace.STORE_DELETIONS, entry)
+            pipe.zrem(keyspace.STORE_SETTLING, entry)
+            await pipe.execute()
 
     async def sandboxes_page(self, after: str | None, count: int) -> list[str]:
         return await self.page_ids(keyspace.SNAPSHOT_SANDBOXES, after, count)

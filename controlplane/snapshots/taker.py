@@ -34,7 +34,7 @@ from controlplane.snapshots.sources import SnapshotData
 from controlplane.snapshots.store import SnapshotLimits
 from controlplane.snapshots.tee import Tee
 from controlplane.snapshots.writer import SnapshotWriter, Written
-from drivers.base import SandboxFiles
+from drivers.base import FileItem, SandboxFiles
 
 log = structlog.get_logger(__name__)
 ARTIFACT = "application/vnd.acs.snapshot.v1"
@@ -84,12 +84,16 @@ class Taker:
         lease: float,
         pack_bytes: int,
         max_changed_bytes: int | None = None,
+        settle: float = 0.0,
     ) -> None:
+        """`settle`: seconds after an abandon during which the store may still land what the
+        snapshot was sending (ACS_SNAPSHOT_UPLOAD_SETTLE; the collector's deletions)."""
         self._data = data
         self._sandboxes = sandboxes
         self._lease = lease
         self._pack_bytes = pack_bytes
         self._max_changed_bytes = max_changed_bytes
+        self._settle = settle
 
     async def take(
         self,
@@ -160,16 +164,19 @@ class Taker:
                     if local_image is None:
                         written = await writer.write(export.items)
                     else:
-                        # What a plain restore gets (never the state tree: reader.RESTORED).
-                        tee = Tee(export.items, lambda entry: entry.tree in RESTORED)
-                        building = asyncio.create_task(
-                            files.build_local(snapshot_id, local_image, tee.branch(), fork_ids),
-                            name=f"local-base-{snapshot_id}",
+                        tee, building = _branch(
+                            files, export.items, snapshot_id, local_image, fork_ids
                         )
                         try:
                             written = await writer.write(tee.main())
                         finally:
                             tee.close()
+                        log.info(
+                            "snapshot_write_waits",
+                            snapshot_id=snapshot_id,
+                            stream_wait_s=round(tee.stream_waited, 3),
+                            base_lag_s=round(tee.main_waited, 3),
+                        )
                 marks.append(("write", time.monotonic()))
                 record = await self._finish(record, written, export.held_still)
                 marks.append(("finish", time.monotonic()))
@@ -243,7 +250,7 @@ class Taker:
         try:
             yield
         except BaseException:
-            await asyncio.shield(store.abandon(record))
+            await asyncio.shield(store.abandon(record, self._settle))
             raise
         finally:
             renewing.cancel()
@@ -289,6 +296,23 @@ def _check(outcome: str, snapshot_id: str, limits: SnapshotLimits) -> None:
         raise _quota(outcome, limits)
     if outcome != "ok":
         raise Conflict(f"snapshot {snapshot_id} was abandoned while it was taken")
+
+
+def _branch(
+    files: SandboxFiles,
+    items: AsyncIterator[FileItem],
+    snapshot_id: str,
+    image: str,
+    fork_ids: Sequence[str],
+) -> tuple[Tee, asyncio.Task[None]]:
+    """The export's stream teed: the local copy's build started on its branch."""
+    # What a plain restore gets (never the state tree: reader.RESTORED).
+    tee = Tee(items, lambda entry: entry.tree in RESTORED)
+    building = asyncio.create_task(
+        files.build_local(snapshot_id, image, tee.branch(), fork_ids),
+        name=f"local-base-{snapshot_id}",
+    )
+    return tee, building
 
 
 async def _built(building: asyncio.Task[None], snapshot_id: str) -> None:

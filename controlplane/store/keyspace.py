@@ -439,6 +439,10 @@ them after ACS_SNAPSHOT_COLLECT_GRACE)."""
 STORE_DELETIONS = f"{PREFIX}:snapshots:deletions"
 """Set of "<repository> <blob|manifest> <digest>" to delete from the store: written with the
 change that orphaned them, removed once the store confirms (at least once)."""
+STORE_SETTLING = f"{PREFIX}:snapshots:settling"
+"""Sorted set of STORE_DELETIONS entries that an abandoned snapshot was sending, scored by
+when the store can no longer land them (ACS_SNAPSHOT_UPLOAD_SETTLE after the abandon): until
+then a "not there" answer to their deletion is not final (the upload may land after it)."""
 ORPHANED_SANDBOXES = f"{PREFIX}:snapshots:orphaned"
 """Hash: sandbox id -> when the retention pass first found it deleted (Unix seconds): its
 unnamed snapshots are kept ACS_SNAPSHOT_ORPHAN_RETENTION from then."""

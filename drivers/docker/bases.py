@@ -109,7 +109,8 @@ class DockerBases:
         # (base volume, sandbox id): the sandbox's fork directories were made with the base
         # (its build's archive), so its workspace needs no extraction of its own for them.
         self._dirs_made: set[tuple[str, str]] = set()
-        self._staged: dict[str, Base] = {}  # sandbox id -> the base `stage` found or built
+        # sandbox id -> the base `stage` found or built, or a fork's `build` made for it
+        self._staged: dict[str, Base] = {}
         self._stamping: dict[str, asyncio.Task[None]] = {}  # base volume -> its `_stamp`
 
     def _lock(self, name: str) -> asyncio.Lock:
@@ -227,9 +228,13 @@ class DockerBases:
         is consumed to its end either way (its producer is not left waiting)."""
         streamed = _Streamed(key, items)
         try:
-            await self._ensure_of(streamed, image, None, sandbox_ids=sandbox_ids)
+            base = await self._ensure_of(streamed, image, None, sandbox_ids=sandbox_ids)
         finally:
             await streamed.drain()
+        # The forks' workspaces take it as it is (`workspace`): no look-up of the base again
+        # per fork, each under the base's lock (a release that drops it meanwhile forgets it).
+        for sandbox_id in sandbox_ids:
+            self._staged[sandbox_id] = base
 
     async def _ensure(self, request: SandboxRequest, old: OldWorkspace | None = None) -> Base:
         assert request.restore is not None

@@ -246,14 +246,16 @@ class DockerExports:
             )
         )
         # What the export knows, written while the engine makes and starts the helper (which
-        # waits for its request before it reads the file).
+        # waits for its request before it reads the file). Nothing known (a first snapshot, a
+        # fork's, which reads every file): no file, and no engine call to put one there.
         known_file = {KNOWN: json.dumps(known_by_tree(known), separators=(",", ":")).encode()}
         helper = await starting
         try:
-            await self._lane.run(lambda c: helper.put_files(known_file))
-            request = {
-                "op": "export",
-                "known_file": f"/tmp/{KNOWN}",  # noqa: S108 (the helper's own)
+            request: dict[str, Any] = {"op": "export", "known": {}}
+            if known:
+                await self._lane.run(lambda c: helper.put_files(known_file))
+                request = {"op": "export", "known_file": f"/tmp/{KNOWN}"}  # noqa: S108 (its own)
+            request |= {
                 "state": [_relative(p) for p in state_paths],
                 "skip": [_relative(working_dir)],
                 "precopy": running,
@@ -353,14 +355,20 @@ class DockerExports:
                     reading = archive.open(entry)
             return items
 
+        # One batch read ahead: the engine's stream is read in the lane's thread while the
+        # caller (the writer: chunk ids, seals) works through the batch before it, instead of
+        # the two taking turns. Batches are read one at a time, in order (the archive is one
+        # stream): the next starts only once the one ahead has landed.
+        ahead: asyncio.Future[list[FileItem]] | None = self._lane.start(batch)
         try:
-            while True:
-                items = await self._lane.run(batch)
-                if not items:
-                    return
+            while ahead is not None:
+                items = await ahead
+                ahead = self._lane.start(batch) if items else None
                 for item in items:
                     yield item
         finally:
+            if ahead is not None:  # left early: the read ahead lands before the archive closes
+                await asyncio.gather(ahead, return_exceptions=True)
             if archive is not None:
                 await self._lane.run(lambda _: archive.close() if archive else None)
 

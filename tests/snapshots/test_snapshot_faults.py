@@ -71,6 +71,7 @@ async def faulty_server(
             "ACS_SNAPSHOT_LEASE": "3",
             "ACS_SNAPSHOT_COLLECT_INTERVAL": "1",
             "ACS_SNAPSHOT_COLLECT_GRACE": "0",
+            "ACS_SNAPSHOT_UPLOAD_SETTLE": "2",
             "ACS_WARM_POOL": "0",
             "ACS_MAX_RUNNING_PER_USER": "0",
         }

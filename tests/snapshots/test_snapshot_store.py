@@ -5,12 +5,19 @@ an upload (503, no sandbox touched, nothing left behind)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import docker
 
 from controlplane import keys
+from controlplane.ids import uuid7_hex
+from controlplane.snapshots.models import SnapshotRecord, SnapshotStatus
+from controlplane.snapshots.registry import digest_of
 from controlplane.snapshots.store import SnapshotStore
 from controlplane.store import keyspace, text
 from tests.support.registry_server import RegistryServer
@@ -53,7 +60,16 @@ def assert_running(docker_client: docker.DockerClient, prefix: str, sandbox_id: 
 
 
 async def assert_nothing_orphaned(client: Client, registry: RegistryServer) -> None:
+    """After collection the registry links exactly what READY snapshots use: passes run until
+    no deletion is left (what an abandoned snapshot was sending and the store said it did not
+    hold is asked again until it has settled: ACS_SNAPSHOT_UPLOAD_SETTLE, short here)."""
+    store: SnapshotStore = client.app[keys.SNAPSHOT_DATA].store
+    deadline = time.monotonic() + 30
     await client.app[keys.COLLECTOR].collect()
+    while await store.deletions():
+        assert time.monotonic() < deadline, f"deletions left: {await store.deletions()}"
+        await asyncio.sleep(0.2)
+        await client.app[keys.COLLECTOR].collect()
     blobs, manifests = await referenced(client)
     repositories = client.app[keys.CONFIG].snapshot_store_repository
     assert registry.linked(repositories, "_layers") == blobs
@@ -242,3 +258,49 @@ async def test_a_store_lost_in_the_middle_of_a_pack_leaves_nothing(
         await assert_nothing_orphaned(snap, registry)
     finally:
         await relay.close()
+
+
+async def test_an_upload_that_lands_after_its_snapshot_was_abandoned_is_collected(
+    make_snap_client: ClientFactory, registry: RegistryServer
+) -> None:
+    """A blob whose bytes the store had when its sender gave up (the connection cut after the
+    body, a cancel) can be linked after the collector's delete found nothing (a race seen under
+    load in the test above): until it has settled, a "not there" is asked again at the next
+    pass, which deletes it once it landed; past the settle, a "not there" is final."""
+    snap = await make_snap_client(snapshot_upload_settle=60.0)
+    data = snap.app[keys.SNAPSHOT_DATA]
+    store: SnapshotStore = data.store
+    collector = snap.app[keys.COLLECTOR]
+    repositories = snap.app[keys.CONFIG].snapshot_store_repository
+
+    async def abandoned(blob: bytes, settle: float) -> tuple[str, str]:
+        record = SnapshotRecord(
+            id=uuid7_hex(),
+            owner="alice",
+            sandbox_id="sandbox-of-alice",
+            spec_id="default",
+            status=SnapshotStatus.PENDING,
+            created_at=datetime.now(UTC),
+            repository=data.repository("alice"),
+        )
+        await store.begin(record, 30)
+        digest = digest_of(blob)
+        await store.uploading(record.id, "blob", digest)  # recorded, then sent: in flight
+        await store.abandon(record, settle)
+        return record.repository, digest
+
+    late = os.urandom(4096)
+    repository, digest = await abandoned(late, 60.0)
+    await collector.collect()  # the store does not hold it yet: not final
+    assert (repository, "blob", digest) in await store.deletions()
+    await data.registry.put_blob(repository, late)  # the upload lands after that delete
+    assert digest in registry.linked(repositories)
+    await collector.collect()
+    assert digest not in registry.linked(repositories)
+    assert await store.deletions() == []
+
+    never = os.urandom(4096)
+    repository, digest = await abandoned(never, 0.0)  # settled at once: "not there" is final
+    await collector.collect()
+    assert await store.deletions() == []
+    assert await store.settling() == {}

@@ -82,3 +82,21 @@ async def test_a_writer_that_stops_reading_ends_the_branch() -> None:
     with pytest.raises(Interrupted):
         await asyncio.wait_for(branch, 10)
     await main.aclose()
+
+
+async def test_the_branch_holds_at_most_its_bytes_and_the_writer_waits_beyond() -> None:
+    stream: list[FileItem] = [_file(WORKSPACE, "big", 12), b"abc", b"def", b"ghi", b"jkl"]
+    tee = Tee(_stream(stream), _restored, limit=6)
+    seen: list[FileItem] = []
+
+    async def write() -> None:
+        async for item in tee.main():
+            seen.append(item)
+
+    main = asyncio.create_task(write())
+    branch = tee.branch()
+    await asyncio.sleep(0.1)
+    assert seen == stream[:3]  # the entry and 6 bytes held: the next piece waits for room
+    assert await _collect(branch) == stream
+    await asyncio.wait_for(main, 10)
+    assert seen == stream

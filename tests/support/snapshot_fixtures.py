@@ -38,6 +38,7 @@ def snapshot_settings(registry: RegistryServer, snapshot_repository: str) -> dic
         "snapshot_store_repository": snapshot_repository,
         "snapshot_collect_interval": 3600.0,  # tests run the collector themselves
         "snapshot_collect_grace": 0.0,
+        "snapshot_upload_settle": 1.0,  # assert_nothing_orphaned waits for it
     }
 
 
