@@ -161,3 +161,22 @@ async def test_the_sandbox_is_touched_in_the_same_round_trip(
     after = await store.get(sandbox)
     assert after is not None
     assert after.last_activity_at > before.last_activity_at
+
+
+async def test_an_id_naming_another_key_is_not_a_conversation(
+    recorded: RecordedSandbox, raw_redis: aioredis.Redis
+) -> None:
+    """The path's conversation id goes into the script's keys as sent: one that names another
+    of the conversation's keys (its checkpoints, a hash) is a conversation the sandbox does not
+    have (acknowledged, nothing kept), not a 500 from the script."""
+    client, sandbox, cid, key, _alice = recorded
+    await raw_redis.hset(keyspace.checkpoints(cid), "c", "{}")
+    big = [event(text="x" * 1000) for _ in range(80)]  # over 64 KiB: the middleware's checks
+    for odd in (f"{cid}:checkpoints", f"{cid}:*", "*", ":"):
+        for body in ([event()], big):
+            resp = await client.post(
+                f"/api/v1/webhooks/{sandbox}/events/{odd}", json=body, headers=key
+            )
+            assert resp.status == 200, (odd, await resp.text())
+        assert await raw_redis.exists(keyspace.events(odd.lower())) == 0
+    assert await stored_ids(raw_redis, cid) == []
