@@ -60,15 +60,33 @@ BODY_BYTES = 1024 * 1024
 # -- the flood (child process) --------------------------------------------------------------
 
 
-async def _flood_one(port: int, body: int, stop: Any, counts: dict[str, int]) -> None:
+def flood_request(body: int, webhook: bool) -> bytes:
+    """What every flooding client sends: a POST declaring `body` bytes of junk with no key;
+    with `webhook`, an events webhook post (a sandbox's and a conversation's ids of the right
+    shape, a session key of a key's shape that is nobody's) whose `body` bytes are valid events,
+    which the handler would parse and check before the key if it read them first."""
+    if not webhook:
+        return (
+            "POST /api/v1/app-conversations HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {body}\r\n\r\n"
+        ).encode() + b"x" * body
+    one = {"timestamp": "2026-01-01T00:00:00.000000", "source": "agent", "kind": "MessageEvent"}
+    events: list[dict[str, str]] = []
+    while len(json.dumps(events)) < body - 200:
+        events.append({"id": secrets.token_hex(8), **one})
+    data = json.dumps(events).encode()
+    return (
+        f"POST /api/v1/webhooks/{secrets.token_hex(11)}/events/{secrets.token_hex(16)} HTTP/1.1"
+        f"\r\nHost: 127.0.0.1\r\nX-Session-API-Key: {secrets.token_urlsafe(32)}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    ).encode() + data
+
+
+async def _flood_one(port: int, request: bytes, stop: Any, counts: dict[str, int]) -> None:
     """One flooding client: connect, send the head and as much of the body as the server takes
     while waiting for its answer, count the answer, again. Raw non-blocking sockets: the client
     should cost itself as little as possible, so that the flood is as strong as one core allows."""
     loop = asyncio.get_running_loop()
-    request = (
-        "POST /api/v1/app-conversations HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {body}\r\n\r\n"
-    ).encode() + b"x" * body
     while not stop.is_set():
         sock = socket.socket()
         sock.setblocking(False)
@@ -89,7 +107,7 @@ async def _flood_one(port: int, body: int, stop: Any, counts: dict[str, int]) ->
             sock.close()
 
 
-def flood_main(port: int, connections: int, body: int, stop: Any, results: Any) -> None:
+def flood_main(port: int, connections: int, request: bytes, stop: Any, results: Any) -> None:
     if FLOOD_CPUS:
         os.sched_setaffinity(0, FLOOD_CPUS)
     with contextlib.suppress(PermissionError):
@@ -97,7 +115,7 @@ def flood_main(port: int, connections: int, body: int, stop: Any, results: Any) 
     counts: dict[str, int] = {"reset": 0}
 
     async def run() -> None:
-        await asyncio.gather(*(_flood_one(port, body, stop, counts) for _ in range(connections)))
+        await asyncio.gather(*(_flood_one(port, request, stop, counts) for _ in range(connections)))
 
     started = time.monotonic()
     asyncio.run(run())
@@ -282,7 +300,14 @@ async def flood_round(server: Server, key: str, args: Any, totals: dict[str, int
     stop = multiprocessing.Event()
     results: Any = multiprocessing.Queue()
     flood = multiprocessing.Process(
-        target=flood_main, args=(port, args.connections, args.body_bytes, stop, results)
+        target=flood_main,
+        args=(
+            port,
+            args.connections,
+            flood_request(args.body_bytes, args.webhook),
+            stop,
+            results,
+        ),
     )
     cpu_before = cpu_seconds(server.process.pid)
     waited_before = waited_seconds(server.process.pid)
@@ -365,6 +390,12 @@ def main() -> int:
         "--server-command",
         default=None,
         help="another `controlplane` executable to measure (e.g. an older version's venv)",
+    )
+    parser.add_argument(
+        "--webhook",
+        action="store_true",
+        help="flood the events webhook: a wrong key of a key's shape, --body-bytes of valid"
+        " events (64 KiB: the most the webhook's handler reads before the key's check)",
     )
     parser.add_argument("--quick", action="store_true", help="100 requests per phase")
     args = parser.parse_args()

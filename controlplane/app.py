@@ -39,6 +39,7 @@ from controlplane.health import routes as health_routes
 from controlplane.lifecycle.routes import routes as lifecycle_routes
 from controlplane.metrics import Metrics
 from controlplane.middlewares import (
+    SeenKeys,
     auth_middleware,
     context_middleware,
     error_middleware,
@@ -152,6 +153,7 @@ def create_app(
     app.on_response_prepare.append(lift_deadline)
     app[keys.CONFIG] = config
     app[keys.DRAIN] = Drain()
+    app[keys.WEBHOOK_KEYS] = SeenKeys()
     _pace(app, config)
     app[keys.METRICS] = Metrics()
     app[keys.GAUGES] = Refresher()

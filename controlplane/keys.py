@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from controlplane.lifecycle.outbox import Outbox
     from controlplane.lifecycle.publisher import LifecyclePublisher
     from controlplane.metrics import Metrics
+    from controlplane.middlewares import SeenKeys
     from controlplane.organizations.service import OrganizationService
     from controlplane.outbound.sources import OutboundSources
     from controlplane.proxy.state import ProxyState
@@ -137,6 +138,9 @@ CHECKPOINTS: web.AppKey[CheckpointService] = web.AppKey("checkpoints")
 SANDBOX_SCOPE: web.RequestKey[SandboxRecord] = web.RequestKey("sandbox_scope")
 """The caller's sandbox whose X-Session-API-Key came with their own key
 (controlplane/auth/sandbox_scope.py): what SDK code in that sandbox may be handed."""
+WEBHOOK_KEYS: web.AppKey[SeenKeys] = web.AppKey("webhook_keys")
+"""The sandboxes' session keys (hashed) last seen good by the events webhook
+(middlewares.SeenKeys): where a post may skip the key's look-up before its body."""
 WEBHOOK_SANDBOX: web.RequestKey[str] = web.RequestKey("webhook_sandbox")
 """The sandbox whose session key the webhook middleware checked for this request: the
 handler's service does not look the key up a second time."""

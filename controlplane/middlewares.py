@@ -24,6 +24,7 @@ from controlplane.api.parsing import RequestValidationError
 from controlplane.api.ratelimit import webhook_refusal
 from controlplane.api.routing import Handler, has_own_key_check, has_own_limits, is_public
 from controlplane.auth.identity import PRINCIPAL, authenticate_request
+from controlplane.crypto import hash_api_key
 from controlplane.errors import ControlPlaneError, InvalidInput, QuotaExceeded, Unauthorized
 from controlplane.sandboxes.reads import MAX_SESSION_KEY
 from controlplane.store.pool import StoreBusy
@@ -218,6 +219,30 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
+class SeenKeys:
+    """The session key each sandbox last posted events with successfully to this replica, as
+    its SHA-256: which webhook posts may go to their handler's one round trip (whose script
+    checks the key again, so a key that stopped being good is refused there and forgotten
+    here). Only a hint of where to check, never the check itself; at most `size` sandboxes (all
+    forgotten when full, then learnt again at one GET each)."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self.size = size
+        self._hashes: dict[str, str] = {}
+
+    def matches(self, sandbox_id: str, key: str) -> bool:
+        known = self._hashes.get(sandbox_id)
+        return known is not None and secrets.compare_digest(known, hash_api_key(key))
+
+    def note(self, sandbox_id: str, key: str) -> None:
+        if len(self._hashes) >= self.size:
+            self._hashes.clear()
+        self._hashes[sandbox_id] = hash_api_key(key)
+
+    def forget(self, sandbox_id: str) -> None:
+        self._hashes.pop(sandbox_id, None)
+
+
 @web.middleware
 async def webhook_auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Sandbox webhooks (public to the API-key check) need the sandbox's own session key, checked
@@ -229,7 +254,9 @@ async def webhook_auth_middleware(request: web.Request, handler: Handler) -> web
     A route with `own_key_check` (the events webhook), a key of a key's length and a body of
     at most SMALL_BODY bytes (which a refusal reads anyway, `_drop_unread_body`) is left to its
     handler, which makes the same checks in the Redis round trip that stores the events (one
-    round trip a post instead of four). The order of the answers stays: a body the handler
+    round trip a post instead of four), once the key is known good here (SeenKeys: the
+    sandbox's key of its last good post; any other is looked up first, before the body, and
+    refused there when wrong). The order of the answers stays: a body the handler
     refuses (422) before that round trip is answered 401 or 429 first where the key or the rate
     says so."""
     sandbox_id = request.match_info.get("sandbox_id")
@@ -247,10 +274,24 @@ async def webhook_auth_middleware(request: web.Request, handler: Handler) -> web
         and length is not None
         and length <= SMALL_BODY
     ):
+        seen = request.app.get(keys.WEBHOOK_KEYS)
+        if seen is None or not seen.matches(sandbox_id, key):
+            # Not this replica's last good key of the sandbox: looked up before the body is
+            # read, so that a wrong key costs one GET, never a 64 KiB parse (a flood of them
+            # would otherwise cost what the agents' own posts do).
+            sandboxes = request.app.get(keys.SANDBOXES)
+            if sandboxes is None or await sandboxes.id_for_session_key(key, sandbox_id) is None:
+                raise Unauthorized("invalid sandbox session key")
+            if seen is not None:
+                seen.note(sandbox_id, key)
         try:
             return await handler(request)
         except (RequestValidationError, InvalidInput):
             await _check_webhook(request, sandbox_id)
+            raise
+        except Unauthorized:
+            if seen is not None:
+                seen.forget(sandbox_id)  # the script's own check refused it: deleted, or changed
             raise
     await _check_webhook(request, sandbox_id)
     request[keys.WEBHOOK_SANDBOX] = sandbox_id

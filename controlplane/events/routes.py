@@ -205,17 +205,28 @@ async def _pump(ws: web.WebSocketResponse, subscription: Subscription) -> None:
             await pump
 
 
+CORK_BYTES = 64 * 1024
+"""Most a cork holds before it writes (aiohttp's writer's own limit before it drains)."""
+
+
 class _Corked(asyncio.Transport):
     """What a socket's frames are written to while a batch of them is framed: one write of
-    them all to the connection's transport at the end (`_send_all`), not one each."""
+    them all to the connection's transport at the end (`_send_all`), not one each; or one per
+    CORK_BYTES, so that a batch of large events (a page of 500 at up to the body limit each) is
+    not copied whole before the first byte goes, and the transport's flow control still
+    pauses the writer (aiohttp drains when the transport has paused it)."""
 
     def __init__(self, transport: asyncio.Transport) -> None:
         super().__init__()
         self.transport = transport
         self._parts: list[bytes] = []
+        self._size = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self._parts.append(bytes(data))
+        self._size += len(data)
+        if self._size >= CORK_BYTES:
+            self.flush()
 
     def is_closing(self) -> bool:
         return self.transport.is_closing()
@@ -227,6 +238,7 @@ class _Corked(asyncio.Transport):
         if self._parts and not self.transport.is_closing():
             self.transport.write(b"".join(self._parts))
         self._parts.clear()
+        self._size = 0
 
 
 async def _send_all(ws: web.WebSocketResponse, texts: list[str]) -> None:

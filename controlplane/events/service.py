@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -17,7 +18,7 @@ from controlplane.api.pagination import STREAM_ID, decode_cursor, encode_cursor
 from controlplane.api.ratelimit import RateLimiter, webhook_refusal
 from controlplane.auth.models import Principal
 from controlplane.auth.tickets import Ticket, TicketService
-from controlplane.conversations.models import AppConversationInfo
+from controlplane.conversations.models import HEX_ID, AppConversationInfo
 from controlplane.conversations.service import ConversationService
 from controlplane.conversations.store import ConversationStore
 from controlplane.conversations.titles import name_from_first_message
@@ -137,7 +138,9 @@ class EventService:
         on the agent server directly by an SDK client, or already deleted) are acknowledged and
         not kept: agent servers retry refused posts for minutes (the official one even holds a
         conversation's delete until they succeed), and there is no one to keep them for."""
-        info = await self._records.get(conversation_id.replace("-", "").lower())
+        plain = conversation_id.replace("-", "").lower()
+        # Not an id's shape (the path's segment as sent): it could name another key, a hash.
+        info = await self._records.get(plain) if re.fullmatch(HEX_ID, plain) else None
         if info is None or info.sandbox_id != sandbox_id:
             self._unknown(sandbox_id, conversation_id)
             return None

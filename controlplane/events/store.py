@@ -48,7 +48,8 @@ return out
 # A webhook's batch in one round trip, every check in the order the middleware made them:
 # the session key (KEYS[1]: the sandbox id for its hash; Lua compares interned strings by
 # pointer, so the comparison takes the same time whatever the id), the per-sandbox rate count
-# (KEYS[2]; ARGV[2] '' = no limit), the conversation (KEYS[3]: its record names this sandbox),
+# (KEYS[2]; ARGV[2] '' = no limit), the conversation (KEYS[3]: its record names this sandbox;
+# pcall: an id from the path can name another key of the conversation, a hash, see keyspace),
 # the append (KEYS[4..6], as _APPEND) and the sandbox's activity (KEYS[7]; ARGV[4] '' = not
 # now). ARGV: sandbox id, the window in ms, the limit, the touch time, the conversation id,
 # then pairs of event id and JSON. Replies: {'key'}, {'rate', count, ttl ms}, {'none'} (not
@@ -61,8 +62,8 @@ if ARGV[2] ~= '' then
   local counted = hit(KEYS[2], ARGV[2])
   if counted[1] > tonumber(ARGV[3]) then return {'rate', counted[1], counted[2]} end
 end
-local record = redis.call('GET', KEYS[3])
-if not record then return {'none'} end
+local record = redis.pcall('GET', KEYS[3])
+if type(record) ~= 'string' then return {'none'} end
 local ok, info = pcall(cjson.decode, record)
 if not ok or type(info) ~= 'table' or info['sandbox_id'] ~= ARGV[1] then return {'none'} end
 local out = {'ok', record}

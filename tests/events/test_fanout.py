@@ -13,7 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from controlplane import keys
-from controlplane.events import fanout
+from controlplane.events import fanout, routes
 from controlplane.store import keyspace, text
 from tests.support.event_sockets import SOCKET, frames, nothing_more, post_events, until
 from tests.support.records import RecordedSandbox
@@ -99,3 +99,37 @@ async def test_a_batch_is_written_at_once_one_event_per_frame(
     assert sent == stored
     await nothing_more(ws)
     await ws.close()
+
+
+class _Recorded(asyncio.Transport):
+    """A connection's transport as far as the cork sees it: what was written to it, each write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def test_a_cork_writes_at_most_its_size_at_once() -> None:
+    """A batch of large frames (a catch-up's page of big events) is not held and copied whole:
+    the cork writes every CORK_BYTES, in order, and what is left at the end."""
+    below = _Recorded()
+    cork = routes._Corked(below)
+    frames_sent = [bytes([i]) * 40_000 for i in range(10)]
+    for frame in frames_sent:
+        cork.write(frame)
+    cork.flush()
+    assert b"".join(below.writes) == b"".join(frames_sent)
+    assert max(len(w) for w in below.writes) < routes.CORK_BYTES + 40_000
+    small = _Recorded()
+    cork = routes._Corked(small)
+    for frame in (b"a" * 100, b"b" * 100, b"c" * 100):
+        cork.write(frame)
+    assert small.writes == []  # small frames wait for the batch's one write
+    cork.flush()
+    assert small.writes == [b"a" * 100 + b"b" * 100 + b"c" * 100]

@@ -6,6 +6,7 @@ an event id stored once; a deleted sandbox's key refused at its next post (nothi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from collections.abc import Awaitable, Callable
@@ -16,6 +17,7 @@ import redis.asyncio as aioredis
 from controlplane import keys
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
+from controlplane.crypto import hash_api_key
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.store import keyspace
@@ -161,3 +163,66 @@ async def test_the_sandbox_is_touched_in_the_same_round_trip(
     after = await store.get(sandbox)
     assert after is not None
     assert after.last_activity_at > before.last_activity_at
+
+
+async def _head_within(client: Client, path: str, key: str, body: bytes, sent: int) -> bytes:
+    """Send a post's head declaring `body` and only its first `sent` bytes; the answer's head
+    if it comes within a second, else b"" (the server is waiting for the rest)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"X-Session-API-Key: {key}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    writer.write(head.encode() + body[:sent])
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 1)
+    except TimeoutError:
+        writer.write(body[sent:])
+        return b""
+    finally:
+        writer.close()
+
+
+async def test_a_wrong_key_is_refused_before_the_body(
+    recorded: RecordedSandbox, raw_redis: aioredis.Redis
+) -> None:
+    """A key of a key's shape that is not the sandbox's costs one look-up, not the body's read
+    and parse (64 KiB of events, at the rate of an unauthenticated flood): its 401 comes while
+    the body is still on the way. The right key's post waits for its body, then takes the one
+    round trip (test_one_post_is_one_round_trip) from its second post on."""
+    client, sandbox, cid, key, _alice = recorded
+    path = f"/api/v1/webhooks/{sandbox}/events/{cid}"
+    body = json.dumps([event() for _ in range(100)]).encode()
+    assert len(body) < 64 * 1024
+    for wrong in (secrets.token_urlsafe(32), "x"):
+        answer = await _head_within(client, path, wrong, body, 10)
+        assert answer.startswith(b"HTTP/1.1 401"), answer
+    good = key["X-Session-API-Key"]
+    assert await _head_within(client, path, good, body, 10) == b""  # waits for the rest
+    assert (await client.post(path, data=body, headers=key)).status == 200
+    # Known good here now, and refused again once it is not (the script's own check).
+    await raw_redis.delete(keyspace.sandbox_by_key(hash_api_key(good)))
+    resp = await client.post(path, json=[event()], headers=key)
+    assert resp.status == 401
+    answer = await _head_within(client, path, good, body, 10)
+    assert answer.startswith(b"HTTP/1.1 401"), answer  # forgotten: looked up before the body
+
+
+async def test_an_id_naming_another_key_is_not_a_conversation(
+    recorded: RecordedSandbox, raw_redis: aioredis.Redis
+) -> None:
+    """The path's conversation id goes into the script's keys as sent: one that names another
+    of the conversation's keys (its checkpoints, a hash) is a conversation the sandbox does not
+    have (acknowledged, nothing kept), not a 500 from the script."""
+    client, sandbox, cid, key, _alice = recorded
+    await raw_redis.hset(keyspace.checkpoints(cid), "c", "{}")
+    big = [event(text="x" * 1000) for _ in range(80)]  # over 64 KiB: the middleware's checks
+    for odd in (f"{cid}:checkpoints", f"{cid}:*", "*", ":"):
+        for body in ([event()], big):
+            resp = await client.post(
+                f"/api/v1/webhooks/{sandbox}/events/{odd}", json=body, headers=key
+            )
+            assert resp.status == 200, (odd, await resp.text())
+        assert await raw_redis.exists(keyspace.events(odd.lower())) == 0
+    assert await stored_ids(raw_redis, cid) == []
