@@ -247,12 +247,15 @@ async def _send_all(ws: web.WebSocketResponse, texts: list[str]) -> None:
     makes one write (one system call) instead of one per frame. aiohttp frames them (and
     compresses them where the client asked) through its own writer, whose transport is the
     cork meanwhile; its flow control still applies (it waits while the connection is paused)."""
-    writer = ws._writer
-    if len(texts) == 1 or writer is None:
+    # aiohttp's writer is private: if a release renames it or its transport, every frame goes
+    # in a write of its own again (slower, still correct), never an error.
+    writer: Any = getattr(ws, "_writer", None)
+    transport = getattr(writer, "transport", None)
+    if len(texts) == 1 or not isinstance(transport, asyncio.Transport):
         for stored in texts:
             await ws.send_str(stored)
         return
-    cork = _Corked(writer.transport)
+    cork = _Corked(transport)
     writer.transport = cork
     try:
         for stored in texts:
