@@ -52,6 +52,7 @@ from bench.common import (
     Samples,
     main_of,
     ms,
+    process_cpu,
 )
 from controlplane.sandboxes.launcher import network_policy
 from drivers.docker.egress import Attachment, network_name
@@ -170,8 +171,7 @@ class Server:
     def cpu(self) -> float:
         """CPU seconds the control plane's process has used (user + system)."""
         assert self.process is not None
-        stat = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu(self.process.pid)
 
     def handler_seconds(self) -> dict[str, float]:
         """Each POST /api/v1/sandboxes' time in the server's middlewares and handler (its

@@ -120,6 +120,34 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:.2f}" if seconds < 0.1 else f"{seconds * 1000:.1f}"
 
 
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def serve_env(
+    *, redis_url: str, bootstrap_key: str, prefix: str, data_dir: Path, **settings: str
+) -> dict[str, str]:
+    """The environment of a `controlplane serve` a bench starts in its own process: this
+    process's without any ACS_ setting of the shell's, the run's Redis, key, prefix and data
+    directory, the repository's specs, JSON logs at warning, then `settings` (ACS_ names)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACS_")}
+    env.update(
+        {
+            "ACS_REDIS_URL": redis_url,
+            "ACS_BOOTSTRAP_API_KEY": bootstrap_key,
+            "ACS_CONTAINER_PREFIX": prefix,
+            "ACS_SPEC_DIR": str(REPO / "specs"),
+            "ACS_DATA_DIR": str(data_dir),
+            "ACS_LOG_LEVEL": "warning",
+            "ACS_LOG_FORMAT": "json",
+            **settings,
+        }
+    )
+    return env
+
+
 def docker_time(value: str) -> float:
     """A Docker timestamp (nanoseconds, Z) as epoch seconds."""
     head, _, frac = value.rstrip("Z").partition(".")

@@ -34,7 +34,7 @@ from typing import Any
 import aiohttp
 
 from bench.burst import Server, stop_server
-from bench.common import BenchError, Deployment, Samples, main_of, percentile
+from bench.common import BenchError, Deployment, Samples, main_of, percentile, process_cpu
 from tests.support.fake_llm import FakeLLM, reply_text
 from tests.support.live_server import free_port
 
@@ -127,8 +127,7 @@ class Child:
 
     def cpu(self) -> float:
         assert self.process is not None
-        stat = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu(self.process.pid)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -40,7 +40,7 @@ from typing import Any
 import aiohttp
 import docker
 
-from bench.common import REPO, percentile, publish_host
+from bench.common import REPO, percentile, process_cpu, publish_host, serve_env
 from controlplane.config import load_config
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.launcher import network_policy, sandbox_request
@@ -84,22 +84,16 @@ class LaunchLoad:
 
     async def start_server(self) -> None:
         self.redis.start()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ACS_")}
-        env.update(
-            {
-                "ACS_REDIS_URL": self.redis.url,
-                "ACS_BOOTSTRAP_API_KEY": self.key,
-                "ACS_CONTAINER_PREFIX": self.prefix,
-                "ACS_SPEC_DIR": str(REPO / "specs"),
-                "ACS_DATA_DIR": str(self.tmp / "data"),
-                "ACS_LOG_LEVEL": "warning",
-                "ACS_LOG_FORMAT": "json",
-                "ACS_RATE_LIMIT_PER_MINUTE": "0",
-                "ACS_MAX_RUNNING_PER_USER": "0",
-                "ACS_MAX_SANDBOXES_PER_USER": "0",
-                "ACS_WARM_POOL": "0",
-                "ACS_START_TIMEOUT": "120",
-            }
+        env = serve_env(
+            redis_url=self.redis.url,
+            bootstrap_key=self.key,
+            prefix=self.prefix,
+            data_dir=self.tmp / "data",
+            ACS_RATE_LIMIT_PER_MINUTE="0",
+            ACS_MAX_RUNNING_PER_USER="0",
+            ACS_MAX_SANDBOXES_PER_USER="0",
+            ACS_WARM_POOL="0",
+            ACS_START_TIMEOUT="120",
         )
         if self.tag:
             env["ACS_IMAGE_TAG"] = self.tag
@@ -262,8 +256,7 @@ class LaunchLoad:
     def server_cpu(self) -> float:
         """CPU seconds the control plane's process has used (user + system)."""
         assert self.process is not None
-        stat = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu(self.process.pid)
 
     async def api_level(self, n: int) -> tuple[list[float], float]:
         """The GET samples, and the server's CPU seconds per start (the GETs' share included)."""

@@ -57,7 +57,7 @@ import redis.asyncio as aioredis
 from cryptography.fernet import Fernet
 from docker.errors import APIError, NotFound
 
-from bench.common import REPO, BenchError, Samples, main_of, ms
+from bench.common import REPO, BenchError, Samples, main_of, ms, process_cpu, serve_env
 from controlplane.auth.service import ApiKeyService
 from controlplane.crypto import SecretBox
 from controlplane.sandboxes import naming
@@ -107,12 +107,6 @@ def parse(argv: list[str] | None) -> Options:
     return Options(levels=levels, search_only=args.search_only, json_path=args.json_path)
 
 
-def server_cpu(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class CurvesBench:
     def __init__(self, options: Options, tmp: Path, redis_url: str) -> None:
         self.options = options
@@ -139,26 +133,20 @@ class CurvesBench:
     # -- the server ----------------------------------------------------------------------
 
     async def start_server(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ACS_")}
-        env.update(
-            {
-                "ACS_REDIS_URL": self.redis_url,
-                "ACS_BOOTSTRAP_API_KEY": self.admin_key,
-                "ACS_SECRET_KEY": self.secret_key,
-                "ACS_CONTAINER_PREFIX": self.prefix,
-                "ACS_SPEC_DIR": str(REPO / "specs"),
-                "ACS_DATA_DIR": str(self.tmp / "data"),
-                "ACS_LOG_LEVEL": "warning",
-                "ACS_LOG_FORMAT": "json",
-                "ACS_RATE_LIMIT_PER_MINUTE": "0",
-                "ACS_MAX_RUNNING_PER_USER": "0",
-                "ACS_MAX_SANDBOXES_PER_USER": "0",
-                "ACS_WARM_POOL": "0",
-                "ACS_START_TIMEOUT": "240",
-                # The records have no containers: no sweep may mark them MISSING mid-run.
-                "ACS_RECONCILE_INTERVAL": "3600",
-                "ACS_REAPER_INTERVAL": "3600",
-            }
+        env = serve_env(
+            redis_url=self.redis_url,
+            bootstrap_key=self.admin_key,
+            prefix=self.prefix,
+            data_dir=self.tmp / "data",
+            ACS_SECRET_KEY=self.secret_key,
+            ACS_RATE_LIMIT_PER_MINUTE="0",
+            ACS_MAX_RUNNING_PER_USER="0",
+            ACS_MAX_SANDBOXES_PER_USER="0",
+            ACS_WARM_POOL="0",
+            ACS_START_TIMEOUT="240",
+            # The records have no containers: no sweep may mark them MISSING mid-run.
+            ACS_RECONCILE_INTERVAL="3600",
+            ACS_REAPER_INTERVAL="3600",
         )
         if self.tag:
             env["ACS_IMAGE_TAG"] = self.tag
@@ -235,11 +223,11 @@ class CurvesBench:
     async def phase(self, name: str, work: Awaitable[Any]) -> Any:
         """`work`, with the server's CPU time over it kept as `name`."""
         assert self.process is not None
-        before = server_cpu(self.process.pid)
+        before = process_cpu(self.process.pid)
         try:
             return await work
         finally:
-            self.cpu[name] = server_cpu(self.process.pid) - before
+            self.cpu[name] = process_cpu(self.process.pid) - before
 
     # -- records -------------------------------------------------------------------------
 

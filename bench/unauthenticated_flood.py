@@ -37,7 +37,7 @@ import aiohttp
 import docker
 import redis.asyncio as aioredis
 
-from bench.common import REPO, percentile
+from bench.common import REPO, percentile, process_cpu
 from controlplane.auth.service import ApiKeyService
 from drivers.docker import networks as docker_networks
 from drivers.docker.firewall import HostFirewall
@@ -163,12 +163,6 @@ def waited_seconds(pid: int) -> float:
         with contextlib.suppress(OSError):
             total += int((task / "schedstat").read_text().split()[1])
     return total / 1e9
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -309,7 +303,7 @@ async def flood_round(server: Server, key: str, args: Any, totals: dict[str, int
             results,
         ),
     )
-    cpu_before = cpu_seconds(server.process.pid)
+    cpu_before = process_cpu(server.process.pid)
     waited_before = waited_seconds(server.process.pid)
     flood.start()
     try:
@@ -320,7 +314,7 @@ async def flood_round(server: Server, key: str, args: Any, totals: dict[str, int
         stop.set()
         counts = await asyncio.to_thread(results.get, timeout=60)
         await asyncio.to_thread(flood.join, 30)
-        counts["server_cpu_ms"] = int((cpu_seconds(server.process.pid) - cpu_before) * 1000)
+        counts["server_cpu_ms"] = int((process_cpu(server.process.pid) - cpu_before) * 1000)
         waited = waited_seconds(server.process.pid) - waited_before
         counts["server_waited_ms"] = int(waited * 1000)
         for name, value in counts.items():
