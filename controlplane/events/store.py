@@ -25,25 +25,37 @@ from controlplane.store.streams import id_order
 
 log = structlog.get_logger(__name__)
 
-# KEYS: stream, the conversation's id hash, the global index. ARGV: conversation id, then pairs
-# of event id and JSON. An id in the global index under this conversation (stored before the
-# per-conversation hash existed) counts as stored too.
-_APPEND = """
-local out = {}
-local mine = ARGV[1] .. ' '
-for i = 2, #ARGV, 2 do
-  local id = ARGV[i]
-  local placed = redis.call('HGET', KEYS[3], id)
-  local legacy = placed and string.sub(placed, 1, #mine) == mine
-  if redis.call('HEXISTS', KEYS[2], id) == 0 and not legacy then
-    local sid = redis.call('XADD', KEYS[1], '*', 'e', ARGV[i + 1])
-    redis.call('HSET', KEYS[2], id, sid)
-    redis.call('HSETNX', KEYS[3], id, mine .. sid)
-    table.insert(out, sid)
+# Appends the pairs of event id and JSON in ARGV from `first` on to `stream`, each id once:
+# `ids` is the conversation's hash of its ids, `index` the global one. An id in the global
+# index under this conversation (stored before the per-conversation hash existed) counts as
+# stored too. The new stream ids go into `out`.
+_APPEND_FUNCTION = """
+local function append(stream, ids, index, conversation, first, out)
+  local mine = conversation .. ' '
+  for i = first, #ARGV, 2 do
+    local id = ARGV[i]
+    local placed = redis.call('HGET', index, id)
+    local legacy = placed and string.sub(placed, 1, #mine) == mine
+    if redis.call('HEXISTS', ids, id) == 0 and not legacy then
+      local sid = redis.call('XADD', stream, '*', 'e', ARGV[i + 1])
+      redis.call('HSET', ids, id, sid)
+      redis.call('HSETNX', index, id, mine .. sid)
+      table.insert(out, sid)
+    end
   end
 end
+"""
+
+# KEYS: stream, the conversation's id hash, the global index. ARGV: conversation id, then pairs
+# of event id and JSON.
+_APPEND = (
+    _APPEND_FUNCTION
+    + """
+local out = {}
+append(KEYS[1], KEYS[2], KEYS[3], ARGV[1], 2, out)
 return out
 """
+)
 
 # A webhook's batch in one round trip, every check in the order the middleware made them:
 # the session key (KEYS[1]: the sandbox id for its hash; Lua compares interned strings by
@@ -56,6 +68,7 @@ return out
 # this sandbox's conversation: nothing stored), or {'ok', the record, stream ids added...}.
 _INGEST = (
     HIT_FUNCTION
+    + _APPEND_FUNCTION
     + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'key'} end
 if ARGV[2] ~= '' then
@@ -67,18 +80,7 @@ if type(record) ~= 'string' then return {'none'} end
 local ok, info = pcall(cjson.decode, record)
 if not ok or type(info) ~= 'table' or info['sandbox_id'] ~= ARGV[1] then return {'none'} end
 local out = {'ok', record}
-local mine = ARGV[5] .. ' '
-for i = 6, #ARGV, 2 do
-  local id = ARGV[i]
-  local placed = redis.call('HGET', KEYS[6], id)
-  local legacy = placed and string.sub(placed, 1, #mine) == mine
-  if redis.call('HEXISTS', KEYS[5], id) == 0 and not legacy then
-    local sid = redis.call('XADD', KEYS[4], '*', 'e', ARGV[i + 1])
-    redis.call('HSET', KEYS[5], id, sid)
-    redis.call('HSETNX', KEYS[6], id, mine .. sid)
-    table.insert(out, sid)
-  end
-end
+append(KEYS[4], KEYS[5], KEYS[6], ARGV[5], 6, out)
 if ARGV[4] ~= '' and redis.call('EXISTS', KEYS[7]) == 1 then
   redis.call('HSET', KEYS[7], 'last_activity_at', ARGV[4])
 end
