@@ -304,13 +304,15 @@ class DockerBases:
                     fill_s=round(filled - filling, 3),
                     commit_s=round(time.monotonic() - filled, 3),
                 )
+                # The stamp records each file's ctime, which a link count's change sets: the
+                # files `_reuse` linked from the old workspace's base change theirs when that
+                # base goes with the old workspace, so the stamp comes after (else a rewind
+                # from this base finds none of them as recorded, and reads them all again).
+                if dropping is not None:
+                    await asyncio.gather(dropping, return_exceptions=True)
                 # Off the start's path: the layers it reads never change, whatever the sandbox
                 # does meanwhile (an export before it is done reads every file, as before).
-                stamping = asyncio.create_task(
-                    self._stamp(name, image, signatures, sandbox_id), name=f"stamp-{name}"
-                )
-                self._stamping[name] = stamping
-                stamping.add_done_callback(lambda done: self._stamped(name, done))
+                self._begin_stamp(name, image, signatures, sandbox_id)
                 # A base built again (one swept meanwhile) has only these forks' directories.
                 self._dirs_made = {made for made in self._dirs_made if made[0] != name}
                 self._dirs_made.update((name, fork) for fork in forks)
@@ -492,6 +494,20 @@ class DockerBases:
                     asyncio.gather(asyncio.shield(stamping), return_exceptions=True), STAMP_WAIT
                 )
         return base
+
+    def _begin_stamp(
+        self,
+        volume: str,
+        image: str,
+        signatures: dict[str, dict[str, list[object]]],
+        sandbox_id: str,
+    ) -> None:
+        """`_stamp` in the background, which `stamped_base` and `release` wait for."""
+        stamping = asyncio.create_task(
+            self._stamp(volume, image, signatures, sandbox_id), name=f"stamp-{volume}"
+        )
+        self._stamping[volume] = stamping
+        stamping.add_done_callback(lambda done: self._stamped(volume, done))
 
     def _stamped(self, volume: str, done: asyncio.Task[None]) -> None:
         if self._stamping.get(volume) is done:

@@ -9,12 +9,15 @@ only."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import docker
+import pytest
 
 from controlplane import keys
 from controlplane.snapshots.reader import Fetched
+from drivers.docker.driver import DockerDriver
 from tests.support.sandbox_helpers import wait_status
 from tests.support.snapshot_helpers import running, sh, snapshot
 from tests.support.types import Client, ClientFactory, UserHeaders
@@ -104,6 +107,48 @@ async def test_a_rewind_reads_only_what_changed_and_brings_the_tree_back_exactly
     read = await rewind(third["id"])
     assert await sh(docker_client, test_prefix, sandbox_id, TREE) == upper_tree
     assert read > BIG, read
+
+
+async def test_a_base_that_goes_late_leaves_the_record_of_the_files_linked_from_it_true(
+    snap: Client,
+    user_headers: UserHeaders,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rewind links files from the old workspace's base into the new base's lower directory,
+    then drops the old workspace, and its base with it: that unlinking sets the linked files'
+    ctime (a link count's change), which the new base's record of its files (its stamp)
+    holds. Here the old workspace goes late (as under load, issue 28): the record is still
+    written after it went, so the next rewind from the new base takes the big file from it
+    rather than out of the store."""
+    driver = snap.app[keys.SANDBOXES].driver
+    assert isinstance(driver, DockerDriver)
+    alice = await user_headers("alice")
+    sandbox_id = (await running(snap, alice))["id"]
+    await sh(docker_client, test_prefix, sandbox_id, WRITE)
+    tree = await sh(docker_client, test_prefix, sandbox_id, TREE)
+    first = await snapshot(snap, alice, sandbox_id)
+    rewind = rewinder(snap, alice, sandbox_id)
+    await rewind(first["id"])  # now on the first snapshot's base
+    await sh(docker_client, test_prefix, sandbox_id, "printf two > /workspace/keep.txt")
+    second = await snapshot(snap, alice, sandbox_id)
+
+    removal = driver.remove
+
+    async def late(sandbox_id: str, *, keep_workspace: bool = False) -> None:
+        if not keep_workspace:  # the old workspace, and the base under it, go 3 s late
+            await asyncio.sleep(3)
+        await removal(sandbox_id, keep_workspace=keep_workspace)
+
+    monkeypatch.setattr(driver, "remove", late)
+    read = await rewind(second["id"])  # links the big file from the first base
+    monkeypatch.undo()
+    assert 0 < read < BIG, read
+
+    read = await rewind(first["id"])  # the big file linked again, from the second base
+    assert await sh(docker_client, test_prefix, sandbox_id, TREE) == tree
+    assert 0 < read < BIG, read
 
 
 async def test_a_reuse_past_its_time_limit_costs_speed_only(
