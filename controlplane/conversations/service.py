@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -72,6 +72,30 @@ def _task_matches(task: AppConversationStartTask, f: TaskFilters) -> bool:
 READ_BATCH = 500
 """Most ids a page reads per round trip once its first read (limit + 1) was not filled: a
 filter that few records match costs a round trip per READ_BATCH records, not per page."""
+
+
+T = TypeVar("T")
+
+
+async def _filled(
+    limit: int,
+    after: str | None,
+    ids_after: Callable[[str | None, int], Awaitable[list[str]]],
+    kept: Callable[[list[str]], Awaitable[list[T]]],
+) -> list[T]:
+    """What `kept` keeps of the ids `ids_after(after, count)` pages out in order, read until
+    more than `limit` are kept or the ids end: the first read `limit + 1`, each next twice the
+    last, up to READ_BATCH."""
+    found: list[T] = []
+    batch = limit + 1
+    while len(found) <= limit:
+        ids = await ids_after(after, batch)
+        found += await kept(ids)
+        if len(ids) < batch:
+            break
+        after = ids[-1]
+        batch = min(batch * 2, max(limit + 1, READ_BATCH))
+    return found
 
 
 def _ids_page(ids: list[str], after: str | None, count: int, desc: bool) -> list[str]:
@@ -211,17 +235,15 @@ class ConversationService:
         """A page in id order past the cursor (an id, exclusive), read in batches that double
         from `limit + 1` up to READ_BATCH tasks until the page is filled."""
         desc = query.sort_order == TaskSortOrder.CREATED_AT_DESC
-        after = decode_cursor(query.page_id, HEX32)
         owner = principal.user_id
-        found: list[AppConversationStartTask] = []
-        batch = query.limit + 1
-        while len(found) <= query.limit:
-            ids = await self.store.page_task_ids(owner, after, batch, desc)
-            found += [t for t in await self.store.get_tasks(ids) if t and _task_matches(t, query)]
-            if len(ids) < batch:
-                break
-            after = ids[-1]
-            batch = min(batch * 2, max(query.limit + 1, READ_BATCH))
+
+        async def ids_after(after: str | None, count: int) -> list[str]:
+            return await self.store.page_task_ids(owner, after, count, desc)
+
+        async def kept(ids: list[str]) -> list[AppConversationStartTask]:
+            return [t for t in await self.store.get_tasks(ids) if t and _task_matches(t, query)]
+
+        found = await _filled(query.limit, decode_cursor(query.page_id, HEX32), ids_after, kept)
         page = found[: query.limit]
         more = len(found) > query.limit
         return AppConversationStartTaskPage(
@@ -342,26 +364,24 @@ class ConversationService:
     ) -> tuple[list[AppConversationInfo], str | None]:
         """A page in creation order (ids are uuid7) past `after`, of `in_sandbox`'s ids or of
         the owner's index, and the next page's id: reads pages of ids until one is filled."""
-        found: list[AppConversationInfo] = []
-        batch = limit + 1
-        while len(found) <= limit:
+
+        async def ids_after(after: str | None, count: int) -> list[str]:
             if in_sandbox is not None:
-                ids = _ids_page(in_sandbox, after, batch, desc)
-            elif owner is not None:
-                ids = await self.store.page_ids(owner, after, batch, desc)
-            else:
-                ids = []
-            found += [
+                return _ids_page(in_sandbox, after, count, desc)
+            if owner is not None:
+                return await self.store.page_ids(owner, after, count, desc)
+            return []
+
+        async def kept(ids: list[str]) -> list[AppConversationInfo]:
+            return [
                 info
                 for info in await self.store.get_many(ids)
                 if info
                 and (in_sandbox is not None or info.created_by_user_id == owner)
                 and listed(info)
             ]
-            if len(ids) < batch:
-                break
-            after = ids[-1]
-            batch = min(batch * 2, max(limit + 1, READ_BATCH))
+
+        found = await _filled(limit, after, ids_after, kept)
         page = found[:limit]
         return page, encode_cursor(page[-1].id) if len(found) > limit else None
 
