@@ -50,6 +50,7 @@ from controlplane.specs.models import AGENT_SERVER
 from drivers.docker.containers import container_request, create_container
 from drivers.docker.egress import Attachment, network_name
 from drivers.egress import HOST_GATEWAY
+from tests.support.docker_fixtures import remove_matching
 from tests.support.live_server import free_port
 from tests.support.redis_server import RedisServer
 
@@ -128,17 +129,9 @@ class LaunchLoad:
         await asyncio.to_thread(self.cleanup)
 
     def cleanup(self) -> None:
-        for c in self.docker.containers.list(all=True, filters={"name": self.prefix}):
-            with contextlib.suppress(docker.errors.NotFound):
-                c.remove(force=True, v=True)
-        for v in self.docker.volumes.list(filters={"name": self.prefix}):
-            with contextlib.suppress(docker.errors.NotFound):
-                v.remove(force=True)
-        for n in self.docker.networks.list(
-            names=[network_name(self.prefix, network_policy(self.spec))]
-        ):
-            with contextlib.suppress(docker.errors.APIError):
-                n.remove()
+        # The shared clean-up also removes the sandbox network's host firewall rules, which
+        # outlive a network removed on its own (a stale `acs_out_*` table per run otherwise).
+        remove_matching(self.docker, self.prefix)
 
     # -- API helpers -------------------------------------------------------------------
 
