@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from pathlib import Path
@@ -214,6 +215,30 @@ def test_cli_starts_with_key_and_creates_workspace(
             pass
     finally:
         sock.close()
+
+
+def test_cli_serves_with_the_collector_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # `python -m agent` boots with the cyclic collector off (agent/__main__.py); it must be on,
+    # with the boot's objects frozen, by the time the server serves.
+    _clear_key_env(monkeypatch)
+    monkeypatch.setenv("SESSION_API_KEY", "k")
+    seen: list[tuple[bool, int]] = []
+
+    def run_app(app: web.Application, **kw: Any) -> None:
+        seen.append((gc.isenabled(), gc.get_freeze_count()))
+        kw["sock"].close()
+
+    monkeypatch.setattr(web, "run_app", run_app)
+    gc.disable()
+    try:
+        assert cli.main(["--workspace", str(tmp_path), "--port", "0", "--host", "127.0.0.1"]) == 0
+    finally:
+        gc.unfreeze()
+        gc.enable()
+    assert len(seen) == 1
+    enabled, frozen = seen[0]
+    assert enabled
+    assert frozen > 0
 
 
 def test_cli_defaults() -> None:
