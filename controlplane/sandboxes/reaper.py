@@ -13,6 +13,7 @@ restart neither resets nor forgets them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -130,7 +131,7 @@ class IdleReaper:
                 record.id, f"hibernated after {int(paused)} s paused (ACS_HIBERNATE_AFTER)"
             )
 
-    async def _owners(self, records: list[SandboxRecord | None]) -> dict[str, UserRecord]:
+    async def _owners(self, records: Sequence[SandboxRecord | None]) -> dict[str, UserRecord]:
         """The settings of the owners of a page's RUNNING sandboxes, in one round trip (none
         when ACS_IDLE_TIMEOUT decides every timeout)."""
         if self._config.idle_timeout is not None:
