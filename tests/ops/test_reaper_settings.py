@@ -38,7 +38,9 @@ async def test_a_sweep_reads_a_page_of_owners_settings_at_once(
     assert (paused, retired) == ([], [])
     stats: Any = await raw_redis.info("commandstats")
     assert stats["cmdstat_mget"]["calls"] == 1  # every RUNNING sandbox's owner, one page
-    assert "cmdstat_get" not in stats  # no owner read on its own
+    # No owner read on its own (48 RUNNING sandboxes: 48 GETs before); the app's own
+    # background work may GET a key meanwhile.
+    assert stats.get("cmdstat_get", {"calls": 0})["calls"] <= 2
 
     # The timeouts from the batch are the ones read one owner at a time.
     read = await reaper._owners(records)
