@@ -110,6 +110,7 @@ class Options:
     json_path: Path | None
     one_user: bool = False
     server: Path | None = None
+    requests: int = SEARCH_REQUESTS
 
 
 def parse(argv: list[str] | None) -> Options:
@@ -128,6 +129,12 @@ def parse(argv: list[str] | None) -> Options:
     parser.add_argument(
         "--server", type=Path, default=None, help="the controlplane executable (default: ours)"
     )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=SEARCH_REQUESTS,
+        help=f"requests per read and level, spread over the clients (default {SEARCH_REQUESTS})",
+    )
     parser.add_argument("--json", dest="json_path", type=Path, default=None)
     args = parser.parse_args(argv)
     try:
@@ -144,6 +151,7 @@ def parse(argv: list[str] | None) -> Options:
         json_path=args.json_path,
         one_user=args.one_user,
         server=args.server,
+        requests=max(1, args.requests),
     )
 
 
@@ -333,7 +341,7 @@ class CurvesBench:
             await asyncio.sleep(1.0)
 
         print(f"{tag}: search", file=sys.stderr)
-        rounds = math.ceil(SEARCH_REQUESTS / clients)
+        rounds = math.ceil(self.options.requests / clients)
         variants = {
             "search_own": ("/api/v1/sandboxes/search?limit=20", None),
             "search_all": ("/api/v1/sandboxes/search?limit=20&all_users=true", self.admin_key),
@@ -395,7 +403,7 @@ class CurvesBench:
             info = AppConversationInfo(
                 id=uuid7_hex(),
                 created_by_user_id=ONE_USER,
-                sandbox_id="s-bench-none",
+                sandbox_id=f"s-bench-{i}",  # one sandbox each (none exists)
                 title=f"doomed {i}" if doomed else f"needle {i}" if needle else f"chat {i}",
                 created_at=start + timedelta(seconds=i),
                 updated_at=start + timedelta(seconds=i),
@@ -438,7 +446,7 @@ class CurvesBench:
             "title_search": f"{base}/search?title__contains=needle&limit=20",
             "title_count": f"{base}/count?title__contains=needle",
         }
-        rounds = math.ceil(SEARCH_REQUESTS / clients)
+        rounds = math.ceil(self.options.requests / clients)
         print(f"{tag}: one user's reads", file=sys.stderr)
         for variant, path in variants.items():
 
@@ -485,9 +493,9 @@ class CurvesBench:
     async def floor(
         self, name: str, clients: int, op: Callable[[int], Awaitable[None]], rounds: int = 0
     ) -> None:
-        """`op(n)` from clients n = 0.. at once, `rounds` times each (ceil(200 / clients) by
-        default)."""
-        rounds = rounds or math.ceil(SEARCH_REQUESTS / clients)
+        """`op(n)` from clients n = 0.. at once, `rounds` times each (ceil(--requests /
+        clients) by default)."""
+        rounds = rounds or math.ceil(self.options.requests / clients)
 
         async def one(n: int) -> None:
             for _ in range(rounds):

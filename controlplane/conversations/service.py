@@ -704,8 +704,7 @@ class ConversationService:
             )
         if info.created_by_user_id:
             await self.store.delete_tasks_of(info.created_by_user_id, info.id)
-        others = await self.store.ids_in_sandbox(info.sandbox_id)
-        if sandbox is not None and not others:
+        if sandbox is not None and not await self.store.count_in_sandbox(info.sandbox_id):
             await self.sandboxes.delete(principal, sandbox.id)
 
     async def _on_agent(

@@ -559,6 +559,10 @@ class ConversationStore:
         infos = await self.get_many(sorted(await self.ids_in_sandbox(sandbox_id)))
         return any(i is not None and i.execution_status in BUSY for i in infos)
 
+    async def count_in_sandbox(self, sandbox_id: str) -> int:
+        """How many conversations live in the sandbox (its set's size: no member read)."""
+        return int(await self._redis.scard(keyspace.sandbox_conversations(sandbox_id)))
+
     async def ids_in_sandbox(self, sandbox_id: str) -> set[str]:
         return {
             text(i) for i in await self._redis.smembers(keyspace.sandbox_conversations(sandbox_id))
