@@ -28,6 +28,16 @@ process is the clients and the raw baselines. Per level, in order:
 `--search-only`: the records and the searches alone, no container (a before/after of a
 search's cost, to larger record counts).
 
+`--one-user`: the reads that once grew with what one user has (issue 30): each level's records
+are that many conversations and as many start tasks (one per conversation, finished), all of
+one user, and its clients are that user's, C at once, `ceil(200 / C)` requests each: the start
+tasks' first page newest-updated first (`limit=20`), their count for one conversation and from
+a creation time (half of them after it), the conversations' first page and count with
+`title__contains` that 1 in 100 titles hold; then `max(1, 20 // C)` conversation deletes a
+client (each with its one start task; extra records, so the level's count stays). Raw beside
+it: the start tasks' first page read by hand (ZRANGE 21 + one MGET). `--server PATH` runs
+another build's `controlplane` (a before, on the same records).
+
 The server's CPU time (user + system, from /proc) per phase is printed per request. Exit
 status: 0 when the table was printed, 1 on an error. No target: the curve is the result (what
 grows faster than the load says where the work is linear in something it should not be).
@@ -59,7 +69,15 @@ from docker.errors import APIError, NotFound
 
 from bench.common import REPO, BenchError, Samples, main_of, ms, process_cpu, serve_env
 from controlplane.auth.service import ApiKeyService
+from controlplane.conversations.models import (
+    AppConversationInfo,
+    AppConversationStartRequest,
+    AppConversationStartTask,
+    StartTaskStatus,
+)
+from controlplane.conversations.store import ConversationStore
 from controlplane.crypto import SecretBox
+from controlplane.ids import uuid7_hex
 from controlplane.sandboxes import naming
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
@@ -79,11 +97,20 @@ ERROR_EVERY = 100
 WITHIN = 300.0
 
 
+NEEDLE_EVERY = 100
+"""One conversation title in NEEDLE_EVERY holds the needle (`--one-user`)."""
+ONE_USER = "heavy"
+"""The user whose records `--one-user` writes."""
+
+
 @dataclass
 class Options:
     levels: list[tuple[int, int]]
     search_only: bool
     json_path: Path | None
+    one_user: bool = False
+    server: Path | None = None
+    requests: int = SEARCH_REQUESTS
 
 
 def parse(argv: list[str] | None) -> Options:
@@ -93,6 +120,20 @@ def parse(argv: list[str] | None) -> Options:
     )
     parser.add_argument(
         "--search-only", action="store_true", help="the searches alone (no container is made)"
+    )
+    parser.add_argument(
+        "--one-user",
+        action="store_true",
+        help="one user's conversations and start tasks, read as that user (no container)",
+    )
+    parser.add_argument(
+        "--server", type=Path, default=None, help="the controlplane executable (default: ours)"
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=SEARCH_REQUESTS,
+        help=f"requests per read and level, spread over the clients (default {SEARCH_REQUESTS})",
     )
     parser.add_argument("--json", dest="json_path", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -104,7 +145,14 @@ def parse(argv: list[str] | None) -> Options:
         parser.error("--levels: positive records and clients")
     if any(b[0] < a[0] for a, b in itertools.pairwise(levels)):
         parser.error("--levels: records must not shrink from one level to the next")
-    return Options(levels=levels, search_only=args.search_only, json_path=args.json_path)
+    return Options(
+        levels=levels,
+        search_only=args.search_only,
+        json_path=args.json_path,
+        one_user=args.one_user,
+        server=args.server,
+        requests=max(1, args.requests),
+    )
 
 
 class CurvesBench:
@@ -128,6 +176,9 @@ class CurvesBench:
         self.http: aiohttp.ClientSession | None = None
         self.user_keys: list[str] = []
         self.written = 0
+        self.heavy_key = ""
+        self.conversations: list[str] = []
+        self.doomed: list[str] = []
         self.threads = ThreadPoolExecutor(max_workers=100, thread_name_prefix="raw")
 
     # -- the server ----------------------------------------------------------------------
@@ -150,7 +201,7 @@ class CurvesBench:
         )
         if self.tag:
             env["ACS_IMAGE_TAG"] = self.tag
-        binary = Path(sys.executable).parent / "controlplane"
+        binary = self.options.server or Path(sys.executable).parent / "controlplane"
         self.process = await asyncio.create_subprocess_exec(
             str(binary),
             *("serve", "--host", "127.0.0.1", "--port", str(self.port)),
@@ -290,7 +341,7 @@ class CurvesBench:
             await asyncio.sleep(1.0)
 
         print(f"{tag}: search", file=sys.stderr)
-        rounds = math.ceil(SEARCH_REQUESTS / clients)
+        rounds = math.ceil(self.options.requests / clients)
         variants = {
             "search_own": ("/api/v1/sandboxes/search?limit=20", None),
             "search_all": ("/api/v1/sandboxes/search?limit=20&all_users=true", self.admin_key),
@@ -341,6 +392,91 @@ class CurvesBench:
         await self.phase(f"{tag}.delete", asyncio.gather(*(deletes(n) for n in range(clients))))
         await self.gone()
 
+    async def one_user_records(self, want: int, extra: int) -> None:
+        """Conversations and start tasks of ONE_USER up to `want` each (one task per
+        conversation, finished, created a second apart), and `extra` more to delete."""
+        store = ConversationStore(self.redis)
+        start = datetime.now(UTC) - timedelta(days=1)
+
+        async def one(i: int, doomed: bool = False) -> str:
+            needle = i % NEEDLE_EVERY == NEEDLE_EVERY // 2
+            info = AppConversationInfo(
+                id=uuid7_hex(),
+                created_by_user_id=ONE_USER,
+                sandbox_id=f"s-bench-{i}",  # one sandbox each (none exists)
+                title=f"doomed {i}" if doomed else f"needle {i}" if needle else f"chat {i}",
+                created_at=start + timedelta(seconds=i),
+                updated_at=start + timedelta(seconds=i),
+            )
+            await store.save(info)
+            await store.save_task(
+                AppConversationStartTask(
+                    id=uuid7_hex(),
+                    created_by_user_id=ONE_USER,
+                    request=AppConversationStartRequest(),
+                    status=StartTaskStatus.READY,
+                    app_conversation_id=info.id,
+                    created_at=start + timedelta(seconds=i),
+                )
+            )
+            return info.id
+
+        made: list[Awaitable[str]] = []
+        for i in range(len(self.conversations), want):
+            made.append(one(i))
+        for n in range(0, len(made), 200):
+            self.conversations += await asyncio.gather(*made[n : n + 200])
+        # Created before the others (never counted from the middle), titled to never match.
+        self.doomed = list(await asyncio.gather(*(one(-1 - i, doomed=True) for i in range(extra))))
+
+    async def one_user_level(self, records: int, clients: int) -> None:
+        tag = f"{records}:{clients}"
+        if not self.heavy_key:
+            self.heavy_key = (await ApiKeyService(self.redis, None).create(ONE_USER)).key
+        each = max(1, CREATES // clients)
+        await self.one_user_records(records, each * clients)
+        middle = datetime.now(UTC) - timedelta(days=1) + timedelta(seconds=records // 2)
+        one = self.conversations[len(self.conversations) // 3]
+        base = "/api/v1/app-conversations"
+        variants = {
+            "tasks_updated": f"{base}/start-tasks/search?sort_order=UPDATED_AT_DESC&limit=20",
+            "tasks_count_conv": f"{base}/start-tasks/count?conversation_id__eq={one}",
+            "tasks_count_since": f"{base}/start-tasks/count?created_at__gte="
+            + middle.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "title_search": f"{base}/search?title__contains=needle&limit=20",
+            "title_count": f"{base}/count?title__contains=needle",
+        }
+        rounds = math.ceil(self.options.requests / clients)
+        print(f"{tag}: one user's reads", file=sys.stderr)
+        for variant, path in variants.items():
+
+            async def reads(n: int, path: str = path, name: str = variant) -> None:
+                for _ in range(rounds):
+                    await self.call("GET", path, self.heavy_key, f"{tag}.{name}")
+
+            await self.phase(
+                f"{tag}.{variant}", asyncio.gather(*(reads(n) for n in range(clients)))
+            )
+        await self.floor(f"{tag}.raw_tasks", clients, self.raw_tasks, rounds)
+        doomed = [self.doomed[n * each : (n + 1) * each] for n in range(clients)]
+
+        async def deletes(n: int) -> None:
+            for conversation_id in doomed[n]:
+                await self.call(
+                    "DELETE", f"{base}/{conversation_id}", self.heavy_key, f"{tag}.conv_delete"
+                )
+
+        await self.phase(
+            f"{tag}.conv_delete", asyncio.gather(*(deletes(n) for n in range(clients)))
+        )
+
+    async def raw_tasks(self, n: int) -> None:
+        """The one user's newest start tasks, read by hand (their index, then one MGET)."""
+        ids: Any = await self.redis.zrange(
+            keyspace.user_start_tasks(ONE_USER), "+", "-", desc=True, bylex=True, offset=0, num=21
+        )
+        await self.redis.mget([keyspace.start_task(text(i)) for i in ids])
+
     async def ping(self, n: int) -> None:
         await self.redis.ping()
 
@@ -357,9 +493,9 @@ class CurvesBench:
     async def floor(
         self, name: str, clients: int, op: Callable[[int], Awaitable[None]], rounds: int = 0
     ) -> None:
-        """`op(n)` from clients n = 0.. at once, `rounds` times each (ceil(200 / clients) by
-        default)."""
-        rounds = rounds or math.ceil(SEARCH_REQUESTS / clients)
+        """`op(n)` from clients n = 0.. at once, `rounds` times each (ceil(--requests /
+        clients) by default)."""
+        rounds = rounds or math.ceil(self.options.requests / clients)
 
         async def one(n: int) -> None:
             for _ in range(rounds):
@@ -411,10 +547,54 @@ class CurvesBench:
         await self.start_server()
         try:
             for records, clients in self.options.levels:
-                await self.level(records, clients)
+                if self.options.one_user:
+                    await self.one_user_level(records, clients)
+                else:
+                    await self.level(records, clients)
         finally:
             await self.stop_server()
+        if self.options.one_user:
+            return self.one_user_table(load), []
         return self.table(load), []
+
+    def one_user_table(self, load: float) -> list[str]:
+        levels = [f"{r}:{c}" for r, c in self.options.levels]
+        lines = [
+            f"one user's records:clients, client-observed p50 / p99 ms (raw beside); load avg "
+            f"{load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end",
+            f"{'operation':<34}" + "".join(f"{lv:>22}" for lv in levels),
+        ]
+        rows = [
+            ("start tasks: UPDATED_AT_DESC page", "tasks_updated"),
+            ("start tasks: count, conversation", "tasks_count_conv"),
+            ("start tasks: count, created since", "tasks_count_since"),
+            ("conversations: title page", "title_search"),
+            ("conversations: title count", "title_count"),
+            ("DELETE a conversation", "conv_delete"),
+            ("  raw: ZRANGE 21 + MGET 21 tasks", "raw_tasks"),
+        ]
+        for label, name in rows:
+            cells = []
+            for lv in levels:
+                key = f"{lv}.{name}"
+                cells.append(f"{ms(self.samples.p(key, 50))} / {ms(self.samples.p(key, 99))}")
+            lines.append(f"{label:<34}" + "".join(f"{c:>22}" for c in cells))
+        lines.append("server CPU ms per request (user + system over the phase):")
+        for _, name in rows[:-1]:
+            cells = []
+            for lv in levels:
+                n = self.samples.count(f"{lv}.{name}")
+                cpu = self.cpu.get(f"{lv}.{name}")
+                cells.append(f"{cpu * 1000 / n:.2f}" if n and cpu is not None else "-")
+            lines.append(f"  {name:<32}" + "".join(f"{c:>22}" for c in cells))
+        lines.append(
+            ", ".join(
+                f"{lv}: {self.samples.count(f'{lv}.tasks_updated')} reads a variant, "
+                f"{self.samples.count(f'{lv}.conv_delete')} deletes"
+                for lv in levels
+            )
+        )
+        return lines
 
     def table(self, load: float) -> list[str]:
         levels = [f"{r}:{c}" for r, c in self.options.levels]

@@ -68,6 +68,7 @@ from controlplane.conversations.pending import PendingMessages
 from controlplane.conversations.service import ConversationService
 from controlplane.conversations.starter import StartTaskRunner
 from controlplane.conversations.store import ConversationStore, reindex_in_background
+from controlplane.conversations.task_index import migrate_in_background
 from controlplane.crypto import check_shared_key, key_source, load_secret_box
 from controlplane.events.service import EventService
 from controlplane.events.store import EventStore
@@ -683,6 +684,10 @@ def conversations_ctx(config: ServiceConfig) -> Context:
         app[keys.EVENTS] = event_service
         # The /metrics gauge's status sets, built or put right once per start (see there).
         reindex = asyncio.create_task(reindex_in_background(store), name="conversation_statuses")
+        # Start tasks written before their indexes existed: put in them once per deployment.
+        task_indexes = asyncio.create_task(
+            migrate_in_background(store.task_indexes), name="start_task_indexes"
+        )
         if checkpointer is not None and snapshots is not None:
             app[keys.CHECKPOINTER] = checkpointer
             app[keys.CHECKPOINTS] = CheckpointService(
@@ -695,6 +700,7 @@ def conversations_ctx(config: ServiceConfig) -> Context:
             )
         yield
         await stop_task(reindex)
+        await stop_task(task_indexes)
         await event_service.close()
         await conversations.close()
         if checkpointer is not None:

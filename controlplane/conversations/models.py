@@ -269,8 +269,8 @@ class TaskFilters(BaseModel):
 
 
 class TaskSearchQuery(TaskFilters, PageQuery):
-    # Created-at orders page by task id, updated-at ones by offset.
-    page_id: str | None = cursor_field(f"{HEX32}|{OFFSET}")
+    # Created-at orders page by task id, updated-at ones by (updated_at, id).
+    page_id: str | None = cursor_field(f"{HEX32}|{SCORED}")
     sort_order: TaskSortOrder = TaskSortOrder.CREATED_AT_DESC
 
 

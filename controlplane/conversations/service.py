@@ -20,7 +20,7 @@ from controlplane.api.pagination import (
     encode_text_cursor,
 )
 from controlplane.auth.models import Principal
-from controlplane.conversations import workspace
+from controlplane.conversations import task_index, workspace
 from controlplane.conversations.models import (
     AppConversation,
     AppConversationInfo,
@@ -48,6 +48,7 @@ from controlplane.lifecycle.publisher import LifecyclePublisher
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.runtime_http import RuntimeAnswer, RuntimeHttp
 from controlplane.sandboxes.service import SandboxService
+from controlplane.store.paging import micros
 
 log = structlog.get_logger(__name__)
 
@@ -73,6 +74,12 @@ READ_BATCH = 500
 """Most ids a page reads per round trip once its first read (limit + 1) was not filled: a
 filter that few records match costs a round trip per READ_BATCH records, not per page."""
 
+PAGE_BUDGET = 2000
+"""Most records one page of a search reads: a filter no index answers (a title's contents, a
+creation time) and that few records match ends its page there, with what it found (maybe
+nothing) and a cursor at the last record read, so that no request reads every record of a
+user; the client's next page goes on from there."""
+
 
 T = TypeVar("T")
 
@@ -82,20 +89,27 @@ async def _filled(
     after: str | None,
     ids_after: Callable[[str | None, int], Awaitable[list[str]]],
     kept: Callable[[list[str]], Awaitable[list[T]]],
-) -> list[T]:
+    budget: int | None = None,
+) -> tuple[list[T], str | None]:
     """What `kept` keeps of the ids `ids_after(after, count)` pages out in order, read until
     more than `limit` are kept or the ids end: the first read `limit + 1`, each next twice the
-    last, up to READ_BATCH."""
+    last, up to READ_BATCH. With it, the last id read when `budget` ids (PAGE_BUDGET) were
+    read before the page filled (the next page's position), else None."""
     found: list[T] = []
     batch = limit + 1
+    read = 0
+    budget = PAGE_BUDGET if budget is None else budget
     while len(found) <= limit:
         ids = await ids_after(after, batch)
         found += await kept(ids)
+        read += len(ids)
         if len(ids) < batch:
             break
         after = ids[-1]
+        if read >= budget and len(found) <= limit:
+            return found, after
         batch = min(batch * 2, max(limit + 1, READ_BATCH))
-    return found
+    return found, None
 
 
 def _ids_page(ids: list[str], after: str | None, count: int, desc: bool) -> list[str]:
@@ -216,18 +230,95 @@ class ConversationService:
         self, principal: Principal, query: TaskSearchQuery
     ) -> AppConversationStartTaskPage:
         """The created-at orders (the default) page the user's index of task ids (uuid7: the
-        creation order) from an id cursor, reading about a page of tasks; the updated-at
-        orders read every task of the user and sort them, with an offset as the cursor."""
+        creation order) from an id cursor, the updated-at orders the user's index by update
+        from a `<score>-<id>` cursor, each reading about a page of tasks; a filter by
+        conversation reads that conversation's tasks alone (its own small set)."""
         order = query.sort_order
+        if query.conversation_id__eq is not None:
+            return await self._conversation_tasks(principal, query)
         if order in (TaskSortOrder.CREATED_AT, TaskSortOrder.CREATED_AT_DESC):
             return await self._created_tasks(principal, query)
-        ids = await self.store.all_task_ids(principal.user_id)
-        tasks = [t for t in await self.store.get_tasks(ids) if t and _task_matches(t, query)]
-        tasks.sort(
-            key=lambda t: (t.updated_at, t.id), reverse=order == TaskSortOrder.UPDATED_AT_DESC
+        return await self._updated_tasks(principal, query)
+
+    async def _conversation_tasks(
+        self, principal: Principal, query: TaskSearchQuery
+    ) -> AppConversationStartTaskPage:
+        """A page of one conversation's tasks (its set: a task per start of it), sorted here,
+        past the cursor in the query's order (an id, or `<score>-<id>`)."""
+        owner, conversation = principal.user_id, query.conversation_id__eq
+        assert conversation is not None
+        await self.store.task_indexes.ensure(owner)
+        ids = await self.store.task_indexes.of_conversation(conversation)
+        tasks = [
+            t
+            for t in task_index.checked(await self.store.get_tasks(ids), owner, conversation)
+            if _task_matches(t, query)
+        ]
+        desc = query.sort_order in (TaskSortOrder.CREATED_AT_DESC, TaskSortOrder.UPDATED_AT_DESC)
+        by_id = query.sort_order in (TaskSortOrder.CREATED_AT, TaskSortOrder.CREATED_AT_DESC)
+
+        def position(task: AppConversationStartTask) -> tuple[int, str]:
+            return (0, task.id) if by_id else (micros(task.updated_at), task.id)
+
+        raw = decode_cursor(query.page_id, HEX32 if by_id else SCORED)
+        after: tuple[int, str] | None = None
+        if raw is not None:
+            score, _, last = raw.rpartition("-")
+            after = (int(score) if score else 0, last)
+        tasks.sort(key=position, reverse=desc)
+        if after is not None:
+            tasks = [t for t in tasks if (position(t) < after if desc else position(t) > after)]
+        page = tasks[: query.limit]
+        next_id: str | None = None
+        if len(tasks) > query.limit:
+            last_score, last_id = position(page[-1])
+            next_id = last_id if by_id else f"{last_score}-{last_id}"
+        return AppConversationStartTaskPage(
+            items=page, next_page_id=encode_cursor(next_id) if next_id else None
         )
-        page, next_id = _offset_page(tasks, query.page_id, query.limit)
-        return AppConversationStartTaskPage(items=page, next_page_id=next_id)
+
+    async def _updated_tasks(
+        self, principal: Principal, query: TaskSearchQuery
+    ) -> AppConversationStartTaskPage:
+        """A page in (updated_at, id) order from the user's index by update, past the cursor
+        (`<score>-<id>`): reads pages of ids until one is filled or PAGE_BUDGET were read."""
+        owner = principal.user_id
+        desc = query.sort_order == TaskSortOrder.UPDATED_AT_DESC
+        raw = decode_cursor(query.page_id, SCORED)
+        last_score, _, last_id = (raw or "").partition("-")
+        after = (int(last_score), last_id) if raw else None
+        await self.store.task_indexes.ensure(owner)
+        found: list[tuple[AppConversationStartTask, int]] = []
+        seen: set[str] = set()
+        batch, read = query.limit + 1, 0
+        resume: tuple[int, str] | None = None
+        while len(found) <= query.limit:
+            rows = await self.store.task_indexes.page_by_update(owner, after, batch, desc)
+            read += len(rows)
+            tasks = await self.store.get_tasks([i for i, _ in rows])
+            for task, (_, score) in zip(tasks, rows, strict=True):
+                if (
+                    task
+                    and task.created_by_user_id == owner
+                    and task.id not in seen
+                    and _task_matches(task, query)
+                ):
+                    seen.add(task.id)  # moved past the cursor by a save mid-request
+                    found.append((task, score))
+            if len(rows) < batch:
+                break
+            after = (rows[-1][1], rows[-1][0])
+            if read >= PAGE_BUDGET and len(found) <= query.limit:
+                resume = after
+                break
+            batch = min(batch * 2, max(query.limit + 1, READ_BATCH))
+        page = found[: query.limit]
+        if len(found) > query.limit:
+            resume = (page[-1][1], page[-1][0].id)
+        return AppConversationStartTaskPage(
+            items=[t for t, _ in page],
+            next_page_id=encode_cursor(f"{resume[0]}-{resume[1]}") if resume else None,
+        )
 
     async def _created_tasks(
         self, principal: Principal, query: TaskSearchQuery
@@ -243,24 +334,31 @@ class ConversationService:
         async def kept(ids: list[str]) -> list[AppConversationStartTask]:
             return [t for t in await self.store.get_tasks(ids) if t and _task_matches(t, query)]
 
-        found = await _filled(query.limit, decode_cursor(query.page_id, HEX32), ids_after, kept)
+        found, resume = await _filled(
+            query.limit, decode_cursor(query.page_id, HEX32), ids_after, kept
+        )
         page = found[: query.limit]
-        more = len(found) > query.limit
+        if len(found) > query.limit:
+            resume = page[-1].id
         return AppConversationStartTaskPage(
-            items=page, next_page_id=encode_cursor(page[-1].id) if more else None
+            items=page, next_page_id=encode_cursor(resume) if resume else None
         )
 
     async def count_tasks(self, principal: Principal, filters: TaskFilters) -> int:
-        """Without a filter, the size of the user's index of tasks; with one, every task of
-        the user that matches, READ_BATCH a round trip (linear in their tasks)."""
+        """Without a filter, the size of the user's index of tasks; with `created_at__gte`
+        alone, a count of their index by creation; with a conversation, that conversation's
+        tasks (its own small set) that match. None reads every task of the user."""
+        owner = principal.user_id
         if filters == TaskFilters():
-            return await self.store.count_tasks(principal.user_id)
-        ids = await self.store.all_task_ids(principal.user_id)
-        counted = 0
-        for start in range(0, len(ids), READ_BATCH):
-            tasks = await self.store.get_tasks(ids[start : start + READ_BATCH])
-            counted += sum(1 for t in tasks if t and _task_matches(t, filters))
-        return counted
+            return await self.store.count_tasks(owner)
+        await self.store.task_indexes.ensure(owner)
+        if filters.conversation_id__eq is None:
+            assert filters.created_at__gte is not None
+            return await self.store.task_indexes.count_created_since(owner, filters.created_at__gte)
+        conversation = filters.conversation_id__eq
+        ids = await self.store.task_indexes.of_conversation(conversation)
+        tasks = task_index.checked(await self.store.get_tasks(ids), owner, conversation)
+        return sum(1 for t in tasks if _task_matches(t, filters))
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -381,9 +479,11 @@ class ConversationService:
                 and listed(info)
             ]
 
-        found = await _filled(limit, after, ids_after, kept)
+        found, resume = await _filled(limit, after, ids_after, kept)
         page = found[:limit]
-        return page, encode_cursor(page[-1].id) if len(found) > limit else None
+        if len(found) > limit:
+            resume = page[-1].id
+        return page, encode_cursor(resume) if resume else None
 
     async def _updated_page(
         self, owner: str | None, query: ConversationSearchQuery
@@ -399,8 +499,11 @@ class ConversationService:
             await self.store.rebuild_by_update(owner)
         seen: set[str] = set()
         batch = query.limit + 1
+        read = 0
+        resume: tuple[int, str] | None = None
         while owner is not None and len(found) <= query.limit:
             rows = await self.store.page_by_update(owner, after, batch, desc)
+            read += len(rows)
             infos = await self.store.get_many([i for i, _ in rows])
             for info, (_, score) in zip(infos, rows, strict=True):
                 if (
@@ -414,12 +517,14 @@ class ConversationService:
             if len(rows) < batch:
                 break
             after = (rows[-1][1], rows[-1][0])
+            if read >= PAGE_BUDGET and len(found) <= query.limit:
+                resume = after  # PAGE_BUDGET: the next page goes on from the last one read
+                break
             batch = min(batch * 2, max(query.limit + 1, READ_BATCH))
         page = found[: query.limit]
-        more = len(found) > query.limit
-        return [i for i, _ in page], (
-            encode_cursor(f"{page[-1][1]}-{page[-1][0].id}") if more else None
-        )
+        if len(found) > query.limit:
+            resume = (page[-1][1], page[-1][0].id)
+        return [i for i, _ in page], (encode_cursor(f"{resume[0]}-{resume[1]}") if resume else None)
 
     async def _title_page(
         self, owner: str | None, query: ConversationSearchQuery
@@ -435,8 +540,11 @@ class ConversationService:
         found: list[tuple[AppConversationInfo, str]] = []
         stale: list[str] = []
         batch = query.limit + 1
+        read = 0
+        resume: str | None = None
         while owner is not None and len(found) <= query.limit:
             members = await self.store.page_by_title(owner, after, batch, desc)
+            read += len(members)
             infos = await self.store.get_many([title_id(m) for m in members])
             for info, member in zip(infos, members, strict=True):
                 if info is None or title_member(info) != member:
@@ -446,12 +554,16 @@ class ConversationService:
             if len(members) < batch:
                 break
             after = members[-1]
+            if read >= PAGE_BUDGET and len(found) <= query.limit:
+                resume = after  # PAGE_BUDGET: the next page goes on from the last one read
+                break
             batch = min(batch * 2, max(query.limit + 1, READ_BATCH))
         if owner is not None and stale:
             await self.store.fix_by_title(owner, stale)
         page = found[: query.limit]
-        more = len(found) > query.limit
-        return [i for i, _ in page], encode_text_cursor(page[-1][1]) if more else None
+        if len(found) > query.limit:
+            resume = page[-1][1]
+        return [i for i, _ in page], encode_text_cursor(resume) if resume else None
 
     async def _in_sandbox(self, principal: Principal, sandbox_id: str | None) -> list[str] | None:
         """With a sandbox filter, the candidates are the conversations of that sandbox (its own
@@ -507,9 +619,10 @@ class ConversationService:
     async def count(self, principal: Principal, filters: ConversationFilters) -> int:
         """Without a filter, the size of the user's index; with the updated-at bounds alone,
         the number of their index by update within them (neither reads a record); within a
-        sandbox, its conversations that match; with a title or created-at filter, every
-        record of the user that matches, read READ_BATCH a round trip (no index answers
-        those: linear in the user's conversations)."""
+        sandbox, its conversations that match; with a title filter, the records the index by
+        title says may match (its members are read, linear in the user's conversations, a
+        member's few bytes each); with a created-at filter alone, every record of the user
+        (client-chosen ids are no creation time), READ_BATCH a round trip."""
         owner = principal.user_id
         if owner is not None and filters == ConversationFilters():
             return await self.store.count_of(owner)
@@ -522,6 +635,11 @@ class ConversationService:
                 owner, filters.updated_at__gte, filters.updated_at__lt
             )
         ids = await self._in_sandbox(principal, filters.sandbox_id__eq)
+        if ids is None and filters.title__contains is not None:
+            # The index by title says which records may match: only those are read.
+            if not await self.store.by_title_in_step(owner):
+                await self.store.rebuild_by_title(owner)
+            ids = await self.store.title_candidates(owner, filters.title__contains)
         if ids is None:
             ids = await self.store.all_ids(owner)
         counted = 0
@@ -586,8 +704,7 @@ class ConversationService:
             )
         if info.created_by_user_id:
             await self.store.delete_tasks_of(info.created_by_user_id, info.id)
-        others = await self.store.ids_in_sandbox(info.sandbox_id)
-        if sandbox is not None and not others:
+        if sandbox is not None and not await self.store.count_in_sandbox(info.sandbox_id):
             await self.sandboxes.delete(principal, sandbox.id)
 
     async def _on_agent(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -14,16 +14,18 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
 from controlplane.agent_protocol.models import ExecutionStatus
+from controlplane.conversations import task_index
 from controlplane.conversations.models import (
     TERMINAL_TASK,
     AppConversationInfo,
     AppConversationStartTask,
     now,
 )
+from controlplane.conversations.task_index import TaskIndexes
 from controlplane.errors import Conflict
 from controlplane.store import audit, keyspace, text
 from controlplane.store.audit import AuditAction
-from controlplane.store.paging import page_ids
+from controlplane.store.paging import PAGE_BY_SCORE, micros, page_ids
 from controlplane.store.redis import REDIS_DOWN
 from controlplane.store.streams import stored
 
@@ -122,35 +124,6 @@ return 1
 """
 )
 
-# KEYS: a user's index by update. ARGV: the last page's score and id, count, '1' for newest
-# first. Up to `count` (id, score) pairs past that one in (score, id) order: members of equal
-# score are in id order in a sorted set, so those up to the id are skipped.
-_PAGE_BY_UPDATE = """
-local score, id, n, desc = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1'
-local out, offset = {}, 0
-while #out < 2 * n do
-  local rows
-  if desc then
-    rows = redis.call('ZRANGE', KEYS[1], ARGV[1], '-inf', 'BYSCORE', 'REV', 'LIMIT', offset, n,
-      'WITHSCORES')
-  else
-    rows = redis.call('ZRANGE', KEYS[1], ARGV[1], '+inf', 'BYSCORE', 'LIMIT', offset, n,
-      'WITHSCORES')
-  end
-  if #rows == 0 then break end
-  for i = 1, #rows, 2 do
-    local past = tonumber(rows[i + 1]) ~= score or (desc and rows[i] < id)
-      or ((not desc) and rows[i] > id)
-    if past and #out < 2 * n then
-      out[#out + 1] = rows[i]
-      out[#out + 1] = rows[i + 1]
-    end
-  end
-  offset = offset + #rows / 2
-end
-return out
-"""
-
 STATUS_SETS = [keyspace.conversations_in_status(None)] + [
     keyspace.conversations_in_status(s.value) for s in ExecutionStatus
 ]
@@ -220,8 +193,9 @@ class ConversationStore:
         self._reindex = redis.register_script(_REINDEX)
         self._index_by_update = redis.register_script(_INDEX_BY_UPDATE)
         self._drop_strays = redis.register_script(_DROP_STRAYS)
-        self._page_by_update = redis.register_script(_PAGE_BY_UPDATE)
+        self._page_by_update = redis.register_script(PAGE_BY_SCORE)
         self._fix_by_title = redis.register_script(_FIX_BY_TITLE)
+        self.task_indexes = TaskIndexes(redis)
 
     async def reserve(self, conversation_id: str, user_id: str) -> None:
         """Claim a client-chosen id for `user_id`. Raises ConversationIdTaken when it is another
@@ -529,6 +503,34 @@ class ConversationStore:
         )
         return [text(m) for m in raw]
 
+    async def title_candidates(self, owner: str, needle: str) -> list[str]:
+        """The ids of the owner's conversations whose title may contain `needle` (any case),
+        judged from their index by title alone: a member whose title part holds it, and one
+        whose title part is cut (TITLE_SORT_CHARS long: the rest is only in the record). The
+        members are read TITLE_SCAN a round trip; no record is. Linear in the user's
+        conversations still, at a member's few bytes each instead of a record's JSON."""
+        key = keyspace.user_conversations_by_title(owner)
+        needle = needle.lower()
+        found: list[str] = []
+        after: str | None = None
+        while True:
+            raw: Any = await self._redis.zrange(
+                key,
+                "(" + after if after is not None else "-",
+                "+",
+                bylex=True,
+                offset=0,
+                num=TITLE_SCAN,
+            )
+            members = [text(m) for m in raw]
+            for member in members:
+                title, _, conversation_id = member.rpartition("\x00")
+                if needle in title or len(title) >= TITLE_SORT_CHARS:
+                    found.append(conversation_id)
+            if len(members) < TITLE_SCAN:
+                return list(dict.fromkeys(found))  # an id under two titles (one stale): once
+            after = members[-1]
+
     async def count_by_update(self, owner: str, gte: datetime | None, lt: datetime | None) -> int:
         """How many of the owner's conversations were last updated in [gte, lt) (None: open),
         from their index by update: one ZCOUNT, whatever their number."""
@@ -557,6 +559,10 @@ class ConversationStore:
         infos = await self.get_many(sorted(await self.ids_in_sandbox(sandbox_id)))
         return any(i is not None and i.execution_status in BUSY for i in infos)
 
+    async def count_in_sandbox(self, sandbox_id: str) -> int:
+        """How many conversations live in the sandbox (its set's size: no member read)."""
+        return int(await self._redis.scard(keyspace.sandbox_conversations(sandbox_id)))
+
     async def ids_in_sandbox(self, sandbox_id: str) -> set[str]:
         return {
             text(i) for i in await self._redis.smembers(keyspace.sandbox_conversations(sandbox_id))
@@ -580,6 +586,7 @@ class ConversationStore:
                 pipe.set(keyspace.start_task_lease(task.id), lease[0], px=int(lease[1] * 1000))
             if task.created_by_user_id is not None:
                 pipe.zadd(keyspace.user_start_tasks(task.created_by_user_id), {task.id: 0})
+            task_index.queue_save(pipe, task)
             if task.status in TERMINAL_TASK:
                 pipe.srem(keyspace.ACTIVE_START_TASKS, task.id)
             else:
@@ -634,22 +641,19 @@ class ConversationStore:
         return sorted(text(i) for i in await self._redis.smembers(keyspace.ACTIVE_START_TASKS))
 
     async def delete_tasks_of(self, owner: str, conversation_id: str) -> None:
-        """Remove the start tasks that produced a conversation (with the conversation)."""
-        ids = await self.all_task_ids(owner)
-        doomed = [
-            t.id
-            for t in await self.get_tasks(ids)
-            if t is not None and t.app_conversation_id == conversation_id
-        ]
-        if doomed:
-            async with self._redis.pipeline(transaction=True) as pipe:
+        """Remove the start tasks that produced a conversation (with the conversation): those
+        its set of tasks names, each checked against its task."""
+        await self.task_indexes.ensure(owner)
+        ids = await self.task_indexes.of_conversation(conversation_id)
+        tasks = task_index.checked(await self.get_tasks(ids), owner, conversation_id)
+        doomed = [t.id for t in tasks]
+        async with self._redis.pipeline(transaction=True) as pipe:
+            if doomed:
                 pipe.delete(*[keyspace.start_task(i) for i in doomed])
                 pipe.zrem(keyspace.user_start_tasks(owner), *doomed)
                 pipe.srem(keyspace.ACTIVE_START_TASKS, *doomed)
-                await pipe.execute()
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+            task_index.queue_delete(pipe, owner, conversation_id, doomed)
+            await pipe.execute()
 
 
 def _as_read(row: Any) -> tuple[AppConversationInfo, str] | None:
@@ -666,6 +670,9 @@ def _as_read(row: Any) -> tuple[AppConversationInfo, str] | None:
         return None
     return (info, stored_at) if isinstance(stored_at, str) else None
 
+
+TITLE_SCAN = 2000
+"""Members of an index by title read per round trip by `title_candidates`."""
 
 TITLE_SORT_CHARS = 64
 """Characters of a lowercased title its member in the index by title holds: titles alike in
@@ -685,12 +692,9 @@ def title_id(member: str) -> str:
 
 
 def update_score(updated_at: datetime) -> int:
-    """A record's `updated_at` as its score in the user's index by update: whole microseconds
-    since the epoch (exact in a sorted set's double until the year 2255); a time without a zone
-    is UTC, as the records write it."""
-    if updated_at.tzinfo is None:
-        updated_at = updated_at.replace(tzinfo=UTC)
-    return (updated_at - _EPOCH) // timedelta(microseconds=1)
+    """A record's `updated_at` as its score in the user's index by update (store/paging.py
+    `micros`)."""
+    return micros(updated_at)
 
 
 def _status_set(status: ExecutionStatus | None) -> str:

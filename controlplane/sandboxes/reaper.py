@@ -6,12 +6,14 @@ leader lock).
 Idle means: no API touch of the sandbox or its conversations, no agent event, and no
 conversation in it whose agent is running, for longer than the timeout. The timeout is
 ACS_IDLE_TIMEOUT when set, else the user's `sandbox_idle_timeout` setting, else the spec's
-`idle_timeout`; 0 disables. Deadlines are computed from `last_activity_at` in Redis, so a
+`idle_timeout`; 0 disables. A sweep reads the settings of a page's owners (500 sandboxes) in
+one round trip. Deadlines are computed from `last_activity_at` in Redis, so a
 restart neither resets nor forgets them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -21,6 +23,7 @@ from controlplane.config import ServiceConfig
 from controlplane.errors import ControlPlaneError
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.sandboxes.store import SandboxStore
+from controlplane.settings.models import UserRecord
 from controlplane.settings.service import SettingsService
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.store.leader import LeaderLock, LeaderLoop
@@ -69,11 +72,13 @@ class IdleReaper:
     async def stop(self) -> None:
         await self._loop.stop()
 
-    async def timeout_of(self, record: SandboxRecord) -> int:
-        """Seconds of idleness before this sandbox is paused; 0 means never."""
+    async def timeout_of(self, record: SandboxRecord, owner: UserRecord | None = None) -> int:
+        """Seconds of idleness before this sandbox is paused; 0 means never. `owner`: the
+        owner's settings record when the caller read it already (a sweep reads a page's
+        owners in one round trip)."""
         if self._config.idle_timeout is not None:
             return self._config.idle_timeout
-        user = await self._settings.record(record.owner)
+        user = owner if owner is not None else await self._settings.record(record.owner)
         if user.settings.sandbox_idle_timeout is not None:
             return user.settings.sandbox_idle_timeout
         spec = self._catalog.find(record.spec_id)
@@ -89,12 +94,14 @@ class IdleReaper:
         after: str | None = None
         while True:
             ids = await store.page_ids(None, after, 500)
-            for record in await store.get_many(ids):
+            records = await store.get_many(ids)
+            owners = await self._owners(records)
+            for record in records:
                 if record is None:
                     continue
                 try:
                     if record.status == SandboxStatus.RUNNING:
-                        if await self._reap_idle(record, now):
+                        if await self._reap_idle(record, now, owners.get(record.owner)):
                             paused.append(record.id)
                     elif (
                         record.status == SandboxStatus.PAUSED
@@ -124,8 +131,18 @@ class IdleReaper:
                 record.id, f"hibernated after {int(paused)} s paused (ACS_HIBERNATE_AFTER)"
             )
 
-    async def _reap_idle(self, record: SandboxRecord, now: datetime) -> bool:
-        timeout = await self.timeout_of(record)
+    async def _owners(self, records: Sequence[SandboxRecord | None]) -> dict[str, UserRecord]:
+        """The settings of the owners of a page's RUNNING sandboxes, in one round trip (none
+        when ACS_IDLE_TIMEOUT decides every timeout)."""
+        if self._config.idle_timeout is not None:
+            return {}
+        running = [r.owner for r in records if r is not None and r.status == SandboxStatus.RUNNING]
+        return await self._settings.records(running) if running else {}
+
+    async def _reap_idle(
+        self, record: SandboxRecord, now: datetime, owner: UserRecord | None = None
+    ) -> bool:
+        timeout = await self.timeout_of(record, owner)
         idle = (now - record.last_activity_at).total_seconds()
         if timeout <= 0 or idle < timeout:
             return False

@@ -46,6 +46,11 @@ class SettingsService:
         """The full record, secrets included: for services that hand them to a sandbox."""
         return await self._store.get(user_id)
 
+    async def records(self, user_ids: list[str]) -> dict[str, UserRecord]:
+        """The full records of several users (as `record`), read in one round trip."""
+        unique = sorted(set(user_ids))
+        return dict(zip(unique, await self._store.get_many(unique), strict=True))
+
     async def get(self, user_id: str) -> SettingsResponse:
         """The user's settings as shown to clients: secrets null, indicators set."""
         return _to_response(await self._store.get(user_id))

@@ -30,6 +30,13 @@ class UserRecordStore:
         """The user's record; a user with nothing stored gets the defaults (stored=False)."""
         return self._decode(await self._redis.get(keyspace.user_settings(user_id)))
 
+    async def get_many(self, user_ids: list[str]) -> list[UserRecord]:
+        """The records of `user_ids`, in their order, in one round trip (MGET)."""
+        if not user_ids:
+            return []
+        rows = await self._redis.mget([keyspace.user_settings(u) for u in user_ids])
+        return [self._decode(row) for row in rows]
+
     async def update(self, user_id: str, change: Callable[[UserRecord], None]) -> UserRecord:
         """Apply `change` to the current record and write it back atomically.
 

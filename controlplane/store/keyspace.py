@@ -121,6 +121,38 @@ def user_start_tasks(user_id: str) -> str:
     return f"{PREFIX}:user:{user_id}:tasks"
 
 
+USER_START_TASKS_BY_UPDATE = (f"{PREFIX}:user:", ":tasks:updated")
+"""Prefix and suffix of user_start_tasks_by_update's keys (for the script that builds them)."""
+
+
+def user_start_tasks_by_update(user_id: str) -> str:
+    """Sorted set of the user's start task ids scored by the task's `updated_at` (integer
+    microseconds since the epoch): the updated-at orders' pages (conversations/store.py
+    `page_tasks_by_update`), kept with each save of the task."""
+    return USER_START_TASKS_BY_UPDATE[0] + user_id + USER_START_TASKS_BY_UPDATE[1]
+
+
+USER_START_TASKS_BY_CREATION = (f"{PREFIX}:user:", ":tasks:created")
+"""Prefix and suffix of user_start_tasks_by_creation's keys."""
+
+
+def user_start_tasks_by_creation(user_id: str) -> str:
+    """Sorted set of the user's start task ids scored by the task's `created_at` (integer
+    microseconds since the epoch): a count with `created_at__gte` is one ZCOUNT."""
+    return USER_START_TASKS_BY_CREATION[0] + user_id + USER_START_TASKS_BY_CREATION[1]
+
+
+CONVERSATION_START_TASKS = f"{PREFIX}:conv_tasks:"
+"""Prefix of conversation_start_tasks' keys."""
+
+
+def conversation_start_tasks(conversation_id: str) -> str:
+    """Set of the ids of the start tasks that made (or are making) a conversation, kept with
+    each save of a task that names it: a conversation's delete and a filter by conversation read
+    these, not every task of the user. A member is checked against its task when read."""
+    return CONVERSATION_START_TASKS + conversation_id
+
+
 ACTIVE_START_TASKS = f"{PREFIX}:tasks:active"
 """Set of start task ids not yet READY or ERROR: what a restart must finish or fail."""
 

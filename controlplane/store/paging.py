@@ -1,6 +1,9 @@
-"""Cursor paging over lexically ordered sorted sets (members score 0, time-ordered ids)."""
+"""Cursor paging over lexically ordered sorted sets (members score 0, time-ordered ids) and
+over sorted sets scored by a time."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
 
 import redis.asyncio as aioredis
 
@@ -20,3 +23,44 @@ async def page_ids(
             key, f"({after}" if after else "-", "+", bylex=True, offset=0, num=count
         )
     return [text(i) for i in raw]
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def micros(at: datetime) -> int:
+    """A time as a sorted set's score: whole microseconds since the epoch (exact in a sorted
+    set's double until the year 2255); a time without a zone is UTC, as the records write it."""
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return (at - _EPOCH) // timedelta(microseconds=1)
+
+
+# KEYS: an index scored by time. ARGV: the last page's score and id, count, '1' for newest
+# first. Up to `count` (id, score) pairs past that one in (score, id) order: members of equal
+# score are in id order in a sorted set, so those up to the id are skipped.
+PAGE_BY_SCORE = """
+local score, id, n, desc = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1'
+local out, offset = {}, 0
+while #out < 2 * n do
+  local rows
+  if desc then
+    rows = redis.call('ZRANGE', KEYS[1], ARGV[1], '-inf', 'BYSCORE', 'REV', 'LIMIT', offset, n,
+      'WITHSCORES')
+  else
+    rows = redis.call('ZRANGE', KEYS[1], ARGV[1], '+inf', 'BYSCORE', 'LIMIT', offset, n,
+      'WITHSCORES')
+  end
+  if #rows == 0 then break end
+  for i = 1, #rows, 2 do
+    local past = tonumber(rows[i + 1]) ~= score or (desc and rows[i] < id)
+      or ((not desc) and rows[i] > id)
+    if past and #out < 2 * n then
+      out[#out + 1] = rows[i]
+      out[#out + 1] = rows[i + 1]
+    end
+  end
+  offset = offset + #rows / 2
+end
+return out
+"""

@@ -17,6 +17,7 @@ from controlplane.conversations.models import (
     AppConversationInfo,
     AppConversationStartRequest,
     AppConversationStartTask,
+    StartTaskStatus,
 )
 from controlplane.conversations.store import (
     ConversationStore,
@@ -186,8 +187,15 @@ async def test_a_page_reads_about_a_page_of_records(
         assert resp.status == 200, await resp.text()
         assert await resp.json() == len(expected), params
         assert 0 < len(expected) < 80
-    # A title filter reads every record (the control): here it meets the unreadable ones.
+    # A title filter reads the records its index by title says may match: none here (no
+    # title holds an "x"), so it meets no unreadable one.
     resp = await client.get(f"{BASE}/count", params={"title__contains": "x"}, headers=alice)
+    assert resp.status == 200, await resp.text()
+    assert await resp.json() == 0
+    # A created-at filter reads every record (the control): here it meets the unreadable ones.
+    resp = await client.get(
+        f"{BASE}/count", params={"created_at__gte": START.isoformat()}, headers=alice
+    )
     assert resp.status == 500
 
 
@@ -418,7 +426,7 @@ async def test_start_task_pages_read_about_a_page_in_id_order(
     user_headers: UserHeaders,
 ) -> None:
     """The created-at orders of start tasks (the default) page the user's index of task ids
-    from an id cursor; the updated-at orders, which sort every task, still page by offset; an
+    from an id cursor, the updated-at orders their index by update (test_task_indexes.py); an
     unfiltered count is the index's size."""
     client, store = pages_client, pages_store
     alice = await user_headers("alice")
@@ -429,6 +437,8 @@ async def test_start_task_pages_read_about_a_page_in_id_order(
             id=uuid7_hex(),
             created_by_user_id="alice",
             request=AppConversationStartRequest(),
+            # Finished: no replica's recovery of unleased tasks saves (moves) it meanwhile.
+            status=StartTaskStatus.READY,
             app_conversation_id=conversation if i % 7 == 3 else None,
         )
         await store.save_task(task)
@@ -451,8 +461,11 @@ async def test_start_task_pages_read_about_a_page_in_id_order(
         by_update = await pages(client, alice, path, limit=limit, sort_order="UPDATED_AT")
         assert by_update == [t.id for t in tasks]  # saved (updated) in creation order
     # The first page of 3 needs the newest 3 tasks and reads at most one more; the count none.
+    # (Ids minted in one millisecond need not be in the order of their saves: the newest
+    # updated are kept readable apart.)
+    updated = [t.id for t in sorted(tasks, key=lambda t: (t.updated_at, t.id), reverse=True)]
     for task in tasks:
-        if task.id not in newest[:4]:
+        if task.id not in newest[:4] + updated[:4]:
             await raw_redis.set(keyspace.start_task(task.id), b"{not json")
     resp = await client.get(path, params={"limit": "3"}, headers=alice)
     assert resp.status == 200, await resp.text()
@@ -462,6 +475,12 @@ async def test_start_task_pages_read_about_a_page_in_id_order(
     resp = await client.get(f"{BASE}/start-tasks/count", headers=alice)
     assert resp.status == 200, await resp.text()
     assert await resp.json() == 40
-    # The updated-at order reads every task (the control): here it meets the unreadable ones.
-    resp = await client.get(path, params={"sort_order": "UPDATED_AT"}, headers=alice)
+    # Newest updated first reads no more either; the oldest first needs the unreadable ones
+    # (the control).
+    resp = await client.get(
+        path, params={"sort_order": "UPDATED_AT_DESC", "limit": "3"}, headers=alice
+    )
+    assert resp.status == 200, await resp.text()
+    assert [t["id"] for t in (await resp.json())["items"]] == updated[:3]
+    resp = await client.get(path, params={"sort_order": "UPDATED_AT", "limit": "3"}, headers=alice)
     assert resp.status == 500

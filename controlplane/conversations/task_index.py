@@ -1,0 +1,258 @@
+"""The indexes of start tasks that spare a request reading every task of a user (issue 30):
+
+- the user's tasks by update (`user_start_tasks_by_update`): the updated-at orders' pages;
+- the user's tasks by creation (`user_start_tasks_by_creation`): a count from a time;
+- a conversation's tasks (`conversation_start_tasks`): its delete, a filter by conversation.
+
+Each is written in the transaction that writes the task (`queue_save`, `queue_delete`). Tasks
+written before the indexes existed are put in them once per deployment at a replica's start
+(`migrate`, `start-task-indexes-v1` in `acs:migrations`), and a user's are put right by the
+first request that finds the user's indexes out of step with the user's list of tasks (a task
+saved by an older replica during a rolling upgrade): `TaskIndexes.ensure`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+import redis.asyncio as aioredis
+import structlog
+from redis.asyncio.client import Pipeline
+
+from controlplane.conversations.models import AppConversationStartTask
+from controlplane.store import keyspace, text
+from controlplane.store.leader import LeaderLock
+from controlplane.store.paging import PAGE_BY_SCORE, micros
+from controlplane.store.redis import REDIS_DOWN
+
+log = structlog.get_logger(__name__)
+
+NAME = "start-task-indexes-v1"
+"""This migration's name in `acs:migrations`."""
+LOCK = f"{keyspace.MIGRATIONS_LOCK}:{NAME}"
+LOCK_TTL = 120
+BATCH = 500
+"""Tasks read per round trip by a rebuild and by the migration."""
+RETRY = 15.0
+"""Seconds between tries of a migration that Redis interrupted."""
+
+# ARGV: (id, owner, update score, creation score, updated_at as read, conversation id or '')
+# sextuples read from the tasks just before. Each task that still holds that updated_at gets
+# its scores in its owner's indexes and its id in its conversation's set; a task saved since
+# (its save indexed it) or deleted since (its delete took it out) is left alone, so an older
+# read never undoes a newer write.
+_INDEX = (
+    """
+for i = 1, #ARGV, 6 do
+  local id = ARGV[i]
+  local raw = redis.call('GET', '"""
+    + keyspace.start_task("")
+    + """' .. id)
+  if raw then
+    local ok, task = pcall(cjson.decode, raw)
+    if ok and type(task) == 'table' and task['updated_at'] == ARGV[i + 4] then
+      local user = ARGV[i + 1]
+      redis.call('ZADD', '"""
+    + keyspace.USER_START_TASKS_BY_UPDATE[0]
+    + """' .. user .. '"""
+    + keyspace.USER_START_TASKS_BY_UPDATE[1]
+    + """', ARGV[i + 2], id)
+      redis.call('ZADD', '"""
+    + keyspace.USER_START_TASKS_BY_CREATION[0]
+    + """' .. user .. '"""
+    + keyspace.USER_START_TASKS_BY_CREATION[1]
+    + """', ARGV[i + 3], id)
+      if ARGV[i + 5] ~= '' then
+        redis.call('SADD', '"""
+    + keyspace.CONVERSATION_START_TASKS
+    + """' .. ARGV[i + 5], id)
+      end
+    end
+  end
+end
+return 1
+"""
+)
+
+# KEYS: the user's tasks, then their indexes by update and by creation. Drops from the indexes
+# every id the user's tasks do not hold (a task deleted by a writer that did not know them).
+_DROP_STRAYS = """
+local dropped = 0
+for k = 2, 3 do
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[k], 0, -1)) do
+    if not redis.call('ZSCORE', KEYS[1], id) then
+      dropped = dropped + redis.call('ZREM', KEYS[k], id)
+    end
+  end
+end
+return dropped
+"""
+
+
+def queue_save(pipe: Pipeline, task: AppConversationStartTask) -> None:
+    """Queue the index writes of a task saved in `pipe`'s transaction."""
+    if task.created_by_user_id is not None:
+        owner = task.created_by_user_id
+        pipe.zadd(keyspace.user_start_tasks_by_update(owner), {task.id: micros(task.updated_at)})
+        pipe.zadd(keyspace.user_start_tasks_by_creation(owner), {task.id: micros(task.created_at)})
+    if task.app_conversation_id is not None:
+        pipe.sadd(keyspace.conversation_start_tasks(task.app_conversation_id), task.id)
+
+
+def queue_delete(pipe: Pipeline, owner: str, conversation_id: str, ids: list[str]) -> None:
+    """Queue the index writes of the deletion of a conversation's tasks `ids`."""
+    if ids:
+        pipe.zrem(keyspace.user_start_tasks_by_update(owner), *ids)
+        pipe.zrem(keyspace.user_start_tasks_by_creation(owner), *ids)
+    pipe.delete(keyspace.conversation_start_tasks(conversation_id))
+
+
+class TaskIndexes:
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._redis = redis
+        self._index = redis.register_script(_INDEX)
+        self._drop_strays = redis.register_script(_DROP_STRAYS)
+        self._page = redis.register_script(PAGE_BY_SCORE)
+
+    async def ensure(self, owner: str) -> None:
+        """Put the owner's indexes right if they hold another number of tasks than the owner's
+        list of tasks (one round trip when they are in step, as every writer of this version
+        keeps them)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zcard(keyspace.user_start_tasks(owner))
+            pipe.zcard(keyspace.user_start_tasks_by_update(owner))
+            pipe.zcard(keyspace.user_start_tasks_by_creation(owner))
+            listed, by_update, by_creation = await pipe.execute()
+        if listed == by_update == by_creation:
+            return
+        raw = await self._redis.zrange(keyspace.user_start_tasks(owner), 0, -1)
+        ids = [text(i) for i in raw]
+        for start in range(0, len(ids), BATCH):
+            await self.index(ids[start : start + BATCH])
+        await self._drop_strays(
+            keys=[
+                keyspace.user_start_tasks(owner),
+                keyspace.user_start_tasks_by_update(owner),
+                keyspace.user_start_tasks_by_creation(owner),
+            ]
+        )
+        log.info("start_task_indexes_rebuilt", user_id=owner, tasks=len(ids))
+
+    async def index(self, ids: list[str]) -> None:
+        """Put the tasks of `ids` in their indexes, as they are now."""
+        if not ids:
+            return
+        rows = await self._redis.mget([keyspace.start_task(i) for i in ids])
+        args: list[str | int] = []
+        for row in rows:
+            read = _as_read(row)
+            if read is None:
+                continue
+            task, stored_at = read
+            owner = task.created_by_user_id
+            if owner is None:
+                continue
+            args += [
+                task.id,
+                owner,
+                micros(task.updated_at),
+                micros(task.created_at),
+                stored_at,
+                task.app_conversation_id or "",
+            ]
+        if args:
+            await self._index(args=args)
+
+    async def page_by_update(
+        self, owner: str, after: tuple[int, str] | None, count: int, desc: bool
+    ) -> list[tuple[str, int]]:
+        """Up to `count` (id, update score) of the owner's tasks past `after` (a score and id,
+        exclusive) in (updated_at, id) order: the newest first when desc."""
+        key = keyspace.user_start_tasks_by_update(owner)
+        if after is None:
+            rows: Any = await self._redis.zrange(key, 0, count - 1, desc=desc, withscores=True)
+            return [(text(m), int(score)) for m, score in rows]
+        flat = await self._page(keys=[key], args=[after[0], after[1], count, "1" if desc else "0"])
+        return [(text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+    async def count_created_since(self, owner: str, since: datetime) -> int:
+        """How many of the owner's tasks were created at or after `since`: one ZCOUNT."""
+        key = keyspace.user_start_tasks_by_creation(owner)
+        return int(await self._redis.zcount(key, micros(since), "+inf"))
+
+    async def of_conversation(self, conversation_id: str) -> list[str]:
+        """The ids the conversation's set holds (each to be checked against its task)."""
+        raw = await self._redis.smembers(keyspace.conversation_start_tasks(conversation_id))
+        return sorted(text(i) for i in raw)
+
+    async def migrate(self) -> bool:
+        """Every stored task in its indexes, once per deployment, by one replica at a time
+        (the others go on at once: `ensure` covers a user's tasks until this is done); safe
+        to run again and beside any write. True when this call applied it."""
+        if await self._redis.sismember(keyspace.MIGRATIONS, NAME):
+            return False
+        lock = LeaderLock(self._redis, LOCK, LOCK_TTL)
+        if not await lock.hold():
+            return False  # another replica is at it
+        try:
+            prefix, batch, done = keyspace.start_task(""), [], 0
+            async for key in self._redis.scan_iter(match=prefix + "*", count=BATCH):
+                batch.append(text(key).removeprefix(prefix))
+                if len(batch) >= BATCH:
+                    if not await lock.hold():
+                        log.warning("migration_lock_lost", name=NAME, done=done)
+                        return False
+                    await self.index(batch)
+                    done, batch = done + len(batch), []
+            await self.index(batch)
+            await self._redis.sadd(keyspace.MIGRATIONS, NAME)
+            log.info("migration_applied", name=NAME, tasks=done + len(batch))
+            return True
+        finally:
+            await lock.release()
+
+
+async def migrate_in_background(indexes: TaskIndexes, retry: float = RETRY) -> None:
+    """`indexes.migrate()` until it has run through or another replica has (every replica
+    starts it, conversations_ctx); a failed try is logged and tried again."""
+    while True:
+        try:
+            await indexes.migrate()
+        except REDIS_DOWN as exc:
+            log.warning("start_task_indexes_interrupted", error=str(exc))
+        except Exception:
+            log.exception("start_task_indexes_failed")  # a read-only replica, or a bug
+        else:
+            return
+        await asyncio.sleep(retry)
+
+
+def _as_read(row: Any) -> tuple[AppConversationStartTask, str] | None:
+    """A stored task and its `updated_at` as its JSON holds it (what the index script compares
+    to decide that nothing wrote it since); None when there is none or it does not decode."""
+    if not row:
+        return None
+    try:
+        data = json.loads(row)
+        stored_at = data["updated_at"]
+        task = AppConversationStartTask.model_validate(data)
+    except (ValueError, KeyError, TypeError):
+        return None
+    return (task, stored_at) if isinstance(stored_at, str) else None
+
+
+def checked(
+    tasks: Iterable[AppConversationStartTask | None], owner: str, conversation_id: str
+) -> list[AppConversationStartTask]:
+    """The tasks of a conversation's set that are still the owner's and that conversation's."""
+    return [
+        t
+        for t in tasks
+        if t is not None
+        and t.created_by_user_id == owner
+        and t.app_conversation_id == conversation_id
+    ]
