@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import secrets
 import sys
 import time
@@ -34,7 +35,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client
 
-from bench.burst import EXPECTED, BurstBench, Options, Outcome
+from bench.burst import EXPECTED, BurstBench, ModeResult, Options, Outcome, Server
 from bench.common import BenchError
 from bench.kube_sandboxes import kube_call
 from controlplane.config import ServiceConfig
@@ -115,6 +116,52 @@ class KubeBurstBench(BurstBench):
         await core.create_namespace({"metadata": {"name": self.namespace(mode)}})
         await wait_service_account(core, self.namespace(mode))
         await super().run_mode(http, mode)
+
+    async def api_burst(
+        self, http: aiohttp.ClientSession, server: Server, mode: str, keys: list[str]
+    ) -> ModeResult:
+        """The burst, with the API server's requests over it counted (the control plane's)."""
+        before = await self.requests_answered()
+        result = await super().api_burst(http, server, mode, keys)
+        self.note_requests(mode, before, await self.requests_answered())
+        return result
+
+    async def requests_answered(self) -> dict[tuple[str, str], float]:
+        """Requests the API server has answered in JSON, by verb and resource, from its
+        metrics: over a burst, the control plane's own (the cluster's components ask in
+        protobuf; this bench's client is idle meanwhile)."""
+        assert self.kube is not None
+        response = await self.kube.call_api(
+            "/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False
+        )
+        text = (await response.read()).decode()
+        counts: dict[tuple[str, str], float] = {}
+        for line in text.splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            if 'contentType="application/json"' not in line:
+                continue
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+            key = (labels.get("verb", "?"), labels.get("resource", "?"))
+            counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        return counts
+
+    def note_requests(
+        self,
+        mode: str,
+        before: dict[tuple[str, str], float],
+        after: dict[tuple[str, str], float],
+    ) -> None:
+        made = {k: after[k] - before.get(k, 0.0) for k in after if after[k] > before.get(k, 0.0)}
+        total = sum(made.values())
+        shown = ", ".join(
+            f"{verb} {resource} {count / self.opt.count:.1f}"
+            for (verb, resource), count in sorted(made.items(), key=lambda kv: -kv[1])
+        )
+        self.notes.append(
+            f"{mode}: the control plane's API server requests over the burst: {total:.0f}, "
+            f"{total / self.opt.count:.1f} per sandbox ({shown or 'none'})"
+        )
 
     async def clean_mode(self, mode: str) -> None:
         """The mode's namespace deleted and waited for, so that its pods leave the nodes before
