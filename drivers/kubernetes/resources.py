@@ -66,6 +66,9 @@ UNKNOWN_BINDING_WAIT = 2.0
 """Seconds to wait for a new claim to bind when the storage class cannot be read (with
 `Immediate` binding it takes tens of ms; a pod made before it is bound waits for the scheduler's
 back-off, seconds)."""
+CLAIM_WATCHES = 32
+"""Claims watched at once, each on a connection of its own for as long as its binding takes;
+more starts at once read theirs (the client keeps 100 connections to the API server)."""
 CLAIM_GONE_WITHIN = 30.0
 """Seconds a re-create waits for a claim still being deleted to go."""
 DEBRIS_EVERY = 60.0
@@ -91,6 +94,7 @@ class Resources:
         self._binding_known = False
         self._binding_lock = asyncio.Lock()
         self._claims_watched = True  # until RBAC refuses a watch of claims (an older Role)
+        self._claim_watches = CLAIM_WATCHES
         self._debris_at = 0.0
 
     # -- making -------------------------------------------------------------------------------
@@ -197,14 +201,16 @@ class Resources:
 
     async def _watch_bound(self, path: str, created: Json, limit: float) -> bool:
         """True once the watch of the claim at `path` saw it bound (or gone); False when the
-        watch could not be had or ended first (the caller reads the claim instead)."""
+        watch could not be had (CLAIM_WATCHES are open already, RBAC refuses it, the stream
+        broke) or ended first: the caller reads the claim instead."""
         parent, name = path.rsplit("/", 1)
         version = str((created.get("metadata") or {}).get("resourceVersion") or "")
-        if not version or not self._claims_watched:
+        if not version or not self._claims_watched or not self._claim_watches:
             return False
         stream = self._api.watch(
             parent, "", version, max(1, math.ceil(limit)), fields=f"metadata.name={name}"
         )
+        self._claim_watches -= 1
         try:
             async with contextlib.aclosing(stream) as events:
                 async for event in events:
@@ -216,6 +222,8 @@ class Resources:
             log.warning("kube_claim_watch_forbidden", claim=path, error=str(exc))
         except (Expired, RuntimeUnavailable, DriverError) as exc:
             log.info("kube_claim_watch_unavailable", claim=path, error=str(exc))
+        finally:
+            self._claim_watches += 1
         return False
 
     async def _read_bound(self, path: str) -> None:

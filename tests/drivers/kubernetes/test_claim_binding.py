@@ -25,6 +25,7 @@ from controlplane.sandboxes.naming import new_sandbox_id
 from controlplane.sandboxes.webhook_listener import WebhookListener
 from controlplane.specs.catalog import SpecCatalog
 from drivers.base import RunState, SandboxRequest
+from drivers.kubernetes import resources
 from drivers.kubernetes.driver import KubernetesDriver
 from drivers.kubernetes.settings import KubernetesSettings
 from tests.drivers.kubernetes.conftest import REPO, KubeCluster, wait_service_account
@@ -135,6 +136,40 @@ async def test_creates_that_come_together_watch_their_claims_rather_than_read_th
     assert failed == []
     for request in requests:
         await driver.remove(request.sandbox_id)
+
+
+async def test_starts_past_the_watches_allowed_at_once_read_their_claims(
+    *,
+    kube_cluster: KubeCluster,
+    kube_namespace: str,
+    kube_prefix: str,
+    kube_api: client.ApiClient,
+    tmp_path: Path,
+    drivers: Drivers,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each watch holds a connection of the client's 100 while its claim binds: past
+    CLAIM_WATCHES open at once, a start reads its claim instead. One allowed: two starts one
+    after the other both watch (the first gave its watch back); none allowed: both read."""
+    counts = []
+    for allowed in (1, 0):
+        monkeypatch.setattr(resources, "CLAIM_WATCHES", allowed)
+        failed: list[str] = []
+        driver = drivers(kube_namespace, kube_cluster.kubeconfig, failed)
+        await driver.prepare([])
+        requests = await requests_of(driver, kube_prefix, tmp_path, 2)
+        before = await claim_requests(kube_api)
+        for request in requests:
+            assert (await driver.create(request, new=True)).status == RunState.RUNNING
+        counts.append(await settled(kube_api, before, 2 * allowed))
+        assert failed == []
+        for request in requests:
+            await driver.remove(request.sandbox_id)
+    watched, read = counts
+    assert watched == {"POST": 2, "GET": 0, "WATCH": 2}, watched
+    assert read["POST"] == 2, read
+    assert read["WATCH"] == 0, read
+    assert read["GET"] >= 2, read
 
 
 async def test_a_role_without_watch_on_claims_reads_them_instead(
