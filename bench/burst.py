@@ -34,6 +34,7 @@ import json
 import math
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -81,6 +82,7 @@ class Options:
     refill_delay: float | None = None  # ACS_POOL_REFILL_DELAY; None: unset (the default)
     phases: bool = False  # the server logs its requests: each POST's time in its handler
     profile: Path | None = None  # each mode's control plane under cProfile, its stats here
+    control_plane: Path | None = None  # the `controlplane` to run (another worktree's venv)
 
 
 @dataclass
@@ -121,6 +123,7 @@ class Server:
         self.env = env
         self.log_level = "warning"  # "info" (--phases): a `request` line per request
         self.profile: Path | None = None  # where cProfile writes the server's stats (--profile)
+        self.binary: Path | None = None  # `controlplane` of another venv (--control-plane)
         self.process: asyncio.subprocess.Process | None = None
 
     async def start(self, http: aiohttp.ClientSession) -> None:
@@ -140,8 +143,8 @@ class Server:
                 **self.env,
             }
         )
-        command = [str(Path(sys.executable).parent / "controlplane")]
-        if self.profile is not None:
+        command = [str(self.binary or Path(sys.executable).parent / "controlplane")]
+        if self.profile is not None and self.binary is None:
             # cProfile writes its stats when the server exits (SIGTERM: a clean stop).
             code = (
                 "import cProfile; from controlplane.cli import main; "
@@ -335,6 +338,16 @@ class BurstBench:
             )
         )
 
+        binary = self.opt.control_plane or Path(sys.executable).parent / "controlplane"
+        tree = binary.resolve().parents[2]  # <worktree>/.venv/bin/controlplane
+        commit = subprocess.run(
+            ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        self.notes.append(f"control plane: {tree} at {commit or '?'}")
+
         delay = self.opt.refill_delay
         self.notes.append(
             "the pool's refill after claims: "
@@ -398,6 +411,7 @@ class BurstBench:
         )
         if self.opt.phases:
             server.log_level = "info"
+        server.binary = self.opt.control_plane
         if self.opt.profile is not None:
             self.opt.profile.mkdir(parents=True, exist_ok=True)
             server.profile = self.opt.profile / f"{mode}.prof"
@@ -791,7 +805,17 @@ def parse(argv: list[str] | None) -> Options:
         help="run each control plane under cProfile; DIR/<mode>.prof (slower: for where the "
         "time goes, not for the figures)",
     )
+    parser.add_argument(
+        "--control-plane",
+        type=Path,
+        default=None,
+        help="the `controlplane` executable the modes run (another worktree's .venv/bin/"
+        "controlplane: its code measured by this bench, e.g. main beside a branch); default "
+        "this venv's",
+    )
     args = parser.parse_args(argv)
+    if args.control_plane is not None and args.profile is not None:
+        parser.error("--profile runs this venv's control plane: not with --control-plane")
     modes = [m for m in args.modes.split(",") if m]
     if not modes or any(m not in ("pool", "half", "cold") for m in modes):
         parser.error("--modes takes pool, half and cold")
@@ -809,6 +833,7 @@ def parse(argv: list[str] | None) -> Options:
         args.refill_delay,
         args.phases,
         args.profile,
+        args.control_plane,
     )
 
 

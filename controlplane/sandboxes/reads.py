@@ -129,7 +129,9 @@ class SandboxReads:
     def view(self, record: SandboxRecord, principal: Principal) -> SandboxInfo:
         running = record.status == S.RUNNING
         key = record.session_api_key if running and record.owner == principal.user_id else None
-        spec = self.catalog.find(record.spec_id)
+        # Only a RUNNING sandbox shows its URLs: the others' (polled while they start) are not
+        # built.
+        spec = self.catalog.find(record.spec_id) if running else None
         urls = [
             ExposedUrl(
                 name=name,
@@ -142,6 +144,7 @@ class SandboxReads:
                 port=port,
             )
             for name, port in sorted(record.ports.items())
+            if running
         ]
         return SandboxInfo(
             id=record.id,

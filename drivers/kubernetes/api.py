@@ -249,11 +249,18 @@ class KubeApi:
         return data if status == 200 else None
 
     async def watch(
-        self, path: str, selector: str, resource_version: str, seconds: int
+        self,
+        path: str,
+        selector: str,
+        resource_version: str,
+        seconds: int,
+        *,
+        fields: str | None = None,
     ) -> AsyncGenerator[Json, None]:
         """The events of a watch from `resource_version` (bookmarks included) until the server
-        ends it after about `seconds`. Raises Expired when that version is too old (410),
-        RuntimeUnavailable when the stream breaks."""
+        ends it after about `seconds`; `fields`: a field selector (one object by name). Raises
+        Expired when that version is too old (410), Forbidden when RBAC refuses it,
+        RuntimeUnavailable when the stream breaks or the server refuses otherwise."""
         api = await self._api()
         query = {
             "watch": "true",
@@ -261,6 +268,7 @@ class KubeApi:
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(seconds),
+            **({"fieldSelector": fields} if fields else {}),
         }
         try:
             response = await api.call_api(
@@ -277,20 +285,24 @@ class KubeApi:
             )
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             self._failed("watch")
-            raise RuntimeUnavailable(f"the pod watch could not start: {exc!r}") from None
+            raise RuntimeUnavailable(f"the watch of {path} could not start: {exc!r}") from None
         try:
             if response.status == 410:
                 raise Expired()
             if response.status != 200:
                 self._failed("watch")
                 text = (await response.read())[:300].decode(errors="replace")
-                raise RuntimeUnavailable(f"the pod watch was refused ({response.status}): {text}")
+                if response.status in (401, 403):
+                    raise Forbidden(f"the watch of {path} was refused ({response.status}): {text}")
+                raise RuntimeUnavailable(
+                    f"the watch of {path} was refused ({response.status}): {text}"
+                )
             while True:
                 try:
                     line = await response.content.readline()
                 except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                     self._failed("watch")
-                    raise RuntimeUnavailable(f"the pod watch broke: {exc!r}") from None
+                    raise RuntimeUnavailable(f"the watch of {path} broke: {exc!r}") from None
                 if not line:
                     return
                 event = json.loads(line)
@@ -298,7 +310,7 @@ class KubeApi:
                     status = (event.get("object") or {}).get("code")
                     if status == 410:
                         raise Expired()
-                    raise RuntimeUnavailable(f"the pod watch ended with an error: {event}")
+                    raise RuntimeUnavailable(f"the watch of {path} ended with an error: {event}")
                 yield event
         finally:
             # Unread: the connection is not reused. Aborted rather than closed: a TLS goodbye

@@ -135,6 +135,7 @@ def test_the_manifests_apply_and_fence_the_control_plane(kubectl: Kubectl, tmp_p
         ("watch", "pods"),
         ("create", "persistentvolumeclaims"),
         ("patch", "persistentvolumeclaims"),
+        ("watch", "persistentvolumeclaims"),  # a new claim is waited for until bound
         ("delete", "services"),
         ("create", "networkpolicies.networking.k8s.io"),
     ]:
