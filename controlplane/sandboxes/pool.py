@@ -32,7 +32,7 @@ from controlplane.sandboxes import naming
 from controlplane.sandboxes.admission import Admission
 from controlplane.sandboxes.launcher import Launcher
 from controlplane.sandboxes.locks import SandboxLocks
-from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.sandboxes.models import Claimed, SandboxRecord, SandboxStatus
 from controlplane.sandboxes.pool_models import PoolMember, PoolOfSpec, PoolView
 from controlplane.sandboxes.pool_store import PoolStore
 from controlplane.sandboxes.store import Limits, SandboxStore
@@ -41,7 +41,7 @@ from controlplane.specs.models import SandboxSpec
 from controlplane.store import audit
 from controlplane.store.audit import AuditAction
 from controlplane.store.leader import LeaderLock
-from controlplane.store.streams import LATE_ID
+from controlplane.store.streams import LATE_ID, StreamEntry
 from drivers.base import RunState, SandboxDriver, SandboxState
 from drivers.errors import DriverError
 
@@ -132,8 +132,17 @@ class WarmPool:
     # -- claims (any replica) -------------------------------------------------------------
 
     async def claim(
-        self, principal: Principal, spec: SandboxSpec, image_id: str, limits: Limits
-    ) -> SandboxRecord | None:
+        self,
+        principal: Principal,
+        spec: SandboxSpec,
+        image_id: str,
+        limits: Limits,
+        events: StreamEntry | None = None,
+    ) -> Claimed | None:
+        """A ready member of `spec` for the caller, None when there is none to claim (or the
+        organization's share is used): the create starts cold. `events` (the user's lifecycle
+        events, their sandbox id LATE_ID) go with the claim where the member was running
+        (Claimed.events_stored). Raises QuotaExceeded."""
         if self.size(spec) <= 0:
             return None
         # The create's audit entry goes with the claim, which picks the sandbox (LATE_ID).
@@ -153,6 +162,7 @@ class WarmPool:
             share_window=self._config.pool_share_window,
             hold=self._config.pool_refill_delay,
             entry=made,
+            events=events,
         )
         self._wake.set()
         if claim.outcome in ("running", "total"):
@@ -165,9 +175,10 @@ class WarmPool:
         if record is None:
             return None
         if claim.was_paused:
-            return await self._unpause(record)
+            unpaused = await self._unpause(record)
+            return Claimed(unpaused, events_stored=False) if unpaused is not None else None
         log.info("pool_claimed", sandbox_id=record.id, user_id=record.owner, spec_id=spec.id)
-        return record
+        return Claimed(record, events_stored=claim.events_stored)
 
     async def _unpause(self, record: SandboxRecord) -> SandboxRecord | None:
         """A claimed paused member is unpaused before the user sees it; one that cannot be is

@@ -80,8 +80,11 @@ while true do
     redis.call('PUBLISH', ARGV[9], id .. ' ' .. status)
     -- The refill holds while claims come (KEYS[9], for ARGV[13] ms; 0: no hold).
     if tonumber(ARGV[13]) > 0 then redis.call('SET', KEYS[9], '1', 'PX', ARGV[13]) end
-    -- The create's audit entry (KEYS[10..], ARGV[14..]), naming the member claimed.
+    -- The create's audit entry (KEYS[10..], ARGV[14]; ARGV[15] keys), naming the member
+    -- claimed; then the user's created and running events (the keys after those, ARGV[16])
+    -- where the member runs (a paused one's are published once it is unpaused).
     append_entry(10, 14, id)
+    if f[2] == 'RUNNING' then append_entry(10 + tonumber(ARGV[15]), 16, id) end
     -- The record as claimed: the caller answers with it, no second read.
     return {'ok', id, f[2], redis.call('HGETALL', key)}
   end
@@ -119,6 +122,8 @@ class Claim:
     was_paused: bool = False
     record: SandboxRecord | None = None
     """The member's record as the claim left it (the user's, RUNNING or STARTING)."""
+    events_stored: bool = False
+    """The claim's `events` were stored with it (a running member's)."""
 
 
 class PoolStore:
@@ -160,13 +165,17 @@ class PoolStore:
         share_window: float = 60.0,
         hold: float = 0.0,
         entry: StreamEntry | None = None,
+        events: StreamEntry | None = None,
     ) -> Claim:
         """Claim a ready member for `owner`; `entry` (the create's audit entry, its sandbox id
-        streams.LATE_ID) is added with the claim, naming the member. `share_cap`: the claims
+        streams.LATE_ID) is added with the claim, naming the member, and so are `events` (the
+        user's lifecycle events, named the same way) where the member was running (a paused
+        member is unpaused first: Claim.events_stored says which). `share_cap`: the claims
         of this spec's members `org_id` may make in a window of `share_window` seconds (past
         it: outcome `share`, the create starts cold). `hold`: seconds the refill holds its
         launches after this claim (claims_hold)."""
         streams, entry_args = script_args(entry)
+        event_streams, event_args = script_args(events)
         result = await self._claim(
             keys=[
                 keyspace.pool_ready(spec_id),
@@ -179,6 +188,7 @@ class PoolStore:
                 keyspace.pool_org_claims(spec_id, org_id or "", _window(share_window)),
                 keyspace.POOL_CLAIMED,
                 *streams,
+                *event_streams,
             ],
             args=[
                 -1 if running_cap is None else running_cap,
@@ -195,15 +205,26 @@ class PoolStore:
                 int(share_window * 1000),
                 int(hold * 1000),
                 *entry_args,
+                len(streams),
+                *event_args,
             ],
         )
         outcome = text(result[0])
         if outcome != "ok":
             return Claim(outcome)
         stored(entry)
+        was_paused = text(result[2]) == "PAUSED"
+        if not was_paused:
+            stored(events)
         flat = result[3]
         record = self.sandboxes.decode(dict(zip(flat[::2], flat[1::2], strict=True)))
-        return Claim(outcome, text(result[1]), text(result[2]) == "PAUSED", record)
+        return Claim(
+            outcome,
+            text(result[1]),
+            was_paused,
+            record,
+            events_stored=events is not None and not was_paused,
+        )
 
     async def claims_hold(self) -> float:
         """Seconds the refill still holds after the last claim of any replica (0: none)."""

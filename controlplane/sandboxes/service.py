@@ -30,6 +30,7 @@ from controlplane.sandboxes.leases import IntentLeases
 from controlplane.sandboxes.lifecycle import SandboxLifecycle, entry_of
 from controlplane.sandboxes.locks import SandboxLocks
 from controlplane.sandboxes.models import (
+    Claimed,
     SandboxInfo,
     SandboxRecord,
     SandboxStatus,
@@ -43,6 +44,7 @@ from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import SandboxSpec
 from controlplane.store.audit import AuditAction
+from controlplane.store.streams import StreamEntry
 from drivers.base import SandboxDriver
 from drivers.errors import DriverError
 
@@ -52,10 +54,17 @@ S = SandboxStatus
 
 class PoolClaims(Protocol):
     async def claim(
-        self, principal: Principal, spec: SandboxSpec, image_id: str, limits: Limits
-    ) -> SandboxRecord | None:
+        self,
+        principal: Principal,
+        spec: SandboxSpec,
+        image_id: str,
+        limits: Limits,
+        events: StreamEntry | None = None,
+    ) -> Claimed | None:
         """A warm pool member of `spec`, now the principal's and RUNNING; None when the pool
-        has none (then the caller starts one cold). Raises QuotaExceeded at the user's caps."""
+        has none (then the caller starts one cold). `events`: the user's lifecycle events for
+        the claim to store with it (Claimed.events_stored). Raises QuotaExceeded at the
+        user's caps."""
 
 
 class AddressCache(Protocol):
@@ -173,13 +182,19 @@ class SandboxService(SandboxReads):
         image_id = await self.driver.image_id(spec.image)
         limits = await self.admission.member_limits(principal.org_id, principal.user_id)
         if self.pool is not None and image_id is not None:
-            claimed = await self.pool.claim(principal, spec, image_id, limits)
+            # The user's sandbox begins here: its events, as for a cold start, stored by the
+            # claim's own script (one round trip) unless the member has to be unpaused first.
+            events = self.notes.claimed(principal.user_id)
+            claimed = await self.pool.claim(principal, spec, image_id, limits, entry_of(events))
             if claimed is not None:
-                # The user's sandbox begins here: its events, as for a cold start.
-                await self.notes.several(
-                    (LifecycleType.SANDBOX_CREATED, LifecycleType.SANDBOX_RUNNING), claimed
-                )
-                return self.view(claimed, principal)
+                record = claimed.record
+                if claimed.events_stored:
+                    self.notes.done_claimed(record.id, record.owner)
+                else:
+                    await self.notes.several(
+                        (LifecycleType.SANDBOX_CREATED, LifecycleType.SANDBOX_RUNNING), record
+                    )
+                return self.view(record, principal)
         record = SandboxRecord.starting(
             naming.new_sandbox_id(), principal.user_id, spec.id, principal.org_id
         )
