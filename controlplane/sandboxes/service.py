@@ -58,13 +58,13 @@ class PoolClaims(Protocol):
         principal: Principal,
         spec: SandboxSpec,
         image_id: str,
-        limits: Limits,
         events: StreamEntry | None = None,
-    ) -> Claimed | None:
-        """A warm pool member of `spec`, now the principal's and RUNNING; None when the pool
-        has none (then the caller starts one cold). `events`: the user's lifecycle events for
-        the claim to store with it (Claimed.events_stored). Raises QuotaExceeded at the
-        user's caps."""
+    ) -> tuple[Claimed | None, Limits | None]:
+        """A warm pool member of `spec`, now the principal's and RUNNING (None when the pool
+        has none: then the caller starts one cold), and the principal's limits as the claim
+        read them (None: no claim was tried). `events`: the user's lifecycle events for the
+        claim to store with it (Claimed.events_stored). Raises QuotaExceeded at the user's
+        caps."""
 
 
 class AddressCache(Protocol):
@@ -180,12 +180,13 @@ class SandboxService(SandboxReads):
             return (await self.start_from(principal, snapshot_id, 1, spec_id=spec_id))[0]
         spec = self.catalog.get(spec_id)
         image_id = await self.driver.image_id(spec.image)
-        limits = await self.admission.member_limits(principal.org_id, principal.user_id)
+        limits = None
         if self.pool is not None and image_id is not None:
             # The user's sandbox begins here: its events, as for a cold start, stored by the
-            # claim's own script (one round trip) unless the member has to be unpaused first.
+            # claim's own script (one round trip, which reads the caller's limits too) unless
+            # the member has to be unpaused first.
             events = self.notes.claimed(principal.user_id)
-            claimed = await self.pool.claim(principal, spec, image_id, limits, entry_of(events))
+            claimed, limits = await self.pool.claim(principal, spec, image_id, entry_of(events))
             if claimed is not None:
                 record = claimed.record
                 if claimed.events_stored:
@@ -195,6 +196,8 @@ class SandboxService(SandboxReads):
                         (LifecycleType.SANDBOX_CREATED, LifecycleType.SANDBOX_RUNNING), record
                     )
                 return self.view(record, principal)
+        if limits is None:
+            limits = await self.admission.member_limits(principal.org_id, principal.user_id)
         record = SandboxRecord.starting(
             naming.new_sandbox_id(), principal.user_id, spec.id, principal.org_id
         )
