@@ -6,6 +6,7 @@ needs no scan and the comparison of hashes is constant-time.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import re
 import secrets
@@ -13,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 
 from controlplane.auth.models import USER_ID_PATTERN, ApiKeyInfo, CreatedApiKey, Principal
 from controlplane.crypto import hash_api_key
@@ -47,10 +49,11 @@ if changed > 0 then append_entry(n + 1, 3) end
 return changed
 """
 )
-# A key's record and, in the same step, its user's organizations hash (its name is ARGV[1], the
-# user id, ARGV[2]: keyspace.user_orgs around the id): every request authenticates, then reads
+# A key's record and, in the same step, its user's organizations hash (named ARGV[1], the user
+# id, ARGV[2]: keyspace.user_orgs around the id): every request authenticates, then reads
 # where its caller acts (organizations/service.py); one round trip for both. The key's hash is
-# compared in Python, constant-time; a record without a user reads nothing more.
+# compared in Python, constant-time; a record without a user reads nothing more. Called as
+# EVALSHA_RO: a read, which never waits for replicas (store/durable.py) wherever it is called.
 _RECORD_AND_ORGS = """
 local row = redis.call('HGETALL', KEYS[1])
 for i = 1, #row, 2 do
@@ -60,6 +63,9 @@ for i = 1, #row, 2 do
 end
 return {row, {}}
 """
+_RECORD_AND_ORGS_SHA = hashlib.sha1(_RECORD_AND_ORGS.encode(), usedforsecurity=False).hexdigest()
+"""Its name on the server, for EVALSHA_RO (redis-py's Script sends EVALSHA: a write to
+store/durable.py)."""
 # The key and its indexes, and its audit entry (KEYS[4..]), only if it was still there.
 _REVOKE = (
     APPEND_ENTRY
@@ -82,7 +88,6 @@ class ApiKeyService:
         self._bootstrap_user = bootstrap_user
         self._suspend = redis.register_script(_SUSPEND)
         self._revoke = redis.register_script(_REVOKE)
-        self._record_and_orgs = redis.register_script(_RECORD_AND_ORGS)
 
     async def create(
         self,
@@ -236,9 +241,7 @@ class ApiKeyService:
         match = _KEY_RE.match(presented)
         if match is not None:
             key_id = match.group(1)
-            flat, orgs = await self._record_and_orgs(
-                keys=[keyspace.api_key(key_id)], args=_ORGS_AROUND
-            )
+            flat, orgs = await self._read_record_and_orgs(key_id)
             row = dict(zip(flat[::2], flat[1::2], strict=True))
             if row and hmac.compare_digest(text(row.get(b"hash", b"")), digest):
                 if row.get(b"suspended"):
@@ -256,6 +259,14 @@ class ApiKeyService:
                 pairs = zip(orgs[::2], orgs[1::2], strict=True)
                 return principal, {text(k): text(v) for k, v in pairs}
         raise Unauthorized("invalid API key")
+
+    async def _read_record_and_orgs(self, key_id: str) -> Any:
+        args = (keyspace.api_key(key_id), *_ORGS_AROUND)
+        try:
+            return await self._redis.evalsha_ro(_RECORD_AND_ORGS_SHA, 1, *args)
+        except NoScriptError:  # a new or flushed server: loaded once, then by its hash
+            await self._redis.script_load(_RECORD_AND_ORGS)
+            return await self._redis.evalsha_ro(_RECORD_AND_ORGS_SHA, 1, *args)
 
 
 def _info(key_id: str, row: dict[Any, Any]) -> ApiKeyInfo:

@@ -42,7 +42,7 @@ async def test_key_and_memberships_come_from_one_script_call(raw_redis: aioredis
     assert memberships is not None
     assert memberships["eng"] == "admin"
     # One command sent (the script); its two HGETALLs ran inside it, in Redis.
-    assert calls.pop("evalsha") == 1
+    assert calls.pop("evalsha_ro") == 1
     assert calls.pop("hgetall") == 2
     assert set(calls) <= {"config|resetstat", "info"}, calls
 
