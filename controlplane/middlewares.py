@@ -23,7 +23,7 @@ from controlplane import keys
 from controlplane.api.parsing import RequestValidationError
 from controlplane.api.ratelimit import webhook_refusal
 from controlplane.api.routing import Handler, has_own_key_check, has_own_limits, is_public
-from controlplane.auth.identity import PRINCIPAL, authenticate_request
+from controlplane.auth.identity import ORGS_READ, PRINCIPAL, authenticate_request
 from controlplane.crypto import hash_api_key
 from controlplane.errors import ControlPlaneError, InvalidInput, QuotaExceeded, Unauthorized
 from controlplane.sandboxes.reads import MAX_SESSION_KEY
@@ -212,8 +212,11 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     organizations = request.app.get(keys.ORGANIZATIONS)
     if organizations is not None:
         # Where the caller acts: X-Org-Id (what Agent Canvas sends), else their key's or
-        # current organization (organizations/service.py).
-        principal = await organizations.scope(principal, request.headers.get(ORG_HEADER))
+        # current organization (organizations/service.py); from the memberships read with
+        # the key, in its round trip, where the caller came with one.
+        principal = await organizations.scope(
+            principal, request.headers.get(ORG_HEADER), request.get(ORGS_READ)
+        )
     request[PRINCIPAL] = principal
     structlog.contextvars.bind_contextvars(user_id=principal.user_id)
     return await handler(request)

@@ -17,12 +17,16 @@ from aiohttp import web
 from controlplane import keys
 from controlplane.auth.models import Principal
 from controlplane.auth.sandbox_scope import bearer_of, check_sandbox_scope, paired_session_key
+from controlplane.auth.service import Memberships
 from controlplane.auth.sessions import COOKIE_NAME
 from controlplane.errors import Forbidden, QuotaExceeded, Unauthorized
 from controlplane.store.audit_flood import source_of
 
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal")
 """The caller, set by the auth middleware on every route that is not public."""
+ORGS_READ: web.RequestKey[Memberships] = web.RequestKey("orgs_read")
+"""The caller's organizations hash, read with their API key in its one round trip
+(ApiKeyService.authenticate_with_orgs) for the auth middleware's scope; this request only."""
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 SINGLE_USER_KEY_ID = "single-user"
 # Signs of a reverse proxy: a request it forwards comes from loopback but not from this machine's
@@ -112,7 +116,9 @@ async def authenticate_request(request: web.Request, presented: str | None = Non
         presented = presented_key(request)
         session_key = paired_session_key(request)
     if presented is not None:
-        caller = await request.app[keys.API_KEYS].authenticate(presented)
+        caller, orgs = await request.app[keys.API_KEYS].authenticate_with_orgs(presented)
+        if orgs is not None:
+            request[ORGS_READ] = orgs
         if session_key is not None:
             await check_sandbox_scope(request, caller, session_key)
         return caller

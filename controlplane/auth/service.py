@@ -6,6 +6,7 @@ needs no scan and the comparison of hashes is constant-time.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import re
 import secrets
@@ -13,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 
 from controlplane.auth.models import USER_ID_PATTERN, ApiKeyInfo, CreatedApiKey, Principal
 from controlplane.crypto import hash_api_key
@@ -23,7 +25,12 @@ from controlplane.store.streams import APPEND_ENTRY, script_args, stored
 
 _KEY_RE = re.compile(r"^acs_([0-9a-f]{12})_[A-Za-z0-9_-]{43}$")
 _KEY_ID_RE = re.compile(r"[0-9a-f]{12}")
+_ORGS_AROUND = keyspace.user_orgs("\x00").split("\x00")
+"""keyspace.user_orgs's name before and after the user id (for _RECORD_AND_ORGS)."""
 KeyPage = tuple[list[ApiKeyInfo], int | None]
+Memberships = dict[str, str]
+"""A user's organizations hash as read (keyspace.user_orgs: organization -> role, `~current`,
+`~known`)."""
 """Keys, and the offset of the next page (None: none after)."""
 BOOTSTRAP_KEY_ID = "bootstrap"
 # Only keys that still exist: a key revoked meanwhile must not come back as a husk. The audit
@@ -42,6 +49,23 @@ if changed > 0 then append_entry(n + 1, 3) end
 return changed
 """
 )
+# A key's record and, in the same step, its user's organizations hash (named ARGV[1], the user
+# id, ARGV[2]: keyspace.user_orgs around the id): every request authenticates, then reads
+# where its caller acts (organizations/service.py); one round trip for both. The key's hash is
+# compared in Python, constant-time; a record without a user reads nothing more. Called as
+# EVALSHA_RO: a read, which never waits for replicas (store/durable.py) wherever it is called.
+_RECORD_AND_ORGS = """
+local row = redis.call('HGETALL', KEYS[1])
+for i = 1, #row, 2 do
+  if row[i] == 'user_id' then
+    return {row, redis.call('HGETALL', ARGV[1] .. row[i + 1] .. ARGV[2])}
+  end
+end
+return {row, {}}
+"""
+_RECORD_AND_ORGS_SHA = hashlib.sha1(_RECORD_AND_ORGS.encode(), usedforsecurity=False).hexdigest()
+"""Its name on the server, for EVALSHA_RO (redis-py's Script sends EVALSHA: a write to
+store/durable.py)."""
 # The key and its indexes, and its audit entry (KEYS[4..]), only if it was still there.
 _REVOKE = (
     APPEND_ENTRY
@@ -197,15 +221,28 @@ class ApiKeyService:
     async def authenticate(self, presented: str | None) -> Principal:
         """The principal for a presented key. Raises Unauthorized for a missing, unknown or
         suspended key."""
+        return (await self.authenticate_with_orgs(presented))[0]
+
+    async def authenticate_with_orgs(
+        self, presented: str | None
+    ) -> tuple[Principal, Memberships | None]:
+        """`authenticate`, with the key's user's organizations hash read in the same round trip
+        (None for the bootstrap key, whose check reads nothing): what the auth middleware
+        needs next. Nothing is kept between requests: each one reads the key's record afresh,
+        so a revoked or suspended key, or a removed membership, counts at once."""
         if not presented:
             raise Unauthorized("missing API key: send X-Session-API-Key or Authorization: Bearer")
         digest = hash_api_key(presented)
         if self._bootstrap_hash is not None and hmac.compare_digest(digest, self._bootstrap_hash):
-            return Principal(user_id=self._bootstrap_user, is_admin=True, key_id=BOOTSTRAP_KEY_ID)
+            principal = Principal(
+                user_id=self._bootstrap_user, is_admin=True, key_id=BOOTSTRAP_KEY_ID
+            )
+            return principal, None
         match = _KEY_RE.match(presented)
         if match is not None:
             key_id = match.group(1)
-            row = await self._redis.hgetall(keyspace.api_key(key_id))
+            flat, orgs = await self._read_record_and_orgs(key_id)
+            row = dict(zip(flat[::2], flat[1::2], strict=True))
             if row and hmac.compare_digest(text(row.get(b"hash", b"")), digest):
                 if row.get(b"suspended"):
                     raise Unauthorized(
@@ -213,13 +250,23 @@ class ApiKeyService:
                         "removed there); signing in through it again restores the key"
                     )
                 org = row.get(b"org_id")
-                return Principal(
+                principal = Principal(
                     user_id=text(row[b"user_id"]),
                     is_admin=text(row[b"is_admin"]) == "1",
                     key_id=key_id,
                     key_org_id=text(org) if org else None,
                 )
+                pairs = zip(orgs[::2], orgs[1::2], strict=True)
+                return principal, {text(k): text(v) for k, v in pairs}
         raise Unauthorized("invalid API key")
+
+    async def _read_record_and_orgs(self, key_id: str) -> Any:
+        args = (keyspace.api_key(key_id), *_ORGS_AROUND)
+        try:
+            return await self._redis.evalsha_ro(_RECORD_AND_ORGS_SHA, 1, *args)
+        except NoScriptError:  # a new or flushed server: loaded once, then by its hash
+            await self._redis.script_load(_RECORD_AND_ORGS)
+            return await self._redis.evalsha_ro(_RECORD_AND_ORGS_SHA, 1, *args)
 
 
 def _info(key_id: str, row: dict[Any, Any]) -> ApiKeyInfo:

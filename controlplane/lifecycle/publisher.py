@@ -16,7 +16,7 @@ from controlplane.lifecycle.models import LifecycleEvent, LifecycleEventPage
 from controlplane.lifecycle.outbox import Outbox
 from controlplane.store import keyspace, text
 from controlplane.store.redis import REDIS_DOWN
-from controlplane.store.streams import StreamAdd, StreamEntry
+from controlplane.store.streams import LATE_ID, StreamAdd, StreamEntry
 
 log = structlog.get_logger("controlplane.lifecycle")
 
@@ -46,8 +46,12 @@ class LifecyclePublisher:
     def entry(self, event: LifecycleEvent) -> StreamEntry:
         """The event as stored: in the global and the user's streams and the webhook outbox.
         A write that stores it itself (a sandbox's compare-and-set, sandboxes/store.py) calls
-        `logged` once it has."""
-        fields = ("e", event.model_dump_json())
+        `logged` once it has. A sandbox id of streams.LATE_ID is left for the script to fill in
+        (a warm pool claim's events: the script picks the member)."""
+        line = event.model_dump_json()
+        if event.sandbox_id == LATE_ID:
+            line = line.replace('"\\u0000"', f'"{LATE_ID}"')
+        fields = ("e", line)
         adds = [
             StreamAdd(keyspace.LIFECYCLE, fields, maxlen=STREAM_MAXLEN),
             StreamAdd(keyspace.user_lifecycle(event.user_id), fields, maxlen=STREAM_MAXLEN),

@@ -52,21 +52,32 @@ class OrganizationService:
 
     # -- where a request acts ---------------------------------------------------------------
 
-    async def roles_of(self, user_id: str) -> tuple[dict[str, Role], str | None]:
-        """The user's roles by organization and their current organization. A user whose
+    async def roles_of(
+        self, user_id: str, memberships: dict[str, str] | None = None
+    ) -> tuple[dict[str, Role], str | None]:
+        """The user's roles by organization and their current organization (from
+        `memberships`, the user's hash as just read, else read now). A user whose
         memberships were never managed (from before organizations, or made by `controlplane
         keys create`) is a member of the default organization."""
-        memberships = await self.store.memberships(user_id)
+        if memberships is None:
+            memberships = await self.store.memberships(user_id)
         roles = _roles(memberships)
         if not roles and KNOWN not in memberships:
             roles = {self.default_org: Role.MEMBER}
         return roles, memberships.get(CURRENT)
 
-    async def scope(self, principal: Principal, requested: str | None) -> Principal:
+    async def scope(
+        self,
+        principal: Principal,
+        requested: str | None,
+        memberships: dict[str, str] | None = None,
+    ) -> Principal:
         """`principal` acting in `requested` (X-Org-Id) if given, else in its key's
-        organization, its current one, the default one, or its first. Raises NotFound for an
-        organization the caller is not a member of (a deployment admin may act in any)."""
-        roles, current = await self.roles_of(principal.user_id)
+        organization, its current one, the default one, or its first. `memberships`: the
+        user's hash as read in this request's authentication (else read here). Raises
+        NotFound for an organization the caller is not a member of (a deployment admin may act
+        in any)."""
+        roles, current = await self.roles_of(principal.user_id, memberships)
         if requested:
             if requested in roles:
                 return self._in(principal, requested, roles[requested])

@@ -4,14 +4,54 @@ the 429 each refusal is answered with."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from controlplane.auth.models import Principal
 from controlplane.config import ServiceConfig
 from controlplane.errors import QuotaExceeded
 from controlplane.organizations.service import OrganizationService
 from controlplane.sandboxes.store import Limits
+from controlplane.store import keyspace
 from drivers.base import SandboxDriver
+
+MEMBER_CAPS = """
+-- A member's caps as Admission.member_limits makes them (the two are kept alike, and tested
+-- so: tests/organizations/test_member_limits.py): the member's own (hash `member`), else the
+-- organization's (hash `org`), else the deployment's (`running`, `total`; -1: none); 0 set
+-- there: no cap (-1). With the organization's warm-pool share of a pool of `size` members,
+-- rounded down (-1: no share, or none applies).
+local function member_caps(org, member, running, total, size)
+  local function cap(field, default)
+    local v = redis.call('HGET', member, field)
+    if not v or v == '' then v = redis.call('HGET', org, field) end
+    if not v or v == '' then return default end
+    v = tonumber(v)
+    if v == 0 then return -1 end
+    return v
+  end
+  local share_cap = -1
+  local share = redis.call('HGET', org, 'warm_pool_share')
+  if size >= 0 and share and share ~= '' then
+    share_cap = math.floor(tonumber(share) * size + 1e-9)
+  end
+  return cap('max_running_sandboxes', running), cap('max_sandboxes', total), share_cap
+end
+"""
+
+
+@dataclass(frozen=True)
+class CapSources:
+    """Where a script finds a member's caps itself (MEMBER_CAPS), instead of being handed
+    them: one round trip fewer for a warm pool claim."""
+
+    org: str
+    """The organization's hash (its limits and warm-pool share)."""
+    member: str
+    """The member's own limits there."""
+    running: int
+    """The deployment's per-user cap on running sandboxes; -1: none."""
+    total: int
+    """The deployment's per-user cap on sandboxes; -1: none."""
 
 
 class Admission:
@@ -19,7 +59,7 @@ class Admission:
         self,
         config: ServiceConfig,
         driver: SandboxDriver,
-        organizations: OrganizationService | None = None,
+        organizations: OrganizationService,
     ) -> None:
         self._config = config
         self._driver = driver
@@ -50,8 +90,6 @@ class Admission:
         the deployment's (ACS_MAX_RUNNING_PER_USER, ACS_MAX_SANDBOXES_PER_USER); 0: no limit.
         With the organization's warm-pool share."""
         limits = await self.limits()
-        if self._organizations is None:
-            return limits
         org, member, share = await self._organizations.limits_for(
             org_id or self._config.default_organization, user_id
         )
@@ -63,6 +101,24 @@ class Admission:
         if total is not None:
             limits = replace(limits, total=total or None)
         return limits
+
+    def cap_sources(self, org_id: str | None, user_id: str) -> CapSources:
+        """Where `member_limits` reads `user_id`'s caps in `org_id`, for a script (MEMBER_CAPS)
+        that reads them itself in the write they bound."""
+        org = org_id or self._config.default_organization
+        return CapSources(
+            keyspace.organization(org),
+            keyspace.org_member_limits(org, user_id),
+            -1 if self.cap is None else self.cap,
+            self._config.max_sandboxes_per_user or -1,
+        )
+
+    async def limits_found(self, running: int, total: int) -> Limits:
+        """limits() with the caps a script found (MEMBER_CAPS; -1: none)."""
+        limits = await self.limits()
+        return replace(
+            limits, running=None if running < 0 else running, total=None if total < 0 else total
+        )
 
     def room_for(self, reservation: int) -> bool:
         """False while the runtime itself is short of memory for one more sandbox."""

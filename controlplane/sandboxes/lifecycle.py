@@ -12,7 +12,7 @@ from controlplane.sandboxes import naming
 from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
 from controlplane.store import audit
 from controlplane.store.audit import AuditAction
-from controlplane.store.streams import StreamEntry, join
+from controlplane.store.streams import LATE_ID, StreamEntry, join
 
 S = SandboxStatus
 OBSERVED = {
@@ -93,6 +93,26 @@ class SandboxLifecycle:
         published = self.publisher.entry(event) if self.publisher and event else None
         entry = join(published, made)
         return Pending(event, entry) if entry is not None else None
+
+    def claimed(self, owner: str) -> Pending | None:
+        """A warm pool claim's events for `owner` (created, then running), for the claim's
+        script to store with the claim (`entry`), naming the member it picks (their sandbox id
+        is streams.LATE_ID until then); logged by `done_claimed`."""
+        if self.publisher is None or owner == naming.POOL_OWNER:
+            return None
+        events = [
+            LifecycleEvent(type=kind, user_id=owner, sandbox_id=LATE_ID)
+            for kind in (LifecycleType.SANDBOX_CREATED, LifecycleType.SANDBOX_RUNNING)
+        ]
+        entry = join(*(self.publisher.entry(event) for event in events))
+        return Pending(None, entry) if entry is not None else None
+
+    def done_claimed(self, sandbox_id: str, owner: str) -> None:
+        """After a claim stored `claimed`'s events: their log lines, naming the member."""
+        if self.publisher is None:
+            return
+        for kind in (LifecycleType.SANDBOX_CREATED, LifecycleType.SANDBOX_RUNNING):
+            self.publisher.logged(LifecycleEvent(type=kind, user_id=owner, sandbox_id=sandbox_id))
 
     def done(self, pending: Pending | None) -> None:
         """After the transition stored `pending`: its log line."""

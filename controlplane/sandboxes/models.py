@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -197,3 +198,11 @@ class DeleteSandboxQuery(BaseModel):
 
 class Success(BaseModel):
     success: bool = True
+
+
+class Claimed(NamedTuple):
+    """A member claimed for a user."""
+
+    record: SandboxRecord
+    events_stored: bool
+    """The claim's lifecycle events were stored with it (else the caller publishes them)."""

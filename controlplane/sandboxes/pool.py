@@ -32,7 +32,7 @@ from controlplane.sandboxes import naming
 from controlplane.sandboxes.admission import Admission
 from controlplane.sandboxes.launcher import Launcher
 from controlplane.sandboxes.locks import SandboxLocks
-from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.sandboxes.models import Claimed, SandboxRecord, SandboxStatus
 from controlplane.sandboxes.pool_models import PoolMember, PoolOfSpec, PoolView
 from controlplane.sandboxes.pool_store import PoolStore
 from controlplane.sandboxes.store import Limits, SandboxStore
@@ -41,7 +41,7 @@ from controlplane.specs.models import SandboxSpec
 from controlplane.store import audit
 from controlplane.store.audit import AuditAction
 from controlplane.store.leader import LeaderLock
-from controlplane.store.streams import LATE_ID
+from controlplane.store.streams import LATE_ID, StreamEntry
 from drivers.base import RunState, SandboxDriver, SandboxState
 from drivers.errors import DriverError
 
@@ -83,6 +83,7 @@ class WarmPool:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._warmed: set[str] = set()
+        self._fingerprints: dict[str, tuple[SandboxSpec, str, str]] = {}
 
     def size(self, spec: SandboxSpec) -> int:
         return self._config.pool_size(spec.id, spec.warm_pool)
@@ -132,42 +133,61 @@ class WarmPool:
     # -- claims (any replica) -------------------------------------------------------------
 
     async def claim(
-        self, principal: Principal, spec: SandboxSpec, image_id: str, limits: Limits
-    ) -> SandboxRecord | None:
+        self,
+        principal: Principal,
+        spec: SandboxSpec,
+        image_id: str,
+        events: StreamEntry | None = None,
+    ) -> tuple[Claimed | None, Limits | None]:
+        """A ready member of `spec` for the caller (None when there is none to claim, or the
+        organization's share is used: the create starts cold), and the caller's limits as the
+        claim's script read them (None: no claim was tried, this spec has no pool). `events`
+        (the user's lifecycle events, their sandbox id LATE_ID) go with the claim where the
+        member was running (Claimed.events_stored). Raises QuotaExceeded."""
         if self.size(spec) <= 0:
-            return None
+            return None, None
         # The create's audit entry goes with the claim, which picks the sandbox (LATE_ID).
         made = audit.entry(AuditAction.SANDBOX_CREATE, org=principal.org_id, sandbox_id=LATE_ID)
-        share_cap = None
-        if limits.pool_share is not None and principal.org_id:
-            # Rounded down: a share of a pool of 3 that is under a third of it claims none.
-            share_cap = int(limits.pool_share * self.size(spec) + 1e-9)
         claim = await self.store.claim(
             spec.id,
-            fingerprint(spec, image_id),
+            self._fingerprint(spec, image_id),
             principal.user_id,
-            running_cap=limits.running,
-            total_cap=limits.total,
+            self._admission.cap_sources(principal.org_id, principal.user_id),
             org_id=principal.org_id,
-            share_cap=share_cap,
+            # The organization's share, rounded down (a share of a pool of 3 that is under a
+            # third of it claims none), applies where the caller acts in one.
+            pool_size=self.size(spec) if principal.org_id else None,
             share_window=self._config.pool_share_window,
             hold=self._config.pool_refill_delay,
             entry=made,
+            events=events,
         )
         self._wake.set()
+        limits = await self._admission.limits_found(claim.running_cap, claim.total_cap)
         if claim.outcome in ("running", "total"):
             raise self._admission.refused(principal, claim.outcome, limits)
         if claim.sandbox_id is None:
             if claim.outcome == "share":
                 log.info("pool_share_used", org_id=principal.org_id, spec_id=spec.id)
-            return None  # empty, or the organization's share used: the create starts cold
+            return None, limits  # empty, or the organization's share used: starts cold
         record = claim.record
         if record is None:
-            return None
+            return None, limits
         if claim.was_paused:
-            return await self._unpause(record)
+            unpaused = await self._unpause(record)
+            claimed = Claimed(unpaused, events_stored=False) if unpaused is not None else None
+            return claimed, limits
         log.info("pool_claimed", sandbox_id=record.id, user_id=record.owner, spec_id=spec.id)
-        return record
+        return Claimed(record, events_stored=claim.events_stored), limits
+
+    def _fingerprint(self, spec: SandboxSpec, image_id: str) -> str:
+        """fingerprint(), kept per spec and image (a claim's: a spec's JSON and its hash are
+        ~0.1 ms each time)."""
+        known = self._fingerprints.get(spec.id)
+        if known is None or known[0] is not spec or known[1] != image_id:
+            known = (spec, image_id, fingerprint(spec, image_id))
+            self._fingerprints[spec.id] = known
+        return known[2]
 
     async def _unpause(self, record: SandboxRecord) -> SandboxRecord | None:
         """A claimed paused member is unpaused before the user sees it; one that cannot be is

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 import redis.asyncio as aioredis
 
 from controlplane.crypto import hash_api_key
+from controlplane.sandboxes.admission import MEMBER_CAPS, CapSources
 from controlplane.sandboxes.models import SandboxRecord
 from controlplane.sandboxes.naming import POOL_OWNER
 from controlplane.sandboxes.store import RESERVATIONS, STATUS_INDEX, TOMBSTONE_TTL, SandboxStore
@@ -41,22 +42,29 @@ return 'ok'
 _CLAIM = (
     APPEND_ENTRY
     + STATUS_INDEX
+    + MEMBER_CAPS
     + """
-local running_cap, total_cap = tonumber(ARGV[1]), tonumber(ARGV[2])
+-- The member's caps, read here (KEYS[10], KEYS[11]; the deployment's ARGV[1], ARGV[2]; the
+-- share of a pool of ARGV[11]) and answered with every outcome: the caller's Limits.
+local running_cap, total_cap, share_cap = member_caps(
+  KEYS[10], KEYS[11], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[11]))
 local fp, owner, now, spec, prefix = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-local share_cap = tonumber(ARGV[11])
-if running_cap >= 0 and redis.call('SCARD', KEYS[5]) >= running_cap then return {'running'} end
-if total_cap >= 0 and redis.call('ZCARD', KEYS[4]) >= total_cap then return {'total'} end
+if running_cap >= 0 and redis.call('SCARD', KEYS[5]) >= running_cap then
+  return {'running', running_cap, total_cap}
+end
+if total_cap >= 0 and redis.call('ZCARD', KEYS[4]) >= total_cap then
+  return {'total', running_cap, total_cap}
+end
 -- The organization's share of this spec's pool (KEYS[8]: its claims in the window).
 if share_cap >= 0 and tonumber(redis.call('GET', KEYS[8]) or '0') >= share_cap then
   redis.call('HINCRBY', KEYS[7], 'share_misses:' .. spec, 1)
-  return {'share'}
+  return {'share', running_cap, total_cap}
 end
 while true do
   local popped = redis.call('ZPOPMIN', KEYS[1])
   if #popped == 0 then
     redis.call('HINCRBY', KEYS[7], 'misses:' .. spec, 1)
-    return {'empty'}
+    return {'empty', running_cap, total_cap}
   end
   local id = popped[1]
   local key = prefix .. id
@@ -80,10 +88,13 @@ while true do
     redis.call('PUBLISH', ARGV[9], id .. ' ' .. status)
     -- The refill holds while claims come (KEYS[9], for ARGV[13] ms; 0: no hold).
     if tonumber(ARGV[13]) > 0 then redis.call('SET', KEYS[9], '1', 'PX', ARGV[13]) end
-    -- The create's audit entry (KEYS[10..], ARGV[14..]), naming the member claimed.
-    append_entry(10, 14, id)
+    -- The create's audit entry (KEYS[12..], ARGV[14]; ARGV[15] keys), naming the member
+    -- claimed; then the user's created and running events (the keys after those, ARGV[16])
+    -- where the member runs (a paused one's are published once it is unpaused).
+    append_entry(12, 14, id)
+    if f[2] == 'RUNNING' then append_entry(12 + tonumber(ARGV[15]), 16, id) end
     -- The record as claimed: the caller answers with it, no second read.
-    return {'ok', id, f[2], redis.call('HGETALL', key)}
+    return {'ok', running_cap, total_cap, id, f[2], redis.call('HGETALL', key)}
   end
 end
 """
@@ -115,10 +126,15 @@ class Claim:
     outcome: str
     """ok, empty, running (the user's running cap), total (the user's total cap), share (the
     organization's warm-pool share used)"""
+    running_cap: int
+    """The caps the claim found for the member (CapSources; -1: none), with every outcome."""
+    total_cap: int
     sandbox_id: str | None = None
     was_paused: bool = False
     record: SandboxRecord | None = None
     """The member's record as the claim left it (the user's, RUNNING or STARTING)."""
+    events_stored: bool = False
+    """The claim's `events` were stored with it (a running member's)."""
 
 
 class PoolStore:
@@ -152,21 +168,26 @@ class PoolStore:
         spec_id: str,
         fingerprint: str,
         owner: str,
+        caps: CapSources,
         *,
-        running_cap: int | None,
-        total_cap: int | None,
         org_id: str | None = None,
-        share_cap: int | None = None,
+        pool_size: int | None = None,
         share_window: float = 60.0,
         hold: float = 0.0,
         entry: StreamEntry | None = None,
+        events: StreamEntry | None = None,
     ) -> Claim:
-        """Claim a ready member for `owner`; `entry` (the create's audit entry, its sandbox id
-        streams.LATE_ID) is added with the claim, naming the member. `share_cap`: the claims
-        of this spec's members `org_id` may make in a window of `share_window` seconds (past
-        it: outcome `share`, the create starts cold). `hold`: seconds the refill holds its
-        launches after this claim (claims_hold)."""
+        """Claim a ready member for `owner` within the caps the script reads from `caps` (and
+        answers with, whatever the outcome); `entry` (the create's audit entry, its sandbox id
+        streams.LATE_ID) is added with the claim, naming the member, and so are `events` (the
+        user's lifecycle events, named the same way) where the member was running (a paused
+        member is unpaused first: Claim.events_stored says which). `pool_size`: the size of
+        this spec's pool, where the organization's warm-pool share applies (None: it does
+        not): the claims of its members `org_id` may make in a window of `share_window`
+        seconds (past it: outcome `share`, the create starts cold). `hold`: seconds the refill
+        holds its launches after this claim (claims_hold)."""
         streams, entry_args = script_args(entry)
+        event_streams, event_args = script_args(events)
         result = await self._claim(
             keys=[
                 keyspace.pool_ready(spec_id),
@@ -178,11 +199,14 @@ class PoolStore:
                 keyspace.POOL_STATS,
                 keyspace.pool_org_claims(spec_id, org_id or "", _window(share_window)),
                 keyspace.POOL_CLAIMED,
+                caps.org,
+                caps.member,
                 *streams,
+                *event_streams,
             ],
             args=[
-                -1 if running_cap is None else running_cap,
-                -1 if total_cap is None else total_cap,
+                caps.running,
+                caps.total,
                 fingerprint,
                 owner,
                 datetime.now(UTC).isoformat(),
@@ -191,19 +215,32 @@ class PoolStore:
                 POOL_OWNER,
                 keyspace.SANDBOX_STATUS_CHANNEL,
                 org_id or "",
-                -1 if share_cap is None else share_cap,
+                -1 if pool_size is None else pool_size,
                 int(share_window * 1000),
                 int(hold * 1000),
                 *entry_args,
+                len(streams),
+                *event_args,
             ],
         )
-        outcome = text(result[0])
+        outcome, running, total = text(result[0]), int(result[1]), int(result[2])
         if outcome != "ok":
-            return Claim(outcome)
+            return Claim(outcome, running, total)
         stored(entry)
-        flat = result[3]
+        was_paused = text(result[4]) == "PAUSED"
+        if not was_paused:
+            stored(events)
+        flat = result[5]
         record = self.sandboxes.decode(dict(zip(flat[::2], flat[1::2], strict=True)))
-        return Claim(outcome, text(result[1]), text(result[2]) == "PAUSED", record)
+        return Claim(
+            outcome,
+            running,
+            total,
+            text(result[3]),
+            was_paused,
+            record,
+            events_stored=events is not None and not was_paused,
+        )
 
     async def claims_hold(self) -> float:
         """Seconds the refill still holds after the last claim of any replica (0: none)."""

@@ -30,6 +30,7 @@ from controlplane.sandboxes.leases import IntentLeases
 from controlplane.sandboxes.lifecycle import SandboxLifecycle, entry_of
 from controlplane.sandboxes.locks import SandboxLocks
 from controlplane.sandboxes.models import (
+    Claimed,
     SandboxInfo,
     SandboxRecord,
     SandboxStatus,
@@ -43,6 +44,7 @@ from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import SandboxSpec
 from controlplane.store.audit import AuditAction
+from controlplane.store.streams import StreamEntry
 from drivers.base import SandboxDriver
 from drivers.errors import DriverError
 
@@ -52,10 +54,17 @@ S = SandboxStatus
 
 class PoolClaims(Protocol):
     async def claim(
-        self, principal: Principal, spec: SandboxSpec, image_id: str, limits: Limits
-    ) -> SandboxRecord | None:
-        """A warm pool member of `spec`, now the principal's and RUNNING; None when the pool
-        has none (then the caller starts one cold). Raises QuotaExceeded at the user's caps."""
+        self,
+        principal: Principal,
+        spec: SandboxSpec,
+        image_id: str,
+        events: StreamEntry | None = None,
+    ) -> tuple[Claimed | None, Limits | None]:
+        """A warm pool member of `spec`, now the principal's and RUNNING (None when the pool
+        has none: then the caller starts one cold), and the principal's limits as the claim
+        read them (None: no claim was tried). `events`: the user's lifecycle events for the
+        claim to store with it (Claimed.events_stored). Raises QuotaExceeded at the user's
+        caps."""
 
 
 class AddressCache(Protocol):
@@ -171,15 +180,24 @@ class SandboxService(SandboxReads):
             return (await self.start_from(principal, snapshot_id, 1, spec_id=spec_id))[0]
         spec = self.catalog.get(spec_id)
         image_id = await self.driver.image_id(spec.image)
-        limits = await self.admission.member_limits(principal.org_id, principal.user_id)
+        limits = None
         if self.pool is not None and image_id is not None:
-            claimed = await self.pool.claim(principal, spec, image_id, limits)
+            # The user's sandbox begins here: its events, as for a cold start, stored by the
+            # claim's own script (one round trip, which reads the caller's limits too) unless
+            # the member has to be unpaused first.
+            events = self.notes.claimed(principal.user_id)
+            claimed, limits = await self.pool.claim(principal, spec, image_id, entry_of(events))
             if claimed is not None:
-                # The user's sandbox begins here: its events, as for a cold start.
-                await self.notes.several(
-                    (LifecycleType.SANDBOX_CREATED, LifecycleType.SANDBOX_RUNNING), claimed
-                )
-                return self.view(claimed, principal)
+                record = claimed.record
+                if claimed.events_stored:
+                    self.notes.done_claimed(record.id, record.owner)
+                else:
+                    await self.notes.several(
+                        (LifecycleType.SANDBOX_CREATED, LifecycleType.SANDBOX_RUNNING), record
+                    )
+                return self.view(record, principal)
+        if limits is None:
+            limits = await self.admission.member_limits(principal.org_id, principal.user_id)
         record = SandboxRecord.starting(
             naming.new_sandbox_id(), principal.user_id, spec.id, principal.org_id
         )

@@ -21,6 +21,7 @@ from controlplane.agent_protocol.models import ExecutionStatus
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
 from controlplane.metrics import NO_STATUS
+from controlplane.sandboxes.admission import CapSources
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.sandboxes.naming import POOL_OWNER
 from controlplane.sandboxes.pool_store import PoolStore
@@ -90,7 +91,10 @@ async def test_counts_follow_creates_pauses_and_deletes_on_two_replicas(
     assert (await there.transition(member, [S.STARTING], S.RUNNING)).outcome == "ok"
     await pool.mark_ready(member.spec_id, member.id)
     assert await gauge(one, admin_headers) == expected
-    claim = await pool.claim(member.spec_id, "fp", "user9", running_cap=None, total_cap=None)
+    no_caps = CapSources(
+        keyspace.organization("o"), keyspace.org_member_limits("o", "user9"), -1, -1
+    )
+    claim = await pool.claim(member.spec_id, "fp", "user9", no_caps)
     assert claim.outcome == "ok"
     assert claim.sandbox_id == member.id
     expected = Counter({"RUNNING": 4, "PAUSED": 1, "MISSING": 1})

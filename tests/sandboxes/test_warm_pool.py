@@ -191,6 +191,12 @@ async def test_claimed_member_keeps_nothing_of_another_user(
     ]
     every = (await (await client.get(f"{url}?all_users=true", headers=ADMIN)).json())["items"]
     assert {e["user_id"] for e in every} == {"alice"}
+    # Stored by the claim's script, in order, naming the member it picked (LATE_ID filled in).
+    assert [(e["type"], e["sandbox_id"], e["automatic"]) for e in reversed(every)] == [
+        ("sandbox.created", first, False),
+        ("sandbox.running", first, False),
+    ]
+    assert len({e["id"] for e in every}) == 2
     # Its audit entry, written by the claim's script, names the member the claim picked.
     audit = f"/api/v1/audit-events/search?target={first}"
     entries = (await (await client.get(audit, headers=ADMIN)).json())["items"]
@@ -273,6 +279,13 @@ async def test_paused_member_is_unpaused_on_claim_and_stale_ones_are_replaced(
     assert body["status"] == "RUNNING"
     assert own_docker.container(second).status == ("running")
     await wait_status(new, alice, second, "RUNNING")
+    # A paused member's events are published once it is unpaused (not by the claim's script).
+    url = "/api/v1/lifecycle-events/search"
+    events = (await (await new.get(url, headers=alice)).json())["items"]
+    assert [(e["type"], e["sandbox_id"]) for e in reversed(events)] == [
+        ("sandbox.created", second),
+        ("sandbox.running", second),
+    ]
 
 
 def test_fingerprint_follows_spec_content_and_image() -> None:
