@@ -535,7 +535,7 @@ def place_then_clean(entries: list[Entry], target: str) -> None:
     their lower/ name alone), answered {"cleaned": n}."""
     try:
         answer = place(entries, READY[0], target)
-    except OSError as exc:  # the whole placement: the control plane builds no base of it
+    except Exception as exc:  # the whole placement: the control plane builds no base of it
         answer = {"placed": 0, "bytes": 0, "missed": -1, "skipped": [], "error": str(exc)}
     send_json(b"J", answer)
     out.flush()

@@ -186,9 +186,32 @@ class DockerBases:
 
     async def discard(self, staging: Staging) -> None:
         """Drop a prepared base (its export failed): once its helper is gone, the volume
-        (and an image, if a build made one meanwhile)."""
+        (and an image, if a build made one meanwhile). Never raises (but a cancel): what it
+        cannot remove is the sweep's (a volume the engine still counts in use)."""
         self._prepared.pop(staging.volume, None)
-        await self.release(staging.volume)
+        name = staging.volume
+        try:
+            await self._unheld(name)
+            async with self._lock(name):
+                found = await self._lane.run(lambda c: _volume(c, name))
+                image = str(((found or {}).get("Labels") or {}).get(LABEL_BASE_IMAGE) or "")
+                if image:
+                    await self._lane.run(lambda c: _drop_image(c, image))
+                await self._free_volume(name)
+        except Exception as exc:
+            log.warning("snapshot_base_not_dropped", volume=name, error=str(exc))
+
+    async def _free_volume(self, name: str, tries: int = 20) -> None:
+        """Remove a volume, waiting out a moment the engine still counts it in use (a helper
+        container's removal it reported as in progress, 409, still under way)."""
+        for attempt in range(tries):
+            try:
+                await self._lane.run(lambda c: _remove_volume(c, name))
+                return
+            except DriverError as exc:
+                if "in use" not in str(exc) or attempt == tries - 1:
+                    raise
+            await asyncio.sleep(0.25)
 
     async def _unheld(self, volume: str) -> None:
         """Wait until no staging export's helper holds `volume` (the engine refuses to remove
@@ -378,9 +401,18 @@ class DockerBases:
         if committed:
             await self._lane.run(lambda c: _drop_image(c, image))
         if staged:
-            self._later(self.release(name), f"drop-{name}")
+            self._later(self._drop_staged(name, image), f"drop-{name}")
         else:
             await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
+
+    async def _drop_staged(self, name: str, image: str) -> None:
+        """A prepared base whose build failed, removed once the export's helper is gone;
+        unless a base was built in it since (a fork's restore from the store, which found the
+        volume unfinished and built it again under the same name)."""
+        await self._unheld(name)
+        async with self._lock(name):
+            if await self._lane.run(lambda c: _image_label(c, image, LABEL_ROOT)) is None:
+                await self._free_volume(name)
 
     async def _new_volume(
         self,
@@ -854,6 +886,11 @@ def _created(volume: dict[str, Any]) -> float | None:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
+
+
+def _remove_volume(client: docker.DockerClient, name: str) -> None:
+    with contextlib.suppress(NotFound):
+        client.api.remove_volume(name, force=True)
 
 
 def _volume(client: docker.DockerClient, name: str) -> dict[str, Any] | None:

@@ -18,7 +18,15 @@ import io
 import json
 import tarfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import IO, Any, TypeVar
@@ -293,6 +301,7 @@ class DockerExports:
                 into.release()
             raise
         ready = READY if into is None else f"{INTO}/ready"
+        items: AsyncGenerator[FileItem] | None = None
         try:
             request: dict[str, Any] = {"op": "export", "known": {}}
             if known:
@@ -313,8 +322,15 @@ class DockerExports:
             held = (
                 await self._still(name, helper, hold) if running else await self._go(name, helper)
             )
-            yield FileExport(held_still=held, items=self._items(helper, known, ready, into))
+            items = self._items(helper, known, ready, into)
+            yield FileExport(held_still=held, items=items)
         finally:
+            if items is not None:
+                # A caller that stopped reading (its writer failed) leaves the generator
+                # suspended: closed here, so that the engine's archive of the copies (which
+                # holds the helper's mounts) is closed before the helper goes.
+                with contextlib.suppress(RuntimeError):  # it runs still: it ends by itself
+                    await items.aclose()
             # Its work is done (or abandoned): removed without holding the caller up; a removal
             # that never happens (the control plane dying) is left to the sweep.
             task = asyncio.create_task(self._lane.run(lambda _: helper.close()))
@@ -374,7 +390,7 @@ class DockerExports:
         known: Mapping[tuple[str, str], FileEntry],
         ready: str,
         into: Staging | None,
-    ) -> AsyncIterator[FileItem]:
+    ) -> AsyncGenerator[FileItem]:
         """The listing, then each changed file's bytes after its entry: all from the archive of
         the helper's `ready` directory, which the engine streams (the listing first). With
         `into`, the stream ends once the helper has said how it laid the workspace down in the

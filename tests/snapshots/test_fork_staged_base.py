@@ -7,12 +7,16 @@ write), each file once (no staged copy left beside it), and the forks must see i
 from __future__ import annotations
 
 import asyncio
+import secrets
 
 import docker
+import pytest
 
 from controlplane import keys
+from drivers.base import LocalCopy
+from drivers.docker.driver import DockerDriver
 from drivers.docker.files import LABEL_SNAPSHOT
-from drivers.docker.helper import LABEL_ROLE
+from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE
 from tests.support.log_capture import capture_logs
 from tests.support.sandbox_helpers import wait_status
 from tests.support.snapshot_helpers import running, sh
@@ -101,3 +105,57 @@ async def test_a_forks_base_is_the_snapshots_workspace_laid_down_once(
     # A fork writes its own copy: the base and the other fork keep theirs.
     await sh(docker_client, test_prefix, ids[0], "echo mine > /workspace/d/e/f")
     assert (await sh(docker_client, test_prefix, ids[1], "cat /workspace/d/e/f")) == "x\n"
+
+
+class _Unrecorded:
+    """The export's Hold, with no record to keep (the control plane's is the taker's)."""
+
+    async def begin(self) -> None:
+        return None
+
+    async def end(self) -> None:
+        return None
+
+
+async def test_an_export_that_fails_after_staging_leaves_no_base(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    """The base volume is made before the export's helper stages in it: an export left half
+    read (the writer failed) removes it, once the helper holding it is gone; a fork's export
+    read to its end gives the build a whole workspace."""
+    alice = await user_headers("alice")
+    source = (await running(snap, alice))["id"]
+    await sh(docker_client, test_prefix, source, "head -c 20000000 /dev/urandom > /workspace/big")
+    driver = snap.app[keys.DRIVER]
+    assert isinstance(driver, DockerDriver)
+    image = snap.app[keys.SPECS].default.image
+    key = secrets.token_hex(16)
+    made = {"label": f"{LABEL_SNAPSHOT}={key}"}
+    export = driver.files.export(
+        source,
+        {},
+        working_dir="/workspace",
+        state_paths=(),
+        hold=_Unrecorded(),
+        local=LocalCopy(key, image),
+    )
+    staged_in: list[object] = []
+
+    async def read_then_fail() -> None:
+        async with export as files:
+            staged_in.extend(docker_client.volumes.list(filters=made))
+            async for item in files.items:
+                if isinstance(item, bytes):
+                    raise RuntimeError("the writer failed")
+
+    with pytest.raises(RuntimeError, match="the writer failed"):
+        await read_then_fail()
+    assert staged_in != []
+    assert docker_client.volumes.list(filters=made) == []
+    owned: dict[str, str | list[str] | bool] = {
+        "label": [f"{LABEL_OWNER}={test_prefix}", f"{LABEL_ROLE}=files"]
+    }
+    assert docker_client.containers.list(all=True, filters=owned) == []
+    assert (await sh(docker_client, test_prefix, source, "stat -c %s /workspace/big")) == (
+        "20000000\n"
+    )
