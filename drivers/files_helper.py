@@ -4,10 +4,11 @@ sandbox's files (drivers/docker/files.py, drivers/kubernetes/files.py). It is se
 `python3 -I -S -c <this file>` and must run on any Python 3.9+ with the standard library alone,
 since it runs in the helper image (ACS_SNAPSHOT_HELPER_IMAGE), not in the control plane.
 
-Mounts (read-only): /acs/ws (the workspace volume), /acs/upper (the container's own writable
-layer, the overlay "upper" directory: what changed outside the workspace, with whiteouts for
-what was deleted from the image) and, for a sandbox made from a snapshot, /acs/base (the base
-image's top layer, which holds that snapshot's changes: the two are merged as overlay does).
+Mounts (read-only, but a fork's /acs/into below): /acs/ws (the workspace volume), /acs/upper
+(the container's own writable layer, the overlay "upper" directory: what changed outside the
+workspace, with whiteouts for what was deleted from the image) and, for a sandbox made from a
+snapshot, /acs/base (the base image's top layer, which holds that snapshot's changes: the two
+are merged as overlay does).
 Nothing is ever followed through a symbolic link: every path is walked from a directory
 descriptor with O_NOFOLLOW, so a tree the agent shaped cannot send a read elsewhere.
 
@@ -24,6 +25,12 @@ listing (a JSON array; each changed file named, "n", by its staged copy; an entr
 signature is the known one only as {"t", "p", "c": false}, since the control plane holds it) is
 written beside the copies in /acs/ready, and Z says so: the control plane reads that directory
 as one archive from the engine (far faster than this stream).
+A fork's export on Docker also mounts the new base volume (read-write, /acs/into) and names
+"staging" and "ready" there, and "place" (the base's lower/, made here): after Z the helper lays
+the workspace tree down there from the listing, each file a hard link of its staged copy, while
+the engine streams the copies; it answers {"placed": n, "bytes": b, "missed": m, "skipped":
+[paths]}, and on {"op": "clean"} (the control plane read the whole archive) removes its staging
+and ready directories, answered {"cleaned": n} (`place_then_clean`).
 Either look may refuse instead, before anything is copied: {"too_large": bytes, "limit": n}
 (the changed files are over "max_bytes"; with "scratch": true, they need more than the
 "scratch_bytes" the staging directory may hold) or {"too_deep": MAX_DEPTH, "tree": t, "path": p} (a
