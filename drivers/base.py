@@ -226,6 +226,17 @@ class Hold(Protocol):
     async def end(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class LocalCopy:
+    """A fork's export (SandboxFiles.export's `local`): its snapshot, `key`, is to be built
+    into the runtime's shared copy for sandboxes of `image` (`build_local`) from the export's
+    stream, which a runtime may prepare that copy from while it exports (Docker: the helper
+    stages its copies in the new base volume and lays the workspace down there)."""
+
+    key: str
+    image: str
+
+
 @dataclass
 class FileExport:
     """A consistent export: the sandbox was held still `held_still` seconds while its state
@@ -253,6 +264,7 @@ class SandboxFiles(Protocol):
         state_paths: Sequence[str],
         hold: Hold,
         max_bytes: int | None = None,
+        local: LocalCopy | None = None,
     ) -> AbstractAsyncContextManager[FileExport]:
         """The sandbox's workspace, system and state trees as they were at one moment. A
         running sandbox is held still (told to `hold`) only while the files that changed
@@ -264,6 +276,8 @@ class SandboxFiles(Protocol):
         sandbox has no instance to read (or its files cannot be read), RuntimeUnavailable.
         With `max_bytes`, an export whose changed files add up to more is refused with
         FilesTooLarge before anything is copied (a sparse file counts at its full size).
+        `local`: the caller builds the runtime's shared copy of this export (`build_local`,
+        with the same key and image) from its stream; a runtime without one ignores it.
         """
 
     builds_locally: bool

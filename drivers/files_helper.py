@@ -4,10 +4,11 @@ sandbox's files (drivers/docker/files.py, drivers/kubernetes/files.py). It is se
 `python3 -I -S -c <this file>` and must run on any Python 3.9+ with the standard library alone,
 since it runs in the helper image (ACS_SNAPSHOT_HELPER_IMAGE), not in the control plane.
 
-Mounts (read-only): /acs/ws (the workspace volume), /acs/upper (the container's own writable
-layer, the overlay "upper" directory: what changed outside the workspace, with whiteouts for
-what was deleted from the image) and, for a sandbox made from a snapshot, /acs/base (the base
-image's top layer, which holds that snapshot's changes: the two are merged as overlay does).
+Mounts (read-only, but a fork's /acs/into below): /acs/ws (the workspace volume), /acs/upper
+(the container's own writable layer, the overlay "upper" directory: what changed outside the
+workspace, with whiteouts for what was deleted from the image) and, for a sandbox made from a
+snapshot, /acs/base (the base image's top layer, which holds that snapshot's changes: the two
+are merged as overlay does).
 Nothing is ever followed through a symbolic link: every path is walked from a directory
 descriptor with O_NOFOLLOW, so a tree the agent shaped cannot send a read elsewhere.
 
@@ -24,6 +25,12 @@ listing (a JSON array; each changed file named, "n", by its staged copy; an entr
 signature is the known one only as {"t", "p", "c": false}, since the control plane holds it) is
 written beside the copies in /acs/ready, and Z says so: the control plane reads that directory
 as one archive from the engine (far faster than this stream).
+A fork's export on Docker also mounts the new base volume (read-write, /acs/into) and names
+"staging" and "ready" there, and "place" (the base's lower/, made here): after Z the helper lays
+the workspace tree down there from the listing, each file a hard link of its staged copy, while
+the engine streams the copies; it answers {"placed": n, "bytes": b, "missed": m, "skipped":
+[paths]}, and on {"op": "clean"} (the control plane read the whole archive) removes its staging
+and ready directories, answered {"cleaned": n} (`place_then_clean`).
 Either look may refuse instead, before anything is copied: {"too_large": bytes, "limit": n}
 (the changed files are over "max_bytes"; with "scratch": true, they need more than the
 "scratch_bytes" the staging directory may hold) or {"too_deep": MAX_DEPTH, "tree": t, "path": p} (a
@@ -71,7 +78,7 @@ BLOCK = 4096
 # unprivileged user may set user.overlay.opaque on its own directories.
 OPAQUE = ("trusted.overlay.opaque",)
 STAGING = ["/acs/staging"]  # a list: an export request may name another
-READY = "/acs/ready"
+READY = ["/acs/ready"]  # the same ("ready")
 CARRIED_NAME = "carried.json"
 LISTING = "-listing.json"
 ROOTS = {"ws": "/acs/ws", "upper": "/acs/upper", "base": "/acs/base"}
@@ -455,12 +462,8 @@ def looked(state: list[str], skip: list[str], system: bool) -> list[Entry] | Non
         return None
 
 
-def export(request: dict[str, Any]) -> None:
-    began = time.monotonic()
-    known: dict[str, dict[str, list[Any]]] = request.get("known") or {}
-    if request.get("known_file"):
-        with open(request["known_file"]) as known_file:
-            known = json.loads(known_file.read())
+def configure(request: dict[str, Any], known: dict[str, dict[str, list[Any]]]) -> None:
+    """An export request's roots, carried signatures, staging and ready directories."""
     if request.get("roots"):
         ROOTS.clear()
         ROOTS.update(request["roots"])
@@ -468,6 +471,17 @@ def export(request: dict[str, Any]) -> None:
         carry(known, request["carried_file"])
     if request.get("staging"):
         STAGING[0] = request["staging"]
+    if request.get("ready"):
+        READY[0] = request["ready"]
+
+
+def export(request: dict[str, Any]) -> None:
+    began = time.monotonic()
+    known: dict[str, dict[str, list[Any]]] = request.get("known") or {}
+    if request.get("known_file"):
+        with open(request["known_file"]) as known_file:
+            known = json.loads(known_file.read())
+    configure(request, known)
     system = bool(request.get("system", True))
     state = request.get("state") or []
     skip = request.get("skip") or []
@@ -501,19 +515,140 @@ def export(request: dict[str, Any]) -> None:
         return
     # The sandbox goes on. The staged copies are renamed in the listing's order into the
     # directory the control plane then reads as one archive (sorted by name: that order).
-    os.makedirs(READY, exist_ok=True)
+    os.makedirs(READY[0], exist_ok=True)
 
     def ready(entry: Entry, copy: str, index: int) -> str:
         entry["n"] = f"{index:09d}"
-        os.rename(copy, f"{READY}/{entry['n']}")
-        return f"{READY}/{entry['n']}"
+        os.rename(copy, f"{READY[0]}/{entry['n']}")
+        return f"{READY[0]}/{entry['n']}"
 
     entries, _ = final_listing(listed, known, staged, ready)
     # The listing goes with the copies, first in the archive's order ("-" sorts before digits).
-    with open(f"{READY}/{LISTING}", "w") as listing:
+    with open(f"{READY[0]}/{LISTING}", "w") as listing:
         listing.write(json.dumps(entries, separators=(",", ":")))  # dumps: the C encoder
     send(b"Z", b"")
     out.flush()
+    if request.get("place"):
+        place_then_clean(entries, request["place"])
+
+
+def place_then_clean(entries: list[Entry], target: str) -> None:
+    """A fork's export staged in the new base volume (its "staging" and "ready" there): while
+    the engine streams the copies to the control plane, the workspace tree is laid down in
+    `target` (the base's lower/, which must not exist) from the listing, each file a hard link
+    of its staged copy (no byte written twice, `place`); answered {"placed": n, "bytes": b,
+    "missed": m, "skipped": [paths]}. Then, once the control plane has read the copies
+    ({"op": "clean"}), the staging and ready directories are removed (the linked files keep
+    their lower/ name alone), answered {"cleaned": n}."""
+    try:
+        answer = place(entries, READY[0], target)
+    except Exception as exc:  # the whole placement: the control plane builds no base of it
+        answer = {"placed": 0, "bytes": 0, "missed": -1, "skipped": [], "error": str(exc)}
+    send_json(b"J", answer)
+    out.flush()
+    kind, payload = read_frame()
+    if kind != b"J" or json.loads(payload).get("op") != "clean":
+        raise SystemExit("expected clean")
+    cleaned = sum(empty_out(where) for where in (READY[0], STAGING[0]))
+    send_json(b"J", {"cleaned": cleaned})
+    out.flush()
+
+
+def empty_out(where: str) -> int:
+    """Remove the directory `where` and the files in it (the helper's own copies: flat, no
+    subdirectory); how many files."""
+    try:
+        fd = os.open(where, NOFOLLOW_DIR)
+    except FileNotFoundError:
+        return 0
+    try:
+        names = os.listdir(fd)
+        for name in names:
+            os.unlink(name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(where)
+    return len(names)
+
+
+def place(entries: list[Entry], ready: str, target: str) -> dict[str, Any]:
+    """The listing's workspace tree laid down under `target` (made here: it must not exist)
+    with every owner, mode, time, link target and whiteout as listed; a file is a hard link
+    of its staged copy in `ready` (same filesystem: the base volume), which must be the size
+    listed. Nothing is followed through a link, made beneath anything but a directory, nor
+    outside `target`; an entry that cannot be made is counted ("missed") and named."""
+    os.mkdir(target, 0o700)
+    root_fd = os.open(target, NOFOLLOW_DIR)
+    ready_fd = os.open(ready, NOFOLLOW_DIR)
+    dirs: list[tuple[list[str], Entry]] = []
+    placed = size = 0
+    skipped: list[str] = []
+    try:
+        for entry in entries:
+            if entry.get("t") != "workspace":
+                continue
+            try:
+                size += place_entry(root_fd, ready_fd, entry, dirs)
+            except OSError:
+                skipped.append(str(entry.get("p")))
+                continue
+            placed += 1
+        finish_dirs(root_fd, dirs, owners=True)
+    finally:
+        os.close(ready_fd)
+        os.close(root_fd)
+    return {"placed": placed, "bytes": size, "missed": len(skipped), "skipped": skipped[:20]}
+
+
+def place_entry(
+    root_fd: int, ready_fd: int, entry: Entry, dirs: list[tuple[list[str], Entry]]
+) -> int:
+    """Make one listed entry under root (a directory's owner, mode and time come at the end:
+    `finish_dirs`); the bytes of a file linked. Raises OSError to skip it."""
+    if entry.get("c") is False:
+        raise OSError("an unchanged entry has no staged copy")
+    if entry["p"] == "":
+        dirs.append(([], entry))  # the root itself
+        return 0
+    parts = parts_of(entry["p"])
+    if parts is None:
+        raise OSError("a path that leaves the root")
+    fd = parent_fd(root_fd, parts)
+    if fd is None:
+        raise OSError("a parent that is missing or not a directory")
+    name = parts[-1]
+    uid, gid, ns = int(entry["u"]), int(entry["g"]), int(entry["mt"])
+    try:
+        if entry["k"] == "dir":
+            os.mkdir(name, 0o700, dir_fd=fd)
+            dirs.append((parts, entry))
+            return 0
+        if entry["k"] in ("symlink", "deleted"):
+            if entry["k"] == "symlink":
+                os.symlink(entry.get("l", ""), name, dir_fd=fd)
+            else:  # a whiteout, as the engine's extraction makes it (a 0/0 character device)
+                mode = stat.S_IFCHR | (int(entry["m"]) & 0o7777)
+                os.mknod(name, mode, os.makedev(0, 0), dir_fd=fd)
+            os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+            os.utime(name, ns=(ns, ns), dir_fd=fd, follow_symlinks=False)
+            return 0
+        copy = str(entry.get("n", ""))
+        if entry["k"] != "file" or not copy.isdigit():
+            raise OSError("not kept here")
+        os.link(copy, name, src_dir_fd=ready_fd, dst_dir_fd=fd, follow_symlinks=False)
+        file_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+        try:
+            st = os.fstat(file_fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != int(entry["s"]):
+                raise OSError("the staged copy is not the one listed")
+            os.fchown(file_fd, uid, gid)  # before the mode: a chown clears set-id bits
+            os.fchmod(file_fd, int(entry["m"]) & 0o7777)
+            os.utime(file_fd, ns=(ns, ns))
+        finally:
+            os.close(file_fd)
+        return st.st_size
+    finally:
+        os.close(fd)
 
 
 def carry(known: dict[str, dict[str, list[Any]]], carried_file: str) -> None:
@@ -690,20 +825,26 @@ def load_entry(root_fd: int, entry: Entry, dirs: list[tuple[list[str], Entry]]) 
         os.close(fd)
 
 
-def finish_dirs(root_fd: int, dirs: list[tuple[list[str], Entry]]) -> None:
-    """Directories' modes and times, deepest first (setting a time on a parent before its
-    children are done would be undone by them)."""
+def finish_dirs(root_fd: int, dirs: list[tuple[list[str], Entry]], *, owners: bool = False) -> None:
+    """Directories' modes and times (with `owners`, owners too; no parts: the root itself),
+    deepest first (setting a time on a parent before its children are done would be undone
+    by them)."""
     for parts, entry in sorted(dirs, key=lambda d: -len(d[0])):
-        fd = parent_fd(root_fd, parts)
-        if fd is None:
-            continue
+        if not parts:
+            child = os.dup(root_fd)
+        else:
+            fd = parent_fd(root_fd, parts)
+            if fd is None:
+                continue
+            try:
+                child = os.open(parts[-1], NOFOLLOW_DIR, dir_fd=fd)
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
         try:
-            child = os.open(parts[-1], NOFOLLOW_DIR, dir_fd=fd)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-        try:
+            if owners:
+                os.fchown(child, int(entry["u"]), int(entry["g"]))
             os.fchmod(child, int(entry["m"]) & 0o3777)
             ns = int(entry["mt"])
             if ns:  # 0: a directory the driver adds (above a kept path) keeps its own time

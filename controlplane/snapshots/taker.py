@@ -34,7 +34,7 @@ from controlplane.snapshots.sources import SnapshotData
 from controlplane.snapshots.store import SnapshotLimits
 from controlplane.snapshots.tee import Tee
 from controlplane.snapshots.writer import SnapshotWriter, Written
-from drivers.base import FileItem, SandboxFiles
+from drivers.base import FileItem, LocalCopy, SandboxFiles
 
 log = structlog.get_logger(__name__)
 ARTIFACT = "application/vnd.acs.snapshot.v1"
@@ -156,6 +156,7 @@ class Taker:
                     state_paths=(STATE_DIR,),
                     hold=hold,
                     max_bytes=self._max_changed_bytes,
+                    local=None if local_image is None else LocalCopy(snapshot_id, local_image),
                 ) as export:
                     marks.append(("export", time.monotonic()))
                     if captured is not None:

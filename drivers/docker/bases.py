@@ -43,7 +43,7 @@ from drivers.base import (
     SandboxRequest,
 )
 from drivers.docker import names as docker_names
-from drivers.docker.files import CARRIED, LABEL_SNAPSHOT, Lane
+from drivers.docker.files import CARRIED, LABEL_SNAPSHOT, Lane, Staging
 from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE, LINK_CAPABILITIES, Helper
 from drivers.docker.tar import Feed, archive
 from drivers.errors import DriverError, ImageMissing
@@ -112,6 +112,10 @@ class DockerBases:
         # sandbox id -> the base `stage` found or built, or a fork's `build` made for it
         self._staged: dict[str, Base] = {}
         self._stamping: dict[str, asyncio.Task[None]] = {}  # base volume -> its `_stamp`
+        # base volume -> (the engine's word on it, its staging): made by `prepare` for a
+        # fork's export to stage its copies in, taken by the `build` that follows.
+        self._prepared: dict[str, tuple[dict[str, Any], Staging]] = {}
+        self._held: dict[str, Staging] = {}  # base volume -> the staging whose helper holds it
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -156,8 +160,70 @@ class DockerBases:
         found = await self._lane.run(lambda c: _volume(c, volume))
         return None if found is None else (found.get("Labels") or {}).get(LABEL_BASE)
 
+    async def prepare(self, key: str, image_name: str) -> Staging:
+        """The base volume of `key` (a new snapshot's) for `image_name`, made empty for a
+        fork's export to stage its copies in and lay the workspace down in (files.py:
+        `DockerExports.export`'s `into`): no byte is then written twice, nor re-extracted by
+        the engine. The `build` that follows takes it; `discard` drops it when the export
+        fails."""
+        image_id = await self._lane.run(lambda c: _image_id(c, image_name))
+        name, image = self._names(key, image_id)
+        async with self._lock(name):
+            if await self._lane.run(lambda c: _volume(c, name)) is not None:
+                raise DriverError(f"the base volume {name} exists already")
+            labels = self._labels(key, image)
+            made = await self._lane.run(lambda c: c.api.create_volume(name=name, labels=labels))
+            staging = Staging(name)
+            self._prepared[name] = (made, staging)
+            self._held[name] = staging
+            staging.released.add_done_callback(lambda _: self._unhold(name, staging))
+        log.info("snapshot_base_prepared", snapshot=key, volume=name)
+        return staging
+
+    def _unhold(self, volume: str, staging: Staging) -> None:
+        if self._held.get(volume) is staging:
+            del self._held[volume]
+
+    async def discard(self, staging: Staging) -> None:
+        """Drop a prepared base (its export failed): once its helper is gone, the volume
+        (and an image, if a build made one meanwhile). Never raises (but a cancel): what it
+        cannot remove is the sweep's (a volume the engine still counts in use)."""
+        self._prepared.pop(staging.volume, None)
+        name = staging.volume
+        try:
+            await self._unheld(name)
+            async with self._lock(name):
+                found = await self._lane.run(lambda c: _volume(c, name))
+                image = str(((found or {}).get("Labels") or {}).get(LABEL_BASE_IMAGE) or "")
+                if image:
+                    await self._lane.run(lambda c: _drop_image(c, image))
+                await self._free_volume(name)
+        except Exception as exc:
+            log.warning("snapshot_base_not_dropped", volume=name, error=str(exc))
+
+    async def _free_volume(self, name: str, tries: int = 20) -> None:
+        """Remove a volume, waiting out a moment the engine still counts it in use (a helper
+        container's removal it reported as in progress, 409, still under way)."""
+        for attempt in range(tries):
+            try:
+                await self._lane.run(lambda c: _remove_volume(c, name))
+                return
+            except DriverError as exc:
+                if "in use" not in str(exc) or attempt == tries - 1:
+                    raise
+            await asyncio.sleep(0.25)
+
+    async def _unheld(self, volume: str) -> None:
+        """Wait until no staging export's helper holds `volume` (the engine refuses to remove
+        a volume in use); at most a minute (the helper's removal hangs: the sweep then)."""
+        staging = self._held.get(volume)
+        if staging is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(staging.released), 60.0)
+
     async def release(self, base_volume: str) -> None:
         """Remove the base (volume and image) when no workspace stands on it any more."""
+        await self._unheld(base_volume)
         async with self._lock(base_volume):
             stamping = self._stamping.get(base_volume)
             if stamping is not None:  # its helper holds the volume: removal would fail
@@ -194,6 +260,8 @@ class DockerBases:
             made = _created(volume)
             if made is None or made > cutoff or self._locks.get(volume["Name"], _FREE).locked():
                 continue
+            if volume["Name"] in self._held or volume["Name"] in self._prepared:
+                continue  # a fork's export stages in it: its build comes
             image = (volume.get("Labels") or {}).get(LABEL_BASE_IMAGE)
             if image is None or _image_label(client, image, LABEL_ROOT) is None:
                 with contextlib.suppress(NotFound):
@@ -256,24 +324,18 @@ class DockerBases:
         sandbox_id = request.sandbox_id if request is not None else ""
         forks = [sandbox_id] if sandbox_id else list(sandbox_ids)
         image_id = await self._lane.run(lambda c: _image_id(c, image_name))
-        name = f"{self._prefix}base-{source.key}-{image_id[7:19]}"
-        image = f"{_image_name(self._prefix)}:{source.key}-{image_id[7:19]}"
+        name, image = self._names(source.key, image_id)
         async with self._lock(name):
+            # Made by `prepare` for this build: the export staged its copies in it.
+            prepared = self._prepared.pop(name, None) if request is None else None
             found = await self._lane.run(lambda c: _volume(c, name))
             root = await self._lane.run(lambda c: _image_label(c, image, LABEL_ROOT))
             if found is not None and root is not None:
                 return Base(name, str(found["Mountpoint"]), image, root)
-            if found is not None:  # an earlier build that did not finish
-                await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
-            labels = {
-                LABEL_OWNER: self._prefix,
-                LABEL_SNAPSHOT: source.key,
-                LABEL_BASE_IMAGE: image,
-                LABEL_ROLE: "base",
-            }
             log.info("snapshot_base_building", snapshot=source.key, sandbox_id=sandbox_id)
             began = time.monotonic()
-            made = await self._lane.run(lambda c: c.api.create_volume(name=name, labels=labels))
+            made = await self._new_volume(name, image, source.key, found, prepared)
+            labels = self._labels(source.key, image)
             holder = ""
             dropping: asyncio.Future[None] | None = None
             committing: asyncio.Future[Any] | None = None
@@ -289,7 +351,9 @@ class DockerBases:
                 if old is not None:  # what it holds of the snapshot is linked: it may go
                     dropping = asyncio.ensure_future(old.drop())
                 filling = time.monotonic()
-                root, signatures = await self._fill(source, forks, name, upper, held)
+                root, signatures = await self._fill(
+                    source, forks, name, upper, held, staging=prepared[1] if prepared else None
+                )
                 filled = time.monotonic()
                 # The image's labels pass to every container of it: only what they need. A
                 # commit merges the holder's own labels in, so those are blanked (a label
@@ -317,9 +381,9 @@ class DockerBases:
                 self._dirs_made = {made for made in self._dirs_made if made[0] != name}
                 self._dirs_made.update((name, fork) for fork in forks)
             except BaseException:
-                await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
-                if committing is not None:  # it landed (`_landed`): no sweep finds an image
-                    await self._lane.run(lambda c: _drop_image(c, image))
+                await self._undo(
+                    name, image, committed=committing is not None, staged=bool(prepared)
+                )
                 raise
             finally:
                 if dropping is not None:  # a failure: the caller removes it again, and says
@@ -330,6 +394,72 @@ class DockerBases:
                     )
             return Base(name, str(made["Mountpoint"]), image, root)
 
+    async def _undo(self, name: str, image: str, *, committed: bool, staged: bool) -> None:
+        """What a failed build made, removed: the image if its commit landed (`_landed`: no
+        sweep finds an image), the volume (a prepared one, `staged`, once the export's helper
+        is gone: it may hold it still, and waits for the stream this build stopped reading)."""
+        if committed:
+            await self._lane.run(lambda c: _drop_image(c, image))
+        if staged:
+            self._later(self._drop_staged(name, image), f"drop-{name}")
+        else:
+            await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
+
+    async def _drop_staged(self, name: str, image: str) -> None:
+        """A prepared base whose build failed, removed once the export's helper is gone;
+        unless a base was built in it since (a fork's restore from the store, which found the
+        volume unfinished and built it again under the same name)."""
+        await self._unheld(name)
+        async with self._lock(name):
+            if await self._lane.run(lambda c: _image_label(c, image, LABEL_ROOT)) is None:
+                await self._free_volume(name)
+
+    async def _new_volume(
+        self,
+        name: str,
+        image: str,
+        key: str,
+        found: dict[str, Any] | None,
+        prepared: tuple[dict[str, Any], Staging] | None,
+    ) -> dict[str, Any]:
+        """The empty base volume a build lays its files into: the one `prepare` made for it,
+        or a new one (one left by an earlier build that did not finish removed first)."""
+        if prepared is not None:
+            if found is None:
+                raise DriverError(f"the staged base volume {name} is gone")
+            return prepared[0]
+        if found is not None:
+            await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
+        labels = self._labels(key, image)
+        made: dict[str, Any] = await self._lane.run(
+            lambda c: c.api.create_volume(name=name, labels=labels)
+        )
+        return made
+
+    def _names(self, key: str, image_id: str) -> tuple[str, str]:
+        """The base volume's and image's names for the content `key` on the image `image_id`."""
+        name = f"{self._prefix}base-{key}-{image_id[7:19]}"
+        return name, f"{_image_name(self._prefix)}:{key}-{image_id[7:19]}"
+
+    def _labels(self, key: str, image: str) -> dict[str, str]:
+        return {
+            LABEL_OWNER: self._prefix,
+            LABEL_SNAPSHOT: key,
+            LABEL_BASE_IMAGE: image,
+            LABEL_ROLE: "base",
+        }
+
+    def _later(self, work: Awaitable[None], name: str) -> None:
+        async def run() -> None:
+            try:
+                await work
+            except Exception as exc:  # the sweep removes what is left
+                log.warning("snapshot_base_not_dropped", task=name, error=str(exc))
+
+        task = asyncio.create_task(run(), name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def _fill(
         self,
         source: FileSource,
@@ -337,6 +467,8 @@ class DockerBases:
         volume: str,
         upper: str,
         held: frozenset[str],
+        *,
+        staging: Staging | None = None,
     ) -> tuple[str, dict[str, dict[str, list[object]]]]:
         """The source's workspace tree into the base volume's lower/ and its system (and
         state) trees into the holder's writable layer, extracted by the engine from one
@@ -344,8 +476,11 @@ class DockerBases:
         "uid:gid:mode", and the signature in the snapshot of each file laid down ({tree:
         {path: signature}}, for `_stamp`). The workspace files in `held` are in lower/
         already (`_reuse`): left out of the archive, and not fetched. `sandbox_ids`: the
-        sandboxes whose fork directories come in the same archive."""
+        sandboxes whose fork directories come in the same archive. With `staging` (a prepared
+        base), the export's helper lays the workspace tree down itself (`_placed`): the archive
+        holds the system tree and the fork directories alone."""
         root = "0:0:493"
+        workspace = 0  # the workspace entries streamed
         signatures: dict[str, dict[str, list[object]]] = {}
         # Paths (per destination) that are not directories: nothing is extracted beneath one,
         # which the engine would otherwise write through a link (entries come parents first).
@@ -364,7 +499,10 @@ class DockerBases:
             if entry.tree == WORKSPACE:
                 if entry.path == "":
                     root = f"{entry.uid}:{entry.gid}:{entry.mode}"
-                return None if entry.path in held else f"acs/ws/lower/{entry.path}".rstrip("/")
+                nonlocal workspace
+                workspace += 1
+                laid = staging is not None or entry.path in held  # by the helper, or reused
+                return None if laid else f"acs/ws/lower/{entry.path}".rstrip("/")
             # The state tree comes only when the source gives it (a rewind of the sandbox it
             # was taken of); it lies in the same writable layer as the system tree.
             if entry.tree in (SYSTEM, STATE):
@@ -387,6 +525,7 @@ class DockerBases:
 
         mounts = [Mount("/acs/ws", volume, type="volume"), Mount("/acs/upper", upper, type="bind")]
         await self._extract(mounts, archive(items(), named))
+        _placed(staging, workspace)
         return root, signatures
 
     async def _reuse(
@@ -639,6 +778,33 @@ class DockerBases:
 _FREE = asyncio.Lock()
 
 
+def _placed(staging: Staging | None, streamed: int) -> None:
+    """Raise unless the export's helper laid down every workspace entry the stream carried
+    (`streamed`) and removed its copies: the base then holds what the snapshot holds, byte for
+    byte (each file a link of the very copy the writer read). No staging: nothing to check."""
+    if staging is None:
+        return
+    if not staging.placed.done():  # the stream ends only after the helper's word
+        raise DriverError("the export did not say how it laid the workspace down")
+    answer = staging.placed.result()
+    if isinstance(answer, Exception):
+        raise answer
+    log.info(
+        "snapshot_base_placed",
+        volume=staging.volume,
+        placed=answer.get("placed"),
+        bytes=answer.get("bytes"),
+        cleaned=answer.get("cleaned"),
+    )
+    if answer.get("error") or answer.get("missed") or answer.get("placed") != streamed:
+        raise DriverError(
+            f"the staged workspace was laid down in part: {answer.get('placed')} of {streamed} "
+            f"entries ({answer.get('error') or answer.get('skipped')})"
+        )
+    if answer.get("cleaned") is None:
+        raise DriverError("the export's staged copies were not removed")
+
+
 async def _landed(call: asyncio.Future[Any]) -> None:
     """Wait for an engine call already in a thread; a cancel waits for the call to land
     before it goes on (the thread carries on regardless: what it makes is then there for the
@@ -720,6 +886,11 @@ def _created(volume: dict[str, Any]) -> float | None:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
+
+
+def _remove_volume(client: docker.DockerClient, name: str) -> None:
+    with contextlib.suppress(NotFound):
+        client.api.remove_volume(name, force=True)
 
 
 def _volume(client: docker.DockerClient, name: str) -> dict[str, Any] | None:

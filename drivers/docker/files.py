@@ -18,7 +18,15 @@ import io
 import json
 import tarfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import IO, Any, TypeVar
@@ -40,7 +48,7 @@ from drivers.base import (
 from drivers.docker import names as docker_names
 from drivers.docker.engine import DockerEngine
 from drivers.docker.freezer import freeze
-from drivers.docker.helper import Helper
+from drivers.docker.helper import CAPABILITIES, STAGE_CAPABILITIES, Helper
 from drivers.errors import DriverError, RuntimeUnavailable
 from drivers.helper_answers import checked, known_by_tree, unchanged
 
@@ -57,8 +65,32 @@ CARRIED = "carried.json"
 """In a base volume, beside lower/: its files' signatures as laid down, carried into the first
 export of a sandbox made from it (files_helper.py: carry)."""
 READY = "/acs/ready"  # files_helper.py's
+INTO = "/acs/into"
+"""Where a fork's export mounts the new base volume: its copies are staged there
+(`DockerExports.export`'s `into`)."""
 LISTING = "-listing.json"  # files_helper.py's
 KNOWN = "acs-known.json"
+
+
+class Staging:
+    """A fork's new base volume that its export stages its copies in (bases.py:
+    `DockerBases.prepare`): what the export's helper said of the workspace it laid down there
+    (`placed`: its answer, or the error that stopped it), and whether the helper, which holds
+    the volume, is removed (`released`: the volume can go only after)."""
+
+    def __init__(self, volume: str) -> None:
+        loop = asyncio.get_running_loop()
+        self.volume = volume
+        self.placed: asyncio.Future[dict[str, Any] | Exception] = loop.create_future()
+        self.released: asyncio.Future[None] = loop.create_future()
+
+    def tell(self, answer: dict[str, Any] | Exception) -> None:
+        if not self.placed.done():
+            self.placed.set_result(answer)
+
+    def release(self) -> None:
+        if not self.released.done():
+            self.released.set_result(None)
 
 
 def entry_from(raw: dict[str, Any], known: Mapping[tuple[str, str], FileEntry]) -> FileEntry:
@@ -104,8 +136,8 @@ class _Staged:
     """The helper's staged copies (/acs/ready), as the engine streams them in one tar archive
     (GET /containers/{id}/archive): sorted by name, which is the listing's order. Blocking."""
 
-    def __init__(self, client: docker.DockerClient, container_id: str) -> None:
-        stream, _ = client.api.get_archive(container_id, READY, chunk_size=PIECE)
+    def __init__(self, client: docker.DockerClient, container_id: str, ready: str) -> None:
+        stream, _ = client.api.get_archive(container_id, ready, chunk_size=PIECE)
         self._stream = stream
         self._tar = tarfile.open(  # noqa: SIM115 (closed by close())
             fileobj=_Chunks(stream), mode="r|", bufsize=PIECE
@@ -233,23 +265,43 @@ class DockerExports:
         state_paths: Sequence[str],
         hold: Hold,
         max_bytes: int | None = None,
+        into: Staging | None = None,
     ) -> AsyncIterator[FileExport]:
-        name = docker_names.container_name(self._prefix, sandbox_id)
-        attrs = await self._inspect(name)
-        mounts = self._mounts(attrs, name, working_dir)
-        carried = await self._carried(mounts)
-        state = attrs.get("State") or {}
-        running = bool(state.get("Running")) and not state.get("Paused")
-        starting = self._lane.start(
-            lambda c: Helper.start(
-                c, image=self._image, prefix=self._prefix, sandbox_id=sandbox_id, mounts=mounts
+        """`into`: a fork's new base volume (empty), where the helper stages its copies and,
+        while the engine streams them, lays the workspace tree down (its files hard links of
+        the copies: bases.py, `DockerBases.prepare`); told to `into.placed`, and
+        `into.released` set once the helper (which holds the volume) is removed."""
+        try:
+            name = docker_names.container_name(self._prefix, sandbox_id)
+            attrs = await self._inspect(name)
+            mounts = self._mounts(attrs, name, working_dir)
+            carried = await self._carried(mounts)
+            if into is not None:
+                mounts.append(Mount(INTO, into.volume, type="volume"))
+            state = attrs.get("State") or {}
+            running = bool(state.get("Running")) and not state.get("Paused")
+            starting = self._lane.start(
+                lambda c: Helper.start(
+                    c,
+                    image=self._image,
+                    prefix=self._prefix,
+                    sandbox_id=sandbox_id,
+                    mounts=mounts,
+                    capabilities=CAPABILITIES if into is None else STAGE_CAPABILITIES,
+                )
             )
-        )
-        # What the export knows, written while the engine makes and starts the helper (which
-        # waits for its request before it reads the file). Nothing known (a first snapshot, a
-        # fork's, which reads every file): no file, and no engine call to put one there.
-        known_file = {KNOWN: json.dumps(known_by_tree(known), separators=(",", ":")).encode()}
-        helper = await starting
+            # What the export knows, written while the engine makes and starts the helper
+            # (which waits for its request before it reads the file). Nothing known (a first
+            # snapshot, a fork's, which reads every file): no file, and no engine call to put
+            # one there.
+            known_file = {KNOWN: json.dumps(known_by_tree(known), separators=(",", ":")).encode()}
+            helper = await starting
+        except BaseException:
+            if into is not None:
+                into.release()
+            raise
+        ready = READY if into is None else f"{INTO}/ready"
+        items: AsyncGenerator[FileItem] | None = None
         try:
             request: dict[str, Any] = {"op": "export", "known": {}}
             if known:
@@ -263,18 +315,29 @@ class DockerExports:
             }
             if carried:
                 request["carried_file"] = f"/acs/carried/{CARRIED}"
-            ready = checked(await self._lane.run(lambda _: helper.ask(request)))
-            log.debug("snapshot_helper_ready", **ready)
+            if into is not None:
+                request |= {"staging": f"{INTO}/staging", "ready": ready, "place": f"{INTO}/lower"}
+            answer = checked(await self._lane.run(lambda _: helper.ask(request)))
+            log.debug("snapshot_helper_ready", **answer)
             held = (
                 await self._still(name, helper, hold) if running else await self._go(name, helper)
             )
-            yield FileExport(held_still=held, items=self._items(helper, known))
+            items = self._items(helper, known, ready, into)
+            yield FileExport(held_still=held, items=items)
         finally:
+            if items is not None:
+                # A caller that stopped reading (its writer failed) leaves the generator
+                # suspended: closed here, so that the engine's archive of the copies (which
+                # holds the helper's mounts) is closed before the helper goes.
+                with contextlib.suppress(RuntimeError):  # it runs still: it ends by itself
+                    await items.aclose()
             # Its work is done (or abandoned): removed without holding the caller up; a removal
             # that never happens (the control plane dying) is left to the sweep.
             task = asyncio.create_task(self._lane.run(lambda _: helper.close()))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
+            if into is not None:
+                task.add_done_callback(lambda _: into.release())
 
     async def _go(self, name: str, helper: Helper) -> float:
         done = checked(await self._lane.run(lambda _: helper.ask({"op": "go"})))
@@ -322,10 +385,16 @@ class DockerExports:
             raise
 
     async def _items(
-        self, helper: Helper, known: Mapping[tuple[str, str], FileEntry]
-    ) -> AsyncIterator[FileItem]:
+        self,
+        helper: Helper,
+        known: Mapping[tuple[str, str], FileEntry],
+        ready: str,
+        into: Staging | None,
+    ) -> AsyncGenerator[FileItem]:
         """The listing, then each changed file's bytes after its entry: all from the archive of
-        the helper's /acs/ready, which the engine streams (the listing first)."""
+        the helper's `ready` directory, which the engine streams (the listing first). With
+        `into`, the stream ends once the helper has said how it laid the workspace down in the
+        base volume and has removed its copies there (`_placed`)."""
         await self._lane.run(lambda _: list(helper.frames()))  # until the helper's Z
         archive: _Staged | None = None
         staged: Iterator[FileEntry] = iter(())
@@ -334,7 +403,7 @@ class DockerExports:
         def batch(client: docker.DockerClient) -> list[FileItem]:
             nonlocal archive, staged, reading
             if archive is None:
-                archive = _Staged(client, helper.container_id)
+                archive = _Staged(client, helper.container_id, ready)
                 staged = iter(archive.listing(known))
             items: list[FileItem] = []
             size = 0
@@ -366,11 +435,28 @@ class DockerExports:
                 ahead = self._lane.start(batch) if items else None
                 for item in items:
                     yield item
+            await self._placed(helper, into)
         finally:
             if ahead is not None:  # left early: the read ahead lands before the archive closes
                 await asyncio.gather(ahead, return_exceptions=True)
             if archive is not None:
                 await self._lane.run(lambda _: archive.close() if archive else None)
+
+    async def _placed(self, helper: Helper, into: Staging | None) -> None:
+        """The helper's word on the workspace it laid down in the base volume, once the
+        engine has read its copies (the whole archive), then its copies removed: told to
+        `into.placed`, whatever it is (a failure costs the base, never the snapshot). No
+        `into`: nothing to hear."""
+        if into is None:
+            return
+        try:
+            placed = await self._lane.run(lambda _: helper.read_json())
+            cleaned = await self._lane.run(lambda _: helper.ask({"op": "clean"}))
+            placed["cleaned"] = cleaned.get("cleaned")
+        except Exception as exc:
+            into.tell(DriverError(f"the staged workspace was not laid down: {exc}"))
+            return
+        into.tell(placed)
 
     async def _inspect(self, name: str) -> dict[str, Any]:
         def run(client: docker.DockerClient) -> dict[str, Any]:

@@ -37,6 +37,9 @@ ROLE = "files"
 # (CHOWN), making whiteouts (MKNOD), overlay's trusted.* attributes (SYS_ADMIN). No network, no
 # new privileges, and only our own program runs in it.
 CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "MKNOD", "SYS_ADMIN"]
+STAGE_CAPABILITIES = [*CAPABILITIES, "FSETID"]
+"""A fork's export, which also lays the workspace down in the new base (files_helper.py:
+`place`): keeping set-group-id bits on what it gives to another group takes FSETID."""
 LINK_CAPABILITIES = ["DAC_READ_SEARCH", "FOWNER"]
 """What linking files of the agent's user takes (the rewind's `reuse`, which sees the engine's
 whole volume directory): walking directories of any mode (DAC_READ_SEARCH) and hard-linking

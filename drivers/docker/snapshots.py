@@ -4,13 +4,19 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import asynccontextmanager
 
-from drivers.base import FileEntry, FileExport, FileItem, Hold, SandboxRequest
+import structlog
+
+from drivers.base import FileEntry, FileExport, FileItem, Hold, LocalCopy, SandboxRequest
 from drivers.docker.bases import DockerBases
 from drivers.docker.engine import DockerEngine
 from drivers.docker.files import DockerExports, Lane
+from drivers.errors import DriverError
+
+log = structlog.get_logger(__name__)
 
 
 class DockerFiles:
@@ -36,7 +42,8 @@ class DockerFiles:
             self.lane, prefix=prefix, image=image, stamped_base=self.bases.stamped_base
         )
 
-    def export(
+    @asynccontextmanager
+    async def export(
         self,
         sandbox_id: str,
         known: Mapping[tuple[str, str], FileEntry],
@@ -45,15 +52,32 @@ class DockerFiles:
         state_paths: Sequence[str],
         hold: Hold,
         max_bytes: int | None = None,
-    ) -> AbstractAsyncContextManager[FileExport]:
-        return self.exports.export(
-            sandbox_id,
-            known,
-            working_dir=working_dir,
-            state_paths=state_paths,
-            hold=hold,
-            max_bytes=max_bytes,
-        )
+        local: LocalCopy | None = None,
+    ) -> AsyncIterator[FileExport]:
+        """With `local` (a fork's), the base is prepared first and the export stages its copies
+        in it (bases.py: `DockerBases.prepare`); a base that cannot be prepared costs only
+        that (the build then makes its own volume and the engine extracts the files)."""
+        staging = None
+        if local is not None:
+            try:
+                staging = await self.bases.prepare(local.key, local.image)
+            except DriverError as exc:
+                log.warning("snapshot_base_not_prepared", key=local.key, error=str(exc))
+        try:
+            async with self.exports.export(
+                sandbox_id,
+                known,
+                working_dir=working_dir,
+                state_paths=state_paths,
+                hold=hold,
+                max_bytes=max_bytes,
+                into=staging,
+            ) as export:
+                yield export
+        except BaseException:
+            if staging is not None:
+                await asyncio.shield(self.bases.discard(staging))
+            raise
 
     builds_locally = True
 

@@ -44,6 +44,7 @@ from drivers.base import (
     FileItem,
     FileKind,
     Hold,
+    LocalCopy,
     SandboxRequest,
 )
 from drivers.errors import DriverError, FilesTooLarge, RuntimeUnavailable
@@ -163,6 +164,7 @@ class KubeFiles:
         state_paths: Sequence[str],
         hold: Hold,
         max_bytes: int | None = None,
+        local: LocalCopy | None = None,  # no shared copy here (builds_locally is False)
     ) -> AsyncIterator[FileExport]:
         pod = await self._api.get(pods(self._ns, pod_name(self._prefix, sandbox_id)), "inspect")
         if pod is not None and terminating(pod):

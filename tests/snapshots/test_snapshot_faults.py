@@ -249,8 +249,21 @@ async def test_killed_while_forks_are_restored(
         await driver.close()
 
 
+@pytest.mark.parametrize(
+    "moment",
+    [
+        # The base's volume made, the export's helper staging its copies in it (before the
+        # build takes it), and the build itself under way.
+        "snapshot_base_prepared",
+        "snapshot_base_building",
+    ],
+)
 async def test_killed_while_a_forks_copy_is_built(
-    faulty_server: Server, clean: Check, docker_client: docker.DockerClient, test_prefix: str
+    faulty_server: Server,
+    clean: Check,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
+    moment: str,
 ) -> None:
     api = await faulty_server.start()
     source = await running(api)
@@ -264,8 +277,8 @@ async def test_killed_while_a_forks_copy_is_built(
         api.call("POST", f"/api/v1/sandboxes/{source}/fork", json={"count": 3})
     )
     assert faulty_server.process is not None
-    # The base the forks would share is being built from the snapshot's export.
-    await faulty_server.process.wait_event("snapshot_base_building", within=90)
+    # The base the forks would share is being made from the snapshot's export.
+    await faulty_server.process.wait_event(moment, within=90)
     await faulty_server.kill()
     await asyncio.gather(forking, return_exceptions=True)
     api = await faulty_server.start()

@@ -1,0 +1,161 @@
+"""A fork's base laid down by the export itself (drivers/docker/bases.py: `prepare`): the
+export's helper stages its copies in the new base volume and links them into `lower/`, where
+the engine used to extract an archive of them. The base must hold the workspace exactly as the
+snapshot does (owners, modes with set-id bits, nanosecond times, links, directories a user cannot
+write), each file once (no staged copy left beside it), and the forks must see it."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+import docker
+import pytest
+
+from controlplane import keys
+from drivers.base import LocalCopy
+from drivers.docker.driver import DockerDriver
+from drivers.docker.files import LABEL_SNAPSHOT
+from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE
+from tests.support.log_capture import capture_logs
+from tests.support.sandbox_helpers import wait_status
+from tests.support.snapshot_helpers import running, sh
+from tests.support.types import Client, UserHeaders
+
+AS_AGENT = (
+    "cd /workspace && mkdir -p d/e ro && echo x > d/e/f && chmod 0640 d/e/f && chmod 2775 d"
+    " && ln -s ../d/e/f d/link && ln -s /etc/passwd abs && ln d/e/f hard && : > empty && : > old"
+    " && touch -h -d '2001-02-03 04:05:06.789012345' old abs"
+    " && echo y > ro/z && chmod 0500 ro && mkfifo fifo"
+    " && head -c 3000000 /dev/urandom > blob && echo r > setid && chmod 6755 setid"
+)
+# Every entry but the root and the fifo (not kept): path, kind, mode, owner, a file's size, a
+# link's target, the mtime to the nanosecond.
+LISTING = (
+    "find . -mindepth 1 ! -type p \\( -type f -printf '%p|f|%m|%U|%G|%s|%T@\\n'"
+    " -o -printf '%p|%y|%m|%U|%G|%l|%T@\\n' \\) | sort"
+)
+
+
+async def test_a_forks_base_is_the_snapshots_workspace_laid_down_once(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    alice = await user_headers("alice")
+    source = await running(snap, alice)
+    await sh(docker_client, test_prefix, source["id"], AS_AGENT)
+    listed = await sh(docker_client, test_prefix, source["id"], f"cd /workspace && {LISTING}")
+    root = await sh(docker_client, test_prefix, source["id"], "stat -c '%a %u %g' /workspace")
+    sums = await sh(docker_client, test_prefix, source["id"], "cd /workspace && md5sum blob d/e/f")
+
+    with capture_logs("info") as logs:
+        resp = await snap.post(
+            f"/api/v1/sandboxes/{source['id']}/fork", json={"count": 2}, headers=alice
+        )
+        forked = await resp.json()
+        assert resp.status == 200, forked
+        ids = [s["id"] for s in forked["sandboxes"]]
+        for sandbox_id in ids:
+            await wait_status(snap, alice, sandbox_id, "RUNNING", within=90)
+
+    # Laid down by the export's helper, every workspace entry (the root, the kept entries).
+    (placed,) = logs.events("snapshot_base_placed")
+    assert placed["placed"] == len(listed.splitlines()) + 1, placed
+    assert placed["cleaned"] >= len([line for line in listed.splitlines() if "|f|" in line])
+    assert logs.events("snapshot_base_not_prepared") == []
+
+    made = {"label": [f"{LABEL_SNAPSHOT}={forked['snapshot']['id']}", f"{LABEL_ROLE}=base"]}
+    (volume,) = docker_client.volumes.list(filters=made)
+    image = snap.app[keys.SPECS].default.image
+
+    def look() -> str:
+        script = (
+            f"cd /b/lower && {LISTING} && echo -- && stat -c '%a %u %g' /b/lower && echo --"
+            " && find /b/lower -type f -links +1 && echo -- && ls -A /b && echo --"
+            " && md5sum blob d/e/f"
+        )
+        out: bytes = docker_client.containers.run(
+            image,
+            ["-c", script],
+            entrypoint="sh",
+            user="0:0",
+            network_disabled=True,
+            volumes={volume.name: {"bind": "/b", "mode": "ro"}},
+            remove=True,
+        )
+        return out.decode()
+
+    base, base_root, linked, top, base_sums = (
+        part.strip("\n") for part in (await asyncio.to_thread(look)).split("--\n")
+    )
+    assert base.splitlines() == listed.splitlines()
+    assert base_root == root.strip()
+    assert linked == ""  # each file once: no staged copy left beside it
+    assert base_sums == sums.strip("\n")
+    # Neither the staging nor the ready directory of the export is left in the volume.
+    assert set(top.split()) - {"carried.json"} == {"lower", "forks"}, top
+
+    for sandbox_id in ids:
+        seen = await sh(
+            docker_client,
+            test_prefix,
+            sandbox_id,
+            f"cd /workspace && {LISTING} && md5sum blob d/e/f && cat d/link",
+        )
+        assert seen == listed + sums + "x\n"
+    # A fork writes its own copy: the base and the other fork keep theirs.
+    await sh(docker_client, test_prefix, ids[0], "echo mine > /workspace/d/e/f")
+    assert (await sh(docker_client, test_prefix, ids[1], "cat /workspace/d/e/f")) == "x\n"
+
+
+class _Unrecorded:
+    """The export's Hold, with no record to keep (the control plane's is the taker's)."""
+
+    async def begin(self) -> None:
+        return None
+
+    async def end(self) -> None:
+        return None
+
+
+async def test_an_export_that_fails_after_staging_leaves_no_base(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    """The base volume is made before the export's helper stages in it: an export left half
+    read (the writer failed) removes it, once the helper holding it is gone; a fork's export
+    read to its end gives the build a whole workspace."""
+    alice = await user_headers("alice")
+    source = (await running(snap, alice))["id"]
+    await sh(docker_client, test_prefix, source, "head -c 20000000 /dev/urandom > /workspace/big")
+    driver = snap.app[keys.DRIVER]
+    assert isinstance(driver, DockerDriver)
+    image = snap.app[keys.SPECS].default.image
+    key = secrets.token_hex(16)
+    made = {"label": f"{LABEL_SNAPSHOT}={key}"}
+    export = driver.files.export(
+        source,
+        {},
+        working_dir="/workspace",
+        state_paths=(),
+        hold=_Unrecorded(),
+        local=LocalCopy(key, image),
+    )
+    staged_in: list[object] = []
+
+    async def read_then_fail() -> None:
+        async with export as files:
+            staged_in.extend(docker_client.volumes.list(filters=made))
+            async for item in files.items:
+                if isinstance(item, bytes):
+                    raise RuntimeError("the writer failed")
+
+    with pytest.raises(RuntimeError, match="the writer failed"):
+        await read_then_fail()
+    assert staged_in != []
+    assert docker_client.volumes.list(filters=made) == []
+    owned: dict[str, str | list[str] | bool] = {
+        "label": [f"{LABEL_OWNER}={test_prefix}", f"{LABEL_ROLE}=files"]
+    }
+    assert docker_client.containers.list(all=True, filters=owned) == []
+    assert (await sh(docker_client, test_prefix, source, "stat -c %s /workspace/big")) == (
+        "20000000\n"
+    )
