@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import gc
 import heapq
 import itertools
 import json
@@ -108,6 +109,7 @@ class Options:
     drain: float
     sample_every: float
     json_path: Path | None
+    trace: Path | None = None
 
 
 @dataclass
@@ -188,6 +190,7 @@ class Job:
     pagers: list[Conversation] = field(default_factory=list)
     interval: float = 1.0
     drain: float = DRAIN
+    trace: str | None = None  # --trace: the directory the watchers write every frame's times to
 
 
 class StampingSender(WebhookSender):
@@ -335,7 +338,16 @@ class Poster:
             return sum(s.failovers for s in senders.values())
 
 
+def quiet_heap() -> None:
+    """What a load process imported, kept out of its full garbage collections (as the server
+    does, controlplane/heap.py): walking it stopped a watcher or a poster for 90-180 ms at a
+    time, which the latency counted as the service's."""
+    gc.collect()
+    gc.freeze()
+
+
 def post_worker(job: Job, progress: Any, clock: Any, slot: int, out: Any) -> None:
+    quiet_heap()
     out.put(asyncio.run(Poster(job, progress, clock, slot).run()))
 
 
@@ -378,6 +390,8 @@ class Watcher:
         self.unique = 0  # frames that were not repeats
         self.expected: int | None = None  # every subscriber's posted events, once known
         self.all_in = asyncio.Event()
+        # Every frame's (POST sent, frame received: perf_counter_ns, seq) with --trace.
+        self.trace: list[tuple[int, int, int]] | None = [] if job.trace else None
 
     def check_all_in(self) -> None:
         if self.expected is not None and self.unique >= self.expected:
@@ -390,6 +404,8 @@ class Watcher:
             self.check_all_in()
         self.seen += 1
         posted = int(event["posted_ns"])
+        if self.trace is not None:
+            self.trace.append((posted, now, int(event["seq"])))
         count, kept = self.latencies.setdefault(posted // 1_000_000_000, ([0], []))
         count[0] += 1
         sample = (now - posted) / 1e9
@@ -559,7 +575,12 @@ def merged(parts: list[dict[str, Any]]) -> dict[str, Any]:
 def watch_worker(job: Job, ready: Any, expect: Any, out: Any) -> None:
     """The watcher's process: `ready` set once every subscriber is in; then it reads until it
     has what `expect` says was posted (by conversation), and puts what it saw in `out`."""
-    out.put(asyncio.run(Watcher(job).run(ready, expect)))
+    quiet_heap()
+    watcher = Watcher(job)
+    out.put(asyncio.run(watcher.run(ready, expect)))
+    if job.trace is not None:
+        path = Path(job.trace) / f"{job.mode}-{os.getpid()}.json"
+        path.write_text(json.dumps(watcher.trace))
 
 
 # -- the bench ----------------------------------------------------------------------------------
@@ -700,6 +721,7 @@ class EventsBench:
             share = Job(
                 mode, targets, subs[n :: opt.watchers], first[n :: opt.watchers],
                 pagers=pagers[n :: opt.watchers], interval=opt.search_interval, drain=opt.drain,
+                trace=str(opt.trace) if opt.trace else None,
             )  # fmt: skip
             ready, expect = self.mp.Event(), self.mp.Queue()
             process = self.mp.Process(target=watch_worker, args=(share, ready, expect, out))
@@ -1007,6 +1029,12 @@ def parse(argv: list[str] | None) -> Options:
         "--drain", type=float, default=DRAIN, help="s to wait for the last frames (15)"
     )
     parser.add_argument("--json", dest="json_path", type=Path, default=None)
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="a directory: each watcher writes every frame's (POST sent, received ns, seq) there",
+    )
     args = parser.parse_args(argv)
     try:
         rates = [float(r) for r in args.rates.split(",") if r]
@@ -1026,7 +1054,7 @@ def parse(argv: list[str] | None) -> Options:
         args.conversations, rates, phases, args.subscribers, args.searchers, args.users,
         args.duration, args.raw_duration or args.duration, max(1, args.posters),
         args.search_interval, args.reader_pool, args.replicas, args.kill_at,
-        max(1, args.watchers), args.drain, every, args.json_path,
+        max(1, args.watchers), args.drain, every, args.json_path, args.trace,
     )  # fmt: skip
 
 

@@ -20,6 +20,7 @@ from controlplane.auth.identity import is_loopback_host
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ConfigError, ServiceConfig, load_config
 from controlplane.errors import ControlPlaneError
+from controlplane.heap import freeze_startup_heap
 from controlplane.keys import DRAIN
 from controlplane.logging import configure_logging
 from controlplane.shutdown import begin_drain
@@ -90,6 +91,7 @@ async def _serve(config: ServiceConfig, host: str, port: int) -> None:
         return
     stopping.cancel()
     setup.result()  # start-up errors (bad spec, Redis down) surface here
+    freeze_startup_heap()  # before the first request: controlplane/heap.py
     try:
         for address in hosts:
             await web.TCPSite(runner, address, port).start()

@@ -4,7 +4,8 @@ A conversation watched by any socket of this replica has one `Channel`: a task t
 XREAD on the conversation's stream (one connection of the events reader pool) and hands each
 new event, as the JSON text it was stored as, to every `Subscription` of it. A socket sends that
 text as it is: an event is read once and decoded once (for its id) per replica, however many
-sockets watch it, and never encoded again.
+sockets watch it, and never encoded again; its WebSocket frame (events/frames.py) is made once
+too, and every uncompressed socket writes those same bytes.
 
 A subscription starts from its own point (`after`, a stream id): it reads what it has not seen
 from the store itself (XRANGE pages, the catch-up), while the channel already queues the new
@@ -49,6 +50,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import redis.asyncio as aioredis
 import structlog
 
+from controlplane.events.frames import frame_text, text_frame
 from controlplane.events.store import EventStore
 from controlplane.store.redis import REDIS_DOWN
 from controlplane.store.retry import raise_if_cancelled
@@ -56,8 +58,9 @@ from controlplane.store.streams import id_order
 
 log = structlog.get_logger(__name__)
 
-Frame = tuple[str, str, str]
-"""(stream id, event id, the event's JSON as stored)"""
+Frame = tuple[str, str, bytes]
+"""(stream id, event id, the event's WebSocket frame: its JSON as stored, framed once per
+replica by events/frames.py)"""
 
 QUEUE_CAP = 1000
 """Events queued for one socket before it is made to catch up from the store instead."""
@@ -105,7 +108,7 @@ def _frames(texts: list[tuple[str, str]], conversation_id: str) -> list[Frame]:
         if event_id is None:
             log.warning("event_entry_not_an_event", conversation_id=conversation_id, stream_id=sid)
             continue
-        out.append((sid, event_id, stored))
+        out.append((sid, event_id, text_frame(stored)))
     return out
 
 
@@ -179,17 +182,18 @@ class Subscription:
             raise FeedFailed(f"the conversation's event read failed: {failed!r}") from failed
 
     async def texts(self) -> AsyncIterator[str]:
-        """The events' stored JSON, in order, one at a time: `batches`, flattened."""
+        """The events' stored JSON, in order, one at a time: `batches`' frames' payloads."""
         async for batch in self.batches():
-            for stored in batch:
-                yield stored
+            for frame in batch:
+                yield frame_text(frame)
 
-    async def batches(self) -> AsyncIterator[list[str]]:
-        """The events' stored JSON, in order, until the subscription is closed: each time
-        everything there is to send now (what was queued, or a page of the catch-up), so that a
-        socket writes it at once. Raises FeedFailed when the channel fails, ConversationGone
-        once the conversation was deleted (after what was queued), and what the catch-up's read
-        raises that is not an outage."""
+    async def batches(self) -> AsyncIterator[list[bytes]]:
+        """The events' WebSocket frames (events/frames.py: the stored JSON as the payload), in
+        order, until the subscription is closed: each time everything there is to send now
+        (what was queued, or a page of the catch-up), so that a socket writes it at once; the
+        queued ones are the same bytes for every subscription of the channel. Raises
+        FeedFailed when the channel fails, ConversationGone once the conversation was deleted
+        (after what was queued), and what the catch-up's read raises that is not an outage."""
         await self.channel.ready.wait()
         backoff, conversation_id = _Backoff(), self.channel.conversation_id
         while not self.closed:

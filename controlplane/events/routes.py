@@ -26,6 +26,7 @@ from controlplane.auth.identity import PRINCIPAL, authenticate_request, principa
 from controlplane.auth.models import Principal
 from controlplane.errors import Unauthorized
 from controlplane.events.fanout import ConversationGone, Subscription
+from controlplane.events.frames import frame_text
 from controlplane.events.legacy_names import with_old_terminal_names
 from controlplane.events.models import (
     ConversationEventQuery,
@@ -241,28 +242,53 @@ class _Corked(asyncio.Transport):
         self._size = 0
 
 
-async def _send_all(ws: web.WebSocketResponse, texts: list[str]) -> None:
-    """Each of `texts` as a frame of its own (one event's JSON per frame, as OpenHands' clients
-    read them), written to the connection at once: a socket that has several events to send
-    makes one write (one system call) instead of one per frame. aiohttp frames them (and
-    compresses them where the client asked) through its own writer, whose transport is the
-    cork meanwhile; its flow control still applies (it waits while the connection is paused)."""
+async def _send_all(ws: web.WebSocketResponse, frames: list[bytes]) -> None:
+    """Each of `frames` (one event's JSON per frame, as OpenHands' clients read them; made once
+    per replica, events/frames.py), written to the connection at once: a socket that has
+    several events to send makes one write (one system call) instead of one per frame, and
+    writes the bytes every other socket of its conversation writes. A socket whose client
+    asked for compression is sent the texts through aiohttp, which compresses each for it
+    (its writer's transport is the cork meanwhile, so that it too writes at once)."""
     # aiohttp's writer is private: if a release renames it or its transport, every frame goes
-    # in a write of its own again (slower, still correct), never an error.
+    # through aiohttp's own send in a write of its own (slower, still correct), never an error.
     writer: Any = getattr(ws, "_writer", None)
     transport = getattr(writer, "transport", None)
-    if len(texts) == 1 or not isinstance(transport, asyncio.Transport):
-        for stored in texts:
-            await ws.send_str(stored)
+    protocol = getattr(writer, "protocol", None)
+    if not isinstance(transport, asyncio.Transport):
+        for frame in frames:
+            await ws.send_str(frame_text(frame))
+        return
+    if not ws.compress and isinstance(getattr(protocol, "writing_paused", None), bool):
+        await _write_frames(writer, transport, protocol, frames)
         return
     cork = _Corked(transport)
     writer.transport = cork
     try:
-        for stored in texts:
-            await ws.send_str(stored)
+        for frame in frames:
+            await ws.send_str(frame_text(frame))
     finally:
         writer.transport = cork.transport
         cork.flush()
+
+
+async def _write_frames(
+    writer: Any, transport: asyncio.Transport, protocol: Any, frames: list[bytes]
+) -> None:
+    """The frames as they are, CORK_BYTES at a time; waits while the connection is paused (the
+    flow control aiohttp's writer applies), and stops, as aiohttp's send does, once the socket
+    is closing (no data frame may follow a close frame)."""
+    start = 0
+    while start < len(frames):
+        end, size = start, 0
+        while end < len(frames) and (size < CORK_BYTES or end == start):
+            size += len(frames[end])
+            end += 1
+        if getattr(writer, "_closing", False) or transport.is_closing():
+            raise ConnectionResetError("the socket is closing")
+        transport.write(b"".join(frames[start:end]))
+        start = end
+        if protocol.writing_paused:
+            await protocol._drain_helper()  # aiohttp's own wait for the peer to read
 
 
 async def _ticket_holder(request: web.Request, ticket: str, conversation_id: str) -> Principal:

@@ -11,9 +11,13 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from aiohttp import WSMsgType
+from aiohttp._websocket.writer import WebSocketWriter
+from aiohttp.base_protocol import BaseProtocol
 
 from controlplane import keys
 from controlplane.events import fanout, routes
+from controlplane.events import frames as frames_module
 from controlplane.store import keyspace, text
 from tests.support.event_sockets import SOCKET, frames, nothing_more, post_events, until
 from tests.support.records import RecordedSandbox
@@ -133,3 +137,45 @@ def test_a_cork_writes_at_most_its_size_at_once() -> None:
     assert small.writes == []  # small frames wait for the batch's one write
     cork.flush()
     assert small.writes == [b"a" * 100 + b"b" * 100 + b"c" * 100]
+
+
+@pytest.mark.parametrize("size", [0, 125, 126, 65_535, 65_536, 200_000])
+async def test_an_events_frame_is_the_frame_aiohttp_would_write(size: int) -> None:
+    """The frame made once per replica (events/frames.py) is byte for byte the one aiohttp's
+    server writer makes for the same text, at each of the three lengths' encodings."""
+    stored = json.dumps({"id": "e", "text": "é" * (size // 2)})[: max(size, 2)]
+    transport = _Recorded()
+    writer = WebSocketWriter(BaseProtocol(asyncio.get_running_loop()), transport)
+    await writer.send_frame(stored.encode(), WSMsgType.TEXT)
+    made = frames_module.text_frame(stored)
+    assert made == b"".join(transport.writes)
+    assert frames_module.frame_text(made) == stored
+
+
+async def test_an_events_frame_is_made_once_for_every_socket_of_a_replica(
+    recorded: RecordedSandbox, raw_redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three uncompressed sockets on one conversation: each event's frame is made once (by the
+    shared read), not once a socket, and each socket gets it, in order, as stored."""
+    made: list[str] = []
+
+    def counted(stored: str) -> bytes:
+        made.append(stored)
+        return frames_module.text_frame(stored)
+
+    monkeypatch.setattr(fanout, "text_frame", counted)
+    client, sandbox, cid, key, alice = recorded
+    events = client.app[keys.EVENTS]
+    base = f"{SOCKET}?conversation_id={cid}&resend_all=false"
+    sockets = [await client.ws_connect(base, headers=alice) for _ in "abc"]
+    await until(lambda: events.fanout.watched() == 1)
+    await asyncio.sleep(0.2)  # the channel's start is fixed: no catch-up reads what follows
+    posted = await post_events(client, sandbox, cid, key, 40)
+    entries: Any = await raw_redis.xrange(keyspace.events(cid))
+    stored = [text(fields[b"e"]) for _sid, fields in entries]
+    for ws in sockets:
+        assert await frames(ws, 40) == stored
+        await nothing_more(ws)
+    assert [json.loads(s)["id"] for s in made] == posted  # once each, for the three sockets
+    for ws in sockets:
+        await ws.close()
