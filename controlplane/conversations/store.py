@@ -25,7 +25,7 @@ from controlplane.conversations.task_index import TaskIndexes
 from controlplane.errors import Conflict
 from controlplane.store import audit, keyspace, text
 from controlplane.store.audit import AuditAction
-from controlplane.store.paging import PAGE_BY_SCORE, micros, page_ids
+from controlplane.store.paging import DROP_STRAYS, PAGE_BY_SCORE, micros, page_ids
 from controlplane.store.redis import REDIS_DOWN
 from controlplane.store.streams import stored
 
@@ -85,18 +85,6 @@ end
 return 1
 """
 )
-
-# KEYS: a user's index by update, the user's index. Drops from the first every id the second
-# does not hold (a conversation deleted by a writer that did not know the index by update).
-_DROP_STRAYS = """
-local dropped = 0
-for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  if not redis.call('ZSCORE', KEYS[2], id) then
-    dropped = dropped + redis.call('ZREM', KEYS[1], id)
-  end
-end
-return dropped
-"""
 
 # KEYS: a user's index by title. ARGV: (id, updated_at as read, member found, member wanted)
 # quadruples, each read from the record just before ('' where there is none). A member whose
@@ -192,7 +180,7 @@ class ConversationStore:
         self._drop = redis.register_script(_DROP)
         self._reindex = redis.register_script(_REINDEX)
         self._index_by_update = redis.register_script(_INDEX_BY_UPDATE)
-        self._drop_strays = redis.register_script(_DROP_STRAYS)
+        self._drop_strays = redis.register_script(DROP_STRAYS)
         self._page_by_update = redis.register_script(PAGE_BY_SCORE)
         self._fix_by_title = redis.register_script(_FIX_BY_TITLE)
         self.task_indexes = TaskIndexes(redis)
@@ -405,7 +393,7 @@ class ConversationStore:
         for start in range(0, len(ids), COUNT_PAGE):
             await self._index_records(ids[start : start + COUNT_PAGE])
         await self._drop_strays(
-            keys=[keyspace.user_conversations_by_update(owner), keyspace.user_conversations(owner)]
+            keys=[keyspace.user_conversations(owner), keyspace.user_conversations_by_update(owner)]
         )
         log.info("conversation_update_index_rebuilt", user_id=owner, conversations=len(ids))
 

@@ -26,7 +26,7 @@ from redis.asyncio.client import Pipeline
 from controlplane.conversations.models import AppConversationStartTask
 from controlplane.store import keyspace, text
 from controlplane.store.leader import LeaderLock
-from controlplane.store.paging import PAGE_BY_SCORE, micros
+from controlplane.store.paging import DROP_STRAYS, PAGE_BY_SCORE, micros
 from controlplane.store.redis import REDIS_DOWN
 
 log = structlog.get_logger(__name__)
@@ -78,20 +78,6 @@ return 1
 """
 )
 
-# KEYS: the user's tasks, then their indexes by update and by creation. Drops from the indexes
-# every id the user's tasks do not hold (a task deleted by a writer that did not know them).
-_DROP_STRAYS = """
-local dropped = 0
-for k = 2, 3 do
-  for _, id in ipairs(redis.call('ZRANGE', KEYS[k], 0, -1)) do
-    if not redis.call('ZSCORE', KEYS[1], id) then
-      dropped = dropped + redis.call('ZREM', KEYS[k], id)
-    end
-  end
-end
-return dropped
-"""
-
 
 def queue_save(pipe: Pipeline, task: AppConversationStartTask) -> None:
     """Queue the index writes of a task saved in `pipe`'s transaction."""
@@ -115,7 +101,7 @@ class TaskIndexes:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
         self._index = redis.register_script(_INDEX)
-        self._drop_strays = redis.register_script(_DROP_STRAYS)
+        self._drop_strays = redis.register_script(DROP_STRAYS)
         self._page = redis.register_script(PAGE_BY_SCORE)
 
     async def ensure(self, owner: str) -> None:

@@ -25,6 +25,21 @@ async def page_ids(
     return [text(i) for i in raw]
 
 
+# KEYS[1]: the sorted set of the records that exist; KEYS[2..]: indexes of them. Drops from each
+# index every id the first does not hold (a record deleted by a writer that did not know the
+# index). Used where an index found out of step is rebuilt.
+DROP_STRAYS = """
+local dropped = 0
+for k = 2, #KEYS do
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[k], 0, -1)) do
+    if not redis.call('ZSCORE', KEYS[1], id) then
+      dropped = dropped + redis.call('ZREM', KEYS[k], id)
+    end
+  end
+end
+return dropped
+"""
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
