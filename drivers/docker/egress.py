@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -232,6 +233,15 @@ class SandboxNetworks:
                 continue
             async with self._locks.setdefault(name, asyncio.Lock()):
                 rules = self._prepared[name].rules if name in self._prepared else None
+                if rules is not None and not _bridge_exists(rules.bridge):
+                    # The network was removed by another process (`controlplane networks
+                    # remove`, which took its rules away too): putting them back would leave a
+                    # fence on the host for a bridge that no longer exists. The next sandbox
+                    # of its policy prepares the network again.
+                    self._prepared.pop(name, None)
+                    await asyncio.to_thread(firewall.remove, rules.bridge)
+                    log.info("sandbox_network_gone", network=name)
+                    continue
                 if rules is not None:
                     await asyncio.to_thread(firewall.apply, rules)
                     log.warning("host_firewall_rules_restored", network=name)
@@ -256,6 +266,12 @@ class SandboxNetworks:
     def forget(self, policy: NetworkPolicy) -> None:
         """Drop what is known about the policy's network (after a failed start: it may be gone)."""
         self._prepared.pop(network_name(self._prefix, policy), None)
+
+
+def _bridge_exists(bridge: str) -> bool:
+    """Whether the network's Linux bridge is on the host (the control plane manages the host's
+    firewall, so it runs in the host's network namespace)."""
+    return os.path.exists(f"/sys/class/net/{bridge}")
 
 
 async def _resolve(

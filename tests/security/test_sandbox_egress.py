@@ -215,6 +215,13 @@ async def test_egress_internet_none_and_allow_list(
     assert "1 network(s) still have containers" in err
     left = [n["Name"] for n in own_docker.client.api.networks(filters={"name": own_docker.prefix})]
     assert left == [f"{own_docker.prefix}net"]
+    # The server's fence check (every FENCE_CHECK_SECONDS) may run after that removal: it must
+    # not put back the rules of networks another process removed (a fence left on the host for
+    # a bridge that is gone), and the remaining network keeps its own.
+    driver = egress_sbx.app[keys.DRIVER]
+    assert isinstance(driver, DockerDriver)
+    assert driver.networks is not None
+    await driver.networks.keep_fenced()
     firewall = HostFirewall()
     installed = set(firewall.installed())
     assert set(rule_names(bridge_name(f"{own_docker.prefix}net"))) <= installed
