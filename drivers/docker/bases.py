@@ -423,13 +423,18 @@ class DockerBases:
         prepared: tuple[dict[str, Any], Staging] | None,
     ) -> dict[str, Any]:
         """The empty base volume a build lays its files into: the one `prepare` made for it,
-        or a new one (one left by an earlier build that did not finish removed first)."""
+        or a new one (one left by an earlier build that did not finish removed first, once no
+        export's helper holds it)."""
         if prepared is not None:
             if found is None:
                 raise DriverError(f"the staged base volume {name} is gone")
             return prepared[0]
         if found is not None:
-            await self._lane.run(lambda c: c.api.remove_volume(name, force=True))
+            # A prepared base whose build failed may still be held by its export's helper
+            # (`_undo` leaves its removal for later): a restore that comes meanwhile waits for
+            # that helper to go rather than fail on a volume the engine counts in use.
+            await self._unheld(name)
+            await self._free_volume(name)
         labels = self._labels(key, image)
         made: dict[str, Any] = await self._lane.run(
             lambda c: c.api.create_volume(name=name, labels=labels)

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import AsyncIterator
 
 import docker
 import pytest
 
 from controlplane import keys
-from drivers.base import LocalCopy
+from drivers.base import WORKSPACE, FileEntry, FileItem, FileKind, LocalCopy
 from drivers.docker.driver import DockerDriver
 from drivers.docker.files import LABEL_SNAPSHOT
 from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE
+from drivers.errors import DriverError
 from tests.support.log_capture import capture_logs
 from tests.support.sandbox_helpers import wait_status
 from tests.support.snapshot_helpers import running, sh
@@ -159,3 +161,53 @@ async def test_an_export_that_fails_after_staging_leaves_no_base(
     assert (await sh(docker_client, test_prefix, source, "stat -c %s /workspace/big")) == (
         "20000000\n"
     )
+
+
+async def test_a_base_built_again_waits_for_the_helper_of_a_failed_staged_build(
+    snap: Client, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    """A prepared base whose build failed (its helper never said how it laid the workspace
+    down) is removed only once that helper is gone (`_undo`): a build of the same base that
+    comes first (the forks' restore from the store) finds the volume still held, and waits for
+    the helper rather than failing on a volume the engine counts in use."""
+    driver = snap.app[keys.DRIVER]
+    assert isinstance(driver, DockerDriver)
+    bases = driver.files.bases
+    image = snap.app[keys.SPECS].default.image
+    key = secrets.token_hex(16)
+    staging = await bases.prepare(key, image)
+    # The export's helper, still holding the base volume (as a real one does until removed).
+    helper = await asyncio.to_thread(
+        docker_client.containers.create,
+        image,
+        ["true"],
+        entrypoint="sh",
+        name=f"{test_prefix}files-{secrets.token_hex(6)}",
+        labels={LABEL_OWNER: test_prefix, LABEL_ROLE: "files"},
+        volumes={staging.volume: {"bind": "/acs/into", "mode": "rw"}},
+        network_disabled=True,
+    )
+
+    def root() -> AsyncIterator[FileItem]:
+        async def items() -> AsyncIterator[FileItem]:
+            yield FileEntry(tree=WORKSPACE, path="", kind=FileKind.DIR, mode=0o755)
+
+        return items()
+
+    with pytest.raises(DriverError, match="did not say how it laid the workspace down"):
+        await bases.build(key, image, root(), ())
+
+    async def helper_goes() -> None:
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(helper.remove, force=True)
+        staging.release()
+
+    going = asyncio.create_task(helper_goes())
+    try:
+        await bases.build(key, image, root(), ())
+        assert going.done()  # it waited for the helper
+    finally:
+        await asyncio.gather(going, return_exceptions=True)
+        await bases.forget(key)
+    made = {"label": f"{LABEL_SNAPSHOT}={key}"}
+    assert docker_client.volumes.list(filters=made) == []
