@@ -573,20 +573,7 @@ class CurvesBench:
             ("DELETE a conversation", "conv_delete"),
             ("  raw: ZRANGE 21 + MGET 21 tasks", "raw_tasks"),
         ]
-        for label, name in rows:
-            cells = []
-            for lv in levels:
-                key = f"{lv}.{name}"
-                cells.append(f"{ms(self.samples.p(key, 50))} / {ms(self.samples.p(key, 99))}")
-            lines.append(f"{label:<34}" + "".join(f"{c:>22}" for c in cells))
-        lines.append("server CPU ms per request (user + system over the phase):")
-        for _, name in rows[:-1]:
-            cells = []
-            for lv in levels:
-                n = self.samples.count(f"{lv}.{name}")
-                cpu = self.cpu.get(f"{lv}.{name}")
-                cells.append(f"{cpu * 1000 / n:.2f}" if n and cpu is not None else "-")
-            lines.append(f"  {name:<32}" + "".join(f"{c:>22}" for c in cells))
+        lines += self.rows(levels, rows, [name for _, name in rows[:-1]])
         lines.append(
             ", ".join(
                 f"{lv}: {self.samples.count(f'{lv}.tasks_updated')} reads a variant, "
@@ -614,6 +601,21 @@ class CurvesBench:
             ("  raw: docker pause", "raw_pause"),
             ("DELETE /sandboxes/{id}", "delete"),
         ]
+        lines += self.rows(
+            levels, rows, ["create", "search_own", "search_all", "search_rare", "pause", "delete"]
+        )
+        counts = ", ".join(
+            f"{lv}: {self.samples.count(f'{lv}.create')} creates, "
+            f"{self.samples.count(f'{lv}.search_own')} searches a variant"
+            for lv in levels
+        )
+        lines.append(counts)
+        return lines
+
+    def rows(self, levels: list[str], rows: list[tuple[str, str]], cpu_of: list[str]) -> list[str]:
+        """Each row's client-observed p50 / p99 at every level, then the server's CPU per
+        request of the operations `cpu_of` (the raw rows have none)."""
+        lines = []
         for label, name in rows:
             cells = []
             for lv in levels:
@@ -621,19 +623,13 @@ class CurvesBench:
                 cells.append(f"{ms(self.samples.p(key, 50))} / {ms(self.samples.p(key, 99))}")
             lines.append(f"{label:<34}" + "".join(f"{c:>22}" for c in cells))
         lines.append("server CPU ms per request (user + system over the phase):")
-        for name in ("create", "search_own", "search_all", "search_rare", "pause", "delete"):
+        for name in cpu_of:
             cells = []
             for lv in levels:
                 n = self.samples.count(f"{lv}.{name}")
                 cpu = self.cpu.get(f"{lv}.{name}")
                 cells.append(f"{cpu * 1000 / n:.2f}" if n and cpu is not None else "-")
             lines.append(f"  {name:<32}" + "".join(f"{c:>22}" for c in cells))
-        counts = ", ".join(
-            f"{lv}: {self.samples.count(f'{lv}.create')} creates, "
-            f"{self.samples.count(f'{lv}.search_own')} searches a variant"
-            for lv in levels
-        )
-        lines.append(counts)
         return lines
 
     def remove_everything(self) -> int:
