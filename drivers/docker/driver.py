@@ -57,6 +57,11 @@ from drivers.errors import ContainerExists, DriverError, ImageMissing, RuntimeUn
 
 log = structlog.get_logger(__name__)
 
+
+class _NetworkGone(DriverError):
+    """The engine has no network of the name a container was to join."""
+
+
 _WATCHED_ACTIONS = {"start", "die", "kill", "stop", "pause", "unpause", "destroy", "oom", "create"}
 
 
@@ -278,9 +283,19 @@ class DockerDriver:
                 image = await self.files.restored_workspace(request, req.volume, req.labels)
                 req = dataclasses.replace(req, image=image)
                 new = False
-            return await self.engine.call(
-                lambda c: self._create_and_start(c, req, new), "create", SLOW
-            )
+            try:
+                return await self._create_and_start_on(req, new)
+            except _NetworkGone:
+                # Another process removed the network this spec's sandboxes joined (`controlplane
+                # networks remove`); what was remembered of it is stale. Make it (and its fence)
+                # again, once: the failed attempt left no container behind.
+                self._forget(request.network)
+                attachment = await self._attachment(request.network)
+                again = container_request(request, self.prefix, self._publish_host, attachment)
+                log.info("sandbox_network_made_again", network=again.network)
+                return await self._create_and_start_on(
+                    dataclasses.replace(again, image=req.image), new
+                )
         except DriverError:
             self._forget(request.network)
             raise
@@ -305,6 +320,9 @@ class DockerDriver:
         finally:
             await asyncio.gather(gone, return_exceptions=True)
         await gone  # its failure, if any, is the stage's
+
+    async def _create_and_start_on(self, req: ContainerRequest, new: bool) -> SandboxState:
+        return await self.engine.call(lambda c: self._create_and_start(c, req, new), "create", SLOW)
 
     def _create_and_start(
         self, client: docker.DockerClient, req: ContainerRequest, new: bool
@@ -334,6 +352,12 @@ class DockerDriver:
                 raise ImageMissing(
                     f"image {req.image} is not on this host; run `make images` to build it"
                 ) from None
+            if (
+                isinstance(exc, NotFound)
+                and req.network
+                and f"network {req.network} " in (str(exc.explanation) + " ")
+            ):
+                raise _NetworkGone(f"network {req.network} not found") from None
             if isinstance(exc, APIError):
                 raise DriverError(
                     f"Docker refused to start the sandbox: {exc.explanation}"

@@ -215,21 +215,32 @@ async def test_egress_internet_none_and_allow_list(
     assert "1 network(s) still have containers" in err
     left = [n["Name"] for n in own_docker.client.api.networks(filters={"name": own_docker.prefix})]
     assert left == [f"{own_docker.prefix}net"]
+    # The next start of a removed network's spec, before the server's fence check has noticed
+    # the removal, makes the network and its fence again at the first try (the control plane
+    # had that network and its attachment remembered).
+    firewall = HostFirewall()
+    again = await start(egress_sbx, alice, "closed")
+    await wait_status(egress_sbx, alice, again["id"], "RUNNING")
+    container = own_docker.client.containers.get(f"{own_docker.prefix}{again['id']}")
+    assert list(container.attrs["NetworkSettings"]["Networks"]) == [
+        f"{own_docker.prefix}net-closed"
+    ]
+    assert (await probe_from(container, [(far, ALLOWED)])) == {(far, ALLOWED): no}
     # The server's fence check (every FENCE_CHECK_SECONDS) may run after that removal: it must
     # not put back the rules of networks another process removed (a fence left on the host for
-    # a bridge that is gone), and the remaining network keeps its own.
+    # a bridge that is gone), and the remaining networks keep their own.
     driver = egress_sbx.app[keys.DRIVER]
     assert isinstance(driver, DockerDriver)
     assert driver.networks is not None
     await driver.networks.keep_fenced()
-    firewall = HostFirewall()
     installed = set(firewall.installed())
-    assert set(rule_names(bridge_name(f"{own_docker.prefix}net"))) <= installed
-    for name in ("closed", "listed"):
-        assert not set(rule_names(bridge_name(f"{own_docker.prefix}net-{name}"))) & installed
+    for name in ("net", "net-closed"):
+        assert set(rule_names(bridge_name(f"{own_docker.prefix}{name}"))) <= installed
+    assert not set(rule_names(bridge_name(f"{own_docker.prefix}net-listed"))) & installed
 
-    resp = await egress_sbx.delete(f"/api/v1/sandboxes/{started[0]['id']}", headers=alice)
-    assert resp.status == 200
+    for sandbox in (started[0], again):
+        resp = await egress_sbx.delete(f"/api/v1/sandboxes/{sandbox['id']}", headers=alice)
+        assert resp.status == 200
     code, out, err = await remove_networks_cli(own_docker.prefix)
     assert (code, out.strip()) == (0, f"removed the sandbox networks of {own_docker.prefix!r}"), err
     assert not own_docker.client.api.networks(filters={"name": own_docker.prefix})
