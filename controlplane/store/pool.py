@@ -22,6 +22,7 @@ from typing import Any
 
 from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.sentinel import SentinelConnectionPool
+from redis.event import AsyncAfterConnectionReleasedEvent
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 
@@ -44,8 +45,32 @@ class _WaitsBounded:
     max_connections: int
     timeout: float | None
     _in_use_connections: set[Any]
+    _available_connections: list[Any]
+    _condition: asyncio.Condition
+    _in_maintenance: bool
+
+    def _uncontended(self) -> bool:
+        """Nobody waits for a connection and none of redis-py's own bookkeeping is under way:
+        handing one out or taking one back needs no lock (the loop runs one task at a time, and
+        the fast paths below do not await between their check and their change)."""
+        condition = self._condition
+        return not (condition.locked() or condition._waiters or self._in_maintenance)
 
     async def get_connection(self, command_name: Any = None, *keys: Any, **options: Any) -> Any:
+        if self._available_connections and self._uncontended():
+            # Every command checks a connection out and back in. BlockingConnectionPool takes
+            # its condition's lock, a time-out and two observability records each way even
+            # when a free connection is there: ~23 us of CPU of a ~115 us GET (measured). With
+            # a free connection and nobody waiting, hand it out as ConnectionPool would; any
+            # waiter sends everyone through the queue in order.
+            connection = self._available_connections.pop()
+            self._in_use_connections.add(connection)
+            try:
+                await self.ensure_connection(connection)  # type: ignore[attr-defined]
+            except BaseException:
+                await self.release(connection)
+                raise
+            return connection
         try:
             return await super().get_connection()  # type: ignore[misc]
         except RedisConnectionError as exc:
@@ -62,6 +87,19 @@ class _WaitsBounded:
                 f"all {self.max_connections} Redis connections of this replica stayed in use "
                 f"for {self.timeout:g} s"
             ) from None
+
+    async def release(self, connection: Any) -> None:
+        if not self._uncontended() or connection.should_reconnect():
+            await super().release(connection)  # type: ignore[misc]
+            return
+        # Nobody to wake: back on the free list as ConnectionPool.release does, without its
+        # locks and observability records; the re-authentication hook (streaming credential
+        # providers) still runs.
+        self._in_use_connections.remove(connection)
+        self._available_connections.append(connection)
+        await self._event_dispatcher.dispatch_async(  # type: ignore[attr-defined]
+            AsyncAfterConnectionReleasedEvent(connection)  # type: ignore[no-untyped-call]
+        )
 
 
 class BoundedPool(_WaitsBounded, BlockingConnectionPool):

@@ -199,3 +199,32 @@ async def test_a_stopped_redis_is_still_the_outage(
     assert logs.events("store_busy") == []
     own_redis.start()
     assert (await client.get("/api/settings", headers=user_key)).status == 200
+
+
+async def test_a_released_connection_goes_to_who_waited_first(own_redis: RedisServer) -> None:
+    """Commands check a free connection out without the pool's lock when nobody waits; while
+    anyone waits, a newcomer queues behind them and a release wakes the first in line."""
+    pool = BoundedPool.from_url(own_redis.url, max_connections=1, timeout=5)
+    order: list[int] = []
+
+    async def command(index: int) -> None:
+        connection = await pool.get_connection()
+        order.append(index)
+        await connection.send_command("PING")
+        assert await connection.read_response() in (b"PONG", "PONG")
+        await pool.release(connection)
+
+    try:
+        held = await pool.get_connection()
+        queued = [asyncio.create_task(command(i)) for i in range(5)]
+        await asyncio.sleep(0.05)
+        assert order == []
+        await pool.release(held)
+        late = asyncio.create_task(command(99))  # while the five still wait their turn
+        await asyncio.gather(*queued, late)
+        assert order == [0, 1, 2, 3, 4, 99]
+        # Nobody waits now: the free connection is handed out and taken back at once.
+        await command(100)
+        assert (len(pool._available_connections), len(pool._in_use_connections)) == (1, 0)
+    finally:
+        await pool.disconnect()
