@@ -125,10 +125,13 @@ async def authenticate_request(request: web.Request, presented: str | None = Non
     cookie = request.cookies.get(COOKIE_NAME)
     sessions = request.app.get(keys.SESSIONS)
     if cookie and sessions is not None:
-        principal = await sessions.resolve(cookie)
-        if principal is not None:
+        found = await sessions.resolve_with_orgs(cookie)
+        if found is not None:
+            principal, orgs = found
             if _changes_state(request):
                 check_origin(request, required=True)
+            if orgs is not None:
+                request[ORGS_READ] = orgs
             return principal
     config = request.app[keys.CONFIG]
     if config.auth_mode == "none" and _single_user_request(request):

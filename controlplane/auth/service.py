@@ -6,7 +6,6 @@ needs no scan and the comparison of hashes is constant-time.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import re
 import secrets
@@ -14,13 +13,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError
 
 from controlplane.auth.models import USER_ID_PATTERN, ApiKeyInfo, CreatedApiKey, Principal
 from controlplane.crypto import hash_api_key
 from controlplane.errors import InvalidInput, NotFound, Unauthorized
 from controlplane.store import audit, keyspace, text
 from controlplane.store.audit import AuditAction
+from controlplane.store.read_script import ReadScript
 from controlplane.store.streams import APPEND_ENTRY, script_args, stored
 
 _KEY_RE = re.compile(r"^acs_([0-9a-f]{12})_[A-Za-z0-9_-]{43}$")
@@ -54,7 +53,7 @@ return changed
 # where its caller acts (organizations/service.py); one round trip for both. The key's hash is
 # compared in Python, constant-time; a record without a user reads nothing more. Called as
 # EVALSHA_RO: a read, which never waits for replicas (store/durable.py) wherever it is called.
-_RECORD_AND_ORGS = """
+_RECORD_AND_ORGS = ReadScript("""
 local row = redis.call('HGETALL', KEYS[1])
 for i = 1, #row, 2 do
   if row[i] == 'user_id' then
@@ -62,10 +61,7 @@ for i = 1, #row, 2 do
   end
 end
 return {row, {}}
-"""
-_RECORD_AND_ORGS_SHA = hashlib.sha1(_RECORD_AND_ORGS.encode(), usedforsecurity=False).hexdigest()
-"""Its name on the server, for EVALSHA_RO (redis-py's Script sends EVALSHA: a write to
-store/durable.py)."""
+""")
 # The key and its indexes, and its audit entry (KEYS[4..]), only if it was still there.
 _REVOKE = (
     APPEND_ENTRY
@@ -261,12 +257,7 @@ class ApiKeyService:
         raise Unauthorized("invalid API key")
 
     async def _read_record_and_orgs(self, key_id: str) -> Any:
-        args = (keyspace.api_key(key_id), *_ORGS_AROUND)
-        try:
-            return await self._redis.evalsha_ro(_RECORD_AND_ORGS_SHA, 1, *args)
-        except NoScriptError:  # a new or flushed server: loaded once, then by its hash
-            await self._redis.script_load(_RECORD_AND_ORGS)
-            return await self._redis.evalsha_ro(_RECORD_AND_ORGS_SHA, 1, *args)
+        return await _RECORD_AND_ORGS(self._redis, [keyspace.api_key(key_id)], _ORGS_AROUND)
 
 
 def _info(key_id: str, row: dict[Any, Any]) -> ApiKeyInfo:

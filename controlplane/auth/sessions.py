@@ -24,9 +24,10 @@ from typing import Any, Literal, Protocol
 import redis.asyncio as aioredis
 
 from controlplane.auth.models import Principal
-from controlplane.auth.service import ApiKeyService
+from controlplane.auth.service import BOOTSTRAP_KEY_ID, ApiKeyService, Memberships
 from controlplane.store import audit, keyspace, text
 from controlplane.store.audit import AuditAction
+from controlplane.store.read_script import ReadScript
 from controlplane.store.streams import APPEND_ENTRY, script_args, stored
 
 COOKIE_NAME = "acs_session"
@@ -40,6 +41,25 @@ append_entry(2, 1)
 return 1
 """
 )
+
+# A session's record, whether the API key it was opened with still exists (ARGV[3], the key id,
+# ARGV[4]: keyspace.api_key around it; read for any session, used for those opened with a key)
+# and its user's organizations hash (ARGV[1], the user id, ARGV[2]): what a browser's request
+# needs before its handler, in one round trip, as an API key's (auth/service.py). Nothing more
+# for a record without a user (gone or signed out).
+_SESSION_AND_ORGS = ReadScript("""
+local row = redis.call('HGETALL', KEYS[1])
+local user, key = nil, nil
+for i = 1, #row, 2 do
+  if row[i] == 'user_id' then user = row[i + 1] elseif row[i] == 'key_id' then key = row[i + 1] end
+end
+if user == nil then return {row, 0, {}} end
+local exists = 0
+if key ~= nil then exists = redis.call('EXISTS', ARGV[3] .. key .. ARGV[4]) end
+return {row, exists, redis.call('HGETALL', ARGV[1] .. user .. ARGV[2])}
+""")
+_ORGS_AROUND = keyspace.user_orgs("\x00").split("\x00")
+_KEY_AROUND = keyspace.api_key("\x00").split("\x00")
 
 
 @dataclass(frozen=True)
@@ -129,30 +149,49 @@ class SessionService:
     async def resolve(self, cookie: str) -> Principal | None:
         """The principal of a live session; None for a bad, expired or signed-out cookie, or
         when the API key it was opened with has been revoked since."""
+        found = await self.resolve_with_orgs(cookie)
+        return found[0] if found is not None else None
+
+    async def resolve_with_orgs(self, cookie: str) -> tuple[Principal, Memberships | None] | None:
+        """As `resolve`, with the user's organizations hash read in the same round trip (None
+        when an OpenID session was checked with the provider, which may have changed them)."""
         session_id = self._verified_id(cookie)
         if session_id is None:
             return None
         record = self._record_key(session_id)
-        row = await self._redis.hgetall(record)
+        flat, key_exists, orgs = await _SESSION_AND_ORGS(
+            self._redis, [record], (*_ORGS_AROUND, *_KEY_AROUND)
+        )
+        row = dict(zip(flat[::2], flat[1::2], strict=True))
         if not row:
             return None
         key_id = text(row[b"key_id"])
+        memberships: Memberships | None = {
+            text(k): text(v) for k, v in zip(orgs[::2], orgs[1::2], strict=True)
+        }
         via: Literal["oidc", "session"]
         if row.get(b"via") == b"oidc":
             due = float(text(row.get(b"recheck_at", b"0"))) <= time.time()
-            if due and (self._recheck is None or not await self._recheck(record, row)):
-                return None
+            if due:
+                if self._recheck is None or not await self._recheck(record, row):
+                    return None
+                memberships = None  # the provider's groups were applied again just now
             via = "oidc"
-        elif not await self._api_keys.is_live(key_id):
+        elif key_id == BOOTSTRAP_KEY_ID:
+            if not await self._api_keys.is_live(key_id):  # configured, not stored
+                return None
+            via = "session"
+        elif not key_exists:
             return None
         else:
             via = "session"
-        return Principal(
+        principal = Principal(
             user_id=text(row[b"user_id"]),
             is_admin=text(row[b"is_admin"]) == "1",
             key_id=key_id,
             via=via,
         )
+        return principal, memberships
 
     async def revoke(self, cookie: str) -> bool:
         """End the session of `cookie`. False when it was not a live, correctly signed one."""
