@@ -7,6 +7,7 @@ write), each file once (no staged copy left beside it), and the forks must see i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections.abc import AsyncIterator
 
@@ -18,7 +19,7 @@ from drivers.base import WORKSPACE, FileEntry, FileItem, FileKind, LocalCopy
 from drivers.docker.driver import DockerDriver
 from drivers.docker.files import LABEL_SNAPSHOT
 from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE
-from drivers.errors import DriverError
+from drivers.errors import DriverError, ImageMissing
 from tests.support.log_capture import capture_logs
 from tests.support.sandbox_helpers import wait_status
 from tests.support.snapshot_helpers import running, sh
@@ -161,6 +162,48 @@ async def test_an_export_that_fails_after_staging_leaves_no_base(
     assert (await sh(docker_client, test_prefix, source, "stat -c %s /workspace/big")) == (
         "20000000\n"
     )
+
+
+async def test_a_prepared_base_whose_image_goes_before_its_build_is_removed(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    """The image is removed between `prepare` and the build: the build fails before it takes
+    the prepared volume, the snapshot stays listed (its `forget` comes only with its deletion)
+    and the sweep leaves a prepared volume alone, so the build drops it itself once the
+    export's helper is gone, while the export goes on to its end."""
+    alice = await user_headers("alice")
+    source = (await running(snap, alice))["id"]
+    await sh(docker_client, test_prefix, source, "echo kept > /workspace/f")
+    driver = snap.app[keys.DRIVER]
+    assert isinstance(driver, DockerDriver)
+    image = snap.app[keys.SPECS].default.image
+    copy = f"{test_prefix.strip('-')}-gone:{secrets.token_hex(4)}"  # a tag of the image
+    assert await asyncio.to_thread(docker_client.images.get(image).tag, copy)
+    key = secrets.token_hex(16)
+    made = {"label": f"{LABEL_SNAPSHOT}={key}"}
+    export = driver.files.export(
+        source,
+        {},
+        working_dir="/workspace",
+        state_paths=(),
+        hold=_Unrecorded(),
+        local=LocalCopy(key, copy),
+    )
+    try:
+        async with export as files:
+            assert docker_client.volumes.list(filters=made) != []  # prepared
+            await asyncio.to_thread(docker_client.images.remove, copy)  # the tag alone
+            with pytest.raises(ImageMissing):
+                await driver.files.build_local(key, copy, files.items, ())
+    finally:
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            await asyncio.to_thread(docker_client.images.remove, copy)
+    for _ in range(120):  # dropped once the export's helper is removed
+        if not await asyncio.to_thread(docker_client.volumes.list, filters=made):
+            break
+        await asyncio.sleep(0.5)
+    assert docker_client.volumes.list(filters=made) == []
+    assert (await sh(docker_client, test_prefix, source, "cat /workspace/f")) == "kept\n"
 
 
 async def test_a_base_built_again_waits_for_the_helper_of_a_failed_staged_build(
