@@ -814,6 +814,7 @@ def _placed(staging: Staging | None, streamed: int) -> None:
         placed=answer.get("placed"),
         bytes=answer.get("bytes"),
         cleaned=answer.get("cleaned"),
+        opened=answer.get("opened"),
     )
     if answer.get("error") or answer.get("missed") or answer.get("placed") != streamed:
         raise DriverError(

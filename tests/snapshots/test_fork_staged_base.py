@@ -2,7 +2,8 @@
 export's helper stages its copies in the new base volume and links them into `lower/`, where
 the engine used to extract an archive of them. The base must hold the workspace exactly as the
 snapshot does (owners, modes with set-id bits, nanosecond times, links, directories a user cannot
-write), each file once (no staged copy left beside it), and the forks must see it."""
+write), each file once (no staged copy left beside it), and the forks must see it; laying it
+down opens each directory about once, not once per entry below it and level above it."""
 
 from __future__ import annotations
 
@@ -108,6 +109,46 @@ async def test_a_forks_base_is_the_snapshots_workspace_laid_down_once(
     # A fork writes its own copy: the base and the other fork keep theirs.
     await sh(docker_client, test_prefix, ids[0], "echo mine > /workspace/d/e/f")
     assert (await sh(docker_client, test_prefix, ids[1], "cat /workspace/d/e/f")) == "x\n"
+
+
+DEPTH = 30
+FILES = 400
+DEEP = (
+    f'cd /workspace && d=$(printf \'level/%.0s\' $(seq {DEPTH})) && mkdir -p "$d" && cd "$d"'
+    f" && for i in $(seq {FILES}); do : > f$i; done && mkdir -p sub && : > sub/g"
+)
+
+
+async def test_placing_a_deep_directory_opens_each_directory_about_once(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    """Many entries in one deep directory: `place` keeps the directories above the last entry
+    open (files_helper.py `Parents`), so it opens each directory once to make the entries in it
+    and once more to set its mode and time; reopening every level from the root for each entry
+    opened DEPTH directories per file (12,000 here)."""
+    alice = await user_headers("alice")
+    source = await running(snap, alice)
+    await sh(docker_client, test_prefix, source["id"], DEEP)
+    count = "find /workspace -type d | wc -l && find /workspace | wc -l"
+    dirs, entries = map(int, (await sh(docker_client, test_prefix, source["id"], count)).split())
+    with capture_logs("info") as logs:
+        resp = await snap.post(
+            f"/api/v1/sandboxes/{source['id']}/fork", json={"count": 1}, headers=alice
+        )
+        forked = await resp.json()
+        assert resp.status == 200, forked
+        (fork,) = [s["id"] for s in forked["sandboxes"]]
+        await wait_status(snap, alice, fork, "RUNNING", within=90)
+    (placed,) = logs.events("snapshot_base_placed")
+    assert placed["placed"] == entries, placed
+    # The root is the helper's own descriptor; every other directory: opened for its entries
+    # (the deepest's subdirectory among them: DFS order returns to a kept parent), and for its
+    # mode and time.
+    assert placed["opened"] <= 2 * (dirs - 1) + 2, placed
+    listed = "cd /workspace && find . | sort | md5sum"
+    assert await sh(docker_client, test_prefix, fork, listed) == await sh(
+        docker_client, test_prefix, source["id"], listed
+    )
 
 
 class _Unrecorded:
