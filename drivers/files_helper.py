@@ -573,11 +573,11 @@ def empty_out(where: str) -> int:
 
 def place(entries: list[Entry], ready: str, target: str) -> dict[str, Any]:
     """The listing's workspace tree laid down under `target` (made here: it must not exist)
-    with every owner, mode, time, link target and whiteout as listed; a file is a hard link
-    of its staged copy in `ready` (same filesystem: the base volume), which must be the size
-    listed. Nothing is followed through a link, made beneath anything but a directory, nor
-    outside `target`; an entry that cannot be made is counted ("missed") and named.
-    "opened": the directories opened (`Parents`)."""
+    with every owner, mode, time (0 too: the listing's times are the scan's own), link target
+    and whiteout as listed; a file is a hard link of its staged copy in `ready` (same
+    filesystem: the base volume), which must be the size listed. Nothing is followed through a
+    link, made beneath anything but a directory, nor outside `target`; an entry that cannot be
+    made is counted ("missed") and named. "opened": the directories opened (`Parents`)."""
     os.mkdir(target, 0o700)
     root_fd = os.open(target, NOFOLLOW_DIR)
     ready_fd = os.open(ready, NOFOLLOW_DIR)
@@ -595,7 +595,7 @@ def place(entries: list[Entry], ready: str, target: str) -> dict[str, Any]:
                 skipped.append(str(entry.get("p")))
                 continue
             placed += 1
-        finish_dirs(root_fd, dirs, owners=True, parents=parents)
+        finish_dirs(root_fd, dirs, owners=True, parents=parents, exact=True)
     finally:
         parents.close()
         os.close(ready_fd)
@@ -880,11 +880,14 @@ def finish_dirs(
     *,
     owners: bool = False,
     parents: Parents | None = None,
+    exact: bool = False,
 ) -> None:
     """Directories' modes and times (with `owners`, owners too; no parts: the root itself),
     deepest first (setting a time on a parent before its children are done would be undone
     by them). `parents`: `place`'s, whose kept descriptors are reused (a sandbox's own
-    claim, `load`'s root, is walked again from the root each time)."""
+    claim, `load`'s root, is walked again from the root each time). A time of 0 is that of a
+    directory the driver adds above a kept path (`load`), which keeps its own; with `exact`
+    (the helper's own listing, `place`), 0 is the directory's time like any other."""
     for parts, entry in sorted(dirs, key=lambda d: -len(d[0])):
         if not parts:
             child = os.dup(root_fd)
@@ -906,7 +909,7 @@ def finish_dirs(
                 os.fchown(child, int(entry["u"]), int(entry["g"]))
             os.fchmod(child, int(entry["m"]) & 0o3777)
             ns = int(entry["mt"])
-            if ns:  # 0: a directory the driver adds (above a kept path) keeps its own time
+            if ns or exact:
                 os.utime(child, ns=(ns, ns))
         finally:
             os.close(child)

@@ -2,7 +2,7 @@
 `lower/` from the export's listing, each file a hard link of its staged copy), run here on a
 local directory: what the agent named cannot send anything through a link or outside the
 target, even where the directories above the last entry are kept open (`Parents`), which
-opens each directory about once."""
+opens each directory about once; and a directory's time of exactly 0 is kept."""
 
 from __future__ import annotations
 
@@ -70,6 +70,14 @@ def test_a_link_never_leads_a_placement_out_even_beside_kept_parents(tmp_path: P
         "d/x",
         "dlink",
     ]
+
+
+def test_a_directory_dated_zero_keeps_its_time(tmp_path: Path) -> None:
+    ready = Ready(tmp_path / "ready")
+    entries = [entry("", "dir"), entry("epoch", "dir", mt=0), ready.file("epoch/f")]
+    helper.place(entries, str(ready.where), str(tmp_path / "lower"))
+    assert os.stat(tmp_path / "lower" / "epoch").st_mtime_ns == 0
+    assert os.stat(tmp_path / "lower").st_mtime_ns == 1_000_000_123
 
 
 def test_a_deep_directorys_entries_open_it_once(tmp_path: Path) -> None:

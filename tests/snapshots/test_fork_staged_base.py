@@ -1,9 +1,10 @@
 """A fork's base laid down by the export itself (drivers/docker/bases.py: `prepare`): the
 export's helper stages its copies in the new base volume and links them into `lower/`, where
 the engine used to extract an archive of them. The base must hold the workspace exactly as the
-snapshot does (owners, modes with set-id bits, nanosecond times, links, directories a user cannot
-write), each file once (no staged copy left beside it), and the forks must see it; laying it
-down opens each directory about once, not once per entry below it and level above it."""
+snapshot does (owners, modes with set-id bits, nanosecond times, 0 too, links, directories a
+user cannot write), each file once (no staged copy left beside it), and the forks must see it;
+laying it down opens each directory about once, not once per entry below it and level above
+it."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ AS_AGENT = (
     " && touch -h -d '2001-02-03 04:05:06.789012345' old abs"
     " && echo y > ro/z && chmod 0500 ro && mkfifo fifo"
     " && head -c 3000000 /dev/urandom > blob && echo r > setid && chmod 6755 setid"
+    " && mkdir -p epoch/in && touch -d @0 epoch"  # a directory's time of exactly 0 ns
 )
 # Every entry but the root and the fifo (not kept): path, kind, mode, owner, a file's size, a
 # link's target, the mtime to the nanosecond.
