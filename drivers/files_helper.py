@@ -361,6 +361,22 @@ not give its number to the next)."""
 SKIPPED: list[str] = []
 """Files no longer regular when they were to be copied (reported: the export leaves them out
 unless a later look finds them regular again)."""
+SHOWN = 20
+"""How many of the paths an answer names (it counts them all): the agent names them, and the
+control plane logs them."""
+SHOWN_LENGTH = 120
+"""How much of a path an answer shows (a path may be thousands of bytes long)."""
+
+
+def shown(path: str) -> str:
+    """A path as an answer shows it (the control plane logs it): at most SHOWN_LENGTH
+    characters, a longer one cut and marked."""
+    return path if len(path) <= SHOWN_LENGTH else path[:SHOWN_LENGTH] + "..."
+
+
+def shown_all(paths: list[str]) -> list[str]:
+    """The first SHOWN of `paths`, each `shown`: what an answer names of them."""
+    return [shown(path) for path in paths[:SHOWN]]
 
 
 def stage(entries: list[Entry], known: dict[str, dict[str, list[Any]]], staged: Staged) -> int:
@@ -456,8 +472,7 @@ def looked(state: list[str], skip: list[str], system: bool) -> list[Entry] | Non
         return scan(state, skip, system)
     except TooDeep as exc:
         tree, path = exc.args
-        shown = path if len(path) <= 120 else path[:120] + "..."
-        send_json(b"J", {"too_deep": MAX_DEPTH, "tree": tree, "path": shown})
+        send_json(b"J", {"too_deep": MAX_DEPTH, "tree": tree, "path": shown(path)})
         out.flush()
         return None
 
@@ -495,7 +510,7 @@ def export(request: dict[str, Any]) -> None:
         if first is None or refuse_if_large(first, known, limit, scratch):
             return
         precopied = stage(first, known, staged)
-    answer = {"ready": True, "precopied": precopied, "skipped": SKIPPED[:20]}
+    answer = {"ready": True, "precopied": precopied, "skipped": shown_all(SKIPPED)}
     send_json(b"J", {**answer, "took": time.monotonic() - began})
     out.flush()
     kind, payload = read_frame()
@@ -507,7 +522,7 @@ def export(request: dict[str, Any]) -> None:
         return
     prune(listed, known, staged)
     frozen = stage(listed, known, staged)
-    done = {"done": True, "copied": frozen, "skipped": SKIPPED[:20]}
+    done = {"done": True, "copied": frozen, "skipped": shown_all(SKIPPED)}
     send_json(b"J", {**done, "took": time.monotonic() - began})
     out.flush()
     if request.get("stream"):
@@ -577,7 +592,8 @@ def place(entries: list[Entry], ready: str, target: str) -> dict[str, Any]:
     and whiteout as listed; a file is a hard link of its staged copy in `ready` (same
     filesystem: the base volume), which must be the size listed. Nothing is followed through a
     link, made beneath anything but a directory, nor outside `target`; an entry that cannot be
-    made is counted ("missed") and named. "opened": the directories opened (`Parents`)."""
+    made is counted ("missed") and named (`shown_all`). "opened": the directories opened
+    (`Parents`)."""
     os.mkdir(target, 0o700)
     root_fd = os.open(target, NOFOLLOW_DIR)
     ready_fd = os.open(ready, NOFOLLOW_DIR)
@@ -604,7 +620,7 @@ def place(entries: list[Entry], ready: str, target: str) -> dict[str, Any]:
         "placed": placed,
         "bytes": size,
         "missed": len(skipped),
-        "skipped": skipped[:20],
+        "skipped": shown_all(skipped),
         "opened": parents.opened,
     }
 

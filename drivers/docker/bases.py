@@ -817,12 +817,25 @@ def _placed(staging: Staging | None, streamed: int) -> None:
         opened=answer.get("opened"),
     )
     if answer.get("error") or answer.get("missed") or answer.get("placed") != streamed:
+        why = answer.get("error") or _shown(answer.get("skipped"))
         raise DriverError(
             f"the staged workspace was laid down in part: {answer.get('placed')} of {streamed} "
-            f"entries ({answer.get('error') or answer.get('skipped')})"
+            f"entries, {answer.get('missed')} missed ({why})"
         )
     if answer.get("cleaned") is None:
         raise DriverError("the export's staged copies were not removed")
+
+
+SHOWN_PATHS = 20
+SHOWN_LENGTH = 123  # files_helper.py `shown`: 120 characters and "..."
+
+
+def _shown(paths: object) -> list[str]:
+    """The skipped paths the helper named, as the error shows them: the helper bounds them
+    (files_helper.py `shown_all`: 20, each 120 characters) and so does this, whatever it
+    sent (its answer is read from a container that mounts the agent's files)."""
+    named = paths if isinstance(paths, list) else []
+    return [str(path)[:SHOWN_LENGTH] for path in named[:SHOWN_PATHS]]
 
 
 async def _landed(call: asyncio.Future[Any]) -> None:

@@ -1,8 +1,9 @@
 """The fork's placement (files_helper.py `place`: the workspace laid down in a new base's
 `lower/` from the export's listing, each file a hard link of its staged copy), run here on a
 local directory: what the agent named cannot send anything through a link or outside the
-target, even where the directories above the last entry are kept open (`Parents`), which
-opens each directory about once; and a directory's time of exactly 0 is kept."""
+target, even where the directories above the last entry are kept open (`Parents`); a
+directory's time of exactly 0 is kept; and the paths it could not lay down are named, bounded
+in number and length (the control plane logs them)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import drivers.files_helper as helper
+from drivers.docker.bases import _placed
+from drivers.docker.files import Staging
+from drivers.errors import DriverError
 
 UID, GID = os.getuid(), os.getgid()
 
@@ -92,3 +98,33 @@ def test_a_deep_directorys_entries_open_it_once(tmp_path: Path) -> None:
     # Once to make the entries in each directory, once to set its mode and time (opening
     # every level again for each entry: depth * files, 20,000).
     assert answer["opened"] == 2 * depth
+
+
+def test_the_paths_it_could_not_lay_down_are_named_briefly(tmp_path: Path) -> None:
+    """A hostile workspace's long names (a name is up to 255 bytes, a path 4,095 and more)
+    would otherwise go whole into the answer and the control plane's log."""
+    ready = Ready(tmp_path / "ready")
+    long = "/".join(["n" * 250] * 16)
+    entries = [entry("", "dir")] + [ready.file(f"missing/{long}{i}") for i in range(50)]
+    answer = helper.place(entries, str(ready.where), str(tmp_path / "lower"))
+    assert answer["missed"] == 50
+    assert len(answer["skipped"]) == helper.SHOWN
+    for path in answer["skipped"]:
+        assert len(path) == helper.SHOWN_LENGTH + 3
+        assert path.startswith("missing/nnn")
+        assert path.endswith("...")
+    assert helper.shown_all(["short"]) == ["short"]
+
+
+async def test_a_failed_placements_error_names_the_paths_briefly() -> None:
+    """The control plane bounds them too, whatever the helper's answer holds (it is read from
+    a container that mounts the agent's files): the error is logged."""
+    staging = Staging("base")
+    long = [f"{'n' * 4000}{i}" for i in range(50)]
+    staging.tell({"placed": 1, "bytes": 0, "missed": 50, "skipped": long, "cleaned": 0})
+    with pytest.raises(DriverError) as failed:
+        _placed(staging, 51)
+    message = str(failed.value)
+    assert "1 of 51 entries, 50 missed" in message
+    assert message.count("'n") == 20
+    assert len(message) < 20 * 130 + 200
