@@ -85,7 +85,9 @@ async def test_an_export_helper_killed_while_it_places_harms_nothing(
     await sh(docker_client, test_prefix, source, MANY)
     digest = "cd /workspace && find . -type f | sort | xargs cat | md5sum"
     before = await sh(docker_client, test_prefix, source, digest)
-    owned = {"label": [f"{LABEL_OWNER}={test_prefix}", f"{LABEL_ROLE}=files"]}
+    owned: dict[str, str | list[str] | bool] = {
+        "label": [f"{LABEL_OWNER}={test_prefix}", f"{LABEL_ROLE}=files"]
+    }
 
     def placing() -> bool:
         """Kill the fork's export helper once it has begun to lay the workspace down."""
@@ -121,7 +123,7 @@ async def test_an_export_helper_killed_while_it_places_harms_nothing(
 
     def left() -> list[str]:
         """Helpers of the export, and base volumes no sandbox stands on."""
-        found = [c.name for c in docker_client.containers.list(all=True, filters=owned)]
+        found = [str(c.name) for c in docker_client.containers.list(all=True, filters=owned)]
         bases = {"label": [f"{LABEL_OWNER}={test_prefix}", f"{LABEL_ROLE}=base"]}
         used = {"label": [f"{LABEL_BASE}"]}
         standing = {
@@ -129,7 +131,7 @@ async def test_an_export_helper_killed_while_it_places_harms_nothing(
             for v in docker_client.volumes.list(filters=used)
         }
         found += [
-            v.name for v in docker_client.volumes.list(filters=bases) if v.name not in standing
+            str(v.name) for v in docker_client.volumes.list(filters=bases) if v.name not in standing
         ]
         return found
 
