@@ -361,6 +361,22 @@ not give its number to the next)."""
 SKIPPED: list[str] = []
 """Files no longer regular when they were to be copied (reported: the export leaves them out
 unless a later look finds them regular again)."""
+SHOWN = 20
+"""How many of the paths an answer names (it counts them all): the agent names them, and the
+control plane logs them."""
+SHOWN_LENGTH = 120
+"""How much of a path an answer shows (a path may be thousands of bytes long)."""
+
+
+def shown(path: str) -> str:
+    """A path as an answer shows it (the control plane logs it): at most SHOWN_LENGTH
+    characters, a longer one cut and marked."""
+    return path if len(path) <= SHOWN_LENGTH else path[:SHOWN_LENGTH] + "..."
+
+
+def shown_all(paths: list[str]) -> list[str]:
+    """The first SHOWN of `paths`, each `shown`: what an answer names of them."""
+    return [shown(path) for path in paths[:SHOWN]]
 
 
 def stage(entries: list[Entry], known: dict[str, dict[str, list[Any]]], staged: Staged) -> int:
@@ -456,8 +472,7 @@ def looked(state: list[str], skip: list[str], system: bool) -> list[Entry] | Non
         return scan(state, skip, system)
     except TooDeep as exc:
         tree, path = exc.args
-        shown = path if len(path) <= 120 else path[:120] + "..."
-        send_json(b"J", {"too_deep": MAX_DEPTH, "tree": tree, "path": shown})
+        send_json(b"J", {"too_deep": MAX_DEPTH, "tree": tree, "path": shown(path)})
         out.flush()
         return None
 
@@ -495,7 +510,7 @@ def export(request: dict[str, Any]) -> None:
         if first is None or refuse_if_large(first, known, limit, scratch):
             return
         precopied = stage(first, known, staged)
-    answer = {"ready": True, "precopied": precopied, "skipped": SKIPPED[:20]}
+    answer = {"ready": True, "precopied": precopied, "skipped": shown_all(SKIPPED)}
     send_json(b"J", {**answer, "took": time.monotonic() - began})
     out.flush()
     kind, payload = read_frame()
@@ -507,7 +522,7 @@ def export(request: dict[str, Any]) -> None:
         return
     prune(listed, known, staged)
     frozen = stage(listed, known, staged)
-    done = {"done": True, "copied": frozen, "skipped": SKIPPED[:20]}
+    done = {"done": True, "copied": frozen, "skipped": shown_all(SKIPPED)}
     send_json(b"J", {**done, "took": time.monotonic() - began})
     out.flush()
     if request.get("stream"):
@@ -573,13 +588,16 @@ def empty_out(where: str) -> int:
 
 def place(entries: list[Entry], ready: str, target: str) -> dict[str, Any]:
     """The listing's workspace tree laid down under `target` (made here: it must not exist)
-    with every owner, mode, time, link target and whiteout as listed; a file is a hard link
-    of its staged copy in `ready` (same filesystem: the base volume), which must be the size
-    listed. Nothing is followed through a link, made beneath anything but a directory, nor
-    outside `target`; an entry that cannot be made is counted ("missed") and named."""
+    with every owner, mode, time (0 too: the listing's times are the scan's own), link target
+    and whiteout as listed; a file is a hard link of its staged copy in `ready` (same
+    filesystem: the base volume), which must be the size listed. Nothing is followed through a
+    link, made beneath anything but a directory, nor outside `target`; an entry that cannot be
+    made is counted ("missed") and named (`shown_all`). "opened": the directories opened
+    (`Parents`)."""
     os.mkdir(target, 0o700)
     root_fd = os.open(target, NOFOLLOW_DIR)
     ready_fd = os.open(ready, NOFOLLOW_DIR)
+    parents = Parents(root_fd)
     dirs: list[tuple[list[str], Entry]] = []
     placed = size = 0
     skipped: list[str] = []
@@ -588,20 +606,70 @@ def place(entries: list[Entry], ready: str, target: str) -> dict[str, Any]:
             if entry.get("t") != "workspace":
                 continue
             try:
-                size += place_entry(root_fd, ready_fd, entry, dirs)
+                size += place_entry(parents, ready_fd, entry, dirs)
             except OSError:
                 skipped.append(str(entry.get("p")))
                 continue
             placed += 1
-        finish_dirs(root_fd, dirs, owners=True)
+        finish_dirs(root_fd, dirs, owners=True, parents=parents, exact=True)
     finally:
+        parents.close()
         os.close(ready_fd)
         os.close(root_fd)
-    return {"placed": placed, "bytes": size, "missed": len(skipped), "skipped": skipped[:20]}
+    return {
+        "placed": placed,
+        "bytes": size,
+        "missed": len(skipped),
+        "skipped": shown_all(skipped),
+        "opened": parents.opened,
+    }
+
+
+class Parents:
+    """The directories above the last entry `place` made, opened from the root one name at a
+    time without following a link, and kept open: the next entry opens only the names its
+    parent does not share with the last one's (a directory's entries, listed together, open
+    it once, not every level of it once each). A kept descriptor is safe to write through:
+    it is the directory opened, whatever is put at its path later, and `place` alone writes
+    below its root (the new base's lower/, mounted nowhere else), never removing or renaming
+    anything. `opened`: how many directories were opened."""
+
+    def __init__(self, root_fd: int) -> None:
+        self.root_fd = root_fd
+        self.names: list[str] = []
+        self.fds: list[int] = []
+        self.opened = 0
+
+    def of(self, parts: list[str]) -> int | None:
+        """The directory holding the last of `parts` (kept: the caller does not close it);
+        None when a parent is missing or is not a directory (the entry is skipped)."""
+        wanted = parts[:-1]
+        shared, most = 0, min(len(self.names), len(wanted))
+        while shared < most and self.names[shared] == wanted[shared]:
+            shared += 1
+        self._close_below(shared)
+        fd = self.fds[-1] if self.fds else self.root_fd
+        for name in wanted[shared:]:
+            try:
+                fd = os.open(name, NOFOLLOW_DIR, dir_fd=fd)
+            except OSError:
+                return None
+            self.opened += 1
+            self.names.append(name)
+            self.fds.append(fd)
+        return fd
+
+    def _close_below(self, depth: int) -> None:
+        while len(self.fds) > depth:
+            self.names.pop()
+            os.close(self.fds.pop())
+
+    def close(self) -> None:
+        self._close_below(0)
 
 
 def place_entry(
-    root_fd: int, ready_fd: int, entry: Entry, dirs: list[tuple[list[str], Entry]]
+    parents: Parents, ready_fd: int, entry: Entry, dirs: list[tuple[list[str], Entry]]
 ) -> int:
     """Make one listed entry under root (a directory's owner, mode and time come at the end:
     `finish_dirs`); the bytes of a file linked. Raises OSError to skip it."""
@@ -613,42 +681,39 @@ def place_entry(
     parts = parts_of(entry["p"])
     if parts is None:
         raise OSError("a path that leaves the root")
-    fd = parent_fd(root_fd, parts)
+    fd = parents.of(parts)
     if fd is None:
         raise OSError("a parent that is missing or not a directory")
     name = parts[-1]
     uid, gid, ns = int(entry["u"]), int(entry["g"]), int(entry["mt"])
+    if entry["k"] == "dir":
+        os.mkdir(name, 0o700, dir_fd=fd)
+        dirs.append((parts, entry))
+        return 0
+    if entry["k"] in ("symlink", "deleted"):
+        if entry["k"] == "symlink":
+            os.symlink(entry.get("l", ""), name, dir_fd=fd)
+        else:  # a whiteout, as the engine's extraction makes it (a 0/0 character device)
+            mode = stat.S_IFCHR | (int(entry["m"]) & 0o7777)
+            os.mknod(name, mode, os.makedev(0, 0), dir_fd=fd)
+        os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+        os.utime(name, ns=(ns, ns), dir_fd=fd, follow_symlinks=False)
+        return 0
+    copy = str(entry.get("n", ""))
+    if entry["k"] != "file" or not copy.isdigit():
+        raise OSError("not kept here")
+    os.link(copy, name, src_dir_fd=ready_fd, dst_dir_fd=fd, follow_symlinks=False)
+    file_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
     try:
-        if entry["k"] == "dir":
-            os.mkdir(name, 0o700, dir_fd=fd)
-            dirs.append((parts, entry))
-            return 0
-        if entry["k"] in ("symlink", "deleted"):
-            if entry["k"] == "symlink":
-                os.symlink(entry.get("l", ""), name, dir_fd=fd)
-            else:  # a whiteout, as the engine's extraction makes it (a 0/0 character device)
-                mode = stat.S_IFCHR | (int(entry["m"]) & 0o7777)
-                os.mknod(name, mode, os.makedev(0, 0), dir_fd=fd)
-            os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
-            os.utime(name, ns=(ns, ns), dir_fd=fd, follow_symlinks=False)
-            return 0
-        copy = str(entry.get("n", ""))
-        if entry["k"] != "file" or not copy.isdigit():
-            raise OSError("not kept here")
-        os.link(copy, name, src_dir_fd=ready_fd, dst_dir_fd=fd, follow_symlinks=False)
-        file_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
-        try:
-            st = os.fstat(file_fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_size != int(entry["s"]):
-                raise OSError("the staged copy is not the one listed")
-            os.fchown(file_fd, uid, gid)  # before the mode: a chown clears set-id bits
-            os.fchmod(file_fd, int(entry["m"]) & 0o7777)
-            os.utime(file_fd, ns=(ns, ns))
-        finally:
-            os.close(file_fd)
-        return st.st_size
+        st = os.fstat(file_fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != int(entry["s"]):
+            raise OSError("the staged copy is not the one listed")
+        os.fchown(file_fd, uid, gid)  # before the mode: a chown clears set-id bits
+        os.fchmod(file_fd, int(entry["m"]) & 0o7777)
+        os.utime(file_fd, ns=(ns, ns))
     finally:
-        os.close(fd)
+        os.close(file_fd)
+    return st.st_size
 
 
 def carry(known: dict[str, dict[str, list[Any]]], carried_file: str) -> None:
@@ -825,15 +890,25 @@ def load_entry(root_fd: int, entry: Entry, dirs: list[tuple[list[str], Entry]]) 
         os.close(fd)
 
 
-def finish_dirs(root_fd: int, dirs: list[tuple[list[str], Entry]], *, owners: bool = False) -> None:
+def finish_dirs(
+    root_fd: int,
+    dirs: list[tuple[list[str], Entry]],
+    *,
+    owners: bool = False,
+    parents: Parents | None = None,
+    exact: bool = False,
+) -> None:
     """Directories' modes and times (with `owners`, owners too; no parts: the root itself),
     deepest first (setting a time on a parent before its children are done would be undone
-    by them)."""
+    by them). `parents`: `place`'s, whose kept descriptors are reused (a sandbox's own
+    claim, `load`'s root, is walked again from the root each time). A time of 0 is that of a
+    directory the driver adds above a kept path (`load`), which keeps its own; with `exact`
+    (the helper's own listing, `place`), 0 is the directory's time like any other."""
     for parts, entry in sorted(dirs, key=lambda d: -len(d[0])):
         if not parts:
             child = os.dup(root_fd)
         else:
-            fd = parent_fd(root_fd, parts)
+            fd = parent_fd(root_fd, parts) if parents is None else parents.of(parts)
             if fd is None:
                 continue
             try:
@@ -841,13 +916,16 @@ def finish_dirs(root_fd: int, dirs: list[tuple[list[str], Entry]], *, owners: bo
             except OSError:
                 continue
             finally:
-                os.close(fd)
+                if parents is None:
+                    os.close(fd)
+            if parents is not None:
+                parents.opened += 1
         try:
             if owners:
                 os.fchown(child, int(entry["u"]), int(entry["g"]))
             os.fchmod(child, int(entry["m"]) & 0o3777)
             ns = int(entry["mt"])
-            if ns:  # 0: a directory the driver adds (above a kept path) keeps its own time
+            if ns or exact:
                 os.utime(child, ns=(ns, ns))
         finally:
             os.close(child)

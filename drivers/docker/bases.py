@@ -298,11 +298,25 @@ class DockerBases:
         try:
             base = await self._ensure_of(streamed, image, None, sandbox_ids=sandbox_ids)
         finally:
+            self._unbuilt(key)
             await streamed.drain()
         # The forks' workspaces take it as it is (`workspace`): no look-up of the base again
         # per fork, each under the base's lock (a release that drops it meanwhile forgets it).
         for sandbox_id in sandbox_ids:
             self._staged[sandbox_id] = base
+
+    def _unbuilt(self, key: str) -> None:
+        """Drop the base volumes `prepare` made for `key` that its build did not take (the
+        image was removed, or replaced by another, since: the build looked up no volume of that
+        name, or failed before it did): nothing else would, while the snapshot stays listed
+        (its `forget` comes with its deletion), and the sweep leaves a prepared volume alone.
+        In the background (`discard` waits for the export's helper, which holds the volume
+        until the export that feeds this build is over)."""
+        for name, (made, staging) in list(self._prepared.items()):
+            if (made.get("Labels") or {}).get(LABEL_SNAPSHOT) == key:
+                del self._prepared[name]
+                log.info("snapshot_base_unbuilt", snapshot=key, volume=name)
+                self._later(self.discard(staging), f"discard-{name}")
 
     async def _ensure(self, request: SandboxRequest, old: OldWorkspace | None = None) -> Base:
         assert request.restore is not None
@@ -800,14 +814,28 @@ def _placed(staging: Staging | None, streamed: int) -> None:
         placed=answer.get("placed"),
         bytes=answer.get("bytes"),
         cleaned=answer.get("cleaned"),
+        opened=answer.get("opened"),
     )
     if answer.get("error") or answer.get("missed") or answer.get("placed") != streamed:
+        why = answer.get("error") or _shown(answer.get("skipped"))
         raise DriverError(
             f"the staged workspace was laid down in part: {answer.get('placed')} of {streamed} "
-            f"entries ({answer.get('error') or answer.get('skipped')})"
+            f"entries, {answer.get('missed')} missed ({why})"
         )
     if answer.get("cleaned") is None:
         raise DriverError("the export's staged copies were not removed")
+
+
+SHOWN_PATHS = 20
+SHOWN_LENGTH = 123  # files_helper.py `shown`: 120 characters and "..."
+
+
+def _shown(paths: object) -> list[str]:
+    """The skipped paths the helper named, as the error shows them: the helper bounds them
+    (files_helper.py `shown_all`: 20, each 120 characters) and so does this, whatever it
+    sent (its answer is read from a container that mounts the agent's files)."""
+    named = paths if isinstance(paths, list) else []
+    return [str(path)[:SHOWN_LENGTH] for path in named[:SHOWN_PATHS]]
 
 
 async def _landed(call: asyncio.Future[Any]) -> None:

@@ -1,12 +1,15 @@
 """A fork's base laid down by the export itself (drivers/docker/bases.py: `prepare`): the
 export's helper stages its copies in the new base volume and links them into `lower/`, where
 the engine used to extract an archive of them. The base must hold the workspace exactly as the
-snapshot does (owners, modes with set-id bits, nanosecond times, links, directories a user cannot
-write), each file once (no staged copy left beside it), and the forks must see it."""
+snapshot does (owners, modes with set-id bits, nanosecond times, 0 too, links, directories a
+user cannot write), each file once (no staged copy left beside it), and the forks must see it;
+laying it down opens each directory about once, not once per entry below it and level above
+it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections.abc import AsyncIterator
 
@@ -18,7 +21,7 @@ from drivers.base import WORKSPACE, FileEntry, FileItem, FileKind, LocalCopy
 from drivers.docker.driver import DockerDriver
 from drivers.docker.files import LABEL_SNAPSHOT
 from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE
-from drivers.errors import DriverError
+from drivers.errors import DriverError, ImageMissing
 from tests.support.log_capture import capture_logs
 from tests.support.sandbox_helpers import wait_status
 from tests.support.snapshot_helpers import running, sh
@@ -30,6 +33,7 @@ AS_AGENT = (
     " && touch -h -d '2001-02-03 04:05:06.789012345' old abs"
     " && echo y > ro/z && chmod 0500 ro && mkfifo fifo"
     " && head -c 3000000 /dev/urandom > blob && echo r > setid && chmod 6755 setid"
+    " && mkdir -p epoch/in && touch -d @0 epoch"  # a directory's time of exactly 0 ns
 )
 # Every entry but the root and the fifo (not kept): path, kind, mode, owner, a file's size, a
 # link's target, the mtime to the nanosecond.
@@ -109,6 +113,46 @@ async def test_a_forks_base_is_the_snapshots_workspace_laid_down_once(
     assert (await sh(docker_client, test_prefix, ids[1], "cat /workspace/d/e/f")) == "x\n"
 
 
+DEPTH = 30
+FILES = 400
+DEEP = (
+    f'cd /workspace && d=$(printf \'level/%.0s\' $(seq {DEPTH})) && mkdir -p "$d" && cd "$d"'
+    f" && for i in $(seq {FILES}); do : > f$i; done && mkdir -p sub && : > sub/g"
+)
+
+
+async def test_placing_a_deep_directory_opens_each_directory_about_once(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    """Many entries in one deep directory: `place` keeps the directories above the last entry
+    open (files_helper.py `Parents`), so it opens each directory once to make the entries in it
+    and once more to set its mode and time; reopening every level from the root for each entry
+    opened DEPTH directories per file (12,000 here)."""
+    alice = await user_headers("alice")
+    source = await running(snap, alice)
+    await sh(docker_client, test_prefix, source["id"], DEEP)
+    count = "find /workspace -type d | wc -l && find /workspace | wc -l"
+    dirs, entries = map(int, (await sh(docker_client, test_prefix, source["id"], count)).split())
+    with capture_logs("info") as logs:
+        resp = await snap.post(
+            f"/api/v1/sandboxes/{source['id']}/fork", json={"count": 1}, headers=alice
+        )
+        forked = await resp.json()
+        assert resp.status == 200, forked
+        (fork,) = [s["id"] for s in forked["sandboxes"]]
+        await wait_status(snap, alice, fork, "RUNNING", within=90)
+    (placed,) = logs.events("snapshot_base_placed")
+    assert placed["placed"] == entries, placed
+    # The root is the helper's own descriptor; every other directory: opened for its entries
+    # (the deepest's subdirectory among them: DFS order returns to a kept parent), and for its
+    # mode and time.
+    assert placed["opened"] <= 2 * (dirs - 1) + 2, placed
+    listed = "cd /workspace && find . | sort | md5sum"
+    assert await sh(docker_client, test_prefix, fork, listed) == await sh(
+        docker_client, test_prefix, source["id"], listed
+    )
+
+
 class _Unrecorded:
     """The export's Hold, with no record to keep (the control plane's is the taker's)."""
 
@@ -161,6 +205,48 @@ async def test_an_export_that_fails_after_staging_leaves_no_base(
     assert (await sh(docker_client, test_prefix, source, "stat -c %s /workspace/big")) == (
         "20000000\n"
     )
+
+
+async def test_a_prepared_base_whose_image_goes_before_its_build_is_removed(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    """The image is removed between `prepare` and the build: the build fails before it takes
+    the prepared volume, the snapshot stays listed (its `forget` comes only with its deletion)
+    and the sweep leaves a prepared volume alone, so the build drops it itself once the
+    export's helper is gone, while the export goes on to its end."""
+    alice = await user_headers("alice")
+    source = (await running(snap, alice))["id"]
+    await sh(docker_client, test_prefix, source, "echo kept > /workspace/f")
+    driver = snap.app[keys.DRIVER]
+    assert isinstance(driver, DockerDriver)
+    image = snap.app[keys.SPECS].default.image
+    copy = f"{test_prefix.strip('-')}-gone:{secrets.token_hex(4)}"  # a tag of the image
+    assert await asyncio.to_thread(docker_client.images.get(image).tag, copy)
+    key = secrets.token_hex(16)
+    made = {"label": f"{LABEL_SNAPSHOT}={key}"}
+    export = driver.files.export(
+        source,
+        {},
+        working_dir="/workspace",
+        state_paths=(),
+        hold=_Unrecorded(),
+        local=LocalCopy(key, copy),
+    )
+    try:
+        async with export as files:
+            assert docker_client.volumes.list(filters=made) != []  # prepared
+            await asyncio.to_thread(docker_client.images.remove, copy)  # the tag alone
+            with pytest.raises(ImageMissing):
+                await driver.files.build_local(key, copy, files.items, ())
+    finally:
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            await asyncio.to_thread(docker_client.images.remove, copy)
+    for _ in range(120):  # dropped once the export's helper is removed
+        if not await asyncio.to_thread(docker_client.volumes.list, filters=made):
+            break
+        await asyncio.sleep(0.5)
+    assert docker_client.volumes.list(filters=made) == []
+    assert (await sh(docker_client, test_prefix, source, "cat /workspace/f")) == "kept\n"
 
 
 async def test_a_base_built_again_waits_for_the_helper_of_a_failed_staged_build(
