@@ -20,6 +20,8 @@ from agent.bash_models import ExecuteBashRequest, StartBashRequest
 from agent.bash_requests import EXECUTE, START, BashRequest, TimeoutRule, plain_request
 from agent.conversations import mount
 from agent.conversations.routes import handlers
+from controlplane.agent_protocol.kinds import warm_up
+from controlplane.specs.models import SandboxSpec
 from tests.support.live_server import free_port
 from tests.support.types import ClientFactory
 
@@ -131,6 +133,20 @@ async def test_stored_conversations_load_the_code_at_start(
     restarted = await make_agent_client()
     assert restarted.app[mount.CONVERSATIONS].loaded  # restored before any request
     assert restarted.app[mount.CONVERSATIONS].service.conversations == {}
+
+
+async def test_a_warm_pool_member_is_warmed_with_the_conversations_code_loaded(
+    make_agent_client: ClientFactory, api_keys: tuple[str, ...]
+) -> None:
+    # The pool warms a member before it is ready (controlplane/sandboxes/pool.py): a claim's
+    # first conversation then waits for no import.
+    client = await make_agent_client()
+    spec = SandboxSpec.model_validate(
+        {"id": "boot", "image": "x", "exposed_ports": {"AGENT_SERVER": 8000}}
+    )
+    assert not client.app[mount.CONVERSATIONS].loaded
+    await warm_up(spec, str(client.make_url("")).rstrip("/"), api_keys[0])
+    assert client.app[mount.CONVERSATIONS].loaded
 
 
 def test_every_conversations_route_has_its_handler() -> None:
