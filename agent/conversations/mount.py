@@ -4,11 +4,15 @@ The conversations' code (pydantic and the request models, the loop, the LLM clie
 was about a fifth of the agent server's boot CPU, which a burst of cold starts pays per sandbox
 on shared cores; a sandbox answers ``/health`` and its first commands without it. So the routes
 are registered at boot, each with a handler that first makes sure the code is loaded: the first
-request imports :mod:`agent.conversations.routes` (in a thread, so the loop keeps serving the
-other routes), makes the :class:`~agent.conversations.service.ConversationService` and starts
-it, once; then every request goes straight on to its handler. Where the state directory holds
-conversations (a restarted server), that happens at start-up instead, as before: they are
-restored before the first request is served.
+request imports :mod:`agent.conversations.routes`, makes the
+:class:`~agent.conversations.service.ConversationService` and starts it, once; then every request
+goes straight on to its handler. The import runs on the loop (~60 ms of CPU, once): in a thread
+it could race an import of pydantic's by a bash request's model on the loop (the import system's
+module locks then raise on a cycle rather than wait), for a pause the warm pool's members never
+show their users (the pool loads it before a claim: controlplane/agent_protocol/kinds.py).
+
+Where the state directory holds conversations (a restarted server), that happens at start-up
+instead, as before: they are restored before the first request is served.
 """
 
 from __future__ import annotations
@@ -103,7 +107,7 @@ class Conversations:
             return self._handlers
         async with self._lock:
             if self._handlers is None:
-                service_class, handlers_of = await asyncio.to_thread(_import_code)
+                service_class, handlers_of = _import_code()
                 service = service_class(self.config)
                 await service.start()
                 self._service = service
