@@ -6,7 +6,7 @@ on shared cores; a sandbox answers ``/health`` and its first commands without it
 are registered at boot, each with a handler that first makes sure the code is loaded: the first
 request imports :mod:`agent.conversations.routes`, makes the
 :class:`~agent.conversations.service.ConversationService` and starts it, once; then every request
-goes straight on to its handler. The import runs on the loop (~60 ms of CPU, once): in a thread
+goes straight on to its handler. The import runs on the loop (70-90 ms of CPU, once): in a thread
 it could race an import of pydantic's by a bash request's model on the loop (the import system's
 module locks then raise on a cycle rather than wait), for a pause the warm pool's members never
 show their users (the pool loads it before a claim: controlplane/agent_protocol/kinds.py).
