@@ -207,3 +207,24 @@ def test_plain_bodies_are_read_as_the_model_reads_them(
             expected = model.model_validate(body)
             assert plain == BashRequest(expected.command, expected.cwd, expected.timeout), body
     assert taken >= 20  # the plain path is taken for the ordinary bodies
+
+
+async def test_bash_bodies_off_the_plain_path_get_the_models_answers(
+    make_agent_client: ClientFactory, auth: dict[str, str]
+) -> None:
+    client = await make_agent_client()
+    resp = await client.post(EXEC, json={"command": "true", "timeout": 3601}, headers=auth)
+    assert resp.status == 422
+    assert (await resp.json())["detail"] == [
+        {
+            "loc": ["body", "timeout"],
+            "msg": "Input should be less than or equal to 3600",
+            "type": "less_than_equal",
+        }
+    ]
+    resp = await client.post(EXEC, json={"command": "echo $0", "timeout": True}, headers=auth)
+    assert resp.status == 200  # the model's reading: true is 1 (s)
+    assert (await resp.json())["stdout"] == "bash\n"
+    resp = await client.post(EXEC, data=b"{not json", headers=auth)
+    assert resp.status == 422
+    assert (await resp.json())["detail"][0]["type"] == "json_invalid"
