@@ -13,8 +13,8 @@ from aiohttp.typedefs import Handler
 from . import __version__, bash_routes, files, git, refusals
 from .auth import auth_middleware
 from .config import CONFIG_KEY, AgentConfig
-from .conversations import routes as conversations
-from .conversations.tools import KINDS
+from .conversations import mount as conversations
+from .conversations.tool_specs import KINDS
 from .cors import cors_middleware
 from .errors import ApiError, error_response
 from .shell import pidfd_child_watcher

@@ -7,31 +7,19 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
 
 from .bash import BashService, Command
+from .bash_requests import EXECUTE, START, BashRequest, read_bash_request
 from .config import CONFIG_KEY, AgentConfig
 from .conversations.queries import choice_query, event_time, page, query_error, time_query
-from .errors import ApiError, parse_json_body
+from .errors import ApiError
 from .files import resolve_path
 
 BASH_KEY = web.AppKey("bash", BashService)
 MAX_IDS = 100
 
 
-class StartBashRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    command: str
-    cwd: str | None = None
-    timeout: int = Field(default=300, ge=1, le=86_400)
-
-
-class ExecuteBashRequest(StartBashRequest):
-    timeout: int = Field(default=60, ge=1, le=3600)
-
-
-def _start(request: web.Request, body: StartBashRequest) -> Command:
+def _start(request: web.Request, body: BashRequest) -> Command:
     config: AgentConfig = request.app[CONFIG_KEY]
     cwd = resolve_path(config, body.cwd) if body.cwd else config.workspace
     if not cwd.is_dir():
@@ -43,14 +31,14 @@ def _start(request: web.Request, body: StartBashRequest) -> Command:
 
 
 async def start_bash_command(request: web.Request) -> web.Response:
-    body = await parse_json_body(request, StartBashRequest)
+    body = await read_bash_request(request, START)
     return web.json_response(_start(request, body).event)
 
 
 async def execute_bash_command(request: web.Request) -> web.Response:
     """Waits for the command: one ``BashOutput`` with all of it, plus ``timed_out`` and
     ``truncated`` (ours); ``stdout``/``stderr`` are strings, empty when there was none."""
-    body = await parse_json_body(request, ExecuteBashRequest)
+    body = await read_bash_request(request, EXECUTE)
     record = _start(request, body)
     await record.done.wait()
     outputs = record.outputs

@@ -3,7 +3,8 @@ that says why (docs/agent-protocol.md), rather than a bare 404 that reads as "no
 conversation":
 
 - `POST /api/conversations/{id}/load_plugin` (RemoteConversation.load_plugin) and `…/navigate`
-  (navigate_to): 400; this agent loads no plugins and keeps one linear history.
+  (navigate_to): 400; this agent loads no plugins and keeps one linear history. Those two are
+  conversation routes (a 404 for an unknown conversation first): conversations/extras.py.
 - `GET /api/settings`, `/api/profiles`, `/api/profiles/{name}`, `/api/settings/secrets`,
   `/api/settings/secrets/{name}` (RemoteWorkspace.get_llm, get_mcp_config, get_secrets): 404;
   settings, profiles and secrets live in the control plane, which SDK code reaches through
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from .conversations.routes import conversation_of
 from .errors import ApiError
 
 NO_SETTINGS = (
@@ -23,24 +23,11 @@ NO_SETTINGS = (
 )
 
 
-async def load_plugin(request: web.Request) -> web.Response:
-    conversation_of(request)  # 404 for an unknown conversation first
-    raise ApiError(400, "this agent server loads no plugins")
-
-
-async def navigate(request: web.Request) -> web.Response:
-    conversation_of(request)
-    raise ApiError(400, "this agent server keeps one linear history: navigate is not supported")
-
-
 async def no_settings(request: web.Request) -> web.Response:
     raise ApiError(404, NO_SETTINGS)
 
 
 def add_routes(app: web.Application) -> None:
-    one = "/api/conversations/{conversation_id}"
-    app.router.add_post(one + "/load_plugin", load_plugin)
-    app.router.add_post(one + "/navigate", navigate)
     for path in (
         "/api/settings",
         "/api/profiles",

@@ -1,14 +1,15 @@
 """The conversation routes beyond running one: secrets, confirmation policy, security analyzer,
-title and tags, ask_agent, generate_title, agent_final_response, condense."""
+title and tags, ask_agent, generate_title, agent_final_response, condense; and the two the
+server refuses on purpose, load_plugin and navigate (docs/agent-protocol.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from aiohttp import web
 
-from ..errors import ApiError, parse_json_body
+from ..errors import ApiError
+from ..validation import parse_json_body
 from . import events as ev
 from .conversation import Conversation
 from .llm import LLMError
@@ -21,6 +22,7 @@ from .models import (
     UpdateConversationRequest,
     UpdateSecretsRequest,
 )
+from .mount import Handler
 from .queries import message_text
 from .secrets import static_values
 from .service import title_from
@@ -67,7 +69,24 @@ async def ask_agent(conv: Conversation, question: str) -> str:
     return answer
 
 
-def make_routes(lookup: Lookup) -> dict[str, Callable[[web.Request], Any]]:
+def refusals(lookup: Lookup) -> dict[str, Handler]:
+    """Calls of openhands-sdk 1.58 refused on purpose (as agent/refusals.py's): 400 with why,
+    after the 404 of an unknown conversation."""
+
+    async def load_plugin(request: web.Request) -> web.Response:
+        lookup(request)
+        raise ApiError(400, "this agent server loads no plugins")
+
+    async def navigate(request: web.Request) -> web.Response:
+        lookup(request)
+        raise ApiError(400, "this agent server keeps one linear history: navigate is not supported")
+
+    return {"POST /load_plugin": load_plugin, "POST /navigate": navigate}
+
+
+def make_routes(lookup: Lookup) -> dict[str, Handler]:
+    """The handlers by "METHOD suffix" (the suffix follows ``/api/conversations/{id}``)."""
+
     async def secrets(request: web.Request) -> web.Response:
         conv = lookup(request)
         update_secrets(conv, await parse_json_body(request, UpdateSecretsRequest))
@@ -128,10 +147,5 @@ def make_routes(lookup: Lookup) -> dict[str, Callable[[web.Request], Any]]:
         "POST /generate_title": generate_title,
         "GET /agent_final_response": agent_final_response,
         "POST /condense": condense,
+        **refusals(lookup),
     }
-
-
-def add_routes(app: web.Application, one: str, lookup: Lookup) -> None:
-    for route, handler in make_routes(lookup).items():
-        method, suffix = route.split(" ", 1)
-        app.router.add_route(method, one + suffix, handler)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
 
-from ..config import CONFIG_KEY
-from ..errors import ApiError, parse_json_body
+from ..errors import ApiError
+from ..validation import parse_json_body
 from . import extras, sockets
 from .conversation import Conversation
 from .models import (
@@ -19,10 +18,10 @@ from .models import (
     dashed,
     normalize_conversation_id,
 )
+from .mount import BASE, CONVERSATIONS, ONE, SOCKET, Handler
 from .queries import MAX_PAGE, choice_query, event_filter, page, query_error
 from .service import ConversationService, not_found
 
-SERVICE_KEY = web.AppKey("conversations", ConversationService)
 MAX_IDS = 99
 SUCCESS = {"success": True}
 SORTS = {
@@ -34,7 +33,7 @@ SORTS = {
 
 
 def service_of(request: web.Request) -> ConversationService:
-    return request.app[SERVICE_KEY]
+    return request.app[CONVERSATIONS].service
 
 
 def conversation_of(request: web.Request) -> Conversation:
@@ -171,33 +170,28 @@ async def batch_get_events(request: web.Request) -> web.Response:
     return _json([conv.events[p] if p is not None else None for p in positions])
 
 
-async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    service = app[SERVICE_KEY]
-    await service.start()
-    yield
-    await service.close()
-
-
-def add_routes(app: web.Application) -> None:
-    app[SERVICE_KEY] = ConversationService(app[CONFIG_KEY])
-    app.cleanup_ctx.append(_lifecycle)
-    base = "/api/conversations"
-    one = base + "/{conversation_id}"
-    router = app.router
-    router.add_post(base, start_conversation)
-    router.add_get(base, batch_get)
-    router.add_get(base + "/search", search_conversations)
-    router.add_get(base + "/count", count_conversations)
-    router.add_get(one, get_conversation)
-    router.add_delete(one, delete_conversation)
-    router.add_post(one + "/run", run)
-    router.add_post(one + "/pause", pause)
-    router.add_post(one + "/interrupt", interrupt)
-    router.add_post(one + "/events", send_message)
-    router.add_get(one + "/events", batch_get_events)
-    router.add_get(one + "/events/search", search_events)
-    router.add_get(one + "/events/count", count_events)
-    router.add_post(one + "/events/respond_to_confirmation", respond_to_confirmation)
-    router.add_get(one + "/events/{event_id}", get_event)
-    extras.add_routes(app, one, conversation_of)
-    sockets.add_routes(app, service_of)
+def handlers() -> dict[str, Handler]:
+    """Every route's handler, keyed "METHOD path" as :data:`mount.ROUTES` lists them (mount.py
+    registers the routes at boot and loads this module at their first call)."""
+    table: dict[str, Handler] = {
+        f"POST {BASE}": start_conversation,
+        f"GET {BASE}": batch_get,
+        f"GET {BASE}/search": search_conversations,
+        f"GET {BASE}/count": count_conversations,
+        f"GET {ONE}": get_conversation,
+        f"DELETE {ONE}": delete_conversation,
+        f"POST {ONE}/run": run,
+        f"POST {ONE}/pause": pause,
+        f"POST {ONE}/interrupt": interrupt,
+        f"POST {ONE}/events": send_message,
+        f"GET {ONE}/events": batch_get_events,
+        f"GET {ONE}/events/search": search_events,
+        f"GET {ONE}/events/count": count_events,
+        f"POST {ONE}/events/respond_to_confirmation": respond_to_confirmation,
+        f"GET {ONE}/events/{{event_id}}": get_event,
+        f"GET {SOCKET}": sockets.make_handler(service_of),
+    }
+    for route, handler in extras.make_routes(conversation_of).items():
+        method, suffix = route.split(" ", 1)
+        table[f"{method} {ONE}{suffix}"] = handler
+    return table

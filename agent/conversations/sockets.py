@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import weakref
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -34,6 +33,7 @@ from . import events as ev
 from .conversation import Conversation
 from .legacy_names import for_browsers
 from .models import SendMessageRequest, normalize_conversation_id
+from .mount import CONVERSATIONS
 from .queries import event_time, naive_utc
 from .service import ConversationService
 
@@ -43,10 +43,7 @@ AUTH_TIMEOUT = 10.0
 SEND_TIMEOUT = 10.0
 MAX_SOCKETS_PER_CONVERSATION = 50
 MAX_FRAME = 1024 * 1024
-CLOSE_AUTH, CLOSE_NOT_FOUND, CLOSE_SLOW, CLOSE_AWAY = 4001, 4004, 1013, 1001
-
-OpenSockets = weakref.WeakSet[web.WebSocketResponse]
-OPEN_SOCKETS = web.AppKey("event_sockets", OpenSockets)
+CLOSE_AUTH, CLOSE_NOT_FOUND, CLOSE_SLOW = 4001, 4004, 1013
 
 
 class SlowReader(Exception):
@@ -161,7 +158,7 @@ def make_handler(
             return await _close(ws, CLOSE_NOT_FOUND, "Conversation not found")
         if len(conv.listeners) >= MAX_SOCKETS_PER_CONVERSATION:
             return await _close(ws, CLOSE_SLOW, "Too many connections for this conversation")
-        request.app[OPEN_SOCKETS].add(ws)
+        request.app[CONVERSATIONS].sockets.add(ws)  # closed at shutdown (mount.py)
         wake = asyncio.Event()
         conv.listeners.add(wake)
         mode, after = _resend_mode(request)
@@ -195,17 +192,3 @@ def make_handler(
         return ws
 
     return events_socket
-
-
-def add_routes(
-    app: web.Application, service_of: Callable[[web.Request], ConversationService]
-) -> None:
-    sockets: OpenSockets = weakref.WeakSet()
-    app[OPEN_SOCKETS] = sockets
-
-    async def close_all(_app: web.Application) -> None:
-        for ws in list(sockets):
-            await ws.close(code=CLOSE_AWAY, message=b"server shutting down")
-
-    app.on_shutdown.append(close_all)
-    app.router.add_get("/sockets/events/{conversation_id}", make_handler(service_of))

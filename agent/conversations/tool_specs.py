@@ -9,6 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 MAX_BASH_TIMEOUT = 600
+TERMINAL, FILE_EDITOR, FINISH, THINK = "terminal", "file_editor", "finish", "think"
+#: Our tools as SDK tool, action and observation kinds (also the server's ``usable_tools``,
+#: answered without loading the conversations' code).
+KINDS = {
+    TERMINAL: ("TerminalTool", "TerminalAction", "TerminalObservation"),
+    FILE_EDITOR: ("FileEditorTool", "FileEditorAction", "FileEditorObservation"),
+    FINISH: ("FinishTool", "FinishAction", "FinishObservation"),
+    THINK: ("ThinkTool", "ThinkAction", "ThinkObservation"),
+}
 
 
 def _function(name: str, description: str, properties: dict[str, Any], required: list[str]) -> Any:

@@ -23,6 +23,7 @@ from ..shell import run_command
 from . import tool_specs
 from .editor import EditorArgs, EditorError, UndoHistory, run_editor
 from .events import text, tool_definition
+from .tool_specs import FILE_EDITOR, FINISH, KINDS, TERMINAL, THINK
 
 if TYPE_CHECKING:
     from .mcp_tools import MCPManager
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 MAX_STREAM_CHARS = 30_000
 MAX_BASH_TIMEOUT = 600
 DEFAULT_BASH_TIMEOUT = 60
-TERMINAL, FILE_EDITOR, FINISH, THINK = "terminal", "file_editor", "finish", "think"
 
 #: ``agent.tools`` names (SDK class names, and the tool names themselves) -> our tool.
 TOOL_ALIASES = {
@@ -43,13 +43,6 @@ TOOL_ALIASES = {
     FINISH: FINISH,
     "ThinkTool": THINK,
     THINK: THINK,
-}
-#: Our tools as SDK tool, action and observation kinds.
-KINDS = {
-    TERMINAL: ("TerminalTool", "TerminalAction", "TerminalObservation"),
-    FILE_EDITOR: ("FileEditorTool", "FileEditorAction", "FileEditorObservation"),
-    FINISH: ("FinishTool", "FinishAction", "FinishObservation"),
-    THINK: ("ThinkTool", "ThinkAction", "ThinkObservation"),
 }
 
 ModelT = TypeVar("ModelT", bound=BaseModel)

@@ -95,12 +95,26 @@ def _flag(value: bool) -> str:
 
 
 async def warm_up(spec: SandboxSpec, url: str, key: str) -> None:
-    """The official server sets its tools up at its first conversation (a second or more); a
-    warm-pool member pays that before anyone claims it, with a conversation that has no message
-    (so no model call) and is deleted at once. Our agent has nothing to warm. Failures are only
-    logged: the member is usable all the same."""
-    if spec.agent_kind != "openhands":
-        return
+    """What a warm-pool member's agent server would otherwise do at its first conversation, done
+    before anyone claims it. The official server sets its tools up then (a second or more): it
+    gets a conversation that has no message (so no model call), deleted at once. Ours loads its
+    conversations' code at the first conversation call (agent/conversations/mount.py, ~0.1 s of
+    CPU): it gets one count of its conversations. Failures are only logged: the member is usable
+    all the same."""
+    headers = {"X-Session-API-Key": key}
+    timeout = aiohttp.ClientTimeout(total=120)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as http:
+            if spec.agent_kind == "openhands":
+                await _first_conversation(http, spec, url)
+            else:
+                async with http.get(f"{url}/api/conversations/count") as resp:
+                    resp.raise_for_status()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        log.warning("agent_warm_up_failed", url=url, error=repr(exc))
+
+
+async def _first_conversation(http: aiohttp.ClientSession, spec: SandboxSpec, url: str) -> None:
     body = start_conversation_request(
         conversation_id=uuid.uuid4().hex,
         llm={"model": "openai/warm-up", "api_key": "warm-up"},
@@ -114,13 +128,7 @@ async def warm_up(spec: SandboxSpec, url: str, key: str) -> None:
         system_message_suffix=None,
         agent_kind=spec.agent_kind,
     )
-    headers = {"X-Session-API-Key": key}
-    timeout = aiohttp.ClientTimeout(total=120)
-    try:
-        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as http:
-            async with http.post(f"{url}/api/conversations", json=body) as resp:
-                resp.raise_for_status()
-            async with http.delete(f"{url}/api/conversations/{body['conversation_id']}") as resp:
-                resp.raise_for_status()
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        log.warning("agent_warm_up_failed", url=url, error=repr(exc))
+    async with http.post(f"{url}/api/conversations", json=body) as resp:
+        resp.raise_for_status()
+    async with http.delete(f"{url}/api/conversations/{body['conversation_id']}") as resp:
+        resp.raise_for_status()

@@ -12,7 +12,7 @@ from aiohttp import WSMsgType, web
 
 from agent.conversations import events as ev
 from agent.conversations import sockets
-from agent.conversations.routes import SERVICE_KEY
+from agent.conversations.mount import CONVERSATIONS
 from tests.agent.conv_helpers import events, start, wait_status
 from tests.support.fake_llm import FakeLLM, reply_finish, reply_text, reply_tool_call
 from tests.support.types import Client
@@ -167,7 +167,7 @@ async def test_a_slow_reader_is_dropped_and_the_server_goes_on(
     monkeypatch.setattr(sockets, "SEND_TIMEOUT", 3)
     local_fake_llm.script([reply_tool_call("terminal", {"command": "echo fine"}), reply_finish()])
     cid = (await start(agent_client, auth, local_fake_llm, None))["id"]
-    conv = agent_client.app[SERVICE_KEY].get(cid.replace("-", ""))
+    conv = agent_client.app[CONVERSATIONS].service.get(cid.replace("-", ""))
     slow = await agent_client.ws_connect(SOCKET.format(cid), headers=auth)  # never reads
     async with agent_client.ws_connect(SOCKET.format(cid), headers=auth) as fast:
         await frames_until(fast, lambda f: len(f) == 1)
