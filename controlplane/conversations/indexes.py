@@ -283,6 +283,21 @@ class ConversationIndexes:
         key = keyspace.user_conversations_by_creation(owner)
         return [text(i) for i in await self._redis.zrange(key, low, high, byscore=True)]
 
+    async def creation_scores(self, owner: str, ids: list[str]) -> list[int | None]:
+        """Each id's score in the owner's index by creation (None: not in it): one ZMSCORE."""
+        if not ids:
+            return []
+        key = keyspace.user_conversations_by_creation(owner)
+        scores = await self._redis.zmscore(key, ids)
+        return [int(s) if s is not None else None for s in scores]
+
+    async def indexed_titles(self, owner: str, ids: list[str]) -> list[str | None]:
+        """Each id's title as the owner's trigram index holds it (None: not in it): one HMGET."""
+        if not ids:
+            return []
+        rows = await self._redis.hmget(keyspace.user_conversation_titles(owner), ids)
+        return [text(r) if r is not None else None for r in rows]
+
     async def title_candidates(
         self, owner: str, needle: str, most: int | None = None
     ) -> list[str] | None:

@@ -41,7 +41,12 @@ from controlplane.conversations.models import (
 )
 from controlplane.conversations.pending import PendingMessages
 from controlplane.conversations.starter import StartTaskRunner
-from controlplane.conversations.store import ConversationStore, title_id, title_member
+from controlplane.conversations.store import (
+    TITLE_SORT_CHARS,
+    ConversationStore,
+    title_id,
+    title_member,
+)
 from controlplane.errors import NotFound, RuntimeUnavailable
 from controlplane.ids import uuid7_hex
 from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
@@ -154,16 +159,12 @@ Position = Any  # an id, a (score, id) or a title member: comparable within one 
 
 def _position(
     query: ConversationSearchQuery,
-) -> tuple[
-    Callable[[AppConversationInfo], Position],
-    bool,
-    Callable[[str | None], Position | None],
-    Callable[[Position], str],
-]:
-    """How the query's order places a record (its key), whether it runs highest first, and
-    its cursor's decoding and encoding: as the order's index pages it (created-at: the id, or
-    (created_at, id) within creation bounds; updated-at: (updated_at, id); title: the member
-    of the index by title)."""
+) -> tuple[str, bool, Callable[[str | None], Position | None], Callable[[Position], str]]:
+    """Which index places a record in the query's order ("id": none, its id; "update" or
+    "creation": (that index's score, id); "title": its member of the index by title), whether
+    the order runs highest first, and its cursor's decoding and encoding: as the order's own
+    pages place and cursor it (created-at: the id, or (created_at, id) within creation bounds;
+    updated-at: (updated_at, id); title: the member)."""
     order = query.sort_order
     desc = order.endswith("_DESC")
 
@@ -178,12 +179,12 @@ def _position(
         return encode_cursor(f"{at[0]}-{at[1]}")
 
     if order in (ConversationSortOrder.TITLE, ConversationSortOrder.TITLE_DESC):
-        return title_member, desc, decode_text_cursor, encode_text_cursor
+        return "title", desc, decode_text_cursor, encode_text_cursor
     if order in (ConversationSortOrder.UPDATED_AT, ConversationSortOrder.UPDATED_AT_DESC):
-        return (lambda i: (micros(i.updated_at), i.id)), desc, scored, encode_scored
+        return "update", desc, scored, encode_scored
     if _created_bounds(query) != (None, None):
-        return (lambda i: (micros(i.created_at), i.id)), desc, scored, encode_scored
-    return (lambda i: i.id), desc, (lambda p: decode_cursor(p, HEX32)), encode_cursor
+        return "creation", desc, scored, encode_scored
+    return "id", desc, (lambda p: decode_cursor(p, HEX32)), encode_cursor
 
 
 class EventLog(Protocol):
@@ -639,23 +640,60 @@ class ConversationService:
         self, owner: str, ids: list[str], query: ConversationSearchQuery
     ) -> tuple[list[AppConversationInfo], str | None]:
         """A page of the records of `ids` (a title's candidates, at most PAGE_BUDGET) that
-        match, in the query's order past its cursor, ordered and cursored as the order's own
-        page would be (`_position`): a later page may be read either way."""
-        infos: list[AppConversationInfo] = []
-        for start in range(0, len(ids), READ_BATCH):
-            infos += [
-                i
-                for i in await self.store.get_many(ids[start : start + READ_BATCH])
-                if i and i.created_by_user_id == owner and self._listed(i, query)
-            ]
-        position, desc, decode, encode = _position(query)
+        match, in the query's order past its cursor, placed and cursored as the order's own
+        page would (`_position`: a later page may be read either way). They are placed from
+        the order's index (one ZMSCORE or HMGET: an id and a number or title each), so that
+        only about a page of records is read, in batches that grow until the page is full."""
+        kind, desc, decode, encode = _position(query)
+        placed = await self._placed(owner, ids, kind, query)
+        placed.sort(reverse=desc)
         after = decode(query.page_id)
-        infos.sort(key=position, reverse=desc)
         if after is not None:
-            infos = [i for i in infos if (position(i) < after if desc else position(i) > after)]
-        page = infos[: query.limit]
-        more = len(infos) > query.limit
-        return page, encode(position(page[-1])) if more else None
+            placed = [p for p in placed if (p[0] < after if desc else p[0] > after)]
+        found: list[tuple[AppConversationInfo, Position]] = []
+        at, batch = 0, query.limit + 1
+        while at < len(placed) and len(found) <= query.limit:
+            rows = placed[at : at + batch]
+            infos = await self.store.get_many([i for _, i in rows])
+            found += [
+                (info, position)
+                for info, (position, _) in zip(infos, rows, strict=True)
+                if info and info.created_by_user_id == owner and self._listed(info, query)
+            ]
+            at += len(rows)
+            batch = min(batch * 2, max(query.limit + 1, READ_BATCH))
+        page = found[: query.limit]
+        more = len(found) > query.limit
+        return [i for i, _ in page], encode(page[-1][1]) if more else None
+
+    async def _placed(
+        self, owner: str, ids: list[str], kind: str, query: ConversationSearchQuery
+    ) -> list[tuple[Position, str]]:
+        """(position, id) of each of `ids` the order's index holds (and, for "creation",
+        within the query's bounds)."""
+        if kind == "id":
+            return [(i, i) for i in ids]
+        if kind == "title":
+            titles = await self.store.indexes.indexed_titles(owner, ids)
+            return [
+                (t[:TITLE_SORT_CHARS] + "\x00" + i, i)
+                for i, t in zip(ids, titles, strict=True)
+                if t is not None
+            ]
+        if kind == "update":
+            if not await self.store.by_update_in_step(owner):
+                await self.store.rebuild_by_update(owner)
+            scores = await self.store.update_scores(owner, ids)
+        else:
+            scores = await self.store.indexes.creation_scores(owner, ids)
+        low, high = _created_bounds(query) if kind == "creation" else (None, None)
+        return [
+            ((score, i), i)
+            for i, score in zip(ids, scores, strict=True)
+            if score is not None
+            and (low is None or score >= low)
+            and (high is None or score < high)
+        ]
 
     async def _title_page(
         self, owner: str | None, query: ConversationSearchQuery

@@ -558,6 +558,14 @@ class ConversationStore:
         key = keyspace.user_conversations_by_update(owner)
         return [text(i) for i in await self._redis.zrange(key, low, high, byscore=True)]
 
+    async def update_scores(self, owner: str, ids: list[str]) -> list[int | None]:
+        """Each id's score in the owner's index by update (None: not in it): one ZMSCORE."""
+        if not ids:
+            return []
+        key = keyspace.user_conversations_by_update(owner)
+        scores = await self._redis.zmscore(key, ids)
+        return [int(s) if s is not None else None for s in scores]
+
     async def count_of(self, owner: str) -> int:
         """How many conversations the owner has (their index's size)."""
         return int(await self._redis.zcard(keyspace.user_conversations(owner)))
