@@ -474,8 +474,8 @@ class ConversationService:
         """Newest first by default. Created-at orders page by id (within creation bounds: the
         index by creation, by (created_at, id)), updated-at orders by (updated_at, id) and
         title orders by (title, id), each reading about a page of records; a title filter of
-        at least MIN_QUERY characters whose trigrams name at most PAGE_BUDGET records reads
-        those and orders them here, as the order's own pages would; a search within a
+        at least MIN_QUERY characters whose trigrams name at most PAGE_BUDGET records places
+        those by the order's index and reads about a page of them; a search within a
         sandbox's conversations (their own small set) sorts what it reads, with an opaque
         offset."""
         order = query.sort_order
