@@ -33,10 +33,14 @@ are that many conversations and as many start tasks (one per conversation, finis
 one user, and its clients are that user's, C at once, `ceil(200 / C)` requests each: the start
 tasks' first page newest-updated first (`limit=20`), their count for one conversation and from
 a creation time (half of them after it), the conversations' first page and count with
-`title__contains` that 1 in 100 titles hold; then `max(1, 20 // C)` conversation deletes a
-client (each with its one start task; extra records, so the level's count stays). Raw beside
-it: the start tasks' first page read by hand (ZRANGE 21 + one MGET). `--server PATH` runs
-another build's `controlplane` (a before, on the same records).
+`title__contains` that 1 in 100 titles hold, the conversations' count and first page (oldest
+first) from a creation time (half of them after it), and the first page and count of a title
+word that RARE titles hold; then `max(1, 20 // C)` conversation deletes a client (each with its
+one start task; extra records, so the level's count stays). Raw beside it: the start tasks'
+first page read by hand (ZRANGE 21 + one MGET), the count from the time (one ZCOUNT of the index
+by creation) and the rare word (SINTER of its trigrams' sets + one MGET); then the bytes a
+conversation of the trigram index and of the index by creation (MEMORY USAGE). `--server PATH`
+runs another build's `controlplane` (a before, on the same records).
 
 The server's CPU time (user + system, from /proc) per phase is printed per request. Exit
 status: 0 when the table was printed, 1 on an error. No target: the curve is the result (what
@@ -69,6 +73,7 @@ from docker.errors import APIError, NotFound
 
 from bench.common import REPO, BenchError, Samples, main_of, ms, process_cpu, serve_env
 from controlplane.auth.service import ApiKeyService
+from controlplane.conversations.indexes import trigrams
 from controlplane.conversations.models import (
     AppConversationInfo,
     AppConversationStartRequest,
@@ -84,6 +89,7 @@ from controlplane.sandboxes.store import Limits, SandboxStore
 from controlplane.specs.catalog import SpecCatalog
 from controlplane.specs.models import AGENT_SERVER
 from controlplane.store import keyspace, text
+from controlplane.store.paging import micros
 from drivers.docker.names import LABEL_ID
 from tests.support.docker_fixtures import remove_matching
 from tests.support.live_server import free_port
@@ -99,6 +105,8 @@ WITHIN = 300.0
 
 NEEDLE_EVERY = 100
 """One conversation title in NEEDLE_EVERY holds the needle (`--one-user`)."""
+RARE = 5
+"""Conversations whose title holds a word no other title does (`--one-user`): the first RARE."""
 ONE_USER = "heavy"
 """The user whose records `--one-user` writes."""
 
@@ -178,6 +186,8 @@ class CurvesBench:
         self.written = 0
         self.heavy_key = ""
         self.conversations: list[str] = []
+        self.middle = datetime.now(UTC)
+        self.index_bytes: dict[str, tuple[int, int, int]] = {}
         self.doomed: list[str] = []
         self.threads = ThreadPoolExecutor(max_workers=100, thread_name_prefix="raw")
 
@@ -404,7 +414,13 @@ class CurvesBench:
                 id=uuid7_hex(),
                 created_by_user_id=ONE_USER,
                 sandbox_id=f"s-bench-{i}",  # one sandbox each (none exists)
-                title=f"doomed {i}" if doomed else f"needle {i}" if needle else f"chat {i}",
+                title=f"doomed {i}"
+                if doomed
+                else f"needle {i}"
+                if needle
+                else f"unusual {i}"
+                if 0 <= i < RARE
+                else f"chat {i}",
                 created_at=start + timedelta(seconds=i),
                 updated_at=start + timedelta(seconds=i),
             )
@@ -436,6 +452,8 @@ class CurvesBench:
         each = max(1, CREATES // clients)
         await self.one_user_records(records, each * clients)
         middle = datetime.now(UTC) - timedelta(days=1) + timedelta(seconds=records // 2)
+        since = middle.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        self.middle = middle
         one = self.conversations[len(self.conversations) // 3]
         base = "/api/v1/app-conversations"
         variants = {
@@ -445,6 +463,11 @@ class CurvesBench:
             + middle.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "title_search": f"{base}/search?title__contains=needle&limit=20",
             "title_count": f"{base}/count?title__contains=needle",
+            "conv_count_since": f"{base}/count?created_at__gte={since}",
+            "conv_created_page": f"{base}/search?created_at__gte={since}&sort_order=CREATED_AT"
+            "&limit=20",
+            "title_rare_search": f"{base}/search?title__contains=unusual&limit=20",
+            "title_rare_count": f"{base}/count?title__contains=unusual",
         }
         rounds = math.ceil(self.options.requests / clients)
         print(f"{tag}: one user's reads", file=sys.stderr)
@@ -458,6 +481,9 @@ class CurvesBench:
                 f"{tag}.{variant}", asyncio.gather(*(reads(n) for n in range(clients)))
             )
         await self.floor(f"{tag}.raw_tasks", clients, self.raw_tasks, rounds)
+        await self.floor(f"{tag}.raw_zcount", clients, self.raw_zcount, rounds)
+        await self.floor(f"{tag}.raw_title", clients, self.raw_title, rounds)
+        self.index_bytes[tag] = await self.index_memory()
         doomed = [self.doomed[n * each : (n + 1) * each] for n in range(clients)]
 
         async def deletes(n: int) -> None:
@@ -476,6 +502,37 @@ class CurvesBench:
             keyspace.user_start_tasks(ONE_USER), "+", "-", desc=True, bylex=True, offset=0, num=21
         )
         await self.redis.mget([keyspace.start_task(text(i)) for i in ids])
+
+    async def raw_zcount(self, n: int) -> None:
+        """The one user's count from the middle creation time, by hand (one ZCOUNT)."""
+        key = keyspace.user_conversations_by_creation(ONE_USER)
+        await self.redis.zcount(key, micros(self.middle), "+inf")
+
+    async def raw_title(self, n: int) -> None:
+        """The one user's rare title, by hand: the SINTER of its trigrams' sets, one MGET of
+        what it holds."""
+        prefix = keyspace.user_title_trigrams(ONE_USER)
+        ids = await self.redis.sinter([prefix + g for g in sorted(trigrams("unusual"))])
+        if ids:
+            await self.redis.mget([keyspace.conversation(text(i)) for i in ids])
+
+    async def index_memory(self) -> tuple[int, int, int]:
+        """Bytes (MEMORY USAGE) of the one user's trigram index (every trigram's set, the
+        titles hash, the cut set) and index by creation, and their number of conversations."""
+        total = 0
+        keys = [
+            keyspace.user_conversation_titles(ONE_USER),
+            keyspace.user_cut_titles(ONE_USER),
+        ]
+        async for key in self.redis.scan_iter(
+            match=keyspace.user_title_trigrams(ONE_USER) + "*", count=1000
+        ):
+            keys.append(text(key))
+        for key in keys:
+            total += int(await self.redis.memory_usage(key, samples=0) or 0)
+        created = keyspace.user_conversations_by_creation(ONE_USER)
+        by_creation = int(await self.redis.memory_usage(created, samples=0) or 0)
+        return total, by_creation, int(await self.redis.zcard(created))
 
     async def ping(self, n: int) -> None:
         await self.redis.ping()
@@ -570,10 +627,24 @@ class CurvesBench:
             ("start tasks: count, created since", "tasks_count_since"),
             ("conversations: title page", "title_search"),
             ("conversations: title count", "title_count"),
+            ("conversations: count, created since", "conv_count_since"),
+            ("conversations: page, created since", "conv_created_page"),
+            (f"conversations: title page, {RARE} match", "title_rare_search"),
+            (f"conversations: title count, {RARE} match", "title_rare_count"),
             ("DELETE a conversation", "conv_delete"),
             ("  raw: ZRANGE 21 + MGET 21 tasks", "raw_tasks"),
+            ("  raw: ZCOUNT by creation", "raw_zcount"),
+            (f"  raw: SINTER 5 trigrams + MGET {RARE}", "raw_title"),
         ]
-        lines += self.rows(levels, rows, [name for _, name in rows[:-1]])
+        lines += self.rows(levels, rows, [name for _, name in rows[:-3]])
+        lines.append(
+            "index bytes a conversation (trigrams + titles hash / by creation): "
+            + ", ".join(
+                f"{lv}: {t / n:.0f} / {c / n:.0f}" if n else f"{lv}: -"
+                for lv in levels
+                for t, c, n in [self.index_bytes.get(lv, (0, 0, 0))]
+            )
+        )
         lines.append(
             ", ".join(
                 f"{lv}: {self.samples.count(f'{lv}.tasks_updated')} reads a variant, "

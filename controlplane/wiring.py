@@ -64,6 +64,7 @@ from controlplane.checkpoints.store import CheckpointStore
 from controlplane.checkpoints.taking import Checkpointer
 from controlplane.config import ServiceConfig
 from controlplane.conversations.handover import StartTaskHandover
+from controlplane.conversations.indexes import migrate_in_background as index_conversations
 from controlplane.conversations.pending import PendingMessages
 from controlplane.conversations.service import ConversationService
 from controlplane.conversations.starter import StartTaskRunner
@@ -688,6 +689,10 @@ def conversations_ctx(config: ServiceConfig) -> Context:
         task_indexes = asyncio.create_task(
             migrate_in_background(store.task_indexes), name="start_task_indexes"
         )
+        # Conversations written before their indexes by creation and by title's trigrams.
+        conversation_indexes = asyncio.create_task(
+            index_conversations(store.indexes), name="conversation_indexes"
+        )
         if checkpointer is not None and snapshots is not None:
             app[keys.CHECKPOINTER] = checkpointer
             app[keys.CHECKPOINTS] = CheckpointService(
@@ -701,6 +706,7 @@ def conversations_ctx(config: ServiceConfig) -> Context:
         yield
         await stop_task(reindex)
         await stop_task(task_indexes)
+        await stop_task(conversation_indexes)
         await event_service.close()
         await conversations.close()
         if checkpointer is not None:

@@ -21,6 +21,7 @@ from controlplane.api.pagination import (
 )
 from controlplane.auth.models import Principal
 from controlplane.conversations import task_index, workspace
+from controlplane.conversations.indexes import MIN_QUERY
 from controlplane.conversations.models import (
     AppConversation,
     AppConversationInfo,
@@ -40,7 +41,12 @@ from controlplane.conversations.models import (
 )
 from controlplane.conversations.pending import PendingMessages
 from controlplane.conversations.starter import StartTaskRunner
-from controlplane.conversations.store import ConversationStore, title_id, title_member
+from controlplane.conversations.store import (
+    TITLE_SORT_CHARS,
+    ConversationStore,
+    title_id,
+    title_member,
+)
 from controlplane.errors import NotFound, RuntimeUnavailable
 from controlplane.ids import uuid7_hex
 from controlplane.lifecycle.models import LifecycleEvent, LifecycleType
@@ -61,6 +67,25 @@ def _matches(info: AppConversationInfo, f: ConversationFilters) -> bool:
         and (f.created_at__lt is None or info.created_at < f.created_at__lt)
         and (f.updated_at__gte is None or info.updated_at >= f.updated_at__gte)
         and (f.updated_at__lt is None or info.updated_at < f.updated_at__lt)
+    )
+
+
+_CREATED = ("created_at__gte", "created_at__lt")
+
+
+def _created_bounds(f: ConversationFilters) -> tuple[int | None, int | None]:
+    """The creation bounds of `f` as scores of the index by creation (None: open)."""
+    return (
+        micros(f.created_at__gte) if f.created_at__gte is not None else None,
+        micros(f.created_at__lt) if f.created_at__lt is not None else None,
+    )
+
+
+def _zbounds(bounds: tuple[int | None, int | None]) -> tuple[str, str]:
+    """Scores (from inclusive, to exclusive; None: open) as ZCOUNT/ZRANGE BYSCORE bounds."""
+    return (
+        str(bounds[0]) if bounds[0] is not None else "-inf",
+        f"({bounds[1]}" if bounds[1] is not None else "+inf",
     )
 
 
@@ -127,6 +152,39 @@ _SORT_KEYS: dict[ConversationSortOrder, tuple[Callable[[AppConversationInfo], An
     ConversationSortOrder.TITLE: (title_member, False),  # as the index by title orders them
     ConversationSortOrder.TITLE_DESC: (title_member, True),
 }
+
+
+Position = Any  # an id, a (score, id) or a title member: comparable within one order
+
+
+def _position(
+    query: ConversationSearchQuery,
+) -> tuple[str, bool, Callable[[str | None], Position | None], Callable[[Position], str]]:
+    """Which index places a record in the query's order ("id": none, its id; "update" or
+    "creation": (that index's score, id); "title": its member of the index by title), whether
+    the order runs highest first, and its cursor's decoding and encoding: as the order's own
+    pages place and cursor it (created-at: the id, or (created_at, id) within creation bounds;
+    updated-at: (updated_at, id); title: the member)."""
+    order = query.sort_order
+    desc = order.endswith("_DESC")
+
+    def scored(page_id: str | None) -> tuple[int, str] | None:
+        raw = decode_cursor(page_id, SCORED)
+        if raw is None:
+            return None
+        score, _, last = raw.partition("-")
+        return int(score), last
+
+    def encode_scored(at: tuple[int, str]) -> str:
+        return encode_cursor(f"{at[0]}-{at[1]}")
+
+    if order in (ConversationSortOrder.TITLE, ConversationSortOrder.TITLE_DESC):
+        return "title", desc, decode_text_cursor, encode_text_cursor
+    if order in (ConversationSortOrder.UPDATED_AT, ConversationSortOrder.UPDATED_AT_DESC):
+        return "update", desc, scored, encode_scored
+    if _created_bounds(query) != (None, None):
+        return "creation", desc, scored, encode_scored
+    return "id", desc, (lambda p: decode_cursor(p, HEX32)), encode_cursor
 
 
 class EventLog(Protocol):
@@ -413,13 +471,32 @@ class ConversationService:
     async def search(
         self, principal: Principal, query: ConversationSearchQuery
     ) -> AppConversationPage:
-        """Newest first by default. Created-at orders page by id, updated-at orders by
-        (updated_at, id) and title orders by (title, id), each reading about a page of records;
-        a search within a sandbox's conversations (their own small set) sorts what it reads,
-        with an opaque offset."""
+        """Newest first by default. Created-at orders page by id (within creation bounds: the
+        index by creation, by (created_at, id)), updated-at orders by (updated_at, id) and
+        title orders by (title, id), each reading about a page of records; a title filter of
+        at least MIN_QUERY characters whose trigrams name at most PAGE_BUDGET records places
+        those by the order's index and reads about a page of them; a search within a
+        sandbox's conversations (their own small set) sorts what it reads, with an opaque
+        offset."""
         order = query.sort_order
+        owner = principal.user_id
         in_sandbox = await self._in_sandbox(principal, query.sandbox_id__eq)
-        if order in (ConversationSortOrder.CREATED_AT, ConversationSortOrder.CREATED_AT_DESC):
+        needle = query.title__contains.lower() if query.title__contains is not None else None
+        candidates: list[str] | None = None
+        if in_sandbox is None and needle is not None and len(needle) >= MIN_QUERY:
+            # At most PAGE_BUDGET records the title's trigrams name: read and ordered here;
+            # more, and the order's index is paged with the filter (as a short query is).
+            await self.store.indexes.ensure(owner)
+            candidates = await self.store.indexes.title_candidates(owner, needle, PAGE_BUDGET)
+        created_order = order in (
+            ConversationSortOrder.CREATED_AT,
+            ConversationSortOrder.CREATED_AT_DESC,
+        )
+        if candidates is not None:
+            page, next_id = await self._candidates_page(owner, candidates, query)
+        elif created_order and in_sandbox is None and _created_bounds(query) != (None, None):
+            page, next_id = await self._creation_page(owner, query)
+        elif created_order:
             desc = order == ConversationSortOrder.CREATED_AT_DESC
             page, next_id = await self._created_page(
                 principal.user_id,
@@ -491,18 +568,51 @@ class ConversationService:
         """A page in (updated_at, id) order from the owner's index by update, past the cursor
         (`<score>-<id>`), and the next page's cursor: reads pages of ids until one is filled."""
         desc = query.sort_order == ConversationSortOrder.UPDATED_AT_DESC
+        if owner is None:
+            return [], None
+        if not await self.store.by_update_in_step(owner):
+            await self.store.rebuild_by_update(owner)
+
+        async def rows(after: tuple[int, str] | None, count: int) -> list[tuple[str, int]]:
+            assert owner is not None
+            return await self.store.page_by_update(owner, after, count, desc)
+
+        return await self._scored_page(owner, query, rows)
+
+    async def _creation_page(
+        self, owner: str, query: ConversationSearchQuery
+    ) -> tuple[list[AppConversationInfo], str | None]:
+        """A page of a created-at order with creation bounds: the owner's index by creation
+        within them, in (created_at, id) order past the cursor (`<score>-<id>`), so that a
+        page reads about a page of records however many lie outside the bounds."""
+        desc = query.sort_order == ConversationSortOrder.CREATED_AT_DESC
+        bounds = _created_bounds(query)
+        await self.store.indexes.ensure(owner)
+
+        async def rows(after: tuple[int, str] | None, count: int) -> list[tuple[str, int]]:
+            return await self.store.indexes.page_by_creation(owner, bounds, after, count, desc)
+
+        return await self._scored_page(owner, query, rows)
+
+    async def _scored_page(
+        self,
+        owner: str,
+        query: ConversationSearchQuery,
+        rows_after: Callable[[tuple[int, str] | None, int], Awaitable[list[tuple[str, int]]]],
+    ) -> tuple[list[AppConversationInfo], str | None]:
+        """A page of an index scored by time (`rows_after` pages it in the query's order) past
+        the query's cursor (`<score>-<id>`), and the next page's cursor: reads pages of ids
+        until one is filled or PAGE_BUDGET were read."""
         raw = decode_cursor(query.page_id, SCORED)
         last_score, _, last_id = (raw or "").partition("-")
         after = (int(last_score), last_id) if raw else None
         found: list[tuple[AppConversationInfo, int]] = []
-        if owner is not None and not await self.store.by_update_in_step(owner):
-            await self.store.rebuild_by_update(owner)
         seen: set[str] = set()
         batch = query.limit + 1
         read = 0
         resume: tuple[int, str] | None = None
-        while owner is not None and len(found) <= query.limit:
-            rows = await self.store.page_by_update(owner, after, batch, desc)
+        while len(found) <= query.limit:
+            rows = await rows_after(after, batch)
             read += len(rows)
             infos = await self.store.get_many([i for i, _ in rows])
             for info, (_, score) in zip(infos, rows, strict=True):
@@ -525,6 +635,65 @@ class ConversationService:
         if len(found) > query.limit:
             resume = (page[-1][1], page[-1][0].id)
         return [i for i, _ in page], (encode_cursor(f"{resume[0]}-{resume[1]}") if resume else None)
+
+    async def _candidates_page(
+        self, owner: str, ids: list[str], query: ConversationSearchQuery
+    ) -> tuple[list[AppConversationInfo], str | None]:
+        """A page of the records of `ids` (a title's candidates, at most PAGE_BUDGET) that
+        match, in the query's order past its cursor, placed and cursored as the order's own
+        page would (`_position`: a later page may be read either way). They are placed from
+        the order's index (one ZMSCORE or HMGET: an id and a number or title each), so that
+        only about a page of records is read, in batches that grow until the page is full."""
+        kind, desc, decode, encode = _position(query)
+        placed = await self._placed(owner, ids, kind, query)
+        placed.sort(reverse=desc)
+        after = decode(query.page_id)
+        if after is not None:
+            placed = [p for p in placed if (p[0] < after if desc else p[0] > after)]
+        found: list[tuple[AppConversationInfo, Position]] = []
+        at, batch = 0, query.limit + 1
+        while at < len(placed) and len(found) <= query.limit:
+            rows = placed[at : at + batch]
+            infos = await self.store.get_many([i for _, i in rows])
+            found += [
+                (info, position)
+                for info, (position, _) in zip(infos, rows, strict=True)
+                if info and info.created_by_user_id == owner and self._listed(info, query)
+            ]
+            at += len(rows)
+            batch = min(batch * 2, max(query.limit + 1, READ_BATCH))
+        page = found[: query.limit]
+        more = len(found) > query.limit
+        return [i for i, _ in page], encode(page[-1][1]) if more else None
+
+    async def _placed(
+        self, owner: str, ids: list[str], kind: str, query: ConversationSearchQuery
+    ) -> list[tuple[Position, str]]:
+        """(position, id) of each of `ids` the order's index holds (and, for "creation",
+        within the query's bounds)."""
+        if kind == "id":
+            return [(i, i) for i in ids]
+        if kind == "title":
+            titles = await self.store.indexes.indexed_titles(owner, ids)
+            return [
+                (t[:TITLE_SORT_CHARS] + "\x00" + i, i)
+                for i, t in zip(ids, titles, strict=True)
+                if t is not None
+            ]
+        if kind == "update":
+            if not await self.store.by_update_in_step(owner):
+                await self.store.rebuild_by_update(owner)
+            scores = await self.store.update_scores(owner, ids)
+        else:
+            scores = await self.store.indexes.creation_scores(owner, ids)
+        low, high = _created_bounds(query) if kind == "creation" else (None, None)
+        return [
+            ((score, i), i)
+            for i, score in zip(ids, scores, strict=True)
+            if score is not None
+            and (low is None or score >= low)
+            and (high is None or score < high)
+        ]
 
     async def _title_page(
         self, owner: str | None, query: ConversationSearchQuery
@@ -617,36 +786,70 @@ class ConversationService:
         return await workspace.read(self.runtime, self.sandboxes, info, agent_path, params)
 
     async def count(self, principal: Principal, filters: ConversationFilters) -> int:
-        """Without a filter, the size of the user's index; with the updated-at bounds alone,
-        the number of their index by update within them (neither reads a record); within a
-        sandbox, its conversations that match; with a title filter, the records the index by
-        title says may match (its members are read, linear in the user's conversations, a
-        member's few bytes each); with a created-at filter alone, every record of the user
-        (client-chosen ids are no creation time), READ_BATCH a round trip."""
+        """Without a filter, the size of the user's index; with time bounds of one kind alone
+        (updated-at or created-at), a ZCOUNT of the user's index by update or by creation
+        (none reads a record); with both, the records of the narrower range; within a
+        sandbox, its conversations that match; with a title filter of at least MIN_QUERY
+        characters, the records its trigrams' sets hold in common (indexes.py), of fewer, the
+        records the index by title says may match (its members are read, linear in the user's
+        conversations, a member's few bytes each). Records are read READ_BATCH a round trip
+        and each checked against every filter: the answer is exact."""
         owner = principal.user_id
         if owner is not None and filters == ConversationFilters():
             return await self.store.count_of(owner)
-        by_update = filters.model_copy(update={"updated_at__gte": None, "updated_at__lt": None})
-        by_update_only = by_update == ConversationFilters()
-        if owner is not None and by_update_only:
-            if not await self.store.by_update_in_step(owner):
-                await self.store.rebuild_by_update(owner)
-            return await self.store.count_by_update(
-                owner, filters.updated_at__gte, filters.updated_at__lt
-            )
+        times = filters.model_copy(
+            update={f: None for f in ("updated_at__gte", "updated_at__lt", *_CREATED)}
+        )
+        updated = filters.updated_at__gte is not None or filters.updated_at__lt is not None
+        created = _created_bounds(filters)
+        if owner is not None and times == ConversationFilters():
+            if created == (None, None):
+                if not await self.store.by_update_in_step(owner):
+                    await self.store.rebuild_by_update(owner)
+                return await self.store.count_by_update(
+                    owner, filters.updated_at__gte, filters.updated_at__lt
+                )
+            await self.store.indexes.ensure(owner)
+            if not updated:
+                return await self.store.indexes.count_by_creation(owner, *_zbounds(created))
         ids = await self._in_sandbox(principal, filters.sandbox_id__eq)
-        if ids is None and filters.title__contains is not None:
+        needle = filters.title__contains.lower() if filters.title__contains is not None else None
+        if ids is None and needle is not None and len(needle) >= MIN_QUERY:
+            await self.store.indexes.ensure(owner)
+            ids = await self.store.indexes.title_candidates(owner, needle)
+        elif ids is None and needle is not None:
             # The index by title says which records may match: only those are read.
             if not await self.store.by_title_in_step(owner):
                 await self.store.rebuild_by_title(owner)
-            ids = await self.store.title_candidates(owner, filters.title__contains)
+            ids = await self.store.title_candidates(owner, needle)
+        if ids is None and created != (None, None):
+            ids = await self._narrower_range(owner, filters)
         if ids is None:
             ids = await self.store.all_ids(owner)
         counted = 0
         for start in range(0, len(ids), READ_BATCH):
             infos = await self.store.get_many(ids[start : start + READ_BATCH])
-            counted += sum(1 for i in infos if i and _matches(i, filters))
+            counted += sum(
+                1 for i in infos if i and i.created_by_user_id == owner and _matches(i, filters)
+            )
         return counted
+
+    async def _narrower_range(self, owner: str, filters: ConversationFilters) -> list[str]:
+        """The ids within the creation bounds or within the update bounds of `filters` (both
+        set), whichever holds fewer (two ZCOUNTs, then one range read)."""
+        await self.store.indexes.ensure(owner)
+        if not await self.store.by_update_in_step(owner):
+            await self.store.rebuild_by_update(owner)
+        low, high = _zbounds(_created_bounds(filters))
+        in_creation = await self.store.indexes.count_by_creation(owner, low, high)
+        in_update = await self.store.count_by_update(
+            owner, filters.updated_at__gte, filters.updated_at__lt
+        )
+        if in_creation <= in_update:
+            return await self.store.indexes.ids_by_creation(owner, low, high)
+        return await self.store.ids_by_update(
+            owner, filters.updated_at__gte, filters.updated_at__lt
+        )
 
     # -- changing ----------------------------------------------------------------------------
 

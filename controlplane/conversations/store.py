@@ -15,6 +15,12 @@ from redis.exceptions import WatchError
 
 from controlplane.agent_protocol.models import ExecutionStatus
 from controlplane.conversations import task_index
+from controlplane.conversations.indexes import (
+    RETITLE_LUA,
+    ConversationIndexes,
+    retitle_args,
+    title_keys,
+)
 from controlplane.conversations.models import (
     TERMINAL_TASK,
     AppConversationInfo,
@@ -46,8 +52,12 @@ return 1
 """
 
 # KEYS: owner key, record key, user's index, sandbox's index, status set, user's index by
-# update, user's index by title. ARGV: user id, id, record JSON, update score, title member.
-_CREATE = """
+# update, user's index by title, user's index by creation, the user's titles hash, set of cut
+# titles and trigram prefix (indexes.py). ARGV: user id, id, record JSON, update score, title
+# member, creation score, indexed title, '1' when cut.
+_CREATE = (
+    RETITLE_LUA
+    + """
 local owner = redis.call('GET', KEYS[1])
 if (owner and owner ~= ARGV[1]) or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
@@ -57,8 +67,11 @@ redis.call('SADD', KEYS[4], ARGV[2])
 redis.call('SADD', KEYS[5], ARGV[2])
 redis.call('ZADD', KEYS[6], ARGV[4], ARGV[2])
 redis.call('ZADD', KEYS[7], 0, ARGV[5])
+redis.call('ZADD', KEYS[8], ARGV[6], ARGV[2])
+retitle(KEYS[9], KEYS[10], KEYS[11], ARGV[2], ARGV[7], ARGV[8] == '1', false)
 return 1
 """
+)
 
 # ARGV: (id, owner, update score, updated_at as read) quadruples read from the records just
 # before. Each id whose record still holds that updated_at gets that score in its owner's index
@@ -184,6 +197,7 @@ class ConversationStore:
         self._page_by_update = redis.register_script(PAGE_BY_SCORE)
         self._fix_by_title = redis.register_script(_FIX_BY_TITLE)
         self.task_indexes = TaskIndexes(redis)
+        self.indexes = ConversationIndexes(redis)
 
     async def reserve(self, conversation_id: str, user_id: str) -> None:
         """Claim a client-chosen id for `user_id`. Raises ConversationIdTaken when it is another
@@ -212,6 +226,8 @@ class ConversationStore:
                 _status_set(info.execution_status),
                 keyspace.user_conversations_by_update(info.created_by_user_id),
                 keyspace.user_conversations_by_title(info.created_by_user_id),
+                keyspace.user_conversations_by_creation(info.created_by_user_id),
+                *title_keys(info.created_by_user_id),
             ],
             args=[
                 info.created_by_user_id,
@@ -219,6 +235,8 @@ class ConversationStore:
                 info.model_dump_json(),
                 update_score(info.updated_at),
                 title_member(info),
+                micros(info.created_at),
+                *retitle_args(info),
             ],
         )
         if not created:
@@ -241,6 +259,7 @@ class ConversationStore:
                     keyspace.user_conversations_by_title(info.created_by_user_id),
                     {title_member(info): 0},
                 )
+                self.indexes.queue_write(pipe, info)
             pipe.sadd(keyspace.sandbox_conversations(info.sandbox_id), info.id)
             # Whatever status the record it overwrites had: in that set only.
             wanted = _status_set(info.execution_status)
@@ -291,6 +310,7 @@ class ConversationStore:
                         if title_member(info) != titled:
                             pipe.zrem(by_title, titled)
                         pipe.zadd(by_title, {title_member(info): 0})
+                        self.indexes.queue_write(pipe, info)
                     if entry is not None:
                         entry.queue(pipe)
                     await pipe.execute()
@@ -313,6 +333,7 @@ class ConversationStore:
                     keyspace.user_conversations_by_title(info.created_by_user_id),
                     title_member(info),
                 )
+                self.indexes.queue_delete(pipe, info)
             pipe.srem(keyspace.sandbox_conversations(info.sandbox_id), info.id)
             for status_set in STATUS_SETS:  # `info` may be older than the record: every set
                 pipe.srem(status_set, info.id)
@@ -527,6 +548,23 @@ class ConversationStore:
         return int(
             await self._redis.zcount(keyspace.user_conversations_by_update(owner), low, high)
         )
+
+    async def ids_by_update(
+        self, owner: str, gte: datetime | None, lt: datetime | None
+    ) -> list[str]:
+        """Every id of the owner's conversations last updated in [gte, lt) (None: open)."""
+        low = str(update_score(gte)) if gte is not None else "-inf"
+        high = f"({update_score(lt)}" if lt is not None else "+inf"
+        key = keyspace.user_conversations_by_update(owner)
+        return [text(i) for i in await self._redis.zrange(key, low, high, byscore=True)]
+
+    async def update_scores(self, owner: str, ids: list[str]) -> list[int | None]:
+        """Each id's score in the owner's index by update (None: not in it): one ZMSCORE."""
+        if not ids:
+            return []
+        key = keyspace.user_conversations_by_update(owner)
+        scores = await self._redis.zmscore(key, ids)
+        return [int(s) if s is not None else None for s in scores]
 
     async def count_of(self, owner: str) -> int:
         """How many conversations the owner has (their index's size)."""

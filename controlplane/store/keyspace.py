@@ -106,6 +106,39 @@ def user_conversations_by_title(user_id: str) -> str:
     return f"{PREFIX}:user:{user_id}:convs:title"
 
 
+USER_CONVERSATIONS_BY_CREATION = (f"{PREFIX}:user:", ":convs:created")
+"""Prefix and suffix of user_conversations_by_creation's keys (for the script that builds them)."""
+
+
+def user_conversations_by_creation(user_id: str) -> str:
+    """Sorted set of the user's conversation ids scored by their record's `created_at` (integer
+    microseconds since the epoch): a count from a creation time (one ZCOUNT) and the created-at
+    orders' pages within creation bounds (conversations/store.py `page_by_creation`); client-
+    chosen ids say nothing of it. Kept with each write of the record."""
+    return USER_CONVERSATIONS_BY_CREATION[0] + user_id + USER_CONVERSATIONS_BY_CREATION[1]
+
+
+def user_conversation_titles(user_id: str) -> str:
+    """Hash: conversation id -> its title as the user's trigram index holds it (lowercased, at
+    most conversations/trigrams.py TRIGRAM_CHARS characters; '' for none). The trigrams a
+    conversation's next write takes out are this title's, whatever copy of the record the
+    writer held; its size against the user's index says the trigram index is in step."""
+    return f"{PREFIX}:user:{user_id}:convs:titles"
+
+
+def user_title_trigrams(user_id: str) -> str:
+    """Prefix of the keys of the user's trigram index, one per trigram (three characters of a
+    lowercased title, its UTF-8 bytes appended): a set of the ids of the conversations whose
+    indexed title holds it (conversations/trigrams.py)."""
+    return f"{PREFIX}:user:{user_id}:convs:tri:"
+
+
+def user_cut_titles(user_id: str) -> str:
+    """Set of the user's conversation ids whose lowercased title is longer than the trigram
+    index holds (TRIGRAM_CHARS): a candidate of every title search, checked on its record."""
+    return f"{PREFIX}:user:{user_id}:convs:tri_cut"
+
+
 def sandbox_conversations(sandbox_id: str) -> str:
     """Set of conversation ids running in a sandbox: a delete keeps a shared sandbox."""
     return f"{PREFIX}:sandbox:{sandbox_id}:convs"
