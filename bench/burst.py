@@ -110,6 +110,7 @@ class ModeResult:
     server_cpu: float | None = None
     server_waited: float | None = None  # seconds its threads were runnable but had no core
     client_cpu: float | None = None  # this process's CPU over the burst (the clients' work)
+    idle_cpu: float | None = None  # the control plane's CPU a second in the settle before it
 
 
 class Server:
@@ -423,8 +424,11 @@ class BurstBench:
                 await self.pool_full(http, server.url, size)
             if mode == "cold":
                 await self.raw_burst(http)
+            idle_from, idle_cpu = time.perf_counter(), server.cpu()
             await asyncio.sleep(1.0)  # untimed: what the set-up left running settles
+            idle_cpu = (server.cpu() - idle_cpu) / (time.perf_counter() - idle_from)
             result = await self.api_burst(http, server, mode, keys)
+            result.idle_cpu = idle_cpu
             self.results_by_mode[mode] = result
         finally:
             await server.stop()
@@ -760,6 +764,12 @@ class BurstBench:
             f"    CPU over the burst: the control plane {r.server_cpu:.2f} s, its threads "
             f"waited {r.server_waited:.2f} s for a core; the clients (this process) "
             f"{r.client_cpu:.2f} s"
+            + (
+                f"; the control plane idle just before it (its pool's passes, sweeps): "
+                f"{r.idle_cpu * 1000:.0f} ms of CPU a second"
+                if r.idle_cpu is not None
+                else ""
+            )
             if r.server_cpu is not None and r.server_waited is not None and r.client_cpu is not None
             else ""
         )

@@ -135,6 +135,10 @@ def json_response(payload: Any, status: int = 200) -> web.Response:
     """Serialise a model, a list of models or plain JSON data."""
     if isinstance(payload, BaseModel):
         text = payload.model_dump_json()
+    elif isinstance(payload, list) and all(v is None or isinstance(v, BaseModel) for v in payload):
+        # A batch GET's answer (polled every few ms): each model serialised by pydantic, as a
+        # lone one is, instead of dumped to Python objects and encoded again by json.dumps.
+        text = "[" + ",".join("null" if v is None else v.model_dump_json() for v in payload) + "]"
     else:
         text = json.dumps(_plain(payload))
     return web.Response(text=text, status=status, content_type="application/json")

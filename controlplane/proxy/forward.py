@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import structlog
 from aiohttp import WSMsgType, web
+from aiohttp.payload import AsyncIterablePayload
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
@@ -139,7 +140,9 @@ async def forward_http(
             request.method,
             out.url,
             headers=headers,
-            data=body.chunks() if body is not None else None,
+            # The payload aiohttp would choose for a generator, made here: its registry's lookup
+            # tries each payload type's ABC in turn (~30 us a request).
+            data=AsyncIterablePayload(body.chunks()) if body is not None else None,
             timeout=timeout,
             allow_redirects=False,
             auto_decompress=False,
