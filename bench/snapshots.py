@@ -97,6 +97,7 @@ class Options:
     counts: list[int]
     json_path: Path | None
     phases: list[str]
+    starts: int | None = None  # ACS_MAX_CONCURRENT_STARTS; None: the control plane's default
 
 
 class SnapshotBench:
@@ -127,6 +128,7 @@ class SnapshotBench:
             snapshot_keep_last=0,
             request_timeout=3600,  # the first snapshot of 1 GiB takes minutes on a busy host
             start_timeout=300,  # 20 agent servers booting at once on a busy 2-core host
+            max_concurrent_starts=self.options.starts,
         )
         self.raw.api_config = config
         try:
@@ -570,11 +572,17 @@ def parse(argv: list[str] | None) -> Options:
         nargs="+",
         help="the fork's sizes (default 1 5 10 20; --quick 1 5)",
     )
+    parser.add_argument(
+        "--starts",
+        type=int,
+        help="ACS_MAX_CONCURRENT_STARTS (0: no bound; default: the control plane's, 2 per CPU)",
+    )
     args = parser.parse_args(argv)
     phases = args.only or list(PHASES)
     if args.quick:
-        return Options(2, 1000, 200, args.counts or [1, 5], args.json_path, phases)
-    return Options(args.runs, 10_000, 1_000, args.counts or [1, 5, 10, 20], args.json_path, phases)
+        return Options(2, 1000, 200, args.counts or [1, 5], args.json_path, phases, args.starts)
+    counts = args.counts or [1, 5, 10, 20]
+    return Options(args.runs, 10_000, 1_000, counts, args.json_path, phases, args.starts)
 
 
 main = main_of(parse, SnapshotBench, "acs-bench-snap-")
