@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -79,12 +78,6 @@ class Server:
             for line in self.log.read_text().splitlines()
             if (m := re.match(r"import time:\s+\d+ \|\s+\d+ \|\s*(\S+)", line))
         }
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 async def test_boot_and_first_command_load_no_pydantic(

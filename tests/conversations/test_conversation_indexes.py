@@ -303,8 +303,11 @@ async def seed_plain(store: ConversationStore, user: str, n: int) -> list[AppCon
 
 def calls(stats: dict[str, Any]) -> dict[str, int]:
     """How often each command that reads the user's conversations or their indexes ran (not
-    those of the replica's own background work: its streams, its leases)."""
-    return {k: v["calls"] for k, v in stats.items() if k.removeprefix("cmdstat_") in _READS}
+    those of the replica's own background work: its streams, its leases). A call refused
+    (NOSCRIPT: a script's first call on a new server, which then loads it, once per server
+    whatever the user's size) is not counted."""
+    counted = {k: v["calls"] - v.get("failed_calls", 0) for k, v in stats.items()}
+    return {k: n for k, n in counted.items() if n and k.removeprefix("cmdstat_") in _READS}
 
 
 _READS = {

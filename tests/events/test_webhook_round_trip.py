@@ -15,12 +15,14 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from controlplane import keys
+from controlplane.conversations import indexes as conversation_indexes
+from controlplane.conversations import task_index
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.conversations.store import ConversationStore
 from controlplane.crypto import hash_api_key
 from controlplane.sandboxes.models import SandboxStatus
 from controlplane.sandboxes.store import Limits, SandboxStore
-from controlplane.store import keyspace
+from controlplane.store import keyspace, text
 from tests.support.records import NO_ENGINE, RecordedSandbox, event, sandbox_record
 from tests.support.types import Client
 
@@ -36,6 +38,16 @@ async def test_one_post_is_one_round_trip(
     client, sandbox, cid, key, _alice = recorded
     url = f"/api/v1/webhooks/{sandbox}/events/{cid}"
     assert (await client.post(url, json=[event()], headers=key)).status == 200  # scripts loaded
+    # The server's start-up migrations run in the background with scripts of their own: counted
+    # here only after they are done.
+    migrations = {conversation_indexes.NAME, task_index.NAME}
+    for _ in range(200):
+        done = await raw_redis.smembers(keyspace.MIGRATIONS)
+        if migrations <= {text(name) for name in done}:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError(f"the start-up migrations did not finish: {done}")
     await raw_redis.config_resetstat()
     posted = [event(), event()]
     resp = await client.post(url, json=posted, headers=key)
