@@ -171,7 +171,9 @@ class BashService:
     async def _run(self, record: Command, cwd: Path, timeout: float) -> None:
         try:
             exit_code = await self._execute(record, cwd, timeout)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
+            # ValueError: a command exec cannot take (a NUL byte, a lone surrogate), which
+            # both readings of the body accept as a string: said, as a spawn's failure is.
             self._output(record, None, f"Error executing command: {exc}", exit_code=-1)
         else:
             if exit_code is None:  # cancelled: the server is stopping

@@ -42,11 +42,12 @@ return 1
 """
 )
 
-# A session's record, whether the API key it was opened with still exists (ARGV[3], the key id,
-# ARGV[4]: keyspace.api_key around it; read for any session, used for those opened with a key)
-# and its user's organizations hash (ARGV[1], the user id, ARGV[2]): what a browser's request
-# needs before its handler, in one round trip, as an API key's (auth/service.py). Nothing more
-# for a record without a user (gone or signed out).
+# A session's record, whether the API key it was opened with is live (ARGV[3], the key id,
+# ARGV[4]: keyspace.api_key around it; read for any session, used for those opened with a key):
+# it exists and is not suspended (its user refused by the OpenID provider: the key's own
+# requests are refused then, auth/service.py), and its user's organizations hash (ARGV[1], the
+# user id, ARGV[2]): what a browser's request needs before its handler, in one round trip, as
+# an API key's. Nothing more for a record without a user (gone or signed out).
 _SESSION_AND_ORGS = ReadScript("""
 local row = redis.call('HGETALL', KEYS[1])
 local user, key = nil, nil
@@ -54,9 +55,14 @@ for i = 1, #row, 2 do
   if row[i] == 'user_id' then user = row[i + 1] elseif row[i] == 'key_id' then key = row[i + 1] end
 end
 if user == nil then return {row, 0, {}} end
-local exists = 0
-if key ~= nil then exists = redis.call('EXISTS', ARGV[3] .. key .. ARGV[4]) end
-return {row, exists, redis.call('HGETALL', ARGV[1] .. user .. ARGV[2])}
+local live = 0
+if key ~= nil then
+  local record = ARGV[3] .. key .. ARGV[4]
+  if redis.call('EXISTS', record) == 1 and redis.call('HEXISTS', record, 'suspended') == 0 then
+    live = 1
+  end
+end
+return {row, live, redis.call('HGETALL', ARGV[1] .. user .. ARGV[2])}
 """)
 _ORGS_AROUND = keyspace.user_orgs("\x00").split("\x00")
 _KEY_AROUND = keyspace.api_key("\x00").split("\x00")
@@ -148,7 +154,8 @@ class SessionService:
 
     async def resolve(self, cookie: str) -> Principal | None:
         """The principal of a live session; None for a bad, expired or signed-out cookie, or
-        when the API key it was opened with has been revoked since."""
+        when the API key it was opened with has been revoked since, or is suspended (its user
+        refused by the OpenID provider) while it is."""
         found = await self.resolve_with_orgs(cookie)
         return found[0] if found is not None else None
 
@@ -159,7 +166,7 @@ class SessionService:
         if session_id is None:
             return None
         record = self._record_key(session_id)
-        flat, key_exists, orgs = await _SESSION_AND_ORGS(
+        flat, key_live, orgs = await _SESSION_AND_ORGS(
             self._redis, [record], (*_ORGS_AROUND, *_KEY_AROUND)
         )
         row = dict(zip(flat[::2], flat[1::2], strict=True))
@@ -181,7 +188,7 @@ class SessionService:
             if not await self._api_keys.is_live(key_id):  # configured, not stored
                 return None
             via = "session"
-        elif not key_exists:
+        elif not key_live:
             return None
         else:
             via = "session"

@@ -29,6 +29,17 @@ from controlplane.snapshots.service import SnapshotService
 
 log = structlog.get_logger(__name__)
 
+FORK_MARK = " (fork)"
+TITLE_CHARS = 200
+"""The most a start request's title holds (AppConversationStartRequest)."""
+
+
+def fork_title(source: str | None) -> str:
+    """A fork's title when its request names none: the source's, marked, cut so that the mark
+    fits (a source titled up to the limit would make the start request invalid: a 500 after
+    the fork's sandbox was started)."""
+    return (source or "Conversation")[: TITLE_CHARS - len(FORK_MARK)] + FORK_MARK
+
 
 def info(record: CheckpointRecord) -> CheckpointInfo:
     return CheckpointInfo(
@@ -137,7 +148,7 @@ class CheckpointService:
                 AppConversationStartRequest(
                     sandbox_id=sandbox.id,
                     conversation_id=fork_id,
-                    title=body.title or f"{conversation.title or 'Conversation'} (fork)",
+                    title=body.title or fork_title(conversation.title),
                     llm_model=conversation.llm_model,
                     selected_repository=conversation.selected_repository,
                     selected_branch=conversation.selected_branch,

@@ -248,3 +248,19 @@ async def test_commands_start_no_thread_of_their_own(
     timed_out = await execute(agent_client, auth, command="sleep 30", timeout=1)
     assert timed_out["timed_out"] is True
     assert timed_out["exit_code"] == -1
+
+
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [("echo a\x00b", "embedded null byte"), ("echo \ud800", "surrogates not allowed")],
+)
+async def test_a_command_exec_cannot_take_is_answered_with_why(
+    agent_client: Client, auth: dict[str, str], command: str, why: str
+) -> None:
+    """A string both readings of the body accept (the plain path's and the model's) that no
+    process can be given: the answer says so, as a spawn that fails does (not a bare -1)."""
+    result = await execute(agent_client, auth, command=command)
+    assert result["exit_code"] == -1
+    assert result["stdout"] == ""
+    assert result["stderr"].startswith("Error executing command: ")
+    assert why in result["stderr"]

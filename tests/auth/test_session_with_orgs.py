@@ -1,7 +1,7 @@
 """A browser session's record, the liveness of the API key it was opened with and its user's
 organizations are read in one Redis round trip (SessionService.resolve_with_orgs), as an API
-key's are; nothing is kept between requests: a revoked key, a signed-out session or a removed
-membership counts at the very next request."""
+key's are; nothing is kept between requests: a revoked or suspended key, a signed-out session
+or a removed membership counts at the very next request."""
 
 from __future__ import annotations
 
@@ -54,8 +54,15 @@ async def test_session_key_and_memberships_come_from_one_script_call(
     assert memberships["eng"] == "admin"
     # One command sent (the script); the session, the key and the memberships read inside it.
     assert calls.pop("evalsha_ro") == 1
-    assert (calls.pop("hgetall"), calls.pop("exists")) == (2, 1)
+    assert (calls.pop("hgetall"), calls.pop("exists"), calls.pop("hexists")) == (2, 1, 1)
     assert set(calls) <= {"config|resetstat", "info"}, calls
+
+    # The key suspended (the provider refused its user): the session is refused while it is,
+    # as the key's own requests are; restored, it is live again.
+    await api_keys.set_suspended("bob", True)
+    assert await sessions.resolve_with_orgs(cookie) is None
+    await api_keys.set_suspended("bob", False)
+    assert await sessions.resolve(cookie) == principal
 
     # The key revoked: the session is over at once; signed out: too.
     await api_keys.revoke(created.key_id)
@@ -122,3 +129,22 @@ async def test_a_browser_sees_a_removed_membership_at_its_next_request(
     assert put.status == 200
     me = await client.get("/api/organizations/eng/me", headers=browser)
     assert (await me.json())["role"] == "admin"
+
+
+async def test_a_browser_signed_in_with_a_key_the_provider_refused_is_refused(
+    client: Client, raw_redis: aioredis.Redis
+) -> None:
+    """A session opened with an API key ends with that key's suspension (the OpenID provider
+    refused its user: docs/security.md), at the browser's next request, not at its expiry."""
+    api_keys = ApiKeyService(raw_redis, None)
+    key = (await api_keys.create("carol")).key
+    client.session.cookie_jar.clear()
+    cookie = set_cookie(await sign_in(client, key))[COOKIE_NAME].value
+    browser = {"Cookie": f"{COOKIE_NAME}={cookie}"} | origin(client)
+    assert (await client.get("/api/settings", headers=browser)).status == 200
+
+    await api_keys.set_suspended("carol", True)
+    assert (await client.get("/api/settings", headers=browser)).status == 401
+    assert (await client.get("/api/settings", headers={"X-Session-API-Key": key})).status == 401
+    await api_keys.set_suspended("carol", False)
+    assert (await client.get("/api/settings", headers=browser)).status == 200
