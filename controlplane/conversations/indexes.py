@@ -20,7 +20,6 @@ written by an older replica during a rolling upgrade.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -30,18 +29,15 @@ from redis.asyncio.client import Pipeline
 
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.store import keyspace, text
-from controlplane.store.leader import LeaderLock
+from controlplane.store.index_migration import IndexMigration, retried
 from controlplane.store.paging import DROP_STRAYS, micros
-from controlplane.store.redis import REDIS_DOWN
 
 log = structlog.get_logger(__name__)
 
 NAME = "conversation-indexes-v1"
 """This migration's name in `acs:migrations`."""
-LOCK = f"{keyspace.MIGRATIONS_LOCK}:{NAME}"
-LOCK_TTL = 120
 BATCH = 500
-"""Records read per round trip by a rebuild and by the migration."""
+"""Records read per round trip by a rebuild (the migration's batches: store/index_migration.py)."""
 RETRY = 15.0
 """Seconds between tries of a migration that Redis interrupted."""
 
@@ -385,45 +381,15 @@ class ConversationIndexes:
         """Every stored record in its indexes, once per deployment, by one replica at a time
         (the others go on at once: `ensure` covers a user's records until this is done); safe
         to run again and beside any write. True when this call applied it."""
-        if await self._redis.sismember(keyspace.MIGRATIONS, NAME):
-            return False
-        lock = LeaderLock(self._redis, LOCK, LOCK_TTL)
-        if not await lock.hold():
-            return False  # another replica is at it
-        try:
-            prefix, batch, done = keyspace.conversation(""), [], 0
-            async for key in self._redis.scan_iter(match=prefix + "*", count=BATCH):
-                conversation_id = text(key).removeprefix(prefix)
-                if ":" in conversation_id:
-                    continue  # a key below a conversation's (its checkpoints), not a record
-                batch.append(conversation_id)
-                if len(batch) >= BATCH:
-                    if not await lock.hold():
-                        log.warning("migration_lock_lost", name=NAME, done=done)
-                        return False
-                    await self.index(batch)
-                    done, batch = done + len(batch), []
-            await self.index(batch)
-            await self._redis.sadd(keyspace.MIGRATIONS, NAME)
-            log.info("migration_applied", name=NAME, conversations=done + len(batch))
-            return True
-        finally:
-            await lock.release()
+        return await IndexMigration(
+            NAME, keyspace.conversation(""), self.index, "conversations", skip_nested=True
+        ).run(self._redis)
 
 
 async def migrate_in_background(indexes: ConversationIndexes, retry: float = RETRY) -> None:
     """`indexes.migrate()` until it has run through or another replica has (every replica
     starts it, conversations_ctx); a failed try is logged and tried again."""
-    while True:
-        try:
-            await indexes.migrate()
-        except REDIS_DOWN as exc:
-            log.warning("conversation_indexes_interrupted", error=str(exc))
-        except Exception:
-            log.exception("conversation_indexes_failed")  # a read-only replica, or a bug
-        else:
-            return
-        await asyncio.sleep(retry)
+    await retried(indexes.migrate, "conversation_indexes", retry)
 
 
 def _as_read(row: Any) -> tuple[AppConversationInfo, str] | None:
