@@ -121,30 +121,40 @@ return done
 """
 )
 
+
 # ARGV: (id, owner, creation score, updated_at as read) quadruples, read from the records just
 # before: each id whose record still holds that updated_at gets that score in its owner's index
 # by creation (a record written or deleted since is its writer's to index).
-_INDEX_BY_CREATION = (
-    """
+def index_by_score_lua(index: tuple[str, str]) -> str:
+    """The script that puts records read just before in one of their owners' indexes scored by
+    time (`index`: keyspace's name around the owner). ARGV: (id, owner, score, updated_at as
+    read) quadruples. Each id whose record still holds that updated_at gets that score; a record
+    written since (its writer set its score) or deleted since (its delete took it out) is left
+    alone, so an older read never undoes a newer write."""
+    return (
+        """
 for i = 1, #ARGV, 4 do
   local id = ARGV[i]
   local raw = redis.call('GET', '"""
-    + keyspace.conversation("")
-    + """' .. id)
+        + keyspace.conversation("")
+        + """' .. id)
   if raw then
     local ok, record = pcall(cjson.decode, raw)
     if ok and type(record) == 'table' and record['updated_at'] == ARGV[i + 3] then
       redis.call('ZADD', '"""
-    + keyspace.USER_CONVERSATIONS_BY_CREATION[0]
-    + """' .. ARGV[i + 1] .. '"""
-    + keyspace.USER_CONVERSATIONS_BY_CREATION[1]
-    + """', ARGV[i + 2], id)
+        + index[0]
+        + """' .. ARGV[i + 1] .. '"""
+        + index[1]
+        + """', ARGV[i + 2], id)
     end
   end
 end
 return 1
 """
-)
+    )
+
+
+_INDEX_BY_CREATION = index_by_score_lua(keyspace.USER_CONVERSATIONS_BY_CREATION)
 
 # KEYS: an index scored by time. ARGV: where to start and end (ZRANGE BYSCORE bounds, in the
 # order's direction), the last page's score and id ('' for none: from the start), count, '1'

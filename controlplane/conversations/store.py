@@ -18,6 +18,7 @@ from controlplane.conversations import task_index
 from controlplane.conversations.indexes import (
     RETITLE_LUA,
     ConversationIndexes,
+    index_by_score_lua,
     retitle_args,
     title_keys,
 )
@@ -73,31 +74,8 @@ return 1
 """
 )
 
-# ARGV: (id, owner, update score, updated_at as read) quadruples read from the records just
-# before. Each id whose record still holds that updated_at gets that score in its owner's index
-# by update; a record written since (its writer set its score) or deleted since (its delete took
-# it out) is left alone, so an older read never undoes a newer write.
-_INDEX_BY_UPDATE = (
-    """
-for i = 1, #ARGV, 4 do
-  local id = ARGV[i]
-  local raw = redis.call('GET', '"""
-    + keyspace.conversation("")
-    + """' .. id)
-  if raw then
-    local ok, record = pcall(cjson.decode, raw)
-    if ok and type(record) == 'table' and record['updated_at'] == ARGV[i + 3] then
-      redis.call('ZADD', '"""
-    + keyspace.USER_CONVERSATIONS_BY_UPDATE[0]
-    + """' .. ARGV[i + 1] .. '"""
-    + keyspace.USER_CONVERSATIONS_BY_UPDATE[1]
-    + """', ARGV[i + 2], id)
-    end
-  end
-end
-return 1
-"""
-)
+# Records read just before put in their owners' indexes by update (as they still are).
+_INDEX_BY_UPDATE = index_by_score_lua(keyspace.USER_CONVERSATIONS_BY_UPDATE)
 
 # KEYS: a user's index by title. ARGV: (id, updated_at as read, member found, member wanted)
 # quadruples, each read from the record just before ('' where there is none). A member whose
