@@ -20,16 +20,13 @@ written by an older replica during a rolling upgrade.
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import redis.asyncio as aioredis
 import structlog
 from redis.asyncio.client import Pipeline
 
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.store import keyspace, text
-from controlplane.store.index_migration import IndexMigration, retried
+from controlplane.store.index_migration import IndexMigration, as_read, retried
 from controlplane.store.paging import DROP_STRAYS, micros
 
 log = structlog.get_logger(__name__)
@@ -372,7 +369,7 @@ class ConversationIndexes:
         by_creation: list[str | int] = []
         titles: dict[str, list[str | int]] = {}
         for row in rows:
-            read = _as_read(row)
+            read = as_read(row, AppConversationInfo)
             if read is None:
                 continue
             info, stored_at = read
@@ -400,17 +397,3 @@ async def migrate_in_background(indexes: ConversationIndexes, retry: float = RET
     """`indexes.migrate()` until it has run through or another replica has (every replica
     starts it, conversations_ctx); a failed try is logged and tried again."""
     await retried(indexes.migrate, "conversation_indexes", retry)
-
-
-def _as_read(row: Any) -> tuple[AppConversationInfo, str] | None:
-    """A stored record and its `updated_at` as its JSON holds it (what the index scripts compare
-    to decide that nothing wrote it since); None when there is none or it does not decode."""
-    if not row:
-        return None
-    try:
-        data = json.loads(row)
-        stored_at = data["updated_at"]
-        info = AppConversationInfo.model_validate(data)
-    except (ValueError, KeyError, TypeError):
-        return None
-    return (info, stored_at) if isinstance(stored_at, str) else None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
@@ -32,6 +31,7 @@ from controlplane.conversations.task_index import TaskIndexes
 from controlplane.errors import Conflict
 from controlplane.store import audit, keyspace, text
 from controlplane.store.audit import AuditAction
+from controlplane.store.index_migration import as_read
 from controlplane.store.paging import DROP_STRAYS, PAGE_BY_SCORE, micros, page_ids
 from controlplane.store.redis import REDIS_DOWN
 from controlplane.store.streams import stored
@@ -362,7 +362,7 @@ class ConversationStore:
         rows = await self._redis.mget([keyspace.conversation(i) for i in ids])
         args: list[str | int] = []
         for row in rows:
-            read = _as_read(row)
+            read = as_read(row, AppConversationInfo)
             if read is None:
                 continue
             info, stored_at = read
@@ -463,7 +463,7 @@ class ConversationStore:
         rows = await self._redis.mget([keyspace.conversation(i) for i, _ in found])
         fixes: list[tuple[str, str, str, str]] = []
         for (conversation_id, member), row in zip(found, rows, strict=True):
-            read = _as_read(row)
+            read = as_read(row, AppConversationInfo)
             if read is not None and read[0].created_by_user_id == owner:
                 fixes.append((conversation_id, read[1], member, title_member(read[0])))
             else:
@@ -658,21 +658,6 @@ class ConversationStore:
                 pipe.srem(keyspace.ACTIVE_START_TASKS, *doomed)
             task_index.queue_delete(pipe, owner, conversation_id, doomed)
             await pipe.execute()
-
-
-def _as_read(row: Any) -> tuple[AppConversationInfo, str] | None:
-    """A stored record and its `updated_at` as its JSON holds it (what the index scripts compare
-    to decide that nothing wrote it since); None when there is none or it does not decode (such
-    a record stays out of the orders' pages)."""
-    if not row:
-        return None
-    try:
-        data = json.loads(row)
-        stored_at = data["updated_at"]
-        info = AppConversationInfo.model_validate(data)
-    except (ValueError, KeyError, TypeError):
-        return None
-    return (info, stored_at) if isinstance(stored_at, str) else None
 
 
 TITLE_SCAN = 2000

@@ -13,7 +13,6 @@ saved by an older replica during a rolling upgrade): `TaskIndexes.ensure`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -24,7 +23,7 @@ from redis.asyncio.client import Pipeline
 
 from controlplane.conversations.models import AppConversationStartTask
 from controlplane.store import keyspace, text
-from controlplane.store.index_migration import IndexMigration, retried
+from controlplane.store.index_migration import IndexMigration, as_read, retried
 from controlplane.store.paging import DROP_STRAYS, PAGE_BY_SCORE, micros
 
 log = structlog.get_logger(__name__)
@@ -131,7 +130,7 @@ class TaskIndexes:
         rows = await self._redis.mget([keyspace.start_task(i) for i in ids])
         args: list[str | int] = []
         for row in rows:
-            read = _as_read(row)
+            read = as_read(row, AppConversationStartTask)
             if read is None:
                 continue
             task, stored_at = read
@@ -184,20 +183,6 @@ async def migrate_in_background(indexes: TaskIndexes, retry: float = RETRY) -> N
     """`indexes.migrate()` until it has run through or another replica has (every replica
     starts it, conversations_ctx); a failed try is logged and tried again."""
     await retried(indexes.migrate, "start_task_indexes", retry)
-
-
-def _as_read(row: Any) -> tuple[AppConversationStartTask, str] | None:
-    """A stored task and its `updated_at` as its JSON holds it (what the index script compares
-    to decide that nothing wrote it since); None when there is none or it does not decode."""
-    if not row:
-        return None
-    try:
-        data = json.loads(row)
-        stored_at = data["updated_at"]
-        task = AppConversationStartTask.model_validate(data)
-    except (ValueError, KeyError, TypeError):
-        return None
-    return (task, stored_at) if isinstance(stored_at, str) else None
 
 
 def checked(

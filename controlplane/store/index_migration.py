@@ -10,17 +10,22 @@ beside any write: each batch's indexing never undoes a newer write (the callers'
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 import structlog
+from pydantic import BaseModel
 
 from controlplane.store import keyspace, text
 from controlplane.store.leader import LeaderLock
 from controlplane.store.redis import REDIS_DOWN
 
 log = structlog.get_logger(__name__)
+
+RecordT = TypeVar("RecordT", bound=BaseModel)
 
 LOCK_TTL = 120
 BATCH = 500
@@ -84,3 +89,18 @@ async def retried(migrate: Callable[[], Awaitable[bool]], event: str, retry: flo
         else:
             return
         await asyncio.sleep(retry)
+
+
+def as_read(row: Any, model: type[RecordT]) -> tuple[RecordT, str] | None:
+    """A stored record (JSON) as `model`, with its `updated_at` as the JSON holds it (what the
+    index scripts compare to decide that nothing wrote it since); None when there is none or it
+    does not decode."""
+    if not row:
+        return None
+    try:
+        data = json.loads(row)
+        stored_at = data["updated_at"]
+        record = model.model_validate(data)
+    except (ValueError, KeyError, TypeError):
+        return None
+    return (record, stored_at) if isinstance(stored_at, str) else None
