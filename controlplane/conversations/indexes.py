@@ -27,7 +27,7 @@ from redis.asyncio.client import Pipeline
 from controlplane.conversations.models import AppConversationInfo
 from controlplane.store import keyspace, text
 from controlplane.store.index_migration import IndexMigration, as_read, retried
-from controlplane.store.paging import DROP_STRAYS, micros
+from controlplane.store.paging import DROP_STRAYS, PAGE_IN_RANGE, micros, page_by_score
 
 log = structlog.get_logger(__name__)
 
@@ -153,35 +153,6 @@ return 1
 
 _INDEX_BY_CREATION = index_by_score_lua(keyspace.USER_CONVERSATIONS_BY_CREATION)
 
-# KEYS: an index scored by time. ARGV: where to start and end (ZRANGE BYSCORE bounds, in the
-# order's direction), the last page's score and id ('' for none: from the start), count, '1'
-# for the highest first. Up to `count` (id, score) pairs within the bounds past that one in
-# (score, id) order: members of equal score are in id order, so those up to it are skipped.
-_PAGE_IN_RANGE = """
-local from, to, id, n, desc = ARGV[1], ARGV[2], ARGV[4], tonumber(ARGV[5]), ARGV[6] == '1'
-local score = tonumber(ARGV[3])
-local out, offset = {}, 0
-while #out < 2 * n do
-  local rows
-  if desc then
-    rows = redis.call('ZRANGE', KEYS[1], from, to, 'BYSCORE', 'REV', 'LIMIT', offset, n,
-      'WITHSCORES')
-  else
-    rows = redis.call('ZRANGE', KEYS[1], from, to, 'BYSCORE', 'LIMIT', offset, n, 'WITHSCORES')
-  end
-  if #rows == 0 then break end
-  for i = 1, #rows, 2 do
-    local past = score == nil or tonumber(rows[i + 1]) ~= score
-      or (desc and rows[i] < id) or ((not desc) and rows[i] > id)
-    if past and #out < 2 * n then
-      out[#out + 1] = rows[i]
-      out[#out + 1] = rows[i + 1]
-    end
-  end
-  offset = offset + #rows / 2
-end
-return out
-"""
 
 _DROP = "-"
 """The cut argument of _RETITLE that takes an id out."""
@@ -220,7 +191,7 @@ class ConversationIndexes:
         self._retitle = redis.register_script(_RETITLE)
         self._index_by_creation = redis.register_script(_INDEX_BY_CREATION)
         self._drop_strays = redis.register_script(DROP_STRAYS)
-        self._page_in_range = redis.register_script(_PAGE_IN_RANGE)
+        self._page = redis.register_script(PAGE_IN_RANGE)
 
     # -- writes, in the writer's transaction -------------------------------------------------
 
@@ -265,21 +236,10 @@ class ConversationIndexes:
         id, exclusive) in (created_at, id) order: the newest first when desc."""
         low = str(bounds[0]) if bounds[0] is not None else "-inf"
         high = f"({bounds[1]}" if bounds[1] is not None else "+inf"
-        start, end = (high, low) if desc else (low, high)
-        if after is not None:
-            start = str(after[0])  # the cursor's score (within the bounds), its ties skipped
-        flat = await self._page_in_range(
-            keys=[keyspace.user_conversations_by_creation(owner)],
-            args=[
-                start,
-                end,
-                after[0] if after else "",
-                after[1] if after else "",
-                count,
-                "1" if desc else "0",
-            ],
+        key = keyspace.user_conversations_by_creation(owner)
+        return await page_by_score(
+            self._redis, self._page, key, after, count=count, desc=desc, low=low, high=high
         )
-        return [(text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
 
     async def ids_by_creation(self, owner: str, low: str, high: str) -> list[str]:
         """Every id of the owner's conversations created within the ZRANGE BYSCORE bounds."""

@@ -32,7 +32,7 @@ from controlplane.errors import Conflict
 from controlplane.store import audit, keyspace, text
 from controlplane.store.audit import AuditAction
 from controlplane.store.index_migration import as_read
-from controlplane.store.paging import DROP_STRAYS, PAGE_BY_SCORE, micros, page_ids
+from controlplane.store.paging import DROP_STRAYS, PAGE_IN_RANGE, micros, page_by_score, page_ids
 from controlplane.store.redis import REDIS_DOWN
 from controlplane.store.streams import stored
 
@@ -172,7 +172,7 @@ class ConversationStore:
         self._reindex = redis.register_script(_REINDEX)
         self._index_by_update = redis.register_script(_INDEX_BY_UPDATE)
         self._drop_strays = redis.register_script(DROP_STRAYS)
-        self._page_by_update = redis.register_script(PAGE_BY_SCORE)
+        self._page_by_update = redis.register_script(PAGE_IN_RANGE)
         self._fix_by_title = redis.register_script(_FIX_BY_TITLE)
         self.task_indexes = TaskIndexes(redis)
         self.indexes = ConversationIndexes(redis)
@@ -402,13 +402,9 @@ class ConversationStore:
         """Up to `count` (id, update score) of the owner's conversations past `after` (a
         score and id, exclusive) in (updated_at, id) order: newest first when desc."""
         key = keyspace.user_conversations_by_update(owner)
-        if after is None:
-            rows: Any = await self._redis.zrange(key, 0, count - 1, desc=desc, withscores=True)
-            return [(text(m), int(score)) for m, score in rows]
-        flat = await self._page_by_update(
-            keys=[key], args=[after[0], after[1], count, "1" if desc else "0"]
+        return await page_by_score(
+            self._redis, self._page_by_update, key, after, count=count, desc=desc
         )
-        return [(text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
 
     async def by_title_in_step(self, owner: str) -> bool:
         """Whether the owner's index by title holds as many members as their index holds ids

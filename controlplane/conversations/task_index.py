@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
@@ -24,7 +23,7 @@ from redis.asyncio.client import Pipeline
 from controlplane.conversations.models import AppConversationStartTask
 from controlplane.store import keyspace, text
 from controlplane.store.index_migration import IndexMigration, as_read, retried
-from controlplane.store.paging import DROP_STRAYS, PAGE_BY_SCORE, micros
+from controlplane.store.paging import DROP_STRAYS, PAGE_IN_RANGE, micros, page_by_score
 
 log = structlog.get_logger(__name__)
 
@@ -97,7 +96,7 @@ class TaskIndexes:
         self._redis = redis
         self._index = redis.register_script(_INDEX)
         self._drop_strays = redis.register_script(DROP_STRAYS)
-        self._page = redis.register_script(PAGE_BY_SCORE)
+        self._page = redis.register_script(PAGE_IN_RANGE)
 
     async def ensure(self, owner: str) -> None:
         """Put the owner's indexes right if they hold another number of tasks than the owner's
@@ -154,11 +153,7 @@ class TaskIndexes:
         """Up to `count` (id, update score) of the owner's tasks past `after` (a score and id,
         exclusive) in (updated_at, id) order: the newest first when desc."""
         key = keyspace.user_start_tasks_by_update(owner)
-        if after is None:
-            rows: Any = await self._redis.zrange(key, 0, count - 1, desc=desc, withscores=True)
-            return [(text(m), int(score)) for m, score in rows]
-        flat = await self._page(keys=[key], args=[after[0], after[1], count, "1" if desc else "0"])
-        return [(text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
+        return await page_by_score(self._redis, self._page, key, after, count=count, desc=desc)
 
     async def count_created_since(self, owner: str, since: datetime) -> int:
         """How many of the owner's tasks were created at or after `since`: one ZCOUNT."""

@@ -4,6 +4,7 @@ over sorted sets scored by a time."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -51,25 +52,26 @@ def micros(at: datetime) -> int:
     return (at - _EPOCH) // timedelta(microseconds=1)
 
 
-# KEYS: an index scored by time. ARGV: the last page's score and id, count, '1' for newest
-# first. Up to `count` (id, score) pairs past that one in (score, id) order: members of equal
-# score are in id order in a sorted set, so those up to the id are skipped.
-PAGE_BY_SCORE = """
-local score, id, n, desc = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1'
+# KEYS: an index scored by time. ARGV: where to start and end (ZRANGE BYSCORE bounds, in the
+# order's direction), the last page's score and id ('' for none: from the start), count, '1'
+# for the highest first. Up to `count` (id, score) pairs within the bounds past that one in
+# (score, id) order: members of equal score are in id order, so those up to it are skipped.
+PAGE_IN_RANGE = """
+local from, to, id, n, desc = ARGV[1], ARGV[2], ARGV[4], tonumber(ARGV[5]), ARGV[6] == '1'
+local score = tonumber(ARGV[3])
 local out, offset = {}, 0
 while #out < 2 * n do
   local rows
   if desc then
-    rows = redis.call('ZRANGE', KEYS[1], ARGV[1], '-inf', 'BYSCORE', 'REV', 'LIMIT', offset, n,
+    rows = redis.call('ZRANGE', KEYS[1], from, to, 'BYSCORE', 'REV', 'LIMIT', offset, n,
       'WITHSCORES')
   else
-    rows = redis.call('ZRANGE', KEYS[1], ARGV[1], '+inf', 'BYSCORE', 'LIMIT', offset, n,
-      'WITHSCORES')
+    rows = redis.call('ZRANGE', KEYS[1], from, to, 'BYSCORE', 'LIMIT', offset, n, 'WITHSCORES')
   end
   if #rows == 0 then break end
   for i = 1, #rows, 2 do
-    local past = tonumber(rows[i + 1]) ~= score or (desc and rows[i] < id)
-      or ((not desc) and rows[i] > id)
+    local past = score == nil or tonumber(rows[i + 1]) ~= score
+      or (desc and rows[i] < id) or ((not desc) and rows[i] > id)
     if past and #out < 2 * n then
       out[#out + 1] = rows[i]
       out[#out + 1] = rows[i + 1]
@@ -79,3 +81,29 @@ while #out < 2 * n do
 end
 return out
 """
+
+
+async def page_by_score(
+    redis: aioredis.Redis,
+    page: Any,
+    key: str,
+    after: tuple[int, str] | None,
+    *,
+    count: int,
+    desc: bool,
+    low: str = "-inf",
+    high: str = "+inf",
+) -> list[tuple[str, int]]:
+    """Up to `count` (id, score) of the index `key` within the ZRANGE BYSCORE bounds `low` and
+    `high`, past `after` (a score and id, exclusive) in (score, id) order: the highest first
+    when desc. `page`: PAGE_IN_RANGE as registered (the first page is a plain ZRANGE)."""
+    start, end = (high, low) if desc else (low, high)
+    if after is None:
+        rows: Any = await redis.zrange(
+            key, start, end, desc=desc, byscore=True, offset=0, num=count, withscores=True
+        )
+        return [(text(m), int(score)) for m, score in rows]
+    # From the cursor's score (within the bounds), its ties up to its id skipped.
+    order = "1" if desc else "0"
+    flat = await page(keys=[key], args=[str(after[0]), end, after[0], after[1], count, order])
+    return [(text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
