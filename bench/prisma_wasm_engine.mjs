@@ -421,7 +421,10 @@ async function main() {
   });
   server.keepAliveTimeout = 60_000;
   server.listen(port, '127.0.0.1');
-  const stop = () => server.close(() => engine.disconnect('{}').finally(() => process.exit(0)));
+  const stop = () => {
+    server.close(() => engine.disconnect('{}').finally(() => process.exit(0)));
+    server.closeAllConnections(); // the client's idle keep-alive connections end now
+  };
   process.on('SIGINT', stop);
   process.on('SIGTERM', stop);
 }
