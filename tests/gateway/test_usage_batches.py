@@ -92,7 +92,13 @@ async def test_concurrent_calls_are_all_metered_in_fewer_writes(
             status, before = await carol.call("GET", "/api/v1/llm-gateway/usage")
             assert status == 200, before
             runs = await script_runs(redis)
-            await asyncio.gather(*(ask(server, key) for _ in range(calls)))
+            # All in flight, then answered together: they settle within a few passes of the
+            # loop, while the first of their writes is on its way.
+            fake.hold()
+            asked = asyncio.gather(*(ask(server, key) for _ in range(calls)))
+            await fake.wait_for_requests(len(fake.requests) + calls)
+            fake.release()
+            await asked
             status, after = await carol.call("GET", "/api/v1/llm-gateway/usage")
             assert status == 200, after
             # Every call counted, at its price: none lost or counted twice in a batch.
