@@ -9,7 +9,9 @@ Every server runs in a process of its own, the client in this one:
 - the scripted model, tests/support/fake_llm.py (`--fake-llm PORT`: this file, as a child);
 - LiteLLM's proxy (`litellm --config`, one worker, a master key, no database: its lightest
   set-up), installed with `pip install 'litellm[proxy]'` into a venv of its own under
-  $ACS_CACHE_DIR/bench/litellm-venv (~/.cache/acs), never into the project's;
+  $ACS_CACHE_DIR/bench/litellm-venv (~/.cache/acs), never into the project's; with
+  `--litellm-db`, as a team runs it: its database on a private PostgreSQL, prices set, called
+  with a virtual key with a budget made through its `/key/generate` (bench/litellm_db.py);
 - ours: `controlplane serve` on a private redis-server, called with the user's gateway key
   (`GET /api/keys/llm/byor`), prices and the per-user model rate limit on (counted in Redis on
   every call, never refusing the bench).
@@ -33,6 +35,7 @@ from typing import Any
 
 import aiohttp
 
+from bench import litellm_db
 from bench.burst import Server, stop_server
 from bench.common import BenchError, Deployment, Samples, main_of, percentile, process_cpu
 from tests.support.fake_llm import FakeLLM, reply_text
@@ -42,6 +45,8 @@ MODEL = "fake-model"
 LLM_KEY = "sk-bench-" + secrets.token_hex(8)
 MASTER_KEY = "sk-litellm-" + secrets.token_hex(8)
 USER = "bench-peer"
+PRICES = (0.000001, 0.000002)  # $ a prompt token, a completion token: both gateways meter them
+KEY_BUDGET = 1000.0  # the virtual key's budget ($): ~7 million of the bench's calls
 TARGET_ADDED_RATIO = 0.15
 TARGET_THROUGHPUT_RATIO = 10.0
 CACHE = Path(os.environ.get("ACS_CACHE_DIR", Path.home() / ".cache" / "acs")) / "bench"
@@ -68,6 +73,7 @@ class Options:
     rounds: int
     json_path: Path | None
     translated: bool = False
+    litellm_db: bool = False
 
 
 def litellm_binary() -> Path:
@@ -188,10 +194,17 @@ class PeerBench:
         self.refusals: dict[str, list[Refused]] = {}  # the same -> its answers other than 200
         self.env_line = ""
         self.ours: Server | None = None
+        self.postgres: litellm_db.Postgres | None = None
+        self.engine_pid: int | None = None
+        self.db_cpu: dict[str, float] = {}  # "litellm.<mode>.c<n>" -> engine + PostgreSQL s/call
+        self.db_queries: dict[str, float] = {}  # the same -> the engine's queries a call
 
     def remove_everything(self) -> int:
         for child in self.children:
             child.stop()
+        litellm_db.stop_engine(self.engine_pid)
+        if self.postgres is not None:
+            self.postgres.stop()
         if self.ours is not None:
             stop_server(self.ours)
         return 0
@@ -208,6 +221,8 @@ class PeerBench:
             "samples": self.samples.values,
             "rates": self.rates,
             "cpu": self.cpu,
+            "db_cpu": self.db_cpu,
+            "db_queries": self.db_queries,
             "refusals": refusals,
         }
 
@@ -227,6 +242,11 @@ class PeerBench:
         self.urls["direct"] = (f"{base}/chat/completions", LLM_KEY)
 
         config = self.tmp / "litellm.yaml"
+        prices = (
+            f"      input_cost_per_token: {PRICES[0]}\n      output_cost_per_token: {PRICES[1]}\n"
+            if self.opt.litellm_db
+            else ""
+        )
         config.write_text(
             "model_list:\n"
             f"  - model_name: {MODEL}\n"
@@ -234,11 +254,13 @@ class PeerBench:
             f"      model: openai/{MODEL}\n"
             f"      api_base: {base}\n"
             f"      api_key: {LLM_KEY}\n"
+            f"{prices}"
             "general_settings:\n"
             f"  master_key: {MASTER_KEY}\n"
             "litellm_settings:\n"
             "  drop_params: true\n"
         )
+        db_env = self.database(binary) if self.opt.litellm_db else {}
         port = free_port()
         litellm = Child(
             "LiteLLM's proxy",
@@ -253,7 +275,7 @@ class PeerBench:
                 "--num_workers",
                 "1",
             ],
-            {**base_env, "LITELLM_LOG": "ERROR"},
+            {**base_env, "LITELLM_LOG": "ERROR", **db_env},
             self.tmp / "litellm.log",
         )
         self.children.append(litellm)
@@ -262,7 +284,14 @@ class PeerBench:
             f"http://127.0.0.1:{port}/health/liveliness",
             {"Authorization": f"Bearer {MASTER_KEY}"},
         )
-        self.urls["litellm"] = (f"http://127.0.0.1:{port}/v1/chat/completions", MASTER_KEY)
+        litellm_key = MASTER_KEY
+        if self.opt.litellm_db:
+            assert litellm.process is not None
+            self.engine_pid = litellm_db.engine_process(litellm.process.pid)
+            if self.engine_pid is None:
+                raise BenchError(f"LiteLLM's proxy started no query engine; see {litellm.log_path}")
+            litellm_key = await self.virtual_key(http, f"http://127.0.0.1:{port}")
+        self.urls["litellm"] = (f"http://127.0.0.1:{port}/v1/chat/completions", litellm_key)
 
         ours = Server(
             self.deploy,
@@ -287,16 +316,74 @@ class PeerBench:
             user_key = (await r.json())["key"]
         self.urls["ours"] = (f"{ours.url}/api/v1/llm-gateway/v1/chat/completions", user_key)
         self.litellm = litellm
+        setup = "master key, no database"
+        if self.postgres is not None:
+            setup = (
+                f"a virtual key with a ${KEY_BUDGET:g} budget, prices, PostgreSQL "
+                f"{self.postgres.version()} through Prisma 5.17's query engine (Wasm build)"
+            )
         self.env_line = (
             f"env: {os.cpu_count()} cores | LiteLLM {litellm_version(binary)} (proxy, 1 worker, "
-            f"master key, no database) | Python {sys.version.split()[0]} | "
-            f"load avg {os.getloadavg()[0]:.2f}"
+            f"{setup}) | Python {sys.version.split()[0]} | load avg {os.getloadavg()[0]:.2f}"
         )
         if self.opt.translated:
             self.env_line += (
                 " | ours: every call through its LiteLLM translator (a child process whose CPU "
                 "the server CPU column leaves out)"
             )
+
+    def database(self, binary: Path) -> dict[str, str]:
+        """--litellm-db: PostgreSQL started, LiteLLM's schema in it, its Prisma client made; the
+        environment its proxy runs in."""
+        venv = binary.parent.parent
+        modules = litellm_db.ensure_toolchain(venv, CACHE)
+        env = litellm_db.engine_env(venv, modules)
+        litellm_db.generate_client(venv, env, self.tmp)
+        self.postgres = litellm_db.Postgres(self.tmp)
+        self.postgres.start()
+        applied = litellm_db.apply_migrations(venv, self.postgres)
+        log(f"PostgreSQL {self.postgres.version()} on port {self.postgres.port}: "
+            f"{applied} LiteLLM migrations applied")  # fmt: skip
+        # The migrations are applied above; the proxy's own `prisma migrate deploy` would need
+        # Prisma's schema engine, which is not to be had here (bench/README.md).
+        return {**env, "DATABASE_URL": self.postgres.url, "DISABLE_SCHEMA_UPDATE": "true"}
+
+    async def virtual_key(self, http: aiohttp.ClientSession, url: str) -> str:
+        """A virtual key for the model with a budget, made as a team makes one."""
+        body = {"models": [MODEL], "max_budget": KEY_BUDGET, "key_alias": "acs-bench"}
+        headers = {"Authorization": f"Bearer {MASTER_KEY}"}
+        async with http.post(f"{url}/key/generate", json=body, headers=headers) as resp:
+            if resp.status != 200:
+                raise BenchError(f"LiteLLM /key/generate: {resp.status} {await resp.text()}")
+            key: str = (await resp.json())["key"]
+        return key
+
+    async def key_spend(self) -> None:
+        """What LiteLLM's database recorded for the virtual key: its spend (written in batches,
+        so waited for up to 30 s) and its spend logs, as a note under the table."""
+        if self.postgres is None:
+            return
+        query = (
+            'SELECT (SELECT spend FROM "LiteLLM_VerificationToken" WHERE key_alias = '
+            "'acs-bench'), (SELECT count(*) FROM \"LiteLLM_SpendLogs\")"
+        )
+        spend, rows = "0", "0"
+        for _ in range(30):
+            spend, rows = self.postgres.psql("-At", "-F", " ", "-c", query, what="spend").split()
+            if float(spend) > 0:
+                break
+            await asyncio.sleep(1)
+        self.notes.append(
+            f"LiteLLM's database: the virtual key's spend ${float(spend):.4f} of its "
+            f"${KEY_BUDGET:g} budget, {rows} spend log rows"
+        )
+
+    def db_side(self) -> tuple[float, int] | None:
+        """(engine + PostgreSQL CPU seconds, the engine's queries) so far, with --litellm-db."""
+        if self.postgres is None or self.engine_pid is None:
+            return None
+        stats = litellm_db.engine_stats(self.engine_pid)
+        return process_cpu(self.engine_pid) + self.postgres.cpu(), stats["queries"]
 
     def server_cpu(self, target: str) -> float | None:
         if target == "ours" and self.ours is not None:
@@ -346,6 +433,7 @@ class PeerBench:
                 self.samples = Samples()
                 for conc in self.opt.concurrency:
                     await self.run_level(http, conc)
+                await self.key_spend()
             finally:
                 self.remove_everything()
         return self.table()
@@ -356,22 +444,31 @@ class PeerBench:
         walls: dict[str, float] = {}
         counts: dict[str, int] = {}
         cpus: dict[str, float] = {}
+        db: dict[str, tuple[float, int]] = {}
         for r in range(self.opt.rounds):
             order = TARGETS if r % 2 == 0 else tuple(reversed(TARGETS))
             for stream in (False, True):
                 for target in order:
                     name = f"{target}.{'stream' if stream else 'plain'}.c{conc}"
                     cpu0 = self.server_cpu(target)
+                    db0 = self.db_side() if target == "litellm" else None
                     wall, n = await self.level(http, target, stream, conc, per_round)
                     cpu1 = self.server_cpu(target)
+                    db1 = self.db_side() if target == "litellm" else None
                     walls[name] = walls.get(name, 0.0) + wall
                     counts[name] = counts.get(name, 0) + n
                     if cpu0 is not None and cpu1 is not None:
                         cpus[name] = cpus.get(name, 0.0) + cpu1 - cpu0
+                    if db0 is not None and db1 is not None:
+                        seen = db.get(name, (0.0, 0))
+                        db[name] = (seen[0] + db1[0] - db0[0], seen[1] + db1[1] - db0[1])
         for name, wall in walls.items():
             self.rates[name] = counts[name] / wall
             if name in cpus:
                 self.cpu[name] = cpus[name] / counts[name]
+            if name in db:
+                self.db_cpu[name] = db[name][0] / counts[name]
+                self.db_queries[name] = db[name][1] / counts[name]
         self.notes.append(f"load avg after concurrency {conc}: {os.getloadavg()[0]:.1f}")
 
     def table(self) -> tuple[list[str], list[str]]:
@@ -382,7 +479,12 @@ class PeerBench:
             "the last",
             "conc | mode   | what   | direct p50/p95/p99 ms | LiteLLM added p50/p95/p99 | "
             "ours added p50/p95/p99 | ours/LiteLLM added p50, p99 | calls/s direct, LiteLLM, "
-            "ours | server CPU ms/call LiteLLM, ours",
+            "ours | server CPU ms/call LiteLLM, ours"
+            + (
+                " | LiteLLM's database CPU ms/call (engine + PostgreSQL), queries/call"
+                if self.opt.litellm_db
+                else ""
+            ),
         ]
         missed: list[str] = []
         for conc in self.opt.concurrency:
@@ -396,6 +498,10 @@ class PeerBench:
                 rates = [self.rates.get(f"{t}.{mode}.c{conc}", 0.0) for t in TARGETS]
                 cpu = [self.cpu.get(f"{t}.{mode}.c{conc}") for t in ("litellm", "ours")]
                 cpu_text = ", ".join(f"{c * 1000:.1f}" if c is not None else "-" for c in cpu)
+                db_cpu = self.db_cpu.get(f"litellm.{mode}.c{conc}")
+                if db_cpu is not None and what != "first":
+                    queries = self.db_queries.get(f"litellm.{mode}.c{conc}", 0.0)
+                    cpu_text += f" | {db_cpu * 1000:.2f}, {queries:.3f}"
                 lines.append(
                     f"{conc:>4} | {mode:<6} | {'ttft' if what == 'first' else 'last':<6} | "
                     f"{self.f3(direct):>21} | {self.f3(lite, '+'):>25} | "
@@ -464,6 +570,11 @@ def parse(argv: list[str] | None) -> Options:
         action="store_true",
         help="ours sends every call through its LiteLLM translator (ACS_LLM_GATEWAY_DIRECT=false)",
     )
+    parser.add_argument(
+        "--litellm-db",
+        action="store_true",
+        help="LiteLLM as a team runs it: PostgreSQL, a virtual key with a budget, prices",
+    )
     args = parser.parse_args(argv)
     try:
         levels = [int(c) for c in args.concurrency.split(",") if c]
@@ -471,7 +582,9 @@ def parse(argv: list[str] | None) -> Options:
         parser.error("--concurrency takes integers, comma-separated")
     if not levels or min(levels) < 1 or args.calls < 1 or args.rounds < 1:
         parser.error("--calls, --rounds and the levels must be positive")
-    return Options(args.calls, levels, args.rounds, args.json_path, args.translated)
+    return Options(
+        args.calls, levels, args.rounds, args.json_path, args.translated, args.litellm_db
+    )
 
 
 main = main_of(parse, PeerBench, "acs-peer-")

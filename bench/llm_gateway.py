@@ -102,7 +102,9 @@ async def served(config: ServiceConfig, *, with_sandboxes: bool) -> tuple[web.Ap
 # -- overhead ----------------------------------------------------------------------------------
 
 
-async def bare_relay(target: str) -> tuple[web.AppRunner, str, aiohttp.ClientSession]:
+async def bare_relay(
+    target: str, port: int | None = None
+) -> tuple[web.AppRunner, str, aiohttp.ClientSession]:
     """The floor of any gateway written like ours: an aiohttp server with no middleware that
     forwards the request's body to `target` (the scripted model's base URL) over one keep-alive
     client session and relays the answer as it comes (a stream by chunks), checking nothing and
@@ -127,11 +129,15 @@ async def bare_relay(target: str) -> tuple[web.AppRunner, str, aiohttp.ClientSes
             await out.write_eof()
             return out
 
+    async def ready(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
     app = web.Application()
     app.router.add_post("/v1/chat/completions", relay)
+    app.router.add_get("/ready", ready)  # bench/gateway_cpu.py waits for it
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
     await runner.setup()
-    port = free_port()
+    port = port or free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     return runner, f"http://127.0.0.1:{port}/v1", upstream
 

@@ -84,19 +84,35 @@ def spent_of(row: list[bytes | str | None]) -> Spent:
 FIELDS = ["cost", "prompt_tokens", "completion_tokens", "requests"]
 
 
-# KEYS: the user's month, the organization's and the member's there (optional), then the
-# conversation's (optional). ARGV: cost, prompt tokens, completion tokens, the months' TTL, how
-# many of the keys are months. One command: what a call cost, added everywhere at once.
+# KEYS: each record's keys in turn: the user's month, the organization's and the member's there
+# (optional), then the conversation's (optional). ARGV: the months' TTL, then five for each
+# record: how many keys are its, how many of them are months, cost, prompt tokens, completion
+# tokens. One command: what one or several calls cost, each added everywhere at once.
 _RECORD = """
-for i, key in ipairs(KEYS) do
-  redis.call('HINCRBYFLOAT', key, 'cost', ARGV[1])
-  redis.call('HINCRBY', key, 'prompt_tokens', ARGV[2])
-  redis.call('HINCRBY', key, 'completion_tokens', ARGV[3])
-  redis.call('HINCRBY', key, 'requests', 1)
+local k = 1
+for a = 2, #ARGV, 5 do
+  local last = k + tonumber(ARGV[a]) - 1
+  for i = k, last do
+    redis.call('HINCRBYFLOAT', KEYS[i], 'cost', ARGV[a + 2])
+    redis.call('HINCRBY', KEYS[i], 'prompt_tokens', ARGV[a + 3])
+    redis.call('HINCRBY', KEYS[i], 'completion_tokens', ARGV[a + 4])
+    redis.call('HINCRBY', KEYS[i], 'requests', 1)
+  end
+  for i = k, k + tonumber(ARGV[a + 1]) - 1 do redis.call('EXPIRE', KEYS[i], ARGV[1]) end
+  k = last + 1
 end
-for i = 1, tonumber(ARGV[5]) do redis.call('EXPIRE', KEYS[i], ARGV[4]) end
 return 1
 """
+
+
+@dataclass(frozen=True)
+class Record:
+    """What one call cost, and whose it is."""
+
+    user_id: str
+    conversation_id: str | None
+    usage: Usage
+    org_id: str | None = None
 
 
 class Meter:
@@ -125,20 +141,24 @@ class Meter:
     ) -> None:
         """Add `usage` to the user's month, the conversation's, and (`org_id`) the
         organization's month and the member's month there, in one script."""
+        await self.record_many([Record(user_id, conversation_id, usage, org_id)])
+
+    async def record_many(self, records: list[Record]) -> None:
+        """Each record added as `record` adds it, all in one script: the calls settled while
+        the previous write was on its way cost one command between them (service.py)."""
         this_month = month()
-        targets = [keyspace.llm_usage_user(user_id, this_month)]
-        if org_id is not None:
-            targets.append(keyspace.llm_usage_org(org_id, this_month))
-            targets.append(keyspace.llm_usage_member(org_id, user_id, this_month))
-        if conversation_id is not None:
-            targets.append(keyspace.llm_usage_conversation(conversation_id))
-        await self._record(
-            keys=targets,
-            args=[
-                repr(usage.cost),
-                usage.prompt_tokens,
-                usage.completion_tokens,
-                USER_USAGE_TTL,
-                3 if org_id is not None else 1,  # the months (a conversation's has no TTL)
-            ],
-        )
+        keys: list[str] = []
+        args: list[str | int] = [USER_USAGE_TTL]
+        for r in records:
+            targets = [keyspace.llm_usage_user(r.user_id, this_month)]
+            if r.org_id is not None:
+                targets.append(keyspace.llm_usage_org(r.org_id, this_month))
+                targets.append(keyspace.llm_usage_member(r.org_id, r.user_id, this_month))
+            if r.conversation_id is not None:
+                targets.append(keyspace.llm_usage_conversation(r.conversation_id))
+            keys += targets
+            months = 3 if r.org_id is not None else 1  # a conversation's has no TTL
+            usage = r.usage
+            args += [len(targets), months, repr(usage.cost), usage.prompt_tokens,
+                     usage.completion_tokens]  # fmt: skip
+        await self._record(keys=keys, args=args)

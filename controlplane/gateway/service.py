@@ -37,7 +37,16 @@ from controlplane.gateway.credentials import (
 )
 from controlplane.gateway.forward import Forwarder, GatewayError, estimate_prompt
 from controlplane.gateway.metering import FIELDS as USAGE_FIELDS
-from controlplane.gateway.metering import Meter, Spent, Usage, cost_of, month, price_of, spent_of
+from controlplane.gateway.metering import (
+    Meter,
+    Record,
+    Spent,
+    Usage,
+    cost_of,
+    month,
+    price_of,
+    spent_of,
+)
 from controlplane.gateway.metrics import GatewayMetrics
 from controlplane.gateway.reads import Reads, ReadsScript
 from controlplane.gateway.upstream import UpstreamError, matches, resolve
@@ -66,6 +75,15 @@ class Loaded:
     decision: Decision | None = None
     org: OrgSpend | None = None
     """The organization the call is charged to (None: the user is in none)."""
+
+
+@dataclass
+class _Batch:
+    """Calls' usage written to Redis in one command, and when that is done (written or
+    given up on: `recorded` waits for it either way)."""
+
+    records: list[Record]
+    done: asyncio.Future[None]
 
 
 @dataclass(frozen=True)
@@ -126,7 +144,9 @@ class GatewayService:
         self._config = config
         self._redis = redis
         self._box = box
-        self._recording: set[asyncio.Task[None]] = set()
+        self._open: _Batch | None = None  # records settled, not yet sent
+        self._writing: _Batch | None = None  # the records on their way to Redis
+        self._flusher: asyncio.Task[None] | None = None
         self._records: dict[str, UserRecord] = {}
         self.tokens = tokens
         self._user_keys = user_keys
@@ -161,10 +181,10 @@ class GatewayService:
             reads.hmget(keyspace.llm_gateway_key(claim.key_id), USER_KEY_FIELDS)
         reads.get(keyspace.user_settings(claim.user_id))
         if metering:
-            reads.hmget(keyspace.llm_usage_user(claim.user_id, month()), USAGE_FIELDS)
+            this_month = month()
+            reads.hmget(keyspace.llm_usage_user(claim.user_id, this_month), USAGE_FIELDS)
             if isinstance(claim, SandboxClaim):
                 reads.hmget(keyspace.llm_usage_conversation(claim.conversation_id), USAGE_FIELDS)
-            this_month = month()
             reads.org(
                 keyspace.sandbox(claim.sandbox_id)
                 if isinstance(claim, SandboxClaim)
@@ -324,25 +344,54 @@ class GatewayService:
 
     # --- after ------------------------------------------------------------------------
 
-    async def _record(
-        self, user_id: str, conversation_id: str | None, org_id: str | None, usage: Usage
-    ) -> None:
+    def _queue_record(self, record: Record) -> None:
+        """Sent soon and not waited for: the answer goes out meanwhile. The records settled
+        while a write is on its way go together in the next one (one command for all of them:
+        under concurrency, most calls' usage costs a fraction of a round trip)."""
+        if self._open is None:
+            self._open = _Batch([], asyncio.get_running_loop().create_future())
+        self._open.records.append(record)
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush())
+
+    async def _flush(self) -> None:
+        """Write the open batch, then the one that opened meanwhile, until none is left."""
         try:
-            # Not waited for by the caller, nor for a replica: a replica down would otherwise
-            # hold a connection per call for the whole WAIT time-out (ACS_REDIS_WAIT_TIMEOUT).
-            with bookkeeping():
-                await self._meter.record(user_id, conversation_id, usage, org_id=org_id)
-        except Exception:
-            log.exception("llm_usage_not_recorded", user_id=user_id, cost=usage.cost)
+            while self._open is not None:
+                batch, self._open = self._open, None
+                self._writing = batch
+                try:
+                    # Not waited for by the caller, nor for a replica: a replica down would
+                    # otherwise hold a connection per call for the whole WAIT time-out
+                    # (ACS_REDIS_WAIT_TIMEOUT).
+                    with bookkeeping():
+                        await self._meter.record_many(batch.records)
+                except Exception:
+                    for r in batch.records:
+                        log.exception(
+                            "llm_usage_not_recorded", user_id=r.user_id, cost=r.usage.cost
+                        )
+                finally:
+                    self._writing = None
+                    batch.done.set_result(None)
+        finally:
+            self._flusher = None
+            left, self._open = self._open, None
+            if left is not None:  # cancelled (the loop's end): nothing waits for them in vain
+                log.error("llm_usage_not_recorded", calls=len(left.records))
+                left.done.set_result(None)
 
     async def recorded(self) -> None:
         """Wait for usage still being written (the calls answered so far are then in Redis).
         Before budgets or usage are read: without it a write still on its way (its script's
         first run after a Redis start takes three round trips; a loaded host delays it) let a
         caller's next call, or an org member's, start over the budget. Usually none is in
-        flight; one is a Redis round trip."""
-        if self._recording:
-            await asyncio.gather(*self._recording, return_exceptions=True)
+        flight; one is a Redis round trip, two at most (the write under way, then the one
+        with the records settled since): never the writes of calls settled after this."""
+        waits = [b.done for b in (self._writing, self._open) if b is not None]
+        if waits:
+            # asyncio.wait: a caller cancelled meanwhile cancels nothing of the writes.
+            await asyncio.wait(waits)
 
     async def close(self) -> None:
         await self.recorded()
@@ -360,15 +409,9 @@ class GatewayService:
         # A stream the client left (499) was still paid for, as far as it went.
         billable = status < 400 or (status == 499 and (metered.reported or metered.streamed_chars))
         if billable:
-            # Sent now and not waited for: the answer goes out meanwhile; the next call on this
-            # replica waits for it before its budgets are read (`call`).
-            task = asyncio.create_task(
-                self._record(
-                    call.caller.user_id, call.caller.conversation_id, call.caller.org_id, usage
-                )
-            )
-            self._recording.add(task)
-            task.add_done_callback(self._recording.discard)
+            # The next call on this replica waits for it before its budgets are read (`call`).
+            caller = call.caller
+            self._queue_record(Record(caller.user_id, caller.conversation_id, usage, caller.org_id))
             if not usage.priced:
                 self.metrics.unpriced.labels(provider=provider).inc()
         self.metrics.observe(
