@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -21,6 +21,10 @@ import redis.asyncio as aioredis
 
 from controlplane.snapshots.models import SnapshotRecord
 from controlplane.store import keyspace, text
+
+FORKS_KEPT = 86_400
+"""Seconds a fork's record of the sandboxes it started ahead of its snapshot's listing is kept
+(keyspace.snapshot_forks: the collector reads it when it finds the snapshot abandoned)."""
 
 _COMMIT = """
 local user_snaps, sandbox_snaps, packs, sizes = KEYS[2], KEYS[3], KEYS[5], KEYS[6]
@@ -310,6 +314,28 @@ class SnapshotStore:
     async def abandoned(self, now: float) -> list[str]:
         raw = await self._redis.zrange(keyspace.PENDING_SNAPSHOTS, 0, now, byscore=True)
         return [text(i) for i in raw]
+
+    async def note_forks(self, snapshot_id: str, sandbox_ids: Sequence[str]) -> None:
+        """Record the sandboxes a fork starts before its snapshot is listed (keyspace:
+        snapshot_forks)."""
+        key = keyspace.snapshot_forks(snapshot_id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.sadd(key, *sandbox_ids)
+            pipe.expire(key, FORKS_KEPT)
+            await pipe.execute()
+
+    async def forks_of(self, snapshot_id: str) -> list[str]:
+        found = await self._redis.smembers(keyspace.snapshot_forks(snapshot_id))
+        return sorted(text(i) for i in found)
+
+    async def forked_ahead(self) -> list[str]:
+        """The snapshots whose forks' sandboxes are recorded by note_forks."""
+        prefix = keyspace.snapshot_forks("")
+        found = self._redis.scan_iter(match=keyspace.snapshot_forks("*"), count=500)
+        return [text(key).removeprefix(prefix) async for key in found]
+
+    async def drop_forks(self, snapshot_id: str) -> None:
+        await self._redis.delete(keyspace.snapshot_forks(snapshot_id))
 
     async def unlist_pending(self, snapshot_id: str) -> None:
         await self._redis.zrem(keyspace.PENDING_SNAPSHOTS, snapshot_id)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -106,6 +106,7 @@ class Taker:
         captured: asyncio.Event | None = None,
         local_image: str | None = None,
         fork_ids: Sequence[str] = (),
+        based: Callable[[str], None] | None = None,
     ) -> SnapshotRecord:
         """The new READY snapshot. Raises QuotaExceeded, Stale, StoreUnavailable, what the
         runtime raises; nothing is left listed, and what was sent is collected. `captured` is
@@ -115,7 +116,9 @@ class Taker:
         snapshot's files (SandboxFiles.builds_locally): that copy is built from the export as
         it streams, beside the writer, so that the forks start without reading the store (the
         export then reads every file: the copy needs them all); `fork_ids`: the sandboxes to
-        be made from it, whose own directories in that copy are made with it."""
+        be made from it, whose own directories in that copy are made with it; `based` is
+        called with the snapshot's id once that copy is built, while the store may still be
+        sealing it (a fork starts its sandboxes then: SnapshotService.fork)."""
         if local_image is not None and not files.builds_locally:
             local_image = None
         store = self._data.store
@@ -166,7 +169,7 @@ class Taker:
                         written = await writer.write(export.items)
                     else:
                         tee, building = _branch(
-                            files, export.items, snapshot_id, local_image, fork_ids
+                            files, export.items, snapshot_id, local_image, fork_ids, based=based
                         )
                         try:
                             written = await writer.write(tee.main())
@@ -305,15 +308,28 @@ def _branch(
     snapshot_id: str,
     image: str,
     fork_ids: Sequence[str],
+    *,
+    based: Callable[[str], None] | None,
 ) -> tuple[Tee, asyncio.Task[None]]:
-    """The export's stream teed: the local copy's build started on its branch."""
+    """The export's stream teed: the local copy's build started on its branch (`based` told
+    when it is built)."""
     # What a plain restore gets (never the state tree: reader.RESTORED).
     tee = Tee(items, lambda entry: entry.tree in RESTORED)
     building = asyncio.create_task(
         files.build_local(snapshot_id, image, tee.branch(), fork_ids),
         name=f"local-base-{snapshot_id}",
     )
+    if based is not None:
+        told = based
+        building.add_done_callback(lambda task: _tell(task, told, snapshot_id))
     return tee, building
+
+
+def _tell(building: asyncio.Task[None], based: Callable[[str], None], snapshot_id: str) -> None:
+    """`based(snapshot_id)` if the local copy was built (a failed one is told nothing: the
+    forks then start once the snapshot is listed, from the store)."""
+    if not building.cancelled() and building.exception() is None:
+        based(snapshot_id)
 
 
 async def _built(building: asyncio.Task[None], snapshot_id: str) -> None:

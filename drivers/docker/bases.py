@@ -186,10 +186,19 @@ class DockerBases:
 
     async def discard(self, staging: Staging) -> None:
         """Drop a prepared base (its export failed): once its helper is gone, the volume
-        (and an image, if a build made one meanwhile). Never raises (but a cancel): what it
-        cannot remove is the sweep's (a volume the engine still counts in use)."""
-        self._prepared.pop(staging.volume, None)
+        (and an image, if a build made one meanwhile); one a build took, only when no
+        sandbox stands on it. Never raises (but a cancel): what it cannot remove is the
+        sweep's (a volume the engine still counts in use)."""
         name = staging.volume
+        if self._prepared.pop(name, None) is None:
+            # A build took it: built (a failed build undoes itself), and a fork's sandboxes may
+            # stand on it already (they start before the snapshot is sealed): it goes as any
+            # base does, once none does (`release`).
+            try:
+                await self.release(name)
+            except Exception as exc:
+                log.warning("snapshot_base_not_dropped", volume=name, error=str(exc))
+            return
         try:
             await self._unheld(name)
             async with self._lock(name):
