@@ -108,13 +108,20 @@ class Collector:
                 continue  # still being taken (or to be abandoned first)
             if record is None and self._withdraw is not None:
                 forks = await store.forks_of(snapshot_id)
-                await self._withdraw(
-                    forks, f"its fork's snapshot {snapshot_id} was not stored; nothing was kept"
-                )
+                try:
+                    await self._withdraw(
+                        forks, f"its fork's snapshot {snapshot_id} was not stored; nothing was kept"
+                    )
+                except Exception as exc:  # the next pass withdraws what is left (the rest goes on)
+                    log.warning("fork_not_withdrawn", snapshot_id=snapshot_id, error=str(exc))
+                    continue
                 log.info("fork_withdrawn", snapshot_id=snapshot_id, sandbox_ids=forks)
                 count += len(forks)
                 if self._files is not None:
-                    await self._files.forget(snapshot_id)
+                    try:
+                        await self._files.forget(snapshot_id)
+                    except Exception as exc:  # held by the dead replica's helper: the sweep's
+                        log.warning("fork_base_kept", snapshot_id=snapshot_id, error=str(exc))
             await store.drop_forks(snapshot_id)
         return count
 
