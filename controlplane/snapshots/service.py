@@ -335,35 +335,37 @@ class SnapshotService:
         try:
             waited: set[asyncio.Future[Any]] = {taking, based}
             await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
-            if based.done() and not taking.done():
+            # Recorded first, and only while the snapshot is PENDING (its commit deletes the
+            # record in the same script): a control plane that dies before the listing leaves
+            # the collector what to withdraw with the abandoned snapshot, and a listed one
+            # never has such a record.
+            if (
+                based.done()
+                and not taking.done()
+                and await self._data.store.note_forks(based.result(), ids)
+            ):
                 ahead = based.result()
                 marks["base_s"] = time.monotonic() - began
-                # Recorded first: a control plane that dies before the listing leaves the
-                # collector what to withdraw with the abandoned snapshot.
-                await self._data.store.note_forks(ahead, ids)
                 started = await self._ahead(principal, sandbox, ahead, ids, taking)
                 marks["started_s"] = time.monotonic() - began
             record = await taking
         except BaseException:
             if not taking.done():
                 await self.cancel(taking)
-            if ahead is not None and started is not None:
-                await asyncio.shield(self._withdraw(ahead, ids))
+            if _told(based) and not _listed(taking):
+                # The taker leaves a copy it told of to this (Taker.take): the forks made on
+                # it (any of them: a start_from cut short leaves some) go first, then it.
+                await asyncio.shield(self._withdraw(based.result(), ids))
             raise
         finally:
-            based.cancel()
+            if not based.done():
+                based.cancel()
         taken = time.monotonic()
         marks["snapshot_s"] = taken - began
-        if ahead is not None and record.id != ahead:
-            # Taken again (what it reused was collected meanwhile): the forks stood on a copy
-            # of the first take. Withdrawn; the listed snapshot stays, as when forks fail.
-            await self._withdraw(ahead, ids)
-            await self._capability().forget(record.id)
-            raise Conflict("data this fork's snapshot reused was collected meanwhile; retry")
+        # The same snapshot the forks stand on: the taker does not take it again once it
+        # told of its copy (Taker.take raises Conflict instead).
         if started is None:
             started = await self._sandboxes.start_from(principal, record.id, count, ids=ids)
-        else:
-            await self._data.store.drop_forks(record.id)
         log.info(
             "sandbox_forked",
             sandbox_id=sandbox.id,
@@ -410,6 +412,14 @@ class SnapshotService:
         await self._data.store.drop_forks(snapshot_id)
         await self._capability().forget(snapshot_id)
         log.info("fork_withdrawn", snapshot_id=snapshot_id, sandbox_ids=list(ids))
+
+
+def _told(based: asyncio.Future[str]) -> bool:
+    return based.done() and not based.cancelled()
+
+
+def _listed(taking: asyncio.Task[SnapshotRecord]) -> bool:
+    return taking.done() and not taking.cancelled() and taking.exception() is None
 
 
 class _SnapshotLock:

@@ -66,8 +66,15 @@ redis.call('ZADD', user_snaps, 0, id)
 redis.call('ZADD', sandbox_snaps, 0, id)
 redis.call('ZADD', KEYS[11], 0, redis.call('HGET', KEYS[1], 'sandbox_id'))
 redis.call('ZREM', KEYS[4], id)
-redis.call('DEL', KEYS[12])
+redis.call('DEL', KEYS[12], KEYS[13])
 return 'ok'
+"""
+
+_NOTE_FORKS = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'PENDING' then return 0 end
+redis.call('SADD', KEYS[2], unpack(ARGV, 2))
+redis.call('EXPIRE', KEYS[2], ARGV[1])
+return 1
 """
 
 _DELETE = """
@@ -150,6 +157,7 @@ class SnapshotStore:
         self._delete = redis.register_script(_DELETE)
         self._abandon = redis.register_script(_ABANDON)
         self._collect = redis.register_script(_COLLECT_PACK)
+        self._note_forks = redis.register_script(_NOTE_FORKS)
 
     # -- records ------------------------------------------------------------------------------
 
@@ -228,6 +236,7 @@ class SnapshotStore:
                 keyspace.DOOMED_PACKS,
                 keyspace.SNAPSHOT_SANDBOXES,
                 keyspace.snapshot_uploads(record.id),
+                keyspace.snapshot_forks(record.id),
             ],
             args=[
                 record.id,
@@ -315,14 +324,13 @@ class SnapshotStore:
         raw = await self._redis.zrange(keyspace.PENDING_SNAPSHOTS, 0, now, byscore=True)
         return [text(i) for i in raw]
 
-    async def note_forks(self, snapshot_id: str, sandbox_ids: Sequence[str]) -> None:
+    async def note_forks(self, snapshot_id: str, sandbox_ids: Sequence[str]) -> bool:
         """Record the sandboxes a fork starts before its snapshot is listed (keyspace:
-        snapshot_forks)."""
-        key = keyspace.snapshot_forks(snapshot_id)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.sadd(key, *sandbox_ids)
-            pipe.expire(key, FORKS_KEPT)
-            await pipe.execute()
+        snapshot_forks), if it is still PENDING (its commit deletes the record: a listed
+        snapshot never has one, so the collector never takes one for abandoned). False: not
+        recorded (listed, or abandoned, meanwhile)."""
+        keys = [keyspace.snapshot(snapshot_id), keyspace.snapshot_forks(snapshot_id)]
+        return bool(await self._note_forks(keys=keys, args=[FORKS_KEPT, *sandbox_ids]))
 
     async def forks_of(self, snapshot_id: str) -> list[str]:
         found = await self._redis.smembers(keyspace.snapshot_forks(snapshot_id))
