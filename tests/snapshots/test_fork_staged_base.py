@@ -18,6 +18,7 @@ import pytest
 
 from controlplane import keys
 from drivers.base import WORKSPACE, FileEntry, FileItem, FileKind, LocalCopy
+from drivers.docker.bases import LABEL_BASE_IMAGE
 from drivers.docker.driver import DockerDriver
 from drivers.docker.files import LABEL_SNAPSHOT
 from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE
@@ -344,3 +345,45 @@ async def test_a_base_built_again_waits_for_the_helper_of_a_failed_staged_build(
         await bases.forget(key)
     made = {"label": f"{LABEL_SNAPSHOT}={key}"}
     assert docker_client.volumes.list(filters=made) == []
+
+
+async def test_a_base_whose_image_is_still_run_keeps_its_volume(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    """The last fork of a base goes while a container (not a sandbox of ours) still runs the
+    base's image: the engine refuses the image's removal (409), so the base's volume stays
+    too (an image without its lower/ would be a base no sandbox can stand on); once that
+    container goes, the next release removes both."""
+    alice = await user_headers("alice")
+    source = (await running(snap, alice))["id"]
+    await sh(docker_client, test_prefix, source, "echo kept > /workspace/f")
+    resp = await snap.post(f"/api/v1/sandboxes/{source}/fork", json={"count": 1}, headers=alice)
+    forked = await resp.json()
+    assert resp.status == 200, forked
+    (fork,) = [s["id"] for s in forked["sandboxes"]]
+    await wait_status(snap, alice, fork, "RUNNING", within=90)
+    made = {"label": [f"{LABEL_SNAPSHOT}={forked['snapshot']['id']}", f"{LABEL_ROLE}=base"]}
+    (volume,) = docker_client.volumes.list(filters=made)
+    image = str(volume.attrs["Labels"][LABEL_BASE_IMAGE])
+    holding = await asyncio.to_thread(
+        docker_client.containers.create,
+        image,
+        ["true"],
+        entrypoint="sh",
+        name=f"{test_prefix}holds-{secrets.token_hex(4)}",
+        network_disabled=True,
+    )
+    try:
+        gone = await snap.delete(f"/api/v1/sandboxes/{fork}", headers=alice)
+        assert gone.status == 200, await gone.text()
+        driver = snap.app[keys.DRIVER]
+        assert isinstance(driver, DockerDriver)
+        await driver.files.bases.release(volume.name)
+        assert [v.name for v in docker_client.volumes.list(filters=made)] == [volume.name]
+        assert docker_client.images.get(image) is not None
+    finally:
+        await asyncio.to_thread(holding.remove, force=True)
+    await driver.files.bases.release(volume.name)
+    assert docker_client.volumes.list(filters=made) == []
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker_client.images.get(image)
