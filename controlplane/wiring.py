@@ -551,6 +551,7 @@ def snapshots_ctx(config: ServiceConfig) -> Context:
             data,
             sandboxes.store,
             remove=service.remove,
+            withdraw=sandboxes.withdraw,
             files=app[keys.DRIVER].files,
             leader=LeaderLock(
                 app[keys.REDIS],

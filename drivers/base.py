@@ -235,6 +235,8 @@ class LocalCopy:
 
     key: str
     image: str
+    sandbox_ids: Sequence[str] = ()
+    """The sandboxes to be made from it (their own parts of the copy are made with it)."""
 
 
 @dataclass
@@ -292,14 +294,16 @@ class SandboxFiles(Protocol):
         image: str,
         items: AsyncIterator[FileItem],
         sandbox_ids: Sequence[str] = (),
+        ready: Callable[[], None] | None = None,
     ) -> None:
         """Build the shared copy of the content `key` (a snapshot id: FileSource.key of a
         plain restore) for sandboxes of `image` from `items` (the workspace and system trees,
         every file with its bytes, as FileSource.items streams them), unless it exists; the
         sandboxes made from `key` here then start from it without reading the store (those of
-        `sandbox_ids`, the forks to come, with what each needs of it made already). Raises
-        what the runtime raises (nothing of a failed build is left); DriverError where
-        `builds_locally` is False."""
+        `sandbox_ids`, the forks to come, with what each needs of it made already); `ready` is
+        called once they can be (Docker: at the export's end, before `items` ends, when the
+        export laid the copy down itself). Raises what the runtime raises (nothing of a failed
+        build is left); DriverError where `builds_locally` is False."""
 
     async def forget(self, key: str) -> None:
         """Drop what the runtime keeps of a FileSource's content (when no sandbox uses it);

@@ -544,19 +544,32 @@ def export(request: dict[str, Any]) -> None:
     send(b"Z", b"")
     out.flush()
     if request.get("place"):
-        place_then_clean(entries, request["place"])
+        place_then_clean(entries, request)
 
 
-def place_then_clean(entries: list[Entry], target: str) -> None:
+def place_then_clean(entries: list[Entry], request: dict[str, Any]) -> None:
     """A fork's export staged in the new base volume (its "staging" and "ready" there): while
     the engine streams the copies to the control plane, the workspace tree is laid down in
-    `target` (the base's lower/, which must not exist) from the listing, each file a hard link
-    of its staged copy (no byte written twice, `place`); answered {"placed": n, "bytes": b,
-    "missed": m, "skipped": [paths]}. Then, once the control plane has read the copies
-    ({"op": "clean"}), the staging and ready directories are removed (the linked files keep
-    their lower/ name alone), answered {"cleaned": n}."""
+    "place" (the base's lower/, which must not exist) from the listing, each file a hard link
+    of its staged copy (no byte written twice, `place`); with "place_system" (the writable
+    layer of the container the base image is committed from, empty), the system tree there
+    too (each file a copy: another filesystem mount; whiteouts and opaque directories as
+    overlay takes them), and with "forks" (sandbox ids) each one's upper and work directories
+    under the base's forks/ (`make_forks`): the base is then whole without the stream, and
+    its image can be committed while the engine still streams the copies. Answered at once
+    {"placed": n, "listed": w, "bytes": b, "missed": m, "skipped": [paths], "root": "u:g:m",
+    "system": s, "forks": f}. Then, once the control plane has read the copies ({"op":
+    "clean"}), the staging and ready directories are removed (the linked files keep their
+    lower/ name alone), answered {"cleaned": n}."""
     try:
-        answer = place(entries, READY[0], target)
+        answer = place(entries, READY[0], request["place"])
+        if request.get("place_system"):
+            system = place(entries, READY[0], request["place_system"], tree="system")
+            answer["system"] = system["placed"]
+            answer["missed"] += system["missed"]
+            answer["skipped"] = shown_all(answer["skipped"] + system["skipped"])
+        if request.get("forks") is not None:
+            answer["forks"] = make_forks(entries, request["place"], request["forks"])
     except Exception as exc:  # the whole placement: the control plane builds no base of it
         answer = {"placed": 0, "bytes": 0, "missed": -1, "skipped": [], "error": str(exc)}
     send_json(b"J", answer)
@@ -567,6 +580,44 @@ def place_then_clean(entries: list[Entry], target: str) -> None:
     cleaned = sum(empty_out(where) for where in (READY[0], STAGING[0]))
     send_json(b"J", {"cleaned": cleaned})
     out.flush()
+
+
+def make_forks(entries: list[Entry], lower: str, sandbox_ids: list[str]) -> int:
+    """Beside `lower` (the base's lower/), forks/ and per sandbox its overlay upper directory
+    (owner and mode those of the workspace root: overlay's merged root is the upper
+    directory) and work directory; how many sandboxes."""
+    root = next((e for e in entries if e.get("t") == "workspace" and e.get("p") == ""), None)
+    if root is None or root.get("c") is False:
+        raise OSError("the listing has no workspace root")
+    base_fd = os.open(os.path.dirname(lower.rstrip("/")), NOFOLLOW_DIR)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir("forks", 0o755, dir_fd=base_fd)
+        forks_fd = os.open("forks", NOFOLLOW_DIR, dir_fd=base_fd)
+    finally:
+        os.close(base_fd)
+    try:
+        os.fchmod(forks_fd, 0o755)
+        for sandbox_id in sandbox_ids:
+            if parts_of(sandbox_id) != [sandbox_id]:
+                raise OSError(f"not a sandbox id: {shown(sandbox_id)}")
+            os.mkdir(sandbox_id, 0o700, dir_fd=forks_fd)
+            top = os.open(sandbox_id, NOFOLLOW_DIR, dir_fd=forks_fd)
+            try:
+                os.fchmod(top, 0o700)
+                os.mkdir("up", 0o700, dir_fd=top)
+                os.mkdir("work", 0o700, dir_fd=top)
+                up = os.open("up", NOFOLLOW_DIR, dir_fd=top)
+                try:
+                    os.fchown(up, int(root["u"]), int(root["g"]))
+                    os.fchmod(up, int(root["m"]) & 0o7777)
+                finally:
+                    os.close(up)
+            finally:
+                os.close(top)
+    finally:
+        os.close(forks_fd)
+    return len(sandbox_ids)
 
 
 def empty_out(where: str) -> int:
@@ -586,27 +637,33 @@ def empty_out(where: str) -> int:
     return len(names)
 
 
-def place(entries: list[Entry], ready: str, target: str) -> dict[str, Any]:
-    """The listing's workspace tree laid down under `target` (made here: it must not exist)
-    with every owner, mode, time (0 too: the listing's times are the scan's own), link target
-    and whiteout as listed; a file is a hard link of its staged copy in `ready` (same
-    filesystem: the base volume), which must be the size listed. Nothing is followed through a
-    link, made beneath anything but a directory, nor outside `target`; an entry that cannot be
-    made is counted ("missed") and named (`shown_all`). "opened": the directories opened
-    (`Parents`)."""
-    os.mkdir(target, 0o700)
+def place(
+    entries: list[Entry], ready: str, target: str, *, tree: str = "workspace"
+) -> dict[str, Any]:
+    """The listing's `tree` laid down under `target` with every owner, mode, time (0 too: the
+    listing's times are the scan's own), link target, whiteout and opaque directory as
+    listed. The workspace tree: `target` is made here (it must not exist) and a file is a
+    hard link of its staged copy in `ready` (same filesystem: the base volume), which must be
+    the size listed. The system tree: `target` exists (an empty writable layer, another
+    mount) and a file is a copy of its staged one. Nothing is followed through a link, made
+    beneath anything but a directory, nor outside `target`; an entry that cannot be made is
+    counted ("missed") and named (`shown_all`). "listed": the tree's entries in the listing;
+    "opened": the directories opened (`Parents`)."""
+    if tree == "workspace":
+        os.mkdir(target, 0o700)
     root_fd = os.open(target, NOFOLLOW_DIR)
     ready_fd = os.open(ready, NOFOLLOW_DIR)
     parents = Parents(root_fd)
     dirs: list[tuple[list[str], Entry]] = []
-    placed = size = 0
+    placed = size = listed = 0
     skipped: list[str] = []
     try:
         for entry in entries:
-            if entry.get("t") != "workspace":
+            if entry.get("t") != tree:
                 continue
+            listed += 1
             try:
-                size += place_entry(parents, ready_fd, entry, dirs)
+                size += place_entry(parents, ready_fd, entry, dirs, copy=tree != "workspace")
             except OSError:
                 skipped.append(str(entry.get("p")))
                 continue
@@ -616,12 +673,15 @@ def place(entries: list[Entry], ready: str, target: str) -> dict[str, Any]:
         parents.close()
         os.close(ready_fd)
         os.close(root_fd)
+    root = next((e for e in entries if e.get("t") == tree and e.get("p") == ""), None)
     return {
         "placed": placed,
+        "listed": listed,
         "bytes": size,
         "missed": len(skipped),
         "skipped": shown_all(skipped),
         "opened": parents.opened,
+        "root": "" if root is None else f"{root.get('u')}:{root.get('g')}:{root.get('m')}",
     }
 
 
@@ -669,10 +729,16 @@ class Parents:
 
 
 def place_entry(
-    parents: Parents, ready_fd: int, entry: Entry, dirs: list[tuple[list[str], Entry]]
+    parents: Parents,
+    ready_fd: int,
+    entry: Entry,
+    dirs: list[tuple[list[str], Entry]],
+    *,
+    copy: bool = False,
 ) -> int:
     """Make one listed entry under root (a directory's owner, mode and time come at the end:
-    `finish_dirs`); the bytes of a file linked. Raises OSError to skip it."""
+    `finish_dirs`; its overlay opacity now); the bytes of a file linked (`copy`: copied).
+    Raises OSError to skip it."""
     if entry.get("c") is False:
         raise OSError("an unchanged entry has no staged copy")
     if entry["p"] == "":
@@ -689,6 +755,8 @@ def place_entry(
     if entry["k"] == "dir":
         os.mkdir(name, 0o700, dir_fd=fd)
         dirs.append((parts, entry))
+        if entry.get("o"):
+            make_opaque(fd, name)
         return 0
     if entry["k"] in ("symlink", "deleted"):
         if entry["k"] == "symlink":
@@ -699,10 +767,10 @@ def place_entry(
         os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
         os.utime(name, ns=(ns, ns), dir_fd=fd, follow_symlinks=False)
         return 0
-    copy = str(entry.get("n", ""))
-    if entry["k"] != "file" or not copy.isdigit():
+    staged = str(entry.get("n", ""))
+    if entry["k"] != "file" or not staged.isdigit():
         raise OSError("not kept here")
-    os.link(copy, name, src_dir_fd=ready_fd, dst_dir_fd=fd, follow_symlinks=False)
+    lay_file(ready_fd, staged, fd, name, copy=copy)
     file_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
     try:
         st = os.fstat(file_fd)
@@ -714,6 +782,55 @@ def place_entry(
     finally:
         os.close(file_fd)
     return st.st_size
+
+
+def lay_file(ready_fd: int, staged: str, fd: int, name: str, *, copy: bool) -> None:
+    """The file `name` in `fd` made of its staged copy: a hard link of it, or (`copy`) a copy
+    of its bytes."""
+    if copy:
+        copy_staged(ready_fd, staged, fd, name)
+    else:
+        os.link(staged, name, src_dir_fd=ready_fd, dst_dir_fd=fd, follow_symlinks=False)
+
+
+def make_opaque(fd: int, name: str) -> None:
+    """The directory `name` in `fd` made opaque as overlay takes it (a system tree's
+    directory that replaces the image's)."""
+    made = os.open(name, NOFOLLOW_DIR, dir_fd=fd)
+    try:
+        os.setxattr(made, OPAQUE[0], b"y")
+    finally:
+        os.close(made)
+
+
+def write_all(fd: int, data: bytes) -> int:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    return len(data)
+
+
+def copy_staged(ready_fd: int, staged: str, fd: int, name: str) -> None:
+    """A staged copy's bytes into a new file `name` (never through a link) in the directory
+    `fd`, in the kernel where it can (copy_file_range)."""
+    source = os.open(staged, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=ready_fd)
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        target = os.open(name, flags, 0o600, dir_fd=fd)
+        try:
+            left = os.fstat(source).st_size
+            while left > 0:
+                try:
+                    done = os.copy_file_range(source, target, left)
+                except OSError:  # a kernel or filesystem without it: through this process
+                    done = write_all(target, os.read(source, min(left, PIECE)))
+                if done <= 0:
+                    break
+                left -= done
+        finally:
+            os.close(target)
+    finally:
+        os.close(source)
 
 
 def carry(known: dict[str, dict[str, list[Any]]], carried_file: str) -> None:

@@ -226,25 +226,20 @@ class SandboxService(SandboxReads):
         spec_id: str | None = None,
         carried: str | None = None,
         ids: Sequence[str] = (),
+        unlisted: bool = False,
     ) -> list[SandboxInfo]:
         """`count` new sandboxes made from a snapshot of the caller's, each with its own id,
         session key and records; all or none (a cap that refuses one refuses them all).
         `carried`: a conversation's fork (SandboxRecord.carried); `ids`: their ids, chosen
-        ahead (a fork's: its base was made with their directories), else new ones. Raises as
-        `start`."""
+        ahead (a fork's: its base was made with their directories), else new ones.
+        `unlisted`: the snapshot is still being sealed into the store by the caller (a fork,
+        whose sandboxes start on the runtime's local copy of it meanwhile), of a sandbox of
+        `spec_id`; not looked up, and the caller `withdraw`s them unless it is listed. Raises
+        as `start`."""
         if ids and len(ids) != count:
             raise ValueError("one id per sandbox")
         may_start(principal)
-        if self.restores is None:
-            raise StoreUnavailable("snapshots are not enabled: ACS_SNAPSHOT_STORE_URL is unset")
-        own_spec = await self.restores.spec_of(principal, snapshot_id)
-        if spec_id is not None and spec_id != own_spec:
-            raise InvalidInput(
-                f"snapshot {snapshot_id} was taken of a {own_spec!r} sandbox; a sandbox made "
-                "from it runs that spec",
-                ["body", "sandbox_spec_id"],
-            )
-        spec = self.catalog.get(own_spec)
+        spec = self.catalog.get(await self._spec_of(principal, snapshot_id, spec_id, unlisted))
         if await self.driver.image_id(spec.image) is None:
             raise RuntimeUnavailable(f"image {spec.image} is not on the runtime; run `make images`")
         reservation = spec.resources.reservation_bytes
@@ -280,6 +275,25 @@ class SandboxService(SandboxReads):
         for record, ticket in zip(records, tickets, strict=True):
             self.launcher.launch(record, ticket)
         return [self.view(record, principal) for record in records]
+
+    async def _spec_of(
+        self, principal: Principal, snapshot_id: str, spec_id: str | None, unlisted: bool
+    ) -> str:
+        """The spec of the sandboxes made from a snapshot (start_from's)."""
+        if self.restores is None:
+            raise StoreUnavailable("snapshots are not enabled: ACS_SNAPSHOT_STORE_URL is unset")
+        if unlisted:
+            if spec_id is None:
+                raise ValueError("an unlisted snapshot's sandboxes name its spec")
+            return spec_id
+        own_spec = await self.restores.spec_of(principal, snapshot_id)
+        if spec_id is not None and spec_id != own_spec:
+            raise InvalidInput(
+                f"snapshot {snapshot_id} was taken of a {own_spec!r} sandbox; a sandbox made "
+                "from it runs that spec",
+                ["body", "sandbox_spec_id"],
+            )
+        return own_spec
 
     async def rewind(self, principal: Principal, sandbox_id: str, snapshot_id: str) -> None:
         """Bring the caller's sandbox back to a snapshot taken of it, files and the agent's
@@ -500,6 +514,23 @@ class SandboxService(SandboxReads):
             await self._delete(record, reason=reason, automatic=True)
         self.locks.forget(sandbox_id)
         return True
+
+    async def withdraw(self, sandbox_ids: Sequence[str], reason: str) -> None:
+        """Delete these sandboxes whatever their state, their launches stopped first (a fork's,
+        whose snapshot was not listed after all: SnapshotService.fork); those gone already
+        are skipped."""
+
+        async def one(sandbox_id: str) -> None:
+            async with self.lock(sandbox_id):
+                record = await self.store.get(sandbox_id)
+                if record is not None:
+                    await self._delete(record, reason=reason, automatic=True)
+            self.locks.forget(sandbox_id)
+
+        results = await asyncio.gather(*(one(i) for i in sandbox_ids), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
 
     async def _delete(
         self,

@@ -2,7 +2,8 @@
 ACS_SNAPSHOT_COLLECT_INTERVAL seconds:
 
 1. snapshots abandoned while taken (their lease lapsed: a replica died) are forgotten, and what
-   they sent goes to the store's deletions;
+   they sent goes to the store's deletions; the sandboxes a fork started from one before its
+   listing (keyspace.snapshot_forks) are deleted with it;
 2. retention: per sandbox, unnamed snapshots beyond the last ACS_SNAPSHOT_KEEP_LAST or older
    than ACS_SNAPSHOT_MAX_AGE, and those of a sandbox deleted ACS_SNAPSHOT_ORPHAN_RETENTION ago,
    are deleted (named ones are kept until deleted);
@@ -17,7 +18,7 @@ ACS_SNAPSHOT_COLLECT_INTERVAL seconds:
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 import structlog
@@ -45,6 +46,7 @@ class Collector:
         sandboxes: SandboxStore,
         *,
         remove: Callable[[SnapshotRecord], Awaitable[None]],
+        withdraw: Callable[[Sequence[str], str], Awaitable[None]] | None = None,
         leader: LeaderLock,
         files: SandboxFiles | None = None,
     ) -> None:
@@ -52,6 +54,7 @@ class Collector:
         self._data = data
         self._sandboxes = sandboxes
         self._remove = remove
+        self._withdraw = withdraw
         self._files = files
         self._loop = LeaderLoop(
             "snapshot_collection", leader, self.collect, lambda: config.snapshot_collect_interval
@@ -68,6 +71,7 @@ class Collector:
         at = time.time() if now is None else now
         done = {
             "abandoned": await self._abandoned(at),
+            "withdrawn": await self._forks_of_abandoned(),
             "retired": await self._retention(at),
             # Now again: what retention just doomed counts from its own time.
             "packs": await self._packs(time.time() if now is None else now),
@@ -90,6 +94,35 @@ class Collector:
             await store.abandon(record, self._config.snapshot_upload_settle)
             log.info("snapshot_abandoned", snapshot_id=snapshot_id, sandbox_id=record.sandbox_id)
             count += 1
+        return count
+
+    async def _forks_of_abandoned(self) -> int:
+        """The sandboxes a fork started from its snapshot before the listing, deleted when that
+        snapshot is gone unlisted (abandoned: the replica forking died); forgotten once it is
+        listed (the replica died after the listing, before it forgot them)."""
+        store = self._data.store
+        count = 0
+        for snapshot_id in await store.forked_ahead():
+            record = await store.get(snapshot_id)
+            if record is not None and record.status == SnapshotStatus.PENDING:
+                continue  # still being taken (or to be abandoned first)
+            if record is None and self._withdraw is not None:
+                forks = await store.forks_of(snapshot_id)
+                try:
+                    await self._withdraw(
+                        forks, f"its fork's snapshot {snapshot_id} was not stored; nothing was kept"
+                    )
+                except Exception as exc:  # the next pass withdraws what is left (the rest goes on)
+                    log.warning("fork_not_withdrawn", snapshot_id=snapshot_id, error=str(exc))
+                    continue
+                log.info("fork_withdrawn", snapshot_id=snapshot_id, sandbox_ids=forks)
+                count += len(forks)
+                if self._files is not None:
+                    try:
+                        await self._files.forget(snapshot_id)
+                    except Exception as exc:  # held by the dead replica's helper: the sweep's
+                        log.warning("fork_base_kept", snapshot_id=snapshot_id, error=str(exc))
+            await store.drop_forks(snapshot_id)
         return count
 
     async def _packs(self, now: float) -> int:

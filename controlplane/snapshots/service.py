@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import structlog
 
@@ -16,7 +17,7 @@ from controlplane.auth.models import Principal
 from controlplane.background import stop_tasks
 from controlplane.config import ServiceConfig
 from controlplane.errors import Conflict, ControlPlaneError, QuotaExceeded, StoreUnavailable
-from controlplane.sandboxes.models import SandboxRecord, SandboxStatus
+from controlplane.sandboxes.models import SandboxInfo, SandboxRecord, SandboxStatus
 from controlplane.sandboxes.naming import new_sandbox_id
 from controlplane.sandboxes.service import SandboxService
 from controlplane.snapshots.models import (
@@ -76,6 +77,7 @@ class SnapshotService:
         self._taker = taker
         self._files = files
         self._taking: set[asyncio.Task[SnapshotRecord]] = set()
+        self._forking: set[asyncio.Task[ForkResult]] = set()
 
     def limits(self) -> SnapshotLimits:
         return SnapshotLimits(
@@ -110,16 +112,18 @@ class SnapshotService:
         captured: asyncio.Event | None = None,
         *,
         fork: Sequence[str] = (),
+        based: Callable[[str], None] | None = None,
     ) -> asyncio.Task[SnapshotRecord]:
         """Start taking a snapshot of `sandbox` (its owner's) in a task of the service's own
         (cancelled by its close); `captured` is set once its files are read at their
         consistent moment, before they are sent (a conversation's checkpoint lets the user's
         message go then); `fork`: the ids of sandboxes to start from it on this runtime next
         (the runtime's shared copy of its files is built as they are read, with what each of
-        them needs of it: Taker.take's `local_image`).
-        The task raises as `take`."""
+        them needs of it: Taker.take's `local_image`), `based` called with the snapshot's id
+        once that copy is built (Taker.take). The task raises as `take`."""
         task = asyncio.create_task(
-            self._take(sandbox, name, captured, fork=fork), name=f"snapshot-of-{sandbox.id}"
+            self._take(sandbox, name, captured, fork=fork, based=based),
+            name=f"snapshot-of-{sandbox.id}",
         )
         self._taking.add(task)
         task.add_done_callback(self._taken)
@@ -139,6 +143,7 @@ class SnapshotService:
             log.info("snapshot_not_taken", error=str(task.exception()))
 
     async def close(self) -> None:
+        await stop_tasks(list(self._forking))  # each cancels its snapshot, withdraws its forks
         await stop_tasks(list(self._taking))
 
     async def _take(
@@ -148,6 +153,7 @@ class SnapshotService:
         captured: asyncio.Event | None = None,
         *,
         fork: Sequence[str] = (),
+        based: Callable[[str], None] | None = None,
     ) -> SnapshotRecord:
         files = self._capability()
         if sandbox.status not in (S.RUNNING, S.PAUSED) or sandbox.deleting_at is not None:
@@ -182,6 +188,7 @@ class SnapshotService:
                         captured=captured,
                         local_image=spec.image if fork else None,
                         fork_ids=fork,
+                        based=based if fork else None,
                     )
                     break
                 except FilesTooLarge:
@@ -284,7 +291,8 @@ class SnapshotService:
         """A snapshot of the caller's sandbox and `count` new sandboxes started from it, all
         from that one consistent state, each with its own id, key and identity. Raises as
         `take`, and QuotaExceeded when the caps refuse the sandboxes (then none is started;
-        the snapshot stays)."""
+        the snapshot stays). Carried in a task of its own, as `take` (a request that ends
+        first abandons nothing half done)."""
         sandbox = await self._sandboxes.owned(principal, sandbox_id)
         if sandbox.owner != principal.user_id:
             raise Conflict("only the owner of a sandbox may fork it")
@@ -293,21 +301,125 @@ class SnapshotService:
             active = await self._sandboxes.store.count_active(principal.user_id)
             if active + count > limits.running:
                 raise self._sandboxes.admission.refused(principal)
+        task = asyncio.create_task(self._fork(principal, sandbox, count), name=f"fork-{sandbox.id}")
+        self._forking.add(task)
+        task.add_done_callback(self._forked)
+        return await asyncio.shield(task)
+
+    def _forked(self, task: asyncio.Task[ForkResult]) -> None:
+        self._forking.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # retrieved: logged once
+            log.info("sandbox_not_forked", error=str(task.exception()))
+
+    async def _fork(self, principal: Principal, sandbox: SandboxRecord, count: int) -> ForkResult:
+        """The snapshot is taken with the forks' base built beside it on this runtime; the
+        forks start as soon as that base is built, while the store is still sealing the
+        snapshot (they need only the base), and the fork answers once both are done. All or
+        nothing: a snapshot that is not listed after all (the store down or full, the service
+        closed) takes the forks started from it with it (withdrawn: records and instances).
+        Where no base is built (another runtime, a workspace over the export's bound, the
+        build failed) the forks start once the snapshot is listed, from the store."""
         began = time.monotonic()
         # Their ids now: their directories in the base built beside the snapshot come with it.
         ids = [new_sandbox_id() for _ in range(count)]
-        record = await self._carried(sandbox, None, fork=ids)
+        based: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        def on_base(snapshot_id: str) -> None:
+            if not based.done():
+                based.set_result(snapshot_id)
+
+        taking = self.begin(sandbox, None, fork=ids, based=on_base)
+        ahead: str | None = None  # the snapshot the forks were started from before its listing
+        started: list[SandboxInfo] | None = None
+        marks: dict[str, float] = {}
+        try:
+            waited: set[asyncio.Future[Any]] = {taking, based}
+            await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+            # Recorded first, and only while the snapshot is PENDING (its commit deletes the
+            # record in the same script): a control plane that dies before the listing leaves
+            # the collector what to withdraw with the abandoned snapshot, and a listed one
+            # never has such a record.
+            if (
+                based.done()
+                and not taking.done()
+                and await self._data.store.note_forks(based.result(), ids)
+            ):
+                ahead = based.result()
+                marks["base_s"] = time.monotonic() - began
+                started = await self._ahead(principal, sandbox, ahead, ids, taking)
+                marks["started_s"] = time.monotonic() - began
+            record = await taking
+        except BaseException:
+            if not taking.done():
+                await self.cancel(taking)
+            if _told(based) and not _listed(taking):
+                # The taker leaves a copy it told of to this (Taker.take): the forks made on
+                # it (any of them: a start_from cut short leaves some) go first, then it.
+                await asyncio.shield(self._withdraw(based.result(), ids))
+            raise
+        finally:
+            if not based.done():
+                based.cancel()
         taken = time.monotonic()
-        started = await self._sandboxes.start_from(principal, record.id, count, ids=ids)
+        marks["snapshot_s"] = taken - began
+        # The same snapshot the forks stand on: the taker does not take it again once it
+        # told of its copy (Taker.take raises Conflict instead).
+        if started is None:
+            started = await self._sandboxes.start_from(principal, record.id, count, ids=ids)
         log.info(
             "sandbox_forked",
-            sandbox_id=sandbox_id,
+            sandbox_id=sandbox.id,
             snapshot_id=record.id,
             count=count,
-            snapshot_s=round(taken - began, 3),
+            ahead=ahead is not None,
             records_s=round(time.monotonic() - taken, 3),
+            **{k: round(v, 3) for k, v in marks.items()},
         )
         return ForkResult(snapshot=info(record), sandboxes=started)
+
+    async def _ahead(
+        self,
+        principal: Principal,
+        sandbox: SandboxRecord,
+        snapshot_id: str,
+        ids: Sequence[str],
+        taking: asyncio.Task[SnapshotRecord],
+    ) -> list[SandboxInfo]:
+        """The forks started from the base of `snapshot_id` while the store seals it. When
+        they are refused (none started: start_from is all or none), the snapshot is kept as
+        when they are refused after its listing: its own failure first, else theirs."""
+        try:
+            return await self._sandboxes.start_from(
+                principal,
+                snapshot_id,
+                len(ids),
+                ids=ids,
+                spec_id=sandbox.spec_id,
+                unlisted=True,
+            )
+        except Exception:
+            await self._data.store.drop_forks(snapshot_id)
+            await taking
+            raise
+
+    async def _withdraw(self, snapshot_id: str, ids: Sequence[str]) -> None:
+        """The forks started from a snapshot that is not listed after all, removed (records,
+        instances, workspaces), then what the runtime keeps of its copy."""
+        if ids:
+            await self._sandboxes.withdraw(
+                ids, f"its fork's snapshot {snapshot_id} was not stored; nothing was kept"
+            )
+        await self._data.store.drop_forks(snapshot_id)
+        await self._capability().forget(snapshot_id)
+        log.info("fork_withdrawn", snapshot_id=snapshot_id, sandbox_ids=list(ids))
+
+
+def _told(based: asyncio.Future[str]) -> bool:
+    return based.done() and not based.cancelled()
+
+
+def _listed(taking: asyncio.Task[SnapshotRecord]) -> bool:
+    return taking.done() and not taking.cancelled() and taking.exception() is None
 
 
 class _SnapshotLock:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -21,6 +21,10 @@ import redis.asyncio as aioredis
 
 from controlplane.snapshots.models import SnapshotRecord
 from controlplane.store import keyspace, text
+
+FORKS_KEPT = 86_400
+"""Seconds a fork's record of the sandboxes it started ahead of its snapshot's listing is kept
+(keyspace.snapshot_forks: the collector reads it when it finds the snapshot abandoned)."""
 
 _COMMIT = """
 local user_snaps, sandbox_snaps, packs, sizes = KEYS[2], KEYS[3], KEYS[5], KEYS[6]
@@ -62,8 +66,15 @@ redis.call('ZADD', user_snaps, 0, id)
 redis.call('ZADD', sandbox_snaps, 0, id)
 redis.call('ZADD', KEYS[11], 0, redis.call('HGET', KEYS[1], 'sandbox_id'))
 redis.call('ZREM', KEYS[4], id)
-redis.call('DEL', KEYS[12])
+redis.call('DEL', KEYS[12], KEYS[13])
 return 'ok'
+"""
+
+_NOTE_FORKS = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'PENDING' then return 0 end
+redis.call('SADD', KEYS[2], unpack(ARGV, 2))
+redis.call('EXPIRE', KEYS[2], ARGV[1])
+return 1
 """
 
 _DELETE = """
@@ -146,6 +157,7 @@ class SnapshotStore:
         self._delete = redis.register_script(_DELETE)
         self._abandon = redis.register_script(_ABANDON)
         self._collect = redis.register_script(_COLLECT_PACK)
+        self._note_forks = redis.register_script(_NOTE_FORKS)
 
     # -- records ------------------------------------------------------------------------------
 
@@ -224,6 +236,7 @@ class SnapshotStore:
                 keyspace.DOOMED_PACKS,
                 keyspace.SNAPSHOT_SANDBOXES,
                 keyspace.snapshot_uploads(record.id),
+                keyspace.snapshot_forks(record.id),
             ],
             args=[
                 record.id,
@@ -310,6 +323,27 @@ class SnapshotStore:
     async def abandoned(self, now: float) -> list[str]:
         raw = await self._redis.zrange(keyspace.PENDING_SNAPSHOTS, 0, now, byscore=True)
         return [text(i) for i in raw]
+
+    async def note_forks(self, snapshot_id: str, sandbox_ids: Sequence[str]) -> bool:
+        """Record the sandboxes a fork starts before its snapshot is listed (keyspace:
+        snapshot_forks), if it is still PENDING (its commit deletes the record: a listed
+        snapshot never has one, so the collector never takes one for abandoned). False: not
+        recorded (listed, or abandoned, meanwhile)."""
+        keys = [keyspace.snapshot(snapshot_id), keyspace.snapshot_forks(snapshot_id)]
+        return bool(await self._note_forks(keys=keys, args=[FORKS_KEPT, *sandbox_ids]))
+
+    async def forks_of(self, snapshot_id: str) -> list[str]:
+        found = await self._redis.smembers(keyspace.snapshot_forks(snapshot_id))
+        return sorted(text(i) for i in found)
+
+    async def forked_ahead(self) -> list[str]:
+        """The snapshots whose forks' sandboxes are recorded by note_forks."""
+        prefix = keyspace.snapshot_forks("")
+        found = self._redis.scan_iter(match=keyspace.snapshot_forks("*"), count=500)
+        return [text(key).removeprefix(prefix) async for key in found]
+
+    async def drop_forks(self, snapshot_id: str) -> None:
+        await self._redis.delete(keyspace.snapshot_forks(snapshot_id))
 
     async def unlist_pending(self, snapshot_id: str) -> None:
         await self._redis.zrem(keyspace.PENDING_SNAPSHOTS, snapshot_id)

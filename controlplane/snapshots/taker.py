@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -106,6 +106,7 @@ class Taker:
         captured: asyncio.Event | None = None,
         local_image: str | None = None,
         fork_ids: Sequence[str] = (),
+        based: Callable[[str], None] | None = None,
     ) -> SnapshotRecord:
         """The new READY snapshot. Raises QuotaExceeded, Stale, StoreUnavailable, what the
         runtime raises; nothing is left listed, and what was sent is collected. `captured` is
@@ -115,7 +116,9 @@ class Taker:
         snapshot's files (SandboxFiles.builds_locally): that copy is built from the export as
         it streams, beside the writer, so that the forks start without reading the store (the
         export then reads every file: the copy needs them all); `fork_ids`: the sandboxes to
-        be made from it, whose own directories in that copy are made with it."""
+        be made from it, whose own directories in that copy are made with it; `based` is
+        called with the snapshot's id once that copy is built, while the store may still be
+        sealing it (a fork starts its sandboxes then: SnapshotService.fork)."""
         if local_image is not None and not files.builds_locally:
             local_image = None
         store = self._data.store
@@ -146,7 +149,7 @@ class Taker:
             )
             hold = _Hold(self._sandboxes, sandbox.id)
             known = previous.known() if previous is not None and local_image is None else {}
-            building: asyncio.Task[None] | None = None
+            copy = None if local_image is None else _Copy(based)
             listed = False
             try:
                 async with files.export(
@@ -156,49 +159,47 @@ class Taker:
                     state_paths=(STATE_DIR,),
                     hold=hold,
                     max_bytes=self._max_changed_bytes,
-                    local=None if local_image is None else LocalCopy(snapshot_id, local_image),
+                    local=None
+                    if local_image is None
+                    else LocalCopy(snapshot_id, local_image, tuple(fork_ids)),
                 ) as export:
                     marks.append(("export", time.monotonic()))
                     if captured is not None:
                         captured.set()
                     log.info("snapshot_thawed", sandbox_id=sandbox.id, held=export.held_still)
-                    if local_image is None:
+                    if copy is None or local_image is None:
                         written = await writer.write(export.items)
                     else:
-                        tee, building = _branch(
-                            files, export.items, snapshot_id, local_image, fork_ids
-                        )
-                        try:
-                            written = await writer.write(tee.main())
-                        finally:
-                            tee.close()
-                        log.info(
-                            "snapshot_write_waits",
-                            snapshot_id=snapshot_id,
-                            stream_wait_s=round(tee.stream_waited, 3),
-                            base_lag_s=round(tee.main_waited, 3),
+                        written = await copy.write(
+                            writer,
+                            files,
+                            export.items,
+                            snapshot_id,
+                            image=local_image,
+                            fork_ids=fork_ids,
                         )
                 marks.append(("write", time.monotonic()))
+                if copy is not None and copy.ahead:
+                    # Sandboxes stand on the copy already: a copy that failed after all (its
+                    # stream broke) fails the snapshot before it is listed, not after.
+                    await copy.built()
                 record = await self._finish(record, written, export.held_still)
                 marks.append(("finish", time.monotonic()))
                 outcome = await store.commit(record, written.new_packs, written.new_chunks, limits)
                 marks.append(("commit", time.monotonic()))
-                if building is not None:
-                    await _built(building, snapshot_id)
+                if copy is not None:
+                    await _built(copy.built(), snapshot_id)
                     marks.append(("local", time.monotonic()))
                 log.info(
                     "snapshot_phases",
                     snapshot_id=snapshot_id,
                     **{f"{b[0]}_s": round(b[1] - a[1], 3) for a, b in itertools.pairwise(marks)},
                 )
-                _check(outcome, snapshot_id, limits)
+                _check(outcome, snapshot_id, limits, ahead=copy is not None and copy.ahead)
                 listed = True
             finally:
-                if building is not None and not listed:
-                    # Never listed: the copy made of it goes too (nothing can start from it).
-                    building.cancel()
-                    await asyncio.gather(building, return_exceptions=True)
-                    await asyncio.shield(files.forget(snapshot_id))
+                if copy is not None and not listed:
+                    await copy.drop(files, snapshot_id)
         self._data.remember(snapshot_id, written.index)
         committed = await store.get(snapshot_id)  # with what the commit counted
         return committed or record
@@ -289,8 +290,11 @@ class Taker:
         return record
 
 
-def _check(outcome: str, snapshot_id: str, limits: SnapshotLimits) -> None:
-    """Raise unless the commit's outcome is "ok"."""
+def _check(outcome: str, snapshot_id: str, limits: SnapshotLimits, *, ahead: bool) -> None:
+    """Raise unless the commit's outcome is "ok" (`ahead`: sandboxes stand on this take's
+    local copy, so it is not taken again: their caller withdraws them)."""
+    if outcome == "stale" and ahead:
+        raise Conflict("data this fork's snapshot reused was collected meanwhile; retry")
     if outcome == "stale":
         raise Stale()
     if outcome in ("count", "bytes"):
@@ -299,24 +303,85 @@ def _check(outcome: str, snapshot_id: str, limits: SnapshotLimits) -> None:
         raise Conflict(f"snapshot {snapshot_id} was abandoned while it was taken")
 
 
+class _Copy:
+    """A fork's local copy of the snapshot, built beside the writer from the export's stream
+    (`_branch`), and whether `based` was told it is ready (`ahead`: sandboxes may be made on
+    it from then on, before the snapshot is listed)."""
+
+    def __init__(self, based: Callable[[str], None] | None) -> None:
+        self._based = based
+        self._building: asyncio.Task[None] | None = None
+        self.ahead = False
+
+    def _told(self, key: str) -> None:
+        if self._based is not None:
+            self.ahead = True
+            self._based(key)
+
+    async def write(
+        self,
+        writer: SnapshotWriter,
+        files: SandboxFiles,
+        items: AsyncIterator[FileItem],
+        snapshot_id: str,
+        *,
+        image: str,
+        fork_ids: Sequence[str],
+    ) -> Written:
+        tee, self._building = _branch(files, items, snapshot_id, image, fork_ids, based=self._told)
+        try:
+            written = await writer.write(tee.main())
+        finally:
+            tee.close()
+        log.info(
+            "snapshot_write_waits",
+            snapshot_id=snapshot_id,
+            stream_wait_s=round(tee.stream_waited, 3),
+            base_lag_s=round(tee.main_waited, 3),
+        )
+        return written
+
+    async def built(self) -> None:
+        """Wait for the copy's build (raises as it does)."""
+        if self._building is not None:
+            await self._building
+
+    async def drop(self, files: SandboxFiles, snapshot_id: str) -> None:
+        """The snapshot is not listed: the copy made of it goes too (nothing can start from
+        it), but, where `based` was told, only once the sandboxes made on it are withdrawn, by
+        its caller (SnapshotService._fork): removed now, it would be pulled from under
+        sandboxes still being made on it."""
+        if self._building is None:
+            return
+        self._building.cancel()
+        await asyncio.gather(self._building, return_exceptions=True)
+        if not self.ahead:
+            await asyncio.shield(files.forget(snapshot_id))
+
+
 def _branch(
     files: SandboxFiles,
     items: AsyncIterator[FileItem],
     snapshot_id: str,
     image: str,
     fork_ids: Sequence[str],
+    *,
+    based: Callable[[str], None],
 ) -> tuple[Tee, asyncio.Task[None]]:
-    """The export's stream teed: the local copy's build started on its branch."""
+    """The export's stream teed: the local copy's build started on its branch (`based` told
+    once sandboxes can be made on it: on Docker at the export's end, while the stream still
+    goes to the store; a failed build tells nothing, and the forks then start once the
+    snapshot is listed, from the store)."""
     # What a plain restore gets (never the state tree: reader.RESTORED).
     tee = Tee(items, lambda entry: entry.tree in RESTORED)
     building = asyncio.create_task(
-        files.build_local(snapshot_id, image, tee.branch(), fork_ids),
+        files.build_local(snapshot_id, image, tee.branch(), fork_ids, lambda: based(snapshot_id)),
         name=f"local-base-{snapshot_id}",
     )
     return tee, building
 
 
-async def _built(building: asyncio.Task[None], snapshot_id: str) -> None:
+async def _built(building: Awaitable[None], snapshot_id: str) -> None:
     """Wait for the local copy's build; its failure costs only speed (the forks then read
     the store, as any restore does), never the snapshot."""
     try:

@@ -466,6 +466,13 @@ PENDING_SNAPSHOTS = f"{PREFIX}:snapshots:pending"
 """Sorted set of PENDING snapshot ids scored by their lease's expiry (Unix seconds)."""
 
 
+def snapshot_forks(snapshot_id: str) -> str:
+    """Set, TTL a day: the sandboxes a fork started from a snapshot still being sealed into
+    the store (deleted once it is listed); the collector deletes them with it if it is
+    abandoned instead (the control plane forking it died)."""
+    return f"{PREFIX}:snapshot_forks:{snapshot_id}"
+
+
 def snapshot_lock(sandbox_id: str) -> str:
     """String, TTL 15 s, renewed: the snapshot id being taken of a sandbox (one at a time)."""
     return f"{PREFIX}:snapshot_lock:{sandbox_id}"

@@ -116,6 +116,9 @@ class DockerBases:
         # fork's export to stage its copies in, taken by the `build` that follows.
         self._prepared: dict[str, tuple[dict[str, Any], Staging]] = {}
         self._held: dict[str, Staging] = {}  # base volume -> the staging whose helper holds it
+        # base volume -> the holder `prepare` made for it (its image's container), taken by
+        # the build that follows, removed by `discard`.
+        self._holders: dict[str, str] = {}
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -160,20 +163,37 @@ class DockerBases:
         found = await self._lane.run(lambda c: _volume(c, volume))
         return None if found is None else (found.get("Labels") or {}).get(LABEL_BASE)
 
-    async def prepare(self, key: str, image_name: str) -> Staging:
+    async def prepare(self, key: str, image_name: str, sandbox_ids: Sequence[str] = ()) -> Staging:
         """The base volume of `key` (a new snapshot's) for `image_name`, made empty for a
         fork's export to stage its copies in and lay the workspace down in (files.py:
         `DockerExports.export`'s `into`): no byte is then written twice, nor re-extracted by
-        the engine. The `build` that follows takes it; `discard` drops it when the export
-        fails."""
+        the engine. With it the container its image is committed from (the holder, never
+        started), whose writable layer the export's helper lays the system tree down in, and
+        the directories of `sandbox_ids` (the forks to come) in the volume: the base is then
+        whole when the helper answers, at the export's end, and the `build` that follows
+        commits it without waiting for the stream (`_build_staged`). A holder that cannot be
+        made costs only that (the build extracts the system tree from the stream). `discard`
+        drops it all when the export fails."""
         image_id = await self._lane.run(lambda c: _image_id(c, image_name))
         name, image = self._names(key, image_id)
         async with self._lock(name):
             if await self._lane.run(lambda c: _volume(c, name)) is not None:
                 raise DriverError(f"the base volume {name} exists already")
             labels = self._labels(key, image)
-            made = await self._lane.run(lambda c: c.api.create_volume(name=name, labels=labels))
-            staging = Staging(name)
+            # Both at once (the export's helper, which mounts them, waits for both).
+            making = self._lane.start(lambda c: c.api.create_volume(name=name, labels=labels))
+            holding = self._lane.start(lambda c: _holder(c, image_name, labels))
+            made, held = await asyncio.gather(making, holding, return_exceptions=True)
+            if isinstance(made, BaseException):
+                if not isinstance(held, BaseException):
+                    await self._lane.run(lambda c: _remove_holder(c, held[0]))
+                raise made
+            upper = ""
+            if isinstance(held, BaseException):
+                log.warning("snapshot_base_holder_not_made", volume=name, error=str(held))
+            else:
+                self._holders[name], upper = held
+            staging = Staging(name, upper, sandbox_ids if upper else ())
             self._prepared[name] = (made, staging)
             self._held[name] = staging
             staging.released.add_done_callback(lambda _: self._unhold(name, staging))
@@ -186,11 +206,26 @@ class DockerBases:
 
     async def discard(self, staging: Staging) -> None:
         """Drop a prepared base (its export failed): once its helper is gone, the volume
-        (and an image, if a build made one meanwhile). Never raises (but a cancel): what it
-        cannot remove is the sweep's (a volume the engine still counts in use)."""
-        self._prepared.pop(staging.volume, None)
+        (and an image, if a build made one meanwhile); one a build took, only when no
+        sandbox stands on it. Never raises (but a cancel): what it cannot remove is the
+        sweep's (a volume the engine still counts in use)."""
         name = staging.volume
+        if self._prepared.pop(name, None) is None:
+            # A build took it: a failed build undoes itself; a built one goes with its
+            # snapshot, never listed (Taker.take forgets it), or, when a fork's sandboxes were
+            # started on it ahead of the listing, once they are withdrawn
+            # (SnapshotService._withdraw): removing it here would pull it from under sandboxes
+            # still being made on it.
+            return
+        await self._drop_prepared(name)
+
+    async def _drop_prepared(self, name: str) -> None:
+        """`discard`'s removal of a prepared base no build took: its holder, then, once the
+        export's helper is gone, its volume (and an image, if one was made meanwhile)."""
+        holder = self._holders.pop(name, "")
         try:
+            if holder:
+                await self._lane.run(lambda c: _remove_holder(c, holder))
             await self._unheld(name)
             async with self._lock(name):
                 found = await self._lane.run(lambda c: _volume(c, name))
@@ -252,6 +287,8 @@ class DockerBases:
             # stdin closed), a loader or a holder was never started.
             if (summary.get("Labels") or {}).get(docker_names.LABEL_PREFIX):
                 continue  # a sandbox's container: never the sweep's
+            if summary["Id"] in self._holders.values():
+                continue  # a prepared base's holder: its build commits it
             if summary.get("State") != "running" and summary.get("Created", 0) < cutoff:
                 with contextlib.suppress(NotFound):
                     client.api.remove_container(summary["Id"], force=True, v=True)
@@ -279,23 +316,40 @@ class DockerBases:
         if found is None:
             return
         image = (found.get("Labels") or {}).get(LABEL_BASE_IMAGE)
-        if image:
-            _drop_image(client, image)
+        if image and not _drop_image(client, image):
+            return  # a container still runs the image: both stay, for the next release or sweep
         with contextlib.suppress(NotFound):
             client.api.remove_volume(base_volume, force=True)
 
     # -- building a base ------------------------------------------------------------------------
 
     async def build(
-        self, key: str, image: str, items: AsyncIterator[FileItem], sandbox_ids: Sequence[str]
+        self,
+        key: str,
+        image: str,
+        items: AsyncIterator[FileItem],
+        sandbox_ids: Sequence[str],
+        ready: Callable[[], None] | None = None,
     ) -> None:
         """Build the base of `key` for `image` from `items` (a fork's export as it streams:
         every workspace and system file with its bytes) unless it exists, with the fork
-        directories of `sandbox_ids` (the forks to come) in its archive; the sandboxes made
-        from `key` then find it (`workspace`). Nothing of a failed build is left. The stream
-        is consumed to its end either way (its producer is not left waiting)."""
+        directories of `sandbox_ids` (the forks to come) in it; the sandboxes made from `key`
+        then find it (`workspace`), and `ready` is called. Where `prepare` made its holder, the
+        export's helper lays the whole base down and the image is committed at its word,
+        before the stream ends (`_build_staged`); the stream is read meanwhile for the files'
+        signatures (`_stamp`), and the build returns at its end. Nothing of a failed build is
+        left. The stream is consumed to its end either way (its producer is not left
+        waiting)."""
         streamed = _Streamed(key, items)
         try:
+            image_id = await self._lane.run(lambda c: _image_id(c, image))
+            name, image_tag = self._names(key, image_id)
+            prepared = self._prepared.get(name)
+            if prepared is not None and prepared[1].system:
+                await self._build_early(
+                    key, name, image_tag, streamed, sandbox_ids=sandbox_ids, ready=ready
+                )
+                return
             base = await self._ensure_of(streamed, image, None, sandbox_ids=sandbox_ids)
         finally:
             self._unbuilt(key)
@@ -304,6 +358,97 @@ class DockerBases:
         # per fork, each under the base's lock (a release that drops it meanwhile forgets it).
         for sandbox_id in sandbox_ids:
             self._staged[sandbox_id] = base
+        if ready is not None:
+            ready()
+
+    async def _build_early(
+        self,
+        key: str,
+        name: str,
+        image: str,
+        streamed: _Streamed,
+        *,
+        sandbox_ids: Sequence[str],
+        ready: Callable[[], None] | None,
+    ) -> None:
+        """`build` on a base `prepare` made whole with its export: committed at the helper's
+        word, the forks told (`ready`), then the stream read to its end for the signatures
+        its stamp records. A stream that breaks after `ready` raises (the snapshot is then
+        not listed, and its forks are withdrawn by their caller)."""
+        reading = asyncio.create_task(_signatures(streamed.items()), name=f"signatures-{key}")
+        try:
+            base, answer = await self._build_staged(key, name, image, sandbox_ids, reading)
+        except BaseException:
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
+            raise
+        for sandbox_id in sandbox_ids:
+            self._staged[sandbox_id] = base
+        if ready is not None:
+            ready()
+        signatures, workspace = await reading
+        # The stream's end comes after the engine read the copies and the helper removed
+        # them (files.py `_placed`, which counts them into the same answer).
+        log.info("snapshot_base_cleaned", volume=name, cleaned=answer.get("cleaned"))
+        if workspace != answer.get("placed"):
+            # Never seen: the helper laid down its own listing, which the stream carries.
+            raise DriverError(
+                f"the base of {key} holds {answer.get('placed')} workspace entries, its "
+                f"snapshot {workspace}"
+            )
+        self._begin_stamp(name, image, signatures, "")
+
+    async def _build_staged(
+        self,
+        key: str,
+        name: str,
+        image: str,
+        sandbox_ids: Sequence[str],
+        stream: asyncio.Future[Any],
+    ) -> tuple[Base, dict[str, Any]]:
+        """The prepared base `name` once the export's helper said it laid it down whole
+        (workspace, system tree in the holder's layer, forks' directories), its image
+        committed from the holder; the helper's answer. `stream`: the reading of the
+        export's stream, whose end (or failure) without the helper's word fails the build."""
+        async with self._lock(name):
+            prepared = self._prepared.pop(name, None)
+            holder = self._holders.pop(name, "")
+            if prepared is None or not holder:
+                raise DriverError(f"the staged base volume {name} is gone")
+            made, staging = prepared
+            log.info("snapshot_base_building", snapshot=key, sandbox_id="", staged=True)
+            began = time.monotonic()
+            committing: asyncio.Future[Any] | None = None
+            try:
+                await asyncio.wait({staging.placed, stream}, return_when=asyncio.FIRST_COMPLETED)
+                if not staging.placed.done():
+                    stream.result()  # what broke it, if it did
+                    raise DriverError("the export did not say how it laid the workspace down")
+                answer = _answer(staging.placed.result())
+                root = _placed_whole(staging, answer, len(sandbox_ids))
+                placed = time.monotonic()
+                labels = self._labels(key, image)
+                # The image's labels pass to every container of it: only what they need. A
+                # commit merges the holder's own labels in, so those are blanked.
+                marks = {label: "" for label in labels} | {LABEL_SNAPSHOT: key, LABEL_ROOT: root}
+                committing = self._lane.start(lambda c: _commit(c, holder, image, marks))
+                await _landed(committing)
+                log.info(
+                    "snapshot_base_built",
+                    snapshot=key,
+                    staged=True,
+                    wait_s=round(placed - began, 3),
+                    commit_s=round(time.monotonic() - placed, 3),
+                )
+                self._dirs_made = {d for d in self._dirs_made if d[0] != name}
+                self._dirs_made.update((name, fork) for fork in sandbox_ids)
+            except BaseException:
+                await self._undo(name, image, committed=committing is not None, staged=True)
+                raise
+            finally:
+                # Off the forks' path: the image does not need its container any more.
+                self._later(self._lane.run(lambda c: _remove_holder(c, holder)), f"holder-{name}")
+            return Base(name, str(made["Mountpoint"]), image, root), answer
 
     def _unbuilt(self, key: str) -> None:
         """Drop the base volumes `prepare` made for `key` that its build did not take (the
@@ -312,11 +457,11 @@ class DockerBases:
         (its `forget` comes with its deletion), and the sweep leaves a prepared volume alone.
         In the background (`discard` waits for the export's helper, which holds the volume
         until the export that feeds this build is over)."""
-        for name, (made, staging) in list(self._prepared.items()):
+        for name, (made, _) in list(self._prepared.items()):
             if (made.get("Labels") or {}).get(LABEL_SNAPSHOT) == key:
                 del self._prepared[name]
                 log.info("snapshot_base_unbuilt", snapshot=key, volume=name)
-                self._later(self.discard(staging), f"discard-{name}")
+                self._later(self._drop_prepared(name), f"discard-{name}")
 
     async def _ensure(self, request: SandboxRequest, old: OldWorkspace | None = None) -> Base:
         assert request.restore is not None
@@ -826,6 +971,58 @@ def _placed(staging: Staging | None, streamed: int) -> None:
         raise DriverError("the export's staged copies were not removed")
 
 
+def _answer(answer: dict[str, Any] | Exception) -> dict[str, Any]:
+    """The export helper's word on the base it laid down; raises what stopped it."""
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
+
+
+def _placed_whole(staging: Staging, answer: dict[str, Any], forks: int) -> str:
+    """The workspace root's "uid:gid:mode" once the export's helper laid the whole base down
+    (`DockerBases.prepare`): every workspace and system entry of its listing, the forks'
+    directories; raises otherwise (the base is then not built: its forks build it from the
+    store once the snapshot is listed)."""
+    log.info(
+        "snapshot_base_placed",
+        volume=staging.volume,
+        placed=answer.get("placed"),
+        listed=answer.get("listed"),
+        system=answer.get("system"),
+        forks=answer.get("forks"),
+        bytes=answer.get("bytes"),
+        opened=answer.get("opened"),
+    )
+    root = str(answer.get("root") or "")
+    whole = answer.get("placed") == answer.get("listed") and answer.get("forks") == forks
+    if answer.get("error") or answer.get("missed") or not whole or answer.get("system") is None:
+        why = answer.get("error") or _shown(answer.get("skipped"))
+        raise DriverError(
+            f"the staged base was laid down in part: {answer.get('placed')} of "
+            f"{answer.get('listed')} workspace entries, {answer.get('missed')} missed ({why})"
+        )
+    if not re.fullmatch(r"\d+:\d+:\d+", root):
+        raise DriverError(f"the staged base's workspace root is {root[:40]!r}")
+    return root
+
+
+async def _signatures(
+    items: AsyncIterator[FileItem],
+) -> tuple[dict[str, dict[str, list[object]]], int]:
+    """A base's stream read to its end: each file's signature in the snapshot ({tree: {path:
+    signature}}, for `_stamp`) and how many workspace entries it carried."""
+    signatures: dict[str, dict[str, list[object]]] = {}
+    workspace = 0
+    async for item in items:
+        if isinstance(item, bytes):
+            continue
+        if item.tree == WORKSPACE:
+            workspace += 1
+        if item.kind == FileKind.FILE:
+            signatures.setdefault(item.tree, {})[item.path] = list(item.signature())
+    return signatures, workspace
+
+
 SHOWN_PATHS = 20
 SHOWN_LENGTH = 123  # files_helper.py `shown`: 120 characters and "..."
 
@@ -854,23 +1051,42 @@ def _commit(client: docker.DockerClient, holder: str, image: str, labels: dict[s
     client.api.commit(holder, repository=repository, tag=tag, conf={"Labels": labels}, pause=False)
 
 
-def _drop_image(client: docker.DockerClient, image: str) -> None:
+def _drop_image(client: docker.DockerClient, image: str) -> bool:
     """Remove a base's image (an unused base's, a failed build's) unless a container runs it
-    (409: kept for now). One that is gone is as good as removed, whatever the engine said: of
-    two removals at once the second is told "unrecognized image ID" (a 500, seen in a full
-    run as a sandbox's removal failing)."""
+    (409: kept for now, False). One that is gone is as good as removed, whatever the engine
+    said: of two removals at once the second is told "unrecognized image ID" (a 500, seen in a
+    full run as a sandbox's removal failing)."""
     try:
         client.api.remove_image(image, force=False, noprune=False)
     except (ImageNotFound, NotFound):
         pass
     except APIError as exc:
         if exc.status_code == 409:
-            return
+            return False
         try:
             client.images.get(image)
         except (ImageNotFound, NotFound):
-            return
+            return True
         raise
+    return True
+
+
+def _holder(
+    client: docker.DockerClient, image_name: str, labels: dict[str, str]
+) -> tuple[str, str]:
+    """A container of `image_name` (never started: its own command and settings, which the
+    commit keeps) to commit a base's image from, and its writable layer's host path."""
+    holder = _create(client, image_name, labels=labels, network_disabled=True)
+    try:
+        return holder, _upper(client, holder)
+    except BaseException:
+        _remove_holder(client, holder)
+        raise
+
+
+def _remove_holder(client: docker.DockerClient, holder: str) -> None:
+    with contextlib.suppress(NotFound):
+        client.api.remove_container(holder, force=True, v=True)
 
 
 class _Streamed:

@@ -68,6 +68,9 @@ READY = "/acs/ready"  # files_helper.py's
 INTO = "/acs/into"
 """Where a fork's export mounts the new base volume: its copies are staged there
 (`DockerExports.export`'s `into`)."""
+SYSTEM_INTO = "/acs/into-system"
+"""Where a fork's export mounts the writable layer its base's image is committed from: the
+helper lays the system tree down there (`Staging.system`)."""
 LISTING = "-listing.json"  # files_helper.py's
 KNOWN = "acs-known.json"
 
@@ -78,9 +81,16 @@ class Staging:
     (`placed`: its answer, or the error that stopped it), and whether the helper, which holds
     the volume, is removed (`released`: the volume can go only after)."""
 
-    def __init__(self, volume: str) -> None:
+    def __init__(self, volume: str, system: str = "", forks: Sequence[str] = ()) -> None:
+        """`system`: the host path of the (empty) writable layer of the container the base's
+        image is committed from, where the helper lays the system tree down too, and `forks`
+        the sandboxes whose directories it makes in the base: the base is then whole when the
+        helper answers (at the export's end), not when the engine's stream of the copies
+        ends (bases.py: `DockerBases.prepare`)."""
         loop = asyncio.get_running_loop()
         self.volume = volume
+        self.system = system
+        self.forks = list(forks)
         self.placed: asyncio.Future[dict[str, Any] | Exception] = loop.create_future()
         self.released: asyncio.Future[None] = loop.create_future()
 
@@ -89,6 +99,8 @@ class Staging:
             self.placed.set_result(answer)
 
     def release(self) -> None:
+        # The helper is gone: whoever waits for its word (a build) hears that it never came.
+        self.tell(DriverError("the export's helper went without saying how it laid the base"))
         if not self.released.done():
             self.released.set_result(None)
 
@@ -278,6 +290,8 @@ class DockerExports:
             carried = await self._carried(mounts)
             if into is not None:
                 mounts.append(Mount(INTO, into.volume, type="volume"))
+                if into.system:
+                    mounts.append(Mount(SYSTEM_INTO, into.system, type="bind"))
             state = attrs.get("State") or {}
             running = bool(state.get("Running")) and not state.get("Paused")
             starting = self._lane.start(
@@ -317,6 +331,8 @@ class DockerExports:
                 request["carried_file"] = f"/acs/carried/{CARRIED}"
             if into is not None:
                 request |= {"staging": f"{INTO}/staging", "ready": ready, "place": f"{INTO}/lower"}
+                if into.system:
+                    request |= {"place_system": SYSTEM_INTO, "forks": into.forks}
             answer = checked(await self._lane.run(lambda _: helper.ask(request)))
             log.debug("snapshot_helper_ready", **answer)
             held = (
@@ -396,6 +412,10 @@ class DockerExports:
         `into`, the stream ends once the helper has said how it laid the workspace down in the
         base volume and has removed its copies there (`_placed`)."""
         await self._lane.run(lambda _: list(helper.frames()))  # until the helper's Z
+        # The helper's word on what it laid down in the base comes while the engine streams
+        # the copies: heard then, and told at once (the base can be finished before the
+        # stream's end).
+        hearing = None if into is None else self._hear(helper, into)
         archive: _Staged | None = None
         staged: Iterator[FileEntry] = iter(())
         reading: IO[bytes] | None = None  # the file whose pieces come next, across batches
@@ -435,28 +455,48 @@ class DockerExports:
                 ahead = self._lane.start(batch) if items else None
                 for item in items:
                     yield item
-            await self._placed(helper, into)
+            await self._placed(helper, hearing)
         finally:
-            if ahead is not None:  # left early: the read ahead lands before the archive closes
-                await asyncio.gather(ahead, return_exceptions=True)
+            # Left early: the read ahead lands before the archive closes, and the helper's
+            # answer (or its end) is waited for, so that its conversation is not read by two
+            # threads (the helper goes right after).
+            waits = [f for f in (ahead, hearing) if f is not None and not f.done()]
+            await asyncio.gather(*waits, return_exceptions=True)
             if archive is not None:
                 await self._lane.run(lambda _: archive.close() if archive else None)
 
-    async def _placed(self, helper: Helper, into: Staging | None) -> None:
-        """The helper's word on the workspace it laid down in the base volume, once the
-        engine has read its copies (the whole archive), then its copies removed: told to
-        `into.placed`, whatever it is (a failure costs the base, never the snapshot). No
-        `into`: nothing to hear."""
-        if into is None:
+    def _hear(self, helper: Helper, into: Staging) -> asyncio.Future[dict[str, Any]]:
+        """The helper's word on the workspace (and system tree, and forks' directories) it
+        lays down in the base volume, read in the lane while the engine streams its copies;
+        told to `into.placed` as soon as it comes, whatever it is (a failure costs the base,
+        never the snapshot)."""
+        hearing = self._lane.start(lambda _: helper.read_json())
+
+        def heard(done: asyncio.Future[dict[str, Any]]) -> None:
+            if done.cancelled():
+                into.tell(DriverError("the staged workspace was not laid down: cancelled"))
+            elif done.exception() is not None:
+                into.tell(
+                    DriverError(f"the staged workspace was not laid down: {done.exception()}")
+                )
+            else:
+                into.tell(done.result())
+
+        hearing.add_done_callback(heard)
+        return hearing
+
+    async def _placed(self, helper: Helper, hearing: asyncio.Future[dict[str, Any]] | None) -> None:
+        """Once the engine has read the helper's copies (the whole archive) and the helper
+        said how it laid the base down (`_hear`), its copies removed: the count told to the
+        staging's answer. No `hearing`: nothing to hear."""
+        if hearing is None:
             return
         try:
-            placed = await self._lane.run(lambda _: helper.read_json())
+            placed = await hearing
             cleaned = await self._lane.run(lambda _: helper.ask({"op": "clean"}))
             placed["cleaned"] = cleaned.get("cleaned")
-        except Exception as exc:
-            into.tell(DriverError(f"the staged workspace was not laid down: {exc}"))
-            return
-        into.tell(placed)
+        except Exception as exc:  # told already (`_hear`), or the clean: the sweep's then
+            log.warning("snapshot_staging_not_cleaned", error=str(exc))
 
     async def _inspect(self, name: str) -> dict[str, Any]:
         def run(client: docker.DockerClient) -> dict[str, Any]:

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 import structlog
@@ -60,7 +60,7 @@ class DockerFiles:
         staging = None
         if local is not None:
             try:
-                staging = await self.bases.prepare(local.key, local.image)
+                staging = await self.bases.prepare(local.key, local.image, local.sandbox_ids)
             except DriverError as exc:
                 log.warning("snapshot_base_not_prepared", key=local.key, error=str(exc))
         try:
@@ -87,10 +87,12 @@ class DockerFiles:
         image: str,
         items: AsyncIterator[FileItem],
         sandbox_ids: Sequence[str] = (),
+        ready: Callable[[], None] | None = None,
     ) -> None:
         """The base of `key` for `image` (bases.py) from an export's stream, with the fork
-        directories of `sandbox_ids` made in its archive."""
-        await self.bases.build(key, image, items, sandbox_ids)
+        directories of `sandbox_ids` made with it; `ready` called once sandboxes can be made
+        from it (with the export's helper laying it down, before the stream's end)."""
+        await self.bases.build(key, image, items, sandbox_ids, ready)
 
     async def forget(self, key: str) -> None:
         await self.bases.forget(key)

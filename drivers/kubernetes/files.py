@@ -388,6 +388,7 @@ class KubeFiles:
         image: str,
         items: AsyncIterator[FileItem],
         sandbox_ids: Sequence[str] = (),
+        ready: Callable[[], None] | None = None,
     ) -> None:
         raise DriverError("the Kubernetes runtime keeps no shared copy of a snapshot's files")
 

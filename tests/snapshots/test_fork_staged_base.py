@@ -18,6 +18,7 @@ import pytest
 
 from controlplane import keys
 from drivers.base import WORKSPACE, FileEntry, FileItem, FileKind, LocalCopy
+from drivers.docker.bases import LABEL_BASE_IMAGE
 from drivers.docker.driver import DockerDriver
 from drivers.docker.files import LABEL_SNAPSHOT
 from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE
@@ -66,7 +67,11 @@ async def test_a_forks_base_is_the_snapshots_workspace_laid_down_once(
     # Laid down by the export's helper, every workspace entry (the root, the kept entries).
     (placed,) = logs.events("snapshot_base_placed")
     assert placed["placed"] == len(listed.splitlines()) + 1, placed
-    assert placed["cleaned"] >= len([line for line in listed.splitlines() if "|f|" in line])
+    # The system tree and the forks' directories too: the base was whole at the export's end.
+    assert placed["system"] >= 0, placed
+    assert placed["forks"] == 2, placed
+    (cleaned,) = logs.events("snapshot_base_cleaned")
+    assert cleaned["cleaned"] >= len([line for line in listed.splitlines() if "|f|" in line])
     assert logs.events("snapshot_base_not_prepared") == []
 
     made = {"label": [f"{LABEL_SNAPSHOT}={forked['snapshot']['id']}", f"{LABEL_ROLE}=base"]}
@@ -111,6 +116,49 @@ async def test_a_forks_base_is_the_snapshots_workspace_laid_down_once(
     # A fork writes its own copy: the base and the other fork keep theirs.
     await sh(docker_client, test_prefix, ids[0], "echo mine > /workspace/d/e/f")
     assert (await sh(docker_client, test_prefix, ids[1], "cat /workspace/d/e/f")) == "x\n"
+
+
+SYSTEM = (
+    "mkdir -p /opt/tool/bin && printf 'run' > /opt/tool/bin/t && chmod 4750 /opt/tool/bin/t"
+    " && chmod 0700 /opt/tool && ln -s bin/t /opt/tool/t && rm /etc/issue"
+    " && rm -rf /usr/share/doc && mkdir /usr/share/doc && echo n > /usr/share/doc/new"
+)
+SYSTEM_LOOK = (
+    "stat -c '%a %u %g %s' /opt/tool /opt/tool/bin/t && cat /opt/tool/bin/t && echo"
+    " && readlink /opt/tool/t && (test -e /etc/issue && echo issue || echo no-issue)"
+    " && ls -A /usr/share/doc"
+)
+
+
+async def test_a_forks_system_tree_is_laid_down_by_the_export(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    """What the agent changed outside the workspace (a file with set-id bits, an owner, a
+    link; a file of the image deleted: a whiteout; a directory of the image replaced: opaque)
+    is laid down by the export's helper in the layer the base's image is committed from, with
+    the forks' directories, so the base is whole at the export's end (not the stream's): the
+    forks see the system tree as the source had it, the image's hidden files hidden."""
+    alice = await user_headers("alice")
+    source = (await running(snap, alice))["id"]
+    await sh(docker_client, test_prefix, source, SYSTEM, user="root")
+    seen = await sh(docker_client, test_prefix, source, SYSTEM_LOOK, user="root")
+    assert seen.splitlines()[-2:] == ["no-issue", "new"], seen
+    with capture_logs("info") as logs:
+        resp = await snap.post(f"/api/v1/sandboxes/{source}/fork", json={"count": 2}, headers=alice)
+        forked = await resp.json()
+        assert resp.status == 200, forked
+        ids = [s["id"] for s in forked["sandboxes"]]
+        for sandbox_id in ids:
+            await wait_status(snap, alice, sandbox_id, "RUNNING", within=90)
+    (placed,) = logs.events("snapshot_base_placed")
+    assert placed["system"] >= 5, placed  # opt, tool, bin, t, the link, the whiteout, doc...
+    assert placed["forks"] == 2, placed
+    (built,) = logs.events("snapshot_base_built")
+    assert built["staged"] is True, built
+    (forked_event,) = logs.events("sandbox_forked")
+    assert forked_event["ahead"] is True, forked_event
+    for sandbox_id in ids:
+        assert await sh(docker_client, test_prefix, sandbox_id, SYSTEM_LOOK, user="root") == seen
 
 
 DEPTH = 30
@@ -297,3 +345,45 @@ async def test_a_base_built_again_waits_for_the_helper_of_a_failed_staged_build(
         await bases.forget(key)
     made = {"label": f"{LABEL_SNAPSHOT}={key}"}
     assert docker_client.volumes.list(filters=made) == []
+
+
+async def test_a_base_whose_image_is_still_run_keeps_its_volume(
+    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+) -> None:
+    """The last fork of a base goes while a container (not a sandbox of ours) still runs the
+    base's image: the engine refuses the image's removal (409), so the base's volume stays
+    too (an image without its lower/ would be a base no sandbox can stand on); once that
+    container goes, the next release removes both."""
+    alice = await user_headers("alice")
+    source = (await running(snap, alice))["id"]
+    await sh(docker_client, test_prefix, source, "echo kept > /workspace/f")
+    resp = await snap.post(f"/api/v1/sandboxes/{source}/fork", json={"count": 1}, headers=alice)
+    forked = await resp.json()
+    assert resp.status == 200, forked
+    (fork,) = [s["id"] for s in forked["sandboxes"]]
+    await wait_status(snap, alice, fork, "RUNNING", within=90)
+    made = {"label": [f"{LABEL_SNAPSHOT}={forked['snapshot']['id']}", f"{LABEL_ROLE}=base"]}
+    (volume,) = docker_client.volumes.list(filters=made)
+    image = str(volume.attrs["Labels"][LABEL_BASE_IMAGE])
+    holding = await asyncio.to_thread(
+        docker_client.containers.create,
+        image,
+        ["true"],
+        entrypoint="sh",
+        name=f"{test_prefix}holds-{secrets.token_hex(4)}",
+        network_disabled=True,
+    )
+    try:
+        gone = await snap.delete(f"/api/v1/sandboxes/{fork}", headers=alice)
+        assert gone.status == 200, await gone.text()
+        driver = snap.app[keys.DRIVER]
+        assert isinstance(driver, DockerDriver)
+        await driver.files.bases.release(volume.name)
+        assert [v.name for v in docker_client.volumes.list(filters=made)] == [volume.name]
+        assert docker_client.images.get(image) is not None
+    finally:
+        await asyncio.to_thread(holding.remove, force=True)
+    await driver.files.bases.release(volume.name)
+    assert docker_client.volumes.list(filters=made) == []
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker_client.images.get(image)

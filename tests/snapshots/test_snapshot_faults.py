@@ -25,6 +25,7 @@ from tests.support.live_server import Api, free_port
 from tests.support.registry_server import RegistryServer
 from tests.support.serve_process import Serve, launch_serve, serve_env
 from tests.support.snapshot_helpers import container, sh
+from tests.support.tcp_relay import TcpRelay
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 CHURN = (
@@ -316,3 +317,74 @@ async def test_killed_while_a_forks_copy_is_built(
 
     await until("fork RUNNING", fork_running, within=120)
     assert (await sh(docker_client, test_prefix, fork, "cat /workspace/mark")) == "kept\n"
+
+
+async def test_killed_after_the_forks_started_before_their_snapshot_is_stored(
+    faulty_server: Server,
+    clean: Check,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
+    registry: RegistryServer,
+) -> None:
+    """The forks start on their base while the store seals the snapshot: killed then (the
+    store holding the snapshot's upload), the snapshot is never listed, and the collector of
+    the next control plane withdraws the forks with it: no fork left, the source as it was."""
+    host, port = registry.url.removeprefix("http://").rsplit(":", 1)
+    relay = TcpRelay(host, int(port))
+    await relay.start()
+    try:
+        faulty_server.env["ACS_SNAPSHOT_STORE_URL"] = relay.url
+        api = await faulty_server.start()
+        source = await running(api)
+        await sh(
+            docker_client,
+            test_prefix,
+            source,
+            "echo kept > /workspace/mark; head -c 3000000 /dev/urandom > /workspace/big",
+        )
+        relay.stall_after(64 * 1024)  # the snapshot's pack is held: it cannot be sealed
+        forking = asyncio.create_task(
+            api.call("POST", f"/api/v1/sandboxes/{source}/fork", json={"count": 3})
+        )
+
+        async def forks_recorded() -> bool:
+            page = await api.ok("GET", "/api/v1/sandboxes/search")
+            return len(page["items"]) == 4
+
+        await until("the forks recorded", forks_recorded, within=90)
+        assert relay.stalled.is_set()
+        await faulty_server.kill()
+        await asyncio.gather(forking, return_exceptions=True)
+        relay.cut()  # what it held goes nowhere
+        relay.restore()
+        api = await faulty_server.start()
+
+        async def withdrawn() -> bool:
+            page = await api.ok("GET", "/api/v1/sandboxes/search")
+            return [s["id"] for s in page["items"]] == [source]
+
+        await until("the forks withdrawn", withdrawn, within=60)
+        code, page = await api.call("GET", "/api/v1/snapshots/search")
+        assert code == 200
+        assert page["items"] == []
+        assert await status_of(api, source) == "RUNNING"
+        assert not container(docker_client, test_prefix, source).attrs["State"]["Paused"]
+        assert (await sh(docker_client, test_prefix, source, "cat /workspace/mark")) == "kept\n"
+        await until("collected", clean, within=30)
+        sandboxes = docker_client.containers.list(
+            all=True, filters={"label": f"acs.prefix={test_prefix}"}
+        )
+        assert [c.name for c in sandboxes] == [f"{test_prefix}{source}"]
+        # What the killed export left on the engine (its helper, holding the forks' base) goes
+        # with a sweep (the collector's, for objects older than ten minutes; here at once).
+        driver = DockerDriver(prefix=test_prefix)
+        try:
+            await driver.files.sweep(0)
+            leftovers = docker_client.containers.list(
+                all=True, filters={"label": f"acs.files_prefix={test_prefix}"}
+            )
+            assert leftovers == []
+        finally:
+            await driver.close()
+    finally:
+        await relay.close()

@@ -2,7 +2,8 @@
 closed at once and new ones are refused until restored. Stands for a network fault between one
 replica and Redis (the connection breaks, reconnects fail, then succeed again) while the other
 replicas keep their own connections. TcpRelay: the same to a TCP server, which can also cut
-itself in the middle of what is sent (a snapshot store lost during an upload)."""
+itself in the middle of what is sent (a snapshot store lost during an upload), or hold what is
+sent past a budget until cut (a store that stops answering in the middle of an upload)."""
 
 from __future__ import annotations
 
@@ -76,12 +77,20 @@ class UnixRelay:
             while chunk := await source.read(65536):
                 if upstream and not self._spend(len(chunk)):
                     return
+                if upstream:
+                    await self._held(len(chunk))
+                    if not self.open:
+                        return
                 sink.write(chunk)
                 await sink.drain()
 
     def _spend(self, size: int) -> bool:
         """Whether `size` more bytes may go upstream (always, but for TcpRelay's budget)."""
         return True
+
+    async def _held(self, size: int) -> None:
+        """Wait while `size` more bytes may not go upstream yet (never, but for TcpRelay's
+        stall)."""
 
 
 class TcpRelay(UnixRelay):
@@ -92,6 +101,9 @@ class TcpRelay(UnixRelay):
         super().__init__("")
         self._upstream = (host, port)
         self._budget: int | None = None
+        self._stall: int | None = None
+        self._released = asyncio.Event()
+        self.stalled = asyncio.Event()  # set once something is held by `stall_after`
 
     @property
     def url(self) -> str:
@@ -101,9 +113,29 @@ class TcpRelay(UnixRelay):
         """Cut every connection (and refuse new ones) once `size` more bytes went upstream."""
         self._budget = size
 
+    def stall_after(self, size: int) -> None:
+        """Hold what goes upstream once `size` more bytes went, until `cut` (or `restore`)."""
+        self._stall = size
+        self._released.clear()
+        self.stalled.clear()
+
+    def cut(self) -> None:
+        super().cut()
+        self._released.set()
+
     def restore(self) -> None:
         self._budget = None
+        self._stall = None
+        self._released.set()
         super().restore()
+
+    async def _held(self, size: int) -> None:
+        if self._stall is None:
+            return
+        self._stall -= size
+        if self._stall < 0:
+            self.stalled.set()
+            await self._released.wait()
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         return await asyncio.open_connection(*self._upstream)
