@@ -18,7 +18,8 @@ On a private redis-server (no Docker, no control plane process), two parts:
   (what the bucket adds: other trigrams' conversations), the candidates the script keeps (its
   indexed-title check), and the time of one call of the candidates' script (`title_candidates`,
   no limit: the count's read) against v1's read on the same Redis (SINTER of the trigram's set
-  and SMEMBERS of the cut set, one pipeline), p50 / p99 over `--repeat` calls each.
+  and SMEMBERS of the cut set, one pipeline): p50 / p99 over `--repeat` calls each, and Redis's
+  own time a call (INFO commandstats: what the call keeps other clients waiting).
 
 Exit status: 0 when the tables were printed, 1 on an error. No target: the numbers go to
 docs/conversations.md and bench/README.md.
@@ -216,16 +217,21 @@ class TitleIndexBench:
         for gram in picks:
             kept = await indexes.title_candidates(user, gram) or []
             size = int(await redis.scard(keyspace.user_title_buckets(user) + bucket(gram)))
+            await redis.config_resetstat()
             for _ in range(self.options.repeat):
                 started = time.perf_counter()
                 await indexes.title_candidates(user, gram)
                 self.samples.add(f"{user}.{gram}.v2", time.perf_counter() - started)
+            v2_server = await _server_usec(redis, ("evalsha",))
+            await redis.config_resetstat()
+            for _ in range(self.options.repeat):
                 started = time.perf_counter()
                 async with redis.pipeline(transaction=False) as pipe:
                     pipe.sinter([keyspace.user_title_trigrams_v1(user) + gram])
                     pipe.smembers(cut)
                     await pipe.execute()
                 self.samples.add(f"{user}.{gram}.v1", time.perf_counter() - started)
+            v1_server = await _server_usec(redis, ("sinter", "smembers"))
             self.queries.append(
                 {
                     "user": user,
@@ -235,8 +241,10 @@ class TitleIndexBench:
                     "kept": len(kept),
                     "v2_p50": self.samples.p(f"{user}.{gram}.v2", 50),
                     "v2_p99": self.samples.p(f"{user}.{gram}.v2", 99),
+                    "v2_server": v2_server / self.options.repeat,
                     "v1_p50": self.samples.p(f"{user}.{gram}.v1", 50),
                     "v1_p99": self.samples.p(f"{user}.{gram}.v1", 99),
+                    "v1_server": v1_server / self.options.repeat,
                 }
             )
 
@@ -257,14 +265,16 @@ class TitleIndexBench:
             "",
             f"3-character queries, {self.options.query_conversations} conversations of one user "
             f"(titles of words); candidates' read p50 / p99 ms, {self.options.repeat} calls",
+            "(then Redis's own time a call, ms: INFO commandstats)",
             f"{'titles':<8}{'query':<8}{'holding':>9}{'bucket':>8}{'kept':>6}"
-            f"{'buckets (now)':>20}{'v1 (SINTER+SMEMBERS)':>24}",
+            f"{'buckets (now)':>22}{'v1 (SINTER+SMEMBERS)':>24}",
         ]
         for q in self.queries:
+            now = f"{ms(q['v2_p50'])} / {ms(q['v2_p99'])}, {q['v2_server'] / 1000:.2f}"
+            before = f"{ms(q['v1_p50'])} / {ms(q['v1_p99'])}, {q['v1_server'] / 1000:.2f}"
             lines.append(
                 f"{q['user']:<8}{q['query']!r:<8}{q['holding']:>9}{q['bucket']:>8}{q['kept']:>6}"
-                f"{ms(q['v2_p50']) + ' / ' + ms(q['v2_p99']):>20}"
-                f"{ms(q['v1_p50']) + ' / ' + ms(q['v1_p99']):>24}"
+                f"{now:>22}{before:>24}"
             )
         return lines
 
@@ -276,6 +286,12 @@ class TitleIndexBench:
 
     def results(self) -> Any:
         return {"memory": self.memory, "queries": self.queries}
+
+
+async def _server_usec(redis: aioredis.Redis, commands: tuple[str, ...]) -> float:
+    """Microseconds Redis spent in these commands since the last CONFIG RESETSTAT."""
+    stats = await redis.info("commandstats")
+    return float(sum(stats.get(f"cmdstat_{c}", {}).get("usec", 0) for c in commands))
 
 
 async def _usage(redis: aioredis.Redis, keys: list[str]) -> int:

@@ -212,10 +212,13 @@ if ARGV[2] ~= '' then
   local inter = redis.call(unpack(args))
   if inter + redis.call('SCARD', KEYS[2]) > most then return false end
 end
-local out = {}
-for _, id in ipairs(redis.call('SINTER', unpack(buckets))) do
-  local title = redis.call('HGET', KEYS[1], id)
-  if not title or string.find(title, ARGV[1], 1, true) then out[#out + 1] = id end
+local ids, out = redis.call('SINTER', unpack(buckets)), {}
+for first = 1, #ids, 500 do
+  local chunk = {}
+  for i = first, math.min(first + 499, #ids) do chunk[#chunk + 1] = ids[i] end
+  for i, title in ipairs(redis.call('HMGET', KEYS[1], unpack(chunk))) do
+    if not title or string.find(title, ARGV[1], 1, true) then out[#out + 1] = chunk[i] end
+  end
 end
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do out[#out + 1] = id end
 return out
