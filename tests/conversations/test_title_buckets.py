@@ -1,8 +1,9 @@
 """The trigram index's buckets (issue 30, review finding: a key per trigram let titles of
 trigrams no other title holds cost ~50 KB a conversation). A user holds at most 4,096 keys of
-the index whatever the titles; a query stays exact where other trigrams share its buckets (the
-candidates' script drops them on their indexed title); and the index of v1, a set per trigram,
-is removed by the migration and by the first request that finds an older replica's v1 keys."""
+the index whatever the titles; a query stays exact where other trigrams share its buckets
+(dropped on their indexed title before any record is read); and the index of v1, a set per
+trigram, is removed by the migration and by the first request that finds an older replica's v1
+keys."""
 
 from __future__ import annotations
 
@@ -121,8 +122,8 @@ async def test_a_query_stays_exact_where_other_trigrams_share_its_buckets(
     index_client: Client, raw_redis: aioredis.Redis, user_headers: UserHeaders
 ) -> None:
     """Titles whose trigrams share the query's bucket (and, for a longer query, all of its
-    buckets) without holding the query are in the buckets' intersection: the candidates'
-    script drops them on their indexed title, no record read, and the answers are exact."""
+    buckets) without holding the query are in the buckets' intersection: they are dropped on
+    their indexed title, no record read, and the answers are exact."""
     client, store = index_client, ConversationStore(raw_redis)
     ivy = await user_headers("ivy")
     near = colliders("qzx", 3)
