@@ -16,6 +16,7 @@ from datetime import timedelta
 import pytest
 import redis.asyncio as aioredis
 
+from controlplane.conversations import indexes as indexes_module
 from controlplane.conversations.indexes import (
     BUCKET_DIGITS,
     NAME,
@@ -119,7 +120,10 @@ def colliders(gram: str, n: int) -> list[str]:
 
 
 async def test_a_query_stays_exact_where_other_trigrams_share_its_buckets(
-    index_client: Client, raw_redis: aioredis.Redis, user_headers: UserHeaders
+    index_client: Client,
+    raw_redis: aioredis.Redis,
+    user_headers: UserHeaders,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Titles whose trigrams share the query's bucket (and, for a longer query, all of its
     buckets) without holding the query are in the buckets' intersection: they are dropped on
@@ -153,12 +157,37 @@ async def test_a_query_stays_exact_where_other_trigrams_share_its_buckets(
         keyspace.user_conversation_titles("ivy"), ids[titles[0]], titles[0].lower()
     )
     records = await records_of(store, "ivy")
+    await assert_exact(client, ivy, records, near, near_w)
+    # Of more than SAMPLE candidates, a sample's titles are read first: with few strangers in
+    # it, the rest are kept unread (their records decide), else every title is read.
+    monkeypatch.setattr(indexes_module, "SAMPLE", 2)
+    monkeypatch.setattr(indexes_module, "STRANGERS", 2.0)  # always few: the rest unread
+    loose = await indexes.title_candidates("ivy", "qzx") or []
+    assert set(holding) < set(loose)
+    assert len(loose) >= len(in_bucket) - 2  # the sample's strangers dropped, no more
+    await assert_exact(client, ivy, records, near, near_w)
+    monkeypatch.setattr(indexes_module, "STRANGERS", 0.0)  # never few: every title read
+    assert await indexes.title_candidates("ivy", "qzx") == sorted(holding)
+
+
+async def assert_exact(
+    client: Client,
+    headers: dict[str, str],
+    records: list[AppConversationInfo],
+    near: list[str],
+    near_w: list[str],
+) -> None:
     for needle in ("qzx", "QZXW", "zxw", "xqzx", near[0], f"{near[1]}-{near_w[1]}"):
         want = brute(records, "CREATED_AT", needle)
-        assert await count(client, ivy, title__contains=needle) == len(want), needle
+        assert await count(client, headers, title__contains=needle) == len(want), needle
         for order in ORDERS:
             seen = await pages(
-                client, ivy, f"{BASE}/search", title__contains=needle, limit="2", sort_order=order
+                client,
+                headers,
+                f"{BASE}/search",
+                title__contains=needle,
+                limit="2",
+                sort_order=order,
             )
             assert seen == brute(records, order, needle), (needle, order)
 
