@@ -38,7 +38,7 @@ first) from a creation time (half of them after it), and the first page and coun
 word that RARE titles hold; then `max(1, 20 // C)` conversation deletes a client (each with its
 one start task; extra records, so the level's count stays). Raw beside it: the start tasks'
 first page read by hand (ZRANGE 21 + one MGET), the count from the time (one ZCOUNT of the index
-by creation) and the rare word (SINTER of its trigrams' sets + one MGET); then the bytes a
+by creation) and the rare word (SINTER of its trigrams' buckets + one MGET); then the bytes a
 conversation of the trigram index and of the index by creation (MEMORY USAGE). `--server PATH`
 runs another build's `controlplane` (a before, on the same records).
 
@@ -73,7 +73,7 @@ from docker.errors import APIError, NotFound
 
 from bench.common import REPO, BenchError, Samples, main_of, ms, process_cpu, serve_env
 from controlplane.auth.service import ApiKeyService
-from controlplane.conversations.indexes import trigrams
+from controlplane.conversations.indexes import buckets
 from controlplane.conversations.models import (
     AppConversationInfo,
     AppConversationStartRequest,
@@ -509,15 +509,15 @@ class CurvesBench:
         await self.redis.zcount(key, micros(self.middle), "+inf")
 
     async def raw_title(self, n: int) -> None:
-        """The one user's rare title, by hand: the SINTER of its trigrams' sets, one MGET of
-        what it holds."""
-        prefix = keyspace.user_title_trigrams(ONE_USER)
-        ids = await self.redis.sinter([prefix + g for g in sorted(trigrams("unusual"))])
+        """The one user's rare title, by hand: the SINTER of its trigrams' buckets, one MGET
+        of what it holds."""
+        prefix = keyspace.user_title_buckets(ONE_USER)
+        ids = await self.redis.sinter([prefix + b for b in sorted(buckets("unusual"))])
         if ids:
             await self.redis.mget([keyspace.conversation(text(i)) for i in ids])
 
     async def index_memory(self) -> tuple[int, int, int]:
-        """Bytes (MEMORY USAGE) of the one user's trigram index (every trigram's set, the
+        """Bytes (MEMORY USAGE) of the one user's trigram index (every bucket's set, the
         titles hash, the cut set) and index by creation, and their number of conversations."""
         total = 0
         keys = [
@@ -525,7 +525,7 @@ class CurvesBench:
             keyspace.user_cut_titles(ONE_USER),
         ]
         async for key in self.redis.scan_iter(
-            match=keyspace.user_title_trigrams(ONE_USER) + "*", count=1000
+            match=keyspace.user_title_buckets(ONE_USER) + "*", count=1000
         ):
             keys.append(text(key))
         for key in keys:
@@ -634,7 +634,7 @@ class CurvesBench:
             ("DELETE a conversation", "conv_delete"),
             ("  raw: ZRANGE 21 + MGET 21 tasks", "raw_tasks"),
             ("  raw: ZCOUNT by creation", "raw_zcount"),
-            (f"  raw: SINTER 5 trigrams + MGET {RARE}", "raw_title"),
+            ("  raw: SINTER 5 buckets + MGET", "raw_title"),
         ]
         lines += self.rows(levels, rows, [name for _, name in rows[:-3]])
         lines.append(

@@ -4,21 +4,28 @@ every record of a user:
 - by creation (`user_conversations_by_creation`, scored by `created_at`): a count from a
   creation time is one ZCOUNT, and the created-at orders within creation bounds page it
   (client-chosen ids say nothing of when a conversation was made);
-- by the trigrams of titles (`user_title_trigrams`: a set of ids per trigram of a lowercased
-  title, with `user_conversation_titles`, the title each id is indexed under, and
-  `user_cut_titles`, the ids whose title is longer than the index holds): a title search of at
-  least three characters intersects its trigrams' sets, smallest first, and checks each
-  candidate's record, so the answer is exact.
+- by the trigrams of titles (`user_title_buckets`: a set of ids per bucket of trigrams of a
+  lowercased title, a bucket being the first BUCKET_DIGITS hex digits of the trigram's SHA-1,
+  with `user_conversation_titles`, the title each id is indexed under, and `user_cut_titles`,
+  the ids whose title is longer than the index holds): a title search of at least three
+  characters intersects its trigrams' buckets, smallest first, keeps the ids whose indexed
+  title holds the query (their titles read from the hash) and checks each candidate's record,
+  so the answer is exact. Buckets, not a key per trigram: a user holds at most 4,096 keys of
+  the index whatever the titles (a key per trigram let titles of trigrams no other title holds
+  cost ~50 KB a conversation).
 
 Each is written in the script or transaction that writes the record (`queue_write`,
 `queue_delete`; the create script of store.py runs RETITLE_LUA itself). Records written before
-the indexes existed are put in them once per deployment in the background (`migrate`,
-`conversation-indexes-v1` in `acs:migrations`, under a lock), and a user's are put right by the
-first request that finds them out of step with the user's index of ids (`ensure`): a record
-written by an older replica during a rolling upgrade.
+the indexes existed, or indexed by trigram by `conversation-indexes-v1`, are put in them once per
+deployment in the background (`migrate`, `conversation-indexes-v2` in `acs:migrations`, under a
+lock; each owner's keys of v1 removed, `drop_v1`), and a user's are put right by the first
+request that finds them out of step with the user's index of ids (`ensure`): a record written by
+an older replica during a rolling upgrade (whose v1 keys that request removes too).
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import redis.asyncio as aioredis
 import structlog
@@ -31,12 +38,32 @@ from controlplane.store.paging import DROP_STRAYS, PAGE_IN_RANGE, micros, page_b
 
 log = structlog.get_logger(__name__)
 
-NAME = "conversation-indexes-v1"
+NAME = "conversation-indexes-v2"
 """This migration's name in `acs:migrations`."""
 BATCH = 500
 """Records read per round trip by a rebuild (the migration's batches: store/index_migration.py)."""
 RETRY = 15.0
 """Seconds between tries of a migration that Redis interrupted."""
+DROP_BATCH = 50
+"""Ids of the v1 titles hash whose trigram keys one script takes them out of (at most 198 SREMs
+each: ~10,000 commands, a few milliseconds of Redis, a script)."""
+
+FILTER_BATCH = 500
+"""Titles read a command by `holding` (one pipeline)."""
+SAMPLE = 200
+"""Candidates whose titles `holding` reads first, of more: how many lack the query."""
+STRANGERS = 0.15
+"""The share of a sample lacking the query from which every candidate's title is read: a title
+costs ~2 us of Redis and ~1 of Python, a record read for nothing ~3 and ~15 (bench/
+title_index.py, the count's MGETs), so reading every title pays from ~17 % of strangers. A
+common query's candidates are few strangers (a bucket adds its ~n x t / 4,096 to thousands)."""
+
+BUCKET_DIGITS = 3
+"""Hex digits of a trigram's SHA-1 that name its bucket: 16**3 = 4,096 keys a user at most.
+A 3-character query's bucket holds, beside its own, the conversations of every other trigram in
+it: about (the user's memberships) / 4,096, i.e. n x t / 4,096 for n titles of t trigrams each
+(~400 at 10,000 titles of 165), dropped on their indexed title (`holding`) before any record is
+read. More digits: fewer of them, up to 16 times the keys."""
 
 TRIGRAM_CHARS = 200
 """Characters of a lowercased title the trigram index holds: every title the API writes is at
@@ -49,29 +76,48 @@ MIN_QUERY = 3
 """Characters (lowercased) a title query needs to be answered by the trigram index; a shorter
 one has no trigram and reads the user's index by title (store.py `title_candidates`)."""
 
-# The trigram index's change of one conversation, inlined in the scripts that write records.
-# retitle(hash, cut, prefix, id, title or false, long, force): the trigrams of the title the
-# hash holds for `id` that the new title (false: the conversation is gone) lacks are taken out,
-# the new ones put in (all of them when `force`: a rebuild), the hash and the set of cut
-# titles set. A character is a UTF-8 sequence (a lead byte and its continuation bytes), as
-# Python's are code points: both cut a title into the same trigrams.
-RETITLE_LUA = r"""
+# The trigrams of a title: a character is a UTF-8 sequence (a lead byte and its continuation
+# bytes), as Python's are code points: both cut a title into the same trigrams.
+GRAMS_LUA = r"""
 local function grams(s)
   local chars, out = {}, {}
   for c in string.gmatch(s, "[%z\1-\127\194-\244][\128-\191]*") do chars[#chars + 1] = c end
   for i = 1, #chars - 2 do out[chars[i] .. chars[i + 1] .. chars[i + 2]] = true end
   return out
 end
+"""
+
+# The trigram index's change of one conversation, inlined in the scripts that write records.
+# retitle(hash, cut, prefix, id, title or false, long, force): the buckets of the title the
+# hash holds for `id` that the new title (false: the conversation is gone) lacks are taken out,
+# the new ones put in (all of them when `force`: a rebuild), the hash and the set of cut
+# titles set. A bucket is the first BUCKET_DIGITS hex digits of the SHA-1 of a trigram's UTF-8
+# bytes (Python's `bucket`). A write that keeps the indexed title (most writes: a status, the
+# metrics) touches no bucket.
+RETITLE_LUA = (
+    GRAMS_LUA
+    + """
+local function buckets(s)
+  local out = {}
+  for g in pairs(grams(s)) do out[string.sub(redis.sha1hex(g), 1, """
+    + str(BUCKET_DIGITS)
+    + """)] = true end
+  return out
+end
 local function retitle(hash, cut, prefix, id, title, long, force)
   local old = redis.call('HGET', hash, id)
-  local before, after = {}, {}
-  if old then before = grams(old) end
-  if title then after = grams(title) end
-  for g in pairs(before) do
-    if not after[g] then redis.call('SREM', prefix .. g, id) end
+  if title and not force and old == title then
+    if long then redis.call('SADD', cut, id) else redis.call('SREM', cut, id) end
+    return
   end
-  for g in pairs(after) do
-    if force or not before[g] then redis.call('SADD', prefix .. g, id) end
+  local before, after = {}, {}
+  if old then before = buckets(old) end
+  if title then after = buckets(title) end
+  for b in pairs(before) do
+    if not after[b] then redis.call('SREM', prefix .. b, id) end
+  end
+  for b in pairs(after) do
+    if force or not before[b] then redis.call('SADD', prefix .. b, id) end
   end
   if title then
     redis.call('HSET', hash, id, title)
@@ -82,8 +128,9 @@ local function retitle(hash, cut, prefix, id, title, long, force)
   end
 end
 """
+)
 
-# KEYS: the user's titles hash, set of cut titles, trigram prefix. ARGV: (id, title, '1' when
+# KEYS: the user's titles hash, set of cut titles, bucket prefix. ARGV: (id, title, '1' when
 # cut ('-': the id is taken out), guard) quadruples. Guard '': none (the caller's transaction
 # writes the record); '!': only if the record is gone; else the record's `updated_at` as read:
 # only if the record still holds it (a rebuild's and the migration's read), so that an older
@@ -157,6 +204,26 @@ _INDEX_BY_CREATION = index_by_score_lua(keyspace.USER_CONVERSATIONS_BY_CREATION)
 _DROP = "-"
 """The cut argument of _RETITLE that takes an id out."""
 
+# KEYS: a user's v1 titles hash, v1 trigram prefix. ARGV: ids. Each id the hash holds is taken
+# out of its title's trigram sets and the hash (a set or the hash left empty is gone): v1's
+# writers kept each id's sets to its title in the hash, so nothing of it is left, and an older
+# replica's v1 write between two scripts is whole in both (taken out by a later call).
+_DROP_V1 = (
+    GRAMS_LUA
+    + """
+local dropped = 0
+for _, id in ipairs(ARGV) do
+  local title = redis.call('HGET', KEYS[1], id)
+  if title then
+    for g in pairs(grams(title)) do redis.call('SREM', KEYS[2] .. g, id) end
+    redis.call('HDEL', KEYS[1], id)
+    dropped = dropped + 1
+  end
+end
+return dropped
+"""
+)
+
 
 def indexed_title(info: AppConversationInfo) -> tuple[str, bool]:
     """The title the trigram index holds for `info` (lowercased, at most TRIGRAM_CHARS
@@ -170,12 +237,24 @@ def trigrams(lowered: str) -> set[str]:
     return {lowered[i : i + 3] for i in range(len(lowered) - 2)}
 
 
+def bucket(gram: str) -> str:
+    """The bucket of a trigram: the first BUCKET_DIGITS hex digits of the SHA-1 of its UTF-8
+    bytes, as RETITLE_LUA's `redis.sha1hex` names it (an even spread, not a secret)."""
+    digest = hashlib.sha1(gram.encode(), usedforsecurity=False).hexdigest()
+    return digest[:BUCKET_DIGITS]
+
+
+def buckets(lowered: str) -> set[str]:
+    """The buckets of the trigrams of an already lowercased string."""
+    return {bucket(g) for g in trigrams(lowered)}
+
+
 def title_keys(owner: str) -> list[str]:
     """KEYS of _RETITLE (and of the create script's retitle) for the owner."""
     return [
         keyspace.user_conversation_titles(owner),
         keyspace.user_cut_titles(owner),
-        keyspace.user_title_trigrams(owner),
+        keyspace.user_title_buckets(owner),
     ]
 
 
@@ -189,6 +268,7 @@ class ConversationIndexes:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
         self._retitle = redis.register_script(_RETITLE)
+        self._drop_v1 = redis.register_script(_DROP_V1)
         self._index_by_creation = redis.register_script(_INDEX_BY_CREATION)
         self._drop_strays = redis.register_script(DROP_STRAYS)
         self._page = redis.register_script(PAGE_IN_RANGE)
@@ -265,35 +345,73 @@ class ConversationIndexes:
         self, owner: str, needle: str, most: int | None = None
     ) -> list[str] | None:
         """The ids of the owner's conversations whose title may contain `needle` (lowercased,
-        at least MIN_QUERY characters): those in every set of its trigrams (SINTER, which
-        walks the smallest set and looks each id up in the others) and those whose title the
-        index cut. None when more than `most` would be (the caller reads its order's index
-        instead): SINTERCARD stops counting there."""
-        keys = [keyspace.user_title_trigrams(owner) + g for g in sorted(trigrams(needle))]
+        at least MIN_QUERY characters): those in every bucket of its trigrams (SINTER, which
+        walks the smallest set and looks each id up in the others) whose indexed title holds
+        it (`holding`), and those whose title the index cut. None when the buckets and the
+        cut titles hold more than `most` (the caller reads its order's index instead):
+        SINTERCARD stops counting there."""
+        prefix = keyspace.user_title_buckets(owner)
+        keys = [prefix + b for b in sorted(buckets(needle))]
+        cut = keyspace.user_cut_titles(owner)
         if most is not None:
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.execute_command("SINTERCARD", len(keys), *keys, "LIMIT", most + 1)
-                pipe.scard(keyspace.user_cut_titles(owner))
-                inter, cut = await pipe.execute()
-            if int(inter) + int(cut) > most:
+                pipe.scard(cut)
+                inter, cut_count = await pipe.execute()
+            if int(inter) + int(cut_count) > most:
                 return None
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.sinter(keys)
-            pipe.smembers(keyspace.user_cut_titles(owner))
+            pipe.smembers(cut)
             found, cut_ids = await pipe.execute()
-        return sorted({text(i) for i in found} | {text(i) for i in cut_ids})
+        held = await self.holding(owner, sorted({text(i) for i in found}), needle)
+        return sorted(set(held) | {text(i) for i in cut_ids})
+
+    async def holding(self, owner: str, ids: list[str], needle: str) -> list[str]:
+        """Those of `ids` whose title in the owner's titles hash holds `needle` (an id the hash
+        lacks is kept: its record decides), where that is worth reading their titles: the ids
+        a bucket shares with the query only by their trigrams' hash dropped, no record read.
+        Of more than SAMPLE ids, SAMPLE spread over them are checked first; when fewer than
+        STRANGERS of those lack the query, the rest are kept unread (their records, read next,
+        cost less than every title would)."""
+        if len(ids) > SAMPLE:
+            step = len(ids) / SAMPLE
+            sample = [ids[int(n * step)] for n in range(SAMPLE)]
+            kept = await self._titles_hold(owner, sample, needle)
+            if len(sample) - len(kept) < STRANGERS * len(sample):
+                dropped = set(sample).difference(kept)
+                return [i for i in ids if i not in dropped]
+        return await self._titles_hold(owner, ids, needle)
+
+    async def _titles_hold(self, owner: str, ids: list[str], needle: str) -> list[str]:
+        """Those of `ids` whose indexed title holds `needle`, or that the hash lacks: one round
+        trip (HMGET, FILTER_BATCH ids a command), checked here. In Python, not in a script: a
+        script doing it held Redis ~2 us an id (22 ms for 9,500, bench/title_index.py)."""
+        if not ids:
+            return []
+        key = keyspace.user_conversation_titles(owner)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for start in range(0, len(ids), FILTER_BATCH):
+                pipe.hmget(key, ids[start : start + FILTER_BATCH])
+            rows = await pipe.execute()
+        titles = [title for row in rows for title in row]
+        return [i for i, t in zip(ids, titles, strict=True) if t is None or needle in text(t)]
 
     # -- putting them right ------------------------------------------------------------------
 
     async def ensure(self, owner: str) -> None:
         """Rebuild the owner's indexes that hold another number of conversations than the
         owner's index of ids (one round trip when they are in step, as every writer of this
-        version keeps them)."""
+        version keeps them); first remove the owner's keys of v1, where an older replica wrote
+        some (the same round trip says so)."""
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.zcard(keyspace.user_conversations(owner))
             pipe.zcard(keyspace.user_conversations_by_creation(owner))
             pipe.hlen(keyspace.user_conversation_titles(owner))
-            listed, by_creation, titled = await pipe.execute()
+            pipe.exists(keyspace.user_conversation_titles_v1(owner))
+            listed, by_creation, titled, v1 = await pipe.execute()
+        if v1:
+            await self.drop_v1(owner)
         if listed == by_creation == titled:
             return
         raw = await self._redis.zrange(keyspace.user_conversations(owner), 0, -1)
@@ -320,11 +438,12 @@ class ConversationIndexes:
             await self._retitle(keys=title_keys(owner), args=args)
         log.info("conversation_indexes_rebuilt", user_id=owner, conversations=len(ids))
 
-    async def index(self, ids: list[str], owner: str | None = None) -> None:
+    async def index(self, ids: list[str], owner: str | None = None) -> set[str]:
         """Put the records of `ids` (the owner's only, when named) in their indexes as they
-        are now; each write is skipped where the record was written since it was read."""
+        are now; each write is skipped where the record was written since it was read. The
+        owners of the records indexed."""
         if not ids:
-            return
+            return set()
         rows = await self._redis.mget([keyspace.conversation(i) for i in ids])
         by_creation: list[str | int] = []
         titles: dict[str, list[str | int]] = {}
@@ -343,13 +462,41 @@ class ConversationIndexes:
             await self._index_by_creation(args=by_creation)
         for user, args in titles.items():
             await self._retitle(keys=title_keys(user), args=args)
+        return set(titles)
+
+    async def drop_v1(self, owner: str) -> int:
+        """Remove the owner's trigram index of `conversation-indexes-v1` (a set per trigram
+        and the titles hash whose titles name them), DROP_BATCH ids a script; the number of
+        ids taken out. An older replica still writing v1 during an upgrade adds to it again:
+        `ensure` calls this whenever the hash is there."""
+        hash_key = keyspace.user_conversation_titles_v1(owner)
+        keys = [hash_key, keyspace.user_title_trigrams_v1(owner)]
+        dropped = 0
+        batch: list[str] = []
+        async for field, _ in self._redis.hscan_iter(hash_key, count=DROP_BATCH):
+            batch.append(text(field))
+            if len(batch) >= DROP_BATCH:
+                dropped += int(await self._drop_v1(keys=keys, args=batch))
+                batch = []
+        if batch:
+            dropped += int(await self._drop_v1(keys=keys, args=batch))
+        log.info("conversation_trigrams_v1_dropped", user_id=owner, conversations=dropped)
+        return dropped
 
     async def migrate(self) -> bool:
-        """Every stored record in its indexes, once per deployment, by one replica at a time
-        (the others go on at once: `ensure` covers a user's records until this is done); safe
-        to run again and beside any write. True when this call applied it."""
+        """Every stored record in its indexes, and each of their owners' v1 trigram keys
+        removed, once per deployment, by one replica at a time (the others go on at once:
+        `ensure` covers a user's records until this is done); safe to run again and beside
+        any write. True when this call applied it."""
+        dropped: set[str] = set()
+
+        async def index_and_drop(ids: list[str]) -> None:
+            for owner in await self.index(ids) - dropped:
+                await self.drop_v1(owner)
+                dropped.add(owner)
+
         return await IndexMigration(
-            NAME, keyspace.conversation(""), self.index, "conversations", skip_nested=True
+            NAME, keyspace.conversation(""), index_and_drop, "conversations", skip_nested=True
         ).run(self._redis)
 
 

@@ -474,10 +474,10 @@ class ConversationService:
         """Newest first by default. Created-at orders page by id (within creation bounds: the
         index by creation, by (created_at, id)), updated-at orders by (updated_at, id) and
         title orders by (title, id), each reading about a page of records; a title filter of
-        at least MIN_QUERY characters whose trigrams name at most PAGE_BUDGET records places
-        those by the order's index and reads about a page of them; a search within a
-        sandbox's conversations (their own small set) sorts what it reads, with an opaque
-        offset."""
+        at least MIN_QUERY characters whose trigrams' buckets name at most PAGE_BUDGET records
+        places those whose indexed title holds it by the order's index and reads about a page
+        of them; a search within a sandbox's conversations (their own small set) sorts what it
+        reads, with an opaque offset."""
         order = query.sort_order
         owner = principal.user_id
         in_sandbox = await self._in_sandbox(principal, query.sandbox_id__eq)
@@ -790,10 +790,11 @@ class ConversationService:
         (updated-at or created-at), a ZCOUNT of the user's index by update or by creation
         (none reads a record); with both, the records of the narrower range; within a
         sandbox, its conversations that match; with a title filter of at least MIN_QUERY
-        characters, the records its trigrams' sets hold in common (indexes.py), of fewer, the
-        records the index by title says may match (its members are read, linear in the user's
-        conversations, a member's few bytes each). Records are read READ_BATCH a round trip
-        and each checked against every filter: the answer is exact."""
+        characters, the records its trigrams' buckets hold in common whose indexed title
+        holds it (indexes.py), of fewer, the records the index by title says may match (its
+        members are read, linear in the user's conversations, a member's few bytes each).
+        Records are read READ_BATCH a round trip and each checked against every filter: the
+        answer is exact."""
         owner = principal.user_id
         if owner is not None and filters == ConversationFilters():
             return await self.store.count_of(owner)

@@ -54,7 +54,7 @@ return 1
 
 # KEYS: owner key, record key, user's index, sandbox's index, status set, user's index by
 # update, user's index by title, user's index by creation, the user's titles hash, set of cut
-# titles and trigram prefix (indexes.py). ARGV: user id, id, record JSON, update score, title
+# titles and bucket prefix (indexes.py). ARGV: user id, id, record JSON, update score, title
 # member, creation score, indexed title, '1' when cut.
 _CREATE = (
     RETITLE_LUA

@@ -120,22 +120,41 @@ def user_conversations_by_creation(user_id: str) -> str:
 
 def user_conversation_titles(user_id: str) -> str:
     """Hash: conversation id -> its title as the user's trigram index holds it (lowercased, at
-    most conversations/trigrams.py TRIGRAM_CHARS characters; '' for none). The trigrams a
+    most conversations/indexes.py TRIGRAM_CHARS characters; '' for none). The buckets a
     conversation's next write takes out are this title's, whatever copy of the record the
-    writer held; its size against the user's index says the trigram index is in step."""
+    writer held; a title query drops the candidates whose title here lacks the query; its size
+    against the user's index says the trigram index is in step. (The index of the buckets: a
+    key of its own, not `user_conversation_titles_v1`'s, which older replicas still write
+    during an upgrade.)"""
+    return f"{PREFIX}:user:{user_id}:convs:trb_titles"
+
+
+def user_title_buckets(user_id: str) -> str:
+    """Prefix of the keys of the user's trigram index, one per bucket of trigrams (the first
+    conversations/indexes.py BUCKET_DIGITS hex digits of the SHA-1 of a trigram's UTF-8 bytes,
+    a trigram being three characters of a lowercased title): a set of the ids of the
+    conversations whose indexed title holds a trigram of that bucket. At most 4,096 keys a
+    user, whatever the titles."""
+    return f"{PREFIX}:user:{user_id}:convs:trb:"
+
+
+def user_conversation_titles_v1(user_id: str) -> str:
+    """The hash of `conversation-indexes-v1` (id -> indexed title), whose trigrams name the
+    user's keys of `user_title_trigrams_v1`: read only to remove both (indexes.py
+    `drop_v1`)."""
     return f"{PREFIX}:user:{user_id}:convs:titles"
 
 
-def user_title_trigrams(user_id: str) -> str:
-    """Prefix of the keys of the user's trigram index, one per trigram (three characters of a
-    lowercased title, its UTF-8 bytes appended): a set of the ids of the conversations whose
-    indexed title holds it (conversations/trigrams.py)."""
+def user_title_trigrams_v1(user_id: str) -> str:
+    """Prefix of `conversation-indexes-v1`'s keys, one per trigram (its UTF-8 bytes appended):
+    removed by the v2 migration, user by user (indexes.py `drop_v1`)."""
     return f"{PREFIX}:user:{user_id}:convs:tri:"
 
 
 def user_cut_titles(user_id: str) -> str:
     """Set of the user's conversation ids whose lowercased title is longer than the trigram
-    index holds (TRIGRAM_CHARS): a candidate of every title search, checked on its record."""
+    index holds (TRIGRAM_CHARS): a candidate of every title search, checked on its record.
+    Written alike by both versions of the index (whether a title is cut is its record's)."""
     return f"{PREFIX}:user:{user_id}:convs:tri_cut"
 
 

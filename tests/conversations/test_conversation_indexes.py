@@ -25,6 +25,7 @@ from controlplane.conversations.indexes import (
     NAME,
     TRIGRAM_CHARS,
     ConversationIndexes,
+    bucket,
     indexed_title,
     title_keys,
     trigrams,
@@ -137,21 +138,25 @@ async def count(client: Client, headers: dict[str, str], **params: str) -> int:
 
 
 async def assert_index_exact(redis: aioredis.Redis, user: str) -> None:
-    """The user's trigram index holds exactly what the records say: each trigram's set the
-    ids whose indexed title has it, the titles hash each record's indexed title, the cut set
-    the records whose lowercased title is longer; the index by creation each record's time."""
+    """The user's trigram index holds exactly what the records say: each bucket's set the ids
+    whose indexed title has a trigram of it, the titles hash each record's indexed title, the
+    cut set the records whose lowercased title is longer; the index by creation each record's
+    time. Nothing is left of the user's index of v1 (a set per trigram)."""
     store = ConversationStore(redis)
     records = await records_of(store, user)
     want: dict[str, set[str]] = {}
     for r in records:
         for gram in trigrams(indexed_title(r)[0]):
-            want.setdefault(gram, set()).add(r.id)
-    prefix = keyspace.user_title_trigrams(user)
+            want.setdefault(bucket(gram), set()).add(r.id)
+    prefix = keyspace.user_title_buckets(user)
     have: dict[str, set[str]] = {}
     async for key in redis.scan_iter(match=prefix + "*", count=1000):
-        gram = text(key).removeprefix(prefix)
-        have[gram] = {text(m) for m in await redis.smembers(key)}
+        name = text(key).removeprefix(prefix)
+        have[name] = {text(m) for m in await redis.smembers(key)}
     assert have == want
+    assert not await redis.exists(keyspace.user_conversation_titles_v1(user))
+    v1 = keyspace.user_title_trigrams_v1(user)
+    assert not [k async for k in redis.scan_iter(match=v1 + "*", count=1000)]
     titles = await redis.hgetall(keyspace.user_conversation_titles(user))
     assert {text(k): text(v) for k, v in titles.items()} == {
         r.id: indexed_title(r)[0] for r in records
