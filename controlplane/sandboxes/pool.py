@@ -96,7 +96,7 @@ class WarmPool:
         """The fingerprint members of `spec` are booted with now; None while its image is
         not on the host."""
         image_id = await self._driver.image_id(spec.image)
-        return fingerprint(spec, image_id) if image_id else None
+        return self._fingerprint(spec, image_id) if image_id else None
 
     async def view(self) -> PoolView:
         """Per spec: the target size, how members wait, claims and misses, and each member
@@ -181,8 +181,8 @@ class WarmPool:
         return Claimed(record, events_stored=claim.events_stored), limits
 
     def _fingerprint(self, spec: SandboxSpec, image_id: str) -> str:
-        """fingerprint(), kept per spec and image (a claim's: a spec's JSON and its hash are
-        ~0.1 ms each time)."""
+        """fingerprint(), kept per spec and image (a claim's and each pass's: a spec's JSON and
+        its hash are ~0.1 ms each time)."""
         known = self._fingerprints.get(spec.id)
         if known is None or known[0] is not spec or known[1] != image_id:
             known = (spec, image_id, fingerprint(spec, image_id))

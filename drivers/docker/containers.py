@@ -88,6 +88,24 @@ def _status(value: str) -> RunState:
         return RunState.RESTARTING
 
 
+SUMMARISED = frozenset({RunState.RUNNING, RunState.PAUSED})
+"""The states in which a container's list summary says all that its inspect would (with its
+fixed facts): a running or paused container's exit code is 0 and it has no error. Any other
+state (exited, created, dead, restarting) carries its last stop's exit code, OOM kill or error,
+which only an inspect gives."""
+
+
+@dataclass(frozen=True)
+class FixedFacts:
+    """What a container's inspect gives that its list summary lacks and that never changes in
+    the container's life: its environment (as created) and its creation time (to the
+    microsecond; the summary's is to the second)."""
+
+    owner: str
+    env: dict[str, str]
+    created_at: datetime | None
+
+
 def state_of(attrs: dict[str, Any], address: str) -> SandboxState:
     """A container's inspect output as a sandbox's state, its published ports reached at
     `address`."""
@@ -100,18 +118,53 @@ def state_of(attrs: dict[str, Any], address: str) -> SandboxState:
             endpoints[int(key.split("/")[0])] = Endpoint(address, int(bindings[0]["HostPort"]))
     env = dict(item.partition("=")[::2] for item in config.get("Env") or [])
     networks = ((attrs.get("NetworkSettings") or {}).get("Networks") or {}).values()
+    status = _status(state.get("Status", "unknown"))
     return SandboxState(
         sandbox_id=labels.get(names.LABEL_ID, ""),
         owner=labels.get(names.LABEL_OWNER, ""),
         spec_id=labels.get(names.LABEL_SPEC, ""),
         name=attrs.get("Name", "").lstrip("/"),
-        status=_status(state.get("Status", "unknown")),
+        status=status,
         endpoints=endpoints,
         env=env,
         exit_code=state.get("ExitCode"),
-        oom_killed=bool(state.get("OOMKilled")),
+        # The engine keeps a past run's OOM kill on a container started again; it describes
+        # a stop, so it is reported for a stopped container only (as the list does).
+        oom_killed=bool(state.get("OOMKilled")) and status not in SUMMARISED,
         error=state.get("Error") or None,
         created_at=_parse_time(attrs.get("Created")),
+        addresses=tuple(n["IPAddress"] for n in networks if n.get("IPAddress")),
+    )
+
+
+def fixed_facts(state: SandboxState) -> FixedFacts:
+    return FixedFacts(owner=state.owner, env=state.env, created_at=state.created_at)
+
+
+def summary_state(summary: dict[str, Any], facts: FixedFacts, address: str) -> SandboxState:
+    """A running or paused container's list summary (GET /containers/json), with the facts its
+    first inspect gave, as the sandbox's state: equal to what state_of makes of its inspect."""
+    labels = summary.get("Labels") or {}
+    endpoints: dict[int, Endpoint] = {}
+    for port in summary.get("Ports") or []:
+        # One entry per binding (an IPv4 and an IPv6 one on 0.0.0.0): the first, as state_of.
+        if port.get("Type") == "tcp" and port.get("PublicPort"):
+            endpoints.setdefault(
+                int(port["PrivatePort"]), Endpoint(address, int(port["PublicPort"]))
+            )
+    networks = ((summary.get("NetworkSettings") or {}).get("Networks") or {}).values()
+    # Names: "/name", and "/other/alias" for each legacy link to it.
+    name = next((n[1:] for n in summary.get("Names") or [] if "/" not in n[1:]), "")
+    return SandboxState(
+        sandbox_id=labels.get(names.LABEL_ID, ""),
+        owner=labels.get(names.LABEL_OWNER, ""),
+        spec_id=labels.get(names.LABEL_SPEC, ""),
+        name=name,
+        status=_status(summary.get("State", "unknown")),
+        endpoints=endpoints,
+        env=facts.env,
+        exit_code=0,
+        created_at=facts.created_at,
         addresses=tuple(n["IPAddress"] for n in networks if n.get("IPAddress")),
     )
 

@@ -32,10 +32,14 @@ from drivers.base import (
 from drivers.docker import names, networks
 from drivers.docker.bases import OldWorkspace
 from drivers.docker.containers import (
+    SUMMARISED,
     ContainerRequest,
+    FixedFacts,
     container_request,
     create_container,
+    fixed_facts,
     state_of,
+    summary_state,
 )
 from drivers.docker.egress import (
     Attachment,
@@ -84,6 +88,38 @@ class _DockerWatch:
             self.closed = True
             if self._stream is not None:
                 self._stream.close()
+
+
+class _FactsById:
+    """The fixed facts of the containers listed lately, by container id (list_sandboxes); the
+    lists run in the engine's threads, so the map is guarded."""
+
+    def __init__(self) -> None:
+        self._facts: dict[str, FixedFacts] = {}
+        self._lock = threading.Lock()
+
+    def get(self, container_id: str) -> FixedFacts | None:
+        with self._lock:
+            return self._facts.get(container_id)
+
+    def put(self, container_id: str, facts: FixedFacts) -> None:
+        with self._lock:
+            self._facts[container_id] = facts
+
+    def keep(self, listed: set[str], owner: str | None) -> None:
+        """Forget the containers a list of `owner`'s (None: of everyone's) no longer had."""
+        with self._lock:
+            gone = [
+                container_id
+                for container_id, facts in self._facts.items()
+                if container_id not in listed and owner in (None, facts.owner)
+            ]
+            for container_id in gone:
+                del self._facts[container_id]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._facts)
 
 
 class DockerDriver:
@@ -147,6 +183,8 @@ class DockerDriver:
                 firewall=firewall,
             )
         self._attachments: dict[str, Attachment] = {}
+        self.facts = _FactsById()
+        """The fixed facts of the containers listed lately (list_sandboxes)."""
         self.files = DockerFiles(
             self.engine, prefix=prefix, image=files_image, reuse_timeout=reuse_timeout
         )
@@ -457,6 +495,11 @@ class DockerDriver:
             _remove_volume(client, volume, prefix)
 
     async def list_sandboxes(self, owner: str | None = None) -> list[SandboxState]:
+        """One engine list (its container summaries); an inspect only for a container not
+        seen before (its environment and creation time, which never change: kept by id) and
+        for one neither running nor paused (its last stop's exit code, OOM kill or error).
+        The warm pool's pass and the reconciler's sweep call this every few seconds: at an
+        inspect per container, its cost grew with every sandbox on the host (issue 30)."""
         labels = {names.LABEL_PREFIX: self.prefix}
         if owner is not None:
             labels[names.LABEL_OWNER] = owner
@@ -466,11 +509,19 @@ class DockerDriver:
             summaries = client.api.containers(all=True, filters=filters)
             states = []
             for summary in summaries:
-                try:
-                    inspected = client.api.inspect_container(summary["Id"])
-                except NotFound:
-                    continue
-                states.append(state_of(inspected, self._address))
+                facts = self.facts.get(summary["Id"])
+                state = None
+                if facts is not None:
+                    state = summary_state(summary, facts, self._address)
+                if state is None or state.status not in SUMMARISED:
+                    try:
+                        inspected = client.api.inspect_container(summary["Id"])
+                    except NotFound:
+                        continue
+                    state = state_of(inspected, self._address)
+                    self.facts.put(summary["Id"], fixed_facts(state))
+                states.append(state)
+            self.facts.keep({s["Id"] for s in summaries}, owner)
             return states
 
         return await self.engine.call(run, "list")
