@@ -35,8 +35,7 @@ from controlplane.conversations.store import ConversationStore, title_member
 from controlplane.store import keyspace, text
 from controlplane.store.paging import micros
 from tests.conversations.test_search_pages import BASE, pages
-from tests.support.records import NO_ENGINE
-from tests.support.types import Client, ClientFactory, UserHeaders
+from tests.support.types import Client, UserHeaders
 
 START = datetime(2026, 11, 1, tzinfo=UTC)
 ORDERS = ("CREATED_AT_DESC", "CREATED_AT", "UPDATED_AT_DESC", "UPDATED_AT", "TITLE", "TITLE_DESC")
@@ -58,11 +57,6 @@ PIECES = [
     "bca",
     "x",
 ]
-
-
-@pytest.fixture
-async def index_client(make_client: ClientFactory) -> Client:
-    return await make_client(with_sandboxes=True, docker_url=NO_ENGINE)
 
 
 def random_title(rng: random.Random) -> str | None:

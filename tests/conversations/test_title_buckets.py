@@ -40,16 +40,10 @@ from tests.conversations.test_conversation_indexes import (
     seed_random,
 )
 from tests.conversations.test_search_pages import BASE, pages
-from tests.support.records import NO_ENGINE
-from tests.support.types import Client, ClientFactory, UserHeaders
+from tests.support.types import Client, UserHeaders
 
 HOSTILE = 300
 """Conversations of 200 random CJK characters: ~59,000 trigrams no other title holds."""
-
-
-@pytest.fixture
-async def index_client(make_client: ClientFactory) -> Client:
-    return await make_client(with_sandboxes=True, docker_url=NO_ENGINE)
 
 
 def cjk_title(rng: random.Random) -> str:
