@@ -47,6 +47,10 @@ RETRY = 15.0
 DROP_BATCH = 50
 """Ids of the v1 titles hash whose trigram keys one script takes them out of (at most 198 SREMs
 each: ~10,000 commands, a few milliseconds of Redis, a script)."""
+RETITLE_BATCH = 50
+"""Records one rebuild's or the migration's _RETITLE script indexes (each up to 198 SHA-1s and
+SADDs): at BATCH records a script, 500 titles of 200 characters no other title shares held
+Redis ~330 ms (review, 2 loaded cores); at 50, a tenth of it."""
 
 FILTER_BATCH = 500
 """Titles read a command by `holding` (one pipeline)."""
@@ -111,8 +115,8 @@ local function retitle(hash, cut, prefix, id, title, long, force)
     return
   end
   local before, after = {}, {}
-  if old then before = buckets(old) end
   if title then after = buckets(title) end
+  if old == title then before = after elseif old then before = buckets(old) end
   for b in pairs(before) do
     if not after[b] then redis.call('SREM', prefix .. b, id) end
   end
@@ -204,23 +208,26 @@ _INDEX_BY_CREATION = index_by_score_lua(keyspace.USER_CONVERSATIONS_BY_CREATION)
 _DROP = "-"
 """The cut argument of _RETITLE that takes an id out."""
 
-# KEYS: a user's v1 titles hash, v1 trigram prefix. ARGV: ids. Each id the hash holds is taken
-# out of its title's trigram sets and the hash (a set or the hash left empty is gone): v1's
-# writers kept each id's sets to its title in the hash, so nothing of it is left, and an older
-# replica's v1 write between two scripts is whole in both (taken out by a later call).
+# KEYS: a user's v1 titles hash, v1 trigram prefix, the user's titles hash (v2). ARGV: ids.
+# Each id the v1 hash holds is taken out of its title's trigram sets and the hash (a set or the
+# hash left empty is gone): v1's writers kept each id's sets to its title in the hash, so nothing
+# of it is left, and an older replica's v1 write between two scripts is whole in both (taken out
+# by a later call). Returns the ids taken out whose v1 title is not the one v2 holds: an older
+# replica wrote them (a rename, or a create while another was deleted: the counts `ensure`
+# compares stay in step), so the caller indexes their records again.
 _DROP_V1 = (
     GRAMS_LUA
     + """
-local dropped = 0
+local stale = {}
 for _, id in ipairs(ARGV) do
   local title = redis.call('HGET', KEYS[1], id)
   if title then
     for g in pairs(grams(title)) do redis.call('SREM', KEYS[2] .. g, id) end
     redis.call('HDEL', KEYS[1], id)
-    dropped = dropped + 1
+    if redis.call('HGET', KEYS[3], id) ~= title then stale[#stale + 1] = id end
   end
 end
-return dropped
+return stale
 """
 )
 
@@ -412,6 +419,11 @@ class ConversationIndexes:
             listed, by_creation, titled, v1 = await pipe.execute()
         if v1:
             await self.drop_v1(owner)
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.zcard(keyspace.user_conversations(owner))
+                pipe.zcard(keyspace.user_conversations_by_creation(owner))
+                pipe.hlen(keyspace.user_conversation_titles(owner))
+                listed, by_creation, titled = await pipe.execute()
         if listed == by_creation == titled:
             return
         raw = await self._redis.zrange(keyspace.user_conversations(owner), 0, -1)
@@ -431,9 +443,9 @@ class ConversationIndexes:
             for i in await self._redis.hkeys(keyspace.user_conversation_titles(owner))
             if text(i) not in listed_ids
         ]
-        for start in range(0, len(strays), BATCH):
+        for start in range(0, len(strays), RETITLE_BATCH):
             args: list[str | int] = []
-            for conversation_id in strays[start : start + BATCH]:
+            for conversation_id in strays[start : start + RETITLE_BATCH]:
                 args += [conversation_id, "", _DROP, "!"]
             await self._retitle(keys=title_keys(owner), args=args)
         log.info("conversation_indexes_rebuilt", user_id=owner, conversations=len(ids))
@@ -461,43 +473,54 @@ class ConversationIndexes:
         if by_creation:
             await self._index_by_creation(args=by_creation)
         for user, args in titles.items():
-            await self._retitle(keys=title_keys(user), args=args)
+            for start in range(0, len(args), 4 * RETITLE_BATCH):
+                await self._retitle(
+                    keys=title_keys(user), args=args[start : start + 4 * RETITLE_BATCH]
+                )
         return set(titles)
 
-    async def drop_v1(self, owner: str) -> int:
+    async def drop_v1(self, owner: str) -> list[str]:
         """Remove the owner's trigram index of `conversation-indexes-v1` (a set per trigram
-        and the titles hash whose titles name them), DROP_BATCH ids a script; the number of
-        ids taken out. An older replica still writing v1 during an upgrade adds to it again:
-        `ensure` calls this whenever the hash is there."""
+        and the titles hash whose titles name them), DROP_BATCH ids a script, and index again
+        the records of the ids whose v1 title is not the one this index holds (an older
+        replica wrote them since this index did); those ids. An older replica still writing v1
+        during an upgrade adds to it again: `ensure` calls this whenever the hash is there."""
         hash_key = keyspace.user_conversation_titles_v1(owner)
-        keys = [hash_key, keyspace.user_title_trigrams_v1(owner)]
-        dropped = 0
+        keys = [hash_key, keyspace.user_title_trigrams_v1(owner), title_keys(owner)[0]]
+        stale: list[str] = []
         batch: list[str] = []
         async for field, _ in self._redis.hscan_iter(hash_key, count=DROP_BATCH):
             batch.append(text(field))
             if len(batch) >= DROP_BATCH:
-                dropped += int(await self._drop_v1(keys=keys, args=batch))
+                stale += [text(i) for i in await self._drop_v1(keys=keys, args=batch)]
                 batch = []
         if batch:
-            dropped += int(await self._drop_v1(keys=keys, args=batch))
-        log.info("conversation_trigrams_v1_dropped", user_id=owner, conversations=dropped)
-        return dropped
+            stale += [text(i) for i in await self._drop_v1(keys=keys, args=batch)]
+        # Read after the drop: a record an older replica writes from here on is in v1 again.
+        for start in range(0, len(stale), BATCH):
+            await self.index(stale[start : start + BATCH], owner)
+        log.info("conversation_trigrams_v1_dropped", user_id=owner, reindexed=len(stale))
+        return stale
 
     async def migrate(self) -> bool:
         """Every stored record in its indexes, and each of their owners' v1 trigram keys
         removed, once per deployment, by one replica at a time (the others go on at once:
         `ensure` covers a user's records until this is done); safe to run again and beside
         any write. True when this call applied it."""
-        dropped: set[str] = set()
+        owners: set[str] = set()
 
-        async def index_and_drop(ids: list[str]) -> None:
-            for owner in await self.index(ids) - dropped:
-                await self.drop_v1(owner)
-                dropped.add(owner)
+        async def index_noting_owners(ids: list[str]) -> None:
+            owners.update(await self.index(ids))
 
-        return await IndexMigration(
-            NAME, keyspace.conversation(""), index_and_drop, "conversations", skip_nested=True
+        applied = await IndexMigration(
+            NAME, keyspace.conversation(""), index_noting_owners, "conversations", skip_nested=True
         ).run(self._redis)
+        # After the walk, not at an owner's first record: a v1 title then differs from this
+        # index's only where an older replica wrote since the walk read that record (the ids
+        # `drop_v1` indexes again), not for every record the walk has yet to reach.
+        for owner in sorted(owners):
+            await self.drop_v1(owner)
+        return applied
 
 
 async def migrate_in_background(indexes: ConversationIndexes, retry: float = RETRY) -> None:

@@ -105,6 +105,13 @@ return 1
 """
 
 
+RECORD_BATCH = 250
+"""Records one script adds at most (each up to 4 keys of 4 increments and an expiry: ~5,000
+commands, a few milliseconds of Redis): the calls settled while a write is on its way are as
+many as the gateway answered meanwhile, thousands after a stall of Redis, and one script for
+them all would hold Redis for every caller as long."""
+
+
 @dataclass(frozen=True)
 class Record:
     """What one call cost, and whose it is."""
@@ -144,21 +151,23 @@ class Meter:
         await self.record_many([Record(user_id, conversation_id, usage, org_id)])
 
     async def record_many(self, records: list[Record]) -> None:
-        """Each record added as `record` adds it, all in one script: the calls settled while
-        the previous write was on its way cost one command between them (service.py)."""
+        """Each record added as `record` adds it, RECORD_BATCH a script: the calls settled
+        while the previous write was on its way cost one command between them (service.py).
+        A script that fails leaves the next ones unsent (the exception is the caller's)."""
         this_month = month()
-        keys: list[str] = []
-        args: list[str | int] = [USER_USAGE_TTL]
-        for r in records:
-            targets = [keyspace.llm_usage_user(r.user_id, this_month)]
-            if r.org_id is not None:
-                targets.append(keyspace.llm_usage_org(r.org_id, this_month))
-                targets.append(keyspace.llm_usage_member(r.org_id, r.user_id, this_month))
-            if r.conversation_id is not None:
-                targets.append(keyspace.llm_usage_conversation(r.conversation_id))
-            keys += targets
-            months = 3 if r.org_id is not None else 1  # a conversation's has no TTL
-            usage = r.usage
-            args += [len(targets), months, repr(usage.cost), usage.prompt_tokens,
-                     usage.completion_tokens]  # fmt: skip
-        await self._record(keys=keys, args=args)
+        for start in range(0, len(records), RECORD_BATCH):
+            keys: list[str] = []
+            args: list[str | int] = [USER_USAGE_TTL]
+            for r in records[start : start + RECORD_BATCH]:
+                targets = [keyspace.llm_usage_user(r.user_id, this_month)]
+                if r.org_id is not None:
+                    targets.append(keyspace.llm_usage_org(r.org_id, this_month))
+                    targets.append(keyspace.llm_usage_member(r.org_id, r.user_id, this_month))
+                if r.conversation_id is not None:
+                    targets.append(keyspace.llm_usage_conversation(r.conversation_id))
+                keys += targets
+                months = 3 if r.org_id is not None else 1  # a conversation's has no TTL
+                usage = r.usage
+                args += [len(targets), months, repr(usage.cost), usage.prompt_tokens,
+                         usage.completion_tokens]  # fmt: skip
+            await self._record(keys=keys, args=args)

@@ -250,3 +250,74 @@ async def test_the_migration_replaces_v1s_trigram_keys_and_a_request_removes_lat
         ), needle
     assert old.id in await pages(client, jo, f"{BASE}/search", title__contains="of v1", limit="3")
     await assert_index_exact(raw_redis, "jo")
+
+
+async def test_an_older_replicas_rename_and_swap_after_the_migration_are_found(
+    index_client: Client, raw_redis: aioredis.Redis, user_headers: UserHeaders
+) -> None:
+    """Review finding: an older replica writing v1 during a rolling upgrade, after the
+    migration ran, renames a conversation (the counts stay in step) or deletes one and creates
+    another (the counts stay in step too). Its v1 keys say which ids it wrote: the next request
+    indexes them again, so the renamed and the created conversations are found by their new
+    titles (before, only a change of count set the index right: both were missing for good)."""
+    client, store = index_client, ConversationStore(raw_redis)
+    jo = await user_headers("jo")
+    renamed = await create(store, "jo", "quarterly report draft", 1)
+    gone = await create(store, "jo", "scratch notes", 2)
+    await create(store, "jo", "unrelated planning", 3)
+    await raw_redis.srem(keyspace.MIGRATIONS, NAME)
+    await ConversationIndexes(raw_redis).migrate()
+    await assert_index_exact(raw_redis, "jo")
+    # The older replica's rename: the record and its v1 keys (its own indexes of ids are
+    # shared with v2 and left as they are: the update score aside, nothing a search reads).
+    new = renamed.model_copy(update={"title": "Zebra migration plan"})
+    await raw_redis.set(keyspace.conversation(new.id), new.model_dump_json())
+    await write_v1(raw_redis, [new])
+    # Its delete of one and create of another: every count stays as it was.
+    await raw_redis.delete(keyspace.conversation(gone.id))
+    for key in (keyspace.user_conversations("jo"), keyspace.user_conversations_by_creation("jo")):
+        await raw_redis.zrem(key, gone.id)
+    born = AppConversationInfo(
+        id=uuid.uuid4().hex,
+        created_by_user_id="jo",
+        sandbox_id="s-old",
+        title="Yak shaving log",
+        created_at=START + timedelta(seconds=4),
+    )
+    await raw_redis.set(keyspace.conversation(born.id), born.model_dump_json())
+    await raw_redis.zadd(keyspace.user_conversations("jo"), {born.id: 0})
+    await raw_redis.zadd(
+        keyspace.user_conversations_by_creation("jo"), {born.id: micros(born.created_at)}
+    )
+    await write_v1(raw_redis, [born])
+    assert await count(client, jo, title__contains="zebra") == 1
+    assert await pages(client, jo, f"{BASE}/search", title__contains="yak", limit="3") == [born.id]
+    assert await count(client, jo, title__contains="quarterly") == 0
+    await assert_index_exact(raw_redis, "jo")
+
+
+async def test_a_rebuild_indexes_a_bounded_number_of_titles_a_script(
+    raw_redis: aioredis.Redis,
+) -> None:
+    """Review finding: a rebuild's (and the migration's) one script for 500 records held Redis
+    ~330 ms where the titles were 200 characters no other title shares (198 SHA-1s and SADDs
+    each). Each script now takes RETITLE_BATCH records, and the index is whole."""
+    store = ConversationStore(raw_redis)
+    rng = random.Random(5)
+    records = [await create(store, "ann", cjk_title(rng), n) for n in range(130)]
+    await raw_redis.delete(keyspace.user_conversation_titles("ann"))
+    for key in await keys_of(raw_redis, keyspace.user_title_buckets("ann") + "*"):
+        await raw_redis.delete(key)
+    indexes = ConversationIndexes(raw_redis)
+    script = indexes._retitle
+    sizes: list[int] = []
+
+    async def counted(keys: list[str], args: list[str | int]) -> object:
+        sizes.append(len(args) // 4)
+        return await script(keys=keys, args=args)
+
+    indexes._retitle = counted  # type: ignore[assignment]
+    await indexes.ensure("ann")
+    assert sum(sizes) == len(records)
+    assert max(sizes) <= indexes_module.RETITLE_BATCH < len(records)
+    await assert_index_exact(raw_redis, "ann")

@@ -13,7 +13,15 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from controlplane.config import ServiceConfig
-from controlplane.gateway.metering import FIELDS, USER_USAGE_TTL, Meter, Record, Usage, month
+from controlplane.gateway.metering import (
+    FIELDS,
+    RECORD_BATCH,
+    USER_USAGE_TTL,
+    Meter,
+    Record,
+    Usage,
+    month,
+)
 from controlplane.store import keyspace, text
 from tests.gateway.conftest import LLM_KEY
 from tests.gateway.test_over_http import PRICES, User, ask
@@ -111,3 +119,31 @@ async def test_concurrent_calls_are_all_metered_in_fewer_writes(
     finally:
         await redis.aclose()
         await server.close()
+
+
+async def test_a_batch_of_thousands_goes_in_scripts_of_a_bounded_size(redis_url: str) -> None:
+    """Review finding: the records settled during a write go in the next one, thousands after
+    a stall of Redis; one script for them all held Redis as long for every caller. They go
+    RECORD_BATCH a script, every one added."""
+    redis = aioredis.Redis.from_url(redis_url)
+    meter = Meter(redis)
+    this_month = month()
+    many = 1_000
+    try:
+        await meter.record("many-u0", None, Usage(0, 0, 0.0))  # the script loaded
+        before = await script_runs(redis)
+        await meter.record_many(
+            [
+                Record(f"many-u{n % 7}", f"many-c{n % 3}", Usage(1, 2, 0.5), org_id="many-org")
+                for n in range(many)
+            ]
+        )
+        runs = await script_runs(redis) - before
+        assert runs == -(-many // RECORD_BATCH)
+        assert runs > 1
+        org = await redis.hmget(keyspace.llm_usage_org("many-org", this_month), FIELDS)
+        assert [text(v) for v in org] == ["500", str(many), str(2 * many), str(many)]
+        user = await redis.hget(keyspace.llm_usage_user("many-u0", this_month), "requests")
+        assert int(user or 0) == 1 + len(range(0, many, 7))
+    finally:
+        await redis.aclose()
