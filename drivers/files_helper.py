@@ -558,7 +558,8 @@ def place_then_clean(entries: list[Entry], request: dict[str, Any]) -> None:
     under the base's forks/ (`make_forks`): the base is then whole without the stream, and
     its image can be committed while the engine still streams the copies. Answered at once
     {"placed": n, "listed": w, "bytes": b, "missed": m, "skipped": [paths], "root": "u:g:m",
-    "system": s, "forks": f}. Then, once the control plane has read the copies ({"op":
+    "system": s, "reserved": r, "forks": f} ("reserved": system entries named as whiteouts,
+    left out: `place`). Then, once the control plane has read the copies ({"op":
     "clean"}), the staging and ready directories are removed (the linked files keep their
     lower/ name alone), answered {"cleaned": n}."""
     try:
@@ -566,6 +567,7 @@ def place_then_clean(entries: list[Entry], request: dict[str, Any]) -> None:
         if request.get("place_system"):
             system = place(entries, READY[0], request["place_system"], tree="system")
             answer["system"] = system["placed"]
+            answer["reserved"] = system["reserved"]
             answer["missed"] += system["missed"]
             answer["skipped"] = shown_all(answer["skipped"] + system["skipped"])
         if request.get("forks") is not None:
@@ -648,20 +650,26 @@ def place(
     mount) and a file is a copy of its staged one. Nothing is followed through a link, made
     beneath anything but a directory, nor outside `target`; an entry that cannot be made is
     counted ("missed") and named (`shown_all`). "listed": the tree's entries in the listing;
-    "opened": the directories opened (`Parents`)."""
+    "opened": the directories opened (`Parents`). In the system tree, an entry whose name (or
+    a parent's) is a whiteout's (`reserved`) is left out, counted ("reserved"): in the layer
+    the base's image is committed from, the engine would take it for a whiteout and hide
+    the file it names (or, as ".wh..wh..opq", the image's whole directory) in every fork."""
     if tree == "workspace":
         os.mkdir(target, 0o700)
     root_fd = os.open(target, NOFOLLOW_DIR)
     ready_fd = os.open(ready, NOFOLLOW_DIR)
     parents = Parents(root_fd)
     dirs: list[tuple[list[str], Entry]] = []
-    placed = size = listed = 0
+    placed = size = listed = reserved = 0
     skipped: list[str] = []
     try:
         for entry in entries:
             if entry.get("t") != tree:
                 continue
             listed += 1
+            if tree != "workspace" and is_reserved(str(entry.get("p"))):
+                reserved += 1
+                continue
             try:
                 size += place_entry(parents, ready_fd, entry, dirs, copy=tree != "workspace")
             except OSError:
@@ -680,6 +688,7 @@ def place(
         "bytes": size,
         "missed": len(skipped),
         "skipped": shown_all(skipped),
+        "reserved": reserved,
         "opened": parents.opened,
         "root": "" if root is None else f"{root.get('u')}:{root.get('g')}:{root.get('m')}",
     }
@@ -782,6 +791,16 @@ def place_entry(
     finally:
         os.close(file_fd)
     return st.st_size
+
+
+WHITEOUT_PREFIX = ".wh."
+"""What an image layer's whiteouts are named (the OCI image spec reserves it): a file the agent
+names so in a layer tree would be one once committed (drivers/docker/bases.py: `reserved`)."""
+
+
+def is_reserved(path: str) -> bool:
+    """A path with a name (its own or a parent's) that an image layer takes for a whiteout."""
+    return any(name.startswith(WHITEOUT_PREFIX) for name in path.split("/"))
 
 
 def lay_file(ready_fd: int, staged: str, fd: int, name: str, *, copy: bool) -> None:

@@ -67,13 +67,15 @@ redis.call('ZADD', sandbox_snaps, 0, id)
 redis.call('ZADD', KEYS[11], 0, redis.call('HGET', KEYS[1], 'sandbox_id'))
 redis.call('ZREM', KEYS[4], id)
 redis.call('DEL', KEYS[12], KEYS[13])
+redis.call('SREM', KEYS[14], id)
 return 'ok'
 """
 
 _NOTE_FORKS = """
 if redis.call('HGET', KEYS[1], 'status') ~= 'PENDING' then return 0 end
-redis.call('SADD', KEYS[2], unpack(ARGV, 2))
+redis.call('SADD', KEYS[2], unpack(ARGV, 3))
 redis.call('EXPIRE', KEYS[2], ARGV[1])
+redis.call('SADD', KEYS[3], ARGV[2])
 return 1
 """
 
@@ -237,6 +239,7 @@ class SnapshotStore:
                 keyspace.SNAPSHOT_SANDBOXES,
                 keyspace.snapshot_uploads(record.id),
                 keyspace.snapshot_forks(record.id),
+                keyspace.FORKED_SNAPSHOTS,
             ],
             args=[
                 record.id,
@@ -329,21 +332,29 @@ class SnapshotStore:
         snapshot_forks), if it is still PENDING (its commit deletes the record: a listed
         snapshot never has one, so the collector never takes one for abandoned). False: not
         recorded (listed, or abandoned, meanwhile)."""
-        keys = [keyspace.snapshot(snapshot_id), keyspace.snapshot_forks(snapshot_id)]
-        return bool(await self._note_forks(keys=keys, args=[FORKS_KEPT, *sandbox_ids]))
+        keys = [
+            keyspace.snapshot(snapshot_id),
+            keyspace.snapshot_forks(snapshot_id),
+            keyspace.FORKED_SNAPSHOTS,
+        ]
+        args: list[str | int] = [FORKS_KEPT, snapshot_id, *sandbox_ids]
+        return bool(await self._note_forks(keys=keys, args=args))
 
     async def forks_of(self, snapshot_id: str) -> list[str]:
         found = await self._redis.smembers(keyspace.snapshot_forks(snapshot_id))
         return sorted(text(i) for i in found)
 
     async def forked_ahead(self) -> list[str]:
-        """The snapshots whose forks' sandboxes are recorded by note_forks."""
-        prefix = keyspace.snapshot_forks("")
-        found = self._redis.scan_iter(match=keyspace.snapshot_forks("*"), count=500)
-        return [text(key).removeprefix(prefix) async for key in found]
+        """The snapshots whose forks' sandboxes are recorded by note_forks (from their index:
+        one read, however large the keyspace; an id whose record expired is listed until
+        drop_forks)."""
+        return sorted(text(i) for i in await self._redis.smembers(keyspace.FORKED_SNAPSHOTS))
 
     async def drop_forks(self, snapshot_id: str) -> None:
-        await self._redis.delete(keyspace.snapshot_forks(snapshot_id))
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(keyspace.snapshot_forks(snapshot_id))
+            pipe.srem(keyspace.FORKED_SNAPSHOTS, snapshot_id)
+            await pipe.execute()
 
     async def unlist_pending(self, snapshot_id: str) -> None:
         await self._redis.zrem(keyspace.PENDING_SNAPSHOTS, snapshot_id)

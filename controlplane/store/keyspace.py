@@ -483,6 +483,9 @@ SNAPSHOT_SANDBOXES = f"{PREFIX}:snapshot_sandboxes"
 """Lexically ordered sorted set of sandbox ids that have snapshots (the retention pass)."""
 PENDING_SNAPSHOTS = f"{PREFIX}:snapshots:pending"
 """Sorted set of PENDING snapshot ids scored by their lease's expiry (Unix seconds)."""
+FORKED_SNAPSHOTS = f"{PREFIX}:snapshots:forked"
+"""Set of the snapshot ids that have a snapshot_forks record (the collector's pass reads it,
+not a scan of the whole keyspace); an id whose record expired goes at that pass."""
 
 
 def snapshot_forks(snapshot_id: str) -> str:

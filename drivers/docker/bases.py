@@ -649,6 +649,7 @@ class DockerBases:
         # Paths (per destination) that are not directories: nothing is extracted beneath one,
         # which the engine would otherwise write through a link (entries come parents first).
         leaves: set[tuple[bool, str]] = set()
+        left_out: list[str] = []  # layer entries named as whiteouts (`reserved`)
 
         def name_of(entry: FileEntry) -> str | None:
             nonlocal root
@@ -670,7 +671,7 @@ class DockerBases:
             # The state tree comes only when the source gives it (a rewind of the sandbox it
             # was taken of); it lies in the same writable layer as the system tree.
             if entry.tree in (SYSTEM, STATE):
-                return f"acs/upper/{entry.path}"
+                return _layer_name(entry.path, left_out)
             return None
 
         forks: set[FileEntry] = set()
@@ -689,6 +690,7 @@ class DockerBases:
 
         mounts = [Mount("/acs/ws", volume, type="volume"), Mount("/acs/upper", upper, type="bind")]
         await self._extract(mounts, archive(items(), named))
+        _left_out(left_out)
         _placed(staging, workspace)
         return root, signatures
 
@@ -971,6 +973,33 @@ def _placed(staging: Staging | None, streamed: int) -> None:
         raise DriverError("the export's staged copies were not removed")
 
 
+WHITEOUT_PREFIX = ".wh."  # files_helper.py's: the OCI image spec reserves it for whiteouts
+
+
+def reserved(path: str) -> bool:
+    """A system or state path with a name (its own or a parent's) that the engine takes for a
+    whiteout once the holder's layer is committed: ".wh.x" would hide the image's x, and
+    ".wh..wh..opq" the image's whole directory, in every sandbox of the base, and the file
+    itself would be gone. Such an entry is left out of the base (files_helper.py `place`
+    does the same), as the snapshot's sockets and fifos are."""
+    return any(name.startswith(WHITEOUT_PREFIX) for name in path.split("/"))
+
+
+def _layer_name(path: str, left_out: list[str]) -> str | None:
+    """A system or state path's name in the archive the engine extracts into the holder's
+    layer; None (and noted in `left_out`) for one named as a whiteout (`reserved`)."""
+    if reserved(path):
+        left_out.append(path)
+        return None
+    return f"acs/upper/{path}"
+
+
+def _left_out(paths: list[str]) -> None:
+    """Said when a restore left entries named as whiteouts out (`reserved`)."""
+    if paths:
+        log.warning("snapshot_whiteout_names_left_out", count=len(paths), paths=paths[:SHOWN_PATHS])
+
+
 def _answer(answer: dict[str, Any] | Exception) -> dict[str, Any]:
     """The export helper's word on the base it laid down; raises what stopped it."""
     if isinstance(answer, Exception):
@@ -989,6 +1018,7 @@ def _placed_whole(staging: Staging, answer: dict[str, Any], forks: int) -> str:
         placed=answer.get("placed"),
         listed=answer.get("listed"),
         system=answer.get("system"),
+        reserved=answer.get("reserved"),
         forks=answer.get("forks"),
         bytes=answer.get("bytes"),
         opened=answer.get("opened"),

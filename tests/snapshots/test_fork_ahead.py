@@ -167,9 +167,11 @@ async def test_the_forks_of_an_abandoned_snapshot_are_withdrawn_by_the_collector
     await store.begin(dead, 0.01)  # its lease lapses at once: its replica died
     await store.note_forks(dead.id, [orphans])
     listed_one = pending("sandbox-forked-too")
-    await store.note_forks(listed_one.id, [kept])  # listed (its record is READY)
     await store.begin(listed_one, 60)
     await store.fill(listed_one.id, store.encode(listed_one))
+    # Noted while PENDING, then listed (its record READY): the collector only forgets them.
+    assert await store.note_forks(listed_one.id, [kept])
+    assert sorted(await store.forked_ahead()) == sorted([dead.id, listed_one.id])
     await snap.app[keys.REDIS].hset(keyspace.snapshot(listed_one.id), "status", "READY")
     await asyncio.sleep(0.05)
 
@@ -182,3 +184,49 @@ async def test_the_forks_of_an_abandoned_snapshot_are_withdrawn_by_the_collector
     assert await listed(snap, alice) == [kept]
     assert exists(docker_client, test_prefix, kept)
     assert await store.forked_ahead() == []  # both forgotten
+
+
+async def test_the_collector_finds_the_forks_ahead_without_scanning_the_keyspace(
+    make_snap_client: ClientFactory,
+) -> None:
+    """The snapshots with forks started ahead come from their own index (one read), not from
+    a SCAN of every key of the deployment at each collector pass; a record noted only while
+    PENDING; the index forgets a snapshot once it is listed or its record is dropped, and one
+    whose record expired (its TTL) at the next pass."""
+    snap = await make_snap_client()
+    redis = snap.app[keys.REDIS]
+    store: SnapshotStore = snap.app[keys.SNAPSHOT_DATA].store
+    data = snap.app[keys.SNAPSHOT_DATA]
+    records = [
+        SnapshotRecord(
+            id=uuid7_hex(),
+            owner="alice",
+            sandbox_id=f"sandbox-{n}",
+            spec_id="default",
+            status=SnapshotStatus.PENDING,
+            created_at=datetime.now(UTC),
+            repository=data.repository("alice"),
+        )
+        for n in range(3)
+    ]
+    assert not await store.note_forks(records[0].id, ["sandbox-x"])  # no PENDING record
+    for record in records:
+        await store.begin(record, 60)
+        await store.fill(record.id, store.encode(record))
+        assert await store.note_forks(record.id, [f"fork-of-{record.sandbox_id}"])
+
+    def scans(stats: dict[str, Any]) -> int:
+        return int((stats.get("cmdstat_scan") or {}).get("calls", 0))
+
+    before = scans(await redis.info("commandstats"))
+    assert sorted(await store.forked_ahead()) == sorted(r.id for r in records)
+    assert scans(await redis.info("commandstats")) == before
+
+    await store.drop_forks(records[0].id)
+    await redis.delete(keyspace.snapshot_forks(records[1].id))  # as its TTL does
+    assert sorted(await store.forked_ahead()) == sorted(r.id for r in records[1:])
+    await redis.hset(keyspace.snapshot(records[1].id), "status", "READY")
+    await snap.app[keys.COLLECTOR].collect()
+    # Still PENDING (its fork is under way): kept; the other dropped at the pass.
+    assert await store.forked_ahead() == [records[2].id]
+    assert await store.forks_of(records[2].id) == ["fork-of-sandbox-2"]
