@@ -23,10 +23,13 @@ from drivers.docker.driver import DockerDriver
 from drivers.docker.files import LABEL_SNAPSHOT
 from drivers.docker.helper import LABEL_OWNER, LABEL_ROLE
 from drivers.errors import DriverError, ImageMissing
+from tests.snapshots.test_fork_ahead import exists, listed, until
 from tests.support.log_capture import capture_logs
+from tests.support.registry_server import RegistryServer
 from tests.support.sandbox_helpers import wait_status
 from tests.support.snapshot_helpers import running, sh
-from tests.support.types import Client, UserHeaders
+from tests.support.tcp_relay import TcpRelay
+from tests.support.types import Client, ClientFactory, UserHeaders
 
 AS_AGENT = (
     "cd /workspace && mkdir -p d/e ro && echo x > d/e/f && chmod 0640 d/e/f && chmod 2775 d"
@@ -131,25 +134,52 @@ SYSTEM_LOOK = (
 
 
 async def test_a_forks_system_tree_is_laid_down_by_the_export(
-    snap: Client, user_headers: UserHeaders, docker_client: docker.DockerClient, test_prefix: str
+    make_snap_client: ClientFactory,
+    registry: RegistryServer,
+    user_headers: UserHeaders,
+    docker_client: docker.DockerClient,
+    test_prefix: str,
 ) -> None:
     """What the agent changed outside the workspace (a file with set-id bits, an owner, a
     link; a file of the image deleted: a whiteout; a directory of the image replaced: opaque)
     is laid down by the export's helper in the layer the base's image is committed from, with
     the forks' directories, so the base is whole at the export's end (not the stream's): the
-    forks see the system tree as the source had it, the image's hidden files hidden."""
-    alice = await user_headers("alice")
-    source = (await running(snap, alice))["id"]
-    await sh(docker_client, test_prefix, source, SYSTEM, user="root")
-    seen = await sh(docker_client, test_prefix, source, SYSTEM_LOOK, user="root")
-    assert seen.splitlines()[-2:] == ["no-issue", "new"], seen
-    with capture_logs("info") as logs:
-        resp = await snap.post(f"/api/v1/sandboxes/{source}/fork", json={"count": 2}, headers=alice)
-        forked = await resp.json()
-        assert resp.status == 200, forked
-        ids = [s["id"] for s in forked["sandboxes"]]
-        for sandbox_id in ids:
-            await wait_status(snap, alice, sandbox_id, "RUNNING", within=90)
+    forks see the system tree as the source had it, the image's hidden files hidden. The store
+    is held (a relay) until the forks' containers are made: the forks started before the
+    snapshot was sealed, which a small snapshot sealed at once could not show."""
+    host, port = registry.url.removeprefix("http://").rsplit(":", 1)
+    relay = TcpRelay(host, int(port))
+    await relay.start()
+    try:
+        snap = await make_snap_client(snapshot_store_url=relay.url, snapshot_store_timeout=60)
+        alice = await user_headers("alice")
+        source = (await running(snap, alice))["id"]
+        await sh(docker_client, test_prefix, source, SYSTEM, user="root")
+        await sh(docker_client, test_prefix, source, "head -c 3000000 /dev/urandom > /workspace/b")
+        seen = await sh(docker_client, test_prefix, source, SYSTEM_LOOK, user="root")
+        assert seen.splitlines()[-2:] == ["no-issue", "new"], seen
+        with capture_logs("info") as logs:
+            relay.stall_after(64 * 1024)  # the pack's bytes held: the snapshot cannot be sealed
+            forking = asyncio.create_task(
+                snap.post(f"/api/v1/sandboxes/{source}/fork", json={"count": 2}, headers=alice)
+            )
+
+            async def forks_made() -> bool:
+                ids = [i for i in await listed(snap, alice) if i != source]
+                return len(ids) == 2 and all(exists(docker_client, test_prefix, i) for i in ids)
+
+            await until("the forks' containers made", forks_made, within=120)
+            assert relay.stalled.is_set()
+            assert not forking.done()  # it answers once the snapshot is sealed
+            relay.restore()
+            resp = await asyncio.wait_for(forking, 120)
+            forked = await resp.json()
+            assert resp.status == 200, forked
+            ids = [s["id"] for s in forked["sandboxes"]]
+            for sandbox_id in ids:
+                await wait_status(snap, alice, sandbox_id, "RUNNING", within=90)
+    finally:
+        await relay.close()
     (placed,) = logs.events("snapshot_base_placed")
     assert placed["system"] >= 5, placed  # opt, tool, bin, t, the link, the whiteout, doc...
     assert placed["forks"] == 2, placed
