@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -118,6 +119,18 @@ def ms(seconds: float) -> str:
     if math.isnan(seconds):
         return "-"
     return f"{seconds * 1000:.2f}" if seconds < 0.1 else f"{seconds * 1000:.1f}"
+
+
+def concurrency_levels(parser: argparse.ArgumentParser, levels: str, *counts: int) -> list[int]:
+    """`--concurrency` (comma-separated integers) as a list, every level and each of `counts`
+    (calls, rounds) positive; anything else ends the run with the parser's usage error."""
+    try:
+        out = [int(c) for c in levels.split(",") if c]
+    except ValueError:
+        parser.error("--concurrency takes integers, comma-separated")
+    if not out or min(out) < 1 or min(counts, default=1) < 1:
+        parser.error("--calls, --rounds and the levels must be positive")
+    return out
 
 
 def process_cpu(pid: int) -> float:

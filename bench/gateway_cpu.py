@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 
 from bench.burst import Server, stop_server
-from bench.common import BenchError, Deployment, main_of, process_cpu
+from bench.common import BenchError, Deployment, concurrency_levels, main_of, process_cpu
 from bench.gateway_peer import LLM_KEY, MODEL, USER, Child, Refused, one_call
 from tests.support.live_server import free_port
 
@@ -264,12 +264,7 @@ def parse(argv: list[str] | None) -> Options:
     parser.add_argument("--py-spy", type=Path, default=None, help="sample ours into DIR/<n>.txt")
     parser.add_argument("--json", dest="json_path", type=Path, default=None)
     args = parser.parse_args(argv)
-    try:
-        levels = [int(c) for c in args.concurrency.split(",") if c]
-    except ValueError:
-        parser.error("--concurrency takes integers, comma-separated")
-    if not levels or min(levels) < 1 or args.calls < 1 or args.rounds < 1:
-        parser.error("--calls, --rounds and the levels must be positive")
+    levels = concurrency_levels(parser, args.concurrency, args.calls, args.rounds)
     return Options(
         args.calls, levels, args.rounds, args.control_planes, args.py_spy, args.json_path
     )

@@ -37,7 +37,15 @@ import aiohttp
 
 from bench import litellm_db
 from bench.burst import Server, stop_server
-from bench.common import BenchError, Deployment, Samples, main_of, percentile, process_cpu
+from bench.common import (
+    BenchError,
+    Deployment,
+    Samples,
+    concurrency_levels,
+    main_of,
+    percentile,
+    process_cpu,
+)
 from tests.support.fake_llm import FakeLLM, reply_text
 from tests.support.live_server import free_port
 
@@ -576,12 +584,7 @@ def parse(argv: list[str] | None) -> Options:
         help="LiteLLM as a team runs it: PostgreSQL, a virtual key with a budget, prices",
     )
     args = parser.parse_args(argv)
-    try:
-        levels = [int(c) for c in args.concurrency.split(",") if c]
-    except ValueError:
-        parser.error("--concurrency takes integers, comma-separated")
-    if not levels or min(levels) < 1 or args.calls < 1 or args.rounds < 1:
-        parser.error("--calls, --rounds and the levels must be positive")
+    levels = concurrency_levels(parser, args.concurrency, args.calls, args.rounds)
     return Options(
         args.calls, levels, args.rounds, args.json_path, args.translated, args.litellm_db
     )
