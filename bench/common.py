@@ -133,6 +133,28 @@ def concurrency_levels(parser: argparse.ArgumentParser, levels: str, *counts: in
     return out
 
 
+async def py_spy(pid: int, out: Path, rate: int) -> asyncio.subprocess.Process:
+    """py-spy (this venv's) sampling process `pid` into `out` until `py_spy_stop`: raw
+    collapsed stacks, only those holding the GIL; returned once attached (a second)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    spy = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "py-spy"),
+        *("record", "--pid", str(pid), "--rate", str(rate), "--gil"),
+        *("--format", "raw", "--output", str(out)),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    await asyncio.sleep(1.0)
+    return spy
+
+
+async def py_spy_stop(spy: asyncio.subprocess.Process | None) -> None:
+    """Stop a `py_spy` (it writes its file on SIGINT)."""
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        await spy.wait()
+
+
 def process_cpu(pid: int) -> float:
     """User + system CPU seconds of process `pid` so far (/proc/<pid>/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,7 +28,15 @@ from typing import Any
 import aiohttp
 
 from bench.burst import Server, stop_server
-from bench.common import BenchError, Deployment, concurrency_levels, main_of, process_cpu
+from bench.common import (
+    BenchError,
+    Deployment,
+    concurrency_levels,
+    main_of,
+    process_cpu,
+    py_spy,
+    py_spy_stop,
+)
 from bench.gateway_peer import LLM_KEY, MODEL, USER, Child, Refused, one_call
 from tests.support.live_server import free_port
 
@@ -166,21 +173,10 @@ class CpuBench:
         target.calls[name] = target.calls.get(name, 0) + calls
 
     async def spy(self, target: Target) -> asyncio.subprocess.Process | None:
-        """py-spy on one of ours over the measured rounds (--py-spy DIR: raw collapsed stacks,
-        only those holding the GIL)."""
+        """py-spy on one of ours over the measured rounds (--py-spy DIR: DIR/<n>.txt)."""
         if self.opt.py_spy is None:
             return None
-        self.opt.py_spy.mkdir(parents=True, exist_ok=True)
-        out = self.opt.py_spy / f"{self.targets.index(target)}.txt"
-        spy = await asyncio.create_subprocess_exec(
-            str(Path(sys.executable).parent / "py-spy"),
-            *("record", "--pid", str(target.pid), "--rate", "500", "--gil"),
-            *("--format", "raw", "--output", str(out)),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        await asyncio.sleep(1.0)  # attached
-        return spy
+        return await py_spy(target.pid, self.opt.py_spy / f"{self.targets.index(target)}.txt", 500)
 
     async def measure(self) -> tuple[list[str], list[str]]:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
@@ -206,9 +202,7 @@ class CpuBench:
                         f"load avg after concurrency {conc}: {os.getloadavg()[0]:.1f}"
                     )
                 for spy in spies:
-                    if spy is not None:
-                        spy.send_signal(signal.SIGINT)
-                        await spy.wait()
+                    await py_spy_stop(spy)
             finally:
                 self.remove_everything()
         return self.table(), []

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -30,7 +29,16 @@ from typing import Any
 import aiohttp
 
 from bench.burst import EXPECTED, BurstBench, Server
-from bench.common import BenchError, Deployment, Samples, main_of, percentile, process_cpu
+from bench.common import (
+    BenchError,
+    Deployment,
+    Samples,
+    main_of,
+    percentile,
+    process_cpu,
+    py_spy,
+    py_spy_stop,
+)
 from controlplane.store import keyspace
 
 
@@ -151,7 +159,7 @@ class RequestCpuBench:
             cpu0, t0 = server.cpu(), time.perf_counter()
             await asyncio.sleep(self.opt.idle)
             idle = (server.cpu() - cpu0) / (time.perf_counter() - t0)
-            await self.unspy(spy)
+            await py_spy_stop(spy)
             row = await self.loops(http, server, keys, idle, label)
         finally:
             await server.stop()
@@ -207,7 +215,7 @@ class RequestCpuBench:
                 await call(i)
             wall = time.perf_counter() - t0
             redis_cpu[call.__name__] = (process_cpu(redis_pid) - r0) / count * 1000
-            await self.unspy(spy)
+            await py_spy_stop(spy)
             return (server.cpu() - cpu0 - idle * wall) / count * 1000, wall / count * 1000
 
         claim_cpu, claim_wall = await timed(self.opt.pool, claim)
@@ -232,27 +240,12 @@ class RequestCpuBench:
         )
 
     async def spy(self, server: Server, kind: str) -> asyncio.subprocess.Process | None:
-        """py-spy sampling the server over one loop (--py-spy DIR: DIR/<kind>-<n>.txt, its
-        raw collapsed stacks, only those holding the GIL); its CPU is its own process's."""
+        """py-spy sampling the server over one loop (--py-spy DIR: DIR/<kind>-<n>.txt); its CPU
+        is its own process's."""
         if self.opt.py_spy is None or server.process is None:
             return None
-        self.opt.py_spy.mkdir(parents=True, exist_ok=True)
         out = self.opt.py_spy / f"{kind}-{len(self.rows)}.txt"
-        spy = await asyncio.create_subprocess_exec(
-            str(Path(sys.executable).parent / "py-spy"),
-            *("record", "--pid", str(server.process.pid), "--rate", "1000", "--gil"),
-            *("--format", "raw", "--output", str(out)),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        await asyncio.sleep(1.0)  # attached
-        return spy
-
-    @staticmethod
-    async def unspy(spy: asyncio.subprocess.Process | None) -> None:
-        if spy is not None:
-            spy.send_signal(signal.SIGINT)
-            await spy.wait()
+        return await py_spy(server.process.pid, out, 1000)
 
     async def direct(
         self, http: aiohttp.ClientSession, claimed: list[tuple[str, dict[str, Any]]]
