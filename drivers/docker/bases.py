@@ -220,13 +220,16 @@ class DockerBases:
         await self._drop_prepared(name)
 
     async def _drop_prepared(self, name: str) -> None:
-        """`discard`'s removal of a prepared base no build took: its holder, then, once the
-        export's helper is gone, its volume (and an image, if one was made meanwhile)."""
+        """`discard`'s removal of a prepared base no build took: once the export's helper is
+        gone, its holder and its volume (and an image, if one was made meanwhile). The holder
+        waits for the helper too: the helper mounts the holder's layer, and the engine's reads
+        of the helper's copies (the export's stream, still drained after a failed build) fail
+        once that layer is gone."""
         holder = self._holders.pop(name, "")
         try:
+            await self._unheld(name)
             if holder:
                 await self._lane.run(lambda c: _remove_holder(c, holder))
-            await self._unheld(name)
             async with self._lock(name):
                 found = await self._lane.run(lambda c: _volume(c, name))
                 image = str(((found or {}).get("Labels") or {}).get(LABEL_BASE_IMAGE) or "")
