@@ -25,8 +25,7 @@ from drivers.docker.bases import _image_name
 from drivers.docker.helper import LABEL_OWNER
 from tests.snapshots.test_snapshot_store import assert_nothing_orphaned
 from tests.support.registry_server import RegistryServer
-from tests.support.sandbox_helpers import wait_status
-from tests.support.snapshot_helpers import container, running, sh
+from tests.support.snapshot_helpers import container, fork_one, running, sh
 from tests.support.tcp_relay import TcpRelay
 from tests.support.types import Client, ClientFactory, UserHeaders
 
@@ -123,13 +122,7 @@ async def test_a_seal_that_fails_after_the_forks_started_takes_them_with_it(
 
         relay.restore()
         await assert_nothing_orphaned(snap, registry)
-        resp = await snap.post(
-            f"/api/v1/sandboxes/{source['id']}/fork", json={"count": 1}, headers=alice
-        )
-        forked = await resp.json()
-        assert resp.status == 200, forked
-        (fork,) = [s["id"] for s in forked["sandboxes"]]
-        await wait_status(snap, alice, fork, "RUNNING", within=90)
+        fork, _ = await fork_one(snap, alice, source["id"])
         assert (await sh(docker_client, test_prefix, fork, "cat /workspace/mark")) == "kept\n"
     finally:
         await relay.close()

@@ -27,7 +27,7 @@ from tests.snapshots.test_fork_ahead import exists, listed, until
 from tests.support.log_capture import capture_logs
 from tests.support.registry_server import RegistryServer
 from tests.support.sandbox_helpers import wait_status
-from tests.support.snapshot_helpers import running, sh
+from tests.support.snapshot_helpers import fork_one, running, sh
 from tests.support.tcp_relay import TcpRelay
 from tests.support.types import Client, ClientFactory, UserHeaders
 
@@ -212,13 +212,7 @@ async def test_placing_a_deep_directory_opens_each_directory_about_once(
     count = "find /workspace -type d | wc -l && find /workspace | wc -l"
     dirs, entries = map(int, (await sh(docker_client, test_prefix, source["id"], count)).split())
     with capture_logs("info") as logs:
-        resp = await snap.post(
-            f"/api/v1/sandboxes/{source['id']}/fork", json={"count": 1}, headers=alice
-        )
-        forked = await resp.json()
-        assert resp.status == 200, forked
-        (fork,) = [s["id"] for s in forked["sandboxes"]]
-        await wait_status(snap, alice, fork, "RUNNING", within=90)
+        fork, _ = await fork_one(snap, alice, source["id"])
     (placed,) = logs.events("snapshot_base_placed")
     assert placed["placed"] == entries, placed
     # The root is the helper's own descriptor; every other directory: opened for its entries
@@ -387,11 +381,7 @@ async def test_a_base_whose_image_is_still_run_keeps_its_volume(
     alice = await user_headers("alice")
     source = (await running(snap, alice))["id"]
     await sh(docker_client, test_prefix, source, "echo kept > /workspace/f")
-    resp = await snap.post(f"/api/v1/sandboxes/{source}/fork", json={"count": 1}, headers=alice)
-    forked = await resp.json()
-    assert resp.status == 200, forked
-    (fork,) = [s["id"] for s in forked["sandboxes"]]
-    await wait_status(snap, alice, fork, "RUNNING", within=90)
+    fork, forked = await fork_one(snap, alice, source)
     made = {"label": [f"{LABEL_SNAPSHOT}={forked['snapshot']['id']}", f"{LABEL_ROLE}=base"]}
     (volume,) = docker_client.volumes.list(filters=made)
     image = str(volume.attrs["Labels"][LABEL_BASE_IMAGE])

@@ -12,7 +12,7 @@ from controlplane import keys
 from drivers.docker.driver import DockerDriver
 from drivers.docker.files import LABEL_SNAPSHOT, Lane
 from tests.support.sandbox_helpers import wait_status
-from tests.support.snapshot_helpers import running, sh, snapshot
+from tests.support.snapshot_helpers import fork_one, running, sh, snapshot
 from tests.support.types import Client, ClientFactory, UserHeaders
 
 WRITE = (
@@ -162,13 +162,7 @@ async def test_a_fork_over_the_copy_bound_takes_what_changed(
         )
         await snapshot(bounded, alice, source["id"])
     await sh(docker_client, test_prefix, source["id"], "echo late > /workspace/late")
-    resp = await bounded.post(
-        f"/api/v1/sandboxes/{source['id']}/fork", json={"count": 1}, headers=alice
-    )
-    forked = await resp.json()
-    assert resp.status == 200, forked
-    (fork,) = [s["id"] for s in forked["sandboxes"]]
-    await wait_status(bounded, alice, fork, "RUNNING", within=90)
+    fork, _ = await fork_one(bounded, alice, source["id"])
     seen = await sh(
         docker_client,
         test_prefix,
@@ -225,13 +219,7 @@ async def test_a_forks_base_holds_nothing_of_the_agent_state(
         "mkdir -p /var/lib/acs-agent/keys && echo hush > /var/lib/acs-agent/keys/token"
         " && echo kept > /workspace/kept",
     )
-    resp = await snap.post(
-        f"/api/v1/sandboxes/{source['id']}/fork", json={"count": 1}, headers=alice
-    )
-    forked = await resp.json()
-    assert resp.status == 200, forked
-    (fork,) = [s["id"] for s in forked["sandboxes"]]
-    await wait_status(snap, alice, fork, "RUNNING", within=90)
+    fork, forked = await fork_one(snap, alice, source["id"])
     # As the agent, whose directory it is (a failing `ls` fails the test).
     seen = await sh(
         docker_client, test_prefix, fork, "cat /workspace/kept; ls -A /var/lib/acs-agent"

@@ -163,6 +163,23 @@ def store_is_clean(redis_url: str, registry: RegistryServer, repositories: str) 
         client.close()
 
 
+async def assert_swept(
+    docker_client: docker.DockerClient, prefix: str, *, volumes: bool = False
+) -> None:
+    """A sweep of the snapshots' helpers (the collector's, for objects older than ten minutes;
+    here at once) leaves none of the deployment's helper containers (and, `volumes`, none of
+    its volumes) on the engine."""
+    driver = DockerDriver(prefix=prefix)
+    try:
+        await driver.files.sweep(0)
+        label: dict[str, str | list[str] | bool] = {"label": f"acs.files_prefix={prefix}"}
+        assert docker_client.containers.list(all=True, filters=label) == []
+        if volumes:
+            assert docker_client.volumes.list(filters=label) == []
+    finally:
+        await driver.close()
+
+
 async def test_killed_while_a_snapshot_holds_the_sandbox_still(
     faulty_server: Server, clean: Check, docker_client: docker.DockerClient, test_prefix: str
 ) -> None:
@@ -239,15 +256,7 @@ async def test_killed_while_forks_are_restored(
     await until("collected", clean, within=30)
     # What the killed restore left on the engine goes with a sweep (the collector's runs one
     # every pass for objects older than ten minutes; here at once).
-    driver = DockerDriver(prefix=test_prefix)
-    try:
-        await driver.files.sweep(0)
-        leftovers = docker_client.containers.list(
-            all=True, filters={"label": f"acs.files_prefix={test_prefix}"}
-        )
-        assert leftovers == []
-    finally:
-        await driver.close()
+    await assert_swept(docker_client, test_prefix)
 
 
 @pytest.mark.parametrize(
@@ -296,17 +305,7 @@ async def test_killed_while_a_forks_copy_is_built(
 
     # The half-built base (its volume, the container its image was to be committed from) goes
     # with a sweep; then a fork succeeds.
-    driver = DockerDriver(prefix=test_prefix)
-    try:
-        await driver.files.sweep(0)
-        leftovers = docker_client.containers.list(
-            all=True, filters={"label": f"acs.files_prefix={test_prefix}"}
-        )
-        assert leftovers == []
-        volumes = docker_client.volumes.list(filters={"label": f"acs.files_prefix={test_prefix}"})
-        assert volumes == []
-    finally:
-        await driver.close()
+    await assert_swept(docker_client, test_prefix, volumes=True)
     await lock_lapsed(redis_url_of(faulty_server), source)
     code, forked = await api.call("POST", f"/api/v1/sandboxes/{source}/fork", json={"count": 1})
     assert code == 200, forked
@@ -377,14 +376,6 @@ async def test_killed_after_the_forks_started_before_their_snapshot_is_stored(
         assert [c.name for c in sandboxes] == [f"{test_prefix}{source}"]
         # What the killed export left on the engine (its helper, holding the forks' base) goes
         # with a sweep (the collector's, for objects older than ten minutes; here at once).
-        driver = DockerDriver(prefix=test_prefix)
-        try:
-            await driver.files.sweep(0)
-            leftovers = docker_client.containers.list(
-                all=True, filters={"label": f"acs.files_prefix={test_prefix}"}
-            )
-            assert leftovers == []
-        finally:
-            await driver.close()
+        await assert_swept(docker_client, test_prefix)
     finally:
         await relay.close()

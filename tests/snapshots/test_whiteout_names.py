@@ -12,8 +12,7 @@ from __future__ import annotations
 import docker
 
 from tests.support.log_capture import capture_logs
-from tests.support.sandbox_helpers import wait_status
-from tests.support.snapshot_helpers import running, sh, snapshot
+from tests.support.snapshot_helpers import fork_one, running, sh, snapshot
 from tests.support.types import Client, UserHeaders
 
 # The image's ~/.bashrc (skeleton, from useradd) and the agent's own files beside files named
@@ -42,11 +41,7 @@ async def test_files_named_as_whiteouts_hide_nothing_in_forks_and_restores(
     expected = without_whiteout_names(seen)
 
     with capture_logs("info") as logs:
-        resp = await snap.post(f"/api/v1/sandboxes/{source}/fork", json={"count": 1}, headers=alice)
-        forked = await resp.json()
-        assert resp.status == 200, forked
-        (fork,) = [s["id"] for s in forked["sandboxes"]]
-        await wait_status(snap, alice, fork, "RUNNING", within=90)
+        fork, _ = await fork_one(snap, alice, source)
     assert await sh(docker_client, test_prefix, fork, LOOK) == expected
     # Laid down by the export's helper (the base whole at the export's end), those left out.
     (placed,) = logs.events("snapshot_base_placed")

@@ -57,3 +57,16 @@ async def snapshot(
     taken: dict[str, Any] = await resp.json()
     assert resp.status == 200, taken
     return taken
+
+
+async def fork_one(
+    client: Client, headers: dict[str, str], sandbox_id: str
+) -> tuple[str, dict[str, Any]]:
+    """A fork of one of the sandbox, once RUNNING: its id, and the fork's answer."""
+    url = f"/api/v1/sandboxes/{sandbox_id}/fork"
+    resp = await client.post(url, json={"count": 1}, headers=headers)
+    forked: dict[str, Any] = await resp.json()
+    assert resp.status == 200, forked
+    (fork,) = [s["id"] for s in forked["sandboxes"]]
+    await wait_status(client, headers, fork, "RUNNING", within=90)
+    return fork, forked
