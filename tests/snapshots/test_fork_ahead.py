@@ -69,9 +69,7 @@ async def test_a_seal_that_fails_after_the_forks_started_takes_them_with_it(
     test_prefix: str,
     registry: RegistryServer,
 ) -> None:
-    host, port = registry.url.removeprefix("http://").rsplit(":", 1)
-    relay = TcpRelay(host, int(port))
-    await relay.start()
+    relay = await TcpRelay.started(registry.url)
     try:
         snap = await make_snap_client(snapshot_store_url=relay.url, snapshot_store_timeout=60)
         alice = await user_headers("alice")

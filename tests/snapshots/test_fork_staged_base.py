@@ -147,9 +147,7 @@ async def test_a_forks_system_tree_is_laid_down_by_the_export(
     forks see the system tree as the source had it, the image's hidden files hidden. The store
     is held (a relay) until the forks' containers are made: the forks started before the
     snapshot was sealed, which a small snapshot sealed at once could not show."""
-    host, port = registry.url.removeprefix("http://").rsplit(":", 1)
-    relay = TcpRelay(host, int(port))
-    await relay.start()
+    relay = await TcpRelay.started(registry.url)
     try:
         snap = await make_snap_client(snapshot_store_url=relay.url, snapshot_store_timeout=60)
         alice = await user_headers("alice")

@@ -328,9 +328,7 @@ async def test_killed_after_the_forks_started_before_their_snapshot_is_stored(
     """The forks start on their base while the store seals the snapshot: killed then (the
     store holding the snapshot's upload), the snapshot is never listed, and the collector of
     the next control plane withdraws the forks with it: no fork left, the source as it was."""
-    host, port = registry.url.removeprefix("http://").rsplit(":", 1)
-    relay = TcpRelay(host, int(port))
-    await relay.start()
+    relay = await TcpRelay.started(registry.url)
     try:
         faulty_server.env["ACS_SNAPSHOT_STORE_URL"] = relay.url
         api = await faulty_server.start()

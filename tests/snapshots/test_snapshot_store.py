@@ -232,9 +232,7 @@ async def test_a_store_lost_in_the_middle_of_a_pack_leaves_nothing(
     """The store going away in the middle of a checkpoint's packs (one sent, the next cut
     half-way) is a 503 that lists nothing, leaves the sandbox running and leaves nothing in
     the store once collected; the next snapshot is taken as usual."""
-    host, port = registry.url.removeprefix("http://").rsplit(":", 1)
-    relay = TcpRelay(host, int(port))
-    await relay.start()
+    relay = await TcpRelay.started(registry.url)
     try:
         snap = await make_snap_client(snapshot_store_url=relay.url, snapshot_store_timeout=5)
         alice = await user_headers("alice")

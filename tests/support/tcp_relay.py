@@ -105,6 +105,14 @@ class TcpRelay(UnixRelay):
         self._released = asyncio.Event()
         self.stalled = asyncio.Event()  # set once something is held by `stall_after`
 
+    @classmethod
+    async def started(cls, url: str) -> TcpRelay:
+        """A relay to the server at `url` (`http://host:port`), listening; `close` it."""
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        relay = cls(host, int(port))
+        await relay.start()
+        return relay
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
