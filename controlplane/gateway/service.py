@@ -77,6 +77,10 @@ class Loaded:
     """The organization the call is charged to (None: the user is in none)."""
 
 
+LOST_USERS_SHOWN = 20
+"""Users (by the cost lost) a failed usage write names in its log line."""
+
+
 @dataclass
 class _Batch:
     """Calls' usage written to Redis in one command, and when that is done (written or
@@ -367,10 +371,19 @@ class GatewayService:
                     with bookkeeping():
                         await self._meter.record_many(batch.records)
                 except Exception:
+                    # One line a batch, not one a call: a batch after a Redis stall holds
+                    # thousands of calls, and a traceback each would flood the log.
+                    lost: dict[str, float] = {}
                     for r in batch.records:
-                        log.exception(
-                            "llm_usage_not_recorded", user_id=r.user_id, cost=r.usage.cost
-                        )
+                        lost[r.user_id] = lost.get(r.user_id, 0.0) + r.usage.cost
+                    shown = dict(sorted(lost.items(), key=lambda kv: -kv[1])[:LOST_USERS_SHOWN])
+                    log.exception(
+                        "llm_usage_not_recorded",
+                        calls=len(batch.records),
+                        users=len(lost),
+                        cost=sum(lost.values()),
+                        cost_by_user=shown,
+                    )
                 finally:
                     self._writing = None
                     batch.done.set_result(None)

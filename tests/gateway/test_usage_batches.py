@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import redis.asyncio as aioredis
 
+from controlplane import keys
 from controlplane.config import ServiceConfig
 from controlplane.gateway.metering import (
     FIELDS,
@@ -27,6 +28,7 @@ from tests.gateway.conftest import LLM_KEY
 from tests.gateway.test_over_http import PRICES, User, ask
 from tests.support.fake_llm import FakeLLM, reply_text
 from tests.support.live_server import start_live_server
+from tests.support.log_capture import capture_logs
 
 
 async def test_records_of_a_batch_are_added_as_each_alone(redis_url: str) -> None:
@@ -147,3 +149,28 @@ async def test_a_batch_of_thousands_goes_in_scripts_of_a_bounded_size(redis_url:
         assert int(user or 0) == 1 + len(range(0, many, 7))
     finally:
         await redis.aclose()
+
+
+async def test_a_failed_batch_is_one_log_line_naming_what_was_lost(
+    make_config: Callable[..., ServiceConfig], redis_url: str
+) -> None:
+    """A usage write that fails (here: a conversation's usage key of another type, so the
+    script errs) is logged once for its batch, with the calls, users and cost it lost, not a
+    traceback per call (a batch after a Redis stall holds thousands)."""
+    server = await start_live_server(make_config(llm_prices=PRICES), with_sandboxes=False)
+    redis = aioredis.Redis.from_url(redis_url)
+    try:
+        await redis.set(keyspace.llm_usage_conversation("lost-c"), "not a hash")
+        gateway = server.app[keys.GATEWAY]
+        with capture_logs("info") as logs:
+            for n in range(30):
+                gateway._queue_record(Record(f"lost-u{n % 3}", "lost-c", Usage(1, 1, 0.5)))
+            await gateway.recorded()
+        (line,) = logs.events("llm_usage_not_recorded")
+        assert line["calls"] == 30, line
+        assert line["users"] == 3, line
+        assert line["cost"] == 15.0, line
+        assert line["cost_by_user"] == {f"lost-u{n}": 5.0 for n in range(3)}, line
+    finally:
+        await redis.aclose()
+        await server.close()
