@@ -762,10 +762,12 @@ class DockerBases:
                 await old.gone
                 # A helper that hangs (a volume directory the engine cannot read, a stuck
                 # filesystem) costs this long at most; removing it ends the thread's wait.
+                # asyncio.timeout, not wait_for: on 3.11 wait_for returns an answer that came
+                # in the same loop pass as its deadline (a loop late under load), so a limit
+                # was kept or not by chance; here a deadline passed is a deadline passed.
                 try:
-                    answer = await asyncio.wait_for(
-                        self._lane.run(lambda _: helper.ask(ask)), self._reuse_timeout
-                    )
+                    async with asyncio.timeout(self._reuse_timeout):
+                        answer = await self._lane.run(lambda _: helper.ask(ask))
                 except TimeoutError:
                     raise DriverError(
                         f"the reuse helper did not answer in {self._reuse_timeout} s "
