@@ -14,6 +14,8 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the HTTP API")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=3000)
+    # One worker of ACS_WORKERS, as its supervisor starts it (controlplane/workers.py).
+    serve.add_argument("--worker", default=None, help=argparse.SUPPRESS)
 
     keys = sub.add_parser("keys", help="manage API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)

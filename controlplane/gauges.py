@@ -32,9 +32,7 @@ async def refresh(metrics: Metrics, redis: aioredis.Redis, outbox: Outbox | None
     for status in SandboxStatus:
         metrics.sandboxes.labels(status.value).set(sandboxes.get(status.value, 0))
     members, metrics.pool_events.values = await pool_counts(redis)
-    metrics.pool_members.clear()
-    for (spec, state), count in members.items():
-        metrics.pool_members.labels(spec, state).set(count)
+    metrics.set_pool_members(members)
     conversations = {
         status or NO_STATUS: count
         for status, count in (await count_by_execution_status(redis)).items()

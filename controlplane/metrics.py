@@ -5,15 +5,24 @@ registry), so several apps in one process (the tests) never clash. Request and o
 are updated as things happen, through hooks handed to the code that measures them; the sandbox,
 conversation and pool gauges are computed from Redis at scrape time (controlplane/gauges.py), so
 every replica reports the same totals.
+
+Under ACS_WORKERS (controlplane/workers.py) a scrape reaches one worker of several on the same
+port: their metrics then live in prometheus_client's multiprocess files (PROMETHEUS_MULTIPROC_DIR,
+set by the supervisor) and any worker's /metrics answers for all: counters and histograms summed
+over the workers (those of a worker that died included, so they never go back), the gauges read
+from Redis the most recent any worker wrote.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The Prometheus text exposition format that `generate_latest` writes."""
@@ -21,24 +30,15 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 NO_STATUS = "unknown"
 """`execution_status` label of conversations whose agent has not reported a status yet."""
 
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+"""Set by the ACS_WORKERS supervisor (controlplane/workers.py) for its workers only."""
+
+# Gauges set from Redis at every scrape: under workers, the value the latest scrape read.
+_FROM_REDIS: Final = "mostrecent"
+
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _OPERATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
-
-
-class _CounterFromSource:
-    """A counter whose value `source()` gives, read at scrape."""
-
-    def __init__(self, name: str, documentation: str, source: Callable[[], int]) -> None:
-        self._name = name
-        self._doc = documentation
-        self._source = source
-
-    def describe(self) -> Iterable[Metric]:
-        return [CounterMetricFamily(self._name, self._doc)]
-
-    def collect(self) -> Iterable[Metric]:
-        return [CounterMetricFamily(self._name, self._doc, value=self._source())]
 
 
 class _PoolCounters:
@@ -111,33 +111,39 @@ class Metrics:
             registry=reg,
         )
         self.sandboxes = Gauge(
-            "acs_sandboxes", "Sandbox records by status (all users)", ("status",), registry=reg
+            "acs_sandboxes",
+            "Sandbox records by status (all users)",
+            ("status",),
+            registry=reg,
+            multiprocess_mode=_FROM_REDIS,
         )
         self.conversations = Gauge(
             "acs_conversations",
             "Conversations by the execution status their agent last reported",
             ("execution_status",),
             registry=reg,
+            multiprocess_mode=_FROM_REDIS,
         )
-        self._fixes = 0
-        self.reconcile_fixes = _CounterFromSource(
+        self.reconcile_fixes = Counter(
             "acs_reconcile_fixes",
             "Sandbox records the reconciler changed to match the runtime (this process)",
-            lambda: self._fixes,
+            registry=reg,
         )
-        reg.register(self.reconcile_fixes)
         self.pool_members = Gauge(
             "acs_pool_members",
             "Unclaimed warm pool members by spec and status; status=ready counts the claimable",
             ("spec", "status"),
             registry=reg,
+            multiprocess_mode=_FROM_REDIS,
         )
+        self._pool_series: set[tuple[str, str]] = set()
         self.pool_events = _PoolCounters()
         reg.register(self.pool_events)
         self.webhook_pending = Gauge(
             "acs_lifecycle_webhooks_pending",
             "Lifecycle webhook deliveries not yet made (outbox entries, every URL, all replicas)",
             registry=reg,
+            multiprocess_mode=_FROM_REDIS,
         )
         self.webhook_delivered = Counter(
             "acs_lifecycle_webhooks_delivered",
@@ -182,11 +188,32 @@ class Metrics:
         """A successful call of the sandbox API (start, pause, resume, delete)."""
         self.sandbox_api.labels(operation).observe(seconds)
 
+    def set_pool_members(self, members: Mapping[tuple[str, str], int]) -> None:
+        """The warm pool's unclaimed members by (spec, status). The series of a spec or status
+        gone are dropped; under workers, whose files keep every series a worker wrote, they
+        read 0 instead."""
+        if os.environ.get(MULTIPROCESS_DIR):
+            for spec, state in self._pool_series - members.keys():
+                self.pool_members.labels(spec, state).set(0)
+            self._pool_series |= members.keys()
+        else:
+            self.pool_members.clear()
+        for (spec, state), count in members.items():
+            self.pool_members.labels(spec, state).set(count)
+
     def reconcile_fixed(self) -> None:
-        self._fixes += 1
+        self.reconcile_fixes.inc()
 
     def event_delivered(self, seconds: float) -> None:
         self.event_lag.observe(max(seconds, 0.0))  # a sandbox clock ahead of ours reads 0
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        shared = os.environ.get(MULTIPROCESS_DIR)
+        if not shared:
+            return generate_latest(self.registry)
+        # Every worker's counters, histograms and gauges from their files; the pool's counters
+        # are read from Redis by this one (the same for all).
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=shared)  # type: ignore[no-untyped-call]
+        registry.register(self.pool_events)
+        return generate_latest(registry)
