@@ -29,7 +29,7 @@ from controlplane.store import audit
 from controlplane.store.audit_backfill import RETRY as BACKFILL_RETRY
 from controlplane.store.audit_backfill import AuditBackfill
 from controlplane.store.failover import open_redis
-from controlplane.store.redis import wait_for_redis
+from controlplane.store.redis import ensure_embedded_redis, wait_for_redis
 from controlplane.workers import Supervisor, parse_worker, supervised_by
 from drivers.runtime import RuntimeHost
 from drivers.runtimes import RUNTIMES
@@ -213,7 +213,9 @@ def run(args: argparse.Namespace) -> int:
         if args.command == "serve":
             check_bind(config, args.host)
             if worker is None and config.workers > 1:
-                return Supervisor(config.workers, args.host, args.port).run()
+                if config.redis_url is None and not config.redis_sentinels:
+                    ensure_embedded_redis(config.data_dir)  # once, before the workers look
+                return Supervisor(config.workers, args.host, args.port, config.data_dir).run()
             if config.auth_mode == "none" and (worker is None or worker[0] == 0):
                 log.warning("single_user_mode", user_id=config.bootstrap_user, host=args.host)
             run_loop(config.event_loop, _serve(config, args.host, args.port, worker))

@@ -7,14 +7,16 @@ and background loops, coordinated with the others through Redis exactly as repli
 hosts are (leader locks, leases, the outbox); they share the API's port and the webhook
 listener's through SO_REUSEPORT, so the kernel spreads new connections over them.
 
-The supervisor serves nothing and opens no connection. It starts the workers, hands SIGTERM
+The supervisor serves nothing. It starts the embedded Redis first when that is the store (so
+that the workers find it running rather than each start one), then the workers; it hands SIGTERM
 and SIGINT to every one (each drains as a lone replica does: controlplane/shutdown.py) and exits
 when they have; a worker that exits while no stop was asked is started again (1 s, doubling to
 30 s while it keeps dying young; a worker that lived 60 s starts again after 1 s), except one
 that exits 2 (its configuration refused): then every worker is stopped and the supervisor exits
 2. Workers die with their supervisor (PR_SET_PDEATHSIG), so a killed supervisor leaves no
 server behind. Their request metrics are shared through prometheus_client's multiprocess files
-in a directory of this supervisor's (controlplane/metrics.py), removed when it exits.
+in a directory of this supervisor's under ACS_DATA_DIR (controlplane/metrics.py), removed when it
+exits; one left by a supervisor that was killed is removed by the next one's start.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
 import structlog
@@ -77,15 +79,42 @@ def _die_with_parent() -> None:
         pass
 
 
+METRICS_PREFIX = "workers-metrics-"
+
+
+def metrics_dir(data_dir: Path) -> Path:
+    """A new directory for this supervisor's workers' metrics, under `data_dir`; those of
+    supervisors no longer alive (killed: nothing removed them) are removed first."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for old in data_dir.glob(f"{METRICS_PREFIX}*"):
+        pid = old.name.removeprefix(METRICS_PREFIX)
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    made = data_dir / f"{METRICS_PREFIX}{os.getpid()}"
+    shutil.rmtree(made, ignore_errors=True)  # a pid reused since
+    made.mkdir(mode=0o700)
+    return made
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
 class Supervisor:
-    def __init__(self, count: int, host: str, port: int) -> None:
+    def __init__(self, count: int, host: str, port: int, data_dir: Path) -> None:
         self.count = count
         self.host = host
         self.port = port
         self.workers = [_Worker(i) for i in range(count)]
         self.stopping = False
         self.status = 0
-        self.metrics_dir = tempfile.mkdtemp(prefix="acs-metrics-")
+        self.metrics_dir = metrics_dir(data_dir)
 
     def run(self) -> int:
         previous = {
@@ -123,7 +152,7 @@ class Supervisor:
             "--worker",
             f"{worker.index}/{self.count}/{os.getpid()}",
         ]
-        env = {**os.environ, MULTIPROCESS_DIR: self.metrics_dir}
+        env = {**os.environ, MULTIPROCESS_DIR: str(self.metrics_dir)}
         # preexec_fn: this process has no threads, so the fork it runs in is safe.
         worker.process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
             argv,

@@ -11,13 +11,17 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import redis
+import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from controlplane.config import load_config
 from controlplane.sandboxes.start_gate import QUEUE_PER_SLOT, STARTS_PER_CPU, bounds
@@ -29,19 +33,39 @@ HEADERS = {"X-Session-API-Key": BOOTSTRAP_KEY}
 SEARCH = "/api/v1/sandboxes/search"
 
 
+Starter = Callable[..., Awaitable[Serve]]
+
+
 @pytest.fixture
-async def workers(redis_url: str, test_prefix: str, tmp_path: Path) -> AsyncIterator[Serve]:
-    env = serve_env(redis_url, test_prefix, tmp_path / "data")
-    env.update({"ACS_WORKERS": "2", "ACS_WARM_POOL": "0", "ACS_LOG_LEVEL": "info"})
-    server = await launch_serve(free_port(), env)
-    try:
-        yield server
-    finally:
+async def start_workers(redis_url: str, test_prefix: str, tmp_path: Path) -> AsyncIterator[Starter]:
+    """Starts `serve` with ACS_WORKERS=2 (on the test's Redis, unless `redis_url=None`: the
+    embedded one) on a port of its own, the test's data directory; kills what is left."""
+    started: list[Serve] = []
+
+    async def start(*, redis: str | None = redis_url) -> Serve:
+        env = serve_env(redis or "", test_prefix, tmp_path / "data")
+        if redis is None:
+            del env["ACS_REDIS_URL"]
+        env.update({"ACS_WORKERS": "2", "ACS_WARM_POOL": "0", "ACS_LOG_LEVEL": "info"})
+        server = await launch_serve(free_port(), env)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
         pids = worker_pids(server)
+        if server.process.returncode is None:
+            with contextlib.suppress(AssertionError):
+                await server.terminate()
         await server.kill()
-        for pid in pids:  # the supervisor's SIGKILL leaves its workers to PR_SET_PDEATHSIG
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+async def workers(start_workers: Starter) -> Serve:
+    return await start_workers()
 
 
 def worker_pids(server: Serve) -> list[int]:
@@ -154,14 +178,54 @@ async def test_a_killed_worker_is_started_again_and_sigterm_stops_every_worker(
     assert any(e.get("event") == "workers_stopped" for e in workers.events())
 
 
-async def test_workers_end_with_a_killed_supervisor(workers: Serve) -> None:
+async def test_workers_end_with_a_killed_supervisor_and_the_next_start_sweeps_its_files(
+    workers: Serve, start_workers: Starter, tmp_path: Path
+) -> None:
     async with aiohttp.ClientSession() as http:
         await both_serving(workers, http)
-    pids = worker_pids(workers)
-    workers.process.kill()  # no SIGTERM to hand on: the kernel's PR_SET_PDEATHSIG acts
-    await workers.process.wait()
-    for pid in pids:
-        await gone(pid, within=40)  # each drains as after a SIGTERM
+        left = tmp_path / "data" / f"workers-metrics-{workers.process.pid}"
+        assert sorted(p.name.split("_")[0] for p in left.iterdir())  # the workers' files
+        pids = worker_pids(workers)
+        workers.process.kill()  # no SIGTERM to hand on: the kernel's PR_SET_PDEATHSIG acts
+        await workers.process.wait()
+        for pid in pids:
+            await gone(pid, within=40)  # each drains as after a SIGTERM
+        assert left.is_dir()  # nothing removed it: the supervisor was killed
+
+        again = await start_workers()
+        await both_serving(again, http)
+        assert not left.exists()
+        assert (tmp_path / "data" / f"workers-metrics-{again.process.pid}").is_dir()
+
+
+async def test_workers_share_one_embedded_redis(start_workers: Starter, tmp_path: Path) -> None:
+    """Without ACS_REDIS_URL the supervisor starts the embedded Redis before its workers, so
+    they find it running instead of each starting one on the same files."""
+    sock = tmp_path / "data" / "redis" / "redis.sock"
+    try:
+        server = await start_workers(redis=None)
+        async with aiohttp.ClientSession() as http:
+            await both_serving(server, http)
+            await searches(server, 6)
+        assert len(_redis_servers(sock)) == 1, _redis_servers(sock)
+    finally:
+        if sock.exists():
+            client = aioredis.Redis(unix_socket_path=str(sock), retry=Retry(NoBackoff(), 0))
+            with contextlib.suppress(redis.ConnectionError):
+                await client.shutdown()
+            await client.aclose()
+
+
+def _redis_servers(sock: Path) -> list[str]:
+    """The command lines of the redis-servers listening on `sock` (their title names it)."""
+    lines = [_cmdline(p) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    return [line for line in lines if "redis-server" in line and str(sock) in line]
+
+
+def _cmdline(proc: Path) -> str:
+    with contextlib.suppress(OSError):
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    return ""
 
 
 def test_a_hosts_boots_at_once_are_split_among_its_workers() -> None:
