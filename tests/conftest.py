@@ -8,7 +8,6 @@ redis-server.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import secrets
 import signal
@@ -19,7 +18,6 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aioredis
-import uvloop
 
 from controlplane.app import create_app
 from controlplane.auth.service import ApiKeyService
@@ -46,23 +44,6 @@ pytest_plugins = [
 ]
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-AGENT_TESTS = REPO / "tests" / "agent"
-
-
-def pytest_asyncio_loop_factories(
-    config: pytest.Config, item: pytest.Item
-) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
-    """Each test's event loop: the one `controlplane serve` runs by default
-    (ACS_EVENT_LOOP=uvloop) for the control plane's tests; the standard library's for the
-    agent server's (tests/agent/), which runs on it (agent/__main__.py: its child watcher is
-    asyncio's)."""
-    if Path(str(item.path)).is_relative_to(AGENT_TESTS):
-        return {"asyncio": asyncio.new_event_loop}
-    return {"uvloop": uvloop.new_event_loop}
-
-
 BOOTSTRAP_KEY = "test-bootstrap-key-" + secrets.token_hex(8)
 MARKS_BY_FIXTURE = {"docker_client": "docker", "chromium": "browser", "browser_net": "browser"}
 """A test using one of these fixtures, directly or through another (every Docker fixture, such as
