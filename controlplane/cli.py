@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 
 from controlplane.ops import sandboxes as ops_sandboxes
@@ -52,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if getattr(args, "worker", None) is None:
+        # prometheus_client's multiprocess mode is for an ACS_WORKERS worker only (its
+        # supervisor sets this); it is read when prometheus_client is first imported.
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
     if args.command == "sandboxes":
         # A REST client: it needs neither the server's ACS_* configuration nor Redis.
         return ops_sandboxes.run(args)

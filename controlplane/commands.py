@@ -19,6 +19,7 @@ from controlplane.audit.sinks import audit_log
 from controlplane.auth.identity import is_loopback_host
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ConfigError, ServiceConfig, load_config
+from controlplane.crypto import load_secret_box
 from controlplane.errors import ControlPlaneError
 from controlplane.event_loop import run_loop
 from controlplane.heap import freeze_startup_heap
@@ -213,9 +214,13 @@ def run(args: argparse.Namespace) -> int:
         if args.command == "serve":
             check_bind(config, args.host)
             if worker is None and config.workers > 1:
+                supervisor = Supervisor(config.workers, args.host, args.port)
+                supervisor.catch_signals()  # first: as PID 1, SIGTERM is ignored until then
+                # Made once, before the workers would each make them at the same time.
                 if config.redis_url is None and not config.redis_sentinels:
-                    ensure_embedded_redis(config.data_dir)  # once, before the workers look
-                return Supervisor(config.workers, args.host, args.port, config.data_dir).run()
+                    ensure_embedded_redis(config.data_dir)
+                load_secret_box(config.secret_key, config.data_dir)
+                return supervisor.run(config.data_dir)
             if config.auth_mode == "none" and (worker is None or worker[0] == 0):
                 log.warning("single_user_mode", user_id=config.bootstrap_user, host=args.host)
             run_loop(config.event_loop, _serve(config, args.host, args.port, worker))

@@ -171,10 +171,10 @@ class Server(BaseModel):
         "port (SO_REUSEPORT) under one supervisor; one uses one core "
         "([operations](operations.md#workers))",
     )
-    event_loop: Literal["uvloop", "asyncio"] = Field(
-        default="uvloop",
-        description="`uvloop` (libuv's loop: 14-19 % less CPU a request here) or `asyncio` "
-        "(the standard library's)",
+    event_loop: Literal["asyncio", "uvloop"] = Field(
+        default="asyncio",
+        description="`asyncio` (the standard library's loop) or `uvloop` (libuv's: 14-19 % less "
+        "CPU a gateway call here; see [operations](operations.md#workers) before choosing it)",
     )
     shutdown_drain_delay: float = Field(
         default=0.0,

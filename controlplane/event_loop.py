@@ -1,10 +1,10 @@
 """The event loop `controlplane serve` runs on (ACS_EVENT_LOOP).
 
-uvloop by default: libuv's loop, written in Cython, does the same work as the standard
-library's with fewer system calls and less Python per wake-up; measured here, 14-19 % less CPU
-a gateway call and ~N % a pool claim (bench/README.md). The service uses no loop API uvloop
-lacks; `asyncio` keeps the standard library's loop (for a platform without uvloop's wheels, or
-to rule it out). The commands other than `serve` run briefly and keep the standard loop.
+The standard library's by default. uvloop (libuv's loop, in Cython) does the same work with
+less CPU: 14-19 % less a gateway call here (bench/README.md). It is a choice, not the default:
+its loop's close waits for every request libuv still holds, and the test suite run on it once
+hung there for good in a test's teardown (the trigger not found); a server must exit at
+SIGTERM. The commands other than `serve` keep the standard loop.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar
 T = TypeVar("T")
 
 
-def run_loop(kind: Literal["uvloop", "asyncio"], main: Coroutine[Any, Any, T]) -> T:
+def run_loop(kind: Literal["asyncio", "uvloop"], main: Coroutine[Any, Any, T]) -> T:
     """Run `main` to completion on a new loop of `kind`, as asyncio.run() does."""
     if kind == "uvloop":
         import uvloop  # noqa: PLC0415 - only here: the other commands never load it

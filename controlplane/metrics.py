@@ -10,17 +10,17 @@ Under ACS_WORKERS (controlplane/workers.py) a scrape reaches one worker of sever
 port: their metrics then live in prometheus_client's multiprocess files (PROMETHEUS_MULTIPROC_DIR,
 set by the supervisor) and any worker's /metrics answers for all: counters and histograms summed
 over the workers (those of a worker that died included, so they never go back), the gauges read
-from Redis the most recent any worker wrote.
+from Redis by the worker answering (a collector, not stored: the same in both modes).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping
-from typing import Final
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -32,9 +32,6 @@ NO_STATUS = "unknown"
 
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 """Set by the ACS_WORKERS supervisor (controlplane/workers.py) for its workers only."""
-
-# Gauges set from Redis at every scrape: under workers, the value the latest scrape read.
-_FROM_REDIS: Final = "mostrecent"
 
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _OPERATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -77,6 +74,47 @@ class _PoolCounters:
         return [claims, misses, shares]
 
 
+@dataclass(eq=False)  # a registry keeps its collectors by identity (hashed)
+class RedisGauges:
+    """The gauges read from Redis at every scrape (controlplane/gauges.py): every replica, and
+    every worker, reports the same figures; a series gone from Redis is gone from here."""
+
+    sandboxes: dict[str, int] = field(default_factory=dict)  # by status
+    conversations: dict[str, int] = field(default_factory=dict)  # by execution status
+    pool_members: dict[tuple[str, str], int] = field(default_factory=dict)  # (spec, status)
+    webhook_pending: int = 0
+
+    def describe(self) -> Iterable[Metric]:
+        return RedisGauges().collect()
+
+    def collect(self) -> Iterable[Metric]:
+        sandboxes = GaugeMetricFamily(
+            "acs_sandboxes", "Sandbox records by status (all users)", labels=["status"]
+        )
+        for status, count in self.sandboxes.items():
+            sandboxes.add_metric([status], count)
+        conversations = GaugeMetricFamily(
+            "acs_conversations",
+            "Conversations by the execution status their agent last reported",
+            labels=["execution_status"],
+        )
+        for status, count in self.conversations.items():
+            conversations.add_metric([status], count)
+        members = GaugeMetricFamily(
+            "acs_pool_members",
+            "Unclaimed warm pool members by spec and status; status=ready counts the claimable",
+            labels=["spec", "status"],
+        )
+        for (spec, status), count in sorted(self.pool_members.items()):
+            members.add_metric([spec, status], count)
+        pending = GaugeMetricFamily(
+            "acs_lifecycle_webhooks_pending",
+            "Lifecycle webhook deliveries not yet made (outbox entries, every URL, all replicas)",
+            value=self.webhook_pending,
+        )
+        return [sandboxes, conversations, members, pending]
+
+
 class Metrics:
     """Every metric the control plane exports, registered in a registry of its own."""
 
@@ -110,41 +148,16 @@ class Metrics:
             buckets=_LAG_BUCKETS,
             registry=reg,
         )
-        self.sandboxes = Gauge(
-            "acs_sandboxes",
-            "Sandbox records by status (all users)",
-            ("status",),
-            registry=reg,
-            multiprocess_mode=_FROM_REDIS,
-        )
-        self.conversations = Gauge(
-            "acs_conversations",
-            "Conversations by the execution status their agent last reported",
-            ("execution_status",),
-            registry=reg,
-            multiprocess_mode=_FROM_REDIS,
-        )
+        self.from_redis = RedisGauges()
+        reg.register(self.from_redis)
         self.reconcile_fixes = Counter(
             "acs_reconcile_fixes",
-            "Sandbox records the reconciler changed to match the runtime (this process)",
+            "Sandbox records the reconciler changed to match the runtime (this process; under "
+            "ACS_WORKERS, all of them)",
             registry=reg,
         )
-        self.pool_members = Gauge(
-            "acs_pool_members",
-            "Unclaimed warm pool members by spec and status; status=ready counts the claimable",
-            ("spec", "status"),
-            registry=reg,
-            multiprocess_mode=_FROM_REDIS,
-        )
-        self._pool_series: set[tuple[str, str]] = set()
         self.pool_events = _PoolCounters()
         reg.register(self.pool_events)
-        self.webhook_pending = Gauge(
-            "acs_lifecycle_webhooks_pending",
-            "Lifecycle webhook deliveries not yet made (outbox entries, every URL, all replicas)",
-            registry=reg,
-            multiprocess_mode=_FROM_REDIS,
-        )
         self.webhook_delivered = Counter(
             "acs_lifecycle_webhooks_delivered",
             "Lifecycle webhook deliveries a receiver accepted (this process)",
@@ -188,19 +201,6 @@ class Metrics:
         """A successful call of the sandbox API (start, pause, resume, delete)."""
         self.sandbox_api.labels(operation).observe(seconds)
 
-    def set_pool_members(self, members: Mapping[tuple[str, str], int]) -> None:
-        """The warm pool's unclaimed members by (spec, status). The series of a spec or status
-        gone are dropped; under workers, whose files keep every series a worker wrote, they
-        read 0 instead."""
-        if os.environ.get(MULTIPROCESS_DIR):
-            for spec, state in self._pool_series - members.keys():
-                self.pool_members.labels(spec, state).set(0)
-            self._pool_series |= members.keys()
-        else:
-            self.pool_members.clear()
-        for (spec, state), count in members.items():
-            self.pool_members.labels(spec, state).set(count)
-
     def reconcile_fixed(self) -> None:
         self.reconcile_fixes.inc()
 
@@ -211,9 +211,10 @@ class Metrics:
         shared = os.environ.get(MULTIPROCESS_DIR)
         if not shared:
             return generate_latest(self.registry)
-        # Every worker's counters, histograms and gauges from their files; the pool's counters
-        # are read from Redis by this one (the same for all).
+        # Every worker's counters and histograms from their files; what Redis holds (the
+        # gauges, the pool's counters) as this worker read it (the same for all).
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=shared)  # type: ignore[no-untyped-call]
+        registry.register(self.from_redis)
         registry.register(self.pool_events)
         return generate_latest(registry)

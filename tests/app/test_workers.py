@@ -1,5 +1,5 @@
 """`controlplane serve` with ACS_WORKERS=2, as real processes on a real Redis: both workers
-serve the one port (on uvloop, the default), any worker's /metrics counts every worker's
+serve the one port, any worker's /metrics counts every worker's
 requests, a worker killed is started again while the other serves, SIGTERM stops them all and
 exits 0, and workers die with a killed supervisor; the host's boots at once are split among
 them."""
@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -42,12 +43,15 @@ async def start_workers(redis_url: str, test_prefix: str, tmp_path: Path) -> Asy
     embedded one) on a port of its own, the test's data directory; kills what is left."""
     started: list[Serve] = []
 
-    async def start(*, redis: str | None = redis_url) -> Serve:
+    async def start(
+        *, redis: str | None = redis_url, port: int | None = None, **settings: str
+    ) -> Serve:
         env = serve_env(redis or "", test_prefix, tmp_path / "data")
         if redis is None:
             del env["ACS_REDIS_URL"]
         env.update({"ACS_WORKERS": "2", "ACS_WARM_POOL": "0", "ACS_LOG_LEVEL": "info"})
-        server = await launch_serve(free_port(), env)
+        env.update(settings)
+        server = await launch_serve(port or free_port(), env)
         started.append(server)
         return server
 
@@ -77,6 +81,12 @@ def worker_pids(server: Serve) -> list[int]:
         elif event.get("event") == "worker_restarted":
             pids.append(event["pid"])
     return pids
+
+
+def metrics_dir(server: Serve) -> Path:
+    started = [e for e in server.events() if e.get("event") == "workers_started"]
+    assert started, server.logs()
+    return Path(started[0]["metrics_dir"])
 
 
 def alive(pid: int) -> bool:
@@ -136,7 +146,7 @@ async def test_two_workers_share_the_port_and_each_counts_for_all(workers: Serve
     async with aiohttp.ClientSession() as http:
         await both_serving(workers, http)
         assert {e.get("event_loop") for e in workers.events() if e.get("event") == "serving"} == {
-            "uvloop"
+            "asyncio"
         }
         await searches(workers, 40)
         answered_by = {
@@ -151,10 +161,15 @@ async def test_two_workers_share_the_port_and_each_counts_for_all(workers: Serve
 
 
 async def test_a_killed_worker_is_started_again_and_sigterm_stops_every_worker(
-    workers: Serve,
+    start_workers: Starter,
 ) -> None:
+    """On uvloop (ACS_EVENT_LOOP), which a server must leave at SIGTERM too."""
+    workers = await start_workers(ACS_EVENT_LOOP="uvloop")
     async with aiohttp.ClientSession() as http:
         await both_serving(workers, http)
+        assert {e.get("event_loop") for e in workers.events() if e.get("event") == "serving"} == {
+            "uvloop"
+        }
         await searches(workers, 10)
         first, second = worker_pids(workers)
         os.kill(first, signal.SIGKILL)
@@ -183,8 +198,9 @@ async def test_workers_end_with_a_killed_supervisor_and_the_next_start_sweeps_it
 ) -> None:
     async with aiohttp.ClientSession() as http:
         await both_serving(workers, http)
-        left = tmp_path / "data" / f"workers-metrics-{workers.process.pid}"
-        assert sorted(p.name.split("_")[0] for p in left.iterdir())  # the workers' files
+        left = metrics_dir(workers)
+        assert left.parent == tmp_path / "data"
+        assert any(p.suffix == ".db" for p in left.iterdir())  # the workers' files
         pids = worker_pids(workers)
         workers.process.kill()  # no SIGTERM to hand on: the kernel's PR_SET_PDEATHSIG acts
         await workers.process.wait()
@@ -195,7 +211,7 @@ async def test_workers_end_with_a_killed_supervisor_and_the_next_start_sweeps_it
         again = await start_workers()
         await both_serving(again, http)
         assert not left.exists()
-        assert (tmp_path / "data" / f"workers-metrics-{again.process.pid}").is_dir()
+        assert metrics_dir(again).is_dir()
 
 
 async def test_workers_share_one_embedded_redis(start_workers: Starter, tmp_path: Path) -> None:
@@ -242,3 +258,18 @@ def test_a_hosts_boots_at_once_are_split_among_its_workers() -> None:
     assert bounds(
         load_config({"ACS_WORKERS": "2", "ACS_MAX_CONCURRENT_STARTS": "3"}), boots_here=True
     ) == (3, QUEUE_PER_SLOT * 3)
+
+
+async def test_a_port_in_use_fails_the_start(start_workers: Starter) -> None:
+    """Something (here a listening socket of this very user, which SO_REUSEPORT would let the
+    workers join) holds the API's port: the supervisor exits 2 at once, naming it."""
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        server = await start_workers(port=port)
+        code = await asyncio.wait_for(server.process.wait(), 30)
+        await server.exited(time.monotonic())
+        assert code == 2, server.logs()
+        assert f"127.0.0.1:{port} is in use" in server.logs()
