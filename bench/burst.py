@@ -86,6 +86,7 @@ class Options:
     profile: Path | None = None  # each mode's control plane under cProfile, its stats here
     control_plane: Path | None = None  # the `controlplane` to run (another worktree's venv)
     workers: int | None = None  # ACS_WORKERS for the control planes; None: unset (1)
+    event_loop: str | None = None  # ACS_EVENT_LOOP for the control planes; None: unset
 
 
 @dataclass
@@ -361,7 +362,12 @@ class BurstBench:
         self.notes.append(f"control plane: {tree} at {commit or '?'}")
 
         self.notes.append(
-            f"ACS_WORKERS={self.opt.workers}" if self.opt.workers else "ACS_WORKERS unset (1)"
+            (f"ACS_WORKERS={self.opt.workers}" if self.opt.workers else "ACS_WORKERS unset (1)")
+            + (
+                f", ACS_EVENT_LOOP={self.opt.event_loop}"
+                if self.opt.event_loop
+                else ", ACS_EVENT_LOOP unset"
+            )
         )
         delay = self.opt.refill_delay
         self.notes.append(
@@ -423,6 +429,7 @@ class BurstBench:
                     else {}
                 ),
                 **({"ACS_WORKERS": str(self.opt.workers)} if self.opt.workers else {}),
+                **({"ACS_EVENT_LOOP": self.opt.event_loop} if self.opt.event_loop else {}),
             },
         )
         if self.opt.phases:
@@ -865,6 +872,12 @@ def parse(argv: list[str] | None) -> Options:
         default=None,
         help="ACS_WORKERS for the control planes (unset: 1, no supervisor)",
     )
+    parser.add_argument(
+        "--event-loop",
+        choices=("asyncio", "uvloop"),
+        default=None,
+        help="ACS_EVENT_LOOP for the control planes (unset: their default)",
+    )
     args = parser.parse_args(argv)
     if args.workers is not None and args.workers < 1:
         parser.error("--workers must be positive")
@@ -889,6 +902,7 @@ def parse(argv: list[str] | None) -> Options:
         args.profile,
         args.control_plane,
         args.workers,
+        args.event_loop,
     )
 
 
