@@ -51,9 +51,11 @@ from bench.common import (
     BenchError,
     Deployment,
     Samples,
+    host_busy,
     main_of,
     ms,
     process_cpu,
+    process_tree,
 )
 from controlplane.sandboxes.launcher import network_policy
 from drivers.docker.egress import Attachment, network_name
@@ -83,6 +85,8 @@ class Options:
     phases: bool = False  # the server logs its requests: each POST's time in its handler
     profile: Path | None = None  # each mode's control plane under cProfile, its stats here
     control_plane: Path | None = None  # the `controlplane` to run (another worktree's venv)
+    workers: int | None = None  # ACS_WORKERS for the control planes; None: unset (1)
+    event_loop: str | None = None  # ACS_EVENT_LOOP for the control planes; None: unset
 
 
 @dataclass
@@ -110,6 +114,7 @@ class ModeResult:
     server_cpu: float | None = None
     server_waited: float | None = None  # seconds its threads were runnable but had no core
     client_cpu: float | None = None  # this process's CPU over the burst (the clients' work)
+    host_busy: float | None = None  # CPU seconds all the host's cores were busy over the burst
     idle_cpu: float | None = None  # the control plane's CPU a second in the settle before it
 
 
@@ -173,9 +178,14 @@ class Server:
         raise BenchError(f"the control plane was not ready in 60 s; see {self.log}")
 
     def cpu(self) -> float:
-        """CPU seconds the control plane's process has used (user + system)."""
+        """CPU seconds the control plane's processes have used (user + system): `serve` and,
+        under ACS_WORKERS, its workers."""
         assert self.process is not None
-        return process_cpu(self.process.pid)
+        total = 0.0
+        for pid in process_tree(self.process.pid):
+            with contextlib.suppress(OSError):
+                total += process_cpu(pid)
+        return total
 
     def handler_seconds(self) -> dict[str, float]:
         """Each POST /api/v1/sandboxes' time in the server's middlewares and handler (its
@@ -197,9 +207,10 @@ class Server:
         (/proc/<pid>/task/*/schedstat, second field, in ns)."""
         assert self.process is not None
         total = 0
-        for stat in Path(f"/proc/{self.process.pid}/task").glob("*/schedstat"):
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                total += int(stat.read_text().split()[1])
+        for pid in process_tree(self.process.pid):
+            for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    total += int(stat.read_text().split()[1])
         return total / 1e9
 
     def events(self) -> dict[str, int]:
@@ -294,6 +305,7 @@ class BurstBench:
         self.notes = self.deploy.notes
         self.samples = Samples()
         self.results_by_mode: dict[str, ModeResult] = {}
+        self.floor_busy: tuple[float, float] | None = None  # (host CPU s busy, wall s): floor
 
     # -- Benchmark protocol ----------------------------------------------------------------
 
@@ -349,6 +361,14 @@ class BurstBench:
         ).stdout.strip()
         self.notes.append(f"control plane: {tree} at {commit or '?'}")
 
+        self.notes.append(
+            (f"ACS_WORKERS={self.opt.workers}" if self.opt.workers else "ACS_WORKERS unset (1)")
+            + (
+                f", ACS_EVENT_LOOP={self.opt.event_loop}"
+                if self.opt.event_loop
+                else ", ACS_EVENT_LOOP unset"
+            )
+        )
         delay = self.opt.refill_delay
         self.notes.append(
             "the pool's refill after claims: "
@@ -408,6 +428,8 @@ class BurstBench:
                     if self.opt.refill_delay is not None
                     else {}
                 ),
+                **({"ACS_WORKERS": str(self.opt.workers)} if self.opt.workers else {}),
+                **({"ACS_EVENT_LOOP": self.opt.event_loop} if self.opt.event_loop else {}),
             },
         )
         if self.opt.phases:
@@ -463,6 +485,7 @@ class BurstBench:
         pollers = [UserPoller(http, server.url, key, self.opt.poll) for key in keys]
         result = ModeResult(mode, load_before=os.getloadavg()[0])
         cpu, waited, client = server.cpu(), server.waited(), time.process_time()
+        busy = host_busy()
         print(f"{mode}: {self.opt.count} sandboxes at once", file=sys.stderr)
         started = time.perf_counter()
         outcomes = await asyncio.gather(
@@ -472,6 +495,7 @@ class BurstBench:
             )
         )
         result.wall = time.perf_counter() - started
+        result.host_busy = host_busy() - busy
         result.server_cpu = server.cpu() - cpu
         result.server_waited = server.waited() - waited
         result.client_cpu = time.process_time() - client
@@ -516,7 +540,9 @@ class BurstBench:
             if EXPECTED in output:
                 self.samples.add("pool.floor", time.perf_counter() - t0)
 
+        busy, started = host_busy(), time.perf_counter()
         await asyncio.gather(*(one(url, key) for url, key in agents), return_exceptions=True)
+        self.floor_busy = (host_busy() - busy, time.perf_counter() - started)
 
     async def one_sandbox(
         self, http: aiohttp.ClientSession, url: str, poller: UserPoller
@@ -773,7 +799,24 @@ class BurstBench:
             if r.server_cpu is not None and r.server_waited is not None and r.client_cpu is not None
             else ""
         )
-        return [f"    phases p50 / p95 ms: {'; '.join(shown)}", *([cpu] if cpu else [])]
+        cores = os.cpu_count() or 1
+        host = (
+            f"    the host's {cores} cores over the burst: busy {r.host_busy:.2f} s of CPU in "
+            f"{r.wall:.2f} s ({100 * r.host_busy / (cores * r.wall):.0f} % of what they had)"
+            if r.host_busy is not None and r.wall
+            else ""
+        )
+        if host and mode == "pool" and self.floor_busy is not None:
+            busy, wall = self.floor_busy
+            host += (
+                f"; over the floor's burst: busy {busy:.2f} s in {wall:.2f} s "
+                f"({100 * busy / (cores * wall):.0f} %)"
+            )
+        return [
+            f"    phases p50 / p95 ms: {'; '.join(shown)}",
+            *([cpu] if cpu else []),
+            *([host] if host else []),
+        ]
 
 
 def parse(argv: list[str] | None) -> Options:
@@ -823,7 +866,21 @@ def parse(argv: list[str] | None) -> Options:
         "controlplane: its code measured by this bench, e.g. main beside a branch); default "
         "this venv's",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="ACS_WORKERS for the control planes (unset: 1, no supervisor)",
+    )
+    parser.add_argument(
+        "--event-loop",
+        choices=("asyncio", "uvloop"),
+        default=None,
+        help="ACS_EVENT_LOOP for the control planes (unset: their default)",
+    )
     args = parser.parse_args(argv)
+    if args.workers is not None and args.workers < 1:
+        parser.error("--workers must be positive")
     if args.control_plane is not None and args.profile is not None:
         parser.error("--profile runs this venv's control plane: not with --control-plane")
     modes = [m for m in args.modes.split(",") if m]
@@ -844,6 +901,8 @@ def parse(argv: list[str] | None) -> Options:
         args.phases,
         args.profile,
         args.control_plane,
+        args.workers,
+        args.event_loop,
     )
 
 

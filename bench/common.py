@@ -161,6 +161,27 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def host_busy() -> float:
+    """CPU seconds this host's cores have been busy so far, all of them together (/proc/stat:
+    everything but idle and iowait)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    # guest and guest_nice (fields 8, 9) are already counted in user and nice.
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants alive now (/proc/<pid>/task/<tid>/children)."""
+    found, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        found.append(current)
+        for children in Path(f"/proc/{current}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                queue.extend(int(child) for child in children.read_text().split())
+    return found
+
+
 def serve_env(
     *, redis_url: str, bootstrap_key: str, prefix: str, data_dir: Path, **settings: str
 ) -> dict[str, str]:

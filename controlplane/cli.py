@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 
 from controlplane.ops import sandboxes as ops_sandboxes
@@ -14,6 +15,8 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the HTTP API")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=3000)
+    # One worker of ACS_WORKERS, as its supervisor starts it (controlplane/workers.py).
+    serve.add_argument("--worker", default=None, help=argparse.SUPPRESS)
 
     keys = sub.add_parser("keys", help="manage API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
@@ -50,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if getattr(args, "worker", None) is None:
+        # prometheus_client's multiprocess mode is for an ACS_WORKERS worker only (its
+        # supervisor sets this); it is read when prometheus_client is first imported.
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
     if args.command == "sandboxes":
         # A REST client: it needs neither the server's ACS_* configuration nor Redis.
         return ops_sandboxes.run(args)

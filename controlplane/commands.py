@@ -19,7 +19,9 @@ from controlplane.audit.sinks import audit_log
 from controlplane.auth.identity import is_loopback_host
 from controlplane.auth.service import ApiKeyService
 from controlplane.config import ConfigError, ServiceConfig, load_config
+from controlplane.crypto import load_secret_box
 from controlplane.errors import ControlPlaneError
+from controlplane.event_loop import run_loop
 from controlplane.heap import freeze_startup_heap
 from controlplane.keys import DRAIN
 from controlplane.logging import configure_logging
@@ -28,7 +30,8 @@ from controlplane.store import audit
 from controlplane.store.audit_backfill import RETRY as BACKFILL_RETRY
 from controlplane.store.audit_backfill import AuditBackfill
 from controlplane.store.failover import open_redis
-from controlplane.store.redis import wait_for_redis
+from controlplane.store.redis import ensure_embedded_redis, wait_for_redis
+from controlplane.workers import Supervisor, parse_worker, supervised_by
 from drivers.runtime import RuntimeHost
 from drivers.runtimes import RUNTIMES
 
@@ -46,9 +49,14 @@ def check_bind(config: ServiceConfig, host: str) -> None:
         )
 
 
-async def _serve(config: ServiceConfig, host: str, port: int) -> None:
+async def _serve(
+    config: ServiceConfig, host: str, port: int, worker: tuple[int, int] | None = None
+) -> None:
     """Serve until SIGTERM or SIGINT, then drain (controlplane/shutdown.py): in-flight requests
     and conversation starts get ACS_SHUTDOWN_TIMEOUT (30 s) to finish.
+
+    `worker`: (index, count) of ACS_WORKERS (controlplane/workers.py): the API's port is then
+    shared with the other workers (SO_REUSEPORT); alone, a second server on the port is refused.
 
     The API listens on `host` only. Sandboxes post their webhooks to a separate listener, bound
     by the runtime where they reach it (Docker: their network's gateway), by default on the same
@@ -94,8 +102,12 @@ async def _serve(config: ServiceConfig, host: str, port: int) -> None:
     freeze_startup_heap()  # before the first request: controlplane/heap.py
     try:
         for address in hosts:
-            await web.TCPSite(runner, address, port).start()
-        log.info("serving", addresses=[f"http://{h}:{port}" for h in hosts])
+            await web.TCPSite(runner, address, port, reuse_port=worker is not None).start()
+        log.info(
+            "serving",
+            addresses=[f"http://{h}:{port}" for h in hosts],
+            event_loop=type(loop).__module__.split(".")[0],
+        )
         await stop.wait()
         log.info("shutting_down")
         await begin_drain(app[DRAIN], config)  # unready first (controlplane/shutdown.py)
@@ -175,20 +187,43 @@ async def _remove_networks(config: ServiceConfig) -> int:
     return 0
 
 
+def _worker(value: str | None) -> tuple[int, int] | None:
+    """`serve --worker I/N/PID`: (index, count); exits when its supervisor is already gone."""
+    if value is None:
+        return None
+    try:
+        index, count, supervisor = parse_worker(value)
+    except ValueError:
+        raise ConfigError(f"--worker {value}: not I/N/PID") from None
+    if not supervised_by(supervisor):
+        raise SystemExit(0)  # the supervisor died before this worker could follow it
+    return index, count
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs a parsed command other than `sandboxes`; the exit status (2: configuration)."""
     try:
         config = load_config()
+        worker = _worker(args.worker) if args.command == "serve" else None
         configure_logging(
             config.log_format,
             config.log_level,
             stream=sys.stderr if args.command in ("keys", "networks", "audit") else None,
+            worker=None if worker is None else worker[0],
         )
         if args.command == "serve":
             check_bind(config, args.host)
-            if config.auth_mode == "none":
+            if worker is None and config.workers > 1:
+                supervisor = Supervisor(config.workers, args.host, args.port)
+                supervisor.catch_signals()  # first: as PID 1, SIGTERM is ignored until then
+                # Made once, before the workers would each make them at the same time.
+                if config.redis_url is None and not config.redis_sentinels:
+                    ensure_embedded_redis(config.data_dir)
+                load_secret_box(config.secret_key, config.data_dir)
+                return supervisor.run(config.data_dir)
+            if config.auth_mode == "none" and (worker is None or worker[0] == 0):
                 log.warning("single_user_mode", user_id=config.bootstrap_user, host=args.host)
-            asyncio.run(_serve(config, args.host, args.port))
+            run_loop(config.event_loop, _serve(config, args.host, args.port, worker))
         elif args.command == "networks":
             return asyncio.run(_remove_networks(config))
         elif args.command == "audit":

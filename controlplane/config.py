@@ -163,6 +163,19 @@ class Server(BaseModel):
         description="seconds a request may take before a 504 (not WebSockets or streams)",
     )
     metrics_public: bool = Field(default=False, description="serve `/metrics` without an admin key")
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="processes `controlplane serve` runs, each a whole replica on the same "
+        "port (SO_REUSEPORT) under one supervisor; one uses one core "
+        "([operations](operations.md#workers))",
+    )
+    event_loop: Literal["asyncio", "uvloop"] = Field(
+        default="asyncio",
+        description="`asyncio` (the standard library's loop) or `uvloop` (libuv's: 14-19 % less "
+        "CPU a gateway call here; see [operations](operations.md#workers) before choosing it)",
+    )
     shutdown_drain_delay: float = Field(
         default=0.0,
         ge=0,
@@ -606,7 +619,8 @@ class Capacity(BaseModel):
         description="sandboxes one replica boots at once (new ones from a cold start, resumes "
         "that re-create or restart, rewinds, warm pool members); the others wait their turn "
         "in order, STARTING, and `ACS_START_TIMEOUT` counts from their turn; unset: 2 per CPU "
-        "of this host on Docker, no bound on Kubernetes; `0` = no bound "
+        "of this host on Docker (split among `ACS_WORKERS`), no bound on Kubernetes; `0` = no "
+        "bound "
         "([sandboxes](sandboxes.md#cold-starts-in-a-burst))",
     )
     max_queued_starts: int | None = Field(

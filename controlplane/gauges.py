@@ -29,20 +29,20 @@ async def refresh(metrics: Metrics, redis: aioredis.Redis, outbox: Outbox | None
     """Recompute the gauges: sandboxes and conversations by status, the warm pool,
     and the lifecycle webhook `outbox` when there is one."""
     sandboxes = await count_by_status(redis)
-    for status in SandboxStatus:
-        metrics.sandboxes.labels(status.value).set(sandboxes.get(status.value, 0))
     members, metrics.pool_events.values = await pool_counts(redis)
-    metrics.pool_members.clear()
-    for (spec, state), count in members.items():
-        metrics.pool_members.labels(spec, state).set(count)
     conversations = {
         status or NO_STATUS: count
         for status, count in (await count_by_execution_status(redis)).items()
     }
-    for label in [*(s.value for s in ExecutionStatus), NO_STATUS]:
-        metrics.conversations.labels(label).set(conversations.get(label, 0))
+    gauges = metrics.from_redis
+    gauges.sandboxes = {status.value: sandboxes.get(status.value, 0) for status in SandboxStatus}
+    gauges.pool_members = dict(members)
+    gauges.conversations = {
+        label: conversations.get(label, 0)
+        for label in [*(s.value for s in ExecutionStatus), NO_STATUS]
+    }
     if outbox is not None:
-        metrics.webhook_pending.set(await outbox.pending())
+        gauges.webhook_pending = await outbox.pending()
 
 
 class Refresher:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any, TextIO
 
 import structlog
@@ -54,8 +54,23 @@ def redact_secrets(
     return _redact(event_dict)  # type: ignore[no-any-return]  # _redact keeps the shape
 
 
-def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
-    """Configure structlog once for the process. `fmt` is auto, json or console."""
+def _stamp_worker(
+    index: int,
+) -> Callable[[Any, str, MutableMapping[str, Any]], MutableMapping[str, Any]]:
+    def stamp(
+        _logger: Any, _name: str, event: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        event["worker"] = index
+        return event
+
+    return stamp
+
+
+def configure_logging(
+    fmt: str = "auto", level: str = "info", stream: TextIO | None = None, worker: int | None = None
+) -> None:
+    """Configure structlog once for the process. `fmt` is auto, json or console; `worker`: the
+    index of this ACS_WORKERS worker, in every line (controlplane/workers.py)."""
     out = stream or sys.stdout
     use_console = fmt == "console" or (fmt == "auto" and out.isatty())
     # Tracebacks without frame locals: locals hold plain secrets (the presented API key in the
@@ -76,6 +91,7 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            *([_stamp_worker(worker)] if worker is not None else []),
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             redact_secrets,

@@ -5,15 +5,24 @@ registry), so several apps in one process (the tests) never clash. Request and o
 are updated as things happen, through hooks handed to the code that measures them; the sandbox,
 conversation and pool gauges are computed from Redis at scrape time (controlplane/gauges.py), so
 every replica reports the same totals.
+
+Under ACS_WORKERS (controlplane/workers.py) a scrape reaches one worker of several on the same
+port: their metrics then live in prometheus_client's multiprocess files (PROMETHEUS_MULTIPROC_DIR,
+set by the supervisor) and any worker's /metrics answers for all: counters and histograms summed
+over the workers (those of a worker that died included, so they never go back), the gauges read
+from Redis by the worker answering (a collector, not stored: the same in both modes).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The Prometheus text exposition format that `generate_latest` writes."""
@@ -21,24 +30,12 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 NO_STATUS = "unknown"
 """`execution_status` label of conversations whose agent has not reported a status yet."""
 
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+"""Set by the ACS_WORKERS supervisor (controlplane/workers.py) for its workers only."""
+
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _OPERATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
-
-
-class _CounterFromSource:
-    """A counter whose value `source()` gives, read at scrape."""
-
-    def __init__(self, name: str, documentation: str, source: Callable[[], int]) -> None:
-        self._name = name
-        self._doc = documentation
-        self._source = source
-
-    def describe(self) -> Iterable[Metric]:
-        return [CounterMetricFamily(self._name, self._doc)]
-
-    def collect(self) -> Iterable[Metric]:
-        return [CounterMetricFamily(self._name, self._doc, value=self._source())]
 
 
 class _PoolCounters:
@@ -77,6 +74,47 @@ class _PoolCounters:
         return [claims, misses, shares]
 
 
+@dataclass(eq=False)  # a registry keeps its collectors by identity (hashed)
+class RedisGauges:
+    """The gauges read from Redis at every scrape (controlplane/gauges.py): every replica, and
+    every worker, reports the same figures; a series gone from Redis is gone from here."""
+
+    sandboxes: dict[str, int] = field(default_factory=dict)  # by status
+    conversations: dict[str, int] = field(default_factory=dict)  # by execution status
+    pool_members: dict[tuple[str, str], int] = field(default_factory=dict)  # (spec, status)
+    webhook_pending: int = 0
+
+    def describe(self) -> Iterable[Metric]:
+        return RedisGauges().collect()
+
+    def collect(self) -> Iterable[Metric]:
+        sandboxes = GaugeMetricFamily(
+            "acs_sandboxes", "Sandbox records by status (all users)", labels=["status"]
+        )
+        for status, count in self.sandboxes.items():
+            sandboxes.add_metric([status], count)
+        conversations = GaugeMetricFamily(
+            "acs_conversations",
+            "Conversations by the execution status their agent last reported",
+            labels=["execution_status"],
+        )
+        for status, count in self.conversations.items():
+            conversations.add_metric([status], count)
+        members = GaugeMetricFamily(
+            "acs_pool_members",
+            "Unclaimed warm pool members by spec and status; status=ready counts the claimable",
+            labels=["spec", "status"],
+        )
+        for (spec, status), count in sorted(self.pool_members.items()):
+            members.add_metric([spec, status], count)
+        pending = GaugeMetricFamily(
+            "acs_lifecycle_webhooks_pending",
+            "Lifecycle webhook deliveries not yet made (outbox entries, every URL, all replicas)",
+            value=self.webhook_pending,
+        )
+        return [sandboxes, conversations, members, pending]
+
+
 class Metrics:
     """Every metric the control plane exports, registered in a registry of its own."""
 
@@ -110,35 +148,16 @@ class Metrics:
             buckets=_LAG_BUCKETS,
             registry=reg,
         )
-        self.sandboxes = Gauge(
-            "acs_sandboxes", "Sandbox records by status (all users)", ("status",), registry=reg
-        )
-        self.conversations = Gauge(
-            "acs_conversations",
-            "Conversations by the execution status their agent last reported",
-            ("execution_status",),
-            registry=reg,
-        )
-        self._fixes = 0
-        self.reconcile_fixes = _CounterFromSource(
+        self.from_redis = RedisGauges()
+        reg.register(self.from_redis)
+        self.reconcile_fixes = Counter(
             "acs_reconcile_fixes",
-            "Sandbox records the reconciler changed to match the runtime (this process)",
-            lambda: self._fixes,
-        )
-        reg.register(self.reconcile_fixes)
-        self.pool_members = Gauge(
-            "acs_pool_members",
-            "Unclaimed warm pool members by spec and status; status=ready counts the claimable",
-            ("spec", "status"),
+            "Sandbox records the reconciler changed to match the runtime (this process; under "
+            "ACS_WORKERS, all of them)",
             registry=reg,
         )
         self.pool_events = _PoolCounters()
         reg.register(self.pool_events)
-        self.webhook_pending = Gauge(
-            "acs_lifecycle_webhooks_pending",
-            "Lifecycle webhook deliveries not yet made (outbox entries, every URL, all replicas)",
-            registry=reg,
-        )
         self.webhook_delivered = Counter(
             "acs_lifecycle_webhooks_delivered",
             "Lifecycle webhook deliveries a receiver accepted (this process)",
@@ -183,10 +202,19 @@ class Metrics:
         self.sandbox_api.labels(operation).observe(seconds)
 
     def reconcile_fixed(self) -> None:
-        self._fixes += 1
+        self.reconcile_fixes.inc()
 
     def event_delivered(self, seconds: float) -> None:
         self.event_lag.observe(max(seconds, 0.0))  # a sandbox clock ahead of ours reads 0
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        shared = os.environ.get(MULTIPROCESS_DIR)
+        if not shared:
+            return generate_latest(self.registry)
+        # Every worker's counters and histograms from their files; what Redis holds (the
+        # gauges, the pool's counters) as this worker read it (the same for all).
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=shared)  # type: ignore[no-untyped-call]
+        registry.register(self.from_redis)
+        registry.register(self.pool_events)
+        return generate_latest(registry)

@@ -99,8 +99,8 @@ async def warm_up(spec: SandboxSpec, url: str, key: str) -> None:
     before anyone claims it. The official server sets its tools up then (a second or more): it
     gets a conversation that has no message (so no model call), deleted at once. Ours loads its
     conversations' code at the first conversation call (agent/conversations/mount.py, ~0.1 s of
-    CPU): it gets one count of its conversations. Failures are only logged: the member is usable
-    all the same."""
+    CPU): it gets one count of its conversations, and its first command. Failures are only
+    logged: the member is usable all the same."""
     headers = {"X-Session-API-Key": key}
     timeout = aiohttp.ClientTimeout(total=120)
     try:
@@ -110,8 +110,21 @@ async def warm_up(spec: SandboxSpec, url: str, key: str) -> None:
             else:
                 async with http.get(f"{url}/api/conversations/count") as resp:
                     resp.raise_for_status()
+                await _first_command(http, url)
     except (aiohttp.ClientError, TimeoutError) as exc:
         log.warning("agent_warm_up_failed", url=url, error=repr(exc))
+
+
+async def _first_command(http: aiohttp.ClientSession, url: str) -> None:
+    """An agent server's first command costs it several times a later one's CPU (its code
+    paths run the first time, the shell's first exec: 5-8 ms more here), which a burst of
+    claims pays once per member, all on the host's cores at once (bench/README.md, the burst):
+    one (`true`) is run now, then forgotten (the member has run nothing else: clearing the
+    finished commands leaves its history empty, as a new sandbox's is)."""
+    async with http.post(f"{url}/api/bash/execute_bash_command", json={"command": "true"}) as resp:
+        resp.raise_for_status()
+    async with http.delete(f"{url}/api/bash/bash_events") as resp:
+        resp.raise_for_status()
 
 
 async def _first_conversation(http: aiohttp.ClientSession, spec: SandboxSpec, url: str) -> None:

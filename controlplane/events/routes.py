@@ -217,7 +217,7 @@ class _Corked(asyncio.Transport):
     not copied whole before the first byte goes, and the transport's flow control still
     pauses the writer (aiohttp drains when the transport has paused it)."""
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(self, transport: Any) -> None:  # asyncio's or uvloop's (see _send_all)
         super().__init__()
         self.transport = transport
         self._parts: list[bytes] = []
@@ -230,10 +230,10 @@ class _Corked(asyncio.Transport):
             self.flush()
 
     def is_closing(self) -> bool:
-        return self.transport.is_closing()
+        return bool(self.transport.is_closing())
 
     def get_write_buffer_size(self) -> int:
-        return self.transport.get_write_buffer_size()
+        return int(self.transport.get_write_buffer_size())
 
     def flush(self) -> None:
         if self._parts and not self.transport.is_closing():
@@ -254,7 +254,12 @@ async def _send_all(ws: web.WebSocketResponse, frames: list[bytes]) -> None:
     writer: Any = getattr(ws, "_writer", None)
     transport = getattr(writer, "transport", None)
     protocol = getattr(writer, "protocol", None)
-    if not isinstance(transport, asyncio.Transport):
+    # Not isinstance(asyncio.Transport): uvloop's transports (ACS_EVENT_LOOP) are not
+    # registered as such; what is used of one is its write and is_closing.
+    if not (
+        callable(getattr(transport, "write", None))
+        and callable(getattr(transport, "is_closing", None))
+    ):
         for frame in frames:
             await ws.send_str(frame_text(frame))
         return
@@ -271,9 +276,7 @@ async def _send_all(ws: web.WebSocketResponse, frames: list[bytes]) -> None:
         cork.flush()
 
 
-async def _write_frames(
-    writer: Any, transport: asyncio.Transport, protocol: Any, frames: list[bytes]
-) -> None:
+async def _write_frames(writer: Any, transport: Any, protocol: Any, frames: list[bytes]) -> None:
     """The frames as they are, CORK_BYTES at a time; waits while the connection is paused (the
     flow control aiohttp's writer applies), and stops, as aiohttp's send does, once the socket
     is closing (no data frame may follow a close frame)."""

@@ -29,6 +29,7 @@ import contextlib
 import os
 import socket
 from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 import aiohttp
 import structlog
@@ -51,14 +52,34 @@ class UpstreamBroke(Exception):
     """The sandbox closed its connection, or sent nothing for too long, during the body."""
 
 
+class StreamTransport(Protocol):
+    """What the relay uses of a connection's transport. asyncio's are `asyncio.Transport`s;
+    uvloop's (ACS_EVENT_LOOP) are not registered as such but have the same methods."""
+
+    def pause_reading(self) -> None: ...
+
+    def get_write_buffer_size(self) -> int: ...
+
+    def is_closing(self) -> bool: ...
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
+
+
+def _streaming(transport: object) -> StreamTransport | None:
+    needed = ("pause_reading", "get_write_buffer_size", "is_closing", "get_extra_info")
+    if transport is None or not all(callable(getattr(transport, n, None)) for n in needed):
+        return None
+    return cast(StreamTransport, transport)
+
+
 @dataclass
 class Plan:
     """An eligible answer's two sockets, the upstream's transport and the body's length."""
 
     upstream: socket.socket
-    upstream_transport: asyncio.Transport
+    upstream_transport: StreamTransport
     client: socket.socket
-    client_transport: asyncio.Transport
+    client_transport: StreamTransport
     length: int
 
 
@@ -76,7 +97,7 @@ def available() -> bool:
     return hasattr(os, "splice")
 
 
-def plain_socket(transport: asyncio.BaseTransport | None) -> socket.socket | None:
+def plain_socket(transport: StreamTransport | None) -> socket.socket | None:
     """The transport's TCP socket when it is a plain one (no TLS), else None."""
     if transport is None or transport.get_extra_info("sslcontext") is not None:
         return None
@@ -97,11 +118,11 @@ def plan(request: web.Request, upstream: aiohttp.ClientResponse) -> Plan | None:
         return None
     if "chunked" in upstream.headers.get("Transfer-Encoding", "").lower():
         return None
-    up_transport = upstream.connection.transport if upstream.connection is not None else None
-    client_transport = request.transport
-    if not isinstance(up_transport, asyncio.Transport):
-        return None
-    if not isinstance(client_transport, asyncio.Transport):
+    up_transport = _streaming(
+        upstream.connection.transport if upstream.connection is not None else None
+    )
+    client_transport = _streaming(request.transport)
+    if up_transport is None or client_transport is None:
         return None
     up_sock, client_sock = plain_socket(up_transport), plain_socket(client_transport)
     if up_sock is None or client_sock is None:
@@ -139,7 +160,7 @@ async def relay(
     log.info("proxy_body_spliced", bytes=how.length, spliced=max(remaining, 0))
 
 
-async def _flushed(transport: asyncio.Transport) -> None:
+async def _flushed(transport: StreamTransport) -> None:
     """Wait until the client's transport holds nothing unsent (what aiohttp wrote must reach
     the socket before the spliced bytes)."""
     while transport.get_write_buffer_size() > 0:

@@ -178,10 +178,12 @@ def bounds(config: ServiceConfig, *, boots_here: bool) -> tuple[int | None, int 
     Unset, the boots at once are STARTS_PER_CPU per CPU of this host for a runtime that boots
     sandboxes here (Docker's engine beside the control plane) and unbounded otherwise (a
     cluster's scheduler places pods on many nodes and queues what does not fit); the queue is
-    QUEUE_PER_SLOT per slot."""
+    QUEUE_PER_SLOT per slot. The host's share is split among its ACS_WORKERS (each a replica on
+    the same host), so that the host boots as many at once whatever their number."""
     slots = config.max_concurrent_starts
     if slots is None:
-        slots = STARTS_PER_CPU * (os.cpu_count() or 1) if boots_here else 0
+        per_host = STARTS_PER_CPU * (os.cpu_count() or 1)
+        slots = max(1, per_host // config.workers) if boots_here else 0
     if slots == 0:
         return None, None
     queue = config.max_queued_starts

@@ -15,8 +15,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from agent.bash import Command
 from agent.bash_models import ExecuteBashRequest, StartBashRequest
 from agent.bash_requests import EXECUTE, START, BashRequest, TimeoutRule, plain_request
+from agent.bash_routes import BASH_KEY
 from agent.conversations import mount
 from agent.conversations.routes import handlers
 from controlplane.agent_protocol.kinds import warm_up
@@ -132,14 +134,29 @@ async def test_a_warm_pool_member_is_warmed_with_the_conversations_code_loaded(
     make_agent_client: ClientFactory, api_keys: tuple[str, ...]
 ) -> None:
     # The pool warms a member before it is ready (controlplane/sandboxes/pool.py): a claim's
-    # first conversation then waits for no import.
+    # first conversation then waits for no import, its first command pays no first time.
     client = await make_agent_client()
     spec = SandboxSpec.model_validate(
         {"id": "boot", "image": "x", "exposed_ports": {"AGENT_SERVER": 8000}}
     )
     assert not client.app[mount.CONVERSATIONS].loaded
+    bash = client.app[BASH_KEY]
+    started: list[str] = []
+    run = bash.start
+
+    def start(command: str, cwd: Path, timeout: float) -> Command:
+        started.append(command)
+        return run(command, cwd, timeout)
+
+    bash.start = start  # type: ignore[method-assign]
     await warm_up(spec, str(client.make_url("")).rstrip("/"), api_keys[0])
     assert client.app[mount.CONVERSATIONS].loaded
+    # Its first command run (the shell's first exec paid), and nothing of it left to see.
+    assert started == ["true"]
+    found = await client.get(
+        "/api/bash/bash_events/search", headers={"X-Session-API-Key": api_keys[0]}
+    )
+    assert (await found.json())["items"] == []
 
 
 def test_every_conversations_route_has_its_handler() -> None:

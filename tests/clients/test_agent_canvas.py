@@ -215,8 +215,16 @@ async def test_served_from_our_origin_with_the_session_cookie(
     await page.wait_for_url(live.url + "/", timeout=STEP)
 
     await onboard(page, fake_llm)
-    settings = await alice.ok("GET", "/api/v1/settings")
-    assert (settings["llm_model"], settings["llm_api_key_set"]) == ("fake-model", True)
+    # Canvas shows its next step before its settings' save has answered (seen on a loaded
+    # host): the save must land, within a UI step.
+    saved: tuple[Any, Any] = ("", False)
+    for _ in range(STEP // 100):
+        settings = await alice.ok("GET", "/api/v1/settings")
+        saved = (settings["llm_model"], settings["llm_api_key_set"])
+        if saved == ("fake-model", True):
+            break
+        await asyncio.sleep(0.1)
+    assert saved == ("fake-model", True)
     await converse(page, fake_llm)
     conversation = await only_conversation(alice)
     assert conversation["title"] == "Write notes.txt"
