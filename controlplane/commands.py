@@ -49,14 +49,12 @@ def check_bind(config: ServiceConfig, host: str) -> None:
         )
 
 
-async def _serve(
-    config: ServiceConfig, host: str, port: int, worker: tuple[int, int] | None = None
-) -> None:
+async def _serve(config: ServiceConfig, host: str, port: int, *, worker: bool = False) -> None:
     """Serve until SIGTERM or SIGINT, then drain (controlplane/shutdown.py): in-flight requests
     and conversation starts get ACS_SHUTDOWN_TIMEOUT (30 s) to finish.
 
-    `worker`: (index, count) of ACS_WORKERS (controlplane/workers.py): the API's port is then
-    shared with the other workers (SO_REUSEPORT); alone, a second server on the port is refused.
+    `worker`: one of ACS_WORKERS (controlplane/workers.py): the API's port is then shared with
+    the other workers (SO_REUSEPORT); alone, a second server on the port is refused.
 
     The API listens on `host` only. Sandboxes post their webhooks to a separate listener, bound
     by the runtime where they reach it (Docker: their network's gateway), by default on the same
@@ -102,7 +100,7 @@ async def _serve(
     freeze_startup_heap()  # before the first request: controlplane/heap.py
     try:
         for address in hosts:
-            await web.TCPSite(runner, address, port, reuse_port=worker is not None).start()
+            await web.TCPSite(runner, address, port, reuse_port=worker).start()
         log.info(
             "serving",
             addresses=[f"http://{h}:{port}" for h in hosts],
@@ -187,17 +185,18 @@ async def _remove_networks(config: ServiceConfig) -> int:
     return 0
 
 
-def _worker(value: str | None) -> tuple[int, int] | None:
-    """`serve --worker I/N/PID`: (index, count); exits when its supervisor is already gone."""
+def _worker(value: str | None) -> int | None:
+    """`serve --worker I/N/PID`: the worker's index; exits when its supervisor is already
+    gone."""
     if value is None:
         return None
     try:
-        index, count, supervisor = parse_worker(value)
+        index, _count, supervisor = parse_worker(value)
     except ValueError:
         raise ConfigError(f"--worker {value}: not I/N/PID") from None
     if not supervised_by(supervisor):
         raise SystemExit(0)  # the supervisor died before this worker could follow it
-    return index, count
+    return index
 
 
 def run(args: argparse.Namespace) -> int:
@@ -209,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
             config.log_format,
             config.log_level,
             stream=sys.stderr if args.command in ("keys", "networks", "audit") else None,
-            worker=None if worker is None else worker[0],
+            worker=worker,
         )
         if args.command == "serve":
             check_bind(config, args.host)
@@ -221,9 +220,10 @@ def run(args: argparse.Namespace) -> int:
                     ensure_embedded_redis(config.data_dir)
                 load_secret_box(config.secret_key, config.data_dir)
                 return supervisor.run(config.data_dir)
-            if config.auth_mode == "none" and (worker is None or worker[0] == 0):
+            if config.auth_mode == "none" and worker in (None, 0):
                 log.warning("single_user_mode", user_id=config.bootstrap_user, host=args.host)
-            run_loop(config.event_loop, _serve(config, args.host, args.port, worker))
+            serving = _serve(config, args.host, args.port, worker=worker is not None)
+            run_loop(config.event_loop, serving)
         elif args.command == "networks":
             return asyncio.run(_remove_networks(config))
         elif args.command == "audit":

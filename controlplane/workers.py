@@ -57,6 +57,7 @@ MAX_DELAY = 30.0
 LIVED = 60.0  # a worker that lived this long is restarted after FIRST_DELAY again
 CONFIG_ERROR = 2  # the exit status of a refused configuration (commands.run)
 METRICS_PREFIX = "workers-metrics-"
+SWEEP_AFTER = 60.0  # seconds: a younger directory may be one another supervisor is making
 LOCK_NAME = "supervisor.lock"
 _PR_SET_PDEATHSIG = 1
 _STOPS = (signal.SIGTERM, signal.SIGINT)
@@ -115,13 +116,16 @@ def check_port_free(host: str, port: int) -> None:
 
 class MetricsDir:
     """The workers' metrics directory under `data_dir`, locked while this supervisor runs;
-    those no supervisor holds any more are removed first."""
+    those no supervisor holds any more are removed first (not the ones made in the last
+    SWEEP_AFTER: between its mkdtemp and its lock, a starting supervisor holds nothing yet)."""
 
     def __init__(self, data_dir: Path) -> None:
         data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        settled = time.time() - SWEEP_AFTER
         for old in data_dir.glob(f"{METRICS_PREFIX}*"):
-            if not _held(old / LOCK_NAME):
-                shutil.rmtree(old, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                if old.stat().st_mtime < settled and not _held(old / LOCK_NAME):
+                    shutil.rmtree(old, ignore_errors=True)
         self.path = Path(tempfile.mkdtemp(prefix=METRICS_PREFIX, dir=data_dir))
         self._lock: IO[bytes] = (self.path / LOCK_NAME).open("wb")
         fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -137,7 +141,7 @@ def _held(lock: Path) -> bool:
         with lock.open("rb") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except FileNotFoundError:
-        return False  # being made just now by a supervisor starting, or left half-made
+        return False  # left half-made
     except BlockingIOError:
         return True
     return False

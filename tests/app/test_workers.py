@@ -26,6 +26,7 @@ from redis.backoff import NoBackoff
 
 from controlplane.config import load_config
 from controlplane.sandboxes.start_gate import QUEUE_PER_SLOT, STARTS_PER_CPU, bounds
+from controlplane.workers import METRICS_PREFIX, SWEEP_AFTER
 from tests.conftest import BOOTSTRAP_KEY
 from tests.support.live_server import free_port
 from tests.support.serve_process import Serve, launch_serve, serve_env
@@ -207,10 +208,17 @@ async def test_workers_end_with_a_killed_supervisor_and_the_next_start_sweeps_it
         for pid in pids:
             await gone(pid, within=40)  # each drains as after a SIGTERM
         assert left.is_dir()  # nothing removed it: the supervisor was killed
+        # Aged past SWEEP_AFTER, as a killed supervisor's is by the next start; a directory
+        # made just now and not locked yet (a supervisor starting beside) is left alone.
+        aged = time.time() - 2 * SWEEP_AFTER
+        os.utime(left, (aged, aged))
+        starting = tmp_path / "data" / f"{METRICS_PREFIX}starting"
+        starting.mkdir()
 
         again = await start_workers()
         await both_serving(again, http)
         assert not left.exists()
+        assert starting.is_dir()
         assert metrics_dir(again).is_dir()
 
 
